@@ -1,0 +1,1 @@
+"""Millwright lab: local emulators for end-to-end tests."""

@@ -1,0 +1,979 @@
+"""HTTP layer: Kubernetes REST paths, discovery, verbs, eviction, faults, audit and the /_lab admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .resources import ResourceType
+from .selectors import SelectorError, parse_field_selector, parse_label_selector
+from .store import CRDS, NAMESPACES, NODES, PDBS, PODS, Store, is_pod_ready, pod_healthy
+from .util import REASONS, ApiError, diff, now_rfc3339, random_suffix, status_body
+
+log = logging.getLogger("lab.k8s")
+
+VERSION_INFO = {
+    "major": "1", "minor": "32", "gitVersion": "v1.32.4-lab", "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean", "buildDate": "2025-04-22T00:00:00Z", "goVersion": "go1.23.6", "compiler": "gc",
+    "platform": "linux/amd64",
+}
+JSON_CT = "application/json"
+# non-omitempty status fields of built-ins (the typed Python client requires them)
+INITIAL_STATUS = {
+    ("apps", "replicasets"): {"replicas": 0},
+    ("apps", "statefulsets"): {"replicas": 0, "availableReplicas": 0},
+    ("apps", "daemonsets"): {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
+                             "numberReady": 0},
+    ("policy", "poddisruptionbudgets"): {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0,
+                                         "expectedPods": 0},
+}
+KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
+                     "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+
+
+def jresp(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
+                        content_type=JSON_CT, headers=headers)
+
+
+def err_resp(e: ApiError) -> web.Response:
+    return jresp(e.body(), e.code, e.headers)
+
+
+class Info:
+    """What a request addresses (used for routing, fault matching and the audit log)."""
+
+    def __init__(self) -> None:
+        self.kind = "other"  # discovery | resource | other
+        self.verb = ""
+        self.group = ""
+        self.version = ""
+        self.resource = ""
+        self.subresource = ""
+        self.namespace = ""
+        self.name = ""
+        self.rt: ResourceType | None = None
+
+    def as_dict(self) -> dict:
+        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
+                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
+
+
+def truthy(v: str | None) -> bool:
+    return (v or "").lower() in ("1", "true", "yes")
+
+
+class Api:
+    def __init__(self, store: Store):
+        self.store = store
+        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        self.app.on_shutdown.append(self._on_shutdown)
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        for w in list(self.store.watchers):
+            self.store.close_watcher(w)
+
+    # ================================================================== routing
+    def classify(self, request: web.Request) -> Info:
+        info = Info()
+        parts = [p for p in request.path.split("/") if p]
+        method = request.method
+        if not parts or parts[0] in ("version", "openapi", "healthz", "livez", "readyz") or \
+                (parts[0] in ("api", "apis") and len(parts) <= (2 if parts[0] == "api" else 3)):
+            info.kind = "discovery"
+            info.verb = "get"
+            return info
+        if parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return info
+        info.kind = "resource"
+        info.group, info.version = group, version
+        reg = self.store.registry
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            rt = reg.get(group, version, rest[2])
+            if rt is not None and rt.namespaced:
+                info.namespace = rest[1]
+                rest = rest[2:]
+        info.resource = rest[0] if rest else ""
+        info.name = rest[1] if len(rest) > 1 else ""
+        info.subresource = "/".join(rest[2:]) if len(rest) > 2 else ""
+        info.rt = reg.get(group, version, info.resource)
+        q = request.query
+        if method == "GET":
+            info.verb = "get" if info.name else ("watch" if truthy(q.get("watch")) else "list")
+        elif method == "POST":
+            info.verb = "create"
+        elif method == "PUT":
+            info.verb = "update"
+        elif method == "PATCH":
+            info.verb = "patch"
+        elif method == "DELETE":
+            info.verb = "delete" if info.name else "deletecollection"
+        else:
+            info.verb = method.lower()
+        return info
+
+    # ================================================================== faults
+    def match_fault(self, info: Info) -> dict | None:
+        for f in self.store.faults:
+            if f["remaining"] == 0:
+                continue
+            m = f["match"]
+            if any(m.get(k) is not None and m.get(k) != getattr(info, k)
+                   for k in ("verb", "group", "resource", "subresource", "namespace", "name")):
+                continue
+            if f["remaining"] > 0:
+                f["remaining"] -= 1
+            return f
+        return None
+
+    # ================================================================== entry point
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/_lab/") or request.path == "/_lab":
+            try:
+                return await self.admin(request)
+            except ApiError as e:
+                return err_resp(e)
+        info = self.classify(request)
+        entry: dict[str, Any] = {"time": time.time(), **info.as_dict(),
+                                 "userAgent": request.headers.get("User-Agent", ""),
+                                 "write": info.verb in ("create", "update", "patch", "delete", "deletecollection"),
+                                 "path": request.path_qs[:300]}
+        if info.kind == "discovery":
+            entry["resource"] = ""
+        request["audit"] = entry
+        fault = self.match_fault(info) if info.kind == "resource" else None
+        drop_after = False
+        if fault:
+            action = fault["action"]
+            entry["fault"] = {"id": fault["id"], **action}
+            if "delay" in action:
+                await asyncio.sleep(float(action["delay"]))
+            elif "drop" in action:
+                if action["drop"] == "before":
+                    entry["code"] = 0
+                    self.store.audit_add(entry)
+                    return self._drop(request)
+                drop_after = True
+            elif "status" in action:
+                code = int(action["status"])
+                ra = action.get("retryAfterSeconds")
+                details: dict[str, Any] = {"name": info.name, "kind": info.resource}
+                if info.group:
+                    details["group"] = info.group
+                headers = {}
+                if ra is not None:
+                    details["retryAfterSeconds"] = int(ra)
+                    headers["Retry-After"] = str(int(ra))
+                msg = action.get("message") or f"injected fault: {REASONS.get(code, code)}"
+                e = ApiError(code, msg, action.get("reason"), details, headers)
+                entry["code"] = code
+                self.store.audit_add(entry)
+                return err_resp(e)
+        try:
+            if info.kind == "discovery":
+                resp = self.discovery(request)
+            elif info.kind == "resource":
+                resp = await self.resource(request, info)
+            else:
+                raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        except ApiError as e:
+            resp = err_resp(e)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            resp = err_resp(ApiError(400, f"error decoding request body: {e}", "BadRequest"))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # an emulator bug: still answer with a Status
+            log.exception("internal error handling %s %s", request.method, request.path_qs)
+            resp = err_resp(ApiError(500, f"Internal error occurred: {type(e).__name__}: {e}", "InternalError"))
+        if not isinstance(resp, web.Response):  # watch streams audit themselves
+            return resp
+        entry.setdefault("code", resp.status)
+        if entry["write"] and "changes" not in entry:
+            entry["changes"] = []
+        self.store.audit_add(entry)
+        if drop_after:
+            return self._drop(request)
+        return resp
+
+    def _drop(self, request: web.Request) -> web.StreamResponse:
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("lab fault: connection dropped")
+
+    # ================================================================== discovery
+    def discovery(self, request: web.Request) -> web.Response:
+        parts = [p for p in request.path.split("/") if p]
+        reg = self.store.registry
+        if parts == ["version"]:
+            return jresp(VERSION_INFO)
+        if parts and parts[0] in ("healthz", "livez", "readyz"):
+            return web.Response(text="ok")
+        if parts == ["api"]:
+            host = request.host or "127.0.0.1"
+            return jresp({"kind": "APIVersions", "versions": ["v1"],
+                          "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]})
+        if parts == ["api", "v1"]:
+            return jresp(reg.resource_list("", "v1"))
+        if parts == ["apis"]:
+            return jresp(reg.api_group_list())
+        if len(parts) == 2 and parts[0] == "apis":
+            g = reg.api_group(parts[1])
+            if g:
+                return jresp(g)
+        if len(parts) == 3 and parts[0] == "apis":
+            rl = reg.resource_list(parts[1], parts[2])
+            if rl:
+                return jresp(rl)
+        raise ApiError(404, "the server could not find the requested resource", "NotFound")
+
+    # ================================================================== resources
+    async def body_json(self, request: web.Request) -> Any:
+        raw = await request.read()
+        if not raw:
+            return None
+        return json.loads(raw)
+
+    def out(self, rt: ResourceType, obj: dict, version: str | None = None) -> dict:
+        o = copy.deepcopy(obj)
+        v = version or rt.version
+        o["apiVersion"] = f"{rt.group}/{v}" if rt.group else v
+        o["kind"] = rt.kind
+        return o
+
+    async def resource(self, request: web.Request, info: Info) -> web.StreamResponse:
+        rt = info.rt
+        if rt is None:
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        sub = info.subresource
+        if sub and not (sub == "status" and rt.status) and not (sub == "eviction" and rt.key == PODS):
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        if rt.namespaced and info.name and not info.namespace and info.verb not in ("list", "watch"):
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        verb = info.verb
+        if sub == "eviction":
+            if verb != "create":
+                raise ApiError(405, f"the server does not allow this method on the requested resource",
+                               "MethodNotAllowed")
+            return await self.evict(request, info, rt)
+        if verb == "list":
+            return await self.list(request, info, rt)
+        if verb == "watch":
+            return await self.watch(request, info, rt)
+        if verb == "get":
+            async with self.store.lock:
+                obj = self.store.get(rt, info.namespace, info.name)
+                if obj is None:
+                    raise self.store.not_found(rt, info.name)
+                return jresp(self.out(rt, obj, info.version))
+        if verb == "create":
+            if info.name:
+                raise ApiError(405, "the server does not allow this method on the requested resource",
+                               "MethodNotAllowed")
+            return await self.create(request, info, rt)
+        if verb == "update":
+            return await self.replace(request, info, rt)
+        if verb == "patch":
+            return await self.patch(request, info, rt)
+        if verb == "delete":
+            return await self.delete(request, info, rt)
+        if verb == "deletecollection":
+            return await self.delete_collection(request, info, rt)
+        raise ApiError(405, "the server does not allow this method on the requested resource", "MethodNotAllowed")
+
+    # ------------------------------------------------------------------ list / watch
+    def _selectors(self, request: web.Request, rt: ResourceType):
+        q = request.query
+        try:
+            return (parse_label_selector(q.get("labelSelector")), parse_field_selector(q.get("fieldSelector"), rt.key))
+        except SelectorError as e:
+            raise ApiError(400, str(e), "BadRequest") from None
+
+    async def list(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        label, field = self._selectors(request, rt)
+        q = request.query
+        limit = int(q.get("limit") or 0)
+        start_after: tuple | None = None
+        if q.get("continue"):
+            try:
+                tok = json.loads(base64.urlsafe_b64decode(q["continue"].encode()).decode())
+                start_after = tuple(tok["start"])
+                tok_rv = int(tok["rv"])
+            except Exception:
+                raise ApiError(400, "continue key is not valid: invalid continue token", "BadRequest") from None
+            if tok_rv < self.store.history_floor:
+                raise ApiError(410, "The provided continue parameter is too old to display a consistent list "
+                               "result. You can start a new list without the continue parameter, or use the "
+                               "continue token in this response to retrieve the remainder of the results.",
+                               "Expired")
+        async with self.store.lock:
+            ns = info.namespace if rt.namespaced and info.namespace else None
+            objs = self.store.objects.get(rt.key, {})
+            keys = sorted(k for k in objs if ns is None or k[0] == ns)
+            if start_after is not None:
+                keys = [k for k in keys if k > start_after]
+            matched = []
+            for k in keys:
+                o = objs[k]
+                if label(o["metadata"].get("labels") or {}) and field(o):
+                    matched.append((k, o))
+            cont = None
+            remaining = 0
+            if limit > 0 and len(matched) > limit:
+                remaining = len(matched) - limit
+                matched = matched[:limit]
+                cont = base64.urlsafe_b64encode(json.dumps(
+                    {"rv": self.store.rv, "start": list(matched[-1][0])}).encode()).decode()
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+            if cont:
+                meta["continue"] = cont
+                meta["remainingItemCount"] = remaining
+            items = [self.out(rt, o, info.version) for _, o in matched]
+        api_version = f"{rt.group}/{info.version}" if rt.group else info.version
+        return jresp({"kind": f"{rt.kind}List", "apiVersion": api_version, "metadata": meta, "items": items})
+
+    async def watch(self, request: web.Request, info: Info, rt: ResourceType) -> web.StreamResponse:
+        from .store import Watcher
+
+        label, field = self._selectors(request, rt)
+        q = request.query
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        timeout = max(0.0, min(timeout, 3600.0))
+        bookmarks = truthy(q.get("allowWatchBookmarks"))
+        rv_param = q.get("resourceVersion")
+        w = Watcher(rt.key, info.namespace if rt.namespaced and info.namespace else None, label, field)
+        initial: list[tuple[str, dict]] = []
+        expired: dict | None = None
+        async with self.store.lock:
+            if rv_param in (None, "", "0"):
+                for o in self.store.all(rt.key, w.namespace):
+                    if w.matches(o):
+                        initial.append(("ADDED", o))
+            else:
+                try:
+                    n = int(rv_param)
+                except ValueError:
+                    raise ApiError(400, f"invalid resource version: {rv_param}", "BadRequest") from None
+                if n < self.store.history_floor:
+                    expired = status_body(410, f"too old resource version: {n} ({self.store.history_floor + 1})",
+                                          "Expired")
+                else:
+                    for ev in self.store.history:
+                        if ev[0] > n and ev[1] == rt.key:
+                            t = self.store.translate(w, ev)
+                            if t:
+                                initial.append(t)
+            initial = [(t, self.out(rt, o, info.version)) for t, o in initial]
+            if expired is None:
+                self.store.watchers.add(w)
+            current_rv = self.store.rv
+        entry = request["audit"]
+        entry["code"] = 200
+        self.store.audit_add(entry)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": JSON_CT, "Cache-Control": "no-cache"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+
+        async def send(etype: str, obj: dict) -> None:
+            await resp.write(json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n")
+
+        api_version = f"{rt.group}/{info.version}" if rt.group else info.version
+        try:
+            if expired is not None:
+                await send("ERROR", expired)
+                return resp
+            for etype, obj in initial:
+                await send(etype, obj)
+            deadline = time.monotonic() + timeout
+            bm_every = float(self.store.config.get("bookmarkSeconds") or 5.0)
+            if bookmarks and initial:
+                await send("BOOKMARK", {"kind": rt.kind, "apiVersion": api_version,
+                                        "metadata": {"resourceVersion": str(current_rv)}})
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(w.queue.get(), min(left, bm_every if bookmarks else left))
+                except asyncio.TimeoutError:
+                    if bookmarks and time.monotonic() < deadline:
+                        await send("BOOKMARK", {"kind": rt.kind, "apiVersion": api_version,
+                                                "metadata": {"resourceVersion": str(self.store.rv)}})
+                    continue
+                if item is None:
+                    break
+                etype, obj = item
+                await send(etype, self.out(rt, obj, info.version))
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.store.watchers.discard(w)
+            w.closed = True
+        try:
+            await resp.write_eof()
+        except Exception:
+            pass
+        return resp
+
+    # ------------------------------------------------------------------ create
+    def _check_namespace(self, rt: ResourceType, ns: str, name: str) -> None:
+        if not rt.namespaced:
+            return
+        nsobj = self.store.get(self.store.registry.types[NAMESPACES], None, ns)
+        if nsobj is None:
+            raise ApiError(404, f'namespaces "{ns}" not found', "NotFound", {"name": ns, "kind": "namespaces"})
+        if nsobj["metadata"].get("deletionTimestamp"):
+            raise ApiError(403, f'{rt.group_resource} "{name}" is forbidden: unable to create new content in '
+                           f'namespace {ns} because it is being terminated', "Forbidden",
+                           {"name": name, "kind": rt.plural, **({"group": rt.group} if rt.group else {}),
+                            "causes": [{"reason": "NamespaceTerminating", "message":
+                                        f"namespace {ns} is being terminated", "field": "metadata.namespace"}]})
+
+    def _invalid(self, rt: ResourceType, name: str, field: str, msg: str, value: Any = None) -> ApiError:
+        full = f"{field}: {msg}" if value is None else f"{field}: Invalid value: {json.dumps(value)}: {msg}"
+        details = {"name": name, "kind": rt.kind, "causes": [{"reason": "FieldValueInvalid", "message": msg,
+                                                               "field": field}]}
+        if rt.group:
+            details["group"] = rt.group
+        return ApiError(422, f'{rt.kind} "{name}" is invalid: {full}', "Invalid", details)
+
+    def _validate(self, rt: ResourceType, obj: dict) -> None:
+        import re
+        md = obj.get("metadata") or {}
+        name = md.get("name", "")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name or "") or len(name) > 253:
+            raise self._invalid(rt, name, "metadata.name", "a lowercase RFC 1123 subdomain must consist of "
+                                "lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                                "alphanumeric character", name)
+        for k, v in (md.get("labels") or {}).items():
+            if not isinstance(v, str) or len(v) > 63:
+                raise self._invalid(rt, name, "metadata.labels", "must be no more than 63 characters", v)
+        if rt.key == PODS and not ((obj.get("spec") or {}).get("containers")):
+            raise self._invalid(rt, name, "spec.containers", "Required value")
+        if rt.key == CRDS:
+            spec = obj.get("spec") or {}
+            names = spec.get("names") or {}
+            if not (spec.get("group") and names.get("plural") and names.get("kind") and spec.get("versions")):
+                raise self._invalid(rt, name, "spec", "Required value: group, names.plural, names.kind, versions")
+            if name != f"{names['plural']}.{spec['group']}":
+                raise self._invalid(rt, name, "metadata.name", "must be spec.names.plural+\".\"+spec.group", name)
+
+    def _prepare_create(self, rt: ResourceType, obj: dict) -> None:
+        """Defaulting and status reset as the real registry strategies do."""
+        md = obj["metadata"]
+        for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields",
+                  "selfLink"):
+            md.pop(k, None)
+        if rt.key == PODS:
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("terminationGracePeriodSeconds", 30)
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("serviceAccountName", "default")
+            spec.setdefault("enableServiceLinks", True)
+            spec.setdefault("priority", 0)
+            for c in spec.get("containers") or []:
+                c.setdefault("terminationMessagePath", "/dev/termination-log")
+                c.setdefault("terminationMessagePolicy", "File")
+                c.setdefault("imagePullPolicy", "IfNotPresent")
+                c.setdefault("resources", {})
+            obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        elif rt.key == NODES:
+            obj.setdefault("status", {})
+        elif rt.key == NAMESPACES:
+            obj["status"] = {"phase": "Active"}
+        elif rt.key == CRDS:
+            spec = obj["spec"]
+            obj["status"] = {
+                "acceptedNames": spec.get("names"),
+                "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")] or
+                [spec["versions"][0]["name"]],
+                "conditions": [
+                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                     "message": "no conflicts found", "lastTransitionTime": now_rfc3339()},
+                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                     "message": "the initial names have been accepted", "lastTransitionTime": now_rfc3339()},
+                ]}
+        elif rt.key == ("", "services"):
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            if "clusterIP" not in spec:
+                import random
+                spec["clusterIP"] = f"10.96.{random.randint(0, 255)}.{random.randint(1, 254)}"
+                spec["clusterIPs"] = [spec["clusterIP"]]
+            obj["status"] = {"loadBalancer": {}}
+        elif rt.status:
+            obj.pop("status", None)
+            if rt.builtin:
+                obj["status"] = copy.deepcopy(INITIAL_STATUS.get(rt.key, {}))
+        if rt.key == ("apps", "replicasets"):
+            obj["spec"].setdefault("replicas", 1)
+
+    def _query_dry_run(self, request: web.Request) -> bool:
+        return "All" in request.query.getall("dryRun", [])
+
+    async def create(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        body = await self.body_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the object provided is unrecognized (must be of type map)", "BadRequest")
+        md = body.setdefault("metadata", {})
+        if rt.namespaced:
+            if md.get("namespace") and md["namespace"] != info.namespace:
+                raise ApiError(400, "the namespace of the provided object does not match the namespace sent on "
+                               "the request", "BadRequest")
+            md["namespace"] = info.namespace
+        else:
+            md.pop("namespace", None)
+        dry = self._query_dry_run(request)
+        async with self.store.lock:
+            if not md.get("name") and md.get("generateName"):
+                for _ in range(8):
+                    cand = md["generateName"] + random_suffix()
+                    if self.store.get(rt, info.namespace, cand) is None:
+                        md["name"] = cand
+                        break
+            if not md.get("name"):
+                raise self._invalid(rt, "", "metadata.name", "Required value: name or generateName is required")
+            name = md["name"]
+            self._check_namespace(rt, info.namespace, name)
+            self._validate(rt, body)
+            if self.store.get(rt, info.namespace, name) is not None:
+                details = {"name": name, "kind": rt.plural}
+                if rt.group:
+                    details["group"] = rt.group
+                raise ApiError(409, f'{rt.group_resource} "{name}" already exists', "AlreadyExists", details)
+            self._prepare_create(rt, body)
+            obj = self.store.new_meta(rt, body)
+            if rt.key == CRDS:
+                existing = self.store.registry.types.get((obj["spec"]["group"], obj["spec"]["names"]["plural"]))
+                if existing is not None and existing.builtin:
+                    raise self._invalid(rt, name, "spec.group", "conflicts with a built-in resource")
+            if dry:
+                obj["metadata"].pop("resourceVersion", None)
+                return jresp(self.out(rt, obj, info.version), 201)
+            if rt.key == CRDS:
+                self.store.registry.register_crd(obj)
+            self.store.put(rt, obj)
+            request["audit"]["changes"] = diff(None, obj)
+            request["audit"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+            if not info.name:
+                request["audit"]["name"] = name
+            return jresp(self.out(rt, obj, info.version), 201)
+
+    # ------------------------------------------------------------------ update / patch
+    def _spec_changed(self, rt: ResourceType, old: dict, new: dict) -> bool:
+        skip = {"metadata", "status", "apiVersion", "kind"} if rt.status else {"metadata", "apiVersion", "kind"}
+        a = {k: v for k, v in old.items() if k not in skip}
+        b = {k: v for k, v in new.items() if k not in skip}
+        return a != b
+
+    def _finish_update(self, request: web.Request, info: Info, rt: ResourceType, old: dict, new: dict,
+                       sub: str) -> web.Response:
+        """Common tail of PUT and PATCH: immutables, status split, generation, write, finalizer removal."""
+        omd, nmd = old["metadata"], new.setdefault("metadata", {})
+        if sub == "status":
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+            nmd = new["metadata"]
+        else:
+            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "name",
+                      "namespace", "generation"):
+                if k in omd:
+                    nmd[k] = omd[k]
+                else:
+                    nmd.pop(k, None)
+            if rt.status:
+                if "status" in old:
+                    new["status"] = copy.deepcopy(old["status"])
+                else:
+                    new.pop("status", None)
+            if rt.key == NAMESPACES:
+                nmd.setdefault("labels", {})["kubernetes.io/metadata.name"] = omd["name"]
+        new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+        nmd["resourceVersion"] = omd["resourceVersion"]
+        if rt.generation and self._spec_changed(rt, old, new):
+            nmd["generation"] = int(omd.get("generation", 1)) + 1
+        if new == old:
+            return jresp(self.out(rt, old, info.version))
+        if rt.key == PODS and sub != "status":
+            self._check_pod_update(rt, old, new)
+        if self._query_dry_run(request):
+            return jresp(self.out(rt, new, info.version))
+        if nmd.get("deletionTimestamp") and not nmd.get("finalizers") and self._removable(rt, new):
+            final = self.store.remove(rt, new)
+            request["audit"]["changes"] = diff(old, None)
+            return jresp(self.out(rt, final, info.version))
+        self.store.put(rt, new)
+        if rt.key == CRDS:
+            self.store.registry.register_crd(new)
+        request["audit"]["changes"] = diff(old, new)
+        request["audit"]["resourceVersion"] = nmd["resourceVersion"]
+        return jresp(self.out(rt, new, info.version))
+
+    def _check_pod_update(self, rt: ResourceType, old: dict, new: dict) -> None:
+        os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
+        if os_.get("nodeName") and os_.get("nodeName") != ns_.get("nodeName"):
+            raise self._invalid(rt, old["metadata"]["name"], "spec", "Forbidden: pod updates may not change "
+                                "fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+                                "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                                "tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if "
+                                "it was previously negative)")
+
+    def _removable(self, rt: ResourceType, obj: dict) -> bool:
+        if rt.key != PODS:
+            return True
+        side = self.store.side.get(obj["metadata"].get("uid", ""), {})
+        due = side.get("delete_at")
+        return due is None or time.monotonic() >= due
+
+    async def replace(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        body = await self.body_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the object provided is unrecognized (must be of type map)", "BadRequest")
+        md = body.setdefault("metadata", {})
+        if md.get("name") and md["name"] != info.name:
+            raise ApiError(400, f"the name of the object ({md['name']}) does not match the name on the URL "
+                           f"({info.name})", "BadRequest")
+        if rt.namespaced and md.get("namespace") and md["namespace"] != info.namespace:
+            raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the "
+                           "request", "BadRequest")
+        async with self.store.lock:
+            old = self.store.get(rt, info.namespace, info.name)
+            if old is None:
+                raise self.store.not_found(rt, info.name)
+            rv = md.get("resourceVersion")
+            if rv:
+                if rv != old["metadata"]["resourceVersion"]:
+                    raise self.store.conflict(rt, info.name)
+            elif not rt.builtin:
+                raise self._invalid(rt, info.name, "metadata.resourceVersion", "must be specified for an update",
+                                    0)
+            return self._finish_update(request, info, rt, old, body, info.subresource)
+
+    async def patch(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        ct = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        accepted = ("application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+                    if not rt.builtin else
+                    "application/json-patch+json, application/merge-patch+json, "
+                    "application/apply-patch+yaml, application/strategic-merge-patch+json")
+        if ct not in KNOWN_PATCH_TYPES or ct == "application/apply-patch+yaml" or \
+                (ct == "application/strategic-merge-patch+json" and not rt.builtin):
+            raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
+                           f"include: {accepted}", "UnsupportedMediaType")
+        body = await self.body_json(request)
+        async with self.store.lock:
+            old = self.store.get(rt, info.namespace, info.name)
+            if old is None:
+                raise self.store.not_found(rt, info.name)
+            cur = self.out(rt, old, rt.version)
+            try:
+                if ct == "application/json-patch+json":
+                    new = json_patch(cur, body)
+                elif ct == "application/merge-patch+json":
+                    if not isinstance(body, dict):
+                        raise PatchError(400, "patch body must be a JSON object")
+                    new = merge_patch(cur, body)
+                else:
+                    if not isinstance(body, dict):
+                        raise PatchError(400, "patch body must be a JSON object")
+                    new = strategic_merge_patch(cur, body, rt.kind)
+            except PatchError as e:
+                raise ApiError(e.code, e.message, "Invalid" if e.code == 422 else "BadRequest") from None
+            if not isinstance(new, dict):
+                raise ApiError(400, "patched object is not a JSON object", "BadRequest")
+            nmd = new.setdefault("metadata", {})
+            if not isinstance(nmd, dict):
+                raise ApiError(400, "metadata must be an object", "BadRequest")
+            prv = nmd.get("resourceVersion")
+            if prv is not None and prv != old["metadata"]["resourceVersion"]:
+                raise self.store.conflict(rt, info.name)
+            if nmd.get("uid") is not None and nmd.get("uid") != old["metadata"].get("uid"):
+                raise self.store.conflict(rt, info.name, f"Precondition failed: UID in precondition: "
+                                          f"{nmd.get('uid')}, UID in object meta: {old['metadata'].get('uid')}")
+            return self._finish_update(request, info, rt, old, new, info.subresource)
+
+    # ------------------------------------------------------------------ delete
+    async def _delete_options(self, request: web.Request) -> dict:
+        opts: dict[str, Any] = {}
+        raw = await request.read()
+        if raw:
+            try:
+                b = json.loads(raw)
+                if isinstance(b, dict):
+                    opts = b
+            except json.JSONDecodeError:
+                raise ApiError(400, "invalid DeleteOptions body", "BadRequest") from None
+        q = request.query
+        if "gracePeriodSeconds" in q:
+            opts["gracePeriodSeconds"] = int(q["gracePeriodSeconds"])
+        if "propagationPolicy" in q:
+            opts["propagationPolicy"] = q["propagationPolicy"]
+        if q.getall("dryRun", []):
+            opts["dryRun"] = q.getall("dryRun")
+        return opts
+
+    def check_preconditions(self, rt: ResourceType, obj: dict, opts: dict) -> None:
+        pre = opts.get("preconditions") or {}
+        md = obj["metadata"]
+        if pre.get("uid") and pre["uid"] != md.get("uid"):
+            raise self.store.conflict(rt, md["name"], f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                      f"UID in object meta: {md.get('uid')}")
+        if pre.get("resourceVersion") and pre["resourceVersion"] != md.get("resourceVersion"):
+            raise self.store.conflict(rt, md["name"], f"Precondition failed: ResourceVersion in precondition: "
+                                      f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                      f"{md.get('resourceVersion')}")
+
+    def delete_object(self, rt: ResourceType, obj: dict, opts: dict, actor: str | None = None) -> dict:
+        """Delete semantics shared by DELETE, eviction and the controllers. Lock held. Returns the result."""
+        store = self.store
+        md = obj["metadata"]
+        if opts.get("propagationPolicy") != "Orphan":
+            store.gc_owners.add(md.get("uid", ""))
+        if rt.key == NAMESPACES:
+            if md.get("deletionTimestamp"):
+                return obj
+            new = copy.deepcopy(obj)
+            new["metadata"]["deletionTimestamp"] = now_rfc3339()
+            new.setdefault("status", {})["phase"] = "Terminating"
+            return store.put(rt, new, actor=actor, verb="delete")
+        if rt.key == PODS:
+            grace = opts.get("gracePeriodSeconds")
+            spec = obj.get("spec") or {}
+            if grace is None:
+                grace = spec.get("terminationGracePeriodSeconds", 30)
+            phase = (obj.get("status") or {}).get("phase")
+            if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+                grace = 0
+            grace = max(0, int(grace))
+            side = store.side.setdefault(md.get("uid", ""), {})
+            due = time.monotonic() + grace * float(store.config.get("graceScale", 1.0))
+            if md.get("deletionTimestamp"):
+                cur_due = side.get("delete_at")
+                if cur_due is not None and due >= cur_due and grace != 0:
+                    return obj
+            if grace == 0 and not md.get("finalizers"):
+                side["delete_at"] = time.monotonic()
+                return store.remove(rt, obj, actor=actor)
+            side["delete_at"] = due
+            new = copy.deepcopy(obj)
+            new["metadata"]["deletionTimestamp"] = md.get("deletionTimestamp") or now_rfc3339(grace)
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
+            if md.get("deletionTimestamp") and grace < (md.get("deletionGracePeriodSeconds") or 0):
+                new["metadata"]["deletionTimestamp"] = now_rfc3339(grace)
+            return store.put(rt, new, actor=actor, verb="delete")
+        if md.get("finalizers"):
+            if md.get("deletionTimestamp"):
+                return obj
+            new = copy.deepcopy(obj)
+            new["metadata"]["deletionTimestamp"] = now_rfc3339()
+            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            return store.put(rt, new, actor=actor, verb="delete")
+        return store.remove(rt, obj, actor=actor)
+
+    async def delete(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        opts = await self._delete_options(request)
+        async with self.store.lock:
+            obj = self.store.get(rt, info.namespace, info.name)
+            if obj is None:
+                raise self.store.not_found(rt, info.name)
+            self.check_preconditions(rt, obj, opts)
+            if "All" in (opts.get("dryRun") or []):
+                return jresp(self.out(rt, obj, info.version))
+            result = self.delete_object(rt, obj, opts)
+            request["audit"]["changes"] = diff(obj, result if result is not obj and
+                                               self.store.get(rt, info.namespace, info.name) else None)
+            return jresp(self.out(rt, result, info.version))
+
+    async def delete_collection(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        label, field = self._selectors(request, rt)
+        opts = await self._delete_options(request)
+        async with self.store.lock:
+            ns = info.namespace if rt.namespaced and info.namespace else None
+            victims = [o for o in self.store.all(rt.key, ns) if label(o["metadata"].get("labels") or {}) and field(o)]
+            if "All" not in (opts.get("dryRun") or []):
+                for o in victims:
+                    self.delete_object(rt, o, opts)
+            request["audit"]["changes"] = [{"path": ".", "old": f"{len(victims)} objects", "new": None}]
+        return jresp({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                      "details": {"kind": rt.plural, **({"group": rt.group} if rt.group else {})}})
+
+    # ------------------------------------------------------------------ eviction
+    async def evict(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        body = await self.body_json(request) or {}
+        entry = request["audit"]
+        ev: dict[str, Any] = {"pdb": None, "disruptionsAllowedBefore": None, "currentHealthyBefore": None,
+                              "desiredHealthy": None, "outcome": None}
+        entry["eviction"] = ev
+        name = ((body.get("metadata") or {}).get("name")) or ""
+        if name and name != info.name:
+            ev["outcome"] = "bad-request"
+            raise ApiError(400, "name in URL does not match name in Eviction object", "BadRequest")
+        opts = dict(body.get("deleteOptions") or {})
+        dry = "All" in (opts.get("dryRun") or []) or self._query_dry_run(request)
+        store = self.store
+        pdb_rt = store.registry.types[PDBS]
+        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        async with store.lock:
+            pod = store.get(rt, info.namespace, info.name)
+            if pod is None:
+                ev["outcome"] = "not-found"
+                raise store.not_found(rt, info.name)
+            try:
+                self.check_preconditions(rt, pod, opts)
+            except ApiError:
+                ev["outcome"] = "precondition-failed"
+                raise
+            phase = (pod.get("status") or {}).get("phase")
+            deleting = bool(pod["metadata"].get("deletionTimestamp"))
+
+            def do_delete(outcome: str) -> web.Response:
+                ev["outcome"] = outcome
+                if not dry:
+                    before = copy.deepcopy(pod)
+                    after = self.delete_object(rt, pod, opts)
+                    entry["changes"] = diff(before, after if store.get(rt, info.namespace, info.name) else None)
+                return jresp(success, 201)
+
+            if phase in ("Pending", "Succeeded", "Failed") or not phase or deleting:
+                return do_delete("deleted-without-pdb-check")
+            pdbs = store.pdbs_for_pod(pod)
+            if not pdbs:
+                return do_delete("evicted-no-pdb")
+            if len(pdbs) > 1:
+                ev["pdb"] = ",".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pdbs)
+                ev["outcome"] = "multiple-pdbs"
+                msg = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                raise ApiError(500, f"Internal error occurred: {msg}", "InternalError", {"causes": [{"message": msg}]})
+            pdb = pdbs[0]
+            pmd, pst = pdb["metadata"], pdb.get("status") or {}
+            live = store.pdb_math(pdb)
+            ev.update({"pdb": f"{pmd['namespace']}/{pmd['name']}",
+                       "disruptionsAllowedBefore": pst.get("disruptionsAllowed", 0),
+                       "currentHealthyBefore": live["currentHealthy"], "desiredHealthy": live["desiredHealthy"]})
+            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
+            if not is_pod_ready(pod):
+                if policy == "AlwaysAllow":
+                    return do_delete("evicted-unhealthy")
+                if pst.get("currentHealthy", 0) >= pst.get("desiredHealthy", 0) > 0:
+                    return do_delete("evicted-unhealthy")
+            too_many = "Cannot evict pod as it would violate the pod's disruption budget."
+            if pst.get("observedGeneration", 0) < pmd.get("generation", 1):
+                ev["outcome"] = "blocked-stale-pdb"
+                raise ApiError(429, too_many, "TooManyRequests", {"causes": [
+                    {"reason": "DisruptionBudget",
+                     "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]})
+            allowed = int(pst.get("disruptionsAllowed", 0))
+            if allowed < 0:
+                ev["outcome"] = "forbidden-negative-budget"
+                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: pdb disruptions '
+                               'allowed is negative', "Forbidden",
+                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
+            if len(pst.get("disruptedPods") or {}) > 2000:
+                ev["outcome"] = "forbidden-too-many-disrupted"
+                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: DisruptedPods map '
+                               'too big - too many evictions not confirmed by PDB controller', "Forbidden",
+                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
+            if allowed == 0:
+                ev["outcome"] = "blocked"
+                raise ApiError(429, too_many, "TooManyRequests", {"causes": [
+                    {"reason": "DisruptionBudget",
+                     "message": f"The disruption budget {pmd['name']} needs {pst.get('desiredHealthy', 0)} healthy "
+                                f"pods and has {pst.get('currentHealthy', 0)} currently"}]})
+            if dry:
+                ev["outcome"] = "evicted"
+                return jresp(success, 201)
+            new_pdb = copy.deepcopy(pdb)
+            ns_ = new_pdb.setdefault("status", {})
+            ns_["disruptionsAllowed"] = allowed - 1
+            ns_.setdefault("disruptedPods", {})[info.name] = now_rfc3339()
+            store.side[f"disrupted/{pod['metadata'].get('uid')}"] = time.time()
+            store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
+            return do_delete("evicted")
+
+    # ================================================================== admin
+    async def admin(self, request: web.Request) -> web.Response:
+        from .seed import seed_objects
+
+        path = request.path.rstrip("/")
+        m = request.method
+        store = self.store
+        if path == "/_lab/reset" and m == "POST":
+            async with store.lock:
+                store.reset()
+            return jresp({"ok": True, "resourceVersion": str(store.rv)})
+        if path == "/_lab/seed" and m == "POST":
+            body = await self.body_json(request) or {}
+            objs = body.get("objects") if isinstance(body, dict) else body
+            async with store.lock:
+                result = seed_objects(self, objs or [])
+            return jresp(result)
+        if path == "/_lab/dump" and m == "GET":
+            async with store.lock:
+                return jresp({"objects": dump_objects(self), "resourceVersion": str(store.rv)})
+        if path == "/_lab/config":
+            if m == "POST":
+                body = await self.body_json(request) or {}
+                async with store.lock:
+                    for k, v in body.items():
+                        if k not in store.config:
+                            raise ApiError(400, f"unknown config key {k!r}", "BadRequest")
+                        store.config[k] = type(store.config[k])(v)
+                    for ns in {o["metadata"]["namespace"] for o in store.all(PDBS)}:
+                        store.recompute_pdbs(ns)
+                    store.kick.set()
+            return jresp(dict(store.config))
+        if path == "/_lab/faults":
+            if m == "POST":
+                body = await self.body_json(request) or {}
+                action = body.get("action") or {}
+                if not any(k in action for k in ("status", "delay", "drop")):
+                    raise ApiError(400, "action needs one of status, delay, drop", "BadRequest")
+                store.fault_seq += 1
+                f = {"id": store.fault_seq, "match": dict(body.get("match") or {}), "action": action,
+                     "remaining": int(body.get("count", 1))}
+                store.faults.append(f)
+                return jresp({"id": f["id"]})
+            if m == "DELETE":
+                store.faults.clear()
+                return jresp({"ok": True})
+            return jresp({"faults": store.faults})
+        if path == "/_lab/audit/cursor" and m == "GET":
+            return jresp({"next": store.audit_seq})
+        if path == "/_lab/audit" and m == "GET":
+            since = int(request.query.get("since") or 0)
+            writes = truthy(request.query.get("writes"))
+            limit = int(request.query.get("limit") or 0)
+            entries = [e for e in list(store.audit) if e["seq"] > since and (not writes or e.get("write"))]
+            if limit > 0:
+                entries = entries[:limit]
+            nxt = entries[-1]["seq"] if entries else max(since, store.audit_seq if not limit else since)
+            return jresp({"entries": entries, "next": nxt})
+        if path == "/_lab/healthz":
+            return jresp({"ok": True})
+        raise ApiError(404, f"unknown admin path {path}", "NotFound")
+
+
+def dump_objects(api: Api) -> list[dict]:
+    out = []
+    for key in sorted(api.store.objects):
+        rt = api.store.registry.types.get(key)
+        for _, o in sorted(api.store.objects[key].items()):
+            out.append(api.out(rt, o) if rt else copy.deepcopy(o))
+    return out

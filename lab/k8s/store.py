@@ -1,0 +1,406 @@
+"""The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .resources import Registry, ResourceType
+from .selectors import match_selector_obj, selector_obj_empty
+from .util import ApiError, diff, now_rfc3339
+
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+DISRUPTED_POD_TIMEOUT_S = 120.0
+AUDIT_MAX = 200_000
+
+PODS = ("", "pods")
+PDBS = ("policy", "poddisruptionbudgets")
+NAMESPACES = ("", "namespaces")
+NODES = ("", "nodes")
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+REPLICASETS = ("apps", "replicasets")
+
+
+def default_config() -> dict:
+    return {"podStartSeconds": 1.0, "graceScale": 0.1, "disruptionControllerFrozen": False,
+            "watchHistorySize": 10_000, "bookmarkSeconds": 5.0}
+
+
+@dataclass(eq=False)
+class Watcher:
+    key: tuple[str, str]
+    namespace: str | None
+    label: Callable[[dict], bool]
+    field: Callable[[dict], bool]
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=50_000))
+    closed: bool = False
+
+    def matches(self, obj: dict | None) -> bool:
+        if obj is None:
+            return False
+        md = obj.get("metadata") or {}
+        if self.namespace is not None and md.get("namespace") != self.namespace:
+            return False
+        return self.label(md.get("labels") or {}) and self.field(obj)
+
+
+NODE_INFO_FIELDS = ("architecture", "bootID", "containerRuntimeVersion", "kernelVersion", "kubeProxyVersion",
+                    "kubeletVersion", "machineID", "operatingSystem", "osImage", "systemUUID")
+
+
+def normalize_node(node: dict) -> None:
+    """NodeSystemInfo fields are non-omitempty strings in the real API (the typed client requires them)."""
+    info = node.setdefault("status", {}).setdefault("nodeInfo", {})
+    for f in NODE_INFO_FIELDS:
+        if info.get(f) is None:
+            info[f] = ""
+
+
+def is_pod_ready(pod: dict) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def pod_healthy(pod: dict) -> bool:
+    return ((pod.get("status") or {}).get("phase") == "Running" and is_pod_ready(pod)
+            and not pod["metadata"].get("deletionTimestamp"))
+
+
+def controller_ref(obj: dict) -> dict | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+def scaled(value: Any, total: int, round_up: bool = True) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        pct = float(value[:-1] or 0)
+        v = pct * total / 100.0
+        return int(math.ceil(v)) if round_up else int(math.floor(v))
+    return int(value)
+
+
+class Store:
+    def __init__(self, config: dict | None = None) -> None:
+        self.base_config = {**default_config(), **(config or {})}
+        self.config = dict(self.base_config)
+        self.lock = asyncio.Lock()
+        self.registry = Registry()
+        self.objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
+        self.rv = 0
+        self.history: deque = deque()
+        self.history_floor = 0
+        self.watchers: set[Watcher] = set()
+        self.audit: deque = deque(maxlen=AUDIT_MAX)
+        self.audit_seq = 0
+        self.faults: list[dict] = []
+        self.fault_seq = 0
+        self.kick = asyncio.Event()
+        self.side: dict[str, dict] = {}  # per-uid simulator bookkeeping (monotonic deadlines)
+        self.gc_owners: set[str] = set()  # uids deleted with cascading propagation
+        self._in_pdb = False
+        self._bootstrap()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _bootstrap(self) -> None:
+        for ns in DEFAULT_NAMESPACES:
+            rt = self.registry.types[NAMESPACES]
+            self.put(rt, self.new_meta(rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+
+    def reset(self) -> None:
+        self.registry.reset()
+        self.objects.clear()
+        for w in list(self.watchers):
+            self.close_watcher(w)
+        self.history.clear()
+        self.history_floor = self.rv  # older resourceVersions are gone
+        self.audit.clear()
+        self.faults.clear()
+        self.side.clear()
+        self.gc_owners.clear()
+        self.config = dict(self.base_config)
+        self._bootstrap()
+
+    # ------------------------------------------------------------------ reads
+    def bucket(self, rt: ResourceType) -> dict[tuple[str, str], dict]:
+        return self.objects.setdefault(rt.key, {})
+
+    def get(self, rt: ResourceType, ns: str | None, name: str) -> dict | None:
+        return self.objects.get(rt.key, {}).get((ns or "", name))
+
+    def all(self, key: tuple[str, str], ns: str | None = None) -> list[dict]:
+        objs = self.objects.get(key, {})
+        return [o for (n, _), o in sorted(objs.items()) if ns is None or n == ns]
+
+    def not_found(self, rt: ResourceType, name: str) -> ApiError:
+        details = {"name": name, "kind": rt.plural}
+        if rt.group:
+            details["group"] = rt.group
+        return ApiError(404, f'{rt.group_resource} "{name}" not found', "NotFound", details)
+
+    def conflict(self, rt: ResourceType, name: str, why: str = "the object has been modified; please apply "
+                 "your changes to the latest version and try again") -> ApiError:
+        details = {"name": name, "kind": rt.plural}
+        if rt.group:
+            details["group"] = rt.group
+        return ApiError(409, f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {why}', "Conflict",
+                        details)
+
+    # ------------------------------------------------------------------ writes (lock held)
+    def new_meta(self, rt: ResourceType, obj: dict, keep_uid: bool = False) -> dict:
+        md = obj.setdefault("metadata", {})
+        if not (keep_uid and md.get("uid")):
+            md["uid"] = str(uuid.uuid4())
+        if not (keep_uid and md.get("creationTimestamp")):
+            md["creationTimestamp"] = now_rfc3339()
+        if rt.generation:
+            if not (keep_uid and md.get("generation")):
+                md["generation"] = 1
+        else:
+            md.pop("generation", None)
+        obj["apiVersion"] = rt.api_version
+        obj["kind"] = rt.kind
+        if rt.key == NAMESPACES:
+            md.setdefault("labels", {})["kubernetes.io/metadata.name"] = md["name"]
+            obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+            obj.setdefault("status", {}).setdefault("phase", "Active")
+        return obj
+
+    def put(self, rt: ResourceType, obj: dict, actor: str | None = None, verb: str | None = None,
+            subresource: str = "") -> dict:
+        md = obj["metadata"]
+        k = (md.get("namespace") or "", md["name"])
+        bucket = self.bucket(rt)
+        old = bucket.get(k)
+        if rt.key == NODES:
+            normalize_node(obj)
+        self.rv += 1
+        md["resourceVersion"] = str(self.rv)
+        obj["apiVersion"] = rt.api_version
+        obj["kind"] = rt.kind
+        bucket[k] = obj
+        self._emit(rt, "MODIFIED" if old else "ADDED", obj, old)
+        if actor:
+            self.audit_write(actor, verb or ("update" if old else "create"), rt, obj, old, subresource,
+                             200 if old else 201)
+        self._after_write(rt, obj)
+        return obj
+
+    def remove(self, rt: ResourceType, obj: dict, actor: str | None = None) -> dict:
+        md = obj["metadata"]
+        k = (md.get("namespace") or "", md["name"])
+        bucket = self.bucket(rt)
+        old = bucket.pop(k, None)
+        if old is None:
+            return obj
+        final = copy.deepcopy(old)
+        self.rv += 1
+        final["metadata"]["resourceVersion"] = str(self.rv)
+        self._emit(rt, "DELETED", final, old)
+        self.side.pop(md.get("uid", ""), None)
+        if actor:
+            self.audit_write(actor, "delete", rt, None, old, "", 200)
+        if rt.key == CRDS:
+            for key in self.registry.unregister_crd(md["name"]):
+                owned = self.objects.pop(key, {})
+                for o in owned.values():
+                    self.rv += 1
+                    self._emit_raw(key, "DELETED", o, o)
+        self._after_write(rt, final)
+        return final
+
+    def _after_write(self, rt: ResourceType, obj: dict) -> None:
+        if rt.key in (PODS, PDBS):
+            self.recompute_pdbs(obj["metadata"].get("namespace") or "")
+        self.kick.set()
+
+    # ------------------------------------------------------------------ watch plumbing
+    def _emit(self, rt: ResourceType, etype: str, obj: dict, old: dict | None) -> None:
+        self._emit_raw(rt.key, etype, obj, old)
+
+    def _emit_raw(self, key: tuple[str, str], etype: str, obj: dict, old: dict | None) -> None:
+        ev = (self.rv, key, etype, copy.deepcopy(obj), old)
+        self.history.append(ev)
+        limit = max(1, int(self.config.get("watchHistorySize") or 10_000))
+        while len(self.history) > limit:
+            dropped = self.history.popleft()
+            self.history_floor = dropped[0]
+        for w in list(self.watchers):
+            if w.key == key:
+                self.deliver(w, ev)
+
+    def translate(self, w: Watcher, ev: tuple) -> tuple[str, dict] | None:
+        _, _, etype, obj, old = ev
+        if etype == "MODIFIED":
+            now_m, was_m = w.matches(obj), w.matches(old)
+            if now_m and was_m:
+                return "MODIFIED", obj
+            if now_m:
+                return "ADDED", obj
+            if was_m:
+                return "DELETED", obj
+            return None
+        return (etype, obj) if w.matches(obj) else None
+
+    def deliver(self, w: Watcher, ev: tuple) -> None:
+        if w.closed:
+            return
+        t = self.translate(w, ev)
+        if t is None:
+            return
+        try:
+            w.queue.put_nowait(t)
+        except asyncio.QueueFull:
+            self.close_watcher(w)
+
+    def close_watcher(self, w: Watcher) -> None:
+        w.closed = True
+        self.watchers.discard(w)
+        try:
+            w.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            pass
+
+    # ------------------------------------------------------------------ audit
+    def audit_add(self, entry: dict) -> dict:
+        self.audit_seq += 1
+        entry["seq"] = self.audit_seq
+        self.audit.append(entry)
+        return entry
+
+    def audit_write(self, actor: str, verb: str, rt: ResourceType, obj: dict | None, old: dict | None,
+                    subresource: str, code: int, extra: dict | None = None) -> None:
+        ref = obj or old or {}
+        md = ref.get("metadata") or {}
+        entry = {
+            "time": time.time(), "verb": verb, "group": rt.group, "version": rt.version, "resource": rt.plural,
+            "subresource": subresource, "namespace": md.get("namespace") or "", "name": md.get("name") or "",
+            "code": code, "userAgent": f"lab-controller/{actor}" if "/" not in actor else actor, "write": True,
+            "resourceVersion": (obj or {}).get("metadata", {}).get("resourceVersion"),
+            "changes": diff(old, obj),
+        }
+        if extra:
+            entry.update(extra)
+        self.audit_add(entry)
+
+    # ------------------------------------------------------------------ disruption controller
+    def pdbs_for_pod(self, pod: dict) -> list[dict]:
+        ns = pod["metadata"].get("namespace") or ""
+        out = []
+        for pdb in self.all(PDBS, ns):
+            sel = (pdb.get("spec") or {}).get("selector")
+            if selector_obj_empty(sel):
+                continue  # a nil or empty selector matches nothing (eviction.go)
+            try:
+                if match_selector_obj(sel, pod["metadata"].get("labels")):
+                    out.append(pdb)
+            except ValueError:
+                continue
+        return out
+
+    def pdb_pods(self, pdb: dict) -> list[dict]:
+        sel = (pdb.get("spec") or {}).get("selector")
+        if selector_obj_empty(sel):
+            return []
+        ns = pdb["metadata"].get("namespace") or ""
+        out = []
+        for p in self.all(PODS, ns):
+            try:
+                if match_selector_obj(sel, p["metadata"].get("labels")):
+                    out.append(p)
+            except ValueError:
+                return []
+        return out
+
+    def pdb_math(self, pdb: dict) -> dict:
+        """Live PDB numbers: expectedPods, currentHealthy, desiredHealthy, disruptionsAllowed, disruptedPods."""
+        spec = pdb.get("spec") or {}
+        pods = self.pdb_pods(pdb)
+        now = time.time()
+        disrupted_in = ((pdb.get("status") or {}).get("disruptedPods") or {})
+        live = {p["metadata"]["name"]: p for p in pods}
+        disrupted = {}
+        for name, ts in disrupted_in.items():
+            p = live.get(name)
+            if p is None or p["metadata"].get("deletionTimestamp"):
+                continue
+            t = self.side.get(f"disrupted/{p['metadata'].get('uid')}")
+            if t is not None and now - t > DISRUPTED_POD_TIMEOUT_S:
+                continue
+            disrupted[name] = ts
+        healthy = sum(1 for p in pods if pod_healthy(p) and p["metadata"]["name"] not in disrupted)
+        min_av, max_un = spec.get("minAvailable"), spec.get("maxUnavailable")
+        if max_un is not None or (isinstance(min_av, str) and min_av.endswith("%")):
+            expected = self._expected_scale(pods)
+        else:
+            expected = len(pods)
+        if max_un is not None:
+            desired = max(0, expected - scaled(max_un, expected))
+        elif min_av is not None:
+            desired = scaled(min_av, expected)
+        else:
+            desired = 0
+        return {"expectedPods": expected, "currentHealthy": healthy, "desiredHealthy": desired,
+                "disruptionsAllowed": max(0, healthy - desired), "disruptedPods": disrupted}
+
+    def _expected_scale(self, pods: list[dict]) -> int:
+        total, seen = 0, set()
+        for p in pods:
+            ref = controller_ref(p)
+            if ref and ref.get("kind") in ("ReplicaSet", "StatefulSet", "Deployment"):
+                if ref.get("uid") in seen:
+                    continue
+                seen.add(ref.get("uid"))
+                plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets",
+                          "Deployment": "deployments"}[ref["kind"]]
+                owner = self.objects.get(("apps", plural), {}).get(
+                    (p["metadata"].get("namespace") or "", ref.get("name")))
+                if owner is not None:
+                    total += int((owner.get("spec") or {}).get("replicas", 1))
+                    continue
+            total += 1
+        return total
+
+    def recompute_pdbs(self, ns: str) -> None:
+        if self._in_pdb or self.config.get("disruptionControllerFrozen"):
+            return
+        rt = self.registry.types[PDBS]
+        self._in_pdb = True
+        try:
+            for pdb in self.all(PDBS, ns):
+                if pdb["metadata"].get("deletionTimestamp"):
+                    continue
+                m = self.pdb_math(pdb)
+                old_status = pdb.get("status") or {}
+                allowed = m["disruptionsAllowed"] > 0
+                cond_status = "True" if allowed else "False"
+                conds = [c for c in old_status.get("conditions") or [] if c.get("type") == "DisruptionAllowed"]
+                prev = conds[0] if conds else None
+                gen = pdb["metadata"].get("generation", 1)
+                cond = {
+                    "type": "DisruptionAllowed", "status": cond_status,
+                    "reason": "SufficientPods" if allowed else "InsufficientPods",
+                    "message": "", "observedGeneration": gen,
+                    "lastTransitionTime": prev["lastTransitionTime"] if prev and prev.get("status") == cond_status
+                    and prev.get("lastTransitionTime") else now_rfc3339(),
+                }
+                status = {"observedGeneration": gen, "disruptionsAllowed": m["disruptionsAllowed"],
+                          "currentHealthy": m["currentHealthy"], "desiredHealthy": m["desiredHealthy"],
+                          "expectedPods": m["expectedPods"], "conditions": [cond]}
+                if m["disruptedPods"]:
+                    status["disruptedPods"] = m["disruptedPods"]
+                if status != old_status:
+                    new = copy.deepcopy(pdb)
+                    new["status"] = status
+                    self.put(rt, new, actor="disruption-controller", verb="update", subresource="status")
+        finally:
+            self._in_pdb = False

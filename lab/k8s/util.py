@@ -1,0 +1,99 @@
+"""Small helpers: timestamps, Status bodies, diffs, names."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import string
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+REASONS = {
+    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
+    406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
+    429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+}
+
+NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of k8s.io/apimachinery/pkg/util/rand
+
+
+def now_rfc3339(offset_s: float = 0.0) -> str:
+    t = datetime.now(timezone.utc) + timedelta(seconds=offset_s)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def random_suffix(n: int = 5) -> str:
+    return "".join(random.choice(NAME_CHARS) for _ in range(n))
+
+
+def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
+    body: dict[str, Any] = {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason or REASONS.get(code, ""), "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, message: str, reason: str | None = None, details: dict | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason or REASONS.get(code, "")
+        self.details = details
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return status_body(self.code, self.message, self.reason, self.details)
+
+
+def _short(v: Any, limit: int = 160) -> Any:
+    if isinstance(v, (dict, list)):
+        s = json.dumps(v, sort_keys=True, separators=(",", ":"))
+        if len(s) > limit:
+            return s[: limit - 3] + "..."
+        return copy.deepcopy(v)
+    if isinstance(v, str) and len(v) > limit:
+        return v[: limit - 3] + "..."
+    return v
+
+
+IGNORED_DIFF = {("metadata", "resourceVersion"), ("metadata", "managedFields")}
+
+
+def diff(old: Any, new: Any, limit: int = 40) -> list[dict]:
+    """A compact list of changed JSON paths ({path, old, new}), bounded in length and value size."""
+    out: list[dict] = []
+
+    def walk(a: Any, b: Any, path: tuple) -> None:
+        if len(out) >= limit:
+            return
+        if path[:2] in IGNORED_DIFF:
+            return
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in list(a.keys()) + [k for k in b if k not in a]:
+                walk(a.get(k, _MISSING), b.get(k, _MISSING), path + (k,))
+            return
+        if a is _MISSING and b is _MISSING:
+            return
+        if a != b:
+            out.append({"path": "." + ".".join(str(p) for p in path) if path else ".",
+                        "old": None if a is _MISSING else _short(a),
+                        "new": None if b is _MISSING else _short(b)})
+
+    walk(old if old is not None else {}, new if new is not None else {}, ())
+    if len(out) >= limit:
+        out.append({"path": "...", "old": None, "new": "truncated"})
+    return out
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
