@@ -1,0 +1,86 @@
+"""Helpers for workflow tests against the Kubernetes emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kubernetes.aio.client import CoreV1Api, V1Node, V1Pod
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
+from lab.fleet import Fleet
+
+T = TypeVar("T")
+
+
+def fleet_objects(
+    *,
+    trainer_min_available: int = 7,
+    bare_pod_on: str | None = None,
+    protected_on: str | None = None,
+    protected_finish_after: int | None = None,
+) -> list[dict[str, Any]]:
+    """Five 8-GPU nodes: 8 four-GPU trainer pods fill node-01..04 behind a PDB, node-05 has
+    room for the replacements; a DaemonSet on every node."""
+    workloads: list[dict[str, Any]] = [
+        {
+            "name": "trainer",
+            "namespace": "training",
+            "replicas": 8,
+            "labels": {"app": "trainer"},
+            "gpus": 4,
+            "nodes": ["node-01", "node-02", "node-03", "node-04"],
+            "pdb": {"minAvailable": trainer_min_available},
+        },
+        {"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator", "labels": {"app": "dcgm"}},
+    ]
+    if bare_pod_on:
+        workloads.append({"name": "scratch", "kind": "Pod", "namespace": "default", "node": bare_pod_on})
+    if protected_on:
+        annotations = {}
+        if protected_finish_after is not None:
+            annotations["lab.millwright.dev/finish-after-seconds"] = str(protected_finish_after)
+        workloads.append(
+            {
+                "name": "protected",
+                "namespace": "training",
+                "replicas": 1,
+                "labels": {"millwright.dev/protected": "true"},
+                "nodes": [protected_on],
+                "annotations": annotations,
+            }
+        )
+    fleet = Fleet.model_validate(
+        {"cluster": "lab", "nodes": [{"prefix": "node-", "count": 5, "gpus": 8}], "workloads": workloads}
+    )
+    return fleet.to_objects()
+
+
+async def pods_on(core: CoreV1Api, node: str) -> list[V1Pod]:
+    return (await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")).items
+
+
+async def read_node(core: CoreV1Api, node: str) -> V1Node:
+    return await core.read_node(node)
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T | None]], *, what: str, timeout: float = 30.0, interval: float = 0.2
+) -> T:
+    """Poll until `probe` returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def current_details(handle) -> str:
+    """What the UI shows as the run's current details (`workflow.set_current_details`)."""
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return metadata.current_details

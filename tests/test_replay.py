@@ -1,0 +1,29 @@
+"""Replay committed histories against today's workflow code.
+
+A change that would break runs already in flight (an activity added or reordered
+without `workflow.patched`) fails here. Histories are recorded from the integration
+tests with MILLWRIGHT_RECORD_HISTORIES=1 (see tests/histories/README.md).
+"""
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+import workflows
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def test_histories_are_committed():
+    assert HISTORIES, "no committed histories to replay"
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_replay(path: Path):
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    replayer = Replayer(workflows=workflows.WORKFLOWS, data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"

@@ -1,0 +1,390 @@
+"""NodeMaintenance: take one node out of service safely, the way `kubectl drain` does.
+
+cordon (ownership recorded on the node) → wait for protected pods to finish →
+evict through the eviction API (a PodDisruptionBudget refusal is a visible wait
+state, never an error) → wait until the evicted pods are gone → optionally uncordon,
+never removing a cordon someone else placed.
+
+Every step is an idempotent activity and the plan lives in workflow state, so a
+worker killed at any point resumes without repeating a cordon or an eviction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows import search_attributes as sa
+from workflows.base import Progress, WorkflowInput
+
+with workflow.unsafe.imports_passed_through():
+    from activities.kube import (
+        CordonRequest,
+        DrainPlanRequest,
+        DrainSettings,
+        EvictRequest,
+        KubeActivities,
+        NodeRef,
+        PodQuery,
+        PodRef,
+        SkippedPod,
+        WaitPodsGoneRequest,
+        validate_label_selector,
+        validate_object_name,
+        validate_positive_duration,
+    )
+
+# Kubernetes calls are cheap and idempotent: retry them until the drain deadline,
+# backing off to a ceiling so an API outage does not flood the history.
+API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30))
+# A short start-to-close bounds how long a call lost with a crashed worker waits to be retried.
+API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
+EVICTION_CONCURRENCY = 25
+MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
+
+Phase = Literal[
+    "starting",
+    "cordoning",
+    "waiting-for-protected-pods",
+    "draining",
+    "waiting-for-pods-to-terminate",
+    "uncordoning",
+    "completed",
+    "aborted",
+    "failed",
+]
+
+
+class NodeMaintenanceInput(WorkflowInput):
+    """Drain one node of one cluster, for a stated reason."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    node: str = Field(description="Node name.")
+    reason: str = Field(min_length=1, max_length=1024, description="Why; recorded on the node.")
+    drain: DrainSettings = Field(default_factory=DrainSettings)
+    protected_pod_selector: str | None = Field(
+        None,
+        description="Pods on the node matching this label selector are waited for, not evicted, "
+        "until they finish (e.g. a training job's checkpoint).",
+    )
+    protected_pods_timeout: timedelta = Field(
+        timedelta(hours=2), description="Give up waiting for protected pods after this long."
+    )
+    protected_pods_poll_interval: timedelta = Field(
+        timedelta(seconds=10), description="How often to look whether the protected pods have finished."
+    )
+    uncordon_after: bool = Field(False, description="Uncordon when the drain is done (a cordon we placed only).")
+
+    _names = field_validator("cluster", "node")(validate_object_name)
+    _selector = field_validator("protected_pod_selector")(validate_label_selector)
+
+    _durations = field_validator("protected_pods_timeout", "protected_pods_poll_interval")(validate_positive_duration)
+
+    def workflow_id(self) -> str:
+        return f"node-maintenance/{self.cluster}/{self.node}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.CLUSTER, self.cluster), SearchAttributePair(sa.NODE, self.node)]
+
+
+class BlockedEviction(BaseModel):
+    pod: str
+    budget: str | None = None
+    message: str = ""
+    attempts: int = 0
+
+
+class NodeMaintenanceStatus(BaseModel):
+    phase: Phase = "starting"
+    cordoned_by_us: bool = False
+    cordon_holder: str | None = None
+    protected_pods: list[str] = Field(default_factory=list)
+    to_evict: int = 0
+    evicted: list[str] = Field(default_factory=list)
+    skipped: list[SkippedPod] = Field(default_factory=list)
+    blocked: dict[str, BlockedEviction] = Field(default_factory=dict)
+    uncordoned: bool = False
+    note: str = ""
+
+
+class NodeMaintenanceResult(BaseModel):
+    cluster: str
+    node: str
+    outcome: Literal["completed", "aborted"]
+    cordoned_by_us: bool
+    cordon_holder: str | None = None
+    evicted: list[str]
+    skipped: list[SkippedPod]
+    uncordoned: bool
+    note: str = ""
+
+
+class AbortRequest(BaseModel):
+    reason: str = Field(min_length=1)
+    uncordon: bool = Field(True, description="Remove our cordon when aborting (never someone else's).")
+
+
+class SkipWaitRequest(BaseModel):
+    reason: str = Field(min_length=1)
+
+
+@workflow.defn
+class NodeMaintenance:
+    @workflow.init
+    def __init__(self, inp: NodeMaintenanceInput) -> None:
+        self._inp = inp
+        self._status = NodeMaintenanceStatus()
+        self._abort: AbortRequest | None = None
+        self._skip_wait: SkipWaitRequest | None = None
+
+    # ------------------------------------------------------------ operator controls
+
+    @workflow.query(description="Full state: phase, pods evicted, evictions blocked and by which budget.")
+    def status(self) -> NodeMaintenanceStatus:
+        return self._status
+
+    @workflow.query(description="Short progress for pollers such as `millwright watch`.")
+    def progress(self) -> Progress:
+        s = self._status
+        return Progress(
+            phase=s.phase,
+            done=len(s.evicted),
+            total=s.to_evict,
+            details=self._summary(),
+            finished=s.phase in ("completed", "aborted", "failed"),
+        )
+
+    @workflow.update(description="Stop the maintenance: no further evictions; optionally remove our cordon.")
+    async def abort(self, req: AbortRequest) -> NodeMaintenanceStatus:
+        self._abort = req
+        self._set_details()
+        return self._status
+
+    @abort.validator
+    def _validate_abort(self, req: AbortRequest) -> None:
+        if self._abort is not None:
+            raise ValueError(f"already aborting: {self._abort.reason}")
+        if self._status.phase in ("uncordoning", "completed", "aborted", "failed"):
+            raise ValueError(f"nothing to abort: the maintenance is {self._status.phase}")
+
+    @workflow.update(description="Stop waiting for protected pods and drain now.")
+    async def skip_wait(self, req: SkipWaitRequest) -> NodeMaintenanceStatus:
+        self._skip_wait = req
+        return self._status
+
+    @skip_wait.validator
+    def _validate_skip_wait(self, req: SkipWaitRequest) -> None:
+        if self._status.phase not in ("starting", "cordoning", "waiting-for-protected-pods"):
+            raise ValueError(f"no wait to skip: the maintenance is {self._status.phase}")
+
+    # ------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: NodeMaintenanceInput) -> NodeMaintenanceResult:
+        owner = workflow.info().workflow_id
+        # Runs started from the UI may lack these; the query by node must still find them.
+        workflow.upsert_search_attributes(
+            [sa.CLUSTER.value_set(inp.cluster), sa.NODE.value_set(inp.node)]
+        )
+        self._enter("starting")
+        cordon = CordonRequest(cluster=inp.cluster, node=inp.node, owner=owner, reason=inp.reason)
+        try:
+            await workflow.execute_activity_method(
+                KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node), **API_CALL,
+                summary=f"inspect node {inp.node}",
+            )
+            self._enter("cordoning")
+            held = await workflow.execute_activity_method(
+                KubeActivities.cordon_node, cordon, **API_CALL, summary=f"cordon {inp.node}"
+            )
+            self._status.cordoned_by_us = held.owned
+            self._status.cordon_holder = held.holder
+            if inp.protected_pod_selector and not self._stopping():
+                await self._wait_for_protected_pods(inp)
+            if not self._stopping():
+                await self._drain(inp)
+        except (ActivityError, ApplicationError) as err:
+            # The node stays cordoned: a half-drained node must not take new work.
+            cause = err.cause if isinstance(err, ActivityError) and err.cause else err
+            self._status.note = str(cause)
+            self._enter("failed")
+            raise
+        if self._abort is not None:
+            return await self._finish("aborted", cordon, self._abort.uncordon, f"aborted: {self._abort.reason}")
+        return await self._finish("completed", cordon, inp.uncordon_after, "")
+
+    async def _finish(
+        self, outcome: Literal["completed", "aborted"], cordon: CordonRequest, uncordon: bool, note: str
+    ) -> NodeMaintenanceResult:
+        s = self._status
+        if uncordon and s.cordoned_by_us:
+            self._enter("uncordoning")
+            done = await workflow.execute_activity_method(
+                KubeActivities.uncordon_node, cordon, **API_CALL, summary=f"uncordon {cordon.node}"
+            )
+            s.uncordoned = done.uncordoned
+            note = "; ".join(n for n in (note, done.note) if n)
+        elif uncordon and not s.cordoned_by_us:
+            note = "; ".join(n for n in (note, f"cordon held by {s.cordon_holder}; left in place") if n)
+        s.note = note
+        self._enter(outcome)
+        return NodeMaintenanceResult(
+            cluster=cordon.cluster,
+            node=cordon.node,
+            outcome=outcome,
+            cordoned_by_us=s.cordoned_by_us,
+            cordon_holder=s.cordon_holder,
+            evicted=s.evicted,
+            skipped=s.skipped,
+            uncordoned=s.uncordoned,
+            note=note,
+        )
+
+    async def _wait_for_protected_pods(self, inp: NodeMaintenanceInput) -> None:
+        self._enter("waiting-for-protected-pods")
+        deadline = workflow.now() + inp.protected_pods_timeout
+        query = PodQuery(cluster=inp.cluster, node=inp.node, label_selector=inp.protected_pod_selector or "")
+        while not self._stopping() and self._skip_wait is None:
+            pods = await workflow.execute_activity_method(
+                KubeActivities.list_unfinished_pods, query, **API_CALL, summary="list protected pods"
+            )
+            self._status.protected_pods = [str(p) for p in pods]
+            self._set_details()
+            if not pods:
+                return
+            remaining = deadline - workflow.now()
+            if remaining <= timedelta(0):
+                raise ApplicationError(
+                    f"protected pods still running on {inp.node} after {inp.protected_pods_timeout}: "
+                    + ", ".join(self._status.protected_pods),
+                    type="ProtectedPodsTimeout",
+                    non_retryable=True,
+                )
+            try:
+                await workflow.wait_condition(
+                    lambda: self._stopping() or self._skip_wait is not None,
+                    timeout=min(inp.protected_pods_poll_interval, remaining),
+                    timeout_summary="protected pods still running",
+                )
+            except asyncio.TimeoutError:
+                pass
+        self._status.protected_pods = []
+
+    async def _drain(self, inp: NodeMaintenanceInput) -> None:
+        self._enter("draining")
+        deadline = workflow.now() + inp.drain.timeout
+        plan = await workflow.execute_activity_method(
+            KubeActivities.plan_drain,
+            DrainPlanRequest(cluster=inp.cluster, node=inp.node, settings=inp.drain),
+            **API_CALL,
+            summary=f"list pods on {inp.node}",
+        )
+        self._status.to_evict = len(plan.evict)
+        self._status.skipped = plan.skipped
+        self._set_details()
+        slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
+
+        async def evict(pod: PodRef) -> PodRef | None:
+            async with slots:
+                return await self._evict_until_done(inp, pod, deadline)
+
+        evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
+        if not evicted or self._stopping():
+            return
+        self._enter("waiting-for-pods-to-terminate")
+        remaining = deadline - workflow.now()
+        try:
+            await workflow.execute_activity_method(
+                KubeActivities.wait_pods_gone,
+                WaitPodsGoneRequest(cluster=inp.cluster, pods=evicted),
+                start_to_close_timeout=max(remaining, timedelta(seconds=1)),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=API_RETRY,
+                summary=f"wait for {len(evicted)} pods to terminate",
+            )
+        except ActivityError as err:
+            raise ApplicationError(
+                f"drain of {inp.node} timed out after {inp.drain.timeout} waiting for evicted pods to terminate",
+                type="DrainTimeout",
+                non_retryable=True,
+            ) from err
+
+    async def _evict_until_done(self, inp: NodeMaintenanceInput, pod: PodRef, deadline) -> PodRef | None:
+        """Evict one pod, waiting out PDB refusals; returns the pod when an eviction was accepted."""
+        key = str(pod)
+        attempts = 0
+        while not self._stopping():
+            if workflow.now() >= deadline:
+                blocked = self._status.blocked.get(key)
+                raise ApplicationError(
+                    f"drain of {inp.node} timed out after {inp.drain.timeout}; {key} still blocked"
+                    + (f" by {blocked.budget}: {blocked.message}" if blocked else ""),
+                    type="DrainTimeout",
+                    non_retryable=True,
+                )
+            outcome = await workflow.execute_activity_method(
+                KubeActivities.evict_pod,
+                EvictRequest(cluster=inp.cluster, pod=pod, grace_period_seconds=inp.drain.grace_period_seconds),
+                **API_CALL,
+                summary=f"evict {key}",
+            )
+            attempts += 1
+            if outcome.status != "blocked":
+                self._status.blocked.pop(key, None)
+                self._status.evicted.append(key)
+                self._set_details()
+                return pod if outcome.status == "evicted" else None
+            self._status.blocked[key] = BlockedEviction(
+                pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
+            )
+            self._set_details()
+            # Back off from the configured interval to a minute: a budget blocked for
+            # long must not flood the history with attempts.
+            wait = max(inp.drain.eviction_retry_interval, min(inp.drain.eviction_retry_interval * 2 ** (attempts - 1), MAX_BLOCKED_BACKOFF))
+            if outcome.retry_after_seconds:
+                wait = max(wait, timedelta(seconds=outcome.retry_after_seconds))
+            try:
+                await workflow.wait_condition(
+                    self._stopping,
+                    timeout=min(wait, max(deadline - workflow.now(), timedelta(seconds=1))),
+                    timeout_summary=f"eviction of {key} blocked by {outcome.budget or 'the API'}",
+                )
+            except asyncio.TimeoutError:
+                pass
+        return None
+
+    # ------------------------------------------------------------ visibility
+
+    def _stopping(self) -> bool:
+        return self._abort is not None
+
+    def _enter(self, phase: Phase) -> None:
+        self._status.phase = phase
+        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        self._set_details()
+
+    def _summary(self) -> str:
+        s = self._status
+        lines = [f"**{s.phase}** node `{self._inp.node}` in `{self._inp.cluster}`"]
+        if s.cordon_holder:
+            lines.append(f"cordon held by {s.cordon_holder}")
+        if s.protected_pods:
+            lines.append(f"waiting for {len(s.protected_pods)} protected pods: {', '.join(s.protected_pods[:5])}")
+        if s.to_evict:
+            lines.append(f"{len(s.evicted)}/{s.to_evict} pods evicted")
+        for b in list(s.blocked.values())[:5]:
+            lines.append(f"blocked: {b.pod} by {b.budget or 'the API'} ({b.attempts} tries): {b.message}")
+        if self._abort:
+            lines.append(f"aborting: {self._abort.reason}")
+        if s.note:
+            lines.append(s.note)
+        return "\n\n".join(lines)
+
+    def _set_details(self) -> None:
+        workflow.set_current_details(self._summary())
