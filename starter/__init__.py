@@ -1,0 +1,1 @@
+"""Starting and watching Millwright workflows: the ``millwright`` CLI and a small client library."""

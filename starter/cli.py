@@ -1,0 +1,395 @@
+"""``millwright``: start, watch and describe Millwright workflows; run the emulated lab.
+
+Exit codes: 0 success; 1 failure (run failed, connection error, lab problem);
+2 bad usage or input (unknown workflow, input that does not fit the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="millwright",
+    help="Start and watch Millwright workflows (GPU AI-factory operations on Temporal).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+lab_app = typer.Typer(help="The emulated lab: Temporal dev server + Kubernetes emulator + worker.", no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+DEFAULT_UI = "http://127.0.0.1:8233"
+
+StateDir = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="MILLWRIGHT_STATE_DIR", help="Lab state directory (lab.json, logs, databases)."),
+]
+AddressOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--address",
+        help="Temporal frontend host:port. Default: TEMPORAL_ADDRESS / TEMPORAL_PROFILE, else the running lab, else localhost:7233.",
+    ),
+]
+NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")]
+UiOpt = Annotated[
+    Optional[str],
+    typer.Option("--ui", envvar="MILLWRIGHT_UI_URL", help="Temporal Web UI base URL for links (default: the running lab's, else http://127.0.0.1:8233)."),
+]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def running_lab(state_dir: Path) -> dict[str, Any] | None:
+    """The running lab's addresses, so `start` and `watch` find it without flags."""
+    from lab.runner import running_lab as lab_info
+
+    return lab_info(state_dir)
+
+
+def _ui_base(ui: str | None, state_dir: Path) -> str:
+    if ui:
+        return ui
+    lab = running_lab(state_dir)
+    if lab and lab.get("ui"):
+        return str(lab["ui"])
+    return DEFAULT_UI
+
+
+def _connect_kwargs(address: str | None, namespace: str | None, state_dir: Path) -> dict[str, Any]:
+    from starter.client import connect_config
+
+    lab = running_lab(state_dir)
+    lab_address = ((lab or {}).get("temporal") or {}).get("address")
+    return connect_config(default_address=lab_address, target_host=address, namespace=namespace)
+
+
+async def _connect(address: str | None, namespace: str | None, state_dir: Path):
+    from temporalio.client import Client
+
+    kwargs = _connect_kwargs(address, namespace, state_dir)
+    try:
+        return await Client.connect(**kwargs)
+    except Exception as e:
+        err.print(f"[red]error:[/] cannot connect to Temporal at {kwargs['target_host']} (namespace {kwargs['namespace']}): {e}")
+        raise typer.Exit(1) from None
+
+
+def _read_input(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).read_text()
+    except OSError as e:
+        err.print(f"[red]error:[/] cannot read input {source}: {e.strerror or e}")
+        raise typer.Exit(2) from None
+
+
+def _spec_or_exit(name: str):
+    from starter.client import UnknownWorkflowError, workflow_by_name
+
+    try:
+        return workflow_by_name(name)
+    except UnknownWorkflowError as e:
+        err.print(f"[red]error:[/] unknown workflow {name!r}. Known workflows: {', '.join(e.known) or '(none)'}")
+        raise typer.Exit(2) from None
+
+
+# ---------------------------------------------------------------- start
+
+
+@app.command()
+def start(
+    workflow: Annotated[str, typer.Argument(help="Workflow type, e.g. NodeMaintenance.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="JSON input file, or - for stdin.")],
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
+    id: Annotated[Optional[str], typer.Option("--id", help="Workflow ID (default: derived from the input).")] = None,
+    watch_: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it closes.")] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    ui: UiOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Validate JSON input against the workflow's model, then start it (or attach to the running one)."""
+    from starter.client import InputError, parse_input, start as start_workflow, ui_link
+
+    spec = _spec_or_exit(workflow)
+    try:
+        inp = parse_input(spec, _read_input(input))
+    except InputError as e:
+        err.print(f"[red]error:[/] invalid input for {spec.name}; nothing was started:")
+        for line in e.errors:
+            err.print(f"  {line}")
+        raise typer.Exit(2) from None
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        started = await start_workflow(client, inp, task_queue=task_queue, id=id, workflow=spec.name)
+        if started.already_running:
+            out.print(f"{spec.name} is already running with this ID: attached to the existing run (nothing new started)")
+        else:
+            out.print(f"started {spec.name} on task queue {task_queue}")
+        out.print(f"  workflow id: {started.workflow_id}")
+        out.print(f"  run id:      {started.run_id}")
+        out.print(f"  ui:          {ui_link(_ui_base(ui, state_dir), client.namespace, started.workflow_id, started.run_id)}")
+        if not watch_:
+            out.print(f"  watch:       millwright watch {_shell_quote(started.workflow_id)}")
+            return 0
+        return await _watch(client, started.workflow_id, None, 1.0)
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+def _shell_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# ---------------------------------------------------------------- watch
+
+
+@app.command()
+def watch(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID", help="Workflow ID.")],
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="A specific run (default: the latest).")] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between progress polls.")] = 1.0,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Show live progress until the run closes; print its result (exit 0) or failure (exit 1)."""
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        return await _watch(client, workflow_id, run_id, interval)
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+async def _watch(client, workflow_id: str, run_id: str | None, interval: float) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from starter.client import workflow_specs
+    from workflows.base import Progress
+
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            err.print(f"[red]error:[/] no workflow with ID {workflow_id!r} in namespace {client.namespace}")
+            return 1
+        raise
+    spec = workflow_specs().get(desc.workflow_type)
+
+    def show(bar: Bar, task, p: Progress) -> None:
+        bar.update(task, total=p.total or None, completed=p.done, phase=p.phase, details=_one_line(p.details))
+
+    with Bar(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[details]}", markup=False),
+        console=err,
+    ) as bar:
+        task = bar.add_task(workflow_id, total=None, phase="…", details="")
+        while True:
+            desc = await handle.describe()
+            if desc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW and run_id is None:
+                handle = client.get_workflow_handle(workflow_id)
+                continue
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                bar.update(task, phase=desc.status.name.lower() if desc.status else "closed")
+                break
+            try:
+                p = await handle.query("progress", result_type=Progress, rpc_timeout=timedelta(seconds=5))
+                show(bar, task, p)
+            except Exception as e:  # no worker polling yet, or the query failed
+                first = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+                bar.update(task, details=f"(no progress answer: {first})")
+            await asyncio.sleep(interval)
+
+    status = desc.status.name if desc.status else "UNKNOWN"
+    result_type = spec.output_model if spec else None
+    result_handle = client.get_workflow_handle(workflow_id, run_id=handle.run_id or desc.run_id, result_type=result_type)
+    try:
+        result = await result_handle.result(follow_runs=run_id is None)
+    except WorkflowFailureError as e:
+        err.print(f"[red]{desc.workflow_type} {workflow_id}: {status}[/]")
+        err.print(_failure_text(e))
+        return 1
+    out.print(json.dumps(_jsonable(result), indent=2), markup=False)
+    err.print(f"[green]{desc.workflow_type} {workflow_id}: COMPLETED[/]")
+    return 0
+
+
+def _one_line(markdown: str, limit: int = 120) -> str:
+    """Progress details are markdown for the UI; the terminal bar gets one plain line."""
+    text = " · ".join(line.strip() for line in markdown.replace("**", "").replace("`", "").splitlines() if line.strip())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _failure_text(e: BaseException) -> str:
+    lines = []
+    cur: BaseException | None = e.cause if getattr(e, "cause", None) else e
+    while cur is not None:
+        msg = getattr(cur, "message", None) or str(cur)
+        kind = getattr(cur, "type", None) or type(cur).__name__
+        lines.append(f"{kind}: {msg}")
+        cur = getattr(cur, "cause", None) or cur.__cause__
+    return "\n".join(lines) if lines else str(e)
+
+
+def _jsonable(value: Any) -> Any:
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
+
+
+# ---------------------------------------------------------------- schema
+
+
+@app.command()
+def schema(
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")] = None,
+) -> None:
+    """JSON Schema of every workflow's input and output, for callers in other languages."""
+    from starter.client import DEFAULT_TASK_QUEUE, workflow_specs
+
+    specs = workflow_specs()
+    index: dict[str, Any] = {"task_queue": DEFAULT_TASK_QUEUE, "encoding": "json/plain", "workflows": []}
+    documents: dict[str, Any] = {}
+    for name, spec in sorted(specs.items()):
+        entry = {
+            "name": name,
+            "input": f"{name}.input.schema.json",
+            "output": f"{name}.output.schema.json",
+            "description": _first_line(spec.cls.__doc__ or spec.input_model.__doc__),
+        }
+        index["workflows"].append(entry)
+        documents[entry["input"]] = _schema_doc(spec.input_model, f"{name} input")
+        documents[entry["output"]] = _schema_doc(spec.output_model, f"{name} output")
+    if out_dir is None:
+        out.print(json.dumps({"index": index, "schemas": documents}, indent=2), markup=False)
+        raise typer.Exit(0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for filename, doc in documents.items():
+        (out_dir / filename).write_text(json.dumps(doc, indent=2) + "\n")
+    (out_dir / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    out.print(f"wrote {len(documents)} schemas and index.json to {out_dir}")
+    raise typer.Exit(0)
+
+
+def _first_line(doc: str | None) -> str:
+    lines = (doc or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _schema_doc(model: type, title: str) -> dict[str, Any]:
+    doc = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    doc.update(model.model_json_schema())
+    doc.setdefault("title", title)
+    return doc
+
+
+# ---------------------------------------------------------------- lab
+
+
+@lab_app.command("up")
+def lab_up(
+    state_dir: StateDir = Path(".millwright"),
+    fleet: Annotated[Optional[Path], typer.Option("--fleet", help="Fleet file to seed a fresh lab (default lab/fleets/demo.json).")] = None,
+    port: Annotated[int, typer.Option("--port", help="Temporal gRPC port (0 = any free port).")] = 7233,
+    ui_port: Annotated[int, typer.Option("--ui-port", help="Temporal Web UI port (0 = any free port).")] = 8233,
+    task_queue: Annotated[str, typer.Option("--task-queue")] = "millwright",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for everything to come up.")] = 60.0,
+) -> None:
+    """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
+    from lab import runner
+
+    raise typer.Exit(
+        runner.up(state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout)
+    )
+
+
+@lab_app.command("down")
+def lab_down(
+    state_dir: StateDir = Path(".millwright"),
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop every process the running lab started."""
+    from lab import runner
+
+    raise typer.Exit(runner.down(state_dir=state_dir, timeout=timeout))
+
+
+@lab_app.command("seed")
+def lab_seed(
+    fleet: Annotated[Path, typer.Argument(help="Fleet file to load into the running lab's Kubernetes emulator.")],
+    reset: Annotated[bool, typer.Option("--reset", help="Remove every object first.")] = False,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Load a fleet into the running lab's Kubernetes emulator."""
+    from lab import runner
+
+    raise typer.Exit(runner.seed(state_dir=state_dir, fleet=fleet, reset=reset))
+
+
+@lab_app.command("status")
+def lab_status(state_dir: StateDir = Path(".millwright")) -> None:
+    """Addresses and liveness of the lab's processes (exit 1 if no lab is running)."""
+    from lab import runner
+
+    raise typer.Exit(runner.status(state_dir=state_dir))
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main() -> None:
+    code = 0
+    try:
+        app(prog_name="millwright")
+    except SystemExit as e:
+        if isinstance(e.code, int):
+            code = e.code
+        elif e.code is None:
+            code = 0
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as e:  # one line, not a traceback wall
+        print(f"millwright: error: {type(e).__name__}: {e}", file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)  # temporalio/sdk-python#300: skip interpreter finalization
+
+
+if __name__ == "__main__":
+    main()

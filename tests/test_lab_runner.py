@@ -1,0 +1,184 @@
+"""`millwright lab up/down/seed/status` as processes, on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def millwright(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "starter", *args], env=cli_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+class LabProcess:
+    """`millwright lab up` in the background, its output collected line by line."""
+
+    def __init__(self, state_dir: Path, *args: str) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "starter", "lab", "up", "--state-dir", str(state_dir), "--ui-port", "0", *args],
+            env=cli_env(),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output:
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(2)
+                if text in self.output:
+                    return
+                raise AssertionError(f"lab up exited with {self.proc.returncode}:\n{self.output}")
+            time.sleep(0.1)
+        raise AssertionError(f"no {text!r} after {timeout}s:\n{self.output}")
+
+    def wait(self, timeout: float = 30) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(2)
+        return rc
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_until(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+@pytest.fixture
+def occupied_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port):
+    state = tmp_path / "state"
+    lab = LabProcess(state, "--port", str(occupied_port))
+    try:
+        lab.wait_for("lab: ready")
+        assert f"port {occupied_port} for Temporal is taken; using" in lab.output
+        info = json.loads((state / "lab.json").read_text())
+        pids = info["pids"]
+        assert set(pids) == {"runner", "temporal", "kubernetes", "worker"} and all(map(alive, pids.values()))
+        host, port = info["temporal"]["address"].rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) != occupied_port
+        assert info["ui"] in lab.output and info["kubeconfig"] in lab.output
+        assert "millwright start NodeMaintenance --input examples/node-maintenance.json" in lab.output
+        kubeconfig = Path(info["kubeconfig"]).read_text()
+        assert info["kubernetes"]["url"] in kubeconfig and "name: lab" in kubeconfig
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            assert http.get(f"{info['ui']}/api/v1/settings").status_code == 200
+            assert "temporal_" in http.get(info["worker"]["metrics"]).text
+            assert http.get(f"{info['kubernetes']['url']}/api/v1/nodes").status_code in (200, 401, 403)
+
+        twin = millwright("lab", "up", "--state-dir", str(state), "--port", "0", "--ui-port", "0")
+        assert twin.returncode == 1 and "already running" in twin.stdout, twin
+        assert all(map(alive, pids.values()))
+
+        status = millwright("lab", "status", "--state-dir", str(state))
+        assert status.returncode == 0 and info["ui"] in status.stdout
+
+        seeded = millwright("lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state))
+        assert seeded.returncode == 0, seeded
+
+        down = millwright("lab", "down", "--state-dir", str(state))
+        assert down.returncode == 0, down
+        assert lab.wait(30) == 0, lab.output
+        assert wait_until(lambda: not any(map(alive, pids.values())), 10), pids
+        assert not (state / "lab.json").exists()
+        assert wait_until(lambda: port_free(int(port)), 10)
+        assert millwright("lab", "status", "--state-dir", str(state)).returncode == 1
+    finally:
+        lab.kill()
+
+
+def test_lab_restart_keeps_state_and_a_dead_child_stops_the_lab(tmp_path):
+    state = tmp_path / "state"
+    first = LabProcess(state, "--port", "0")
+    try:
+        first.wait_for("lab: ready")
+        assert "seeded the Kubernetes emulator" in first.output
+    finally:
+        first.kill()
+    assert first.proc.returncode == 0, first.output
+
+    lab = LabProcess(state, "--port", "0")
+    try:
+        lab.wait_for("lab: ready")
+        assert "kept the Kubernetes emulator's saved objects" in lab.output
+        pids = json.loads((state / "lab.json").read_text())["pids"]
+        os.kill(pids["worker"], signal.SIGKILL)
+        assert lab.wait(40) == 1, lab.output
+        assert f"the worker (pid {pids['worker']}) exited" in lab.output
+        assert wait_until(lambda: not any(alive(p) for n, p in pids.items()), 10), pids
+        assert not (state / "lab.json").exists()
+    finally:
+        lab.kill()

@@ -1,0 +1,171 @@
+"""The worker process (`python -m worker`) against the session dev server, as deployed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import WorkflowFailureError
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+REPO = Path(__file__).resolve().parents[1]
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: nowhere, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: nowhere, user: {}}]
+contexts: [{name: nowhere, context: {cluster: nowhere, user: nowhere}}]
+current-context: nowhere
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(tmp: Path, address: str, **extra: str) -> dict[str, str]:
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+    env.update(
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_CONFIG_FILE=str(tmp / "no-such-temporal.toml"),
+        MILLWRIGHT_KUBECONFIG=str(kubeconfig),
+        MILLWRIGHT_METRICS_HOST="127.0.0.1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    def __init__(self, proc: subprocess.Popen, task_queue: str, metrics_url: str, log: Path) -> None:
+        self.proc, self.task_queue, self.metrics_url, self.log = proc, task_queue, metrics_url, log
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def worker_process(client, temporal_address, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("worker")
+    task_queue = f"test-worker-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    log = tmp / "worker.log"
+    env = worker_env(
+        tmp,
+        temporal_address,
+        MILLWRIGHT_TASK_QUEUE=task_queue,
+        MILLWRIGHT_METRICS_PORT=str(port),
+        MILLWRIGHT_SHUTDOWN_GRACE_SECONDS="5",
+    )
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    wp = WorkerProcess(proc, task_queue, f"http://127.0.0.1:{port}/metrics", log)
+    try:
+        await wait_polling(client, task_queue, proc, log)
+        yield wp
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+async def wait_polling(client, task_queue: str, proc: subprocess.Popen, log: Path, timeout: float = 20) -> None:
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{log.read_text()}"
+        if (await client.workflow_service.describe_task_queue(request)).pollers:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker never polled {task_queue}:\n{log.read_text()}")
+
+
+async def test_start_log_names_address_queue_metrics_and_registrations(worker_process, temporal_address):
+    out = worker_process.output()
+    assert temporal_address in out and "namespace default" in out
+    assert worker_process.task_queue in out
+    assert worker_process.metrics_url in out
+    assert "NodeMaintenance" in out and "activities" in out
+
+
+async def test_invalid_input_fails_the_run_fast_naming_the_field(client, worker_process):
+    # What a UI user typing bad JSON produces: a raw dict payload, no client-side model.
+    handle = await client.start_workflow(
+        "NodeMaintenance",
+        {"cluster": "nowhere", "node": "Not_A_Node!", "reason": "test", "surprise": 1},
+        id=f"bad-input-{uuid.uuid4().hex[:8]}",
+        task_queue=worker_process.task_queue,
+    )
+    started = time.monotonic()
+    with pytest.raises(WorkflowFailureError) as info:
+        await asyncio.wait_for(handle.result(), timeout=15)
+    assert time.monotonic() - started < 10
+    message = str(info.value.cause)
+    assert "node" in message and "surprise" in message, message
+    assert (await handle.describe()).status.name == "FAILED"
+
+
+async def test_metrics_endpoint_serves_temporal_families(worker_process):
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+        resp = await http.get(worker_process.metrics_url)
+    assert resp.status_code == 200
+    families = {line.split()[2] for line in resp.text.splitlines() if line.startswith("# TYPE")}
+    assert any(f.startswith("temporal_") for f in families), sorted(families)[:20]
+    assert "temporal_num_pollers" in families or "temporal_worker_task_slots_available" in families
+    # the run failed by the previous test is counted
+    assert "temporal_workflow_failed" in families, sorted(families)
+
+
+async def test_sigterm_shuts_down_gracefully_with_exit_0(worker_process):
+    worker_process.proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    rc = await asyncio.to_thread(worker_process.proc.wait, 15)
+    assert rc == 0, worker_process.output()
+    assert time.monotonic() - started < 10
+    out = worker_process.output()
+    assert "received SIGTERM" in out and "stopped cleanly" in out
+    assert "Traceback" not in out
+
+
+def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "worker"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+
+
+async def test_unreachable_server_is_one_clear_line(tmp_path):
+    env = worker_env(tmp_path, f"127.0.0.1:{free_port()}", MILLWRIGHT_METRICS_PORT="0")
+    result = await asyncio.to_thread(run_worker, env)
+    assert result.returncode == 1
+    assert "cannot connect to Temporal at 127.0.0.1:" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+async def test_missing_kubeconfig_is_one_clear_line(tmp_path, temporal_address):
+    env = worker_env(tmp_path, temporal_address, MILLWRIGHT_METRICS_PORT="0")
+    env["MILLWRIGHT_KUBECONFIG"] = str(tmp_path / "absent.yaml")
+    result = await asyncio.to_thread(run_worker, env)
+    assert result.returncode == 1
+    assert "kubeconfig not found" in result.stderr and "absent.yaml" in result.stderr
+    assert "Traceback" not in result.stderr

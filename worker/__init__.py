@@ -1,0 +1,1 @@
+"""Millwright worker process: configuration, registration, telemetry and lifecycle."""

@@ -1,0 +1,76 @@
+"""Worker settings, read from ``MILLWRIGHT_*`` environment variables.
+
+The Temporal connection itself (address, namespace, API key, TLS) is not here: it comes
+from Temporal's own environment configuration (``TEMPORAL_*`` variables and TOML
+profiles), see :func:`worker.main.connect_config`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(Exception):
+    """A configuration problem, reported as one line without a traceback."""
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MILLWRIGHT_", extra="ignore")
+
+    task_queue: str = "millwright"
+    metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus port; 0 turns metrics off")
+    metrics_host: str = Field("0.0.0.0", description="Prometheus bind address")
+    kubeconfig: str | None = Field(
+        None, description="os.pathsep-separated kubeconfig files; default $KUBECONFIG, then ~/.kube/config"
+    )
+    shutdown_grace_seconds: float = Field(60.0, ge=0)
+    max_concurrent_activities: int | None = Field(None, ge=1)
+    log_level: str = "INFO"
+
+    @property
+    def metrics_address(self) -> str | None:
+        if not self.metrics_port:
+            return None
+        return f"{self.metrics_host}:{self.metrics_port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        if not self.metrics_port:
+            return None
+        host = self.metrics_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.metrics_port}/metrics"
+
+    def kubeconfig_paths(self) -> list[str]:
+        """The kubeconfig files to load, in order; raises ConfigError when there are none.
+
+        Files named in MILLWRIGHT_KUBECONFIG must all exist. Like kubectl, entries of
+        $KUBECONFIG that do not exist are skipped.
+        """
+        if self.kubeconfig:
+            paths = [p for p in self.kubeconfig.split(os.pathsep) if p]
+            missing = [p for p in paths if not Path(p).expanduser().is_file()]
+            if missing:
+                raise ConfigError(f"kubeconfig not found: {', '.join(missing)} (from MILLWRIGHT_KUBECONFIG)")
+            return [str(Path(p).expanduser()) for p in paths]
+        env = os.environ.get("KUBECONFIG")
+        if env:
+            candidates = [p for p in env.split(os.pathsep) if p]
+            source = "KUBECONFIG"
+        else:
+            candidates = ["~/.kube/config"]
+            source = "the default location"
+        found = [str(Path(p).expanduser()) for p in candidates if Path(p).expanduser().is_file()]
+        if not found:
+            raise ConfigError(
+                f"no kubeconfig found at {', '.join(candidates)} ({source}); "
+                "set MILLWRIGHT_KUBECONFIG to one or more files separated by " + repr(os.pathsep)
+            )
+        return found

@@ -1,0 +1,175 @@
+"""``python -m worker`` / ``millwright-worker``: a tiny declarative Temporal worker.
+
+Exit codes: 0 after a clean (signal-initiated) shutdown, 1 on a configuration or
+connection error (one line on stderr, no traceback), 1 if the worker stops by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+from typing import Any
+
+import pydantic
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+from temporalio.worker import Worker
+
+from worker import registry
+from worker.config import ConfigError, WorkerSettings
+from worker.telemetry import build_runtime, setup_logging
+
+log = logging.getLogger("millwright.worker")
+
+DEFAULT_ADDRESS = "localhost:7233"
+DEFAULT_NAMESPACE = "default"
+
+
+def connect_config() -> dict[str, Any]:
+    """Client.connect kwargs from TEMPORAL_* env vars / TOML profile (TEMPORAL_PROFILE)."""
+    try:
+        config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
+    except Exception as err:
+        raise ConfigError(f"bad Temporal client configuration: {err}") from err
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    config.setdefault("namespace", DEFAULT_NAMESPACE)
+    return config
+
+
+async def run(settings: WorkerSettings) -> int:
+    config = connect_config()
+    address, namespace = config["target_host"], config["namespace"]
+
+    # Everything that can be checked locally is checked before touching the network.
+    try:
+        registration = registry.build(settings)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"cannot set up workflows/activities: {_one_line(err)}") from err
+    workflows, activities = registration.workflows, registration.activities
+    runtime = build_runtime(settings)
+
+    try:
+        client = await Client.connect(**config, runtime=runtime, data_converter=pydantic_data_converter)
+    except Exception as err:
+        raise ConfigError(f"cannot connect to Temporal at {address} (namespace {namespace}): {err}") from err
+
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=workflows,
+        activities=activities,
+        max_concurrent_activities=settings.max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    received: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if received:
+            log.warning("second %s: exiting now without waiting for in-flight activities", sig.name)
+            _exit(1)
+        received.append(sig.name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    log.info("connected to Temporal at %s, namespace %s", address, namespace)
+    log.info("polling task queue %r", settings.task_queue)
+    log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
+    log.info("kubeconfig: %s", os.pathsep.join(settings.kubeconfig_paths()))
+    log.info(
+        "registered %d workflows (%s) and %d activities",
+        len(workflows),
+        ", ".join(_workflow_name(w) for w in workflows),
+        len(activities),
+    )
+
+    run_task = asyncio.create_task(worker.run())
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+
+    if not stop.is_set():  # the worker ended by itself: a fatal error (e.g. unknown namespace)
+        stop_task.cancel()
+        err = run_task.exception()
+        if err is not None:
+            raise ConfigError(f"worker stopped: {_one_line(err)}") from err
+        log.error("worker stopped unexpectedly")
+        return 1
+
+    log.info(
+        "received %s: no new tasks; waiting up to %gs for in-flight activities to finish",
+        received[0],
+        settings.shutdown_grace_seconds,
+    )
+    await worker.shutdown()
+    try:
+        await run_task
+    except Exception as err:  # pragma: no cover - shutdown races
+        log.warning("worker ended with %s", _one_line(err))
+    try:
+        await registration.close()
+    except Exception as err:  # pragma: no cover
+        log.warning("closing clients: %s", _one_line(err))
+    log.info("worker stopped cleanly")
+    return 0
+
+
+def _workflow_name(cls: type) -> str:
+    from temporalio.workflow import _Definition
+
+    defn = _Definition.from_class(cls)
+    return (defn.name if defn and defn.name else None) or cls.__name__
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _exit(code: int) -> None:
+    """Flush and leave without interpreter finalization (temporalio/sdk-python#300)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def main() -> None:
+    code = 1
+    try:
+        try:
+            settings = WorkerSettings()
+        except pydantic.ValidationError as err:
+            raise ConfigError(
+                "bad setting: "
+                + "; ".join(f"MILLWRIGHT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())
+            ) from err
+        setup_logging(settings.log_level)
+        code = asyncio.run(run(settings))
+    except ConfigError as err:
+        print(f"millwright-worker: error: {err}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        logging.getLogger("millwright.worker").exception("worker crashed")
+        code = 1
+    _exit(code)
+
+
+if __name__ == "__main__":
+    main()

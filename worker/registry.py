@@ -1,0 +1,39 @@
+"""What this worker runs: one list of workflows, one list of activities."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from worker.config import WorkerSettings
+
+# A workflow started with input that does not fit its model (e.g. JSON typed into the
+# UI) fails at once with pydantic's message naming the field, instead of retrying its
+# first workflow task forever.
+WORKFLOW_FAILURE_EXCEPTION_TYPES: list[type[BaseException]] = [pydantic.ValidationError]
+
+
+@dataclass
+class Registration:
+    workflows: list[type]
+    activities: list[Callable[..., Any]]
+    resources: list[Any] = field(default_factory=list)  # objects with ``async close()``
+
+    async def close(self) -> None:
+        for resource in self.resources:
+            await resource.close()
+
+
+def build(settings: WorkerSettings) -> Registration:
+    from activities.kube import ClusterConnector, KubeActivities
+    from workflows import WORKFLOWS
+
+    connector = ClusterConnector(settings.kubeconfig_paths())
+    return Registration(
+        workflows=list(WORKFLOWS),
+        activities=list(KubeActivities(connector).activities()),
+        resources=[connector],
+    )
