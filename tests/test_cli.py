@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.worker_process import REPO, spawn_worker, worker_env
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "node-maintenance.json"
 
 
@@ -139,17 +140,8 @@ def lab_worker(temporal_address, tmp_path_factory):
     task_queue = f"cli-e2e-{uuid.uuid4().hex[:8]}"
     with EmulatorProcess(seeds=[str(REPO / "lab" / "fleets" / "demo.json")], grace_scale=0.05) as emu:
         (tmp / "kubeconfig").write_text(yaml.safe_dump(kubeconfig(emu.url, "lab")))
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
-        env.update(
-            TEMPORAL_ADDRESS=temporal_address,
-            TEMPORAL_CONFIG_FILE=str(tmp / "no-such.toml"),
-            MILLWRIGHT_KUBECONFIG=str(tmp / "kubeconfig"),
-            MILLWRIGHT_TASK_QUEUE=task_queue,
-            MILLWRIGHT_METRICS_PORT="0",
-            MILLWRIGHT_SHUTDOWN_GRACE_SECONDS="2",
-        )
-        with open(tmp / "worker.log", "wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        env = worker_env(tmp, temporal_address, tmp / "kubeconfig", MILLWRIGHT_TASK_QUEUE=task_queue)
+        worker = spawn_worker(env, tmp / "worker.log")
         try:
             yield task_queue
         finally:

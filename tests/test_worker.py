@@ -20,9 +20,10 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowFailureError
 
+from tests.worker_process import REPO, spawn_worker, wait_polling, worker_env
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
-REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = """\
 apiVersion: v1
 kind: Config
@@ -39,20 +40,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_env(tmp: Path, address: str, **extra: str) -> dict[str, str]:
-    kubeconfig = tmp / "kubeconfig"
-    kubeconfig.write_text(KUBECONFIG)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
-    env.update(
-        TEMPORAL_ADDRESS=address,
-        TEMPORAL_NAMESPACE="default",
-        TEMPORAL_CONFIG_FILE=str(tmp / "no-such-temporal.toml"),
-        MILLWRIGHT_KUBECONFIG=str(kubeconfig),
-        MILLWRIGHT_METRICS_HOST="127.0.0.1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
+def bogus_kubeconfig(tmp: Path) -> Path:
+    path = tmp / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    return path
 
 
 class WorkerProcess:
@@ -72,12 +63,12 @@ async def worker_process(client, temporal_address, tmp_path_factory):
     env = worker_env(
         tmp,
         temporal_address,
+        bogus_kubeconfig(tmp),
         MILLWRIGHT_TASK_QUEUE=task_queue,
         MILLWRIGHT_METRICS_PORT=str(port),
         MILLWRIGHT_SHUTDOWN_GRACE_SECONDS="5",
     )
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+    proc = spawn_worker(env, log)
     wp = WorkerProcess(proc, task_queue, f"http://127.0.0.1:{port}/metrics", log)
     try:
         await wait_polling(client, task_queue, proc, log)
@@ -86,21 +77,6 @@ async def worker_process(client, temporal_address, tmp_path_factory):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-async def wait_polling(client, task_queue: str, proc: subprocess.Popen, log: Path, timeout: float = 20) -> None:
-    request = DescribeTaskQueueRequest(
-        namespace=client.namespace,
-        task_queue=TaskQueue(name=task_queue),
-        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{log.read_text()}"
-        if (await client.workflow_service.describe_task_queue(request)).pollers:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"worker never polled {task_queue}:\n{log.read_text()}")
 
 
 async def test_start_log_names_address_queue_metrics_and_registrations(worker_process, temporal_address):
@@ -155,7 +131,7 @@ def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 async def test_unreachable_server_is_one_clear_line(tmp_path):
-    env = worker_env(tmp_path, f"127.0.0.1:{free_port()}", MILLWRIGHT_METRICS_PORT="0")
+    env = worker_env(tmp_path, f"127.0.0.1:{free_port()}", bogus_kubeconfig(tmp_path))
     result = await asyncio.to_thread(run_worker, env)
     assert result.returncode == 1
     assert "cannot connect to Temporal at 127.0.0.1:" in result.stderr
@@ -163,7 +139,7 @@ async def test_unreachable_server_is_one_clear_line(tmp_path):
 
 
 async def test_missing_kubeconfig_is_one_clear_line(tmp_path, temporal_address):
-    env = worker_env(tmp_path, temporal_address, MILLWRIGHT_METRICS_PORT="0")
+    env = worker_env(tmp_path, temporal_address, bogus_kubeconfig(tmp_path))
     env["MILLWRIGHT_KUBECONFIG"] = str(tmp_path / "absent.yaml")
     result = await asyncio.to_thread(run_worker, env)
     assert result.returncode == 1

@@ -1,0 +1,60 @@
+"""`python -m worker` as a subprocess, configured exactly as a deployment configures it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def worker_env(tmp: Path, address: str, kubeconfig: Path, **extra: str) -> dict[str, str]:
+    """The worker's environment: only what is set here, nothing inherited from the caller's Temporal setup."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+    env.update(
+        TEMPORAL_ADDRESS=address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_CONFIG_FILE=str(tmp / "no-such-temporal.toml"),
+        MILLWRIGHT_KUBECONFIG=str(kubeconfig),
+        MILLWRIGHT_METRICS_HOST="127.0.0.1",
+        MILLWRIGHT_METRICS_PORT="0",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def spawn_worker(env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start a worker appending to `log` (restarts of the same worker share one log)."""
+    with open(log, "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def stop_worker(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
+async def wait_polling(client, task_queue: str, proc: subprocess.Popen, log: Path, timeout: float = 20) -> None:
+    """Wait until a worker polls the task queue; fail with the worker's log if it died."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{log.read_text()}"
+        if (await client.workflow_service.describe_task_queue(request)).pollers:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"worker never polled {task_queue}:\n{log.read_text()}")
