@@ -17,36 +17,26 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput
+from workflows.drain import API_CALL, Drain, DrainProgress
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
         CordonRequest,
-        DrainPlanRequest,
         DrainSettings,
-        EvictRequest,
         KubeActivities,
         NodeRef,
         PodQuery,
-        PodRef,
         SkippedPod,
-        WaitPodsGoneRequest,
         validate_label_selector,
         validate_object_name,
         validate_positive_duration,
     )
 
-# Kubernetes calls are cheap and idempotent: retry them until the drain deadline,
-# backing off to a ceiling so an API outage does not flood the history.
-API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30))
-# A short start-to-close bounds how long a call lost with a crashed worker waits to be retried.
-API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
-EVICTION_CONCURRENCY = 25
-MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 
 Phase = Literal[
     "starting",
@@ -93,22 +83,11 @@ class NodeMaintenanceInput(WorkflowInput):
         return [SearchAttributePair(sa.CLUSTER, self.cluster), SearchAttributePair(sa.NODE, self.node)]
 
 
-class BlockedEviction(BaseModel):
-    pod: str
-    budget: str | None = None
-    message: str = ""
-    attempts: int = 0
-
-
-class NodeMaintenanceStatus(BaseModel):
+class NodeMaintenanceStatus(DrainProgress):
     phase: Phase = "starting"
     cordoned_by_us: bool = False
     cordon_holder: str | None = None
     protected_pods: list[str] = Field(default_factory=list)
-    to_evict: int = 0
-    evicted: list[str] = Field(default_factory=list)
-    skipped: list[SkippedPod] = Field(default_factory=list)
-    blocked: dict[str, BlockedEviction] = Field(default_factory=dict)
     uncordoned: bool = False
     note: str = ""
 
@@ -278,86 +257,15 @@ class NodeMaintenance:
 
     async def _drain(self, inp: NodeMaintenanceInput) -> None:
         self._enter("draining")
-        deadline = workflow.now() + inp.drain.timeout
-        plan = await workflow.execute_activity_method(
-            KubeActivities.plan_drain,
-            DrainPlanRequest(cluster=inp.cluster, node=inp.node, settings=inp.drain),
-            **API_CALL,
-            summary=f"list pods on {inp.node}",
-        )
-        self._status.to_evict = len(plan.evict)
-        self._status.skipped = plan.skipped
-        self._set_details()
-        slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
-
-        async def evict(pod: PodRef) -> PodRef | None:
-            async with slots:
-                return await self._evict_until_done(inp, pod, deadline)
-
-        evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
-        if not evicted or self._stopping():
-            return
-        self._enter("waiting-for-pods-to-terminate")
-        remaining = deadline - workflow.now()
-        try:
-            await workflow.execute_activity_method(
-                KubeActivities.wait_pods_gone,
-                WaitPodsGoneRequest(cluster=inp.cluster, pods=evicted),
-                start_to_close_timeout=max(remaining, timedelta(seconds=1)),
-                heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=API_RETRY,
-                summary=f"wait for {len(evicted)} pods to terminate",
-            )
-        except ActivityError as err:
-            raise ApplicationError(
-                f"drain of {inp.node} timed out after {inp.drain.timeout} waiting for evicted pods to terminate",
-                type="DrainTimeout",
-                non_retryable=True,
-            ) from err
-
-    async def _evict_until_done(self, inp: NodeMaintenanceInput, pod: PodRef, deadline) -> PodRef | None:
-        """Evict one pod, waiting out PDB refusals; returns the pod when an eviction was accepted."""
-        key = str(pod)
-        attempts = 0
-        while not self._stopping():
-            if workflow.now() >= deadline:
-                blocked = self._status.blocked.get(key)
-                raise ApplicationError(
-                    f"drain of {inp.node} timed out after {inp.drain.timeout}; {key} still blocked"
-                    + (f" by {blocked.budget}: {blocked.message}" if blocked else ""),
-                    type="DrainTimeout",
-                    non_retryable=True,
-                )
-            outcome = await workflow.execute_activity_method(
-                KubeActivities.evict_pod,
-                EvictRequest(cluster=inp.cluster, pod=pod, grace_period_seconds=inp.drain.grace_period_seconds),
-                **API_CALL,
-                summary=f"evict {key}",
-            )
-            attempts += 1
-            if outcome.status != "blocked":
-                self._status.blocked.pop(key, None)
-                self._status.evicted.append(key)
-                self._set_details()
-                return pod if outcome.status == "evicted" else None
-            self._status.blocked[key] = BlockedEviction(
-                pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
-            )
-            self._set_details()
-            # Back off from the configured interval to a minute: a budget blocked for
-            # long must not flood the history with attempts.
-            wait = max(inp.drain.eviction_retry_interval, min(inp.drain.eviction_retry_interval * 2 ** (attempts - 1), MAX_BLOCKED_BACKOFF))
-            if outcome.retry_after_seconds:
-                wait = max(wait, timedelta(seconds=outcome.retry_after_seconds))
-            try:
-                await workflow.wait_condition(
-                    self._stopping,
-                    timeout=min(wait, max(deadline - workflow.now(), timedelta(seconds=1))),
-                    timeout_summary=f"eviction of {key} blocked by {outcome.budget or 'the API'}",
-                )
-            except asyncio.TimeoutError:
-                pass
-        return None
+        await Drain(
+            inp.cluster,
+            inp.node,
+            inp.drain,
+            self._status,
+            stopping=self._stopping,
+            changed=self._set_details,
+            terminating=lambda: self._enter("waiting-for-pods-to-terminate"),
+        ).run()
 
     # ------------------------------------------------------------ visibility
 
