@@ -90,6 +90,9 @@ class Fleet(_M):
     namespaces: list[str] = Field(default_factory=list)
     workloads: list[Workload] = Field(default_factory=list)
     objects: list[dict[str, Any]] = Field(default_factory=list)
+    # emulator settings, not objects (read by lab.k8s.server.load_config_file)
+    jobs: dict[str, Any] | None = Field(None, description="Job outcome rules, as POST /_lab/config {'jobs': ...}.")
+    rebootSeconds: float | None = None
 
     # ------------------------------------------------------------------ rendering
     def node_specs(self) -> list[NodeSpec]:

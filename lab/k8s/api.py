@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import copy
 import json
 import logging
@@ -14,8 +15,9 @@ from aiohttp import web
 
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
-from .selectors import SelectorError, parse_field_selector, parse_label_selector
-from .store import CRDS, NAMESPACES, NODES, PDBS, PODS, Store, is_pod_ready, pod_healthy
+from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
+from .store import (CRDS, JOBS, NAMESPACES, NODES, PDBS, PODS, Store, default_jobs_config, is_pod_ready,
+                    pod_healthy)
 from .util import REASONS, ApiError, diff, now_rfc3339, random_suffix, status_body
 
 log = logging.getLogger("lab.k8s")
@@ -246,8 +248,9 @@ class Api:
             return None
         return json.loads(raw)
 
-    def out(self, rt: ResourceType, obj: dict, version: str | None = None) -> dict:
-        o = copy.deepcopy(obj)
+    def out(self, rt: ResourceType, obj: dict, version: str | None = None, shallow: bool = False) -> dict:
+        """The object as served. `shallow` only where it is serialized before the next await."""
+        o = dict(obj) if shallow else copy.deepcopy(obj)
         v = version or rt.version
         o["apiVersion"] = f"{rt.group}/{v}" if rt.group else v
         o["kind"] = rt.kind
@@ -277,7 +280,7 @@ class Api:
                 obj = self.store.get(rt, info.namespace, info.name)
                 if obj is None:
                     raise self.store.not_found(rt, info.name)
-                return jresp(self.out(rt, obj, info.version))
+                return jresp(self.out(rt, obj, info.version, shallow=True))
         if verb == "create":
             if info.name:
                 raise ApiError(405, "the server does not allow this method on the requested resource",
@@ -318,29 +321,37 @@ class Api:
                                "result. You can start a new list without the continue parameter, or use the "
                                "continue token in this response to retrieve the remainder of the results.",
                                "Expired")
+        node_name = node_name_selector(q.get("fieldSelector")) if rt.key == PODS else None
+        has_selectors = bool((q.get("labelSelector") or "").strip() or (q.get("fieldSelector") or "").strip())
         async with self.store.lock:
             ns = info.namespace if rt.namespaced and info.namespace else None
             objs = self.store.objects.get(rt.key, {})
-            keys = sorted(k for k in objs if ns is None or k[0] == ns)
+            if node_name is not None:  # the pods-by-node index: O(pods on the node)
+                keys = sorted(k for k in self.store.pods_by_node.get(node_name, ()) if ns is None or k[0] == ns)
+                lo, hi = 0, len(keys)
+            else:
+                keys, lo, hi = self.store.key_range(rt.key, ns)
             if start_after is not None:
-                keys = [k for k in keys if k > start_after]
+                lo = max(lo, bisect.bisect_right(keys, start_after, lo, hi))
             matched = []
-            for k in keys:
-                o = objs[k]
+            last = lo
+            for i in range(lo, hi):
+                o = objs[keys[i]]
                 if label(o["metadata"].get("labels") or {}) and field(o):
-                    matched.append((k, o))
+                    matched.append((keys[i], o))
+                    last = i
+                    if limit > 0 and len(matched) > limit:
+                        break
             cont = None
-            remaining = 0
+            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
             if limit > 0 and len(matched) > limit:
-                remaining = len(matched) - limit
                 matched = matched[:limit]
                 cont = base64.urlsafe_b64encode(json.dumps(
                     {"rv": self.store.rv, "start": list(matched[-1][0])}).encode()).decode()
-            meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
-            if cont:
                 meta["continue"] = cont
-                meta["remainingItemCount"] = remaining
-            items = [self.out(rt, o, info.version) for _, o in matched]
+                if not has_selectors:  # as the real server: only without selectors
+                    meta["remainingItemCount"] = hi - last
+            items = [self.out(rt, o, info.version, shallow=True) for _, o in matched]
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version
         return jresp({"kind": f"{rt.kind}List", "apiVersion": api_version, "metadata": meta, "items": items})
 
@@ -462,6 +473,14 @@ class Api:
                 raise self._invalid(rt, name, "metadata.labels", "must be no more than 63 characters", v)
         if rt.key == PODS and not ((obj.get("spec") or {}).get("containers")):
             raise self._invalid(rt, name, "spec.containers", "Required value")
+        if rt.key == JOBS:
+            tspec = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {})
+            if not tspec.get("containers"):
+                raise self._invalid(rt, name, "spec.template.spec.containers", "Required value")
+            if tspec.get("restartPolicy") not in ("Never", "OnFailure"):
+                raise self._invalid(rt, name, "spec.template.spec.restartPolicy",
+                                    'Unsupported value: supported values: "OnFailure", "Never"',
+                                    tspec.get("restartPolicy", ""))
         if rt.key == CRDS:
             spec = obj.get("spec") or {}
             names = spec.get("names") or {}
@@ -557,6 +576,8 @@ class Api:
                 raise ApiError(409, f'{rt.group_resource} "{name}" already exists', "AlreadyExists", details)
             self._prepare_create(rt, body)
             obj = self.store.new_meta(rt, body)
+            if rt.key == JOBS:
+                default_job(obj)
             if rt.key == CRDS:
                 existing = self.store.registry.types.get((obj["spec"]["group"], obj["spec"]["names"]["plural"]))
                 if existing is not None and existing.builtin:
@@ -744,8 +765,13 @@ class Api:
         """Delete semantics shared by DELETE, eviction and the controllers. Lock held. Returns the result."""
         store = self.store
         md = obj["metadata"]
-        if opts.get("propagationPolicy") != "Orphan":
+        policy = opts.get("propagationPolicy")
+        if policy is None and rt.key == JOBS:
+            policy = "Orphan"  # batch/v1 Jobs default to orphaning their pods (kubectl asks for Background)
+        if policy != "Orphan":
             store.gc_owners.add(md.get("uid", ""))
+        elif rt.key == JOBS:
+            self._orphan_dependents(obj)
         if rt.key == NAMESPACES:
             if md.get("deletionTimestamp"):
                 return obj
@@ -786,6 +812,22 @@ class Api:
             new["metadata"]["deletionGracePeriodSeconds"] = 0
             return store.put(rt, new, actor=actor, verb="delete")
         return store.remove(rt, obj, actor=actor)
+
+    def _orphan_dependents(self, owner: dict) -> None:
+        """What the orphan finalizer does: drop the owner's ownerReferences from its dependents."""
+        store = self.store
+        uid = owner["metadata"].get("uid")
+        for ok in sorted(store.dependents.get(uid, ())):
+            o, rt = store.lookup(ok), store.registry.types.get(ok[0])
+            if o is None or rt is None:
+                continue
+            new = copy.deepcopy(o)
+            refs = [r for r in new["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+            if refs:
+                new["metadata"]["ownerReferences"] = refs
+            else:
+                new["metadata"].pop("ownerReferences", None)
+            store.put(rt, new, actor="garbage-collector", verb="patch")
 
     async def delete(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
         opts = await self._delete_options(request)
@@ -934,6 +976,9 @@ class Api:
                     for k, v in body.items():
                         if k not in store.config:
                             raise ApiError(400, f"unknown config key {k!r}", "BadRequest")
+                        if k == "jobs":
+                            store.config[k] = validate_jobs_config(v)
+                            continue
                         store.config[k] = type(store.config[k])(v)
                     for ns in {o["metadata"]["namespace"] for o in store.all(PDBS)}:
                         store.recompute_pdbs(ns)
@@ -968,6 +1013,47 @@ class Api:
         if path == "/_lab/healthz":
             return jresp({"ok": True})
         raise ApiError(404, f"unknown admin path {path}", "NotFound")
+
+
+def validate_jobs_config(v: Any) -> dict:
+    """The `jobs` config key: {"defaultSeconds": float, "rules": [{node, package, stage, interrupt, outcome,
+    seconds, times, message}]}; every rule field optional."""
+    if not isinstance(v, dict):
+        raise ApiError(400, "config key 'jobs' must be an object", "BadRequest")
+    cfg = {**default_jobs_config(), **copy.deepcopy(v)}
+    try:
+        cfg["defaultSeconds"] = float(cfg["defaultSeconds"])
+    except (TypeError, ValueError):
+        raise ApiError(400, "jobs.defaultSeconds must be a number", "BadRequest") from None
+    rules = cfg.get("rules")
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise ApiError(400, "jobs.rules must be a list of objects", "BadRequest")
+    known = {"node", "package", "stage", "interrupt", "outcome", "seconds", "times", "message"}
+    for i, r in enumerate(rules):
+        extra = set(r) - known
+        if extra:
+            raise ApiError(400, f"jobs.rules[{i}]: unknown fields {sorted(extra)}", "BadRequest")
+        if str(r.get("outcome") or "succeed").lower() not in ("succeed", "success", "fail", "failed", "failure"):
+            raise ApiError(400, f"jobs.rules[{i}].outcome must be 'succeed' or 'fail'", "BadRequest")
+    return cfg
+
+
+def default_job(job: dict) -> None:
+    """batch/v1 Job defaulting as the API server does (selector and template labels from the uid)."""
+    md, spec = job["metadata"], job.setdefault("spec", {})
+    uid, name = md["uid"], md["name"]
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("completionMode", "NonIndexed")
+    spec.setdefault("suspend", False)
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
+    if not spec.get("manualSelector"):
+        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+        tmd = spec.setdefault("template", {}).setdefault("metadata", {})
+        tmd.setdefault("labels", {}).update({"batch.kubernetes.io/controller-uid": uid,
+                                             "batch.kubernetes.io/job-name": name, "controller-uid": uid,
+                                             "job-name": name})
 
 
 def dump_objects(api: Api) -> list[dict]:

@@ -1,5 +1,9 @@
-"""Simulated cluster components: kubelet, scheduler, ReplicaSet controller, garbage collector, namespace
-cleanup, CRD cleanup. One task; every timer is a deadline checked by that task, so shutdown cancels all."""
+"""Simulated cluster components: kubelet, scheduler, ReplicaSet and Job controllers, node reboots, garbage
+collector, TTL-after-finished, namespace cleanup, CRD cleanup.
+
+One task. Each pass looks only at what changed (the store's dirty set: written objects and their controllers)
+and at objects whose timer is due (the store's timer heap), so a pass costs O(changes), not O(objects);
+shutdown cancels the one task and with it every timer."""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import asyncio
 import copy
 import logging
 import time
-from typing import TYPE_CHECKING
+import uuid
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
-from .store import NAMESPACES, NODES, PODS, REPLICASETS, controller_ref, is_pod_ready
+from .store import JOBS, NAMESPACES, NODES, PODS, REPLICASETS, controller_ref, is_pod_ready, node_ready
 from .util import now_rfc3339, random_suffix
 
 if TYPE_CHECKING:
@@ -18,12 +24,50 @@ if TYPE_CHECKING:
 log = logging.getLogger("lab.k8s.controllers")
 FINISH_ANNOTATION = "lab.millwright.dev/finish-after-seconds"
 
+# Job labels the rollout activities set; job outcome rules match on them.
+JOB_NODE_LABEL = "millwright.dev/node"
+JOB_PACKAGE_LABEL = "millwright.dev/package"
+JOB_STAGE_LABEL = "millwright.dev/stage"
+JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
+REBOOT_MESSAGE = "lab: node is rebooting"
+SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
 
-def node_ready(node: dict) -> bool:
-    for c in (node.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready":
-            return c.get("status") == "True"
-    return False
+
+def parse_ts(ts: str | None) -> float | None:
+    """RFC 3339 (as the emulator writes it) to epoch seconds."""
+    if not ts:
+        return None
+    try:
+        return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
+    """The outcome of one run of a Job's pod: the first rule matching the Job's labels with `times` left.
+
+    A rule: {"node", "package", "stage", "interrupt", "outcome": "succeed"|"fail", "seconds", "times", "message"},
+    every field optional. A matching rule with `times` consumes one (the count left is kept in the config).
+    """
+    default = float(jobs_cfg.get("defaultSeconds", 1.0))
+    have = {"node": labels.get(JOB_NODE_LABEL) or node, "package": labels.get(JOB_PACKAGE_LABEL),
+            "stage": labels.get(JOB_STAGE_LABEL), "interrupt": labels.get(JOB_INTERRUPT_LABEL)}
+    for rule in jobs_cfg.get("rules") or []:
+        if not isinstance(rule, dict):
+            continue
+        if any(rule.get(k) not in (None, "", "*") and rule.get(k) != have[k] for k in have):
+            continue
+        times = rule.get("times")
+        if times is not None:
+            if int(times) <= 0:
+                continue
+            rule["times"] = int(times) - 1
+        outcome = "fail" if str(rule.get("outcome") or "succeed").lower() in ("fail", "failed", "failure") \
+            else "succeed"
+        msg = rule.get("message") or (f"lab: {have['stage'] or 'job'} failed by a job rule" if outcome == "fail"
+                                      else "")
+        return {"outcome": outcome, "seconds": float(rule.get("seconds", default)), "message": msg}
+    return {"outcome": "succeed", "seconds": default, "message": ""}
 
 
 def _gpu_request(pod: dict) -> float:
@@ -62,6 +106,7 @@ class Controllers:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        self.resume_reboots()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="lab-controllers")
 
     async def stop(self) -> None:
@@ -89,76 +134,165 @@ class Controllers:
 
     # ------------------------------------------------------------------ one pass (lock held)
     def reconcile(self) -> float:
+        store = self.store
         now = time.monotonic()
-        nxt = [1.0]
+        work = store.dirty | store.pop_due(now)
+        store.dirty = set()
         self.namespaces()
         self.garbage_collect()
-        self.replicasets()
-        self.schedule()
-        self.kubelet(now, nxt)
-        return min(nxt)
+        self.replicasets(work)
+        self.schedule(now)
+        self.jobs(work, now)
+        self.reboots(now)
+        self.kubelet(work, now)
+        nxt = store.next_timer()
+        return 1.0 if nxt is None else min(1.0, nxt - time.monotonic())
 
     def pod_rt(self):
         return self.store.registry.types[PODS]
 
-    def kubelet(self, now: float, nxt: list[float]) -> None:
+    def kubelet(self, work: set, now: float) -> None:
+        store = self.store
+        for ok in sorted(ok for ok in work if ok[0] == PODS):
+            pod = store.lookup(ok)
+            if pod is not None:
+                self.kubelet_pod(ok, pod, now)
+
+    def kubelet_pod(self, ok: tuple, pod: dict, now: float) -> None:
         store, rt = self.store, self.pod_rt()
         cfg = store.config
-        for pod in store.all(PODS):
-            md = pod["metadata"]
-            uid = md.get("uid", "")
-            side = store.side.setdefault(uid, {})
-            status = pod.get("status") or {}
-            phase = status.get("phase")
-            if md.get("deletionTimestamp"):
-                due = side.get("delete_at")
-                if due is None:
-                    grace = md.get("deletionGracePeriodSeconds") or 0
-                    due = side["delete_at"] = now + float(grace) * float(cfg.get("graceScale", 1.0))
-                if now >= due:
-                    if not md.get("finalizers"):
-                        store.remove(rt, pod, actor="kubelet")
-                    elif phase not in ("Succeeded", "Failed"):
-                        new = copy.deepcopy(pod)
-                        new["status"]["phase"] = "Failed" if phase == "Running" else "Succeeded"
-                        self._set_ready(new, False, "PodCompleted")
-                        store.put(rt, new, actor="kubelet", verb="update", subresource="status")
-                else:
-                    nxt.append(due - now)
-                continue
-            node_name = (pod.get("spec") or {}).get("nodeName")
-            if not node_name:
-                continue
-            if phase in (None, "", "Pending"):
-                due = side.setdefault("start_at", now + float(cfg.get("podStartSeconds", 1.0)))
-                if now >= due:
-                    self._start(pod, node_name)
-                else:
-                    nxt.append(due - now)
-                continue
-            if phase == "Running":
-                ann = (md.get("annotations") or {}).get(FINISH_ANNOTATION)
-                if ann is None:
-                    continue
-                try:
-                    after = float(ann)
-                except ValueError:
-                    continue
-                since = side.setdefault("running_since", now)
-                due = since + after
-                if now >= due:
+        md = pod["metadata"]
+        uid = md.get("uid", "")
+        side = store.side.setdefault(uid, {})
+        status = pod.get("status") or {}
+        phase = status.get("phase")
+        if md.get("deletionTimestamp"):
+            due = side.get("delete_at")
+            if due is None:
+                grace = md.get("deletionGracePeriodSeconds") or 0
+                due = side["delete_at"] = now + float(grace) * float(cfg.get("graceScale", 1.0))
+            if now >= due:
+                if not md.get("finalizers"):
+                    store.remove(rt, pod, actor="kubelet")
+                elif phase not in ("Succeeded", "Failed"):
                     new = copy.deepcopy(pod)
-                    new["status"]["phase"] = "Succeeded"
+                    new["status"]["phase"] = "Failed" if phase == "Running" else "Succeeded"
                     self._set_ready(new, False, "PodCompleted")
-                    for cs in new["status"].get("containerStatuses") or []:
-                        cs["ready"] = False
-                        cs["started"] = False
-                        cs["state"] = {"terminated": {"exitCode": 0, "reason": "Completed",
-                                                      "startedAt": new["status"].get("startTime"),
-                                                      "finishedAt": now_rfc3339()}}
                     store.put(rt, new, actor="kubelet", verb="update", subresource="status")
+            else:
+                store.schedule_at(due, ok)
+            return
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name:
+            return
+        if phase in (None, "", "Pending"):
+            if node_name in store.rebooting:  # the kubelet is down: nothing starts until the node is back
+                store.schedule_at(store.rebooting[node_name], ok)
+                return
+            due = side.setdefault("start_at", now + float(cfg.get("podStartSeconds", 1.0)))
+            if now >= due:
+                self._start(pod, node_name)
+            else:
+                store.schedule_at(due, ok)
+            return
+        if phase == "Running":
+            ref = controller_ref(pod)
+            if ref and ref.get("kind") == "Job":
+                self._run_job_pod(ok, pod, side, now)
+                return
+            ann = (md.get("annotations") or {}).get(FINISH_ANNOTATION)
+            if ann is None:
+                return
+            try:
+                after = float(ann)
+            except ValueError:
+                return
+            since = side.setdefault("running_since", now)
+            due = since + after
+            if now >= due:
+                self._terminate(pod, True)
+            else:
+                store.schedule_at(due, ok)
+
+    # ------------------------------------------------------------------ Job pods on the kubelet
+    @staticmethod
+    def _failing_container(pod: dict) -> tuple[str, int]:
+        """Which container a simulated failure hits: the work (first init container) if any, else the first."""
+        if (pod.get("spec") or {}).get("initContainers"):
+            return "initContainerStatuses", 0
+        return "containerStatuses", 0
+
+    def _terminate(self, pod: dict, succeeded: bool, message: str = "") -> None:
+        """Pod finished: Succeeded, or Failed with `message` in the failing container's termination state."""
+        new = copy.deepcopy(pod)
+        st = new.setdefault("status", {})
+        st["phase"] = "Succeeded" if succeeded else "Failed"
+        self._set_ready(new, False, "PodCompleted" if succeeded else "PodFailed")
+        ts = now_rfc3339()
+        started = st.get("startTime") or ts
+        fail_list, fail_i = self._failing_container(new)
+        init_failed = not succeeded and fail_list == "initContainerStatuses"
+        for lst in ("initContainerStatuses", "containerStatuses"):
+            for i, cs in enumerate(st.get(lst) or []):
+                cs["ready"] = False
+                cs["started"] = False
+                if not succeeded and (lst, i) == (fail_list, fail_i):
+                    cs["state"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": message,
+                                                  "startedAt": started, "finishedAt": ts}}
+                elif init_failed and lst == "containerStatuses":
+                    cs["state"] = {"waiting": {"reason": "PodInitializing"}}
                 else:
-                    nxt.append(due - now)
+                    cs["state"] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
+                                                  "finishedAt": ts}}
+        self.store.put(self.pod_rt(), new, actor="kubelet", verb="update", subresource="status")
+
+    def _owner_job(self, pod: dict) -> dict | None:
+        ref = controller_ref(pod) or {}
+        ok = self.store.by_uid.get(ref.get("uid") or "")
+        return self.store.lookup(ok) if ok and ok[0] == JOBS else None
+
+    def _run_job_pod(self, ok: tuple, pod: dict, side: dict, now: float) -> None:
+        store = self.store
+        job = self._owner_job(pod)
+        labels = ((job or pod)["metadata"].get("labels") or {})
+        node_name = pod["spec"]["nodeName"]
+        run = side.get("run")
+        if run is None:
+            run = side["run"] = {**match_job_rule(store.config.get("jobs") or {}, labels, node_name), "since": now}
+        if labels.get(JOB_INTERRUPT_LABEL) == "reboot" and run["outcome"] == "succeed":
+            node = store.get(store.registry.types[NODES], None, node_name)
+            if node is None:
+                self._terminate(pod, True)
+                return
+            boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID", "")
+            if "boot_before" not in side:
+                side["boot_before"] = boot
+                self.start_reboot(node_name, now)
+                return
+            if node_name not in store.rebooting and node_ready(node) and boot != side["boot_before"]:
+                self._terminate(pod, True)  # the interrupt completes once the node is back with a new boot ID
+            return
+        due = run["since"] + run["seconds"]
+        if now < due:
+            store.schedule_at(due, ok)
+            return
+        if run["outcome"] == "succeed":
+            self._terminate(pod, True)
+            return
+        if (pod.get("spec") or {}).get("restartPolicy") == "OnFailure":  # the container restarts in place
+            new = copy.deepcopy(pod)
+            lst, i = self._failing_container(new)
+            statuses = new["status"].get(lst) or []
+            if i < len(statuses):
+                cs = statuses[i]
+                cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
+                cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": run["message"],
+                                                  "startedAt": new["status"].get("startTime"),
+                                                  "finishedAt": now_rfc3339()}}
+            side.pop("run", None)
+            store.put(self.pod_rt(), new, actor="kubelet", verb="update", subresource="status")
+            return
+        self._terminate(pod, False, run["message"])
 
     @staticmethod
     def _set_ready(pod: dict, ready: bool, reason: str | None = None) -> None:
@@ -208,6 +342,12 @@ class Controllers:
              "restartCount": 0, "containerID": f"containerd://{random_suffix(12)}",
              "state": {"running": {"startedAt": ts}}}
             for c in (new.get("spec") or {}).get("containers") or []]
+        if (new.get("spec") or {}).get("initContainers"):
+            st["initContainerStatuses"] = [
+                {"name": c.get("name"), "image": c.get("image", ""), "imageID": "", "ready": True, "started": False,
+                 "restartCount": 0, "containerID": f"containerd://{random_suffix(12)}",
+                 "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": ts, "finishedAt": ts}}}
+                for c in new["spec"]["initContainers"]]
         store.side.setdefault(new["metadata"].get("uid", ""), {})["running_since"] = time.monotonic()
         store.put(rt, new, actor="kubelet", verb="update", subresource="status")
 
@@ -217,13 +357,11 @@ class Controllers:
         spec = pod.get("spec") or {}
         sel = spec.get("nodeSelector") or {}
         need_gpu = _gpu_request(pod)
-        load: dict[str, int] = {}
-        gpus_used: dict[str, float] = {}
-        for p in store.all(PODS):
-            nn = (p.get("spec") or {}).get("nodeName")
-            if nn and _active(p):
-                load[nn] = load.get(nn, 0) + 1
-                gpus_used[nn] = gpus_used.get(nn, 0.0) + _gpu_request(p)
+        pods = store.objects.get(PODS, {})
+
+        def on_node(name: str) -> list[dict]:
+            return [p for k in store.pods_by_node.get(name, ()) if (p := pods.get(k)) is not None and _active(p)]
+
         candidates = []
         for node in store.all(NODES):
             md, nspec = node["metadata"], node.get("spec") or {}
@@ -235,6 +373,9 @@ class Controllers:
             if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
                    for t in nspec.get("taints") or []):
                 continue
+            running = on_node(md["name"])
+            load = {md["name"]: len(running)}
+            gpus_used = {md["name"]: sum(_gpu_request(p) for p in running)}
             if need_gpu:
                 alloc = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0)
                 try:
@@ -246,23 +387,33 @@ class Controllers:
             candidates.append((load.get(md["name"], 0), md["name"]))
         return min(candidates)[1] if candidates else None
 
-    def schedule(self) -> None:
+    def schedule(self, now: float) -> None:
         store, rt = self.store, self.pod_rt()
-        for pod in store.all(PODS):
+        pods = store.objects.get(PODS, {})
+        for k in sorted(store.unscheduled):
+            pod = pods.get(k)
+            if pod is None:
+                continue
             spec = pod.get("spec") or {}
             if spec.get("nodeName") or not _active(pod):
                 continue
             ref = controller_ref(pod)
-            if not ref or ref.get("kind") != "ReplicaSet":
+            if not ref or ref.get("kind") not in ("ReplicaSet", "Job"):
                 continue
             if spec.get("schedulerName", "default-scheduler") != "default-scheduler":
                 continue
+            side = store.side.setdefault(pod["metadata"].get("uid", ""), {})
+            if now < side.get("schedule_retry_at", 0.0):
+                continue
             node = self.pick_node(pod)
+            if node is None:
+                side["schedule_retry_at"] = now + SCHEDULE_RETRY_SECONDS
+                store.schedule_at(side["schedule_retry_at"], (PODS, k))
             new = copy.deepcopy(pod)
             conds = [c for c in (new.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
             if node is None:
                 cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
-                        "message": "0/%d nodes are available." % len(store.all(NODES)),
+                        "message": "0/%d nodes are available." % len(store.objects.get(NODES, {})),
                         "lastTransitionTime": now_rfc3339()}
                 old = next((c for c in (pod.get("status") or {}).get("conditions") or []
                             if c.get("type") == "PodScheduled"), None)
@@ -277,17 +428,19 @@ class Controllers:
             store.put(rt, new, actor="scheduler", verb="create", subresource="binding")
 
     # ------------------------------------------------------------------ ReplicaSet controller
-    def replicasets(self) -> None:
+    def replicasets(self, work: set) -> None:
         store = self.store
         rs_rt = store.registry.types[REPLICASETS]
         pod_rt = self.pod_rt()
-        pods = store.all(PODS)
-        for rs in store.all(REPLICASETS):
+        for ok in sorted(ok for ok in work if ok[0] == REPLICASETS):
+            rs = store.lookup(ok)
+            if rs is None:
+                continue
             md = rs["metadata"]
             if md.get("deletionTimestamp"):
                 continue
             ns, uid = md.get("namespace"), md.get("uid")
-            owned = [p for p in pods if p["metadata"].get("namespace") == ns and self._owned_by(p, rs)]
+            owned = store.owned(rs, PODS)
             active = [p for p in owned if _active(p)]
             want = int((rs.get("spec") or {}).get("replicas", 1))
             if len(active) < want:
@@ -301,7 +454,7 @@ class Controllers:
                 for p in sorted(active, key=rank)[: len(active) - want]:
                     self.api.delete_object(pod_rt, p, {}, actor="replicaset-controller")
             # status
-            owned = [p for p in store.all(PODS, ns) if self._owned_by(p, rs)]
+            owned = store.owned(rs, PODS)
             active = [p for p in owned if _active(p)]
             ready = sum(1 for p in active if is_pod_ready(p))
             status = {"replicas": len(active), "fullyLabeledReplicas": len(active), "readyReplicas": ready,
@@ -351,28 +504,26 @@ class Controllers:
 
     # ------------------------------------------------------------------ garbage collector
     def garbage_collect(self) -> None:
+        """Delete dependents whose owners (deleted with cascading propagation) are all gone."""
         store = self.store
         if not store.gc_owners:
             return
-        live = set()
-        for objs in store.objects.values():
-            for o in objs.values():
-                live.add(o["metadata"].get("uid"))
+        live = store.by_uid
         gone = {u for u in store.gc_owners if u not in live}
-        still = set()
-        for key in list(store.objects):
-            rt = store.registry.types.get(key)
-            if rt is None:
-                continue
-            for o in list(store.objects.get(key, {}).values()):
+        for u in sorted(gone):
+            still = False
+            for ok in sorted(store.dependents.get(u, ())):
+                o = store.lookup(ok)
+                rt = store.registry.types.get(ok[0])
+                if o is None or rt is None:
+                    continue
                 refs = o["metadata"].get("ownerReferences") or []
-                if refs and any(r.get("uid") in gone for r in refs) and \
-                        all(r.get("uid") in gone or r.get("uid") not in live for r in refs):
-                    still.add(1)
+                if all(r.get("uid") in gone or r.get("uid") not in live for r in refs):
+                    still = True
                     if not o["metadata"].get("deletionTimestamp"):
                         self.api.delete_object(rt, o, {}, actor="garbage-collector")
-        if not still:
-            store.gc_owners -= gone
+            if not still:
+                store.gc_owners.discard(u)
 
     # ------------------------------------------------------------------ namespace lifecycle
     def namespaces(self) -> None:
@@ -393,3 +544,203 @@ class Controllers:
                         self.api.delete_object(rt, o, {}, actor="namespace-controller")
             if remaining == 0 and not ns["metadata"].get("finalizers"):
                 store.remove(ns_rt, ns, actor="namespace-controller")
+
+    # ------------------------------------------------------------------ Job controller (batch/v1)
+    def jobs(self, work: set, now: float) -> None:
+        store = self.store
+        for ok in sorted(ok for ok in work if ok[0] == JOBS):
+            job = store.lookup(ok)
+            if job is not None:
+                self.sync_job(ok, job, now)
+
+    @staticmethod
+    def _job_condition(ctype: str, reason: str, message: str, ts: str) -> dict:
+        return {"type": ctype, "status": "True", "lastProbeTime": ts, "lastTransitionTime": ts, "reason": reason,
+                "message": message}
+
+    def sync_job(self, ok: tuple, job: dict, now: float) -> None:
+        """One Job, one pod at a time (parallelism/completions 1, as NodeWright's Jobs): create the pod,
+        count outcomes against backoffLimit and activeDeadlineSeconds, write the status, expire after the TTL."""
+        store, api = self.store, self.api
+        jrt, prt = store.registry.types[JOBS], self.pod_rt()
+        md, spec = job["metadata"], job.get("spec") or {}
+        if md.get("deletionTimestamp") or spec.get("suspend"):
+            return
+        side = store.side.setdefault(md.get("uid", ""), {})
+        old_status = job.get("status") or {}
+        status = copy.deepcopy(old_status)
+        conds = status.get("conditions") or []
+        pods = store.owned(job, PODS)
+        ts = now_rfc3339()
+        finished = next((c for c in conds if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"),
+                        None)
+        if finished is not None:
+            for p in pods:
+                if _active(p):
+                    api.delete_object(prt, p, {}, actor="job-controller")
+            ttl = spec.get("ttlSecondsAfterFinished")
+            if ttl is not None:
+                fin = side.get("finished_at")
+                if fin is None:
+                    wall = parse_ts(status.get("completionTime") or finished.get("lastTransitionTime")) or time.time()
+                    fin = side["finished_at"] = now - max(0.0, time.time() - wall)
+                due = fin + float(ttl)
+                if now >= due:
+                    api.delete_object(jrt, job, {"propagationPolicy": "Background"},
+                                      actor="ttl-after-finished-controller")
+                else:
+                    store.schedule_at(due, ok)
+            return
+        if not status.get("startTime"):
+            status["startTime"] = ts
+            side["started_at"] = now
+        started = side.get("started_at")
+        if started is None:
+            started = side["started_at"] = now - max(0.0, time.time() - (parse_ts(status["startTime"]) or time.time()))
+        tmpl_spec = ((spec.get("template") or {}).get("spec") or {})
+        on_failure = tmpl_spec.get("restartPolicy") == "OnFailure"
+        active = [p for p in pods if _active(p)]
+        succeeded = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
+        failed = max(int(old_status.get("failed") or 0),
+                     sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed"))
+        restarts = 0
+        if on_failure:
+            for p in active:
+                for lst in ("initContainerStatuses", "containerStatuses"):
+                    restarts += sum(int(cs.get("restartCount") or 0) for cs in (p.get("status") or {}).get(lst) or [])
+        backoff = int(spec.get("backoffLimit", 6))
+        completions = int(spec.get("completions") or 1)
+        deadline = spec.get("activeDeadlineSeconds")
+        verdict = None
+        if succeeded >= completions:
+            verdict = ("Complete", "SuccessCriteriaMet", "CompletionsReached",
+                       "Reached expected number of succeeded pods")
+        elif failed + restarts > backoff:
+            verdict = ("Failed", "FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        elif deadline is not None and now >= started + float(deadline):
+            verdict = ("Failed", "FailureTarget", "DeadlineExceeded", "Job was active longer than specified deadline")
+        created = 0
+        if verdict is None:
+            if deadline is not None:
+                store.schedule_at(started + float(deadline), ok)
+            if not active:
+                self._create_job_pod(job)
+                created = 1
+        else:
+            kind, target, reason, message = verdict
+            for p in active:
+                if reason == "BackoffLimitExceeded":  # OnFailure: the restarting pod ends Failed (kept for its logs)
+                    last = {}
+                    for lst in ("initContainerStatuses", "containerStatuses"):
+                        for cs in (p.get("status") or {}).get(lst) or []:
+                            last = (cs.get("lastState") or {}).get("terminated") or last
+                    self._terminate(p, False, last.get("message", ""))
+                    failed += 1
+                else:
+                    api.delete_object(prt, p, {}, actor="job-controller")
+            conds = [c for c in conds if c.get("type") not in (target, kind)]
+            conds += [self._job_condition(target, reason, message, ts), self._job_condition(kind, reason, message, ts)]
+            status["conditions"] = conds
+            if kind == "Complete":
+                status["completionTime"] = ts
+            side["finished_at"] = now
+            active, created = [], 0
+        n_active = len(active) + created
+        for k, v in (("active", n_active), ("succeeded", succeeded), ("failed", failed)):
+            if v:
+                status[k] = v
+            else:
+                status.pop(k, None)
+        status["ready"] = sum(1 for p in active if is_pod_ready(p))
+        status["terminating"] = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
+        status["uncountedTerminatedPods"] = {}
+        if status != old_status:
+            new = copy.deepcopy(job)
+            new["status"] = status
+            store.put(jrt, new, actor="job-controller", verb="update", subresource="status")
+
+    def _create_job_pod(self, job: dict) -> None:
+        store, rt = self.store, self.pod_rt()
+        md = job["metadata"]
+        tmpl = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+        tmd = tmpl.get("metadata") or {}
+        spec = tmpl.get("spec") or {"containers": [{"name": "main", "image": "busybox"}], "restartPolicy": "Never"}
+        node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        if node:
+            spec["nodeName"] = node
+        for _ in range(10):
+            name = f"{md['name']}-{random_suffix()}"
+            if store.get(rt, md["namespace"], name) is None:
+                break
+        labels = {**(tmd.get("labels") or {}), "batch.kubernetes.io/controller-uid": md["uid"],
+                  "batch.kubernetes.io/job-name": md["name"], "controller-uid": md["uid"], "job-name": md["name"]}
+        pod: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "generateName": f"{md['name']}-", "namespace": md["namespace"], "labels": labels,
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": md["name"], "uid": md["uid"],
+                                     "controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": spec,
+        }
+        if tmd.get("annotations"):
+            pod["metadata"]["annotations"] = dict(tmd["annotations"])
+        self.api._prepare_create(rt, pod)
+        if node:
+            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                                            "lastTransitionTime": now_rfc3339()}]
+        store.put(rt, store.new_meta(rt, pod), actor="job-controller", verb="create")
+
+    # ------------------------------------------------------------------ node reboots
+    @staticmethod
+    def _set_node_ready(node: dict, ready: bool, reason: str, message: str) -> None:
+        conds = node.setdefault("status", {}).setdefault("conditions", [])
+        c = next((c for c in conds if c.get("type") == "Ready"), None)
+        if c is None:
+            c = {"type": "Ready"}
+            conds.append(c)
+        ts = now_rfc3339()
+        val = "True" if ready else "False"
+        if c.get("status") != val:
+            c["lastTransitionTime"] = ts
+        c.update({"status": val, "reason": reason, "message": message, "lastHeartbeatTime": ts})
+
+    def start_reboot(self, node_name: str, now: float) -> None:
+        """The node goes NotReady for rebootSeconds, then comes back Ready with a new bootID."""
+        store = self.store
+        nrt = store.registry.types[NODES]
+        node = store.get(nrt, None, node_name)
+        if node is None or node_name in store.rebooting:
+            return
+        new = copy.deepcopy(node)
+        self._set_node_ready(new, False, "KubeletNotReady", REBOOT_MESSAGE)
+        store.put(nrt, new, actor="kubelet", verb="update", subresource="status")
+        due = now + float(store.config.get("rebootSeconds", 2.0))
+        store.rebooting[node_name] = due
+        store.schedule_at(due, (NODES, ("", node_name)))
+
+    def resume_reboots(self) -> None:
+        """After a restart from a state file: reboots in flight finish at once (their timers were in memory)."""
+        store, now = self.store, time.monotonic()
+        for node in store.all(NODES):
+            for c in (node.get("status") or {}).get("conditions") or []:
+                if c.get("type") == "Ready" and c.get("status") != "True" and c.get("message") == REBOOT_MESSAGE:
+                    store.rebooting[node["metadata"]["name"]] = now
+                    store.schedule_at(now, (NODES, ("", node["metadata"]["name"])))
+
+    def reboots(self, now: float) -> None:
+        store = self.store
+        nrt = store.registry.types[NODES]
+        for name, due in sorted(store.rebooting.items()):
+            if now < due:
+                continue
+            del store.rebooting[name]
+            node = store.get(nrt, None, name)
+            if node is None:
+                continue
+            new = copy.deepcopy(node)
+            self._set_node_ready(new, True, "KubeletReady", "kubelet is posting ready status")
+            new.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
+            store.put(nrt, new, actor="kubelet", verb="update", subresource="status")
+            for k in store.pods_by_node.get(name, ()):
+                store.dirty.add((PODS, k))

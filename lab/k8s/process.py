@@ -1,4 +1,4 @@
-"""Run the emulator as a child process (for tests and the lab CLI)."""
+"""Run the emulator (or another lab server, e.g. the Prometheus stub) as a child process."""
 
 from __future__ import annotations
 
@@ -19,19 +19,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class EmulatorProcess:
-    """``with EmulatorProcess() as emu: emu.url`` — spawns ``python -m lab.k8s`` and waits until it is ready."""
+class ChildProcess:
+    """A ``python -m <module> --port P --ready-file F ...`` child that writes {"url", "pid"} to F when ready.
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, seeds: list[str] | None = None,
-                 state_file: str | None = None, pod_start_seconds: float | None = None,
-                 grace_scale: float | None = None, startup_timeout: float = 20.0, stop_timeout: float = 10.0,
-                 extra_args: list[str] | None = None, env: dict | None = None, cwd: str | None = None):
+    ``with Sub(...) as child: child.url``. Subclasses set ``module`` and ``name`` and add their own arguments
+    in ``extra_command``.
+    """
+
+    module = ""
+    name = "child"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, startup_timeout: float = 20.0,
+                 stop_timeout: float = 10.0, extra_args: list[str] | None = None, env: dict | None = None,
+                 cwd: str | None = None):
         self.host = host
         self.port = port
-        self.seeds = list(seeds or [])
-        self.state_file = state_file
-        self.pod_start_seconds = pod_start_seconds
-        self.grace_scale = grace_scale
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.extra_args = list(extra_args or [])
@@ -43,19 +45,14 @@ class EmulatorProcess:
         self._tmpdir: tempfile.TemporaryDirectory | None = None
         self._stderr_path: Path | None = None
 
+    def extra_command(self) -> list[str]:
+        return []
+
     def command(self, ready_file: str) -> list[str]:
-        cmd = [sys.executable, "-m", "lab.k8s", "--host", self.host,
+        cmd = [sys.executable, "-m", self.module, "--host", self.host,
                "--port", str(self.port if self.port is not None else free_port(self.host)),
                "--ready-file", ready_file]
-        for s in self.seeds:
-            cmd += ["--seed", str(s)]
-        if self.state_file:
-            cmd += ["--state-file", str(self.state_file)]
-        if self.pod_start_seconds is not None:
-            cmd += ["--pod-start-seconds", str(self.pod_start_seconds)]
-        if self.grace_scale is not None:
-            cmd += ["--grace-scale", str(self.grace_scale)]
-        return cmd + self.extra_args
+        return cmd + self.extra_command() + self.extra_args
 
     def _stderr_tail(self, n: int = 4000) -> str:
         try:
@@ -63,10 +60,10 @@ class EmulatorProcess:
         except OSError:
             return ""
 
-    def start(self) -> "EmulatorProcess":
+    def start(self):
         if self.proc is not None:
             return self
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="lab-k8s-")
+        self._tmpdir = tempfile.TemporaryDirectory(prefix=f"{self.name}-")
         ready = os.path.join(self._tmpdir.name, "ready.json")
         self._stderr_path = Path(self._tmpdir.name) / "stderr.log"
         env = dict(os.environ)
@@ -83,7 +80,7 @@ class EmulatorProcess:
                 rc = self.proc.returncode
                 tail = self._stderr_tail()
                 self.proc = None
-                raise RuntimeError(f"lab.k8s exited with code {rc} before becoming ready:\n{tail}")
+                raise RuntimeError(f"{self.module} exited with code {rc} before becoming ready:\n{tail}")
             if os.path.exists(ready):
                 try:
                     with open(ready) as f:
@@ -95,7 +92,7 @@ class EmulatorProcess:
             time.sleep(0.05)
         tail = self._stderr_tail()
         self.stop()
-        raise TimeoutError(f"lab.k8s not ready after {self.startup_timeout}s:\n{tail}")
+        raise TimeoutError(f"{self.module} not ready after {self.startup_timeout}s:\n{tail}")
 
     def stop(self) -> int | None:
         proc, self.proc = self.proc, None
@@ -115,8 +112,38 @@ class EmulatorProcess:
             self._tmpdir = None
         return rc
 
-    def __enter__(self) -> "EmulatorProcess":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class EmulatorProcess(ChildProcess):
+    """``with EmulatorProcess() as emu: emu.url`` — spawns ``python -m lab.k8s`` and waits until it is ready."""
+
+    module = "lab.k8s"
+    name = "lab-k8s"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, seeds: list[str] | None = None,
+                 state_file: str | None = None, pod_start_seconds: float | None = None,
+                 grace_scale: float | None = None, startup_timeout: float = 20.0, stop_timeout: float = 10.0,
+                 extra_args: list[str] | None = None, env: dict | None = None, cwd: str | None = None):
+        super().__init__(host=host, port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout,
+                         extra_args=extra_args, env=env, cwd=cwd)
+        self.seeds = list(seeds or [])
+        self.state_file = state_file
+        self.pod_start_seconds = pod_start_seconds
+        self.grace_scale = grace_scale
+
+    def extra_command(self) -> list[str]:
+        cmd: list[str] = []
+        for s in self.seeds:
+            cmd += ["--seed", str(s)]
+        if self.state_file:
+            cmd += ["--state-file", str(self.state_file)]
+        if self.pod_start_seconds is not None:
+            cmd += ["--pod-start-seconds", str(self.pod_start_seconds)]
+        if self.grace_scale is not None:
+            cmd += ["--grace-scale", str(self.grace_scale)]
+        return cmd

@@ -92,3 +92,12 @@ def parse_field_selector(s: str | None, key: tuple[str, str]) -> Callable[[dict]
         return True
 
     return match
+
+
+def node_name_selector(s: str | None) -> str | None:
+    """The node of a `spec.nodeName=X` (or `==`) term in a field selector, for the pods-by-node index."""
+    for part in (s or "").split(","):
+        m = re.match(r"^\s*spec\.nodeName\s*(==|=)\s*(.*?)\s*$", part)
+        if m:
+            return m.group(2)
+    return None

@@ -84,8 +84,10 @@ def write_ready_file(path: str, url: str) -> None:
 async def serve(host: str, port: int, ready_file: str | None, seed_files: list[str], state_file: str | None,
                 config: dict) -> None:
     seeds = []
+    config = dict(config)
     for path in seed_files:
         seeds.append(load_objects_file(path))
+        config.update(load_config_file(path))
     emu = Emulator(host, port, config, state_file)
     url = await emu.start(seeds)
     print(f"lab.k8s listening on {url}", flush=True)
@@ -120,3 +122,22 @@ def load_objects_file(path: str) -> list[dict]:
     if len(docs) == 1 and isinstance(docs[0], list):
         return list(docs[0])
     return [d for d in docs if isinstance(d, dict)]
+
+
+def load_config_file(path: str) -> dict:
+    """Emulator settings a seed or fleet file may carry next to its objects: `jobs` (outcome rules) and
+    `rebootSeconds`."""
+    import yaml
+
+    from .api import validate_jobs_config
+
+    with open(path) as f:
+        docs = [d for d in yaml.safe_load_all(f.read()) if d is not None]
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        return {}
+    out: dict = {}
+    if isinstance(docs[0].get("jobs"), dict):
+        out["jobs"] = validate_jobs_config(docs[0]["jobs"])
+    if docs[0].get("rebootSeconds") is not None:
+        out["rebootSeconds"] = float(docs[0]["rebootSeconds"])
+    return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
+import heapq
 import math
 import time
 import uuid
@@ -25,11 +27,30 @@ NAMESPACES = ("", "namespaces")
 NODES = ("", "nodes")
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 REPLICASETS = ("apps", "replicasets")
+JOBS = ("batch", "jobs")
+
+ObjKey = tuple[tuple[str, str], tuple[str, str]]  # (resource key, (namespace, name))
+
+
+def default_jobs_config() -> dict:
+    """Job outcome rules (see controllers.match_job_rule): every rule field is optional."""
+    return {"defaultSeconds": 1.0, "rules": []}
 
 
 def default_config() -> dict:
     return {"podStartSeconds": 1.0, "graceScale": 0.1, "disruptionControllerFrozen": False,
-            "watchHistorySize": 10_000, "bookmarkSeconds": 5.0}
+            "watchHistorySize": 10_000, "bookmarkSeconds": 5.0, "rebootSeconds": 2.0,
+            "jobs": default_jobs_config()}
+
+
+def owner_index_keys(obj: dict) -> list:
+    """Keys under which an object is indexed as a dependent: each owner's uid (or kind/ns/name without one)."""
+    md = obj.get("metadata") or {}
+    out = []
+    for ref in md.get("ownerReferences") or []:
+        uid = ref.get("uid")
+        out.append(uid if uid else ("~", ref.get("kind"), md.get("namespace") or "", ref.get("name")))
+    return out
 
 
 @dataclass(eq=False)
@@ -62,6 +83,13 @@ def normalize_node(node: dict) -> None:
             info[f] = ""
 
 
+def node_ready(node: dict) -> bool:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
 def is_pod_ready(pod: dict) -> bool:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready":
@@ -92,7 +120,7 @@ def scaled(value: Any, total: int, round_up: bool = True) -> int:
 class Store:
     def __init__(self, config: dict | None = None) -> None:
         self.base_config = {**default_config(), **(config or {})}
-        self.config = dict(self.base_config)
+        self.config = copy.deepcopy(self.base_config)
         self.lock = asyncio.Lock()
         self.registry = Registry()
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
@@ -108,7 +136,21 @@ class Store:
         self.side: dict[str, dict] = {}  # per-uid simulator bookkeeping (monotonic deadlines)
         self.gc_owners: set[str] = set()  # uids deleted with cascading propagation
         self._in_pdb = False
+        self._init_indexes()
         self._bootstrap()
+
+    def _init_indexes(self) -> None:
+        """Indexes kept in step with every put/remove, so hot paths are O(matching), not O(all)."""
+        self._sorted: dict[tuple[str, str], list[tuple[str, str]]] = {}  # sorted keys per resource
+        self.by_uid: dict[str, ObjKey] = {}
+        self.dependents: dict[Any, set[ObjKey]] = {}  # owner uid -> dependents
+        self.pods_by_node: dict[str, set[tuple[str, str]]] = {}
+        self.unscheduled: set[tuple[str, str]] = set()  # pods without spec.nodeName
+        self.dirty: set[ObjKey] = set()  # written since the controllers' last pass (and their owners)
+        self.timers: list[tuple[float, int, ObjKey]] = []  # heap of (monotonic due, seq, object)
+        self.timer_at: dict[ObjKey, float] = {}
+        self._timer_seq = 0
+        self.rebooting: dict[str, float] = {}  # node name -> monotonic time the reboot ends
 
     # ------------------------------------------------------------------ lifecycle
     def _bootstrap(self) -> None:
@@ -127,7 +169,8 @@ class Store:
         self.faults.clear()
         self.side.clear()
         self.gc_owners.clear()
-        self.config = dict(self.base_config)
+        self.config = copy.deepcopy(self.base_config)
+        self._init_indexes()
         self._bootstrap()
 
     # ------------------------------------------------------------------ reads
@@ -137,9 +180,134 @@ class Store:
     def get(self, rt: ResourceType, ns: str | None, name: str) -> dict | None:
         return self.objects.get(rt.key, {}).get((ns or "", name))
 
+    def sorted_keys(self, key: tuple[str, str]) -> list[tuple[str, str]]:
+        """(namespace, name) keys of a resource, sorted; cached and kept up to date by put/remove."""
+        keys = self._sorted.get(key)
+        if keys is None:
+            keys = self._sorted[key] = sorted(self.objects.get(key, {}))
+        return keys
+
+    def key_range(self, key: tuple[str, str], ns: str | None = None) -> tuple[list[tuple[str, str]], int, int]:
+        keys = self.sorted_keys(key)
+        if ns is None:
+            return keys, 0, len(keys)
+        return keys, bisect.bisect_left(keys, (ns, "")), bisect.bisect_left(keys, (ns + "\x00", ""))
+
     def all(self, key: tuple[str, str], ns: str | None = None) -> list[dict]:
         objs = self.objects.get(key, {})
-        return [o for (n, _), o in sorted(objs.items()) if ns is None or n == ns]
+        keys, lo, hi = self.key_range(key, ns)
+        return [objs[k] for k in keys[lo:hi]]
+
+    def lookup(self, ok: ObjKey) -> dict | None:
+        return self.objects.get(ok[0], {}).get(ok[1])
+
+    def owned(self, owner: dict, key: tuple[str, str] | None = None, controller_only: bool = True) -> list[dict]:
+        """Objects (of resource `key`) whose (controller) ownerReference points at `owner`."""
+        md = owner["metadata"]
+        found: set[ObjKey] = set(self.dependents.get(md.get("uid"), ()))
+        found |= self.dependents.get(("~", owner.get("kind"), md.get("namespace") or "", md.get("name")), set())
+        out = []
+        for ok in sorted(found):
+            if key is not None and ok[0] != key:
+                continue
+            o = self.lookup(ok)
+            if o is None:
+                continue
+            if controller_only:
+                ref = controller_ref(o)
+                if not ref or ref.get("kind") != owner.get("kind"):
+                    continue
+                if (ref["uid"] != md.get("uid")) if ref.get("uid") else (ref.get("name") != md.get("name")):
+                    continue
+            out.append(o)
+        return out
+
+    # ------------------------------------------------------------------ indexes and timers
+    def _index_add(self, key: tuple[str, str], k: tuple[str, str], obj: dict, old: dict | None) -> None:
+        ok = (key, k)
+        if old is None:
+            keys = self._sorted.get(key)
+            if keys is not None:
+                bisect.insort(keys, k)
+        else:
+            self._index_drop_refs(ok, old, obj)
+        md = obj["metadata"]
+        if md.get("uid"):
+            self.by_uid[md["uid"]] = ok
+        for ik in owner_index_keys(obj):
+            self.dependents.setdefault(ik, set()).add(ok)
+        if key == PODS:
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node:
+                self.pods_by_node.setdefault(node, set()).add(k)
+                self.unscheduled.discard(k)
+            else:
+                self.unscheduled.add(k)
+        self._mark_dirty(ok, obj)
+
+    def _index_drop_refs(self, ok: ObjKey, old: dict, new: dict | None) -> None:
+        omd = old["metadata"]
+        if omd.get("uid") and (new is None or new["metadata"].get("uid") != omd["uid"]) and \
+                self.by_uid.get(omd["uid"]) == ok:
+            del self.by_uid[omd["uid"]]
+        keep = set(owner_index_keys(new)) if new is not None else set()
+        for ik in owner_index_keys(old):
+            if ik in keep:
+                continue
+            deps = self.dependents.get(ik)
+            if deps is not None:
+                deps.discard(ok)
+                if not deps:
+                    del self.dependents[ik]
+        if ok[0] == PODS:
+            node = (old.get("spec") or {}).get("nodeName")
+            if node and (new is None or (new.get("spec") or {}).get("nodeName") != node):
+                on = self.pods_by_node.get(node)
+                if on is not None:
+                    on.discard(ok[1])
+                    if not on:
+                        del self.pods_by_node[node]
+            if new is None:
+                self.unscheduled.discard(ok[1])
+
+    def _index_remove(self, key: tuple[str, str], k: tuple[str, str], old: dict) -> None:
+        ok = (key, k)
+        keys = self._sorted.get(key)
+        if keys is not None:
+            i = bisect.bisect_left(keys, k)
+            if i < len(keys) and keys[i] == k:
+                del keys[i]
+        self._index_drop_refs(ok, old, None)
+        self._mark_dirty(ok, old)
+
+    def _mark_dirty(self, ok: ObjKey, obj: dict) -> None:
+        self.dirty.add(ok)
+        ref = controller_ref(obj)
+        if ref and ref.get("uid") in self.by_uid:
+            self.dirty.add(self.by_uid[ref["uid"]])
+
+    def schedule_at(self, due: float, ok: ObjKey) -> None:
+        """Have the controllers look at `ok` again at monotonic time `due`."""
+        cur = self.timer_at.get(ok)
+        if cur is not None and cur <= due:
+            return
+        self.timer_at[ok] = due
+        self._timer_seq += 1
+        heapq.heappush(self.timers, (due, self._timer_seq, ok))
+
+    def pop_due(self, now: float) -> set[ObjKey]:
+        out: set[ObjKey] = set()
+        while self.timers and self.timers[0][0] <= now:
+            due, _, ok = heapq.heappop(self.timers)
+            if self.timer_at.get(ok) == due:
+                del self.timer_at[ok]
+                out.add(ok)
+        return out
+
+    def next_timer(self) -> float | None:
+        while self.timers and self.timer_at.get(self.timers[0][2]) != self.timers[0][0]:
+            heapq.heappop(self.timers)
+        return self.timers[0][0] if self.timers else None
 
     def not_found(self, rt: ResourceType, name: str) -> ApiError:
         details = {"name": name, "kind": rt.plural}
@@ -188,6 +356,7 @@ class Store:
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
         bucket[k] = obj
+        self._index_add(rt.key, k, obj, old)
         self._emit(rt, "MODIFIED" if old else "ADDED", obj, old)
         if actor:
             self.audit_write(actor, verb or ("update" if old else "create"), rt, obj, old, subresource,
@@ -202,6 +371,7 @@ class Store:
         old = bucket.pop(k, None)
         if old is None:
             return obj
+        self._index_remove(rt.key, k, old)
         final = copy.deepcopy(old)
         self.rv += 1
         final["metadata"]["resourceVersion"] = str(self.rv)
@@ -212,7 +382,9 @@ class Store:
         if rt.key == CRDS:
             for key in self.registry.unregister_crd(md["name"]):
                 owned = self.objects.pop(key, {})
-                for o in owned.values():
+                self._sorted.pop(key, None)
+                for ok, o in owned.items():
+                    self._index_remove(key, ok, o)
                     self.rv += 1
                     self._emit_raw(key, "DELETED", o, o)
         self._after_write(rt, final)
@@ -272,6 +444,15 @@ class Store:
 
     # ------------------------------------------------------------------ audit
     def audit_add(self, entry: dict) -> dict:
+        if entry.get("resource") == "nodes" and entry.get("write") and 200 <= (entry.get("code") or 0) < 300:
+            # What the write left the node as, so tests can tell from the log alone how many
+            # nodes were out of service (cordoned by anyone, or NotReady) at every moment.
+            node = self.get(self.registry.types[NODES], None, entry.get("name") or "")
+            if node is not None:
+                entry["nodeAfter"] = {
+                    "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
+                    "ready": node_ready(node),
+                }
         self.audit_seq += 1
         entry["seq"] = self.audit_seq
         self.audit.append(entry)

@@ -1,0 +1,204 @@
+"""A Prometheus HTTP API stub for the lab: ``python -m lab.prometheus --port 0 --ready-file F``.
+
+``GET``/``POST /api/v1/query?query=...`` answers in the real response shape
+(``{"status": "success", "data": {"resultType": "vector", "result": [...]}}``) from what a test set:
+
+* ``POST /_lab/series {"query": "...", "value": 1.0}`` — one sample, no labels;
+* ``POST /_lab/series {"query": "...", "result": [{"metric": {...}, "value": 1.0}, ...]}`` — any vector
+  (``value`` may also be the real ``[ts, "1"]`` pair);
+* ``POST /_lab/series {"query": "...", "error": "...", "errorType": "bad_data", "status": 400}`` — an error;
+* ``DELETE /_lab/series`` forgets everything; ``GET /_lab/series`` lists what is set;
+  ``GET /_lab/requests`` lists the queries asked (newest last).
+
+Queries match by exact string. An unknown query answers an empty vector; an empty one is
+``bad_data`` 400, as the real server answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+from lab.k8s.process import ChildProcess
+from lab.k8s.server import write_ready_file
+
+log = logging.getLogger("lab.prometheus")
+
+
+def _error(status: int, error_type: str, message: str) -> web.Response:
+    return web.json_response({"status": "error", "errorType": error_type, "error": message}, status=status)
+
+
+def _sample(value: Any, ts: float) -> list:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return [float(value[0]), str(value[1])]
+    return [ts, _fmt(value)]
+
+
+def _fmt(value: Any) -> str:
+    v = float(value)
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+
+
+class PrometheusServer:
+    def __init__(self) -> None:
+        self.series: dict[str, dict] = {}
+        self.requests: deque = deque(maxlen=10_000)
+        self.app = web.Application()
+        self.app.router.add_route("*", "/api/v1/query", self.query)
+        self.app.router.add_route("*", "/_lab/series", self.admin_series)
+        self.app.router.add_get("/_lab/requests", self.admin_requests)
+        self.app.router.add_get("/-/ready", self.ready)
+        self.app.router.add_get("/-/healthy", self.ready)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(text="Prometheus Server is Ready.\n")
+
+    async def query(self, request: web.Request) -> web.Response:
+        if request.method not in ("GET", "POST"):
+            return _error(405, "bad_data", f"method {request.method} not allowed")
+        params = dict(request.query)
+        if request.method == "POST" and request.content_type == "application/x-www-form-urlencoded":
+            params.update(await request.post())
+        q = str(params.get("query") or "")
+        self.requests.append({"time": time.time(), "query": q})
+        if not q.strip():
+            return _error(400, "bad_data", 'invalid parameter "query": unknown position: parse error: no expression found in input')
+        ts = time.time()
+        if params.get("time"):
+            try:
+                ts = float(params["time"])
+            except ValueError:
+                return _error(400, "bad_data", f'invalid parameter "time": cannot parse "{params["time"]}" to a valid timestamp')
+        entry = self.series.get(q)
+        if entry is None:
+            result: list = []
+        elif "error" in entry:
+            return _error(int(entry.get("status", 400)), entry.get("errorType", "bad_data"), entry["error"])
+        else:
+            result = [{"metric": dict(r.get("metric") or {}), "value": _sample(r["value"], ts)} for r in entry["result"]]
+        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    async def admin_series(self, request: web.Request) -> web.Response:
+        if request.method == "DELETE":
+            self.series.clear()
+            return web.json_response({"ok": True})
+        if request.method == "GET":
+            return web.json_response({"series": self.series})
+        if request.method != "POST":
+            return web.json_response({"error": "method not allowed"}, status=405)
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as e:
+            return web.json_response({"error": f"bad JSON: {e}"}, status=400)
+        items = body if isinstance(body, list) else [body]
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("query"), str):
+                return web.json_response({"error": "each entry needs a string 'query'"}, status=400)
+            q = item["query"]
+            if "error" in item:
+                self.series[q] = {"error": str(item["error"]), "errorType": item.get("errorType", "bad_data"),
+                                  "status": int(item.get("status", 400))}
+            elif "result" in item:
+                result = item["result"]
+                if not isinstance(result, list) or not all(isinstance(r, dict) and "value" in r for r in result):
+                    return web.json_response({"error": "'result' must be a list of {metric, value}"}, status=400)
+                self.series[q] = {"result": result}
+            elif "value" in item:
+                if item["value"] is None:
+                    self.series.pop(q, None)
+                else:
+                    self.series[q] = {"result": [{"metric": dict(item.get("metric") or {}), "value": item["value"]}]}
+            else:
+                return web.json_response({"error": "an entry needs one of value, result, error"}, status=400)
+        return web.json_response({"ok": True, "count": len(self.series)})
+
+    async def admin_requests(self, request: web.Request) -> web.Response:
+        return web.json_response({"requests": list(self.requests)})
+
+
+async def serve(host: str, port: int, ready_file: str | None) -> None:
+    stub = PrometheusServer()
+    runner = web.AppRunner(stub.app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"lab.prometheus listening on {url}", flush=True)
+    if ready_file:
+        write_ready_file(ready_file, url)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+class PrometheusStub(ChildProcess):
+    """``with PrometheusStub() as prom: prom.url`` — the stub as a child process (see ChildProcess)."""
+
+    module = "lab.prometheus"
+    name = "lab-prometheus"
+
+
+
+
+class PrometheusAdmin:
+    """Sync helper for tests: set and clear query answers."""
+
+    def __init__(self, url: str, timeout: float = 10.0):
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def set(self, query: str, value: float | None = None, *, result: list[dict] | None = None,
+            error: str | None = None, status: int = 400, error_type: str = "bad_data") -> None:
+        body: dict[str, Any] = {"query": query}
+        if error is not None:
+            body.update(error=error, status=status, errorType=error_type)
+        elif result is not None:
+            body["result"] = result
+        else:
+            body["value"] = value
+        self._http.post("/_lab/series", json=body).raise_for_status()
+
+    def clear(self) -> None:
+        self._http.delete("/_lab/series").raise_for_status()
+
+    def requests(self) -> list[dict]:
+        return self._http.get("/_lab/requests").json()["requests"]
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.prometheus", description="Prometheus HTTP API stub")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ready-file")
+    p.add_argument("--log-level", default="WARNING")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
+    asyncio.run(serve(a.host, a.port, a.ready_file))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
