@@ -1,4 +1,6 @@
-"""Kubernetes activities: cordon, drain through the eviction API, uncordon.
+"""Kubernetes activities: cordon, drain through the eviction API, uncordon; and for rollouts:
+paged node listing, node rollout state, package Jobs per stage (NodeWright's execution
+substrate), reboot verification by boot ID, node-condition gates.
 
 Every activity is idempotent: it reads the live object first and decides from what
 it finds, so a retry after a crash at any line neither repeats a write nor undoes
@@ -11,11 +13,14 @@ The client's own retries are off: Temporal owns retrying, so every attempt is vi
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 import os
 import re
+import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +39,31 @@ from activities.selectors import SelectorError, parse_label_selector, selector_m
 # removes a cordon placed by someone else.
 CORDONED_BY = "millwright.dev/cordoned-by"
 CORDON_REASON = "millwright.dev/cordon-reason"
+
+# Node metadata Millwright writes during a rollout (NodeWright §6.2 keeps the same facts under its prefix).
+ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|complete|erroring|blocked|skipped
+ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
+PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
+ROLLOUT_STATES = ("waiting", "in_progress", "complete", "erroring", "blocked", "skipped")
+
+# Package Jobs (one per rollout, node, package, stage and activity execution).
+JOB_NAMESPACE = "millwright-system"
+JOB_TTL_SECONDS = 600  # ttlSecondsAfterFinished: finished Jobs (and their pods' logs) stay this long
+JOB_POLL_SECONDS = 5.0  # the longest wait between two looks at a running Job
+JOB_WAIT_SLACK_SECONDS = 60.0  # how long past activeDeadlineSeconds the activity still waits for a verdict
+JOB_NODE_LABEL = "millwright.dev/node"
+JOB_PACKAGE_LABEL = "millwright.dev/package"
+JOB_STAGE_LABEL = "millwright.dev/stage"
+JOB_ROLLOUT_LABEL = "millwright.dev/rollout"  # a hash of the rollout id (label values are at most 63 chars)
+JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
+JOB_ROLLOUT_ANNOTATION = "millwright.dev/rollout-id"
+JOB_VERSION_ANNOTATION = "millwright.dev/version"
+JOB_ATTEMPT_ANNOTATION = "millwright.dev/attempt"
+JOB_TRY_ANNOTATION = "millwright.dev/try"
+STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt")
+INTERRUPTS = ("reboot", "service", "restartAllServices", "noop")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_VIOLATIONS_MAX = 50  # check_node_conditions reports at most this many, then a count
 
 USER_AGENT = "millwright-worker"
 _REQUEST_TIMEOUT = 10.0
@@ -101,6 +131,8 @@ class NodeInfo(BaseModel):
     cordoned_by: str | None = None
     ready: bool
     boot_id: str | None = None
+    packages: dict[str, str] = Field(default_factory=dict, description="From the packages annotation.")
+    rollout_state: str | None = Field(None, description="The rollout-state label.")
 
 
 class CordonRequest(BaseModel):
@@ -168,6 +200,92 @@ class WaitPodsGoneRequest(BaseModel):
     cluster: str
     pods: list[PodRef]
     poll_interval_seconds: float = 1.0
+
+
+class NodePageRequest(BaseModel):
+    cluster: str
+    label_selector: str = ""
+    label_keys: list[str] = Field(default_factory=list, description="Labels to return; empty returns all.")
+    limit: int = Field(1000, ge=1)
+    continue_token: str | None = None
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeSummary(BaseModel):
+    name: str
+    labels: dict[str, str]
+    unschedulable: bool
+    ready: bool
+
+
+class NodePage(BaseModel):
+    nodes: list[NodeSummary]
+    continue_token: str | None = None
+
+
+class UnavailableRequest(BaseModel):
+    cluster: str
+    label_selector: str = ""
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeRolloutState(BaseModel):
+    cluster: str
+    node: str
+    rollout: str
+    state: str
+    package: str | None = None
+    stage: str | None = None
+    reason: str = ""
+
+
+class PackageInstalled(BaseModel):
+    cluster: str
+    node: str
+    package: str
+    version: str
+
+
+class StageJobRequest(BaseModel):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+    package: str
+    version: str
+    image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
+    stage: str = Field(description="apply|upgrade|config|interrupt|post-interrupt")
+    interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
+    services: list[str] = Field(default_factory=list)
+    config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
+    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
+    timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
+    try_number: int = Field(1, ge=1, description="The workflow's own try of this stage (a new try: a new Job).")
+
+
+class StageJobResult(BaseModel):
+    job: str
+    succeeded: bool
+    message: str = ""
+    attempt: int
+
+
+class RebootWait(BaseModel):
+    cluster: str
+    node: str
+    previous_boot_id: str
+    timeout_seconds: float = 1800
+    poll_seconds: float = 2.0
+
+
+class ConditionGate(BaseModel):
+    cluster: str
+    label_selector: str = ""
+    conditions: list[str] = Field(description="Node condition types that must not be True; 'Ready' must be True.")
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
 
 
 # ---------------------------------------------------------------- cluster access
@@ -242,6 +360,15 @@ class ClusterConnector:
 # ---------------------------------------------------------------- errors
 
 
+# Waits look again soon (most Jobs, reboots and terminations end quickly), then less and
+# less often, up to each wait's own ceiling.
+FIRST_POLL_SECONDS = 0.25
+
+
+def _next_poll(current: float, ceiling: float) -> float:
+    return min(current * 1.5, ceiling)
+
+
 def _status_of(err: ApiException) -> dict[str, Any]:
     try:
         return json.loads(err.body or "{}")
@@ -287,8 +414,12 @@ async def _call(doing: str, coro):
 
 async def _read(doing: str, coro):
     """Like `_call`, for a read where NotFound is an answer: it returns None."""
+    return await _none_if_not_found(_call(doing, coro))
+
+
+async def _none_if_not_found(call):
     try:
-        return await _call(doing, coro)
+        return await call
     except ApplicationError as err:
         if isinstance(err.__cause__, ApiException) and err.__cause__.status == 404:
             return None
@@ -313,6 +444,98 @@ def _ref(pod: k8s.V1Pod) -> PodRef:
     return PodRef(namespace=pod.metadata.namespace, name=pod.metadata.name, uid=pod.metadata.uid)
 
 
+# ---------------------------------------------------------------- rollout helpers
+
+
+async def _call_json(doing: str, coro) -> dict[str, Any]:
+    """Await a `*_without_preload_content` call and parse its JSON; errors mapped as `_call` does.
+
+    Used for large lists: skipping the typed client's model building makes a 10,000-node
+    listing several times cheaper.
+    """
+    try:
+        resp = await coro  # the aiohttp response itself
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
+    if not 200 <= resp.status <= 299:
+        err = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+        err.headers = resp.headers
+        raise api_error(err, doing) from err
+    try:
+        return json.loads(data)
+    except ValueError as err:
+        raise ApplicationError(f"{doing}: response is not JSON: {err}", type="KubernetesUnavailable") from err
+
+
+async def _read_json(doing: str, coro) -> dict[str, Any] | None:
+    """Like `_call_json`, for a read where NotFound is an answer: it returns None."""
+    return await _none_if_not_found(_call_json(doing, coro))
+
+
+def _node_ready(node: dict[str, Any]) -> bool:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def _summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if label_keys:
+        labels = {k: labels[k] for k in label_keys if k in labels}
+    return NodeSummary(
+        name=node["metadata"]["name"],
+        labels=labels,
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        ready=_node_ready(node),
+    )
+
+
+def _packages_of(annotations: dict[str, str], node: str, strict: bool = True) -> dict[str, str]:
+    raw = annotations.get(PACKAGES_ANNOTATION)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return value
+    except ValueError:
+        pass
+    if not strict:
+        return {}
+    raise ApplicationError(
+        f"node {node}: annotation {PACKAGES_ANNOTATION} is not a JSON object of package versions: {raw[:200]!r}; "
+        "fix or remove it by hand",
+        type="MalformedNodeAnnotation",
+        non_retryable=True,
+    )
+
+
+def _short_hash(*parts: object, n: int = 10) -> str:
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:n]
+
+
+def label_value(value: str) -> str:
+    """`value` when it is a valid label value, else a stable hash of it."""
+    if len(value) <= 63 and _LABEL_VALUE.match(value):
+        return value
+    return "h-" + _short_hash(value, n=40)
+
+
+def stage_job_name(package: str, stage: str, key: str) -> str:
+    """`mw-<package>-<stage>-<10 hex>`, at most 63 characters and DNS-safe."""
+    prefix = re.sub(r"[^a-z0-9-]+", "-", f"mw-{package}-{stage}".lower())[:52].rstrip("-")
+    return f"{prefix}-{key}"
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 # ---------------------------------------------------------------- activities
 
 
@@ -329,6 +552,13 @@ class KubeActivities:
             self.plan_drain,
             self.evict_pod,
             self.wait_pods_gone,
+            self.list_nodes_page,
+            self.list_unavailable_nodes,
+            self.set_node_rollout_state,
+            self.record_package_installed,
+            self.run_stage_job,
+            self.wait_node_rebooted,
+            self.check_node_conditions,
         ]
 
     async def _read_node(self, cluster: str, node: str) -> k8s.V1Node:
@@ -345,12 +575,15 @@ class KubeActivities:
         """Read a node: its cordon, who holds it, readiness and boot ID."""
         node = await self._read_node(ref.cluster, ref.node)
         ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        annotations = node.metadata.annotations or {}
         return NodeInfo(
             name=node.metadata.name,
             unschedulable=bool(node.spec.unschedulable),
-            cordoned_by=(node.metadata.annotations or {}).get(CORDONED_BY),
+            cordoned_by=annotations.get(CORDONED_BY),
             ready=ready,
             boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
+            packages=_packages_of(annotations, node.metadata.name, strict=False),
+            rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
         )
 
     @activity.defn
@@ -558,7 +791,7 @@ class KubeActivities:
         Heartbeats the number still terminating; the workflow bounds it with the drain timeout.
         """
         core = await self._clusters.core(req.cluster)
-        remaining = list(req.pods)
+        remaining, poll = list(req.pods), FIRST_POLL_SECONDS
         while True:
             still = []
             for pod_ref in remaining:
@@ -569,4 +802,395 @@ class KubeActivities:
             activity.heartbeat(len(remaining))
             if not remaining:
                 return len(req.pods)
-            await asyncio.sleep(req.poll_interval_seconds)
+            await asyncio.sleep(poll)
+            poll = _next_poll(poll, req.poll_interval_seconds)
+
+
+    # ------------------------------------------------------------ rollouts: nodes
+
+    async def _node_page(self, cluster: str, label_selector: str, limit: int, token: str | None) -> dict[str, Any]:
+        core = await self._clusters.core(cluster)
+        return await _call_json(
+            "listing nodes",
+            core.list_node_without_preload_content(
+                label_selector=label_selector or None,
+                limit=limit,
+                _continue=token,
+                _request_timeout=_REQUEST_TIMEOUT,
+            ),
+        )
+
+    @activity.defn
+    async def list_nodes_page(self, req: NodePageRequest) -> NodePage:
+        """One page of the node list (limit/continue), summarised, for fleets of 10,000+ nodes."""
+        page = await self._node_page(req.cluster, req.label_selector, req.limit, req.continue_token)
+        return NodePage(
+            nodes=[_summary(n, req.label_keys) for n in page.get("items") or []],
+            continue_token=(page.get("metadata") or {}).get("continue") or None,
+        )
+
+    @activity.defn
+    async def list_unavailable_nodes(self, req: UnavailableRequest) -> list[str]:
+        """Targeted nodes that are cordoned (by anyone) or not Ready, in name order."""
+        out: list[str] = []
+        token = None
+        while True:
+            page = await self._node_page(req.cluster, req.label_selector, _LIST_CHUNK, token)
+            for n in page.get("items") or []:
+                if (n.get("spec") or {}).get("unschedulable") or not _node_ready(n):
+                    out.append(n["metadata"]["name"])
+            activity.heartbeat(len(out))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return out
+
+    @activity.defn
+    async def set_node_rollout_state(self, req: NodeRolloutState) -> None:
+        """Record the node's rollout state: a label (for selectors) and an annotation (the detail).
+
+        Writes nothing when both already say the same (the `updated` time aside).
+        """
+        if req.state not in ROLLOUT_STATES:
+            raise ApplicationError(
+                f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
+                type="InvalidRolloutState",
+                non_retryable=True,
+            )
+        node = await self._read_node(req.cluster, req.node)
+        want = {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
+                "reason": req.reason[:1024]}
+        labels = node.metadata.labels or {}
+        try:
+            have = json.loads((node.metadata.annotations or {}).get(ROLLOUT_ANNOTATION) or "{}")
+        except ValueError:
+            have = {}
+        if labels.get(ROLLOUT_STATE_LABEL) == req.state and isinstance(have, dict) and \
+                {k: have.get(k) for k in want} == want:
+            return
+        value = json.dumps({**want, "updated": _iso_now()}, separators=(",", ":"))
+        core = await self._clusters.core(req.cluster)
+        patch = {"metadata": {"labels": {ROLLOUT_STATE_LABEL: req.state}, "annotations": {ROLLOUT_ANNOTATION: value}}}
+        await _call(
+            f"recording rollout state of node {req.node}",
+            core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT),
+        )
+
+    @activity.defn
+    async def record_package_installed(self, req: PackageInstalled) -> None:
+        """Add `package: version` to the node's packages annotation (conditional on the node's
+        resourceVersion, so a concurrent writer's entry is never lost: its 409 is retried)."""
+        node = await self._read_node(req.cluster, req.node)
+        packages = _packages_of(node.metadata.annotations or {}, req.node)
+        if packages.get(req.package) == req.version:
+            return
+        packages[req.package] = req.version
+        core = await self._clusters.core(req.cluster)
+        patch = {
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {PACKAGES_ANNOTATION: json.dumps(dict(sorted(packages.items())), separators=(",", ":"))},
+            }
+        }
+        await _call(
+            f"recording package {req.package} {req.version} on node {req.node}",
+            core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT),
+        )
+
+    # ------------------------------------------------------------ rollouts: package Jobs
+
+    async def _ensure_namespace(self, cluster: str) -> None:
+        core = await self._clusters.core(cluster)
+        if await _read(f"reading namespace {JOB_NAMESPACE}", core.read_namespace(JOB_NAMESPACE,
+                                                                                  _request_timeout=_REQUEST_TIMEOUT)):
+            return
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOB_NAMESPACE,
+                                                                     "labels": {"app.kubernetes.io/managed-by": "millwright"}}}
+        try:
+            await core.create_namespace(body, _request_timeout=_REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status != 409:
+                raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            raise ApplicationError(f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}",
+                                   type="KubernetesUnavailable") from err
+
+    @staticmethod
+    def _stage_job(req: StageJobRequest, name: str, attempt: int) -> dict[str, Any]:
+        interrupt = req.stage in ("interrupt", "uninstall-interrupt")
+        labels = {
+            JOB_NODE_LABEL: label_value(req.node),
+            JOB_PACKAGE_LABEL: label_value(req.package),
+            JOB_STAGE_LABEL: label_value(req.stage),
+            JOB_ROLLOUT_LABEL: _short_hash(req.rollout, n=16),
+            "app.kubernetes.io/managed-by": "millwright",
+        }
+        if interrupt:
+            labels[JOB_INTERRUPT_LABEL] = label_value(req.interrupt or "noop")
+        annotations = {JOB_ROLLOUT_ANNOTATION: req.rollout, JOB_VERSION_ANNOTATION: req.version,
+                       JOB_ATTEMPT_ANNOTATION: str(attempt), JOB_TRY_ANNOTATION: str(req.try_number)}
+        image = f"{req.image}:{req.version}"
+        env = [
+            {"name": "MILLWRIGHT_STAGE", "value": req.stage},
+            {"name": "MILLWRIGHT_PACKAGE", "value": req.package},
+            {"name": "MILLWRIGHT_VERSION", "value": req.version},
+            {"name": "MILLWRIGHT_NODE", "value": req.node},
+            {"name": "MILLWRIGHT_NODE_ORDER", "value": str(req.ordinal)},
+            {"name": "MILLWRIGHT_SERVICES", "value": ",".join(req.services)},
+        ]
+        if interrupt:
+            env.append({"name": "MILLWRIGHT_INTERRUPT", "value": req.interrupt or "noop"})
+
+        def container(cname: str, step: str) -> dict[str, Any]:
+            c: dict[str, Any] = {
+                "name": cname,
+                "image": image,
+                "args": [step],
+                "env": env,
+                "securityContext": {"privileged": True},
+                "volumeMounts": [{"name": "host-root", "mountPath": "/host"}],
+            }
+            if req.config:
+                c["envFrom"] = [{"configMapRef": {"name": name}}]
+            return c
+
+        # NodeWright's order: the stage's work, then its check (not for interrupts); init containers run in order.
+        if interrupt:
+            init, main = [], [container(req.stage, req.stage)]
+        else:
+            init, main = [container(req.stage, req.stage)], [container(f"{req.stage}-check", f"{req.stage}-check")]
+        pod_spec: dict[str, Any] = {
+            "nodeName": req.node,
+            "restartPolicy": "OnFailure" if interrupt else "Never",
+            "hostPID": True,
+            "hostNetwork": True,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoSchedule"},
+            ],
+            "volumes": [{"name": "host-root", "hostPath": {"path": "/"}}],
+            "containers": main,
+        }
+        if init:
+            pod_spec["initContainers"] = init
+        spec: dict[str, Any] = {
+            "backoffLimit": 0,  # Temporal owns retries, visibly: a new attempt is a new Job
+            "completions": 1,
+            "parallelism": 1,
+            "activeDeadlineSeconds": max(1, math.ceil(req.timeout_seconds)),
+            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+        }
+        if not interrupt:  # an eviction does not burn the (zero) backoff budget; needs restartPolicy Never
+            spec["podFailurePolicy"] = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": JOB_NAMESPACE, "labels": labels, "annotations": annotations},
+            "spec": spec,
+        }
+
+    @staticmethod
+    def _same_job(existing: k8s.V1Job, wanted: dict[str, Any]) -> bool:
+        labels = existing.metadata.labels or {}
+        annotations = existing.metadata.annotations or {}
+        want_md = wanted["metadata"]
+        return all(labels.get(k) == v for k, v in want_md["labels"].items()) and all(
+            annotations.get(k) == want_md["annotations"][k] for k in (JOB_ROLLOUT_ANNOTATION, JOB_VERSION_ANNOTATION)
+        )
+
+    async def _failure_detail(self, cluster: str, job: str) -> str:
+        """The failed container's termination message, as `kubectl describe` would show it."""
+        core = await self._clusters.core(cluster)
+        pods = await _call(
+            f"listing pods of Job {job}",
+            core.list_namespaced_pod(JOB_NAMESPACE, label_selector=f"job-name={job}", _request_timeout=_REQUEST_TIMEOUT),
+        )
+        for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+            statuses = list((pod.status.init_container_statuses if pod.status else None) or []) + list(
+                (pod.status.container_statuses if pod.status else None) or []
+            )
+            for cs in statuses:
+                for state in (cs.state, cs.last_state):
+                    term = state.terminated if state else None
+                    if term is not None and term.exit_code:
+                        text = f"container {cs.name} of pod {pod.metadata.name}: {term.reason or 'Error'} (exit code {term.exit_code})"
+                        return f"{text}: {term.message.strip()}" if term.message else text
+        return ""
+
+    @activity.defn
+    async def run_stage_job(self, req: StageJobRequest) -> StageJobResult:
+        """Run one package stage on one node as a Job, and wait for its verdict.
+
+        The Job's name is derived from the rollout, node, package, version, stage, the workflow's
+        try of the stage and the calling workflow run, never from the activity attempt: a retry
+        after a crash at any line (even between creating the Job and the first heartbeat) finds
+        and adopts the same Job, so a stage never runs twice; the workflow trying the stage
+        again, or a new run for the node, gets a new Job. A failed Job is a result, not an
+        error: `succeeded=False` with the reason and the failing container's message.
+        """
+        if req.stage not in STAGES:
+            raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
+        if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
+            raise ApplicationError(f"unknown interrupt {req.interrupt!r}", type="InvalidStage", non_retryable=True)
+        info = activity.info()
+        key = _short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
+                          info.workflow_run_id)
+        name = stage_job_name(req.package, req.stage, key)
+        previous = info.heartbeat_details[0] if info.heartbeat_details else None
+        started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
+        attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
+        body = self._stage_job(req, name, attempt)
+        batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
+        core = await self._clusters.core(req.cluster)
+        existing = await _read(f"reading Job {name}", batch.read_namespaced_job(name, JOB_NAMESPACE,
+                                                                                _request_timeout=_REQUEST_TIMEOUT))
+        if existing is None:
+            await self._ensure_namespace(req.cluster)
+            try:
+                existing = await batch.create_namespaced_job(JOB_NAMESPACE, body, _request_timeout=_REQUEST_TIMEOUT)
+                activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
+            except ApiException as err:
+                if err.status != 409:
+                    raise api_error(err, f"creating Job {name}") from err
+                existing = await _call(f"reading Job {name}", batch.read_namespaced_job(
+                    name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                raise ApplicationError(f"creating Job {name}: connection failed: {err!r}",
+                                       type="KubernetesUnavailable") from err
+        if not self._same_job(existing, body):
+            raise ApplicationError(
+                f"Job {JOB_NAMESPACE}/{name} exists but belongs to another stage run "
+                f"(labels {existing.metadata.labels}); delete it by hand",
+                type="JobConflict",
+                non_retryable=True,
+            )
+        uid = existing.metadata.uid
+        activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt})
+        if req.config:
+            cm = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": JOB_NAMESPACE,
+                    "labels": dict(body["metadata"]["labels"]),
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                         "controller": True, "blockOwnerDeletion": True}],
+                },
+                "data": dict(req.config),
+            }
+            try:
+                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=_REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status != 409:
+                    raise api_error(err, f"creating ConfigMap {name}") from err
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
+                                       type="KubernetesUnavailable") from err
+        give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
+        # Polled as plain JSON: many Jobs wait at once, and building typed models for every
+        # look costs more than the look itself.
+        job, poll = batch.api_client.sanitize_for_serialization(existing), FIRST_POLL_SECONDS
+        while True:
+            if job["metadata"].get("uid") != uid:
+                raise ApplicationError(f"Job {name} was replaced while we waited", type="JobVanished")
+            status = job.get("status") or {}
+            verdicts = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+            if "Complete" in verdicts:
+                return StageJobResult(job=name, succeeded=True, attempt=attempt)
+            failed = verdicts.get("Failed")
+            if failed is not None:
+                reason = failed.get("reason") or "Failed"
+                reason = f"{reason}: {failed['message']}" if failed.get("message") else reason
+                detail = await self._failure_detail(req.cluster, name)
+                return StageJobResult(job=name, succeeded=False, attempt=attempt,
+                                      message=f"{reason}; {detail}" if detail else reason)
+            if time.time() > give_up:
+                return StageJobResult(job=name, succeeded=False, attempt=attempt,
+                                      message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
+                                      f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
+            activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt,
+                                "active": status.get("active") or 0})
+            await asyncio.sleep(poll)
+            poll = _next_poll(poll, JOB_POLL_SECONDS)
+            job = await _read_json(f"reading Job {name}", batch.read_namespaced_job_without_preload_content(
+                name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
+            if job is None:
+                raise ApplicationError(f"Job {JOB_NAMESPACE}/{name} disappeared before it finished", type="JobVanished")
+
+    # ------------------------------------------------------------ rollouts: reboots and gates
+
+    @activity.defn
+    async def wait_node_rebooted(self, req: RebootWait) -> str:
+        """Wait until the node reports a new boot ID and is Ready; return the new boot ID.
+
+        The deadline counts from the first attempt (kept in the heartbeat details), so retries
+        do not extend it; past it, a non-retryable RebootTimeout.
+        """
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        if isinstance(details, dict) and details.get("deadline"):
+            deadline = float(details["deadline"])
+        else:
+            first = info.scheduled_time.timestamp() if info.scheduled_time else 0.0
+            base = first if info.attempt > 1 and first > 946684800 else time.time()  # no epoch-0 test defaults
+            deadline = base + req.timeout_seconds
+        poll = FIRST_POLL_SECONDS
+        while True:
+            node = await self._read_node(req.cluster, req.node)
+            boot = node.status.node_info.boot_id if node.status and node.status.node_info else ""
+            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+            if boot and boot != req.previous_boot_id and ready:
+                activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
+                return boot
+            activity.heartbeat({"deadline": deadline, "boot_id": boot, "ready": ready})
+            if time.time() >= deadline:
+                state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
+                raise ApplicationError(
+                    f"node {req.node} did not come back from its reboot within {req.timeout_seconds:.0f}s: it {state}",
+                    type="RebootTimeout",
+                    non_retryable=True,
+                )
+            await asyncio.sleep(max(0.05, min(poll, deadline - time.time())))
+            poll = _next_poll(poll, req.poll_seconds)
+
+    @activity.defn
+    async def check_node_conditions(self, req: ConditionGate) -> list[str]:
+        """Gate on node conditions: each listed type must not be True, except Ready, which must be.
+
+        Returns human-readable violations (empty: the gate passes), at most 50 and a count.
+        """
+        wanted = list(dict.fromkeys(req.conditions))
+        violations: list[str] = []
+        extra = 0
+        token = None
+        while True:
+            page = await self._node_page(req.cluster, req.label_selector, _LIST_CHUNK, token)
+            for n in page.get("items") or []:
+                name = n["metadata"]["name"]
+                conds = {c.get("type"): c for c in (n.get("status") or {}).get("conditions") or []}
+                for ctype in wanted:
+                    c = conds.get(ctype)
+                    bad = (c is None or c.get("status") != "True") if ctype == "Ready" else \
+                        (c is not None and c.get("status") == "True")
+                    if not bad:
+                        continue
+                    if len(violations) >= _VIOLATIONS_MAX:
+                        extra += 1
+                        continue
+                    if c is None:
+                        violations.append(f"node {name}: no {ctype} condition")
+                    else:
+                        why = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
+                        violations.append(f"node {name}: {ctype} is {c.get('status')}" + (f" ({why})" if why else ""))
+            activity.heartbeat(len(violations) + extra)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        if extra:
+            violations.append(f"... and {extra} more violations")
+        return violations
