@@ -5,7 +5,11 @@ which then stops them in order (worker first, so in-flight activities can finish
 
 - the Temporal dev server with Web UI (`lab.temporal.DevServer`), SQLite in the state dir;
 - the Kubernetes emulator (`python -m lab.k8s`), its objects kept in the state dir;
-- one Millwright worker (`python -m worker`) pointed at both.
+- one Millwright worker (`python -m worker`) pointed at both;
+- with `--netbox`: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis), its
+  URL in lab.json and the worker's environment, its API token in `<state-dir>/netbox/token`
+  (mode 0600) that the worker reads through the secret reference `file:<path>`. Opt-in,
+  because its first start builds a venv and migrates a database (minutes, once, cached).
 
 `<state-dir>/lab.json` records every address and pid while the lab runs; `down` reads it.
 """
@@ -33,8 +37,11 @@ DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"
 EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.json"
 WORKER_GRACE_SECONDS = 10
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
-MARKERS = {"runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker"}
-STOP_ORDER = ["worker", "kubernetes", "temporal"]
+MARKERS = {
+    "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker",
+    "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres",
+}  # fmt: skip
+STOP_ORDER = ["worker", "kubernetes", "temporal", "netbox", "netbox-redis", "netbox-postgres"]
 
 
 def say(msg: str) -> None:
@@ -134,6 +141,8 @@ class Lab:
     timeout: float
     children: dict[str, Child] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    netbox: bool = False
+    netbox_lab: Any = None  # lab.netbox.NetBoxLab once started
 
     def save(self) -> None:
         self.info["pids"] = {"runner": os.getpid(), **{n: c.pid for n, c in self.children.items()}}
@@ -217,7 +226,37 @@ class Lab:
         os.replace(tmp, path)
         return path
 
-    def start_worker(self, address: str, kubeconfig: Path, metrics_port: int) -> Child:
+    async def start_netbox(self) -> dict[str, str] | None:
+        """NetBox with its PostgreSQL and Redis; None (and one line why) when a piece is missing here."""
+        from lab.netbox import NetBoxError, NetBoxLab, NetBoxUnavailable, check_available, write_token_file
+
+        try:
+            await asyncio.to_thread(check_available)
+        except NetBoxUnavailable as err:
+            say(f"NetBox not started: {err}")
+            return None
+        say("starting NetBox (the first start builds its venv and database: minutes, then cached)")
+        nb = NetBoxLab(self.state_dir / "netbox", keep_data=True)
+        self.netbox_lab = nb
+        try:
+            await asyncio.to_thread(nb.start)
+        except NetBoxError as err:
+            raise LabError(f"NetBox did not start: {err}") from None
+        for name, proc in nb._procs.items():
+            self.children["netbox" if name == "netbox" else f"netbox-{name}"] = Child(
+                "netbox" if name == "netbox" else f"netbox-{name}", proc, nb._log(name)
+            )
+        token = write_token_file(nb.root / "token", nb.token)
+        self.save()
+        return {"url": nb.url, "token": f"file:{token.resolve()}"}
+
+    def stop_netbox(self) -> None:
+        if self.netbox_lab is not None:
+            self.netbox_lab.stop()
+            for name in [n for n in self.children if n.startswith("netbox")]:
+                del self.children[name]
+
+    def start_worker(self, address: str, kubeconfig: Path, metrics_port: int, netbox: dict[str, str] | None = None) -> Child:
         toml = self.state_dir / "temporal.toml"
         toml.write_text(f'[profile.default]\naddress = "{address}"\nnamespace = "default"\n')
         env = _child_env()
@@ -233,6 +272,10 @@ class Lab:
             MILLWRIGHT_METRICS_PORT=str(metrics_port),
             MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
         )
+        for key in ("MILLWRIGHT_NETBOX_URL", "MILLWRIGHT_NETBOX_TOKEN"):
+            env.pop(key, None)  # the lab's NetBox or none, never an inherited production one
+        if netbox:
+            env.update(MILLWRIGHT_NETBOX_URL=netbox["url"], MILLWRIGHT_NETBOX_TOKEN=netbox["token"])
         return self.spawn("worker", [sys.executable, "-m", "worker"], env=env)
 
     async def wait_worker_polling(self, address: str) -> None:
@@ -289,8 +332,13 @@ class Lab:
         self.info["kubeconfig"] = str(kubeconfig.resolve())
         self.save()
 
+        netbox = await self.start_netbox() if self.netbox else None
+        if netbox:
+            self.info["netbox"] = {"url": netbox["url"], "token": netbox["token"]}  # a reference, not the token
+            self.save()
+
         await server.wait_healthy(self.timeout)
-        self.start_worker(server.address, kubeconfig, metrics_port)
+        self.start_worker(server.address, kubeconfig, metrics_port, netbox)
         self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{metrics_port}/metrics", "task_queue": self.task_queue}
         self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
         self.save()
@@ -304,6 +352,8 @@ class Lab:
         print(f"  Kubernetes:    {k8s_url} (cluster {cluster!r})", flush=True)
         print(f"  kubeconfig:    {kubeconfig.resolve()}", flush=True)
         print(f"  worker:        metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/", flush=True)
+        if netbox:
+            print(f"  NetBox:        {netbox['url']} (token: {netbox['token']})", flush=True)
         where = "" if self.state_dir == Path(".millwright") else f" --state-dir {self.state_dir}"
         print(f"  try:           {EXAMPLE}{where}", flush=True)
         print(f"  stop:          Ctrl-C, or `millwright lab down{where}`", flush=True)
@@ -370,6 +420,7 @@ def up(
     ui_port: int = 8233,
     task_queue: str = "millwright",
     timeout: float = 60.0,
+    netbox: bool = False,
 ) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = fleet or DEFAULT_FLEET
@@ -391,7 +442,7 @@ def up(
             return 1
         lab_file(state_dir).unlink(missing_ok=True)  # stale: nothing it names is alive
 
-        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout)
+        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, netbox=netbox)
         say(f"starting in {state_dir} (logs there)")
         signal.signal(signal.SIGTERM, _interrupt)  # `lab down` during startup still cleans up
         code = 1
@@ -409,6 +460,7 @@ def up(
         finally:
             with _ignore_signals():
                 lab.stop_children()
+                lab.stop_netbox()
                 lab_file(state_dir).unlink(missing_ok=True)
             say("stopped")
         return code
@@ -507,6 +559,8 @@ def status(*, state_dir: Path) -> int:
         print(f"  Kubernetes:    {info['kubernetes'].get('url')} (cluster {info['kubernetes'].get('cluster')!r})")
     if info.get("kubeconfig"):
         print(f"  kubeconfig:    {info['kubeconfig']}")
+    if info.get("netbox"):
+        print(f"  NetBox:        {info['netbox'].get('url')} (token: {info['netbox'].get('token')})")
     if info.get("worker"):
         print(f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}")
     for name, pid in pids.items():

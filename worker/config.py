@@ -30,6 +30,10 @@ class WorkerSettings(BaseSettings):
     shutdown_grace_seconds: float = Field(60.0, ge=0)
     max_concurrent_activities: int | None = Field(None, ge=1)
     log_level: str = "INFO"
+    netbox_url: str | None = Field(None, description="NetBox base URL, e.g. https://netbox.example.com")
+    netbox_token: str | None = Field(
+        None, description="Secret reference to the NetBox API token: env:NAME or file:/path (never the token itself)"
+    )
 
     @property
     def metrics_address(self) -> str | None:
@@ -74,3 +78,19 @@ class WorkerSettings(BaseSettings):
                 "set MILLWRIGHT_KUBECONFIG to one or more files separated by " + repr(os.pathsep)
             )
         return found
+
+    def netbox_config(self):
+        """The NetBox connection (URL + token reference), or None when NetBox is not configured."""
+        from activities.netbox import NetBoxConfig
+        from activities.secrets import SecretRef
+
+        if not self.netbox_url and not self.netbox_token:
+            return None
+        if not self.netbox_url or not self.netbox_token:
+            missing = "MILLWRIGHT_NETBOX_URL" if not self.netbox_url else "MILLWRIGHT_NETBOX_TOKEN"
+            raise ConfigError(f"NetBox is half configured: {missing} is not set")
+        try:
+            token = SecretRef.parse(self.netbox_token)
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_NETBOX_TOKEN: {err}") from None
+        return NetBoxConfig(url=self.netbox_url.rstrip("/"), token=token)

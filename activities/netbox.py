@@ -1,0 +1,868 @@
+"""Inventory activities against NetBox, the source of truth for devices, tenants and clusters.
+
+Each activity does one thing and is safe to retry after a crash at any line: it reads
+first and writes only the difference, looking objects up by a stable key (device name,
+serial or asset tag; slugs; (device, name) for interfaces and inventory items). Journal
+entries carry a marker naming the workflow run and activity that wrote them, and are
+only created when no entry with that marker exists, so a retry never duplicates one.
+
+Errors: NetBox's 400 (a bad choice, a failed validation) is non-retryable and carries
+NetBox's own message (type ``NetBoxRejected``); so are 401/403 (``NetBoxAuth``), missing
+bootstrap objects (``NetBoxNotBootstrapped``) and a worker without NetBox settings
+(``NetBoxNotConfigured``). 5xx, 409, 429, timeouts and connection errors are raised
+retryable (``NetBoxUnavailable``) for the workflow's retry policy; the client itself never
+retries, so every attempt is visible.
+
+The API token is read from a secret reference (`activities.secrets.SecretRef`) inside the
+activity, at each attempt; it never appears in an activity's input, output or error.
+pynetbox is synchronous: calls run in a thread (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.secrets import SecretError, SecretRef
+
+USER_AGENT = "millwright-worker"
+_REQUEST_TIMEOUT = 15.0
+_SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")
+_GUID = r"^(0x)?[0-9a-fA-F]{16}$"
+_PKEY = r"^0x[0-9a-fA-F]{1,4}$"
+
+# Device statuses Millwright moves devices through (NetBox's own choices; FIELD_CHOICES may add more).
+DEVICE_STATUSES = ("planned", "staged", "active", "failed", "offline", "inventory", "decommissioning")
+JOURNAL_KINDS = ("info", "success", "warning", "danger")
+
+# Custom field names, used by these activities and created by the bootstrap.
+CF_BURNIN_RESULT = "millwright_burnin_result"
+CF_BURNIN_AT = "millwright_burnin_at"
+CF_BURNIN_REPORT = "millwright_burnin_report"
+CF_IB_PORT_GUID = "millwright_ib_port_guid"
+CF_TENANT_PKEY = "millwright_pkey"
+CF_GPU_UUID = "millwright_gpu_uuid"
+CF_FIRMWARE = "millwright_firmware"
+BURNIN_CHOICE_SET = "millwright-burnin-results"
+BURNIN_RESULTS = ("passed", "failed", "aborted")
+
+TAG_QUARANTINE = "millwright-quarantine"
+TAG_MANAGED = "millwright-managed"
+GPU_SERVER_ROLE = "gpu-server"
+GPU_ITEM_ROLE = "gpu"
+NVIDIA = "nvidia"
+CLUSTER_TYPE = "millwright-gpu-cluster"
+
+
+# ---------------------------------------------------------------- the bootstrap catalogue
+
+
+class BootstrapObject(BaseModel):
+    """One object the bootstrap ensures: its endpoint, lookup key and creation fields."""
+
+    endpoint: str  # "extras.custom_fields"
+    key: dict[str, Any]  # how to find it: {"name": ...} or {"slug": ...}
+    fields: dict[str, Any] = Field(default_factory=dict)  # created with key | fields
+    # List fields whose wanted values must be present (added if missing, never removed).
+    ensure_contains: list[str] = Field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        kind = self.endpoint.split(".", 1)[1].rstrip("s").replace("_", " ")
+        return f"{kind} {next(iter(self.key.values()))}"
+
+
+def _cf(name: str, type_: str, object_types: list[str], label: str, description: str, **extra: Any) -> BootstrapObject:
+    return BootstrapObject(
+        endpoint="extras.custom_fields",
+        key={"name": name},
+        fields={"type": type_, "object_types": object_types, "label": label, "description": description,
+                "group_name": "Millwright", **extra},
+        ensure_contains=["object_types"],
+    )  # fmt: skip
+
+
+BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
+    # Order matters: the choice set before the custom field using it.
+    "custom-field-choice-sets": [
+        BootstrapObject(
+            endpoint="extras.custom_field_choice_sets",
+            key={"name": BURNIN_CHOICE_SET},
+            fields={"extra_choices": [[v, v.capitalize()] for v in BURNIN_RESULTS],
+                    "description": "Outcome of a Millwright burn-in"},
+        ),  # fmt: skip
+    ],
+    "custom-fields": [
+        _cf(CF_BURNIN_RESULT, "select", ["dcim.device"], "Last burn-in result", "Set by Millwright's burn-in",
+            choice_set={"name": BURNIN_CHOICE_SET}),
+        _cf(CF_BURNIN_AT, "datetime", ["dcim.device"], "Last burn-in at", "When the last burn-in finished"),
+        _cf(CF_BURNIN_REPORT, "url", ["dcim.device"], "Burn-in report", "Link to the last burn-in report"),
+        _cf(CF_IB_PORT_GUID, "text", ["dcim.interface"], "InfiniBand port GUID", "Port GUID (16 hex digits)",
+            validation_regex=_GUID),
+        _cf(CF_TENANT_PKEY, "text", ["tenancy.tenant"], "InfiniBand PKey", "The tenant's partition key (0x1-0x7ffe)",
+            validation_regex=_PKEY),
+        _cf(CF_GPU_UUID, "text", ["dcim.inventoryitem", "dcim.module"], "GPU UUID", "NVML UUID of the GPU"),
+        _cf(CF_FIRMWARE, "text", ["dcim.inventoryitem", "dcim.module"], "Firmware", "Firmware / VBIOS version"),
+    ],  # fmt: skip
+    "tags": [
+        BootstrapObject(endpoint="extras.tags", key={"slug": slug}, fields={"name": slug, "color": color, "description": d})
+        for slug, color, d in [
+            (TAG_QUARANTINE, "f44336", "Held out of service by Millwright until a human clears it"),
+            (TAG_MANAGED, "2196f3", "Lifecycle managed by Millwright"),
+            ("millwright-burnin-passed", "4caf50", "Passed Millwright's last burn-in"),
+            ("millwright-burnin-failed", "ff9800", "Failed Millwright's last burn-in"),
+        ]
+    ],
+    "roles": [
+        BootstrapObject(endpoint="dcim.device_roles", key={"slug": GPU_SERVER_ROLE},
+                        fields={"name": "GPU server", "color": "76b900", "vm_role": False}),
+        BootstrapObject(endpoint="dcim.inventory_item_roles", key={"slug": GPU_ITEM_ROLE},
+                        fields={"name": "GPU", "color": "76b900"}),
+        BootstrapObject(endpoint="dcim.manufacturers", key={"slug": NVIDIA}, fields={"name": "NVIDIA"}),
+        BootstrapObject(endpoint="virtualization.cluster_types", key={"slug": CLUSTER_TYPE},
+                        fields={"name": "Millwright GPU cluster"}),
+    ],  # fmt: skip
+    # Statuses are NetBox choices (extended only through FIELD_CHOICES in its configuration):
+    # the bootstrap checks that the ones Millwright uses are offered.
+    "statuses": [],
+}
+
+
+class BootstrapRequest(BaseModel):
+    section: str
+
+    @field_validator("section")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in BOOTSTRAP_SECTIONS:
+            raise ValueError(f"unknown bootstrap section {value!r}; known: {', '.join(BOOTSTRAP_SECTIONS)}")
+        return value
+
+
+class BootstrapSectionResult(BaseModel):
+    section: str
+    created: list[str] = Field(default_factory=list)
+    updated: list[str] = Field(default_factory=list)
+    existing: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- models
+
+
+def _slug(value: str | None) -> str | None:
+    if value is not None and not _SLUG.match(value):
+        raise ValueError(f"{value!r} is not a NetBox slug (letters, digits, '-', '_')")
+    return value
+
+
+class DeviceLookup(BaseModel):
+    """Find one device by exactly one stable key: name (optionally within a site), serial or asset tag."""
+
+    name: str | None = None
+    serial: str | None = None
+    asset_tag: str | None = None
+    site: str | None = Field(None, description="Site slug, to tell apart devices of the same name.")
+
+    _site = field_validator("site")(_slug)
+
+    @model_validator(mode="after")
+    def _one_key(self) -> DeviceLookup:
+        keys = [k for k in ("name", "serial", "asset_tag") if getattr(self, k)]
+        if len(keys) != 1:
+            raise ValueError("give exactly one of name, serial or asset_tag")
+        return self
+
+    def __str__(self) -> str:
+        key = "name" if self.name else "serial" if self.serial else "asset tag"
+        value = self.name or self.serial or self.asset_tag
+        return f"device with {key} {value!r}" + (f" in site {self.site!r}" if self.site else "")
+
+
+class DeviceQuery(BaseModel):
+    """List devices; every given filter must match (slugs, a status value)."""
+
+    role: str | None = None
+    site: str | None = None
+    status: str | None = None
+    tag: str | None = None
+    tenant: str | None = None
+    limit: int = Field(1000, ge=1, le=10000)
+
+    _slugs = field_validator("role", "site", "tag", "tenant")(_slug)
+
+
+class DeviceInfo(BaseModel):
+    id: int
+    name: str | None
+    serial: str = ""
+    asset_tag: str | None = None
+    status: str
+    role: str | None = None
+    site: str | None = None
+    tenant: str | None = None
+    cluster: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    custom_fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class FoundDevice(BaseModel):
+    device: DeviceInfo | None = None
+
+
+class SetStatusRequest(BaseModel):
+    device: DeviceLookup
+    status: str = Field(min_length=1, description="A NetBox device status value, e.g. failed; NetBox validates it.")
+    reason: str = Field(min_length=1, max_length=4000)
+    kind: Literal["info", "success", "warning", "danger"] = "info"
+
+
+class StatusChange(BaseModel):
+    device: str
+    previous: str
+    status: str
+    changed: bool = Field(description="False when the device already had this status.")
+    journal_entry_id: int
+    journal_created: bool = Field(description="False when a retry found the entry already written.")
+
+
+class BurnInRecord(BaseModel):
+    device: DeviceLookup
+    result: Literal["passed", "failed", "aborted"]
+    finished_at: datetime
+    report_url: str | None = None
+    summary: str = Field(min_length=1, max_length=8000)
+
+
+class BurnInRecorded(BaseModel):
+    device: str
+    updated_fields: list[str]
+    journal_entry_id: int
+    journal_created: bool
+
+
+class GpuInfo(BaseModel):
+    index: int = Field(ge=0, le=63)
+    model: str = Field(min_length=1, description="e.g. NVIDIA H200 (the inventory item's part ID)")
+    serial: str = ""
+    uuid: str = ""
+    firmware: str = ""
+    pci_bus_id: str = ""
+
+    @property
+    def item_name(self) -> str:
+        return f"GPU{self.index}"
+
+
+class GpuInventory(BaseModel):
+    device: DeviceLookup
+    gpus: list[GpuInfo]
+
+
+class InterfaceInfo(BaseModel):
+    name: str = Field(min_length=1, max_length=64)
+    type: str = Field("infiniband-ndr", description="NetBox interface type value, e.g. infiniband-ndr.")
+    port_guid: str | None = Field(None, description="InfiniBand port GUID, 16 hex digits (0x optional).")
+    mac_address: str | None = None
+    description: str = ""
+
+
+class InterfaceInventory(BaseModel):
+    device: DeviceLookup
+    interfaces: list[InterfaceInfo]
+
+
+class UpsertResult(BaseModel):
+    """What an upsert of several objects did, by name."""
+
+    created: list[str] = Field(default_factory=list)
+    updated: list[str] = Field(default_factory=list)
+    unchanged: list[str] = Field(default_factory=list)
+
+
+class TenantSpec(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    slug: str = Field(min_length=1, max_length=100)
+    pkey: str | None = Field(None, description="InfiniBand partition key, e.g. 0x8001 style hex.")
+    description: str = ""
+
+    _slug_ok = field_validator("slug")(_slug)
+
+
+class ClusterSpec(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    type: str = Field(CLUSTER_TYPE, description="Cluster type slug (the bootstrap creates the default).")
+    tenant: str | None = Field(None, description="Tenant slug.")
+    status: str = "active"
+    description: str = ""
+
+    _slugs = field_validator("type", "tenant")(_slug)
+
+
+class ObjectResult(BaseModel):
+    id: int
+    name: str
+    created: bool
+    updated: list[str] = Field(default_factory=list, description="Fields changed on an existing object.")
+
+
+class ClusterAssignment(BaseModel):
+    cluster: str = Field(min_length=1, description="Cluster name.")
+    devices: list[DeviceLookup]
+
+
+class AssignmentResult(BaseModel):
+    cluster: str
+    assigned: list[str] = Field(default_factory=list)
+    already: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _response_message(err: Any) -> str:
+    """NetBox's own words from an error response: the JSON body, compact."""
+    req = getattr(err, "req", None)
+    text = getattr(err, "error", None) or (req.text if req is not None else "") or str(err)
+    try:
+        return json.dumps(json.loads(text), separators=(", ", ": "))[:2000]
+    except (TypeError, ValueError):
+        return str(text).strip()[:500]
+
+
+def netbox_error(err: Exception, doing: str) -> ApplicationError:
+    """Map a pynetbox/requests error to what a retry can or cannot fix."""
+    import pynetbox
+    import requests
+
+    if isinstance(err, (pynetbox.RequestError, pynetbox.AllocationError)):
+        status = err.req.status_code
+        text = f"{doing}: NetBox answered {status}: {_response_message(err)}"
+        if status == 400:
+            return ApplicationError(text, type="NetBoxRejected", non_retryable=True)
+        if status in (401, 403):
+            return ApplicationError(text, type="NetBoxAuth", non_retryable=True)
+        if status in (404, 405):
+            return ApplicationError(text, type="NetBoxNotFound", non_retryable=True)
+        return ApplicationError(text, type="NetBoxUnavailable")
+    if isinstance(err, pynetbox.ContentError):
+        return ApplicationError(f"{doing}: not a NetBox API answer: {err}", type="NetBoxUnavailable")
+    if isinstance(err, requests.RequestException):
+        # Never the request itself: its headers hold the token.
+        return ApplicationError(f"{doing}: connection failed: {type(err).__name__}", type="NetBoxUnavailable")
+    return ApplicationError(f"{doing}: {type(err).__name__}: {err}", type="NetBoxUnavailable")
+
+
+def not_bootstrapped(what: str) -> ApplicationError:
+    return ApplicationError(
+        f"{what} is missing in NetBox; run `millwright inventory bootstrap` first",
+        type="NetBoxNotBootstrapped",
+        non_retryable=True,
+    )
+
+
+# ---------------------------------------------------------------- the client
+
+
+class NetBoxConfig(BaseModel):
+    """Where NetBox is and where its token is kept; the token itself is never held here."""
+
+    url: str
+    token: SecretRef
+    timeout_seconds: float = _REQUEST_TIMEOUT
+
+
+def _session(timeout: float):
+    import requests
+
+    class TimeoutSession(requests.Session):
+        """A request that hangs is an error after `timeout`; no retries (the adapter default)."""
+
+        def request(self, *args, **kwargs):
+            kwargs.setdefault("timeout", timeout)
+            return super().request(*args, **kwargs)
+
+    session = TimeoutSession()
+    session.headers["User-Agent"] = USER_AGENT
+    return session
+
+
+T = TypeVar("T")
+
+
+def _rec(record: Any) -> dict[str, Any]:
+    return dict(record) if record is not None else {}
+
+
+def _value(field: Any) -> Any:
+    """A choice field ({'value', 'label'}) or a nested object ({'slug'/'name'}) as one value."""
+    if isinstance(field, dict):
+        for key in ("value", "slug", "name"):
+            if key in field:
+                return field[key]
+    return field
+
+
+def device_info(record: Any) -> DeviceInfo:
+    d = _rec(record)
+    return DeviceInfo(
+        id=d["id"],
+        name=d.get("name"),
+        serial=d.get("serial") or "",
+        asset_tag=d.get("asset_tag"),
+        status=_value(d.get("status")),
+        role=_value(d.get("role")) if d.get("role") else None,
+        site=_value(d.get("site")) if d.get("site") else None,
+        tenant=_value(d.get("tenant")) if d.get("tenant") else None,
+        cluster=(d.get("cluster") or {}).get("name") if d.get("cluster") else None,
+        tags=[t.get("slug") for t in d.get("tags") or [] if isinstance(t, dict)],
+        custom_fields=d.get("custom_fields") or {},
+    )
+
+
+# ---------------------------------------------------------------- activities
+
+
+class NetBoxActivities:
+    """NetBox inventory activities. With no config every activity fails with NetBoxNotConfigured."""
+
+    def __init__(self, config: NetBoxConfig | None) -> None:
+        self._config = config
+
+    def activities(self) -> list[Callable]:
+        return [
+            self.bootstrap_section,
+            self.find_device,
+            self.list_devices,
+            self.set_device_status,
+            self.record_burnin,
+            self.record_gpus,
+            self.record_interfaces,
+            self.upsert_tenant,
+            self.upsert_cluster,
+            self.assign_devices_to_cluster,
+        ]
+
+    async def close(self) -> None:  # a Registration resource; sessions are per call
+        return None
+
+    # ------------------------------------------------------------ plumbing
+
+    def _api(self):
+        import pynetbox
+
+        if self._config is None:
+            raise ApplicationError(
+                "NetBox is not configured on this worker: set MILLWRIGHT_NETBOX_URL and MILLWRIGHT_NETBOX_TOKEN "
+                "(a secret reference: env:NAME or file:/path)",
+                type="NetBoxNotConfigured",
+                non_retryable=True,
+            )
+        try:
+            token = self._config.token.resolve()
+        except SecretError as err:
+            raise ApplicationError(f"NetBox token: {err}", type="NetBoxNotConfigured", non_retryable=True) from None
+        api = pynetbox.api(self._config.url, token=token)
+        api.http_session = _session(self._config.timeout_seconds)
+        return api
+
+    async def _in_thread(self, doing: str, fn: Callable[[Any], T]) -> T:
+        """Run `fn(api)` in a thread, mapping NetBox and transport errors for the retry policy."""
+        api = self._api()
+
+        def call() -> T:
+            try:
+                return fn(api)
+            finally:
+                api.http_session.close()
+
+        try:
+            return await asyncio.to_thread(call)
+        except ApplicationError:
+            raise
+        except Exception as err:
+            raise netbox_error(err, doing) from None
+
+    def _after_write(self, what: str) -> None:
+        """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""
+
+    @staticmethod
+    def _run_marker() -> str:
+        """Names the workflow run and activity: the same on every retry of this activity."""
+        info = activity.info()
+        return f"millwright:{info.workflow_id}:{info.workflow_run_id}:{info.activity_id}"
+
+    def _resolve_device(self, api: Any, lookup: DeviceLookup) -> Any:
+        record = self._find_device(api, lookup)
+        if record is None:
+            raise ApplicationError(f"no {lookup} in NetBox", type="DeviceNotFound", non_retryable=True)
+        return record
+
+    @staticmethod
+    def _find_device(api: Any, lookup: DeviceLookup) -> Any | None:
+        filters: dict[str, Any] = {}
+        if lookup.name:
+            filters["name"] = lookup.name
+        elif lookup.serial:
+            filters["serial"] = lookup.serial
+        else:
+            filters["asset_tag"] = lookup.asset_tag
+        if lookup.site:
+            filters["site"] = lookup.site
+        found = list(api.dcim.devices.filter(**filters))
+        if len(found) > 1:
+            # Serials are not unique in NetBox, names only per (site, tenant): never guess.
+            raise ApplicationError(
+                f"{len(found)} devices match {lookup}: " + ", ".join(f"#{d.id} {d.name}" for d in found[:10]),
+                type="AmbiguousDevice",
+                non_retryable=True,
+            )
+        return found[0] if found else None
+
+    def _ensure_journal(self, api: Any, device: Any, kind: str, text: str) -> tuple[int, bool]:
+        """One journal entry per activity (marker in its last line); a retry finds it instead of adding one."""
+        marker = self._run_marker()
+        existing = [
+            e
+            for e in api.extras.journal_entries.filter(
+                assigned_object_type="dcim.device", assigned_object_id=device.id, q=marker
+            )
+            if marker in (e.comments or "")
+        ]
+        if existing:
+            return existing[0].id, False
+        info = activity.info()
+        comments = (
+            f"{text}\n\n"
+            f"— Millwright workflow `{info.workflow_id}` run `{info.workflow_run_id}` "
+            f"({info.activity_type})\n\n`{marker}`"
+        )
+        entry = api.extras.journal_entries.create(
+            assigned_object_type="dcim.device", assigned_object_id=device.id, kind=kind, comments=comments
+        )
+        self._after_write("journal")
+        return entry.id, True
+
+    # ------------------------------------------------------------ bootstrap
+
+    @activity.defn
+    async def bootstrap_section(self, req: BootstrapRequest) -> BootstrapSectionResult:
+        """Create what one bootstrap section needs; report what was created and what already existed."""
+
+        def run(api: Any) -> BootstrapSectionResult:
+            result = BootstrapSectionResult(section=req.section)
+            if req.section == "statuses":
+                offered = {c["value"] for c in api.dcim.devices.choices().get("status", [])}
+                missing = [s for s in DEVICE_STATUSES if s not in offered]
+                if missing:
+                    raise ApplicationError(
+                        f"NetBox does not offer the device statuses {', '.join(missing)}; add them with "
+                        "FIELD_CHOICES['dcim.Device.status+'] in NetBox's configuration",
+                        type="NetBoxNotBootstrapped",
+                        non_retryable=True,
+                    )
+                result.existing = [f"device status {s}" for s in DEVICE_STATUSES]
+                return result
+            for obj in BOOTSTRAP_SECTIONS[req.section]:
+                app, name = obj.endpoint.split(".")
+                endpoint = getattr(getattr(api, app), name)
+                found = endpoint.get(**obj.key)
+                if found is None:
+                    endpoint.create({**obj.key, **obj.fields})
+                    self._after_write(obj.label)
+                    result.created.append(obj.label)
+                    continue
+                current = _rec(found)
+                additions = {}
+                for field in obj.ensure_contains:
+                    have = list(current.get(field) or [])
+                    want = [v for v in obj.fields.get(field, []) if v not in have]
+                    if want:
+                        additions[field] = have + want
+                if additions:
+                    found.update(additions)
+                    self._after_write(obj.label)
+                    result.updated.append(f"{obj.label} ({', '.join(additions)})")
+                else:
+                    result.existing.append(obj.label)
+            return result
+
+        return await self._in_thread(f"bootstrapping {req.section}", run)
+
+    # ------------------------------------------------------------ devices
+
+    @activity.defn
+    async def find_device(self, lookup: DeviceLookup) -> FoundDevice:
+        """The device with this name, serial or asset tag; none found is an answer, not an error."""
+
+        def run(api: Any) -> FoundDevice:
+            record = self._find_device(api, lookup)
+            return FoundDevice(device=device_info(record) if record is not None else None)
+
+        return await self._in_thread(f"finding {lookup}", run)
+
+    @activity.defn
+    async def list_devices(self, query: DeviceQuery) -> list[DeviceInfo]:
+        """Devices matching every given filter (role, site, status, tag, tenant)."""
+
+        def run(api: Any) -> list[DeviceInfo]:
+            filters = {k: v for k, v in query.model_dump(exclude={"limit"}).items() if v is not None}
+            records = api.dcim.devices.filter(**filters) if filters else api.dcim.devices.all()
+            out: list[DeviceInfo] = []
+            for record in records:
+                out.append(device_info(record))
+                if len(out) >= query.limit:
+                    break
+            return out
+
+        return await self._in_thread("listing devices", run)
+
+    @activity.defn
+    async def set_device_status(self, req: SetStatusRequest) -> StatusChange:
+        """Set a device's status and journal why and which workflow run did it (once, even across retries)."""
+
+        def run(api: Any) -> StatusChange:
+            device = self._resolve_device(api, req.device)
+            previous = _value(_rec(device).get("status"))
+            changed = previous != req.status
+            if changed:
+                device.update({"status": req.status})  # NetBox validates the choice: 400 → non-retryable
+                self._after_write("status")
+                text = f"Status **{previous}** → **{req.status}**: {req.reason}"
+            else:
+                text = f"Status **{req.status}** (already set when this attempt read it): {req.reason}"
+            entry_id, created = self._ensure_journal(api, device, req.kind, text)
+            return StatusChange(
+                device=device.name or f"#{device.id}", previous=previous, status=req.status, changed=changed,
+                journal_entry_id=entry_id, journal_created=created,
+            )  # fmt: skip
+
+        return await self._in_thread(f"setting the status of {req.device} to {req.status!r}", run)
+
+    @activity.defn
+    async def record_burnin(self, req: BurnInRecord) -> BurnInRecorded:
+        """Store the burn-in result, time and report link in custom fields, and journal the summary."""
+
+        def run(api: Any) -> BurnInRecorded:
+            device = self._resolve_device(api, req.device)
+            have = _rec(device).get("custom_fields") or {}
+            want = {
+                CF_BURNIN_RESULT: req.result,
+                CF_BURNIN_AT: req.finished_at.isoformat(),
+                CF_BURNIN_REPORT: req.report_url,
+            }
+            if CF_BURNIN_RESULT not in have:
+                raise not_bootstrapped(f"the custom field {CF_BURNIN_RESULT}")
+            changed = [k for k, v in want.items() if not _same_cf(have.get(k), v)]
+            if changed:
+                device.update({"custom_fields": {k: want[k] for k in changed}})
+                self._after_write("burn-in fields")
+            kind = {"passed": "success", "failed": "danger", "aborted": "warning"}[req.result]
+            lines = [f"Burn-in **{req.result}** at {req.finished_at.isoformat()}", "", req.summary]
+            if req.report_url:
+                lines += ["", f"Report: {req.report_url}"]
+            entry_id, created = self._ensure_journal(api, device, kind, "\n".join(lines))
+            return BurnInRecorded(
+                device=device.name or f"#{device.id}", updated_fields=changed, journal_entry_id=entry_id,
+                journal_created=created,
+            )  # fmt: skip
+
+        return await self._in_thread(f"recording the burn-in of {req.device}", run)
+
+    @activity.defn
+    async def record_gpus(self, req: GpuInventory) -> UpsertResult:
+        """GPUs as inventory items GPU<index> (role GPU, NVIDIA): model, serial, UUID, firmware, PCI bus ID."""
+
+        def run(api: Any) -> UpsertResult:
+            device = self._resolve_device(api, req.device)
+            role = api.dcim.inventory_item_roles.get(slug=GPU_ITEM_ROLE)
+            maker = api.dcim.manufacturers.get(slug=NVIDIA)
+            if role is None or maker is None:
+                raise not_bootstrapped(f"the inventory item role {GPU_ITEM_ROLE!r} or manufacturer {NVIDIA!r}")
+            items = {i.name: i for i in api.dcim.inventory_items.filter(device_id=device.id, role=GPU_ITEM_ROLE)}
+            result = UpsertResult()
+            for gpu in req.gpus:
+                want = {
+                    "part_id": gpu.model,
+                    "serial": gpu.serial,
+                    "description": f"PCI {gpu.pci_bus_id}" if gpu.pci_bus_id else "",
+                    "custom_fields": {CF_GPU_UUID: gpu.uuid or None, CF_FIRMWARE: gpu.firmware or None},
+                }
+                item = items.get(gpu.item_name)
+                if item is None:
+                    api.dcim.inventory_items.create(
+                        device=device.id, name=gpu.item_name, role=role.id, manufacturer=maker.id,
+                        discovered=True, **want,
+                    )  # fmt: skip
+                    self._after_write(gpu.item_name)
+                    result.created.append(gpu.item_name)
+                    continue
+                diff = _diff(_rec(item), want)
+                if diff:
+                    item.update(diff)
+                    self._after_write(gpu.item_name)
+                    result.updated.append(gpu.item_name)
+                else:
+                    result.unchanged.append(gpu.item_name)
+            return result
+
+        return await self._in_thread(f"recording the GPUs of {req.device}", run)
+
+    @activity.defn
+    async def record_interfaces(self, req: InterfaceInventory) -> UpsertResult:
+        """Interfaces by name, with type, MAC, description and InfiniBand port GUID (a custom field)."""
+
+        def run(api: Any) -> UpsertResult:
+            device = self._resolve_device(api, req.device)
+            have = {i.name: i for i in api.dcim.interfaces.filter(device_id=device.id)}
+            result = UpsertResult()
+            for iface in req.interfaces:
+                want: dict[str, Any] = {"type": iface.type, "description": iface.description}
+                if iface.port_guid is not None:
+                    want["custom_fields"] = {CF_IB_PORT_GUID: iface.port_guid.lower()}
+                record = have.get(iface.name)
+                if record is None:
+                    record = api.dcim.interfaces.create(device=device.id, name=iface.name, **want)
+                    self._after_write(iface.name)
+                    result.created.append(iface.name)
+                else:
+                    diff = _diff(_rec(record), want)
+                    if diff:
+                        record.update(diff)
+                        self._after_write(iface.name)
+                        result.updated.append(iface.name)
+                    else:
+                        result.unchanged.append(iface.name)
+                if iface.mac_address:
+                    self._ensure_mac(api, record, iface.mac_address)
+            return result
+
+        return await self._in_thread(f"recording the interfaces of {req.device}", run)
+
+    def _ensure_mac(self, api: Any, interface: Any, mac: str) -> None:
+        """NetBox 4.2+ keeps MACs as objects assigned to interfaces; one per (interface, address)."""
+        found = [
+            m for m in api.dcim.mac_addresses.filter(assigned_object_type="dcim.interface",
+                                                     assigned_object_id=interface.id)
+            if str(m.mac_address).lower() == mac.lower()
+        ]  # fmt: skip
+        if not found:
+            api.dcim.mac_addresses.create(
+                mac_address=mac, assigned_object_type="dcim.interface", assigned_object_id=interface.id
+            )
+            self._after_write(f"mac {mac}")
+
+    # ------------------------------------------------------------ tenants and clusters
+
+    @activity.defn
+    async def upsert_tenant(self, spec: TenantSpec) -> ObjectResult:
+        """Create the tenant (by slug) or update its name, description and PKey."""
+
+        def run(api: Any) -> ObjectResult:
+            want: dict[str, Any] = {"name": spec.name, "description": spec.description}
+            if spec.pkey is not None:
+                want["custom_fields"] = {CF_TENANT_PKEY: spec.pkey.lower()}
+            found = api.tenancy.tenants.get(slug=spec.slug)
+            if found is None:
+                created = api.tenancy.tenants.create(slug=spec.slug, **want)
+                self._after_write(spec.slug)
+                return ObjectResult(id=created.id, name=spec.slug, created=True)
+            diff = _diff(_rec(found), want)
+            if diff:
+                found.update(diff)
+                self._after_write(spec.slug)
+            return ObjectResult(id=found.id, name=spec.slug, created=False, updated=sorted(diff))
+
+        return await self._in_thread(f"upserting tenant {spec.slug}", run)
+
+    @activity.defn
+    async def upsert_cluster(self, spec: ClusterSpec) -> ObjectResult:
+        """Create the cluster (by name) or update its type, tenant, status and description."""
+
+        def run(api: Any) -> ObjectResult:
+            ctype = api.virtualization.cluster_types.get(slug=spec.type)
+            if ctype is None:
+                raise not_bootstrapped(f"the cluster type {spec.type!r}")
+            tenant = None
+            if spec.tenant:
+                tenant = api.tenancy.tenants.get(slug=spec.tenant)
+                if tenant is None:
+                    raise ApplicationError(f"no tenant {spec.tenant!r} in NetBox", type="TenantNotFound",
+                                           non_retryable=True)  # fmt: skip
+            want = {"type": ctype.id, "tenant": tenant.id if tenant else None, "status": spec.status,
+                    "description": spec.description}  # fmt: skip
+            found = api.virtualization.clusters.get(name=spec.name)
+            if found is None:
+                created = api.virtualization.clusters.create(name=spec.name, **want)
+                self._after_write(spec.name)
+                return ObjectResult(id=created.id, name=spec.name, created=True)
+            diff = _diff(_rec(found), want)
+            if diff:
+                found.update(diff)
+                self._after_write(spec.name)
+            return ObjectResult(id=found.id, name=spec.name, created=False, updated=sorted(diff))
+
+        return await self._in_thread(f"upserting cluster {spec.name}", run)
+
+    @activity.defn
+    async def assign_devices_to_cluster(self, req: ClusterAssignment) -> AssignmentResult:
+        """Point each device's cluster at this cluster; devices already in it are left alone."""
+
+        def run(api: Any) -> AssignmentResult:
+            cluster = api.virtualization.clusters.get(name=req.cluster)
+            if cluster is None:
+                raise ApplicationError(f"no cluster {req.cluster!r} in NetBox", type="ClusterNotFound",
+                                       non_retryable=True)  # fmt: skip
+            result = AssignmentResult(cluster=req.cluster)
+            for lookup in req.devices:
+                device = self._resolve_device(api, lookup)
+                name = device.name or f"#{device.id}"
+                if (_rec(device).get("cluster") or {}).get("id") == cluster.id:
+                    result.already.append(name)
+                    continue
+                device.update({"cluster": cluster.id})
+                self._after_write(name)
+                result.assigned.append(name)
+            return result
+
+        return await self._in_thread(f"assigning devices to cluster {req.cluster}", run)
+
+
+# ---------------------------------------------------------------- comparison helpers
+
+
+def _same_cf(have: Any, want: Any) -> bool:
+    if isinstance(have, dict) and "value" in have:  # a select field reads back as {"value", "label"}
+        have = have["value"]
+    if isinstance(have, str) and isinstance(want, str):
+        # NetBox normalizes datetimes (e.g. 'Z' vs '+00:00'); compare the instants.
+        try:
+            return datetime.fromisoformat(have.replace("Z", "+00:00")) == datetime.fromisoformat(want.replace("Z", "+00:00"))
+        except ValueError:
+            return have == want
+    return have == want
+
+
+def _diff(current: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `want` that differ from the record (nested objects compared by id or value)."""
+    out: dict[str, Any] = {}
+    for key, value in want.items():
+        have = current.get(key)
+        if key == "custom_fields":
+            have_cf = have or {}
+            changed = {k: v for k, v in value.items() if not _same_cf(have_cf.get(k), v)}
+            if changed:
+                out[key] = changed
+            continue
+        if isinstance(have, dict):
+            have = have.get("id", have.get("value"))
+        if (have or None) != (value or None):
+            out[key] = value
+    return out

@@ -1,0 +1,159 @@
+"""The NetBox tier: one real NetBox (PostgreSQL + Redis + NetBox 4.7 from PyPI) per session.
+
+Without Python >= 3.12, PostgreSQL or redis-server the whole tier is skipped with one line
+saying why; with CI set it fails instead, because CI must run it. The first run builds the
+NetBox venv and migrates a database (minutes, cached under ~/.cache/millwright); later runs
+restore the cached dump in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+import pytest_asyncio
+
+# The first session start may build the venv and migrate (minutes): it is paid by whichever
+# test of the tier runs first, inside that test's timeout.
+TIER_TIMEOUT = 900
+
+
+_UNAVAILABLE: list[str] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Give the tier a longer timeout; without the pieces it needs, leave it out with one line why."""
+    here = os.path.dirname(__file__)
+    tier = [i for i in items if str(i.fspath).startswith(here) and "netbox_lab" in getattr(i, "fixturenames", ())]
+    for item in tier:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT))
+    if not tier or os.environ.get("CI"):
+        return  # in CI the netbox_lab fixture fails loudly instead
+    from lab.netbox import NetBoxUnavailable, check_available
+
+    try:
+        check_available()
+    except NetBoxUnavailable as err:
+        _UNAVAILABLE.append(f"{err}; {len(tier)} tests of tests/netbox left out")
+        config.hook.pytest_deselected(items=tier)
+        items[:] = [i for i in items if i not in tier]
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _UNAVAILABLE:
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def netbox_lab(tmp_path_factory):
+    from lab.netbox import NetBoxError, NetBoxLab, NetBoxUnavailable, check_available
+
+    try:
+        check_available()
+    except NetBoxUnavailable as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"{err} -- CI must run the NetBox tier (see .ci/run)", pytrace=False)
+        pytest.skip(str(err))
+    lab = NetBoxLab(tmp_path_factory.mktemp("netbox"))
+    started = time.monotonic()
+    try:
+        lab.start()
+    except NetBoxError as err:
+        pytest.fail(f"NetBox did not start: {err}", pytrace=False)
+    print(f"\nNetBox tier: NetBox ready in {time.monotonic() - started:.1f}s ({lab.timings})")
+    yield lab
+    lab.stop()
+
+
+@pytest.fixture(scope="session")
+def netbox_token_file(netbox_lab):
+    from lab.netbox import write_token_file
+
+    return write_token_file(netbox_lab.root / "token", netbox_lab.token)
+
+
+@pytest.fixture(scope="session")
+def netbox_config(netbox_lab, netbox_token_file):
+    from activities.netbox import NetBoxConfig
+    from activities.secrets import SecretRef
+
+    return NetBoxConfig(url=netbox_lab.url, token=SecretRef.parse(f"file:{netbox_token_file}"))
+
+
+@pytest.fixture(scope="session")
+def nb(netbox_lab):
+    """The test's own pynetbox client, for seeding and checking (never through Temporal)."""
+    import pynetbox
+
+    return pynetbox.api(netbox_lab.url, token=netbox_lab.token)
+
+
+@pytest.fixture(scope="session")
+def netbox_task_queue() -> str:
+    return f"netbox-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def netbox_worker(client, netbox_config, netbox_task_queue):
+    """A real worker on a random task queue: the inventory workflows and (crash-injectable) NetBox activities."""
+    from temporalio.worker import Worker
+
+    from tests.netbox.helpers import CallNetBox, CrashingNetBoxActivities
+    from worker import registry
+    from workflows import WORKFLOWS
+
+    activities = CrashingNetBoxActivities(netbox_config)
+    async with Worker(
+        client,
+        task_queue=netbox_task_queue,
+        workflows=[*WORKFLOWS, CallNetBox],
+        activities=activities.activities(),
+        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
+    ) as worker:
+        worker.netbox_activities = activities  # type: ignore[attr-defined]
+        yield worker
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def netbox_faults(netbox_worker):
+    """Arm crashes for one test; disarmed afterwards."""
+    acts = netbox_worker.netbox_activities
+    acts.crash_after.clear()
+    acts.crashes.clear()
+    yield acts
+    acts.crash_after.clear()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def call(client, netbox_worker):
+    """`await call("activity_name", {...})` runs one NetBox activity through a workflow; returns its result."""
+    from tests.netbox.helpers import CallInput, CallNetBox
+
+    async def run(activity: str, arg: dict, *, maximum_attempts: int = 5):
+        handle = await client.start_workflow(
+            CallNetBox.run,
+            CallInput(activity=activity, arg=arg, maximum_attempts=maximum_attempts),
+            id=f"netbox-test/{activity}/{uuid.uuid4().hex[:8]}",
+            task_queue=netbox_worker.task_queue,
+        )
+        run.handles.append(handle)
+        return (await handle.result()).result
+
+    run.handles = []
+    return run
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def bootstrapped(client, netbox_worker):
+    """Millwright's NetBox objects in place (runs the real InventoryBootstrap workflow)."""
+    from workflows.inventory import InventoryBootstrap, InventoryBootstrapInput
+
+    return await client.execute_workflow(
+        InventoryBootstrap.run,
+        InventoryBootstrapInput(),
+        id=f"inventory-bootstrap/{uuid.uuid4().hex[:8]}",
+        task_queue=netbox_worker.task_queue,
+    )
