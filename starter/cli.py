@@ -26,6 +26,10 @@ app = typer.Typer(
 )
 lab_app = typer.Typer(help="The emulated lab: Temporal dev server + Kubernetes emulator + worker.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
+inventory_app = typer.Typer(help="Inventory in NetBox (the worker holds the NetBox URL and token).", no_args_is_help=True)
+app.add_typer(inventory_app, name="inventory")
+rollout_app = typer.Typer(help="Progressive host-OS rollouts (NodeWright-style).", no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -323,13 +327,23 @@ def lab_up(
     ui_port: Annotated[int, typer.Option("--ui-port", help="Temporal Web UI port (0 = any free port).")] = 8233,
     task_queue: Annotated[str, typer.Option("--task-queue")] = "millwright",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for everything to come up.")] = 60.0,
+    netbox: Annotated[
+        bool,
+        typer.Option(
+            "--netbox/--no-netbox", envvar="MILLWRIGHT_LAB_NETBOX",
+            help="Also run a real NetBox (needs Python >= 3.12, PostgreSQL, redis-server; first start takes minutes).",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
     from lab import runner
 
     raise typer.Exit(
-        runner.up(state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout)
-    )
+        runner.up(
+            state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout,
+            netbox=netbox,
+        )
+    )  # fmt: skip
 
 
 @lab_app.command("down")
@@ -361,6 +375,97 @@ def lab_status(state_dir: StateDir = Path(".millwright")) -> None:
     from lab import runner
 
     raise typer.Exit(runner.status(state_dir=state_dir))
+
+
+# ---------------------------------------------------------------- rollout plan
+
+
+@rollout_app.command("plan")
+def rollout_plan(
+    spec_file: Annotated[str, typer.Argument(help="Rollout spec (JSON or YAML), or - for stdin.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Dry run: from the live node list, compartments, batches and the worst case out of service; writes nothing."""
+    import yaml
+
+    from starter.client import InputError, parse_input, start as start_workflow
+
+    spec = _spec_or_exit("Rollout")
+    try:
+        data = yaml.safe_load(_read_input(spec_file))
+    except yaml.YAMLError as e:
+        err.print(f"[red]error:[/] {spec_file} is neither JSON nor YAML: {e}")
+        raise typer.Exit(2) from None
+    try:
+        inp = parse_input(spec, {**data, "dryRun": True} if isinstance(data, dict) else data)
+    except InputError as e:
+        err.print("[red]error:[/] invalid rollout spec; nothing was planned:")
+        for line in e.errors:
+            err.print(f"  {line}")
+        raise typer.Exit(2) from None
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        started = await start_workflow(client, inp, task_queue=task_queue, workflow=spec.name)
+        result = await started.handle.result()
+        if as_json:
+            out.print_json(result.plan.model_dump_json(by_alias=True))
+            return 0
+        plan = result.plan
+        out.print(f"rollout {plan.name} on {plan.cluster}: {plan.targeted} nodes targeted; packages in order: {', '.join(plan.package_order)}")
+        out.print(f"interrupt per node: {plan.interrupt.type if plan.interrupt else 'none (no drain)'}")
+        for c in plan.compartments:
+            sizes = ", ".join(str(len(b.nodes)) for b in c.batches)
+            out.print(
+                f"  {c.name}: {len(c.members)} nodes, strategy {c.strategy}, ceiling {c.ceiling}, "
+                f"{len(c.unavailable)} already out of service; batches [{sizes}]; worst case {c.worst_case_out_of_service}"
+            )
+        out.print(f"worst case out of service at once: {plan.worst_case_out_of_service}")
+        for w in plan.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+# ---------------------------------------------------------------- inventory
+
+
+@inventory_app.command("bootstrap")
+def inventory_bootstrap(
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Create Millwright's custom fields, tags, roles in NetBox (idempotent); print what was created and what existed."""
+    from temporalio.client import WorkflowFailureError
+
+    from starter.client import start as start_workflow
+    from workflows.inventory import InventoryBootstrapInput
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        started = await start_workflow(client, InventoryBootstrapInput(), task_queue=task_queue)
+        err.print(f"InventoryBootstrap {started.workflow_id} run {started.run_id}: waiting for the worker on {task_queue}")
+        try:
+            result = await started.handle.result()
+        except WorkflowFailureError as e:
+            err.print("[red]InventoryBootstrap failed[/]")
+            err.print(_failure_text(e))
+            return 1
+        for label, items in (("created", result.created), ("updated", result.updated), ("existing", result.existing)):
+            out.print(f"{label} ({len(items)}):")
+            for item in items:
+                out.print(f"  {item}", markup=False)
+        out.print("nothing changed" if not (result.created or result.updated) else "bootstrap applied")
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
 
 
 # ---------------------------------------------------------------- entry point

@@ -77,9 +77,9 @@ def _spec(cls: type) -> WorkflowSpec:
 
 
 def workflow_specs() -> dict[str, WorkflowSpec]:
-    from workflows import WORKFLOWS
+    from workflows import STARTABLE
 
-    specs = [_spec(cls) for cls in WORKFLOWS]
+    specs = [_spec(cls) for cls in STARTABLE]
     return {s.name: s for s in specs}
 
 

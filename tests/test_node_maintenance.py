@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from pathlib import Path
@@ -38,9 +39,11 @@ async def start(client, worker, inp: NodeMaintenanceInput):
 
 
 async def record_history(handle, name: str) -> None:
+    """Keep the run's history, with its workflow ID (children's IDs derive from it), for replay tests."""
     if os.environ.get("MILLWRIGHT_RECORD_HISTORIES") == "1":
         history = await handle.fetch_history()
-        (HISTORIES / f"{name}.json").write_text(history.to_json())
+        record = {"workflowId": history.workflow_id, "history": json.loads(history.to_json())}
+        (HISTORIES / f"{name}.json").write_text(json.dumps(record, indent=1))
 
 
 async def test_drain_waits_on_a_blocking_budget_then_completes(client, kube_worker, k8s, core):

@@ -5,6 +5,7 @@ without `workflow.patched`) fails here. Histories are recorded from the integrat
 tests with MILLWRIGHT_RECORD_HISTORIES=1 (see tests/histories/README.md).
 """
 
+import json
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ def test_histories_are_committed():
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_replay(path: Path):
-    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    record = json.loads(path.read_text())
+    history = WorkflowHistory.from_json(record["workflowId"], json.dumps(record["history"]))
     replayer = Replayer(workflows=workflows.WORKFLOWS, data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"

@@ -29,11 +29,16 @@ class Registration:
 
 def build(settings: WorkerSettings) -> Registration:
     from activities.kube import ClusterConnector, KubeActivities
+    from activities.netbox import NetBoxActivities
+    from activities.prometheus import PrometheusActivities
     from workflows import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())
+    # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
+    netbox = NetBoxActivities(settings.netbox_config())
+    prometheus = PrometheusActivities()  # the server URL comes with each query
     return Registration(
         workflows=list(WORKFLOWS),
-        activities=list(KubeActivities(connector).activities()),
-        resources=[connector],
+        activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities(),
+        resources=[connector, netbox, prometheus],
     )

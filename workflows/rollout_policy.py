@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities.selectors import Requirement, selector_matches
+from workflows.rollout_state import BatchState
 from workflows.rollout_spec import (
     DEFAULT_COMPARTMENT,
     WEEKDAYS,
@@ -91,22 +92,6 @@ class _State(BaseModel):
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
     )
-
-
-class BatchState(_State):
-    """NodeWright's `BatchProcessingState`, one per compartment; carried across continue-as-new.
-
-    `completed_nodes` and `failed_nodes` are cumulative; `should_stop` stays set until
-    the state is reset (`BatchState()`).
-    """
-
-    current_batch: int = 1
-    consecutive_failures: int = 0
-    completed_nodes: int = 0
-    failed_nodes: int = 0
-    should_stop: bool = False
-    last_batch_size: int = 0
-    last_batch_failed: bool = False
 
 
 class NodeSnapshot(_State):

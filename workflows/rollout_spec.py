@@ -55,9 +55,15 @@ from temporalio.common import SearchAttributePair
 
 from workflows import search_attributes as sa
 from workflows.base import WorkflowInput
+from workflows.rollout_state import RolloutCheckpoint
 
 with workflow.unsafe.imports_passed_through():
-    from activities.kube import DrainSettings, validate_label_selector, validate_object_name
+    from activities.kube import (
+        DrainSettings,
+        validate_label_selector,
+        validate_object_name,
+        validate_positive_duration,
+    )
     from activities.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 
 DEFAULT_COMPARTMENT = "__default__"
@@ -633,6 +639,44 @@ class MaintenanceWindow(_Spec):
         return self
 
 
+# ---------------------------------------------------------------- gates
+
+
+class PrometheusGate(_Spec):
+    """A PromQL query that must pass before each batch (kured-style alert gating).
+
+    With no bounds the query must return nothing (e.g. `ALERTS{alertstate="firing"}`);
+    with bounds every sample must lie within them.
+    """
+
+    url: str = Field(pattern=r"^https?://", description="Prometheus base URL.")
+    query: str = Field(min_length=1)
+    min_value: float | None = None
+    max_value: float | None = None
+
+
+class BatchGate(_Spec):
+    """Checked before each batch; while it fails, no node is admitted."""
+
+    prometheus: PrometheusGate | None = None
+    node_conditions: list[str] = Field(
+        default_factory=list,
+        description="Node condition types that must not be True on any targeted node (e.g. KernelDeadlock).",
+    )
+    interval: Duration = Field(timedelta(seconds=30), description="How often a failing gate is checked again.")
+    timeout: Duration = Field(
+        timedelta(minutes=30), description="A gate failing this long pauses the rollout for an operator."
+    )
+
+    @model_validator(mode="after")
+    def _something_to_check(self) -> BatchGate:
+        if self.prometheus is None and not self.node_conditions:
+            raise ValueError("a gate needs prometheus or nodeConditions")
+        if self.interval <= timedelta(0) or self.timeout <= timedelta(0):
+            raise ValueError("interval and timeout must be positive durations")
+        return self
+
+
 # ---------------------------------------------------------------- the input
 
 
@@ -654,6 +698,10 @@ class RolloutInput(WorkflowInput):
     pod_non_interrupt_labels: LabelSelector | None = Field(
         None, description="Pods that must finish before a node is drained. Omit to protect none."
     )
+    non_interrupt_retry_interval: Duration = Field(
+        timedelta(minutes=1),
+        description="A node left alone because its non-interruptible pods still run is tried again after this.",
+    )
     drain_config: DrainConfig = Field(default_factory=DrainConfig)
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
     approval: Approval = Field("none", description="Wait for approve_batch before each batch or each compartment.")
@@ -661,7 +709,13 @@ class RolloutInput(WorkflowInput):
         default_factory=list, description="Empty: any time. Otherwise no node is admitted outside them."
     )
     soak_time: Duration = Field(timedelta(0), description="Wait after each batch before judging the next.")
+    gate: BatchGate | None = Field(None, description="A check that must pass before each batch.")
+    stage_retries: int = Field(3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit).")
+    reboot_timeout: Duration = Field(timedelta(minutes=30), description="A rebooted node must be Ready again within this.")
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
+    checkpoint: RolloutCheckpoint | None = Field(
+        None, description="Internal: the state a continued run carries. Leave it out when starting a rollout."
+    )
 
     _names = field_validator("cluster", "name")(validate_object_name)
 
@@ -692,6 +746,8 @@ class RolloutInput(WorkflowInput):
             raise ValueError("must not be negative")
         return value
 
+    _positive = field_validator("reboot_timeout", "non_interrupt_retry_interval")(validate_positive_duration)
+
     @model_validator(mode="after")
     def _cross_field(self) -> RolloutInput:
         if self.node_selectors.is_empty() and not self.all_nodes:
@@ -718,7 +774,11 @@ class RolloutInput(WorkflowInput):
         return self
 
     def workflow_id(self) -> str:
-        return f"rollout/{self.cluster}/{self.name}"
+        # A dry run never collides with (or attaches to) the rollout it plans.
+        return f"rollout-plan/{self.cluster}/{self.name}" if self.dry_run else f"rollout/{self.cluster}/{self.name}"
 
     def search_attributes(self) -> list[SearchAttributePair]:
-        return [sa.CLUSTER.value_set(self.cluster), sa.PHASE.value_set("planning" if self.dry_run else "pending")]
+        return [
+            SearchAttributePair(sa.CLUSTER, self.cluster),
+            SearchAttributePair(sa.PHASE, "planning" if self.dry_run else "pending"),
+        ]

@@ -1,0 +1,87 @@
+"""Fleets, specs and audit-log reconstruction for rollout tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.fleet import Fleet
+from workflows.rollout_spec import RolloutInput
+
+JOBS_FAST = {"defaultSeconds": 0.1, "rules": []}
+REBOOT_SECONDS = 0.3
+
+
+def rollout_fleet(pools: dict[str, int], *, protected_on: str | None = None, protected_finish_after: int | None = None,
+                  web_pdb_min_available: int | None = None) -> list[dict[str, Any]]:
+    """Nodes `<pool>-01..` labelled `pool=<pool>`, a small web pod on each node (a ReplicaSet
+    the drains evict), a DaemonSet; optionally a non-interruptible job pod on one node."""
+    nodes = [{"prefix": f"{pool}-", "count": count, "labels": {"pool": pool, "gpu": "true"}} for pool, count in pools.items()]
+    names = [f"{pool}-{i:02d}" for pool, count in pools.items() for i in range(1, count + 1)]
+    web: dict[str, Any] = {
+        "name": "web",
+        "namespace": "apps",
+        "replicas": len(names),
+        "labels": {"app": "web"},
+        "nodes": names,
+        "terminationGracePeriodSeconds": 5,
+    }
+    if web_pdb_min_available is not None:
+        web["pdb"] = {"minAvailable": web_pdb_min_available}
+    workloads: list[dict[str, Any]] = [
+        web,
+        {"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator", "labels": {"app": "dcgm"}},
+    ]
+    if protected_on:
+        annotations = {}
+        if protected_finish_after is not None:
+            annotations["lab.millwright.dev/finish-after-seconds"] = str(protected_finish_after)
+        workloads.append(
+            {
+                "name": "long-training",
+                "namespace": "training",
+                "replicas": 1,
+                "labels": {"workload": "training"},
+                "nodes": [protected_on],
+                "annotations": annotations,
+            }
+        )
+    return Fleet.model_validate({"cluster": "lab", "nodes": nodes, "workloads": workloads}).to_objects()
+
+
+def rollout_spec(name: str, *, policy: dict[str, Any] | None = None, **fields: Any) -> RolloutInput:
+    spec: dict[str, Any] = {
+        "cluster": "lab",
+        "name": name,
+        "nodeSelectors": {"matchLabels": {"gpu": "true"}},
+        "packages": {
+            "kernel-tuning": {
+                "version": "1.2.0",
+                "image": "registry.local/millwright/kernel-tuning",
+                "interrupt": {"type": "reboot"},
+            }
+        },
+        "drainConfig": {"timeout": "2m"},
+        "deploymentPolicy": policy
+        or {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}},
+        "stageRetries": 0,
+    }
+    spec.update(fields)
+    return RolloutInput.model_validate(spec)
+
+
+def availability_timeline(audit: list[dict]) -> list[tuple[int, dict[str, bool]]]:
+    """After every node write the API server saw, which nodes were out of service
+    (cordoned by anyone or not Ready): [(seq, {node: unavailable})]."""
+    state: dict[str, bool] = {}
+    timeline = []
+    for entry in audit:
+        after = entry.get("nodeAfter")
+        if entry.get("resource") != "nodes" or not after:
+            continue
+        state[entry["name"]] = after["unschedulable"] or not after["ready"]
+        timeline.append((entry["seq"], dict(state)))
+    return timeline
+
+
+def max_unavailable(audit: list[dict], members: set[str]) -> int:
+    return max((sum(1 for n, down in s.items() if down and n in members) for _, s in availability_timeline(audit)), default=0)
