@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.selectors import SelectorError, parse_label_selector, selector_matches
+from activities.selectors import SelectorError, parse_label_selector
 
 # Where Millwright records on a node that it placed the cordon, so it never
 # removes a cordon placed by someone else.

@@ -490,6 +490,20 @@ class NetBoxActivities:
         except Exception as err:
             raise netbox_error(err, doing) from None
 
+    def _upsert(self, endpoint: Any, key: dict[str, str], want: dict[str, Any]) -> ObjectResult:
+        """Create the object named by `key`, or bring its fields to `want`; say which happened."""
+        (name,) = key.values()
+        found = endpoint.get(**key)
+        if found is None:
+            created = endpoint.create(**key, **want)
+            self._after_write(name)
+            return ObjectResult(id=created.id, name=name, created=True)
+        diff = _diff(_rec(found), want)
+        if diff:
+            found.update(diff)
+            self._after_write(name)
+        return ObjectResult(id=found.id, name=name, created=False, updated=sorted(diff))
+
     def _after_write(self, what: str) -> None:
         """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""
 
@@ -769,16 +783,7 @@ class NetBoxActivities:
             want: dict[str, Any] = {"name": spec.name, "description": spec.description}
             if spec.pkey is not None:
                 want["custom_fields"] = {CF_TENANT_PKEY: spec.pkey.lower()}
-            found = api.tenancy.tenants.get(slug=spec.slug)
-            if found is None:
-                created = api.tenancy.tenants.create(slug=spec.slug, **want)
-                self._after_write(spec.slug)
-                return ObjectResult(id=created.id, name=spec.slug, created=True)
-            diff = _diff(_rec(found), want)
-            if diff:
-                found.update(diff)
-                self._after_write(spec.slug)
-            return ObjectResult(id=found.id, name=spec.slug, created=False, updated=sorted(diff))
+            return self._upsert(api.tenancy.tenants, {"slug": spec.slug}, want)
 
         return await self._in_thread(f"upserting tenant {spec.slug}", run)
 
@@ -798,16 +803,7 @@ class NetBoxActivities:
                                            non_retryable=True)  # fmt: skip
             want = {"type": ctype.id, "tenant": tenant.id if tenant else None, "status": spec.status,
                     "description": spec.description}  # fmt: skip
-            found = api.virtualization.clusters.get(name=spec.name)
-            if found is None:
-                created = api.virtualization.clusters.create(name=spec.name, **want)
-                self._after_write(spec.name)
-                return ObjectResult(id=created.id, name=spec.name, created=True)
-            diff = _diff(_rec(found), want)
-            if diff:
-                found.update(diff)
-                self._after_write(spec.name)
-            return ObjectResult(id=found.id, name=spec.name, created=False, updated=sorted(diff))
+            return self._upsert(api.virtualization.clusters, {"name": spec.name}, want)
 
         return await self._in_thread(f"upserting cluster {spec.name}", run)
 

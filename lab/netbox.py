@@ -40,7 +40,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from lab.loopback import LOOPBACK, free_port
+
 NETBOX_SERIES = "4.7"
 NETBOX_REQUIREMENT = f"netbox=={NETBOX_SERIES}.*"
 DB_NAME = "netbox"
@@ -147,18 +148,6 @@ def cache_root() -> Path:
     return Path(base).expanduser() / f"netbox-{NETBOX_SERIES}"
 
 
-def free_port(avoid: set[int] | None = None) -> int:
-    import socket
-
-    avoid = avoid or set()
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((LOOPBACK, 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            return port
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path):
     """Exclusive lock across processes: two test sessions never build the same cache at once."""
@@ -263,11 +252,11 @@ class NetBoxLab:
             version = installed_version(venv)
             self.timings["venv"] = time.monotonic() - t
             taken: set[int] = set()
-            pg_port = free_port(taken)
+            pg_port = free_port(avoid=taken)
             taken.add(pg_port)
-            redis_port = free_port(taken)
+            redis_port = free_port(avoid=taken)
             taken.add(redis_port)
-            http_port = self.port or free_port(taken)
+            http_port = self.port or free_port(avoid=taken)
 
             t = time.monotonic()
             fresh = self._start_postgres(pg_bin, pg_port)

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 import time
 from collections import deque
@@ -29,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from lab.k8s.process import ChildProcess
-from lab.k8s.server import write_ready_file
+from lab.loopback import announce_and_wait
 
 log = logging.getLogger("lab.prometheus")
 
@@ -138,14 +137,7 @@ async def serve(host: str, port: int, ready_file: str | None) -> None:
     await site.start()
     sock = site._server.sockets[0]  # type: ignore[union-attr]
     url = f"http://{host}:{sock.getsockname()[1]}"
-    print(f"lab.prometheus listening on {url}", flush=True)
-    if ready_file:
-        write_ready_file(ready_file, url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await announce_and_wait("lab.prometheus", url, ready_file)
     await runner.cleanup()
 
 

@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.temporal import LOOPBACK, DevServer, LabError, choose_port, free_port
+from lab.loopback import LOOPBACK, free_port
+from lab.temporal import DevServer, LabError, choose_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LOOPBACK = "127.0.0.1"
+from lab.loopback import LOOPBACK, free_port
+
 
 
 class LabError(Exception):
@@ -40,16 +41,6 @@ def port_free(port: int, host: str = LOOPBACK) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port(host: str = LOOPBACK, avoid: set[int] | None = None) -> int:
-    avoid = avoid or set()
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            return port
 
 
 def choose_port(wanted: int, what: str, taken: set[int], notes: list[str]) -> int:

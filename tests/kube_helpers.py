@@ -39,23 +39,21 @@ def fleet_objects(
     if bare_pod_on:
         workloads.append({"name": "scratch", "kind": "Pod", "namespace": "default", "node": bare_pod_on})
     if protected_on:
-        annotations = {}
-        if protected_finish_after is not None:
-            annotations["lab.millwright.dev/finish-after-seconds"] = str(protected_finish_after)
         workloads.append(
-            {
-                "name": "protected",
-                "namespace": "training",
-                "replicas": 1,
-                "labels": {"millwright.dev/protected": "true"},
-                "nodes": [protected_on],
-                "annotations": annotations,
-            }
+            single_pod_workload("protected", protected_on, {"millwright.dev/protected": "true"}, protected_finish_after)
         )
     fleet = Fleet.model_validate(
         {"cluster": "lab", "nodes": [{"prefix": "node-", "count": 5, "gpus": 8}], "workloads": workloads}
     )
     return fleet.to_objects()
+
+
+def single_pod_workload(name: str, node: str, labels: dict[str, str], finish_after: int | None) -> dict[str, Any]:
+    """One pod in namespace `training` on `node`, finishing `finish_after` seconds after it runs (never if None)."""
+    annotations = {}
+    if finish_after is not None:
+        annotations["lab.millwright.dev/finish-after-seconds"] = str(finish_after)
+    return {"name": name, "namespace": "training", "replicas": 1, "labels": labels, "nodes": [node], "annotations": annotations}
 
 
 async def pods_on(core: CoreV1Api, node: str) -> list[V1Pod]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lab.fleet import Fleet
+from tests.kube_helpers import single_pod_workload
 from workflows.rollout_spec import RolloutInput
 
 JOBS_FAST = {"defaultSeconds": 0.1, "rules": []}
@@ -32,19 +33,7 @@ def rollout_fleet(pools: dict[str, int], *, protected_on: str | None = None, pro
         {"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator", "labels": {"app": "dcgm"}},
     ]
     if protected_on:
-        annotations = {}
-        if protected_finish_after is not None:
-            annotations["lab.millwright.dev/finish-after-seconds"] = str(protected_finish_after)
-        workloads.append(
-            {
-                "name": "long-training",
-                "namespace": "training",
-                "replicas": 1,
-                "labels": {"workload": "training"},
-                "nodes": [protected_on],
-                "annotations": annotations,
-            }
-        )
+        workloads.append(single_pod_workload("long-training", protected_on, {"workload": "training"}, protected_finish_after))
     return Fleet.model_validate({"cluster": "lab", "nodes": nodes, "workloads": workloads}).to_objects()
 
 

@@ -15,7 +15,7 @@ import pytest
 from kubernetes.aio.client import PolicyV1Api
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.kube import CORDONED_BY, PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from activities.kube import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from workflows.node_update import NodeUpdate, NodeUpdateResult
 from workflows.rollout import ApproveRequest, ReasonRequest, Rollout
 from workflows.rollout_spec import RolloutInput

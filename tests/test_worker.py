@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,11 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import WorkflowFailureError
 
+from lab.loopback import free_port
 from tests.worker_process import REPO, spawn_worker, wait_polling, worker_env
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -32,12 +28,6 @@ users: [{name: nowhere, user: {}}]
 contexts: [{name: nowhere, context: {cluster: nowhere, user: nowhere}}]
 current-context: nowhere
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bogus_kubeconfig(tmp: Path) -> Path:

@@ -16,8 +16,7 @@ from aiohttp import web
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
-from .store import (CRDS, JOBS, NAMESPACES, NODES, PDBS, PODS, Store, default_jobs_config, is_pod_ready,
-                    pod_healthy)
+from .store import CRDS, JOBS, NAMESPACES, NODES, PDBS, PODS, Store, default_jobs_config, is_pod_ready
 from .util import REASONS, ApiError, diff, now_rfc3339, random_suffix, status_body
 
 log = logging.getLogger("lab.k8s")
@@ -268,7 +267,7 @@ class Api:
         verb = info.verb
         if sub == "eviction":
             if verb != "create":
-                raise ApiError(405, f"the server does not allow this method on the requested resource",
+                raise ApiError(405, "the server does not allow this method on the requested resource",
                                "MethodNotAllowed")
             return await self.evict(request, info, rt)
         if verb == "list":

@@ -439,7 +439,6 @@ class Controllers:
             md = rs["metadata"]
             if md.get("deletionTimestamp"):
                 continue
-            ns, uid = md.get("namespace"), md.get("uid")
             owned = store.owned(rs, PODS)
             active = [p for p in owned if _active(p)]
             want = int((rs.get("spec") or {}).get("replicas", 1))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import signal
 import tempfile
 
 from aiohttp import web
+
+from lab.loopback import announce_and_wait
 
 from .api import Api, dump_objects
 from .controllers import Controllers
@@ -73,14 +73,6 @@ class Emulator:
             await self.runner.cleanup()
 
 
-def write_ready_file(path: str, url: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".ready-")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"url": url, "pid": os.getpid()}, f)
-    os.replace(tmp, path)
-
-
 async def serve(host: str, port: int, ready_file: str | None, seed_files: list[str], state_file: str | None,
                 config: dict) -> None:
     seeds = []
@@ -90,14 +82,7 @@ async def serve(host: str, port: int, ready_file: str | None, seed_files: list[s
         config.update(load_config_file(path))
     emu = Emulator(host, port, config, state_file)
     url = await emu.start(seeds)
-    print(f"lab.k8s listening on {url}", flush=True)
-    if ready_file:
-        write_ready_file(ready_file, url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await announce_and_wait("lab.k8s", url, ready_file)
     await emu.stop()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import string
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
