@@ -22,7 +22,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Progress
