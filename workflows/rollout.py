@@ -6,7 +6,7 @@ Rollout (one per change, `rollout/<cluster>/<name>`)
   │   → budget check against the live cluster → one RolloutBatch child → evaluation
   │   (NodeWright's arithmetic, `workflows.rollout_policy`) → soak;
   └─ continues as new between batches before its history grows large.
-RolloutBatch (one per batch) runs a NodeUpdate child per node, at most WINDOW at a time,
+RolloutBatch (one per batch) runs a NodeUpdate child per node, `maxInFlight` at a time,
 and continues as new between chunks of a very large batch.
 
 The budget is a hard cap: before each batch the workflow counts the compartment's nodes
@@ -34,32 +34,32 @@ from workflows.node_update import (
     PackageStep,
     StageRecord,
 )
-from workflows.rollout_policy import (
-    NodeSnapshot,
-    Plan,
-    admissible,
-    assign_compartments,
-    ceiling,
-    coalesce_interrupts,
-    compartment_budget,
-    compartment_strategy,
-    evaluate_batch,
-    next_batch_size,
-    next_window_open,
-    package_order,
-    plan,
-    strategy_name,
-    window_open,
-)
-from workflows.rollout_spec import MaintenanceWindow, RolloutInput
-from workflows.rollout_state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
+# The spec, its state and the policy arithmetic are pure modules: passed through, so that
+# a checkpoint carried across continue-as-new and the models made here are the same classes.
 with workflow.unsafe.imports_passed_through():
     from activities.kube import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
     from activities.prometheus import PrometheusActivities, PrometheusQuery
+    from workflows.rollout_policy import (
+        NodeSnapshot,
+        Plan,
+        admissible,
+        assign_compartments,
+        ceiling,
+        coalesce_interrupts,
+        compartment_budget,
+        compartment_strategy,
+        evaluate_batch,
+        next_batch_size,
+        next_window_open,
+        package_order,
+        plan,
+        strategy_name,
+        window_open,
+    )
+    from workflows.rollout_spec import MaintenanceWindow, RolloutInput
+    from workflows.rollout_state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
-WINDOW = 200  # NodeUpdate children running at once in one batch
-CHUNK = 400  # nodes a RolloutBatch run starts before it may continue as new
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
 RECENT_BATCHES = 20
@@ -85,6 +85,7 @@ class BatchInput(BaseModel):
     nodes: list[BatchNode]
     template: NodeUpdateTemplate
     windows: list[MaintenanceWindow] = Field(default_factory=list)
+    max_in_flight: int = Field(200, description="NodeUpdate children running at once.")
     results: dict[str, NodeUpdateResult] = Field(default_factory=dict, description="Carried across continue-as-new.")
 
 
@@ -123,7 +124,7 @@ class RolloutBatch:
     async def run(self, inp: BatchInput) -> BatchResult:
         results = dict(inp.results)
         todo = [n for n in inp.nodes if n.node not in results]
-        slots = asyncio.Semaphore(WINDOW)
+        slots = asyncio.Semaphore(inp.max_in_flight)
         not_started: list[str] = []
 
         async def one(n: BatchNode) -> None:
@@ -144,8 +145,11 @@ class RolloutBatch:
                 results[n.node] = await handle
                 del self._running[n.node]
 
+        # A sliding window over chunks of twice its size: between two chunks nothing runs,
+        # and there the run may continue as new.
+        chunk_size = 2 * inp.max_in_flight
         while todo:
-            chunk, todo = todo[:CHUNK], todo[CHUNK:]
+            chunk, todo = todo[:chunk_size], todo[chunk_size:]
             await asyncio.gather(*(one(n) for n in chunk))
             if todo and not self._stopped and _history_is_long():
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -617,7 +621,12 @@ class Rollout:
         handle = await workflow.start_child_workflow(
             RolloutBatch.run,
             BatchInput(
-                compartment=name, number=number, nodes=nodes, template=self._template(), windows=inp.maintenance_windows
+                compartment=name,
+                number=number,
+                nodes=nodes,
+                template=self._template(),
+                windows=inp.maintenance_windows,
+                max_in_flight=inp.max_in_flight,
             ),
             id=f"{workflow.info().workflow_id}/{name}/batch-{self._cp.runs}-{number}-{nodes[0].ordinal}",
             static_summary=f"{name} batch {number}: {len(nodes)} nodes",

@@ -710,6 +710,9 @@ class RolloutInput(WorkflowInput):
     )
     soak_time: Duration = Field(timedelta(0), description="Wait after each batch before judging the next.")
     gate: BatchGate | None = Field(None, description="A check that must pass before each batch.")
+    max_in_flight: int = Field(
+        200, ge=1, le=500, description="Nodes of one batch updated at once (a few hundred at most keeps histories small)."
+    )
     stage_retries: int = Field(3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit).")
     reboot_timeout: Duration = Field(timedelta(minutes=30), description="A rebooted node must be Ready again within this.")
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
