@@ -84,6 +84,22 @@ class Workload(_M):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class InfiniBandSpec(_M):
+    """The fleet's InfiniBand fabric: which nodes have HCA ports, and the switches (seeds the UFM emulator
+    and the NetBox interfaces from the same GUIDs)."""
+
+    fabric: str = "lab-ib"
+    ports_per_host: int = Field(1, ge=1, le=8, description="HCA ports per host, named ib0, ib1, ...")
+    switches: int = Field(2, ge=0, le=64)
+    hosts: list[str] | None = Field(None, description="Nodes with IB ports; default every node.")
+    guids: dict[str, list[str]] = Field(default_factory=dict, description="Explicit port GUIDs per host.")
+
+
+def ib_guid(*parts: str) -> str:
+    """A stable port GUID (16 lowercase hex digits, NVIDIA OUI) derived from names."""
+    return "b8cef603" + hashlib.sha256("/".join(parts).encode()).hexdigest()[:8]
+
+
 class Fleet(_M):
     cluster: str = "lab"
     nodes: list[NodeSpec | NodeGenerator] = Field(default_factory=list)
@@ -93,6 +109,24 @@ class Fleet(_M):
     # emulator settings, not objects (read by lab.k8s.server.load_config_file)
     jobs: dict[str, Any] | None = Field(None, description="Job outcome rules, as POST /_lab/config {'jobs': ...}.")
     rebootSeconds: float | None = None
+    infiniband: InfiniBandSpec | None = None
+
+    def ib_ports(self) -> dict[str, list[str]]:
+        """host -> its HCA port GUIDs (ib0, ib1, ... in order); empty without an infiniband part."""
+        ib = self.infiniband
+        if ib is None:
+            return {}
+        hosts = ib.hosts if ib.hosts is not None else [n.name for n in self.node_specs()]
+        return {h: list(ib.guids.get(h) or [ib_guid(self.cluster, ib.fabric, h, str(i))
+                                             for i in range(ib.ports_per_host)]) for h in hosts}
+
+    def ib_switches(self) -> dict[str, str]:
+        """switch system name -> system GUID."""
+        ib = self.infiniband
+        if ib is None:
+            return {}
+        return {f"{ib.fabric}-leaf-{i + 1:02d}": ib_guid(self.cluster, ib.fabric, "switch", str(i))
+                for i in range(ib.switches)}
 
     # ------------------------------------------------------------------ rendering
     def node_specs(self) -> list[NodeSpec]:

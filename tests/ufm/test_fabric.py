@@ -1,0 +1,243 @@
+"""IsolateTenant / ReleaseTenant / FabricAudit on the real dev server with the UFM emulator.
+
+What the workflows did is judged from the emulator's state and write audit log, not from their results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from collections import Counter
+
+import httpx
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from tests.ufm.conftest import PASSWORD, TOKEN
+from workflows.fabric import (
+    FabricAudit,
+    FabricAuditInput,
+    IsolateTenant,
+    IsolateTenantInput,
+    ReleaseTenant,
+    ReleaseTenantInput,
+)
+
+STARTED: list[str] = []
+
+
+def _fabric() -> str:
+    return f"ib-{uuid.uuid4().hex[:6]}"
+
+
+async def run(client, worker, wf, inp):
+    wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
+    STARTED.append(wid)
+    return await client.execute_workflow(wf.run, inp, id=wid, task_queue=worker.task_queue)
+
+
+def guids_of(fleet, *hosts) -> set[str]:
+    ports = fleet.ib_ports()
+    return {g for h in hosts for g in ports[h]}
+
+
+def hosts(fleet) -> list[str]:
+    return list(fleet.ib_ports())
+
+
+def ufm_http(ufm_stub) -> httpx.AsyncClient:
+    """Out-of-band changes, as an operator would make them in UFM."""
+    return httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD),
+                             headers={"User-Agent": "operator"})
+
+
+# ---------------------------------------------------------------- the emulator itself
+
+
+async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
+    g = sorted(guids_of(fleet, hosts(fleet)[0]))
+    async with ufm_http(ufm_stub) as c:
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x7fff", "guids": g})).status_code == 400
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x8000", "guids": g})).status_code == 400
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x0", "guids": g})).status_code == 400
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": ["xyz"]})).status_code == 400
+        r = await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g, "membership": "partial"})
+        assert r.status_code == 400 and "membership" in r.json()["error"]
+        assert (await c.post("/resources/pkeys/add", json={"pkey": "0x10"})).status_code == 200
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g[:1]})).status_code == 200
+        assert (await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g[1:],
+                                                      "membership": "limited"})).status_code == 200
+        one = (await c.get("/resources/pkeys/0x10", params={"guids_data": "true"})).json()
+        assert {x["guid"]: x["membership"] for x in one["guids"]} == {g[0]: "full", g[1]: "limited"}
+        assert (await c.delete(f"/resources/pkeys/0x10/guids/{g[0]},{'0' * 16}")).status_code == 200
+        assert await ufm.members("0x10") == {g[1]: "limited"}
+        assert "0x10" in (await c.get("/resources/pkeys")).json()
+        assert "last_updated" in (await c.get("/resources/pkeys/last_updated")).json()
+        assert (await c.get("/app/ufm_version")).status_code == 200
+        assert (await c.get("/resources/pkeys", auth=("admin", "wrong"))).status_code == 401
+    async with httpx.AsyncClient(base_url=ufm_stub.url) as c:
+        ok = await c.get("/ufmRestV3/resources/systems", headers={"Authorization": f"Basic {TOKEN}"})
+        assert ok.status_code == 200 and {s["type"] for s in ok.json()} == {"host", "switch"}
+        assert (await c.get("/ufmRestV3/resources/systems", headers={"Authorization": "Basic x"})).status_code == 401
+
+
+# ---------------------------------------------------------------- isolate, with the NetBox cross-check
+
+
+async def test_two_tenants_isolated_concurrently_get_distinct_pkeys(client, ufm_nb_worker, nb_fleet, ufm, fleet, nb):
+    h = hosts(fleet)
+    fabric = _fabric()
+    a = IsolateTenantInput(fabric=fabric, tenant=f"t-a-{fabric}", tenant_name=f"A {fabric}", hosts=h[0:2])
+    b = IsolateTenantInput(fabric=fabric, tenant=f"t-b-{fabric}", tenant_name=f"B {fabric}", hosts=h[2:4])
+    ra, rb = await asyncio.gather(run(client, ufm_nb_worker, IsolateTenant, a),
+                                  run(client, ufm_nb_worker, IsolateTenant, b))
+    assert ra.pkey != rb.pkey
+    assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
+    assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
+    writes = await ufm.audit(writes=True)
+    assert not [w for w in writes if w["method"] == "PUT"], "never the replacing call"
+    # NetBox records the PKey on each tenant.
+    for r in (ra, rb):
+        tenant = nb.tenancy.tenants.get(slug=r.tenant)
+        assert tenant.custom_fields["millwright_pkey"] == r.pkey
+    # Isolating again changes nothing and reuses the PKey.
+    again = await run(client, ufm_nb_worker, IsolateTenant, a)
+    assert again.pkey == ra.pkey and not again.added and not again.pkey_created
+
+
+async def test_guid_mismatch_fails_closed_without_touching_ufm(client, ufm_nb_worker, nb_fleet, ufm, fleet):
+    h = hosts(fleet)
+    iface = nb_fleet[(h[4], 1)]
+    iface.update({"custom_fields": {"millwright_ib_port_guid": "b8cef60300000bad"}})
+    try:
+        cursor = await ufm.audit_cursor()
+        inp = IsolateTenantInput(fabric=_fabric(), tenant="t-mismatch", hosts=[h[3], h[4]])
+        with pytest.raises(WorkflowFailureError) as info:
+            await run(client, ufm_nb_worker, IsolateTenant, inp)
+        cause = info.value.cause
+        while getattr(cause, "cause", None) is not None:
+            cause = cause.cause
+        assert cause.type == "GuidMismatch" and h[4] in cause.message and h[3] not in cause.message
+        assert await ufm.audit(since=cursor, writes=True) == []
+    finally:
+        iface.update({"custom_fields": {"millwright_ib_port_guid": fleet.ib_ports()[h[4]][1]}})
+
+
+# ---------------------------------------------------------------- release and audit (UFM only)
+
+
+async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_stub, fleet):
+    h = hosts(fleet)
+    fabric = _fabric()
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    storage = sorted(guids_of(fleet, h[5]))[0]
+    async with ufm_http(ufm_stub) as c:  # a shared storage port joins tenant a's PKey out of band
+        (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [storage]})).raise_for_status()
+    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False))
+    assert set(rel.removed) == guids_of(fleet, *h[0:2])
+    assert not rel.pkey_deleted and rel.remaining == {storage: "full"}
+    assert await ufm.members(ra.pkey) == {storage: "full"}
+    assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
+    # The kept PKey is retired: a new tenant gets another one.
+    rc = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tc", hosts=h[0:1], netbox=False))
+    assert rc.pkey not in (ra.pkey, rb.pkey)
+    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
+    assert relb.pkey_deleted and rb.pkey not in (await ufm.state())["pkeys"]
+    # Releasing twice is a no-op.
+    again = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
+    assert again.pkey is None
+
+
+async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker, ufm, ufm_stub, fleet):
+    h = hosts(fleet)
+    fabric = _fabric()
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    clean = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
+    assert clean.clean and set(clean.checked_pkeys) == {ra.pkey, rb.pkey}
+
+    lost = sorted(guids_of(fleet, h[0]))[0]
+    stranger = sorted(guids_of(fleet, h[5]))[0]
+    leaked = sorted(guids_of(fleet, h[2]))[0]
+    async with ufm_http(ufm_stub) as c:
+        (await c.delete(f"/resources/pkeys/{ra.pkey}/guids/{lost}")).raise_for_status()
+        (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [stranger, leaked]})).raise_for_status()
+    before = await ufm.state()
+    cursor = await ufm.audit_cursor()
+    found = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
+    kinds = {(d.kind, d.pkey, d.guid, d.host) for d in found.drift}
+    assert kinds == {
+        ("missing-member", ra.pkey, lost, h[0]),
+        ("unknown-member", ra.pkey, stranger, h[5]),
+        ("guid-in-two-tenants", ra.pkey, leaked, h[2]),
+    }, found.drift
+    assert not found.clean and not found.repaired
+    assert await ufm.audit(since=cursor, writes=True) == [] and await ufm.state() == before
+
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    assert len(fixed.repaired) == 3
+    assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
+    assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
+    assert (await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))).clean
+
+
+# ---------------------------------------------------------------- a worker SIGKILLed between add and verify
+
+
+async def test_worker_killed_between_add_and_verify(client, temporal_address, ufm, ufm_stub, ufm_secret_file, fleet,
+                                                    tmp_path):
+    from lab.k8s.admin import kubeconfig
+    from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
+
+    import yaml
+
+    kube = tmp_path / "kubeconfig"
+    kube.write_text(yaml.safe_dump(kubeconfig("http://127.0.0.1:9", "lab")))
+    task_queue = f"ufm-crash-{uuid.uuid4().hex[:8]}"
+    env = worker_env(tmp_path, temporal_address, kube, MILLWRIGHT_TASK_QUEUE=task_queue,
+                     MILLWRIGHT_UFM_URL=ufm_stub.url, MILLWRIGHT_UFM_CREDENTIALS=f"file:{ufm_secret_file}")
+    h = hosts(fleet)
+    # The add is carried out and logged, then its answer is held: the worker dies before it can verify.
+    await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"delayAfter": 30})
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(env, log)
+    try:
+        await wait_polling(client, task_queue, worker, log)
+        inp = IsolateTenantInput(fabric=_fabric(), tenant="tk", hosts=h[1:4], netbox=False)
+        wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
+        STARTED.append(wid)
+        handle = await client.start_workflow(IsolateTenant.run, inp, id=wid, task_queue=task_queue)
+        for _ in range(200):
+            if [w for w in await ufm.audit(writes=True) if w["method"] == "POST" and w["path"].endswith("/pkeys")]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"the add never reached UFM:\n{log.read_text()}")
+        worker.kill()
+        worker.wait(10)
+        worker = spawn_worker(env, log)
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    finally:
+        stop_worker(worker)
+    want = guids_of(fleet, *h[1:4])
+    assert await ufm.members(result.pkey) == {g: "full" for g in want}
+    adds = [w for w in await ufm.audit(writes=True) if w["method"] == "POST" and w["path"].endswith("/pkeys")]
+    assert len(adds) == 1, adds  # the retry found the members present: no second add
+    assert Counter(g for w in adds for g in w["body"]["guids"]) == Counter(want)
+    assert set(result.already) == want and not result.added
+
+
+# ---------------------------------------------------------------- secrecy (keep last)
+
+
+async def test_ufm_credentials_absent_from_every_history(client):
+    secrets = [PASSWORD, TOKEN, base64.b64encode(f"admin:{PASSWORD}".encode()).decode()]
+    scanned = 0
+    async for wf in client.list_workflows():
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        text = history.to_json()
+        assert not any(s in text for s in secrets), f"a UFM credential in the history of {wf.id}"
+        scanned += 1
+    assert scanned >= len(STARTED) > 0

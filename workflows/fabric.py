@@ -1,0 +1,628 @@
+"""InfiniBand tenant isolation through UFM partition keys (PKeys).
+
+- ``Fabric`` (``fabric/<name>``): an entity workflow per fabric that owns PKey allocation and the desired
+  membership of every tenant's PKey. Every change goes through a validated update, handled one at a time, so a
+  PKey is never handed out twice and a GUID never belongs to two tenants. It continues-as-new, carrying its
+  state, before its history grows large.
+- ``IsolateTenant``: resolve the tenant's hosts to port GUIDs through UFM, cross-check them against NetBox
+  (a mismatch fails closed, naming the host, before anything is written to UFM), allocate (or reuse) the
+  tenant's PKey through the Fabric entity (update-with-start), add GUIDs with UFM's additive call, read back
+  with ``guids_data=true`` and verify, record the PKey and members in NetBox, confirm to the Fabric.
+- ``ReleaseTenant``: remove exactly the tenant's GUIDs, verify, delete the PKey when empty (a PKey with other
+  members is kept and retired, never handed out again), record in NetBox, release the allocation.
+- ``FabricAudit`` (for a Temporal Schedule): compare every PKey in UFM with the Fabric's desired state; report
+  unknown members, missing members, missing PKeys and GUIDs in two tenants' PKeys, exactly what and where;
+  repair only when asked.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.exceptions import ApplicationError
+
+from workflows import search_attributes as sa
+from workflows.base import Progress, WorkflowInput
+
+with workflow.unsafe.imports_passed_through():
+    from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
+    from activities.ufm import (
+        AddGuids,
+        DeletedPKey,
+        EmptyRequest,
+        EnsurePKey,
+        FabricCall,
+        FabricSnapshot,
+        HostsRequest,
+        MembershipChange,
+        PKeyMembers,
+        PKeyRef,
+        RemoveGuids,
+        ResolvedHosts,
+        UfmActivities,
+        normalize_guid,
+        normalize_pkey,
+    )
+
+UFM_CALL: dict[str, Any] = dict(
+    start_to_close_timeout=timedelta(seconds=10),
+    retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0,
+                             maximum_interval=timedelta(seconds=10), maximum_attempts=20),
+)  # fmt: skip
+NETBOX_CALL: dict[str, Any] = dict(
+    start_to_close_timeout=timedelta(seconds=60),
+    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
+                             maximum_attempts=10),
+)  # fmt: skip
+HISTORY_LIMIT = 2000
+
+_NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+
+
+def _name(value: str) -> str:
+    import re
+
+    if not re.match(_NAME, value):
+        raise ValueError(f"{value!r} is not a name (lowercase letters, digits, '-', '_', '.')")
+    return value
+
+
+# ================================================================== the Fabric entity
+
+
+class Allocation(BaseModel):
+    tenant: str
+    pkey: str
+    members: dict[str, str] = Field(default_factory=dict, description="Desired members: port GUID -> host.")
+    membership: Literal["full", "limited"] = "full"
+    state: Literal["allocated", "isolated", "releasing"] = "allocated"
+
+
+class FabricState(BaseModel):
+    allocations: dict[str, Allocation] = Field(default_factory=dict, description="By tenant.")
+    retired: dict[str, str] = Field(default_factory=dict, description="PKeys never handed out again, and why.")
+    changes: int = 0
+
+
+class FabricInput(WorkflowInput):
+    fabric: str
+    pkey_first: str = Field("0x100", description="Lowest PKey this fabric hands out.")
+    pkey_last: str = Field("0x7ffe", description="Highest PKey this fabric hands out.")
+    history_limit: int = Field(HISTORY_LIMIT, ge=50, description="Continue-as-new past this many history events.")
+    state: FabricState = Field(default_factory=FabricState, description="Carried across continue-as-new.")
+
+    _n = field_validator("fabric")(_name)
+    _p = field_validator("pkey_first", "pkey_last")(normalize_pkey)
+
+    def workflow_id(self) -> str:
+        return f"fabric/{self.fabric}"
+
+
+class AllocateRequest(BaseModel):
+    tenant: str
+    members: dict[str, str] = Field(description="Port GUID -> host: the tenant's desired members.")
+    membership: Literal["full", "limited"] = "full"
+    exclude: list[str] = Field(default_factory=list, description="PKeys in use in UFM outside this fabric's books.")
+
+
+class TenantRequest(BaseModel):
+    tenant: str
+
+
+class FinishRelease(BaseModel):
+    tenant: str
+    remaining: dict[str, str] = Field(default_factory=dict, description="Members left in the PKey: retire it.")
+
+
+@workflow.defn
+class Fabric:
+    @workflow.init
+    def __init__(self, inp: FabricInput) -> None:
+        self._inp = inp
+        self._state = inp.state.model_copy(deep=True)
+
+    @workflow.query(description="Allocations (tenant -> PKey, desired members) and retired PKeys.")
+    def state(self) -> FabricState:
+        return self._state
+
+    @workflow.query(description="Short progress for pollers.")
+    def progress(self) -> Progress:
+        return Progress(phase="serving", done=len(self._state.allocations), details=self._summary())
+
+    # ------------------------------------------------------------ updates
+
+    def _owner_of(self, guid: str) -> str | None:
+        for a in self._state.allocations.values():
+            if guid in a.members:
+                return a.tenant
+        return None
+
+    def _in_use(self, exclude: list[str]) -> set[int]:
+        used = {int(a.pkey, 16) for a in self._state.allocations.values()}
+        used |= {int(p, 16) for p in self._state.retired}
+        used |= {int(p, 16) for p in exclude}
+        return used
+
+    @workflow.update(description="Allocate (or reuse) the tenant's PKey and add desired members.")
+    def allocate(self, req: AllocateRequest) -> Allocation:
+        members = {normalize_guid(g): h for g, h in req.members.items()}
+        current = self._state.allocations.get(req.tenant)
+        if current is None:
+            used = self._in_use(req.exclude)
+            first, last = int(self._inp.pkey_first, 16), int(self._inp.pkey_last, 16)
+            pkey = next(n for n in range(first, last + 1) if n not in used)
+            current = Allocation(tenant=req.tenant, pkey=f"0x{pkey:x}", membership=req.membership)
+            self._state.allocations[req.tenant] = current
+        current.members.update(members)
+        self._changed()
+        return current
+
+    @allocate.validator
+    def _validate_allocate(self, req: AllocateRequest) -> None:
+        current = self._state.allocations.get(req.tenant)
+        if current is not None and current.state == "releasing":
+            raise ValueError(f"tenant {req.tenant} is being released; isolate it again after the release")
+        if current is not None and current.membership != req.membership:
+            raise ValueError(f"tenant {req.tenant} has {current.membership} membership, not {req.membership}")
+        for guid, host in req.members.items():
+            owner = self._owner_of(normalize_guid(guid))
+            if owner is not None and owner != req.tenant:
+                raise ValueError(f"port {guid} of host {host} belongs to tenant {owner}'s PKey")
+        if current is None:
+            used = self._in_use(req.exclude)
+            first, last = int(self._inp.pkey_first, 16), int(self._inp.pkey_last, 16)
+            if all(n in used for n in range(first, last + 1)):
+                raise ValueError(f"no free PKey in {self._inp.pkey_first}-{self._inp.pkey_last}")
+
+    @workflow.update(description="The tenant's members were added and verified in UFM.")
+    def confirm(self, req: TenantRequest) -> Allocation:
+        a = self._state.allocations[req.tenant]
+        a.state = "isolated"
+        self._changed()
+        return a
+
+    @confirm.validator
+    def _validate_confirm(self, req: TenantRequest) -> None:
+        if req.tenant not in self._state.allocations:
+            raise ValueError(f"tenant {req.tenant} has no PKey on this fabric")
+
+    @workflow.update(description="Start releasing the tenant's PKey; returns the allocation (empty when none).")
+    def begin_release(self, req: TenantRequest) -> dict:
+        a = self._state.allocations.get(req.tenant)
+        if a is None:
+            return {}
+        a.state = "releasing"
+        self._changed()
+        return a.model_dump()
+
+    @workflow.update(description="The tenant's members are gone from UFM: free (or retire) its PKey.")
+    def finish_release(self, req: FinishRelease) -> dict:
+        a = self._state.allocations.pop(req.tenant, None)
+        if a is not None and req.remaining:
+            self._state.retired[a.pkey] = (
+                f"released by {req.tenant} with {len(req.remaining)} other members left: "
+                + ", ".join(sorted(req.remaining)[:10])
+            )
+        self._changed()
+        return a.model_dump() if a else {}
+
+    @finish_release.validator
+    def _validate_finish(self, req: FinishRelease) -> None:
+        a = self._state.allocations.get(req.tenant)
+        if a is not None and a.state != "releasing":
+            raise ValueError(f"tenant {req.tenant} is not being released")
+
+    # ------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: FabricInput) -> None:
+        self._changed()
+        info = workflow.info()
+        await workflow.wait_condition(
+            lambda: info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.history_limit
+        )
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(inp.model_copy(update={"state": self._state}))
+
+    def _changed(self) -> None:
+        self._state.changes += 1
+        workflow.set_current_details(self._summary())
+
+    def _summary(self) -> str:
+        s = self._state
+        lines = [f"**fabric** `{self._inp.fabric}`: {len(s.allocations)} tenant PKeys"]
+        for a in sorted(s.allocations.values(), key=lambda a: a.pkey):
+            lines.append(f"{a.pkey} {a.tenant} ({a.state}): {len(a.members)} ports")
+        for p, why in sorted(s.retired.items()):
+            lines.append(f"retired {p}: {why}")
+        return "\n\n".join(lines)
+
+
+async def _fabric(fabric: str, update: str, payload: BaseModel | None = None) -> dict:
+    return await workflow.execute_activity_method(
+        UfmActivities.call_fabric,
+        FabricCall(fabric=fabric, update=update, payload=payload.model_dump(mode="json") if payload else {}),
+        **UFM_CALL, summary=f"fabric {fabric}: {update}",
+    )  # fmt: skip
+
+
+# ================================================================== IsolateTenant
+
+
+class IsolateTenantInput(WorkflowInput):
+    fabric: str = Field(description="The InfiniBand fabric (its UFM), e.g. lab-ib.")
+    tenant: str = Field(description="Tenant slug (NetBox).")
+    tenant_name: str | None = Field(None, description="Tenant name, to create the NetBox tenant if missing.")
+    hosts: list[str] = Field(min_length=1, description="The tenant's hosts (UFM system names = NetBox devices).")
+    membership: Literal["full", "limited"] = "full"
+    netbox: bool = Field(True, description="Cross-check GUIDs against NetBox and record the PKey there.")
+
+    _n = field_validator("fabric", "tenant")(_name)
+
+    def workflow_id(self) -> str:
+        return f"isolate-tenant/{self.fabric}/{self.tenant}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.TENANT, self.tenant)]
+
+
+class IsolateTenantResult(BaseModel):
+    fabric: str
+    tenant: str
+    pkey: str
+    members: dict[str, list[str]] = Field(description="host -> port GUIDs, verified in UFM.")
+    added: list[str]
+    already: list[str]
+    pkey_created: bool
+
+
+class Step(BaseModel):
+    phase: str = "starting"
+    note: str = ""
+
+
+def _cause(err: BaseException) -> str:
+    cause = getattr(err, "cause", None)
+    return str(cause or err)
+
+
+async def resolve_and_check(hosts: list[str], netbox: bool) -> dict[str, list[str]]:
+    """host -> port GUIDs from UFM, cross-checked both ways against NetBox; fails closed naming the host."""
+    resolved: ResolvedHosts = await workflow.execute_activity_method(
+        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_CALL, summary="resolve hosts in UFM"
+    )
+    if resolved.unknown:
+        raise ApplicationError(f"UFM has no HCA ports for host(s) {', '.join(resolved.unknown)}",
+                               type="HostNotInFabric", non_retryable=True)  # fmt: skip
+    ufm = {h.host: h.guids for h in resolved.hosts}
+    if netbox:
+        records: list[DeviceIbPorts] = await workflow.execute_activity_method(
+            NetBoxActivities.list_ib_ports, IbPortQuery(devices=hosts), **NETBOX_CALL, summary="IB ports in NetBox"
+        )
+        for rec in records:
+            nb = sorted({p.guid for p in rec.ports})
+            if not rec.found or nb != sorted(ufm[rec.device]):
+                raise ApplicationError(
+                    f"host {rec.device}: port GUIDs disagree: UFM {', '.join(ufm[rec.device]) or 'none'}, "
+                    f"NetBox {', '.join(nb) or ('no device' if not rec.found else 'none')}; nothing was changed",
+                    type="GuidMismatch", non_retryable=True,
+                )  # fmt: skip
+    return ufm
+
+
+@workflow.defn
+class IsolateTenant:
+    @workflow.init
+    def __init__(self, inp: IsolateTenantInput) -> None:
+        self._inp = inp
+        self._step = Step()
+
+    @workflow.query
+    def progress(self) -> Progress:
+        return Progress(phase=self._step.phase, details=self._step.note,
+                        finished=self._step.phase in ("isolated", "failed"))  # fmt: skip
+
+    def _enter(self, phase: str, note: str = "") -> None:
+        self._step = Step(phase=phase, note=note)
+        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        workflow.set_current_details(f"**{phase}** tenant `{self._inp.tenant}` on `{self._inp.fabric}`"
+                                     + (f"\n\n{note}" if note else ""))  # fmt: skip
+
+    @workflow.run
+    async def run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
+        workflow.upsert_search_attributes([sa.TENANT.value_set(inp.tenant)])
+        try:
+            return await self._run(inp)
+        except Exception as err:
+            self._enter("failed", _cause(err))
+            raise
+
+    async def _run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
+        self._enter("resolving", f"hosts {', '.join(inp.hosts)}")
+        by_host = await resolve_and_check(inp.hosts, inp.netbox)
+        members = {g: h for h, gs in by_host.items() for g in gs}
+
+        self._enter("allocating")
+        snap: FabricSnapshot = await workflow.execute_activity_method(
+            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
+        )
+        state = FabricStateView.model_validate(await _fabric(inp.fabric, "state"))
+        ours = {a["pkey"] for a in state.allocations.values()} | set(state.retired)
+        exclude = [p.pkey for p in snap.pkeys if p.pkey not in ours]
+        alloc = Allocation.model_validate(await _fabric(
+            inp.fabric, "allocate",
+            AllocateRequest(tenant=inp.tenant, members=members, membership=inp.membership, exclude=exclude),
+        ))  # fmt: skip
+
+        self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
+        ensured = await workflow.execute_activity_method(
+            UfmActivities.ensure_pkey, EnsurePKey(pkey=alloc.pkey, partition_name=inp.tenant), **UFM_CALL,
+            summary=f"ensure PKey {alloc.pkey}",
+        )  # fmt: skip
+        change: MembershipChange = await workflow.execute_activity_method(
+            UfmActivities.add_guids,
+            AddGuids(pkey=alloc.pkey, guids=sorted(members), membership=inp.membership),
+            **UFM_CALL, summary=f"add {len(members)} GUIDs to {alloc.pkey}",
+        )  # fmt: skip
+
+        self._enter("verifying", f"PKey {alloc.pkey}")
+        read: PKeyMembers = await workflow.execute_activity_method(
+            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"read back {alloc.pkey}"
+        )
+        wrong = [f"{g} ({members[g]})" for g in sorted(members) if read.members.get(g) != inp.membership]
+        if wrong:
+            raise ApplicationError(f"PKey {alloc.pkey} lacks {', '.join(wrong)} after the add",
+                                   type="VerifyFailed", non_retryable=True)  # fmt: skip
+
+        if inp.netbox:
+            self._enter("recording")
+            await workflow.execute_activity_method(
+                NetBoxActivities.record_tenant_pkey,
+                TenantPKeyRecord(tenant=inp.tenant, name=inp.tenant_name, fabric=inp.fabric, pkey=alloc.pkey,
+                                 members=by_host),
+                **NETBOX_CALL, summary="record the PKey in NetBox",
+            )  # fmt: skip
+        await _fabric(inp.fabric, "confirm", TenantRequest(tenant=inp.tenant))
+        self._enter("isolated", f"PKey {alloc.pkey}: {len(members)} ports verified")
+        return IsolateTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, members=by_host,
+                                   added=change.changed, already=change.unchanged, pkey_created=ensured.created)
+
+
+class FabricStateView(BaseModel):
+    """The Fabric's state as another workflow reads it (through an activity's query)."""
+
+    allocations: dict[str, dict] = Field(default_factory=dict)
+    retired: dict[str, str] = Field(default_factory=dict)
+
+
+# ================================================================== ReleaseTenant
+
+
+class ReleaseTenantInput(WorkflowInput):
+    fabric: str
+    tenant: str
+    netbox: bool = Field(True, description="Clear the PKey recorded in NetBox.")
+
+    _n = field_validator("fabric", "tenant")(_name)
+
+    def workflow_id(self) -> str:
+        return f"release-tenant/{self.fabric}/{self.tenant}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.TENANT, self.tenant)]
+
+
+class ReleaseTenantResult(BaseModel):
+    fabric: str
+    tenant: str
+    pkey: str | None
+    removed: list[str] = Field(default_factory=list)
+    already_absent: list[str] = Field(default_factory=list)
+    pkey_deleted: bool = False
+    remaining: dict[str, str] = Field(default_factory=dict, description="Other members left: the PKey was kept.")
+
+
+@workflow.defn
+class ReleaseTenant:
+    @workflow.init
+    def __init__(self, inp: ReleaseTenantInput) -> None:
+        self._inp = inp
+        self._phase = "starting"
+
+    @workflow.query
+    def progress(self) -> Progress:
+        return Progress(phase=self._phase, finished=self._phase in ("released", "nothing-to-release"))
+
+    def _enter(self, phase: str, note: str = "") -> None:
+        self._phase = phase
+        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        workflow.set_current_details(f"**{phase}** tenant `{self._inp.tenant}` on `{self._inp.fabric}`"
+                                     + (f"\n\n{note}" if note else ""))  # fmt: skip
+
+    @workflow.run
+    async def run(self, inp: ReleaseTenantInput) -> ReleaseTenantResult:
+        workflow.upsert_search_attributes([sa.TENANT.value_set(inp.tenant)])
+        raw = await _fabric(inp.fabric, "begin_release", TenantRequest(tenant=inp.tenant))
+        if not raw:
+            self._enter("nothing-to-release")
+            return ReleaseTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=None)
+        alloc = Allocation.model_validate(raw)
+        guids = sorted(alloc.members)
+        self._enter("removing", f"PKey {alloc.pkey}: {len(guids)} ports")
+        change: MembershipChange = await workflow.execute_activity_method(
+            UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
+            summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
+        ) if guids else MembershipChange(pkey=alloc.pkey)  # fmt: skip
+        self._enter("verifying")
+        read: PKeyMembers = await workflow.execute_activity_method(
+            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"read back {alloc.pkey}"
+        )
+        left = [g for g in guids if g in read.members]
+        if left:
+            raise ApplicationError(f"PKey {alloc.pkey} still has {', '.join(left)} after the removal",
+                                   type="VerifyFailed", non_retryable=True)  # fmt: skip
+        deleted: DeletedPKey = await workflow.execute_activity_method(
+            UfmActivities.delete_pkey_if_empty, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"delete {alloc.pkey}"
+        )
+        if inp.netbox:
+            await workflow.execute_activity_method(
+                NetBoxActivities.record_tenant_pkey,
+                TenantPKeyRecord(tenant=inp.tenant, fabric=inp.fabric, pkey=None), **NETBOX_CALL,
+                summary="clear the PKey in NetBox",
+            )  # fmt: skip
+        await _fabric(inp.fabric, "finish_release", FinishRelease(tenant=inp.tenant, remaining=deleted.remaining))
+        note = f"PKey {alloc.pkey} " + ("deleted" if deleted.deleted else
+                                        f"kept with {len(deleted.remaining)} other members (retired)")
+        self._enter("released", note)
+        return ReleaseTenantResult(
+            fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, removed=change.changed,
+            already_absent=change.unchanged, pkey_deleted=deleted.deleted, remaining=deleted.remaining,
+        )  # fmt: skip
+
+
+# ================================================================== FabricAudit
+
+DriftKind = Literal["unknown-member", "missing-member", "missing-pkey", "guid-in-two-tenants", "wrong-membership"]
+
+
+class FabricAuditInput(WorkflowInput):
+    fabric: str
+    repair: bool = Field(False, description="Repair drift: add missing members, remove unknown ones.")
+
+    _n = field_validator("fabric")(_name)
+
+    def workflow_id(self) -> str:
+        return f"fabric-audit/{self.fabric}"
+
+
+class Drift(BaseModel):
+    kind: DriftKind
+    pkey: str
+    tenant: str | None = None
+    guid: str | None = None
+    host: str | None = None
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.kind}: PKey {self.pkey}" + (f" ({self.tenant})" if self.tenant else "") + f": {self.detail}"
+
+
+class FabricAuditResult(BaseModel):
+    fabric: str
+    checked_pkeys: list[str]
+    drift: list[Drift] = Field(default_factory=list)
+    repaired: list[str] = Field(default_factory=list, description="What the repair did, one line per change.")
+    unmanaged_pkeys: list[str] = Field(default_factory=list, description="PKeys in UFM no tenant of this fabric owns.")
+    clean: bool
+
+
+@workflow.defn
+class FabricAudit:
+    @workflow.init
+    def __init__(self, inp: FabricAuditInput) -> None:
+        self._inp = inp
+        self._phase = "starting"
+        self._drift: list[Drift] = []
+
+    @workflow.query
+    def progress(self) -> Progress:
+        return Progress(phase=self._phase, done=len(self._drift), details="\n".join(d.line() for d in self._drift),
+                        finished=self._phase in ("clean", "drift", "repaired"))  # fmt: skip
+
+    @workflow.run
+    async def run(self, inp: FabricAuditInput) -> FabricAuditResult:
+        self._phase = "reading"
+        state = FabricStateView.model_validate(await _fabric(inp.fabric, "state"))
+        allocations = [Allocation.model_validate(a) for a in state.allocations.values()]
+        snap: FabricSnapshot = await workflow.execute_activity_method(
+            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
+        )
+        drift = audit(allocations, snap)
+        self._drift = drift
+        managed = {a.pkey for a in allocations if a.state != "releasing"}
+        result = FabricAuditResult(
+            fabric=inp.fabric, checked_pkeys=sorted(managed),
+            drift=drift, clean=not drift,
+            unmanaged_pkeys=[p.pkey for p in snap.pkeys if p.pkey not in managed and p.pkey not in state.retired],
+        )  # fmt: skip
+        workflow.metric_meter().create_gauge(
+            "millwright_fabric_drift", "Drift found by the last fabric audit", "items"
+        ).set(len(drift), {"fabric": inp.fabric})
+        self._phase = "drift" if drift else "clean"
+        self._details(result)
+        if drift and inp.repair:
+            result.repaired = await self._repair(allocations, drift)
+            self._phase = "repaired"
+            self._details(result)
+        return result
+
+    async def _repair(self, allocations: list[Allocation], drift: list[Drift]) -> list[str]:
+        by_pkey = {a.pkey: a for a in allocations}
+        done: list[str] = []
+        for pkey in sorted({d.pkey for d in drift if d.kind == "missing-pkey"}):
+            await workflow.execute_activity_method(UfmActivities.ensure_pkey, EnsurePKey(pkey=pkey), **UFM_CALL,
+                                                   summary=f"recreate {pkey}")  # fmt: skip
+            done.append(f"created PKey {pkey}")
+        for pkey in sorted({d.pkey for d in drift}):
+            a = by_pkey.get(pkey)
+            add = sorted({d.guid for d in drift if d.pkey == pkey and d.guid
+                          and d.kind in ("missing-member", "missing-pkey", "wrong-membership")})  # fmt: skip
+            remove = sorted({d.guid for d in drift if d.pkey == pkey and d.guid
+                             and d.kind in ("unknown-member", "guid-in-two-tenants")})
+            if add and a is not None:
+                await workflow.execute_activity_method(
+                    UfmActivities.add_guids, AddGuids(pkey=pkey, guids=add, membership=a.membership), **UFM_CALL,
+                    summary=f"re-add {len(add)} GUIDs to {pkey}",
+                )  # fmt: skip
+                done += [f"added {g} ({a.members.get(g)}) to {pkey}" for g in add]
+            if remove:
+                await workflow.execute_activity_method(
+                    UfmActivities.remove_guids, RemoveGuids(pkey=pkey, guids=remove), **UFM_CALL,
+                    summary=f"remove {len(remove)} unknown GUIDs from {pkey}",
+                )  # fmt: skip
+                done += [f"removed {g} from {pkey}" for g in remove]
+        return done
+
+    def _details(self, r: FabricAuditResult) -> None:
+        head = f"**{self._phase}** fabric `{r.fabric}`: {len(r.drift)} drift items in {len(r.checked_pkeys)} PKeys"
+        lines = [head] + [d.line() for d in r.drift[:50]] + [f"repaired: {x}" for x in r.repaired[:50]]
+        workflow.set_current_details("\n\n".join(lines))
+
+
+def audit(allocations: list[Allocation], snap: FabricSnapshot) -> list[Drift]:
+    """Drift between the desired state (allocations) and UFM, one item per GUID and place."""
+    in_ufm = {p.pkey: p for p in snap.pkeys}
+    host = snap.hosts_by_guid
+    owner = {g: a for a in allocations for g in a.members}
+    out: list[Drift] = []
+    live = [a for a in allocations if a.state != "releasing"]
+    for a in sorted(live, key=lambda a: a.pkey):
+        p = in_ufm.get(a.pkey)
+        if p is None:
+            out.append(Drift(kind="missing-pkey", pkey=a.pkey, tenant=a.tenant,
+                             detail=f"PKey absent from UFM; {len(a.members)} ports expected"))
+            out += [Drift(kind="missing-pkey", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
+                          detail=f"port {g} of {h} not a member (PKey absent)") for g, h in sorted(a.members.items())]
+            continue
+        for g, h in sorted(a.members.items()):
+            if g not in p.members:
+                out.append(Drift(kind="missing-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
+                                 detail=f"port {g} of {h} is missing"))
+            elif p.members[g] != a.membership:
+                out.append(Drift(kind="wrong-membership", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
+                                 detail=f"port {g} of {h} is {p.members[g]}, expected {a.membership}"))
+        for g in sorted(set(p.members) - set(a.members)):
+            other = owner.get(g)
+            h = host.get(g, "unknown host")
+            if other is not None:
+                out.append(Drift(kind="guid-in-two-tenants", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
+                                 detail=f"port {g} of {h} belongs to tenant {other.tenant} ({other.pkey}) "
+                                        f"but is also in {a.tenant}'s PKey"))  # fmt: skip
+                continue
+            out.append(Drift(kind="unknown-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
+                             detail=f"port {g} of {h} is a member but not desired"))
+    return out
