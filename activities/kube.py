@@ -291,6 +291,10 @@ class ConditionGate(BaseModel):
 # ---------------------------------------------------------------- cluster access
 
 
+# A workload cluster created through Cluster API: `<management context>:<namespace>/<cluster name>`.
+WORKLOAD_REF = re.compile(r"(?P<context>[^:/]+):(?P<namespace>[a-z0-9-]+)/(?P<name>[a-z0-9.-]+)")
+
+
 class ClusterConnector:
     """Resolves a cluster reference (a kubeconfig context name) to an API client.
 
@@ -301,6 +305,7 @@ class ClusterConnector:
     def __init__(self, kubeconfig_paths: list[str]) -> None:
         self._paths = [p for p in kubeconfig_paths if p]
         self._clients: dict[str, k8s.ApiClient] = {}
+        self._workload: dict[str, tuple[str, k8s.ApiClient]] = {}  # ref -> (Secret uid/resourceVersion, client)
         self._lock = asyncio.Lock()
 
     def _contexts(self) -> dict[str, dict[str, Any]]:
@@ -329,6 +334,9 @@ class ClusterConnector:
         return merged
 
     async def api(self, cluster: str) -> k8s.ApiClient:
+        workload = WORKLOAD_REF.fullmatch(cluster)
+        if workload and cluster not in self._clients and cluster not in self._contexts():
+            return await self._workload_api(cluster, workload)
         async with self._lock:
             if cluster not in self._clients:
                 contexts = self._contexts()
@@ -348,6 +356,37 @@ class ClusterConnector:
                 self._clients[cluster] = api
             return self._clients[cluster]
 
+    async def _workload_api(self, cluster: str, ref: re.Match) -> k8s.ApiClient:
+        """A workload cluster named `<context>:<namespace>/<name>`: its Cluster API kubeconfig Secret
+        (`<name>-kubeconfig`, key `value`) on the management cluster `<context>`, read at each use (a
+        recreated cluster gets a new client) and kept in memory only, never in a result or a history."""
+        import base64
+
+        context, namespace, name = ref["context"], ref["namespace"], ref["name"]
+        secret = await _read(
+            f"reading the kubeconfig of cluster {cluster}",
+            (await self.core(context)).read_namespaced_secret(f"{name}-kubeconfig", namespace,
+                                                              _request_timeout=_REQUEST_TIMEOUT),
+        )
+        if secret is None or "value" not in (secret.data or {}):
+            raise ApplicationError(f"cluster {cluster}: no kubeconfig Secret {namespace}/{name}-kubeconfig yet",
+                                   type="KubeconfigNotFound")
+        stamp = f"{secret.metadata.uid}/{secret.metadata.resource_version}"
+        async with self._lock:
+            cached = self._workload.get(cluster)
+            if cached and cached[0] == stamp:
+                return cached[1]
+            if cached:
+                await cached[1].close()
+            doc = yaml.safe_load(base64.b64decode(secret.data["value"]))
+            configuration = type.__call__(k8s.Configuration)
+            await k8s_config.load_kube_config_from_dict(doc, client_configuration=configuration)
+            configuration.retries = None
+            api = k8s.ApiClient(configuration=configuration)
+            api.user_agent = USER_AGENT
+            self._workload[cluster] = (stamp, api)
+            return api
+
     async def core(self, cluster: str) -> k8s.CoreV1Api:
         return k8s.CoreV1Api(await self.api(cluster))
 
@@ -355,6 +394,9 @@ class ClusterConnector:
         for api in self._clients.values():
             await api.close()
         self._clients.clear()
+        for _, api in self._workload.values():
+            await api.close()
+        self._workload.clear()
 
 
 # ---------------------------------------------------------------- errors

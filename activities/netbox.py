@@ -318,6 +318,33 @@ class ClusterAssignment(BaseModel):
     devices: list[DeviceLookup]
 
 
+class IbPortQuery(BaseModel):
+    devices: list[str] = Field(min_length=1, description="Device names.")
+
+
+class IbPort(BaseModel):
+    interface: str
+    guid: str
+
+
+class DeviceIbPorts(BaseModel):
+    device: str
+    found: bool = Field(description="False when NetBox has no device of this name.")
+    ports: list[IbPort] = Field(default_factory=list)
+
+
+class TenantPKeyRecord(BaseModel):
+    """A tenant's InfiniBand partition: its PKey (None when released) and members, journaled on the tenant."""
+
+    tenant: str = Field(min_length=1, description="Tenant slug.")
+    name: str | None = Field(None, description="Tenant name, when the tenant must be created.")
+    fabric: str
+    pkey: str | None
+    members: dict[str, list[str]] = Field(default_factory=dict, description="host -> port GUIDs")
+
+    _slug_ok = field_validator("tenant")(_slug)
+
+
 class AssignmentResult(BaseModel):
     cluster: str
     assigned: list[str] = Field(default_factory=list)
@@ -448,6 +475,8 @@ class NetBoxActivities:
             self.upsert_tenant,
             self.upsert_cluster,
             self.assign_devices_to_cluster,
+            self.list_ib_ports,
+            self.record_tenant_pkey,
         ]
 
     async def close(self) -> None:  # a Registration resource; sessions are per call
@@ -829,6 +858,69 @@ class NetBoxActivities:
             return result
 
         return await self._in_thread(f"assigning devices to cluster {req.cluster}", run)
+
+
+    # ------------------------------------------------------------ InfiniBand
+
+    @activity.defn
+    async def list_ib_ports(self, query: IbPortQuery) -> list[DeviceIbPorts]:
+        """Each device's interfaces that carry an InfiniBand port GUID (the custom field), GUIDs lowercased."""
+
+        def run(api: Any) -> list[DeviceIbPorts]:
+            out: list[DeviceIbPorts] = []
+            for name in query.devices:
+                device = self._find_device(api, DeviceLookup(name=name))
+                if device is None:
+                    out.append(DeviceIbPorts(device=name, found=False))
+                    continue
+                ports = []
+                for iface in api.dcim.interfaces.filter(device_id=device.id):
+                    guid = (_rec(iface).get("custom_fields") or {}).get(CF_IB_PORT_GUID)
+                    if guid:
+                        ports.append(IbPort(interface=iface.name, guid=str(guid).lower().removeprefix("0x")))
+                out.append(DeviceIbPorts(device=name, found=True, ports=ports))
+            return out
+
+        return await self._in_thread("listing InfiniBand port GUIDs", run)
+
+    @activity.defn
+    async def record_tenant_pkey(self, req: TenantPKeyRecord) -> ObjectResult:
+        """Set the tenant's PKey custom field and journal its members (one entry per activity, retry-safe)."""
+
+        def run(api: Any) -> ObjectResult:
+            tenant = api.tenancy.tenants.get(slug=req.tenant)
+            if tenant is None:
+                if not req.name:
+                    raise ApplicationError(f"no tenant {req.tenant!r} in NetBox", type="TenantNotFound",
+                                           non_retryable=True)  # fmt: skip
+                tenant = api.tenancy.tenants.create(name=req.name, slug=req.tenant)
+                self._after_write(req.tenant)
+            have = _rec(tenant).get("custom_fields") or {}
+            if CF_TENANT_PKEY not in have:
+                raise not_bootstrapped(f"the custom field {CF_TENANT_PKEY}")
+            changed = []
+            if not _same_cf(have.get(CF_TENANT_PKEY), req.pkey):
+                tenant.update({"custom_fields": {CF_TENANT_PKEY: req.pkey}})
+                self._after_write("pkey")
+                changed.append(CF_TENANT_PKEY)
+            marker = self._run_marker()
+            existing = [e for e in api.extras.journal_entries.filter(
+                assigned_object_type="tenancy.tenant", assigned_object_id=tenant.id, q=marker)
+                if marker in (e.comments or "")]  # fmt: skip
+            if not existing:
+                if req.pkey:
+                    lines = [f"InfiniBand PKey **{req.pkey}** on fabric `{req.fabric}`, members:"]
+                    lines += [f"- {h}: {', '.join(g)}" for h, g in sorted(req.members.items())]
+                else:
+                    lines = [f"InfiniBand partition on fabric `{req.fabric}` released"]
+                api.extras.journal_entries.create(
+                    assigned_object_type="tenancy.tenant", assigned_object_id=tenant.id,
+                    kind="info", comments="\n".join(lines) + f"\n\n`{marker}`",
+                )  # fmt: skip
+                self._after_write("journal")
+            return ObjectResult(id=tenant.id, name=req.tenant, created=False, updated=changed)
+
+        return await self._in_thread(f"recording the PKey of tenant {req.tenant}", run)
 
 
 # ---------------------------------------------------------------- comparison helpers

@@ -35,6 +35,11 @@ class WorkerSettings(BaseSettings):
         None, description="Secret reference to the NetBox API token: env:NAME or file:/path (never the token itself)"
     )
 
+    ufm_url: str | None = Field(None, description="NVIDIA UFM base URL, e.g. https://ufm.example.com")
+    ufm_credentials: str | None = Field(
+        None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
+    )
+
     @property
     def metrics_address(self) -> str | None:
         if not self.metrics_port:
@@ -94,3 +99,19 @@ class WorkerSettings(BaseSettings):
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_NETBOX_TOKEN: {err}") from None
         return NetBoxConfig(url=self.netbox_url.rstrip("/"), token=token)
+
+    def ufm_config(self):
+        """The UFM connection (URL + credentials reference), or None when UFM is not configured."""
+        from activities.secrets import SecretRef
+        from activities.ufm import UfmConfig
+
+        if not self.ufm_url and not self.ufm_credentials:
+            return None
+        if not self.ufm_url or not self.ufm_credentials:
+            missing = "MILLWRIGHT_UFM_URL" if not self.ufm_url else "MILLWRIGHT_UFM_CREDENTIALS"
+            raise ConfigError(f"UFM is half configured: {missing} is not set")
+        try:
+            credentials = SecretRef.parse(self.ufm_credentials)
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_UFM_CREDENTIALS: {err}") from None
+        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=credentials)

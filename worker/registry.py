@@ -28,17 +28,21 @@ class Registration:
 
 
 def build(settings: WorkerSettings) -> Registration:
+    from activities.capi import ClusterApiActivities
     from activities.kube import ClusterConnector, KubeActivities
     from activities.netbox import NetBoxActivities
     from activities.prometheus import PrometheusActivities
+    from activities.ufm import UfmActivities
     from workflows import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
     netbox = NetBoxActivities(settings.netbox_config())
     prometheus = PrometheusActivities()  # the server URL comes with each query
+    ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     return Registration(
         workflows=list(WORKFLOWS),
-        activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities(),
-        resources=[connector, netbox, prometheus],
+        activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities()
+        + ufm.activities() + ClusterApiActivities(connector).activities(),
+        resources=[connector, netbox, prometheus, ufm],
     )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
+from temporalio import workflow
 from temporalio.common import SearchAttributePair
+
+from workflows import search_attributes as sa
 
 
 class WorkflowInput(BaseModel):
@@ -32,3 +35,24 @@ class Progress(BaseModel):
     total: int = 0
     details: str = ""
     finished: bool = False
+
+
+class Phases:
+    """A workflow's visible phase: the model its `progress` query returns, the UI's current
+    details and the `MillwrightPhase` search attribute, kept in step."""
+
+    def __init__(self, finished: tuple[str, ...] = ("completed", "failed")) -> None:
+        self.progress = Progress(phase="starting")
+        self._finished = finished
+
+    def enter(self, phase: str, details: str = "", done: int | None = None, total: int | None = None) -> None:
+        p = self.progress
+        if phase != p.phase:  # each upsert is a history event
+            workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        p.phase, p.details = phase, details
+        if done is not None:
+            p.done = done
+        if total is not None:
+            p.total = total
+        p.finished = phase in self._finished
+        workflow.set_current_details(f"**{phase}** {details}".strip())

@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .crds import admit
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
@@ -568,6 +569,7 @@ class Api:
             name = md["name"]
             self._check_namespace(rt, info.namespace, name)
             self._validate(rt, body)
+            admit(self.store, rt, "create", body)  # simulated validating webhooks (lab/k8s/crds.py)
             if self.store.get(rt, info.namespace, name) is not None:
                 details = {"name": name, "kind": rt.plural}
                 if rt.group:
@@ -634,6 +636,8 @@ class Api:
             return jresp(self.out(rt, old, info.version))
         if rt.key == PODS and sub != "status":
             self._check_pod_update(rt, old, new)
+        if sub != "status":
+            admit(self.store, rt, "update", new)  # simulated validating webhooks (lab/k8s/crds.py)
         if self._query_dry_run(request):
             return jresp(self.out(rt, new, info.version))
         if nmd.get("deletionTimestamp") and not nmd.get("finalizers") and self._removable(rt, new):
@@ -835,6 +839,7 @@ class Api:
             if obj is None:
                 raise self.store.not_found(rt, info.name)
             self.check_preconditions(rt, obj, opts)
+            admit(self.store, rt, "delete", obj)  # simulated validating webhooks (lab/k8s/crds.py)
             if "All" in (opts.get("dryRun") or []):
                 return jresp(self.out(rt, obj, info.version))
             result = self.delete_object(rt, obj, opts)

@@ -31,6 +31,7 @@ JOB_STAGE_LABEL = "millwright.dev/stage"
 JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
 REBOOT_MESSAGE = "lab: node is rebooting"
 SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
+CAPI_FINALIZER = "cluster.cluster.x-k8s.io"
 
 
 def parse_ts(ts: str | None) -> float | None:
@@ -104,12 +105,18 @@ class Controllers:
         self.api = api
         self.store = api.store
         self._task: asyncio.Task | None = None
+        self.url = ""  # this emulator's own URL, once serving
+        self.workload: dict[str, Any] = {}  # CAPI Cluster uid -> the Emulator serving that workload cluster
+        self._bg: set[asyncio.Task] = set()  # starting and stopping workload emulators
 
     def start(self) -> None:
         self.resume_reboots()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="lab-controllers")
 
     async def stop(self) -> None:
+        for emu in list(self.workload.values()):
+            await emu.stop()
+        self.workload.clear()
         if self._task:
             self._task.cancel()
             try:
@@ -145,6 +152,9 @@ class Controllers:
         self.jobs(work, now)
         self.reboots(now)
         self.kubelet(work, now)
+        self.cluster_api(work, now)
+        self.kai_queues(work)
+        self.vclusters(work, now)
         nxt = store.next_timer()
         return 1.0 if nxt is None else min(1.0, nxt - time.monotonic())
 
@@ -743,3 +753,363 @@ class Controllers:
             store.put(nrt, new, actor="kubelet", verb="update", subresource="status")
             for k in store.pods_by_node.get(name, ()):
                 store.dirty.add((PODS, k))
+
+    # ------------------------------------------------------------------ Cluster API (v1beta2) + Metal3
+    # A created Cluster steps Pending → Provisioning (infrastructure provisioned, Machines created) →
+    # Provisioned (control plane initialized, a new emulated API server for the workload cluster, its
+    # `<name>-kubeconfig` Secret, control-plane Machines with nodeRef) → Available (worker Machines Ready).
+    # One step every `capiStepSeconds` (config, default 0.5 s). Deleting it (finalizer) removes its children
+    # tier by tier: MachineDeployments and their Machines, the control plane, the infrastructure cluster, the
+    # kubeconfig Secret; then the finalizer goes and the workload API server stops.
+
+    def _status_put(self, rt, obj: dict, status: dict, actor: str) -> dict:
+        if (obj.get("status") or {}) == status:
+            return obj
+        new = copy.deepcopy(obj)
+        new["status"] = status
+        return self.store.put(rt, new, actor=actor, verb="update", subresource="status")
+
+    @staticmethod
+    def _cond(old: dict, ctype: str, ok: bool, reason: str, message: str = "") -> dict:
+        status = "True" if ok else "False"
+        prev = next((c for c in (old.get("conditions") or []) if c.get("type") == ctype), None)
+        ts = prev["lastTransitionTime"] if prev and prev.get("status") == status else now_rfc3339()
+        return {"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": ts}
+
+    def cluster_api(self, work: set, now: float) -> None:
+        from .crds import CLUSTERS
+
+        store = self.store
+        for uid in [u for u in self.workload if u not in store.by_uid]:
+            self._stop_workload(uid)
+        if CLUSTERS not in store.registry.types:
+            return
+        for ok in sorted(ok for ok in work if ok[0] == CLUSTERS):
+            cluster = store.lookup(ok)
+            if cluster is not None:
+                self.sync_cluster(ok, cluster, now)
+
+    def _stop_workload(self, uid: str) -> None:
+        emu = self.workload.pop(uid, None)
+        if emu is not None:
+            task = asyncio.get_running_loop().create_task(emu.stop())
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    async def _start_workload(self, uid: str) -> None:
+        from .crds import TENANCY_CRDS
+        from .server import Emulator
+
+        emu = Emulator()
+        await emu.start([TENANCY_CRDS])
+        async with self.store.lock:
+            keep = uid in self.store.by_uid
+            if keep:
+                self.workload[uid] = emu
+                self.store.side.setdefault(uid, {})["url"] = emu.url
+                self.store.kick.set()
+        if not keep:
+            await emu.stop()
+
+    def _seed_workload(self, uid: str, objects: list[dict]) -> None:
+        from .seed import seed_objects
+
+        emu = self.workload.get(uid)
+        if emu is None:
+            return
+
+        async def run() -> None:
+            async with emu.store.lock:
+                seed_objects(emu.api, objects)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _rt(self, key: tuple[str, str]):
+        return self.store.registry.types.get(key)
+
+    def _cluster_children(self, cluster: dict) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+        """(MachineDeployments, worker Machines, control-plane Machines, KubeadmControlPlanes) of a Cluster."""
+        from .crds import KCPS, MACHINE_DEPLOYMENTS, MACHINES
+
+        store = self.store
+        ns, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+        mds = [o for o in store.all(MACHINE_DEPLOYMENTS, ns) if (o.get("spec") or {}).get("clusterName") == name]
+        machines = [o for o in store.all(MACHINES, ns)
+                    if (o["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name") == name]
+        workers = [m for m in machines if "cluster.x-k8s.io/control-plane" not in (m["metadata"].get("labels") or {})]
+        cps = [m for m in machines if m not in workers]
+        kref = (cluster.get("spec") or {}).get("controlPlaneRef") or {}
+        kcps = [o for o in store.all(KCPS, ns) if o["metadata"]["name"] == kref.get("name")]
+        return mds, workers, cps, kcps
+
+    def sync_cluster(self, ok: tuple, cluster: dict, now: float) -> None:
+        from .crds import MACHINES, MACHINE_DEPLOYMENTS, METAL3_CLUSTERS, KCPS
+
+        store = self.store
+        rt = self._rt(ok[0])
+        md = cluster["metadata"]
+        uid, ns, name = md["uid"], md["namespace"], md["name"]
+        step = float(store.config.get("capiStepSeconds", 0.5))
+        if md.get("deletionTimestamp"):
+            self._delete_cluster(ok, cluster, now, step)
+            return
+        if CAPI_FINALIZER not in (md.get("finalizers") or []):
+            new = copy.deepcopy(cluster)
+            new["metadata"]["finalizers"] = [*(md.get("finalizers") or []), CAPI_FINALIZER]
+            cluster = store.put(rt, new, actor="capi-controller", verb="update")
+        side = store.side.setdefault(uid, {})
+        t0 = side.setdefault("capi_t0", now)
+        stage = min(3, int((now - t0) / step))
+        if stage >= 1 and uid not in self.workload and not side.get("starting"):
+            side["starting"] = True
+            task = asyncio.get_running_loop().create_task(self._start_workload(uid))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        url = side.get("url")
+        if stage >= 2 and not url:
+            stage = 1  # the workload API server is still starting; its start kicks us again
+        mds, workers, cps, kcps = self._cluster_children(cluster)
+        spec = cluster.get("spec") or {}
+        version = ""
+        if stage >= 1:
+            m_rt = self._rt(MACHINES)
+            wanted: list[tuple[dict, str, bool]] = []  # (owner, machine name, control plane)
+            for kcp in kcps:
+                version = (kcp.get("spec") or {}).get("version", "")
+                for i in range(int((kcp.get("spec") or {}).get("replicas", 1))):
+                    wanted.append((kcp, f"{kcp['metadata']['name']}-{i}", True))
+            for d in mds:
+                for i in range(int((d.get("spec") or {}).get("replicas", 1))):
+                    wanted.append((d, f"{d['metadata']['name']}-{i}", False))
+            have = {m["metadata"]["name"] for m in workers + cps}
+            for owner, mname, is_cp in wanted:
+                if mname in have:
+                    continue
+                labels = {"cluster.x-k8s.io/cluster-name": name}
+                if is_cp:
+                    labels["cluster.x-k8s.io/control-plane"] = ""
+                else:
+                    labels["cluster.x-k8s.io/deployment-name"] = owner["metadata"]["name"]
+                tmpl = ((owner.get("spec") or {}).get("template") or {}).get("spec") or {}
+                machine = {"apiVersion": m_rt.api_version, "kind": "Machine", "metadata": {
+                    "name": mname, "namespace": ns, "labels": labels,
+                    "annotations": dict(owner["metadata"].get("annotations") or {}),
+                    "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                         "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                                         "controller": True, "blockOwnerDeletion": True}]},
+                    "spec": {"clusterName": name, "version": (owner.get("spec") or {}).get("version")
+                             or tmpl.get("version", ""),
+                             "infrastructureRef": tmpl.get("infrastructureRef") or {}},
+                    "status": {"phase": "Provisioning"}}
+                store.put(m_rt, store.new_meta(m_rt, machine), actor="capi-controller", verb="create")
+            mds, workers, cps, kcps = self._cluster_children(cluster)
+            # Machines become Ready with a nodeRef: control plane at stage 2, workers at stage 3.
+            nodes: list[dict] = []
+            for m in cps + workers:
+                is_cp = m in cps
+                if stage < (2 if is_cp else 3) or (m.get("status") or {}).get("nodeRef"):
+                    continue
+                st = {"phase": "Running", "nodeRef": {"name": m["metadata"]["name"]},
+                      "initialization": {"infrastructureProvisioned": True, "bootstrapDataSecretCreated": True},
+                      "conditions": [self._cond({}, "Ready", True, "Ready"),
+                                     self._cond({}, "NodeHealthy", True, "NodeHealthy")]}
+                self._status_put(m_rt, m, st, "capi-controller")
+                gpus = (m["metadata"].get("annotations") or {}).get("millwright.dev/gpus-per-node", "0")
+                labels = {"kubernetes.io/hostname": m["metadata"]["name"]}
+                if is_cp:
+                    labels["node-role.kubernetes.io/control-plane"] = ""
+                else:
+                    labels["cluster.x-k8s.io/deployment-name"] = m["metadata"]["labels"][
+                        "cluster.x-k8s.io/deployment-name"]
+                alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+                if gpus not in ("", "0"):
+                    alloc["nvidia.com/gpu"] = str(gpus)
+                nodes.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": m["metadata"]["name"],
+                                                                                "labels": labels},
+                              "spec": {}, "status": {"capacity": dict(alloc), "allocatable": dict(alloc),
+                                                     "conditions": [{"type": "Ready", "status": "True",
+                                                                     "reason": "KubeletReady"}],
+                                                     "nodeInfo": {"kubeletVersion": m["spec"].get("version", ""),
+                                                                  "bootID": str(uuid.uuid4())}}})
+            if nodes:
+                self._seed_workload(uid, nodes)
+        mds, workers, cps, kcps = self._cluster_children(cluster)
+        cp_ready = [m for m in cps if (m.get("status") or {}).get("nodeRef")]
+        w_ready = [m for m in workers if (m.get("status") or {}).get("nodeRef")]
+        available = stage >= 3 and len(cp_ready) == len(cps) and len(w_ready) == len(workers)
+        for kcp in kcps:
+            k = kcp.get("status") or {}
+            self._status_put(self._rt(KCPS), kcp, {
+                "replicas": len(cps), "readyReplicas": len(cp_ready), "availableReplicas": len(cp_ready),
+                "upToDateReplicas": len(cps), "version": version or None,
+                "initialization": {"controlPlaneInitialized": stage >= 2},
+                "conditions": [self._cond(k, "Initialized", stage >= 2, "Initialized" if stage >= 2 else "Waiting"),
+                               self._cond(k, "Available", len(cp_ready) == len(cps) and stage >= 2, "Available")]},
+                "capi-controller")
+        for d in mds:
+            mine = [m for m in workers if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name")
+                    == d["metadata"]["name"]]
+            ready = [m for m in mine if (m.get("status") or {}).get("nodeRef")]
+            self._status_put(self._rt(MACHINE_DEPLOYMENTS), d, {
+                "replicas": len(mine), "readyReplicas": len(ready), "availableReplicas": len(ready),
+                "upToDateReplicas": len(mine), "phase": "Running" if len(ready) == len(mine) else "ScalingUp"},
+                "capi-controller")
+        iref = spec.get("infrastructureRef") or {}
+        if stage >= 1 and iref.get("kind") == "Metal3Cluster" and self._rt(METAL3_CLUSTERS):
+            infra = store.get(self._rt(METAL3_CLUSTERS), ns, iref.get("name", ""))
+            if infra is not None:
+                self._status_put(self._rt(METAL3_CLUSTERS), infra,
+                                 {"ready": True, "initialization": {"provisioned": True}}, "metal3-controller")
+        if stage >= 2:
+            self._ensure_kubeconfig_secret(cluster, url)
+        old = cluster.get("status") or {}
+        phase = ["Pending", "Provisioning", "Provisioned", "Provisioned"][stage]
+        status = {
+            "phase": phase,
+            "initialization": {"infrastructureProvisioned": stage >= 1, "controlPlaneInitialized": stage >= 2},
+            "conditions": [
+                self._cond(old, "InfrastructureReady", stage >= 1, "Ready" if stage >= 1 else "Provisioning"),
+                self._cond(old, "ControlPlaneInitialized", stage >= 2,
+                           "Initialized" if stage >= 2 else "WaitingForControlPlane"),
+                self._cond(old, "ControlPlaneAvailable", stage >= 2 and len(cp_ready) == len(cps), "Available"),
+                self._cond(old, "WorkersAvailable", available, "Available"),
+                self._cond(old, "RemoteConnectionProbe", stage >= 2, "Probed"),
+                self._cond(old, "Available", available, "Available" if available else "NotAvailable",
+                           f"{len(cp_ready) + len(w_ready)} of {len(cps) + len(workers)} machines ready"),
+            ],
+            "controlPlane": {"desiredReplicas": len(cps), "readyReplicas": len(cp_ready)},
+            "workers": {"desiredReplicas": len(workers), "readyReplicas": len(w_ready)},
+        }
+        self._status_put(rt, cluster, status, "capi-controller")
+        if not available:
+            store.schedule_at(t0 + (stage + 1) * step if stage < 3 else now + step / 2, ok)
+
+    def _ensure_kubeconfig_secret(self, cluster: dict, url: str) -> None:
+        import base64
+
+        import yaml
+
+        from .admin import kubeconfig
+
+        store = self.store
+        s_rt = store.registry.types[("", "secrets")]
+        md = cluster["metadata"]
+        sname = f"{md['name']}-kubeconfig"
+        if store.get(s_rt, md["namespace"], sname) is not None:
+            return
+        cfg = kubeconfig(url, md["name"], token=f"capi-{uuid.uuid4().hex}")
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret", "metadata": {
+            "name": sname, "namespace": md["namespace"], "labels": {"cluster.x-k8s.io/cluster-name": md["name"]},
+            "ownerReferences": [{"apiVersion": cluster["apiVersion"], "kind": "Cluster", "name": md["name"],
+                                 "uid": md["uid"], "controller": True}]},
+            "data": {"value": base64.b64encode(yaml.safe_dump(cfg).encode()).decode()}}
+        store.put(s_rt, store.new_meta(s_rt, secret), actor="capi-controller", verb="create")
+
+    def _delete_cluster(self, ok: tuple, cluster: dict, now: float, step: float) -> None:
+        from .crds import MACHINES, MACHINE_DEPLOYMENTS, METAL3_CLUSTERS, KCPS
+
+        store = self.store
+        md = cluster["metadata"]
+        ns = md["namespace"]
+        mds, workers, cps, kcps = self._cluster_children(cluster)
+        iref = (cluster.get("spec") or {}).get("infrastructureRef") or {}
+        infra = []
+        if iref.get("kind") == "Metal3Cluster" and self._rt(METAL3_CLUSTERS):
+            found = store.get(self._rt(METAL3_CLUSTERS), ns, iref.get("name", ""))
+            infra = [found] if found else []
+        secret = store.get(store.registry.types[("", "secrets")], ns, f"{md['name']}-kubeconfig")
+        tiers = [[(MACHINES, m) for m in workers] + [(MACHINE_DEPLOYMENTS, d) for d in mds],
+                 [(MACHINES, m) for m in cps] + [(KCPS, k) for k in kcps],
+                 [(METAL3_CLUSTERS, i) for i in infra],
+                 [(("", "secrets"), secret)] if secret else []]
+        for tier in tiers:
+            if tier:
+                for key, o in tier:
+                    if not o["metadata"].get("deletionTimestamp"):
+                        self.api.delete_object(self._rt(key), o, {}, actor="capi-controller")
+                store.schedule_at(now + step / 2, ok)
+                return
+        rt = self._rt(ok[0])
+        self._stop_workload(md["uid"])
+        new = copy.deepcopy(cluster)
+        new["metadata"]["finalizers"] = [f for f in md.get("finalizers") or [] if f != CAPI_FINALIZER]
+        if new["metadata"]["finalizers"]:
+            store.put(rt, new, actor="capi-controller", verb="update")
+        else:
+            store.remove(rt, new, actor="capi-controller")
+
+    # ------------------------------------------------------------------ KAI Scheduler queues
+    def kai_queues(self, work: set) -> None:
+        """`status.childQueues` of every parent, and an `Orphan` condition when a parent is missing."""
+        from .crds import QUEUES
+
+        store = self.store
+        rt = self._rt(QUEUES)
+        if rt is None or not any(ok[0] == QUEUES for ok in work):
+            return
+        queues = store.all(QUEUES)
+        names = {q["metadata"]["name"] for q in queues}
+        children: dict[str, list[str]] = {}
+        for q in queues:
+            if not q["metadata"].get("deletionTimestamp"):
+                parent = (q.get("spec") or {}).get("parentQueue")
+                if parent:
+                    children.setdefault(parent, []).append(q["metadata"]["name"])
+        for q in queues:
+            old = q.get("status") or {}
+            st = {k: v for k, v in old.items() if k not in ("childQueues", "conditions")}
+            kids = sorted(children.get(q["metadata"]["name"], []))
+            if kids:
+                st["childQueues"] = kids
+            parent = (q.get("spec") or {}).get("parentQueue")
+            if parent and parent not in names:
+                st["conditions"] = [self._cond(old, "Orphan", True, "ParentQueueNotFound",
+                                               f"parent queue {parent} does not exist")]
+            self._status_put(rt, q, st, "kai-scheduler")
+
+    # ------------------------------------------------------------------ vCluster (CAPI provider VCluster)
+    def vclusters(self, work: set, now: float) -> None:
+        """A VCluster becomes ready (`status.ready`, phase Deployed) after `vclusterReadySeconds` and gets its
+        kubeconfig Secret `vc-<name>` (key `config`), owned by it. The emulator runs no tenant API server: the
+        kubeconfig points at this (host) emulator under a context of its own."""
+        import base64
+
+        import yaml
+
+        from .admin import kubeconfig
+        from .crds import VCLUSTERS
+
+        store = self.store
+        rt = self._rt(VCLUSTERS)
+        if rt is None:
+            return
+        s_rt = store.registry.types[("", "secrets")]
+        for ok in sorted(ok for ok in work if ok[0] == VCLUSTERS):
+            vc = store.lookup(ok)
+            if vc is None or vc["metadata"].get("deletionTimestamp"):
+                continue
+            md = vc["metadata"]
+            side = store.side.setdefault(md["uid"], {})
+            due = side.setdefault("vc_ready_at", now + float(store.config.get("vclusterReadySeconds", 0.5)))
+            if now < due:
+                if not vc.get("status"):
+                    self._status_put(rt, vc, {"phase": "Pending", "ready": False}, "vcluster-provider")
+                store.schedule_at(due, ok)
+                continue
+            sname = f"vc-{md['name']}"
+            if store.get(s_rt, md["namespace"], sname) is None:
+                ctx = f"vcluster_{md['name']}_{md['namespace']}"
+                cfg = yaml.safe_dump(kubeconfig(self.url, ctx, token=f"vc-{uuid.uuid4().hex}"))
+                secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {
+                    "name": sname, "namespace": md["namespace"],
+                    "labels": {"app": "vcluster", "vcluster-name": md["name"]},
+                    "ownerReferences": [{"apiVersion": vc["apiVersion"], "kind": "VCluster", "name": md["name"],
+                                         "uid": md["uid"], "controller": True}]},
+                    "data": {"config": base64.b64encode(cfg.encode()).decode()}}
+                store.put(s_rt, store.new_meta(s_rt, secret), actor="vcluster", verb="create")
+            old = vc.get("status") or {}
+            self._status_put(rt, vc, {"ready": True, "initialized": True, "phase": "Deployed",
+                                      "conditions": [self._cond(old, "Ready", True, "Deployed")]},
+                             "vcluster-provider")

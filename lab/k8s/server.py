@@ -48,6 +48,7 @@ class Emulator:
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.port = sock.getsockname()[1]
         self.url = f"http://{self.host}:{self.port}"
+        self.controllers.url = self.url  # the vCluster simulator's kubeconfigs point here
         self.controllers.start()
         return self.url
 

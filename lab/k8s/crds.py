@@ -1,0 +1,87 @@
+"""CRD bundles for the cluster-creation and tenancy simulators, and the admission checks those projects'
+webhooks make.
+
+* ``CAPI_CRDS``: Cluster API v1beta2 (core, kubeadm control plane and bootstrap) and Metal3 infrastructure,
+  as a management cluster with `clusterctl init --infrastructure metal3` has them.
+* ``TENANCY_CRDS``: KAI Scheduler `Queue` (scheduling.run.ai/v2, cluster-scoped), Kyverno
+  `ClusterPolicy`/`Policy` (kyverno.io/v1) and the Cluster API vCluster provider's `VCluster`
+  (infrastructure.cluster.x-k8s.io/v1alpha1), as a workload cluster's add-ons install them.
+
+Seed them through the admin API (`EmulatorAdmin.seed(CAPI_CRDS)`); a workload cluster the CAPI simulator
+starts gets ``TENANCY_CRDS`` itself.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .util import ApiError
+
+if TYPE_CHECKING:
+    from .resources import ResourceType
+    from .store import Store
+
+QUEUES = ("scheduling.run.ai", "queues")
+VCLUSTERS = ("infrastructure.cluster.x-k8s.io", "vclusters")
+CLUSTERS = ("cluster.x-k8s.io", "clusters")
+MACHINES = ("cluster.x-k8s.io", "machines")
+MACHINE_DEPLOYMENTS = ("cluster.x-k8s.io", "machinedeployments")
+KCPS = ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes")
+METAL3_CLUSTERS = ("infrastructure.cluster.x-k8s.io", "metal3clusters")
+
+
+def crd(group: str, kind: str, versions: list[str], *, namespaced: bool = True, plural: str | None = None,
+        short_names: list[str] | None = None, categories: list[str] | None = None) -> dict:
+    plural = plural or kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group, "scope": "Namespaced" if namespaced else "Cluster",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List",
+                      **({"shortNames": short_names} if short_names else {}),
+                      **({"categories": categories} if categories else {})},
+            "versions": [{"name": v, "served": True, "storage": i == len(versions) - 1,
+                          "schema": {"openAPIV3Schema": {"type": "object",
+                                                         "x-kubernetes-preserve-unknown-fields": True}},
+                          "subresources": {"status": {}}} for i, v in enumerate(versions)],
+        },
+    }
+
+
+CAPI_CRDS: list[dict] = [
+    crd("cluster.x-k8s.io", "Cluster", ["v1beta1", "v1beta2"], short_names=["cl"], categories=["cluster-api"]),
+    crd("cluster.x-k8s.io", "Machine", ["v1beta1", "v1beta2"], short_names=["ma"], categories=["cluster-api"]),
+    crd("cluster.x-k8s.io", "MachineDeployment", ["v1beta1", "v1beta2"], short_names=["md"],
+        categories=["cluster-api"]),
+    crd("cluster.x-k8s.io", "ClusterClass", ["v1beta1", "v1beta2"], plural="clusterclasses", short_names=["cc"]),
+    crd("controlplane.cluster.x-k8s.io", "KubeadmControlPlane", ["v1beta1", "v1beta2"], short_names=["kcp"]),
+    crd("bootstrap.cluster.x-k8s.io", "KubeadmConfigTemplate", ["v1beta1", "v1beta2"]),
+    crd("bootstrap.cluster.x-k8s.io", "KubeadmConfig", ["v1beta1", "v1beta2"]),
+    crd("infrastructure.cluster.x-k8s.io", "Metal3Cluster", ["v1beta1"]),
+    crd("infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate", ["v1beta1"]),
+]
+
+TENANCY_CRDS: list[dict] = [
+    crd("scheduling.run.ai", "Queue", ["v2"], namespaced=False),
+    crd("kyverno.io", "ClusterPolicy", ["v1"], namespaced=False, plural="clusterpolicies", short_names=["cpol"]),
+    crd("kyverno.io", "Policy", ["v1"], plural="policies", short_names=["pol"]),
+    crd("infrastructure.cluster.x-k8s.io", "VCluster", ["v1alpha1"]),
+]
+
+
+def _denied(webhook: str, rt: "ResourceType", name: str, why: str) -> ApiError:
+    details = {"name": name, "kind": rt.plural, "group": rt.group}
+    return ApiError(400, f'admission webhook "{webhook}" denied the request: {why}', "BadRequest", details)
+
+
+def admit(store: "Store", rt: "ResourceType", verb: str, obj: dict) -> None:
+    """The validating webhooks of KAI (queues). Lock held; raises ApiError to deny."""
+    if rt.key != QUEUES:
+        return
+    name = obj.get("metadata", {}).get("name", "")
+    if verb in ("create", "update") and (obj.get("spec") or {}).get("resources") is None:
+        raise _denied("queue-validation.kai.scheduler", rt, name, "resources must be specified")
+    if verb == "delete" and (obj.get("status") or {}).get("childQueues"):
+        raise _denied("queue-validation.kai.scheduler", rt, name,
+                      f"cannot delete queue {name}: it has child queues")

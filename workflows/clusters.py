@@ -1,0 +1,360 @@
+"""CreateCluster and DeleteCluster: workload clusters through Cluster API v1beta2 (Metal3 infrastructure).
+
+CreateCluster: discovery check → namespace, templates, Cluster, KubeadmControlPlane, MachineDeployments
+(create-or-compare; a differing object is an error, never adopted) → wait the way clusterctl does
+(status.initialization, ControlPlaneInitialized, Available, phase Provisioned, every Machine with a nodeRef),
+with "machines ready x of y" in the `progress` query and the current details → the kubeconfig Secret
+checked and kept only as a reference → a baseline on the new cluster (namespaces, KAI default queues,
+node labels) → optionally the cluster in NetBox.
+
+The new cluster's reference, `<management>:<namespace>/<name>`, is what later workflows (OnboardTenant)
+take as `cluster`; the worker's ClusterConnector resolves it through the kubeconfig Secret.
+
+DeleteCluster: refuses while tenants are onboarded (unless forced), deletes the Cluster and waits for its
+finalizer (Cluster API removes Machines, control plane and infrastructure in order), then the templates.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import workflow
+from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ApplicationError
+
+from workflows import search_attributes as sa
+from workflows.base import Phases, Progress, WorkflowInput
+from workflows.drain import API_CALL
+
+with workflow.unsafe.imports_passed_through():
+    from activities.capi import (
+        TENANT_LABEL,
+        ApplyRequest,
+        CapiClusterRef,
+        CapiClusterStatus,
+        ClusterApiActivities,
+        DeleteRequest,
+        DiscoveryRequest,
+        KindRef,
+        ListRequest,
+        NodeLabels,
+        ObjectRef,
+        SecretCheck,
+    )
+    from activities.kube import validate_object_name
+    from activities.netbox import ClusterSpec, NetBoxActivities
+
+CAPI = "cluster.x-k8s.io/v1beta2"
+KCP = "controlplane.cluster.x-k8s.io/v1beta2"
+BOOTSTRAP = "bootstrap.cluster.x-k8s.io/v1beta2"
+METAL3 = "infrastructure.cluster.x-k8s.io/v1beta1"
+QUEUE_API = "scheduling.run.ai/v2"
+GPU_CLASS_LABEL = "millwright.dev/gpu-class"
+TENANTS_PARENT_QUEUE = "tenants"
+LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
+                 retry_policy=API_CALL["retry_policy"])
+
+
+class InfrastructureTemplate(BaseModel):
+    """A machine template that already exists (another provider), by reference."""
+
+    api_group: str = "infrastructure.cluster.x-k8s.io"
+    api_version: str = Field("v1beta1", description="Its version, for the discovery check.")
+    kind: str
+    name: str
+
+
+class WorkerPool(BaseModel):
+    name: str = Field(description="MachineDeployment suffix: <cluster>-<name>.")
+    replicas: int = Field(ge=0)
+    gpu_node_class: str = Field("h100-sxm", description="Label millwright.dev/gpu-class on the pool's nodes.")
+    gpus_per_node: int = Field(8, ge=0)
+    infrastructure: InfrastructureTemplate | None = Field(
+        None, description="Existing machine template; unset creates a Metal3MachineTemplate from `image_url`.")
+
+    _name = field_validator("name")(validate_object_name)
+
+
+class CreateClusterInput(WorkflowInput):
+    """Create a workload cluster from burnt-in servers through Cluster API."""
+
+    management_cluster: str = Field("lab", description="Kubeconfig context of the Cluster API management cluster.")
+    namespace: str = Field("fleet", description="Namespace of the Cluster API objects.")
+    name: str
+    kubernetes_version: str = "v1.34.1"
+    control_plane_replicas: int = Field(3, ge=1)
+    worker_pools: list[WorkerPool] = Field(min_length=1)
+    control_plane_endpoint: str = Field("10.0.0.10", description="Metal3Cluster controlPlaneEndpoint host.")
+    image_url: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2"
+    image_checksum: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2.sha256sum"
+    record_in_netbox: bool = Field(False, description="Record the cluster in NetBox (needs the bootstrap).")
+    ready_timeout: timedelta = timedelta(hours=1)
+    poll_interval: timedelta = timedelta(seconds=2)
+
+    _names = field_validator("namespace", "name")(validate_object_name)
+
+    @field_validator("control_plane_replicas")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError("must be odd (etcd quorum)")
+        return v
+
+    def ref(self) -> str:
+        return f"{self.management_cluster}:{self.namespace}/{self.name}"
+
+    def workflow_id(self) -> str:
+        return f"cluster/{self.ref()}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.CLUSTER, self.ref())]
+
+
+class CreateClusterResult(BaseModel):
+    cluster: str = Field(description="The reference later workflows take: <management>:<namespace>/<name>.")
+    kubeconfig: str = Field(description="Where the kubeconfig is (a secret reference, never its content).")
+    created: list[str]
+    unchanged: list[str]
+    machines: int
+    baseline: list[str]
+
+
+def cluster_objects(inp: CreateClusterInput) -> list[dict]:
+    """The Cluster API objects of a flat (non-ClusterClass) cluster, in creation order."""
+    ns, name = inp.namespace, inp.name
+    labels = {"cluster.x-k8s.io/cluster-name": name}
+
+    def meta(n: str, annotations: dict | None = None) -> dict:
+        m: dict = {"name": n, "namespace": ns, "labels": dict(labels)}
+        if annotations:
+            m["annotations"] = annotations
+        return m
+
+    def m3_template(n: str) -> dict:
+        return {"apiVersion": METAL3, "kind": "Metal3MachineTemplate", "metadata": meta(n),
+                "spec": {"nodeReuse": False, "template": {"spec": {
+                    "image": {"url": inp.image_url, "checksum": inp.image_checksum, "checksumType": "sha256",
+                              "format": "qcow2"}, "automatedCleaningMode": "metadata"}}}}
+
+    objs: list[dict] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": METAL3, "kind": "Metal3Cluster", "metadata": meta(name),
+         "spec": {"controlPlaneEndpoint": {"host": inp.control_plane_endpoint, "port": 6443},
+                  "cloudProviderEnabled": False}},
+        m3_template(f"{name}-cp"),
+    ]
+    for pool in inp.worker_pools:
+        md = f"{name}-{pool.name}"
+        if pool.infrastructure is None:
+            objs.append(m3_template(md))
+        objs.append({"apiVersion": BOOTSTRAP, "kind": "KubeadmConfigTemplate", "metadata": meta(md),
+                     "spec": {"template": {"spec": {"joinConfiguration": {"nodeRegistration": {
+                         "kubeletExtraArgs": [{"name": "node-labels",
+                                               "value": f"{GPU_CLASS_LABEL}={pool.gpu_node_class}"}]}}}}}})
+    objs.append({"apiVersion": CAPI, "kind": "Cluster", "metadata": meta(name), "spec": {
+        "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.128.0.0/12"]},
+                           "serviceDomain": "cluster.local"},
+        "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane",
+                            "name": f"{name}-cp"},
+        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": name},
+    }})
+    objs.append({"apiVersion": KCP, "kind": "KubeadmControlPlane", "metadata": meta(f"{name}-cp"), "spec": {
+        "replicas": inp.control_plane_replicas, "version": inp.kubernetes_version,
+        "machineTemplate": {"spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
+                                                           "kind": "Metal3MachineTemplate", "name": f"{name}-cp"}}},
+        "kubeadmConfigSpec": {"clusterConfiguration": {}, "initConfiguration": {}, "joinConfiguration": {}},
+    }})
+    for pool in inp.worker_pools:
+        md = f"{name}-{pool.name}"
+        infra = pool.infrastructure
+        infra_ref = ({"apiGroup": infra.api_group, "kind": infra.kind, "name": infra.name} if infra else
+                     {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3MachineTemplate", "name": md})
+        selector = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": md}
+        objs.append({"apiVersion": CAPI, "kind": "MachineDeployment",
+                     "metadata": meta(md, {"millwright.dev/gpus-per-node": str(pool.gpus_per_node),
+                                           "millwright.dev/gpu-class": pool.gpu_node_class}),
+                     "spec": {"clusterName": name, "replicas": pool.replicas, "selector": {"matchLabels": selector},
+                              "template": {"metadata": {"labels": selector}, "spec": {
+                                  "clusterName": name, "version": inp.kubernetes_version,
+                                  "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io",
+                                                              "kind": "KubeadmConfigTemplate", "name": md}},
+                                  "infrastructureRef": infra_ref}}}})
+    return objs
+
+
+def _queue(name: str, parent: str | None = None) -> dict:
+    unlimited = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+    spec: dict = {"resources": {"gpu": dict(unlimited), "cpu": dict(unlimited), "memory": dict(unlimited)}}
+    if parent:
+        spec["parentQueue"] = parent
+    return {"apiVersion": QUEUE_API, "kind": "Queue", "metadata": {"name": name}, "spec": spec}
+
+
+def baseline_objects() -> list[dict]:
+    """What every new workload cluster gets: system namespace, KAI's default queues and the tenants' parent."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "millwright-system"}},
+        _queue("default-parent-queue"), _queue("default-queue", "default-parent-queue"),
+        _queue(TENANTS_PARENT_QUEUE),
+    ]
+
+
+def _kinds(objs: list[dict]) -> list[KindRef]:
+    seen: dict[str, KindRef] = {}
+    for o in objs:
+        seen.setdefault(f"{o['apiVersion']}/{o['kind']}", KindRef(api_version=o["apiVersion"], kind=o["kind"]))
+    return list(seen.values())
+
+
+@workflow.defn
+class CreateCluster:
+    @workflow.init
+    def __init__(self, inp: CreateClusterInput) -> None:
+        self._inp = inp
+        self._phases = Phases()
+
+    @workflow.query(description="Phase and machines ready x of y.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.run
+    async def run(self, inp: CreateClusterInput) -> CreateClusterResult:
+        acts = ClusterApiActivities
+        mgmt = inp.management_cluster
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.ref())])
+        try:
+            objs = cluster_objects(inp)
+            self._phases.enter("checking-providers", "discovery of the Cluster API kinds")
+            extra = [KindRef(api_version=f"{p.infrastructure.api_group}/{p.infrastructure.api_version}",
+                             kind=p.infrastructure.kind) for p in inp.worker_pools if p.infrastructure]
+            await workflow.execute_activity_method(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=_kinds(objs) + extra), **API_CALL)
+            self._phases.enter("creating", f"{len(objs)} objects")
+            applied = await workflow.execute_activity_method(
+                acts.apply_objects, ApplyRequest(cluster=mgmt, owner=workflow.info().workflow_id, objects=objs,
+                                                 on_difference="error"), **LONG_CALL)
+            status = await self._wait_ready(inp)
+            self._phases.enter("kubeconfig", "checking the kubeconfig Secret")
+            kubeconfig = await workflow.execute_activity_method(
+                acts.check_secret, SecretCheck(cluster=mgmt, namespace=inp.namespace, name=f"{inp.name}-kubeconfig",
+                                               key="value"), **API_CALL)
+            self._phases.enter("baseline", "namespaces, KAI queues, node labels")
+            ref = inp.ref()
+            base = baseline_objects()
+            await workflow.execute_activity_method(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=_kinds(base)), **API_CALL)
+            await workflow.execute_activity_method(
+                acts.apply_objects, ApplyRequest(cluster=ref, owner=workflow.info().workflow_id, objects=base,
+                                                 on_difference="update"), **LONG_CALL)
+            for pool in inp.worker_pools:
+                await workflow.execute_activity_method(
+                    acts.label_nodes, NodeLabels(cluster=ref, labels={GPU_CLASS_LABEL: pool.gpu_node_class},
+                                                 label_selector=f"cluster.x-k8s.io/deployment-name="
+                                                                f"{inp.name}-{pool.name}"), **API_CALL)
+            if inp.record_in_netbox:
+                self._phases.enter("netbox", "recording the cluster")
+                await workflow.execute_activity_method(
+                    NetBoxActivities.upsert_cluster,
+                    ClusterSpec(name=inp.name, description=f"Cluster API {ref}, {status.machines_total} machines"),
+                    **API_CALL)
+        except Exception as err:
+            self._phases.enter("failed", str(err))
+            raise
+        self._phases.enter("completed", f"{status.machines_ready} machines ready")
+        return CreateClusterResult(
+            cluster=ref, kubeconfig=kubeconfig.ref,
+            created=[str(o.ref) for o in applied.outcomes if o.outcome == "created"],
+            unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"],
+            machines=status.machines_total, baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base])
+
+    async def _wait_ready(self, inp: CreateClusterInput) -> CapiClusterStatus:
+        deadline = workflow.now() + inp.ready_timeout
+        ref = CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name)
+        while True:
+            st = await workflow.execute_activity_method(ClusterApiActivities.read_capi_cluster, ref, **API_CALL)
+            self._phases.enter("provisioning", f"phase {st.phase or '-'}, machines ready {st.machines_ready} of "
+                        f"{st.machines_total}", st.machines_ready, st.machines_total)
+            if st.exists and st.ready():
+                return st
+            if workflow.now() >= deadline:
+                raise ApplicationError(f"cluster {inp.ref()} not ready after {inp.ready_timeout}: phase {st.phase}, "
+                                       f"{st.message}", type="ClusterNotReady", non_retryable=True)
+            await workflow.sleep(inp.poll_interval)
+
+
+class DeleteClusterInput(WorkflowInput):
+    management_cluster: str = "lab"
+    namespace: str = "fleet"
+    name: str
+    force: bool = Field(False, description="Delete even while tenants are onboarded.")
+    timeout: timedelta = timedelta(hours=1)
+
+    def ref(self) -> str:
+        return f"{self.management_cluster}:{self.namespace}/{self.name}"
+
+    def workflow_id(self) -> str:
+        return f"cluster/{self.ref()}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.CLUSTER, self.ref())]
+
+
+class DeleteClusterResult(BaseModel):
+    cluster: str
+    tenants_left: list[str]
+    deleted: list[str]
+
+
+# Templates a Cluster's deletion leaves behind (not owned by it), removed after it is gone.
+TEMPLATE_KINDS = [KindRef(api_version=METAL3, kind="Metal3MachineTemplate"),
+                  KindRef(api_version=BOOTSTRAP, kind="KubeadmConfigTemplate"),
+                  KindRef(api_version=KCP, kind="KubeadmControlPlane"),
+                  KindRef(api_version=CAPI, kind="MachineDeployment"),
+                  KindRef(api_version=METAL3, kind="Metal3Cluster")]
+
+
+@workflow.defn
+class DeleteCluster:
+    @workflow.init
+    def __init__(self, inp: DeleteClusterInput) -> None:
+        self._phases = Phases()
+
+    @workflow.query(description="Phase of the deletion.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.run
+    async def run(self, inp: DeleteClusterInput) -> DeleteClusterResult:
+        acts = ClusterApiActivities
+        ref, mgmt = inp.ref(), inp.management_cluster
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(ref)])
+        self._phases.enter("checking-tenants")
+        status = await workflow.execute_activity_method(
+            acts.read_capi_cluster, CapiClusterRef(cluster=mgmt, namespace=inp.namespace, name=inp.name), **API_CALL)
+        tenants: list[str] = []
+        if status.exists and status.control_plane_initialized:
+            queues = await workflow.execute_activity_method(
+                acts.list_objects, ListRequest(cluster=ref, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
+                                               label_selector=TENANT_LABEL), **API_CALL)
+            tenants = sorted(q.name for q in queues)
+        if tenants and not inp.force:
+            self._phases.enter("failed", f"tenants still onboarded: {', '.join(tenants)}")
+            raise ApplicationError(f"cluster {ref} still has tenants onboarded ({', '.join(tenants)}): offboard them "
+                                   "first, or set force", type="TenantsOnboarded", non_retryable=True)
+        self._phases.enter("deleting", "Cluster (Machines, control plane, infrastructure follow)")
+        deleted = await workflow.execute_activity_method(
+            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=[ObjectRef(
+                api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)],
+                timeout_seconds=inp.timeout.total_seconds()),
+            start_to_close_timeout=inp.timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=API_CALL["retry_policy"])
+        self._phases.enter("deleting-templates")
+        leftovers = await workflow.execute_activity_method(
+            acts.list_objects, ListRequest(cluster=mgmt, kinds=TEMPLATE_KINDS,
+                                           label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"), **API_CALL)
+        more = await workflow.execute_activity_method(
+            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers), **LONG_CALL)
+        self._phases.enter("completed")
+        return DeleteClusterResult(cluster=ref, tenants_left=tenants,
+                                   deleted=[str(r) for r in deleted.deleted + more.deleted])

@@ -1,0 +1,502 @@
+"""OnboardTenant, OffboardTenant, UpdateTenantQuota: a team on a shared GPU cluster with its own vCluster,
+KAI Scheduler queue (GPU quota) and guard rails.
+
+Onboarding is a saga of idempotent steps: NetBox tenant → GPU capacity check → namespaces → KAI `Queue`
+→ ResourceQuota + LimitRange → RBAC for the identity group → default-deny NetworkPolicy → Kyverno policy
+(queue label + `schedulerName: kai-scheduler` on every tenant pod) → vCluster (a declarative `VCluster`
+object; ready + kubeconfig Secret `vc-<name>`, kept as a reference) → InfiniBand isolation (slot: the UFM
+work). A step that fails for good undoes, in reverse order, what this run created, and the run fails with a
+report of what was created and removed. A second onboarding with the same input writes nothing; a changed
+input updates objects in place and removes the tenant's objects no longer desired.
+
+Every tenant workflow has the ID `tenant/<cluster>/<tenant>`, so double submissions collapse and one
+tenant's onboarding, quota change and offboarding never run at once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import workflow
+from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows import search_attributes as sa
+from workflows.base import Phases, Progress, WorkflowInput
+from workflows.clusters import LONG_CALL, QUEUE_API, TENANTS_PARENT_QUEUE
+from workflows.drain import API_CALL
+
+with workflow.unsafe.imports_passed_through():
+    from activities.capi import (
+        OWNER_ANNOTATION,
+        TENANT_LABEL,
+        ApplyRequest,
+        CapacityRequest,
+        ClusterApiActivities,
+        DeleteRequest,
+        DiscoveryRequest,
+        KindRef,
+        ListRequest,
+        ObjectRef,
+        VClusterRef,
+        WorkloadQuery,
+    )
+    from activities.kube import validate_object_name
+    from activities.netbox import NetBoxActivities, TenantSpec
+
+QUEUE_LABEL = "kai.scheduler/queue"
+KAI_SCHEDULER = "kai-scheduler"
+VCLUSTER_API = "infrastructure.cluster.x-k8s.io/v1alpha1"
+
+# Every kind onboarding writes, in creation order; offboarding and compensation go in reverse.
+TENANT_KINDS: list[KindRef] = [
+    KindRef(api_version="v1", kind="Namespace"),
+    KindRef(api_version=QUEUE_API, kind="Queue"),
+    KindRef(api_version="v1", kind="ResourceQuota"),
+    KindRef(api_version="v1", kind="LimitRange"),
+    KindRef(api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding"),
+    KindRef(api_version="networking.k8s.io/v1", kind="NetworkPolicy"),
+    KindRef(api_version="kyverno.io/v1", kind="ClusterPolicy"),
+    KindRef(api_version=VCLUSTER_API, kind="VCluster"),
+]
+_KIND_ORDER = {k.kind: i for i, k in enumerate(TENANT_KINDS)}
+
+
+class QueueQuota(BaseModel):
+    """One KAI resource: quota (guaranteed), limit (-1: none) and over-quota weight."""
+
+    quota: float = Field(0, description="Guaranteed amount; -1 unlimited.")
+    limit: float = Field(-1, description="Ceiling; -1 no limit (0 would mean: nothing beyond quota).")
+    over_quota_weight: float = Field(1, ge=0)
+
+    def kai(self) -> dict:
+        return {"quota": self.quota, "limit": self.limit, "overQuotaWeight": self.over_quota_weight}
+
+
+class TenantRef(WorkflowInput):
+    tenant: str = Field(description="Tenant slug: namespace, queue and vCluster names derive from it.")
+    cluster: str = Field(description="Target cluster reference (a context, or <management>:<ns>/<name>).")
+
+    _tenant = field_validator("tenant")(validate_object_name)
+
+    def workflow_id(self) -> str:
+        return f"tenant/{self.cluster}/{self.tenant}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.CLUSTER, self.cluster), SearchAttributePair(sa.TENANT, self.tenant)]
+
+
+class OnboardTenantInput(TenantRef):
+    """Onboard one team onto a shared cluster."""
+
+    display_name: str = Field("", description="Human name (NetBox tenant name); defaults to the slug.")
+    contacts: list[str] = Field(default_factory=list, description="Team contacts (e-mail), recorded as annotations.")
+    isolation: Literal["vcluster", "namespace"] = Field("vcluster", description="Own control plane, or namespaces.")
+    gpu: QueueQuota = Field(default_factory=QueueQuota, description="KAI queue GPU resource (devices).")
+    cpu: QueueQuota = Field(default_factory=lambda: QueueQuota(quota=-1), description="KAI queue CPU (millicores).")
+    memory: QueueQuota = Field(default_factory=lambda: QueueQuota(quota=-1), description="KAI queue memory (MB).")
+    parent_queue: str = Field(TENANTS_PARENT_QUEUE, description="Parent KAI queue (CreateCluster makes 'tenants').")
+    priority: int = Field(100, description="KAI queue priority.")
+    cpu_quota: str | None = Field(None, description="ResourceQuota requests.cpu per namespace, e.g. '64'.")
+    memory_quota: str | None = Field(None, description="ResourceQuota requests.memory per namespace, e.g. '512Gi'.")
+    namespaces: list[str] = Field(default_factory=list, description="Tenant namespaces; default: [tenant].")
+    admin_group: str | None = Field(None, description="Identity group bound to the `admin` ClusterRole.")
+    network_isolation: bool = True
+    ib_isolation: bool = Field(False, description="InfiniBand partition isolation (arrives with the UFM work).")
+    allow_oversubscription: bool = Field(False, description="Allow the tenants' GPU quotas to exceed capacity.")
+    record_in_netbox: bool = True
+    vcluster_ready_timeout: timedelta = timedelta(minutes=10)
+
+    @field_validator("namespaces")
+    @classmethod
+    def _ns(cls, v: list[str]) -> list[str]:
+        for n in v:
+            validate_object_name(n)
+        if len(set(v)) != len(v):
+            raise ValueError("namespaces must be unique")
+        return v
+
+    def all_namespaces(self) -> list[str]:
+        return self.namespaces or [self.tenant]
+
+
+class StepReport(BaseModel):
+    step: str
+    created: list[str] = Field(default_factory=list)
+    updated: list[str] = Field(default_factory=list)
+    unchanged: list[str] = Field(default_factory=list)
+
+
+class OnboardTenantResult(BaseModel):
+    tenant: str
+    cluster: str
+    changed: bool = Field(description="False when the run wrote nothing (already onboarded as asked).")
+    steps: list[StepReport]
+    removed: list[str] = Field(default_factory=list, description="Objects no longer desired, removed.")
+    vcluster_kubeconfig: str | None = Field(None, description="A secret reference, never the kubeconfig.")
+
+
+def _labels(inp: TenantRef) -> dict[str, str]:
+    return {TENANT_LABEL: inp.tenant}
+
+
+def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
+    """The desired objects, step by step (pure: the workflow computes it deterministically)."""
+    t, nss = inp.tenant, inp.all_namespaces()
+    lab = _labels(inp)
+    notes = {"millwright.dev/contacts": ",".join(inp.contacts)} if inp.contacts else {}
+    steps: list[tuple[str, list[dict]]] = []
+    steps.append(("namespaces", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {**lab, QUEUE_LABEL: t}, **({"annotations": notes} if notes else {})}}
+        for ns in nss]))
+    steps.append(("queue", [{"apiVersion": QUEUE_API, "kind": "Queue", "metadata": {"name": t, "labels": lab},
+                             "spec": {"displayName": inp.display_name or t, "parentQueue": inp.parent_queue,
+                                      "priority": inp.priority,
+                                      "resources": {"gpu": inp.gpu.kai(), "cpu": inp.cpu.kai(),
+                                                    "memory": inp.memory.kai()}}}]))
+    quotas: list[dict] = []
+    for ns in nss:
+        hard = {"requests.nvidia.com/gpu": _num(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)}
+        if inp.cpu_quota:
+            hard["requests.cpu"] = inp.cpu_quota
+        if inp.memory_quota:
+            hard["requests.memory"] = inp.memory_quota
+        if inp.gpu.limit < 0 and inp.gpu.quota < 0:
+            hard.pop("requests.nvidia.com/gpu")
+        quotas.append({"apiVersion": "v1", "kind": "ResourceQuota",
+                       "metadata": {"name": f"{t}-quota", "namespace": ns, "labels": lab}, "spec": {"hard": hard}})
+        quotas.append({"apiVersion": "v1", "kind": "LimitRange",
+                       "metadata": {"name": f"{t}-limits", "namespace": ns, "labels": lab},
+                       "spec": {"limits": [{"type": "Container", "default": {"cpu": "1", "memory": "1Gi"},
+                                            "defaultRequest": {"cpu": "100m", "memory": "128Mi"}}]}})
+    steps.append(("quotas", quotas))
+    steps.append(("rbac", [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                            "metadata": {"name": f"{t}-admins", "namespace": ns, "labels": lab},
+                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                        "name": "admin"},
+                            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                          "name": inp.admin_group}]} for ns in nss] if inp.admin_group else []))
+    net: list[dict] = []
+    if inp.network_isolation:
+        for ns in nss:
+            net.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                        "metadata": {"name": "default-deny", "namespace": ns, "labels": lab},
+                        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}})
+            # What a vCluster (and any tenant workload) needs: its own namespaces, DNS, the host API server.
+            net.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                        "metadata": {"name": "allow-tenant-and-system", "namespace": ns, "labels": lab},
+                        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": lab}}]}],
+                                 "egress": [
+                                     {"to": [{"namespaceSelector": {"matchLabels": lab}}]},
+                                     {"to": [{"namespaceSelector": {"matchLabels": {
+                                         "kubernetes.io/metadata.name": "kube-system"}}}],
+                                      "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                                     {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+                                 ]}})
+    steps.append(("network", net))
+    steps.append(("policy", [{"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy",
+                              "metadata": {"name": f"{t}-kai-queue", "labels": lab},
+                              "spec": {"background": False, "rules": [{
+                                  "name": "kai-queue-and-scheduler",
+                                  "match": {"any": [{"resources": {"kinds": ["Pod"], "namespaces": nss}}]},
+                                  "mutate": {"patchStrategicMerge": {
+                                      "metadata": {"labels": {QUEUE_LABEL: t}},
+                                      "spec": {"schedulerName": KAI_SCHEDULER}}}}]}}]))
+    vc: list[dict] = []
+    if inp.isolation == "vcluster":
+        vc.append({"apiVersion": VCLUSTER_API, "kind": "VCluster",
+                   "metadata": {"name": t, "namespace": nss[0], "labels": lab},
+                   "spec": {"helmRelease": {"chart": {"name": "vcluster", "repo": "https://charts.loft.sh"},
+                                            "values": _vcluster_values(inp)}}})
+    steps.append(("vcluster", vc))
+    return steps
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def _vcluster_values(inp: OnboardTenantInput) -> str:
+    ns = inp.all_namespaces()[0]
+    return (
+        "sync:\n  fromHost:\n    nodes:\n      enabled: false\n"
+        "exportKubeConfig:\n"
+        f"  server: https://{inp.tenant}.{ns}.svc:443\n"
+        "policies:\n  resourceQuota:\n    enabled: false\n  limitRange:\n    enabled: false\n"
+    )
+
+
+def _kinds_of(objs: list[dict]) -> list[KindRef]:
+    seen: dict[str, KindRef] = {}
+    for o in objs:
+        seen.setdefault(f"{o['apiVersion']}/{o['kind']}", KindRef(api_version=o["apiVersion"], kind=o["kind"]))
+    return list(seen.values())
+
+
+def _cause(err: BaseException) -> str:
+    while isinstance(err, ActivityError) and err.cause is not None:
+        err = err.cause
+    return str(err)
+
+
+def _delete_order(refs: list[ObjectRef]) -> list[ObjectRef]:
+    """Reverse creation order: vCluster first, namespaces last."""
+    return sorted(refs, key=lambda r: (-_KIND_ORDER.get(r.kind, -1), r.namespace or "", r.name))
+
+
+async def _capacity_check(cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
+    cap = await workflow.execute_activity_method(ClusterApiActivities.gpu_capacity, CapacityRequest(cluster=cluster),
+                                                 **API_CALL)
+    others = sum(q for t, q in cap.quotas.items() if t != tenant)
+    total = others + max(0.0, gpu_quota)
+    if total > cap.gpus and not allow:
+        raise ApplicationError(
+            f"GPU quotas would total {total:g} on cluster {cluster} (other tenants {others:g} + {tenant} "
+            f"{gpu_quota:g}) but it has {cap.gpus:g} GPUs; lower the quota or set allow_oversubscription",
+            type="QuotaExceedsCapacity", non_retryable=True)
+
+
+@workflow.defn
+class OnboardTenant:
+    @workflow.init
+    def __init__(self, inp: OnboardTenantInput) -> None:
+        self._phases = Phases(finished=("completed", "compensated", "failed"))
+
+    @workflow.query(description="Current step, steps done of total.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.run
+    async def run(self, inp: OnboardTenantInput) -> OnboardTenantResult:
+        acts = ClusterApiActivities
+        owner = workflow.info().workflow_id
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
+        steps = tenant_steps(inp)
+        self._phases.progress.total = len(steps) + 3
+        reports: list[StepReport] = []
+        created: list[ObjectRef] = []  # what this run created: compensation removes exactly these
+        result = OnboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, changed=False, steps=reports)
+        try:
+            if inp.record_in_netbox:
+                self._phases.enter("netbox", "tenant record")
+                nb = await workflow.execute_activity_method(
+                    NetBoxActivities.upsert_tenant,
+                    TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
+                               description=f"onboarded on {inp.cluster}"), **API_CALL)
+                reports.append(StepReport(step="netbox", created=[f"tenant {nb.name}"] if nb.created else [],
+                                          updated=[f"tenant {nb.name}"] if nb.updated else [],
+                                          unchanged=[] if nb.created or nb.updated else [f"tenant {nb.name}"]))
+                result.changed |= bool(nb.created or nb.updated)
+            self._phases.enter("checking", "kinds installed, GPU capacity", 1)
+            every = [o for _, objs in steps for o in objs]
+            await workflow.execute_activity_method(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=_kinds_of(every)), **API_CALL)
+            await _capacity_check(inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+            for i, (name, objs) in enumerate(steps):
+                self._phases.enter(name, f"{len(objs)} objects", i + 2)
+                if not objs:
+                    continue
+                applied = await workflow.execute_activity_method(
+                    acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=objs,
+                                                     on_difference="update"),
+                    summary=f"{name}: {len(objs)} objects", **LONG_CALL)
+                created += applied.created()
+                result.changed |= applied.changed()
+                reports.append(StepReport(step=name, **{k: [str(o.ref) for o in applied.outcomes if o.outcome == v]
+                                                        for k, v in (("created", "created"), ("updated", "updated"),
+                                                                     ("unchanged", "unchanged"))}))
+                if name == "vcluster":
+                    result.vcluster_kubeconfig = await self._wait_vcluster(inp)
+            # ---- InfiniBand isolation slot (UFM issue). No-op when disabled. ----
+            if inp.ib_isolation:
+                self._phases.enter("infiniband", "partition isolation")
+                raise ApplicationError("InfiniBand isolation is not available yet (it arrives with the UFM "
+                                       "integration); onboard with ib_isolation=false", type="NotAvailableYet",
+                                       non_retryable=True)
+            # Changed input: the tenant's objects no longer desired go.
+            self._phases.enter("pruning", "objects no longer desired", len(steps) + 2)
+            want = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in every}
+            live = await workflow.execute_activity_method(
+                acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
+                                               label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+            stale = [r for r in live if (r.kind, r.namespace, r.name) not in want]
+            if stale:
+                await workflow.execute_activity_method(
+                    acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=_delete_order(stale)),
+                    **LONG_CALL)
+                result.removed = [str(r) for r in stale]
+                result.changed = True
+        except (ActivityError, ApplicationError) as err:
+            why = _cause(err)
+            self._phases.enter("compensating", why)
+            removed = await self._compensate(inp, created)
+            report = (f"onboarding {inp.tenant} on {inp.cluster} failed: {why}; created "
+                      f"{[str(r) for r in created] or 'nothing'}; removed {removed or 'nothing'} (in reverse order)")
+            self._phases.enter("compensated", report)
+            raise ApplicationError(report, {"created": [str(r) for r in created], "removed": removed},
+                                   type="OnboardingFailed", non_retryable=True) from err
+        self._phases.enter("completed", "changed" if result.changed else "already onboarded: nothing changed",
+                    self._phases.progress.total)
+        return result
+
+    async def _wait_vcluster(self, inp: OnboardTenantInput) -> str:
+        ref = VClusterRef(cluster=inp.cluster, namespace=inp.all_namespaces()[0], name=inp.tenant)
+        deadline = workflow.now() + inp.vcluster_ready_timeout
+        delay = timedelta(milliseconds=250)
+        while True:
+            st = await workflow.execute_activity_method(ClusterApiActivities.read_vcluster, ref, **API_CALL)
+            if st.ready and st.kubeconfig:
+                return st.kubeconfig.ref
+            self._phases.enter("vcluster", f"waiting for vCluster {inp.tenant}: {st.phase or 'pending'}")
+            if workflow.now() >= deadline:
+                raise ApplicationError(f"vCluster {inp.tenant} not ready after {inp.vcluster_ready_timeout}",
+                                       type="VClusterNotReady", non_retryable=True)
+            await workflow.sleep(delay)
+            delay = min(delay * 2, timedelta(seconds=10))
+
+    async def _compensate(self, inp: OnboardTenantInput, created: list[ObjectRef]) -> list[str]:
+        if not created:
+            return []
+        order = list(reversed(created))
+        await workflow.execute_activity_method(
+            ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL)
+        return [str(r) for r in order]
+
+
+# ---------------------------------------------------------------- offboarding
+
+
+class OffboardTenantInput(TenantRef):
+    """Remove everything onboarding created for a tenant and mark it in NetBox."""
+
+    force: bool = Field(False, description="Evict the tenant's running pods instead of waiting for them to end.")
+    workloads_timeout: timedelta = timedelta(hours=2)
+    poll_interval: timedelta = timedelta(seconds=10)
+    record_in_netbox: bool = True
+    display_name: str = Field("", description="NetBox tenant name, as onboarded; defaults to the slug.")
+
+
+class OffboardTenantResult(BaseModel):
+    tenant: str
+    cluster: str
+    removed: list[str]
+    evicted: int = 0
+
+
+@workflow.defn
+class OffboardTenant:
+    @workflow.init
+    def __init__(self, inp: OffboardTenantInput) -> None:
+        self._phases = Phases()
+
+    @workflow.query(description="Phase of the offboarding.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.run
+    async def run(self, inp: OffboardTenantInput) -> OffboardTenantResult:
+        acts = ClusterApiActivities
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
+        self._phases.enter("listing")
+        live = await workflow.execute_activity_method(
+            acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
+                                           label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+        namespaces = [r.name for r in live if r.kind == "Namespace"]
+        evicted = 0
+        deadline = workflow.now() + inp.workloads_timeout
+        while namespaces:
+            w = await workflow.execute_activity_method(
+                acts.tenant_workloads, WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
+                **API_CALL)
+            evicted += w.evicted
+            if w.active == 0 or inp.force:
+                break
+            self._phases.enter("waiting-for-workloads", f"{w.active} pods still running")
+            if workflow.now() >= deadline:
+                raise ApplicationError(f"{w.active} tenant pods still running after {inp.workloads_timeout}; "
+                                       "offboard with force to evict them", type="WorkloadsRunning",
+                                       non_retryable=True)
+            await workflow.sleep(inp.poll_interval)
+        self._phases.enter("removing", f"{len(live)} objects")
+        order = _delete_order(live)
+        if order:
+            await workflow.execute_activity_method(
+                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL)
+        if inp.record_in_netbox:
+            self._phases.enter("netbox", "marking the tenant")
+            await workflow.execute_activity_method(
+                NetBoxActivities.upsert_tenant,
+                TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
+                           description=f"offboarded from {inp.cluster}"), **API_CALL)
+        self._phases.enter("completed", f"removed {len(order)} objects")
+        return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=[str(r) for r in order],
+                                    evicted=evicted)
+
+
+# ---------------------------------------------------------------- quota changes
+
+
+class UpdateTenantQuotaInput(TenantRef):
+    """Change a tenant's GPU quota (KAI queue and ResourceQuota) in place."""
+
+    gpu: QueueQuota
+    allow_oversubscription: bool = False
+
+
+class UpdateTenantQuotaResult(BaseModel):
+    tenant: str
+    cluster: str
+    updated: list[str]
+    unchanged: list[str]
+
+
+@workflow.defn
+class UpdateTenantQuota:
+    @workflow.init
+    def __init__(self, inp: UpdateTenantQuotaInput) -> None:
+        self._phases = Phases()
+
+    @workflow.query(description="Phase of the quota change.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.run
+    async def run(self, inp: UpdateTenantQuotaInput) -> UpdateTenantQuotaResult:
+        acts = ClusterApiActivities
+        owner = workflow.info().workflow_id
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
+        self._phases.enter("checking", "GPU capacity")
+        await _capacity_check(inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+        objs = await workflow.execute_activity_method(
+            acts.read_tenant_quota_objects, ListRequest(cluster=inp.cluster, kinds=[
+                KindRef(api_version=QUEUE_API, kind="Queue"), KindRef(api_version="v1", kind="ResourceQuota")],
+                label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+        if not any(o["kind"] == "Queue" for o in objs):
+            raise ApplicationError(f"tenant {inp.tenant} is not onboarded on {inp.cluster} (no queue)",
+                                   type="TenantNotFound", non_retryable=True)
+        desired = []
+        for o in objs:
+            if o["kind"] == "Queue":
+                o["spec"]["resources"]["gpu"] = inp.gpu.kai()
+            else:
+                hard = o["spec"].setdefault("hard", {})
+                if inp.gpu.limit >= 0 or inp.gpu.quota >= 0:
+                    hard["requests.nvidia.com/gpu"] = _num(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)
+                else:
+                    hard.pop("requests.nvidia.com/gpu", None)
+            if (o["metadata"].get("annotations") or {}).get(OWNER_ANNOTATION) not in (None, owner):
+                raise ApplicationError(f"{o['kind']} {o['metadata']['name']} is not managed by {owner}",
+                                       type="ObjectConflict", non_retryable=True)
+            desired.append(o)
+        self._phases.enter("updating", f"GPU quota {inp.gpu.quota:g}, limit {inp.gpu.limit:g}")
+        applied = await workflow.execute_activity_method(
+            acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=desired,
+                                             on_difference="update"), **LONG_CALL)
+        self._phases.enter("completed")
+        return UpdateTenantQuotaResult(
+            tenant=inp.tenant, cluster=inp.cluster,
+            updated=[str(o.ref) for o in applied.outcomes if o.outcome != "unchanged"],
+            unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"])
