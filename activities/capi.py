@@ -137,6 +137,12 @@ class CapiClusterStatus(BaseModel):
                 and self.phase == "Provisioned" and self.machines_ready == self.machines_total)
 
 
+class MachineNode(BaseModel):
+    machine: str
+    node: str = Field("", description="status.nodeRef.name; empty until the machine has a node.")
+    control_plane: bool = False
+
+
 class SecretCheck(BaseModel):
     cluster: str
     namespace: str
@@ -282,6 +288,7 @@ class ClusterApiActivities:
             self.list_objects,
             self.read_tenant_quota_objects,
             self.read_capi_cluster,
+            self.list_machines,
             self.check_secret,
             self.read_vcluster,
             self.gpu_capacity,
@@ -436,6 +443,21 @@ class ClusterApiActivities:
             machines_ready=sum(1 for m in items if (m.get("status") or {}).get("nodeRef")),
             message=(conds.get("Available") or {}).get("message") or "",
         )
+
+    @activity.defn
+    async def list_machines(self, ref: CapiClusterRef) -> list[MachineNode]:
+        """The Cluster's Machines and their nodes (`status.nodeRef.name`), sorted by machine name."""
+        res = await self._resources(ref.cluster)
+        doc = await _request(res.api, "GET", await res.path("cluster.x-k8s.io/v1beta2", "Machine",
+                                                            namespace=ref.namespace), "listing Machines",
+                             query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"})
+        out = []
+        for m in (doc or {}).get("items") or []:
+            md = m.get("metadata") or {}
+            node = ((m.get("status") or {}).get("nodeRef") or {}).get("name") or ""
+            out.append(MachineNode(machine=md["name"], node=node,
+                                   control_plane="cluster.x-k8s.io/control-plane" in (md.get("labels") or {})))
+        return sorted(out, key=lambda m: m.machine)
 
     @activity.defn
     async def check_secret(self, req: SecretCheck) -> SecretReference:

@@ -316,6 +316,8 @@ class ObjectResult(BaseModel):
 class ClusterAssignment(BaseModel):
     cluster: str = Field(min_length=1, description="Cluster name.")
     devices: list[DeviceLookup]
+    missing_ok: bool = Field(False, description="Report devices NetBox does not know in `missing` instead of "
+                                                "failing.")
 
 
 class IbPortQuery(BaseModel):
@@ -349,6 +351,7 @@ class AssignmentResult(BaseModel):
     cluster: str
     assigned: list[str] = Field(default_factory=list)
     already: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list, description="Lookups with no device (with missing_ok).")
 
 
 # ---------------------------------------------------------------- errors
@@ -838,7 +841,8 @@ class NetBoxActivities:
 
     @activity.defn
     async def assign_devices_to_cluster(self, req: ClusterAssignment) -> AssignmentResult:
-        """Point each device's cluster at this cluster; devices already in it are left alone."""
+        """Point each device's cluster at this cluster; devices already in it are left alone; with `missing_ok`,
+        devices NetBox does not know are listed in `missing` instead of failing the activity."""
 
         def run(api: Any) -> AssignmentResult:
             cluster = api.virtualization.clusters.get(name=req.cluster)
@@ -847,7 +851,10 @@ class NetBoxActivities:
                                        non_retryable=True)  # fmt: skip
             result = AssignmentResult(cluster=req.cluster)
             for lookup in req.devices:
-                device = self._resolve_device(api, lookup)
+                device = self._find_device(api, lookup) if req.missing_ok else self._resolve_device(api, lookup)
+                if device is None:
+                    result.missing.append(lookup.name or lookup.serial or lookup.asset_tag or str(lookup))
+                    continue
                 name = device.name or f"#{device.id}"
                 if (_rec(device).get("cluster") or {}).get("id") == cluster.id:
                     result.already.append(name)

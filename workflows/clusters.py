@@ -1,11 +1,16 @@
 """CreateCluster and DeleteCluster: workload clusters through Cluster API v1beta2 (Metal3 infrastructure).
 
 CreateCluster: discovery check → namespace, templates, Cluster, KubeadmControlPlane, MachineDeployments
-(create-or-compare; a differing object is an error, never adopted) → wait the way clusterctl does
+(create-or-compare; a differing object is an error, never adopted) — or, with `topology`, one `Cluster` with
+`spec.topology` against an installed, existing ClusterClass (the topology controller derives the rest) → wait the way clusterctl does
 (status.initialization, ControlPlaneInitialized, Available, phase Provisioned, every Machine with a nodeRef),
 with "machines ready x of y" in the `progress` query and the current details → the kubeconfig Secret
 checked and kept only as a reference → a baseline on the new cluster (namespaces, KAI default queues,
-node labels) → optionally the cluster in NetBox.
+node labels) → optionally the cluster in NetBox, and its machines' devices assigned to it.
+
+Machines map to NetBox devices by name: a Machine's `status.nodeRef.name` (the node's hostname, which a
+Metal3 host keeps from its BareMetalHost/NetBox device name). A machine whose device NetBox does not know is
+reported in the result (`netbox.missing`), not a failure: the cluster exists whatever the inventory says.
 
 The new cluster's reference, `<management>:<namespace>/<name>`, is what later workflows (OnboardTenant)
 take as `cluster`; the worker's ClusterConnector resolves it through the kubeconfig Secret.
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, Field, field_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
@@ -38,12 +45,13 @@ with workflow.unsafe.imports_passed_through():
         DiscoveryRequest,
         KindRef,
         ListRequest,
+        MachineNode,
         NodeLabels,
         ObjectRef,
         SecretCheck,
     )
     from activities.kube import validate_object_name
-    from activities.netbox import ClusterSpec, NetBoxActivities
+    from activities.netbox import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
 
 CAPI = "cluster.x-k8s.io/v1beta2"
 KCP = "controlplane.cluster.x-k8s.io/v1beta2"
@@ -52,6 +60,7 @@ METAL3 = "infrastructure.cluster.x-k8s.io/v1beta1"
 QUEUE_API = "scheduling.run.ai/v2"
 GPU_CLASS_LABEL = "millwright.dev/gpu-class"
 TENANTS_PARENT_QUEUE = "tenants"
+CLUSTER_CLASS = KindRef(api_version=CAPI, kind="ClusterClass")
 LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_CALL["retry_policy"])
 
@@ -76,19 +85,81 @@ class WorkerPool(BaseModel):
     _name = field_validator("name")(validate_object_name)
 
 
+class _Topo(BaseModel):
+    """Cluster API's own field names (camelCase, `class`) in the topology input."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TopologyControlPlane(_Topo):
+    replicas: int = Field(3, ge=1)
+
+    @field_validator("replicas")
+    @classmethod
+    def _odd(cls, v: int) -> int:
+        if v % 2 == 0:
+            raise ValueError("must be odd (etcd quorum)")
+        return v
+
+
+class TopologyMachineDeployment(_Topo):
+    class_: str = Field(alias="class", description="Worker class of the ClusterClass.")
+    name: str = Field(description="Topology name; the MachineDeployment is <cluster>-<name>.")
+    replicas: int = Field(ge=0)
+    gpu_node_class: str | None = Field(None, alias="gpuNodeClass",
+                                       description="Label millwright.dev/gpu-class on these nodes (unset: none).")
+    gpus_per_node: int = Field(8, ge=0, alias="gpusPerNode")
+
+    _name = field_validator("name")(validate_object_name)
+
+
+class TopologyWorkers(_Topo):
+    machine_deployments: list[TopologyMachineDeployment] = Field(default_factory=list, alias="machineDeployments")
+
+
+class TopologyVariable(_Topo):
+    name: str = Field(min_length=1)
+    value: Any
+
+
+class ClusterTopology(_Topo):
+    """`Cluster.spec.topology` (v1beta2): a ClusterClass and what varies per cluster."""
+
+    class_: str = Field(alias="class", description="Name of the ClusterClass.")
+    class_namespace: str | None = Field(None, alias="classNamespace",
+                                        description="Its namespace; unset: the Cluster's namespace.")
+    version: str = "v1.34.1"
+    control_plane: TopologyControlPlane = Field(default_factory=TopologyControlPlane, alias="controlPlane")
+    workers: TopologyWorkers = Field(default_factory=TopologyWorkers)
+    variables: list[TopologyVariable] = Field(default_factory=list)
+
+    _class = field_validator("class_")(validate_object_name)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "ClusterTopology":
+        names = [m.name for m in self.workers.machine_deployments]
+        if len(names) != len(set(names)):
+            raise ValueError("workers.machineDeployments: names must be unique")
+        return self
+
+
 class CreateClusterInput(WorkflowInput):
-    """Create a workload cluster from burnt-in servers through Cluster API."""
+    """Create a workload cluster from burnt-in servers through Cluster API: flat objects (`worker_pools`,
+    `control_plane_replicas`, `kubernetes_version`) or a ClusterClass (`topology`), exactly one of the two."""
 
     management_cluster: str = Field("lab", description="Kubeconfig context of the Cluster API management cluster.")
     namespace: str = Field("fleet", description="Namespace of the Cluster API objects.")
     name: str
     kubernetes_version: str = "v1.34.1"
     control_plane_replicas: int = Field(3, ge=1)
-    worker_pools: list[WorkerPool] = Field(min_length=1)
+    worker_pools: list[WorkerPool] | None = Field(None, description="Flat objects; exclusive with `topology`.")
+    topology: ClusterTopology | None = Field(None, description="A ClusterClass with topology variables; "
+                                                               "exclusive with `worker_pools`.")
     control_plane_endpoint: str = Field("10.0.0.10", description="Metal3Cluster controlPlaneEndpoint host.")
     image_url: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2"
     image_checksum: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2.sha256sum"
-    record_in_netbox: bool = Field(False, description="Record the cluster in NetBox (needs the bootstrap).")
+    record_in_netbox: bool = Field(False, description="Record the cluster in NetBox and assign its machines' "
+                                                      "devices to it (needs the bootstrap).")
     ready_timeout: timedelta = timedelta(hours=1)
     poll_interval: timedelta = timedelta(seconds=2)
 
@@ -101,6 +172,20 @@ class CreateClusterInput(WorkflowInput):
             raise ValueError("must be odd (etcd quorum)")
         return v
 
+    @model_validator(mode="after")
+    def _one_shape(self) -> "CreateClusterInput":
+        if self.topology is not None and self.worker_pools is not None:
+            raise ValueError("topology: give either worker_pools (flat objects) or topology (ClusterClass), not both")
+        if self.topology is None and not self.worker_pools:
+            raise ValueError("worker_pools: at least one pool is required unless topology is given")
+        if self.topology is not None:
+            # Flat-only fields must keep their defaults (a serialized input carries them, so "set" is not enough).
+            flat = [f for f in ("kubernetes_version", "control_plane_replicas")
+                    if getattr(self, f) != type(self).model_fields[f].default]
+            if flat:
+                raise ValueError(f"{flat[0]}: with topology, set topology.version / topology.controlPlane.replicas")
+        return self
+
     def ref(self) -> str:
         return f"{self.management_cluster}:{self.namespace}/{self.name}"
 
@@ -110,6 +195,25 @@ class CreateClusterInput(WorkflowInput):
     def search_attributes(self) -> list[SearchAttributePair]:
         return [SearchAttributePair(sa.CLUSTER, self.ref())]
 
+    def node_classes(self) -> list[tuple[str, str]]:
+        """(MachineDeployment name, GPU node class) of every worker group that gets the class label."""
+        if self.topology is not None:
+            return [(f"{self.name}-{m.name}", m.gpu_node_class) for m in self.topology.workers.machine_deployments
+                    if m.gpu_node_class]
+        return [(f"{self.name}-{p.name}", p.gpu_node_class) for p in self.worker_pools or []]
+
+
+class NetBoxRecord(BaseModel):
+    """What CreateCluster wrote to NetBox."""
+
+    cluster: str
+    cluster_created: bool
+    assigned: list[str] = Field(default_factory=list, description="Devices assigned to the cluster by this run.")
+    already: list[str] = Field(default_factory=list, description="Devices already in the cluster.")
+    missing: list[str] = Field(default_factory=list,
+                               description="Machines (node names) with no NetBox device of that name: reported, "
+                                           "not a failure.")
+
 
 class CreateClusterResult(BaseModel):
     cluster: str = Field(description="The reference later workflows take: <management>:<namespace>/<name>.")
@@ -118,10 +222,43 @@ class CreateClusterResult(BaseModel):
     unchanged: list[str]
     machines: int
     baseline: list[str]
+    netbox: NetBoxRecord | None = None
+
+
+CLUSTER_NETWORK = {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.128.0.0/12"]},
+                   "serviceDomain": "cluster.local"}
+
+
+def topology_objects(inp: CreateClusterInput) -> list[dict]:
+    """A ClusterClass cluster: its namespace and one `Cluster` with `spec.topology` (v1beta2 `classRef`)."""
+    topo = inp.topology
+    assert topo is not None
+    mds = []
+    for m in topo.workers.machine_deployments:
+        md: dict = {"class": m.class_, "name": m.name, "replicas": m.replicas}
+        ann = {"millwright.dev/gpus-per-node": str(m.gpus_per_node)}
+        if m.gpu_node_class:
+            ann["millwright.dev/gpu-class"] = m.gpu_node_class
+        md["metadata"] = {"annotations": ann}
+        mds.append(md)
+    spec: dict = {"classRef": {"name": topo.class_, "namespace": topo.class_namespace or inp.namespace},
+                  "version": topo.version, "controlPlane": {"replicas": topo.control_plane.replicas},
+                  "workers": {"machineDeployments": mds}}
+    if topo.variables:
+        spec["variables"] = [{"name": v.name, "value": v.value} for v in topo.variables]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": inp.namespace}},
+        {"apiVersion": CAPI, "kind": "Cluster",
+         "metadata": {"name": inp.name, "namespace": inp.namespace,
+                      "labels": {"cluster.x-k8s.io/cluster-name": inp.name}},
+         "spec": {"clusterNetwork": CLUSTER_NETWORK, "topology": spec}},
+    ]
 
 
 def cluster_objects(inp: CreateClusterInput) -> list[dict]:
-    """The Cluster API objects of a flat (non-ClusterClass) cluster, in creation order."""
+    """The Cluster API objects of a cluster, in creation order (flat, or a ClusterClass topology)."""
+    if inp.topology is not None:
+        return topology_objects(inp)
     ns, name = inp.namespace, inp.name
     labels = {"cluster.x-k8s.io/cluster-name": name}
 
@@ -144,7 +281,8 @@ def cluster_objects(inp: CreateClusterInput) -> list[dict]:
                   "cloudProviderEnabled": False}},
         m3_template(f"{name}-cp"),
     ]
-    for pool in inp.worker_pools:
+    pools = inp.worker_pools or []
+    for pool in pools:
         md = f"{name}-{pool.name}"
         if pool.infrastructure is None:
             objs.append(m3_template(md))
@@ -153,8 +291,7 @@ def cluster_objects(inp: CreateClusterInput) -> list[dict]:
                          "kubeletExtraArgs": [{"name": "node-labels",
                                                "value": f"{GPU_CLASS_LABEL}={pool.gpu_node_class}"}]}}}}}})
     objs.append({"apiVersion": CAPI, "kind": "Cluster", "metadata": meta(name), "spec": {
-        "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                           "serviceDomain": "cluster.local"},
+        "clusterNetwork": CLUSTER_NETWORK,
         "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane",
                             "name": f"{name}-cp"},
         "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": name},
@@ -165,7 +302,7 @@ def cluster_objects(inp: CreateClusterInput) -> list[dict]:
                                                            "kind": "Metal3MachineTemplate", "name": f"{name}-cp"}}},
         "kubeadmConfigSpec": {"clusterConfiguration": {}, "initConfiguration": {}, "joinConfiguration": {}},
     }})
-    for pool in inp.worker_pools:
+    for pool in pools:
         md = f"{name}-{pool.name}"
         infra = pool.infrastructure
         infra_ref = ({"apiGroup": infra.api_group, "kind": infra.kind, "name": infra.name} if infra else
@@ -227,9 +364,13 @@ class CreateCluster:
             objs = cluster_objects(inp)
             self._phases.enter("checking-providers", "discovery of the Cluster API kinds")
             extra = [KindRef(api_version=f"{p.infrastructure.api_group}/{p.infrastructure.api_version}",
-                             kind=p.infrastructure.kind) for p in inp.worker_pools if p.infrastructure]
+                             kind=p.infrastructure.kind) for p in inp.worker_pools or [] if p.infrastructure]
+            if inp.topology is not None:
+                extra.append(CLUSTER_CLASS)
             await workflow.execute_activity_method(
                 acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=_kinds(objs) + extra), **API_CALL)
+            if inp.topology is not None:
+                await self._check_cluster_class(inp)
             self._phases.enter("creating", f"{len(objs)} objects")
             applied = await workflow.execute_activity_method(
                 acts.apply_objects, ApplyRequest(cluster=mgmt, owner=workflow.info().workflow_id, objects=objs,
@@ -247,17 +388,12 @@ class CreateCluster:
             await workflow.execute_activity_method(
                 acts.apply_objects, ApplyRequest(cluster=ref, owner=workflow.info().workflow_id, objects=base,
                                                  on_difference="update"), **LONG_CALL)
-            for pool in inp.worker_pools:
+            for deployment, gpu_class in inp.node_classes():
                 await workflow.execute_activity_method(
-                    acts.label_nodes, NodeLabels(cluster=ref, labels={GPU_CLASS_LABEL: pool.gpu_node_class},
-                                                 label_selector=f"cluster.x-k8s.io/deployment-name="
-                                                                f"{inp.name}-{pool.name}"), **API_CALL)
-            if inp.record_in_netbox:
-                self._phases.enter("netbox", "recording the cluster")
-                await workflow.execute_activity_method(
-                    NetBoxActivities.upsert_cluster,
-                    ClusterSpec(name=inp.name, description=f"Cluster API {ref}, {status.machines_total} machines"),
+                    acts.label_nodes, NodeLabels(cluster=ref, labels={GPU_CLASS_LABEL: gpu_class},
+                                                 label_selector=f"cluster.x-k8s.io/deployment-name={deployment}"),
                     **API_CALL)
+            netbox = await self._record_in_netbox(inp, status) if inp.record_in_netbox else None
         except Exception as err:
             self._phases.enter("failed", str(err))
             raise
@@ -266,7 +402,41 @@ class CreateCluster:
             cluster=ref, kubeconfig=kubeconfig.ref,
             created=[str(o.ref) for o in applied.outcomes if o.outcome == "created"],
             unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"],
-            machines=status.machines_total, baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base])
+            machines=status.machines_total, baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base],
+            netbox=netbox)
+
+    async def _check_cluster_class(self, inp: CreateClusterInput) -> None:
+        topo = inp.topology
+        assert topo is not None
+        where = topo.class_namespace or inp.namespace
+        found = await workflow.execute_activity_method(
+            ClusterApiActivities.list_objects, ListRequest(cluster=inp.management_cluster, kinds=[CLUSTER_CLASS]),
+            **API_CALL)
+        if not any(o.name == topo.class_ and o.namespace == where for o in found):
+            raise ApplicationError(f"topology.class: no ClusterClass {where}/{topo.class_} in cluster "
+                                   f"{inp.management_cluster}; create it (or fix the name) first",
+                                   type="ClusterClassNotFound", non_retryable=True)
+
+    async def _record_in_netbox(self, inp: CreateClusterInput, status: CapiClusterStatus) -> NetBoxRecord:
+        """Upsert the cluster record and assign each machine's device (by node name); idempotent."""
+        self._phases.enter("netbox", "recording the cluster and its machines")
+        ref = inp.ref()
+        record = await workflow.execute_activity_method(
+            NetBoxActivities.upsert_cluster,
+            ClusterSpec(name=inp.name, description=f"Cluster API {ref}, {status.machines_total} machines"),
+            **API_CALL)
+        machines: list[MachineNode] = await workflow.execute_activity_method(
+            ClusterApiActivities.list_machines,
+            CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name), **API_CALL)
+        nodes = sorted({m.node for m in machines if m.node})
+        assigned = AssignmentResult(cluster=inp.name)
+        if nodes:
+            assigned = await workflow.execute_activity_method(
+                NetBoxActivities.assign_devices_to_cluster,
+                ClusterAssignment(cluster=inp.name, devices=[DeviceLookup(name=n) for n in nodes], missing_ok=True),
+                **API_CALL)
+        return NetBoxRecord(cluster=inp.name, cluster_created=record.created, assigned=assigned.assigned,
+                            already=assigned.already, missing=assigned.missing)
 
     async def _wait_ready(self, inp: CreateClusterInput) -> CapiClusterStatus:
         deadline = workflow.now() + inp.ready_timeout

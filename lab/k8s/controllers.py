@@ -32,6 +32,7 @@ JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
 REBOOT_MESSAGE = "lab: node is rebooting"
 SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
 CAPI_FINALIZER = "cluster.cluster.x-k8s.io"
+TOPOLOGY_OWNED = "topology.cluster.x-k8s.io/owned"
 
 
 def parse_ts(ts: str | None) -> float | None:
@@ -761,6 +762,8 @@ class Controllers:
     # One step every `capiStepSeconds` (config, default 0.5 s). Deleting it (finalizer) removes its children
     # tier by tier: MachineDeployments and their Machines, the control plane, the infrastructure cluster, the
     # kubeconfig Secret; then the finalizer goes and the workload API server stops.
+    # A ClusterClass Cluster (`spec.topology`) is the same once the topology controller has derived its
+    # KubeadmControlPlane `<name>-cp` and MachineDeployments `<name>-<md name>` (labelled topology-owned).
 
     def _status_put(self, rt, obj: dict, status: dict, actor: str) -> dict:
         if (obj.get("status") or {}) == status:
@@ -841,8 +844,46 @@ class Controllers:
         workers = [m for m in machines if "cluster.x-k8s.io/control-plane" not in (m["metadata"].get("labels") or {})]
         cps = [m for m in machines if m not in workers]
         kref = (cluster.get("spec") or {}).get("controlPlaneRef") or {}
-        kcps = [o for o in store.all(KCPS, ns) if o["metadata"]["name"] == kref.get("name")]
+        kcps = [o for o in store.all(KCPS, ns) if o["metadata"]["name"] == kref.get("name")
+                or (not kref and TOPOLOGY_OWNED in (o["metadata"].get("labels") or {})
+                    and o["metadata"]["labels"].get("cluster.x-k8s.io/cluster-name") == name)]
         return mds, workers, cps, kcps
+
+    def _sync_topology(self, cluster: dict) -> None:
+        """The topology controller, just enough: `spec.topology` → a KubeadmControlPlane and MachineDeployments
+        (owned by the Cluster), their replicas kept in step with the topology."""
+        from .crds import KCPS, MACHINE_DEPLOYMENTS
+
+        store = self.store
+        md = cluster["metadata"]
+        ns, name = md["namespace"], md["name"]
+        topo = cluster["spec"]["topology"]
+        version = topo.get("version", "")
+        labels = {"cluster.x-k8s.io/cluster-name": name, TOPOLOGY_OWNED: ""}
+        owner = [{"apiVersion": cluster["apiVersion"], "kind": "Cluster", "name": name, "uid": md["uid"],
+                  "controller": True, "blockOwnerDeletion": True}]
+        want = [(KCPS, "KubeadmControlPlane", f"{name}-cp", {},
+                 {"replicas": int((topo.get("controlPlane") or {}).get("replicas", 1)), "version": version})]
+        for w in (topo.get("workers") or {}).get("machineDeployments") or []:
+            mdname = f"{name}-{w['name']}"
+            sel = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": mdname}
+            want.append((MACHINE_DEPLOYMENTS, "MachineDeployment", mdname, (w.get("metadata") or {}).get(
+                "annotations") or {}, {"clusterName": name, "replicas": int(w.get("replicas", 1)),
+                                       "selector": {"matchLabels": sel}, "template": {
+                                           "metadata": {"labels": sel},
+                                           "spec": {"clusterName": name, "version": version}}}))
+        for key, kind, oname, ann, spec in want:
+            rt = self._rt(key)
+            live = store.get(rt, ns, oname)
+            if live is None:
+                obj = {"apiVersion": rt.api_version, "kind": kind, "metadata": {
+                    "name": oname, "namespace": ns, "labels": dict(labels), "annotations": dict(ann),
+                    "ownerReferences": owner}, "spec": spec}
+                store.put(rt, store.new_meta(rt, obj), actor="capi-topology-controller", verb="create")
+            elif (live.get("spec") or {}).get("replicas") != spec["replicas"]:
+                new = copy.deepcopy(live)
+                new["spec"]["replicas"] = spec["replicas"]
+                store.put(rt, new, actor="capi-topology-controller", verb="update")
 
     def sync_cluster(self, ok: tuple, cluster: dict, now: float) -> None:
         from .crds import MACHINES, MACHINE_DEPLOYMENTS, METAL3_CLUSTERS, KCPS
@@ -870,8 +911,10 @@ class Controllers:
         url = side.get("url")
         if stage >= 2 and not url:
             stage = 1  # the workload API server is still starting; its start kicks us again
-        mds, workers, cps, kcps = self._cluster_children(cluster)
         spec = cluster.get("spec") or {}
+        if spec.get("topology"):
+            self._sync_topology(cluster)
+        mds, workers, cps, kcps = self._cluster_children(cluster)
         version = ""
         if stage >= 1:
             m_rt = self._rt(MACHINES)
@@ -976,6 +1019,7 @@ class Controllers:
                 self._cond(old, "ControlPlaneAvailable", stage >= 2 and len(cp_ready) == len(cps), "Available"),
                 self._cond(old, "WorkersAvailable", available, "Available"),
                 self._cond(old, "RemoteConnectionProbe", stage >= 2, "Probed"),
+                *([self._cond(old, "TopologyReconciled", True, "ReconcileSucceeded")] if spec.get("topology") else []),
                 self._cond(old, "Available", available, "Available" if available else "NotAvailable",
                            f"{len(cp_ready) + len(w_ready)} of {len(cps) + len(workers)} machines ready"),
             ],
