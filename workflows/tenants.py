@@ -4,13 +4,18 @@ KAI Scheduler queue (GPU quota) and guard rails.
 Onboarding is a saga of idempotent steps: NetBox tenant → GPU capacity check → namespaces → KAI `Queue`
 → ResourceQuota + LimitRange → RBAC for the identity group → default-deny NetworkPolicy → Kyverno policy
 (queue label + `schedulerName: kai-scheduler` on every tenant pod) → vCluster (a declarative `VCluster`
-object; ready + kubeconfig Secret `vc-<name>`, kept as a reference) → InfiniBand isolation (slot: the UFM
-work). A step that fails for good undoes, in reverse order, what this run created, and the run fails with a
+object; ready + kubeconfig Secret `vc-<name>`, kept as a reference) → InfiniBand isolation (when
+`ib_isolation`: the `IsolateTenant` child workflow puts `ib_hosts` into the tenant's PKey on `ib_fabric`; its
+compensation is the `ReleaseTenant` child). A step that fails for good undoes, in reverse order, what this run created, and the run fails with a
 report of what was created and removed. A second onboarding with the same input writes nothing; a changed
 input updates objects in place and removes the tenant's objects no longer desired.
 
 Every tenant workflow has the ID `tenant/<cluster>/<tenant>`, so double submissions collapse and one
-tenant's onboarding, quota change and offboarding never run at once.
+tenant's onboarding, quota change and offboarding never run at once. The InfiniBand children have the IDs
+`isolate-tenant/<fabric>/<tenant>` and `release-tenant/<fabric>/<tenant>` (the same as when they are started
+on their own, so a standalone run and an onboarding of the same tenant never overlap). Onboarding records the
+fabric on the tenant's KAI queue (annotation `millwright.dev/ib-fabric`), so offboarding finds it and releases
+the PKey when the tenant holds one.
 """
 
 from __future__ import annotations
@@ -18,15 +23,25 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
 from workflows.clusters import LONG_CALL, QUEUE_API, TENANTS_PARENT_QUEUE
 from workflows.drain import API_CALL
+from workflows.fabric import (
+    IsolateTenant,
+    IsolateTenantInput,
+    IsolateTenantResult,
+    ReleaseTenant,
+    ReleaseTenantInput,
+    ReleaseTenantResult,
+)
+from workflows.fabric import _fabric as fabric_call
+from workflows.fabric import _name as validate_fabric_name
 
 with workflow.unsafe.imports_passed_through():
     from activities.capi import (
@@ -49,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER = "kai-scheduler"
 VCLUSTER_API = "infrastructure.cluster.x-k8s.io/v1alpha1"
+IB_FABRIC_ANNOTATION = "millwright.dev/ib-fabric"  # on the tenant's Queue: the fabric holding its PKey
 
 # Every kind onboarding writes, in creation order; offboarding and compensation go in reverse.
 TENANT_KINDS: list[KindRef] = [
@@ -104,7 +120,13 @@ class OnboardTenantInput(TenantRef):
     namespaces: list[str] = Field(default_factory=list, description="Tenant namespaces; default: [tenant].")
     admin_group: str | None = Field(None, description="Identity group bound to the `admin` ClusterRole.")
     network_isolation: bool = True
-    ib_isolation: bool = Field(False, description="InfiniBand partition isolation (arrives with the UFM work).")
+    ib_isolation: bool = Field(False, description="InfiniBand partition isolation: a UFM PKey for ib_hosts.")
+    ib_fabric: str | None = Field(None, description="The InfiniBand fabric (its UFM) when ib_isolation, e.g. lab-ib.")
+    ib_hosts: list[str] = Field(
+        default_factory=list,
+        description="When ib_isolation: the hosts the tenant's workloads may use (UFM system names = NetBox "
+                    "devices); all their HCA ports join the tenant's PKey.",
+    )  # fmt: skip
     allow_oversubscription: bool = Field(False, description="Allow the tenants' GPU quotas to exceed capacity.")
     record_in_netbox: bool = True
     vcluster_ready_timeout: timedelta = timedelta(minutes=10)
@@ -118,8 +140,25 @@ class OnboardTenantInput(TenantRef):
             raise ValueError("namespaces must be unique")
         return v
 
+    @model_validator(mode="after")
+    def _ib(self) -> "OnboardTenantInput":
+        if self.ib_isolation:
+            if not self.ib_fabric or not self.ib_hosts:
+                raise ValueError("ib_isolation needs ib_fabric and ib_hosts (the hosts the tenant's workloads use)")
+            validate_fabric_name(self.ib_fabric)
+            if len(set(self.ib_hosts)) != len(self.ib_hosts) or not all(h.strip() for h in self.ib_hosts):
+                raise ValueError("ib_hosts must be unique, non-empty host names")
+        elif self.ib_fabric or self.ib_hosts:
+            raise ValueError("ib_fabric and ib_hosts are only for ib_isolation=true")
+        return self
+
     def all_namespaces(self) -> list[str]:
         return self.namespaces or [self.tenant]
+
+    def isolate_input(self) -> IsolateTenantInput:
+        assert self.ib_fabric
+        return IsolateTenantInput(fabric=self.ib_fabric, tenant=self.tenant, tenant_name=self.display_name or None,
+                                  hosts=self.ib_hosts, netbox=self.record_in_netbox)
 
 
 class StepReport(BaseModel):
@@ -136,6 +175,7 @@ class OnboardTenantResult(BaseModel):
     steps: list[StepReport]
     removed: list[str] = Field(default_factory=list, description="Objects no longer desired, removed.")
     vcluster_kubeconfig: str | None = Field(None, description="A secret reference, never the kubeconfig.")
+    infiniband: IsolateTenantResult | None = Field(None, description="The tenant's PKey and verified members.")
 
 
 def _labels(inp: TenantRef) -> dict[str, str]:
@@ -151,7 +191,9 @@ def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
     steps.append(("namespaces", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": ns, "labels": {**lab, QUEUE_LABEL: t}, **({"annotations": notes} if notes else {})}}
         for ns in nss]))
-    steps.append(("queue", [{"apiVersion": QUEUE_API, "kind": "Queue", "metadata": {"name": t, "labels": lab},
+    ib_note = {"annotations": {IB_FABRIC_ANNOTATION: inp.ib_fabric}} if inp.ib_isolation and inp.ib_fabric else {}
+    steps.append(("queue", [{"apiVersion": QUEUE_API, "kind": "Queue",
+                             "metadata": {"name": t, "labels": lab, **ib_note},
                              "spec": {"displayName": inp.display_name or t, "parentQueue": inp.parent_queue,
                                       "priority": inp.priority,
                                       "resources": {"gpu": inp.gpu.kai(), "cpu": inp.cpu.kai(),
@@ -237,7 +279,7 @@ def _kinds_of(objs: list[dict]) -> list[KindRef]:
 
 
 def _cause(err: BaseException) -> str:
-    while isinstance(err, ActivityError) and err.cause is not None:
+    while isinstance(err, (ActivityError, ChildWorkflowError)) and err.cause is not None:
         err = err.cause
     return str(err)
 
@@ -275,9 +317,12 @@ class OnboardTenant:
         owner = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
         steps = tenant_steps(inp)
-        self._phases.progress.total = len(steps) + 3
+        ib = 1 if inp.ib_isolation else 0
+        self._phases.progress.total = len(steps) + 3 + ib
         reports: list[StepReport] = []
         created: list[ObjectRef] = []  # what this run created: compensation removes exactly these
+        self._ib_release = False  # the IB step ran for a tenant that held no PKey before: undo it
+        self._ib_created: list[str] = []
         result = OnboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, changed=False, steps=reports)
         try:
             if inp.record_in_netbox:
@@ -310,14 +355,16 @@ class OnboardTenant:
                                                                      ("unchanged", "unchanged"))}))
                 if name == "vcluster":
                     result.vcluster_kubeconfig = await self._wait_vcluster(inp)
-            # ---- InfiniBand isolation slot (UFM issue). No-op when disabled. ----
             if inp.ib_isolation:
-                self._phases.enter("infiniband", "partition isolation")
-                raise ApplicationError("InfiniBand isolation is not available yet (it arrives with the UFM "
-                                       "integration); onboard with ib_isolation=false", type="NotAvailableYet",
-                                       non_retryable=True)
+                result.infiniband = await self._isolate(inp, len(steps) + 2)
+                iso = result.infiniband
+                pkey = f"PKey {iso.pkey} on {inp.ib_fabric}"
+                reports.append(StepReport(step="infiniband", created=[pkey] if iso.pkey_created else [],
+                                          updated=[f"{pkey}: added {g}" for g in iso.added],
+                                          unchanged=[] if iso.pkey_created or iso.added else [pkey]))
+                result.changed |= bool(iso.pkey_created or iso.added)
             # Changed input: the tenant's objects no longer desired go.
-            self._phases.enter("pruning", "objects no longer desired", len(steps) + 2)
+            self._phases.enter("pruning", "objects no longer desired", len(steps) + 2 + ib)
             want = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in every}
             live = await workflow.execute_activity_method(
                 acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
@@ -329,15 +376,17 @@ class OnboardTenant:
                     **LONG_CALL)
                 result.removed = [str(r) for r in stale]
                 result.changed = True
-        except (ActivityError, ApplicationError) as err:
+        except (ActivityError, ApplicationError, ChildWorkflowError) as err:
             why = _cause(err)
             self._phases.enter("compensating", why)
             removed = await self._compensate(inp, created)
+            made = [str(r) for r in created] + self._ib_created
             report = (f"onboarding {inp.tenant} on {inp.cluster} failed: {why}; created "
-                      f"{[str(r) for r in created] or 'nothing'}; removed {removed or 'nothing'} (in reverse order)")
+                      f"{made or 'nothing'}; removed {removed or 'nothing'} (in reverse order)")
             self._phases.enter("compensated", report)
-            raise ApplicationError(report, {"created": [str(r) for r in created], "removed": removed},
+            raise ApplicationError(report, {"created": made, "removed": removed},
                                    type="OnboardingFailed", non_retryable=True) from err
+        result.steps = reports  # the model copied the list it was given
         self._phases.enter("completed", "changed" if result.changed else "already onboarded: nothing changed",
                     self._phases.progress.total)
         return result
@@ -357,13 +406,42 @@ class OnboardTenant:
             await workflow.sleep(delay)
             delay = min(delay * 2, timedelta(seconds=10))
 
+    async def _isolate(self, inp: OnboardTenantInput, done: int) -> IsolateTenantResult:
+        """The InfiniBand step: the IsolateTenant child. Compensation releases the PKey only when the tenant held
+        none before this run (a failed re-onboarding never cuts an isolated tenant's running jobs off)."""
+        assert inp.ib_fabric
+        self._phases.enter("infiniband", f"PKey on {inp.ib_fabric} for {', '.join(inp.ib_hosts)}", done)
+        before = await fabric_call(inp.ib_fabric, "state")
+        self._ib_release = inp.tenant not in (before.get("allocations") or {})
+        child = inp.isolate_input()
+        iso: IsolateTenantResult = await workflow.execute_child_workflow(
+            IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}")
+        if self._ib_release:
+            self._ib_created.append(f"PKey {iso.pkey} on {inp.ib_fabric}")
+        return iso
+
     async def _compensate(self, inp: OnboardTenantInput, created: list[ObjectRef]) -> list[str]:
+        removed: list[str] = []
+        if self._ib_release and inp.ib_fabric:  # the last step: undone first
+            rel = await release_ib(inp.ib_fabric, inp.tenant, inp.record_in_netbox)
+            if rel.pkey:
+                what = f"PKey {rel.pkey} on {inp.ib_fabric}"
+                if what not in self._ib_created:  # IsolateTenant failed after allocating it
+                    self._ib_created.append(what)
+                removed.append(what)
         if not created:
-            return []
+            return removed
         order = list(reversed(created))
         await workflow.execute_activity_method(
             ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL)
-        return [str(r) for r in order]
+        return removed + [str(r) for r in order]
+
+
+async def release_ib(fabric: str, tenant: str, netbox: bool) -> ReleaseTenantResult:
+    """The ReleaseTenant child (no-op when the tenant holds no PKey on the fabric)."""
+    child = ReleaseTenantInput(fabric=fabric, tenant=tenant, netbox=netbox)
+    return await workflow.execute_child_workflow(ReleaseTenant.run, child, id=child.workflow_id(),
+                                                 static_summary=f"IB release of {tenant}")
 
 
 # ---------------------------------------------------------------- offboarding
@@ -377,6 +455,13 @@ class OffboardTenantInput(TenantRef):
     poll_interval: timedelta = timedelta(seconds=10)
     record_in_netbox: bool = True
     display_name: str = Field("", description="NetBox tenant name, as onboarded; defaults to the slug.")
+    ib_fabric: str | None = Field(None, description="InfiniBand fabric to release the tenant's PKey on; default: "
+                                                    "the one onboarding recorded on the tenant's queue.")
+
+    @field_validator("ib_fabric")
+    @classmethod
+    def _fabric(cls, v: str | None) -> str | None:
+        return validate_fabric_name(v) if v is not None else v
 
 
 class OffboardTenantResult(BaseModel):
@@ -384,6 +469,7 @@ class OffboardTenantResult(BaseModel):
     cluster: str
     removed: list[str]
     evicted: int = 0
+    infiniband: ReleaseTenantResult | None = Field(None, description="The PKey released, when the tenant had one.")
 
 
 @workflow.defn
@@ -420,6 +506,7 @@ class OffboardTenant:
                                        "offboard with force to evict them", type="WorkloadsRunning",
                                        non_retryable=True)
             await workflow.sleep(inp.poll_interval)
+        released = await self._release_ib(inp)  # onboarding's last step, undone first
         self._phases.enter("removing", f"{len(live)} objects")
         order = _delete_order(live)
         if order:
@@ -433,7 +520,24 @@ class OffboardTenant:
                            description=f"offboarded from {inp.cluster}"), **API_CALL)
         self._phases.enter("completed", f"removed {len(order)} objects")
         return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=[str(r) for r in order],
-                                    evicted=evicted)
+                                    evicted=evicted, infiniband=released)
+
+    async def _release_ib(self, inp: OffboardTenantInput) -> ReleaseTenantResult | None:
+        fabric = inp.ib_fabric
+        if fabric is None:
+            queues = await workflow.execute_activity_method(
+                ClusterApiActivities.read_tenant_quota_objects,
+                ListRequest(cluster=inp.cluster, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
+                            label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+            fabric = next((q["metadata"].get("annotations", {}).get(IB_FABRIC_ANNOTATION) for q in queues
+                           if (q["metadata"].get("annotations") or {}).get(IB_FABRIC_ANNOTATION)), None)
+        if fabric is None:
+            return None
+        state = await fabric_call(fabric, "state")
+        if inp.tenant not in (state.get("allocations") or {}):
+            return None  # never isolated (or already released)
+        self._phases.enter("infiniband", f"releasing the tenant's PKey on {fabric}")
+        return await release_ib(fabric, inp.tenant, inp.record_in_netbox)
 
 
 # ---------------------------------------------------------------- quota changes

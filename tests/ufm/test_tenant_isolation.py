@@ -1,0 +1,138 @@
+"""Tenant onboarding and offboarding with InfiniBand isolation on the real dev server: the Kubernetes emulator
+(the management cluster `lab`, with the KAI and Kyverno kinds) and the UFM emulator, with a worker built like
+production (worker.registry.build). What happened is judged from the emulators' state and write audit logs."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import pytest_asyncio
+from temporalio.client import WorkflowFailureError
+
+from lab.k8s.crds import TENANCY_CRDS
+from workflows.tenants import (
+    IB_FABRIC_ANNOTATION,
+    OffboardTenant,
+    OffboardTenantInput,
+    OnboardTenant,
+    OnboardTenantInput,
+    QueueQuota,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def ib_tenant_worker(client, kubeconfig_path, ufm_stub, ufm_secret_file):
+    """Kubernetes (the `lab` emulator) and UFM configured, NetBox not (tenant records off)."""
+    from temporalio.worker import Worker
+
+    from worker import registry
+    from worker.config import WorkerSettings
+
+    registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
+                                                 ufm_url=ufm_stub.url, ufm_credentials=f"file:{ufm_secret_file}"))
+    async with Worker(client, task_queue=f"ib-tenants-{uuid.uuid4().hex[:8]}", workflows=registration.workflows,
+                      activities=registration.activities,
+                      workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES) as worker:
+        yield worker
+    await registration.close()
+
+
+def _fabric() -> str:
+    return f"ib-{uuid.uuid4().hex[:6]}"
+
+
+def _onboard(tenant: str, fabric: str, hosts: list[str]) -> OnboardTenantInput:
+    return OnboardTenantInput(tenant=tenant, cluster="lab", isolation="namespace", gpu=QueueQuota(quota=0, limit=0),
+                              record_in_netbox=False, ib_isolation=True, ib_fabric=fabric, ib_hosts=hosts)
+
+
+async def _run(client, worker, wf, inp):
+    return await client.execute_workflow(wf, inp, id=inp.workflow_id(), task_queue=worker.task_queue)
+
+
+async def _fails(client, worker, wf, inp):
+    with pytest.raises(WorkflowFailureError) as exc:
+        await _run(client, worker, wf, inp)
+    return exc.value.cause
+
+
+def _tenant_objects(dump: list[dict], tenant: str) -> list[str]:
+    return [f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}" for o in dump
+            if (o["metadata"].get("labels") or {}).get("millwright.dev/tenant") == tenant]
+
+
+def _guids(fleet, hosts: list[str]) -> set[str]:
+    ports = fleet.ib_ports()
+    return {g for h in hosts for g in ports[h]}
+
+
+async def test_onboard_and_offboard_with_ib_isolation(client, k8s, ufm, fleet, ib_tenant_worker):
+    await k8s.seed(TENANCY_CRDS)
+    hosts = list(fleet.ib_ports())[0:2]
+    fabric, tenant = _fabric(), f"ibt-{uuid.uuid4().hex[:5]}"
+    inp = _onboard(tenant, fabric, hosts)
+
+    on = await _run(client, ib_tenant_worker, OnboardTenant.run, inp)
+    iso = on.infiniband
+    assert on.changed and iso is not None and iso.pkey_created
+    assert await ufm.members(iso.pkey) == {g: "full" for g in _guids(fleet, hosts)}
+    assert {s.step for s in on.steps} >= {"namespaces", "queue", "infiniband"}
+    queue = next(o for o in await k8s.dump() if o["kind"] == "Queue" and o["metadata"]["name"] == tenant)
+    assert queue["metadata"]["annotations"][IB_FABRIC_ANNOTATION] == fabric
+    writes = await ufm.audit(writes=True)
+    assert not [w for w in writes if w["method"] == "PUT"], "never the replacing call"
+
+    # A second onboarding changes nothing, in UFM either.
+    cursor = await ufm.audit_cursor()
+    again = await _run(client, ib_tenant_worker, OnboardTenant.run, inp)
+    assert not again.changed and again.infiniband.pkey == iso.pkey and not again.infiniband.added
+    assert await ufm.audit(since=cursor, writes=True) == []
+
+    # Offboarding finds the fabric on the queue and releases the PKey: members removed, PKey deleted.
+    off = await _run(client, ib_tenant_worker, OffboardTenant.run,
+                     OffboardTenantInput(tenant=tenant, cluster="lab", record_in_netbox=False))
+    assert off.infiniband is not None and off.infiniband.pkey == iso.pkey
+    assert set(off.infiniband.removed) == _guids(fleet, hosts) and off.infiniband.pkey_deleted
+    assert iso.pkey not in (await ufm.state())["pkeys"]
+    assert _tenant_objects(await k8s.dump(), tenant) == []
+
+
+async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fleet, ib_tenant_worker):
+    await k8s.seed(TENANCY_CRDS)
+    hosts = list(fleet.ib_ports())[2:4]
+    fabric, tenant = _fabric(), f"ibf-{uuid.uuid4().hex[:5]}"
+    # Pruning (the step after InfiniBand) lists LimitRanges: refused for good.
+    await k8s.add_fault({"verb": "list", "resource": "limitranges"},
+                        {"status": 403, "message": "injected: listing refused"})
+    cursor = await ufm.audit_cursor()
+    err = await _fails(client, ib_tenant_worker, OnboardTenant.run, _onboard(tenant, fabric, hosts))
+    assert err.type == "OnboardingFailed", err
+    report = err.details[0]
+    pkey_entry = next(c for c in report["created"] if c.startswith("PKey "))
+    pkey = pkey_entry.split()[1]
+    assert report["created"][-1] == pkey_entry and report["removed"][0] == pkey_entry
+    assert report["removed"] == list(reversed(report["created"]))  # undone in reverse order
+    assert "listing refused" in str(err)
+    # UFM: the members added, then removed (the compensation's DELETE of exactly them), the PKey gone.
+    writes = await ufm.audit(since=cursor, writes=True)
+    removes = [w for w in writes if w["method"] == "DELETE" and f"/pkeys/{pkey}/guids/" in w["path"]]
+    assert len(removes) == 1, writes
+    assert set(removes[0]["path"].rsplit("/", 1)[1].split(",")) == _guids(fleet, hosts)
+    assert pkey not in (await ufm.state())["pkeys"]
+    assert _tenant_objects(await k8s.dump(), tenant) == []
+
+
+async def test_failure_in_the_ib_step_undoes_the_kubernetes_steps(client, k8s, ufm, ib_tenant_worker):
+    await k8s.seed(TENANCY_CRDS)
+    tenant = f"ibx-{uuid.uuid4().hex[:5]}"
+    cursor = await ufm.audit_cursor()
+    err = await _fails(client, ib_tenant_worker, OnboardTenant.run, _onboard(tenant, _fabric(), ["no-such-host"]))
+    assert err.type == "OnboardingFailed" and "no-such-host" in str(err), err
+    report = err.details[0]
+    assert report["created"] and not [c for c in report["created"] if c.startswith("PKey")]
+    assert report["removed"] == list(reversed(report["created"]))
+    assert await ufm.audit(since=cursor, writes=True) == []
+    assert _tenant_objects(await k8s.dump(), tenant) == []
