@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import tempfile
+from typing import Any
 
 LOOPBACK = "127.0.0.1"
 
@@ -42,3 +43,48 @@ async def announce_and_wait(name: str, url: str, ready_file: str | None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+class AdminClient:
+    """Async client for a lab service's `/_lab/` admin API: reset, faults, the audit log."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout)
+
+    async def _req(self, method: str, path: str, **kw: Any) -> Any:
+        r = await self._client.request(method, path, **kw)
+        r.raise_for_status()
+        return r.json()
+
+    async def reset(self) -> dict:
+        return await self._req("POST", "/_lab/reset")
+
+    async def add_fault(self, match: dict, action: dict, count: int = 1) -> int:
+        """The next `count` requests matching `match` get `action` (a status, a delay, a dropped connection)."""
+        return (await self._req("POST", "/_lab/faults", json={"match": match, "action": action, "count": count}))["id"]
+
+    async def clear_faults(self) -> None:
+        await self._req("DELETE", "/_lab/faults")
+
+    async def audit(self, since: int = 0, writes: bool = False) -> list[dict]:
+        return (await self.audit_page(since, writes))["entries"]
+
+    async def audit_page(self, since: int = 0, writes: bool = False) -> dict:
+        params = {"since": since, **({"writes": 1} if writes else {})}
+        return await self._req("GET", "/_lab/audit", params=params)
+
+    async def audit_cursor(self) -> int:
+        """The sequence number of the latest audit entry: pass it as `since` to see only what follows."""
+        return (await self._req("GET", "/_lab/audit/cursor"))["next"]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

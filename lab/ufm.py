@@ -38,7 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from lab.k8s.process import ChildProcess
-from lab.loopback import announce_and_wait
+from lab.loopback import AdminClient, announce_and_wait
 
 log = logging.getLogger("lab.ufm")
 
@@ -458,22 +458,8 @@ class UfmStub(ChildProcess):
         return ["--fleet", str(self.fleet)] if self.fleet else []
 
 
-class UfmAdmin:
-    """Async client for the emulator's /_lab admin API."""
-
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
-        import httpx
-
-        self.url = url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout)
-
-    async def _req(self, method: str, path: str, **kw: Any) -> Any:
-        r = await self._client.request(method, path, **kw)
-        r.raise_for_status()
-        return r.json()
-
-    async def reset(self) -> dict:
-        return await self._req("POST", "/_lab/reset")
+class UfmAdmin(AdminClient):
+    """The UFM emulator's admin API: seed it and read its state, on top of faults and the audit log."""
 
     async def seed(self, body: dict) -> dict:
         return await self._req("POST", "/_lab/seed", json=body)
@@ -484,22 +470,6 @@ class UfmAdmin:
     async def members(self, pkey: str) -> dict[str, str]:
         p = (await self.state())["pkeys"].get(pkey)
         return {g["guid"]: g["membership"] for g in p["guids"]} if p else {}
-
-    async def add_fault(self, match: dict, action: dict, count: int = 1) -> int:
-        return (await self._req("POST", "/_lab/faults", json={"match": match, "action": action, "count": count}))["id"]
-
-    async def clear_faults(self) -> None:
-        await self._req("DELETE", "/_lab/faults")
-
-    async def audit(self, since: int = 0, writes: bool = False) -> list[dict]:
-        params = {"since": since, **({"writes": 1} if writes else {})}
-        return (await self._req("GET", "/_lab/audit", params=params))["entries"]
-
-    async def audit_cursor(self) -> int:
-        return (await self._req("GET", "/_lab/audit/cursor"))["next"]
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 def main(argv: list[str] | None = None) -> int:
