@@ -10,19 +10,20 @@ import asyncio
 import uuid
 from collections import Counter
 
+from kubernetes.aio.client import PolicyV1Api
+
 from activities.kube import CORDONED_BY, USER_AGENT
 from workflows.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 from tests.kube_helpers import fleet_objects, pods_on, read_node, wait_for
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 
+EVICTIONS = {"verb": "create", "resource": "pods", "subresource": "eviction"}
 FAULTS = [
     # The cordon's conditional patch conflicts once: re-read and retried.
     ({"verb": "patch", "resource": "nodes"}, {"status": 409}, 1),
     # The API server is briefly unavailable for evictions.
-    ({"verb": "create", "resource": "pods", "subresource": "eviction"}, {"status": 503}, 2),
-    # An eviction is carried out but its answer is lost: the retry must not evict again.
-    ({"verb": "create", "resource": "pods", "subresource": "eviction"}, {"drop": "after"}, 1),
+    (EVICTIONS, {"status": 503}, 2),
     # Reads drop their connection and one list is slow.
     ({"verb": "get", "resource": "pods"}, {"drop": "before"}, 2),
     ({"verb": "list", "resource": "pods"}, {"delay": 1.5}, 1),
@@ -32,9 +33,10 @@ FAULTS = [
 async def test_worker_killed_mid_drain_finishes_without_violating_the_budget(
     client, temporal_address, k8s, core, kubeconfig_path, tmp_path
 ):
-    await k8s.seed(fleet_objects(trainer_min_available=7))
-    # Replacements take a while to become Ready, so the budget blocks the second eviction;
-    # evicted pods take 6 s to terminate, so a retried eviction finds its pod still there.
+    # The budget blocks every eviction until the test relaxes it; then replacements take a
+    # while to become Ready, and evicted pods 6 s to terminate, so a retried eviction finds
+    # its pod still there.
+    await k8s.seed(fleet_objects(trainer_min_available=8))
     await k8s.configure(podStartSeconds=3.0, graceScale=0.2)
     for match, action, count in FAULTS:
         await k8s.add_fault(match, action, count)
@@ -54,17 +56,23 @@ async def test_worker_killed_mid_drain_finishes_without_violating_the_budget(
             NodeMaintenance.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}", task_queue=task_queue
         )
 
-        async def first_eviction_accepted():
-            return [e for e in await k8s.audit() if _accepted_eviction(e)]
+        async def evictions(outcome: str):
+            return [e for e in await k8s.audit() if _eviction_request(e) and (e.get("eviction") or {}).get("outcome") == outcome]
 
-        await wait_for(first_eviction_accepted, what="the first accepted eviction", timeout=60)
+        # Killed while the budget blocks the drain: the wait state must survive the worker.
+        await wait_for(lambda: evictions("blocked"), what="an eviction blocked by the budget", timeout=60)
         worker.kill()  # SIGKILL: no graceful anything
         worker.wait(10)
-        await asyncio.sleep(1)
         worker = spawn_worker(env, log)
+        # The first eviction the budget allows is carried out but its answer is lost: the
+        # retry must not evict again.
+        await k8s.add_fault(EVICTIONS, {"drop": "after"}, 1)
+        await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget(
+            "trainer", "training", {"spec": {"minAvailable": 7}}
+        )
 
-        # Kill it once more while the drain is still under way.
-        await asyncio.sleep(2)
+        # Killed again right after the first eviction the budget allowed.
+        await wait_for(lambda: evictions("evicted"), what="the first accepted eviction", timeout=90)
         worker.kill()
         worker.wait(10)
         worker = spawn_worker(env, log)
@@ -94,7 +102,7 @@ async def test_worker_killed_mid_drain_finishes_without_violating_the_budget(
             assert eviction["currentHealthyBefore"] > eviction["desiredHealthy"], entry
 
     # The budget did block, and blocked evictions were retried rather than failing the run.
-    assert any((e.get("eviction") or {}).get("outcome") == "blocked" for e in audit)
+    assert any((e.get("eviction") or {}).get("outcome") == "blocked" for e in audit if _eviction_request(e))
 
     # One cordon, applied once.
     cordons = [
