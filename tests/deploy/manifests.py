@@ -1,0 +1,71 @@
+"""Rendering the deploy/ overlays and reading what the worker's pod is given."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+OVERLAYS = ["self-hosted", "temporal-cloud"]
+
+
+def kubectl() -> str | None:
+    return shutil.which("kubectl")
+
+
+@functools.cache
+def _render(target: str) -> tuple[dict[str, Any], ...]:
+    out = subprocess.run([kubectl(), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def render(target: str) -> list[dict[str, Any]]:
+    """The objects `kubectl apply -k deploy/<target>` would apply (kubectl kustomize)."""
+    if not kubectl():
+        pytest.skip("kubectl not installed: cannot render the Kustomize overlays")
+    return list(_render(target))
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def worker_deployment(objs):
+    return one(objs, "Deployment", "millwright-worker")
+
+
+def worker_container(objs) -> dict[str, Any]:
+    return worker_deployment(objs)["spec"]["template"]["spec"]["containers"][0]
+
+
+def container_env(objs, container: dict[str, Any]) -> dict[str, str]:
+    """The plain env the container gets from envFrom ConfigMaps and literal env values."""
+    env: dict[str, str] = {}
+    for src in container.get("envFrom") or []:
+        env.update(one(objs, "ConfigMap", src["configMapRef"]["name"]).get("data") or {})
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+    return env
+
+
+def secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for e in container.get("env") or [] if "secretKeyRef" in (e.get("valueFrom") or {})}
+
+
+def mounts(objs, pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> the volume behind it."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    return {m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
+            for m in container.get("volumeMounts") or []}
