@@ -61,6 +61,25 @@ async def temporal_address(client) -> str:
     return client.service_client.config.target_host
 
 
+# A second dev server suggesting continue-as-new after a handful of events, so tests see
+# long-lived workflows continue as new without running them for long.
+SUGGEST_CONTINUE_AS_NEW_AFTER = 20
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def small_history_env():
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=workflows.search_attributes.ALL,
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            f"limit.historyCount.suggestContinueAsNew={SUGGEST_CONTINUE_AS_NEW_AFTER}",
+        ],
+    ) as env:
+        yield env
+
+
 # ==================================================================================
 # (end of Temporal session fixtures)
 # ==================================================================================

@@ -8,31 +8,14 @@ from __future__ import annotations
 
 import uuid
 
-import pytest_asyncio
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-import workflows.search_attributes
 from worker import registry
 from worker.config import WorkerSettings
 from workflows.rollout import Rollout
 
-from tests.conftest import temporal_binary
+from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
 from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
-
-SUGGEST_AFTER = 20
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def small_history_env():
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=workflows.search_attributes.ALL,
-        dev_server_extra_args=["--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={SUGGEST_AFTER}"],
-    ) as env:
-        yield env
 
 
 async def test_rollout_and_batches_continue_as_new_and_finish(small_history_env, k8s, kubeconfig_path):

@@ -10,27 +10,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest_asyncio
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
-import workflows.search_attributes
-from tests.conftest import temporal_binary
+from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
 from tests.ufm.conftest import _worker
 from workflows.fabric import Fabric, IsolateTenant, IsolateTenantInput, ReleaseTenant, ReleaseTenantInput
-
-SUGGEST_AFTER = 20
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def small_history_env():
-    async with await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=workflows.search_attributes.ALL,
-        dev_server_extra_args=["--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={SUGGEST_AFTER}"],
-    ) as env:
-        yield env
 
 
 async def _run(client, worker, wf, inp):
