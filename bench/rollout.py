@@ -22,7 +22,6 @@ import uuid
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 import workflows.search_attributes
 from lab.fleet import Fleet
@@ -84,14 +83,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
         ) as env:
             registration = registry.build(WorkerSettings(kubeconfig=path, metrics_port=0))
             task_queue = f"bench-{uuid.uuid4().hex[:6]}"
-            async with Worker(
-                env.client,
-                task_queue=task_queue,
-                workflows=registration.workflows,
-                activities=registration.activities,
-                max_concurrent_activities=400,
-                workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
-            ):
+            async with registry.new_worker(env.client, registration, task_queue, max_concurrent_activities=400):
                 spec = rollout_spec(f"bench-{uuid.uuid4().hex[:6]}", batch)
                 started = time.monotonic()
                 result = await env.client.execute_workflow(

@@ -137,19 +137,11 @@ async def core(kubeconfig_path):
 @pytest_asyncio.fixture(loop_scope="session")
 async def kube_worker(client, kubeconfig_path):
     """A real worker on a random task queue with every workflow and the Kubernetes activities."""
-    from temporalio.worker import Worker
-
     from worker import registry
     from worker.config import WorkerSettings
 
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0))
-    async with Worker(
-        client,
-        task_queue=f"test-{uuid.uuid4().hex[:8]}",
-        workflows=registration.workflows,
-        activities=registration.activities,
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
-    ) as worker:
+    async with registry.new_worker(client, registration, f"test-{uuid.uuid4().hex[:8]}") as worker:
         yield worker
     await registration.close()
 

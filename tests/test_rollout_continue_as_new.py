@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-from temporalio.worker import Worker
 
 from worker import registry
 from worker.config import WorkerSettings
@@ -25,13 +24,7 @@ async def test_rollout_and_batches_continue_as_new_and_finish(small_history_env,
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0))
     policy = {"default": {"budget": {"count": 4}, "strategy": {"fixed": {"initialBatch": 4}}}}
     spec = rollout_spec("continued", policy=policy, maxInFlight=1)
-    async with Worker(
-        client,
-        task_queue=f"can-{uuid.uuid4().hex[:8]}",
-        workflows=registration.workflows,
-        activities=registration.activities,
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
-    ) as worker:
+    async with registry.new_worker(client, registration, f"can-{uuid.uuid4().hex[:8]}") as worker:
         result = await client.execute_workflow(Rollout.run, spec, id=spec.workflow_id(), task_queue=worker.task_queue)
     await registration.close()
 

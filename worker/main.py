@@ -18,7 +18,6 @@ import pydantic
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
-from temporalio.worker import Worker
 
 from worker import registry
 from worker.config import ConfigError, WorkerSettings
@@ -60,14 +59,12 @@ async def run(settings: WorkerSettings) -> int:
     except Exception as err:
         raise ConfigError(f"cannot connect to Temporal at {address} (namespace {namespace}): {err}") from err
 
-    worker = Worker(
+    worker = registry.new_worker(
         client,
-        task_queue=settings.task_queue,
-        workflows=workflows,
-        activities=activities,
+        registration,
+        settings.task_queue,
         max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
     )
 
     stop = asyncio.Event()

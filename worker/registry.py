@@ -27,6 +27,21 @@ class Registration:
             await resource.close()
 
 
+def new_worker(client: Any, registration: Registration, task_queue: str, **options: Any) -> Any:
+    """A Worker as Millwright runs one: these workflows and activities, and input that does not
+    fit a workflow's model failing the run. `options` are further `Worker` arguments."""
+    from temporalio.worker import Worker
+
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=registration.workflows,
+        activities=registration.activities,
+        workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
+        **options,
+    )
+
+
 def build(settings: WorkerSettings) -> Registration:
     from activities.capi import ClusterApiActivities
     from activities.kube import ClusterConnector, KubeActivities

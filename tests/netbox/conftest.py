@@ -99,20 +99,13 @@ def netbox_task_queue() -> str:
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def netbox_worker(client, netbox_config, netbox_task_queue):
     """A real worker on a random task queue: the inventory workflows and (crash-injectable) NetBox activities."""
-    from temporalio.worker import Worker
-
     from tests.netbox.helpers import CallNetBox, CrashingNetBoxActivities
     from worker import registry
     from workflows import WORKFLOWS
 
     activities = CrashingNetBoxActivities(netbox_config)
-    async with Worker(
-        client,
-        task_queue=netbox_task_queue,
-        workflows=[*WORKFLOWS, CallNetBox],
-        activities=activities.activities(),
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
-    ) as worker:
+    registration = registry.Registration(workflows=[*WORKFLOWS, CallNetBox], activities=activities.activities())
+    async with registry.new_worker(client, registration, netbox_task_queue) as worker:
         worker.netbox_activities = activities  # type: ignore[attr-defined]
         yield worker
 

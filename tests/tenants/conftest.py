@@ -29,8 +29,6 @@ def tenant_netbox(request):
 @pytest_asyncio.fixture(loop_scope="session")
 async def tenant_worker(client, kubeconfig_path, tenant_netbox):
     """A real worker built like production (worker.registry.build) on a random task queue."""
-    from temporalio.worker import Worker
-
     from worker import registry
     from worker.config import WorkerSettings
 
@@ -38,13 +36,7 @@ async def tenant_worker(client, kubeconfig_path, tenant_netbox):
     if tenant_netbox:
         extra = {"netbox_url": tenant_netbox[0], "netbox_token": f"file:{tenant_netbox[1]}"}
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, **extra))
-    async with Worker(
-        client,
-        task_queue=f"tenants-{uuid.uuid4().hex[:8]}",
-        workflows=registration.workflows,
-        activities=registration.activities,
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
-    ) as worker:
+    async with registry.new_worker(client, registration, f"tenants-{uuid.uuid4().hex[:8]}") as worker:
         worker.netbox = tenant_netbox  # type: ignore[attr-defined]
         yield worker
     await registration.close()

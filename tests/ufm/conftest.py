@@ -72,20 +72,16 @@ def ufm_config(ufm_stub, ufm_secret_file):
 
 
 async def _worker(client, ufm_config, netbox_cfg):
-    from temporalio.worker import Worker
-
     from activities.netbox import NetBoxActivities
     from activities.ufm import UfmActivities
     from worker import registry
     from workflows import WORKFLOWS
 
-    return Worker(
-        client,
-        task_queue=f"ufm-test-{uuid.uuid4().hex[:8]}",
+    registration = registry.Registration(
         workflows=list(WORKFLOWS),
         activities=UfmActivities(ufm_config).activities() + NetBoxActivities(netbox_cfg).activities(),
-        workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES,
     )
+    return registry.new_worker(client, registration, f"ufm-test-{uuid.uuid4().hex[:8]}")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

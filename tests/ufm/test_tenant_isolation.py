@@ -26,16 +26,12 @@ pytestmark = pytest.mark.timeout(300)
 @pytest_asyncio.fixture(loop_scope="session")
 async def ib_tenant_worker(client, kubeconfig_path, ufm_stub, ufm_secret_file):
     """Kubernetes (the `lab` emulator) and UFM configured, NetBox not (tenant records off)."""
-    from temporalio.worker import Worker
-
     from worker import registry
     from worker.config import WorkerSettings
 
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
                                                  ufm_url=ufm_stub.url, ufm_credentials=f"file:{ufm_secret_file}"))
-    async with Worker(client, task_queue=f"ib-tenants-{uuid.uuid4().hex[:8]}", workflows=registration.workflows,
-                      activities=registration.activities,
-                      workflow_failure_exception_types=registry.WORKFLOW_FAILURE_EXCEPTION_TYPES) as worker:
+    async with registry.new_worker(client, registration, f"ib-tenants-{uuid.uuid4().hex[:8]}") as worker:
         yield worker
     await registration.close()
 
