@@ -383,38 +383,38 @@ class ClusterApiActivities:
     @activity.defn
     async def list_objects(self, req: ListRequest) -> list[ObjectRef]:
         """Objects of these kinds (all namespaces) matching the selector; kinds not served list nothing."""
-        res = await self._resources(req.cluster)
-        out: list[ObjectRef] = []
-        for k in req.kinds:
+        return [
+            ObjectRef(api_version=k.api_version, kind=k.kind, name=o["metadata"]["name"],
+                      namespace=o["metadata"].get("namespace"))
+            async for k, o in self._items(req.cluster, req.kinds, req.label_selector)
+        ]
+
+    async def _items(self, cluster: str, kinds: list[KindRef], label_selector: str | None):
+        """(kind, object) for every object of these kinds (all namespaces) matching the selector;
+        kinds the cluster does not serve yield nothing."""
+        res = await self._resources(cluster)
+        query = {"labelSelector": label_selector} if label_selector else None
+        for k in kinds:
             if await res.lookup(k.api_version, k.kind) is None:
                 continue
-            query = {"labelSelector": req.label_selector} if req.label_selector else None
             doc = await _request(res.api, "GET", await res.path(k.api_version, k.kind), f"listing {k}", query=query)
             for o in (doc or {}).get("items") or []:
-                md = o.get("metadata") or {}
-                out.append(ObjectRef(api_version=k.api_version, kind=k.kind, name=md["name"],
-                                     namespace=md.get("namespace")))
-        return out
+                yield k, o
 
     @activity.defn
     async def read_tenant_quota_objects(self, req: ListRequest) -> list[dict[str, Any]]:
         """Queues and ResourceQuotas matching the selector, as desired objects (metadata trimmed, no status).
         Only these kinds: nothing that can hold a credential comes back."""
         allowed = {("scheduling.run.ai/v2", "Queue"), ("v1", "ResourceQuota")}
-        res = await self._resources(req.cluster)
-        out: list[dict[str, Any]] = []
         for k in req.kinds:
             if (k.api_version, k.kind) not in allowed:
                 raise ApplicationError(f"read_tenant_quota_objects does not read {k}", type="BadRequest",
                                        non_retryable=True)
-            if await res.lookup(k.api_version, k.kind) is None:
-                continue
-            query = {"labelSelector": req.label_selector} if req.label_selector else None
-            doc = await _request(res.api, "GET", await res.path(k.api_version, k.kind), f"listing {k}", query=query)
-            for o in (doc or {}).get("items") or []:
-                md = o.get("metadata") or {}
-                keep = {f: md[f] for f in ("name", "namespace", "labels", "annotations") if md.get(f)}
-                out.append({"apiVersion": k.api_version, "kind": k.kind, "metadata": keep, "spec": o.get("spec") or {}})
+        out: list[dict[str, Any]] = []
+        async for k, o in self._items(req.cluster, req.kinds, req.label_selector):
+            md = o.get("metadata") or {}
+            keep = {f: md[f] for f in ("name", "namespace", "labels", "annotations") if md.get(f)}
+            out.append({"apiVersion": k.api_version, "kind": k.kind, "metadata": keep, "spec": o.get("spec") or {}})
         return out
 
     @activity.defn
