@@ -30,6 +30,8 @@ inventory_app = typer.Typer(help="Inventory in NetBox (the worker holds the NetB
 app.add_typer(inventory_app, name="inventory")
 rollout_app = typer.Typer(help="Progressive host-OS rollouts (NodeWright-style).", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
+schedules_app = typer.Typer(help="Temporal Schedules as code: apply a YAML file of schedules, list them.", no_args_is_help=True)
+app.add_typer(schedules_app, name="schedules")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -463,6 +465,68 @@ def inventory_bootstrap(
             for item in items:
                 out.print(f"  {item}", markup=False)
         out.print("nothing changed" if not (result.created or result.updated) else "bootstrap applied")
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+# ---------------------------------------------------------------- schedules
+
+
+@schedules_app.command("apply")
+def schedules_apply(
+    file: Annotated[Path, typer.Argument(help="Schedules file (YAML), e.g. examples/schedules.yaml.")],
+    prune: Annotated[bool, typer.Option("--prune", help="Delete the file group's managed schedules that the file no longer lists.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; change nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE", help="For entries without taskQueue.")] = "millwright",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Create or update Temporal Schedules from FILE (validated first: exit 2 and nothing applied if invalid)."""
+    from starter import schedules
+
+    try:
+        model = schedules.load(file)
+    except schedules.ScheduleFileError as e:
+        err.print(f"[red]error:[/] invalid schedules file {file}; nothing was applied:")
+        for line in e.errors:
+            err.print(f"  {line}", markup=False)
+        raise typer.Exit(2) from None
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        report = await schedules.apply(client, model, prune=prune, dry_run=dry_run, task_queue=task_queue)
+        if as_json:
+            out.print_json(json.dumps(report.as_dict()))
+        else:
+            for line in report.lines():
+                out.print(line, markup=False)
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+@schedules_app.command("list")
+def schedules_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the schedules as JSON.")] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Every schedule: ID, workflow, spec, paused, next run times, last run's status."""
+    from starter import schedules
+
+    async def run() -> int:
+        client = await _connect(address, namespace, state_dir)
+        rows = await schedules.list_schedules(client)
+        if as_json:
+            out.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
+        elif not rows:
+            out.print("no schedules")
+        else:
+            out.print(schedules.rows_table(rows))
         return 0
 
     raise typer.Exit(asyncio.run(run()))
