@@ -39,6 +39,22 @@ class WorkerSettings(BaseSettings):
     ufm_credentials: str | None = Field(
         None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
     )
+    ironic_url: str | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
+    ironic_token: str | None = Field(
+        None, description="Secret reference to a Keystone token for Ironic: env:NAME or file:/path (none: noauth)"
+    )
+
+    bmc_credentials: str | None = Field(
+        None, description="Secret reference to BMCs' default user:password (env:NAME or file:/path); a server's own "
+                          "reference (e.g. from NetBox) takes precedence",
+    )
+
+    host_name: str | None = Field(
+        None, description="Host agent mode (--host-agent): this host's name; default socket.gethostname()"
+    )
+    gpu_stress_command: str | None = Field(
+        None, description="Host agent mode: the GPU load command ('{seconds}' is replaced), e.g. 'gpu_burn {seconds}'"
+    )
 
     @property
     def metrics_address(self) -> str | None:
@@ -115,3 +131,31 @@ class WorkerSettings(BaseSettings):
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_UFM_CREDENTIALS: {err}") from None
         return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=credentials)
+
+    def ironic_config(self):
+        """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
+        from activities.ironic import IronicConfig
+        from activities.secrets import SecretRef
+
+        if not self.ironic_url and not self.ironic_token:
+            return None
+        if not self.ironic_url:
+            raise ConfigError("Ironic is half configured: MILLWRIGHT_IRONIC_URL is not set")
+        token = None
+        if self.ironic_token:
+            try:
+                token = SecretRef.parse(self.ironic_token)
+            except ValueError as err:
+                raise ConfigError(f"MILLWRIGHT_IRONIC_TOKEN: {err}") from None
+        return IronicConfig(url=self.ironic_url.rstrip("/"), token=token)
+
+    def bmc_credentials_ref(self):
+        """The default BMC credentials reference, or None (then every server must name its own)."""
+        from activities.secrets import SecretRef
+
+        if not self.bmc_credentials:
+            return None
+        try:
+            return SecretRef.parse(self.bmc_credentials)
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_BMC_CREDENTIALS: {err}") from None

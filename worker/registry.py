@@ -21,6 +21,7 @@ class Registration:
     workflows: list[type]
     activities: list[Callable[..., Any]]
     resources: list[Any] = field(default_factory=list)  # objects with ``async close()``
+    task_queue: str | None = None  # set when the registration decides its queue (the host agent's)
 
     async def close(self) -> None:
         for resource in self.resources:
@@ -44,9 +45,14 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 
 def build(settings: WorkerSettings) -> Registration:
     from activities.capi import ClusterApiActivities
+    from activities.entities import EntityActivities
+    from activities.ironic import IronicActivities
     from activities.kube import ClusterConnector, KubeActivities
     from activities.netbox import NetBoxActivities
+    from activities.node_health import NodeHealthActivities
+    from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
+    from activities.redfish import RedfishActivities
     from activities.ufm import UfmActivities
     from workflows import WORKFLOWS
 
@@ -55,9 +61,30 @@ def build(settings: WorkerSettings) -> Registration:
     netbox = NetBoxActivities(settings.netbox_config())
     prometheus = PrometheusActivities()  # the server URL comes with each query
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
+    ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
+    redfish = RedfishActivities(settings.bmc_credentials_ref())
     return Registration(
         workflows=list(WORKFLOWS),
         activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities()
-        + ufm.activities() + ClusterApiActivities(connector).activities(),
-        resources=[connector, netbox, prometheus, ufm],
+        + ufm.activities() + ClusterApiActivities(connector).activities() + redfish.activities()
+        + ironic.activities()
+        + NodeHealthActivities(connector).activities() + NotifyActivities().activities()
+        + EntityActivities().activities(),
+        resources=[connector, netbox, prometheus, ufm, redfish, ironic],
     )
+
+
+def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings | None = None) -> Registration:
+    """The host agent (`python -m worker --host-agent`): only the host activities, on the host's own queue.
+
+    `probe` defaults to NVML on this machine; without NVML the agent still starts and its activities say so."""
+    import shlex
+
+    from activities.gpu import HostAgentActivities, NvmlProbe, host_task_queue
+
+    if probe is None:
+        command = settings.gpu_stress_command if settings else None
+        probe = NvmlProbe(stress_command=shlex.split(command) if command else None)
+    agent = HostAgentActivities(probe, host_name)
+    return Registration(workflows=[], activities=agent.activities(), resources=[agent],
+                        task_queue=host_task_queue(host_name))
