@@ -1,5 +1,8 @@
 """``python -m worker`` / ``millwright-worker``: a tiny declarative Temporal worker.
 
+``--host-agent``: run as the GPU host agent instead: only the host activities (activities/gpu.py), on task
+queue ``millwright-host-<MILLWRIGHT_HOST_NAME or the hostname>``; same connection, metrics and shutdown.
+
 Exit codes: 0 after a clean (signal-initiated) shutdown, 1 on a configuration or
 connection error (one line on stderr, no traceback), 1 if the worker stops by itself.
 """
@@ -10,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from datetime import timedelta
 from typing import Any
@@ -40,18 +44,22 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
-async def run(settings: WorkerSettings) -> int:
+async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
     config = connect_config()
     address, namespace = config["target_host"], config["namespace"]
 
     # Everything that can be checked locally is checked before touching the network.
     try:
-        registration = registry.build(settings)
+        if host_agent:
+            registration = registry.build_host_agent(settings.host_name or socket.gethostname(), settings=settings)
+        else:
+            registration = registry.build(settings)
     except ConfigError:
         raise
     except Exception as err:
         raise ConfigError(f"cannot set up workflows/activities: {_one_line(err)}") from err
     workflows, activities = registration.workflows, registration.activities
+    task_queue = registration.task_queue or settings.task_queue
     runtime = build_runtime(settings)
 
     try:
@@ -62,7 +70,7 @@ async def run(settings: WorkerSettings) -> int:
     worker = registry.new_worker(
         client,
         registration,
-        settings.task_queue,
+        task_queue,
         max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
@@ -82,9 +90,10 @@ async def run(settings: WorkerSettings) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
 
     log.info("connected to Temporal at %s, namespace %s", address, namespace)
-    log.info("polling task queue %r", settings.task_queue)
+    log.info("polling task queue %r%s", task_queue, " (host agent)" if host_agent else "")
     log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
-    log.info("kubeconfig: %s", os.pathsep.join(settings.kubeconfig_paths()))
+    if not host_agent:
+        log.info("kubeconfig: %s", os.pathsep.join(settings.kubeconfig_paths()))
     log.info(
         "registered %d workflows (%s) and %d activities",
         len(workflows),
@@ -145,9 +154,12 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     code = 1
     try:
+        args = list(sys.argv[1:] if argv is None else argv)
+        if args not in ([], ["--host-agent"]):
+            raise ConfigError(f"unknown arguments: {' '.join(args)} (usage: millwright-worker [--host-agent])")
         try:
             settings = WorkerSettings()
         except pydantic.ValidationError as err:
@@ -156,7 +168,7 @@ def main() -> None:
                 + "; ".join(f"MILLWRIGHT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in err.errors())
             ) from err
         setup_logging(settings.log_level)
-        code = asyncio.run(run(settings))
+        code = asyncio.run(run(settings, host_agent=args == ["--host-agent"]))
     except ConfigError as err:
         print(f"millwright-worker: error: {err}", file=sys.stderr)
         code = 1
