@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.loopback import LOOPBACK, free_port
+from lab.venvs import cache_dir, cached_venv, file_lock, python_ok, run, serve_until_signal
 
 NETBOX_SERIES = "4.7"
 NETBOX_REQUIREMENT = f"netbox=={NETBOX_SERIES}.*"
@@ -69,14 +69,7 @@ def say(msg: str) -> None:
 
 
 def _python_ok(path: str) -> bool:
-    try:
-        out = subprocess.run(
-            [path, "-c", "import sys, venv; print(sys.version_info >= (3, 12))"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and out.stdout.strip() == "True"
+    return python_ok(path, (3, 12))
 
 
 def find_python312() -> str:
@@ -144,20 +137,11 @@ def check_available() -> None:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("MILLWRIGHT_CACHE_DIR") or str(Path.home() / ".cache" / "millwright")
-    return Path(base).expanduser() / f"netbox-{NETBOX_SERIES}"
+    return cache_dir(f"netbox-{NETBOX_SERIES}")
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Exclusive lock across processes: two test sessions never build the same cache at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+# Exclusive lock across processes: two test sessions never build the same cache at once.
+_file_lock = file_lock
 
 
 # ---------------------------------------------------------------- the NetBox venv
@@ -165,25 +149,8 @@ def _file_lock(path: Path):
 
 def ensure_venv(python: str, timeout: float = 900) -> Path:
     """The cached NetBox venv, created once (pip from PyPI); returns its directory."""
-    root = cache_root()
-    venv = root / "venv"
-    marker = venv / ".millwright-complete"
-    with _file_lock(root / ".venv.lock"):
-        if marker.is_file() and marker.read_text().strip() == NETBOX_REQUIREMENT and (venv / "bin" / "netbox").is_file():
-            return venv
-        shutil.rmtree(venv, ignore_errors=True)
-        say(f"creating the NetBox venv in {venv} ({NETBOX_REQUIREMENT}; about a minute, once)")
-        started = time.monotonic()
-        _run([python, "-m", "venv", str(venv)], "creating the NetBox venv", timeout=300)
-        _run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-             NETBOX_REQUIREMENT],
-            f"pip install {NETBOX_REQUIREMENT}",
-            timeout=timeout,
-        )  # fmt: skip
-        marker.write_text(NETBOX_REQUIREMENT + "\n")
-        say(f"NetBox venv ready in {time.monotonic() - started:.0f}s")
-        return venv
+    return cached_venv(cache_root() / "venv", NETBOX_REQUIREMENT, python, binary="netbox", label="NetBox",
+                       about="about a minute", say=say, timeout=timeout, error=NetBoxError)  # fmt: skip
 
 
 def installed_version(venv: Path) -> str:
@@ -192,14 +159,7 @@ def installed_version(venv: Path) -> str:
 
 
 def _run(argv: list[str], doing: str, *, timeout: float, env: dict[str, str] | None = None, **kw) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
-    except subprocess.TimeoutExpired as err:
-        raise NetBoxError(f"{doing}: timed out after {timeout:.0f}s") from err
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-15:])
-        raise NetBoxError(f"{doing} failed (exit {done.returncode}):\n{tail}")
-    return done.stdout
+    return run(argv, doing, timeout=timeout, env=env, error=NetBoxError, **kw)
 
 
 # ---------------------------------------------------------------- the lab instance
@@ -606,23 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NetBox:  {lab.url}", flush=True)
     print(f"token:   file:{token_file}  (MILLWRIGHT_NETBOX_TOKEN=file:{token_file})", flush=True)
     print("stop:    Ctrl-C", flush=True)
-    stop = False
 
-    def on_signal(signum, frame):
-        nonlocal stop
-        stop = True
+    def exited() -> str | None:
+        gone = [f"{name} exited with code {proc.returncode}" for name, proc in lab._procs.items() if proc.poll() is not None]
+        return f"netbox: {', '.join(gone)}" if gone else None
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        while not stop:
-            for name, proc in lab._procs.items():
-                if proc.poll() is not None:
-                    print(f"netbox: {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
-                    stop = True
-            time.sleep(0.5)
-    finally:
-        lab.stop()
+    serve_until_signal(exited, lab.stop)
     return 0
 
 

@@ -25,21 +25,11 @@ _UNAVAILABLE: list[str] = []
 
 def pytest_collection_modifyitems(config, items):
     """Give the tier a longer timeout; without the pieces it needs, leave it out with one line why."""
-    here = os.path.dirname(__file__)
-    tier = [i for i in items if str(i.fspath).startswith(here) and "netbox_lab" in getattr(i, "fixturenames", ())]
-    for item in tier:
-        if item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT))
-    if not tier or os.environ.get("CI"):
-        return  # in CI the netbox_lab fixture fails loudly instead
     from lab.netbox import NetBoxUnavailable, check_available
+    from tests.tiers import leave_out_unavailable
 
-    try:
-        check_available()
-    except NetBoxUnavailable as err:
-        _UNAVAILABLE.append(f"{err}; {len(tier)} tests of tests/netbox left out")
-        config.hook.pytest_deselected(items=tier)
-        items[:] = [i for i in items if i not in tier]
+    leave_out_unavailable(config, items, here=os.path.dirname(__file__), fixture="netbox_lab", check=check_available,
+                          unavailable=NetBoxUnavailable, timeout=TIER_TIMEOUT, notes=_UNAVAILABLE)  # fmt: skip
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -50,13 +40,9 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def netbox_lab(tmp_path_factory):
     from lab.netbox import NetBoxError, NetBoxLab, NetBoxUnavailable, check_available
+    from tests.tiers import require
 
-    try:
-        check_available()
-    except NetBoxUnavailable as err:
-        if os.environ.get("CI"):
-            pytest.fail(f"{err} -- CI must run the NetBox tier (see .ci/run)", pytrace=False)
-        pytest.skip(str(err))
+    require(check_available, NetBoxUnavailable, "NetBox")
     lab = NetBoxLab(tmp_path_factory.mktemp("netbox"))
     started = time.monotonic()
     try:
