@@ -51,6 +51,13 @@ CF_IB_PORT_GUID = "millwright_ib_port_guid"
 CF_TENANT_PKEY = "millwright_pkey"
 CF_GPU_UUID = "millwright_gpu_uuid"
 CF_FIRMWARE = "millwright_firmware"
+# What burn-in needs to know about a server: where its BMC is (and where its credentials are kept,
+# as a secret reference, never the password), what GPUs it should have, which firmware it should run.
+CF_BMC_URL = "millwright_bmc_url"
+CF_BMC_CREDENTIALS = "millwright_bmc_credentials"
+CF_EXPECTED_GPUS = "millwright_expected_gpus"
+CF_GPU_MODEL = "millwright_gpu_model"
+CF_FIRMWARE_BASELINE = "millwright_firmware_baseline"
 BURNIN_CHOICE_SET = "millwright-burnin-results"
 BURNIN_RESULTS = ("passed", "failed", "aborted")
 
@@ -111,6 +118,14 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
             validation_regex=_PKEY),
         _cf(CF_GPU_UUID, "text", ["dcim.inventoryitem", "dcim.module"], "GPU UUID", "NVML UUID of the GPU"),
         _cf(CF_FIRMWARE, "text", ["dcim.inventoryitem", "dcim.module"], "Firmware", "Firmware / VBIOS version"),
+        _cf(CF_BMC_URL, "url", ["dcim.device"], "BMC Redfish URL", "Base URL of the server's BMC (Redfish)"),
+        _cf(CF_BMC_CREDENTIALS, "text", ["dcim.device"], "BMC credentials reference",
+            "Where the BMC's user:password is kept (env:NAME or file:/path), never the password",
+            validation_regex=r"^(env|file):.+$"),
+        _cf(CF_EXPECTED_GPUS, "integer", ["dcim.device"], "Expected GPUs", "How many GPUs burn-in must find"),
+        _cf(CF_GPU_MODEL, "text", ["dcim.device"], "Expected GPU model", "e.g. NVIDIA H200"),
+        _cf(CF_FIRMWARE_BASELINE, "json", ["dcim.device"], "Firmware baseline",
+            "Firmware inventory name -> the version burn-in expects"),
     ],  # fmt: skip
     "tags": [
         BootstrapObject(endpoint="extras.tags", key={"slug": slug}, fields={"name": slug, "color": color, "description": d})
@@ -231,6 +246,20 @@ class StatusChange(BaseModel):
     changed: bool = Field(description="False when the device already had this status.")
     journal_entry_id: int
     journal_created: bool = Field(description="False when a retry found the entry already written.")
+
+
+class DeviceTagsRequest(BaseModel):
+    device: DeviceLookup
+    add: list[str] = Field(default_factory=list, description="Tag slugs to add (they must exist).")
+    remove: list[str] = Field(default_factory=list, description="Tag slugs to remove.")
+
+    _slugs = field_validator("add", "remove")(lambda v: [_slug(t) for t in v])
+
+
+class DeviceTags(BaseModel):
+    device: str
+    tags: list[str]
+    changed: bool
 
 
 class BurnInRecord(BaseModel):
@@ -472,6 +501,7 @@ class NetBoxActivities:
             self.find_device,
             self.list_devices,
             self.set_device_status,
+            self.set_device_tags,
             self.record_burnin,
             self.record_gpus,
             self.record_interfaces,
@@ -691,6 +721,25 @@ class NetBoxActivities:
             )  # fmt: skip
 
         return await self._in_thread(f"setting the status of {req.device} to {req.status!r}", run)
+
+    @activity.defn
+    async def set_device_tags(self, req: DeviceTagsRequest) -> DeviceTags:
+        """Add and remove tags on a device; writes only when its tag set changes."""
+
+        def run(api: Any) -> DeviceTags:
+            device = self._resolve_device(api, req.device)
+            have = [t["slug"] if isinstance(t, dict) else t.slug for t in (_rec(device).get("tags") or [])]
+            want = sorted((set(have) | set(req.add)) - set(req.remove))
+            changed = want != sorted(have)
+            if changed:
+                missing = [t for t in req.add if t not in have and api.extras.tags.get(slug=t) is None]
+                if missing:
+                    raise not_bootstrapped(f"the tag(s) {', '.join(missing)}")
+                device.update({"tags": [{"slug": t} for t in want]})
+                self._after_write("tags")
+            return DeviceTags(device=device.name or f"#{device.id}", tags=want, changed=changed)
+
+        return await self._in_thread(f"tagging {req.device}", run)
 
     @activity.defn
     async def record_burnin(self, req: BurnInRecord) -> BurnInRecorded:
