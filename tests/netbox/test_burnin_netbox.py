@@ -1,0 +1,94 @@
+"""ServerBurnIn end to end with the real NetBox: the server found by name, its BMC and expectations read from
+its custom fields, the verdict recorded (status, burn-in fields, GPUs, tags, journal evidence)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import pytest_asyncio
+
+from activities.netbox import (
+    CF_BMC_CREDENTIALS,
+    CF_BMC_URL,
+    CF_BURNIN_RESULT,
+    CF_EXPECTED_GPUS,
+    CF_FIRMWARE_BASELINE,
+    CF_GPU_MODEL,
+    TAG_QUARANTINE,
+)
+from lab.redfish import DEFAULT_FIRMWARE
+from tests.burnin.conftest import BMC_PASSWORD, bmc_admin, bmc_secret_file, burnin_bmcs, lab_hosts  # noqa: F401
+from workflows.burnin import TAG_BURNIN_FAILED, TAG_BURNIN_PASSED, ServerBurnIn, ServerBurnInInput
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def burnin_netbox_worker(client, kubeconfig_path, netbox_lab, netbox_token_file, bootstrapped):
+    from worker import registry
+    from worker.config import WorkerSettings
+
+    # No default BMC credentials: each server's reference comes from NetBox.
+    settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, netbox_url=netbox_lab.url,
+                              netbox_token=f"file:{netbox_token_file}")  # fmt: skip
+    registration = registry.build(settings)
+    queue = f"burnin-netbox-{uuid.uuid4().hex[:8]}"
+    async with registry.new_worker(client, registration, queue):
+        yield queue
+    await registration.close()
+
+
+@pytest.fixture(scope="module")
+def servers(nb, bootstrapped, burnin_bmcs, bmc_secret_file):
+    """Two planned GPU servers whose custom fields point at two lab BMCs."""
+    suffix = uuid.uuid4().hex[:6]
+    site = nb.dcim.sites.create(name=f"burnin-{suffix}", slug=f"burnin-{suffix}", status="active")
+    maker = nb.dcim.manufacturers.get(slug="nvidia")
+    dtype = nb.dcim.device_types.create(manufacturer=maker.id, model=f"HGX {suffix}", slug=f"hgx-{suffix}")
+    role = nb.dcim.device_roles.get(slug="gpu-server")
+    made = {}
+    for name in burnin_bmcs.names[:2]:
+        made[name] = nb.dcim.devices.create(
+            name=name, site=site.id, role=role.id, device_type=dtype.id, status="planned",
+            custom_fields={CF_BMC_URL: burnin_bmcs.bmc_urls[name], CF_BMC_CREDENTIALS: f"file:{bmc_secret_file}",
+                           CF_EXPECTED_GPUS: 8, CF_GPU_MODEL: "H200", CF_FIRMWARE_BASELINE: DEFAULT_FIRMWARE},
+        )  # fmt: skip
+    return made
+
+
+def journal(nb, device_id: int) -> list[str]:
+    return [e.comments for e in nb.extras.journal_entries.filter(assigned_object_type="dcim.device",
+                                                                 assigned_object_id=device_id)]  # fmt: skip
+
+
+async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts, burnin_netbox_worker):
+    healthy, faulty = list(servers)
+    await bmc_admin.set_gpu_faults(faulty, {"pending_remaps": [3]})
+    runs = []
+    for name in (healthy, faulty):
+        inp = ServerBurnInInput.model_validate(
+            {"server": {"name": name}, "settings": {"stress_seconds": 2, "dcgm_level": None, "boot_timeout": "PT30S"}})
+        runs.append(client.execute_workflow(ServerBurnIn.run, inp, id=f"{inp.workflow_id()}-{uuid.uuid4().hex[:6]}",
+                                            task_queue=burnin_netbox_worker))  # fmt: skip
+    passed, failed = await asyncio.gather(*runs)
+    assert (passed.result, failed.result) == ("passed", "failed")
+
+    good = nb.dcim.devices.get(servers[healthy].id)
+    assert good.status.value == "active"
+    assert good.custom_fields[CF_BURNIN_RESULT]["value"] == "passed"
+    assert {t.slug for t in good.tags} == {TAG_BURNIN_PASSED}
+    assert len(list(nb.dcim.inventory_items.filter(device_id=good.id, role="gpu"))) == 8
+
+    bad = nb.dcim.devices.get(servers[faulty].id)
+    assert bad.status.value == "failed"
+    assert bad.custom_fields[CF_BURNIN_RESULT]["value"] == "failed"
+    assert {t.slug for t in bad.tags} == {TAG_QUARANTINE, TAG_BURNIN_FAILED}
+    evidence = "\n".join(journal(nb, bad.id))
+    assert "remap_pending" in evidence and "GPU3" in evidence
+    assert "staged" in evidence and "**failed**" in evidence  # planned → staged → failed, each journaled
+    assert (await bmc_admin.server(faulty))["power"] == "Off"
+
+    for run in (passed, failed):
+        async for execution in client.list_workflows(f"WorkflowId STARTS_WITH 'burn-in/{run.server}'"):
+            history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
+            assert BMC_PASSWORD not in history.to_json()
