@@ -1,13 +1,15 @@
-"""What every lab service shares: free loopback ports and the 'ready' handshake."""
+"""What every lab service shares: free loopback ports, the 'ready' handshake, secret files."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import signal
 import socket
 import tempfile
+from pathlib import Path
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
@@ -22,6 +24,14 @@ def free_port(host: str = LOOPBACK, avoid: set[int] | None = None) -> int:
             port = s.getsockname()[1]
         if port not in avoid:
             return port
+
+
+def write_secret_file(path: Path | str, value: str) -> Path:
+    """A secret for a worker to read through a `file:` reference: mode 0600 from the start."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return Path(path)
 
 
 def write_ready_file(path: str, url: str) -> None:
@@ -43,6 +53,29 @@ async def announce_and_wait(name: str, url: str, ready_file: str | None) -> None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def server_arguments(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments every lab server takes from ChildProcess: --host, --port, --ready-file; and --log-level."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--host", default=LOOPBACK)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ready-file")
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+async def serve_app(name: str, app: Any, host: str, port: int, ready_file: str | None) -> None:
+    """Serve an aiohttp application on host:port (0: a free port), say where, and run until SIGTERM or SIGINT."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    await announce_and_wait(name, f"http://{host}:{sock.getsockname()[1]}", ready_file)
+    await runner.cleanup()
 
 
 class AdminClient:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.loopback import LOOPBACK, free_port
+from lab.loopback import write_secret_file as write_token_file  # the API token, read by workers through file:
 from lab.venvs import cache_dir, cached_venv, file_lock, python_ok, run, serve_until_signal
 
 NETBOX_SERIES = "4.7"
@@ -525,14 +526,6 @@ PLUGINS = []
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def write_token_file(path: Path, token: str) -> Path:
-    """The token for a worker to read through a `file:` secret reference: mode 0600 from the start."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

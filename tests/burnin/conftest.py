@@ -10,7 +10,6 @@ GPUs, and a Millwright worker on a random task queue, all against the session's 
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -31,10 +30,9 @@ def burnin_bmcs():
 
 @pytest.fixture(scope="session")
 def bmc_secret_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("burnin-bmc") / "credentials"
-    path.write_text(f"{BMC_USER}:{BMC_PASSWORD}\n")
-    os.chmod(path, 0o600)
-    return path
+    from lab.loopback import write_secret_file
+
+    return write_secret_file(tmp_path_factory.mktemp("burnin-bmc") / "credentials", f"{BMC_USER}:{BMC_PASSWORD}")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -59,13 +57,7 @@ async def lab_hosts(client, burnin_bmcs):
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def burnin_worker(client, kubeconfig_path, bmc_secret_file):
-    from worker import registry
-    from worker.config import WorkerSettings
+    from tests.workers import settings_worker
 
-    settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
-                              bmc_credentials=f"file:{bmc_secret_file}")  # fmt: skip
-    registration = registry.build(settings)
-    queue = f"burnin-{uuid.uuid4().hex[:8]}"
-    async with registry.new_worker(client, registration, queue):
+    async with settings_worker(client, kubeconfig_path, "burnin", bmc_credentials=f"file:{bmc_secret_file}") as queue:
         yield queue
-    await registration.close()

@@ -12,13 +12,9 @@ from workflows.burnin import ServerBurnIn, ServerBurnInInput
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def ironic_worker(client, kubeconfig_path, ironic_lab):
-    from worker import registry
-    from worker.config import WorkerSettings
+    from tests.workers import settings_worker
 
-    registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
-                                                 ironic_url=ironic_lab.url))  # fmt: skip
-    queue = f"ironic-{uuid.uuid4().hex[:8]}"
-    async with registry.new_worker(client, registration, queue):
+    async with settings_worker(client, kubeconfig_path, "ironic", ironic_url=ironic_lab.url) as queue:
         yield queue
 
 

@@ -19,23 +19,22 @@ from activities.netbox import (
     TAG_QUARANTINE,
 )
 from lab.redfish import DEFAULT_FIRMWARE
-from tests.burnin.conftest import BMC_PASSWORD, bmc_admin, bmc_secret_file, burnin_bmcs, lab_hosts  # noqa: F401
+from tests.burnin import conftest as burnin_tier
 from workflows.burnin import TAG_BURNIN_FAILED, TAG_BURNIN_PASSED, ServerBurnIn, ServerBurnInInput
+
+# The burn-in tier's lab (BMCs, hosts running the agent), as fixtures of this module.
+burnin_bmcs, bmc_admin, lab_hosts = burnin_tier.burnin_bmcs, burnin_tier.bmc_admin, burnin_tier.lab_hosts
+bmc_secret_file = burnin_tier.bmc_secret_file
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def burnin_netbox_worker(client, kubeconfig_path, netbox_lab, netbox_token_file, bootstrapped):
-    from worker import registry
-    from worker.config import WorkerSettings
+    from tests.workers import settings_worker
 
     # No default BMC credentials: each server's reference comes from NetBox.
-    settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, netbox_url=netbox_lab.url,
-                              netbox_token=f"file:{netbox_token_file}")  # fmt: skip
-    registration = registry.build(settings)
-    queue = f"burnin-netbox-{uuid.uuid4().hex[:8]}"
-    async with registry.new_worker(client, registration, queue):
+    async with settings_worker(client, kubeconfig_path, "burnin-netbox", netbox_url=netbox_lab.url,
+                               netbox_token=f"file:{netbox_token_file}") as queue:  # fmt: skip
         yield queue
-    await registration.close()
 
 
 @pytest.fixture(scope="module")
@@ -91,4 +90,4 @@ async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts
     for run in (passed, failed):
         async for execution in client.list_workflows(f"WorkflowId STARTS_WITH 'burn-in/{run.server}'"):
             history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
-            assert BMC_PASSWORD not in history.to_json()
+            assert burnin_tier.BMC_PASSWORD not in history.to_json()

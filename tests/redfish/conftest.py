@@ -19,7 +19,6 @@ Reusable by other tiers (e.g. burn-in workflow tests): import them from here, as
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -47,10 +46,9 @@ def bmc_credentials() -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def bmc_secret_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("bmc") / "credentials"
-    path.write_text(f"{BMC_USER}:{BMC_PASSWORD}\n")
-    os.chmod(path, 0o600)
-    return path
+    from lab.loopback import write_secret_file
+
+    return write_secret_file(tmp_path_factory.mktemp("bmc") / "credentials", f"{BMC_USER}:{BMC_PASSWORD}")
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -3,7 +3,6 @@ the UFM activities, and the real NetBox from tests/netbox (imported, for the GUI
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -57,10 +56,9 @@ async def ufm(ufm_stub, fleet):
 
 @pytest.fixture(scope="session")
 def ufm_secret_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ufm") / "credentials"
-    path.write_text(f"admin:{PASSWORD}\n")
-    os.chmod(path, 0o600)
-    return path
+    from lab.loopback import write_secret_file
+
+    return write_secret_file(tmp_path_factory.mktemp("ufm") / "credentials", f"admin:{PASSWORD}")
 
 
 @pytest.fixture(scope="session")
