@@ -100,6 +100,14 @@ def ib_guid(*parts: str) -> str:
     return "b8cef603" + hashlib.sha256("/".join(parts).encode()).hexdigest()[:8]
 
 
+class BmcSettings(_M):
+    """The lab's emulated BMCs (lab/redfish.py), one per GPU node, named like the node; read by `millwright lab up`."""
+
+    enabled: bool = Field(True, description="Run a BMC and a host agent for every node with GPUs.")
+    power_delay: float = Field(0.2, ge=0, le=60, description="Seconds a power change takes to land.")
+    power: Literal["On", "Off"] = Field("On", description="Power at start (On: the nodes are running).")
+
+
 class Fleet(_M):
     cluster: str = "lab"
     nodes: list[NodeSpec | NodeGenerator] = Field(default_factory=list)
@@ -110,6 +118,21 @@ class Fleet(_M):
     jobs: dict[str, Any] | None = Field(None, description="Job outcome rules, as POST /_lab/config {'jobs': ...}.")
     rebootSeconds: float | None = None
     infiniband: InfiniBandSpec | None = None
+    bmc: BmcSettings = Field(default_factory=BmcSettings)
+
+    def bmc_servers(self) -> list[dict]:
+        """lab.redfish server specs for the GPU nodes (name = node name; the GPU model from the node's
+        `nvidia.com/gpu.product` label, as NVML names it); empty when the BMCs are turned off."""
+        if not self.bmc.enabled:
+            return []
+        out = []
+        for n in self.node_specs():
+            if n.gpus:
+                spec: dict[str, Any] = {"name": n.name, "gpus": n.gpus, "power": self.bmc.power}
+                if n.labels.get("nvidia.com/gpu.product"):
+                    spec["gpu_model"] = n.labels["nvidia.com/gpu.product"].replace("-", " ")
+                out.append(spec)
+        return out
 
     def ib_ports(self) -> dict[str, list[str]]:
         """host -> its HCA port GUIDs (ib0, ib1, ... in order); empty without an infiniband part."""

@@ -8,15 +8,23 @@ from the server's spec and its ``gpu_faults``. The agent stops when the server p
 boot delay) when it reboots (its boot_count changes). Each server keeps one probe for the lab's lifetime, so what a
 reboot clears (pending remaps, a lost GPU, volatile ECC counters) is cleared and the rest stays; a fault spec that
 changes is applied to the running probe at once. A lab reset (boot_count going back) starts the server afresh.
+``booted_from={"Pxe"}`` runs agents only in the boots from those sources (the burn-in image), not in every
+powered-on server: a fleet's servers stay On after a pass, and an agent each would be a worker each.
+
+As a process (what `millwright lab up` runs): ``python -m lab.hosts --temporal ADDRESS --bmc-admin URL
+[--ready-file F]``; it writes the ready file once every server that is On has its agent, and stops on SIGTERM.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import logging
+import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +58,9 @@ class _Server:
 
 class LabHosts:
     def __init__(self, client: Any, bmc_admin_url: str, *, boot_delay: float = 0.3, poll_interval: float = 0.2,
-                 heartbeat_seconds: float = 1.0) -> None:  # fmt: skip
+                 heartbeat_seconds: float = 1.0, booted_from: Collection[str] | None = None) -> None:  # fmt: skip
         self.client = client
+        self.booted_from = None if booted_from is None else frozenset(booted_from)
         self.admin_url = bmc_admin_url.rstrip("/")
         self.boot_delay = boot_delay
         self.poll_interval = poll_interval
@@ -152,7 +161,8 @@ class LabHosts:
         if boots < server.boot_count:  # the lab was reset: new hardware state
             await self._stop(name)
             server.probe, server.faults, server.starts = None, "{}", []
-        if view.get("power") != "On":
+        if view.get("power") != "On" or (self.booted_from is not None and view.get("booted_from") not in
+                                         self.booted_from):  # fmt: skip
             server.boot_count, server.up_at = boots, None
             await self._stop(name)
             return
@@ -203,3 +213,41 @@ class LabHosts:
         with contextlib.suppress(BaseException):
             await agent.task
         log.info("%s: host agent down (boot %d)", name, agent.boot_count)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from temporalio.client import Client
+
+    from lab.loopback import announce_and_wait
+    from lab.redfish import BmcAdmin
+
+    client = await Client.connect(args.temporal, namespace=args.namespace)
+    async with LabHosts(client, args.bmc_admin, boot_delay=args.boot_delay, poll_interval=args.poll_interval) as hosts:
+        async with BmcAdmin(args.bmc_admin) as admin:
+            on = [name for name, view in (await admin.servers(["power"])).items() if view.get("power") == "On"]
+        for name in on:
+            await hosts.wait_running(name, args.startup_timeout)
+        log.info("host agents up for %d powered-on server(s), following %s", len(on), args.bmc_admin)
+        await announce_and_wait("lab.hosts", args.bmc_admin, args.ready_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.hosts", description="Host agents for the lab's powered-on servers")
+    p.add_argument("--temporal", required=True, help="Temporal frontend host:port")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--bmc-admin", required=True, help="the lab BMCs' admin URL (python -m lab.redfish)")
+    p.add_argument("--boot-delay", type=float, default=0.3, help="seconds from power-on to the agent's start")
+    p.add_argument("--poll-interval", type=float, default=0.2)
+    p.add_argument("--startup-timeout", type=float, default=60.0)
+    p.add_argument("--ready-file", help="{url: the BMC admin URL, pid}, once the powered-on servers' agents run")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per poll
+    asyncio.run(_serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,17 +1,22 @@
 """`millwright lab up|down|seed|status`: the emulated lab on 127.0.0.1.
 
-`up` starts three children, each in its own session so a Ctrl-C reaches only the runner,
+`up` starts its children, each in its own session so a Ctrl-C reaches only the runner,
 which then stops them in order (worker first, so in-flight activities can finish):
 
 - the Temporal dev server with Web UI (`lab.temporal.DevServer`), SQLite in the state dir;
 - the Kubernetes emulator (`python -m lab.k8s`), its objects kept in the state dir;
-- one Millwright worker (`python -m worker`) pointed at both;
+- the BMCs of the fleet's GPU nodes (`python -m lab.redfish`: one Redfish service per node, named like the
+  node, powered On), with credentials generated per `lab up` into `<state-dir>/bmc/credentials` (0600,
+  `user:password`) that the worker reads through `MILLWRIGHT_BMC_CREDENTIALS=file:<path>`;
+- the lab's hosts (`python -m lab.hosts`): a host agent for every powered-on server, on its own task queue;
+- one Millwright worker (`python -m worker`) pointed at Temporal, Kubernetes and the BMCs;
 - with `--netbox`: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis), its
   URL in lab.json and the worker's environment, its API token in `<state-dir>/netbox/token`
   (mode 0600) that the worker reads through the secret reference `file:<path>`. Opt-in,
   because its first start builds a venv and migrates a database (minutes, once, cached).
 
 `<state-dir>/lab.json` records every address and pid while the lab runs; `down` reads it.
+`<state-dir>/examples/server-burn-in.json` is a ServerBurnIn input for the first GPU node with its real BMC URL.
 """
 
 from __future__ import annotations
@@ -36,13 +41,16 @@ from lab.temporal import DevServer, LabError, choose_port
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"
 EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.json"
+BURN_IN_TEMPLATE = REPO_ROOT / "examples" / "server-burn-in.json"
+BMC_USER = "admin"
 WORKER_GRACE_SECONDS = 10
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
 MARKERS = {
     "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker",
     "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres",
+    "bmcs": "lab.redfish", "hosts": "lab.hosts",
 }  # fmt: skip
-STOP_ORDER = ["worker", "kubernetes", "temporal", "netbox", "netbox-redis", "netbox-postgres"]
+STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "temporal", "netbox", "netbox-redis", "netbox-postgres"]
 
 
 def say(msg: str) -> None:
@@ -179,6 +187,18 @@ class Lab:
 
     # -------------------------------------------------------------- steps
 
+    async def wait_ready(self, child: Child, ready: Path, what: str) -> dict[str, Any]:
+        """The child's ready file ({"url", "pid"}) once it is written; a dead child or the timeout is an error."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            self.check_children()
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(ready.read_text())
+                if data.get("url"):
+                    return data
+            await asyncio.sleep(0.1)
+        raise LabError(f"{what} did not get ready in {self.timeout:.0f}s; see {child.log}")
+
     async def start_kubernetes(self) -> str:
         ready = self.state_dir / "k8s.ready.json"
         ready.unlink(missing_ok=True)
@@ -192,15 +212,76 @@ class Lab:
             ],
             env=_child_env(),
         )  # fmt: skip
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            self.check_children()
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads(ready.read_text())
-                if data.get("url"):
-                    return str(data["url"])
-            await asyncio.sleep(0.1)
-        raise LabError(f"the Kubernetes emulator did not get ready in {self.timeout:.0f}s; see {child.log}")
+        return str((await self.wait_ready(child, ready, "the Kubernetes emulator"))["url"])
+
+    async def start_bmcs(self) -> dict[str, Any] | None:
+        """The fleet's GPU nodes' BMCs, powered On, with fresh credentials; None when the fleet turns them off."""
+        import secrets
+
+        import httpx
+
+        from lab.fleet import load_fleet
+        from lab.loopback import write_secret_file
+
+        fleet = load_fleet(str(self.fleet))
+        servers = fleet.bmc_servers()
+        if not servers:
+            return None
+        root = self.state_dir / "bmc"
+        root.mkdir(exist_ok=True)
+        credentials = write_secret_file(root / "credentials", f"{BMC_USER}:{secrets.token_urlsafe(18)}").resolve()
+        password = credentials.read_text().strip().split(":", 1)[1]
+        (root / "servers.json").write_text(json.dumps(servers, indent=2) + "\n")
+        ready = root / "ready.json"
+        ready.unlink(missing_ok=True)
+        env = {**_child_env(), "LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password}  # never on a command line
+        child = self.spawn(
+            "bmcs",
+            [
+                sys.executable, "-m", "lab.redfish", "--host", LOOPBACK, "--port", "0",
+                "--ready-file", str(ready), "--servers-file", str(root / "servers.json"),
+                "--power-delay", str(fleet.bmc.power_delay),
+            ],
+            env=env,
+        )  # fmt: skip
+        admin = str((await self.wait_ready(child, ready, "the BMC emulator"))["url"])
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            views = (await http.get(f"{admin}/_lab/servers", params={"fields": "url"})).raise_for_status().json()
+        return {
+            "admin": admin,
+            "credentials": f"file:{credentials}",  # a reference, never the password
+            "power_delay": fleet.bmc.power_delay,
+            "servers": {s["name"]: views["servers"][s["name"]]["url"] for s in servers},
+            "specs": servers,
+        }
+
+    async def start_hosts(self, address: str, bmc_admin: str) -> None:
+        """`python -m lab.hosts`: a host agent for each powered-on server; ready once they all poll."""
+        ready = self.state_dir / "bmc" / "hosts.ready.json"
+        ready.unlink(missing_ok=True)
+        child = self.spawn(
+            "hosts",
+            [sys.executable, "-m", "lab.hosts", "--temporal", address, "--bmc-admin", bmc_admin,
+             "--ready-file", str(ready), "--startup-timeout", str(self.timeout)],
+            env=_child_env(),
+        )  # fmt: skip
+        await self.wait_ready(child, ready, "the lab's host agents")
+
+    def write_burn_in_example(self, bmc: dict[str, Any]) -> Path:
+        """examples/server-burn-in.json for the first GPU node, with its real BMC URL and expected hardware."""
+        from lab.redfish import normalize_spec
+
+        spec = normalize_spec(bmc["specs"][0])
+        example = json.loads(BURN_IN_TEMPLATE.read_text())
+        example["server"].update(
+            name=spec["name"],
+            bmc={**example["server"].get("bmc", {}), "url": bmc["servers"][spec["name"]]},
+            expected={"gpus": spec["gpus"], "gpu_model": spec["gpu_model"], "firmware": spec["firmware"]},
+        )
+        path = self.state_dir / "examples" / "server-burn-in.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(example, indent=2) + "\n")
+        return path
 
     async def seed_if_fresh(self, url: str, fresh: bool) -> str:
         from lab.fleet import load_fleet
@@ -257,7 +338,8 @@ class Lab:
             for name in [n for n in self.children if n.startswith("netbox")]:
                 del self.children[name]
 
-    def start_worker(self, address: str, kubeconfig: Path, metrics_port: int, netbox: dict[str, str] | None = None) -> Child:
+    def start_worker(self, address: str, kubeconfig: Path, metrics_port: int, netbox: dict[str, str] | None = None,
+                     bmc_credentials: str | None = None) -> Child:
         toml = self.state_dir / "temporal.toml"
         toml.write_text(f'[profile.default]\naddress = "{address}"\nnamespace = "default"\n')
         env = _child_env()
@@ -277,6 +359,9 @@ class Lab:
             env.pop(key, None)  # the lab's NetBox or none, never an inherited production one
         if netbox:
             env.update(MILLWRIGHT_NETBOX_URL=netbox["url"], MILLWRIGHT_NETBOX_TOKEN=netbox["token"])
+        env.pop("MILLWRIGHT_BMC_CREDENTIALS", None)  # the lab's BMCs' or none
+        if bmc_credentials:
+            env["MILLWRIGHT_BMC_CREDENTIALS"] = bmc_credentials
         return self.spawn("worker", [sys.executable, "-m", "worker"], env=env)
 
     async def wait_worker_polling(self, address: str) -> None:
@@ -333,14 +418,24 @@ class Lab:
         self.info["kubeconfig"] = str(kubeconfig.resolve())
         self.save()
 
+        bmc = await self.start_bmcs()
+        example: Path | None = None
+        if bmc:
+            example = self.write_burn_in_example(bmc)
+            self.info["bmc"] = {k: v for k, v in bmc.items() if k != "specs"}
+            self.info["examples"] = {"server-burn-in": str(example.resolve())}
+            self.save()
+
         netbox = await self.start_netbox() if self.netbox else None
         if netbox:
             self.info["netbox"] = {"url": netbox["url"], "token": netbox["token"]}  # a reference, not the token
             self.save()
 
         await server.wait_healthy(self.timeout)
-        self.start_worker(server.address, kubeconfig, metrics_port, netbox)
+        self.start_worker(server.address, kubeconfig, metrics_port, netbox, bmc["credentials"] if bmc else None)
         self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{metrics_port}/metrics", "task_queue": self.task_queue}
+        if bmc:
+            await self.start_hosts(server.address, bmc["admin"])
         self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
         self.save()
         await self.wait_worker_polling(server.address)
@@ -355,8 +450,15 @@ class Lab:
         print(f"  worker:        metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/", flush=True)
         if netbox:
             print(f"  NetBox:        {netbox['url']} (token: {netbox['token']})", flush=True)
+        if bmc:
+            print(f"  BMCs:          {len(bmc['servers'])} servers (admin {bmc['admin']}, credentials "
+                  f"{bmc['credentials']}); host agents for the powered-on ones; `millwright lab status` lists them",
+                  flush=True)  # fmt: skip
         where = "" if self.state_dir == Path(".millwright") else f" --state-dir {self.state_dir}"
         print(f"  try:           {EXAMPLE}{where}", flush=True)
+        if example:
+            print(f"  burn in:       millwright start ServerBurnIn --input {self.state_dir / 'examples' / example.name}"
+                  f"{where} --watch   (or paste that file in the UI: Start Workflow, type ServerBurnIn)", flush=True)
         print(f"  stop:          Ctrl-C, or `millwright lab down{where}`", flush=True)
 
         stop = asyncio.Event()
@@ -376,7 +478,7 @@ class Lab:
 
     def stop_children(self) -> None:
         """Worker first (graceful), then the emulator and the server; SIGKILL after a timeout."""
-        for group, timeout in ((["worker"], WORKER_GRACE_SECONDS + 5), (["kubernetes", "temporal"], 15)):
+        for group, timeout in ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5), (["kubernetes", "bmcs", "temporal"], 15)):
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]
             for child in procs:
                 _signal(child.pid, signal.SIGTERM)
@@ -564,6 +666,12 @@ def status(*, state_dir: Path) -> int:
         print(f"  NetBox:        {info['netbox'].get('url')} (token: {info['netbox'].get('token')})")
     if info.get("worker"):
         print(f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}")
+    if info.get("bmc"):
+        print(f"  BMC admin:     {info['bmc'].get('admin')} (credentials {info['bmc'].get('credentials')})")
+        for node, url in (info["bmc"].get("servers") or {}).items():
+            print(f"  BMC {node}: {url}")
+    if (info.get("examples") or {}).get("server-burn-in"):
+        print(f"  burn-in input: {info['examples']['server-burn-in']}")
     for name, pid in pids.items():
         print(f"  {name + ':':<14} pid {pid} {'alive' if name in alive else 'GONE'}")
     return 0 if running else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from temporalio.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +129,8 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]
-        assert set(pids) == {"runner", "temporal", "kubernetes", "worker"} and all(map(alive, pids.values()))
+        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts"}
+        assert all(map(alive, pids.values()))
         host, port = info["temporal"]["address"].rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) != occupied_port
         assert info["ui"] in lab.output and info["kubeconfig"] in lab.output
@@ -145,6 +148,7 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
 
         status = millwright("lab", "status", "--state-dir", str(state))
         assert status.returncode == 0 and info["ui"] in status.stdout
+        assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
 
         seeded = millwright("lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state))
         assert seeded.returncode == 0, seeded
@@ -158,6 +162,46 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert millwright("lab", "status", "--state-dir", str(state)).returncode == 1
     finally:
         lab.kill()
+
+
+def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
+    """`lab up` runs a BMC per GPU node (powered On) and their host agents; the example it writes, started
+    the way the UI starts it (type name, plain JSON), burns the node in to `passed`."""
+    state = tmp_path / "state"
+    lab = LabProcess(state, "--port", "0")
+    try:
+        lab.wait_for("lab: ready")
+        info = json.loads((state / "lab.json").read_text())
+        bmc = info["bmc"]
+        assert set(bmc["servers"]) == {f"gpu-node-{i:02d}" for i in range(1, 7)}
+        secret = state / "bmc" / "credentials"
+        assert bmc["credentials"] == f"file:{secret.resolve()}" and secret.stat().st_mode & 0o777 == 0o600
+        password = secret.read_text().strip().split(":", 1)[1]
+        assert len(password) >= 16 and password not in (state / "lab.json").read_text() + lab.output
+        example_path = state / "examples" / "server-burn-in.json"
+        assert f"millwright start ServerBurnIn --input {example_path}" in lab.output
+        example = json.loads(example_path.read_text())
+        node = example["server"]["name"]
+        assert example["server"]["bmc"]["url"] == bmc["servers"][node]
+        example["settings"].update(stress_seconds=1, dcgm_level=None)
+
+        async def burn_in() -> dict:
+            client = await Client.connect(info["temporal"]["address"])
+            handle = await client.start_workflow("ServerBurnIn", example, id=f"burn-in/{node}",
+                                                 task_queue=info["task_queue"])  # fmt: skip
+            return await asyncio.wait_for(handle.result(), 90)
+
+        result = asyncio.run(burn_in())
+        assert (result["result"], result["findings"], result["gpus"]) == ("passed", [], 8), result
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            audit = http.get(f"{bmc['admin']}/_lab/audit", params={"server": node, "writes": 1}).json()["entries"]
+            view = http.get(f"{bmc['admin']}/_lab/servers/{node}").json()
+        # it was running: power-cycled into the burn-in image, then back onto its disk
+        assert [e["reset_type"] for e in audit if e.get("reset_type")] == ["ForceOff", "On", "ForceOff", "On"]
+        assert (view["power"], view["booted_from"]) == ("On", "Hdd")
+    finally:
+        lab.kill()
+    assert lab.proc.returncode == 0, lab.output
 
 
 def test_lab_restart_keeps_state_and_a_dead_child_stops_the_lab(tmp_path):
