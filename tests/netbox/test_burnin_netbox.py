@@ -39,14 +39,14 @@ async def burnin_netbox_worker(client, kubeconfig_path, netbox_lab, netbox_token
 
 @pytest.fixture(scope="module")
 def servers(nb, bootstrapped, burnin_bmcs, bmc_secret_file):
-    """Two planned GPU servers whose custom fields point at two lab BMCs."""
+    """Four planned GPU servers whose custom fields point at four lab BMCs."""
     suffix = uuid.uuid4().hex[:6]
     site = nb.dcim.sites.create(name=f"burnin-{suffix}", slug=f"burnin-{suffix}", status="active")
     maker = nb.dcim.manufacturers.get(slug="nvidia")
     dtype = nb.dcim.device_types.create(manufacturer=maker.id, model=f"HGX {suffix}", slug=f"hgx-{suffix}")
     role = nb.dcim.device_roles.get(slug="gpu-server")
     made = {}
-    for name in burnin_bmcs.names[:2]:
+    for name in burnin_bmcs.names[:4]:
         made[name] = nb.dcim.devices.create(
             name=name, site=site.id, role=role.id, device_type=dtype.id, status="planned",
             custom_fields={CF_BMC_URL: burnin_bmcs.bmc_urls[name], CF_BMC_CREDENTIALS: f"file:{bmc_secret_file}",
@@ -60,17 +60,24 @@ def journal(nb, device_id: int) -> list[str]:
                                                                  assigned_object_id=device_id)]  # fmt: skip
 
 
+# Each simulated GPU fault, and the evidence its journal entry must carry.
+FAULTS = [({"pending_remaps": [3]}, ["remap_pending", "GPU3"]),
+          ({"xid_under_load": {"gpu": 5, "xid": 79}}, ["Xid 79", "GPU5"]),
+          ({"pcie_width": {"gpu": 1, "width": 8}}, ["pcie_link", "GPU1", "x8"])]  # fmt: skip
+
+
 async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts, burnin_netbox_worker):
-    healthy, faulty = list(servers)
-    await bmc_admin.set_gpu_faults(faulty, {"pending_remaps": [3]})
+    healthy, *faulty = list(servers)
+    for name, (fault, _) in zip(faulty, FAULTS):
+        await bmc_admin.set_gpu_faults(name, fault)
     runs = []
-    for name in (healthy, faulty):
+    for name in servers:
         inp = ServerBurnInInput.model_validate(
             {"server": {"name": name}, "settings": {"stress_seconds": 2, "dcgm_level": None, "boot_timeout": "PT30S"}})
         runs.append(client.execute_workflow(ServerBurnIn.run, inp, id=f"{inp.workflow_id()}-{uuid.uuid4().hex[:6]}",
                                             task_queue=burnin_netbox_worker))  # fmt: skip
-    passed, failed = await asyncio.gather(*runs)
-    assert (passed.result, failed.result) == ("passed", "failed")
+    results = await asyncio.gather(*runs)
+    assert [r.result for r in results] == ["passed", "failed", "failed", "failed"]
 
     good = nb.dcim.devices.get(servers[healthy].id)
     assert good.status.value == "active"
@@ -78,16 +85,17 @@ async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts
     assert {t.slug for t in good.tags} == {TAG_BURNIN_PASSED}
     assert len(list(nb.dcim.inventory_items.filter(device_id=good.id, role="gpu"))) == 8
 
-    bad = nb.dcim.devices.get(servers[faulty].id)
-    assert bad.status.value == "failed"
-    assert bad.custom_fields[CF_BURNIN_RESULT]["value"] == "failed"
-    assert {t.slug for t in bad.tags} == {TAG_QUARANTINE, TAG_BURNIN_FAILED}
-    evidence = "\n".join(journal(nb, bad.id))
-    assert "remap_pending" in evidence and "GPU3" in evidence
-    assert "staged" in evidence and "**failed**" in evidence  # planned → staged → failed, each journaled
-    assert (await bmc_admin.server(faulty))["power"] == "Off"
+    for name, (_, evidence) in zip(faulty, FAULTS):
+        bad = nb.dcim.devices.get(servers[name].id)
+        assert bad.status.value == "failed"
+        assert bad.custom_fields[CF_BURNIN_RESULT]["value"] == "failed"
+        assert {t.slug for t in bad.tags} == {TAG_QUARANTINE, TAG_BURNIN_FAILED}
+        entries = "\n".join(journal(nb, bad.id))
+        assert all(e in entries for e in evidence), (name, evidence, entries)
+        assert "staged" in entries and "**failed**" in entries  # planned → staged → failed, each journaled
+        assert (await bmc_admin.server(name))["power"] == "Off"
 
-    for run in (passed, failed):
+    for run in results:
         async for execution in client.list_workflows(f"WorkflowId STARTS_WITH 'burn-in/{run.server}'"):
             history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
             assert burnin_tier.BMC_PASSWORD not in history.to_json()
