@@ -239,6 +239,7 @@ class ServerBurnIn:
     async def run(self, inp: ServerBurnInInput) -> ServerBurnInResult:
         target, settings = inp.server, inp.settings
         lookup = DeviceLookup(name=target.name)
+        staged = False
         try:
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
@@ -250,12 +251,20 @@ class ServerBurnIn:
                 target = target_from_netbox(target.name, found.device, target)
                 self._enter("staging")
                 await self._status(lookup, "staged", "burn-in started", "info")
+                staged = True
             if target.ironic is not None:
                 result = await self._ironic(target, target.ironic)
             else:
                 result = await self._redfish(target, settings)
         except (ActivityError, ApplicationError) as err:
             self._enter("failed", str(err))
+            if staged:  # not a verdict on the server: say in NetBox why the burn-in stopped
+                cause = err.cause if isinstance(err, ActivityError) and err.cause else err
+                await workflow.execute_activity_method(
+                    NetBoxActivities.record_burnin, BurnInRecord(
+                        device=lookup, result="aborted", finished_at=workflow.now(),
+                        summary=f"Burn-in stopped before a verdict: {cause}"[:8000]),
+                    **NETBOX_CALL, summary="record burn-in aborted")  # fmt: skip
             raise
         self._findings = result.findings
         if settings.record_in_netbox:
