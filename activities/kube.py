@@ -231,6 +231,13 @@ class UnavailableRequest(BaseModel):
     _selector = field_validator("label_selector")(validate_label_selector)
 
 
+class NodeAvailability(BaseModel):
+    total: int = Field(description="Nodes the selector matches.")
+    unavailable: dict[str, str] = Field(
+        default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
+    )
+
+
 class NodeRolloutState(BaseModel):
     cluster: str
     node: str
@@ -596,6 +603,7 @@ class KubeActivities:
             self.wait_pods_gone,
             self.list_nodes_page,
             self.list_unavailable_nodes,
+            self.node_availability,
             self.set_node_rollout_state,
             self.record_package_installed,
             self.run_stage_job,
@@ -874,14 +882,23 @@ class KubeActivities:
     @activity.defn
     async def list_unavailable_nodes(self, req: UnavailableRequest) -> list[str]:
         """Targeted nodes that are cordoned (by anyone) or not Ready, in name order."""
-        out: list[str] = []
+        return list((await self.node_availability(req)).unavailable)
+
+    @activity.defn
+    async def node_availability(self, req: UnavailableRequest) -> NodeAvailability:
+        """How many nodes the selector matches, and which are out of service (cordoned by anyone, or
+        not Ready) and why; read page by page, returning only the unavailable ones by name."""
+        out = NodeAvailability(total=0)
         token = None
         while True:
             page = await self._node_page(req.cluster, req.label_selector, _LIST_CHUNK, token)
             for n in page.get("items") or []:
-                if (n.get("spec") or {}).get("unschedulable") or not _node_ready(n):
-                    out.append(n["metadata"]["name"])
-            activity.heartbeat(len(out))
+                out.total += 1
+                why = [w for w, down in (("cordoned", (n.get("spec") or {}).get("unschedulable")),
+                                         ("NotReady", not _node_ready(n))) if down]  # fmt: skip
+                if why:
+                    out.unavailable[n["metadata"]["name"]] = ", ".join(why)
+            activity.heartbeat(len(out.unavailable))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return out

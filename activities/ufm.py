@@ -356,28 +356,17 @@ class UfmActivities:
         Workflows cannot update other workflows, so this activity does it with update-with-start; a rejected
         update (its validator refused) is non-retryable ``FabricRefused`` with the validator's message.
         """
-        from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
-        from temporalio.common import WorkflowIDConflictPolicy
+        from activities.entities import EntityUpdate, update_with_start
 
-        client = activity.client()
         workflow_id = f"fabric/{call.fabric}"
         if call.update == "state":
             from temporalio.service import RPCError
 
             try:
-                return await client.get_workflow_handle(workflow_id).query("state", result_type=dict)
+                return await activity.client().get_workflow_handle(workflow_id).query("state", result_type=dict)
             except RPCError:
                 return {}
-        start = WithStartWorkflowOperation(
-            "Fabric", {"fabric": call.fabric}, id=workflow_id, task_queue=activity.info().task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )  # fmt: skip
-        try:
-            return await client.execute_update_with_start_workflow(
-                call.update, call.payload, start_workflow_operation=start, result_type=dict
-            )
-        except WorkflowUpdateFailedError as err:
-            cause = err.cause
-            message = getattr(cause, "message", None) or str(cause or err)
-            raise ApplicationError(f"fabric {call.fabric} refused {call.update}: {message}",
-                                   type="FabricRefused", non_retryable=True) from None
+        return await update_with_start(EntityUpdate(
+            workflow_type="Fabric", workflow_id=workflow_id, start_input={"fabric": call.fabric}, update=call.update,
+            payload=call.payload, refused_type="FabricRefused", entity=f"fabric {call.fabric}",
+        ))  # fmt: skip

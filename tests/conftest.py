@@ -112,12 +112,14 @@ def kubeconfig_path(k8s_emulator, tmp_path_factory) -> Path:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def k8s(k8s_emulator):
+async def k8s(k8s_emulator, request):
     """The emulator's admin API, emptied before each test."""
     from lab.k8s.admin import EmulatorAdmin
 
     admin = EmulatorAdmin(k8s_emulator.url)
     await admin.reset()
+    if "client" in request.fixturenames:  # the cluster's disruption budget is part of what is reset
+        await end_disruption_budgets(request.getfixturevalue("client"))
     await admin.configure(podStartSeconds=POD_START_SECONDS, graceScale=GRACE_SCALE)
     yield admin
     await admin.aclose()
@@ -144,6 +146,21 @@ async def kube_worker(client, kubeconfig_path):
     async with registry.new_worker(client, registration, f"test-{uuid.uuid4().hex[:8]}") as worker:
         yield worker
     await registration.close()
+
+
+async def end_disruption_budgets(client) -> None:
+    """Terminate the running DisruptionBudget entities: each test starts with the cluster's budget unset,
+    and none is left bound to the task queue of a worker that has stopped."""
+    from temporalio.service import RPCError
+
+    ids = {"disruption-budget/lab"}  # the emulator's cluster, even before visibility has caught up
+    async for execution in client.list_workflows("WorkflowType = 'DisruptionBudget' AND ExecutionStatus = 'Running'"):
+        ids.add(execution.id)
+    for workflow_id in sorted(ids):
+        try:
+            await client.get_workflow_handle(workflow_id).terminate("reset between tests")
+        except RPCError:
+            pass  # not running
 
 
 # ==================================================================================

@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput
+from workflows.disruption_budget import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL, Drain, DrainProgress
 
 with workflow.unsafe.imports_passed_through():
@@ -36,10 +37,12 @@ with workflow.unsafe.imports_passed_through():
         validate_object_name,
         validate_positive_duration,
     )
+    from workflows.rollout_spec import Budget
 
 
 Phase = Literal[
     "starting",
+    "waiting-for-budget",
     "cordoning",
     "waiting-for-protected-pods",
     "draining",
@@ -70,6 +73,11 @@ class NodeMaintenanceInput(WorkflowInput):
         timedelta(seconds=10), description="How often to look whether the protected pods have finished."
     )
     uncordon_after: bool = Field(False, description="Uncordon when the drain is done (a cordon we placed only).")
+    disruption_budget: Budget | None = Field(
+        None,
+        description="The cluster's disruption budget, if it has none set yet (default 10% of its nodes). "
+        "The node is taken out only when the budget allows, counting every node out of service.",
+    )
 
     _names = field_validator("cluster", "node")(validate_object_name)
     _selector = field_validator("protected_pod_selector")(validate_label_selector)
@@ -89,6 +97,7 @@ class NodeMaintenanceStatus(DrainProgress):
     cordon_holder: str | None = None
     protected_pods: list[str] = Field(default_factory=list)
     uncordoned: bool = False
+    lease: str | None = Field(None, description="The disruption budget lease held for the node.")
     note: str = ""
 
 
@@ -159,7 +168,7 @@ class NodeMaintenance:
 
     @skip_wait.validator
     def _validate_skip_wait(self, req: SkipWaitRequest) -> None:
-        if self._status.phase not in ("starting", "cordoning", "waiting-for-protected-pods"):
+        if self._status.phase not in ("starting", "waiting-for-budget", "cordoning", "waiting-for-protected-pods"):
             raise ValueError(f"no wait to skip: the maintenance is {self._status.phase}")
 
     # ------------------------------------------------------------ run
@@ -178,6 +187,9 @@ class NodeMaintenance:
                 KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node), **API_CALL,
                 summary=f"inspect node {inp.node}",
             )
+            if workflow.patched(LEASE_PATCH) and not await self._lease(inp):
+                why = self._abort.reason if self._abort else ""
+                return await self._finish("aborted", cordon, False, f"aborted while waiting for the disruption budget: {why}")
             self._enter("cordoning")
             held = await workflow.execute_activity_method(
                 KubeActivities.cordon_node, cordon, **API_CALL, summary=f"cordon {inp.node}"
@@ -209,6 +221,9 @@ class NodeMaintenance:
             )
             s.uncordoned = done.uncordoned
             note = "; ".join(n for n in (note, done.note) if n)
+            if s.lease is not None:  # back in service: the lease goes back (a node left cordoned keeps it)
+                await release_lease(cordon.cluster, cordon.node, reason="uncordoned")
+                s.lease = None
         elif uncordon and not s.cordoned_by_us:
             note = "; ".join(n for n in (note, f"cordon held by {s.cordon_holder}; left in place") if n)
         s.note = note
@@ -224,6 +239,18 @@ class NodeMaintenance:
             uncordoned=s.uncordoned,
             note=note,
         )
+
+    async def _lease(self, inp: NodeMaintenanceInput) -> Lease | None:
+        """Wait for the cluster's disruption budget to let the node out; None when aborted meanwhile."""
+
+        def waiting(lease: Lease) -> None:
+            self._status.note = f"{lease.id}: queued #{lease.position} in the disruption budget; {lease.note}"
+            self._enter("waiting-for-budget")
+
+        lease = await acquire_lease(inp.cluster, inp.node, reason=inp.reason, budget=inp.disruption_budget,
+                                    cancelled=self._stopping, waiting=waiting)  # fmt: skip
+        self._status.lease, self._status.note = (lease.id if lease else None), ""
+        return lease
 
     async def _wait_for_protected_pods(self, inp: NodeMaintenanceInput) -> None:
         self._enter("waiting-for-protected-pods")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows.disruption_budget import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL, API_RETRY, Drain, DrainProgress
 
 with workflow.unsafe.imports_passed_through():
@@ -33,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         RebootWait,
         StageJobRequest,
     )
-    from workflows.rollout_spec import Interrupt
+    from workflows.rollout_spec import Budget, Interrupt
 
 Outcome = Literal["complete", "erroring", "blocked"]
 # Long waits heartbeat; a worker that dies mid-wait is noticed this fast and the wait resumes elsewhere.
@@ -60,6 +61,9 @@ class NodeUpdateTemplate(BaseModel):
     non_interrupt_selector: str | None = None
     stage_retries: int = 3
     reboot_timeout: timedelta = timedelta(minutes=30)
+    disruption_budget: Budget | None = Field(
+        None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
+    )
 
 
 class NodeUpdateInput(BaseModel):
@@ -90,6 +94,8 @@ class NodeUpdateStatus(DrainProgress):
     package: str | None = None
     paused: bool = False
     stages: list[StageRecord] = Field(default_factory=list)
+    lease: str | None = Field(None, description="The disruption budget lease held for the node.")
+    waiting_for: str = Field("", description="Why the node waits for the disruption budget.")
 
 
 class StageFailed(Exception):
@@ -130,12 +136,15 @@ class NodeUpdate:
             if t.interrupt is not None:
                 if await self._protected_pods_running():
                     return await self._blocked(result, "non-interruptible pods running")
+                if workflow.patched(LEASE_PATCH):
+                    await self._lease()
                 held = await self._call(KubeActivities.cordon_node, cordon, f"cordon {node}")
                 # A pod may have landed between the check and the cordon: look again, now
                 # that nothing new can.
                 if await self._protected_pods_running():
                     if held.owned:
                         await self._call(KubeActivities.uncordon_node, cordon, f"uncordon {node}")
+                    await self._release("blocked by non-interruptible pods")
                     return await self._blocked(result, "non-interruptible pods running")
                 started = workflow.now()
                 await self._step("drain")
@@ -162,6 +171,7 @@ class NodeUpdate:
                 )
             if t.interrupt is not None:
                 await self._call(KubeActivities.uncordon_node, cordon, f"uncordon {node}")
+                await self._release("uncordoned")
             await self._state("complete")
         except StageFailed as err:
             return await self._erroring(result, str(err))
@@ -245,6 +255,26 @@ class NodeUpdate:
         seconds = (workflow.now() - started).total_seconds()
         _record_duration("millwright_reboot_duration_seconds", "Time for a node to reboot and be Ready", seconds)
         return seconds
+
+    async def _lease(self) -> Lease:
+        """Wait for the cluster's disruption budget to let the node out of service (before the cordon)."""
+        t = self._inp.template
+
+        def waiting(lease: Lease) -> None:
+            self._status.stage = "waiting-for-budget"
+            self._status.waiting_for = f"{lease.id}: queued #{lease.position}; {lease.note}"
+
+        lease = await acquire_lease(t.cluster, self._inp.node, reason=f"rollout {t.rollout}",
+                                    budget=t.disruption_budget, waiting=waiting)  # fmt: skip
+        assert lease is not None  # never cancelled
+        self._status.lease, self._status.waiting_for = lease.id, ""
+        return lease
+
+    async def _release(self, reason: str) -> None:
+        """Return the lease once the node is back in service; a node left cordoned keeps it."""
+        if self._status.lease is not None:
+            await release_lease(self._inp.template.cluster, self._inp.node, reason=reason)
+            self._status.lease = None
 
     # ------------------------------------------------------------ bookkeeping
 

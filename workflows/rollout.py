@@ -57,7 +57,7 @@ with workflow.unsafe.imports_passed_through():
         strategy_name,
         window_open,
     )
-    from workflows.rollout_spec import MaintenanceWindow, RolloutInput
+    from workflows.rollout_spec import Budget, MaintenanceWindow, RolloutInput
     from workflows.rollout_state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
@@ -686,6 +686,11 @@ class Rollout:
             ),
             stage_retries=inp.stage_retries,
             reboot_timeout=inp.reboot_timeout,
+            # The cluster's disruption budget, if it has none yet: what this rollout alone may take out at once.
+            disruption_budget=Budget(count=max(1, sum(
+                ceiling(compartment_budget(inp.deployment_policy, name), len(cs.members))
+                for name, cs in self._cp.compartments.items()
+            ))),
         )
 
     # ------------------------------------------------------------ state and visibility
