@@ -16,7 +16,6 @@ Queries match by exact string. An unknown query answers an empty vector; an empt
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -28,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from lab.k8s.process import ChildProcess
-from lab.loopback import announce_and_wait
+from lab.loopback import serve_app, server_arguments
 
 log = logging.getLogger("lab.prometheus")
 
@@ -130,15 +129,7 @@ class PrometheusServer:
 
 
 async def serve(host: str, port: int, ready_file: str | None) -> None:
-    stub = PrometheusServer()
-    runner = web.AppRunner(stub.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
-    await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    url = f"http://{host}:{sock.getsockname()[1]}"
-    await announce_and_wait("lab.prometheus", url, ready_file)
-    await runner.cleanup()
+    await serve_app("lab.prometheus", PrometheusServer().app, host, port, ready_file)
 
 
 class PrometheusStub(ChildProcess):
@@ -181,12 +172,7 @@ class PrometheusAdmin:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.prometheus", description="Prometheus HTTP API stub")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--ready-file")
-    p.add_argument("--log-level", default="WARNING")
-    a = p.parse_args(argv)
+    a = server_arguments("python -m lab.prometheus", "Prometheus HTTP API stub").parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     asyncio.run(serve(a.host, a.port, a.ready_file))
     return 0

@@ -38,7 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from lab.k8s.process import ChildProcess
-from lab.loopback import AdminClient, announce_and_wait
+from lab.loopback import AdminClient, serve_app
 
 log = logging.getLogger("lab.ufm")
 
@@ -431,13 +431,7 @@ class UfmServer:
 
 
 async def serve(host: str, port: int, ready_file: str | None, server: UfmServer) -> None:
-    runner = web.AppRunner(server.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
-    await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    await announce_and_wait("lab.ufm", f"http://{host}:{sock.getsockname()[1]}", ready_file)
-    await runner.cleanup()
+    await serve_app("lab.ufm", server.app, host, port, ready_file)
 
 
 class UfmStub(ChildProcess):

@@ -1,0 +1,226 @@
+"""Node health as remediation reads it, and quarantine as it writes it (Kubernetes).
+
+- `list_node_health` / `read_node_health`: readiness (with when it last changed), the cordon and who
+  holds it, the node conditions asked for (Node Problem Detector's `KernelDeadlock`, a GPU health
+  condition such as `GpuHealthy`), the labels asked for (e.g. `nvidia.com/gpu.health`) and whether
+  Millwright quarantined the node. Paged as plain JSON, for clusters of thousands of nodes.
+- `quarantine_node`: keep the node cordoned and mark it quarantined: an annotation with the reason
+  (JSON) and a `NoSchedule` taint, so nothing lands on it even if someone uncordons it by mistake.
+  Reads first, writes only what is missing, conditional on the node's resourceVersion.
+
+Errors as in `activities.kube`: what a retry cannot fix is non-retryable with a type; the rest is
+left to the workflow's retry policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube import (
+    CORDON_REASON,
+    CORDONED_BY,
+    ClusterConnector,
+    _call,
+    _call_json,
+    _read_json,
+    _REQUEST_TIMEOUT,
+    validate_label_selector,
+)
+
+# Set by a remediation that gave up: why, by which workflow, when (JSON). Removed by an operator.
+QUARANTINE_ANNOTATION = "millwright.dev/quarantine"
+QUARANTINE_TAINT = "millwright.dev/quarantine"
+# Taints are replaced as a whole list (a JSON merge patch), never merged, so removing one is exact.
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ConditionState(BaseModel):
+    status: str = Field(description="True, False or Unknown.")
+    reason: str = ""
+    message: str = ""
+    since: datetime | None = Field(None, description="lastTransitionTime.")
+
+
+class NodeHealth(BaseModel):
+    name: str
+    ready: bool
+    ready_since: datetime | None = Field(None, description="When Ready last changed.")
+    unschedulable: bool = False
+    cordoned_by: str | None = None
+    cordon_reason: str | None = None
+    conditions: dict[str, ConditionState] = Field(default_factory=dict, description="Only the types asked for.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Only the keys asked for.")
+    quarantined: str | None = Field(None, description="The quarantine reason, when Millwright quarantined the node.")
+    boot_id: str | None = None
+
+
+class NodeHealthQuery(BaseModel):
+    cluster: str
+    label_selector: str = ""
+    condition_types: list[str] = Field(default_factory=list)
+    label_keys: list[str] = Field(default_factory=list)
+    limit: int = Field(500, ge=1)
+    continue_token: str | None = None
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeHealthPage(BaseModel):
+    nodes: list[NodeHealth]
+    continue_token: str | None = None
+
+
+class NodeHealthRequest(BaseModel):
+    cluster: str
+    node: str
+    condition_types: list[str] = Field(default_factory=list)
+    label_keys: list[str] = Field(default_factory=list)
+
+
+class QuarantineRequest(BaseModel):
+    cluster: str
+    node: str
+    owner: str = Field(description="The workflow ID quarantining the node.")
+    reason: str = Field(min_length=1)
+
+
+class QuarantineResult(BaseModel):
+    changed: bool = Field(description="False when the node already was quarantined, cordoned and tainted.")
+    cordoned_by: str | None = None
+
+
+def _ts(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def node_health(node: dict[str, Any], condition_types: list[str], label_keys: list[str]) -> NodeHealth:
+    """A node object (JSON) summarised for the health decision."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = conds.get("Ready") or {}
+    quarantined = annotations.get(QUARANTINE_ANNOTATION)
+    if quarantined:
+        try:
+            quarantined = str(json.loads(quarantined).get("reason") or quarantined)
+        except (ValueError, AttributeError):
+            pass
+    return NodeHealth(
+        name=meta["name"],
+        ready=ready.get("status") == "True",
+        ready_since=_ts(ready.get("lastTransitionTime")),
+        unschedulable=bool(spec.get("unschedulable")),
+        cordoned_by=annotations.get(CORDONED_BY),
+        cordon_reason=annotations.get(CORDON_REASON),
+        conditions={
+            t: ConditionState(status=str(c.get("status") or "Unknown"), reason=c.get("reason") or "",
+                              message=(c.get("message") or "")[:500], since=_ts(c.get("lastTransitionTime")))
+            for t in condition_types if (c := conds.get(t)) is not None
+        },  # fmt: skip
+        labels={k: labels[k] for k in label_keys if k in labels},
+        quarantined=quarantined or None,
+        boot_id=(status.get("nodeInfo") or {}).get("bootID") or None,
+    )
+
+
+class NodeHealthActivities:
+    def __init__(self, connector: ClusterConnector) -> None:
+        self._clusters = connector
+
+    def activities(self) -> list[Callable]:
+        return [self.list_node_health, self.read_node_health, self.quarantine_node, self.release_quarantine]
+
+    @activity.defn
+    async def list_node_health(self, req: NodeHealthQuery) -> NodeHealthPage:
+        """One page of the cluster's nodes with their readiness, cordon, conditions and labels."""
+        core = await self._clusters.core(req.cluster)
+        page = await _call_json("listing nodes", core.list_node_without_preload_content(
+            label_selector=req.label_selector or None, limit=req.limit, _continue=req.continue_token,
+            _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        return NodeHealthPage(
+            nodes=[node_health(n, req.condition_types, req.label_keys) for n in page.get("items") or []],
+            continue_token=(page.get("metadata") or {}).get("continue") or None,
+        )
+
+    async def _node(self, cluster: str, name: str) -> dict[str, Any]:
+        core = await self._clusters.core(cluster)
+        node = await _read_json(f"reading node {name}", core.read_node_without_preload_content(
+            name, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        if node is None:
+            raise ApplicationError(f"node {name!r} not found in cluster {cluster!r}", type="NodeNotFound",
+                                   non_retryable=True)  # fmt: skip
+        return node
+
+    @activity.defn
+    async def read_node_health(self, req: NodeHealthRequest) -> NodeHealth:
+        """One node's readiness, cordon, conditions and labels."""
+        return node_health(await self._node(req.cluster, req.node), req.condition_types, req.label_keys)
+
+    @activity.defn
+    async def quarantine_node(self, req: QuarantineRequest) -> QuarantineResult:
+        """Keep the node cordoned, annotate why and taint it `millwright.dev/quarantine:NoSchedule`.
+
+        A cordon someone else placed stays theirs (the ownership annotation is not rewritten); an
+        uncordoned node is cordoned in our name.
+        """
+        node = await self._node(req.cluster, req.node)
+        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        taints = list(spec.get("taints") or [])
+        have = annotations.get(QUARANTINE_ANNOTATION)
+        try:
+            have_reason = json.loads(have).get("reason") if have else None
+        except (ValueError, AttributeError):
+            have_reason = None
+        tainted = any(t.get("key") == QUARANTINE_TAINT and t.get("effect") == "NoSchedule" for t in taints)
+        holder = annotations.get(CORDONED_BY)
+        if have_reason == req.reason[:1024] and tainted and spec.get("unschedulable"):
+            return QuarantineResult(changed=False, cordoned_by=holder)
+        new_annotations: dict[str, Any] = {QUARANTINE_ANNOTATION: json.dumps({
+            "reason": req.reason[:1024], "by": req.owner,
+            "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}, separators=(",", ":"))}  # fmt: skip
+        if not spec.get("unschedulable"):
+            new_annotations |= {CORDONED_BY: req.owner, CORDON_REASON: f"quarantined: {req.reason}"[:1024]}
+            holder = req.owner
+        if not tainted:
+            taints.append({"key": QUARANTINE_TAINT, "value": "true", "effect": "NoSchedule"})
+        patch = {
+            "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": new_annotations},
+            "spec": {"unschedulable": True, "taints": taints},
+        }
+        core = await self._clusters.core(req.cluster)
+        await _call(f"quarantining node {req.node}", core.patch_node(req.node, patch, _content_type=MERGE_PATCH,
+                                                                    _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        activity.logger.info("quarantined node %s for %s: %s", req.node, req.owner, req.reason)
+        return QuarantineResult(changed=True, cordoned_by=holder)
+
+    @activity.defn
+    async def release_quarantine(self, req: QuarantineRequest) -> QuarantineResult:
+        """Remove the quarantine annotation and taint (the cordon is the caller's to lift); nothing when absent."""
+        node = await self._node(req.cluster, req.node)
+        meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+        taints = list(spec.get("taints") or [])
+        kept = [t for t in taints if t.get("key") != QUARANTINE_TAINT]
+        if QUARANTINE_ANNOTATION not in (meta.get("annotations") or {}) and len(kept) == len(taints):
+            return QuarantineResult(changed=False, cordoned_by=(meta.get("annotations") or {}).get(CORDONED_BY))
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                              "annotations": {QUARANTINE_ANNOTATION: None}},
+                 "spec": {"taints": kept}}  # fmt: skip
+        core = await self._clusters.core(req.cluster)
+        await _call(f"lifting the quarantine of node {req.node}",
+                    core.patch_node(req.node, patch, _content_type=MERGE_PATCH,
+                                    _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        activity.logger.info("lifted the quarantine of node %s for %s: %s", req.node, req.owner, req.reason)
+        return QuarantineResult(changed=True, cordoned_by=(meta.get("annotations") or {}).get(CORDONED_BY))

@@ -1,0 +1,182 @@
+"""Which nodes need remediation, and why: pure functions over what a sweep observed.
+
+No I/O and no clock of its own (the caller passes `now`), so workflows call them directly and the
+tests check them without Temporal. Three sources, each optional:
+
+- the node object: Ready (NotReady longer than a grace period), conditions that are a problem when
+  True (Node Problem Detector's `KernelDeadlock`, `ReadonlyFilesystem`, ...), conditions that are a
+  problem when False (a GPU health condition such as `GpuHealthy`), a GPU health label
+  (`nvidia.com/gpu.health`);
+- the host agent's GPU check: findings are problems; no agent answering is *unknown*, never unhealthy;
+- the BMC's health rollup: `Critical` (by default) is a problem; no answer is unknown.
+
+A node Millwright quarantined, or that someone else cordoned (a rollout, an operator), is left alone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.node_health import NodeHealth
+
+# Node Problem Detector's default problem conditions (True = problem).
+NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
+
+Action = Literal["remediate", "healthy", "skip"]
+
+
+def remediation_workflow_id(cluster: str, node: str) -> str:
+    """One NodeRemediation per node: the ID every starter derives, so a second start finds the first."""
+    return f"remediation/{cluster}/{node}"
+
+
+class HealthChecks(BaseModel):
+    """What counts as unhealthy. Every source can be switched off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool = Field(True, description="A node NotReady for longer than not_ready_grace needs remediation.")
+    not_ready_grace: timedelta = Field(
+        timedelta(minutes=5), description="NotReady for less than this is left alone (a reboot, a blip)."
+    )
+    problem_conditions: list[str] = Field(
+        default_factory=lambda: list(NPD_CONDITIONS), description="Node conditions that are a problem when True."
+    )
+    gpu_conditions: list[str] = Field(
+        default_factory=lambda: ["GpuHealthy"], description="Node conditions that are a problem when False."
+    )
+    gpu_health_label: str | None = Field(
+        "nvidia.com/gpu.health", description="A node label holding the GPU health; absent means unknown."
+    )
+    gpu_health_label_healthy: list[str] = Field(
+        default_factory=lambda: ["healthy", "Healthy", "true", "True", "ok", "OK"],
+        description="Values of gpu_health_label that mean healthy; any other value is a problem.",
+    )
+    host_agent: bool = Field(True, description="Ask the node's host agent for a GPU check (no agent: unknown).")
+    bmc: bool = Field(True, description="Read the BMC's health rollup through Redfish (no BMC known: unknown).")
+    bmc_unhealthy: list[str] = Field(
+        default_factory=lambda: ["Critical"], description="BMC Health/HealthRollup values that are a problem."
+    )
+
+    def condition_types(self) -> list[str]:
+        return list(dict.fromkeys(["Ready", *self.problem_conditions, *self.gpu_conditions]))
+
+    def label_keys(self) -> list[str]:
+        return [self.gpu_health_label] if self.gpu_health_label else []
+
+
+class AgentObservation(BaseModel):
+    """The host agent's GPU check as the decision sees it."""
+
+    status: Literal["ok", "findings", "unavailable", "error"]
+    findings: list[str] = Field(default_factory=list)
+    detail: str = ""
+
+
+class BmcObservation(BaseModel):
+    status: Literal["ok", "unavailable", "unknown"] = "ok"
+    power_state: str | None = None
+    health: str | None = None
+    health_rollup: str | None = None
+    detail: str = ""
+
+
+class NodeDecision(BaseModel):
+    node: str
+    action: Action
+    reasons: list[str] = Field(default_factory=list, description="The problems found (also for skipped nodes).")
+    note: str = Field("", description="Why the node is skipped, or what is unknown about it.")
+
+    def __str__(self) -> str:
+        text = f"{self.node}: {self.action}"
+        if self.reasons:
+            text += f" ({'; '.join(self.reasons)})"
+        return text + (f" — {self.note}" if self.note else "")
+
+
+def node_problems(node: NodeHealth, checks: HealthChecks, now: datetime) -> tuple[list[str], list[str]]:
+    """(problems, notes) from the node object alone; notes say what is pending or unknown."""
+    problems: list[str] = []
+    notes: list[str] = []
+    if checks.ready and not node.ready:
+        since = node.ready_since
+        down = (now - since) if since is not None else None
+        if down is None or down >= checks.not_ready_grace:
+            problems.append("NotReady" + (f" for {_human(down)}" if down is not None else ""))
+        else:
+            notes.append(f"NotReady for {_human(down)}, within the {_human(checks.not_ready_grace)} grace")
+    for ctype in checks.problem_conditions:
+        c = node.conditions.get(ctype)
+        if c is not None and c.status == "True":
+            problems.append(f"{ctype}" + (f" ({c.reason})" if c.reason else ""))
+    for ctype in checks.gpu_conditions:
+        c = node.conditions.get(ctype)
+        if c is not None and c.status == "False":
+            problems.append(f"{ctype}=False" + (f" ({c.reason})" if c.reason else ""))
+    if checks.gpu_health_label:
+        value = node.labels.get(checks.gpu_health_label)
+        if value is not None and value not in checks.gpu_health_label_healthy:
+            problems.append(f"{checks.gpu_health_label}={value}")
+    return problems, notes
+
+
+def agent_problems(agent: AgentObservation | None) -> tuple[list[str], list[str]]:
+    if agent is None:
+        return [], []
+    if agent.status == "findings":
+        return [f"GPU check: {f}" for f in agent.findings] or ["GPU check failed"], []
+    if agent.status in ("unavailable", "error"):
+        return [], [f"host agent {agent.status}" + (f": {agent.detail}" if agent.detail else "")]
+    return [], []
+
+
+def bmc_problems(bmc: BmcObservation | None, checks: HealthChecks) -> tuple[list[str], list[str]]:
+    if bmc is None:
+        return [], []
+    if bmc.status != "ok":
+        return [], [f"BMC {bmc.status}" + (f": {bmc.detail}" if bmc.detail else "")]
+    if bmc.health_rollup in checks.bmc_unhealthy:
+        return [f"BMC health rollup {bmc.health_rollup}"], []
+    if bmc.health in checks.bmc_unhealthy:
+        return [f"BMC health {bmc.health}"], []
+    return [], []
+
+
+def decide(
+    cluster: str,
+    node: NodeHealth,
+    checks: HealthChecks,
+    now: datetime,
+    agent: AgentObservation | None = None,
+    bmc: BmcObservation | None = None,
+) -> NodeDecision:
+    """Whether `node` needs remediation, with the reasons; or why it is left alone."""
+    problems, notes = node_problems(node, checks, now)
+    for more, more_notes in (agent_problems(agent), bmc_problems(bmc, checks)):
+        problems += more
+        notes += more_notes
+    note = "; ".join(notes)
+    if node.quarantined:
+        return NodeDecision(node=node.name, action="skip", reasons=problems,
+                            note=f"quarantined ({node.quarantined}): waiting for an operator")  # fmt: skip
+    if not problems:
+        return NodeDecision(node=node.name, action="healthy", note=note)
+    ours = remediation_workflow_id(cluster, node.name)
+    if node.unschedulable and node.cordoned_by != ours:
+        holder = node.cordoned_by or "someone (unmarked cordon)"
+        return NodeDecision(node=node.name, action="skip", reasons=problems, note=f"cordoned by {holder}; left to them")
+    return NodeDecision(node=node.name, action="remediate", reasons=problems, note=note)
+
+
+def _human(d: timedelta) -> str:
+    s = int(d.total_seconds())
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    return f"{s // 3600}h"
