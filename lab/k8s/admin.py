@@ -25,6 +25,10 @@ class EmulatorAdmin(AdminClient):
     async def faults(self) -> list[dict]:
         return (await self._req("GET", "/_lab/faults"))["faults"]
 
+    async def requests(self) -> list[dict]:
+        """Every kind of request this emulator process served, resets included (lab/k8s/evidence.py)."""
+        return (await self._req("GET", "/_lab/audit/requests"))["requests"]
+
 
 def kubeconfig(url: str, cluster_name: str = "lab", token: str = "lab-token",
                namespace: str | None = None) -> dict:

@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import evidence
 from .crds import admit
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
@@ -1003,6 +1004,8 @@ class Api:
                 store.faults.clear()
                 return jresp({"ok": True})
             return jresp({"faults": store.faults})
+        if path == "/_lab/audit/requests" and m == "GET":  # lab/k8s/evidence.py: every request kind, ever
+            return jresp(evidence.snapshot(f"{request.scheme}://{request.host}"))
         if path == "/_lab/audit/cursor" and m == "GET":
             return jresp({"next": store.audit_seq})
         if path == "/_lab/audit" and m == "GET":

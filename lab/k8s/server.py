@@ -11,6 +11,7 @@ from aiohttp import web
 
 from lab.loopback import announce_and_wait
 
+from . import evidence
 from .api import Api, dump_objects
 from .controllers import Controllers
 from .seed import seed_objects
@@ -83,8 +84,10 @@ async def serve(host: str, port: int, ready_file: str | None, seed_files: list[s
         config.update(load_config_file(path))
     emu = Emulator(host, port, config, state_file)
     url = await emu.start(seeds)
+    writer = evidence.Writer(url).start()  # only with LAB_K8S_EVIDENCE_DIR set
     await announce_and_wait("lab.k8s", url, ready_file)
     await emu.stop()
+    await writer.stop()
 
 
 def load_objects_file(path: str) -> list[dict]:

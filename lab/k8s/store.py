@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import evidence
 from .resources import Registry, ResourceType
 from .selectors import match_selector_obj, selector_obj_empty
 from .util import ApiError, diff, now_rfc3339
@@ -456,6 +457,7 @@ class Store:
         self.audit_seq += 1
         entry["seq"] = self.audit_seq
         self.audit.append(entry)
+        evidence.note(entry)  # survives /_lab/reset: what the least-privilege check reads
         return entry
 
     def audit_write(self, actor: str, verb: str, rt: ResourceType, obj: dict | None, old: dict | None,

@@ -69,3 +69,30 @@ def mounts(objs, pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[st
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
     return {m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
             for m in container.get("volumeMounts") or []}
+
+
+def host_agent(objs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod spec, container) of the host agent DaemonSet."""
+    pod = one(objs, "DaemonSet", "millwright-host-agent")["spec"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+def resolved_env(objs, container: dict[str, Any]) -> dict[str, Any]:
+    """Each env var as the kubelet resolves it: a literal or ConfigMap value (an optional key that is
+    absent leaves the variable unset), ("secret", name, key) or ("field", path)."""
+    env = container_env(objs, {"envFrom": container.get("envFrom") or []})
+    for item in container.get("env") or []:
+        ref = item.get("valueFrom") or {}
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "configMapKeyRef" in ref:
+            cm = ref["configMapKeyRef"]
+            data = one(objs, "ConfigMap", cm["name"]).get("data") or {}
+            assert cm["key"] in data or cm.get("optional"), f"{item['name']}: {cm['name']} has no {cm['key']}"
+            if cm["key"] in data:
+                env[item["name"]] = data[cm["key"]]
+        elif "secretKeyRef" in ref:
+            env[item["name"]] = ("secret", ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
+        elif "fieldRef" in ref:
+            env[item["name"]] = ("field", ref["fieldRef"]["fieldPath"])
+    return env

@@ -25,7 +25,9 @@ import yaml
 from lab.loopback import free_port
 from workflows.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
-from tests.deploy.manifests import container_env, mounts, one, render, worker_container, worker_deployment
+from tests.deploy.manifests import (
+    container_env, host_agent, mounts, one, render, resolved_env, worker_container, worker_deployment,
+)
 from tests.kube_helpers import fleet_objects, read_node
 from tests.worker_process import REPO, wait_polling
 
@@ -133,3 +135,42 @@ async def test_search_attribute_job_script_is_idempotent(temporal_address, tmp_p
                                      cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("already registered") == 4, result.stdout
+
+
+async def test_host_agent_as_deployed_polls_its_node_queue(client, temporal_address, tmp_path):
+    """The DaemonSet's command and environment (node name from spec.nodeName), against the dev server:
+    it polls millwright-host-<node>, serves its liveness probe's target and stops cleanly on SIGTERM."""
+    from temporalio.api.enums.v1 import TaskQueueType
+
+    from activities.gpu import host_task_queue
+
+    objs = render(OVERLAY)
+    _, container = host_agent(objs)
+    node = f"gpu-node-{uuid.uuid4().hex[:6]}"
+    pod_env = {k: (node if v == ("field", "spec.nodeName") else v) for k, v in resolved_env(objs, container).items()}
+    assert all(isinstance(v, str) for v in pod_env.values()), pod_env
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_", "KUBECONFIG"))}
+    env.update({k: v for k, v in pod_env.items() if not k.startswith("TEMPORAL_TLS_")})
+    env.update(TEMPORAL_ADDRESS=temporal_address, TEMPORAL_NAMESPACE="default",
+               TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"), MILLWRIGHT_METRICS_HOST="127.0.0.1",
+               MILLWRIGHT_METRICS_PORT=str(port), PYTHONUNBUFFERED="1")
+    command = container["command"]
+    executable = Path(sys.executable).parent / command[0]
+    assert executable.is_file(), f"{command[0]} is not in the venv"
+    log = tmp_path / "host-agent.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(executable), *command[1:]], env=env, cwd=tmp_path, stdout=fh,
+                                stderr=subprocess.STDOUT)
+    try:
+        await wait_polling(client, host_task_queue(node), proc, log,
+                           queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+            assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 20) == 0, log.read_text()
+        assert "Traceback" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 
 import kubernetes_validate
@@ -12,7 +15,8 @@ from worker.config import WorkerSettings
 from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 from tests.deploy.manifests import (
-    DEPLOY, OVERLAYS, REPO, container_env, mounts, one, render, secret_env, worker_container, worker_deployment,
+    DEPLOY, OVERLAYS, REPO, container_env, host_agent, mounts, one, render, resolved_env, secret_env, worker_container,
+    worker_deployment,
 )
 
 # Keep in step with deploy/README.md ("Supported Kubernetes versions").
@@ -46,7 +50,7 @@ def test_rendered_objects_validate_offline(overlay, version):
     objs = render(f"overlays/{overlay}")
     kinds = {o["kind"] for o in objs}
     assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
-            "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor", "Job"} <= kinds
+            "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor", "Job", "DaemonSet"} <= kinds
     for obj in objs:
         if obj["kind"] == "ServiceMonitor":
             check_service_monitor(obj)
@@ -166,3 +170,100 @@ def test_search_attribute_job_registers_every_attribute():
     assert sorted(names) == sorted(k.name for k in SEARCH_ATTRIBUTES)
     assert all(k._metadata_type == "Keyword" for k in SEARCH_ATTRIBUTES)
 
+
+
+# ---------------------------------------------------------------- the host agent (DaemonSet, systemd unit)
+
+HOST_AGENT_COMMAND = ["python", "-m", "worker", "--host-agent"]
+UNIT = DEPLOY / "host-agent" / "millwright-host-agent.service"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_host_agent_daemonset_runs_on_every_gpu_node(overlay):
+    objs = render(f"overlays/{overlay}")
+    pod, container = host_agent(objs)
+    assert container["command"] == HOST_AGENT_COMMAND
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and pod["runtimeClassName"] == "nvidia"
+    # cordoned, quarantined, NoExecute-tainted: still there (remediation runs on such nodes)
+    assert {"operator": "Exists"} in pod["tolerations"]
+    env = resolved_env(objs, container)
+    assert env["MILLWRIGHT_HOST_NAME"] == ("field", "spec.nodeName")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    fields = set(WorkerSettings.model_fields) | {"host_name"}
+    assert all(k.removeprefix("MILLWRIGHT_").lower() in fields for k in env if k.startswith("MILLWRIGHT_"))
+    # No GPU request (it must not take GPUs from workloads), but bounded memory.
+    assert not any("nvidia.com/gpu" in (container["resources"].get(k) or {}) for k in ("requests", "limits"))
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] and not container["securityContext"].get("privileged")
+    assert pod["terminationGracePeriodSeconds"] > float(env["MILLWRIGHT_SHUTDOWN_GRACE_SECONDS"])
+    get = container["livenessProbe"]["httpGet"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert get["path"] == "/metrics" and named.get(get["port"], get["port"]) == int(env["MILLWRIGHT_METRICS_PORT"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_host_agent_connects_to_temporal_like_the_worker(overlay):
+    """The same TEMPORAL_* values, API key Secret and TLS files as the worker Deployment."""
+    objs = render(f"overlays/{overlay}")
+    worker = worker_container(objs)
+    worker_env = {**container_env(objs, worker), **{k: ("secret", *v) for k, v in secret_env(worker).items()}}
+    pod, container = host_agent(objs)
+    env = resolved_env(objs, container)
+    temporal = {k: v for k, v in worker_env.items() if k.startswith("TEMPORAL_")}
+    assert temporal and {k: v for k, v in env.items() if k.startswith("TEMPORAL_")} == temporal
+    worker_mounts = mounts(objs, worker_deployment(objs)["spec"]["template"]["spec"], worker)
+    agent_mounts = mounts(objs, pod, container)
+    for key in FILE_SETTINGS:
+        if key in env:
+            directory = env[key].rsplit("/", 1)[0]
+            assert agent_mounts[directory] == worker_mounts[directory], key
+
+
+def unit_sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    """systemd unit syntax: [Section] headers, Key=Value lines (keys may repeat), # and ; comments."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+            continue
+        key, eq, value = line.partition("=")
+        assert current is not None and eq and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key.strip()), f"line {n}: {line}"
+        current.append((key.strip(), value.strip()))
+    return sections
+
+
+def test_host_agent_systemd_unit():
+    sections = unit_sections(UNIT.read_text())
+    assert set(sections) == {"Unit", "Service", "Install"}
+    service = sections["Service"]
+    values = dict(service)
+    assert values["ExecStart"].split()[1:] == HOST_AGENT_COMMAND[1:]
+    assert values["ExecStart"].split()[0].endswith("/python")
+    assert values["EnvironmentFile"].startswith("/") and values["Restart"] == "always"
+    assert float(values["TimeoutStopSec"]) > 60  # MILLWRIGHT_SHUTDOWN_GRACE_SECONDS in the env example
+    # hardened, yet the GPUs stay reachable
+    assert values["NoNewPrivileges"] == "yes" and values["ProtectSystem"] == "strict" and values["PrivateTmp"] == "yes"
+    assert values.get("PrivateDevices", "no") == "no" and values["DevicePolicy"] == "closed"
+    allowed = [v.split()[0] for k, v in service if k == "DeviceAllow"]
+    assert "/dev/nvidiactl" in allowed and "char-nvidia-frontend" in allowed and "char-nvidia-uvm" in allowed
+    assert ("WantedBy", "multi-user.target") in sections["Install"]
+    example = dict(unit_sections("[Env]\n" + (DEPLOY / "host-agent" / "host-agent.env.example").read_text())["Env"])
+    assert {"TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE"} <= set(example)
+    assert float(example["MILLWRIGHT_SHUTDOWN_GRACE_SECONDS"]) < float(values["TimeoutStopSec"])
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed (structure checked above)")
+def test_host_agent_systemd_unit_verifies(tmp_path):
+    """`systemd-analyze verify`, with ExecStart pointed at this venv's python (the unit's path is the image's)."""
+    unit = tmp_path / UNIT.name
+    text = UNIT.read_text()
+    unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable}", text, flags=re.M))
+    out = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                         timeout=60)
+    complaints = [line for line in (out.stdout + out.stderr).splitlines() if UNIT.name in line]
+    assert out.returncode == 0 and not complaints, out.stdout + out.stderr

@@ -1,0 +1,116 @@
+"""Least-privilege evidence for tests/deploy/test_least_privilege.py.
+
+Whenever tests/deploy is collected, every Kubernetes emulator the session starts — tests/conftest.py's
+`k8s_emulator`, tier fixtures, `EmulatorProcess`es in test modules, the lab runner's — inherits
+LAB_K8S_EVIDENCE_DIR and keeps the kinds of request it served in that directory
+(lab/k8s/evidence.py; resets do not clear them). test_least_privilege.py is moved after every other
+test and reads them. Evidence is *complete* only if every test file was collected, nothing was
+deselected and no earlier test failed; otherwise the check says it is partial and only proves
+that what was observed is granted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lab.k8s.evidence import EVIDENCE_DIR_ENV
+
+TESTS = Path(__file__).resolve().parents[1]
+LAST_MODULE = "test_least_privilege.py"
+
+
+@dataclass
+class Evidence:
+    directory: str
+    owned: bool
+    files: set[str] = field(default_factory=set)  # test files collected (rootdir-relative)
+    deselected: int = 0
+    failed: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)  # lines for the terminal summary
+
+    def partial_reasons(self, rootdir: Path) -> list[str]:
+        every = {str(p.relative_to(rootdir)) for pattern in ("test_*.py", "*_test.py") for p in TESTS.rglob(pattern)}
+        reasons = []
+        missing = sorted(every - self.files)
+        if missing:
+            shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            reasons.append(f"{len(missing)} test files not collected ({shown})")
+        if self.deselected:
+            reasons.append(f"{self.deselected} tests deselected")
+        if self.failed:
+            reasons.append(f"{len(self.failed)} earlier tests failed ({', '.join(self.failed[:3])})")
+        return reasons
+
+
+EVIDENCE = pytest.StashKey[Evidence]()
+_config: pytest.Config | None = None  # the hooks below without a config argument need it
+
+
+def evidence(config: pytest.Config) -> Evidence:
+    return config.stash[EVIDENCE]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
+    existing = os.environ.get(EVIDENCE_DIR_ENV)
+    directory = existing or tempfile.mkdtemp(prefix="millwright-k8s-evidence-")
+    os.environ[EVIDENCE_DIR_ENV] = directory  # before any emulator starts: children inherit it
+    config.stash[EVIDENCE] = Evidence(directory, owned=not existing)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    ev = config.stash.get(EVIDENCE, None)
+    if ev is not None and ev.owned:
+        os.environ.pop(EVIDENCE_DIR_ENV, None)
+        shutil.rmtree(ev.directory, ignore_errors=True)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    if path.endswith(".py") and "::" not in report.nodeid:
+        _current().files.add(path)
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _current().deselected += len(items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The least-privilege checks run after everything else."""
+    ev = evidence(config)
+    ev.files |= {str(i.path.relative_to(config.rootpath)) for i in items if i.path.is_relative_to(config.rootpath)}
+    last = [i for i in items if i.path.name == LAST_MODULE]
+    if last:
+        items[:] = [i for i in items if i.path.name != LAST_MODULE] + last
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed and LAST_MODULE not in report.nodeid:
+        _current().failed.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    ev = config.stash.get(EVIDENCE, None)
+    if ev is not None and ev.summary:
+        terminalreporter.section("least privilege (tests/deploy/test_least_privilege.py)")
+        for line in ev.summary:
+            terminalreporter.write_line(line)
+
+
+def _current() -> Evidence:
+    assert _config is not None
+    return evidence(_config)
+
+
+@pytest.fixture(scope="session")
+def k8s_evidence(pytestconfig: pytest.Config) -> Evidence:
+    """This session's evidence: the directory every emulator writes to, and why it may be partial."""
+    return evidence(pytestconfig)
