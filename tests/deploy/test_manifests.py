@@ -81,6 +81,7 @@ def test_configmap_is_worker_settings_and_temporal_env(overlay):
     settings = WorkerSettings(**{k.removeprefix("MILLWRIGHT_").lower(): v
                                  for k, v in env.items() if k.startswith("MILLWRIGHT_")})
     assert settings.netbox_config() is not None and settings.ufm_config() is not None
+    assert settings.bmc_credentials_ref() is not None
     assert env["TEMPORAL_ADDRESS"] and env["TEMPORAL_NAMESPACE"]
     if overlay == "temporal-cloud":
         assert secret_env(container) == {"TEMPORAL_API_KEY": ("millwright-temporal-api-key", "api-key")}
