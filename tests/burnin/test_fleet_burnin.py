@@ -10,6 +10,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from lab.redfish import DEFAULT_FIRMWARE
+from tests.test_node_maintenance import record_history
 from workflows.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
 
 
@@ -51,6 +52,7 @@ async def test_fleet_pauses_when_failures_look_systemic_and_an_operator_aborts(
 
     await handle.execute_update(FleetBurnIn.decide, FleetDecision(action="abort", reason="bad burn-in image"))
     result = await handle.result()
+    await record_history(handle, "fleet_burn_in_pause_abort")
     assert result.aborted and result.report.skipped == report.pending
     assert len(result.outcomes) == len(names)
     assert result.report.decisions == ["abort: bad burn-in image"]

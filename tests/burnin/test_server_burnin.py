@@ -10,6 +10,7 @@ from temporalio.client import WorkflowHandle
 
 from lab.redfish import DEFAULT_FIRMWARE
 from tests.burnin.conftest import BMC_PASSWORD
+from tests.test_node_maintenance import record_history
 from workflows.burnin import ServerBurnIn, ServerBurnInInput, ServerBurnInResult
 
 STRESS = 2
@@ -45,6 +46,7 @@ async def test_healthy_server_passes_and_boots_back_to_disk(client, burnin_bmcs,
     handle = await start(client, burnin_worker, burn_in_input(burnin_bmcs, name))
     result: ServerBurnInResult = await handle.result()
     assert (result.result, result.findings, result.gpus) == ("passed", [], 8)
+    await record_history(handle, "server_burn_in_pass")
     state = await bmc_admin.server(name)
     # Off already (no reset), On into the image, then Off and On into the disk.
     assert await resets(bmc_admin, name) == ["On", "ForceOff", "On"]
@@ -82,6 +84,7 @@ async def test_critical_sel_entry_during_stress_fails_the_server(client, burnin_
     await wait_phase(handle, "stressing")
     await bmc_admin.add_sel(name, severity="Critical", message="CPU 1 IERR", message_id="Vendor.1.0.CpuIerr")
     result = await handle.result()
+    await record_history(handle, "server_burn_in_sel_fail")
     assert result.result == "failed"
     assert [(f.check, f.evidence) for f in result.findings] == [
         ("sel", "Critical: CPU 1 IERR (Vendor.1.0.CpuIerr)")]  # the entry from before is a note, not a failure

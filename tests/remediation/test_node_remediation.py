@@ -15,6 +15,7 @@ from workflows.remediation import Approval, NodeRemediation, NodeRemediationInpu
 
 from tests.kube_helpers import current_details, pods_on, read_node, wait_for
 from tests.remediation.helpers import fast_settings, fleet
+from tests.test_node_maintenance import record_history
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,6 +60,7 @@ async def test_soft_fix_works_and_the_node_is_uncordoned(client, rem_worker, k8s
 
     handle = await start(client, rem_worker, burnin_bmcs, node, "GPU check: remap_pending GPU3", **fast_settings())
     result = await handle.result()
+    await record_history(handle, "node_remediation_soft_fix")
 
     assert result.outcome == "healthy", result
     assert result.fixed_by == "reset-gpu"
