@@ -19,11 +19,7 @@ import math
 import time
 import uuid
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
-import workflows.search_attributes
+from bench.common import dev_server, history_lengths
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
@@ -55,13 +51,6 @@ def rollout_spec(name: str, batch: int) -> RolloutInput:
     )
 
 
-async def history_lengths(client: Client, prefix: str) -> list[int]:
-    lengths = []
-    async for execution in client.list_workflows(f"WorkflowId STARTS_WITH '{prefix}'"):
-        lengths.append(execution.history_length)
-    return lengths
-
-
 async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float) -> None:
     with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator:
         admin = EmulatorAdmin(emulator.url)
@@ -75,12 +64,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
             import yaml
 
             yaml.safe_dump(kubeconfig(emulator.url, "lab"), fh)
-        async with await WorkflowEnvironment.start_local(
-            dev_server_existing_path=_temporal(),
-            data_converter=pydantic_data_converter,
-            search_attributes=workflows.search_attributes.ALL,
-            dev_server_extra_args=["--log-level", "error"],
-        ) as env:
+        async with await dev_server() as env:
             registration = registry.build(WorkerSettings(kubeconfig=path, metrics_port=0))
             task_queue = f"bench-{uuid.uuid4().hex[:6]}"
             async with registry.new_worker(env.client, registration, task_queue, max_concurrent_activities=400):
@@ -105,15 +89,6 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
         f"makespan_ratio={makespan / ideal:.2f} max_run_events={max(lengths)} "
         f"events_per_node={sum(lengths) / nodes:.1f}"
     )
-
-
-def _temporal() -> str:
-    import shutil
-    import sys
-    from pathlib import Path
-
-    local = Path(sys.executable).parent / "temporal"
-    return str(local) if local.exists() else shutil.which("temporal")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,217 @@
+"""Burn-in benchmark: a FleetBurnIn's wall time against its ideal, Redfish requests and history sizes, at scale.
+
+    python -m bench.burn_in --servers 50
+    python -m bench.burn_in --servers 1000 --concurrency 50
+
+Starts the lab's BMCs with N servers (plus two for calibration), the lab's hosts (an in-process host
+agent for each server booted into the burn-in image) and a Millwright worker against a fresh dev server. It first runs
+one ServerBurnIn alone as a warm-up and one more alone to measure the per-server time, then one
+FleetBurnIn over the N servers at the given concurrency, and prints, measured in this run: the wall
+time against the ideal (waves of `concurrency` servers × the measured per-server time), Redfish
+requests per server (from the BMCs' audit, read as it grows so that its retention loses nothing,
+and checked against the BMCs' own counters), the largest history of any run and the number of runs,
+and peak resources. The last line is machine-readable. Not a test: nothing here asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+from bench.common import dev_server, history_lengths
+from lab.hosts import LabHosts
+from lab.k8s.admin import kubeconfig
+from lab.loopback import write_secret_file
+from lab.redfish import DEFAULT_FIRMWARE, BmcAdmin, LabBmcs
+from worker import registry
+from worker.config import WorkerSettings
+from workflows.burnin import ServerBurnIn, ServerBurnInInput
+from workflows.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
+
+BMC_USER = "admin"
+CALIBRATION = ("bench-calib-warmup", "bench-calib")
+
+
+def target(bmcs: LabBmcs, name: str) -> dict:
+    return {"name": name, "bmc": {"url": bmcs.bmc_urls[name]},
+            "expected": {"gpus": 8, "gpu_model": "H200", "firmware": DEFAULT_FIRMWARE}}  # fmt: skip
+
+
+def settings(stress_seconds: int) -> dict:
+    return {"stress_seconds": stress_seconds, "dcgm_level": None, "record_in_netbox": False, "boot_timeout": "PT5M"}
+
+
+class Watch:
+    """Reads the BMC audit as it grows (so that its retention cap loses nothing) and samples peak resources."""
+
+    def __init__(self, admin: BmcAdmin, hosts: LabHosts) -> None:
+        self.admin, self.hosts = admin, hosts
+        self.cursor = 0
+        self.requests: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()
+        self.statuses: Counter[int] = Counter()
+        self.lost = 0
+        self.peak_agents = 0
+        self.peak_fds = 0
+
+    async def start_counting(self) -> None:
+        self.cursor = await self.admin.audit_cursor()
+
+    async def read_audit(self) -> None:
+        page = await self.admin.audit_page(since=self.cursor)
+        entries = page["entries"]
+        first = entries[0]["seq"] if entries else page["next"] + 1
+        self.lost += first - (self.cursor + 1)  # entries the audit dropped before we read them
+        for e in entries:
+            self.requests[e["server"]] += 1
+            self.paths[f"{e['method']} {e['path'].removeprefix('/redfish/v1')}"] += 1
+            self.statuses[e["status"]] += 1
+        self.cursor = page["next"]
+
+    def sample(self) -> None:
+        self.peak_agents = max(self.peak_agents, len(self.hosts.running()))
+        self.peak_fds = max(self.peak_fds, len(os.listdir("/proc/self/fd")))
+
+    async def run(self) -> None:
+        tick = 0
+        while True:
+            self.sample()
+            if tick % 4 == 0:
+                await self.read_audit()
+            tick += 1
+            await asyncio.sleep(0.5)
+
+
+def resources() -> dict[str, tuple[float, int]]:
+    """CPU seconds and peak resident MiB of this process and each of its children (the BMCs, the dev server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in ["self", *filter(str.isdigit, os.listdir("/proc"))]:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            fields = dict(line.split(":", 1) for line in lines if ":" in line)
+            if pid == "self" or int(fields["PPid"]) == os.getpid():
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+                name = "bench" if pid == "self" else fields["Name"].strip()
+                out[name] = (cpu, int(fields["VmHWM"].split()[0]) // 1024)
+    return out
+
+
+async def progress(handle, every: float = 15.0) -> None:
+    """Report progress on stderr; abort a fleet that pauses for failures (no operator here)."""
+    while True:
+        await asyncio.sleep(every)
+        with contextlib.suppress(Exception):
+            r = await handle.query(FleetBurnIn.report)
+            print(f"  … {r.passed} passed, {r.failed} failed, {r.errors} errors, {len(r.running)} running, "
+                  f"{r.pending} pending", file=sys.stderr, flush=True)  # fmt: skip
+            if r.paused:
+                print(f"  paused: {r.paused}; aborting", file=sys.stderr, flush=True)
+                await handle.execute_update(FleetBurnIn.decide, FleetDecision(action="abort", reason="bench: paused"))
+
+
+async def main(servers: int, concurrency: int, stress_seconds: int, power_delay: float, boot_delay: float) -> None:
+    password = uuid.uuid4().hex
+    names = [f"bench-{i:05d}" for i in range(1, servers + 1)]
+    with tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:
+        secret = write_secret_file(Path(tmp, "bmc-credentials"), f"{BMC_USER}:{password}")
+        kube = Path(tmp, "kubeconfig")  # registry.build wants one; nothing here talks to Kubernetes
+        kube.write_text(yaml.safe_dump(kubeconfig("http://127.0.0.1:9", "none")))
+        worker_settings = WorkerSettings(kubeconfig=str(kube), metrics_port=0, bmc_credentials=f"file:{secret}")
+        with LabBmcs(servers=[*CALIBRATION, *names], user=BMC_USER, password=password, power_delay=power_delay,
+                     startup_timeout=120) as bmcs:  # fmt: skip
+            admin = BmcAdmin(bmcs.url)
+            async with await dev_server() as env:
+                client = env.client
+                registration = registry.build(worker_settings)
+                queue = f"bench-{uuid.uuid4().hex[:6]}"
+                async with (
+                    # Agents only in the burn-in image's boots, not after the boot back to disk: at most
+                    # `concurrency` at once (each is a worker with its own pollers in this one process).
+                    LabHosts(client, bmcs.url, boot_delay=boot_delay, booted_from={"Pxe"}) as hosts,
+                    registry.new_worker(client, registration, queue,
+                                        max_concurrent_activities=max(100, 2 * concurrency)),
+                ):  # fmt: skip
+                    watch = Watch(admin, hosts)
+                    per_server = 0.0
+                    for name in CALIBRATION:  # the first warms up the worker and the workflow sandbox
+                        one = ServerBurnInInput.model_validate({"server": target(bmcs, name),
+                                                                "settings": settings(stress_seconds)})  # fmt: skip
+                        begin = time.monotonic()
+                        alone = await client.execute_workflow(ServerBurnIn.run, one, id=one.workflow_id(),
+                                                              task_queue=queue)  # fmt: skip
+                        per_server = time.monotonic() - begin
+                        assert alone.result == "passed", alone.summary()
+                    single_requests = (await admin.servers(["requests"]))[CALIBRATION[1]]["requests"]
+                    await watch.start_counting()
+                    watching = asyncio.create_task(watch.run())
+                    inp = FleetBurnInInput.model_validate({
+                        "name": f"bench-{uuid.uuid4().hex[:6]}", "servers": [target(bmcs, n) for n in names],
+                        "settings": settings(stress_seconds), "max_concurrent": concurrency,
+                    })  # fmt: skip
+                    started = time.monotonic()
+                    handle = await client.start_workflow(FleetBurnIn.run, inp, id=inp.workflow_id(), task_queue=queue)
+                    reporting = asyncio.create_task(progress(handle))
+                    result = await handle.result()
+                    wall = time.monotonic() - started
+                    for task in (reporting, watching):
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+                    await watch.read_audit()
+                    watch.sample()
+                    counters = await admin.servers(["requests"])
+                    used = resources()
+                await registration.close()
+                fleet_runs = await history_lengths(client, inp.workflow_id())
+                lengths = await history_lengths(client, inp.workflow_id(), "burn-in/")
+            await admin.aclose()
+
+    fleet_requests = sum(watch.requests[n] for n in names)
+    counted = sum(counters[n]["requests"] for n in names)
+    per = [watch.requests[n] for n in names]
+    waves = math.ceil(servers / concurrency)
+    ideal = waves * per_server
+    r = result.report
+    print(f"servers={servers} concurrency={concurrency} stress={stress_seconds}s power_delay={power_delay}s "
+          f"boot_delay={boot_delay}s: {r.passed} passed, {r.failed} failed, {r.errors} errors, {r.skipped} skipped"
+          + (" (aborted)" if result.aborted else ""))  # fmt: skip
+    for f in r.failures[:5]:
+        print(f"  {f.server} {f.result}: {f.reason}")
+    print(f"per-server time {per_server:.2f}s, measured from one ServerBurnIn run alone at the start of this run "
+          f"(after a warm-up run)")  # fmt: skip
+    print(f"wall={wall:.1f}s ideal={ideal:.1f}s ({waves} waves of {concurrency} x {per_server:.2f}s)")
+    print(f"redfish: {fleet_requests} requests to {servers} BMCs in the audit ({watch.lost} lost to its retention; "
+          f"the BMCs' own counters say {counted}); per server min {min(per)} max {max(per)}, one run alone "
+          f"{single_requests}; statuses {dict(sorted(watch.statuses.items()))}")  # fmt: skip
+    print("redfish per server by request: " + ", ".join(
+        f"{path or '/'} {n / servers:.1f}" for path, n in watch.paths.most_common(8)))
+    print(f"histories: runs={len(lengths)} (fleet runs {len(fleet_runs)}, largest {max(fleet_runs)}) "
+          f"total_events={sum(lengths)} largest_run={max(lengths)}")  # fmt: skip
+    print(f"peaks: host agents running {watch.peak_agents}, open fds {watch.peak_fds}; CPU s / peak RSS MiB: "
+          + ", ".join(f"{k} {cpu:.0f}/{rss}" for k, (cpu, rss) in used.items()))  # fmt: skip
+    print(f"wall_ratio={wall / ideal:.2f} redfish_requests_per_server={fleet_requests / servers:.1f} "
+          f"max_run_events={max(lengths)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--stress-seconds", type=int, default=1)
+    parser.add_argument("--power-delay", type=float, default=0.1)
+    parser.add_argument("--boot-delay", type=float, default=0.2)
+    args = parser.parse_args()
+    asyncio.run(main(args.servers, args.concurrency, args.stress_seconds, args.power_delay, args.boot_delay))
