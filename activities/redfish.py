@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -40,7 +41,8 @@ from activities.secrets import SecretError, SecretRef
 
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 20.0
-_POLL_SECONDS = 0.25
+_POLL_SECONDS = 0.5  # a power change takes seconds on a real BMC; polling faster only loads it
+_THREADS = 64  # sushy blocks: BMC calls get threads of their own, not the loop's small default pool
 _MAX_SEL_ENTRIES = 200  # per answer: a noisy log must not bloat a workflow's history
 
 PowerState = Literal["On", "Off"]
@@ -110,6 +112,7 @@ class RedfishGpu(BaseModel):
 
 
 class RedfishInventory(BaseModel):
+    system: str = Field("", description="The system's Redfish path: give it as BmcRef.system to skip the lookup.")
     manufacturer: str = ""
     model: str = ""
     serial: str = ""
@@ -179,13 +182,14 @@ def redfish_error(err: Exception, doing: str, bmc: BmcRef) -> ApplicationError:
 class RedfishActivities:
     def __init__(self, default_credentials: SecretRef | None = None) -> None:
         self.default_credentials = default_credentials
+        self._threads = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="redfish")
 
     def activities(self) -> list[Callable]:
         return [self.redfish_power, self.redfish_set_boot, self.redfish_inventory, self.redfish_sel,
                 self.redfish_health]  # fmt: skip
 
     async def close(self) -> None:  # a Registration resource; connections are per attempt
-        return None
+        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _user_password(self, bmc: BmcRef) -> tuple[str, str]:
         ref = SecretRef.parse(bmc.credentials) if bmc.credentials else self.default_credentials
@@ -225,15 +229,15 @@ class RedfishActivities:
             )  # fmt: skip
         return root.get_system(members[0])
 
-    async def _call(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T]) -> T:
-        """Run a blocking sushy conversation in a thread, mapping its errors to Temporal's."""
+    async def _call(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T], root: sushy.Sushy | None = None
+                    ) -> T:  # fmt: skip
+        """Run a blocking sushy conversation in a thread (on `root`, or a fresh one), mapping its errors."""
 
         def run() -> T:
-            root = self._root(bmc)
-            return fn(root)
+            return fn(root or self._root(bmc))
 
         try:
-            return await asyncio.to_thread(run)
+            return await asyncio.get_running_loop().run_in_executor(self._threads, run)
         except ApplicationError:
             raise
         except Exception as err:
@@ -244,24 +248,21 @@ class RedfishActivities:
         """Bring the server to a power state and wait until the BMC reports it; no reset when it already is."""
         want = sushy.POWER_STATE_ON if req.state == "On" else sushy.POWER_STATE_OFF
 
-        def act(root: sushy.Sushy) -> bool:
+        def act(root: sushy.Sushy) -> tuple[sushy.Sushy, str, bool]:
             system = self._system(root, req.bmc)
             if system.power_state == want:
-                return False
+                return root, system.path, False
             settling = {sushy.POWER_STATE_POWERING_ON: sushy.POWER_STATE_ON,
                         sushy.POWER_STATE_POWERING_OFF: sushy.POWER_STATE_OFF}.get(system.power_state)
-            if settling == want:
-                return True  # an earlier attempt's reset is landing: do not send another
-            system.reset_system(sushy.RESET_ON if req.state == "On" else sushy.RESET_FORCE_OFF)
-            return True
+            if settling != want:  # else an earlier attempt's reset is landing: do not send another
+                system.reset_system(sushy.RESET_ON if req.state == "On" else sushy.RESET_FORCE_OFF)
+            return root, system.path, True
 
-        def read(root: sushy.Sushy) -> Any:
-            return self._system(root, req.bmc).power_state
-
-        changed = await self._call(f"powering {req.state.lower()}", req.bmc, act)
+        root, path, changed = await self._call(f"powering {req.state.lower()}", req.bmc, act)
         deadline = time.monotonic() + req.timeout_seconds
-        while True:
-            state = await self._call("reading the power state", req.bmc, read)
+        while True:  # one connection, one GET of the system per look
+            state = await self._call("reading the power state", req.bmc, lambda r: r.get_system(path).power_state,
+                                     root)  # fmt: skip
             if state == want:
                 return PowerResult(state=req.state, changed=changed)
             activity.heartbeat({"power_state": _text(state), "want": req.state})
@@ -307,7 +308,7 @@ class RedfishActivities:
             system = self._system(root, bmc)
             status = system.status
             inv = RedfishInventory(
-                manufacturer=system.manufacturer or "", model=system.model or "",
+                system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
                 serial=system.serial_number or "", uuid=system.uuid or "", power_state=_text(system.power_state),
                 health=_text(status.health) if status else None,
                 health_rollup=_text(status.health_rollup) if status else None,

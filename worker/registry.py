@@ -22,6 +22,7 @@ class Registration:
     activities: list[Callable[..., Any]]
     resources: list[Any] = field(default_factory=list)  # objects with ``async close()``
     task_queue: str | None = None  # set when the registration decides its queue (the host agent's)
+    worker_options: dict[str, Any] = field(default_factory=dict)  # `Worker` arguments this registration needs
 
     async def close(self) -> None:
         for resource in self.resources:
@@ -39,7 +40,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
         workflows=registration.workflows,
         activities=registration.activities,
         workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
-        **options,
+        **{**registration.worker_options, **options},
     )
 
 
@@ -86,5 +87,8 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
         command = settings.gpu_stress_command if settings else None
         probe = NvmlProbe(stress_command=shlex.split(command) if command else None)
     agent = HostAgentActivities(probe, host_name)
+    # One poller: a host runs a handful of activities at a time, and thousands of agents with the SDK's default
+    # of five pollers each would exhaust a namespace's poller limit (1,200 on a default self-hosted server).
     return Registration(workflows=[], activities=agent.activities(), resources=[agent],
-                        task_queue=host_task_queue(host_name))
+                        task_queue=host_task_queue(host_name),
+                        worker_options={"max_concurrent_activity_task_polls": 1})

@@ -287,6 +287,8 @@ class ServerBurnIn:
         inventory: RedfishInventory = await workflow.execute_activity_method(
             RedfishActivities.redfish_inventory, bmc, **BMC_CALL, summary="firmware and GPU inventory")
         result.firmware = inventory.firmware
+        if bmc.system is None and inventory.system:  # later calls skip looking the system up
+            bmc = bmc.model_copy(update={"system": inventory.system})
         result.findings += firmware_findings(expected.firmware, inventory.firmware)
 
         self._enter("reading-sel", "before")
