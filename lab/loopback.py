@@ -45,13 +45,13 @@ def write_ready_file(path: str, url: str) -> None:
 
 async def announce_and_wait(name: str, url: str, ready_file: str | None) -> None:
     """Say where the service listens, then wait for SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a caller may signal as soon as it reads
+        loop.add_signal_handler(sig, stop.set)
     print(f"{name} listening on {url}", flush=True)
     if ready_file:
         write_ready_file(ready_file, url)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
 
 
