@@ -27,6 +27,12 @@ class WorkflowInput(BaseModel):
         return []
 
 
+def history_is_long(limit: int) -> bool:
+    """Time to continue as new: the server suggests it, or this run's history passed `limit` events."""
+    info = workflow.info()
+    return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit
+
+
 class Progress(BaseModel):
     """What `millwright watch` and other pollers read through a workflow's `progress` query."""
 

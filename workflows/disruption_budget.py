@@ -34,7 +34,7 @@ from temporalio.common import RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ActivityError
 
 from workflows import search_attributes as sa
-from workflows.base import Progress, WorkflowInput
+from workflows.base import Progress, WorkflowInput, history_is_long
 from workflows.drain import API_CALL
 
 # Models shared with the rollout and carried across continue-as-new: passed through, one class each.
@@ -245,13 +245,13 @@ class DisruptionBudget:
     async def run(self, inp: DisruptionBudgetInput) -> None:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
         self._changed()
-        while not self._history_is_long():
+        while not history_is_long(self._inp.history_limit):
             if self._dirty or self._wake_in() == timedelta(0):
                 await self._tick()
                 continue
             try:
                 await workflow.wait_condition(
-                    lambda: self._dirty or self._history_is_long(), timeout=self._wake_in(),
+                    lambda: self._dirty or history_is_long(self._inp.history_limit), timeout=self._wake_in(),
                     timeout_summary="recheck the cluster and the holders",
                 )  # fmt: skip
             except asyncio.TimeoutError:
@@ -260,10 +260,6 @@ class DisruptionBudget:
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(inp.model_copy(update={"book": self._book}))
-
-    def _history_is_long(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > self._inp.history_limit
 
     def _wake_in(self) -> timedelta | None:
         """How long until the next periodic look; None when nothing is held or waiting."""

@@ -26,7 +26,7 @@ from temporalio.common import RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
 from workflows import search_attributes as sa
-from workflows.base import Progress, WorkflowInput
+from workflows.base import Progress, WorkflowInput, history_is_long
 
 with workflow.unsafe.imports_passed_through():
     from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
@@ -221,10 +221,7 @@ class Fabric:
     @workflow.run
     async def run(self, inp: FabricInput) -> None:
         self._changed()
-        info = workflow.info()
-        await workflow.wait_condition(
-            lambda: info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.history_limit
-        )
+        await workflow.wait_condition(lambda: history_is_long(inp.history_limit))
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(inp.model_copy(update={"state": self._state}))
 

@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
-from workflows.base import Phases, Progress, WorkflowInput
+from workflows.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin import NETBOX_CALL, BurnInSettings, ServerBurnIn, ServerBurnInInput, ServerTarget
 
 with workflow.unsafe.imports_passed_through():
@@ -169,7 +169,7 @@ class FleetBurnIn:
         self._check_failures()  # a share over the threshold carried across continue-as-new pauses at once
         self._show("running")
         while self._pending and not self._aborted:
-            if self._history_is_long() or started_here >= HISTORY_LIMIT // 10:
+            if history_is_long(HISTORY_LIMIT) or started_here >= HISTORY_LIMIT // 10:
                 break
             await workflow.wait_condition(lambda: self._startable() is not None or self._paused is not None)
             if self._paused is not None:
@@ -263,9 +263,4 @@ class FleetBurnIn:
         del self._running[target.name]
         self._check_failures()
         self._show("paused" if self._paused else "running")
-
-    @staticmethod
-    def _history_is_long() -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_LIMIT
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 
 from workflows import search_attributes as sa
-from workflows.base import Progress
+from workflows.base import Progress, history_is_long
 from workflows.drain import API_CALL
 from workflows.node_update import (
     NodeUpdate,
@@ -64,11 +64,6 @@ HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,24
 BUDGET_POLL = timedelta(seconds=30)
 RECENT_BATCHES = 20
 SURVEY_PAGE = 1000
-
-
-def _history_is_long() -> bool:
-    info = workflow.info()
-    return info.is_continue_as_new_suggested() or info.get_current_history_length() > HISTORY_LIMIT
 
 
 # ---------------------------------------------------------------- RolloutBatch
@@ -151,7 +146,7 @@ class RolloutBatch:
         while todo:
             chunk, todo = todo[:chunk_size], todo[chunk_size:]
             await asyncio.gather(*(one(n) for n in chunk))
-            if todo and not self._stopped and _history_is_long():
+            if todo and not self._stopped and history_is_long(HISTORY_LIMIT):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"nodes": todo, "results": results}))
         not_started += [n.node for n in todo]
@@ -494,7 +489,7 @@ class Rollout:
                 view.phase = "done"
                 break
             # Between batches, every compartment parks when one asks to continue as new.
-            if self._continue or _history_is_long():
+            if self._continue or history_is_long(HISTORY_LIMIT):
                 self._continue = True
                 break
             if cs.batch.should_stop:
