@@ -24,11 +24,12 @@ from typing import Any, Literal
 import aiohttp
 from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import _REQUEST_TIMEOUT, ClusterConnector, api_error
+from activities.models import StrictModel
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "millwright"
@@ -40,7 +41,7 @@ GPU = "nvidia.com/gpu"
 # ---------------------------------------------------------------- models
 
 
-class KindRef(BaseModel):
+class KindRef(StrictModel):
     api_version: str
     kind: str
 
@@ -48,7 +49,7 @@ class KindRef(BaseModel):
         return f"{self.api_version}/{self.kind}"
 
 
-class ObjectRef(BaseModel):
+class ObjectRef(StrictModel):
     api_version: str
     kind: str
     name: str
@@ -64,16 +65,16 @@ class ObjectRef(BaseModel):
         return cls(api_version=obj["apiVersion"], kind=obj["kind"], name=md["name"], namespace=md.get("namespace"))
 
 
-class DiscoveryRequest(BaseModel):
+class DiscoveryRequest(StrictModel):
     cluster: str
     kinds: list[KindRef]
 
 
-class DiscoveryResult(BaseModel):
+class DiscoveryResult(StrictModel):
     installed: list[str]
 
 
-class ApplyRequest(BaseModel):
+class ApplyRequest(StrictModel):
     cluster: str
     owner: str = Field(description="Who manages these objects (a workflow ID); written as an annotation.")
     objects: list[dict[str, Any]] = Field(description="Full desired objects, in creation order.")
@@ -81,13 +82,13 @@ class ApplyRequest(BaseModel):
         "error", description="What to do with an existing object of ours that differs: fail, or replace it.")
 
 
-class ApplyOutcome(BaseModel):
+class ApplyOutcome(StrictModel):
     ref: ObjectRef
     outcome: Literal["created", "unchanged", "updated"]
     uid: str = ""
 
 
-class ApplyResult(BaseModel):
+class ApplyResult(StrictModel):
     outcomes: list[ApplyOutcome] = Field(default_factory=list)
 
     def created(self) -> list[ObjectRef]:
@@ -97,31 +98,31 @@ class ApplyResult(BaseModel):
         return any(o.outcome != "unchanged" for o in self.outcomes)
 
 
-class DeleteRequest(BaseModel):
+class DeleteRequest(StrictModel):
     cluster: str
     objects: list[ObjectRef] = Field(description="Deleted in this order; each waited for before the next.")
     timeout_seconds: float = 600
     poll_seconds: float = 0.5
 
 
-class DeleteResult(BaseModel):
+class DeleteResult(StrictModel):
     deleted: list[ObjectRef] = Field(default_factory=list)
     absent: list[ObjectRef] = Field(default_factory=list)
 
 
-class ListRequest(BaseModel):
+class ListRequest(StrictModel):
     cluster: str
     kinds: list[KindRef]
     label_selector: str = ""
 
 
-class CapiClusterRef(BaseModel):
+class CapiClusterRef(StrictModel):
     cluster: str = Field(description="The management cluster (kubeconfig context).")
     namespace: str
     name: str
 
 
-class CapiClusterStatus(BaseModel):
+class CapiClusterStatus(StrictModel):
     exists: bool
     phase: str = ""
     infrastructure_provisioned: bool = False
@@ -137,60 +138,60 @@ class CapiClusterStatus(BaseModel):
                 and self.phase == "Provisioned" and self.machines_ready == self.machines_total)
 
 
-class MachineNode(BaseModel):
+class MachineNode(StrictModel):
     machine: str
     node: str = Field("", description="status.nodeRef.name; empty until the machine has a node.")
     control_plane: bool = False
 
 
-class SecretCheck(BaseModel):
+class SecretCheck(StrictModel):
     cluster: str
     namespace: str
     name: str
     key: str
 
 
-class SecretReference(BaseModel):
+class SecretReference(StrictModel):
     """Where a credential lives; never the credential."""
 
     ref: str = Field(description="secret:<cluster>/<namespace>/<name>#<key>")
 
 
-class VClusterStatus(BaseModel):
+class VClusterStatus(StrictModel):
     exists: bool
     ready: bool = False
     phase: str = ""
     kubeconfig: SecretReference | None = None
 
 
-class VClusterRef(BaseModel):
+class VClusterRef(StrictModel):
     cluster: str
     namespace: str
     name: str
 
 
-class CapacityRequest(BaseModel):
+class CapacityRequest(StrictModel):
     cluster: str
 
 
-class GpuCapacity(BaseModel):
+class GpuCapacity(StrictModel):
     gpus: float = Field(description="Sum of allocatable nvidia.com/gpu over the cluster's nodes.")
     quotas: dict[str, float] = Field(default_factory=dict, description="Tenant → its queue's GPU quota.")
 
 
-class NodeLabels(BaseModel):
+class NodeLabels(StrictModel):
     cluster: str
     labels: dict[str, str]
     label_selector: str = ""
 
 
-class WorkloadQuery(BaseModel):
+class WorkloadQuery(StrictModel):
     cluster: str
     namespaces: list[str]
     evict: bool = Field(False, description="Delete the tenant's running pods (forced offboarding).")
 
 
-class WorkloadCount(BaseModel):
+class WorkloadCount(StrictModel):
     active: int
     evicted: int = 0
 

@@ -16,12 +16,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 
-class EntityUpdate(BaseModel):
+
+class EntityUpdate(StrictModel):
     """One update of an entity workflow, which is started with ``start_input`` if it does not run yet."""
 
     workflow_type: str
@@ -34,7 +36,7 @@ class EntityUpdate(BaseModel):
     entity: str = Field("", description="How errors name the entity; its workflow ID when empty.")
 
 
-class WorkflowIds(BaseModel):
+class WorkflowIds(StrictModel):
     ids: list[str]
 
 

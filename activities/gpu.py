@@ -32,9 +32,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+
+from activities.models import StrictModel
 
 HOST_TASK_QUEUE_PREFIX = "millwright-host-"
 
@@ -104,7 +106,7 @@ SUSTAINED_THROTTLE_SHARE = 0.5
 # ---------------------------------------------------------------- models
 
 
-class NvlinkErrors(BaseModel):
+class NvlinkErrors(StrictModel):
     """NVLink error counter totals over all links of one GPU (None: not readable)."""
 
     crc_flit: int | None = None
@@ -113,7 +115,7 @@ class NvlinkErrors(BaseModel):
     recovery: int | None = None
 
 
-class GpuSnapshot(BaseModel):
+class GpuSnapshot(StrictModel):
     """One GPU as NVML reports it. None means not supported ("n/a", named in `unsupported`) or not readable
     (the NVML error is in `errors`); a `lost` GPU (GpuIsLost, fallen off the bus) has little else filled."""
 
@@ -151,7 +153,7 @@ class GpuSnapshot(BaseModel):
     errors: dict[str, str] = Field(default_factory=dict)
 
 
-class HostGpuSnapshot(BaseModel):
+class HostGpuSnapshot(StrictModel):
     """All GPUs of a host at one moment. `nvml_error` is set (and `gpus` empty) when NVML cannot be used."""
 
     host: str = ""
@@ -163,7 +165,7 @@ class HostGpuSnapshot(BaseModel):
     gpus: list[GpuSnapshot] = Field(default_factory=list)
 
 
-class GpuCheckRequest(BaseModel):
+class GpuCheckRequest(StrictModel):
     """What the host should have. Also the `expected` argument of :func:`gpu_verdict`."""
 
     expected_count: int | None = Field(None, ge=0)
@@ -176,7 +178,7 @@ class GpuCheckRequest(BaseModel):
     )
 
 
-class Finding(BaseModel):
+class Finding(StrictModel):
     gpu: int | None = Field(None, description="GPU index; None: the host as a whole")
     check: str
     severity: Severity
@@ -184,7 +186,7 @@ class Finding(BaseModel):
     remedy: Remedy | None = None
 
 
-class GpuVerdict(BaseModel):
+class GpuVerdict(StrictModel):
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
 
@@ -200,25 +202,25 @@ class GpuVerdict(BaseModel):
         )
 
 
-class GpuCheckResult(BaseModel):
+class GpuCheckResult(StrictModel):
     host: str
     passed: bool
     findings: list[Finding] = Field(default_factory=list)
     snapshot: HostGpuSnapshot
 
 
-class StressRequest(BaseModel):
+class StressRequest(StrictModel):
     seconds: float = Field(gt=0, le=7 * 24 * 3600, description="Length of the load window")
     dcgm_level: int | None = Field(None, ge=1, le=4, description="Run `dcgmi diag -r N` when dcgmi is on PATH")
 
 
-class XidEvent(BaseModel):
+class XidEvent(StrictModel):
     gpu: int | None
     xid: int
     at_seconds: float = Field(0.0, description="When it was seen, from the start of the window")
 
 
-class GpuReading(BaseModel):
+class GpuReading(StrictModel):
     """One GPU sampled during the load."""
 
     index: int
@@ -229,12 +231,12 @@ class GpuReading(BaseModel):
     pcie_gen: int | None = None
 
 
-class LoadSample(BaseModel):
+class LoadSample(StrictModel):
     gpus: list[GpuReading] = Field(default_factory=list)
     xids: list[XidEvent] = Field(default_factory=list)
 
 
-class GpuLoadStats(BaseModel):
+class GpuLoadStats(StrictModel):
     """What one GPU did during the window."""
 
     gpu: int
@@ -247,7 +249,7 @@ class GpuLoadStats(BaseModel):
     max_pcie_gen: int | None = None
 
 
-class DcgmTestResult(BaseModel):
+class DcgmTestResult(StrictModel):
     category: str = ""
     name: str
     status: Literal["pass", "fail", "warn", "skip"]
@@ -255,7 +257,7 @@ class DcgmTestResult(BaseModel):
     messages: list[str] = Field(default_factory=list)
 
 
-class DcgmDiag(BaseModel):
+class DcgmDiag(StrictModel):
     level: int | None = None
     passed: bool
     tests: list[DcgmTestResult] = Field(default_factory=list)
@@ -263,7 +265,7 @@ class DcgmDiag(BaseModel):
     version: str | None = None
 
 
-class StressResult(BaseModel):
+class StressResult(StrictModel):
     host: str = ""
     seconds: float
     elapsed: float = 0.0
@@ -275,23 +277,23 @@ class StressResult(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-class GpuResetRequest(BaseModel):
+class GpuResetRequest(StrictModel):
     index: int = Field(ge=0)
 
 
-class GpuResetResult(BaseModel):
+class GpuResetResult(StrictModel):
     host: str = ""
     gpu: int
     output: str = ""
 
 
-class ServiceRestartResult(BaseModel):
+class ServiceRestartResult(StrictModel):
     host: str = ""
     restarted: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list, description="Not installed on this host")
 
 
-class HostInfo(BaseModel):
+class HostInfo(StrictModel):
     host: str
     nvml_available: bool
     nvml_error: str | None = None
@@ -303,7 +305,7 @@ class HostInfo(BaseModel):
     facts: dict[str, str] = Field(default_factory=dict, description="boot_id, kernel, ... as the probe knows them")
 
 
-class EmptyRequest(BaseModel):
+class EmptyRequest(StrictModel):
     pass
 
 

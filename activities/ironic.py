@@ -39,10 +39,11 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -84,8 +85,8 @@ def _node_ident(value: str) -> str:
 BurnInStepName = Literal["burnin_cpu", "burnin_memory", "burnin_disk", "burnin_gpu", "burnin_network"]
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class _Settings(StrictModel):
+    model_config = ConfigDict(populate_by_name=True)
     prefix: ClassVar[str] = ""
 
     @classmethod
@@ -128,8 +129,7 @@ class DiskBurnIn(_Settings):
     smart_test: bool | None = Field(None, description="Run `smartctl -t long` after fio and fail on errors.")
 
 
-class NetworkPartner(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NetworkPartner(StrictModel):
     role: Literal["writer", "reader"]
     partner: str = Field(min_length=1, description="The other node's address.")
 
@@ -191,10 +191,8 @@ def burnin_driver_info_keys(step: str) -> list[str]:
     return list(BURNIN_SETTINGS[step].setting_keys().values())
 
 
-class CleanStep(BaseModel):
+class CleanStep(StrictModel):
     """One manual clean step as Ironic takes it. IPA's burn-in steps are ``deploy`` steps without args."""
-
-    model_config = ConfigDict(extra="forbid")
 
     interface: CleanInterface
     step: str = Field(min_length=1, max_length=255)
@@ -228,14 +226,12 @@ class CleanStep(BaseModel):
         return out
 
 
-class BurnInStep(BaseModel):
+class BurnInStep(StrictModel):
     """One IPA burn-in step with its settings (short names: ``timeout``, not ``agent_burnin_cpu_timeout``).
 
     ``BurnInStep(step="burnin_gpu", settings={"count": 8, "timeout": 3600})``: ``.driver_info()`` gives
     ``{"agent_burnin_gpu_count": 8, "agent_burnin_gpu_timeout": 3600}``, ``.clean_step()`` the step.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     step: BurnInStepName
     settings: dict[str, Any] = Field(default_factory=dict, validate_default=True)
@@ -264,10 +260,8 @@ class BurnInStep(BaseModel):
         return CleanStep(interface="deploy", step=self.step)
 
 
-class BurnInPlan(BaseModel):
+class BurnInPlan(StrictModel):
     """Burn-in steps in the order they run; each step at most once."""
-
-    model_config = ConfigDict(extra="forbid")
 
     steps: list[BurnInStep] = Field(min_length=1)
 
@@ -293,7 +287,7 @@ class BurnInPlan(BaseModel):
 # ---------------------------------------------------------------- activity models
 
 
-class IronicConfig(BaseModel):
+class IronicConfig(StrictModel):
     """Where Ironic is and where its token is kept (None: Ironic runs with noauth)."""
 
     url: str
@@ -303,12 +297,12 @@ class IronicConfig(BaseModel):
     api_version: str = API_VERSION
 
 
-class NodeRef(BaseModel):
+class NodeRef(StrictModel):
     node: str = Field(description="Ironic node name or UUID.")
     _n = field_validator("node")(_node_ident)
 
 
-class IronicNode(BaseModel):
+class IronicNode(StrictModel):
     uuid: str
     name: str | None = None
     provision_state: str
@@ -342,7 +336,7 @@ class DriverInfoUpdate(NodeRef):
         return values
 
 
-class DriverInfoResult(BaseModel):
+class DriverInfoResult(StrictModel):
     node: str = Field(description="The node's UUID.")
     changed: list[str] = Field(default_factory=list, description="Keys this attempt set or removed.")
     unchanged: list[str] = Field(default_factory=list, description="Keys that already had the value.")
@@ -353,7 +347,7 @@ class ManageRequest(NodeRef):
     poll_seconds: float | None = Field(None, gt=0, description="Default: the worker's IronicConfig.poll_seconds.")
 
 
-class ManageResult(BaseModel):
+class ManageResult(StrictModel):
     node: IronicNode
     changed: bool = Field(description="False when the node was already manageable (or on its way there).")
 
@@ -363,7 +357,7 @@ class StartClean(NodeRef):
     disable_ramdisk: bool | None = Field(None, description="Run the steps without booting IPA (Ironic >= 1.70).")
 
 
-class CleanStarted(BaseModel):
+class CleanStarted(StrictModel):
     node: IronicNode
     started: bool = Field(description="True when this attempt asked Ironic to clean.")
     already: Literal["running", "finished"] | None = Field(
@@ -376,7 +370,7 @@ class WaitClean(NodeRef):
     poll_seconds: float | None = Field(None, gt=0, description="Default: the worker's IronicConfig.poll_seconds.")
 
 
-class CleanResult(BaseModel):
+class CleanResult(StrictModel):
     node: IronicNode
     waited_seconds: float
 

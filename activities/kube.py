@@ -29,10 +29,11 @@ import yaml
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 from kubernetes.aio.client.exceptions import ApiException
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.selectors import SelectorError, parse_label_selector
 
 # Where Millwright records on a node that it placed the cordon, so it never
@@ -97,7 +98,7 @@ def validate_positive_duration(value: timedelta) -> timedelta:
 # ---------------------------------------------------------------- models
 
 
-class DrainSettings(BaseModel):
+class DrainSettings(StrictModel):
     """How to drain, mirroring `kubectl drain` flags, with a finite default timeout."""
 
     ignore_daemonsets: bool = Field(True, description="Skip DaemonSet pods (kubectl --ignore-daemonsets).")
@@ -120,12 +121,12 @@ class DrainSettings(BaseModel):
     _durations = field_validator("timeout", "eviction_retry_interval")(validate_positive_duration)
 
 
-class NodeRef(BaseModel):
+class NodeRef(StrictModel):
     cluster: str
     node: str
 
 
-class NodeInfo(BaseModel):
+class NodeInfo(StrictModel):
     name: str
     unschedulable: bool
     cordoned_by: str | None = None
@@ -135,24 +136,24 @@ class NodeInfo(BaseModel):
     rollout_state: str | None = Field(None, description="The rollout-state label.")
 
 
-class CordonRequest(BaseModel):
+class CordonRequest(StrictModel):
     cluster: str
     node: str
     owner: str = Field(description="Who holds the cordon: the workflow ID.")
     reason: str = ""
 
 
-class CordonResult(BaseModel):
+class CordonResult(StrictModel):
     owned: bool = Field(description="True when this owner placed (or already held) the cordon.")
     holder: str | None = Field(None, description="Who placed the cordon when it is not ours ('unknown' if unmarked).")
 
 
-class UncordonResult(BaseModel):
+class UncordonResult(StrictModel):
     uncordoned: bool
     note: str
 
 
-class PodRef(BaseModel):
+class PodRef(StrictModel):
     namespace: str
     name: str
     uid: str
@@ -161,48 +162,48 @@ class PodRef(BaseModel):
         return f"{self.namespace}/{self.name}"
 
 
-class PodQuery(BaseModel):
+class PodQuery(StrictModel):
     cluster: str
     node: str
     label_selector: str
 
 
-class DrainPlanRequest(BaseModel):
+class DrainPlanRequest(StrictModel):
     cluster: str
     node: str
     settings: DrainSettings
 
 
-class SkippedPod(BaseModel):
+class SkippedPod(StrictModel):
     pod: PodRef
     reason: str
 
 
-class DrainPlan(BaseModel):
+class DrainPlan(StrictModel):
     evict: list[PodRef] = Field(default_factory=list)
     skipped: list[SkippedPod] = Field(default_factory=list)
 
 
-class EvictRequest(BaseModel):
+class EvictRequest(StrictModel):
     cluster: str
     pod: PodRef
     grace_period_seconds: int | None = None
 
 
-class EvictOutcome(BaseModel):
+class EvictOutcome(StrictModel):
     status: Literal["evicted", "gone", "blocked"]
     message: str = ""
     budget: str | None = Field(None, description="The PodDisruptionBudget blocking the eviction, when known.")
     retry_after_seconds: float | None = None
 
 
-class WaitPodsGoneRequest(BaseModel):
+class WaitPodsGoneRequest(StrictModel):
     cluster: str
     pods: list[PodRef]
     poll_interval_seconds: float = 1.0
 
 
-class NodePageRequest(BaseModel):
+class NodePageRequest(StrictModel):
     cluster: str
     label_selector: str = ""
     label_keys: list[str] = Field(default_factory=list, description="Labels to return; empty returns all.")
@@ -212,33 +213,33 @@ class NodePageRequest(BaseModel):
     _selector = field_validator("label_selector")(validate_label_selector)
 
 
-class NodeSummary(BaseModel):
+class NodeSummary(StrictModel):
     name: str
     labels: dict[str, str]
     unschedulable: bool
     ready: bool
 
 
-class NodePage(BaseModel):
+class NodePage(StrictModel):
     nodes: list[NodeSummary]
     continue_token: str | None = None
 
 
-class UnavailableRequest(BaseModel):
+class UnavailableRequest(StrictModel):
     cluster: str
     label_selector: str = ""
 
     _selector = field_validator("label_selector")(validate_label_selector)
 
 
-class NodeAvailability(BaseModel):
+class NodeAvailability(StrictModel):
     total: int = Field(description="Nodes the selector matches.")
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
     )
 
 
-class NodeRolloutState(BaseModel):
+class NodeRolloutState(StrictModel):
     cluster: str
     node: str
     rollout: str
@@ -248,14 +249,14 @@ class NodeRolloutState(BaseModel):
     reason: str = ""
 
 
-class PackageInstalled(BaseModel):
+class PackageInstalled(StrictModel):
     cluster: str
     node: str
     package: str
     version: str
 
 
-class StageJobRequest(BaseModel):
+class StageJobRequest(StrictModel):
     cluster: str
     node: str
     rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
@@ -271,14 +272,14 @@ class StageJobRequest(BaseModel):
     try_number: int = Field(1, ge=1, description="The workflow's own try of this stage (a new try: a new Job).")
 
 
-class StageJobResult(BaseModel):
+class StageJobResult(StrictModel):
     job: str
     succeeded: bool
     message: str = ""
     attempt: int
 
 
-class RebootWait(BaseModel):
+class RebootWait(StrictModel):
     cluster: str
     node: str
     previous_boot_id: str
@@ -286,7 +287,7 @@ class RebootWait(BaseModel):
     poll_seconds: float = 2.0
 
 
-class ConditionGate(BaseModel):
+class ConditionGate(StrictModel):
     cluster: str
     label_selector: str = ""
     conditions: list[str] = Field(description="Node condition types that must not be True; 'Ready' must be True.")

@@ -27,10 +27,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -72,7 +73,7 @@ CLUSTER_TYPE = "millwright-gpu-cluster"
 # ---------------------------------------------------------------- the bootstrap catalogue
 
 
-class BootstrapObject(BaseModel):
+class BootstrapObject(StrictModel):
     """One object the bootstrap ensures: its endpoint, lookup key and creation fields."""
 
     endpoint: str  # "extras.custom_fields"
@@ -151,7 +152,7 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
 }
 
 
-class BootstrapRequest(BaseModel):
+class BootstrapRequest(StrictModel):
     section: str
 
     @field_validator("section")
@@ -162,7 +163,7 @@ class BootstrapRequest(BaseModel):
         return value
 
 
-class BootstrapSectionResult(BaseModel):
+class BootstrapSectionResult(StrictModel):
     section: str
     created: list[str] = Field(default_factory=list)
     updated: list[str] = Field(default_factory=list)
@@ -178,7 +179,7 @@ def _slug(value: str | None) -> str | None:
     return value
 
 
-class DeviceLookup(BaseModel):
+class DeviceLookup(StrictModel):
     """Find one device by exactly one stable key: name (optionally within a site), serial or asset tag."""
 
     name: str | None = None
@@ -201,7 +202,7 @@ class DeviceLookup(BaseModel):
         return f"device with {key} {value!r}" + (f" in site {self.site!r}" if self.site else "")
 
 
-class DeviceQuery(BaseModel):
+class DeviceQuery(StrictModel):
     """List devices; every given filter must match (slugs, a status value)."""
 
     role: str | None = None
@@ -214,7 +215,7 @@ class DeviceQuery(BaseModel):
     _slugs = field_validator("role", "site", "tag", "tenant")(_slug)
 
 
-class DeviceInfo(BaseModel):
+class DeviceInfo(StrictModel):
     id: int
     name: str | None
     serial: str = ""
@@ -228,18 +229,18 @@ class DeviceInfo(BaseModel):
     custom_fields: dict[str, Any] = Field(default_factory=dict)
 
 
-class FoundDevice(BaseModel):
+class FoundDevice(StrictModel):
     device: DeviceInfo | None = None
 
 
-class SetStatusRequest(BaseModel):
+class SetStatusRequest(StrictModel):
     device: DeviceLookup
     status: str = Field(min_length=1, description="A NetBox device status value, e.g. failed; NetBox validates it.")
     reason: str = Field(min_length=1, max_length=4000)
     kind: Literal["info", "success", "warning", "danger"] = "info"
 
 
-class StatusChange(BaseModel):
+class StatusChange(StrictModel):
     device: str
     previous: str
     status: str
@@ -248,7 +249,7 @@ class StatusChange(BaseModel):
     journal_created: bool = Field(description="False when a retry found the entry already written.")
 
 
-class DeviceTagsRequest(BaseModel):
+class DeviceTagsRequest(StrictModel):
     device: DeviceLookup
     add: list[str] = Field(default_factory=list, description="Tag slugs to add (they must exist).")
     remove: list[str] = Field(default_factory=list, description="Tag slugs to remove.")
@@ -256,13 +257,13 @@ class DeviceTagsRequest(BaseModel):
     _slugs = field_validator("add", "remove")(lambda v: [_slug(t) for t in v])
 
 
-class DeviceTags(BaseModel):
+class DeviceTags(StrictModel):
     device: str
     tags: list[str]
     changed: bool
 
 
-class BurnInRecord(BaseModel):
+class BurnInRecord(StrictModel):
     device: DeviceLookup
     result: Literal["passed", "failed", "aborted"]
     finished_at: datetime
@@ -270,14 +271,14 @@ class BurnInRecord(BaseModel):
     summary: str = Field(min_length=1, max_length=8000)
 
 
-class BurnInRecorded(BaseModel):
+class BurnInRecorded(StrictModel):
     device: str
     updated_fields: list[str]
     journal_entry_id: int
     journal_created: bool
 
 
-class GpuInfo(BaseModel):
+class GpuInfo(StrictModel):
     index: int = Field(ge=0, le=63)
     model: str = Field(min_length=1, description="e.g. NVIDIA H200 (the inventory item's part ID)")
     serial: str = ""
@@ -290,12 +291,12 @@ class GpuInfo(BaseModel):
         return f"GPU{self.index}"
 
 
-class GpuInventory(BaseModel):
+class GpuInventory(StrictModel):
     device: DeviceLookup
     gpus: list[GpuInfo]
 
 
-class InterfaceInfo(BaseModel):
+class InterfaceInfo(StrictModel):
     name: str = Field(min_length=1, max_length=64)
     type: str = Field("infiniband-ndr", description="NetBox interface type value, e.g. infiniband-ndr.")
     port_guid: str | None = Field(None, description="InfiniBand port GUID, 16 hex digits (0x optional).")
@@ -303,12 +304,12 @@ class InterfaceInfo(BaseModel):
     description: str = ""
 
 
-class InterfaceInventory(BaseModel):
+class InterfaceInventory(StrictModel):
     device: DeviceLookup
     interfaces: list[InterfaceInfo]
 
 
-class UpsertResult(BaseModel):
+class UpsertResult(StrictModel):
     """What an upsert of several objects did, by name."""
 
     created: list[str] = Field(default_factory=list)
@@ -316,7 +317,7 @@ class UpsertResult(BaseModel):
     unchanged: list[str] = Field(default_factory=list)
 
 
-class TenantSpec(BaseModel):
+class TenantSpec(StrictModel):
     name: str = Field(min_length=1, max_length=100)
     slug: str = Field(min_length=1, max_length=100)
     pkey: str | None = Field(None, description="InfiniBand partition key, e.g. 0x8001 style hex.")
@@ -325,7 +326,7 @@ class TenantSpec(BaseModel):
     _slug_ok = field_validator("slug")(_slug)
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(StrictModel):
     name: str = Field(min_length=1, max_length=100)
     type: str = Field(CLUSTER_TYPE, description="Cluster type slug (the bootstrap creates the default).")
     tenant: str | None = Field(None, description="Tenant slug.")
@@ -335,36 +336,36 @@ class ClusterSpec(BaseModel):
     _slugs = field_validator("type", "tenant")(_slug)
 
 
-class ObjectResult(BaseModel):
+class ObjectResult(StrictModel):
     id: int
     name: str
     created: bool
     updated: list[str] = Field(default_factory=list, description="Fields changed on an existing object.")
 
 
-class ClusterAssignment(BaseModel):
+class ClusterAssignment(StrictModel):
     cluster: str = Field(min_length=1, description="Cluster name.")
     devices: list[DeviceLookup]
     missing_ok: bool = Field(False, description="Report devices NetBox does not know in `missing` instead of "
                                                 "failing.")
 
 
-class IbPortQuery(BaseModel):
+class IbPortQuery(StrictModel):
     devices: list[str] = Field(min_length=1, description="Device names.")
 
 
-class IbPort(BaseModel):
+class IbPort(StrictModel):
     interface: str
     guid: str
 
 
-class DeviceIbPorts(BaseModel):
+class DeviceIbPorts(StrictModel):
     device: str
     found: bool = Field(description="False when NetBox has no device of this name.")
     ports: list[IbPort] = Field(default_factory=list)
 
 
-class TenantPKeyRecord(BaseModel):
+class TenantPKeyRecord(StrictModel):
     """A tenant's InfiniBand partition: its PKey (None when released) and members, journaled on the tenant."""
 
     tenant: str = Field(min_length=1, description="Tenant slug.")
@@ -376,7 +377,7 @@ class TenantPKeyRecord(BaseModel):
     _slug_ok = field_validator("tenant")(_slug)
 
 
-class AssignmentResult(BaseModel):
+class AssignmentResult(StrictModel):
     cluster: str
     assigned: list[str] = Field(default_factory=list)
     already: list[str] = Field(default_factory=list)
@@ -430,7 +431,7 @@ def not_bootstrapped(what: str) -> ApplicationError:
 # ---------------------------------------------------------------- the client
 
 
-class NetBoxConfig(BaseModel):
+class NetBoxConfig(StrictModel):
     """Where NetBox is and where its token is kept; the token itself is never held here."""
 
     url: str

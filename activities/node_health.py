@@ -19,20 +19,21 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import (
+    _REQUEST_TIMEOUT,
     CORDON_REASON,
     CORDONED_BY,
     ClusterConnector,
     _call,
     _call_json,
     _read_json,
-    _REQUEST_TIMEOUT,
     validate_label_selector,
 )
+from activities.models import StrictModel
 
 # Set by a remediation that gave up: why, by which workflow, when (JSON). Removed by an operator.
 QUARANTINE_ANNOTATION = "millwright.dev/quarantine"
@@ -41,14 +42,14 @@ QUARANTINE_TAINT = "millwright.dev/quarantine"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class ConditionState(BaseModel):
+class ConditionState(StrictModel):
     status: str = Field(description="True, False or Unknown.")
     reason: str = ""
     message: str = ""
     since: datetime | None = Field(None, description="lastTransitionTime.")
 
 
-class NodeHealth(BaseModel):
+class NodeHealth(StrictModel):
     name: str
     ready: bool
     ready_since: datetime | None = Field(None, description="When Ready last changed.")
@@ -61,7 +62,7 @@ class NodeHealth(BaseModel):
     boot_id: str | None = None
 
 
-class NodeHealthQuery(BaseModel):
+class NodeHealthQuery(StrictModel):
     cluster: str
     label_selector: str = ""
     condition_types: list[str] = Field(default_factory=list)
@@ -72,26 +73,26 @@ class NodeHealthQuery(BaseModel):
     _selector = field_validator("label_selector")(validate_label_selector)
 
 
-class NodeHealthPage(BaseModel):
+class NodeHealthPage(StrictModel):
     nodes: list[NodeHealth]
     continue_token: str | None = None
 
 
-class NodeHealthRequest(BaseModel):
+class NodeHealthRequest(StrictModel):
     cluster: str
     node: str
     condition_types: list[str] = Field(default_factory=list)
     label_keys: list[str] = Field(default_factory=list)
 
 
-class QuarantineRequest(BaseModel):
+class QuarantineRequest(StrictModel):
     cluster: str
     node: str
     owner: str = Field(description="The workflow ID quarantining the node.")
     reason: str = Field(min_length=1)
 
 
-class QuarantineResult(BaseModel):
+class QuarantineResult(StrictModel):
     changed: bool = Field(description="False when the node already was quarantined, cordoned and tainted.")
     cordoned_by: str | None = None
 

@@ -18,10 +18,11 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -37,7 +38,7 @@ def _token_ref(value: str | None) -> str | None:
     return value
 
 
-class WebhookTarget(BaseModel):
+class WebhookTarget(StrictModel):
     """Where notifications go; the token is a secret reference, never the token."""
 
     url: str = Field(pattern=r"^https?://", description="The webhook URL (POST, JSON body).")
@@ -46,14 +47,14 @@ class WebhookTarget(BaseModel):
     _token = field_validator("token")(_token_ref)
 
 
-class WebhookNotification(BaseModel):
+class WebhookNotification(StrictModel):
     target: WebhookTarget
     event: str = Field(min_length=1, description="e.g. node-quarantined")
     idempotency_key: str = Field(min_length=1, max_length=255)
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
-class WebhookDelivery(BaseModel):
+class WebhookDelivery(StrictModel):
     status: int
     attempt: int
 

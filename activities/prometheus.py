@@ -12,14 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+
+from activities.models import StrictModel
 
 USER_AGENT = "millwright-worker"
 
 
-class PrometheusQuery(BaseModel):
+class PrometheusQuery(StrictModel):
     url: str = Field(description="Base URL of the Prometheus server, e.g. http://prometheus:9090")
     query: str = Field(description="PromQL, evaluated as an instant query.")
     timeout_seconds: float = Field(10, gt=0)

@@ -32,11 +32,12 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import sushy
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from sushy import exceptions as sushy_errors
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.secrets import SecretError, SecretRef
 
 _CONNECT_TIMEOUT = 5.0
@@ -62,7 +63,7 @@ def _credentials_ref(value: str | None) -> str | None:
     return value
 
 
-class BmcRef(BaseModel):
+class BmcRef(StrictModel):
     """Where a server's BMC is and where its credentials are kept (never the credentials)."""
 
     url: str = Field(pattern=r"^https?://", description="The BMC's base URL, e.g. https://10.0.0.5")
@@ -79,31 +80,31 @@ class BmcRef(BaseModel):
         return self.url + (f" system {self.system}" if self.system else "")
 
 
-class PowerRequest(BaseModel):
+class PowerRequest(StrictModel):
     bmc: BmcRef
     state: PowerState
     timeout_seconds: float = Field(300.0, gt=0, description="How long the BMC may take to report the new state.")
 
 
-class PowerResult(BaseModel):
+class PowerResult(StrictModel):
     state: PowerState
     changed: bool = Field(description="False when the server already was in this state.")
 
 
-class BootRequest(BaseModel):
+class BootRequest(StrictModel):
     bmc: BmcRef
     target: BootTarget
     enabled: Literal["Once", "Continuous"] = "Once"
     mode: Literal["UEFI", "Legacy"] | None = None
 
 
-class BootResult(BaseModel):
+class BootResult(StrictModel):
     target: str
     enabled: str
     changed: bool
 
 
-class RedfishGpu(BaseModel):
+class RedfishGpu(StrictModel):
     id: str
     model: str = ""
     serial: str = ""
@@ -111,7 +112,7 @@ class RedfishGpu(BaseModel):
     health: str | None = None
 
 
-class RedfishInventory(BaseModel):
+class RedfishInventory(StrictModel):
     system: str = Field("", description="The system's Redfish path: give it as BmcRef.system to skip the lookup.")
     manufacturer: str = ""
     model: str = ""
@@ -124,12 +125,12 @@ class RedfishInventory(BaseModel):
     gpus: list[RedfishGpu] = Field(default_factory=list)
 
 
-class SelQuery(BaseModel):
+class SelQuery(StrictModel):
     bmc: BmcRef
     after_id: str | None = Field(None, description="Only entries after this one (from an earlier SelReport.last_id).")
 
 
-class SelEntry(BaseModel):
+class SelEntry(StrictModel):
     id: str
     created: datetime | None = None
     severity: str = "OK"
@@ -137,7 +138,7 @@ class SelEntry(BaseModel):
     message_id: str = ""
 
 
-class SelReport(BaseModel):
+class SelReport(StrictModel):
     entries: list[SelEntry] = Field(default_factory=list)
     last_id: str | None = Field(None, description="The newest entry's ID (also when entries were capped).")
     truncated: int = Field(0, description="Entries left out of `entries` to keep the answer small.")
@@ -147,7 +148,7 @@ class SelReport(BaseModel):
         return [e for e in self.entries if e.severity == "Critical"]
 
 
-class RedfishHealth(BaseModel):
+class RedfishHealth(StrictModel):
     power_state: str | None = None
     health: str | None = None
     health_rollup: str | None = None

@@ -21,7 +21,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from activities.models import StrictModel
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -30,7 +32,7 @@ class SecretError(Exception):
     """A secret that cannot be resolved; the message names the reference, never a value."""
 
 
-class SecretRef(BaseModel):
+class SecretRef(StrictModel):
     """Where to read one secret from: an environment variable or a file."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.models import StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -67,7 +68,7 @@ def _pkey(value: str) -> str:
 # ---------------------------------------------------------------- models
 
 
-class UfmConfig(BaseModel):
+class UfmConfig(StrictModel):
     """Where UFM is and where its credentials are kept; the credentials themselves are never held here."""
 
     url: str
@@ -75,21 +76,21 @@ class UfmConfig(BaseModel):
     timeout_seconds: float = _REQUEST_TIMEOUT
 
 
-class HostsRequest(BaseModel):
+class HostsRequest(StrictModel):
     hosts: list[str] = Field(min_length=1)
 
 
-class HostPorts(BaseModel):
+class HostPorts(StrictModel):
     host: str
     guids: list[str] = Field(default_factory=list, description="Host HCA port GUIDs UFM attributes to this system.")
 
 
-class ResolvedHosts(BaseModel):
+class ResolvedHosts(StrictModel):
     hosts: list[HostPorts]
     unknown: list[str] = Field(default_factory=list, description="Hosts UFM has no HCA ports for.")
 
 
-class PKeyRef(BaseModel):
+class PKeyRef(StrictModel):
     pkey: str
     _p = field_validator("pkey")(_pkey)
 
@@ -100,7 +101,7 @@ class EnsurePKey(PKeyRef):
     index0: bool = False
 
 
-class EnsuredPKey(BaseModel):
+class EnsuredPKey(StrictModel):
     pkey: str
     created: bool
 
@@ -118,36 +119,36 @@ class RemoveGuids(PKeyRef):
     _g = field_validator("guids")(_guids)
 
 
-class MembershipChange(BaseModel):
+class MembershipChange(StrictModel):
     pkey: str
     changed: list[str] = Field(default_factory=list, description="GUIDs this attempt added or removed.")
     unchanged: list[str] = Field(default_factory=list, description="Already present (add) or absent (remove).")
 
 
-class PKeyMembers(BaseModel):
+class PKeyMembers(StrictModel):
     pkey: str
     exists: bool
     partition: str = ""
     members: dict[str, str] = Field(default_factory=dict, description="GUID -> membership (full/limited).")
 
 
-class DeletedPKey(BaseModel):
+class DeletedPKey(StrictModel):
     pkey: str
     deleted: bool
     existed: bool
     remaining: dict[str, str] = Field(default_factory=dict, description="Members left: the PKey was kept.")
 
 
-class FabricSnapshot(BaseModel):
+class FabricSnapshot(StrictModel):
     pkeys: list[PKeyMembers]
     hosts_by_guid: dict[str, str] = Field(default_factory=dict, description="Port GUID -> UFM system name.")
 
 
-class EmptyRequest(BaseModel):
+class EmptyRequest(StrictModel):
     pass
 
 
-class FabricCall(BaseModel):
+class FabricCall(StrictModel):
     """One update of a Fabric entity workflow, started with the update if it does not run yet."""
 
     fabric: str

@@ -68,7 +68,15 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter.client import DEFAULT_TASK_QUEUE, InputError, WorkflowSpec, parse_input, search_attributes_of, workflow_specs
+from activities.models import StrictModel
+from starter.client import (
+    DEFAULT_TASK_QUEUE,
+    InputError,
+    WorkflowSpec,
+    parse_input,
+    search_attributes_of,
+    workflow_specs,
+)
 from workflows.base import WorkflowInput
 from workflows.rollout_spec import Duration
 
@@ -163,8 +171,8 @@ def cron_calendars(expression: str) -> list[ScheduleCalendarSpec]:
 # ---------------------------------------------------------------- the file
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
+class _Spec(StrictModel):
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
 
 def _every(value: Any) -> Any:
@@ -645,7 +653,7 @@ async def apply(
 # ---------------------------------------------------------------- list
 
 
-class LastRun(BaseModel):
+class LastRun(StrictModel):
     workflow_id: str
     run_id: str
     scheduled_at: datetime
@@ -653,7 +661,7 @@ class LastRun(BaseModel):
     status: str  # RUNNING, COMPLETED, FAILED, ... (UNKNOWN when the run is gone)
 
 
-class ScheduleRow(BaseModel):
+class ScheduleRow(StrictModel):
     id: str
     workflow: str
     spec: str

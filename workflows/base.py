@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 
+from activities.models import StrictModel
 from workflows import search_attributes as sa
 
 
-class WorkflowInput(BaseModel):
+class WorkflowInput(StrictModel):
     """Base of every workflow input.
 
     Unknown fields are rejected so a typo in the UI's JSON box fails the run at once
     instead of being silently ignored.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     def workflow_id(self) -> str:
         """A meaningful, deterministic workflow ID: double submissions collapse into one run."""
@@ -33,7 +31,7 @@ def history_is_long(limit: int) -> bool:
     return info.is_continue_as_new_suggested() or info.get_current_history_length() > limit
 
 
-class Progress(BaseModel):
+class Progress(StrictModel):
     """What `millwright watch` and other pollers read through a workflow's `progress` query."""
 
     phase: str

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
     from activities.kube import validate_object_name
+    from activities.models import StrictModel
     from activities.netbox import (
         CF_BMC_CREDENTIALS,
         CF_BMC_URL,
@@ -86,13 +87,13 @@ Phase = Literal[
 ]  # fmt: skip
 
 
-class ExpectedHardware(BaseModel):
+class ExpectedHardware(StrictModel):
     gpus: int | None = Field(None, ge=0, le=64, description="How many GPUs the server must have.")
     gpu_model: str | None = Field(None, description="e.g. NVIDIA H200 (a prefix of NVML's name is enough).")
     firmware: dict[str, str] = Field(default_factory=dict, description="Firmware inventory name -> version.")
 
 
-class IronicBurnIn(BaseModel):
+class IronicBurnIn(StrictModel):
     """Run the burn-in as Ironic manual cleaning instead of booting the image through Redfish."""
 
     node: str = Field(min_length=1, description="Ironic node name or UUID.")
@@ -108,7 +109,7 @@ class IronicBurnIn(BaseModel):
     poll_seconds: float | None = Field(None, gt=0, description="Between reads of the node; default the worker's.")
 
 
-class ServerTarget(BaseModel):
+class ServerTarget(StrictModel):
     """One server: its NetBox name (also its host agent's name) and, optionally, what NetBox would say."""
 
     name: str = Field(min_length=1, max_length=64, description="NetBox device name = host agent name.")
@@ -121,7 +122,7 @@ class ServerTarget(BaseModel):
     _name = field_validator("name")(validate_object_name)
 
 
-class BurnInSettings(BaseModel):
+class BurnInSettings(StrictModel):
     stress_seconds: int = Field(600, ge=1, le=7 * 24 * 3600, description="Length of the GPU stress window.")
     dcgm_level: int | None = Field(3, ge=1, le=4, description="dcgmi diag -r N during stress where DCGM exists.")
     boot_target: Literal["Pxe", "UefiHttp"] = Field("Pxe", description="How the burn-in image is booted.")
@@ -158,7 +159,7 @@ class ServerBurnInInput(WorkflowInput):
         return [SearchAttributePair(sa.NODE, self.server.name)]
 
 
-class Finding(BaseModel):
+class Finding(StrictModel):
     """One reason a server is not healthy, with its evidence."""
 
     check: str = Field(description="firmware, sel, boot, gpu:<check>, ironic …")
@@ -167,7 +168,7 @@ class Finding(BaseModel):
     evidence: str
 
 
-class ServerBurnInResult(BaseModel):
+class ServerBurnInResult(StrictModel):
     server: str
     result: Literal["passed", "failed"]
     findings: list[Finding] = Field(default_factory=list)

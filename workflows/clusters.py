@@ -22,10 +22,9 @@ finalizer (Cluster API removes Machines, control plane and infrastructure in ord
 from __future__ import annotations
 
 from datetime import timedelta
-
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
@@ -51,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         SecretCheck,
     )
     from activities.kube import validate_object_name
+    from activities.models import StrictModel
     from activities.netbox import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
 
 CAPI = "cluster.x-k8s.io/v1beta2"
@@ -65,7 +65,7 @@ LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout
                  retry_policy=API_CALL["retry_policy"])
 
 
-class InfrastructureTemplate(BaseModel):
+class InfrastructureTemplate(StrictModel):
     """A machine template that already exists (another provider), by reference."""
 
     api_group: str = "infrastructure.cluster.x-k8s.io"
@@ -74,7 +74,7 @@ class InfrastructureTemplate(BaseModel):
     name: str
 
 
-class WorkerPool(BaseModel):
+class WorkerPool(StrictModel):
     name: str = Field(description="MachineDeployment suffix: <cluster>-<name>.")
     replicas: int = Field(ge=0)
     gpu_node_class: str = Field("h100-sxm", description="Label millwright.dev/gpu-class on the pool's nodes.")
@@ -85,10 +85,10 @@ class WorkerPool(BaseModel):
     _name = field_validator("name")(validate_object_name)
 
 
-class _Topo(BaseModel):
+class _Topo(StrictModel):
     """Cluster API's own field names (camelCase, `class`) in the topology input."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class TopologyControlPlane(_Topo):
@@ -203,7 +203,7 @@ class CreateClusterInput(WorkflowInput):
         return [(f"{self.name}-{p.name}", p.gpu_node_class) for p in self.worker_pools or []]
 
 
-class NetBoxRecord(BaseModel):
+class NetBoxRecord(StrictModel):
     """What CreateCluster wrote to NetBox."""
 
     cluster: str
@@ -215,7 +215,7 @@ class NetBoxRecord(BaseModel):
                                            "not a failure.")
 
 
-class CreateClusterResult(BaseModel):
+class CreateClusterResult(StrictModel):
     cluster: str = Field(description="The reference later workflows take: <management>:<namespace>/<name>.")
     kubeconfig: str = Field(description="Where the kubeconfig is (a secret reference, never its content).")
     created: list[str]
@@ -470,7 +470,7 @@ class DeleteClusterInput(WorkflowInput):
         return [SearchAttributePair(sa.CLUSTER, self.ref())]
 
 
-class DeleteClusterResult(BaseModel):
+class DeleteClusterResult(StrictModel):
     cluster: str
     tenants_left: list[str]
     deleted: list[str]

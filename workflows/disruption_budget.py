@@ -41,6 +41,7 @@ from workflows.drain import API_CALL
 with workflow.unsafe.imports_passed_through():
     from activities.entities import EntityActivities, EntityUpdate, WorkflowIds
     from activities.kube import KubeActivities, NodeAvailability, UnavailableRequest, validate_object_name
+    from activities.models import StrictModel
     from workflows.rollout_policy import ceiling
     from workflows.rollout_spec import Budget
 
@@ -63,7 +64,7 @@ def budget_workflow_id(cluster: str) -> str:
 # ================================================================== models
 
 
-class Lease(BaseModel):
+class Lease(StrictModel):
     """A "node out of service" lease, or a request for one waiting its turn."""
 
     id: str
@@ -79,7 +80,7 @@ class Lease(BaseModel):
     note: str = Field("", description="Why it waits, or how it ended.")
 
 
-class LeaseRequest(BaseModel):
+class LeaseRequest(StrictModel):
     node: str
     holder: str = Field(min_length=1, description="The requesting run's workflow ID.")
     reason: str = ""
@@ -88,24 +89,24 @@ class LeaseRequest(BaseModel):
     _node = field_validator("node")(validate_object_name)
 
 
-class LeaseRelease(BaseModel):
+class LeaseRelease(StrictModel):
     node: str
     holder: str = Field(min_length=1)
     reason: str = ""
 
 
-class Released(BaseModel):
+class Released(StrictModel):
     released: bool
     lease: Lease | None = None
 
 
-class BudgetChange(BaseModel):
+class BudgetChange(StrictModel):
     budget: Budget
     by: str = Field(min_length=1, description="Who changes it.")
     reason: str = Field(min_length=1, description="Why; shown with the budget.")
 
 
-class BudgetBook(BaseModel):
+class BudgetBook(StrictModel):
     """What the entity remembers, carried across continue-as-new."""
 
     budget: Budget = Field(default_factory=lambda: DEFAULT_BUDGET.model_copy())
@@ -136,7 +137,7 @@ class DisruptionBudgetInput(WorkflowInput):
         return [SearchAttributePair(sa.CLUSTER, self.cluster)]
 
 
-class BudgetView(BaseModel):
+class BudgetView(StrictModel):
     """The `state` query: the budget, what is out of service and why, leases and the queue."""
 
     cluster: str

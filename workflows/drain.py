@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         SkippedPod,
         WaitPodsGoneRequest,
     )
+    from activities.models import StrictModel
 
 # Kubernetes calls are cheap and idempotent: retry them until the caller's deadline,
 # backing off to a ceiling so an API outage does not flood the history.
@@ -36,14 +37,14 @@ EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 
 
-class BlockedEviction(BaseModel):
+class BlockedEviction(StrictModel):
     pod: str
     budget: str | None = None
     message: str = ""
     attempts: int = 0
 
 
-class DrainProgress(BaseModel):
+class DrainProgress(StrictModel):
     to_evict: int = 0
     evicted: list[str] = Field(default_factory=list)
     skipped: list[SkippedPod] = Field(default_factory=list)

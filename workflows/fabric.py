@@ -29,6 +29,7 @@ from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput, history_is_long
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import StrictModel
     from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
     from activities.ufm import (
         AddGuids,
@@ -74,7 +75,7 @@ def _name(value: str) -> str:
 # ================================================================== the Fabric entity
 
 
-class Allocation(BaseModel):
+class Allocation(StrictModel):
     tenant: str
     pkey: str
     members: dict[str, str] = Field(default_factory=dict, description="Desired members: port GUID -> host.")
@@ -82,7 +83,7 @@ class Allocation(BaseModel):
     state: Literal["allocated", "isolated", "releasing"] = "allocated"
 
 
-class FabricState(BaseModel):
+class FabricState(StrictModel):
     allocations: dict[str, Allocation] = Field(default_factory=dict, description="By tenant.")
     retired: dict[str, str] = Field(default_factory=dict, description="PKeys never handed out again, and why.")
     changes: int = 0
@@ -102,18 +103,18 @@ class FabricInput(WorkflowInput):
         return f"fabric/{self.fabric}"
 
 
-class AllocateRequest(BaseModel):
+class AllocateRequest(StrictModel):
     tenant: str
     members: dict[str, str] = Field(description="Port GUID -> host: the tenant's desired members.")
     membership: Literal["full", "limited"] = "full"
     exclude: list[str] = Field(default_factory=list, description="PKeys in use in UFM outside this fabric's books.")
 
 
-class TenantRequest(BaseModel):
+class TenantRequest(StrictModel):
     tenant: str
 
 
-class FinishRelease(BaseModel):
+class FinishRelease(StrictModel):
     tenant: str
     remaining: dict[str, str] = Field(default_factory=dict, description="Members left in the PKey: retire it.")
 
@@ -267,7 +268,7 @@ class IsolateTenantInput(WorkflowInput):
         return [SearchAttributePair(sa.TENANT, self.tenant)]
 
 
-class IsolateTenantResult(BaseModel):
+class IsolateTenantResult(StrictModel):
     fabric: str
     tenant: str
     pkey: str
@@ -277,7 +278,7 @@ class IsolateTenantResult(BaseModel):
     pkey_created: bool
 
 
-class Step(BaseModel):
+class Step(StrictModel):
     phase: str = "starting"
     note: str = ""
 
@@ -389,7 +390,7 @@ class IsolateTenant:
                                    added=change.changed, already=change.unchanged, pkey_created=ensured.created)
 
 
-class FabricStateView(BaseModel):
+class FabricStateView(StrictModel):
     """The Fabric's state as another workflow reads it (through an activity's query)."""
 
     allocations: dict[str, dict] = Field(default_factory=dict)
@@ -413,7 +414,7 @@ class ReleaseTenantInput(WorkflowInput):
         return [SearchAttributePair(sa.TENANT, self.tenant)]
 
 
-class ReleaseTenantResult(BaseModel):
+class ReleaseTenantResult(StrictModel):
     fabric: str
     tenant: str
     pkey: str | None
@@ -496,7 +497,7 @@ class FabricAuditInput(WorkflowInput):
         return f"fabric-audit/{self.fabric}"
 
 
-class Drift(BaseModel):
+class Drift(StrictModel):
     kind: DriftKind
     pkey: str
     tenant: str | None = None
@@ -508,7 +509,7 @@ class Drift(BaseModel):
         return f"{self.kind}: PKey {self.pkey}" + (f" ({self.tenant})" if self.tenant else "") + f": {self.detail}"
 
 
-class FabricAuditResult(BaseModel):
+class FabricAuditResult(StrictModel):
     fabric: str
     checked_pkeys: list[str]
     drift: list[Drift] = Field(default_factory=list)

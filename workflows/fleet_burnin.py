@@ -18,7 +18,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
@@ -28,19 +28,20 @@ from workflows.burnin import NETBOX_CALL, BurnInSettings, ServerBurnIn, ServerBu
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import validate_object_name
+    from activities.models import StrictModel
     from activities.netbox import DeviceQuery, NetBoxActivities
 
 HISTORY_LIMIT = 8000
 
 
-class FleetOutcome(BaseModel):
+class FleetOutcome(StrictModel):
     server: str
     result: Literal["passed", "failed", "error", "skipped"]
     reason: str = ""
     group: str = ""
 
 
-class FleetDecision(BaseModel):
+class FleetDecision(StrictModel):
     action: Literal["continue", "abort"]
     reason: str = Field(min_length=1, max_length=1000)
 
@@ -82,7 +83,7 @@ class FleetBurnInInput(WorkflowInput):
         return f"fleet-burn-in/{self.name}"
 
 
-class FleetReport(BaseModel):
+class FleetReport(StrictModel):
     total: int
     passed: int = 0
     failed: int = 0
@@ -95,7 +96,7 @@ class FleetReport(BaseModel):
     failures: list[FleetOutcome] = Field(default_factory=list)
 
 
-class FleetBurnInResult(BaseModel):
+class FleetBurnInResult(StrictModel):
     report: FleetReport
     outcomes: list[FleetOutcome]
     aborted: bool = False

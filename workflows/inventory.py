@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -17,6 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows.base import Progress, WorkflowInput
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import StrictModel
     from activities.netbox import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult, NetBoxActivities
 
 # NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, but give
@@ -40,7 +41,7 @@ class InventoryBootstrapInput(WorkflowInput):
         return "inventory-bootstrap"
 
 
-class InventoryBootstrapResult(BaseModel):
+class InventoryBootstrapResult(StrictModel):
     created: list[str] = Field(default_factory=list)
     updated: list[str] = Field(default_factory=list)
     existing: list[str] = Field(default_factory=list)

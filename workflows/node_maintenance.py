@@ -15,7 +15,7 @@ import asyncio
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         validate_object_name,
         validate_positive_duration,
     )
+    from activities.models import StrictModel
     from workflows.rollout_spec import Budget
 
 
@@ -101,7 +102,7 @@ class NodeMaintenanceStatus(DrainProgress):
     note: str = ""
 
 
-class NodeMaintenanceResult(BaseModel):
+class NodeMaintenanceResult(StrictModel):
     cluster: str
     node: str
     outcome: Literal["completed", "aborted"]
@@ -113,12 +114,12 @@ class NodeMaintenanceResult(BaseModel):
     note: str = ""
 
 
-class AbortRequest(BaseModel):
+class AbortRequest(StrictModel):
     reason: str = Field(min_length=1)
     uncordon: bool = Field(True, description="Remove our cordon when aborting (never someone else's).")
 
 
-class SkipWaitRequest(BaseModel):
+class SkipWaitRequest(StrictModel):
     reason: str = Field(min_length=1)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         RebootWait,
         StageJobRequest,
     )
+    from activities.models import StrictModel
     from workflows.rollout_spec import Budget, Interrupt
 
 Outcome = Literal["complete", "erroring", "blocked"]
@@ -41,7 +42,7 @@ Outcome = Literal["complete", "erroring", "blocked"]
 HEARTBEAT = timedelta(seconds=10)
 
 
-class PackageStep(BaseModel):
+class PackageStep(StrictModel):
     name: str
     version: str
     image: str
@@ -50,7 +51,7 @@ class PackageStep(BaseModel):
     stage_timeout: timedelta = timedelta(hours=1)
 
 
-class NodeUpdateTemplate(BaseModel):
+class NodeUpdateTemplate(StrictModel):
     """What every node of a rollout shares."""
 
     cluster: str
@@ -66,13 +67,13 @@ class NodeUpdateTemplate(BaseModel):
     )
 
 
-class NodeUpdateInput(BaseModel):
+class NodeUpdateInput(StrictModel):
     node: str
     ordinal: int
     template: NodeUpdateTemplate
 
 
-class StageRecord(BaseModel):
+class StageRecord(StrictModel):
     package: str
     stage: str
     succeeded: bool
@@ -80,7 +81,7 @@ class StageRecord(BaseModel):
     message: str = ""
 
 
-class NodeUpdateResult(BaseModel):
+class NodeUpdateResult(StrictModel):
     node: str
     outcome: Outcome
     reason: str = ""

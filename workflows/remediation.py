@@ -27,7 +27,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import (
@@ -75,6 +75,7 @@ with workflow.unsafe.imports_passed_through():
         validate_object_name,
         validate_positive_duration,
     )
+    from activities.models import StrictModel
     from activities.netbox import (
         CF_BMC_CREDENTIALS,
         CF_BMC_URL,
@@ -116,10 +117,8 @@ HEARTBEAT = timedelta(seconds=30)
 # ---------------------------------------------------------------- models
 
 
-class RemediationSettings(BaseModel):
+class RemediationSettings(StrictModel):
     """How a node is remediated: the ladder, approvals, timeouts, records. Shared by the sweep's children."""
-
-    model_config = ConfigDict(extra="forbid")
 
     steps: list[Step] = Field(default_factory=lambda: list(STEPS), min_length=1,
                               description="The ladder, cheapest first; each step is tried once.")  # fmt: skip
@@ -178,20 +177,20 @@ class NodeRemediationInput(WorkflowInput, RemediationSettings):
         return [SearchAttributePair(sa.CLUSTER, self.cluster), SearchAttributePair(sa.NODE, self.node)]
 
 
-class StepRecord(BaseModel):
+class StepRecord(StrictModel):
     step: Step
     outcome: StepOutcome
     detail: str = ""
     approval: str | None = Field(None, description="Who approved or rejected, or 'default on timeout'.")
 
 
-class Approval(BaseModel):
+class Approval(StrictModel):
     step: Step | None = Field(None, description="The step being decided; None: whichever waits now.")
     by: str = Field(min_length=1, description="Who decides.")
     comment: str = ""
 
 
-class AwaitingApproval(BaseModel):
+class AwaitingApproval(StrictModel):
     step: Step
     deadline: str
     default: Literal["approve", "reject"]
@@ -208,7 +207,7 @@ class NodeRemediationStatus(DrainProgress):
     note: str = ""
 
 
-class NodeRemediationResult(BaseModel):
+class NodeRemediationResult(StrictModel):
     cluster: str
     node: str
     outcome: Outcome
@@ -652,7 +651,7 @@ class _Unavailable(Exception):
     """A step that cannot run here: no host agent, no BMC."""
 
 
-class DeviceFacts(BaseModel):
+class DeviceFacts(StrictModel):
     bmc: BmcRef | None = None
     gpus: int | None = None
     gpu_model: str | None = None
@@ -728,7 +727,7 @@ class FleetHealthSweepInput(WorkflowInput):
         return [SearchAttributePair(sa.CLUSTER, self.clusters[0])] if len(self.clusters) == 1 else []
 
 
-class StartedRemediation(BaseModel):
+class StartedRemediation(StrictModel):
     cluster: str
     node: str
     workflow_id: str
@@ -737,7 +736,7 @@ class StartedRemediation(BaseModel):
     detail: str = ""
 
 
-class ClusterSweep(BaseModel):
+class ClusterSweep(StrictModel):
     cluster: str
     nodes: int = 0
     healthy: int = 0
@@ -747,7 +746,7 @@ class ClusterSweep(BaseModel):
     error: str | None = None
 
 
-class FleetHealthSweepResult(BaseModel):
+class FleetHealthSweepResult(StrictModel):
     clusters: list[ClusterSweep]
     remediations: list[StartedRemediation] = Field(default_factory=list)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from activities.models import StrictModel
     from activities.node_health import NodeHealth
 
 # Node Problem Detector's default problem conditions (True = problem).
@@ -35,10 +36,8 @@ def remediation_workflow_id(cluster: str, node: str) -> str:
     return f"remediation/{cluster}/{node}"
 
 
-class HealthChecks(BaseModel):
+class HealthChecks(StrictModel):
     """What counts as unhealthy. Every source can be switched off."""
-
-    model_config = ConfigDict(extra="forbid")
 
     ready: bool = Field(True, description="A node NotReady for longer than not_ready_grace needs remediation.")
     not_ready_grace: timedelta = Field(
@@ -70,7 +69,7 @@ class HealthChecks(BaseModel):
         return [self.gpu_health_label] if self.gpu_health_label else []
 
 
-class AgentObservation(BaseModel):
+class AgentObservation(StrictModel):
     """The host agent's GPU check as the decision sees it."""
 
     status: Literal["ok", "findings", "unavailable", "error"]
@@ -78,7 +77,7 @@ class AgentObservation(BaseModel):
     detail: str = ""
 
 
-class BmcObservation(BaseModel):
+class BmcObservation(StrictModel):
     status: Literal["ok", "unavailable", "unknown"] = "ok"
     power_state: str | None = None
     health: str | None = None
@@ -86,7 +85,7 @@ class BmcObservation(BaseModel):
     detail: str = ""
 
 
-class NodeDecision(BaseModel):
+class NodeDecision(StrictModel):
     node: str
     action: Action
     reasons: list[str] = Field(default_factory=list, description="The problems found (also for skipped nodes).")

@@ -20,7 +20,7 @@ import asyncio
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 from temporalio import workflow
 
 from workflows import search_attributes as sa
@@ -39,6 +39,7 @@ from workflows.node_update import (
 # a checkpoint carried across continue-as-new and the models made here are the same classes.
 with workflow.unsafe.imports_passed_through():
     from activities.kube import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
+    from activities.models import StrictModel
     from activities.prometheus import PrometheusActivities, PrometheusQuery
     from workflows.rollout_policy import (
         NodeSnapshot,
@@ -69,12 +70,12 @@ SURVEY_PAGE = 1000
 # ---------------------------------------------------------------- RolloutBatch
 
 
-class BatchNode(BaseModel):
+class BatchNode(StrictModel):
     node: str
     ordinal: int
 
 
-class BatchInput(BaseModel):
+class BatchInput(StrictModel):
     compartment: str
     number: int
     nodes: list[BatchNode]
@@ -84,7 +85,7 @@ class BatchInput(BaseModel):
     results: dict[str, NodeUpdateResult] = Field(default_factory=dict, description="Carried across continue-as-new.")
 
 
-class BatchResult(BaseModel):
+class BatchResult(StrictModel):
     results: dict[str, NodeUpdateResult]
     not_started: list[str] = Field(default_factory=list, description="Left untouched because the rollout was aborted.")
 
@@ -193,13 +194,13 @@ CompartmentPhase = Literal[
 ]
 
 
-class NodeView(BaseModel):
+class NodeView(StrictModel):
     status: NodeStatus
     reason: str = ""
     stages: list[StageRecord] = Field(default_factory=list)
 
 
-class BatchView(BaseModel):
+class BatchView(StrictModel):
     compartment: str
     number: int
     ceiling: int
@@ -212,7 +213,7 @@ class BatchView(BaseModel):
     success_percent: int | None = None
 
 
-class CompartmentView(BaseModel):
+class CompartmentView(StrictModel):
     name: str
     strategy: str
     members: int
@@ -223,7 +224,7 @@ class CompartmentView(BaseModel):
     current_batch: BatchView | None = None
 
 
-class RolloutStatus(BaseModel):
+class RolloutStatus(StrictModel):
     phase: str
     paused_reason: str | None = None
     aborted: str | None = None
@@ -233,7 +234,7 @@ class RolloutStatus(BaseModel):
     problems: dict[str, NodeView] = Field(default_factory=dict, description="Erroring, blocked and skipped nodes.")
 
 
-class RolloutResult(BaseModel):
+class RolloutResult(StrictModel):
     cluster: str
     name: str
     outcome: Literal["completed", "aborted", "planned"]
@@ -243,21 +244,21 @@ class RolloutResult(BaseModel):
     plan: Plan | None = None
 
 
-class ReasonRequest(BaseModel):
+class ReasonRequest(StrictModel):
     reason: str = Field(min_length=1)
 
 
-class ApproveRequest(BaseModel):
+class ApproveRequest(StrictModel):
     approver: str = Field(min_length=1)
     compartment: str | None = Field(None, description="Which compartment's batch; any awaiting one when omitted.")
 
 
-class NodeRequest(BaseModel):
+class NodeRequest(StrictModel):
     node: str
     reason: str = Field(min_length=1)
 
 
-class CompartmentRequest(BaseModel):
+class CompartmentRequest(StrictModel):
     compartment: str
     reason: str = Field(min_length=1)
 

@@ -29,11 +29,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from activities.models import StrictModel
 from activities.selectors import Requirement, selector_matches
-from workflows.rollout_state import BatchState
 from workflows.rollout_spec import (
     DEFAULT_COMPARTMENT,
     WEEKDAYS,
@@ -49,6 +49,7 @@ from workflows.rollout_spec import (
     topological_order,
     zone,
 )
+from workflows.rollout_state import BatchState
 
 __all__ = [
     "DEFAULT_COMPARTMENT",
@@ -88,9 +89,9 @@ _RANK = {"fixed": 0, "linear": 1, "exponential": 2, "none": 999}
 _INTERRUPT_PRIORITY = {"noop": 0, "service": 1, "restartAllServices": 2, "reboot": 3}
 
 
-class _State(BaseModel):
+class _State(StrictModel):
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
+        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
     )
 
 

@@ -40,7 +40,6 @@ from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -64,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         validate_object_name,
         validate_positive_duration,
     )
+    from activities.models import StrictModel
     from activities.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 
 DEFAULT_COMPARTMENT = "__default__"
@@ -202,11 +202,11 @@ def describe_errors(error: ValidationError) -> list[str]:
     return lines
 
 
-class _Spec(BaseModel):
+class _Spec(StrictModel):
     """NodeWright's camelCase in JSON, snake_case in Python; unknown fields rejected."""
 
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
+        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
     )
 
 
@@ -687,7 +687,7 @@ class RolloutInput(WorkflowInput):
     """A progressive host-OS rollout of `packages` to the nodes selected by `nodeSelectors`."""
 
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
+        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
     )
 
     cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from activities.models import StrictModel
 
 # A node's place in the rollout, NodeWright's vocabulary.
 NodeStatus = Literal["waiting", "in_progress", "complete", "erroring", "blocked", "skipped"]
 
 
-class _State(BaseModel):
+class _State(StrictModel):
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
+        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         WorkloadQuery,
     )
     from activities.kube import validate_object_name
+    from activities.models import StrictModel
     from activities.netbox import NetBoxActivities, TenantSpec
 
 QUEUE_LABEL = "kai.scheduler/queue"
@@ -80,7 +81,7 @@ TENANT_KINDS: list[KindRef] = [
 _KIND_ORDER = {k.kind: i for i, k in enumerate(TENANT_KINDS)}
 
 
-class QueueQuota(BaseModel):
+class QueueQuota(StrictModel):
     """One KAI resource: quota (guaranteed), limit (-1: none) and over-quota weight."""
 
     quota: float = Field(0, description="Guaranteed amount; -1 unlimited.")
@@ -161,14 +162,14 @@ class OnboardTenantInput(TenantRef):
                                   hosts=self.ib_hosts, netbox=self.record_in_netbox)
 
 
-class StepReport(BaseModel):
+class StepReport(StrictModel):
     step: str
     created: list[str] = Field(default_factory=list)
     updated: list[str] = Field(default_factory=list)
     unchanged: list[str] = Field(default_factory=list)
 
 
-class OnboardTenantResult(BaseModel):
+class OnboardTenantResult(StrictModel):
     tenant: str
     cluster: str
     changed: bool = Field(description="False when the run wrote nothing (already onboarded as asked).")
@@ -464,7 +465,7 @@ class OffboardTenantInput(TenantRef):
         return validate_fabric_name(v) if v is not None else v
 
 
-class OffboardTenantResult(BaseModel):
+class OffboardTenantResult(StrictModel):
     tenant: str
     cluster: str
     removed: list[str]
@@ -550,7 +551,7 @@ class UpdateTenantQuotaInput(TenantRef):
     allow_oversubscription: bool = False
 
 
-class UpdateTenantQuotaResult(BaseModel):
+class UpdateTenantQuotaResult(StrictModel):
     tenant: str
     cluster: str
     updated: list[str]
