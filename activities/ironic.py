@@ -43,7 +43,7 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, Host, StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -131,7 +131,7 @@ class DiskBurnIn(_Settings):
 
 class NetworkPartner(StrictModel):
     role: Literal["writer", "reader"]
-    partner: str = Field(min_length=1, description="The other node's address.")
+    partner: Host = Field(description="The other node's address (host name or IP).")
 
 
 class NetworkBurnIn(_Settings):
@@ -290,7 +290,7 @@ class BurnInPlan(StrictModel):
 class IronicConfig(StrictModel):
     """Where Ironic is and where its token is kept (None: Ironic runs with noauth)."""
 
-    url: str
+    url: BaseUrl
     token: SecretRef | None = None
     timeout_seconds: float = _REQUEST_TIMEOUT
     poll_seconds: float = Field(10.0, gt=0, description="Between two reads of a node while waiting.")

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -434,7 +434,7 @@ def not_bootstrapped(what: str) -> ApplicationError:
 class NetBoxConfig(StrictModel):
     """Where NetBox is and where its token is kept; the token itself is never held here."""
 
-    url: str
+    url: BaseUrl
     token: SecretRef
     timeout_seconds: float = _REQUEST_TIMEOUT
 

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -41,7 +41,7 @@ def _token_ref(value: str | None) -> str | None:
 class WebhookTarget(StrictModel):
     """Where notifications go; the token is a secret reference, never the token."""
 
-    url: str = Field(pattern=r"^https?://", description="The webhook URL (POST, JSON body).")
+    url: BaseUrl = Field(description="The webhook URL (POST, JSON body).")
     token: str | None = Field(None, description="Secret reference (env:NAME or file:/path) to a bearer token.")
 
     _token = field_validator("token")(_token_ref)

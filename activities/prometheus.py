@@ -16,13 +16,13 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 
 USER_AGENT = "millwright-worker"
 
 
 class PrometheusQuery(StrictModel):
-    url: str = Field(description="Base URL of the Prometheus server, e.g. http://prometheus:9090")
+    url: BaseUrl = Field(description="Base URL of the Prometheus server, e.g. http://prometheus:9090")
     query: str = Field(description="PromQL, evaluated as an instant query.")
     timeout_seconds: float = Field(10, gt=0)
 

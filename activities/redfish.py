@@ -37,7 +37,7 @@ from sushy import exceptions as sushy_errors
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
 
 _CONNECT_TIMEOUT = 5.0
@@ -66,7 +66,7 @@ def _credentials_ref(value: str | None) -> str | None:
 class BmcRef(StrictModel):
     """Where a server's BMC is and where its credentials are kept (never the credentials)."""
 
-    url: str = Field(pattern=r"^https?://", description="The BMC's base URL, e.g. https://10.0.0.5")
+    url: BaseUrl = Field(description="The BMC's base URL, e.g. https://10.0.0.5")
     system: str | None = Field(None, description="Redfish system ID or path; default: the BMC's only system.")
     credentials: str | None = Field(
         None, description="Secret reference (env:NAME or file:/path) to 'user:password'; default: the worker's "

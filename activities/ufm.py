@@ -27,7 +27,7 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
 
 USER_AGENT = "millwright-worker"
@@ -71,7 +71,7 @@ def _pkey(value: str) -> str:
 class UfmConfig(StrictModel):
     """Where UFM is and where its credentials are kept; the credentials themselves are never held here."""
 
-    url: str
+    url: BaseUrl
     credentials: SecretRef
     timeout_seconds: float = _REQUEST_TIMEOUT
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import typing
 from dataclasses import dataclass
@@ -91,13 +92,44 @@ def workflow_by_name(name: str) -> WorkflowSpec:
         raise UnknownWorkflowError(name, sorted(specs)) from None
 
 
-def format_validation_error(err: pydantic.ValidationError) -> list[str]:
-    """pydantic errors as ``field.path: message`` lines (``(input)`` for the whole document)."""
+def format_validation_error(err: pydantic.ValidationError, model: type[pydantic.BaseModel] | None = None) -> list[str]:
+    """pydantic errors as ``field.path: message`` lines (``(input)`` for the whole document).
+
+    Unknown fields come first: a misspelt ``reasn`` is the cause of the ``reason: Field required`` after it. With
+    the ``model``, each names the closest field the object at that path takes."""
+    schema = model.model_json_schema() if model is not None else {}
     lines = []
-    for e in err.errors(include_url=False):
+    for e in sorted(err.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden"):
         path = ".".join(str(p) for p in e["loc"]) or "(input)"
-        lines.append(f"{path}: {e['msg']}")
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            close = difflib.get_close_matches(str(e["loc"][-1]), _fields_at(schema, e["loc"][:-1]), n=1)
+            message += f"; did you mean {close[0]!r}?" if close else ""
+        lines.append(f"{path}: {message}")
     return lines
+
+
+def _fields_at(schema: dict[str, Any], loc: tuple[int | str, ...]) -> list[str]:
+    """The property names of the object the JSON Schema allows at ``loc`` ([] where the path cannot be followed)."""
+    defs = schema.get("$defs", {})
+
+    def branches(node: dict[str, Any]) -> list[dict[str, Any]]:  # the node itself, $ref resolved, and its anyOf arms
+        node = defs.get(node["$ref"].rsplit("/", 1)[-1], {}) if "$ref" in node else node
+        return [node] + [b for arm in node.get("anyOf", []) for b in branches(arm)]
+
+    nodes = [schema]
+    for part in loc:
+        nodes = [
+            child
+            for node in nodes
+            for branch in branches(node)
+            for child in [
+                branch.get("items") if isinstance(part, int)
+                else branch.get("properties", {}).get(part, branch.get("additionalProperties"))
+            ]
+            if isinstance(child, dict)
+        ]
+    return [name for node in nodes for branch in branches(node) for name in branch.get("properties", {})]
 
 
 def parse_input(name: str | WorkflowSpec, data: dict[str, Any] | str | bytes) -> WorkflowInput:
@@ -113,7 +145,7 @@ def parse_input(name: str | WorkflowSpec, data: dict[str, Any] | str | bytes) ->
     try:
         return spec.input_model.model_validate(data)
     except pydantic.ValidationError as err:
-        raise InputError(spec.name, format_validation_error(err)) from err
+        raise InputError(spec.name, format_validation_error(err, spec.input_model)) from err
 
 
 def connect_config(*, profile: str | None = None, default_address: str | None = None, **overrides: Any) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from activities.models import BaseUrl, Host
+
 
 class ConfigError(Exception):
     """A configuration problem, reported as one line without a traceback."""
@@ -23,23 +25,23 @@ class WorkerSettings(BaseSettings):
 
     task_queue: str = "millwright"
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus port; 0 turns metrics off")
-    metrics_host: str = Field("0.0.0.0", description="Prometheus bind address")
+    metrics_host: Host = Field("0.0.0.0", description="Prometheus bind address")
     kubeconfig: str | None = Field(
         None, description="os.pathsep-separated kubeconfig files; default $KUBECONFIG, then ~/.kube/config"
     )
     shutdown_grace_seconds: float = Field(60.0, ge=0)
     max_concurrent_activities: int | None = Field(None, ge=1)
     log_level: str = "INFO"
-    netbox_url: str | None = Field(None, description="NetBox base URL, e.g. https://netbox.example.com")
+    netbox_url: BaseUrl | None = Field(None, description="NetBox base URL, e.g. https://netbox.example.com")
     netbox_token: str | None = Field(
         None, description="Secret reference to the NetBox API token: env:NAME or file:/path (never the token itself)"
     )
 
-    ufm_url: str | None = Field(None, description="NVIDIA UFM base URL, e.g. https://ufm.example.com")
+    ufm_url: BaseUrl | None = Field(None, description="NVIDIA UFM base URL, e.g. https://ufm.example.com")
     ufm_credentials: str | None = Field(
         None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
     )
-    ironic_url: str | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
+    ironic_url: BaseUrl | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
     ironic_token: str | None = Field(
         None, description="Secret reference to a Keystone token for Ironic: env:NAME or file:/path (none: noauth)"
     )

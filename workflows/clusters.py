@@ -50,7 +50,7 @@ with workflow.unsafe.imports_passed_through():
         SecretCheck,
     )
     from activities.kube import validate_object_name
-    from activities.models import StrictModel
+    from activities.models import BaseUrl, Host, StrictModel
     from activities.netbox import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
 
 CAPI = "cluster.x-k8s.io/v1beta2"
@@ -155,8 +155,8 @@ class CreateClusterInput(WorkflowInput):
     worker_pools: list[WorkerPool] | None = Field(None, description="Flat objects; exclusive with `topology`.")
     topology: ClusterTopology | None = Field(None, description="A ClusterClass with topology variables; "
                                                                "exclusive with `worker_pools`.")
-    control_plane_endpoint: str = Field("10.0.0.10", description="Metal3Cluster controlPlaneEndpoint host.")
-    image_url: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2"
+    control_plane_endpoint: Host = Field("10.0.0.10", description="Metal3Cluster controlPlaneEndpoint host.")
+    image_url: BaseUrl = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2"
     image_checksum: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2.sha256sum"
     record_in_netbox: bool = Field(False, description="Record the cluster in NetBox and assign its machines' "
                                                       "devices to it (needs the bootstrap).")

@@ -63,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
         validate_object_name,
         validate_positive_duration,
     )
-    from activities.models import StrictModel
+    from activities.models import BaseUrl, StrictModel
     from activities.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 
 DEFAULT_COMPARTMENT = "__default__"
@@ -649,7 +649,7 @@ class PrometheusGate(_Spec):
     with bounds every sample must lie within them.
     """
 
-    url: str = Field(pattern=r"^https?://", description="Prometheus base URL.")
+    url: BaseUrl = Field(description="Prometheus base URL.")
     query: str = Field(min_length=1)
     min_value: float | None = None
     max_value: float | None = None
