@@ -348,8 +348,8 @@ class IsolateTenant:
         snap: FabricSnapshot = await workflow.execute_activity_method(
             UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
         )
-        state = FabricStateView.model_validate(await _fabric(inp.fabric, "state"))
-        ours = {a["pkey"] for a in state.allocations.values()} | set(state.retired)
+        state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
+        ours = {a.pkey for a in state.allocations.values()} | set(state.retired)
         exclude = [p.pkey for p in snap.pkeys if p.pkey not in ours]
         alloc = Allocation.model_validate(await _fabric(
             inp.fabric, "allocate",
@@ -388,13 +388,6 @@ class IsolateTenant:
         self._enter("isolated", f"PKey {alloc.pkey}: {len(members)} ports verified")
         return IsolateTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, members=by_host,
                                    added=change.changed, already=change.unchanged, pkey_created=ensured.created)
-
-
-class FabricStateView(StrictModel):
-    """The Fabric's state as another workflow reads it (through an activity's query)."""
-
-    allocations: dict[str, dict] = Field(default_factory=dict)
-    retired: dict[str, str] = Field(default_factory=dict)
 
 
 # ================================================================== ReleaseTenant
@@ -534,8 +527,8 @@ class FabricAudit:
     @workflow.run
     async def run(self, inp: FabricAuditInput) -> FabricAuditResult:
         self._phase = "reading"
-        state = FabricStateView.model_validate(await _fabric(inp.fabric, "state"))
-        allocations = [Allocation.model_validate(a) for a in state.allocations.values()]
+        state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
+        allocations = list(state.allocations.values())
         snap: FabricSnapshot = await workflow.execute_activity_method(
             UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
         )
