@@ -3,8 +3,9 @@
 One process emulates N HGX-class GPU servers, each with its own BMC: its own loopback port serving Redfish
 (DMTF schema shapes, as the real ``sushy`` client reads them) with its own sessions, inventory and logs, plus one
 admin port. With ``--tls-cert F --tls-key F`` (a certificate from the lab CA, lab/tls.py) every BMC answers HTTPS,
-as real BMCs do; plain HTTP is the default. The admin port always answers plain HTTP. sushy-tools (``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no
-processors, firmware inventory, BIOS, logs or sessions, which is what this emulator adds.
+as real BMCs do; plain HTTP is the default. The admin port always answers plain HTTP. sushy-tools
+(``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no processors, firmware
+inventory, BIOS, logs or sessions, which is what this emulator adds.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 

@@ -86,7 +86,8 @@ async def test_a_tenant_pkey_record_whose_answers_are_lost_is_written_once(stub,
     assert first.updated == [CF_TENANT_PKEY] and again.updated == []
     assert tenant["custom_fields"][CF_TENANT_PKEY] == "0x12"
     (entry,) = stub.objects["extras/journal-entries"].values()
-    assert "InfiniBand PKey **0x12** on fabric `ib-a`" in entry["comments"] and entry["assigned_object_id"] == tenant["id"]
+    assert "InfiniBand PKey **0x12** on fabric `ib-a`" in entry["comments"]
+    assert entry["assigned_object_id"] == tenant["id"]
     assert stub.requests.count(("POST", "/api/extras/journal-entries/")) == 1
 
 
