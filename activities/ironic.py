@@ -16,7 +16,10 @@ their keys and validates both at the edge; `BurnInStep.driver_info()` and `.clea
 Settings: ``MILLWRIGHT_IRONIC_URL`` (Ironic's root, e.g. ``http://ironic:6385``) and, unless Ironic runs
 with ``noauth``, ``MILLWRIGHT_IRONIC_TOKEN``: a secret reference (``env:NAME`` / ``file:/path``) to a
 Keystone token sent as ``X-Auth-Token``, resolved inside each attempt and never in an input, output or
-error. The HTTP client never retries; Temporal's retry policy does.
+error. The HTTP client never retries; Temporal's retry policy does. TLS: Ironic's certificate is verified
+against the default CAs, or the CA bundle of ``MILLWRIGHT_IRONIC_CA_BUNDLE``;
+``MILLWRIGHT_IRONIC_VERIFY_TLS=false`` turns verification off (activities/tls.py); a certificate the worker
+does not trust, or one issued for another name, is a non-retryable ``TlsVerificationFailed``.
 
 Errors: 404 → ``IronicNotFound``; 401/403 → ``IronicAuth``; other 4xx except 409/429 → ``IronicRejected``
 (all non-retryable, with Ironic's own faultstring); 409 (node locked), 429, 5xx, timeouts and connection
@@ -45,6 +48,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, Host, StrictModel
 from activities.secrets import SecretError, SecretRef
+from activities.tls import TlsFix, Trust, TrustingClient, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 API_VERSION_HEADER = "X-OpenStack-Ironic-API-Version"
@@ -295,6 +299,11 @@ class IronicConfig(StrictModel):
     timeout_seconds: float = _REQUEST_TIMEOUT
     poll_seconds: float = Field(10.0, gt=0, description="Between two reads of a node while waiting.")
     api_version: str = API_VERSION
+    ca_bundle: str | None = Field(None, description="CA bundle reference (file:/path/to/ca.pem) for Ironic's "
+                                                    "certificate; default: the default CAs")  # fmt: skip
+    verify_tls: bool = True
+
+    _ca_bundle_ok = field_validator("ca_bundle")(ca_bundle_ref)
 
 
 class NodeRef(StrictModel):
@@ -396,6 +405,9 @@ def fault_message(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+IRONIC_TLS_FIX = TlsFix(ca="MILLWRIGHT_IRONIC_CA_BUNDLE", off="MILLWRIGHT_IRONIC_VERIFY_TLS=false")
+
+
 def ironic_error(response: httpx.Response, doing: str) -> ApplicationError:
     status = response.status_code
     message = f"{doing}: Ironic answered {status}: {fault_message(response)}"
@@ -435,7 +447,7 @@ class IronicActivities:
 
     # ------------------------------------------------------------ plumbing
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> TrustingClient:
         if self._config is None:
             raise ApplicationError(
                 "Ironic is not configured on this worker: set MILLWRIGHT_IRONIC_URL (and MILLWRIGHT_IRONIC_TOKEN, "
@@ -449,13 +461,18 @@ class IronicActivities:
                 headers["X-Auth-Token"] = self._config.token.resolve()
             except SecretError as err:
                 raise ApplicationError(f"Ironic token: {err}", type="IronicNotConfigured", non_retryable=True) from None
-        return httpx.AsyncClient(base_url=self._config.url.rstrip("/") + "/v1", headers=headers,
-                                 timeout=self._config.timeout_seconds)  # fmt: skip
+        trust = Trust.resolve(IRONIC_TLS_FIX, verify=self._config.verify_tls, ca_bundle=self._config.ca_bundle,
+                              setting="MILLWRIGHT_IRONIC_CA_BUNDLE")  # fmt: skip
+        return TrustingClient(trust, base_url=self._config.url.rstrip("/") + "/v1", headers=headers,
+                              timeout=self._config.timeout_seconds)  # fmt: skip
 
-    async def _call(self, client: httpx.AsyncClient, method: str, path: str, doing: str, **kw: Any) -> Any:
+    async def _call(self, client: TrustingClient, method: str, path: str, doing: str, **kw: Any) -> Any:
         try:
             response = await client.request(method, path, **kw)
         except httpx.HTTPError as err:
+            tls_failure = client.trust.failure(err, f"{doing}: Ironic {self._config.url}")
+            if tls_failure is not None:
+                raise tls_failure from None
             # Never the request itself: its headers hold the token.
             raise ApplicationError(f"{doing}: connection failed: {type(err).__name__}",
                                    type="IronicUnavailable") from None  # fmt: skip
@@ -467,13 +484,13 @@ class IronicActivities:
             raise ApplicationError(f"{doing}: not an Ironic answer (status {response.status_code})",
                                    type="IronicUnavailable") from None  # fmt: skip
 
-    async def _node_body(self, client: httpx.AsyncClient, node: str) -> dict[str, Any]:
+    async def _node_body(self, client: TrustingClient, node: str) -> dict[str, Any]:
         return await self._call(client, "GET", f"/nodes/{quote(node, safe='')}", f"reading node {node}")
 
-    async def _node(self, client: httpx.AsyncClient, node: str) -> IronicNode:
+    async def _node(self, client: TrustingClient, node: str) -> IronicNode:
         return IronicNode.from_api(await self._node_body(client, node))
 
-    async def _provision(self, client: httpx.AsyncClient, node: str, body: dict[str, Any], doing: str) -> None:
+    async def _provision(self, client: TrustingClient, node: str, body: dict[str, Any], doing: str) -> None:
         await self._call(client, "PUT", f"/nodes/{quote(node, safe='')}/states/provision", doing, json=body)
 
     def _poll(self, requested: float | None) -> float:
@@ -601,7 +618,7 @@ class IronicActivities:
             self._after_write(f"clean {req.node}")
             return CleanStarted(node=await self._node(client, node.uuid), started=True)
 
-    async def _ran_since_scheduled(self, client: httpx.AsyncClient, node: IronicNode, req: StartClean) -> bool:
+    async def _ran_since_scheduled(self, client: TrustingClient, node: IronicNode, req: StartClean) -> bool:
         """Whether the node's history has a manual clean with these steps started since this activity was scheduled."""
         try:
             history = await self._call(client, "GET", f"/nodes/{node.uuid}/history", f"reading node {req.node} history")

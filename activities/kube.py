@@ -35,6 +35,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
 from activities.selectors import SelectorError, parse_label_selector
+from activities.tls import TlsFix, verification_failed
 
 # Where Millwright records on a node that it placed the cordon, so it never
 # removes a cordon placed by someone else.
@@ -303,11 +304,38 @@ class ConditionGate(StrictModel):
 WORKLOAD_REF = re.compile(r"(?P<context>[^:/]+):(?P<namespace>[a-z0-9-]+)/(?P<name>[a-z0-9.-]+)")
 
 
+class ClusterApiClient(k8s.ApiClient):
+    """One cluster's API client. A certificate the kubeconfig's CA does not vouch for, or one issued for another
+    name, is a non-retryable TlsVerificationFailed naming the kubeconfig setting that fixes it (activities/tls.py),
+    not a connection failure retried until the activity gives up."""
+
+    def __init__(self, configuration: k8s.Configuration, cluster: str, fix: TlsFix) -> None:
+        super().__init__(configuration=configuration)
+        self.user_agent = USER_AGENT  # lets audit logs tell Millwright's calls apart
+        self._where = f"the Kubernetes API of cluster {cluster} ({configuration.host})"
+        self._trusting = ("verification off" if not configuration.verify_ssl else
+                          "trusting the kubeconfig's certificate-authority" if configuration.ssl_ca_cert else
+                          "trusting the system's CAs: the kubeconfig names no certificate-authority")  # fmt: skip
+        self._fix = fix
+
+    async def call_api(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return await super().call_api(method, url, *args, **kwargs)
+        except aiohttp.ClientError as err:
+            path = url.split("?", 1)[0].removeprefix(self.configuration.host)
+            failure = verification_failed(err, f"{method} {path} on {self._where}", self._trusting, self._fix)
+            if failure is None:
+                raise
+            raise failure from None
+
+
 class ClusterConnector:
     """Resolves a cluster reference (a kubeconfig context name) to an API client.
 
     Credentials stay in the kubeconfig files on the worker: workflow inputs and
-    histories only ever carry the cluster's name.
+    histories only ever carry the cluster's name. So does what the cluster's certificate
+    is verified against: the kubeconfig cluster's certificate-authority(-data), or
+    insecure-skip-tls-verify.
     """
 
     def __init__(self, kubeconfig_paths: list[str]) -> None:
@@ -359,9 +387,13 @@ class ClusterConnector:
                 configuration = type.__call__(k8s.Configuration)
                 await k8s_config.load_kube_config_from_dict(contexts[cluster], client_configuration=configuration)
                 configuration.retries = None  # Temporal retries, visibly
-                api = k8s.ApiClient(configuration=configuration)
-                api.user_agent = USER_AGENT  # lets audit logs tell Millwright's calls apart
-                self._clients[cluster] = api
+                entry = ((contexts[cluster]["contexts"][0].get("context") or {}).get("cluster")) or cluster
+                files = os.pathsep.join(self._paths)
+                self._clients[cluster] = ClusterApiClient(configuration, cluster, TlsFix(
+                    ca=f"certificate-authority-data (or certificate-authority) on cluster {entry!r} in the kubeconfig "
+                       f"({files})",
+                    off=f"insecure-skip-tls-verify: true on cluster {entry!r} in the kubeconfig ({files})",
+                ))  # fmt: skip
             return self._clients[cluster]
 
     async def _workload_api(self, cluster: str, ref: re.Match) -> k8s.ApiClient:
@@ -390,8 +422,9 @@ class ClusterConnector:
             configuration = type.__call__(k8s.Configuration)
             await k8s_config.load_kube_config_from_dict(doc, client_configuration=configuration)
             configuration.retries = None
-            api = k8s.ApiClient(configuration=configuration)
-            api.user_agent = USER_AGENT
+            where = f"the kubeconfig Secret {namespace}/{name}-kubeconfig on {context}"
+            api = ClusterApiClient(configuration, cluster, TlsFix(
+                ca=f"certificate-authority-data in {where}", off=f"insecure-skip-tls-verify: true in {where}"))
             self._workload[cluster] = (stamp, api)
             return api
 

@@ -5,6 +5,10 @@ first and writes only the difference, looking objects up by a stable key (device
 serial or asset tag; slugs; (device, name) for interfaces and inventory items). Journal
 entries carry a marker naming the workflow run and activity that wrote them, and are
 only created when no entry with that marker exists, so a retry never duplicates one.
+A write whose answer is lost (the connection dropped or timed out after sending, a
+gateway's 5xx) is read back at once (`NetBoxActivities._write`): when it landed, the
+attempt goes on and its result says it made the change, instead of leaving the write
+to a retry that would find it and report it as already there.
 
 Errors: NetBox's 400 (a bad choice, a failed validation) is non-retryable and carries
 NetBox's own message (type ``NetBoxRejected``); so are 401/403 (``NetBoxAuth``), missing
@@ -12,6 +16,11 @@ bootstrap objects (``NetBoxNotBootstrapped``) and a worker without NetBox settin
 (``NetBoxNotConfigured``). 5xx, 409, 429, timeouts and connection errors are raised
 retryable (``NetBoxUnavailable``) for the workflow's retry policy; the client itself never
 retries, so every attempt is visible.
+
+TLS: NetBox's certificate is verified against the default CAs, or the CA bundle of
+``MILLWRIGHT_NETBOX_CA_BUNDLE``; ``MILLWRIGHT_NETBOX_VERIFY_TLS=false`` turns verification off. A
+certificate the worker does not trust, or one issued for another name, is a non-retryable
+``TlsVerificationFailed`` naming those settings (activities/tls.py).
 
 The API token is read from a secret reference (`activities.secrets.SecretRef`) inside the
 activity, at each attempt; it never appears in an activity's input, output or error.
@@ -33,6 +42,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
+from activities.tls import TlsFix, Trust, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 _REQUEST_TIMEOUT = 15.0
@@ -397,10 +407,17 @@ def _response_message(err: Any) -> str:
         return str(text).strip()[:500]
 
 
-def netbox_error(err: Exception, doing: str) -> ApplicationError:
+NETBOX_TLS_FIX = TlsFix(ca="MILLWRIGHT_NETBOX_CA_BUNDLE", off="MILLWRIGHT_NETBOX_VERIFY_TLS=false")
+
+
+def netbox_error(err: Exception, doing: str, trust: Trust) -> ApplicationError:
     """Map a pynetbox/requests error to what a retry can or cannot fix."""
     import pynetbox
     import requests
+
+    tls_failure = trust.failure(err, f"{doing}: NetBox")
+    if tls_failure is not None:
+        return tls_failure
 
     if isinstance(err, (pynetbox.RequestError, pynetbox.AllocationError)):
         status = err.req.status_code
@@ -420,6 +437,17 @@ def netbox_error(err: Exception, doing: str) -> ApplicationError:
     return ApplicationError(f"{doing}: {type(err).__name__}: {err}", type="NetBoxUnavailable")
 
 
+def _answer_lost(err: Exception) -> bool:
+    """Whether a write that failed this way may have been carried out all the same: the request went (or may
+    have gone) out and no answer of NetBox's came back, or a gateway answered for it."""
+    import pynetbox
+    import requests
+
+    if isinstance(err, pynetbox.RequestError):
+        return err.req.status_code in (500, 502, 503, 504)
+    return isinstance(err, requests.RequestException) and not isinstance(err, requests.exceptions.SSLError)
+
+
 def not_bootstrapped(what: str) -> ApplicationError:
     return ApplicationError(
         f"{what} is missing in NetBox; run `millwright inventory bootstrap` first",
@@ -437,16 +465,23 @@ class NetBoxConfig(StrictModel):
     url: BaseUrl
     token: SecretRef
     timeout_seconds: float = _REQUEST_TIMEOUT
+    ca_bundle: str | None = Field(None, description="CA bundle reference (file:/path/to/ca.pem) for NetBox's "
+                                                    "certificate; default: the default CAs")  # fmt: skip
+    verify_tls: bool = True
+
+    _ca_bundle_ok = field_validator("ca_bundle")(ca_bundle_ref)
 
 
-def _session(timeout: float):
+def _session(timeout: float, verify: bool | str):
     import requests
 
     class TimeoutSession(requests.Session):
-        """A request that hangs is an error after `timeout`; no retries (the adapter default)."""
+        """A request that hangs is an error after `timeout`; no retries (the adapter default). `verify` goes with
+        each request: as the session's default, REQUESTS_CA_BUNDLE in the environment would replace it."""
 
         def request(self, *args, **kwargs):
             kwargs.setdefault("timeout", timeout)
+            kwargs.setdefault("verify", verify)
             return super().request(*args, **kwargs)
 
     session = TimeoutSession()
@@ -518,7 +553,7 @@ class NetBoxActivities:
 
     # ------------------------------------------------------------ plumbing
 
-    def _api(self):
+    def _api(self) -> tuple[Any, Trust]:
         import pynetbox
 
         if self._config is None:
@@ -532,13 +567,15 @@ class NetBoxActivities:
             token = self._config.token.resolve()
         except SecretError as err:
             raise ApplicationError(f"NetBox token: {err}", type="NetBoxNotConfigured", non_retryable=True) from None
+        trust = Trust.resolve(NETBOX_TLS_FIX, verify=self._config.verify_tls, ca_bundle=self._config.ca_bundle,
+                              setting="MILLWRIGHT_NETBOX_CA_BUNDLE")  # fmt: skip
         api = pynetbox.api(self._config.url, token=token)
-        api.http_session = _session(self._config.timeout_seconds)
-        return api
+        api.http_session = _session(self._config.timeout_seconds, trust.for_requests())
+        return api, trust
 
     async def _in_thread(self, doing: str, fn: Callable[[Any], T]) -> T:
         """Run `fn(api)` in a thread, mapping NetBox and transport errors for the retry policy."""
-        api = self._api()
+        api, trust = self._api()
 
         def call() -> T:
             try:
@@ -551,24 +588,56 @@ class NetBoxActivities:
         except ApplicationError:
             raise
         except Exception as err:
-            raise netbox_error(err, doing) from None
+            raise netbox_error(err, doing, trust) from None
 
     def _upsert(self, endpoint: Any, key: dict[str, str], want: dict[str, Any]) -> ObjectResult:
         """Create the object named by `key`, or bring its fields to `want`; say which happened."""
         (name,) = key.values()
         found = endpoint.get(**key)
         if found is None:
-            created = endpoint.create(**key, **want)
-            self._after_write(name)
+            created = self._create(name, endpoint, {**key, **want}, key)
             return ObjectResult(id=created.id, name=name, created=True)
         diff = _diff(_rec(found), want)
         if diff:
-            found.update(diff)
-            self._after_write(name)
+            self._update(name, endpoint, found, diff)
         return ObjectResult(id=found.id, name=name, created=False, updated=sorted(diff))
 
     def _after_write(self, what: str) -> None:
         """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""
+
+    def _write(self, what: str, write: Callable[[], T], landed: Callable[[], T | None]) -> T:
+        """Do `write`; when its answer is lost (`_answer_lost`), read back: `landed()` returns what the write
+        would have returned when NetBox carried it out (then the attempt goes on as if the answer had come),
+        else None (then the write's error goes to the retry policy, and the next attempt writes again)."""
+        try:
+            done = write()
+        except Exception as err:
+            if not _answer_lost(err):
+                raise
+            try:
+                found = landed()
+            except Exception:  # NetBox still unreachable: the write's own error says more
+                found = None
+            if not found:
+                raise
+            done = found
+        self._after_write(what)
+        return done
+
+    def _create(self, what: str, endpoint: Any, fields: dict[str, Any], find: dict[str, Any]) -> Any:
+        """Create an object with `fields`; a lost answer is read back with the filters `find` (its stable key)."""
+        return self._write(what, lambda: endpoint.create(fields), lambda: endpoint.get(**find))
+
+    def _update(self, what: str, endpoint: Any, record: Any, changes: dict[str, Any],
+                landed: Callable[[Any], bool] | None = None) -> None:  # fmt: skip
+        """PATCH `changes` onto `record`; a lost answer is read back: done when `landed(fresh record)` (default:
+        the record shows every change)."""
+
+        def applied() -> bool:
+            fresh = endpoint.get(record.id)
+            return fresh is not None and (landed(fresh) if landed else not _diff(_rec(fresh), changes))
+
+        self._write(what, lambda: record.update(changes) or True, applied)
 
     @staticmethod
     def _run_marker() -> str:
@@ -603,28 +672,29 @@ class NetBoxActivities:
             )
         return found[0] if found else None
 
-    def _ensure_journal(self, api: Any, device: Any, kind: str, text: str) -> tuple[int, bool]:
-        """One journal entry per activity (marker in its last line); a retry finds it instead of adding one."""
+    def _ensure_journal(self, api: Any, record: Any, kind: str, text: str,
+                        object_type: str = "dcim.device") -> tuple[int, bool]:  # fmt: skip
+        """One journal entry per activity on `record` (marker in its last line); a retry finds it instead of
+        adding one."""
         marker = self._run_marker()
-        existing = [
-            e
-            for e in api.extras.journal_entries.filter(
-                assigned_object_type="dcim.device", assigned_object_id=device.id, q=marker
-            )
-            if marker in (e.comments or "")
-        ]
-        if existing:
-            return existing[0].id, False
+
+        def existing() -> Any:
+            return next((e for e in api.extras.journal_entries.filter(
+                assigned_object_type=object_type, assigned_object_id=record.id, q=marker)
+                if marker in (e.comments or "")), None)  # fmt: skip
+
+        found = existing()
+        if found is not None:
+            return found.id, False
         info = activity.info()
         comments = (
             f"{text}\n\n"
             f"— Millwright workflow `{info.workflow_id}` run `{info.workflow_run_id}` "
             f"({info.activity_type})\n\n`{marker}`"
         )
-        entry = api.extras.journal_entries.create(
-            assigned_object_type="dcim.device", assigned_object_id=device.id, kind=kind, comments=comments
-        )
-        self._after_write("journal")
+        entry = self._write("journal", lambda: api.extras.journal_entries.create(
+            assigned_object_type=object_type, assigned_object_id=record.id, kind=kind, comments=comments,
+        ), existing)  # fmt: skip
         return entry.id, True
 
     # ------------------------------------------------------------ bootstrap
@@ -652,8 +722,7 @@ class NetBoxActivities:
                 endpoint = getattr(getattr(api, app), name)
                 found = endpoint.get(**obj.key)
                 if found is None:
-                    endpoint.create({**obj.key, **obj.fields})
-                    self._after_write(obj.label)
+                    self._create(obj.label, endpoint, {**obj.key, **obj.fields}, obj.key)
                     result.created.append(obj.label)
                     continue
                 current = _rec(found)
@@ -664,8 +733,8 @@ class NetBoxActivities:
                     if want:
                         additions[field] = have + want
                 if additions:
-                    found.update(additions)
-                    self._after_write(obj.label)
+                    self._update(obj.label, endpoint, found, additions, lambda fresh: all(
+                        v in (_rec(fresh).get(k) or []) for k, vs in additions.items() for v in vs))
                     result.updated.append(f"{obj.label} ({', '.join(additions)})")
                 else:
                     result.existing.append(obj.label)
@@ -709,9 +778,8 @@ class NetBoxActivities:
             device = self._resolve_device(api, req.device)
             previous = _value(_rec(device).get("status"))
             changed = previous != req.status
-            if changed:
-                device.update({"status": req.status})  # NetBox validates the choice: 400 → non-retryable
-                self._after_write("status")
+            if changed:  # NetBox validates the choice: 400 → non-retryable
+                self._update("status", api.dcim.devices, device, {"status": req.status})
                 text = f"Status **{previous}** → **{req.status}**: {req.reason}"
             else:
                 text = f"Status **{req.status}** (already set when this attempt read it): {req.reason}"
@@ -736,8 +804,8 @@ class NetBoxActivities:
                 missing = [t for t in req.add if t not in have and api.extras.tags.get(slug=t) is None]
                 if missing:
                     raise not_bootstrapped(f"the tag(s) {', '.join(missing)}")
-                device.update({"tags": [{"slug": t} for t in want]})
-                self._after_write("tags")
+                self._update("tags", api.dcim.devices, device, {"tags": [{"slug": t} for t in want]}, lambda fresh:
+                             sorted(t["slug"] for t in _rec(fresh).get("tags") or []) == want)  # fmt: skip
             return DeviceTags(device=device.name or f"#{device.id}", tags=want, changed=changed)
 
         return await self._in_thread(f"tagging {req.device}", run)
@@ -758,8 +826,8 @@ class NetBoxActivities:
                 raise not_bootstrapped(f"the custom field {CF_BURNIN_RESULT}")
             changed = [k for k, v in want.items() if not _same_cf(have.get(k), v)]
             if changed:
-                device.update({"custom_fields": {k: want[k] for k in changed}})
-                self._after_write("burn-in fields")
+                self._update("burn-in fields", api.dcim.devices, device,
+                             {"custom_fields": {k: want[k] for k in changed}})  # fmt: skip
             kind = {"passed": "success", "failed": "danger", "aborted": "warning"}[req.result]
             lines = [f"Burn-in **{req.result}** at {req.finished_at.isoformat()}", "", req.summary]
             if req.report_url:
@@ -793,17 +861,14 @@ class NetBoxActivities:
                 }
                 item = items.get(gpu.item_name)
                 if item is None:
-                    api.dcim.inventory_items.create(
-                        device=device.id, name=gpu.item_name, role=role.id, manufacturer=maker.id,
-                        discovered=True, **want,
-                    )  # fmt: skip
-                    self._after_write(gpu.item_name)
+                    self._create(gpu.item_name, api.dcim.inventory_items, {
+                        "device": device.id, "name": gpu.item_name, "role": role.id, "manufacturer": maker.id,
+                        "discovered": True, **want}, {"device_id": device.id, "name": gpu.item_name})  # fmt: skip
                     result.created.append(gpu.item_name)
                     continue
                 diff = _diff(_rec(item), want)
                 if diff:
-                    item.update(diff)
-                    self._after_write(gpu.item_name)
+                    self._update(gpu.item_name, api.dcim.inventory_items, item, diff)
                     result.updated.append(gpu.item_name)
                 else:
                     result.unchanged.append(gpu.item_name)
@@ -825,14 +890,13 @@ class NetBoxActivities:
                     want["custom_fields"] = {CF_IB_PORT_GUID: iface.port_guid.lower()}
                 record = have.get(iface.name)
                 if record is None:
-                    record = api.dcim.interfaces.create(device=device.id, name=iface.name, **want)
-                    self._after_write(iface.name)
+                    record = self._create(iface.name, api.dcim.interfaces, {"device": device.id, "name": iface.name,
+                                          **want}, {"device_id": device.id, "name": iface.name})  # fmt: skip
                     result.created.append(iface.name)
                 else:
                     diff = _diff(_rec(record), want)
                     if diff:
-                        record.update(diff)
-                        self._after_write(iface.name)
+                        self._update(iface.name, api.dcim.interfaces, record, diff)
                         result.updated.append(iface.name)
                     else:
                         result.unchanged.append(iface.name)
@@ -844,16 +908,15 @@ class NetBoxActivities:
 
     def _ensure_mac(self, api: Any, interface: Any, mac: str) -> None:
         """NetBox 4.2+ keeps MACs as objects assigned to interfaces; one per (interface, address)."""
-        found = [
-            m for m in api.dcim.mac_addresses.filter(assigned_object_type="dcim.interface",
-                                                     assigned_object_id=interface.id)
-            if str(m.mac_address).lower() == mac.lower()
-        ]  # fmt: skip
-        if not found:
-            api.dcim.mac_addresses.create(
-                mac_address=mac, assigned_object_type="dcim.interface", assigned_object_id=interface.id
-            )
-            self._after_write(f"mac {mac}")
+
+        def found() -> Any:
+            return next((m for m in api.dcim.mac_addresses.filter(assigned_object_type="dcim.interface",
+                                                                  assigned_object_id=interface.id)
+                         if str(m.mac_address).lower() == mac.lower()), None)  # fmt: skip
+
+        if found() is None:
+            self._write(f"mac {mac}", lambda: api.dcim.mac_addresses.create(
+                mac_address=mac, assigned_object_type="dcim.interface", assigned_object_id=interface.id), found)
 
     # ------------------------------------------------------------ tenants and clusters
 
@@ -909,8 +972,7 @@ class NetBoxActivities:
                 if (_rec(device).get("cluster") or {}).get("id") == cluster.id:
                     result.already.append(name)
                     continue
-                device.update({"cluster": cluster.id})
-                self._after_write(name)
+                self._update(name, api.dcim.devices, device, {"cluster": cluster.id})
                 result.assigned.append(name)
             return result
 
@@ -950,31 +1012,21 @@ class NetBoxActivities:
                 if not req.name:
                     raise ApplicationError(f"no tenant {req.tenant!r} in NetBox", type="TenantNotFound",
                                            non_retryable=True)  # fmt: skip
-                tenant = api.tenancy.tenants.create(name=req.name, slug=req.tenant)
-                self._after_write(req.tenant)
+                tenant = self._create(req.tenant, api.tenancy.tenants, {"name": req.name, "slug": req.tenant},
+                                      {"slug": req.tenant})  # fmt: skip
             have = _rec(tenant).get("custom_fields") or {}
             if CF_TENANT_PKEY not in have:
                 raise not_bootstrapped(f"the custom field {CF_TENANT_PKEY}")
             changed = []
             if not _same_cf(have.get(CF_TENANT_PKEY), req.pkey):
-                tenant.update({"custom_fields": {CF_TENANT_PKEY: req.pkey}})
-                self._after_write("pkey")
+                self._update("pkey", api.tenancy.tenants, tenant, {"custom_fields": {CF_TENANT_PKEY: req.pkey}})
                 changed.append(CF_TENANT_PKEY)
-            marker = self._run_marker()
-            existing = [e for e in api.extras.journal_entries.filter(
-                assigned_object_type="tenancy.tenant", assigned_object_id=tenant.id, q=marker)
-                if marker in (e.comments or "")]  # fmt: skip
-            if not existing:
-                if req.pkey:
-                    lines = [f"InfiniBand PKey **{req.pkey}** on fabric `{req.fabric}`, members:"]
-                    lines += [f"- {h}: {', '.join(g)}" for h, g in sorted(req.members.items())]
-                else:
-                    lines = [f"InfiniBand partition on fabric `{req.fabric}` released"]
-                api.extras.journal_entries.create(
-                    assigned_object_type="tenancy.tenant", assigned_object_id=tenant.id,
-                    kind="info", comments="\n".join(lines) + f"\n\n`{marker}`",
-                )  # fmt: skip
-                self._after_write("journal")
+            if req.pkey:
+                lines = [f"InfiniBand PKey **{req.pkey}** on fabric `{req.fabric}`, members:"]
+                lines += [f"- {h}: {', '.join(g)}" for h, g in sorted(req.members.items())]
+            else:
+                lines = [f"InfiniBand partition on fabric `{req.fabric}` released"]
+            self._ensure_journal(api, tenant, "info", "\n".join(lines), object_type="tenancy.tenant")
             return ObjectResult(id=tenant.id, name=req.tenant, created=False, updated=changed)
 
         return await self._in_thread(f"recording the PKey of tenant {req.tenant}", run)

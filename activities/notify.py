@@ -9,6 +9,11 @@ Errors: 2xx is delivered; 408, 425, 429, 5xx, timeouts and connection errors are
 (`WebhookUnavailable`, honouring Retry-After); any other 4xx is non-retryable (`WebhookRejected`);
 a bad token reference is `WebhookNotConfigured` (non-retryable). The client never retries itself:
 the workflow's retry policy does, visibly.
+
+TLS: an https webhook's certificate is verified against the default CAs, or the target's own CA bundle
+(`WebhookTarget.ca_bundle`); `verify_tls: false` turns verification off. A certificate the worker does not
+trust, or one issued for another name, is a non-retryable `TlsVerificationFailed` naming those settings;
+an unreadable CA bundle is `TlsNotConfigured` (activities/tls.py).
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
+from activities.tls import TlsFix, Trust, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 EVENT_HEADER = "X-Millwright-Event"
 _TIMEOUT = 10.0
 _RETRYABLE = (408, 425, 429)
+WEBHOOK_TLS_FIX = TlsFix(ca="the webhook's ca_bundle", off="the webhook's verify_tls: false")
 
 
 def _token_ref(value: str | None) -> str | None:
@@ -43,8 +50,12 @@ class WebhookTarget(StrictModel):
 
     url: BaseUrl = Field(description="The webhook URL (POST, JSON body).")
     token: str | None = Field(None, description="Secret reference (env:NAME or file:/path) to a bearer token.")
+    ca_bundle: str | None = Field(None, description="CA bundle reference (file:/path/to/ca.pem) an https webhook's "
+                                                    "certificate is verified against; default: the default CAs")
+    verify_tls: bool = Field(True, description="Verify an https webhook's certificate (false: accept any).")
 
     _token = field_validator("token")(_token_ref)
+    _ca_bundle = field_validator("ca_bundle")(ca_bundle_ref)
 
 
 class WebhookNotification(StrictModel):
@@ -77,10 +88,15 @@ class NotifyActivities:
                 raise ApplicationError(f"webhook token: {err}", type="WebhookNotConfigured",
                                        non_retryable=True) from None  # fmt: skip
         body = {"event": req.event, "idempotency_key": req.idempotency_key, **req.payload}
+        trust = Trust.resolve(WEBHOOK_TLS_FIX, verify=req.target.verify_tls, ca_bundle=req.target.ca_bundle,
+                              setting="the webhook's ca_bundle")  # fmt: skip
         try:
-            async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+            async with httpx.AsyncClient(timeout=_TIMEOUT, verify=trust.for_httpx()) as http:
                 resp = await http.post(req.target.url, json=body, headers=headers)
         except httpx.HTTPError as err:
+            tls_failure = trust.failure(err, f"webhook {req.target.url}")
+            if tls_failure is not None:
+                raise tls_failure from None
             raise ApplicationError(f"webhook {req.target.url}: {type(err).__name__}: {err}",
                                    type="WebhookUnavailable") from None  # fmt: skip
         attempt = activity.info().attempt

@@ -4,6 +4,12 @@ The client does no retries of its own: Temporal owns retrying, so every attempt 
 A query Prometheus rejects (4xx: bad syntax, bad parameters) fails non-retryably with
 Prometheus' own error text; an unavailable server (5xx, 429, connection trouble, timeouts)
 is retried by the activity's retry policy.
+
+TLS: an https server's certificate is verified against the default CAs, or the CA bundle of the
+worker's ``MILLWRIGHT_PROMETHEUS_CA_BUNDLE`` (read when the worker's client is made, at its first
+query); ``MILLWRIGHT_PROMETHEUS_VERIFY_TLS=false`` turns verification off. A certificate the worker
+does not trust, or one issued for another name, is a non-retryable ``TlsVerificationFailed``
+naming those settings (activities/tls.py).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
+from activities.tls import TlsFix, Trust, TrustingClient
 
 USER_AGENT = "millwright-worker"
+PROMETHEUS_TLS_FIX = TlsFix(ca="MILLWRIGHT_PROMETHEUS_CA_BUNDLE", off="MILLWRIGHT_PROMETHEUS_VERIFY_TLS=false")
 
 
 class PrometheusQuery(StrictModel):
@@ -46,17 +54,22 @@ def _number(sample: Any, query: str) -> float:
 
 
 class PrometheusActivities:
-    def __init__(self) -> None:
-        self._client: httpx.AsyncClient | None = None
+    def __init__(self, *, ca_bundle: str | None = None, verify_tls: bool = True) -> None:
+        """`ca_bundle`, `verify_tls`: what every server's certificate is verified against (the worker's
+        MILLWRIGHT_PROMETHEUS_CA_BUNDLE and MILLWRIGHT_PROMETHEUS_VERIFY_TLS)."""
+        self._ca_bundle, self._verify_tls = ca_bundle, verify_tls
+        self._client: TrustingClient | None = None
 
     def activities(self) -> list[Callable]:
         return [self.query_prometheus]
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _http(self) -> TrustingClient:
+        if self._client is None:  # one client for every query, so connections are reused
+            trust = Trust.resolve(PROMETHEUS_TLS_FIX, verify=self._verify_tls, ca_bundle=self._ca_bundle,
+                                  setting="MILLWRIGHT_PROMETHEUS_CA_BUNDLE")  # fmt: skip
             # no retries in the transport: Temporal retries
-            self._client = httpx.AsyncClient(headers={"User-Agent": USER_AGENT},
-                                             transport=httpx.AsyncHTTPTransport(retries=0))
+            self._client = TrustingClient(trust, headers={"User-Agent": USER_AGENT},
+                                          transport=httpx.AsyncHTTPTransport(retries=0, verify=trust.for_httpx()))
         return self._client
 
     async def close(self) -> None:
@@ -68,10 +81,14 @@ class PrometheusActivities:
     async def query_prometheus(self, q: PrometheusQuery) -> list[float]:
         """Run an instant query; return the values of the resulting vector (a scalar as one value)."""
         url = q.url.rstrip("/") + "/api/v1/query"
+        http = self._http()
         try:
-            response = await self._http().post(url, data={"query": q.query, "timeout": f"{q.timeout_seconds:g}s"},
-                                               timeout=q.timeout_seconds)
+            response = await http.post(url, data={"query": q.query, "timeout": f"{q.timeout_seconds:g}s"},
+                                       timeout=q.timeout_seconds)
         except httpx.HTTPError as err:
+            tls_failure = http.trust.failure(err, f"querying Prometheus at {q.url}")
+            if tls_failure is not None:
+                raise tls_failure from None
             raise ApplicationError(f"querying Prometheus at {q.url}: {type(err).__name__}: {err}",
                                    type="PrometheusUnavailable") from err
         if response.status_code == 429 or response.status_code >= 500:

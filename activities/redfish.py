@@ -16,10 +16,16 @@ Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is
 created, so concurrent activities cannot exhaust a BMC's session limit). They never
 enter an activity's input, output, heartbeat or error.
 
+TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
+``BmcRef.ca_bundle`` (else the worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false``
+(or the worker's ``MILLWRIGHT_BMC_VERIFY_TLS=false``) turns verification off (activities/tls.py).
+
 Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not offer →
-``RedfishRejected`` (both non-retryable); a BMC that does not answer, answers 5xx or
-503 for its session limit → ``BmcUnavailable`` (retryable); no credentials configured →
-``RedfishNotConfigured`` (non-retryable).
+``RedfishRejected`` (both non-retryable); a certificate the worker does not trust or one issued
+for another name → ``TlsVerificationFailed`` (non-retryable, naming the setting that fixes it);
+a BMC that does not answer, answers 5xx or 503 for its session limit → ``BmcUnavailable``
+(retryable); no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
+``TlsNotConfigured`` (both non-retryable).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
+from activities.tls import TlsFix, Trust, ca_bundle_ref
 
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 20.0
@@ -50,6 +57,9 @@ PowerState = Literal["On", "Off"]
 BootTarget = Literal["Pxe", "Hdd", "Cd", "UefiHttp", "BiosSetup", "None"]
 
 T = TypeVar("T")
+
+BMC_TLS_FIX = TlsFix(ca="bmc.ca_bundle (this BMC) or MILLWRIGHT_BMC_CA_BUNDLE (every BMC)",
+                     off="bmc.verify_tls: false (or MILLWRIGHT_BMC_VERIFY_TLS=false for every BMC)")
 
 
 def _text(value: Any) -> str | None:
@@ -72,9 +82,14 @@ class BmcRef(StrictModel):
         None, description="Secret reference (env:NAME or file:/path) to 'user:password'; default: the worker's "
                           "MILLWRIGHT_BMC_CREDENTIALS.",
     )  # fmt: skip
-    verify_tls: bool = True
+    verify_tls: bool = Field(True, description="Verify the BMC's TLS certificate (false: accept any certificate).")
+    ca_bundle: str | None = Field(
+        None, description="CA bundle reference (file:/path/to/ca.pem) the BMC's certificate is verified against; "
+                          "default: the worker's MILLWRIGHT_BMC_CA_BUNDLE, else the default CAs.",
+    )  # fmt: skip
 
     _credentials_ok = field_validator("credentials")(_credentials_ref)
+    _ca_bundle_ok = field_validator("ca_bundle")(ca_bundle_ref)
 
     def __str__(self) -> str:
         return self.url + (f" system {self.system}" if self.system else "")
@@ -157,9 +172,12 @@ class RedfishHealth(StrictModel):
 # ---------------------------------------------------------------- errors
 
 
-def redfish_error(err: Exception, doing: str, bmc: BmcRef) -> ApplicationError:
+def redfish_error(err: Exception, doing: str, bmc: BmcRef, trust: Trust) -> ApplicationError:
     """Classify an error from sushy or the HTTP client; the message never carries credentials."""
     where = f"{doing} on BMC {bmc}"
+    tls_failure = trust.failure(err, where)
+    if tls_failure is not None:
+        return tls_failure
     if isinstance(err, sushy_errors.AccessError):
         return ApplicationError(f"{where}: the BMC refused the credentials (HTTP {err.status_code})",
                                 type="RedfishAuth", non_retryable=True)  # fmt: skip
@@ -181,8 +199,12 @@ def redfish_error(err: Exception, doing: str, bmc: BmcRef) -> ApplicationError:
 
 
 class RedfishActivities:
-    def __init__(self, default_credentials: SecretRef | None = None) -> None:
+    def __init__(self, default_credentials: SecretRef | None = None, *, ca_bundle: str | None = None,
+                 verify_tls: bool = True) -> None:  # fmt: skip
+        """`ca_bundle` and `verify_tls`: the worker's defaults for every BMC (MILLWRIGHT_BMC_CA_BUNDLE,
+        MILLWRIGHT_BMC_VERIFY_TLS)."""
         self.default_credentials = default_credentials
+        self.ca_bundle, self.verify_tls = ca_bundle, verify_tls
         self._threads = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="redfish")
 
     def activities(self) -> list[Callable]:
@@ -209,10 +231,16 @@ class RedfishActivities:
                                    non_retryable=True)  # fmt: skip
         return user, password
 
-    def _root(self, bmc: BmcRef) -> sushy.Sushy:
+    def _trust(self, bmc: BmcRef) -> Trust:
+        """The BMC's own CA bundle over the worker's; verification is off when either turns it off."""
+        ca, setting = (bmc.ca_bundle, "bmc.ca_bundle") if bmc.ca_bundle else (self.ca_bundle,
+                                                                            "MILLWRIGHT_BMC_CA_BUNDLE")
+        return Trust.resolve(BMC_TLS_FIX, verify=bmc.verify_tls and self.verify_tls, ca_bundle=ca, setting=setting)
+
+    def _root(self, bmc: BmcRef, trust: Trust) -> sushy.Sushy:
         user, password = self._user_password(bmc)
         return sushy.Sushy(
-            bmc.url, auth=sushy.auth.BasicAuth(user, password), verify=bmc.verify_tls,
+            bmc.url, auth=sushy.auth.BasicAuth(user, password), verify=trust.for_requests(),
             server_side_retries=1, server_side_retries_delay=1,
             connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT,
         )  # fmt: skip
@@ -233,16 +261,17 @@ class RedfishActivities:
     async def _call(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T], root: sushy.Sushy | None = None
                     ) -> T:  # fmt: skip
         """Run a blocking sushy conversation in a thread (on `root`, or a fresh one), mapping its errors."""
+        trust = self._trust(bmc)
 
         def run() -> T:
-            return fn(root or self._root(bmc))
+            return fn(root or self._root(bmc, trust))
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._threads, run)
         except ApplicationError:
             raise
         except Exception as err:
-            raise redfish_error(err, doing, bmc) from None
+            raise redfish_error(err, doing, bmc, trust) from None
 
     @activity.defn
     async def redfish_power(self, req: PowerRequest) -> PowerResult:

@@ -6,14 +6,24 @@ missing (``PUT``, which replaces a PKey's whole membership, is never used); remo
 ``DELETE .../pkeys/<pkey>/guids/<g,...>`` with only the GUIDs present; a PKey is created only when absent
 and deleted only when empty.
 
+UFM's answer to a write does not decide that it is done: every write is read back (`UfmActivities._write`).
+A write whose answer is lost (the connection dropped after UFM applied it, a timeout, a 5xx from its front)
+and that reads back applied counts as done by this attempt, so the result says what this run changed; one
+answered with success that does not read back is retried (``UfmWriteNotApplied``).
+
 Credentials come from a secret reference (``MILLWRIGHT_UFM_CREDENTIALS``: ``env:NAME`` or ``file:/path``)
 resolved inside each attempt: ``user:password`` uses HTTP Basic on ``/ufmRest``, anything else is an
 access token sent as ``Authorization: Basic <token>`` on ``/ufmRestV3``. They never enter an activity's input,
 output or error. The HTTP client never retries; Temporal's retry policy does.
 
+TLS: UFM's certificate (self-signed out of the box) is verified against the default CAs, or the CA bundle of
+``MILLWRIGHT_UFM_CA_BUNDLE``; ``MILLWRIGHT_UFM_VERIFY_TLS=false`` turns verification off (activities/tls.py).
+
 Errors: 400/404/405/409/422 → ``UfmRejected`` (non-retryable, UFM's own message); 401/403 → ``UfmAuth``
-(non-retryable); 5xx, 429, timeouts and connection errors → ``UfmUnavailable`` (retryable); no settings →
-``UfmNotConfigured`` (non-retryable).
+(non-retryable); a certificate the worker does not trust or one issued for another name →
+``TlsVerificationFailed`` (non-retryable, naming the setting that fixes it); 5xx, 429, timeouts and connection
+errors → ``UfmUnavailable`` (retryable); no settings → ``UfmNotConfigured``, an unreadable CA bundle →
+``TlsNotConfigured`` (both non-retryable).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
 from activities.secrets import SecretError, SecretRef
+from activities.tls import TlsFix, Trust, TrustingClient, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 _REQUEST_TIMEOUT = 10.0
@@ -37,6 +48,7 @@ _PKEY = re.compile(r"^0x[0-9a-fA-F]{1,4}$")
 MANAGEMENT_PKEY = 0x7FFF
 
 Membership = Literal["full", "limited"]
+UFM_TLS_FIX = TlsFix(ca="MILLWRIGHT_UFM_CA_BUNDLE", off="MILLWRIGHT_UFM_VERIFY_TLS=false")
 
 
 def normalize_guid(value: str) -> str:
@@ -74,6 +86,11 @@ class UfmConfig(StrictModel):
     url: BaseUrl
     credentials: SecretRef
     timeout_seconds: float = _REQUEST_TIMEOUT
+    ca_bundle: str | None = Field(None, description="CA bundle reference (file:/path/to/ca.pem) for UFM's "
+                                                    "certificate; default: the default CAs")  # fmt: skip
+    verify_tls: bool = True
+
+    _ca_bundle_ok = field_validator("ca_bundle")(ca_bundle_ref)
 
 
 class HostsRequest(StrictModel):
@@ -192,7 +209,7 @@ class UfmActivities:
 
     # ------------------------------------------------------------ plumbing
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> TrustingClient:
         if self._config is None:
             raise ApplicationError(
                 "UFM is not configured on this worker: set MILLWRIGHT_UFM_URL and MILLWRIGHT_UFM_CREDENTIALS "
@@ -214,13 +231,18 @@ class UfmActivities:
             auth = None
             headers["Authorization"] = f"Basic {secret}"
             base += "/ufmRestV3"
-        return httpx.AsyncClient(base_url=base, auth=auth, headers=headers, timeout=self._config.timeout_seconds)
+        trust = Trust.resolve(UFM_TLS_FIX, verify=self._config.verify_tls, ca_bundle=self._config.ca_bundle,
+                              setting="MILLWRIGHT_UFM_CA_BUNDLE")  # fmt: skip
+        return TrustingClient(trust, base_url=base, auth=auth, headers=headers, timeout=self._config.timeout_seconds)
 
-    async def _call(self, client: httpx.AsyncClient, method: str, path: str, doing: str, *,
+    async def _call(self, client: TrustingClient, method: str, path: str, doing: str, *,
                     ok404: bool = False, **kw: Any) -> Any:
         try:
             response = await client.request(method, path, **kw)
         except httpx.HTTPError as err:
+            tls_failure = client.trust.failure(err, f"{doing}: UFM {self._config.url}")
+            if tls_failure is not None:
+                raise tls_failure from None
             # Never the request itself: its headers hold the credentials.
             raise ApplicationError(f"{doing}: connection failed: {type(err).__name__}", type="UfmUnavailable") from None
         if ok404 and response.status_code == 404:
@@ -236,7 +258,37 @@ class UfmActivities:
     def _after_write(self, what: str) -> None:
         """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""
 
-    async def _members(self, client: httpx.AsyncClient, pkey: str) -> PKeyMembers:
+    async def _write(self, client: TrustingClient, method: str, path: str, doing: str, pkey: str,
+                     landed: Callable[[PKeyMembers], bool], **kw: Any) -> None:  # fmt: skip
+        """One write, then PKey `pkey` read back: the write is done when `landed` says the read shows it.
+
+        A retryable failure (the answer lost after UFM applied the write, a timeout, a 5xx) is read back too: a
+        write that landed counts as this attempt's, and only one that did not is raised for the retry policy.
+        A success answer whose change does not read back is retryable ``UfmWriteNotApplied``: the next attempt
+        reads first and writes only what is still missing. A rejection (4xx) is raised as it is."""
+        failed: ApplicationError | None = None
+        try:
+            await self._call(client, method, path, doing, **kw)
+        except ApplicationError as err:
+            if err.non_retryable:
+                raise
+            failed = err
+        else:
+            self._after_write(doing)
+        try:
+            have = await self._members(client, pkey)
+        except ApplicationError:
+            if failed is not None:
+                raise failed from None  # the write's own error says more than the read's
+            raise
+        if landed(have):
+            return
+        if failed is not None:
+            raise failed
+        raise ApplicationError(f"{doing}: UFM answered success, but PKey {pkey} does not read back changed "
+                               f"(exists: {have.exists}, {len(have.members)} members)", type="UfmWriteNotApplied")
+
+    async def _members(self, client: TrustingClient, pkey: str) -> PKeyMembers:
         body = await self._call(client, "GET", f"/resources/pkeys/{pkey}", f"reading PKey {pkey}", ok404=True,
                                 params={"guids_data": "true"})
         if body is None:
@@ -302,8 +354,8 @@ class UfmActivities:
             body: dict[str, Any] = {"pkey": req.pkey, "index0": req.index0, "ip_over_ib": req.ip_over_ib}
             if req.partition_name:
                 body["partition_name"] = req.partition_name
-            await self._call(client, "POST", "/resources/pkeys/add", f"creating PKey {req.pkey}", json=body)
-            self._after_write(f"create {req.pkey}")
+            await self._write(client, "POST", "/resources/pkeys/add", f"creating PKey {req.pkey}", req.pkey,
+                              lambda have: have.exists, json=body)  # fmt: skip
             return EnsuredPKey(pkey=req.pkey, created=True)
 
     @activity.defn
@@ -315,10 +367,12 @@ class UfmActivities:
             result = MembershipChange(pkey=req.pkey, changed=missing,
                                       unchanged=[g for g in req.guids if g not in missing])
             if missing:
-                await self._call(client, "POST", "/resources/pkeys", f"adding {len(missing)} GUIDs to PKey {req.pkey}",
-                                 json={"pkey": req.pkey, "guids": missing, "membership": req.membership,
-                                       "index0": req.index0, "ip_over_ib": req.ip_over_ib})
-                self._after_write(f"add {req.pkey}")
+                await self._write(
+                    client, "POST", "/resources/pkeys", f"adding {len(missing)} GUIDs to PKey {req.pkey}", req.pkey,
+                    lambda after: all(after.members.get(g) == req.membership for g in missing),
+                    json={"pkey": req.pkey, "guids": missing, "membership": req.membership, "index0": req.index0,
+                          "ip_over_ib": req.ip_over_ib},
+                )  # fmt: skip
             return result
 
     @activity.defn
@@ -330,9 +384,9 @@ class UfmActivities:
             result = MembershipChange(pkey=req.pkey, changed=present,
                                       unchanged=[g for g in req.guids if g not in present])
             if present:
-                await self._call(client, "DELETE", f"/resources/pkeys/{req.pkey}/guids/{','.join(present)}",
-                                 f"removing {len(present)} GUIDs from PKey {req.pkey}")
-                self._after_write(f"remove {req.pkey}")
+                await self._write(client, "DELETE", f"/resources/pkeys/{req.pkey}/guids/{','.join(present)}",
+                                  f"removing {len(present)} GUIDs from PKey {req.pkey}", req.pkey,
+                                  lambda after: not any(g in after.members for g in present))  # fmt: skip
             return result
 
     @activity.defn
@@ -344,8 +398,8 @@ class UfmActivities:
                 return DeletedPKey(pkey=ref.pkey, deleted=False, existed=False)
             if have.members:
                 return DeletedPKey(pkey=ref.pkey, deleted=False, existed=True, remaining=have.members)
-            await self._call(client, "DELETE", f"/resources/pkeys/{ref.pkey}", f"deleting PKey {ref.pkey}", ok404=True)
-            self._after_write(f"delete {ref.pkey}")
+            await self._write(client, "DELETE", f"/resources/pkeys/{ref.pkey}", f"deleting PKey {ref.pkey}", ref.pkey,
+                              lambda after: not after.exists, ok404=True)  # fmt: skip
             return DeletedPKey(pkey=ref.pkey, deleted=True, existed=True)
 
     # ------------------------------------------------------------ the Fabric entity

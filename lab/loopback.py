@@ -8,9 +8,12 @@ import json
 import os
 import signal
 import socket
+import ssl
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from lab import tls as lab_tls
 
 LOOPBACK = "127.0.0.1"
 
@@ -56,36 +59,43 @@ async def announce_and_wait(name: str, url: str, ready_file: str | None) -> None
 
 
 def server_arguments(prog: str, description: str) -> argparse.ArgumentParser:
-    """The arguments every lab server takes from ChildProcess: --host, --port, --ready-file; and --log-level."""
+    """The arguments every lab server takes from ChildProcess: --host, --port, --ready-file; and --log-level,
+    --tls-cert/--tls-key (lab/tls.py)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--host", default=LOOPBACK)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--ready-file")
     p.add_argument("--log-level", default="WARNING")
+    lab_tls.add_arguments(p)
     return p
 
 
-async def serve_app(name: str, app: Any, host: str, port: int, ready_file: str | None) -> None:
-    """Serve an aiohttp application on host:port (0: a free port), say where, and run until SIGTERM or SIGINT."""
+async def serve_app(name: str, app: Any, host: str, port: int, ready_file: str | None,
+                    ssl_context: ssl.SSLContext | None = None) -> None:  # fmt: skip
+    """Serve an aiohttp application on host:port (0: a free port), over HTTPS with `ssl_context`, say where, and
+    run until SIGTERM or SIGINT."""
     from aiohttp import web
 
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
+    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0, ssl_context=ssl_context)
     await site.start()
     sock = site._server.sockets[0]  # type: ignore[union-attr]
-    await announce_and_wait(name, f"http://{host}:{sock.getsockname()[1]}", ready_file)
+    scheme = "https" if ssl_context else "http"
+    await announce_and_wait(name, f"{scheme}://{host}:{sock.getsockname()[1]}", ready_file)
     await runner.cleanup()
 
 
 class AdminClient:
     """Async client for a lab service's `/_lab/` admin API: reset, faults, the audit log."""
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, ca_file: Path | str | None = None) -> None:
+        """`ca_file`: the CA to trust when the service answers HTTPS (lab/tls.py's LabCa.ca_file)."""
         import httpx
 
         self.url = url.rstrip("/")
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout)
+        verify = ssl.create_default_context(cafile=str(ca_file)) if ca_file else True
+        self._client = httpx.AsyncClient(base_url=self.url, timeout=timeout, verify=verify)
 
     async def _req(self, method: str, path: str, **kw: Any) -> Any:
         r = await self._client.request(method, path, **kw)

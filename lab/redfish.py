@@ -2,8 +2,10 @@
 
 One process emulates N HGX-class GPU servers, each with its own BMC: its own loopback port serving Redfish
 (DMTF schema shapes, as the real ``sushy`` client reads them) with its own sessions, inventory and logs, plus one
-admin port. sushy-tools (``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no
-processors, firmware inventory, BIOS, logs or sessions, which is what this emulator adds.
+admin port. With ``--tls-cert F --tls-key F`` (a certificate from the lab CA, lab/tls.py) every BMC answers HTTPS,
+as real BMCs do; plain HTTP is the default. The admin port always answers plain HTTP. sushy-tools
+(``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no processors, firmware
+inventory, BIOS, logs or sessions, which is what this emulator adds.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 
@@ -62,6 +64,7 @@ import json
 import logging
 import re
 import secrets
+import ssl
 import sys
 import time
 import uuid as _uuid
@@ -71,6 +74,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lab import tls as lab_tls
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, announce_and_wait
 
@@ -875,17 +879,21 @@ class BmcLab:
         return web.json_response({"error": f"no admin route {m} /_lab/servers/{'/'.join(p)}"}, status=404)
 
 
-async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab) -> None:
+async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab,
+                ssl_context: ssl.SSLContext | None = None) -> None:  # fmt: skip
+    """The admin port answers plain HTTP (it is the lab's, not a BMC's); each BMC answers HTTPS with
+    `ssl_context`, else HTTP."""
     runner = web.AppRunner(lab.app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     admin = web.TCPSite(runner, host, port, backlog=512)
     await admin.start()
     admin_port = admin._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    scheme = "https" if ssl_context else "http"
     for bmc in lab.servers.values():
-        site = web.TCPSite(runner, host, int(bmc.spec.get("port") or 0))
+        site = web.TCPSite(runner, host, int(bmc.spec.get("port") or 0), ssl_context=ssl_context)
         await site.start()
         bmc.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        bmc.url = f"http://{host}:{bmc.port}"
+        bmc.url = f"{scheme}://{host}:{bmc.port}"
         lab.by_port[bmc.port] = bmc
     await announce_and_wait("lab.redfish", f"http://{host}:{admin_port}", ready_file)
     await runner.cleanup()
@@ -908,8 +916,9 @@ class LabBmcs(ChildProcess):
 
     def __init__(self, *, servers: list[dict | str] | None = None, count: int = 4, prefix: str = "gpu-node-",
                  user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, power_delay: float | None = None,
-                 max_sessions: int | None = None, **kw: Any) -> None:
+                 max_sessions: int | None = None, tls: lab_tls.ServerCert | None = None, **kw: Any) -> None:
         super().__init__(**kw)
+        self.tls = tls  # the BMCs answer HTTPS with this certificate (lab/tls.py); the admin port stays HTTP
         self.specs = [normalize_spec(s, i) for i, s in enumerate(
             servers if servers is not None else [f"{prefix}{i:03d}" for i in range(1, count + 1)])]
         self.user, self.password = user, password
@@ -930,7 +939,7 @@ class LabBmcs(ChildProcess):
             cmd += ["--power-delay", str(self.power_delay)]
         if self.max_sessions is not None:
             cmd += ["--max-sessions", str(self.max_sessions)]
-        return cmd
+        return cmd + lab_tls.arguments(self.tls)
 
     def start(self):
         if self.proc is None:
@@ -1009,13 +1018,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--power-delay", type=float, default=DEFAULT_CONFIG["power_delay"])
     p.add_argument("--max-sessions", type=int, default=DEFAULT_CONFIG["max_sessions"])
     p.add_argument("--log-level", default="WARNING")
+    lab_tls.add_arguments(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     specs = load_servers(a.servers_file) if a.servers_file else [f"{a.prefix}{i:03d}" for i in range(1, a.count + 1)]
     lab = BmcLab(specs, user=os.environ.get("LAB_BMC_USER", DEFAULT_USER),
                  password=os.environ.get("LAB_BMC_PASSWORD", DEFAULT_PASSWORD),
                  config={"power_delay": a.power_delay, "max_sessions": a.max_sessions})
-    asyncio.run(serve(a.host, a.port, a.ready_file, lab))
+    asyncio.run(serve(a.host, a.port, a.ready_file, lab, lab_tls.server_context(a)))
     return 0
 
 

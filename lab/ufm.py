@@ -20,6 +20,8 @@ Lab admin API (same shape as the Kubernetes emulator's): ``POST /_lab/reset``; `
 "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"}, "count": 1}``,
 ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET /_lab/audit/cursor``.
 ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed meanwhile).
+
+``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import base64
 import json
 import logging
 import re
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -37,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lab import tls as lab_tls
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, serve_app
 
@@ -430,8 +434,9 @@ class UfmServer:
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
 
 
-async def serve(host: str, port: int, ready_file: str | None, server: UfmServer) -> None:
-    await serve_app("lab.ufm", server.app, host, port, ready_file)
+async def serve(host: str, port: int, ready_file: str | None, server: UfmServer,
+                ssl_context: ssl.SSLContext | None = None) -> None:  # fmt: skip
+    await serve_app("lab.ufm", server.app, host, port, ready_file, ssl_context)
 
 
 class UfmStub(ChildProcess):
@@ -441,15 +446,16 @@ class UfmStub(ChildProcess):
     name = "lab-ufm"
 
     def __init__(self, *, user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, token: str | None = None,
-                 fleet: str | None = None, **kw: Any) -> None:
+                 fleet: str | None = None, tls: lab_tls.ServerCert | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.user, self.password, self.token, self.fleet = user, password, token, fleet
+        self.tls = tls  # HTTPS with this certificate (lab/tls.py), as a real UFM serves; its admin API too
         # Credentials travel in the environment, not the command line (visible in `ps`).
         self.env = {**(self.env or {}), "LAB_UFM_USER": user, "LAB_UFM_PASSWORD": password,
                     **({"LAB_UFM_TOKEN": token} if token else {})}
 
     def extra_command(self) -> list[str]:
-        return ["--fleet", str(self.fleet)] if self.fleet else []
+        return (["--fleet", str(self.fleet)] if self.fleet else []) + lab_tls.arguments(self.tls)
 
 
 class UfmAdmin(AdminClient):
@@ -475,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-file")
     p.add_argument("--fleet", help="seed hosts, port GUIDs and switches from this fleet file's infiniband part")
     p.add_argument("--log-level", default="WARNING")
+    lab_tls.add_arguments(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     server = UfmServer(user=os.environ.get("LAB_UFM_USER", DEFAULT_USER),
@@ -482,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                        token=os.environ.get("LAB_UFM_TOKEN") or None)
     if a.fleet:
         server.fabric.seed(fleet_seed(Path(a.fleet)))
-    asyncio.run(serve(a.host, a.port, a.ready_file, server))
+    asyncio.run(serve(a.host, a.port, a.ready_file, server, lab_tls.server_context(a)))
     return 0
 
 

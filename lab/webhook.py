@@ -1,5 +1,7 @@
 """A webhook receiver for the lab: ``python -m lab.webhook --port 0 --ready-file F``.
 
+``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included.
+
 Takes any ``POST`` with a JSON body (a path of your choice, e.g. ``/hooks/ops``) and answers 204.
 Deliveries with an ``Idempotency-Key`` already seen are answered 204 again and recorded as duplicates,
 so tests can check that a retried notification reached the receiver once. With ``LAB_WEBHOOK_TOKEN`` in its
@@ -24,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lab import tls as lab_tls
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, serve_app, server_arguments
 
@@ -112,10 +115,14 @@ class WebhookReceiver(ChildProcess):
     module = "lab.webhook"
     name = "lab-webhook"
 
-    def __init__(self, *, token: str | None = None, **kw: Any) -> None:
+    def __init__(self, *, token: str | None = None, tls: lab_tls.ServerCert | None = None, **kw: Any) -> None:
         super().__init__(**kw)
+        self.tls = tls  # HTTPS with this certificate (lab/tls.py); its admin API too
         if token:  # in the environment, not the command line (visible in `ps`)
             self.env = {**(self.env or {}), "LAB_WEBHOOK_TOKEN": token}
+
+    def extra_command(self) -> list[str]:
+        return lab_tls.arguments(self.tls)
 
 
 class WebhookAdmin(AdminClient):
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     a = server_arguments("python -m lab.webhook", "Webhook receiver for the lab").parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     server = WebhookServer(token=os.environ.get("LAB_WEBHOOK_TOKEN") or None)
-    asyncio.run(serve_app("lab.webhook", server.app, a.host, a.port, a.ready_file))
+    asyncio.run(serve_app("lab.webhook", server.app, a.host, a.port, a.ready_file, lab_tls.server_context(a)))
     return 0
 
 

@@ -166,3 +166,28 @@ async def end_disruption_budgets(client) -> None:
 # ==================================================================================
 # (end of Kubernetes emulator fixtures)
 # ==================================================================================
+
+
+# ==================================================================================
+# TLS: the lab CA (lab/tls.py), for lab servers that answer HTTPS
+# ==================================================================================
+
+
+@pytest.fixture(scope="session")
+def lab_ca(tmp_path_factory):
+    """A lab CA for the session. ``lab_ca.issue(name, ["127.0.0.1"])`` makes a server certificate that names only
+    127.0.0.1: a client reaching that server as ``localhost`` gets a hostname mismatch. ``lab_ca.reference`` is the
+    CA bundle reference a worker trusts it with."""
+    from lab.tls import LabCa
+
+    return LabCa(tmp_path_factory.mktemp("lab-ca")).ensure()
+
+
+def as_localhost(url: str) -> str:
+    """The same server by a name its lab certificate does not carry (see `lab_ca`)."""
+    return url.replace("://127.0.0.1:", "://localhost:")
+
+
+# ==================================================================================
+# (end of TLS fixtures)
+# ==================================================================================

@@ -3,6 +3,11 @@
 The Temporal connection itself (address, namespace, API key, TLS) is not here: it comes
 from Temporal's own environment configuration (``TEMPORAL_*`` variables and TOML
 profiles), see :func:`worker.main.connect_config`.
+
+TLS to the integrations (BMCs, NetBox, UFM, Ironic, Prometheus): ``MILLWRIGHT_<NAME>_CA_BUNDLE``
+is a CA bundle reference (``file:/path/to/ca.pem``, read by the activities at each attempt)
+that replaces the default CAs; ``MILLWRIGHT_<NAME>_VERIFY_TLS=false`` turns verification off.
+Kubernetes takes its CA from the kubeconfig, webhooks from each target (activities/tls.py).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.models import BaseUrl, Host
+
+_CA_BUNDLE = "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
+_VERIFY_TLS = "false: accept any certificate from {what} (the connection is then not authenticated)"
 
 
 class ConfigError(Exception):
@@ -36,19 +44,33 @@ class WorkerSettings(BaseSettings):
     netbox_token: str | None = Field(
         None, description="Secret reference to the NetBox API token: env:NAME or file:/path (never the token itself)"
     )
+    netbox_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="NetBox's"))
+    netbox_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="NetBox"))
 
     ufm_url: BaseUrl | None = Field(None, description="NVIDIA UFM base URL, e.g. https://ufm.example.com")
     ufm_credentials: str | None = Field(
         None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
     )
+    ufm_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="UFM's"))
+    ufm_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="UFM"))
     ironic_url: BaseUrl | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
     ironic_token: str | None = Field(
         None, description="Secret reference to a Keystone token for Ironic: env:NAME or file:/path (none: noauth)"
     )
+    ironic_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Ironic's"))
+    ironic_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Ironic"))
+    prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
+    prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
 
     bmc_credentials: str | None = Field(
         None, description="Secret reference to BMCs' default user:password (env:NAME or file:/path); a server's own "
                           "reference (e.g. from NetBox) takes precedence",
+    )
+    bmc_ca_bundle: str | None = Field(
+        None, description=_CA_BUNDLE.format(what="BMCs'") + "; a server's own BmcRef.ca_bundle takes precedence"
+    )
+    bmc_verify_tls: bool = Field(
+        True, description=_VERIFY_TLS.format(what="every BMC") + "; BmcRef.verify_tls: false does it for one BMC"
     )
 
     host_name: str | None = Field(
@@ -116,7 +138,8 @@ class WorkerSettings(BaseSettings):
             token = SecretRef.parse(self.netbox_token)
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_NETBOX_TOKEN: {err}") from None
-        return NetBoxConfig(url=self.netbox_url.rstrip("/"), token=token)
+        return NetBoxConfig(url=self.netbox_url.rstrip("/"), token=token, ca_bundle=self.ca_bundle("netbox"),
+                            verify_tls=self.netbox_verify_tls)  # fmt: skip
 
     def ufm_config(self):
         """The UFM connection (URL + credentials reference), or None when UFM is not configured."""
@@ -132,7 +155,8 @@ class WorkerSettings(BaseSettings):
             credentials = SecretRef.parse(self.ufm_credentials)
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_UFM_CREDENTIALS: {err}") from None
-        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=credentials)
+        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=credentials, ca_bundle=self.ca_bundle("ufm"),
+                         verify_tls=self.ufm_verify_tls)  # fmt: skip
 
     def ironic_config(self):
         """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
@@ -149,7 +173,8 @@ class WorkerSettings(BaseSettings):
                 token = SecretRef.parse(self.ironic_token)
             except ValueError as err:
                 raise ConfigError(f"MILLWRIGHT_IRONIC_TOKEN: {err}") from None
-        return IronicConfig(url=self.ironic_url.rstrip("/"), token=token)
+        return IronicConfig(url=self.ironic_url.rstrip("/"), token=token, ca_bundle=self.ca_bundle("ironic"),
+                            verify_tls=self.ironic_verify_tls)  # fmt: skip
 
     def bmc_credentials_ref(self):
         """The default BMC credentials reference, or None (then every server must name its own)."""
@@ -161,3 +186,16 @@ class WorkerSettings(BaseSettings):
             return SecretRef.parse(self.bmc_credentials)
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_BMC_CREDENTIALS: {err}") from None
+
+    def ca_bundle(self, integration: str) -> str | None:
+        """MILLWRIGHT_<INTEGRATION>_CA_BUNDLE (bmc, netbox, ufm, ironic, prometheus), checked to be a CA bundle
+        reference; the file itself is read by the activities, at each attempt."""
+        from activities.tls import ca_bundle_path
+
+        value = getattr(self, f"{integration}_ca_bundle")
+        if value is not None:
+            try:
+                ca_bundle_path(value)
+            except ValueError as err:
+                raise ConfigError(f"MILLWRIGHT_{integration.upper()}_CA_BUNDLE: {err}") from None
+        return value

@@ -60,10 +60,13 @@ def build(settings: WorkerSettings) -> Registration:
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
     netbox = NetBoxActivities(settings.netbox_config())
-    prometheus = PrometheusActivities()  # the server URL comes with each query
+    # The server URL comes with each query; what its certificate is verified against is the worker's.
+    prometheus = PrometheusActivities(ca_bundle=settings.ca_bundle("prometheus"),
+                                      verify_tls=settings.prometheus_verify_tls)
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
-    redfish = RedfishActivities(settings.bmc_credentials_ref())
+    redfish = RedfishActivities(settings.bmc_credentials_ref(), ca_bundle=settings.ca_bundle("bmc"),
+                                verify_tls=settings.bmc_verify_tls)
     return Registration(
         workflows=list(WORKFLOWS),
         activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities()

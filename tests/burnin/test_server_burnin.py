@@ -6,14 +6,18 @@ import asyncio
 import time
 import uuid
 
-from temporalio.client import WorkflowHandle
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from lab.redfish import DEFAULT_FIRMWARE
 from tests.burnin.conftest import BMC_PASSWORD
+from tests.redfish import conftest as _redfish
 from tests.test_node_maintenance import record_history
 from workflows.burnin import ServerBurnIn, ServerBurnInInput, ServerBurnInResult
 
 STRESS = 2
+https_bmcs = _redfish.https_bmcs  # a lab BMC answering HTTPS with a certificate of the session's lab CA
 
 
 def burn_in_input(bmcs, name: str, **settings) -> ServerBurnInInput:
@@ -103,6 +107,27 @@ async def test_bmc_outage_in_the_middle_is_survived(client, burnin_bmcs, bmc_adm
     assert (await bmc_admin.server(name))["booted_from"] == "Hdd"
 
 
+async def test_a_bmc_behind_an_untrusted_certificate_ends_the_burn_in_at_once(client, https_bmcs, burnin_worker,
+                                                                              monkeypatch):  # fmt: skip
+    monkeypatch.setenv("MW_TEST_HTTPS_BMC", f"{_redfish.BMC_USER}:{_redfish.BMC_PASSWORD}")
+    name = https_bmcs.names[0]
+    inp = ServerBurnInInput.model_validate({
+        "server": {"name": name, "bmc": {"url": https_bmcs.bmc_urls[name], "credentials": "env:MW_TEST_HTTPS_BMC"},
+                   "expected": {"gpus": 8}},
+        "settings": {"record_in_netbox": False},
+    })  # fmt: skip
+    handle = await start(client, burnin_worker, inp)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    activity_error = failed.value.cause
+    assert isinstance(activity_error, ActivityError) and activity_error.retry_state == RetryState.NON_RETRYABLE_FAILURE
+    assert isinstance(activity_error.cause, ApplicationError) and activity_error.cause.type == "TlsVerificationFailed"
+    assert "MILLWRIGHT_BMC_CA_BUNDLE" in str(activity_error.cause)
+    attempts = [e.activity_task_started_event_attributes.attempt for e in (await handle.fetch_history()).events
+                if e.HasField("activity_task_started_event_attributes")]  # fmt: skip
+    assert attempts == [1]  # the inventory read was tried once, not retried for an hour
+
+
 async def test_bmc_password_is_in_no_history(client):
     """Every burn-in run of this session: the password never entered an input, result, heartbeat or error."""
     found = 0
@@ -111,3 +136,4 @@ async def test_bmc_password_is_in_no_history(client):
         assert BMC_PASSWORD not in history.to_json()
         found += 1
     assert found >= 5
+

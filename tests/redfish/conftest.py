@@ -12,6 +12,8 @@ Reusable by other tiers (e.g. burn-in workflow tests): import them from here, as
   sessions, faults, audit and config cleared).
 * ``redfish`` (per test): a factory ``redfish(name, auth="basic"|"session"|"either", password=None, **sushy_kw)``
   -> ``sushy.Sushy`` on that lab BMC; every root it made is closed (its session logged out) at teardown.
+* ``https_bmcs`` (session): a ``LabBmcs`` with 1 server (``tls-<suffix>-001``) whose BMC answers HTTPS with a
+  certificate of the session's lab CA (``lab_ca``, tests/conftest.py) naming only 127.0.0.1; same credentials.
 * ``sushy_tools`` (session): a ``SushyTools`` (fake driver, Basic auth via a bcrypt htpasswd) with 3 systems named
   ``st-<suffix>-001`` .. ``-003``; system 001 starts On, the others Off (power changes land 0-11 s later; state is
   shared by every test of the session, so read it rather than assume it). Credentials ``ST_USER`` / ``ST_PASSWORD``.
@@ -36,6 +38,15 @@ def lab_bmcs():
     from lab.redfish import LabBmcs
 
     with LabBmcs(count=4, prefix=f"hgx-{SUFFIX}-", user=BMC_USER, password=BMC_PASSWORD) as bmcs:
+        yield bmcs
+
+
+@pytest.fixture(scope="session")
+def https_bmcs(lab_ca):
+    from lab.redfish import LabBmcs
+
+    with LabBmcs(count=1, prefix=f"tls-{SUFFIX}-", user=BMC_USER, password=BMC_PASSWORD,
+                 tls=lab_ca.issue("bmc", ["127.0.0.1"])) as bmcs:  # fmt: skip
         yield bmcs
 
 

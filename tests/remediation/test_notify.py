@@ -61,3 +61,45 @@ async def test_what_is_retried_and_what_is_not(receiver, monkeypatch):
     with pytest.raises(ValueError):
         WebhookTarget(url="http://x", token="a-bare-token")
     await admin.aclose()
+
+
+# ---------------------------------------------------------------- TLS (activities/tls.py)
+
+
+@pytest.fixture(scope="module")
+def https_receiver(lab_ca):
+    with WebhookReceiver(tls=lab_ca.issue("webhook", ["127.0.0.1"])) as hook:
+        yield hook
+
+
+def https_note(url: str, **tls) -> WebhookNotification:
+    return WebhookNotification(target=WebhookTarget(url=f"{url}/hooks/tls", **tls), event="e", idempotency_key="tls")
+
+
+async def test_an_untrusted_certificate_fails_at_once_naming_the_fix(https_receiver):
+    assert https_receiver.url.startswith("https://")
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(NotifyActivities().notify_webhook, https_note(https_receiver.url))
+    assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
+    text = str(err.value)
+    assert "TLS certificate verification failed: unable to get local issuer certificate" in text
+    assert "the webhook's ca_bundle" in text and "the webhook's verify_tls: false" in text
+
+
+async def test_the_webhooks_ca_bundle_or_verify_tls_false_makes_it_work(https_receiver, lab_ca):
+    env, acts = ActivityEnvironment(), NotifyActivities()
+    assert (await env.run(acts.notify_webhook, https_note(https_receiver.url, ca_bundle=lab_ca.reference))).status == 204
+    assert (await env.run(acts.notify_webhook, https_note(https_receiver.url, verify_tls=False))).status == 204
+    async with WebhookAdmin(https_receiver.url, ca_file=lab_ca.ca_file) as admin:
+        (event,) = await admin.received()
+    assert event["deliveries"] == 2
+
+
+async def test_a_hostname_mismatch_is_reported_as_such(https_receiver, lab_ca):
+    from tests.conftest import as_localhost
+
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(NotifyActivities().notify_webhook,
+                                        https_note(as_localhost(https_receiver.url), ca_bundle=lab_ca.reference))
+    assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)

@@ -42,6 +42,16 @@ def ufm_stub():
         yield stub
 
 
+@pytest.fixture(scope="session")
+def https_ufm_stub(lab_ca):
+    """The emulator answering HTTPS (its admin API too), as a real UFM does, with a certificate of the session's lab
+    CA (tests/conftest.py `lab_ca`) naming only 127.0.0.1; same credentials as `ufm_stub`."""
+    from lab.ufm import UfmStub
+
+    with UfmStub(password=PASSWORD, token=TOKEN, tls=lab_ca.issue("ufm", ["127.0.0.1"])) as stub:
+        yield stub
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def ufm(ufm_stub, fleet):
     """The emulator's admin API; the fabric reset and seeded from the fleet before each test."""
