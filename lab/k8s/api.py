@@ -186,6 +186,8 @@ class Api:
                 details: dict[str, Any] = {"name": info.name, "kind": info.resource}
                 if info.group:
                     details["group"] = info.group
+                if "details" in action:  # a Status the defaults cannot say: causes, or a path-level 404's none
+                    details = dict(action["details"] or {})
                 headers = {}
                 if ra is not None:
                     details["retryAfterSeconds"] = int(ra)
@@ -891,6 +893,11 @@ class Api:
         pdb_rt = store.registry.types[PDBS]
         success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         async with store.lock:
+            try:  # the NamespaceLifecycle admission, before the handler: no new content in a terminating namespace
+                self._check_namespace(rt, info.namespace, info.name)
+            except ApiError:
+                ev["outcome"] = "namespace-refused"
+                raise
             pod = store.get(rt, info.namespace, info.name)
             if pod is None:
                 ev["outcome"] = "not-found"
