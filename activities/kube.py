@@ -872,12 +872,12 @@ class KubeActivities:
         Only a fresh read of the pod ever says it is gone (missing, or a new UID): never the
         eviction's answer. The pod is read first, so a retry after a crash or a lost answer never
         sends a second eviction for a pod already terminating or gone. Every answer, as `kubectl
-        drain` treats it (README "Draining a node" has the table): 2xx accepted (the drain then
-        waits for the pod to go); 429 and 403 NamespaceTerminating blocked, tried again later;
-        the more-than-one-budget 500 and 400/403/422 refused for good; anything else (404, 409,
-        5xx, a dropped connection: the eviction may or may not have happened) is settled by
-        reading the pod again: gone or terminating as the read shows, otherwise still to evict
-        (a 409 as blocked, the rest as a retryable error).
+        drain` treats it (the table: README "Draining a node: every answer of the eviction API"):
+        2xx accepted (the drain then waits for the pod to go); 429 and 403 NamespaceTerminating
+        blocked, tried again later; the more-than-one-budget 500 and 400/403/422 refused for good;
+        anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have
+        happened) is settled by reading the pod again: gone or terminating as the read shows,
+        otherwise still to evict (a 409 as blocked, the rest as a retryable error).
         """
         core = await self._clusters.core(req.cluster)
         pod_ref = req.pod
@@ -1026,8 +1026,10 @@ class KubeActivities:
             return
         packages[req.package] = req.version
         value = json.dumps(dict(sorted(packages.items())), separators=(",", ":"))
-        patch = {"metadata": {"resourceVersion": node.metadata.resource_version, "annotations": {PACKAGES_ANNOTATION: value}}}
-        await self._patch_node(req.cluster, req.node, patch, f"recording package {req.package} {req.version} on node {req.node}",
+        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                              "annotations": {PACKAGES_ANNOTATION: value}}}
+        await self._patch_node(req.cluster, req.node, patch,
+                               f"recording package {req.package} {req.version} on node {req.node}",
                                lambda n: _annotation(n, PACKAGES_ANNOTATION) == value)
 
     # ------------------------------------------------------------ rollouts: package Jobs
