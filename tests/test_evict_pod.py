@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -17,11 +18,15 @@ from temporalio.testing import ActivityEnvironment
 from activities.kube import (
     CORDONED_BY,
     JOB_NAMESPACE,
+    PACKAGES_ANNOTATION,
+    ROLLOUT_STATE_LABEL,
     ClusterConnector,
     CordonRequest,
     EvictOutcome,
     EvictRequest,
     KubeActivities,
+    NodeRolloutState,
+    PackageInstalled,
     PodRef,
     RebootWait,
     StageJobRequest,
@@ -190,6 +195,35 @@ async def test_cordon_and_uncordon_after_a_lost_answer(k8s, kube, core):
     assert not node.spec.unschedulable and CORDONED_BY not in (node.metadata.annotations or {})
     writes = [e for e in await k8s.audit(since=since, writes=True) if e["resource"] == "nodes"]
     assert len(writes) == 1  # one uncordon, never a second
+
+
+async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not_redone(k8s, kube, core):
+    await k8s.seed(objects())
+    await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": []})
+    patch = {"verb": "patch", "resource": "nodes", "name": "node-01"}
+    calls = [
+        (kube.set_node_rollout_state, NodeRolloutState(cluster="lab", node="node-01", rollout="r1", state="in_progress"),
+         patch),
+        (kube.record_package_installed, PackageInstalled(cluster="lab", node="node-01", package="p", version="1"), patch),
+        (kube.run_stage_job, StageJobRequest(cluster="lab", node="node-01", rollout="r1", package="p", version="1",
+                                             image="img", stage="apply", timeout_seconds=60),
+         {"verb": "create", "resource": "jobs"}),
+    ]
+    for method, arg, match in calls:
+        since = await k8s.audit_cursor()
+        await k8s.add_fault(match, {"drop": "after"})
+        with pytest.raises(ApplicationError) as err:
+            await ActivityEnvironment().run(method, arg)
+        assert err.value.type == "KubernetesUnavailable" and not err.value.non_retryable
+        result = await ActivityEnvironment().run(method, arg)  # the retry: reads what the lost answer did
+        if method == kube.run_stage_job:
+            assert result.succeeded
+        writes = [e for e in await k8s.audit(since=since, writes=True)
+                  if e["userAgent"].startswith("millwright") and e["resource"] in ("nodes", "jobs")]
+        assert len(writes) == 1, f"{method.__name__} wrote twice: {writes}"
+    node = await core.read_node("node-01")
+    assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "in_progress"
+    assert json.loads(node.metadata.annotations[PACKAGES_ANNOTATION]) == {"p": "1"}
 
 
 async def test_a_vanished_stage_job_is_not_created_again(k8s, kube, core):
