@@ -454,9 +454,10 @@ def _next_poll(current: float, ceiling: float) -> float:
 
 def _status_of(err: ApiException) -> dict[str, Any]:
     try:
-        return json.loads(err.body or "{}")
+        status = json.loads(err.body or "{}")
     except (TypeError, ValueError):
         return {}
+    return status if isinstance(status, dict) else {}
 
 
 def _retry_after(err: ApiException) -> float | None:
@@ -504,9 +505,17 @@ async def _none_if_not_found(call):
     try:
         return await call
     except ApplicationError as err:
-        if isinstance(err.__cause__, ApiException) and err.__cause__.status == 404:
+        if isinstance(err.__cause__, ApiException) and _object_not_found(err.__cause__):
             return None
         raise
+
+
+def _object_not_found(err: ApiException) -> bool:
+    """A 404 that says the object is missing: a NotFound Status naming it. A 404 for the path (a proxy's,
+    or a resource type the server does not serve: no name in its details) says nothing about the object,
+    and is never read as "it is gone"."""
+    status = _status_of(err)
+    return err.status == 404 and status.get("reason") == "NotFound" and bool((status.get("details") or {}).get("name"))
 
 
 # ---------------------------------------------------------------- pod filters (kubectl drain)
@@ -525,6 +534,49 @@ def _finished(pod: k8s.V1Pod) -> bool:
 
 def _ref(pod: k8s.V1Pod) -> PodRef:
     return PodRef(namespace=pod.metadata.namespace, name=pod.metadata.name, uid=pod.metadata.uid)
+
+
+# ---------------------------------------------------------------- eviction answers (kubectl drain)
+
+
+def _eviction_refused(err: ApiException, pod_ref: PodRef) -> EvictOutcome | None:
+    """An eviction answer that decides by itself: a refusal to wait out (blocked), or a non-retryable
+    error raised here. None: the answer does not say what became of the pod (a fresh read must)."""
+    status = _status_of(err)
+    message = status.get("message") or err.reason or ""
+    causes = (status.get("details") or {}).get("causes") or []
+    if err.status == 429:
+        # The PodDisruptionBudget (a StatusCause's type is serialized as "reason"), or the API's own rate limit.
+        budget_cause = next((c for c in causes if c.get("reason") == "DisruptionBudget"), None)
+        budget = None
+        if budget_cause:
+            m = re.search(r"disruption budget (\S+)", budget_cause.get("message", ""))
+            budget = f"{pod_ref.namespace}/{m.group(1)}" if m else None
+            message = f"{message} {budget_cause.get('message', '')}".strip()
+        return EvictOutcome(status="blocked", message=message, budget=budget, retry_after_seconds=_retry_after(err))
+    if err.status == 403 and any(c.get("reason") == "NamespaceTerminating" for c in causes):
+        return EvictOutcome(status="blocked", message=message)  # until the namespace's deletion reaches the pod
+    if err.status == 500 and "more than one PodDisruptionBudget" in message:
+        raise ApplicationError(
+            f"cannot evict {pod_ref}: {message}", type="MultiplePodDisruptionBudgets", non_retryable=True
+        ) from err
+    if err.status in (400, 403, 405, 415, 422):
+        raise api_error(err, f"evicting pod {pod_ref}") from err
+    return None
+
+
+def _eviction_unsettled(err: ApiException, pod_ref: PodRef) -> ApplicationError | EvictOutcome:
+    """What to report for an answer that left the pod as it was (the fresh read after it shows it still
+    there): a 409 Conflict (the PodDisruptionBudget changed under the eviction, "the object has been
+    modified", or a failed precondition) is blocked, tried again after the retry interval; the rest
+    (404, 5xx, anything unexpected) a retryable error."""
+    if err.status != 409:
+        return api_error(err, f"evicting pod {pod_ref}")
+    status = _status_of(err)
+    details = status.get("details") or {}
+    budget = details.get("name") if details.get("kind") == "poddisruptionbudgets" else None
+    return EvictOutcome(status="blocked", budget=f"{pod_ref.namespace}/{budget}" if budget else None,
+                        message=f"409 Conflict: {status.get('message') or err.reason}; the pod is still running")
 
 
 # ---------------------------------------------------------------- rollout helpers
@@ -578,6 +630,10 @@ def _summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
     )
 
 
+def _annotation(obj: Any, key: str) -> str | None:
+    return (obj.metadata.annotations or {}).get(key)
+
+
 def _packages_of(annotations: dict[str, str], node: str, strict: bool = True) -> dict[str, str]:
     raw = annotations.get(PACKAGES_ANNOTATION)
     if not raw:
@@ -613,6 +669,12 @@ def stage_job_name(package: str, stage: str, key: str) -> str:
     """`mw-<package>-<stage>-<10 hex>`, at most 63 characters and DNS-safe."""
     prefix = re.sub(r"[^a-z0-9-]+", "-", f"mw-{package}-{stage}".lower())[:52].rstrip("-")
     return f"{prefix}-{key}"
+
+
+def _vanished(job: str) -> str:
+    return (f"Job {JOB_NAMESPACE}/{job} disappeared (or was replaced) before its verdict was read: deleted by "
+            f"someone, or by its TTL ({JOB_TTL_SECONDS}s after finishing); its stage may have run, and it is not "
+            "created again under this try")
 
 
 def _iso_now() -> str:
@@ -693,21 +755,28 @@ class KubeActivities:
             },
             "spec": {"unschedulable": True},
         }
-        await _call(f"cordoning node {req.node}", core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT))
+        await self._patch_node(req.cluster, req.node, patch, f"cordoning node {req.node}",
+                               lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner)
         activity.logger.info("cordoned node %s for %s", req.node, req.owner)
         return CordonResult(owned=True)
 
     @activity.defn
     async def uncordon_node(self, req: CordonRequest) -> UncordonResult:
-        """Remove our own cordon; never one that someone else placed."""
+        """Remove our own cordon; never one that someone else placed.
+
+        An earlier attempt that sent the uncordon (its heartbeat says so) and lost the answer is
+        reported as the uncordon it was, once a fresh read shows the node schedulable without our mark.
+        """
         node = await self._read_node(req.cluster, req.node)
         annotations = node.metadata.annotations or {}
         holder = annotations.get(CORDONED_BY)
         if holder != req.owner:
             if node.spec.unschedulable:
                 return UncordonResult(uncordoned=False, note=f"cordon held by {holder or 'someone else'}; left in place")
+            details = activity.info().heartbeat_details
+            if details and details[0] == {"uncordon_sent": req.owner} and holder is None:
+                return UncordonResult(uncordoned=True, note="cordon removed (the answer was lost; read back)")
             return UncordonResult(uncordoned=False, note="node was already schedulable")
-        core = await self._clusters.core(req.cluster)
         patch = {
             "metadata": {
                 "resourceVersion": node.metadata.resource_version,
@@ -715,9 +784,22 @@ class KubeActivities:
             },
             "spec": {"unschedulable": False},
         }
-        await _call(f"uncordoning node {req.node}", core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT))
+        activity.heartbeat({"uncordon_sent": req.owner})
+        await self._patch_node(req.cluster, req.node, patch, f"uncordoning node {req.node}",
+                               lambda n: not (n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) is None)
         activity.logger.info("uncordoned node %s for %s", req.node, req.owner)
         return UncordonResult(uncordoned=True, note="cordon removed")
+
+    async def _patch_node(self, cluster: str, node: str, patch: dict[str, Any], doing: str,
+                          shows: Callable[[k8s.V1Node], bool]) -> None:
+        """Patch a node and check the answer (the node as stored after the write) shows the change: a
+        write is done only when the API server's own copy says so. An answer that does not (a lost
+        write, a webhook that undid it) is a retryable error, and the retry reads the node first."""
+        core = await self._clusters.core(cluster)
+        stored = await _call(doing, core.patch_node(node, patch, _request_timeout=_REQUEST_TIMEOUT))
+        if not isinstance(stored, k8s.V1Node) or stored.metadata is None or not shows(stored):
+            raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show "
+                                   "the change; reading it again", type="KubernetesUnavailable")
 
     async def _pods_on_node(self, cluster: str, node: str, label_selector: str | None) -> list[k8s.V1Pod]:
         core = await self._clusters.core(cluster)
@@ -804,22 +886,37 @@ class KubeActivities:
             core.read_namespaced_pod(pod_ref.name, pod_ref.namespace, _request_timeout=_REQUEST_TIMEOUT),
         )
 
+    async def _pod_state(self, core: k8s.CoreV1Api, pod_ref: PodRef) -> EvictOutcome | None:
+        """What a fresh read says about the planned pod: gone (missing, or replaced by a new UID),
+        already terminating, or None when it is still there and running."""
+        pod = await self._read_pod(core, pod_ref)
+        if pod is None:
+            return EvictOutcome(status="gone", message="a fresh read finds no such pod")
+        if pod.metadata.uid != pod_ref.uid:
+            return EvictOutcome(status="gone", message="a fresh read finds a new pod of that name (new UID)")
+        if pod.metadata.deletion_timestamp is not None:
+            return EvictOutcome(status="evicted", message="pod is terminating")
+        return None
+
     @activity.defn
     async def evict_pod(self, req: EvictRequest) -> EvictOutcome:
         """Ask the eviction API to evict one pod; a PDB refusal is an outcome, not an error.
 
-        The pod is read first: one already gone, replaced (new UID) or terminating is not
-        evicted again, so a retry after a crash never sends a second eviction.
+        Only a fresh read of the pod ever says it is gone (missing, or a new UID): never the
+        eviction's answer. The pod is read first, so a retry after a crash or a lost answer never
+        sends a second eviction for a pod already terminating or gone. Every answer, as `kubectl
+        drain` treats it (the table: README "Draining a node: every answer of the eviction API"):
+        2xx accepted (the drain then waits for the pod to go); 429 and 403 NamespaceTerminating
+        blocked, tried again later; the more-than-one-budget 500 and 400/403/422 refused for good;
+        anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have
+        happened) is settled by reading the pod again: gone or terminating as the read shows,
+        otherwise still to evict (a 409 as blocked, the rest as a retryable error).
         """
         core = await self._clusters.core(req.cluster)
         pod_ref = req.pod
-        pod = await self._read_pod(core, pod_ref)
-        if pod is None:
-            return EvictOutcome(status="gone", message="pod no longer exists")
-        if pod.metadata.uid != pod_ref.uid:
-            return EvictOutcome(status="gone", message="pod was replaced by a new one of the same name")
-        if pod.metadata.deletion_timestamp is not None:
-            return EvictOutcome(status="evicted", message="pod is already terminating")
+        seen = await self._pod_state(core, pod_ref)
+        if seen is not None:
+            return seen
         delete_options = k8s.V1DeleteOptions(
             grace_period_seconds=req.grace_period_seconds,
             preconditions=k8s.V1Preconditions(uid=pod_ref.uid),
@@ -830,43 +927,29 @@ class KubeActivities:
             metadata=k8s.V1ObjectMeta(name=pod_ref.name, namespace=pod_ref.namespace),
             delete_options=delete_options,
         )
+        doing = f"evicting pod {pod_ref}"
         try:
             await core.create_namespaced_pod_eviction(
                 pod_ref.name, pod_ref.namespace, body, _request_timeout=_REQUEST_TIMEOUT
             )
         except ApiException as err:
-            status = _status_of(err)
-            message = status.get("message") or err.reason or ""
-            if err.status == 404:
-                return EvictOutcome(status="gone", message="pod no longer exists")
-            if err.status == 409 and status.get("reason") == "Conflict":
-                # The UID precondition failed: the pod we planned to evict is gone.
-                return EvictOutcome(status="gone", message="pod was replaced by a new one of the same name")
-            if err.status == 429:
-                # A StatusCause's type is serialized as "reason".
-                causes = (status.get("details") or {}).get("causes") or []
-                budget_cause = next((c for c in causes if c.get("reason") == "DisruptionBudget"), None)
-                budget = None
-                if budget_cause:
-                    m = re.search(r"disruption budget (\S+)", budget_cause.get("message", ""))
-                    budget = f"{pod_ref.namespace}/{m.group(1)}" if m else None
-                    message = f"{message} {budget_cause.get('message', '')}".strip()
-                return EvictOutcome(
-                    status="blocked", message=message, budget=budget, retry_after_seconds=_retry_after(err)
-                )
-            if err.status == 403 and any(
-                c.get("reason") == "NamespaceTerminating" for c in (status.get("details") or {}).get("causes") or []
-            ):
-                return EvictOutcome(status="blocked", message=message)
-            if err.status == 500 and "more than one PodDisruptionBudget" in message:
-                raise ApplicationError(
-                    f"cannot evict {pod_ref}: {message}", type="MultiplePodDisruptionBudgets", non_retryable=True
-                ) from err
-            raise api_error(err, f"evicting pod {pod_ref}") from err
+            refused = _eviction_refused(err, pod_ref)
+            if refused is not None:
+                return refused
+            unsettled: ApplicationError | EvictOutcome = _eviction_unsettled(err, pod_ref)
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            raise ApplicationError(f"evicting pod {pod_ref}: connection failed: {err!r}", type="KubernetesUnavailable") from err
-        activity.logger.info("evicted pod %s", pod_ref)
-        return EvictOutcome(status="evicted")
+            unsettled = ApplicationError(f"{doing}: connection failed, the eviction may or may not have happened: "
+                                         f"{err!r}", type="KubernetesUnavailable")
+        else:
+            activity.logger.info("evicted pod %s", pod_ref)
+            return EvictOutcome(status="evicted")
+        # The answer does not say what happened to the pod: a fresh read does.
+        settled = await self._pod_state(core, pod_ref)
+        if settled is not None:
+            return settled
+        if isinstance(unsettled, EvictOutcome):
+            return unsettled
+        raise unsettled
 
     @activity.defn
     async def wait_pods_gone(self, req: WaitPodsGoneRequest) -> int:
@@ -961,12 +1044,10 @@ class KubeActivities:
                 {k: have.get(k) for k in want} == want:
             return
         value = json.dumps({**want, "updated": _iso_now()}, separators=(",", ":"))
-        core = await self._clusters.core(req.cluster)
         patch = {"metadata": {"labels": {ROLLOUT_STATE_LABEL: req.state}, "annotations": {ROLLOUT_ANNOTATION: value}}}
-        await _call(
-            f"recording rollout state of node {req.node}",
-            core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT),
-        )
+        await self._patch_node(req.cluster, req.node, patch, f"recording rollout state of node {req.node}",
+                               lambda n: (n.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state
+                               and _annotation(n, ROLLOUT_ANNOTATION) == value)
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
@@ -977,17 +1058,12 @@ class KubeActivities:
         if packages.get(req.package) == req.version:
             return
         packages[req.package] = req.version
-        core = await self._clusters.core(req.cluster)
-        patch = {
-            "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": {PACKAGES_ANNOTATION: json.dumps(dict(sorted(packages.items())), separators=(",", ":"))},
-            }
-        }
-        await _call(
-            f"recording package {req.package} {req.version} on node {req.node}",
-            core.patch_node(req.node, patch, _request_timeout=_REQUEST_TIMEOUT),
-        )
+        value = json.dumps(dict(sorted(packages.items())), separators=(",", ":"))
+        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                              "annotations": {PACKAGES_ANNOTATION: value}}}
+        await self._patch_node(req.cluster, req.node, patch,
+                               f"recording package {req.package} {req.version} on node {req.node}",
+                               lambda n: _annotation(n, PACKAGES_ANNOTATION) == value)
 
     # ------------------------------------------------------------ rollouts: package Jobs
 
@@ -1123,7 +1199,9 @@ class KubeActivities:
         after a crash at any line (even between creating the Job and the first heartbeat) finds
         and adopts the same Job, so a stage never runs twice; the workflow trying the stage
         again, or a new run for the node, gets a new Job. A failed Job is a result, not an
-        error: `succeeded=False` with the reason and the failing container's message.
+        error: `succeeded=False` with the reason and the failing container's message. So is a Job
+        that vanished after an attempt saw it: it is never created again under the same try.
+        The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
         """
         if req.stage not in STAGES:
             raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
@@ -1141,6 +1219,10 @@ class KubeActivities:
         core = await self._clusters.core(req.cluster)
         existing = await _read(f"reading Job {name}", batch.read_namespaced_job(name, JOB_NAMESPACE,
                                                                                 _request_timeout=_REQUEST_TIMEOUT))
+        if existing is None and isinstance(previous, dict) and previous.get("uid"):
+            # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
+            # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
+            return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
         if existing is None:
             await self._ensure_namespace(req.cluster)
             try:
@@ -1189,8 +1271,8 @@ class KubeActivities:
         # look costs more than the look itself.
         job, poll = batch.api_client.sanitize_for_serialization(existing), FIRST_POLL_SECONDS
         while True:
-            if job["metadata"].get("uid") != uid:
-                raise ApplicationError(f"Job {name} was replaced while we waited", type="JobVanished")
+            if job is None or job["metadata"].get("uid") != uid:
+                return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
             status = job.get("status") or {}
             verdicts = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
             if "Complete" in verdicts:
@@ -1212,8 +1294,6 @@ class KubeActivities:
             poll = _next_poll(poll, JOB_POLL_SECONDS)
             job = await _read_json(f"reading Job {name}", batch.read_namespaced_job_without_preload_content(
                 name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
-            if job is None:
-                raise ApplicationError(f"Job {JOB_NAMESPACE}/{name} disappeared before it finished", type="JobVanished")
 
     # ------------------------------------------------------------ rollouts: reboots and gates
 
@@ -1222,8 +1302,16 @@ class KubeActivities:
         """Wait until the node reports a new boot ID and is Ready; return the new boot ID.
 
         The deadline counts from the first attempt (kept in the heartbeat details), so retries
-        do not extend it; past it, a non-retryable RebootTimeout.
+        do not extend it; past it, a non-retryable RebootTimeout. Without the boot ID from before the
+        reboot nothing can prove one happened: a non-retryable RebootUnverifiable (the node stays as it is).
         """
+        if not req.previous_boot_id:
+            raise ApplicationError(
+                f"node {req.node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
+                "reboot (the node reports no status.nodeInfo.bootID)",
+                type="RebootUnverifiable",
+                non_retryable=True,
+            )
         info = activity.info()
         details = info.heartbeat_details[0] if info.heartbeat_details else None
         if isinstance(details, dict) and details.get("deadline"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from activities.kube import JOB_INTERRUPT_LABEL, JOB_NAMESPACE
 from lab.fleet import Fleet
 from tests.kube_helpers import single_pod_workload
 from workflows.rollout_spec import RolloutInput
@@ -74,3 +75,37 @@ def availability_timeline(audit: list[dict]) -> list[tuple[int, dict[str, bool]]
 
 def max_unavailable(audit: list[dict], members: set[str]) -> int:
     return max((sum(1 for n, down in s.items() if down and n in members) for _, s in availability_timeline(audit)), default=0)
+
+
+def nodes_down_with_workload(audit: list[dict]) -> list[str]:
+    """Every moment the API server saw a node go down (a reboot stage Job created for it, or the node
+    NotReady) while a pod a drain should have evicted was still on it, terminating or not: any pod but a
+    DaemonSet's and the stage Jobs' own. Empty: no reboot ever hit a workload. '<seq> <node> <what>: <pods>'."""
+    found = []
+    for entry in audit:
+        node_after, job_after = entry.get("nodeAfter"), entry.get("jobAfter")
+        if node_after is not None and not node_after["ready"]:
+            node, what, pods = entry["name"], "NotReady", node_after["pods"]
+        elif job_after is not None and job_after["labels"].get(JOB_INTERRUPT_LABEL) == "reboot":
+            node, what, pods = job_after["node"], f"reboot Job {entry['name']} created", job_after["podsOnNode"]
+        else:
+            continue
+        workload = [p["pod"] for p in pods if p["controller"] != "DaemonSet" and not p["pod"].startswith(f"{JOB_NAMESPACE}/")]
+        if workload:
+            found.append(f"{entry['seq']} {node} {what}: {', '.join(workload)}")
+    return found
+
+
+def rebooted(audit: list[dict]) -> set[str]:
+    """Nodes the API server saw go NotReady."""
+    return {e["name"] for e in audit if (e.get("nodeAfter") or {}).get("ready") is False}
+
+
+def accepted_evictions(audit: list[dict]) -> dict[str, int]:
+    """Pod (namespace/name) -> how many of its evictions the API server accepted (2xx)."""
+    out: dict[str, int] = {}
+    for e in audit:
+        if e.get("subresource") == "eviction" and 200 <= (e.get("code") or 0) < 300:
+            key = f"{e['namespace']}/{e['name']}"
+            out[key] = out.get(key, 0) + 1
+    return out

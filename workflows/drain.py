@@ -2,7 +2,9 @@
 
 The plan (which pods) is fixed by one activity; each pod is then evicted on its own,
 a PodDisruptionBudget refusal being a wait state with the blocking budget recorded in
-the caller's progress, until the drain deadline; finally the evicted pods must be gone.
+the caller's progress, until the drain deadline; finally every planned pod must be gone,
+as a fresh read shows it (missing, or a new UID), whatever its eviction reported: the
+drain is done only when that wait says so. Every call is bounded by the drain's deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
@@ -35,6 +38,9 @@ API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficie
 API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
+# Runs before this waited only for pods whose eviction was accepted, trusting a "gone" from the eviction's
+# answer; since, the final wait covers every pod of the plan (issue 14).
+WAIT_FOR_EVERY_PLANNED_POD = "drain-waits-for-every-planned-pod"
 
 
 class BlockedEviction(StrictModel):
@@ -87,18 +93,21 @@ class Drain:
                 return await self._evict_until_done(pod, deadline)
 
         evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
-        if not evicted or self._stopping():
+        # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
+        waited = plan.evict if workflow.patched(WAIT_FOR_EVERY_PLANNED_POD) else evicted
+        if not waited or self._stopping():
             return
         self._terminating()
-        remaining = deadline - workflow.now()
+        remaining = max(deadline - workflow.now(), timedelta(seconds=1))
         try:
             await workflow.execute_activity_method(
                 KubeActivities.wait_pods_gone,
-                WaitPodsGoneRequest(cluster=self._cluster, pods=evicted),
-                start_to_close_timeout=max(remaining, timedelta(seconds=1)),
+                WaitPodsGoneRequest(cluster=self._cluster, pods=waited),
+                start_to_close_timeout=remaining,
+                schedule_to_close_timeout=remaining,
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=API_RETRY,
-                summary=f"wait for {len(evicted)} pods to terminate",
+                summary=f"wait for {len(waited)} pods to terminate",
             )
         except ActivityError as err:
             raise ApplicationError(
@@ -120,12 +129,24 @@ class Drain:
                     type="DrainTimeout",
                     non_retryable=True,
                 )
-            outcome = await workflow.execute_activity_method(
-                KubeActivities.evict_pod,
-                EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds),
-                **API_CALL,
-                summary=f"evict {key}",
-            )
+            try:
+                outcome = await workflow.execute_activity_method(
+                    KubeActivities.evict_pod,
+                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds),
+                    **API_CALL,
+                    # An API that keeps failing is retried until the drain's deadline, not beyond.
+                    schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
+                    summary=f"evict {key}",
+                )
+            except ActivityError as err:
+                if not isinstance(err.cause, ActivityTimeout):
+                    raise
+                last = err.cause.cause or err.cause  # the last attempt's error, if it failed before timing out
+                raise ApplicationError(
+                    f"drain of {self._node} timed out after {self._settings.timeout} evicting {key}: {last}",
+                    type="DrainTimeout",
+                    non_retryable=True,
+                ) from err
             attempts += 1
             if outcome.status != "blocked":
                 progress.blocked.pop(key, None)

@@ -38,6 +38,7 @@ INITIAL_STATUS = {
     ("policy", "poddisruptionbudgets"): {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0,
                                          "expectedPods": 0},
 }
+EVICTION_RETRY_STEPS = 20  # EvictionsRetry in eviction.go: a budget write that conflicts is tried 20 times
 KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json", "application/apply-patch+yaml")
 
@@ -129,14 +130,20 @@ class Api:
         return info
 
     # ================================================================== faults
-    def match_fault(self, info: Info) -> dict | None:
+    def match_fault(self, info: Info, status_only: bool = False) -> dict | None:
+        """The first armed fault matching the request. A fault with `skip` left lets that many matching
+        requests through untouched first (so a test can reach, say, the second read of a pod). `status_only`:
+        for the API server's own internal calls, which only a status fault can answer."""
         for f in self.store.faults:
-            if f["remaining"] == 0:
+            if f["remaining"] == 0 or (status_only and "status" not in f["action"]):
                 continue
             m = f["match"]
             if any(m.get(k) is not None and m.get(k) != getattr(info, k)
                    for k in ("verb", "group", "resource", "subresource", "namespace", "name")):
                 continue
+            if f.get("skip", 0) > 0:
+                f["skip"] -= 1
+                return None
             if f["remaining"] > 0:
                 f["remaining"] -= 1
             return f
@@ -159,6 +166,7 @@ class Api:
         request["audit"] = entry
         fault = self.match_fault(info) if info.kind == "resource" else None
         drop_after = False
+        answer_code = None  # a 2xx status fault: the request is served, then answered with this code
         if fault:
             action = fault["action"]
             entry["fault"] = {"id": fault["id"], **action}
@@ -170,12 +178,16 @@ class Api:
                     self.store.audit_add(entry)
                     return self._drop(request)
                 drop_after = True
+            elif "status" in action and 200 <= int(action["status"]) < 300:
+                answer_code = int(action["status"])
             elif "status" in action:
                 code = int(action["status"])
                 ra = action.get("retryAfterSeconds")
                 details: dict[str, Any] = {"name": info.name, "kind": info.resource}
                 if info.group:
                     details["group"] = info.group
+                if "details" in action:  # a Status the defaults cannot say: causes, or a path-level 404's none
+                    details = dict(action["details"] or {})
                 headers = {}
                 if ra is not None:
                     details["retryAfterSeconds"] = int(ra)
@@ -203,6 +215,8 @@ class Api:
             resp = err_resp(ApiError(500, f"Internal error occurred: {type(e).__name__}: {e}", "InternalError"))
         if not isinstance(resp, web.Response):  # watch streams audit themselves
             return resp
+        if answer_code is not None and 200 <= resp.status < 300:  # a request that failed keeps its own answer
+            resp.set_status(answer_code)
         entry.setdefault("code", resp.status)
         if entry["write"] and "changes" not in entry:
             entry["changes"] = []
@@ -863,6 +877,7 @@ class Api:
 
     # ------------------------------------------------------------------ eviction
     async def evict(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+        """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
         body = await self.body_json(request) or {}
         entry = request["audit"]
         ev: dict[str, Any] = {"pdb": None, "disruptionsAllowedBefore": None, "currentHealthyBefore": None,
@@ -878,19 +893,26 @@ class Api:
         pdb_rt = store.registry.types[PDBS]
         success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         async with store.lock:
+            try:  # the NamespaceLifecycle admission, before the handler: no new content in a terminating namespace
+                self._check_namespace(rt, info.namespace, info.name)
+            except ApiError:
+                ev["outcome"] = "namespace-refused"
+                raise
             pod = store.get(rt, info.namespace, info.name)
             if pod is None:
                 ev["outcome"] = "not-found"
                 raise store.not_found(rt, info.name)
-            try:
-                self.check_preconditions(rt, pod, opts)
-            except ApiError:
-                ev["outcome"] = "precondition-failed"
-                raise
             phase = (pod.get("status") or {}).get("phase")
             deleting = bool(pod["metadata"].get("deletionTimestamp"))
 
             def do_delete(outcome: str) -> web.Response:
+                # The delete options' preconditions are checked by the delete itself, after any budget
+                # was taken: a failed precondition is a 409 that has still used up a disruption.
+                try:
+                    self.check_preconditions(rt, pod, opts)
+                except ApiError:
+                    ev["outcome"] = "precondition-failed"
+                    raise
                 ev["outcome"] = outcome
                 if not dry:
                     before = copy.deepcopy(pod)
@@ -906,8 +928,9 @@ class Api:
             if len(pdbs) > 1:
                 ev["pdb"] = ",".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pdbs)
                 ev["outcome"] = "multiple-pdbs"
-                msg = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
-                raise ApiError(500, f"Internal error occurred: {msg}", "InternalError", {"causes": [{"message": msg}]})
+                # Returned as the handler's result, not raised: a bare Status, no reason, the message as is.
+                raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
+                               "subresource does not support.", "")
             pdb = pdbs[0]
             pmd, pst = pdb["metadata"], pdb.get("status") or {}
             live = store.pdb_math(pdb)
@@ -923,9 +946,10 @@ class Api:
             too_many = "Cannot evict pod as it would violate the pod's disruption budget."
             if pst.get("observedGeneration", 0) < pmd.get("generation", 1):
                 ev["outcome"] = "blocked-stale-pdb"
-                raise ApiError(429, too_many, "TooManyRequests", {"causes": [
+                raise ApiError(429, too_many, "TooManyRequests", {"retryAfterSeconds": 10, "causes": [
                     {"reason": "DisruptionBudget",
-                     "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]})
+                     "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]},
+                    {"Retry-After": "10"})
             allowed = int(pst.get("disruptionsAllowed", 0))
             if allowed < 0:
                 ev["outcome"] = "forbidden-negative-budget"
@@ -946,6 +970,7 @@ class Api:
             if dry:
                 ev["outcome"] = "evicted"
                 return jresp(success, 201)
+            self._budget_status_write(request, pdb, ev)
             new_pdb = copy.deepcopy(pdb)
             ns_ = new_pdb.setdefault("status", {})
             ns_["disruptionsAllowed"] = allowed - 1
@@ -953,6 +978,34 @@ class Api:
             store.side[f"disrupted/{pod['metadata'].get('uid')}"] = time.time()
             store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
             return do_delete("evicted")
+
+    def _budget_status_write(self, request: web.Request, pdb: dict, ev: dict) -> None:
+        """Before the budget is decremented: the API server writes it through its own loopback client
+        (`UpdateStatus`), so a status fault on `update poddisruptionbudgets/status` answers that internal
+        call. A Conflict is retried (the real server waits 500 ms between tries; here nothing else can
+        change the budget meanwhile); after 20 the eviction fails with that Conflict, nothing written,
+        the pod untouched. Any other error is the eviction's answer as it is. Lock held."""
+        pmd = pdb["metadata"]
+        internal = Info()
+        internal.kind, internal.verb, internal.group, internal.version = "resource", "update", "policy", "v1"
+        internal.resource, internal.subresource = "poddisruptionbudgets", "status"
+        internal.namespace, internal.name = pmd["namespace"], pmd["name"]
+        for _ in range(EVICTION_RETRY_STEPS):
+            fault = self.match_fault(internal, status_only=True)
+            if fault is None:
+                return
+            code = int(fault["action"]["status"])
+            ev["budgetWriteFaults"] = ev.get("budgetWriteFaults", 0) + 1
+            self.store.audit_add({"time": time.time(), **internal.as_dict(), "write": True, "code": code,
+                                  "userAgent": "lab-apiserver/eviction", "fault": {"id": fault["id"], **fault["action"]},
+                                  "path": f"(internal, for {request.path})"})
+            if code == 409:
+                continue
+            ev["outcome"] = "budget-write-failed"
+            raise ApiError(code, fault["action"].get("message") or f"injected fault: {REASONS.get(code, code)}",
+                           fault["action"].get("reason"))
+        ev["outcome"] = "budget-write-conflict"
+        raise self.store.conflict(self.store.registry.types[PDBS], pmd["name"])
 
     # ================================================================== admin
     async def admin(self, request: web.Request) -> web.Response:
@@ -997,7 +1050,7 @@ class Api:
                     raise ApiError(400, "action needs one of status, delay, drop", "BadRequest")
                 store.fault_seq += 1
                 f = {"id": store.fault_seq, "match": dict(body.get("match") or {}), "action": action,
-                     "remaining": int(body.get("count", 1))}
+                     "remaining": int(body.get("count", 1)), "skip": int(body.get("skip", 0))}
                 store.faults.append(f)
                 return jresp({"id": f["id"]})
             if m == "DELETE":

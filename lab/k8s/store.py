@@ -444,16 +444,38 @@ class Store:
             pass
 
     # ------------------------------------------------------------------ audit
+    def pods_on_node(self, node: str) -> list[dict]:
+        """The pods bound to `node` that have not finished (terminating ones too: they still run), name order."""
+        out = []
+        for ns, name in sorted(self.pods_by_node.get(node, ())):
+            pod = self.get(self.registry.types[PODS], ns, name)
+            if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            md = pod["metadata"]
+            out.append({"pod": f"{ns}/{name}", "uid": md.get("uid"), "controller": (controller_ref(pod) or {}).get("kind"),
+                        "deleting": bool(md.get("deletionTimestamp"))})
+        return out
+
     def audit_add(self, entry: dict) -> dict:
-        if entry.get("resource") == "nodes" and entry.get("write") and 200 <= (entry.get("code") or 0) < 300:
+        ok = entry.get("write") and 200 <= (entry.get("code") or 0) < 300
+        if ok and entry.get("resource") == "nodes":
             # What the write left the node as, so tests can tell from the log alone how many
-            # nodes were out of service (cordoned by anyone, or NotReady) at every moment.
+            # nodes were out of service (cordoned by anyone, or NotReady) at every moment, and
+            # which pods were still on a node when it went down.
             node = self.get(self.registry.types[NODES], None, entry.get("name") or "")
             if node is not None:
                 entry["nodeAfter"] = {
                     "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
                     "ready": node_ready(node),
+                    "pods": self.pods_on_node(node["metadata"]["name"]),
                 }
+        elif ok and entry.get("resource") == "jobs" and entry.get("verb") == "create":
+            # A Job pinned to a node (a package stage) and what ran on that node when it was created.
+            job = self.get(self.registry.types[JOBS], entry.get("namespace"), entry.get("name") or "")
+            spec = ((((job or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+            if spec.get("nodeName"):
+                entry["jobAfter"] = {"node": spec["nodeName"], "labels": dict(job["metadata"].get("labels") or {}),
+                                     "podsOnNode": self.pods_on_node(spec["nodeName"])}
         self.audit_seq += 1
         entry["seq"] = self.audit_seq
         self.audit.append(entry)

@@ -27,10 +27,14 @@ def random_suffix(n: int = 5) -> str:
 
 
 def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
-    body: dict[str, Any] = {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message, "reason": reason or REASONS.get(code, ""), "code": code,
-    }
+    """A failure Status; `reason` None is the code's usual reason, "" none at all (a Status a handler returns
+    as its result rather than as an error has none, e.g. the eviction's more-than-one-budget 500)."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": message}
+    reason = REASONS.get(code, "") if reason is None else reason
+    if reason:
+        body["reason"] = reason
+    body["code"] = code
     if details:
         body["details"] = details
     return body
@@ -42,7 +46,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.reason = reason or REASONS.get(code, "")
+        self.reason = REASONS.get(code, "") if reason is None else reason
         self.details = details
         self.headers = headers or {}
 

@@ -42,8 +42,8 @@ class Lab:
     def configure(self, **cfg: Any) -> dict:
         return self.post("/_lab/config", cfg)
 
-    def fault(self, match: dict, action: dict, count: int = 1) -> int:
-        return self.post("/_lab/faults", {"match": match, "action": action, "count": count})["id"]
+    def fault(self, match: dict, action: dict, count: int = 1, skip: int = 0) -> int:
+        return self.post("/_lab/faults", {"match": match, "action": action, "count": count, "skip": skip})["id"]
 
     def audit(self, since: int = 0, writes: bool = False) -> list[dict]:
         r = self.http.get("/_lab/audit", params={"since": since, **({"writes": 1} if writes else {})})

@@ -48,13 +48,13 @@ def test_pdb_status_math(api_client, core, lab):
             p.status.disruptions_allowed, p.status.observed_generation) == (4, 3, 2, 1, 1)
     m = read_pdb(api_client, "mu")
     assert (m.status.desired_healthy, m.status.disruptions_allowed) == (3, 0)
-    # two PDBs match -> 500 with the real message
+    # two PDBs match -> 500: the Status the handler returns as its result, no reason, the message as is
     with pytest.raises(ApiException) as ei:
         evict(core, "w0")
-    body = json.loads(ei.value.body)
-    assert ei.value.status == 500 and body["reason"] == "InternalError"
-    assert "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support." \
-        in body["message"]
+    assert ei.value.status == 500
+    assert json.loads(ei.value.body) == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+        "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}
 
 
 def test_eviction_201_then_429(api_client, core, lab):
@@ -94,10 +94,10 @@ def test_eviction_edge_cases(api_client, core, lab, emulator):
         r = http.post("/api/v1/namespaces/default/pods/nope/eviction",
                       json={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "nope"}})
         assert r.status_code == 404
-    # uid precondition in deleteOptions
+    # A uid precondition is checked by the delete, after the budget: with none to spare, the budget answers.
     with pytest.raises(ApiException) as ei:
         evict(core, "w0", preconditions=client.V1Preconditions(uid="wrong"))
-    assert ei.value.status == 409
+    assert ei.value.status == 429
     # Pending pod ignores the PDB
     pending = running_pod("pend", labels={"app": "web"})
     pending["status"] = {"phase": "Pending"}
@@ -113,6 +113,7 @@ def test_eviction_edge_cases(api_client, core, lab, emulator):
     with pytest.raises(ApiException) as ei:
         evict(core, "w0")
     assert ei.value.status == 429 and "still being processed" in ei.value.body
+    assert json.loads(ei.value.body)["details"]["retryAfterSeconds"] == 10 and ei.value.headers["Retry-After"] == "10"
     lab.configure(disruptionControllerFrozen=False)
     assert read_pdb(api_client).status.disruptions_allowed == 1
     assert evict(core, "w0") is not None
@@ -154,3 +155,86 @@ def test_unschedulable_replacement_stays_pending_until_node_frees(core, lab):
     core.patch_node("n1", {"spec": {"unschedulable": None}})
     wait_for(lambda: core.read_namespaced_pod(p.metadata.name, "default").status.phase == "Running",
              what="scheduled after uncordon")
+
+
+PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; '
+                'please apply your changes to the latest version and try again')
+BUDGET_WRITE = {"verb": "update", "group": "policy", "resource": "poddisruptionbudgets", "subresource": "status"}
+
+
+def test_budget_write_conflicts_are_retried_then_answered_as_the_real_server(api_client, core, lab):
+    lab.seed([node("n1"), *[running_pod(f"w{i}", labels={"app": "web"}, grace=1) for i in range(3)],
+              pdb("web", minAvailable=1)])
+    # 19 conflicting writes of the budget: the 20th try of the eviction's own write succeeds.
+    lab.fault(BUDGET_WRITE, {"status": 409}, count=19)
+    assert evict(core, "w0") is not None
+    assert core.read_namespaced_pod("w0", "default").metadata.deletion_timestamp is not None
+    ev = [e for e in lab.audit() if e.get("subresource") == "eviction"][-1]
+    assert ev["code"] == 201 and ev["eviction"]["budgetWriteFaults"] == 19
+    allowed = read_pdb(api_client).status.disruptions_allowed
+    # 20 conflicts: the eviction fails with that Conflict; nothing is written, the pod runs on.
+    lab.fault(BUDGET_WRITE, {"status": 409}, count=20)
+    with pytest.raises(ApiException) as ei:
+        evict(core, "w1")
+    body = json.loads(ei.value.body)
+    assert ei.value.status == 409 and body["reason"] == "Conflict" and body["message"] == PDB_CONFLICT
+    assert body["details"] == {"name": "web", "group": "policy", "kind": "poddisruptionbudgets"}
+    w1 = core.read_namespaced_pod("w1", "default")
+    assert w1.metadata.deletion_timestamp is None and w1.status.phase == "Running"
+    assert read_pdb(api_client).status.disruptions_allowed == allowed
+    # Any other error of that write is the eviction's answer as it is.
+    lab.fault(BUDGET_WRITE, {"status": 500, "message": "etcdserver: request timed out"})
+    with pytest.raises(ApiException) as ei:
+        evict(core, "w1")
+    assert ei.value.status == 500 and json.loads(ei.value.body)["message"] == "etcdserver: request timed out"
+    assert core.read_namespaced_pod("w1", "default").metadata.deletion_timestamp is None
+
+
+def test_uid_precondition_fails_at_the_delete_after_the_budget_is_taken(api_client, core, lab):
+    lab.seed([node("n1"), *[running_pod(f"w{i}", labels={"app": "web"}) for i in range(3)], pdb("web", minAvailable=1)])
+    lab.configure(disruptionControllerFrozen=True)  # keep the budget as the eviction left it
+    with pytest.raises(ApiException) as ei:
+        evict(core, "w0", preconditions=client.V1Preconditions(uid="not-this-pod"))
+    body = json.loads(ei.value.body)
+    assert ei.value.status == 409 and body["reason"] == "Conflict"
+    assert body["message"].startswith('Operation cannot be fulfilled on pods "w0": Precondition failed: UID in '
+                                      "precondition: not-this-pod")
+    assert core.read_namespaced_pod("w0", "default").metadata.deletion_timestamp is None
+    status = read_pdb(api_client).status
+    assert status.disruptions_allowed == 1 and "w0" in status.disrupted_pods  # as the real registry leaves it
+
+
+def test_a_success_fault_is_served_then_answered_with_its_code(core, lab):
+    lab.seed([node("n1"), running_pod("w0", labels={"app": "web"}, grace=1)])
+    lab.fault({"verb": "create", "resource": "pods", "subresource": "eviction", "name": "w0"}, {"status": 200})
+    assert evict(core, "w0") is not None
+    assert core.read_namespaced_pod("w0", "default").metadata.deletion_timestamp is not None
+    ev = [e for e in lab.audit() if e.get("subresource") == "eviction"][-1]
+    assert ev["code"] == 200 and ev["eviction"]["outcome"] == "evicted-no-pdb"
+
+
+def test_skip_lets_the_first_matching_requests_through(core, lab):
+    lab.seed([node("n1"), running_pod("w0")])
+    lab.fault({"verb": "get", "resource": "pods", "name": "w0"}, {"status": 503}, skip=1)
+    core.read_namespaced_pod("w0", "default")
+    with pytest.raises(ApiException) as ei:
+        core.read_namespaced_pod("w0", "default")
+    assert ei.value.status == 503
+    core.read_namespaced_pod("w0", "default")
+
+
+def test_the_audit_log_says_which_pods_ran_on_a_node_when_it_changed(api_client, core, lab):
+    lab.seed([node("n1"), replicaset(replicas=1),
+              running_pod("web-a", labels={"app": "web"}, owner=owner()), running_pod("bare")])
+    core.patch_node("n1", {"spec": {"unschedulable": True}})
+    entry = [e for e in lab.audit(writes=True) if e["resource"] == "nodes"][-1]
+    assert entry["nodeAfter"]["unschedulable"] and entry["nodeAfter"]["ready"]
+    assert [(p["pod"], p["controller"], p["deleting"]) for p in entry["nodeAfter"]["pods"]] == [
+        ("default/bare", None, False), ("default/web-a", "ReplicaSet", False)]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "stage", "labels": {"stage": "x"}},
+           "spec": {"template": {"spec": {"nodeName": "n1", "restartPolicy": "Never",
+                                          "containers": [{"name": "c", "image": "x"}]}}}}
+    client.BatchV1Api(api_client).create_namespaced_job("default", job)
+    entry = [e for e in lab.audit(writes=True) if e["resource"] == "jobs" and e["verb"] == "create"][-1]
+    assert entry["jobAfter"]["node"] == "n1" and entry["jobAfter"]["labels"] == {"stage": "x"}
+    assert [p["pod"] for p in entry["jobAfter"]["podsOnNode"]] == ["default/bare", "default/web-a"]
