@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import evidence
+from . import evidence, openapi
 from .crds import admit
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
@@ -224,6 +224,10 @@ class Api:
             return jresp(VERSION_INFO)
         if parts and parts[0] in ("healthz", "livez", "readyz"):
             return web.Response(text="ok")
+        if parts[:1] == ["openapi"]:  # lab/k8s/openapi.py
+            code, body, ct, headers = openapi.serve(self.store, parts, request.query,
+                                                    request.headers.get("Accept", ""), VERSION_INFO)
+            return web.Response(body=body, status=code, content_type=ct, headers=headers)
         if parts == ["api"]:
             host = request.host or "127.0.0.1"
             return jresp({"kind": "APIVersions", "versions": ["v1"],
