@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import evidence, openapi
+from . import evidence, openapi, tables
 from .crds import admit
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
@@ -285,6 +285,11 @@ class Api:
                 obj = self.store.get(rt, info.namespace, info.name)
                 if obj is None:
                     raise self.store.not_found(rt, info.name)
+                as_table = tables.wanted_version(request.headers.get("Accept"))  # lab/k8s/tables.py
+                if as_table:
+                    return jresp(tables.table(self.store, rt, info.version, [self.out(rt, obj, info.version)],
+                                              {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                                              request.query, as_table))
                 return jresp(self.out(rt, obj, info.version, shallow=True))
         if verb == "create":
             if info.name:
@@ -357,6 +362,9 @@ class Api:
                 if not has_selectors:  # as the real server: only without selectors
                     meta["remainingItemCount"] = hi - last
             items = [self.out(rt, o, info.version, shallow=True) for _, o in matched]
+            as_table = tables.wanted_version(request.headers.get("Accept"))  # lab/k8s/tables.py
+            if as_table:
+                return jresp(tables.table(self.store, rt, info.version, items, meta, q, as_table))
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version
         return jresp({"kind": f"{rt.kind}List", "apiVersion": api_version, "metadata": meta, "items": items})
 
