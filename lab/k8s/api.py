@@ -415,7 +415,14 @@ class Api:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
 
+        as_table = tables.wanted_version(request.headers.get("Accept"))  # kubectl get -w (lab/k8s/tables.py)
+        headers_sent = []
+
         async def send(etype: str, obj: dict) -> None:
+            if as_table and etype in ("ADDED", "MODIFIED", "DELETED"):
+                obj = tables.table(self.store, rt, info.version, [obj], {"resourceVersion": obj["metadata"].get(
+                    "resourceVersion", "")}, {**q, **({"noHeaders": "true"} if headers_sent else {})}, as_table)
+                headers_sent.append(True)
             await resp.write(json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n")
 
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version

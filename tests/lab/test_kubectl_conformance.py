@@ -277,6 +277,22 @@ def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
     assert columns(events) == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert parse_table(events)[0]["OBJECT"] == "pod/trainer-0"
 
+    # get -w: watch events come as table rows too
+    watch = subprocess.Popen([KUBECTL, "--cache-dir", kubectl.cache, "get", "pods", "-o", "wide", "--watch-only",
+                              "--request-timeout=4s"], env=kubectl.env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: any(e.get("verb") == "watch" and e.get("resource") == "pods" for e in lab.audit()),
+                 timeout=10, what="kubectl's watch")
+        kubectl("label", "pod", "trainer-0", "checked=yes")
+        out, _ = watch.communicate(timeout=20)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    row = parse_table(out)[0]
+    assert (row["NAME"], row["STATUS"], row["NODE"]) == ("trainer-0", "Running", "n1"), out
+
     # describe reads the object, its pods and events
     d = kubectl("describe", "node", "n1").stdout
     assert re.search(r"^Name:\s+n1$", d, re.M) and re.search(r"^Roles:\s+gpu-worker$", d, re.M)
