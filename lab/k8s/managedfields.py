@@ -12,7 +12,6 @@ The emulator's own controllers write around this, as if they had no field manage
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -208,8 +207,3 @@ def record_update(old: dict | None, new: dict, root: dict | None, manager: str, 
     mine.fields = (mine.fields | changed) - removed
     md["managedFields"] = encode(kept + [mine])
 
-
-def strip_managed_fields(obj: dict) -> dict:
-    o = copy.deepcopy(obj)
-    (o.get("metadata") or {}).pop("managedFields", None)
-    return o

@@ -12,7 +12,6 @@ JSON to clients that ask for it.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -241,8 +240,8 @@ def v3_document(store: "Store", group: str, version: str, version_info: dict) ->
     kinds = list(_kinds(store, group, version))
     if not kinds:
         return None
-    if all(rt.builtin for rt, _ in kinds):
-        return copy.deepcopy(_builtin_v3(store, group, version, version_info["gitVersion"]))
+    if all(rt.builtin for rt, _ in kinds):  # shared and cached: callers only serialize it
+        return _builtin_v3(store, group, version, version_info["gitVersion"])
     return _v3(store, kinds, version_info["gitVersion"])
 
 

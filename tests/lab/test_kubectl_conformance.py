@@ -221,6 +221,15 @@ def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
         "spec"]["replicas"] == 3
     assert [m["manager"] for m in dep["metadata"]["managedFields"]] == ["kubectl-client-side-apply"]
 
+    # an unknown field is refused by the server (kubectl sends fieldValidation=Strict)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: conformance}\n"
+                   "spec: {replicaz: 1, selector: {matchLabels: {app: t}}, template: {metadata: {labels: {app: t}},"
+                   " spec: {containers: [{name: c, image: x}]}}}\n")
+    p = kubectl("apply", "-f", str(bad), check=False)
+    assert p.returncode != 0 and 'Deployment in version "v1" cannot be handled as a Deployment: strict decoding ' \
+        'error: unknown field "spec.replicaz"' in p.stderr, p.stderr
+
     # -o yaml reads back what was applied (kubectl hides managedFields)
     cm = yaml.safe_load(kubectl("get", "configmap", "settings", "-n", "conformance", "-o", "yaml").stdout)
     assert cm["kind"] == "ConfigMap" and cm["data"] == {"mode": "b"} and "managedFields" not in cm["metadata"]
