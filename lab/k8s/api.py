@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import evidence
+from . import apply, evidence, fieldvalidation, managedfields, openapi, schemas, tables
 from .crds import admit
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
@@ -81,6 +81,11 @@ class Api:
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self.app.on_shutdown.append(self._on_shutdown)
+        self.app.on_response_prepare.append(self._add_warnings)
+
+    async def _add_warnings(self, request: web.Request, response: web.StreamResponse) -> None:
+        for w in request.get("warnings") or []:  # fieldValidation=Warn (lab/k8s/fieldvalidation.py)
+            response.headers.add("Warning", '299 - ' + json.dumps(w))
 
     async def _on_shutdown(self, app: web.Application) -> None:
         for w in list(self.store.watchers):
@@ -238,6 +243,10 @@ class Api:
             return jresp(VERSION_INFO)
         if parts and parts[0] in ("healthz", "livez", "readyz"):
             return web.Response(text="ok")
+        if parts[:1] == ["openapi"]:  # lab/k8s/openapi.py
+            code, body, ct, headers = openapi.serve(self.store, parts, request.query,
+                                                    request.headers.get("Accept", ""), VERSION_INFO)
+            return web.Response(body=body, status=code, content_type=ct, headers=headers)
         if parts == ["api"]:
             host = request.host or "127.0.0.1"
             return jresp({"kind": "APIVersions", "versions": ["v1"],
@@ -295,6 +304,11 @@ class Api:
                 obj = self.store.get(rt, info.namespace, info.name)
                 if obj is None:
                     raise self.store.not_found(rt, info.name)
+                as_table = tables.wanted_version(request.headers.get("Accept"))  # lab/k8s/tables.py
+                if as_table:
+                    return jresp(tables.table(self.store, rt, info.version, [self.out(rt, obj, info.version)],
+                                              {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                                              request.query, as_table))
                 return jresp(self.out(rt, obj, info.version, shallow=True))
         if verb == "create":
             if info.name:
@@ -367,6 +381,9 @@ class Api:
                 if not has_selectors:  # as the real server: only without selectors
                     meta["remainingItemCount"] = hi - last
             items = [self.out(rt, o, info.version, shallow=True) for _, o in matched]
+            as_table = tables.wanted_version(request.headers.get("Accept"))  # lab/k8s/tables.py
+            if as_table:
+                return jresp(tables.table(self.store, rt, info.version, items, meta, q, as_table))
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version
         return jresp({"kind": f"{rt.kind}List", "apiVersion": api_version, "metadata": meta, "items": items})
 
@@ -412,7 +429,14 @@ class Api:
         resp.enable_chunked_encoding()
         await resp.prepare(request)
 
+        as_table = tables.wanted_version(request.headers.get("Accept"))  # kubectl get -w (lab/k8s/tables.py)
+        headers_sent = []
+
         async def send(etype: str, obj: dict) -> None:
+            if as_table and etype in ("ADDED", "MODIFIED", "DELETED"):
+                obj = tables.table(self.store, rt, info.version, [obj], {"resourceVersion": obj["metadata"].get(
+                    "resourceVersion", "")}, {**q, **({"noHeaders": "true"} if headers_sent else {})}, as_table)
+                headers_sent.append(True)
             await resp.write(json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n")
 
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version
@@ -571,44 +595,66 @@ class Api:
             md["namespace"] = info.namespace
         else:
             md.pop("namespace", None)
-        dry = self._query_dry_run(request)
+        self._check_fields(request, rt, info, body)
         async with self.store.lock:
-            if not md.get("name") and md.get("generateName"):
-                for _ in range(8):
-                    cand = md["generateName"] + random_suffix()
-                    if self.store.get(rt, info.namespace, cand) is None:
-                        md["name"] = cand
-                        break
-            if not md.get("name"):
-                raise self._invalid(rt, "", "metadata.name", "Required value: name or generateName is required")
-            name = md["name"]
-            self._check_namespace(rt, info.namespace, name)
-            self._validate(rt, body)
-            admit(self.store, rt, "create", body)  # simulated validating webhooks (lab/k8s/crds.py)
-            if self.store.get(rt, info.namespace, name) is not None:
-                details = {"name": name, "kind": rt.plural}
-                if rt.group:
-                    details["group"] = rt.group
-                raise ApiError(409, f'{rt.group_resource} "{name}" already exists', "AlreadyExists", details)
-            self._prepare_create(rt, body)
-            obj = self.store.new_meta(rt, body)
-            if rt.key == JOBS:
-                default_job(obj)
-            if rt.key == CRDS:
-                existing = self.store.registry.types.get((obj["spec"]["group"], obj["spec"]["names"]["plural"]))
-                if existing is not None and existing.builtin:
-                    raise self._invalid(rt, name, "spec.group", "conflicts with a built-in resource")
-            if dry:
-                obj["metadata"].pop("resourceVersion", None)
-                return jresp(self.out(rt, obj, info.version), 201)
-            if rt.key == CRDS:
-                self.store.registry.register_crd(obj)
-            self.store.put(rt, obj)
-            request["audit"]["changes"] = diff(None, obj)
-            request["audit"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
-            if not info.name:
-                request["audit"]["name"] = name
+            return self.create_locked(request, info, rt, body)
+
+    def _check_fields(self, request: web.Request, rt: ResourceType, info: Info, body: Any) -> None:
+        fieldvalidation.check(body, schemas.resource_schema(self.store, rt, info.version), request.query, rt.kind,
+                              info.version, request.setdefault("warnings", []))
+
+    def _record_update(self, request: web.Request, rt: ResourceType, info: Info, old: dict | None,
+                       new: dict) -> None:
+        """Who changed which fields (lab/k8s/managedfields.py)."""
+        manager = managedfields.default_manager(request.query.get("fieldManager"), request.headers.get("User-Agent"))
+        managedfields.record_update(old, new, schemas.resource_schema(self.store, rt, info.version), manager,
+                                    f"{rt.group}/{info.version}" if rt.group else info.version, info.subresource)
+
+    def create_locked(self, request: web.Request, info: Info, rt: ResourceType, body: dict,
+                      managed: list[dict] | None = None) -> web.Response:
+        """Create `body` (lock held); `managed`: its managedFields when a server-side apply creates it."""
+        md = body["metadata"]
+        dry = self._query_dry_run(request)
+        if not md.get("name") and md.get("generateName"):
+            for _ in range(8):
+                cand = md["generateName"] + random_suffix()
+                if self.store.get(rt, info.namespace, cand) is None:
+                    md["name"] = cand
+                    break
+        if not md.get("name"):
+            raise self._invalid(rt, "", "metadata.name", "Required value: name or generateName is required")
+        name = md["name"]
+        self._check_namespace(rt, info.namespace, name)
+        self._validate(rt, body)
+        admit(self.store, rt, "create", body)  # simulated validating webhooks (lab/k8s/crds.py)
+        if self.store.get(rt, info.namespace, name) is not None:
+            details = {"name": name, "kind": rt.plural}
+            if rt.group:
+                details["group"] = rt.group
+            raise ApiError(409, f'{rt.group_resource} "{name}" already exists', "AlreadyExists", details)
+        self._prepare_create(rt, body)
+        obj = self.store.new_meta(rt, body)
+        if rt.key == JOBS:
+            default_job(obj)
+        if managed is None:
+            self._record_update(request, rt, info, None, obj)
+        else:
+            obj["metadata"]["managedFields"] = managed
+        if rt.key == CRDS:
+            existing = self.store.registry.types.get((obj["spec"]["group"], obj["spec"]["names"]["plural"]))
+            if existing is not None and existing.builtin:
+                raise self._invalid(rt, name, "spec.group", "conflicts with a built-in resource")
+        if dry:
+            obj["metadata"].pop("resourceVersion", None)
             return jresp(self.out(rt, obj, info.version), 201)
+        if rt.key == CRDS:
+            self.store.registry.register_crd(obj)
+        self.store.put(rt, obj)
+        request["audit"]["changes"] = diff(None, obj)
+        request["audit"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        if not info.name:
+            request["audit"]["name"] = name
+        return jresp(self.out(rt, obj, info.version), 201)
 
     # ------------------------------------------------------------------ update / patch
     def _spec_changed(self, rt: ResourceType, old: dict, new: dict) -> bool:
@@ -618,8 +664,9 @@ class Api:
         return a != b
 
     def _finish_update(self, request: web.Request, info: Info, rt: ResourceType, old: dict, new: dict,
-                       sub: str) -> web.Response:
-        """Common tail of PUT and PATCH: immutables, status split, generation, write, finalizer removal."""
+                       sub: str, managed: list[dict] | None = None) -> web.Response:
+        """Common tail of PUT and PATCH: immutables, status split, generation, write, finalizer removal.
+        `managed`: the managedFields a server-side apply computed (lab/k8s/apply.py)."""
         omd, nmd = old["metadata"], new.setdefault("metadata", {})
         if sub == "status":
             merged = copy.deepcopy(old)
@@ -653,6 +700,10 @@ class Api:
             self._check_pod_update(rt, old, new)
         if sub != "status":
             admit(self.store, rt, "update", new)  # simulated validating webhooks (lab/k8s/crds.py)
+        if managed is None:
+            self._record_update(request, rt, info, old, new)
+        else:
+            nmd["managedFields"] = managed
         if self._query_dry_run(request):
             return jresp(self.out(rt, new, info.version))
         if nmd.get("deletionTimestamp") and not nmd.get("finalizers") and self._removable(rt, new):
@@ -693,6 +744,7 @@ class Api:
         if rt.namespaced and md.get("namespace") and md["namespace"] != info.namespace:
             raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the "
                            "request", "BadRequest")
+        self._check_fields(request, rt, info, body)
         async with self.store.lock:
             old = self.store.get(rt, info.namespace, info.name)
             if old is None:
@@ -712,11 +764,14 @@ class Api:
                     if not rt.builtin else
                     "application/json-patch+json, application/merge-patch+json, "
                     "application/apply-patch+yaml, application/strategic-merge-patch+json")
-        if ct not in KNOWN_PATCH_TYPES or ct == "application/apply-patch+yaml" or \
-                (ct == "application/strategic-merge-patch+json" and not rt.builtin):
+        if ct == "application/apply-patch+yaml":
+            return await apply.handle(self, request, info, rt)  # server-side apply (lab/k8s/apply.py)
+        if ct not in KNOWN_PATCH_TYPES or (ct == "application/strategic-merge-patch+json" and not rt.builtin):
             raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
                            f"include: {accepted}", "UnsupportedMediaType")
         body = await self.body_json(request)
+        if ct != "application/json-patch+json":
+            self._check_fields(request, rt, info, body)
         async with self.store.lock:
             old = self.store.get(rt, info.namespace, info.name)
             if old is None:

@@ -1,9 +1,11 @@
-"""Real kubectl against the emulator: discovery, get, cordon, drain (429 then success), uncordon."""
+"""Real kubectl against the emulator: discovery, get, cordon, drain (429 then success), uncordon; apply
+(client-side and server-side) of a manifest with a CRD kind, get -o wide/-o yaml, describe and delete."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -11,7 +13,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+import lab.k8s.crds
 from lab.k8s.admin import kubeconfig
+from lab.k8s.crds import CAPI_CRDS
 from labtest_helpers import node, pdb, running_pod, wait_for
 
 KUBECTL = shutil.which("kubectl")
@@ -19,6 +23,7 @@ pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not foun
 
 RS_UID = "aaaaaaaa-bbbb-cccc-dddd-000000000001"
 DS_UID = "aaaaaaaa-bbbb-cccc-dddd-000000000002"
+POD_UID = "aaaaaaaa-bbbb-cccc-dddd-000000000003"
 
 
 @pytest.fixture
@@ -72,7 +77,7 @@ def test_kubectl_get_nodes(kubectl, lab):
     assert out["kind"] == "List" or out["kind"] == "NodeList"
     assert [i["metadata"]["name"] for i in out["items"]] == ["n1", "n2"]
     table = kubectl("get", "nodes").stdout
-    assert "n1" in table and "n2" in table  # no server-side Table: kubectl prints NAME/AGE only
+    assert "n1" in table and "n2" in table
     assert "web" not in kubectl("get", "pods", "-A").stdout
 
 
@@ -108,3 +113,209 @@ def test_kubectl_cordon_drain_uncordon(kubectl, lab, api_client, core):
     evs = [e for e in lab.audit() if e.get("subresource") == "eviction"]
     assert any(e["eviction"]["outcome"] == "blocked" for e in evs)
     assert sum(1 for e in evs if e["eviction"]["outcome"] == "evicted") == 2
+
+
+# ---------------------------------------------------------------- apply, get, describe, delete
+MANIFEST = """\
+apiVersion: v1
+kind: Namespace
+metadata: {name: conformance}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: conformance}
+data: {mode: "a"}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: conformance, labels: {app: web}}
+spec:
+  replicas: REPLICAS
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - {name: web, image: "nginx:1.27", ports: [{containerPort: 80}]}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web, namespace: conformance}
+spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata: {name: tenant-a, namespace: conformance}
+spec:
+  topology: {classRef: {name: gpu-class}, version: v1.32.4}
+"""
+KINDS = ["namespace/conformance", "configmap/settings", "deployment.apps/web", "poddisruptionbudget.policy/web",
+         "cluster.cluster.x-k8s.io/tenant-a"]
+
+
+def parse_table(text: str) -> list[dict]:
+    """kubectl's table output as rows of {HEADER: cell}, cut at the columns the header line starts."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = lines[0]
+    starts = [m.start() for m in re.finditer(r"(?:(?<=^)|(?<=\s{2}))\S", header)]
+    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+    return [{n: ln[a:b].strip() if b else ln[a:].strip() for n, a, b in zip(names, starts, starts[1:] + [None])}
+            for ln in lines[1:]]
+
+
+def columns(text: str) -> list[str]:
+    return list(parse_table(text + "\n-")[0]) if text.strip() else []
+
+
+def lab_node(name: str) -> dict:
+    n = node(name, labels={"node-role.kubernetes.io/gpu-worker": ""})
+    n["status"]["addresses"] = [{"type": "InternalIP", "address": "10.0.0.11"},
+                                {"type": "Hostname", "address": name}]
+    n["status"]["capacity"]["memory"] = n["status"]["allocatable"]["memory"] = "2Ti"
+    n["status"]["nodeInfo"].update({"kubeletVersion": "v1.32.4", "osImage": "Ubuntu 22.04.5 LTS",
+                                    "kernelVersion": "5.15.0-119-generic",
+                                    "containerRuntimeVersion": "containerd://1.7.22"})
+    return n
+
+
+def test_capi_seed_file_is_the_emulators_bundle():
+    with open(os.path.join(os.path.dirname(lab.k8s.crds.__file__), "..", "fleets", "capi-crds.json")) as f:
+        assert json.load(f)["objects"] == CAPI_CRDS  # `lab seed lab/fleets/capi-crds.json` installs these
+
+
+def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
+    pod = running_pod("trainer-0", node_name="n1", labels={"app": "trainer"})
+    pod["metadata"]["uid"] = POD_UID
+    pod["status"].update({"podIP": "10.244.1.7", "podIPs": [{"ip": "10.244.1.7"}], "containerStatuses": [
+        {"name": "c", "ready": True, "restartCount": 2, "image": "busybox", "imageID": "", "started": True,
+         "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+         "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:00:00Z"}}}]})
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "trainer-0.1", "namespace": "default"},
+             "involvedObject": {"kind": "Pod", "namespace": "default", "name": "trainer-0", "uid": POD_UID,
+                                "apiVersion": "v1"},
+             "reason": "Pulled", "message": "Container image \"busybox\" already present on machine",
+             "type": "Normal", "source": {"component": "kubelet", "host": "n1"}, "count": 1}
+    lab.seed([*CAPI_CRDS, lab_node("n1"), pod, event])
+    manifest = tmp_path / "manifest.yaml"
+
+    def write(replicas: int, mode: str = "a") -> str:
+        manifest.write_text(MANIFEST.replace("REPLICAS", str(replicas)).replace('mode: "a"', f'mode: "{mode}"'))
+        return str(manifest)
+
+    # client-side apply: create, no-op, change (last-applied annotation, strategic merge for built-ins)
+    out = kubectl("apply", "-f", write(2)).stdout
+    assert [ln.split()[0] for ln in out.splitlines()] == KINDS and all(ln.endswith(" created") for ln in
+                                                                       out.splitlines()), out
+    out = kubectl("apply", "-f", write(2)).stdout.splitlines()
+    # the PDB's selector has patch strategy "replace": kubectl always sends it, so it says "configured"
+    assert out == ["namespace/conformance unchanged", "configmap/settings unchanged", "deployment.apps/web unchanged",
+                   "poddisruptionbudget.policy/web configured", "cluster.cluster.x-k8s.io/tenant-a unchanged"], out
+    out = kubectl("apply", "-f", write(3, mode="b")).stdout.splitlines()
+    assert out == ["namespace/conformance unchanged", "configmap/settings configured",
+                   "deployment.apps/web configured", "poddisruptionbudget.policy/web configured",
+                   "cluster.cluster.x-k8s.io/tenant-a unchanged"], out
+    dep = json.loads(kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json",
+                             "--show-managed-fields").stdout)
+    assert dep["spec"]["replicas"] == 3
+    assert json.loads(dep["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])[
+        "spec"]["replicas"] == 3
+    assert [m["manager"] for m in dep["metadata"]["managedFields"]] == ["kubectl-client-side-apply"]
+
+    # an unknown field is refused by the server (kubectl sends fieldValidation=Strict)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: conformance}\n"
+                   "spec: {replicaz: 1, selector: {matchLabels: {app: t}}, template: {metadata: {labels: {app: t}},"
+                   " spec: {containers: [{name: c, image: x}]}}}\n")
+    p = kubectl("apply", "-f", str(bad), check=False)
+    assert p.returncode != 0 and 'Deployment in version "v1" cannot be handled as a Deployment: strict decoding ' \
+        'error: unknown field "spec.replicaz"' in p.stderr, p.stderr
+
+    # -o yaml reads back what was applied (kubectl hides managedFields)
+    cm = yaml.safe_load(kubectl("get", "configmap", "settings", "-n", "conformance", "-o", "yaml").stdout)
+    assert cm["kind"] == "ConfigMap" and cm["data"] == {"mode": "b"} and "managedFields" not in cm["metadata"]
+
+    # server-side apply takes the fields over; another manager's change conflicts until forced
+    out = kubectl("apply", "--server-side", "-f", write(3, mode="b")).stdout.splitlines()
+    assert [ln.split()[1] for ln in out] == ["serverside-applied"] * 5, out
+    kubectl("patch", "deployment", "web", "-n", "conformance", "--type", "merge", "-p", '{"spec":{"replicas":5}}')
+    p = kubectl("apply", "--server-side", "-f", write(3, mode="b"), check=False)
+    assert p.returncode != 0
+    assert 'Apply failed with 1 conflict: conflict with "kubectl-patch" using apps/v1: .spec.replicas' in p.stderr
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", write(3, mode="b"))
+    dep = json.loads(kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json",
+                             "--show-managed-fields").stdout)
+    assert dep["spec"]["replicas"] == 3
+    owners = {(m["manager"], m["operation"]) for m in dep["metadata"]["managedFields"]}
+    assert ("kubectl", "Apply") in owners and not any(
+        "f:replicas" in (m["fieldsV1"].get("f:spec") or {}) for m in dep["metadata"]["managedFields"]
+        if m["manager"] == "kubectl-patch")
+
+    # get: the server-side Table columns of the real printers (and the CRD's printer columns)
+    wide = kubectl("get", "nodes", "-o", "wide").stdout
+    assert columns(wide) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE",
+                             "KERNEL-VERSION", "CONTAINER-RUNTIME"]
+    row = parse_table(wide)[0]
+    assert (row["NAME"], row["STATUS"], row["ROLES"], row["VERSION"], row["INTERNAL-IP"], row["EXTERNAL-IP"],
+            row["OS-IMAGE"], row["CONTAINER-RUNTIME"]) == (
+        "n1", "Ready", "gpu-worker", "v1.32.4", "10.0.0.11", "<none>", "Ubuntu 22.04.5 LTS", "containerd://1.7.22")
+    assert columns(kubectl("get", "nodes").stdout) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    pods = kubectl("get", "pods", "-o", "wide").stdout
+    assert columns(pods) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED NODE",
+                             "READINESS GATES"]
+    row = parse_table(pods)[0]
+    assert (row["NAME"], row["READY"], row["STATUS"], row["IP"], row["NODE"], row["NOMINATED NODE"]) == (
+        "trainer-0", "1/1", "Running", "10.244.1.7", "n1", "<none>")
+    assert re.fullmatch(r"2 \(\S+ ago\)", row["RESTARTS"]), row
+    deps = kubectl("get", "deployments", "-n", "conformance", "-o", "wide").stdout
+    assert columns(deps) == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"]
+    row = parse_table(deps)[0]
+    assert (row["NAME"], row["READY"], row["CONTAINERS"], row["IMAGES"], row["SELECTOR"]) == (
+        "web", "0/3", "web", "nginx:1.27", "app=web")
+    pdbs = kubectl("get", "pdb", "-n", "conformance").stdout
+    assert columns(pdbs) == ["NAME", "MIN AVAILABLE", "MAX UNAVAILABLE", "ALLOWED DISRUPTIONS", "AGE"]
+    assert [parse_table(pdbs)[0][c] for c in ("NAME", "MIN AVAILABLE", "MAX UNAVAILABLE")] == ["web", "1", "N/A"]
+    clusters = kubectl("get", "clusters", "-n", "conformance").stdout
+    assert columns(clusters) == ["NAME", "CLUSTERCLASS", "AVAILABLE", "CP DESIRED", "CP AVAILABLE",
+                                 "CP UP-TO-DATE", "W DESIRED", "W AVAILABLE", "W UP-TO-DATE", "PHASE", "AGE",
+                                 "VERSION"]
+    row = parse_table(clusters)[0]
+    assert (row["NAME"], row["CLUSTERCLASS"], row["VERSION"]) == ("tenant-a", "gpu-class", "v1.32.4")
+    assert columns(kubectl("get", "clusterroles").stdout or "NAME   CREATED AT") == ["NAME", "CREATED AT"]
+    assert columns(kubectl("get", "namespaces").stdout) == ["NAME", "STATUS", "AGE"]
+    events = kubectl("get", "events", "-n", "default").stdout
+    assert columns(events) == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert parse_table(events)[0]["OBJECT"] == "pod/trainer-0"
+
+    # get -w: watch events come as table rows too
+    watch = subprocess.Popen([KUBECTL, "--cache-dir", kubectl.cache, "get", "pods", "-o", "wide", "--watch-only",
+                              "--request-timeout=4s"], env=kubectl.env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: any(e.get("verb") == "watch" and e.get("resource") == "pods" for e in lab.audit()),
+                 timeout=10, what="kubectl's watch")
+        kubectl("label", "pod", "trainer-0", "checked=yes")
+        out, _ = watch.communicate(timeout=20)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.communicate()
+    row = parse_table(out)[0]
+    assert (row["NAME"], row["STATUS"], row["NODE"]) == ("trainer-0", "Running", "n1"), out
+
+    # describe reads the object, its pods and events
+    d = kubectl("describe", "node", "n1").stdout
+    assert re.search(r"^Name:\s+n1$", d, re.M) and re.search(r"^Roles:\s+gpu-worker$", d, re.M)
+    assert re.search(r"^\s+default\s+trainer-0\s", d, re.M), d  # Non-terminated Pods
+    d = kubectl("describe", "pod", "trainer-0").stdout
+    assert re.search(r"^Node:\s+n1/", d, re.M) and re.search(r"^Status:\s+Running$", d, re.M)
+    assert re.search(r"Normal\s+Pulled\s+.*kubelet.*already present on machine", d), d
+    d = kubectl("describe", "cluster", "tenant-a", "-n", "conformance").stdout
+    assert re.search(r"^Name:\s+tenant-a$", d, re.M) and re.search(r"^Kind:\s+Cluster$", d, re.M)
+    assert re.search(r"^API Version:\s+cluster.x-k8s.io/v1beta2$", d, re.M)
+
+    # delete waits for every object to be gone; the namespace goes last, or its controller deletes the rest first
+    docs = manifest.read_text().split("---\n")
+    manifest.write_text("---\n".join(docs[1:] + docs[:1]))
+    out = kubectl("delete", "-f", str(manifest), "--timeout=40s", timeout=60).stdout.splitlines()
+    assert sorted(out) == sorted(f'{k.split("/")[0]} "{k.split("/")[1]}" deleted' for k in KINDS), out
+    assert "conformance" not in kubectl("get", "namespaces").stdout

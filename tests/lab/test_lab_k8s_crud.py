@@ -151,12 +151,13 @@ def test_three_patch_types_and_smp_merge_keys(core, lab):
     assert not n.spec.unschedulable
 
 
-def test_apply_patch_415(emulator, lab):
+def test_server_side_apply_needs_a_field_manager(emulator, lab):
     http = httpx.Client(base_url=emulator.url)
     http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "a"}})
     r = http.patch("/api/v1/namespaces/default/configmaps/a", content=b"{}",
                    headers={"Content-Type": "application/apply-patch+yaml"})
-    assert r.status_code == 415 and r.json()["reason"] == "UnsupportedMediaType"
+    assert r.status_code == 422 and r.json()["reason"] == "Invalid"
+    assert "fieldManager: Required value" in r.json()["message"]
     http.close()
 
 
@@ -249,7 +250,8 @@ def test_crd_registration_discovery_and_cluster_scoped_cr(api_client, emulator, 
                  "names": {"plural": "queues", "singular": "queue", "kind": "Queue", "listKind": "QueueList"},
                  "versions": [{"name": "v2", "served": True, "storage": True,
                                "subresources": {"status": {}},
-                               "schema": {"openAPIV3Schema": {"type": "object"}}}]}})
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": True}}}]}})
     http = httpx.Client(base_url=emulator.url)
     groups = http.get("/apis").json()
     assert any(g["name"] == "scheduling.run.ai" for g in groups["groups"])
