@@ -17,6 +17,7 @@ from activities.netbox import BurnInRecord, BurnInRecorded, DeviceInfo
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.conftest import FakeNetBox
 from tests.test_cli import cli
+from tests.test_node_maintenance import record_history
 from workflows.burnin import ServerBurnIn, ServerBurnInInput
 
 RETRY_TIMEOUT = 20
@@ -90,6 +91,7 @@ async def test_a_bmc_that_never_answers_is_shown_then_given_up(client, temporal_
     assert cause.type == "EndpointUnavailable" and cause.non_retryable, cause
     assert cause.message.startswith(f"BMC {bmc} kept failing for ")
     assert f"retry_timeout is {RETRY_TIMEOUT}s" in cause.message and "the BMC does not answer" in cause.message
+    await record_history(handle, "server_burn_in_bmc_gives_up")
     desc = await handle.describe()
     assert (desc.close_time - desc.start_time).total_seconds() < 300  # bounded: minutes, not the hour it was
     progress = await handle.query(ServerBurnIn.progress)

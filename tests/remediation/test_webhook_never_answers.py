@@ -14,6 +14,7 @@ from tests.kube_helpers import read_node, wait_for
 from tests.remediation.helpers import fast_settings, fleet
 from tests.remediation.test_node_remediation import start
 from tests.test_cli import cli
+from tests.test_node_maintenance import record_history
 from workflows.remediation import NodeRemediation
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,6 +52,7 @@ async def test_a_webhook_that_never_answers_does_not_hold_the_outcome(client, te
     assert n.spec.unschedulable and "remap_failure" in n.metadata.annotations[QUARANTINE_ANNOTATION]
 
     result = await handle.result()
+    await record_history(handle, "node_remediation_webhook_gives_up")
     assert result.outcome == "quarantined" and result.quarantined and not result.notified
     assert result.notification is not None
     assert result.notification.startswith("node-quarantined: failed after "), result.notification
