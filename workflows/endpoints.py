@@ -10,8 +10,8 @@ a non-retryable `EndpointUnavailable` naming the endpoint and the setting that b
 Event cost: nothing on the happy path (one activity, as before). While failing, 6 history events per round
 (activity scheduled, started, failed; one workflow task), one patch marker per run, and a timer (5 events) only
 when the endpoint asked for a delay (Retry-After). With the usual 1 s initial and 30 s maximum interval, rounds
-last ~3 s, ~16 s, ~32 s, then ~60 s (3 attempts 30 s apart): about 6 events per failing minute, ~60 for a call
-that gives up after 10 minutes.
+last ~3 s, ~16 s, then ~60 s (3 attempts 30 s apart): about 6 events per failing minute, ~75 for a call that
+gives up after 10 minutes (12 rounds and the marker).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.kube import validate_positive_duration
     from activities.models import StrictModel
 
 # The endpoints' names as runs show them (an activity's error adds the URL the worker is configured with).
@@ -61,12 +62,7 @@ class RetryTimeout(StrictModel):
         "Meanwhile `progress.waiting` names the endpoint, the error, the attempts and since when.",
     )
 
-    @field_validator("retry_timeout")
-    @classmethod
-    def _positive(cls, v: timedelta) -> timedelta:
-        if v <= timedelta(0):
-            raise ValueError("must be positive")
-        return v
+    _positive = field_validator("retry_timeout")(validate_positive_duration)
 
 
 class EndpointWait(StrictModel):

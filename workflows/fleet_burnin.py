@@ -259,8 +259,8 @@ class FleetBurnIn:
             outcome = FleetOutcome(server=target.name, result="skipped", group=group,
                                    reason="a burn-in of this server is already running")  # fmt: skip
         except ChildWorkflowError as err:
-            cause = err.cause
-            while getattr(cause, "cause", None) is not None:
+            cause = err.cause  # the innermost error, or where the server's run gave up on an endpoint (it names it)
+            while getattr(cause, "cause", None) is not None and getattr(cause, "type", None) != "EndpointUnavailable":
                 cause = cause.cause
             outcome = FleetOutcome(server=target.name, result="error", reason=str(cause or err)[:500], group=group)
         self._outcomes.append(outcome)
