@@ -237,6 +237,7 @@ class UfmActivities:
 
     async def _call(self, client: TrustingClient, method: str, path: str, doing: str, *,
                     ok404: bool = False, **kw: Any) -> Any:
+        doing = f"{doing} at UFM {client.base_url}"  # the endpoint, for a run that shows why it waits
         try:
             response = await client.request(method, path, **kw)
         except httpx.HTTPError as err:

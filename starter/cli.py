@@ -203,9 +203,22 @@ async def _watch(client, workflow_id: str, run_id: str | None, interval: float) 
             return 1
         raise
     spec = workflow_specs().get(desc.workflow_type)
+    said: set[str] = set()  # retry lines already printed: each once, when it first appears
+    last = [""]  # the progress line last printed where no live bar shows it
+
+    def say(bar: Bar, line: str) -> None:
+        if line not in said:
+            said.add(line)
+            bar.console.print(line, markup=False, highlight=False)
 
     def show(bar: Bar, task, p: Progress) -> None:
         bar.update(task, total=p.total or None, completed=p.done, phase=p.phase, details=_one_line(p.details))
+        line = f"{p.phase}" + (f" {p.done}/{p.total}" if p.total else "") + f" {_one_line(p.details)}".rstrip()
+        if not err.is_terminal and line != last[0]:  # piped or logged: each change of the progress is a line
+            last[0] = line
+            bar.console.print(line, markup=False, highlight=False)
+        for w in p.waiting:  # a call that keeps failing: the endpoint, the error, the attempts, since when
+            say(bar, _one_line(w.line(), limit=1000))
 
     with Bar(
         SpinnerColumn(),
@@ -225,12 +238,16 @@ async def _watch(client, workflow_id: str, run_id: str | None, interval: float) 
             if desc.status != WorkflowExecutionStatus.RUNNING:
                 bar.update(task, phase=desc.status.name.lower() if desc.status else "closed")
                 break
+            for line in _retrying_activities(desc):
+                say(bar, line)
             try:
                 p = await handle.query("progress", result_type=Progress, rpc_timeout=timedelta(seconds=5))
                 show(bar, task, p)
             except Exception as e:  # no worker polling yet, or the query failed
                 first = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
                 bar.update(task, details=f"(no progress answer: {first})")
+                if not err.is_terminal:
+                    say(bar, f"(no progress answer: {first})")
             await asyncio.sleep(interval)
 
     status = desc.status.name if desc.status else "UNKNOWN"
@@ -245,6 +262,15 @@ async def _watch(client, workflow_id: str, run_id: str | None, interval: float) 
     out.print(json.dumps(_jsonable(result), indent=2), markup=False)
     err.print(f"[green]{desc.workflow_type} {workflow_id}: COMPLETED[/]")
     return 0
+
+
+def _retrying_activities(desc) -> list[str]:
+    """The run's pending activities that failed at least once: each attempt's error as the server last saw it."""
+    lines = []
+    for a in desc.raw_description.pending_activities:
+        if a.attempt > 1 and a.last_failure.message:
+            lines.append(f"retrying {a.activity_type.name} (attempt {a.attempt}): {a.last_failure.message[:500]}")
+    return lines
 
 
 def _one_line(markdown: str, limit: int = 120) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pydantic import Field
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 
 from activities.models import StrictModel
 from workflows import search_attributes as sa
+from workflows.endpoints import EndpointWait, with_waits
 
 
 class WorkflowInput(StrictModel):
@@ -39,11 +41,15 @@ class Progress(StrictModel):
     total: int = 0
     details: str = ""
     finished: bool = False
+    waiting: list[EndpointWait] = Field(
+        default_factory=list, description="Calls to external endpoints failing now, retried until their bound "
+                                          "(workflows.endpoints).")  # fmt: skip
 
 
 class Phases:
     """A workflow's visible phase: the model its `progress` query returns, the UI's current
-    details and the `MillwrightPhase` search attribute, kept in step."""
+    details and the `MillwrightPhase` search attribute, kept in step; with the calls that keep
+    failing meanwhile (`waiting`, the `shown` of workflows.endpoints.Endpoints)."""
 
     def __init__(self, finished: tuple[str, ...] = ("completed", "failed")) -> None:
         self.progress = Progress(phase="starting")
@@ -59,4 +65,12 @@ class Phases:
         if total is not None:
             p.total = total
         p.finished = phase in self._finished
-        workflow.set_current_details(f"**{phase}** {details}".strip())
+        self.show()
+
+    def waiting(self, waits: list[EndpointWait]) -> None:
+        self.progress.waiting = waits
+        self.show()
+
+    def show(self) -> None:
+        p = self.progress
+        workflow.set_current_details(with_waits(f"**{p.phase}** {p.details}".strip(), p.waiting))

@@ -26,6 +26,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
+from workflows.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, gave_up_on
 
 with workflow.unsafe.imports_passed_through():
     from activities.gpu import (
@@ -69,14 +70,13 @@ with workflow.unsafe.imports_passed_through():
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
 
-# A BMC that stops answering for a while (a reset, a firmware hiccup, a flaky switch) is waited
-# out with backoff for up to an hour per call; a bad answer (auth, a value it does not offer) is not retried.
+# A BMC that stops answering for a while (a reset, a firmware hiccup, a flaky switch) is waited out with
+# backoff, visibly, for the input's retry_timeout per call (workflows.endpoints); a bad answer (auth, a value
+# it does not offer) is not retried.
 BMC_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                         maximum_interval=timedelta(seconds=30))  # fmt: skip
-BMC_CALL = dict(start_to_close_timeout=timedelta(seconds=60), schedule_to_close_timeout=timedelta(hours=1),
-                retry_policy=BMC_RETRY)  # fmt: skip
-NETBOX_CALL = dict(start_to_close_timeout=timedelta(seconds=60), schedule_to_close_timeout=timedelta(minutes=30),
-                   retry_policy=BMC_RETRY)  # fmt: skip
+BMC_CALL = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
+NETBOX_CALL = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
 AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
                           maximum_attempts=5)  # fmt: skip
 
@@ -139,7 +139,11 @@ class BurnInSettings(StrictModel):
         return v
 
 
-class ServerBurnInInput(WorkflowInput):
+def bmc_endpoint(bmc: BmcRef) -> str:
+    return f"BMC {bmc.url}"
+
+
+class ServerBurnInInput(WorkflowInput, RetryTimeout):
     """Burn in one server and record the verdict."""
 
     server: ServerTarget
@@ -222,6 +226,7 @@ class ServerBurnIn:
     def __init__(self, inp: ServerBurnInInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
         self._findings: list[Finding] = []
         self._gpus: GpuCheckResult | None = None  # the last GPU check, recorded in NetBox
 
@@ -244,7 +249,7 @@ class ServerBurnIn:
         try:
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
-                found = await workflow.execute_activity_method(
+                found = await self._calls.execute(
                     NetBoxActivities.find_device, lookup, **NETBOX_CALL, summary=f"find {target.name}")
                 if found.device is None:
                     raise ApplicationError(f"no device {target.name!r} in NetBox", type="DeviceNotFound",
@@ -259,9 +264,10 @@ class ServerBurnIn:
                 result = await self._redfish(target, settings)
         except (ActivityError, ApplicationError) as err:
             self._enter("failed", str(err))
-            if staged:  # not a verdict on the server: say in NetBox why the burn-in stopped
+            # Not a verdict on the server: say in NetBox why the burn-in stopped (unless NetBox is what failed).
+            if staged and not gave_up_on(err, NETBOX):
                 cause = err.cause if isinstance(err, ActivityError) and err.cause else err
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     NetBoxActivities.record_burnin, BurnInRecord(
                         device=lookup, result="aborted", finished_at=workflow.now(),
                         summary=f"Burn-in stopped before a verdict: {cause}"[:8000]),
@@ -270,7 +276,15 @@ class ServerBurnIn:
         self._findings = result.findings
         if settings.record_in_netbox:
             self._enter("recording", result.result)
-            await self._record(lookup, result)
+            try:
+                await self._record(lookup, result)
+            except (ActivityError, ApplicationError) as err:
+                # NetBox gave up: the verdict is not recorded, but the server is still left booted to its disk
+                # or powered off, not in the burn-in image.
+                if gave_up_on(err, NETBOX) and target.bmc is not None and target.ironic is None:
+                    self._enter("failed", f"{result.result}, not recorded: {err}")
+                    await self._after(target.bmc, settings, result)
+                raise
         if target.ironic is None and target.bmc is not None:
             await self._after(target.bmc, settings, result)
         self._enter("completed", f"**{result.result}**" + (f": {result.findings[0].evidence}"
@@ -285,24 +299,26 @@ class ServerBurnIn:
         result = ServerBurnInResult(server=target.name, result="passed", stress_seconds=settings.stress_seconds)
 
         self._enter("checking-firmware")
-        inventory: RedfishInventory = await workflow.execute_activity_method(
-            RedfishActivities.redfish_inventory, bmc, **BMC_CALL, summary="firmware and GPU inventory")
+        inventory: RedfishInventory = await self._calls.execute(
+            RedfishActivities.redfish_inventory, bmc, **BMC_CALL, endpoint=bmc_endpoint(bmc),
+            summary="firmware and GPU inventory")  # fmt: skip
         result.firmware = inventory.firmware
         if bmc.system is None and inventory.system:  # later calls skip looking the system up
             bmc = bmc.model_copy(update={"system": inventory.system})
         result.findings += firmware_findings(expected.firmware, inventory.firmware)
 
         self._enter("reading-sel", "before")
-        before_sel: SelReport = await workflow.execute_activity_method(
-            RedfishActivities.redfish_sel, SelQuery(bmc=bmc), **BMC_CALL, summary="SEL before")
+        before_sel: SelReport = await self._calls.execute(
+            RedfishActivities.redfish_sel, SelQuery(bmc=bmc), **BMC_CALL, endpoint=bmc_endpoint(bmc),
+            summary="SEL before")  # fmt: skip
         if before_sel.critical:
             result.notes.append(f"{len(before_sel.critical)} critical SEL entries before burn-in "
                                 f"(latest: {before_sel.critical[-1].message})")  # fmt: skip
 
         self._enter("booting-burn-in-image", settings.boot_target)
-        await workflow.execute_activity_method(
+        await self._calls.execute(
             RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target=settings.boot_target, enabled="Once"),
-            **BMC_CALL, summary=f"one-time boot {settings.boot_target}")  # fmt: skip
+            **BMC_CALL, endpoint=bmc_endpoint(bmc), summary=f"one-time boot {settings.boot_target}")  # fmt: skip
         await self._power(bmc, "Off")
         await self._power(bmc, "On")
 
@@ -343,9 +359,9 @@ class ServerBurnIn:
         )  # fmt: skip
 
         self._enter("reading-sel", "after")
-        after_sel: SelReport = await workflow.execute_activity_method(
+        after_sel: SelReport = await self._calls.execute(
             RedfishActivities.redfish_sel, SelQuery(bmc=bmc, after_id=before_sel.last_id), **BMC_CALL,
-            summary="SEL after")  # fmt: skip
+            endpoint=bmc_endpoint(bmc), summary="SEL after")  # fmt: skip
 
         self._enter("deciding")
         verdict = gpu_verdict(check, before, after, stress)
@@ -359,19 +375,19 @@ class ServerBurnIn:
         return result
 
     async def _power(self, bmc: BmcRef, state: Literal["On", "Off"]) -> None:
-        await workflow.execute_activity_method(
-            RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state),
+        await self._calls.execute(
+            RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state), endpoint=bmc_endpoint(bmc),
             start_to_close_timeout=timedelta(minutes=6), heartbeat_timeout=timedelta(seconds=30),
-            schedule_to_close_timeout=timedelta(hours=1), retry_policy=BMC_RETRY, summary=f"power {state}",
+            retry_policy=BMC_RETRY, summary=f"power {state}",
         )  # fmt: skip
 
     async def _after(self, bmc: BmcRef, settings: BurnInSettings, result: ServerBurnInResult) -> None:
         """Leave the server the way operators expect: on its disk after a pass, off after a failure."""
         if result.result == "passed" and settings.boot_disk_after_pass:
             self._enter("booting-disk")
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target="Hdd", enabled="Once"), **BMC_CALL,
-                summary="one-time boot Hdd")  # fmt: skip
+                endpoint=bmc_endpoint(bmc), summary="one-time boot Hdd")  # fmt: skip
             await self._power(bmc, "Off")
             await self._power(bmc, "On")
         elif result.result == "failed" and settings.power_off_on_failure:
@@ -384,22 +400,23 @@ class ServerBurnIn:
         result = ServerBurnInResult(server=target.name, result="passed")
         self._enter("cleaning", f"Ironic node {ironic.node}")
         if ironic.driver_info:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 IronicActivities.ironic_set_driver_info, DriverInfoUpdate(node=ironic.node, values=ironic.driver_info),
-                **NETBOX_CALL, summary="agent_burnin_* settings")  # fmt: skip
-        await workflow.execute_activity_method(
+                **{**NETBOX_CALL, "endpoint": IRONIC}, summary="agent_burnin_* settings")  # fmt: skip
+        await self._calls.execute(
             IronicActivities.ironic_manage, ManageRequest(node=ironic.node, poll_seconds=ironic.poll_seconds),
             start_to_close_timeout=timedelta(minutes=15), heartbeat_timeout=timedelta(seconds=60),
-            retry_policy=BMC_RETRY, summary="manage")  # fmt: skip
-        await workflow.execute_activity_method(
-            IronicActivities.ironic_start_clean, StartClean(node=ironic.node, steps=ironic.steps), **NETBOX_CALL,
-            summary="start manual cleaning")  # fmt: skip
+            retry_policy=BMC_RETRY, endpoint=IRONIC, summary="manage")  # fmt: skip
+        await self._calls.execute(
+            IronicActivities.ironic_start_clean, StartClean(node=ironic.node, steps=ironic.steps),
+            **{**NETBOX_CALL, "endpoint": IRONIC}, summary="start manual cleaning")  # fmt: skip
         wait = WaitClean(node=ironic.node, timeout_seconds=ironic.timeout.total_seconds(),
                          poll_seconds=ironic.poll_seconds)  # fmt: skip
         try:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 IronicActivities.ironic_wait_clean, wait, start_to_close_timeout=ironic.timeout + timedelta(minutes=5),
-                heartbeat_timeout=timedelta(seconds=120), retry_policy=BMC_RETRY, summary="wait for cleaning")
+                heartbeat_timeout=timedelta(seconds=120), retry_policy=BMC_RETRY, endpoint=IRONIC,
+                summary="wait for cleaning")  # fmt: skip
         except ActivityError as err:
             cause = err.cause
             if isinstance(cause, ApplicationError) and cause.type == "IronicCleanFailed":
@@ -412,31 +429,29 @@ class ServerBurnIn:
     # ------------------------------------------------------------ NetBox
 
     async def _status(self, lookup: DeviceLookup, status: str, reason: str, kind: str) -> None:
-        await workflow.execute_activity_method(
+        await self._calls.execute(
             NetBoxActivities.set_device_status, SetStatusRequest(device=lookup, status=status, reason=reason, kind=kind),
             **NETBOX_CALL, summary=f"NetBox status {status}")  # fmt: skip
 
     async def _record(self, lookup: DeviceLookup, result: ServerBurnInResult) -> None:
         gpus = self._gpus
         if gpus is not None and gpus.snapshot and gpus.snapshot.gpus:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 NetBoxActivities.record_gpus, GpuInventory(device=lookup, gpus=[
                     GpuInfo(index=g.index, model=g.name or "unknown", serial=g.serial or "", uuid=g.uuid or "",
                             pci_bus_id=g.pci_bus_id or "")
                     for g in gpus.snapshot.gpus]), **NETBOX_CALL, summary="record GPUs")  # fmt: skip
-        await workflow.execute_activity_method(
+        await self._calls.execute(
             NetBoxActivities.record_burnin, BurnInRecord(
                 device=lookup, result=result.result, finished_at=workflow.now(), summary=result.summary()[:8000]),
             **NETBOX_CALL, summary=f"record burn-in {result.result}")  # fmt: skip
         if result.result == "passed":
             tags = DeviceTagsRequest(device=lookup, add=[TAG_BURNIN_PASSED], remove=[TAG_BURNIN_FAILED, TAG_QUARANTINE])
-            await workflow.execute_activity_method(NetBoxActivities.set_device_tags, tags, **NETBOX_CALL,
-                                                   summary="tags")  # fmt: skip
+            await self._calls.execute(NetBoxActivities.set_device_tags, tags, **NETBOX_CALL, summary="tags")
             await self._status(lookup, "active", "burn-in passed", "success")
         else:
             tags = DeviceTagsRequest(device=lookup, add=[TAG_BURNIN_FAILED, TAG_QUARANTINE], remove=[TAG_BURNIN_PASSED])
-            await workflow.execute_activity_method(NetBoxActivities.set_device_tags, tags, **NETBOX_CALL,
-                                                   summary="quarantine")  # fmt: skip
+            await self._calls.execute(NetBoxActivities.set_device_tags, tags, **NETBOX_CALL, summary="quarantine")
             first = next(f for f in result.findings if f.severity == "fail")
             await self._status(lookup, "failed", f"burn-in failed: {first.check} {first.subject}: {first.evidence}",
                                "danger")  # fmt: skip

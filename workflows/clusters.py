@@ -31,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
+from workflows.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
 from workflows.drain import API_CALL
 
 with workflow.unsafe.imports_passed_through():
@@ -143,7 +144,7 @@ class ClusterTopology(_Topo):
         return self
 
 
-class CreateClusterInput(WorkflowInput):
+class CreateClusterInput(WorkflowInput, RetryTimeout):
     """Create a workload cluster from burnt-in servers through Cluster API: flat objects (`worker_pools`,
     `control_plane_replicas`, `kubernetes_version`) or a ClusterClass (`topology`), exactly one of the two."""
 
@@ -350,6 +351,7 @@ class CreateCluster:
     def __init__(self, inp: CreateClusterInput) -> None:
         self._inp = inp
         self._phases = Phases()
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Phase and machines ready x of y.")
     def progress(self) -> Progress:
@@ -367,32 +369,34 @@ class CreateCluster:
                              kind=p.infrastructure.kind) for p in inp.worker_pools or [] if p.infrastructure]
             if inp.topology is not None:
                 extra.append(CLUSTER_CLASS)
-            await workflow.execute_activity_method(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=_kinds(objs) + extra), **API_CALL)
+            await self._calls.execute(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=_kinds(objs) + extra),
+                **API_CALL, endpoint=kubernetes_api(mgmt))
             if inp.topology is not None:
                 await self._check_cluster_class(inp)
             self._phases.enter("creating", f"{len(objs)} objects")
-            applied = await workflow.execute_activity_method(
+            applied = await self._calls.execute(
                 acts.apply_objects, ApplyRequest(cluster=mgmt, owner=workflow.info().workflow_id, objects=objs,
-                                                 on_difference="error"), **LONG_CALL)
+                                                 on_difference="error"), **LONG_CALL, endpoint=kubernetes_api(mgmt))
             status = await self._wait_ready(inp)
             self._phases.enter("kubeconfig", "checking the kubeconfig Secret")
-            kubeconfig = await workflow.execute_activity_method(
+            kubeconfig = await self._calls.execute(
                 acts.check_secret, SecretCheck(cluster=mgmt, namespace=inp.namespace, name=f"{inp.name}-kubeconfig",
-                                               key="value"), **API_CALL)
+                                               key="value"), **API_CALL, endpoint=kubernetes_api(mgmt))
             self._phases.enter("baseline", "namespaces, KAI queues, node labels")
             ref = inp.ref()
             base = baseline_objects()
-            await workflow.execute_activity_method(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=_kinds(base)), **API_CALL)
-            await workflow.execute_activity_method(
+            await self._calls.execute(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=_kinds(base)), **API_CALL,
+                endpoint=kubernetes_api(ref))
+            await self._calls.execute(
                 acts.apply_objects, ApplyRequest(cluster=ref, owner=workflow.info().workflow_id, objects=base,
-                                                 on_difference="update"), **LONG_CALL)
+                                                 on_difference="update"), **LONG_CALL, endpoint=kubernetes_api(ref))
             for deployment, gpu_class in inp.node_classes():
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     acts.label_nodes, NodeLabels(cluster=ref, labels={GPU_CLASS_LABEL: gpu_class},
                                                  label_selector=f"cluster.x-k8s.io/deployment-name={deployment}"),
-                    **API_CALL)
+                    **API_CALL, endpoint=kubernetes_api(ref))
             netbox = await self._record_in_netbox(inp, status) if inp.record_in_netbox else None
         except Exception as err:
             self._phases.enter("failed", str(err))
@@ -409,9 +413,9 @@ class CreateCluster:
         topo = inp.topology
         assert topo is not None
         where = topo.class_namespace or inp.namespace
-        found = await workflow.execute_activity_method(
+        found = await self._calls.execute(
             ClusterApiActivities.list_objects, ListRequest(cluster=inp.management_cluster, kinds=[CLUSTER_CLASS]),
-            **API_CALL)
+            **API_CALL, endpoint=kubernetes_api(inp.management_cluster))
         if not any(o.name == topo.class_ and o.namespace == where for o in found):
             raise ApplicationError(f"topology.class: no ClusterClass {where}/{topo.class_} in cluster "
                                    f"{inp.management_cluster}; create it (or fix the name) first",
@@ -421,20 +425,21 @@ class CreateCluster:
         """Upsert the cluster record and assign each machine's device (by node name); idempotent."""
         self._phases.enter("netbox", "recording the cluster and its machines")
         ref = inp.ref()
-        record = await workflow.execute_activity_method(
+        record = await self._calls.execute(
             NetBoxActivities.upsert_cluster,
             ClusterSpec(name=inp.name, description=f"Cluster API {ref}, {status.machines_total} machines"),
-            **API_CALL)
-        machines: list[MachineNode] = await workflow.execute_activity_method(
+            **API_CALL, endpoint=NETBOX)
+        machines: list[MachineNode] = await self._calls.execute(
             ClusterApiActivities.list_machines,
-            CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name), **API_CALL)
+            CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name), **API_CALL,
+            endpoint=kubernetes_api(inp.management_cluster))
         nodes = sorted({m.node for m in machines if m.node})
         assigned = AssignmentResult(cluster=inp.name)
         if nodes:
-            assigned = await workflow.execute_activity_method(
+            assigned = await self._calls.execute(
                 NetBoxActivities.assign_devices_to_cluster,
                 ClusterAssignment(cluster=inp.name, devices=[DeviceLookup(name=n) for n in nodes], missing_ok=True),
-                **API_CALL)
+                **API_CALL, endpoint=NETBOX)
         return NetBoxRecord(cluster=inp.name, cluster_created=record.created, assigned=assigned.assigned,
                             already=assigned.already, missing=assigned.missing)
 
@@ -442,7 +447,8 @@ class CreateCluster:
         deadline = workflow.now() + inp.ready_timeout
         ref = CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name)
         while True:
-            st = await workflow.execute_activity_method(ClusterApiActivities.read_capi_cluster, ref, **API_CALL)
+            st = await self._calls.execute(ClusterApiActivities.read_capi_cluster, ref, **API_CALL,
+                                           endpoint=kubernetes_api(inp.management_cluster))
             self._phases.enter("provisioning", f"phase {st.phase or '-'}, machines ready {st.machines_ready} of "
                         f"{st.machines_total}", st.machines_ready, st.machines_total)
             if st.exists and st.ready():
@@ -453,7 +459,7 @@ class CreateCluster:
             await workflow.sleep(inp.poll_interval)
 
 
-class DeleteClusterInput(WorkflowInput):
+class DeleteClusterInput(WorkflowInput, RetryTimeout):
     management_cluster: str = "lab"
     namespace: str = "fleet"
     name: str
@@ -489,6 +495,7 @@ class DeleteCluster:
     @workflow.init
     def __init__(self, inp: DeleteClusterInput) -> None:
         self._phases = Phases()
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Phase of the deletion.")
     def progress(self) -> Progress:
@@ -500,31 +507,34 @@ class DeleteCluster:
         ref, mgmt = inp.ref(), inp.management_cluster
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(ref)])
         self._phases.enter("checking-tenants")
-        status = await workflow.execute_activity_method(
-            acts.read_capi_cluster, CapiClusterRef(cluster=mgmt, namespace=inp.namespace, name=inp.name), **API_CALL)
+        status = await self._calls.execute(
+            acts.read_capi_cluster, CapiClusterRef(cluster=mgmt, namespace=inp.namespace, name=inp.name),
+            **API_CALL, endpoint=kubernetes_api(mgmt))
         tenants: list[str] = []
         if status.exists and status.control_plane_initialized:
-            queues = await workflow.execute_activity_method(
+            queues = await self._calls.execute(
                 acts.list_objects, ListRequest(cluster=ref, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
-                                               label_selector=TENANT_LABEL), **API_CALL)
+                                               label_selector=TENANT_LABEL), **API_CALL, endpoint=kubernetes_api(ref))
             tenants = sorted(q.name for q in queues)
         if tenants and not inp.force:
             self._phases.enter("failed", f"tenants still onboarded: {', '.join(tenants)}")
             raise ApplicationError(f"cluster {ref} still has tenants onboarded ({', '.join(tenants)}): offboard them "
                                    "first, or set force", type="TenantsOnboarded", non_retryable=True)
         self._phases.enter("deleting", "Cluster (Machines, control plane, infrastructure follow)")
-        deleted = await workflow.execute_activity_method(
+        deleted = await self._calls.execute(
             acts.delete_objects, DeleteRequest(cluster=mgmt, objects=[ObjectRef(
                 api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)],
                 timeout_seconds=inp.timeout.total_seconds()),
             start_to_close_timeout=inp.timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=API_CALL["retry_policy"])
+            retry_policy=API_CALL["retry_policy"], endpoint=kubernetes_api(mgmt))
         self._phases.enter("deleting-templates")
-        leftovers = await workflow.execute_activity_method(
+        leftovers = await self._calls.execute(
             acts.list_objects, ListRequest(cluster=mgmt, kinds=TEMPLATE_KINDS,
-                                           label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"), **API_CALL)
-        more = await workflow.execute_activity_method(
-            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers), **LONG_CALL)
+                                           label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"),
+                                           **API_CALL, endpoint=kubernetes_api(mgmt))
+        more = await self._calls.execute(
+            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers), **LONG_CALL,
+            endpoint=kubernetes_api(mgmt))
         self._phases.enter("completed")
         return DeleteClusterResult(cluster=ref, tenants_left=tenants,
                                    deleted=[str(r) for r in deleted.deleted + more.deleted])

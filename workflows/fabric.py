@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput, history_is_long
+from workflows.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import StrictModel
@@ -251,7 +252,7 @@ async def _fabric(fabric: str, update: str, payload: BaseModel | None = None) ->
 # ================================================================== IsolateTenant
 
 
-class IsolateTenantInput(WorkflowInput):
+class IsolateTenantInput(WorkflowInput, RetryTimeout):
     fabric: str = Field(description="The InfiniBand fabric (its UFM), e.g. lab-ib.")
     tenant: str = Field(description="Tenant slug (NetBox).")
     tenant_name: str | None = Field(None, description="Tenant name, to create the NetBox tenant if missing.")
@@ -288,18 +289,19 @@ def _cause(err: BaseException) -> str:
     return str(cause or err)
 
 
-async def resolve_and_check(hosts: list[str], netbox: bool) -> dict[str, list[str]]:
+async def resolve_and_check(calls: Endpoints, hosts: list[str], netbox: bool) -> dict[str, list[str]]:
     """host -> port GUIDs from UFM, cross-checked both ways against NetBox; fails closed naming the host."""
-    resolved: ResolvedHosts = await workflow.execute_activity_method(
-        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_CALL, summary="resolve hosts in UFM"
+    resolved: ResolvedHosts = await calls.execute(
+        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_CALL, endpoint=UFM, summary="resolve hosts in UFM"
     )
     if resolved.unknown:
         raise ApplicationError(f"UFM has no HCA ports for host(s) {', '.join(resolved.unknown)}",
                                type="HostNotInFabric", non_retryable=True)  # fmt: skip
     ufm = {h.host: h.guids for h in resolved.hosts}
     if netbox:
-        records: list[DeviceIbPorts] = await workflow.execute_activity_method(
-            NetBoxActivities.list_ib_ports, IbPortQuery(devices=hosts), **NETBOX_CALL, summary="IB ports in NetBox"
+        records: list[DeviceIbPorts] = await calls.execute(
+            NetBoxActivities.list_ib_ports, IbPortQuery(devices=hosts), **NETBOX_CALL,
+            endpoint=NETBOX, summary="IB ports in NetBox"
         )
         for rec in records:
             nb = sorted({p.guid for p in rec.ports})
@@ -318,11 +320,12 @@ class IsolateTenant:
     def __init__(self, inp: IsolateTenantInput) -> None:
         self._inp = inp
         self._step = Step()
+        self._calls = Endpoints(inp.retry_timeout)
 
     @workflow.query
     def progress(self) -> Progress:
         return Progress(phase=self._step.phase, details=self._step.note,
-                        finished=self._step.phase in ("isolated", "failed"))  # fmt: skip
+                        finished=self._step.phase in ("isolated", "failed"), waiting=self._calls.waiting())  # fmt: skip
 
     def _enter(self, phase: str, note: str = "") -> None:
         self._step = Step(phase=phase, note=note)
@@ -341,12 +344,12 @@ class IsolateTenant:
 
     async def _run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
         self._enter("resolving", f"hosts {', '.join(inp.hosts)}")
-        by_host = await resolve_and_check(inp.hosts, inp.netbox)
+        by_host = await resolve_and_check(self._calls, inp.hosts, inp.netbox)
         members = {g: h for h, gs in by_host.items() for g in gs}
 
         self._enter("allocating")
-        snap: FabricSnapshot = await workflow.execute_activity_method(
-            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
+        snap: FabricSnapshot = await self._calls.execute(
+            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, endpoint=UFM, summary="PKeys in UFM"
         )
         state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
         ours = {a.pkey for a in state.allocations.values()} | set(state.retired)
@@ -357,19 +360,20 @@ class IsolateTenant:
         ))  # fmt: skip
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
-        ensured = await workflow.execute_activity_method(
+        ensured = await self._calls.execute(
             UfmActivities.ensure_pkey, EnsurePKey(pkey=alloc.pkey, partition_name=inp.tenant), **UFM_CALL,
-            summary=f"ensure PKey {alloc.pkey}",
+            endpoint=UFM, summary=f"ensure PKey {alloc.pkey}",
         )  # fmt: skip
-        change: MembershipChange = await workflow.execute_activity_method(
+        change: MembershipChange = await self._calls.execute(
             UfmActivities.add_guids,
             AddGuids(pkey=alloc.pkey, guids=sorted(members), membership=inp.membership),
-            **UFM_CALL, summary=f"add {len(members)} GUIDs to {alloc.pkey}",
+            **UFM_CALL, endpoint=UFM, summary=f"add {len(members)} GUIDs to {alloc.pkey}",
         )  # fmt: skip
 
         self._enter("verifying", f"PKey {alloc.pkey}")
-        read: PKeyMembers = await workflow.execute_activity_method(
-            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"read back {alloc.pkey}"
+        read: PKeyMembers = await self._calls.execute(
+            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
+            endpoint=UFM, summary=f"read back {alloc.pkey}"
         )
         wrong = [f"{g} ({members[g]})" for g in sorted(members) if read.members.get(g) != inp.membership]
         if wrong:
@@ -378,11 +382,11 @@ class IsolateTenant:
 
         if inp.netbox:
             self._enter("recording")
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 NetBoxActivities.record_tenant_pkey,
                 TenantPKeyRecord(tenant=inp.tenant, name=inp.tenant_name, fabric=inp.fabric, pkey=alloc.pkey,
                                  members=by_host),
-                **NETBOX_CALL, summary="record the PKey in NetBox",
+                **NETBOX_CALL, endpoint=NETBOX, summary="record the PKey in NetBox",
             )  # fmt: skip
         await _fabric(inp.fabric, "confirm", TenantRequest(tenant=inp.tenant))
         self._enter("isolated", f"PKey {alloc.pkey}: {len(members)} ports verified")
@@ -393,7 +397,7 @@ class IsolateTenant:
 # ================================================================== ReleaseTenant
 
 
-class ReleaseTenantInput(WorkflowInput):
+class ReleaseTenantInput(WorkflowInput, RetryTimeout):
     fabric: str
     tenant: str
     netbox: bool = Field(True, description="Clear the PKey recorded in NetBox.")
@@ -423,10 +427,12 @@ class ReleaseTenant:
     def __init__(self, inp: ReleaseTenantInput) -> None:
         self._inp = inp
         self._phase = "starting"
+        self._calls = Endpoints(inp.retry_timeout)
 
     @workflow.query
     def progress(self) -> Progress:
-        return Progress(phase=self._phase, finished=self._phase in ("released", "nothing-to-release"))
+        return Progress(phase=self._phase, finished=self._phase in ("released", "nothing-to-release"),
+                        waiting=self._calls.waiting())  # fmt: skip
 
     def _enter(self, phase: str, note: str = "") -> None:
         self._phase = phase
@@ -444,26 +450,28 @@ class ReleaseTenant:
         alloc = Allocation.model_validate(raw)
         guids = sorted(alloc.members)
         self._enter("removing", f"PKey {alloc.pkey}: {len(guids)} ports")
-        change: MembershipChange = await workflow.execute_activity_method(
+        change: MembershipChange = await self._calls.execute(
             UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
-            summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
+            endpoint=UFM, summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
         ) if guids else MembershipChange(pkey=alloc.pkey)  # fmt: skip
         self._enter("verifying")
-        read: PKeyMembers = await workflow.execute_activity_method(
-            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"read back {alloc.pkey}"
+        read: PKeyMembers = await self._calls.execute(
+            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
+            endpoint=UFM, summary=f"read back {alloc.pkey}"
         )
         left = [g for g in guids if g in read.members]
         if left:
             raise ApplicationError(f"PKey {alloc.pkey} still has {', '.join(left)} after the removal",
                                    type="VerifyFailed", non_retryable=True)  # fmt: skip
-        deleted: DeletedPKey = await workflow.execute_activity_method(
-            UfmActivities.delete_pkey_if_empty, PKeyRef(pkey=alloc.pkey), **UFM_CALL, summary=f"delete {alloc.pkey}"
+        deleted: DeletedPKey = await self._calls.execute(
+            UfmActivities.delete_pkey_if_empty, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
+            endpoint=UFM, summary=f"delete {alloc.pkey}"
         )
         if inp.netbox:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 NetBoxActivities.record_tenant_pkey,
                 TenantPKeyRecord(tenant=inp.tenant, fabric=inp.fabric, pkey=None), **NETBOX_CALL,
-                summary="clear the PKey in NetBox",
+                endpoint=NETBOX, summary="clear the PKey in NetBox",
             )  # fmt: skip
         await _fabric(inp.fabric, "finish_release", FinishRelease(tenant=inp.tenant, remaining=deleted.remaining))
         note = f"PKey {alloc.pkey} " + ("deleted" if deleted.deleted else
@@ -480,7 +488,7 @@ class ReleaseTenant:
 DriftKind = Literal["unknown-member", "missing-member", "missing-pkey", "guid-in-two-tenants", "wrong-membership"]
 
 
-class FabricAuditInput(WorkflowInput):
+class FabricAuditInput(WorkflowInput, RetryTimeout):
     fabric: str
     repair: bool = Field(False, description="Repair drift: add missing members, remove unknown ones.")
 
@@ -518,19 +526,21 @@ class FabricAudit:
         self._inp = inp
         self._phase = "starting"
         self._drift: list[Drift] = []
+        self._calls = Endpoints(inp.retry_timeout)
 
     @workflow.query
     def progress(self) -> Progress:
         return Progress(phase=self._phase, done=len(self._drift), details="\n".join(d.line() for d in self._drift),
-                        finished=self._phase in ("clean", "drift", "repaired"))  # fmt: skip
+                        finished=self._phase in ("clean", "drift", "repaired"),
+                        waiting=self._calls.waiting())  # fmt: skip
 
     @workflow.run
     async def run(self, inp: FabricAuditInput) -> FabricAuditResult:
         self._phase = "reading"
         state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
         allocations = list(state.allocations.values())
-        snap: FabricSnapshot = await workflow.execute_activity_method(
-            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, summary="PKeys in UFM"
+        snap: FabricSnapshot = await self._calls.execute(
+            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, endpoint=UFM, summary="PKeys in UFM"
         )
         drift = audit(allocations, snap)
         self._drift = drift
@@ -555,8 +565,8 @@ class FabricAudit:
         by_pkey = {a.pkey: a for a in allocations}
         done: list[str] = []
         for pkey in sorted({d.pkey for d in drift if d.kind == "missing-pkey"}):
-            await workflow.execute_activity_method(UfmActivities.ensure_pkey, EnsurePKey(pkey=pkey), **UFM_CALL,
-                                                   summary=f"recreate {pkey}")  # fmt: skip
+            await self._calls.execute(UfmActivities.ensure_pkey, EnsurePKey(pkey=pkey), **UFM_CALL,
+                                                   endpoint=UFM, summary=f"recreate {pkey}")  # fmt: skip
             done.append(f"created PKey {pkey}")
         for pkey in sorted({d.pkey for d in drift}):
             a = by_pkey.get(pkey)
@@ -565,15 +575,15 @@ class FabricAudit:
             remove = sorted({d.guid for d in drift if d.pkey == pkey and d.guid
                              and d.kind in ("unknown-member", "guid-in-two-tenants")})
             if add and a is not None:
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     UfmActivities.add_guids, AddGuids(pkey=pkey, guids=add, membership=a.membership), **UFM_CALL,
-                    summary=f"re-add {len(add)} GUIDs to {pkey}",
+                    endpoint=UFM, summary=f"re-add {len(add)} GUIDs to {pkey}",
                 )  # fmt: skip
                 done += [f"added {g} ({a.members.get(g)}) to {pkey}" for g in add]
             if remove:
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     UfmActivities.remove_guids, RemoveGuids(pkey=pkey, guids=remove), **UFM_CALL,
-                    summary=f"remove {len(remove)} unknown GUIDs from {pkey}",
+                    endpoint=UFM, summary=f"remove {len(remove)} unknown GUIDs from {pkey}",
                 )  # fmt: skip
                 done += [f"removed {g} from {pkey}" for g in remove]
         return done

@@ -25,6 +25,7 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 
 from workflows.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin import NETBOX_CALL, BurnInSettings, ServerBurnIn, ServerBurnInInput, ServerTarget
+from workflows.endpoints import Endpoints, RetryTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import validate_object_name
@@ -46,8 +47,9 @@ class FleetDecision(StrictModel):
     reason: str = Field(min_length=1, max_length=1000)
 
 
-class FleetBurnInInput(WorkflowInput):
-    """Burn in a list of servers, or the NetBox devices a query finds."""
+class FleetBurnInInput(WorkflowInput, RetryTimeout):
+    """Burn in a list of servers, or the NetBox devices a query finds (`retry_timeout` also bounds each server's
+    calls)."""
 
     name: str = Field(min_length=1, max_length=63, description="Names this fleet run (its workflow ID).")
     servers: list[ServerTarget] = Field(default_factory=list)
@@ -116,6 +118,7 @@ class FleetBurnIn:
         self._accepted_failures = inp.accepted_failures
         self._aborted = False
         self._phases = Phases(finished=("completed", "aborted", "failed"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     # ------------------------------------------------------------ operator controls and views
 
@@ -159,7 +162,7 @@ class FleetBurnIn:
         targets = list(inp.servers)
         if inp.netbox_query is not None and not inp.resolved:
             self._phases.enter("listing", "NetBox query")
-            devices = await workflow.execute_activity_method(
+            devices = await self._calls.execute(
                 NetBoxActivities.list_devices, inp.netbox_query, **NETBOX_CALL, summary="servers from NetBox")
             listed = {t.name for t in targets}
             targets += [ServerTarget(name=d.name, site=d.site) for d in devices if d.name and d.name not in listed]
@@ -241,7 +244,7 @@ class FleetBurnIn:
 
     async def _burn_in(self, target: ServerTarget, settings: BurnInSettings) -> None:
         group = self._running[target.name]
-        child = ServerBurnInInput(server=target, settings=settings)
+        child = ServerBurnInInput(server=target, settings=settings, retry_timeout=self._inp.retry_timeout)
         try:
             result = await workflow.execute_child_workflow(
                 ServerBurnIn.run, child, id=child.workflow_id(), id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -256,8 +259,8 @@ class FleetBurnIn:
             outcome = FleetOutcome(server=target.name, result="skipped", group=group,
                                    reason="a burn-in of this server is already running")  # fmt: skip
         except ChildWorkflowError as err:
-            cause = err.cause
-            while getattr(cause, "cause", None) is not None:
+            cause = err.cause  # the innermost error, or where the server's run gave up on an endpoint (it names it)
+            while getattr(cause, "cause", None) is not None and getattr(cause, "type", None) != "EndpointUnavailable":
                 cause = cause.cause
             outcome = FleetOutcome(server=target.name, result="error", reason=str(cause or err)[:500], group=group)
         self._outcomes.append(outcome)

@@ -15,21 +15,21 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.base import Progress, WorkflowInput
+from workflows.endpoints import NETBOX, Endpoints, RetryTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.models import StrictModel
     from activities.netbox import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult, NetBoxActivities
 
-# NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, but give
-# up after a while so a NetBox outage surfaces instead of hanging the bootstrap forever.
+# NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, visibly, and give up
+# after the input's retry_timeout so a NetBox outage surfaces instead of hanging the bootstrap forever.
 NETBOX_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=20,
 )  # fmt: skip
-NETBOX_CALL = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY)
+NETBOX_CALL = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY)
 
 
-class InventoryBootstrapInput(WorkflowInput):
+class InventoryBootstrapInput(WorkflowInput, RetryTimeout):
     """Create Millwright's NetBox objects where missing; report what was created and what existed."""
 
     sections: list[str] = Field(
@@ -59,6 +59,7 @@ class InventoryBootstrap:
         self._inp = inp
         self._result = InventoryBootstrapResult()
         self._phase = "starting"
+        self._calls = Endpoints(inp.retry_timeout)
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
     def progress(self) -> Progress:
@@ -69,6 +70,7 @@ class InventoryBootstrap:
             total=len(self._inp.sections),
             details=f"{len(r.created)} created, {len(r.updated)} updated, {len(r.existing)} already there",
             finished=self._phase in ("completed", "failed"),
+            waiting=self._calls.waiting(),
         )
 
     @workflow.run
@@ -84,7 +86,7 @@ class InventoryBootstrap:
             for section in inp.sections:
                 self._phase = section
                 workflow.set_current_details(f"**{section}**")
-                done = await workflow.execute_activity_method(
+                done = await self._calls.execute(
                     NetBoxActivities.bootstrap_section, BootstrapRequest(section=section), **NETBOX_CALL,
                     summary=f"bootstrap {section}",
                 )  # fmt: skip
@@ -92,7 +94,7 @@ class InventoryBootstrap:
                 self._result.created += done.created
                 self._result.updated += done.updated
                 self._result.existing += done.existing
-        except ActivityError:
+        except (ActivityError, ApplicationError):
             self._phase = "failed"
             raise
         self._phase = "completed"

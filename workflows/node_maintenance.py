@@ -24,6 +24,7 @@ from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput
 from workflows.disruption_budget import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL, Drain, DrainProgress
+from workflows.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 
 with workflow.unsafe.imports_passed_through():
     from activities.kube import (
@@ -55,7 +56,7 @@ Phase = Literal[
 ]
 
 
-class NodeMaintenanceInput(WorkflowInput):
+class NodeMaintenanceInput(WorkflowInput, RetryTimeout):
     """Drain one node of one cluster, for a stated reason."""
 
     cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
@@ -131,6 +132,7 @@ class NodeMaintenance:
         self._status = NodeMaintenanceStatus()
         self._abort: AbortRequest | None = None
         self._skip_wait: SkipWaitRequest | None = None
+        self._calls = Endpoints(inp.retry_timeout)
 
     # ------------------------------------------------------------ operator controls
 
@@ -147,6 +149,7 @@ class NodeMaintenance:
             total=s.to_evict,
             details=self._summary(),
             finished=s.phase in ("completed", "aborted", "failed"),
+            waiting=self._calls.waiting(),
         )
 
     @workflow.update(description="Stop the maintenance: no further evictions; optionally remove our cordon.")
@@ -184,16 +187,17 @@ class NodeMaintenance:
         self._enter("starting")
         cordon = CordonRequest(cluster=inp.cluster, node=inp.node, owner=owner, reason=inp.reason)
         try:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node), **API_CALL,
-                summary=f"inspect node {inp.node}",
+                endpoint=kubernetes_api(inp.cluster), summary=f"inspect node {inp.node}",
             )
             if workflow.patched(LEASE_PATCH) and not await self._lease(inp):
                 why = self._abort.reason if self._abort else ""
                 return await self._finish("aborted", cordon, False, f"aborted while waiting for the disruption budget: {why}")
             self._enter("cordoning")
-            held = await workflow.execute_activity_method(
-                KubeActivities.cordon_node, cordon, **API_CALL, summary=f"cordon {inp.node}"
+            held = await self._calls.execute(
+                KubeActivities.cordon_node, cordon, **API_CALL, endpoint=kubernetes_api(inp.cluster),
+                summary=f"cordon {inp.node}",
             )
             self._status.cordoned_by_us = held.owned
             self._status.cordon_holder = held.holder
@@ -217,8 +221,9 @@ class NodeMaintenance:
         s = self._status
         if uncordon and s.cordoned_by_us:
             self._enter("uncordoning")
-            done = await workflow.execute_activity_method(
-                KubeActivities.uncordon_node, cordon, **API_CALL, summary=f"uncordon {cordon.node}"
+            done = await self._calls.execute(
+                KubeActivities.uncordon_node, cordon, **API_CALL, endpoint=kubernetes_api(cordon.cluster),
+                summary=f"uncordon {cordon.node}",
             )
             s.uncordoned = done.uncordoned
             note = "; ".join(n for n in (note, done.note) if n)
@@ -258,8 +263,9 @@ class NodeMaintenance:
         deadline = workflow.now() + inp.protected_pods_timeout
         query = PodQuery(cluster=inp.cluster, node=inp.node, label_selector=inp.protected_pod_selector or "")
         while not self._stopping() and self._skip_wait is None:
-            pods = await workflow.execute_activity_method(
-                KubeActivities.list_unfinished_pods, query, **API_CALL, summary="list protected pods"
+            pods = await self._calls.execute(
+                KubeActivities.list_unfinished_pods, query, **API_CALL, endpoint=kubernetes_api(inp.cluster),
+                summary="list protected pods",
             )
             self._status.protected_pods = [str(p) for p in pods]
             self._set_details()
@@ -323,4 +329,4 @@ class NodeMaintenance:
         return "\n\n".join(lines)
 
     def _set_details(self) -> None:
-        workflow.set_current_details(self._summary())
+        workflow.set_current_details(with_waits(self._summary(), self._calls.waiting()))

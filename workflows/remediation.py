@@ -40,7 +40,8 @@ from temporalio.exceptions import (
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
-from workflows.burnin import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
+from workflows.burnin import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL, bmc_endpoint
+from workflows.endpoints import EndpointWait, Endpoints, RetryTimeout, error_text, kubernetes_api, with_waits
 from workflows.drain import API_CALL, API_RETRY, Drain, DrainProgress
 from workflows.remediation_policy import (
     AgentObservation,
@@ -96,7 +97,7 @@ with workflow.unsafe.imports_passed_through():
         NodeHealthRequest,
         QuarantineRequest,
     )
-    from activities.notify import NotifyActivities, WebhookNotification, WebhookTarget
+    from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
     from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
     from workflows import disruption_budget
     from workflows.rollout_spec import Budget
@@ -107,17 +108,19 @@ Outcome = Literal["healthy", "quarantined", "failed", "skipped"]
 StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin: BMC_CALL, NETBOX_CALL,
-# AGENT_RETRY); a webhook that is down is retried for an hour.
-NOTIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=30), schedule_to_close_timeout=timedelta(hours=1),
+# AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
+# the outcome is recorded before the webhook is notified (NOTIFY_AFTER_OUTCOME_PATCH).
+NOTIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=30),
                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coefficient=2.0,
-                                            maximum_interval=timedelta(minutes=2)))  # fmt: skip
+                                            maximum_interval=timedelta(seconds=30)))  # fmt: skip
+NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 HEARTBEAT = timedelta(seconds=30)
 
 
 # ---------------------------------------------------------------- models
 
 
-class RemediationSettings(StrictModel):
+class RemediationSettings(RetryTimeout):
     """How a node is remediated: the ladder, approvals, timeouts, records. Shared by the sweep's children."""
 
     steps: list[Step] = Field(default_factory=lambda: list(STEPS), min_length=1,
@@ -146,9 +149,13 @@ class RemediationSettings(StrictModel):
     budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
     netbox: bool = Field(False, description="Record a quarantine in NetBox; look the BMC and GPUs up there.")
     webhook: WebhookTarget | None = Field(None, description="Where to notify a quarantine or a failure.")
+    notify_timeout: timedelta = Field(
+        timedelta(minutes=10), description="How long the webhook may keep failing (no answer, 5xx, 429) before the "
+        "notification is given up; the outcome is recorded first, and the result's `notification` says what became "
+        "of it.")  # fmt: skip
 
     _durations = field_validator("approval_timeout", "settle_timeout", "settle_poll_interval", "agent_timeout",
-                                 "reboot_timeout")(validate_positive_duration)  # fmt: skip
+                                 "reboot_timeout", "notify_timeout")(validate_positive_duration)  # fmt: skip
 
     @field_validator("steps")
     @classmethod
@@ -218,6 +225,8 @@ class NodeRemediationResult(StrictModel):
     quarantined: bool = False
     netbox: str | None = Field(None, description="What was recorded in NetBox, or why nothing was.")
     notified: bool = False
+    notification: str | None = Field(None, description="The webhook notification: delivered, or failed after N "
+                                     "attempts with the error (never the run's failure).")  # fmt: skip
     note: str = ""
 
 
@@ -235,6 +244,7 @@ class NodeRemediation:
         self._inp = inp
         self._status = NodeRemediationStatus()
         self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
@@ -300,13 +310,32 @@ class NodeRemediation:
             self._status.lease = True
 
         self._enter("cordoning")
-        held = await workflow.execute_activity_method(KubeActivities.cordon_node, cordon, **API_CALL,
-                                                      summary=f"cordon {inp.node}")  # fmt: skip
+        try:
+            held = await self._calls.execute(KubeActivities.cordon_node, cordon, **API_CALL,
+                                             endpoint=kubernetes_api(inp.cluster), summary=f"cordon {inp.node}")
+        except ApplicationError as err:
+            return await self._gave_up(result, err, "the node is left as it is (the cordon may have landed)")
         self._status.cordoned_by_us = held.owned
         if not held.owned:
             await self._return_lease("cordoned by someone else")
             return self._finish(result, "skipped", f"cordoned by {held.holder}; left to them")
+        try:
+            return await self._remediate(inp, result, cordon, owner, bmc, gpus, model, quarantined)
+        except ApplicationError as err:
+            return await self._gave_up(result, err, "the node stays cordoned")
 
+    async def _gave_up(self, result: NodeRemediationResult, err: ApplicationError, left: str) -> NodeRemediationResult:
+        """A call gave up on its endpoint (workflows.endpoints): the node is left cordoned, the failure is the
+        outcome (as after a failed drain)."""
+        if err.type != "EndpointUnavailable":
+            raise err
+        why = f"gave up: {err.message}; {left}"
+        return await self._conclude(result, "failed", why, event="remediation-failed", lease=f"gave up; {left}")
+
+    async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
+                         owner: str, bmc: BmcRef | None, gpus: int | None, model: str | None,
+                         quarantined: bool) -> NodeRemediationResult:  # fmt: skip
+        """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
         try:
             await Drain(inp.cluster, inp.node, inp.drain, self._status, stopping=lambda: False,
@@ -314,9 +343,10 @@ class NodeRemediation:
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
             if health.ready:  # a live node that cannot be drained must not be power cycled
-                result.notified = await self._notify("remediation-failed", result, f"drain failed: {_cause(err)}")
-                await self._return_lease("drain failed; the node stays cordoned")
-                return self._finish(result, "failed", f"drain failed: {_cause(err)}; the node stays cordoned")
+                why = f"drain failed: {_cause(err)}"
+                return await self._conclude(result, "failed", f"{why}; the node stays cordoned",
+                                            event="remediation-failed", lease="drain failed; the node stays cordoned",
+                                            lease_first=False)  # fmt: skip
             self._status.note = f"drain incomplete on a NotReady node: {_cause(err)}"
 
         check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
@@ -339,8 +369,8 @@ class NodeRemediation:
                 if quarantined:
                     await self._lift_quarantine(result, owner, f"fixed by {step}")
                 self._enter("uncordoning", f"fixed by {step}")
-                done = await workflow.execute_activity_method(KubeActivities.uncordon_node, cordon, **API_CALL,
-                                                              summary=f"uncordon {inp.node}")  # fmt: skip
+                done = await self._calls.execute(KubeActivities.uncordon_node, cordon, **API_CALL,
+                                                 endpoint=kubernetes_api(inp.cluster), summary=f"uncordon {inp.node}")
                 result.uncordoned = done.uncordoned
                 await self._return_lease(f"fixed by {step}")
                 return self._finish(result, "healthy", f"fixed by {step}")
@@ -412,20 +442,21 @@ class NodeRemediation:
             return f"reset GPU {', '.join(str(i) for i in indexes)}"
         if bmc is None:
             raise _Unavailable("no BMC known for this node")
-        info = await workflow.execute_activity_method(KubeActivities.inspect_node, NodeRef(cluster=inp.cluster,
-                                                      node=inp.node), **API_CALL, summary="read boot ID")  # fmt: skip
+        info = await self._calls.execute(KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node),
+                                         **API_CALL, endpoint=kubernetes_api(inp.cluster), summary="read boot ID")
         for state in ("Off", "On"):
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state), **BMC_CALL,
-                heartbeat_timeout=HEARTBEAT, summary=f"power {state.lower()}")  # fmt: skip
+                heartbeat_timeout=HEARTBEAT, endpoint=bmc_endpoint(bmc), summary=f"power {state.lower()}")  # fmt: skip
         self._enter("waiting-for-node", "Ready with a new boot ID")
         try:
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 KubeActivities.wait_node_rebooted,
                 RebootWait(cluster=inp.cluster, node=inp.node, previous_boot_id=info.boot_id or "",
                            timeout_seconds=inp.reboot_timeout.total_seconds()),
                 start_to_close_timeout=inp.reboot_timeout + timedelta(minutes=1), heartbeat_timeout=HEARTBEAT,
-                retry_policy=API_RETRY, summary=f"wait for {inp.node} to come back")  # fmt: skip
+                retry_policy=API_RETRY, endpoint=kubernetes_api(inp.cluster),
+                summary=f"wait for {inp.node} to come back")  # fmt: skip
         except ActivityError as err:
             raise ApplicationError(f"power cycled, but {_cause(err)}", type="RebootTimeout") from None
         return "power cycled"
@@ -491,8 +522,8 @@ class NodeRemediation:
             except _Unavailable as err:
                 problems.append(str(err))
         if inp.checks.bmc and bmc is not None:
-            seen: RedfishHealth = await workflow.execute_activity_method(
-                RedfishActivities.redfish_health, bmc, **BMC_CALL, summary="BMC health")  # fmt: skip
+            seen: RedfishHealth = await self._calls.execute(
+                RedfishActivities.redfish_health, bmc, **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="BMC health")
             problems += bmc_problems(BmcObservation(**seen.model_dump()), inp.checks)[0]
         return problems, gpu
 
@@ -504,11 +535,11 @@ class NodeRemediation:
 
     async def _health(self) -> NodeHealth:
         inp = self._inp
-        return await workflow.execute_activity_method(
+        return await self._calls.execute(
             NodeHealthActivities.read_node_health,
             NodeHealthRequest(cluster=inp.cluster, node=inp.node, condition_types=inp.checks.condition_types(),
                               label_keys=inp.checks.label_keys()),
-            **API_CALL, summary="read node health")  # fmt: skip
+            **API_CALL, endpoint=kubernetes_api(inp.cluster), summary="read node health")  # fmt: skip
 
     # ------------------------------------------------------------ the end of the ladder
 
@@ -521,62 +552,79 @@ class NodeRemediation:
             why = f"{inp.reason}; remediation exhausted ({tried})"
         why = why[:1024]
         self._enter("quarantining", why)
-        await workflow.execute_activity_method(
+        await self._calls.execute(
             NodeHealthActivities.quarantine_node, QuarantineRequest(cluster=inp.cluster, node=inp.node, owner=owner,
                                                                     reason=why),
-            **API_CALL, summary=f"quarantine {inp.node}")  # fmt: skip
+            **API_CALL, endpoint=kubernetes_api(inp.cluster), summary=f"quarantine {inp.node}")  # fmt: skip
         result.quarantined = True
         if inp.netbox:
             result.netbox = await self._record_in_netbox(why)
         # The node stays cordoned, so the budget keeps counting it as out of service without our lease.
-        await self._return_lease("quarantined; the node stays cordoned")
-        result.notified = await self._notify("node-quarantined", result, why)
-        return self._finish(result, "quarantined", why)
+        return await self._conclude(result, "quarantined", why, event="node-quarantined",
+                                    lease="quarantined; the node stays cordoned")  # fmt: skip
+
+    async def _conclude(self, result: NodeRemediationResult, outcome: Outcome, note: str, *, event: str, lease: str,
+                        lease_first: bool = True) -> NodeRemediationResult:  # fmt: skip
+        """Return the lease and record the outcome, then notify the webhook: one that does not answer delays the
+        run's end by at most notify_timeout and never changes its outcome."""
+        if self._inp.webhook is not None and not workflow.patched(NOTIFY_AFTER_OUTCOME_PATCH):
+            # A history from before: the webhook first (after a failed drain, before the lease), then the outcome.
+            if lease_first:
+                await self._return_lease(lease)
+            self._enter("notifying", event)
+            await self._notify(event, result, note)
+            if not lease_first:
+                await self._return_lease(lease)
+            return self._finish(result, outcome, note)
+        await self._return_lease(lease)
+        self._finish(result, outcome, note)
+        await self._notify(event, result, note)
+        return result
 
     async def _lift_quarantine(self, result: NodeRemediationResult, owner: str, why: str) -> None:
         inp = self._inp
         self._enter("lifting-quarantine", why)
-        await workflow.execute_activity_method(
+        await self._calls.execute(
             NodeHealthActivities.release_quarantine, QuarantineRequest(cluster=inp.cluster, node=inp.node, owner=owner,
                                                                        reason=why),
-            **API_CALL, summary=f"lift the quarantine of {inp.node}")  # fmt: skip
+            **API_CALL, endpoint=kubernetes_api(inp.cluster), summary=f"lift the quarantine of {inp.node}")  # fmt: skip
         if inp.netbox:
             device = DeviceLookup(name=inp.node)
             try:
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     NetBoxActivities.set_device_status,
                     SetStatusRequest(device=device, status="active", kind="success",
                                      reason=f"Quarantine lifted by remediation `{owner}`: {why}"),
                     **NETBOX_CALL, summary="NetBox: status active")  # fmt: skip
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     NetBoxActivities.set_device_tags, DeviceTagsRequest(device=device, remove=[TAG_QUARANTINE]),
                     **NETBOX_CALL, summary=f"NetBox: untag {TAG_QUARANTINE}")  # fmt: skip
                 result.netbox = f"status active, tag {TAG_QUARANTINE} removed"
-            except ActivityError as err:
+            except (ActivityError, ApplicationError) as err:
                 self._status.note = f"NetBox not updated: {_cause(err)}"
         self._status.note = "; ".join(n for n in (self._status.note, "quarantine lifted") if n)
 
     async def _record_in_netbox(self, why: str) -> str:
         device = DeviceLookup(name=self._inp.node)
         try:
-            change = await workflow.execute_activity_method(
+            change = await self._calls.execute(
                 NetBoxActivities.set_device_status,
                 SetStatusRequest(device=device, status="failed", kind="danger",
                                  reason=f"Quarantined by remediation `{workflow.info().workflow_id}`: {why}"),
                 **NETBOX_CALL, summary="NetBox: status failed")  # fmt: skip
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 NetBoxActivities.set_device_tags, DeviceTagsRequest(device=device, add=[TAG_QUARANTINE]),
                 **NETBOX_CALL, summary=f"NetBox: tag {TAG_QUARANTINE}")  # fmt: skip
-        except ActivityError as err:  # the node is quarantined either way; say what NetBox did not get
+        except (ActivityError, ApplicationError) as err:  # quarantined either way; say what NetBox did not get
             self._status.note = f"NetBox not updated: {_cause(err)}"
             return self._status.note
         return f"status {change.previous} → failed, journal entry #{change.journal_entry_id}, tag {TAG_QUARANTINE}"
 
-    async def _notify(self, event: str, result: NodeRemediationResult, why: str) -> bool:
+    async def _notify(self, event: str, result: NodeRemediationResult, why: str) -> None:
+        """POST the event to the webhook, retried within notify_timeout; what became of it goes in the result."""
         inp = self._inp
         if inp.webhook is None:
-            return False
-        self._enter("notifying", event)
+            return
         info = workflow.info()
         payload = {
             "cluster": inp.cluster, "node": inp.node, "reason": why, "workflow_id": info.workflow_id,
@@ -584,15 +632,23 @@ class NodeRemediation:
             "quarantined": result.quarantined, "netbox": result.netbox,
         }  # fmt: skip
         try:
-            await workflow.execute_activity_method(
+            delivery: WebhookDelivery = await self._calls.execute(
                 NotifyActivities.notify_webhook,
                 WebhookNotification(target=inp.webhook, event=event, payload=payload,
                                     idempotency_key=f"{info.workflow_id}/{info.run_id}/{event}"),
-                **NOTIFY_CALL, summary=f"notify {event}")  # fmt: skip
-        except ActivityError as err:
+                **NOTIFY_CALL, endpoint=f"webhook {inp.webhook.url}", retry_timeout=inp.notify_timeout,
+                setting="notify_timeout", summary=f"notify {event}")  # fmt: skip
+        except (ActivityError, ApplicationError) as err:
+            gave_up = err.details[0] if isinstance(err, ApplicationError) and err.type == "EndpointUnavailable" \
+                else None  # fmt: skip
+            tries = f" after {gave_up['attempts']} attempts" if gave_up else ""
+            result.notification = f"{event}: failed{tries}: {gave_up['error'] if gave_up else error_text(err)}"
             self._status.note = "; ".join(n for n in (self._status.note, f"webhook not notified: {_cause(err)}") if n)
-            return False
-        return True
+        else:
+            result.notified = True
+            result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
+        result.note = "; ".join(n for n in (result.note, None if result.notified else "webhook not notified") if n)
+        self._details()
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:
@@ -606,7 +662,7 @@ class NodeRemediation:
         """The BMC and expected GPUs: from the input, else (netbox: true) from the NetBox device."""
         bmc, gpus, model = inp.bmc, inp.expected_gpus, inp.gpu_model
         if inp.netbox and (bmc is None or gpus is None or model is None):
-            found = await workflow.execute_activity_method(
+            found = await self._calls.execute(
                 NetBoxActivities.find_device, DeviceLookup(name=inp.node), **NETBOX_CALL, summary="NetBox: find device")
             if found.device is not None:
                 from_nb = device_facts(found.device)
@@ -618,6 +674,10 @@ class NodeRemediation:
     def _enter(self, phase: str, details: str = "") -> None:
         self._status.phase = phase
         self._phases.enter(phase, details)
+        self._details()
+
+    def _waiting(self, waits: list[EndpointWait]) -> None:
+        self._phases.progress.waiting = waits
         self._details()
 
     def _details(self) -> None:
@@ -637,7 +697,7 @@ class NodeRemediation:
         if s.note:
             lines.append(s.note)
         self._phases.progress.details = lines[0]
-        workflow.set_current_details("\n\n".join(lines))
+        workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
 
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
         result.outcome = outcome
@@ -684,7 +744,7 @@ def _finding(f: Any) -> str:
 # ---------------------------------------------------------------- FleetHealthSweep
 
 
-class FleetHealthSweepInput(WorkflowInput):
+class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
     """Find the unhealthy nodes of some clusters and start a NodeRemediation for each (at most max_remediations)."""
 
     clusters: list[str] = Field(min_length=1, description="Cluster references (kubeconfig contexts).")
@@ -760,6 +820,7 @@ class FleetHealthSweep:
     def __init__(self, inp: FleetHealthSweepInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
         self._result = FleetHealthSweepResult(clusters=[])
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -797,11 +858,11 @@ class FleetHealthSweep:
         nodes: list[NodeHealth] = []
         token: str | None = None
         while True:
-            page = await workflow.execute_activity_method(
+            page = await self._calls.execute(
                 NodeHealthActivities.list_node_health,
                 NodeHealthQuery(cluster=cluster, label_selector=inp.label_selector, continue_token=token,
                                 condition_types=inp.checks.condition_types(), label_keys=inp.checks.label_keys()),
-                **API_CALL, summary=f"list nodes of {cluster}")  # fmt: skip
+                **API_CALL, endpoint=kubernetes_api(cluster), summary=f"list nodes of {cluster}")  # fmt: skip
             nodes += page.nodes
             token = page.continue_token
             if not token:
@@ -863,7 +924,7 @@ class FleetHealthSweep:
         return BmcObservation(**seen.model_dump())
 
     async def _netbox_facts(self) -> dict[str, DeviceFacts]:
-        devices: list[DeviceInfo] = await workflow.execute_activity_method(
+        devices: list[DeviceInfo] = await self._calls.execute(
             NetBoxActivities.list_devices, DeviceQuery(role=self._inp.netbox_role, limit=10000), **NETBOX_CALL,
             summary="NetBox: list devices")  # fmt: skip
         return {d.name: device_facts(d) for d in devices if d.name}
@@ -912,6 +973,10 @@ class FleetHealthSweep:
         self._phases.enter(phase, details, done=done, total=total)
         self._details()
 
+    def _waiting(self, waits: list[EndpointWait]) -> None:
+        self._phases.progress.waiting = waits
+        self._details()
+
     def _summary_line(self) -> str:
         r = self._result
         nodes = sum(c.nodes for c in r.clusters)
@@ -933,4 +998,4 @@ class FleetHealthSweep:
             lines += [f"- {d}" for d in c.unhealthy[:50]]
         for s in r.remediations[:50]:
             lines.append(f"- {s.status}: `{s.workflow_id}`" + (f" ({s.detail})" if s.detail else ""))
-        workflow.set_current_details("\n\n".join(lines))
+        workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))

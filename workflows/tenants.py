@@ -30,6 +30,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
+from workflows.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
 from workflows.clusters import LONG_CALL, QUEUE_API, TENANTS_PARENT_QUEUE
 from workflows.drain import API_CALL
 from workflows.fabric import (
@@ -92,7 +93,7 @@ class QueueQuota(StrictModel):
         return {"quota": self.quota, "limit": self.limit, "overQuotaWeight": self.over_quota_weight}
 
 
-class TenantRef(WorkflowInput):
+class TenantRef(WorkflowInput, RetryTimeout):
     tenant: str = Field(description="Tenant slug: namespace, queue and vCluster names derive from it.")
     cluster: str = Field(description="Target cluster reference (a context, or <management>:<ns>/<name>).")
 
@@ -159,7 +160,7 @@ class OnboardTenantInput(TenantRef):
     def isolate_input(self) -> IsolateTenantInput:
         assert self.ib_fabric
         return IsolateTenantInput(fabric=self.ib_fabric, tenant=self.tenant, tenant_name=self.display_name or None,
-                                  hosts=self.ib_hosts, netbox=self.record_in_netbox)
+                                  hosts=self.ib_hosts, netbox=self.record_in_netbox, retry_timeout=self.retry_timeout)
 
 
 class StepReport(StrictModel):
@@ -290,9 +291,9 @@ def _delete_order(refs: list[ObjectRef]) -> list[ObjectRef]:
     return sorted(refs, key=lambda r: (-_KIND_ORDER.get(r.kind, -1), r.namespace or "", r.name))
 
 
-async def _capacity_check(cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
-    cap = await workflow.execute_activity_method(ClusterApiActivities.gpu_capacity, CapacityRequest(cluster=cluster),
-                                                 **API_CALL)
+async def _capacity_check(calls: Endpoints, cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
+    cap = await calls.execute(ClusterApiActivities.gpu_capacity, CapacityRequest(cluster=cluster),
+                                                 **API_CALL, endpoint=kubernetes_api(cluster))
     others = sum(q for t, q in cap.quotas.items() if t != tenant)
     total = others + max(0.0, gpu_quota)
     if total > cap.gpus and not allow:
@@ -307,6 +308,7 @@ class OnboardTenant:
     @workflow.init
     def __init__(self, inp: OnboardTenantInput) -> None:
         self._phases = Phases(finished=("completed", "compensated", "failed"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Current step, steps done of total.")
     def progress(self) -> Progress:
@@ -328,27 +330,28 @@ class OnboardTenant:
         try:
             if inp.record_in_netbox:
                 self._phases.enter("netbox", "tenant record")
-                nb = await workflow.execute_activity_method(
+                nb = await self._calls.execute(
                     NetBoxActivities.upsert_tenant,
                     TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
-                               description=f"onboarded on {inp.cluster}"), **API_CALL)
+                               description=f"onboarded on {inp.cluster}"), **API_CALL, endpoint=NETBOX)
                 reports.append(StepReport(step="netbox", created=[f"tenant {nb.name}"] if nb.created else [],
                                           updated=[f"tenant {nb.name}"] if nb.updated else [],
                                           unchanged=[] if nb.created or nb.updated else [f"tenant {nb.name}"]))
                 result.changed |= bool(nb.created or nb.updated)
             self._phases.enter("checking", "kinds installed, GPU capacity", 1)
             every = [o for _, objs in steps for o in objs]
-            await workflow.execute_activity_method(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=_kinds_of(every)), **API_CALL)
-            await _capacity_check(inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+            await self._calls.execute(
+                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=_kinds_of(every)),
+                **API_CALL, endpoint=kubernetes_api(inp.cluster))
+            await _capacity_check(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
             for i, (name, objs) in enumerate(steps):
                 self._phases.enter(name, f"{len(objs)} objects", i + 2)
                 if not objs:
                     continue
-                applied = await workflow.execute_activity_method(
+                applied = await self._calls.execute(
                     acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=objs,
                                                      on_difference="update"),
-                    summary=f"{name}: {len(objs)} objects", **LONG_CALL)
+                    endpoint=kubernetes_api(inp.cluster), summary=f"{name}: {len(objs)} objects", **LONG_CALL)
                 created += applied.created()
                 result.changed |= applied.changed()
                 reports.append(StepReport(step=name, **{k: [str(o.ref) for o in applied.outcomes if o.outcome == v]
@@ -367,14 +370,15 @@ class OnboardTenant:
             # Changed input: the tenant's objects no longer desired go.
             self._phases.enter("pruning", "objects no longer desired", len(steps) + 2 + ib)
             want = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in every}
-            live = await workflow.execute_activity_method(
+            live = await self._calls.execute(
                 acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
-                                               label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+                                               label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
+                                               endpoint=kubernetes_api(inp.cluster))
             stale = [r for r in live if (r.kind, r.namespace, r.name) not in want]
             if stale:
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=_delete_order(stale)),
-                    **LONG_CALL)
+                    **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
                 result.removed = [str(r) for r in stale]
                 result.changed = True
         except (ActivityError, ApplicationError, ChildWorkflowError) as err:
@@ -397,7 +401,8 @@ class OnboardTenant:
         deadline = workflow.now() + inp.vcluster_ready_timeout
         delay = timedelta(milliseconds=250)
         while True:
-            st = await workflow.execute_activity_method(ClusterApiActivities.read_vcluster, ref, **API_CALL)
+            st = await self._calls.execute(ClusterApiActivities.read_vcluster, ref, **API_CALL,
+                                           endpoint=kubernetes_api(inp.cluster))
             if st.ready and st.kubeconfig:
                 return st.kubeconfig.ref
             self._phases.enter("vcluster", f"waiting for vCluster {inp.tenant}: {st.phase or 'pending'}")
@@ -478,6 +483,7 @@ class OffboardTenant:
     @workflow.init
     def __init__(self, inp: OffboardTenantInput) -> None:
         self._phases = Phases()
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Phase of the offboarding.")
     def progress(self) -> Progress:
@@ -488,16 +494,17 @@ class OffboardTenant:
         acts = ClusterApiActivities
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
         self._phases.enter("listing")
-        live = await workflow.execute_activity_method(
+        live = await self._calls.execute(
             acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
-                                           label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+                                           label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
+                                           endpoint=kubernetes_api(inp.cluster))
         namespaces = [r.name for r in live if r.kind == "Namespace"]
         evicted = 0
         deadline = workflow.now() + inp.workloads_timeout
         while namespaces:
-            w = await workflow.execute_activity_method(
+            w = await self._calls.execute(
                 acts.tenant_workloads, WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
-                **API_CALL)
+                **API_CALL, endpoint=kubernetes_api(inp.cluster))
             evicted += w.evicted
             if w.active == 0 or inp.force:
                 break
@@ -511,14 +518,15 @@ class OffboardTenant:
         self._phases.enter("removing", f"{len(live)} objects")
         order = _delete_order(live)
         if order:
-            await workflow.execute_activity_method(
-                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL)
+            await self._calls.execute(
+                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL,
+                endpoint=kubernetes_api(inp.cluster))
         if inp.record_in_netbox:
             self._phases.enter("netbox", "marking the tenant")
-            await workflow.execute_activity_method(
+            await self._calls.execute(
                 NetBoxActivities.upsert_tenant,
                 TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
-                           description=f"offboarded from {inp.cluster}"), **API_CALL)
+                           description=f"offboarded from {inp.cluster}"), **API_CALL, endpoint=NETBOX)
         self._phases.enter("completed", f"removed {len(order)} objects")
         return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=[str(r) for r in order],
                                     evicted=evicted, infiniband=released)
@@ -526,10 +534,11 @@ class OffboardTenant:
     async def _release_ib(self, inp: OffboardTenantInput) -> ReleaseTenantResult | None:
         fabric = inp.ib_fabric
         if fabric is None:
-            queues = await workflow.execute_activity_method(
+            queues = await self._calls.execute(
                 ClusterApiActivities.read_tenant_quota_objects,
                 ListRequest(cluster=inp.cluster, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
-                            label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+                            label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
+                            endpoint=kubernetes_api(inp.cluster))
             fabric = next((q["metadata"].get("annotations", {}).get(IB_FABRIC_ANNOTATION) for q in queues
                            if (q["metadata"].get("annotations") or {}).get(IB_FABRIC_ANNOTATION)), None)
         if fabric is None:
@@ -563,6 +572,7 @@ class UpdateTenantQuota:
     @workflow.init
     def __init__(self, inp: UpdateTenantQuotaInput) -> None:
         self._phases = Phases()
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Phase of the quota change.")
     def progress(self) -> Progress:
@@ -574,11 +584,11 @@ class UpdateTenantQuota:
         owner = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
         self._phases.enter("checking", "GPU capacity")
-        await _capacity_check(inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
-        objs = await workflow.execute_activity_method(
+        await _capacity_check(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+        objs = await self._calls.execute(
             acts.read_tenant_quota_objects, ListRequest(cluster=inp.cluster, kinds=[
                 KindRef(api_version=QUEUE_API, kind="Queue"), KindRef(api_version="v1", kind="ResourceQuota")],
-                label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL)
+                label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL, endpoint=kubernetes_api(inp.cluster))
         if not any(o["kind"] == "Queue" for o in objs):
             raise ApplicationError(f"tenant {inp.tenant} is not onboarded on {inp.cluster} (no queue)",
                                    type="TenantNotFound", non_retryable=True)
@@ -597,9 +607,9 @@ class UpdateTenantQuota:
                                        type="ObjectConflict", non_retryable=True)
             desired.append(o)
         self._phases.enter("updating", f"GPU quota {inp.gpu.quota:g}, limit {inp.gpu.limit:g}")
-        applied = await workflow.execute_activity_method(
+        applied = await self._calls.execute(
             acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=desired,
-                                             on_difference="update"), **LONG_CALL)
+                                             on_difference="update"), **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
         self._phases.enter("completed")
         return UpdateTenantQuotaResult(
             tenant=inp.tenant, cluster=inp.cluster,
