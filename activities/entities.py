@@ -158,10 +158,11 @@ class EntityActivities:
                 if e.run_id != ref.run_id]  # fmt: skip
         if not runs:
             return None
-        newest = client.get_workflow_handle(ref.workflow_id, run_id=max(runs, key=lambda e: e.start_time).run_id)
+        newest = client.get_workflow_handle(ref.workflow_id, run_id=max(runs, key=lambda e: e.start_time).run_id,
+                                            result_type=dict)  # fmt: skip
         if (await newest.describe()).status != WorkflowExecutionStatus.COMPLETED:
             return None
-        return await newest.result(follow_runs=False, result_type=dict)
+        return await newest.result(follow_runs=False)
 
     @activity.defn
     async def closed_workflows(self, req: WorkflowIds) -> list[str]:

@@ -34,29 +34,36 @@ A rollout batch asks for all its nodes (up to its ``max_in_flight``) in one requ
 ``NodeUpdate`` child's workflow ID (liveness and release stay per holder), receives the grants, and starts each
 child with its lease; the child returns it after the uncordon. A batch paused or stopped withdraws what waits.
 
-History events per node (a NodeUpdate's lease; W = a workflow task, 3 events)
-  before (update path): holder 13 (2 activities x 3 + W each, a patch marker), +6 when it waited (grant
-    signal, REPOLL timer 2, W); entity about 4 update events + a W for each update + a cluster read (activity
-    3 + W) per decision, and 2 for each grant signalled: 13-20.
-  after (signal path): NodeUpdate 1 (the release's local-activity marker, inside a task it has anyway); the
-    batch, per request signal (up to max_in_flight nodes): 1 marker + per decision signal received 1 + W, and
-    a REPOLL timer (2) while nodes wait; entity: 1 request signal per batch, per decision cycle a W + 2
-    markers (cluster read, decisions sent), and per node 1 release signal + its W when not coalesced: 2-5.
-  NodeMaintenance / NodeRemediation (their own requester): before 13-19; after 8 (request marker, timer 2,
-  decision signal + W, release marker).
+History events for one node's lease (W = a workflow task, 3 events; counted from tests/histories/)
+  NodeUpdate: before 13 (acquire and release activities, 3 + W each, and the lease patch's marker), +6 when it
+    waited (grant signal, REPOLL timer 2, W): node_update_lease.json has 118 events where node_update_reboot.json,
+    from before the budget, has 95. After: 1, the release's local-activity marker inside a task it has anyway
+    (node_update_batch_lease.json: 96).
+  RolloutBatch, per run: SIGNAL_PATCH's marker and search attribute (2); per request signal (every node that has
+    a slot, up to max_in_flight) 1 marker; per decision signal received 1 + W; a REPOLL timer (2) per wait.
+  NodeMaintenance / NodeRemediation (their own requester): before 12, +6 when waiting; after 10 (2 of them
+    SIGNAL_PATCH's, until it is deprecated: request marker, timer 2, decision signal + W, release marker), +4 when
+    waiting (its place, signalled once, + W).
+  Entity: before, per node 2 updates (accepted + completed each) with a W each, a cluster read per decision
+    (activity 3 + W) and 2 per grant signalled: 13-20. After: per node 1 release signal (+ a W unless it shares
+    one), per request signal 1, per decision cycle a W + 2 markers (cluster read, decisions sent) however many
+    nodes it decides: 2-5 (tests/budget/test_many_holders.py, 50 holders with 6 nodes free and 0.5 s checks,
+    prints about 10 per holder, most of them its periodic checks).
 
 Task queue: the entity lives where its requesters live
 ------------------------------------------------------
 A run is bound to its task queue and cannot be moved off a queue nobody polls any more; every run on an old
-queue needs its workers until it closes, but the entity never closes by itself. So (1) a request from another
-task queue makes the entity continue as new onto that queue at once, the new run deciding it (a request proves
-its queue is polled; while requests come from two queues it follows the latest, one continue-as-new per
-switch), and (2) an entity with nothing leased or waiting closes after ``idle_close_after`` and the next
-request starts a fresh run on the requester's queue, which takes over the budget an operator set (and the
-lease numbering) from the run before. Moving workers all at once while nothing is leased therefore strands
-nothing; moving them while leases are held needs the old workers until the next request arrives from the new
-queue, as every other run on the old queue needs them. A configured queue was the alternative: it needs every
-worker to poll one more queue, and a misconfigured worker to strand the entity all the same.
+queue needs its workers until it closes, and an entity that never closed would need them forever. So (1) a
+request from another task queue than the one its input names (``task_queue``, not ``workflow.info()``, which a
+replay fills with the replayer's own) makes the entity continue as new onto that queue at once, the new run
+deciding it (a request proves its queue is polled; while requests come from two queues it follows the latest,
+one continue-as-new per switch), and (2) an entity with nothing leased or waiting closes after
+``idle_close_after`` and the next request starts a fresh run on the requester's queue, which takes over the
+budget an operator set (and the lease numbering) from the run before. Moving workers all at once while nothing
+is leased therefore strands nothing; moving them while leases are held needs the old workers until the next
+request arrives from the new queue, as every other run on the old queue needs them. A configured queue was the
+alternative: it needs every worker to poll one more queue, and a misconfigured worker strands the entity all
+the same.
 
 Callers use ``acquire_lease`` / ``release_lease`` from any workflow.
 """
@@ -109,6 +116,7 @@ SIGNAL_PATCH = "disruption-budget-signals"  # workflow.patched() id: the signal 
 HISTORY_LIMIT = 2000
 REPOLL = timedelta(minutes=5)  # a waiting requester asks again this often, in case its entity was terminated
 IDLE_CLOSE = timedelta(minutes=5)
+TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
 # Update path: the update answers once decided; a retry attaches to the same update.
 BUDGET_CALL = dict(
     start_to_close_timeout=timedelta(seconds=15),
@@ -220,6 +228,10 @@ class DisruptionBudgetInput(WorkflowInput):
     liveness_interval: timedelta = Field(
         timedelta(seconds=60), description="While leases are held: check their holders' runs this often."
     )
+    task_queue: str | None = Field(
+        None, description="The task queue this run is on (requesters set it; by hand, say so). Unknown: the entity "
+        "continues as new onto its first requester's queue.",
+    )
     idle_close_after: timedelta = Field(
         IDLE_CLOSE, description="With nothing leased or waiting this long, close; the next request starts a new run."
     )
@@ -275,6 +287,8 @@ class DisruptionBudget:
         self._dirty = bool(self._book.queue) or any(lease.answer for lease in self._everyone())
         self._closing = False
         self._signals = False  # the signal protocol (SIGNAL_PATCH): local activities, closing when idle
+        # The queue comes from the input, never from workflow.info(), which a replay fills in with its own.
+        self._queue = inp.task_queue
         self._move_to: str | None = None  # a requester's task queue to continue as new onto
 
     # ------------------------------------------------------------ queries
@@ -313,7 +327,7 @@ class DisruptionBudget:
                 # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
                 lease.holder_seen = False
             lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
-        if msg.task_queue != workflow.info().task_queue:
+        if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
         self._dirty = True
         self._changed()
@@ -394,18 +408,23 @@ class DisruptionBudget:
         # Handlers waiting for a decision answer "queued" now; the queue and the decisions owed go to the next run.
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(inp.model_copy(update={"book": self._book}), task_queue=self._move_to)
+        queue = self._move_to or self._queue
+        workflow.continue_as_new(inp.model_copy(update={"book": self._book, "task_queue": queue}),
+                                 task_queue=self._move_to)
 
     async def _take_over(self) -> None:
         """A fresh start after the entity closed while idle: the budget an operator set, and the lease numbers,
         carry on from the run before (whatever its task queue)."""
         info = workflow.info()
-        raw = await workflow.execute_local_activity_method(
-            EntityActivities.previous_result, RunRef(workflow_id=info.workflow_id, run_id=info.run_id),
-            **API_CALL, summary="settings of the run before",
-        )  # fmt: skip
         try:
+            raw = await workflow.execute_local_activity_method(
+                EntityActivities.previous_result, RunRef(workflow_id=info.workflow_id, run_id=info.run_id),
+                **API_CALL, schedule_to_close_timeout=TAKE_OVER_TIMEOUT, summary="settings of the run before",
+            )  # fmt: skip
             before = BudgetBook.model_validate(raw) if raw is not None else None
+        except ActivityError as err:  # serve without them rather than not at all; say so
+            self._error = f"the settings of the run before could not be read: {err.cause or err}"
+            return
         except ValidationError:
             before = None  # a run of another shape: nothing to take over
         if before is None:
@@ -704,7 +723,8 @@ def _coalesce(batch: list[tuple[str, str, BaseModel, Budget | None]]) -> list[Wo
             LeaseRequests(reply_to=info.workflow_id, task_queue=info.task_queue, budget=budget, requests=items)
             if signal == REQUEST_SIGNAL else LeaseReleases(releases=items)
         )  # fmt: skip
-        start = EntityStart(workflow_type="DisruptionBudget", start_input={"cluster": cluster},
+        start = EntityStart(workflow_type="DisruptionBudget",
+                            start_input={"cluster": cluster, "task_queue": info.task_queue},
                             task_queue=info.task_queue, keywords={sa.CLUSTER.name: cluster})  # fmt: skip
         signals.append(WorkflowSignal(workflow_id=budget_workflow_id(cluster), signal=signal,
                                       payload=message.model_dump(mode="json"), start=start))  # fmt: skip
@@ -774,7 +794,8 @@ async def acquire_lease(
             await workflow.wait_condition(lambda: ask.decisions != seen or cancelled() or paused())
             if cancelled() or paused():
                 requester.forget(ask)
-                await requester.release(cluster, LeaseRelease(node=node, holder=holder, reason="withdrawn while waiting"))
+                withdrawn = LeaseRelease(node=node, holder=holder, reason="withdrawn while waiting")
+                await requester.release(cluster, withdrawn)
                 break
             seen = ask.decisions
             assert ask.lease is not None
@@ -790,7 +811,8 @@ async def _acquire_by_update(
     waiting: Callable[[Lease], None] | None,
 ) -> Lease | None:  # fmt: skip
     """The update path, for runs started before SIGNAL_PATCH (their histories replay through it)."""
-    lease = Lease.model_validate(await _call(cluster, "acquire", request, f"lease {request.node} from the disruption budget"))
+    summary = f"lease {request.node} from the disruption budget"
+    lease = Lease.model_validate(await _call(cluster, "acquire", request, summary))
     while lease.state != "granted":
         if waiting is not None:
             waiting(lease)
@@ -818,6 +840,7 @@ async def release_lease(cluster: str, node: str, holder: str | None = None, reas
     holder = holder or workflow.info().workflow_id
     requester = _requester()
     if requester.signals is False:
-        await _call(cluster, "release", LeaseRelease(node=node, holder=holder, reason=reason), f"return lease on {node}")
+        release = LeaseRelease(node=node, holder=holder, reason=reason)
+        await _call(cluster, "release", release, f"return lease on {node}")
         return
     await requester.release(cluster, LeaseRelease(node=node, holder=holder, reason=reason))

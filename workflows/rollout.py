@@ -172,18 +172,19 @@ class RolloutBatch:
         return BatchResult(results=results, not_started=not_started)
 
     async def _lease(self, inp: BatchInput, node: str) -> Lease | None:
-        """The node's lease, held by its NodeUpdate-to-be; None when paused, stopped or outside the windows
-        meanwhile (what waited is withdrawn, what was granted returned)."""
+        """The node's lease, held by its NodeUpdate-to-be; None when the batch is paused or stopped meanwhile (the
+        request is withdrawn: a paused batch holds no place) or the grant comes outside the windows (returned)."""
         t, holder = inp.template, f"{inp.template.rollout}/{node}"
 
         def waiting(lease: Lease) -> None:
             self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
 
-        lease = await acquire_lease(t.cluster, node, holder=holder, reason=f"rollout {t.rollout}", budget=t.disruption_budget,
-                                    cancelled=lambda: self._stopped or self._paused, waiting=waiting)  # fmt: skip
+        lease = await acquire_lease(t.cluster, node, holder=holder, reason=f"rollout {t.rollout}",
+                                    budget=t.disruption_budget, cancelled=lambda: self._stopped or self._paused,
+                                    waiting=waiting)  # fmt: skip
         self._waiting.pop(node, None)
-        if lease is not None and (self._stopped or self._paused or (inp.windows and not window_open(inp.windows, workflow.now()))):
-            await release_lease(t.cluster, node, holder, "not started: paused, stopped or outside the maintenance windows")
+        if lease is not None and inp.windows and not window_open(inp.windows, workflow.now()):
+            await release_lease(t.cluster, node, holder, "granted outside the maintenance windows")
             return None
         return lease
 
