@@ -154,10 +154,12 @@ class RolloutBatch:
                     static_summary=f"{n.node} in batch {inp.number} of {inp.compartment}",
                 )
                 self._running[n.node] = handle
+                self._details()
                 if self._paused:
                     await handle.signal(NodeUpdate.pause)
                 results[n.node] = await handle
                 del self._running[n.node]
+                self._details()
 
         # A sliding window over chunks of twice its size: between two chunks nothing runs,
         # and there the run may continue as new.
@@ -178,15 +180,22 @@ class RolloutBatch:
 
         def waiting(lease: Lease) -> None:
             self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
+            self._details()
 
         lease = await acquire_lease(t.cluster, node, holder=holder, reason=f"rollout {t.rollout}",
                                     budget=t.disruption_budget, cancelled=lambda: self._stopped or self._paused,
                                     waiting=waiting)  # fmt: skip
         self._waiting.pop(node, None)
+        self._details()
         if lease is not None and inp.windows and not window_open(inp.windows, workflow.now()):
             await release_lease(t.cluster, node, holder, "granted outside the maintenance windows")
             return None
         return lease
+
+    def _details(self) -> None:
+        workflow.set_current_details(
+            f"{len(self._running)} nodes running, {len(self._waiting)} waiting for the disruption budget"
+        )
 
     async def _admit(self, windows: list[MaintenanceWindow]) -> None:
         """Wait while paused, and outside the maintenance windows: no node starts outside them."""
