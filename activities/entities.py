@@ -6,8 +6,16 @@ activities do it with the Temporal client the worker already holds (``activity.c
 - ``update_entity``: one update, with update-with-start (the entity is started on the caller's task
   queue if it does not run yet). The update ID is derived from the calling activity, so a retried
   attempt attaches to the update already sent instead of sending a second one.
+- ``signal_workflows``: signals, in order; each either signal-with-start of an entity (started on the
+  task queue the caller names if it does not run) or a plain signal to a workflow that may have closed
+  (reported back, not raised). Made as a local activity: a few short calls, safe to repeat (every
+  receiver de-duplicates), so it costs its caller one history event instead of an activity's three
+  plus a workflow task, and a worker killed during it holds the caller up only for a workflow task
+  timeout. Signals are not limited the way updates are (10 in flight, 2,000 per run).
 - ``closed_workflows``: which of these workflow IDs have no running execution (the liveness check an
   entity runs on the holders of what it hands out).
+- ``previous_result``: the result of the run of a workflow ID that closed before this one started (an
+  entity that closes when idle hands its settings to the next run this way).
 """
 
 from __future__ import annotations
@@ -38,6 +46,31 @@ class EntityUpdate(StrictModel):
 
 class WorkflowIds(StrictModel):
     ids: list[str]
+
+
+class EntityStart(StrictModel):
+    """How to start an entity workflow that does not run yet (signal-with-start)."""
+
+    workflow_type: str
+    start_input: dict[str, Any]
+    task_queue: str = Field(min_length=1)
+    keywords: dict[str, str] = Field(default_factory=dict, description="Keyword search attributes set at start.")
+
+
+class WorkflowSignal(StrictModel):
+    workflow_id: str = Field(min_length=1)
+    signal: str = Field(min_length=1)
+    payload: dict[str, Any] = Field(default_factory=dict)
+    start: EntityStart | None = Field(None, description="Signal-with-start: start the entity if it does not run.")
+
+
+class WorkflowSignals(StrictModel):
+    signals: list[WorkflowSignal] = Field(description="Sent in this order.")
+
+
+class RunRef(StrictModel):
+    workflow_id: str
+    run_id: str
 
 
 async def update_with_start(call: EntityUpdate) -> Any:
@@ -79,12 +112,57 @@ class EntityActivities:
     """Activities that reach other workflows through the worker's own Temporal client."""
 
     def activities(self) -> list[Callable]:
-        return [self.update_entity, self.closed_workflows]
+        return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result]
 
     @activity.defn
     async def update_entity(self, call: EntityUpdate) -> dict[str, Any]:
         """Send one update to an entity workflow (update-with-start); its result as a dict."""
         return await update_with_start(call)
+
+    @activity.defn
+    async def signal_workflows(self, req: WorkflowSignals) -> list[str]:
+        """Send the signals in order; the IDs of plain-signal receivers that no longer run (none raised)."""
+        from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+        from temporalio.service import RPCError, RPCStatusCode
+
+        client, gone = activity.client(), []
+        for sig in req.signals:
+            if sig.start is None:
+                try:
+                    await client.get_workflow_handle(sig.workflow_id).signal(sig.signal, sig.payload)
+                except RPCError as err:
+                    if err.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    gone.append(sig.workflow_id)
+                continue
+            start = sig.start
+            attributes = TypedSearchAttributes([SearchAttributePair(SearchAttributeKey.for_keyword(k), v)
+                                                for k, v in sorted(start.keywords.items())])  # fmt: skip
+            await client.start_workflow(
+                start.workflow_type, start.start_input, id=sig.workflow_id, task_queue=start.task_queue,
+                search_attributes=attributes, start_signal=sig.signal, start_signal_args=[sig.payload],
+            )  # fmt: skip
+        return gone
+
+    @activity.defn
+    async def previous_result(self, ref: RunRef) -> dict[str, Any] | None:
+        """The result of the newest other run of ``ref.workflow_id``, if that run completed; else None.
+
+        Visibility only finds the runs (each is listed from its start); their status and result come from
+        their histories, so a run that closed a moment ago is seen as closed.
+        """
+        from temporalio.client import WorkflowExecutionStatus
+
+        client = activity.client()
+        runs = [e async for e in client.list_workflows(f"WorkflowId = '{ref.workflow_id}'", limit=50)
+                if e.run_id != ref.run_id]  # fmt: skip
+        if not runs:
+            return None
+        newest = client.get_workflow_handle(ref.workflow_id, run_id=max(runs, key=lambda e: e.start_time).run_id,
+                                            result_type=dict)  # fmt: skip
+        if (await newest.describe()).status != WorkflowExecutionStatus.COMPLETED:
+            return None
+        return await newest.result(follow_runs=False)
 
     @activity.defn
     async def closed_workflows(self, req: WorkflowIds) -> list[str]:

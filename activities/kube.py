@@ -1015,7 +1015,8 @@ class KubeActivities:
                                          ("NotReady", not _node_ready(n))) if down]  # fmt: skip
                 if why:
                     out.unavailable[n["metadata"]["name"]] = ", ".join(why)
-            activity.heartbeat(len(out.unavailable))
+            if not activity.info().is_local:  # the disruption budget reads it as a local activity
+                activity.heartbeat(len(out.unavailable))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return out

@@ -71,6 +71,9 @@ class NodeUpdateInput(StrictModel):
     node: str
     ordinal: int
     template: NodeUpdateTemplate
+    lease: Lease | None = Field(
+        None, description="The disruption budget lease its batch was granted for the node; None: it asks itself."
+    )
 
 
 class StageRecord(StrictModel):
@@ -135,9 +138,12 @@ class NodeUpdate:
         await self._state("in_progress")
         try:
             if t.interrupt is not None:
+                if inp.lease is not None:  # granted to its batch, which asked for all its nodes at once
+                    self._status.lease = inp.lease.id
                 if await self._protected_pods_running():
+                    await self._release("blocked by non-interruptible pods")
                     return await self._blocked(result, "non-interruptible pods running")
-                if workflow.patched(LEASE_PATCH):
+                if inp.lease is None and workflow.patched(LEASE_PATCH):
                     await self._lease()
                 held = await self._call(KubeActivities.cordon_node, cordon, f"cordon {node}")
                 # A pod may have landed between the check and the cordon: look again, now
@@ -265,8 +271,9 @@ class NodeUpdate:
             self._status.stage = "waiting-for-budget"
             self._status.waiting_for = f"{lease.id}: queued #{lease.position}; {lease.note}"
 
+        # Only a batch from before SIGNAL_PATCH starts a node without its lease. Paused, the node gives its place up.
         lease = await acquire_lease(t.cluster, self._inp.node, reason=f"rollout {t.rollout}",
-                                    budget=t.disruption_budget, waiting=waiting)  # fmt: skip
+                                    budget=t.disruption_budget, paused=lambda: self._paused, waiting=waiting)  # fmt: skip
         assert lease is not None  # never cancelled
         self._status.lease, self._status.waiting_for = lease.id, ""
         return lease

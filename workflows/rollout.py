@@ -7,7 +7,10 @@ Rollout (one per change, `rollout/<cluster>/<name>`)
   │   (NodeWright's arithmetic, `workflows.rollout_policy`) → soak;
   └─ continues as new between batches before its history grows large.
 RolloutBatch (one per batch) runs a NodeUpdate child per node, `maxInFlight` at a time,
-and continues as new between chunks of a very large batch.
+and continues as new between chunks of a very large batch. It asks the cluster's disruption
+budget for its nodes' leases in one request (each lease held by the node's NodeUpdate, which
+it starts with the lease; see workflows/disruption_budget.py), so nodes of every kind of
+holder share the cluster's one budget.
 
 The budget is a hard cap: before each batch the workflow counts the compartment's nodes
 that are out of service for any reason (cordoned by anyone, NotReady) and admits at most
@@ -25,6 +28,7 @@ from temporalio import workflow
 
 from workflows import search_attributes as sa
 from workflows.base import Progress, history_is_long
+from workflows.disruption_budget import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL
 from workflows.node_update import (
     NodeUpdate,
@@ -97,6 +101,7 @@ class RolloutBatch:
         self._paused = False
         self._stopped = False
         self._running: dict[str, workflow.ChildWorkflowHandle] = {}
+        self._waiting: dict[str, str] = {}  # node -> its place at the disruption budget
 
     @workflow.signal(description="Start no more nodes; running nodes hold after their current stage.")
     async def pause(self) -> None:
@@ -116,30 +121,45 @@ class RolloutBatch:
     def running(self) -> list[str]:
         return sorted(self._running)
 
+    @workflow.query(description="Nodes waiting for the cluster's disruption budget, with their place.")
+    def waiting_for_budget(self) -> dict[str, str]:
+        return dict(sorted(self._waiting.items()))
+
     @workflow.run
     async def run(self, inp: BatchInput) -> BatchResult:
         results = dict(inp.results)
         todo = [n for n in inp.nodes if n.node not in results]
         slots = asyncio.Semaphore(inp.max_in_flight)
         not_started: list[str] = []
+        # Runs from before SIGNAL_PATCH start their nodes without a lease: each NodeUpdate asks for its own.
+        leased = inp.template.interrupt is not None and workflow.patched(SIGNAL_PATCH)
 
         async def one(n: BatchNode) -> None:
             async with slots:
-                await self._admit(inp.windows)
-                if self._stopped:
-                    not_started.append(n.node)
-                    return
+                lease = None
+                while True:
+                    await self._admit(inp.windows)
+                    if self._stopped:
+                        not_started.append(n.node)
+                        return
+                    if not leased:
+                        break
+                    lease = await self._lease(inp, n.node)
+                    if lease is not None:
+                        break
                 handle = await workflow.start_child_workflow(
                     NodeUpdate.run,
-                    NodeUpdateInput(node=n.node, ordinal=n.ordinal, template=inp.template),
+                    NodeUpdateInput(node=n.node, ordinal=n.ordinal, template=inp.template, lease=lease),
                     id=f"{inp.template.rollout}/{n.node}",
                     static_summary=f"{n.node} in batch {inp.number} of {inp.compartment}",
                 )
                 self._running[n.node] = handle
+                self._details()
                 if self._paused:
                     await handle.signal(NodeUpdate.pause)
                 results[n.node] = await handle
                 del self._running[n.node]
+                self._details()
 
         # A sliding window over chunks of twice its size: between two chunks nothing runs,
         # and there the run may continue as new.
@@ -152,6 +172,30 @@ class RolloutBatch:
                 workflow.continue_as_new(inp.model_copy(update={"nodes": todo, "results": results}))
         not_started += [n.node for n in todo]
         return BatchResult(results=results, not_started=not_started)
+
+    async def _lease(self, inp: BatchInput, node: str) -> Lease | None:
+        """The node's lease, held by its NodeUpdate-to-be; None when the batch is paused or stopped meanwhile (the
+        request is withdrawn: a paused batch holds no place) or the grant comes outside the windows (returned)."""
+        t, holder = inp.template, f"{inp.template.rollout}/{node}"
+
+        def waiting(lease: Lease) -> None:
+            self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
+            self._details()
+
+        lease = await acquire_lease(t.cluster, node, holder=holder, reason=f"rollout {t.rollout}",
+                                    budget=t.disruption_budget, cancelled=lambda: self._stopped or self._paused,
+                                    waiting=waiting)  # fmt: skip
+        self._waiting.pop(node, None)
+        self._details()
+        if lease is not None and inp.windows and not window_open(inp.windows, workflow.now()):
+            await release_lease(t.cluster, node, holder, "granted outside the maintenance windows")
+            return None
+        return lease
+
+    def _details(self) -> None:
+        workflow.set_current_details(
+            f"{len(self._running)} nodes running, {len(self._waiting)} waiting for the disruption budget"
+        )
 
     async def _admit(self, windows: list[MaintenanceWindow]) -> None:
         """Wait while paused, and outside the maintenance windows: no node starts outside them."""

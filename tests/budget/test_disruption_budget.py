@@ -46,10 +46,11 @@ def small_fleet(*, not_ready: tuple[str, ...] = (), protected_on: str | None = N
     return Fleet.model_validate({"cluster": "lab", "nodes": nodes, "workloads": workloads}).to_objects()
 
 
-async def start_budget(client, worker, budget: dict, cluster: str = "lab"):
+async def start_budget(client, worker, budget: dict, cluster: str = "lab", **fields):
     """The cluster's entity, started by the test with short intervals (requesters attach to it)."""
     inp = DisruptionBudgetInput(cluster=cluster, budget=Budget(**budget), check_interval=timedelta(seconds=0.5),
-                                liveness_interval=timedelta(seconds=1))  # fmt: skip
+                                liveness_interval=timedelta(seconds=1), task_queue=worker.task_queue,
+                                **fields)  # fmt: skip
     return await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=worker.task_queue)
 
 
@@ -76,6 +77,23 @@ async def state_where(entity, predicate, what: str, timeout: float = 30) -> Budg
 async def maintenance_phase(handle, phase: str):
     status = await handle.query(NodeMaintenance.status)
     return status if status.phase == phase else None
+
+
+async def results_watching_the_queue(entity, handles, timeout: float) -> tuple[list, int]:
+    """The runs' results, and the longest the entity's queue was meanwhile (sampled)."""
+    longest = 0
+
+    async def sample():
+        nonlocal longest
+        while True:
+            longest = max(longest, len((await budget_state(entity)).queue))
+            await asyncio.sleep(0.2)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout), longest
+    finally:
+        sampler.cancel()
 
 
 def cordon_spans(audit: list[dict]) -> dict[str, list[tuple[int, int | None]]]:
@@ -174,8 +192,8 @@ async def test_a_lease_held_by_a_terminated_run_is_recovered(client, kube_worker
     result = await asyncio.wait_for(waiter.result(), 60)
     assert result.outcome == "completed" and result.uncordoned
     assert max_out_of_service(await k8s.audit()) == 1
-    await record_history(entity, "disruption_budget_recovery")
-    await record_history(waiter, "node_maintenance_lease_wait")
+    await record_history(entity, "disruption_budget_signal_recovery")
+    await record_history(waiter, "node_maintenance_lease_signals")
 
 
 async def test_acquire_is_idempotent_and_first_come_first_served(client, kube_worker, k8s):
@@ -243,26 +261,17 @@ async def test_a_rollout_and_a_maintenance_together_never_exceed_the_budget(clie
     rollout = await client.start_workflow(Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}",
                                           task_queue=kube_worker.task_queue)  # fmt: skip
 
-    longest_queue = 0
-
-    async def sample():
-        nonlocal longest_queue
-        while True:
-            longest_queue = max(longest_queue, len((await budget_state(entity)).queue))
-            await asyncio.sleep(0.2)
-
-    sampler = asyncio.create_task(sample())
-    try:
-        done = await asyncio.wait_for(asyncio.gather(maintenance.result(), rollout.result()), 120)
-    finally:
-        sampler.cancel()
+    done, longest_queue = await results_watching_the_queue(entity, [maintenance, rollout], 120)
     assert done[0].outcome == "completed" and done[0].uncordoned
     assert done[1].outcome == "completed" and done[1].counts == {"complete": 4}
     assert longest_queue >= 1, "a node of the rollout waited for the maintenance's lease"
     assert max_out_of_service(await k8s.audit()) == 2
     state = await budget_state(entity)
     assert state.leases == [] and state.budget == Budget(count=2) and state.budget_source == "input"
-    await record_history(client.get_workflow_handle(f"{rollout.id}/a-01"), "node_update_lease")
+    await record_history(client.get_workflow_handle(f"{rollout.id}/a-01"), "node_update_batch_lease")
+    async for batch in client.list_workflows(f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout.id}/'"):
+        await record_history(client.get_workflow_handle(batch.id, run_id=batch.run_id), "rollout_batch_leases")
+        break
 
 
 async def test_the_entity_continues_as_new_with_its_leases_and_queue(small_history_env, k8s, kubeconfig_path):
