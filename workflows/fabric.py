@@ -395,6 +395,7 @@ class FabricStateView(StrictModel):
 
     allocations: dict[str, dict] = Field(default_factory=dict)
     retired: dict[str, str] = Field(default_factory=dict)
+    changes: int = 0
 
 
 # ================================================================== ReleaseTenant
