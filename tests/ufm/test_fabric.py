@@ -226,7 +226,8 @@ async def test_worker_killed_between_add_and_verify(client, temporal_address, uf
     adds = [w for w in await ufm.audit(writes=True) if w["method"] == "POST" and w["path"].endswith("/pkeys")]
     assert len(adds) == 1, adds  # the retry found the members present: no second add
     assert Counter(g for w in adds for g in w["body"]["guids"]) == Counter(want)
-    assert set(result.already) == want and not result.added
+    # This run added them (its first attempt did): the report says so, read from UFM before the first write.
+    assert set(result.added) == want and not result.already and result.pkey_created
 
 
 # ---------------------------------------------------------------- secrecy (keep last)
