@@ -442,7 +442,7 @@ class IsolateTenant:
         ))  # fmt: skip
         before = next((p.members for p in snap.pkeys if p.pkey == alloc.pkey), None)
         self._writes = IsolationWrites(pkey=alloc.pkey, allocated=held is None, pkey_before=before,
-                                       booked_before=sorted((held or {}).get("members") or {}), members=members)
+                                       booked_before=sorted(held.members) if held else [], members=members)
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
         await self._calls.execute(
