@@ -143,7 +143,7 @@ async def test_failure_in_the_ib_step_undoes_the_kubernetes_steps(client, k8s, u
     assert _tenant_objects(await k8s.dump(), tenant) == []
 
 
-PKEY_READ = r"/resources/pkeys/0x[0-9a-f]+$"  # GET of one PKey (every UFM activity reads before it writes)
+PKEY_READ = r"/resources/pkeys/0x[0-9a-f]+$"  # GET of one PKey (every UFM write is read before and after)
 
 
 @pytest.mark.parametrize("case", ["new-pkey", "grown-pkey", "in-onboarding"])
@@ -163,10 +163,12 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
     before = await ufm.state()
     if not held:
         await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"drop": "after"})
-    await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
-    # The reads up to the one that follows the lost GUID add pass; that one is refused (non-retryable).
-    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"delay": 0}, count=2 if held else 3)
-    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"})
+    lost_add = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
+    # Placed by the audit order, not by counting the reads before it: once the GUID add's answer is lost, the add
+    # is read back in the same attempt (activities/ufm.py `_write`: it lands, so the add is done), and the PKey
+    # read after that, the run's verification, is refused for good (403: non-retryable).
+    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"},
+                        after=lost_add, skip=1)
     cursor = await ufm.audit_cursor()
     if case == "in-onboarding":
         await k8s.seed(TENANCY_CRDS)
