@@ -1,12 +1,20 @@
 """Declarative-object activities for cluster creation (Cluster API) and tenant onboarding (vCluster, KAI).
 
 Generic over kinds: the resource path of an `apiVersion`/`kind` comes from discovery, so the same
-activities create a `Namespace`, a KAI `Queue` or a Cluster API `Cluster`. Every write reads first:
+activities create a `Namespace`, a KAI `Queue` or a Cluster API `Cluster`. Every write reads first, and what
+an activity reports comes from reading the cluster, never from a write's answer (which a dropped connection
+loses after the write was done):
 
-* `apply_objects` creates what is missing; an existing object that already matches is left alone; one that
-  differs is an error (`ObjectConflict`) when it is not ours (the `millwright.dev/owner` annotation) or when
-  the caller asked for create-only, and is replaced in place otherwise. AlreadyExists → read and compare.
-* `delete_objects` deletes and waits until every object is gone (finalizers included), heartbeating.
+* Ownership: every object written carries the `millwright.dev/owner` annotation (`Ownership`): the workflow
+  that manages it, the run that created it and the run that last wrote it. A retry that finds its own run's
+  earlier write reports it as that run's (`created`, `updated`), and compensation finds everything a failed run
+  created by reading the cluster (`ListRequest.owned_by`) rather than trusting the list it kept.
+* `apply_objects` creates what is missing and reads it back; an existing object that already matches is left
+  alone; one that differs is an error (`ObjectConflict`) when it is not ours or when the caller asked for
+  create-only (unless this run created it), and is replaced in place and read back otherwise.
+  AlreadyExists → read and compare.
+* `delete_objects` deletes and waits until every object is gone (finalizers included), heartbeating; with
+  `owned_by` it deletes only what that owner holds (precondition: the UID it read) and reports the rest as kept.
 
 Cluster references are those `ClusterConnector` resolves: a kubeconfig context, or a workload cluster
 `<context>:<namespace>/<name>` whose kubeconfig Secret the connector reads itself. No kubeconfig, token
@@ -48,6 +56,58 @@ class KindRef(StrictModel):
     def __str__(self) -> str:
         return f"{self.api_version}/{self.kind}"
 
+    @classmethod
+    def of_objects(cls, objs: list[dict[str, Any]]) -> list["KindRef"]:
+        """The distinct kinds of these objects, in first-seen order."""
+        seen: dict[str, KindRef] = {}
+        for o in objs:
+            seen.setdefault(f"{o['apiVersion']}/{o['kind']}", cls(api_version=o["apiVersion"], kind=o["kind"]))
+        return list(seen.values())
+
+
+class Ownership(StrictModel):
+    """Who owns an object, as its owner annotation records it (JSON). A bare workflow ID, as objects written
+    before runs were recorded carry, reads as that workflow with no run.
+
+    As a filter (`owned_by`): objects of this workflow and, when `created_by` is set, created by that run."""
+
+    workflow: str = Field(description="ID of the managing workflow (the same for every run about one tenant "
+                                      "or cluster).")
+    created_by: str = Field("", description="Run ID of the run that created the object.")
+    written_by: str = Field("", description="Run ID of the run that last created or changed it.")
+
+    def annotation(self) -> str:
+        return json.dumps({"workflow": self.workflow, "createdBy": self.created_by, "writtenBy": self.written_by},
+                          separators=(",", ":"))
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> "Ownership | None":
+        value = ((obj.get("metadata") or {}).get("annotations") or {}).get(OWNER_ANNOTATION)
+        if not value:
+            return None
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return cls(workflow=value)
+        return cls(workflow=str(doc.get("workflow") or ""), created_by=str(doc.get("createdBy") or ""),
+                   written_by=str(doc.get("writtenBy") or ""))
+
+    def covers(self, obj: dict[str, Any]) -> bool:
+        own = Ownership.of(obj)
+        return (own is not None and own.workflow == self.workflow
+                and (not self.created_by or own.created_by == self.created_by))
+
+    def describe(self, obj: dict[str, Any]) -> str:
+        """Whose the object is, for an error message."""
+        own = Ownership.of(obj)
+        if own is None:
+            return "not created by Millwright"
+        if own.workflow != self.workflow:
+            return f"managed by {own.workflow}"
+        return f"created by run {own.created_by or 'unknown'} of {own.workflow}"
+
 
 class ObjectRef(StrictModel):
     api_version: str
@@ -64,6 +124,9 @@ class ObjectRef(StrictModel):
         md = obj.get("metadata") or {}
         return cls(api_version=obj["apiVersion"], kind=obj["kind"], name=md["name"], namespace=md.get("namespace"))
 
+    def key(self) -> tuple[str, str, str, str]:
+        return self.api_version, self.kind, self.namespace or "", self.name
+
 
 class DiscoveryRequest(StrictModel):
     cluster: str
@@ -77,6 +140,8 @@ class DiscoveryResult(StrictModel):
 class ApplyRequest(StrictModel):
     cluster: str
     owner: str = Field(description="Who manages these objects (a workflow ID); written as an annotation.")
+    run: str = Field("", description="The writing run's ID: recorded as the creator of what it creates and the "
+                                     "writer of what it changes (`Ownership`).")
     objects: list[dict[str, Any]] = Field(description="Full desired objects, in creation order.")
     on_difference: Literal["error", "update"] = Field(
         "error", description="What to do with an existing object of ours that differs: fail, or replace it.")
@@ -103,17 +168,32 @@ class DeleteRequest(StrictModel):
     objects: list[ObjectRef] = Field(description="Deleted in this order; each waited for before the next.")
     timeout_seconds: float = 600
     poll_seconds: float = 0.5
+    owned_by: Ownership | None = Field(None, description="Delete only objects this owner holds (read first; the "
+                                                         "delete is conditional on the UID read); others are kept.")
 
 
 class DeleteResult(StrictModel):
-    deleted: list[ObjectRef] = Field(default_factory=list)
-    absent: list[ObjectRef] = Field(default_factory=list)
+    deleted: list[ObjectRef] = Field(default_factory=list, description="Deleted by this attempt.")
+    absent: list[ObjectRef] = Field(default_factory=list, description="Already gone (perhaps by an earlier "
+                                                                      "attempt whose answer was lost).")
+    kept: list[ObjectRef] = Field(default_factory=list, description="Not held by `owned_by`: left alone.")
+
+    def account(self, order: list[ObjectRef], existed: list[ObjectRef]) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """(removed, kept) of a delete of `order`, from what a listing showed there before (`existed`) and this
+        result, not from the delete answers alone (after a lost one, the retry finds the object absent). An
+        object kept inside a namespace that was removed went with it."""
+        there = {r.key() for r in existed + self.deleted}
+        kept = {r.key() for r in self.kept}
+        gone_ns = {r.name for r in order if r.kind == "Namespace" and r.key() in there and r.key() not in kept}
+        removed = [r for r in order if r.key() in there and (r.key() not in kept or r.namespace in gone_ns)]
+        return removed, [r for r in order if r.key() in kept and r.namespace not in gone_ns]
 
 
 class ListRequest(StrictModel):
     cluster: str
     kinds: list[KindRef]
     label_selector: str = ""
+    owned_by: Ownership | None = Field(None, description="Only objects this owner holds (see Ownership).")
 
 
 class CapiClusterRef(StrictModel):
@@ -211,11 +291,30 @@ def _contains(have: Any, want: Any) -> bool:
 
 
 def _matches(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+    """Does the live object carry the desired one? Millwright's bookkeeping (the managed-by label, the owner
+    annotation) is not content: an identical object someone else made matches, and is left alone, not adopted."""
     body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata", "status")}
     md = desired.get("metadata") or {}
     lmd = live.get("metadata") or {}
-    return (_contains(live, body) and _contains(lmd.get("labels") or {}, md.get("labels") or {})
-            and _contains(lmd.get("annotations") or {}, md.get("annotations") or {}))
+    labels = {k: v for k, v in (md.get("labels") or {}).items() if k != MANAGED_BY_LABEL}
+    notes = {k: v for k, v in (md.get("annotations") or {}).items() if k != OWNER_ANNOTATION}
+    return (_contains(live, body) and _contains(lmd.get("labels") or {}, labels)
+            and _contains(lmd.get("annotations") or {}, notes))
+
+
+def _already_exists(err: ApplicationError) -> bool:
+    cause = err.__cause__
+    return isinstance(cause, ApiException) and cause.status == 409 and "AlreadyExists" in str(cause.body or "")
+
+
+def _not_applied(ref: ObjectRef, cluster: str, doing: str, back: dict[str, Any] | None) -> ApplicationError:
+    """A write answered (or lost) whose effect the read-back does not show."""
+    if back is None:  # the write's answer said done, yet nothing is there: read again on the next attempt
+        return ApplicationError(f"{doing} {ref} in cluster {cluster}: reading it back finds nothing",
+                                type="KubernetesUnavailable")
+    return ApplicationError(f"{doing} {ref} in cluster {cluster}: reading it back shows an object that differs "
+                            "from the one written (changed meanwhile, or by an admission webhook)",
+                            type="ObjectNotApplied", non_retryable=True)
 
 
 class _Resources:
@@ -313,50 +412,66 @@ class ClusterApiActivities:
 
     @activity.defn
     async def apply_objects(self, req: ApplyRequest) -> ApplyResult:
+        """Create or update each object in order; every outcome comes from reading the object (see above)."""
         res = await self._resources(req.cluster)
         result = ApplyResult()
         for raw in req.objects:
             desired = json.loads(json.dumps(raw))
             md = desired.setdefault("metadata", {})
             md.setdefault("labels", {})[MANAGED_BY_LABEL] = MANAGED_BY
-            md.setdefault("annotations", {})[OWNER_ANNOTATION] = req.owner
+            notes = md.setdefault("annotations", {})
             ref = ObjectRef.of(desired)
             activity.heartbeat(str(ref))
             item = await res.path(ref.api_version, ref.kind, ref.name, ref.namespace)
             live = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
             if live is None:
+                notes[OWNER_ANNOTATION] = Ownership(workflow=req.owner, created_by=req.run,
+                                                    written_by=req.run).annotation()
                 try:
-                    made = await _request(res.api, "POST", await res.path(ref.api_version, ref.kind,
-                                                                          namespace=ref.namespace),
-                                          f"creating {ref}", body=desired)
-                    result.outcomes.append(ApplyOutcome(ref=ref, outcome="created",
-                                                        uid=(made or {}).get("metadata", {}).get("uid", "")))
-                    continue
+                    await _request(res.api, "POST", await res.path(ref.api_version, ref.kind, namespace=ref.namespace),
+                                   f"creating {ref}", body=desired)
                 except ApplicationError as err:
-                    if "AlreadyExists" not in str(err):
-                        raise
-                    live = await _request(res.api, "GET", item, f"reading {ref}")  # created meanwhile: compare
-            assert live is not None
-            lmd = live.get("metadata") or {}
-            if _matches(live, desired):
-                result.outcomes.append(ApplyOutcome(ref=ref, outcome="unchanged", uid=lmd.get("uid", "")))
-                continue
-            holder = (lmd.get("annotations") or {}).get(OWNER_ANNOTATION)
-            if holder != req.owner or req.on_difference == "error":
-                whose = f"managed by {holder}" if holder else "not created by Millwright"
-                raise ApplicationError(f"{ref} already exists in cluster {req.cluster} and differs from the "
-                                       f"desired object ({whose}); refusing to adopt or overwrite it",
-                                       type="ObjectConflict", non_retryable=True)
-            md["resourceVersion"] = lmd.get("resourceVersion")
-            if "status" in live:
-                desired["status"] = live["status"]
-            await _request(res.api, "PUT", item, f"updating {ref}", body=desired)  # 409 Conflict: retried
-            result.outcomes.append(ApplyOutcome(ref=ref, outcome="updated", uid=lmd.get("uid", "")))
+                    if not _already_exists(err):
+                        raise  # a lost answer included: the retry reads what the write left
+                live = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
+                if live is None:
+                    raise _not_applied(ref, req.cluster, "creating", None)
+            result.outcomes.append(await self._reconcile(res, item, ref, live, desired, req))
         return result
+
+    async def _reconcile(self, res: _Resources, item: str, ref: ObjectRef, live: dict[str, Any],
+                         desired: dict[str, Any], req: ApplyRequest) -> ApplyOutcome:
+        """The outcome for an object that exists: whose it is says whether this run wrote it (an earlier attempt
+        whose answer was lost included); a differing one of ours is replaced in place and read back."""
+        lmd = live.get("metadata") or {}
+        own = Ownership.of(live) or Ownership(workflow="")
+        ours = own.workflow == req.owner
+        mine = ours and bool(req.run) and own.created_by == req.run
+        if _matches(live, desired):
+            wrote = ours and bool(req.run) and own.written_by == req.run
+            return ApplyOutcome(ref=ref, outcome="created" if mine else "updated" if wrote else "unchanged",
+                                uid=lmd.get("uid", ""))
+        if not ours or (req.on_difference == "error" and not mine):
+            whose = Ownership(workflow=req.owner).describe(live)
+            raise ApplicationError(f"{ref} already exists in cluster {req.cluster} and differs from the "
+                                   f"desired object ({whose}); refusing to adopt or overwrite it",
+                                   type="ObjectConflict", non_retryable=True)
+        md = desired["metadata"]
+        md["annotations"][OWNER_ANNOTATION] = Ownership(workflow=req.owner, created_by=own.created_by,
+                                                        written_by=req.run).annotation()
+        md["resourceVersion"] = lmd.get("resourceVersion")
+        if "status" in live:
+            desired["status"] = live["status"]
+        await _request(res.api, "PUT", item, f"updating {ref}", body=desired)  # 409 Conflict: retried
+        back = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
+        if back is None or not _matches(back, desired):
+            raise _not_applied(ref, req.cluster, "updating", back)
+        return ApplyOutcome(ref=ref, outcome="created" if mine else "updated", uid=lmd.get("uid", ""))
 
     @activity.defn
     async def delete_objects(self, req: DeleteRequest) -> DeleteResult:
-        """Delete each object in order and wait until it is gone (finalizers done); NotFound is done."""
+        """Delete each object in order and wait until it is gone (finalizers done); NotFound is done. With
+        `owned_by`, only what that owner holds, and only the very object read (UID precondition)."""
         res = await self._resources(req.cluster)
         result = DeleteResult()
         deadline = time.monotonic() + req.timeout_seconds
@@ -365,14 +480,25 @@ class ClusterApiActivities:
                 result.absent.append(ref)  # the kind is gone (its CRD removed): so is the object
                 continue
             item = await res.path(ref.api_version, ref.kind, ref.name, ref.namespace)
-            gone = await _request(res.api, "DELETE", item, f"deleting {ref}", missing_ok=True,
-                                  body={"kind": "DeleteOptions", "apiVersion": "v1",
-                                        "propagationPolicy": "Background"}) is None
+            options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+            uid = ""
+            if req.owned_by is not None:
+                live = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
+                if live is None:
+                    result.absent.append(ref)
+                    continue
+                if not req.owned_by.covers(live):
+                    result.kept.append(ref)
+                    continue
+                uid = live["metadata"].get("uid", "")
+                options["preconditions"] = {"uid": uid}  # replaced meanwhile: 409, and the retry reads again
+            answer = await _request(res.api, "DELETE", item, f"deleting {ref}", missing_ok=True, body=options)
+            gone = answer is None
             (result.absent if gone else result.deleted).append(ref)
             while not gone:
                 live = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
-                if live is None:
-                    break
+                if live is None or (uid and live["metadata"].get("uid") != uid):
+                    break  # gone (a new object of that name is not the one deleted)
                 fins = (live.get("metadata") or {}).get("finalizers") or []
                 activity.heartbeat(f"waiting for {ref} to go (finalizers: {', '.join(fins) or 'none'})")
                 if time.monotonic() > deadline:
@@ -383,11 +509,13 @@ class ClusterApiActivities:
 
     @activity.defn
     async def list_objects(self, req: ListRequest) -> list[ObjectRef]:
-        """Objects of these kinds (all namespaces) matching the selector; kinds not served list nothing."""
+        """Objects of these kinds (all namespaces) matching the selector (and held by `owned_by`); kinds not
+        served list nothing."""
         return [
             ObjectRef(api_version=k.api_version, kind=k.kind, name=o["metadata"]["name"],
                       namespace=o["metadata"].get("namespace"))
             async for k, o in self._items(req.cluster, req.kinds, req.label_selector)
+            if req.owned_by is None or req.owned_by.covers(o)
         ]
 
     async def _items(self, cluster: str, kinds: list[KindRef], label_selector: str | None):
@@ -517,7 +645,8 @@ class ClusterApiActivities:
 
     @activity.defn
     async def label_nodes(self, req: NodeLabels) -> int:
-        """Merge these labels onto every matching node; returns how many nodes changed."""
+        """Merge these labels onto every matching node, each read back; returns how many nodes this attempt
+        changed (a retry skips the nodes an earlier attempt labelled)."""
         api = await self._clusters.api(req.cluster)
         query = {"labelSelector": req.label_selector} if req.label_selector else None
         nodes = await _request(api, "GET", "/api/v1/nodes", "listing nodes", query=query)
@@ -526,9 +655,16 @@ class ClusterApiActivities:
             have = n["metadata"].get("labels") or {}
             if all(have.get(k) == v for k, v in req.labels.items()):
                 continue
-            await _request(api, "PATCH", f"/api/v1/nodes/{n['metadata']['name']}", "labelling node",
-                           body={"metadata": {"labels": req.labels}}, content_type="application/merge-patch+json")
-            changed += 1
+            path = f"/api/v1/nodes/{n['metadata']['name']}"
+            await _request(api, "PATCH", path, "labelling node", body={"metadata": {"labels": req.labels}},
+                           content_type="application/merge-patch+json")
+            back = await _request(api, "GET", path, "reading node", missing_ok=True)
+            labels = ((back or {}).get("metadata") or {}).get("labels") or {}
+            if back is not None and any(labels.get(k) != v for k, v in req.labels.items()):
+                raise ApplicationError(f"node {n['metadata']['name']}: labels {req.labels} not there after the "
+                                       "patch (changed meanwhile?)", type="KubernetesUnavailable")
+            if back is not None:  # a node deleted meanwhile needs no label
+                changed += 1
         return changed
 
     @activity.defn
@@ -542,8 +678,9 @@ class ClusterApiActivities:
                 if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
                 if req.evict and not p["metadata"].get("deletionTimestamp"):
-                    await _request(api, "DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
-                                   "deleting a tenant pod", missing_ok=True)
+                    if await _request(api, "DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
+                                      "deleting a tenant pod", missing_ok=True) is None:
+                        continue  # gone already: neither evicted by this call nor active
                     evicted += 1
                 active += 1
         return WorkloadCount(active=active, evicted=evicted)

@@ -745,7 +745,6 @@ class KubeActivities:
             if holder == req.owner:
                 return CordonResult(owned=True)
             return CordonResult(owned=False, holder=holder or "unknown")
-        core = await self._clusters.core(req.cluster)
         patch = {
             # resourceVersion makes the patch conditional: if the node changed since we
             # read it (someone cordoned it meanwhile), the 409 sends us round again.

@@ -169,7 +169,7 @@ class FabricCall(StrictModel):
     """One update of a Fabric entity workflow, started with the update if it does not run yet."""
 
     fabric: str
-    update: Literal["allocate", "confirm", "begin_release", "finish_release", "state"]
+    update: Literal["allocate", "confirm", "withdraw", "begin_release", "finish_release", "state"]
     payload: dict[str, Any] = Field(default_factory=dict)
 
 

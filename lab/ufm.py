@@ -17,7 +17,9 @@ Validation as UFM does it: PKey 0x1-0x7ffe (0x7fff is the read-only management k
 Lab admin API (same shape as the Kubernetes emulator's): ``POST /_lab/reset``; ``POST /_lab/seed``
 ``{"hosts": [{"name", "guids": [...]}], "switches": [{"name", "guid"}], "pkeys": {"0x10": {"guids": {g: m}}}}``
 (replaces the fabric); ``GET /_lab/state``; ``POST /_lab/faults`` ``{"match": {"method", "path" (regex)},
-"action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"}, "count": 1}``,
+"action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"}, "count": 1,
+"after": <fault id>, "skip": 0}`` (``after``: armed only once that fault was served, so a test places a fault by
+the audit order, e.g. on the read that follows a lost write; ``skip``: that many matching requests pass first),
 ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET /_lab/audit/cursor``.
 ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed meanwhile).
 
@@ -191,16 +193,21 @@ class UfmServer:
         return user == self.user and password == self.password
 
     def _match_fault(self, method: str, path: str) -> dict | None:
+        served = {f["id"]: f["served"] for f in self.faults}
         for f in self.faults:
-            if f["remaining"] == 0:
+            if f["remaining"] == 0 or (f["after"] is not None and not served.get(f["after"])):
                 continue
             m = f["match"]
             if m.get("method") and m["method"].upper() != method:
                 continue
             if m.get("path") and not re.search(m["path"], path):
                 continue
+            if f["skip"] > 0:
+                f["skip"] -= 1
+                continue
             if f["remaining"] > 0:
                 f["remaining"] -= 1
+            f["served"] += 1
             return f
         return None
 
@@ -418,9 +425,14 @@ class UfmServer:
                 return web.json_response({"ok": True})
             if m == "POST":
                 b = await request.json()
+                after = b.get("after")
+                if after is not None and not any(f["id"] == int(after) for f in self.faults):
+                    raise ValueError(f"after: no fault {after}")
                 self.fault_seq += 1
                 self.faults.append({"id": self.fault_seq, "match": dict(b.get("match") or {}),
-                                    "action": dict(b["action"]), "remaining": int(b.get("count", 1))})
+                                    "action": dict(b["action"]), "remaining": int(b.get("count", 1)),
+                                    "after": None if after is None else int(after), "skip": int(b.get("skip", 0)),
+                                    "served": 0})
                 return web.json_response({"id": self.fault_seq})
         if path == "/_lab/audit/cursor" and m == "GET":
             return web.json_response({"next": self.audit_seq})
@@ -466,6 +478,13 @@ class UfmAdmin(AdminClient):
 
     async def state(self) -> dict:
         return await self._req("GET", "/_lab/state")
+
+    async def add_fault(self, match: dict, action: dict, count: int = 1, *, after: int | None = None,
+                        skip: int = 0) -> int:
+        """The next `count` requests matching `match` get `action`; with `after` (a fault's id), only requests
+        that come once that fault was served, and after `skip` matching ones are let through."""
+        body = {"match": match, "action": action, "count": count, "after": after, "skip": skip}
+        return (await self._req("POST", "/_lab/faults", json=body))["id"]
 
     async def members(self, pkey: str) -> dict[str, str]:
         p = (await self.state())["pkeys"].get(pkey)

@@ -8,6 +8,13 @@ with "machines ready x of y" in the `progress` query and the current details →
 checked and kept only as a reference → a baseline on the new cluster (namespaces, KAI default queues,
 node labels) → optionally the cluster in NetBox, and its machines' devices assigned to it.
 
+A run that fails undoes what it created, whichever attempt wrote it: every object it writes carries its owner
+annotation with this run's ID (activities/capi.py `Ownership`), so compensation reads the clusters for what this
+run owns (objects whose create answer was lost included) and deletes exactly those, the `Cluster` first (Cluster
+API then removes its Machines and infrastructure), the rest in reverse creation order; what existed before the
+run, or another run or a person owns, stays. The failure keeps its cause's type and lists what was created and
+removed (workflows/saga.py). NetBox records are not undone.
+
 Machines map to NetBox devices by name: a Machine's `status.nodeRef.name` (the node's hostname, which a
 Metal3 host keeps from its BareMetalHost/NetBox device name). A machine whose device NetBox does not know is
 reported in the result (`netbox.missing`), not a failure: the cluster exists whatever the inventory says.
@@ -16,7 +23,9 @@ The new cluster's reference, `<management>:<namespace>/<name>`, is what later wo
 take as `cluster`; the worker's ClusterConnector resolves it through the kubeconfig Secret.
 
 DeleteCluster: refuses while tenants are onboarded (unless forced), deletes the Cluster and waits for its
-finalizer (Cluster API removes Machines, control plane and infrastructure in order), then the templates.
+finalizer (Cluster API removes Machines, control plane and infrastructure in order), then the templates. It
+deletes only what its cluster's workflows manage (the owner annotation's workflow ID, `cluster/<reference>`):
+a Cluster made by other means is refused (`ClusterNotManaged`), a template a person made is kept and reported.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
+from workflows import saga
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
 from workflows.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
@@ -36,8 +46,11 @@ from workflows.drain import API_CALL
 
 with workflow.unsafe.imports_passed_through():
     from activities.capi import (
+        MANAGED_BY,
+        MANAGED_BY_LABEL,
         TENANT_LABEL,
         ApplyRequest,
+        ApplyResult,
         CapiClusterRef,
         CapiClusterStatus,
         ClusterApiActivities,
@@ -48,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         MachineNode,
         NodeLabels,
         ObjectRef,
+        Ownership,
         SecretCheck,
     )
     from activities.kube import validate_object_name
@@ -64,6 +78,8 @@ TENANTS_PARENT_QUEUE = "tenants"
 CLUSTER_CLASS = KindRef(api_version=CAPI, kind="ClusterClass")
 LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_CALL["retry_policy"])
+# A failed CreateCluster undoes what the run owns (read from the clusters); before, it left everything.
+COMPENSATION = "create-cluster-compensates"
 
 
 class InfrastructureTemplate(StrictModel):
@@ -338,13 +354,6 @@ def baseline_objects() -> list[dict]:
     ]
 
 
-def _kinds(objs: list[dict]) -> list[KindRef]:
-    seen: dict[str, KindRef] = {}
-    for o in objs:
-        seen.setdefault(f"{o['apiVersion']}/{o['kind']}", KindRef(api_version=o["apiVersion"], kind=o["kind"]))
-    return list(seen.values())
-
-
 @workflow.defn
 class CreateCluster:
     @workflow.init
@@ -361,23 +370,28 @@ class CreateCluster:
     async def run(self, inp: CreateClusterInput) -> CreateClusterResult:
         acts = ClusterApiActivities
         mgmt = inp.management_cluster
+        owner, run = workflow.info().workflow_id, workflow.info().run_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.ref())])
+        objs = cluster_objects(inp)
+        base = baseline_objects()
+        self._wrote: dict[str, ApplyResult | None] = {}  # cluster → what its apply reported (None: it failed)
         try:
-            objs = cluster_objects(inp)
             self._phases.enter("checking-providers", "discovery of the Cluster API kinds")
             extra = [KindRef(api_version=f"{p.infrastructure.api_group}/{p.infrastructure.api_version}",
                              kind=p.infrastructure.kind) for p in inp.worker_pools or [] if p.infrastructure]
             if inp.topology is not None:
                 extra.append(CLUSTER_CLASS)
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=_kinds(objs) + extra),
+                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=KindRef.of_objects(objs) + extra),
                 **API_CALL, endpoint=kubernetes_api(mgmt))
             if inp.topology is not None:
                 await self._check_cluster_class(inp)
             self._phases.enter("creating", f"{len(objs)} objects")
+            self._wrote[mgmt] = None
             applied = await self._calls.execute(
-                acts.apply_objects, ApplyRequest(cluster=mgmt, owner=workflow.info().workflow_id, objects=objs,
+                acts.apply_objects, ApplyRequest(cluster=mgmt, owner=owner, run=run, objects=objs,
                                                  on_difference="error"), **LONG_CALL, endpoint=kubernetes_api(mgmt))
+            self._wrote[mgmt] = applied
             status = await self._wait_ready(inp)
             self._phases.enter("kubeconfig", "checking the kubeconfig Secret")
             kubeconfig = await self._calls.execute(
@@ -385,12 +399,12 @@ class CreateCluster:
                                                key="value"), **API_CALL, endpoint=kubernetes_api(mgmt))
             self._phases.enter("baseline", "namespaces, KAI queues, node labels")
             ref = inp.ref()
-            base = baseline_objects()
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=_kinds(base)), **API_CALL,
-                endpoint=kubernetes_api(ref))
-            await self._calls.execute(
-                acts.apply_objects, ApplyRequest(cluster=ref, owner=workflow.info().workflow_id, objects=base,
+                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=KindRef.of_objects(base)),
+                **API_CALL, endpoint=kubernetes_api(ref))
+            self._wrote[ref] = None
+            self._wrote[ref] = await self._calls.execute(
+                acts.apply_objects, ApplyRequest(cluster=ref, owner=owner, run=run, objects=base,
                                                  on_difference="update"), **LONG_CALL, endpoint=kubernetes_api(ref))
             for deployment, gpu_class in inp.node_classes():
                 await self._calls.execute(
@@ -399,8 +413,12 @@ class CreateCluster:
                     **API_CALL, endpoint=kubernetes_api(ref))
             netbox = await self._record_in_netbox(inp, status) if inp.record_in_netbox else None
         except Exception as err:
-            self._phases.enter("failed", str(err))
-            raise
+            if not self._wrote or not workflow.patched(COMPENSATION):  # nothing written, or an older run
+                self._phases.enter("failed", str(err))
+                raise
+            failure = await self._compensate(inp, objs, base, err)
+            self._phases.enter("failed", failure.message)
+            raise failure from err
         self._phases.enter("completed", f"{status.machines_ready} machines ready")
         return CreateClusterResult(
             cluster=ref, kubeconfig=kubeconfig.ref,
@@ -408,6 +426,49 @@ class CreateCluster:
             unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"],
             machines=status.machines_total, baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base],
             netbox=netbox)
+
+    async def _compensate(self, inp: CreateClusterInput, objs: list[dict], base: list[dict],
+                          err: BaseException) -> ApplicationError:
+        """Undo what this run created, read from the clusters (its ownership), and say what that was: the
+        baseline on the workload cluster unless the Cluster itself goes, then the Cluster first and the rest of
+        the management objects in reverse creation order. Each delete is of the very object this run owns."""
+        why = saga.root_cause(err)
+        self._phases.enter("compensating", str(why))
+        mine = Ownership(workflow=workflow.info().workflow_id, created_by=workflow.info().run_id)
+        mgmt, ref = inp.management_cluster, inp.ref()
+        made, listed = await self._owned(mgmt, objs, mine)
+        cluster = next((r for r in made if r.kind == "Cluster"), None)
+        created, removed = [str(r) for r in made], []
+        if ref in self._wrote and cluster is None:  # with the Cluster, its workload cluster goes too
+            on_ref, there = await self._owned(ref, base, mine)
+            created += [f"{r} in {ref}" for r in on_ref]
+            if on_ref:
+                order = list(reversed(on_ref))
+                done = await workflow.execute_activity_method(
+                    ClusterApiActivities.delete_objects, DeleteRequest(cluster=ref, objects=order, owned_by=mine),
+                    **LONG_CALL)
+                removed += [f"{r} in {ref}" for r in done.account(order, there)[0]]
+        order = ([cluster] if cluster else []) + [r for r in reversed(made) if r is not cluster]
+        if order:
+            timeout = inp.ready_timeout + timedelta(minutes=10)  # Machines deprovision before the Cluster goes
+            done = await workflow.execute_activity_method(
+                ClusterApiActivities.delete_objects,
+                DeleteRequest(cluster=mgmt, objects=order, owned_by=mine, timeout_seconds=timeout.total_seconds()),
+                start_to_close_timeout=timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=API_CALL["retry_policy"])
+            removed += [str(r) for r in done.account(order, listed)[0]]
+        return saga.failure(f"creating cluster {ref}", err, created, removed)
+
+    async def _owned(self, cluster: str, objs: list[dict], mine: Ownership) -> tuple[list[ObjectRef], list[ObjectRef]]:
+        """What this run created in one cluster, in creation order (the objects carrying its ownership, read from
+        the cluster, and those its apply reported created), and the part of it the listing found there."""
+        listed = await workflow.execute_activity_method(
+            ClusterApiActivities.list_objects,
+            ListRequest(cluster=cluster, kinds=KindRef.of_objects(objs), owned_by=mine,
+                        label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}"), **API_CALL)
+        applied = self._wrote.get(cluster)
+        keys = {r.key() for r in listed + (applied.created() if applied else [])}
+        return [r for r in map(ObjectRef.of, objs) if r.key() in keys], listed
 
     async def _check_cluster_class(self, inp: CreateClusterInput) -> None:
         topo = inp.topology
@@ -480,6 +541,8 @@ class DeleteClusterResult(StrictModel):
     cluster: str
     tenants_left: list[str]
     deleted: list[str]
+    kept: list[str] = Field(default_factory=list, description="Labelled for the cluster but not managed by its "
+                                                              "workflows (a person's template): left alone.")
 
 
 # Templates a Cluster's deletion leaves behind (not owned by it), removed after it is gone.
@@ -521,20 +584,29 @@ class DeleteCluster:
             raise ApplicationError(f"cluster {ref} still has tenants onboarded ({', '.join(tenants)}): offboard them "
                                    "first, or set force", type="TenantsOnboarded", non_retryable=True)
         self._phases.enter("deleting", "Cluster (Machines, control plane, infrastructure follow)")
+        ours = Ownership(workflow=workflow.info().workflow_id)  # CreateCluster's and ours: the same ID
+        target = ObjectRef(api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)
         deleted = await self._calls.execute(
-            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=[ObjectRef(
-                api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)],
-                timeout_seconds=inp.timeout.total_seconds()),
+            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=[target], owned_by=ours,
+                                               timeout_seconds=inp.timeout.total_seconds()),
             start_to_close_timeout=inp.timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
             retry_policy=API_CALL["retry_policy"], endpoint=kubernetes_api(mgmt))
+        if deleted.kept:
+            self._phases.enter("failed", f"{target} is not managed by {ours.workflow}")
+            raise ApplicationError(f"{target} in {mgmt} is not managed by {ours.workflow} (it was not created by "
+                                   "CreateCluster for this reference); delete it with clusterctl or kubectl",
+                                   type="ClusterNotManaged", non_retryable=True)
         self._phases.enter("deleting-templates")
         leftovers = await self._calls.execute(
             acts.list_objects, ListRequest(cluster=mgmt, kinds=TEMPLATE_KINDS,
                                            label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"),
                                            **API_CALL, endpoint=kubernetes_api(mgmt))
         more = await self._calls.execute(
-            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers), **LONG_CALL,
+            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers, owned_by=ours), **LONG_CALL,
             endpoint=kubernetes_api(mgmt))
         self._phases.enter("completed")
-        return DeleteClusterResult(cluster=ref, tenants_left=tenants,
-                                   deleted=[str(r) for r in deleted.deleted + more.deleted])
+        # What existed and is gone (read before the deletes), not what the delete answers said.
+        templates, kept = more.account(leftovers, leftovers)
+        gone = ([target] if status.exists or deleted.deleted else []) + templates
+        return DeleteClusterResult(cluster=ref, tenants_left=tenants, deleted=[str(r) for r in gone],
+                                   kept=[str(r) for r in kept])

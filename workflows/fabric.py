@@ -7,9 +7,15 @@
 - ``IsolateTenant``: resolve the tenant's hosts to port GUIDs through UFM, cross-check them against NetBox
   (a mismatch fails closed, naming the host, before anything is written to UFM), allocate (or reuse) the
   tenant's PKey through the Fabric entity (update-with-start), add GUIDs with UFM's additive call, read back
-  with ``guids_data=true`` and verify, record the PKey and members in NetBox, confirm to the Fabric.
+  with ``guids_data=true`` and verify, record the PKey and members in NetBox, confirm to the Fabric. What the
+  run created is decided by reading UFM (a snapshot before its first write, the PKey after), never from a
+  write's answer, which a dropped connection loses after the write was done. A run that fails after the
+  allocation undoes what it created: a PKey it allocated goes whole (the ``ReleaseTenant`` child); on a PKey
+  the tenant already held, only the ports it added are removed, from UFM and from the Fabric's books
+  (``withdraw``). Its failure lists what it created and removed (workflows/saga.py).
 - ``ReleaseTenant``: remove exactly the tenant's GUIDs, verify, delete the PKey when empty (a PKey with other
-  members is kept and retired, never handed out again), record in NetBox, release the allocation.
+  members is kept and retired, never handed out again), record in NetBox, release the allocation; what it
+  removed is read from UFM before and after, not taken from the answers.
 - ``FabricAudit`` (for a Temporal Schedule): compare every PKey in UFM with the Fabric's desired state; report
   unknown members, missing members, missing PKeys and GUIDs in two tenants' PKeys, exactly what and where;
   repair only when asked.
@@ -25,6 +31,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
+from workflows import saga
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput, history_is_long
 from workflows.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
@@ -61,6 +68,9 @@ NETBOX_CALL: dict[str, Any] = dict(
                              maximum_attempts=10),
 )  # fmt: skip
 HISTORY_LIMIT = 2000
+# Patches of running code: a failed isolation undoes its writes; a release reads what is there before it removes.
+ISOLATION_UNDO = "isolate-tenant-undoes-its-writes"
+RELEASE_READS_FIRST = "release-tenant-reads-before-removing"
 
 _NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 
@@ -113,6 +123,11 @@ class AllocateRequest(StrictModel):
 
 class TenantRequest(StrictModel):
     tenant: str
+
+
+class WithdrawRequest(StrictModel):
+    tenant: str
+    guids: list[str] = Field(description="Port GUIDs no longer desired (a failed isolation's additions).")
 
 
 class FinishRelease(StrictModel):
@@ -192,6 +207,23 @@ class Fabric:
         if req.tenant not in self._state.allocations:
             raise ValueError(f"tenant {req.tenant} has no PKey on this fabric")
 
+    @workflow.update(description="Drop ports from the tenant's desired members (a failed isolation undoing its "
+                                 "additions); returns the allocation.")
+    def withdraw(self, req: WithdrawRequest) -> Allocation:
+        a = self._state.allocations[req.tenant]
+        for guid in req.guids:
+            a.members.pop(normalize_guid(guid), None)
+        self._changed()
+        return a
+
+    @withdraw.validator
+    def _validate_withdraw(self, req: WithdrawRequest) -> None:
+        a = self._state.allocations.get(req.tenant)
+        if a is None:
+            raise ValueError(f"tenant {req.tenant} has no PKey on this fabric")
+        if a.state == "releasing":
+            raise ValueError(f"tenant {req.tenant} is being released")
+
     @workflow.update(description="Start releasing the tenant's PKey; returns the allocation (empty when none).")
     def begin_release(self, req: TenantRequest) -> dict:
         a = self._state.allocations.get(req.tenant)
@@ -241,6 +273,10 @@ class Fabric:
         return "\n\n".join(lines)
 
 
+async def _read_pkey(calls: Endpoints, pkey: str, summary: str) -> PKeyMembers:
+    return await calls.execute(UfmActivities.get_pkey, PKeyRef(pkey=pkey), **UFM_CALL, endpoint=UFM, summary=summary)
+
+
 async def _fabric(fabric: str, update: str, payload: BaseModel | None = None) -> dict:
     return await workflow.execute_activity_method(
         UfmActivities.call_fabric,
@@ -284,9 +320,25 @@ class Step(StrictModel):
     note: str = ""
 
 
-def _cause(err: BaseException) -> str:
-    cause = getattr(err, "cause", None)
-    return str(cause or err)
+class IsolationWrites(StrictModel):
+    """What an isolation run may have written, known before its first write: what it undoes if it fails."""
+
+    pkey: str
+    allocated: bool = Field(description="This run allocated the tenant's PKey (the tenant held none before).")
+    pkey_before: dict[str, str] | None = Field(description="The PKey's members in UFM before the run; None: absent.")
+    booked_before: list[str] = Field(description="The tenant's desired members in the Fabric before the run.")
+    members: dict[str, str] = Field(description="The run's ports: GUID -> host.")
+
+    def new_ports(self, now: PKeyMembers) -> list[str]:
+        """Ports in the PKey now that neither UFM nor the Fabric's books had before: this run's."""
+        before = self.pkey_before or {}
+        return [g for g in sorted(self.members) if g in now.members and g not in before
+                and g not in self.booked_before]
+
+    def lines(self, now: PKeyMembers, ports: list[str], fabric: str) -> list[str]:
+        """The report's lines for what is there now of what this run created, in creation order."""
+        pkey = [f"PKey {self.pkey} on {fabric}"] if now.exists and self.pkey_before is None else []
+        return pkey + [f"port {g} of {self.members[g]} in PKey {self.pkey}" for g in ports if g in now.members]
 
 
 async def resolve_and_check(calls: Endpoints, hosts: list[str], netbox: bool) -> dict[str, list[str]]:
@@ -321,6 +373,7 @@ class IsolateTenant:
         self._inp = inp
         self._step = Step()
         self._calls = Endpoints(inp.retry_timeout)
+        self._writes: IsolationWrites | None = None  # set at the allocation, before the first UFM write
 
     @workflow.query
     def progress(self) -> Progress:
@@ -339,8 +392,36 @@ class IsolateTenant:
         try:
             return await self._run(inp)
         except Exception as err:
-            self._enter("failed", _cause(err))
-            raise
+            if self._writes is None or not workflow.patched(ISOLATION_UNDO):  # nothing written, or an older run
+                self._enter("failed", str(saga.root_cause(err)))
+                raise
+            self._enter("compensating", str(saga.root_cause(err)))
+            created, removed = await self._undo(inp, self._writes)
+            failure = saga.failure(f"isolating tenant {inp.tenant} on {inp.fabric}", err, created, removed)
+            self._enter("failed", failure.message)
+            raise failure from err
+
+    async def _undo(self, inp: IsolateTenantInput, w: IsolationWrites) -> tuple[list[str], list[str]]:
+        """Undo what this run created, read from UFM: (created, removed), in creation and reverse order."""
+        now = await _read_pkey(self._calls, w.pkey, f"what the failed run left in {w.pkey}")
+        ports = w.new_ports(now)
+        created = w.lines(now, ports, inp.fabric)
+        if w.allocated:  # the PKey is this run's: all of it goes, allocation included
+            await workflow.execute_child_workflow(
+                ReleaseTenant.run, ReleaseTenantInput(fabric=inp.fabric, tenant=inp.tenant, netbox=inp.netbox),
+                id=ReleaseTenantInput(fabric=inp.fabric, tenant=inp.tenant).workflow_id(),
+                static_summary=f"undo the isolation of {inp.tenant}")
+        else:  # the tenant's PKey stays: only the ports this run added go, from UFM and the books
+            if ports:
+                await workflow.execute_activity_method(
+                    UfmActivities.remove_guids, RemoveGuids(pkey=w.pkey, guids=ports), **UFM_CALL,
+                    summary=f"remove the {len(ports)} ports this run added to {w.pkey}")
+            added = [g for g in w.members if g not in w.booked_before]
+            if added:
+                await _fabric(inp.fabric, "withdraw", WithdrawRequest(tenant=inp.tenant, guids=added))
+        after = await _read_pkey(self._calls, w.pkey, f"read back {w.pkey} after the undo")
+        still = set(w.lines(after, ports, inp.fabric))
+        return created, [line for line in reversed(created) if line not in still]
 
     async def _run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
         self._enter("resolving", f"hosts {', '.join(inp.hosts)}")
@@ -354,17 +435,21 @@ class IsolateTenant:
         state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
         ours = {a.pkey for a in state.allocations.values()} | set(state.retired)
         exclude = [p.pkey for p in snap.pkeys if p.pkey not in ours]
+        held = state.allocations.get(inp.tenant)
         alloc = Allocation.model_validate(await _fabric(
             inp.fabric, "allocate",
             AllocateRequest(tenant=inp.tenant, members=members, membership=inp.membership, exclude=exclude),
         ))  # fmt: skip
+        before = next((p.members for p in snap.pkeys if p.pkey == alloc.pkey), None)
+        self._writes = IsolationWrites(pkey=alloc.pkey, allocated=held is None, pkey_before=before,
+                                       booked_before=sorted(held.members) if held else [], members=members)
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
-        ensured = await self._calls.execute(
+        await self._calls.execute(
             UfmActivities.ensure_pkey, EnsurePKey(pkey=alloc.pkey, partition_name=inp.tenant), **UFM_CALL,
             endpoint=UFM, summary=f"ensure PKey {alloc.pkey}",
         )  # fmt: skip
-        change: MembershipChange = await self._calls.execute(
+        await self._calls.execute(
             UfmActivities.add_guids,
             AddGuids(pkey=alloc.pkey, guids=sorted(members), membership=inp.membership),
             **UFM_CALL, endpoint=UFM, summary=f"add {len(members)} GUIDs to {alloc.pkey}",
@@ -390,8 +475,12 @@ class IsolateTenant:
             )  # fmt: skip
         await _fabric(inp.fabric, "confirm", TenantRequest(tenant=inp.tenant))
         self._enter("isolated", f"PKey {alloc.pkey}: {len(members)} ports verified")
+        # Created and added: from UFM before the first write, not the writes' answers (a retry after a lost
+        # answer finds its own write done and would call it "already there").
+        added = [g for g in sorted(members) if (before or {}).get(g) != inp.membership]
         return IsolateTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, members=by_host,
-                                   added=change.changed, already=change.unchanged, pkey_created=ensured.created)
+                                   added=added, already=[g for g in sorted(members) if g not in added],
+                                   pkey_created=before is None)
 
 
 # ================================================================== ReleaseTenant
@@ -450,15 +539,14 @@ class ReleaseTenant:
         alloc = Allocation.model_validate(raw)
         guids = sorted(alloc.members)
         self._enter("removing", f"PKey {alloc.pkey}: {len(guids)} ports")
+        before = await _read_pkey(self._calls, alloc.pkey, f"read {alloc.pkey} before the removal") \
+            if workflow.patched(RELEASE_READS_FIRST) else None
         change: MembershipChange = await self._calls.execute(
             UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
             endpoint=UFM, summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
         ) if guids else MembershipChange(pkey=alloc.pkey)  # fmt: skip
         self._enter("verifying")
-        read: PKeyMembers = await self._calls.execute(
-            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
-            endpoint=UFM, summary=f"read back {alloc.pkey}"
-        )
+        read = await _read_pkey(self._calls, alloc.pkey, f"read back {alloc.pkey}")
         left = [g for g in guids if g in read.members]
         if left:
             raise ApplicationError(f"PKey {alloc.pkey} still has {', '.join(left)} after the removal",
@@ -474,12 +562,16 @@ class ReleaseTenant:
                 endpoint=NETBOX, summary="clear the PKey in NetBox",
             )  # fmt: skip
         await _fabric(inp.fabric, "finish_release", FinishRelease(tenant=inp.tenant, remaining=deleted.remaining))
-        note = f"PKey {alloc.pkey} " + ("deleted" if deleted.deleted else
+        # Read from UFM, not the answers: after a lost one, the retry finds its own removal done ("absent").
+        pkey_deleted = deleted.deleted or (read.exists and not deleted.existed)
+        note = f"PKey {alloc.pkey} " + ("deleted" if pkey_deleted else
                                         f"kept with {len(deleted.remaining)} other members (retired)")
         self._enter("released", note)
+        removed = [g for g in guids if g in before.members] if before else change.changed
         return ReleaseTenantResult(
-            fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, removed=change.changed,
-            already_absent=change.unchanged, pkey_deleted=deleted.deleted, remaining=deleted.remaining,
+            fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, removed=removed,
+            already_absent=[g for g in guids if g not in removed], pkey_deleted=pkey_deleted,
+            remaining=deleted.remaining,
         )  # fmt: skip
 
 

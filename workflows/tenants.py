@@ -6,9 +6,13 @@ Onboarding is a saga of idempotent steps: NetBox tenant → GPU capacity check �
 (queue label + `schedulerName: kai-scheduler` on every tenant pod) → vCluster (a declarative `VCluster`
 object; ready + kubeconfig Secret `vc-<name>`, kept as a reference) → InfiniBand isolation (when
 `ib_isolation`: the `IsolateTenant` child workflow puts `ib_hosts` into the tenant's PKey on `ib_fabric`; its
-compensation is the `ReleaseTenant` child). A step that fails for good undoes, in reverse order, what this run created, and the run fails with a
-report of what was created and removed. A second onboarding with the same input writes nothing; a changed
-input updates objects in place and removes the tenant's objects no longer desired.
+compensation is the `ReleaseTenant` child). A step that fails for good undoes, in reverse order, what this run
+created, and the run fails with a report of what was created and removed (workflows/saga.py). What this run
+created is read from the cluster: every object it writes carries its owner annotation with this run's ID
+(activities/capi.py `Ownership`), so an object whose create answer was lost (the write done, the connection
+dropped) is undone too, and nothing another run or a person owns is ever deleted. A second onboarding with
+the same input writes nothing; a changed input updates objects in place and removes the tenant's objects no
+longer desired (only those this tenant's workflows manage).
 
 Every tenant workflow has the ID `tenant/<cluster>/<tenant>`, so double submissions collapse and one
 tenant's onboarding, quota change and offboarding never run at once. The InfiniBand children have the IDs
@@ -28,6 +32,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
+from workflows import saga
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
 from workflows.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
@@ -46,7 +51,6 @@ from workflows.fabric import _name as validate_fabric_name
 
 with workflow.unsafe.imports_passed_through():
     from activities.capi import (
-        OWNER_ANNOTATION,
         TENANT_LABEL,
         ApplyRequest,
         CapacityRequest,
@@ -56,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         KindRef,
         ListRequest,
         ObjectRef,
+        Ownership,
         VClusterRef,
         WorkloadQuery,
     )
@@ -80,6 +85,8 @@ TENANT_KINDS: list[KindRef] = [
     KindRef(api_version=VCLUSTER_API, kind="VCluster"),
 ]
 _KIND_ORDER = {k.kind: i for i, k in enumerate(TENANT_KINDS)}
+# Compensation by ownership (read from the cluster), not only by the list of `created` outcomes a run kept.
+OWNED_COMPENSATION = "compensate-what-the-run-owns"
 
 
 class QueueQuota(StrictModel):
@@ -273,19 +280,6 @@ def _vcluster_values(inp: OnboardTenantInput) -> str:
     )
 
 
-def _kinds_of(objs: list[dict]) -> list[KindRef]:
-    seen: dict[str, KindRef] = {}
-    for o in objs:
-        seen.setdefault(f"{o['apiVersion']}/{o['kind']}", KindRef(api_version=o["apiVersion"], kind=o["kind"]))
-    return list(seen.values())
-
-
-def _cause(err: BaseException) -> str:
-    while isinstance(err, (ActivityError, ChildWorkflowError)) and err.cause is not None:
-        err = err.cause
-    return str(err)
-
-
 def _delete_order(refs: list[ObjectRef]) -> list[ObjectRef]:
     """Reverse creation order: vCluster first, namespaces last."""
     return sorted(refs, key=lambda r: (-_KIND_ORDER.get(r.kind, -1), r.namespace or "", r.name))
@@ -293,7 +287,7 @@ def _delete_order(refs: list[ObjectRef]) -> list[ObjectRef]:
 
 async def _capacity_check(calls: Endpoints, cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
     cap = await calls.execute(ClusterApiActivities.gpu_capacity, CapacityRequest(cluster=cluster),
-                                                 **API_CALL, endpoint=kubernetes_api(cluster))
+                              **API_CALL, endpoint=kubernetes_api(cluster))
     others = sum(q for t, q in cap.quotas.items() if t != tenant)
     total = others + max(0.0, gpu_quota)
     if total > cap.gpus and not allow:
@@ -317,15 +311,17 @@ class OnboardTenant:
     @workflow.run
     async def run(self, inp: OnboardTenantInput) -> OnboardTenantResult:
         acts = ClusterApiActivities
-        owner = workflow.info().workflow_id
+        owner, run = workflow.info().workflow_id, workflow.info().run_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
         steps = tenant_steps(inp)
+        every = [o for _, objs in steps for o in objs]
         ib = 1 if inp.ib_isolation else 0
         self._phases.progress.total = len(steps) + 3 + ib
         reports: list[StepReport] = []
-        created: list[ObjectRef] = []  # what this run created: compensation removes exactly these
+        created: list[ObjectRef] = []  # what this run saw itself create; compensation also reads the cluster
         self._ib_release = False  # the IB step ran for a tenant that held no PKey before: undo it
         self._ib_created: list[str] = []
+        self._ib_child: tuple[list[str], list[str]] | None = None  # a failed IsolateTenant's own compensation
         result = OnboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, changed=False, steps=reports)
         try:
             if inp.record_in_netbox:
@@ -339,9 +335,8 @@ class OnboardTenant:
                                           unchanged=[] if nb.created or nb.updated else [f"tenant {nb.name}"]))
                 result.changed |= bool(nb.created or nb.updated)
             self._phases.enter("checking", "kinds installed, GPU capacity", 1)
-            every = [o for _, objs in steps for o in objs]
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=_kinds_of(every)),
+                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=KindRef.of_objects(every)),
                 **API_CALL, endpoint=kubernetes_api(inp.cluster))
             await _capacity_check(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
             for i, (name, objs) in enumerate(steps):
@@ -349,7 +344,7 @@ class OnboardTenant:
                 if not objs:
                     continue
                 applied = await self._calls.execute(
-                    acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=objs,
+                    acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, run=run, objects=objs,
                                                      on_difference="update"),
                     endpoint=kubernetes_api(inp.cluster), summary=f"{name}: {len(objs)} objects", **LONG_CALL)
                 created += applied.created()
@@ -374,23 +369,27 @@ class OnboardTenant:
                 acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
                                                label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
                                                endpoint=kubernetes_api(inp.cluster))
-            stale = [r for r in live if (r.kind, r.namespace, r.name) not in want]
+            stale = _delete_order([r for r in live if (r.kind, r.namespace, r.name) not in want])
             if stale:
-                await self._calls.execute(
-                    acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=_delete_order(stale)),
-                    **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
-                result.removed = [str(r) for r in stale]
-                result.changed = True
+                pruned = await self._calls.execute(
+                    acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=stale,
+                                                       owned_by=Ownership(workflow=owner)), **LONG_CALL,
+                    endpoint=kubernetes_api(inp.cluster))
+                gone, _ = pruned.account(stale, stale)  # a person's object labelled for the tenant stays
+                result.removed = [str(r) for r in gone]
+                result.changed |= bool(result.removed)
         except (ActivityError, ApplicationError, ChildWorkflowError) as err:
-            why = _cause(err)
+            why = str(saga.root_cause(err))
             self._phases.enter("compensating", why)
-            removed = await self._compensate(inp, created)
-            made = [str(r) for r in created] + self._ib_created
-            report = (f"onboarding {inp.tenant} on {inp.cluster} failed: {why}; created "
-                      f"{made or 'nothing'}; removed {removed or 'nothing'} (in reverse order)")
-            self._phases.enter("compensated", report)
-            raise ApplicationError(report, {"created": made, "removed": removed},
-                                   type="OnboardingFailed", non_retryable=True) from err
+            if workflow.patched(OWNED_COMPENSATION):
+                made, removed = await self._compensate_owned(inp, created, every)
+            else:  # runs that began before compensation by ownership
+                removed = await self._compensate(inp, created)
+                made = [str(r) for r in created] + self._ib_created
+            failure = saga.failure(f"onboarding {inp.tenant} on {inp.cluster}", err, made, removed,
+                                   type="OnboardingFailed")
+            self._phases.enter("compensated", failure.message)
+            raise failure from err
         result.steps = reports  # the model copied the list it was given
         self._phases.enter("completed", "changed" if result.changed else "already onboarded: nothing changed",
                     self._phases.progress.total)
@@ -420,21 +419,57 @@ class OnboardTenant:
         before = await fabric_call(inp.ib_fabric, "state")
         self._ib_release = inp.tenant not in (before.get("allocations") or {})
         child = inp.isolate_input()
-        iso: IsolateTenantResult = await workflow.execute_child_workflow(
-            IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}")
+        try:
+            iso: IsolateTenantResult = await workflow.execute_child_workflow(
+                IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}")
+        except ChildWorkflowError as err:
+            self._ib_child = saga.report_of(err)  # it undid its own writes: its report joins ours
+            raise
         if self._ib_release:
             self._ib_created.append(f"PKey {iso.pkey} on {inp.ib_fabric}")
         return iso
 
+    async def _compensate_owned(self, inp: OnboardTenantInput, created: list[ObjectRef],
+                                every: list[dict]) -> tuple[list[str], list[str]]:
+        """Undo, last step first, everything this run created: the InfiniBand PKey, then every object that
+        carries this run's ownership (read from the cluster: those whose create answer was lost included) or
+        that the run saw itself create; only the very objects this run owns are deleted. Returns (created,
+        removed), both read from the cluster and UFM rather than from the writes' answers."""
+        made_ib, removed = self._ib_child or ([], [])
+        removed = list(removed)
+        removed += await self._release_ib_step(inp)
+        mine = Ownership(workflow=workflow.info().workflow_id, created_by=workflow.info().run_id)
+        owned = await workflow.execute_activity_method(
+            ClusterApiActivities.list_objects,
+            ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}",
+                        owned_by=mine), **API_CALL)
+        position = {ObjectRef.of(o).key(): i for i, o in enumerate(every)}
+        refs = list({r.key(): r for r in created + owned}.values())
+        refs.sort(key=lambda r: position.get(r.key(), len(position)))  # creation order
+        made = [str(r) for r in refs] + made_ib + [p for p in self._ib_created if p not in made_ib]
+        if refs:
+            order = list(reversed(refs))
+            done = await workflow.execute_activity_method(
+                ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order, owned_by=mine),
+                **LONG_CALL)
+            removed += [str(r) for r in done.account(order, owned)[0]]
+        return made, removed
+
+    async def _release_ib_step(self, inp: OnboardTenantInput) -> list[str]:
+        """The InfiniBand step undone (ReleaseTenant) when this run gave the tenant its PKey."""
+        if not (self._ib_release and inp.ib_fabric):
+            return []
+        rel = await release_ib(inp.ib_fabric, inp.tenant, inp.record_in_netbox)
+        if not rel.pkey:
+            return []
+        what = f"PKey {rel.pkey} on {inp.ib_fabric}"
+        if what not in self._ib_created:  # IsolateTenant failed after allocating it
+            self._ib_created.append(what)
+        return [what]
+
     async def _compensate(self, inp: OnboardTenantInput, created: list[ObjectRef]) -> list[str]:
-        removed: list[str] = []
-        if self._ib_release and inp.ib_fabric:  # the last step: undone first
-            rel = await release_ib(inp.ib_fabric, inp.tenant, inp.record_in_netbox)
-            if rel.pkey:
-                what = f"PKey {rel.pkey} on {inp.ib_fabric}"
-                if what not in self._ib_created:  # IsolateTenant failed after allocating it
-                    self._ib_created.append(what)
-                removed.append(what)
+        """The compensation of runs that began before OWNED_COMPENSATION: the kept list only."""
+        removed = await self._release_ib_step(inp)  # the last step: undone first
         if not created:
             return removed
         order = list(reversed(created))
@@ -474,6 +509,8 @@ class OffboardTenantResult(StrictModel):
     tenant: str
     cluster: str
     removed: list[str]
+    kept: list[str] = Field(default_factory=list, description="Labelled for the tenant but owned by another "
+                                                              "workflow or a person: left alone.")
     evicted: int = 0
     infiniband: ReleaseTenantResult | None = Field(None, description="The PKey released, when the tenant had one.")
 
@@ -517,18 +554,24 @@ class OffboardTenant:
         released = await self._release_ib(inp)  # onboarding's last step, undone first
         self._phases.enter("removing", f"{len(live)} objects")
         order = _delete_order(live)
-        if order:
-            await self._calls.execute(
-                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL,
-                endpoint=kubernetes_api(inp.cluster))
+        removed: list[str] = []
+        kept: list[str] = []
+        if order:  # only what the tenant's workflows manage (every run of them has this workflow ID)
+            done = await self._calls.execute(
+                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order,
+                                                   owned_by=Ownership(workflow=workflow.info().workflow_id)),
+                **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
+            gone, left = done.account(order, order)
+            removed, kept = [str(r) for r in gone], [str(r) for r in left]
         if inp.record_in_netbox:
             self._phases.enter("netbox", "marking the tenant")
             await self._calls.execute(
                 NetBoxActivities.upsert_tenant,
                 TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
                            description=f"offboarded from {inp.cluster}"), **API_CALL, endpoint=NETBOX)
-        self._phases.enter("completed", f"removed {len(order)} objects")
-        return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=[str(r) for r in order],
+        self._phases.enter("completed", f"removed {len(removed)} objects"
+                           + (f", kept {len(kept)} not managed by {workflow.info().workflow_id}" if kept else ""))
+        return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=removed, kept=kept,
                                     evicted=evicted, infiniband=released)
 
     async def _release_ib(self, inp: OffboardTenantInput) -> ReleaseTenantResult | None:
@@ -602,14 +645,17 @@ class UpdateTenantQuota:
                     hard["requests.nvidia.com/gpu"] = _num(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)
                 else:
                     hard.pop("requests.nvidia.com/gpu", None)
-            if (o["metadata"].get("annotations") or {}).get(OWNER_ANNOTATION) not in (None, owner):
-                raise ApplicationError(f"{o['kind']} {o['metadata']['name']} is not managed by {owner}",
-                                       type="ObjectConflict", non_retryable=True)
+            holder = Ownership.of(o)
+            if holder is not None and holder.workflow != owner:
+                raise ApplicationError(f"{o['kind']} {o['metadata']['name']} is not managed by {owner} "
+                                       f"({Ownership(workflow=owner).describe(o)})", type="ObjectConflict",
+                                       non_retryable=True)
             desired.append(o)
         self._phases.enter("updating", f"GPU quota {inp.gpu.quota:g}, limit {inp.gpu.limit:g}")
         applied = await self._calls.execute(
-            acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, objects=desired,
-                                             on_difference="update"), **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
+            acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, run=workflow.info().run_id,
+                                             objects=desired, on_difference="update"), **LONG_CALL,
+            endpoint=kubernetes_api(inp.cluster))
         self._phases.enter("completed")
         return UpdateTenantQuotaResult(
             tenant=inp.tenant, cluster=inp.cluster,

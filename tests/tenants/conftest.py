@@ -26,9 +26,10 @@ def tenant_netbox(request):
     return lab.url, request.getfixturevalue("netbox_token_file"), lab.token
 
 
-@pytest_asyncio.fixture(loop_scope="session")
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def tenant_worker(client, kubeconfig_path, tenant_netbox):
-    """A real worker built like production (worker.registry.build) on a random task queue."""
+    """A real worker built like production (worker.registry.build) on a random task queue; one for the session
+    (a worker's start, its workflows checked in the sandbox, costs seconds; the emulators are reset per test)."""
     from worker import registry
     from worker.config import WorkerSettings
 

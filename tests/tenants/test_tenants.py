@@ -14,6 +14,7 @@ from temporalio.client import WorkflowFailureError
 
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
+from tests.test_node_maintenance import record_history
 from workflows.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
 from workflows.tenants import (
     OffboardTenant,
@@ -66,15 +67,20 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     netbox = tenant_worker.netbox
     handles = []
 
-    async def run(wf, inp, *, fail: bool = False):
+    async def run(wf, inp, *, fail: bool = False, record: str | None = None):
         h = await client.start_workflow(wf, inp, id=inp.workflow_id(), task_queue=tq,
                                         search_attributes=None)
         handles.append(h)
         if fail:
             with pytest.raises(WorkflowFailureError) as exc:
                 await h.result()
+            if record:
+                await record_history(h, record)
             return _cause(exc.value)
-        return await h.result()
+        result = await h.result()
+        if record:
+            await record_history(h, record)
+        return result
 
     await k8s.seed(CAPI_CRDS)
 
@@ -89,7 +95,8 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     again = await run(CreateCluster.run, cin)
     assert again.created == [] and "Cluster fleet/gpu-a" in again.unchanged
     # A differing existing object is a conflict, never adopted.
-    err = await run(CreateCluster.run, cin.model_copy(update={"kubernetes_version": "v1.35.0"}), fail=True)
+    err = await run(CreateCluster.run, cin.model_copy(update={"kubernetes_version": "v1.35.0"}), fail=True,
+                    record="create_cluster_conflict")
     assert err.type == "ObjectConflict" and "KubeadmControlPlane fleet/gpu-a-cp" in str(err)
 
     secret = await core.read_namespaced_secret("gpu-a-kubeconfig", "fleet")
@@ -125,7 +132,7 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
         # ---- Vision fails half-way (Kyverno rejects its policy): fully compensated
         await wl.add_fault({"verb": "create", "group": "kyverno.io", "resource": "clusterpolicies"},
                            {"status": 403, "message": "injected: policy engine refuses"})
-        err = await run(OnboardTenant.run, onboard("vision"), fail=True)
+        err = await run(OnboardTenant.run, onboard("vision"), fail=True, record="onboard_tenant_compensated")
         assert err.type == "OnboardingFailed", err
         assert "policy engine refuses" in str(err) and "Queue vision" in str(err)
         report = err.details[0]

@@ -82,6 +82,21 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert (await c.get("/ufmRestV3/resources/systems", headers={"Authorization": "Basic x"})).status_code == 401
 
 
+async def test_emulator_places_a_fault_by_the_audit_order(ufm, ufm_stub):
+    """A fault `after` another is armed only once that one was served; `skip` lets matching requests through first."""
+    write = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"status": 503})
+    await ufm.add_fault({"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 403},
+                        after=write, skip=1)
+    async with ufm_http(ufm_stub) as c:
+        assert (await c.get("/resources/pkeys/0x20")).status_code == 404  # before the write's fault: not armed
+        assert (await c.post("/resources/pkeys/add", json={"pkey": "0x20"})).status_code == 503
+        assert (await c.get("/resources/pkeys/0x20")).status_code == 404  # skipped
+        assert (await c.get("/resources/pkeys/0x20")).status_code == 403
+        assert (await c.get("/resources/pkeys/0x20")).status_code == 404  # spent
+    with pytest.raises(httpx.HTTPStatusError):
+        await ufm.add_fault({"method": "GET"}, {"status": 500}, after=999)
+
+
 # ---------------------------------------------------------------- isolate, with the NetBox cross-check
 
 
@@ -226,7 +241,8 @@ async def test_worker_killed_between_add_and_verify(client, temporal_address, uf
     adds = [w for w in await ufm.audit(writes=True) if w["method"] == "POST" and w["path"].endswith("/pkeys")]
     assert len(adds) == 1, adds  # the retry found the members present: no second add
     assert Counter(g for w in adds for g in w["body"]["guids"]) == Counter(want)
-    assert set(result.already) == want and not result.added
+    # This run added them (its first attempt did): the report says so, read from UFM before the first write.
+    assert set(result.added) == want and not result.already and result.pkey_created
 
 
 # ---------------------------------------------------------------- secrecy (keep last)

@@ -11,6 +11,7 @@ import pytest_asyncio
 from temporalio.client import WorkflowFailureError
 
 from lab.k8s.crds import TENANCY_CRDS
+from tests.test_node_maintenance import record_history
 from workflows.tenants import (
     IB_FABRIC_ANNOTATION,
     OffboardTenant,
@@ -23,9 +24,10 @@ from workflows.tenants import (
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest_asyncio.fixture(loop_scope="session")
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def ib_tenant_worker(client, kubeconfig_path, ufm_stub, ufm_secret_file):
-    """Kubernetes (the `lab` emulator) and UFM configured, NetBox not (tenant records off)."""
+    """Kubernetes (the `lab` emulator) and UFM configured, NetBox not (tenant records off); one for the module
+    (the emulators are reset per test)."""
     from worker import registry
     from worker.config import WorkerSettings
 
@@ -53,6 +55,10 @@ async def _fails(client, worker, wf, inp):
     with pytest.raises(WorkflowFailureError) as exc:
         await _run(client, worker, wf, inp)
     return exc.value.cause
+
+
+async def _record(client, workflow_id: str, name: str) -> None:
+    await record_history(client.get_workflow_handle(workflow_id), name)
 
 
 def _tenant_objects(dump: list[dict], tenant: str) -> list[str]:
@@ -104,7 +110,10 @@ async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fle
     await k8s.add_fault({"verb": "list", "resource": "limitranges"},
                         {"status": 403, "message": "injected: listing refused"})
     cursor = await ufm.audit_cursor()
-    err = await _fails(client, ib_tenant_worker, OnboardTenant.run, _onboard(tenant, fabric, hosts))
+    inp = _onboard(tenant, fabric, hosts)
+    err = await _fails(client, ib_tenant_worker, OnboardTenant.run, inp)
+    await _record(client, inp.workflow_id(), "onboard_tenant_ib_compensated")
+    await _record(client, f"release-tenant/{fabric}/{tenant}", "release_tenant")
     assert err.type == "OnboardingFailed", err
     report = err.details[0]
     pkey_entry = next(c for c in report["created"] if c.startswith("PKey "))
@@ -132,3 +141,65 @@ async def test_failure_in_the_ib_step_undoes_the_kubernetes_steps(client, k8s, u
     assert report["removed"] == list(reversed(report["created"]))
     assert await ufm.audit(since=cursor, writes=True) == []
     assert _tenant_objects(await k8s.dump(), tenant) == []
+
+
+PKEY_READ = r"/resources/pkeys/0x[0-9a-f]+$"  # GET of one PKey (every UFM write is read before and after)
+
+
+@pytest.mark.parametrize("case", ["new-pkey", "grown-pkey", "in-onboarding"])
+async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client, k8s, ufm, fleet, ib_tenant_worker,
+                                                                         case):
+    """IsolateTenant (on its own, or as onboarding's last step): the answers of its PKey create and GUID add are
+    lost (the writes done), then UFM refuses it for good. What this run created goes, whichever attempt wrote it,
+    and the failure says so; what the tenant held stays."""
+    from workflows.fabric import IsolateTenant, IsolateTenantInput
+
+    hosts = list(fleet.ib_ports())[4:6]
+    fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"
+    held = case == "grown-pkey"
+    if held:  # the tenant already holds a PKey with its first host: this run grows it by the second
+        first = await _run(client, ib_tenant_worker, IsolateTenant.run,
+                           IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False))
+    before = await ufm.state()
+    if not held:
+        await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"drop": "after"})
+    lost_add = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
+    # Placed by the audit order, not by counting the reads before it: once the GUID add's answer is lost, the add
+    # is read back in the same attempt (activities/ufm.py `_write`: it lands, so the add is done), and the PKey
+    # read after that, the run's verification, is refused for good (403: non-retryable).
+    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"},
+                        after=lost_add, skip=1)
+    cursor = await ufm.audit_cursor()
+    if case == "in-onboarding":
+        await k8s.seed(TENANCY_CRDS)
+        onboarding = _onboard(tenant, fabric, hosts)
+        err = await _fails(client, ib_tenant_worker, OnboardTenant.run, onboarding)
+        assert err.type == "OnboardingFailed", err
+        assert _tenant_objects(await k8s.dump(), tenant) == []
+    else:
+        inp = IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts, netbox=False)
+        err = await _fails(client, ib_tenant_worker, IsolateTenant.run, inp)
+        if case == "new-pkey":
+            await _record(client, inp.workflow_id(), "isolate_tenant_failed")
+    assert "injected: refused" in str(err), err
+    assert [f for f in (await ufm._req("GET", "/_lab/faults"))["faults"] if f["remaining"]] == [], \
+        "every injected fault was hit"
+    writes = await ufm.audit(since=cursor, writes=True)
+    assert [w for w in writes if w.get("fault", {}).get("drop") == "after"], writes
+    assert (await ufm.state())["pkeys"] == before["pkeys"], "UFM is back to its state before the run"
+
+    report = err.details[0]
+    pkey = first.pkey if held else next(c for c in report["created"] if c.startswith("PKey ")).split()[1]
+    host_of = {g: h for h in (hosts[1:] if held else hosts) for g in fleet.ib_ports()[h]}
+    ib = ([] if held else [f"PKey {pkey} on {fabric}"]) + [f"port {g} of {host_of[g]} in PKey {pkey}"
+                                                           for g in sorted(host_of)]
+    if case == "in-onboarding":  # the Kubernetes steps first, then the child's own account
+        assert report["created"][-len(ib):] == ib and report["created"][0] == f"Namespace {tenant}", report
+    else:
+        assert report["created"] == ib, report
+    assert report["removed"] == list(reversed(report["created"])), report
+    state = await client.get_workflow_handle(f"fabric/{fabric}").query("state", result_type=dict)
+    if held:
+        assert set(state["allocations"][tenant]["members"]) == _guids(fleet, hosts[:1])
+    else:
+        assert tenant not in state["allocations"]
