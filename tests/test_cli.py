@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import end_disruption_budgets
 from tests.worker_process import REPO, spawn_worker, worker_env
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -150,6 +151,7 @@ def lab_worker(temporal_address, tmp_path_factory):
 
 
 async def test_start_watch_end_to_end(lab_worker, temporal_address, client):
+    await end_disruption_budgets(client)  # this emulator's cluster "lab": none bound to an earlier test's queue
     wf_id = f"cli-e2e-{uuid.uuid4().hex[:8]}"
     result = await cli(
         "start", "NodeMaintenance", "--input", str(EXAMPLE), "--id", wf_id, "--task-queue", lab_worker,
