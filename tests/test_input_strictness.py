@@ -366,7 +366,12 @@ async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on
     updates = {defn.name: defn.updates for defn in map(_Definition.must_from_class, with_updates)}
     assert set(updates) == set(RUNNING), "give RUNNING an input for each workflow with updates"
     queue, tag = f"typo-updates-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
-    async with registry.new_worker(client, registry.Registration(workflows=with_updates, activities=[]), queue):
+    # Every workflow (their children start on this queue) and, of the activities, only the entities' local ones
+    # that a first workflow task runs (the disruption budget reads its predecessor's settings): nothing else runs.
+    from activities.entities import EntityActivities
+
+    registration = registry.Registration(workflows=list(WORKFLOWS), activities=EntityActivities().activities())
+    async with registry.new_worker(client, registration, queue):
         handles = {name: await client.start_workflow(name, data, id=f"typo-update-{name}-{tag}", task_queue=queue)
                    for name, data in RUNNING.items()}  # fmt: skip
         try:
