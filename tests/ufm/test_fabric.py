@@ -14,6 +14,7 @@ import httpx
 import pytest
 from temporalio.client import WorkflowFailureError
 
+from tests.test_node_maintenance import record_history
 from tests.ufm.conftest import PASSWORD, TOKEN
 from workflows.fabric import (
     FabricAudit,
@@ -31,10 +32,15 @@ def _fabric() -> str:
     return f"ib-{uuid.uuid4().hex[:6]}"
 
 
-async def run(client, worker, wf, inp):
+async def run(client, worker, wf, inp, record: str | None = None):
+    """Run `wf` to its result; `record` names the history kept for replay tests (tests/histories/README.md)."""
     wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
     STARTED.append(wid)
-    return await client.execute_workflow(wf.run, inp, id=wid, task_queue=worker.task_queue)
+    handle = await client.start_workflow(wf.run, inp, id=wid, task_queue=worker.task_queue)
+    result = await handle.result()
+    if record:
+        await record_history(handle, record)
+    return result
 
 
 def guids_of(fleet, *hosts) -> set[str]:
@@ -130,12 +136,14 @@ async def test_guid_mismatch_fails_closed_without_touching_ufm(client, ufm_nb_wo
 async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_stub, fleet):
     h = hosts(fleet)
     fabric = _fabric()
-    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False),
+                   record="isolate_tenant_created")
     rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
     storage = sorted(guids_of(fleet, h[5]))[0]
     async with ufm_http(ufm_stub) as c:  # a shared storage port joins tenant a's PKey out of band
         (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [storage]})).raise_for_status()
-    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False))
+    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False),
+                    record="release_tenant_kept")
     assert set(rel.removed) == guids_of(fleet, *h[0:2])
     assert not rel.pkey_deleted and rel.remaining == {storage: "full"}
     assert await ufm.members(ra.pkey) == {storage: "full"}
@@ -143,7 +151,8 @@ async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_
     # The kept PKey is retired: a new tenant gets another one.
     rc = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tc", hosts=h[0:1], netbox=False))
     assert rc.pkey not in (ra.pkey, rb.pkey)
-    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
+    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False),
+                     record="release_tenant_deleted")
     assert relb.pkey_deleted and rb.pkey not in (await ufm.state())["pkeys"]
     # Releasing twice is a no-op.
     again = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
@@ -176,7 +185,8 @@ async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker,
     assert not found.clean and not found.repaired
     assert await ufm.audit(since=cursor, writes=True) == [] and await ufm.state() == before
 
-    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
+                      record="fabric_audit_repair")
     assert len(fixed.repaired) == 3
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
