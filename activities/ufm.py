@@ -422,7 +422,8 @@ class UfmActivities:
             if tls_failure is not None:
                 raise tls_failure from None
             hint = ""
-            if isinstance(err, httpx.ReadError) and self._config.url.startswith("https") and not self._config.client_cert:
+            closed = isinstance(err, (httpx.ReadError, httpx.RemoteProtocolError))  # as TLS 1.3 refuses no certificate
+            if closed and self._config.url.startswith("https") and not self._config.client_cert:
                 hint = f" (a UFM that requires client certificates closes the connection so: see {CLIENT_CERT_SETTING})"
             # Never the request itself: its headers hold the credentials.
             raise ApplicationError(f"{doing}: connection failed: {type(err).__name__}{hint}",

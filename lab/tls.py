@@ -35,6 +35,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+_LEAF = """\
+[{usage}]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = {usage}Auth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+subjectAltName = {{names}}
+"""
+# A leaf certificate is issued with the section of its usage: [server] (serverAuth) or [client] (clientAuth).
 _CONFIG = """\
 [req]
 distinguished_name = dn
@@ -45,21 +55,7 @@ CN = {cn}
 basicConstraints = critical, CA:TRUE
 keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = serverAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-subjectAltName = {names}
-[client]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-subjectAltName = {names}
-"""
+""" + _LEAF.format(usage="server") + _LEAF.format(usage="client")
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 

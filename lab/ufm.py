@@ -219,26 +219,28 @@ class Fabric:
                 state = (host.get("states") or {}).get(g, "Active")
                 self.ports.append({"guid": g, "name": f"{g}_1", "system_name": name, "system_guid": sys_guid,
                                    "systemID": sys_guid, "physical_port_number": 1, "dname": f"mlx5_{n - 1}/1",
-                                   "logical_state": state, "physical_state": "LinkUp" if state == "Active" else "Polling",
-                                   "speed": "NDR", "width": "4x", "external": False, "tier": 1, "lid": len(self.ports) + 1})
+                                   "logical_state": state,
+                                   "physical_state": "LinkUp" if state == "Active" else "Polling", "speed": "NDR",
+                                   "width": "4x", "external": False, "tier": 1, "lid": len(self.ports) + 1})
         for sw in body.get("switches") or []:
             g = parse_guid(sw["guid"])
             self.systems[sw["name"]] = {"system_name": sw["name"], "guid": g, "type": "switch", "state": "active",
                                         "description": "MQM9790", "model": "MQM9790", "vendor": "Mellanox"}
             for p in range(1, 5):
                 self.ports.append({"guid": g, "name": f"{g}_{p}", "system_name": sw["name"], "system_guid": g,
-                                   "systemID": g, "physical_port_number": p, "dname": str(p), "logical_state": "Active",
-                                   "physical_state": "LinkUp", "speed": "NDR", "width": "4x", "external": True,
-                                   "tier": 2, "lid": len(self.ports) + 1})
+                                   "systemID": g, "physical_port_number": p, "dname": str(p),
+                                   "logical_state": "Active", "physical_state": "LinkUp", "speed": "NDR",
+                                   "width": "4x", "external": True, "tier": 2, "lid": len(self.ports) + 1})
         by_guid = {p["guid"]: p for p in self.ports}
         for v in body.get("vports") or []:
             phys = by_guid.get(parse_guid(v["port_guid"]))
             if phys is None:
                 raise UfmError(400, f"vport {v.get('guid')}: no physical port {v['port_guid']}")
-            self.vports.append({"virtual_port_state": v.get("state", "Active"), "virtual_port_lid": 0x1000 + len(self.vports),
-                                "system_name": phys["system_name"], "node_description": f"{phys['system_name']} mlx5_0",
-                                "system_guid": phys["system_guid"], "port_guid": phys["guid"], "port_name": phys["name"],
-                                "physical_port_number": phys["physical_port_number"],
+            self.vports.append({"virtual_port_state": v.get("state", "Active"),
+                                "virtual_port_lid": 0x1000 + len(self.vports), "system_name": phys["system_name"],
+                                "node_description": f"{phys['system_name']} mlx5_0",
+                                "system_guid": phys["system_guid"], "port_guid": phys["guid"],
+                                "port_name": phys["name"], "physical_port_number": phys["physical_port_number"],
                                 "virtual_port_guid": parse_guid(v["guid"])})  # fmt: skip
         for key, pk in (body.get("pkeys") or {}).items():
             n = parse_pkey(key)

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from tests.test_node_maintenance import record_history
-from tests.ufm.conftest import PASSWORD, TOKEN
+from tests.ufm.conftest import PASSWORD, TOKEN, ufm_http
 from workflows.fabric import (
     FabricAudit,
     FabricAuditInput,
@@ -52,12 +52,6 @@ def hosts(fleet) -> list[str]:
     return list(fleet.ib_ports())
 
 
-def ufm_http(ufm_stub) -> httpx.AsyncClient:
-    """Out-of-band changes, as an operator would make them in UFM."""
-    return httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD),
-                             headers={"User-Agent": "operator"})
-
-
 # ---------------------------------------------------------------- the emulator itself
 
 
@@ -79,8 +73,18 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert (await c.delete(f"/resources/pkeys/0x10/guids/{g[0]},{'0' * 16}")).status_code == 200
         assert await ufm.members("0x10") == {g[1]: "limited"}
         assert "0x10" in (await c.get("/resources/pkeys")).json()
+        # QoS only when asked for, in the guide's shape; the management PKey reports its default membership.
+        assert set((await c.get("/resources/pkeys/0x10")).json()) == {"partition", "ip_over_ib"}
+        qos = (await c.get("/resources/pkeys/0x10", params={"qos_conf": "true"})).json()["qos_conf"]
+        assert qos == {"mtu_limit": 2, "service_level": 0, "rate_limit": 2.5}
+        management = (await c.get("/resources/pkeys/0x7fff", params={"guids_data": "true"})).json()
+        assert management["membership"] == "limited" and management["guids"] == []  # fleet_seed's posture
+        assert (await c.get("/app/smconf", params={"param_name": "m_key_per_port"})).json() == {"m_key_per_port": True}
+        # Removing the last member deletes the PKey, as UFM does.
+        assert (await c.post("/actions/remove_guids_from_pkey", json={"pkey": "0x10", "guids": [g[1]]})).status_code == 200
+        assert "0x10" not in (await c.get("/resources/pkeys")).json()
         assert "last_updated" in (await c.get("/resources/pkeys/last_updated")).json()
-        assert (await c.get("/app/ufm_version")).status_code == 200
+        assert (await c.get("/app/ufm_version")).json()["ufm_release_version"] == "6.22.1-2"
         assert (await c.get("/resources/pkeys", auth=("admin", "wrong"))).status_code == 401
     async with httpx.AsyncClient(base_url=ufm_stub.url) as c:
         ok = await c.get("/ufmRestV3/resources/systems", headers={"Authorization": f"Basic {TOKEN}"})
@@ -193,6 +197,33 @@ async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker,
     assert (await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))).clean
 
 
+async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenant(client, ufm_worker, ufm, fleet,
+                                                                                  ufm_stub):  # fmt: skip
+    from lab.ufm import fleet_seed
+
+    h, ports = hosts(fleet), fleet.ib_ports()
+    on = {n: sorted(ports[h[n]])[0] for n in (0, 2, 5)}
+    own, others, orphan, stray = (f"0002c90000000c0{i}" for i in range(1, 5))  # stray: no virtual port UFM knows
+    await ufm.seed({**fleet_seed(fleet), "vports": [{"port_guid": on[0], "guid": own},
+                                                    {"port_guid": on[2], "guid": others},
+                                                    {"port_guid": on[5], "guid": orphan}]})  # fmt: skip
+    fabric = _fabric()
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    async with ufm_http(ufm_stub) as c:  # VMs' virtual ports join tenant a's PKey
+        (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [own, others, orphan, stray]})).raise_for_status()
+    found = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
+    assert {(d.kind, d.guid, d.host) for d in found.drift} == {
+        ("virtual-member-of-other-tenant", others, h[2]),
+        ("unknown-virtual-member", orphan, h[5]),
+        ("unknown-member", stray, "unknown host"),
+    }, found.drift
+    assert found.virtual_members == [f"{ra.pkey} (ta): virtual port {own} of {h[0]} (on port {on[0]})"]
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    assert sorted(fixed.repaired) == sorted(f"removed {g} from {ra.pkey}" for g in (orphan, stray))
+    assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2]) | {own, others}  # tenants' VMs stay
+
+
 # ---------------------------------------------------------------- a worker SIGKILLed between add and verify
 
 
@@ -242,12 +273,15 @@ async def test_worker_killed_between_add_and_verify(client, temporal_address, uf
 # ---------------------------------------------------------------- secrecy (keep last)
 
 
-async def test_ufm_credentials_absent_from_every_history(client):
-    secrets = [PASSWORD, TOKEN, base64.b64encode(f"admin:{PASSWORD}".encode()).decode()]
+async def test_ufm_credentials_and_sm_keys_absent_from_every_history(client, fleet):
+    from lab.ufm import fleet_seed
+
+    sm_keys = [v for k, v in fleet_seed(fleet)["smconf"].items() if k.endswith("_key")]  # read by every posture check
+    secrets = [PASSWORD, TOKEN, base64.b64encode(f"admin:{PASSWORD}".encode()).decode(), *sm_keys]
     scanned = 0
     async for wf in client.list_workflows():
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         text = history.to_json()
-        assert not any(s in text for s in secrets), f"a UFM credential in the history of {wf.id}"
+        assert not any(s in text for s in secrets), f"a UFM credential or SM key in the history of {wf.id}"
         scanned += 1
     assert scanned >= len(STARTED) > 0
