@@ -414,7 +414,9 @@ class UfmActivities:
 
     async def _call(self, client: TrustingClient, method: str, path: str, doing: str, *, ok404: bool = False,
                     parse: bool = True, timeout: float | None = None, **kw: Any) -> Any:  # fmt: skip
-        """One request. A read's body must be JSON (`parse`); a write's is not looked at: the read back decides."""
+        """One request. A read's body must be JSON (`parse`); a write's is not looked at: the read back decides.
+        The activity heartbeats first: each request is bounded by its timeout, so a live attempt is seen."""
+        activity.heartbeat(doing)
         try:
             response = await client.request(method, path, timeout=timeout or httpx.USE_CLIENT_DEFAULT, **kw)
         except httpx.HTTPError as err:

@@ -56,11 +56,15 @@ with workflow.unsafe.imports_passed_through():
         normalize_pkey,
     )
 
+# An attempt makes a few requests of up to 10 s each (a read, a write, its read back; a removal in chunks) and
+# heartbeats before each: a worker that dies is noticed in 20 s.
 UFM_CALL: dict[str, Any] = dict(
-    start_to_close_timeout=timedelta(seconds=10),
+    start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=timedelta(seconds=20),
     retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=10), maximum_attempts=20),
 )  # fmt: skip
+# The Fabric entity's updates (call_fabric): one update-with-start, no heartbeat.
+FABRIC_CALL: dict[str, Any] = dict(UFM_CALL, start_to_close_timeout=timedelta(seconds=10), heartbeat_timeout=None)
 # Fabric-wide reads (every port, every PKey): their HTTP timeout grows with the fabric (activities/ufm.py), and they
 # heartbeat while they wait.
 UFM_LISTING: dict[str, Any] = dict(
@@ -256,7 +260,7 @@ async def _fabric(fabric: str, update: str, payload: BaseModel | None = None) ->
     return await workflow.execute_activity_method(
         UfmActivities.call_fabric,
         FabricCall(fabric=fabric, update=update, payload=payload.model_dump(mode="json") if payload else {}),
-        **UFM_CALL, summary=f"fabric {fabric}: {update}",
+        **FABRIC_CALL, summary=f"fabric {fabric}: {update}",
     )  # fmt: skip
 
 
