@@ -121,11 +121,11 @@ async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fle
     assert report["created"][-1] == pkey_entry and report["removed"][0] == pkey_entry
     assert report["removed"] == list(reversed(report["created"]))  # undone in reverse order
     assert "listing refused" in str(err)
-    # UFM: the members added, then removed (the compensation's DELETE of exactly them), the PKey gone.
+    # UFM: the members added, then removed (the compensation's removal of exactly them), the PKey gone.
     writes = await ufm.audit(since=cursor, writes=True)
-    removes = [w for w in writes if w["method"] == "DELETE" and f"/pkeys/{pkey}/guids/" in w["path"]]
+    removes = [w for w in writes if w["path"].endswith("/actions/remove_guids_from_pkey")]
     assert len(removes) == 1, writes
-    assert set(removes[0]["path"].rsplit("/", 1)[1].split(",")) == _guids(fleet, hosts)
+    assert removes[0]["body"]["pkey"] == pkey and set(removes[0]["body"]["guids"]) == _guids(fleet, hosts)
     assert pkey not in (await ufm.state())["pkeys"]
     assert _tenant_objects(await k8s.dump(), tenant) == []
 
