@@ -84,9 +84,11 @@ NETBOX_CALL: dict[str, Any] = dict(
                              maximum_attempts=10),
 )  # fmt: skip
 HISTORY_LIMIT = 2000
-# Patches of running code: a failed isolation undoes its writes; a release reads what is there before it removes.
+# Patches of running code: a failed isolation undoes its writes; a release reads what is there before it removes;
+# an undo puts back the tenant's PKey that UFM deleted with the last port the undo removed.
 ISOLATION_UNDO = "isolate-tenant-undoes-its-writes"
 RELEASE_READS_FIRST = "release-tenant-reads-before-removing"
+UNDO_KEEPS_HELD_PKEY = "isolation-undo-keeps-the-held-pkey"
 
 _NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 
@@ -351,6 +353,7 @@ class IsolationWrites(StrictModel):
     pkey: str
     allocated: bool = Field(description="This run allocated the tenant's PKey (the tenant held none before).")
     pkey_before: dict[str, str] | None = Field(description="The PKey's members in UFM before the run; None: absent.")
+    partition_before: str = Field("", description="The PKey's partition name in UFM before the run.")
     booked_before: list[str] = Field(description="The tenant's desired members in the Fabric before the run.")
     members: dict[str, str] = Field(description="The run's ports: GUID -> host.")
 
@@ -467,6 +470,15 @@ class IsolateTenant:
             if added:
                 await _fabric(inp.fabric, "withdraw", WithdrawRequest(tenant=inp.tenant, guids=added))
         after = await _read_pkey(self._calls, w.pkey, f"read back {w.pkey} after the undo")
+        if not w.allocated and w.pkey_before is not None and not after.exists \
+                and workflow.patched(UNDO_KEEPS_HELD_PKEY):  # fmt: skip
+            # The PKey was there, empty of these ports, before the run: UFM deleted it with the last port the
+            # undo removed. It is the tenant's and stays, as it was.
+            await self._calls.execute(
+                UfmActivities.ensure_pkey, EnsurePKey(pkey=w.pkey, partition_name=w.partition_before or inp.tenant),
+                **UFM_CALL, endpoint=UFM, summary=f"recreate {w.pkey}, deleted by UFM with its last member",
+            )  # fmt: skip
+            after = await _read_pkey(self._calls, w.pkey, f"read back {w.pkey} after recreating it")
         still = set(w.lines(after, ports, inp.fabric))
         return created, [line for line in reversed(created) if line not in still]
 
@@ -492,8 +504,10 @@ class IsolateTenant:
             inp.fabric, "allocate",
             AllocateRequest(tenant=inp.tenant, members=members, membership=inp.membership, exclude=exclude),
         ))  # fmt: skip
-        before = next((p.members for p in snap.pkeys if p.pkey == alloc.pkey), None)
+        found = next((p for p in snap.pkeys if p.pkey == alloc.pkey), None)
+        before = found.members if found else None
         self._writes = IsolationWrites(pkey=alloc.pkey, allocated=held is None, pkey_before=before,
+                                       partition_before=found.partition if found else "",
                                        booked_before=sorted(held.members) if held else [], members=members)
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
@@ -532,8 +546,9 @@ class IsolateTenant:
         before_members = before or {}
         added = [g for g in sorted(members) if g not in before_members]
         changed = [g for g in sorted(members) if g in before_members and before_members[g] != inp.membership]
+        already = [g for g in sorted(members) if g not in added and g not in changed]
         return IsolateTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, members=by_host,
-                                   added=added, already=[g for g in sorted(members) if g not in added and g not in changed],
+                                   added=added, already=already,
                                    pkey_created=before is None, membership_changed=changed, posture=posture,
                                    accepted_findings=accepted)  # fmt: skip
 
