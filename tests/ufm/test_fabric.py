@@ -178,6 +178,28 @@ async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_
     assert again.pkey is None
 
 
+async def test_release_reports_ufms_deletion_read_from_ufm_after_a_lost_answer(client, ufm_worker, ufm, fleet):
+    """The removal's answer is lost after UFM removed the last members (deleting the PKey) and its read back
+    fails: the retry finds nothing to remove, so its answer says nothing was deleted. The release reads UFM before
+    and after, and reports the PKey deleted by UFM, and the ports as removed."""
+    from tests.kube_helpers import current_details
+
+    h = hosts(fleet)
+    fabric = _fabric()
+    iso = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:1], netbox=False))
+    lost = await ufm.add_fault({"method": "POST", "path": r"/remove_guids_from_pkey$"}, {"drop": "after"})
+    await ufm.add_fault({"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 503}, after=lost)
+    inp = ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False)
+    wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
+    STARTED.append(wid)
+    handle = await client.start_workflow(ReleaseTenant.run, inp, id=wid, task_queue=ufm_worker.task_queue)
+    rel = await handle.result()
+    assert [f for f in (await ufm._req("GET", "/_lab/faults"))["faults"] if f["remaining"]] == [], "both faults hit"
+    assert iso.pkey not in (await ufm.state())["pkeys"]
+    assert rel.pkey_deleted and set(rel.removed) == guids_of(fleet, h[0]) and not rel.already_absent
+    assert f"PKey {iso.pkey} deleted by UFM with its last member" in await current_details(handle)
+
+
 async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker, ufm, ufm_stub, fleet):
     h = hosts(fleet)
     fabric = _fabric()
