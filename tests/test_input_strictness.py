@@ -345,9 +345,8 @@ def misspelt(field: str) -> str:
     return field[:-2] + field[-1]
 
 
-# A running instance of every registered workflow that takes updates: a worker with only the entity activities
-# keeps each one waiting at its first other activity. An update's argument is decoded, and refused, before any
-# validator or state.
+# A running instance of every registered workflow that takes updates: a worker without activities keeps each one
+# waiting at its first activity. An update's argument is decoded, and refused, before any validator or state.
 RUNNING: dict[str, dict[str, Any]] = {
     "NodeMaintenance": TYPOS["NodeMaintenance"].valid,
     "Rollout": TYPOS["Rollout"].valid,
@@ -360,7 +359,6 @@ RUNNING: dict[str, dict[str, Any]] = {
 
 @in_session_loop
 async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on(client):
-    from activities.entities import EntityActivities
     from worker import registry
     from workflows.node_maintenance import AbortRequest, NodeMaintenance
 
@@ -368,10 +366,7 @@ async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on
     updates = {defn.name: defn.updates for defn in map(_Definition.must_from_class, with_updates)}
     assert set(updates) == set(RUNNING), "give RUNNING an input for each workflow with updates"
     queue, tag = f"typo-updates-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
-    # The entity activities, as every production worker has them: DisruptionBudget's first task runs one as a
-    # local activity (the settings of the run before), and an unregistered local activity fails the task.
-    entities = EntityActivities().activities()
-    async with registry.new_worker(client, registry.Registration(workflows=with_updates, activities=entities), queue):
+    async with registry.new_worker(client, registry.Registration(workflows=with_updates, activities=[]), queue):
         handles = {name: await client.start_workflow(name, data, id=f"typo-update-{name}-{tag}", task_queue=queue)
                    for name, data in RUNNING.items()}  # fmt: skip
         try:
