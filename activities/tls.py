@@ -8,6 +8,9 @@ What a client trusts is a setting of each integration (README "TLS to BMCs, NetB
   the bundle replaces the default CAs for that integration;
 - verification off (``verify_tls: false``), where the user accepts an unverified connection.
 
+Beside what it trusts, a client may present a certificate of its own (mutual TLS, `ClientCertificate`): two secret
+references, to the PEM certificate and to its key, read inside the activity at each attempt like the CA bundle.
+
 A certificate the client does not trust, or one issued for another host name, is a configuration problem no retry
 fixes: `Trust.failure` turns it into a non-retryable ``TlsVerificationFailed`` whose message carries the TLS error
 and the setting that fixes it, instead of the "does not answer" that would have been retried for an hour. A CA
@@ -19,12 +22,16 @@ pynetbox, httpx, aiohttp under the Kubernetes client) wraps the `ssl` error.
 from __future__ import annotations
 
 import ssl
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from temporalio.exceptions import ApplicationError
+
+from activities.secrets import SecretError, SecretRef
 
 TLS_VERIFICATION_FAILED = "TlsVerificationFailed"
 TLS_NOT_CONFIGURED = "TlsNotConfigured"
@@ -58,21 +65,84 @@ class TlsFix:
 
 
 @dataclass(frozen=True)
+class ClientCertificate:
+    """The certificate a client presents (mutual TLS): secret references to the PEM certificate and its PEM key.
+
+    ``file:/path`` is loaded from that path; ``env:NAME`` holds the PEM text itself, written for the load to a
+    private temporary directory that is removed at once. `setting` names where the references were configured."""
+
+    cert: SecretRef
+    key: SecretRef
+    setting: str
+
+    def load_into(self, context: ssl.SSLContext) -> None:
+        """Load the pair into `context`; a non-retryable TlsNotConfigured naming `setting` when it cannot."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="mw-client-cert-") as tmp:
+                context.load_cert_chain(self._pem_file(self.cert, tmp, "cert.pem"),
+                                        self._pem_file(self.key, tmp, "key.pem"))  # fmt: skip
+        except SecretError as err:
+            raise ApplicationError(f"{self.setting}: {err}", type=TLS_NOT_CONFIGURED, non_retryable=True) from None
+        except ssl.SSLError as err:  # before OSError, its base: read, but not a certificate and its key
+            raise ApplicationError(f"{self.setting} ({self.cert}, {self.key}): not a PEM certificate and its "
+                                   f"private key ({err.reason or err})", type=TLS_NOT_CONFIGURED,
+                                   non_retryable=True) from None  # fmt: skip
+        except OSError as err:
+            raise ApplicationError(f"{self.setting} ({self.cert}, {self.key}): cannot read: "
+                                   f"{err.strerror or type(err).__name__}", type=TLS_NOT_CONFIGURED,
+                                   non_retryable=True) from None  # fmt: skip
+
+    @staticmethod
+    def _pem_file(ref: SecretRef, tmp: str, name: str) -> str:
+        if ref.source == "file":
+            return str(Path(ref.name).expanduser())
+        path = os.path.join(tmp, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(ref.resolve() + "\n")
+        return path
+
+
+@dataclass(frozen=True)
 class Trust:
-    """What one client trusts, resolved inside an activity attempt (see `resolve`)."""
+    """What one client trusts, resolved inside an activity attempt (see `resolve`), and the certificate it
+    presents, if any."""
 
     verify: bool
     ca_file: Path | None
     fix: TlsFix
     described: str  # what the failure message says was trusted
+    client_context: ssl.SSLContext | None = None  # with the client certificate loaded (mutual TLS)
 
     @classmethod
     def resolve(cls, fix: TlsFix, *, verify: bool = True, ca_bundle: str | None = None,
-                setting: str = "ca_bundle") -> Trust:  # fmt: skip
-        """Read the CA bundle `ca_bundle` (a reference, from `setting`) now; verification off ignores it.
+                setting: str = "ca_bundle", client_cert: ClientCertificate | None = None) -> Trust:  # fmt: skip
+        """Read the CA bundle `ca_bundle` (a reference, from `setting`) now; verification off ignores it. With
+        `client_cert`, also load the client certificate the connection presents.
 
-        Raises a non-retryable TlsNotConfigured naming the setting when the file cannot be read or holds no
+        Raises a non-retryable TlsNotConfigured naming the setting when a file cannot be read or holds no
         certificate."""
+        trust = cls._resolve(fix, verify=verify, ca_bundle=ca_bundle, setting=setting)
+        if client_cert is None:
+            return trust
+        context = trust._verifying_context()
+        client_cert.load_into(context)
+        return cls(verify=trust.verify, ca_file=trust.ca_file, fix=fix, described=trust.described,
+                   client_context=context)  # fmt: skip
+
+    def _verifying_context(self) -> ssl.SSLContext:
+        """A context verifying as this Trust says (the default CAs are certifi's, as httpx's)."""
+        if not self.verify:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            return context
+        import certifi
+
+        return ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else certifi.where())
+
+    @classmethod
+    def _resolve(cls, fix: TlsFix, *, verify: bool, ca_bundle: str | None, setting: str) -> Trust:
         if not verify:
             return cls(verify=False, ca_file=None, fix=fix, described="verification off")
         if ca_bundle is None:
@@ -98,10 +168,13 @@ class Trust:
         return str(self.ca_file) if self.ca_file else True
 
     def for_httpx(self) -> bool | ssl.SSLContext:
-        """`verify` for httpx: False, a context trusting the CA file, or True (httpx's default CAs)."""
+        """`verify` for httpx: False, a context trusting the CA file, or True (httpx's default CAs); with a client
+        certificate, always a context presenting it."""
+        if self.client_context is not None:
+            return self.client_context
         if not self.verify:
             return False
-        return ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else True
+        return self._verifying_context() if self.ca_file else True
 
     def failure(self, err: BaseException, where: str) -> ApplicationError | None:
         """The non-retryable error for a certificate or hostname failure in `err`; None for any other error."""

@@ -5,9 +5,15 @@ use and kept afterwards, so a lab restarted on the same state directory keeps th
 (through the CA bundle reference ``LabCa.reference``: ``file:<directory>/ca.pem``). ``LabCa.issue(name, hosts)``
 writes a server certificate and key signed by it, naming exactly `hosts` (IP addresses or DNS names): a client
 that reaches the server by another name gets a hostname mismatch, as it would in production.
+``LabCa.issue_client(name, san)`` writes a client certificate (extended key usage ``clientAuth``) whose subject
+alternative name is the DNS name `san`: the identity a server that authenticates clients by certificate (UFM's
+``client_cert_authentication``) maps to a user.
 
 The lab servers take ``--tls-cert FILE --tls-key FILE`` (`add_arguments`, `server_context`) and then answer HTTPS
-only; their child-process wrappers take ``tls=LabCa(...).issue(...)``. Plain HTTP stays their default.
+only; their child-process wrappers take ``tls=LabCa(...).issue(...)``. Plain HTTP stays their default. With
+``--tls-client-ca FILE`` as well, a server requires a client certificate issued by that CA in the handshake (mutual
+TLS, as Apache's ``SSLVerifyClient require`` in front of UFM); `peer_names` reads the names a client's certificate
+carries.
 `TlsFront` puts HTTPS in front of a server that speaks only HTTP (the Kubernetes emulator).
 
 Made with the system's ``openssl`` command (1.1.1 or later): the ``cryptography`` package is not a dependency of
@@ -29,6 +35,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+_LEAF = """\
+[{usage}]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = {usage}Auth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+subjectAltName = {{names}}
+"""
+# A leaf certificate is issued with the section of its usage: [server] (serverAuth) or [client] (clientAuth).
 _CONFIG = """\
 [req]
 distinguished_name = dn
@@ -39,14 +55,7 @@ CN = {cn}
 basicConstraints = critical, CA:TRUE
 keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature
-extendedKeyUsage = serverAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-subjectAltName = {names}
-"""
+""" + _LEAF.format(usage="server") + _LEAF.format(usage="client")
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 
@@ -56,10 +65,13 @@ class LabTlsError(Exception):
 
 @dataclass(frozen=True)
 class ServerCert:
-    """A server certificate and its key, as files, for a lab server's ``--tls-cert`` / ``--tls-key``."""
+    """A certificate and its key, as files: a server's (``--tls-cert`` / ``--tls-key``) or a client's."""
 
     cert: Path
     key: Path
+
+
+ClientCert = ServerCert  # the same two files; `LabCa.issue_client` makes them with clientAuth usage
 
 
 def _openssl(*args: str) -> None:
@@ -120,6 +132,13 @@ class LabCa:
 
     def issue(self, name: str, hosts: list[str]) -> ServerCert:
         """A server certificate for `hosts`, signed by this CA: ``<name>.pem`` and ``<name>-key.pem`` (0600)."""
+        return self._issue(name, hosts, "server")
+
+    def issue_client(self, name: str, san: str) -> ClientCert:
+        """A client certificate for the DNS name `san`, signed by this CA: ``<name>.pem``, ``<name>-key.pem``."""
+        return self._issue(name, [san], "client")
+
+    def _issue(self, name: str, hosts: list[str], extensions: str) -> ServerCert:
         self.ensure()
         cert, key = self.directory / f"{name}.pem", self.directory / f"{name}-key.pem"
         with tempfile.TemporaryDirectory(dir=self.directory, prefix=".cert-") as tmp:
@@ -129,7 +148,7 @@ class LabCa:
                      "-out", str(work / "csr.pem"))  # fmt: skip
             _openssl("x509", "-req", "-in", str(work / "csr.pem"), "-CA", str(self.ca_file),
                      "-CAkey", str(self.directory / "ca-key.pem"), "-set_serial", str(secrets.randbits(63)),
-                     "-days", "825", "-sha256", "-extfile", str(config), "-extensions", "server",
+                     "-days", "825", "-sha256", "-extfile", str(config), "-extensions", extensions,
                      "-out", str(work / "cert.pem"))  # fmt: skip
             os.chmod(work / "key.pem", 0o600)
             os.replace(work / "key.pem", key)
@@ -140,22 +159,35 @@ class LabCa:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (with --tls-key); default: HTTP")
     parser.add_argument("--tls-key", help="the certificate's PEM private key")
+    parser.add_argument("--tls-client-ca", help="require a client certificate issued by this PEM CA (mutual TLS)")
 
 
 def server_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     """The HTTPS context `add_arguments`' options ask for, or None (plain HTTP)."""
+    client_ca = getattr(args, "tls_client_ca", None)
     if not args.tls_cert and not args.tls_key:
+        if client_ca:
+            raise SystemExit("--tls-client-ca needs --tls-cert and --tls-key (client certificates are a TLS matter)")
         return None
     if not (args.tls_cert and args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(args.tls_cert, args.tls_key)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
-def arguments(tls: ServerCert | None) -> list[str]:
-    """A child process's ``--tls-cert``/``--tls-key`` options (none: plain HTTP)."""
-    return ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else []
+def arguments(tls: ServerCert | None, client_ca: Path | str | None = None) -> list[str]:
+    """A child process's ``--tls-cert``/``--tls-key`` (none: plain HTTP) and ``--tls-client-ca`` options."""
+    out = ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)] if tls else []
+    return out + (["--tls-client-ca", str(client_ca)] if client_ca else [])
+
+
+def peer_names(peercert: dict | None) -> list[str]:
+    """The DNS names in the subject alternative names of a verified peer certificate (``getpeercert()``)."""
+    return [value for kind, value in (peercert or {}).get("subjectAltName", ()) if kind == "DNS"]
 
 
 class TlsFront:

@@ -1,29 +1,69 @@
-"""An NVIDIA UFM REST emulator for the lab: ``python -m lab.ufm --port 0 --ready-file F [--fleet FILE]``.
+"""An NVIDIA UFM REST emulator for the lab: ``python -m lab.ufm --port 0 --ready-file F [--fleet FILE] [--version V]``.
 
-The PKey and fabric endpoints Millwright uses, in UFM's own shapes (reference: hardware.md §5):
+The endpoints Millwright uses, in UFM's own shapes (references: hardware.md §5; NVIDIA's UFM clients in
+NVIDIA/bare-metal-manager-core ``crates/api/src/ib/ufmclient/`` and Mellanox/ib-kubernetes
+``pkg/sm/plugins/ufm/ufm.go``; the UFM Enterprise REST API Guide 6.12-6.22):
 
 * auth: HTTP Basic ``user:password`` on ``/ufmRest/...``; ``Authorization: Basic <token>`` on ``/ufmRestV3/...``
-  (401 otherwise). Both prefixes serve the same resources.
-* ``GET /ufmRest/app/ufm_version``
-* ``GET /ufmRest/resources/systems[?type=host]``, ``GET /ufmRest/resources/ports[?system=NAME&active=true]``
-* PKeys under ``/ufmRest/resources/pkeys``: ``POST /add`` (create empty), ``POST`` (add GUIDs, additive;
-  creates the PKey), ``PUT`` (replace the GUID set), ``DELETE /<pkey>/guids/<g1>,<g2>`` (absent GUIDs are a
-  no-op), ``GET /<pkey>[?guids_data=true]``, ``GET [?guids_data=true]`` (a map with, a list of keys without),
-  ``DELETE /<pkey>``, ``PUT /qos_conf``, ``GET /last_updated``.
+  (401 otherwise); with ``--tls-client-ca``, a client certificate whose DNS name is associated with a user
+  (``client_cert_sans``, as UFM's ``manage_client_authentication.sh associate-user``) authenticates on
+  ``/ufmRest/...`` without a password. Both prefixes serve the same resources.
+* ``GET /app/ufm_version`` (``ufm_release_version`` and the component versions), ``GET /app/smconf[?param_name=K]``
+  (the SM's keys and settings: ``m_key``, ``sm_key``, ``sa_key``, ``m_key_per_port``, ``subnet_prefix``, ...),
+  ``GET /app/client_authentication/settings``.
+* ``GET /resources/systems[?type=host]``, ``GET /resources/ports[?system=NAME&sys_type=Computer|Switch&active=true]``,
+  ``GET /resources/vports`` (virtual SR-IOV ports: ``virtual_port_guid`` on the physical ``port_guid``).
+* PKeys under ``/resources/pkeys``: ``POST /add`` (create empty), ``POST`` (add GUIDs, additive; creates the PKey;
+  a GUID already a member keeps its membership: changing one this way is undocumented), ``PUT`` (replace the GUID
+  set), ``DELETE /<pkey>/guids/<g1>,<g2>`` and ``POST /actions/remove_guids_from_pkey`` ``{"pkey", "guids"}``
+  (absent GUIDs are a no-op; removing the last member deletes the PKey, as UFM does), ``GET /<pkey>[?guids_data=
+  true][&qos_conf=true]``, ``GET [?guids_data=true|qos_conf=true]`` (a map; a list of keys without either),
+  ``DELETE /<pkey>``, ``PUT /qos_conf``, ``GET /last_updated``. QoS reads as ``"qos_conf": {"mtu_limit",
+  "rate_limit", "service_level"}`` only when asked for. The management PKey 0x7fff is read-only; read with
+  ``guids_data=true`` it reports the fabric's default ``membership`` (``full`` out of the box) from UFM 6.19.
+* Behind UFM's Apache front: a request line over 8,190 bytes (Apache's ``LimitRequestLine``) answers 414 with
+  Apache's HTML page, before authentication.
 
-Validation as UFM does it: PKey 0x1-0x7ffe (0x7fff is the read-only management key), GUIDs of 16 hex digits
-(``0x`` optional; stored lowercase without delimiters), membership ``full`` or ``limited``.
+Validation as UFM does it: PKey 0x1-0x7ffe, GUIDs of 16 hex digits (``0x`` optional; stored lowercase without
+delimiters), membership ``full`` or ``limited``.
 
-Lab admin API (same shape as the Kubernetes emulator's): ``POST /_lab/reset``; ``POST /_lab/seed``
-``{"hosts": [{"name", "guids": [...]}], "switches": [{"name", "guid"}], "pkeys": {"0x10": {"guids": {g: m}}}}``
-(replaces the fabric); ``GET /_lab/state``; ``POST /_lab/faults`` ``{"match": {"method", "path" (regex)},
-"action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"}, "count": 1,
-"after": <fault id>, "skip": 0}`` (``after``: armed only once that fault was served, so a test places a fault by
-the audit order, e.g. on the read that follows a lost write; ``skip``: that many matching requests pass first),
-``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET /_lab/audit/cursor``.
-``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed meanwhile).
+Version profiles (``--version``, ``UfmStub(version=...)``, ``POST /_lab/config``), for behaviour that differs
+between UFM releases; every knob of a profile can be overridden on its own:
 
-``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included.
+================  ==========  ================================  ==============  ==========  ============
+profile           release     missing PKey (GET /pkeys/<p>)     0x7fff reports  partition_  plural
+                                                                membership      name        memberships
+================  ==========  ================================  ==============  ==========  ============
+``6.17``          6.17.0-5    200 ``{}``                        no              rejected    honoured
+``6.19``          6.19.1-3    200 ``{}``                        yes             rejected    ignored (all
+                                                                                            full)
+``6.22`` default  6.22.1-2    404                               yes             accepted    honoured
+================  ==========  ================================  ==============  ==========  ============
+
+``6.17`` also answers successful writes with a plain-text body (``write_answer: "text"``), the others with ``{}``.
+The guide documents ``partition_name`` from 6.22; older profiles answer 400 to it, the strict reading, so a client
+that sends it to an older UFM is caught. Without a name UFM calls a PKey created through the API
+``api_pkey_<pkey>``.
+
+Lab admin API (same shape as the Kubernetes emulator's): ``POST /_lab/reset`` (an empty out-of-the-box fabric,
+the startup configuration, no faults, an empty audit log); ``POST /_lab/seed`` ``{"hosts": [{"name", "guids":
+[...]}], "switches": [{"name", "guid"}], "pkeys": {"0x10": {"partition", "guids": {g: m}}}, "vports": [{"host",
+"port_guid", "guid"}], "default_membership": "full"|"limited", "smconf": {"m_key": "0x...", ...}}`` (replaces the
+fabric; what it leaves out is as UFM ships: default membership ``full``, ``m_key`` 0x0, ``sm_key`` and ``sa_key``
+0x1, ``m_key_per_port`` false); ``GET /_lab/state``; ``GET``/``POST /_lab/config`` ``{"version", "missing_pkey":
+"404"|"empty", "reports_default_membership", "partition_name", "plural_memberships", "write_answer": "json"|"text",
+"max_request_line", "client_cert_sans": [{"san", "user"}]}`` (the effective configuration; a POST changes the
+given keys, a new ``version`` first resets the knobs to that profile); ``POST /_lab/faults`` ``{"match":
+{"method", "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop":
+"before"|"after"}, "count": 1, "after": <fault id>, "skip": 0}`` (``after``: armed only once that fault was
+served, so a test places a fault by the audit order, e.g. on the read that follows a lost write; ``skip``: that many
+matching requests pass first), ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET
+/_lab/audit/cursor``. ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed
+meanwhile). `fleet_seed` builds the seed of a fleet, with the posture Millwright requires (README
+"InfiniBand isolation (UFM)").
+
+``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included; ``--tls-client-ca
+F`` also requires a client certificate issued by that CA (UFM's ``client_cert_authentication``).
 """
 
 from __future__ import annotations
@@ -31,12 +71,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
+import hashlib
 import json
 import logging
 import re
 import ssl
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +91,55 @@ from lab.loopback import AdminClient, serve_app
 
 log = logging.getLogger("lab.ufm")
 
-VERSION = "6.22.1-2"
 MANAGEMENT_PKEY = 0x7FFF
 _GUID = re.compile(r"^(0x)?([0-9a-fA-F]{16})$")
 MEMBERSHIPS = ("full", "limited")
 DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "123456"
+MAX_REQUEST_LINE = 8190  # Apache httpd's LimitRequestLine default, in front of UFM's REST server
+_QOS = ("mtu_limit", "service_level", "rate_limit")
+_SYS_TYPES = {"Computer": "host", "Switch": "switch"}
+# The SM settings UFM ships with (UFM SM default properties; the REST API guide's GET /app/smconf example).
+SMCONF_DEFAULTS: dict[str, Any] = {
+    "m_key": "0x0", "sm_key": "0x1", "sa_key": "0x1", "m_key_lease_period": 60, "m_key_per_port": False,
+    "subnet_prefix": "0xfe80000000000000", "no_partition_enforcement": False, "sm_priority": 15,
+    "ignore_other_sm": False, "routing_engine_active": "minhop",
+}  # fmt: skip
+_APACHE_414 = """<!DOCTYPE HTML PUBLIC "-//IETF//DTD HTML 2.0//EN">
+<html><head>
+<title>414 Request-URI Too Long</title>
+</head><body>
+<h1>Request-URI Too Long</h1>
+<p>The requested URL's length exceeds the capacity
+limit for this server.<br />
+</p>
+</body></html>
+"""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How one UFM release answers where releases differ (see the module docstring's table)."""
+
+    release: str
+    missing_pkey: str  # "404", or "empty": 200 {}
+    reports_default_membership: bool
+    partition_name: bool
+    plural_memberships: bool
+    write_answer: str  # "json" ({}) or "text"
+    max_request_line: int = MAX_REQUEST_LINE
+
+
+PROFILES = {
+    "6.17": Profile("6.17.0-5", missing_pkey="empty", reports_default_membership=False, partition_name=False,
+                    plural_memberships=True, write_answer="text"),
+    "6.19": Profile("6.19.1-3", missing_pkey="empty", reports_default_membership=True, partition_name=False,
+                    plural_memberships=False, write_answer="json"),
+    "6.22": Profile("6.22.1-2", missing_pkey="404", reports_default_membership=True, partition_name=True,
+                    plural_memberships=True, write_answer="json"),
+}  # fmt: skip
+DEFAULT_VERSION = "6.22"
+_CHOICES = {"missing_pkey": ("404", "empty"), "write_answer": ("json", "text")}
 
 
 class UfmError(Exception):
@@ -85,31 +171,42 @@ def parse_guid(value: Any) -> str:
     return m.group(2).lower()
 
 
+def _membership(value: Any) -> str:
+    if value not in MEMBERSHIPS:
+        raise UfmError(400, f"Invalid membership value: {value!r}, must be one of full, limited")
+    return value
+
+
 class Fabric:
-    """The emulated fabric: systems, ports, PKeys."""
+    """The emulated fabric: systems, ports, virtual ports, PKeys, and the SM's security settings."""
 
     def __init__(self) -> None:
         self.systems: dict[str, dict] = {}
         self.ports: list[dict] = []
+        self.vports: list[dict] = []
         self.pkeys: dict[int, dict] = {}
+        self.default_membership = "full"
+        self.smconf: dict[str, Any] = {}
         self.last_updated = time.time()
         self.clear()
 
     def clear(self) -> None:
         self.systems.clear()
         self.ports.clear()
-        self.pkeys = {MANAGEMENT_PKEY: self._new_pkey("management", ip_over_ib=True)}
+        self.vports.clear()
+        self.pkeys = {MANAGEMENT_PKEY: self._new_pkey("management")}
+        self.default_membership = "full"  # UFM's default: every HCA port a full member of 0x7fff
+        self.smconf = dict(SMCONF_DEFAULTS)
         self.touch()
 
     def touch(self) -> None:
         self.last_updated = time.time()
 
     @staticmethod
-    def _new_pkey(name: str = "", **kw: Any) -> dict:
-        return {"partition": name, "ip_over_ib": kw.get("ip_over_ib", True), "sharp_enabled": False,
-                "index0": kw.get("index0", False), "mtu_limit": kw.get("mtu_limit", 2),
-                "service_level": kw.get("service_level", 0), "rate_limit": kw.get("rate_limit", 2.5),
-                "guids": {}}
+    def _new_pkey(name: str, **kw: Any) -> dict:
+        return {"partition": name, "ip_over_ib": bool(kw.get("ip_over_ib", True)),
+                "mtu_limit": kw.get("mtu_limit", 2), "service_level": kw.get("service_level", 0),
+                "rate_limit": kw.get("rate_limit", 2.5), "guids": {}}  # fmt: skip
 
     def seed(self, body: dict) -> None:
         self.clear()
@@ -123,63 +220,142 @@ class Fabric:
             for n, g in enumerate(guids, 1):
                 state = (host.get("states") or {}).get(g, "Active")
                 self.ports.append({"guid": g, "name": f"{g}_1", "system_name": name, "system_guid": sys_guid,
-                                   "physical_port_number": 1, "dname": f"mlx5_{n - 1}/1",
-                                   "logical_state": state, "physical_state": "LinkUp" if state == "Active" else "Polling",
-                                   "speed": "NDR", "width": "4x", "external": False, "tier": 1})
+                                   "systemID": sys_guid, "physical_port_number": 1, "dname": f"mlx5_{n - 1}/1",
+                                   "logical_state": state,
+                                   "physical_state": "LinkUp" if state == "Active" else "Polling", "speed": "NDR",
+                                   "width": "4x", "external": False, "tier": 1, "lid": len(self.ports) + 1})
         for sw in body.get("switches") or []:
             g = parse_guid(sw["guid"])
             self.systems[sw["name"]] = {"system_name": sw["name"], "guid": g, "type": "switch", "state": "active",
                                         "description": "MQM9790", "model": "MQM9790", "vendor": "Mellanox"}
             for p in range(1, 5):
                 self.ports.append({"guid": g, "name": f"{g}_{p}", "system_name": sw["name"], "system_guid": g,
-                                   "physical_port_number": p, "dname": str(p), "logical_state": "Active",
-                                   "physical_state": "LinkUp", "speed": "NDR", "width": "4x", "external": True,
-                                   "tier": 2})
+                                   "systemID": g, "physical_port_number": p, "dname": str(p),
+                                   "logical_state": "Active", "physical_state": "LinkUp", "speed": "NDR",
+                                   "width": "4x", "external": True, "tier": 2, "lid": len(self.ports) + 1})
+        by_guid = {p["guid"]: p for p in self.ports}
+        for v in body.get("vports") or []:
+            phys = by_guid.get(parse_guid(v["port_guid"]))
+            if phys is None:
+                raise UfmError(400, f"vport {v.get('guid')}: no physical port {v['port_guid']}")
+            self.vports.append({"virtual_port_state": v.get("state", "Active"),
+                                "virtual_port_lid": 0x1000 + len(self.vports), "system_name": phys["system_name"],
+                                "node_description": f"{phys['system_name']} mlx5_0",
+                                "system_guid": phys["system_guid"], "port_guid": phys["guid"],
+                                "port_name": phys["name"], "physical_port_number": phys["physical_port_number"],
+                                "virtual_port_guid": parse_guid(v["guid"])})  # fmt: skip
         for key, pk in (body.get("pkeys") or {}).items():
-            n = parse_pkey(key, writable=False)
-            entry = self._new_pkey(pk.get("partition", ""))
-            entry["guids"] = {parse_guid(g): {"membership": m, "index0": False} for g, m in (pk.get("guids") or {}).items()}
+            n = parse_pkey(key)
+            entry = self._new_pkey(pk.get("partition") or f"api_pkey_{pkey_str(n)}")
+            entry["guids"] = {parse_guid(g): {"membership": _membership(m), "index0": True}
+                              for g, m in (pk.get("guids") or {}).items()}  # fmt: skip
             self.pkeys[n] = entry
+        self.default_membership = _membership(body.get("default_membership", "full"))
+        unknown = set(body.get("smconf") or {}) - set(SMCONF_DEFAULTS)
+        if unknown:
+            raise UfmError(400, f"smconf: unknown SM settings {sorted(unknown)}")
+        self.smconf.update(body.get("smconf") or {})
         self.touch()
 
-    def pkey_view(self, n: int, guids_data: bool, qos: bool = True) -> dict:
+    def pkey_view(self, n: int, profile: Profile, guids_data: bool, qos_conf: bool) -> dict:
+        """One PKey as UFM answers it: partition and ip_over_ib; members with guids_data; QoS with qos_conf."""
         p = self.pkeys[n]
-        out: dict[str, Any] = {"partition": p["partition"], "ip_over_ib": p["ip_over_ib"],
-                               "sharp_enabled": p["sharp_enabled"]}
+        out: dict[str, Any] = {"partition": p["partition"], "ip_over_ib": p["ip_over_ib"]}
         if guids_data:
             out["guids"] = [{"guid": g, "membership": v["membership"], "index0": v["index0"]}
-                            for g, v in sorted(p["guids"].items())]
-        if qos:
-            out.update({k: p[k] for k in ("mtu_limit", "service_level", "rate_limit")})
+                            for g, v in sorted(p["guids"].items())]  # fmt: skip
+            if n == MANAGEMENT_PKEY:  # ports are not listed; the default membership is, from 6.19
+                out["index0"] = False
+                if profile.reports_default_membership:
+                    out["membership"] = self.default_membership
+        if qos_conf:
+            out["qos_conf"] = {k: p[k] for k in _QOS}
         return out
 
-    def dump(self) -> dict:
-        return {"systems": self.systems, "ports": self.ports,
-                "pkeys": {pkey_str(n): self.pkey_view(n, True) for n in sorted(self.pkeys)}}
+    def dump(self, profile: Profile) -> dict:
+        return {"systems": self.systems, "ports": self.ports, "vports": self.vports,
+                "default_membership": self.default_membership,
+                "pkeys": {pkey_str(n): self.pkey_view(n, profile, True, True) for n in sorted(self.pkeys)}}
+
+    def remove_guids(self, n: int, guids: list[str]) -> None:
+        """Remove `guids` (absent ones are a no-op); a PKey whose last member goes is deleted, as UFM does."""
+        members = self.pkeys[n]["guids"]
+        removed = [g for g in guids if members.pop(g, None) is not None]
+        if removed and not members:
+            del self.pkeys[n]
+        self.touch()
 
 
 def fleet_seed(path_or_fleet: Any) -> dict:
-    """The ``/_lab/seed`` body for a fleet (file or Fleet): its InfiniBand hosts and switches."""
+    """The ``/_lab/seed`` body for a fleet (file or Fleet): its InfiniBand hosts and switches, on a fabric with the
+    posture Millwright requires (default membership limited, SM keys set, an M_Key per port). The keys are lab
+    values derived from the cluster's name, so a restarted lab has the same ones."""
     from lab.fleet import Fleet, load_fleet
 
     fleet = path_or_fleet if isinstance(path_or_fleet, Fleet) else load_fleet(path_or_fleet)
+
+    def key(what: str) -> str:
+        return "0x" + hashlib.sha256(f"{fleet.cluster}/{what}".encode()).hexdigest()[:16]
+
     return {"hosts": [{"name": h, "guids": g} for h, g in fleet.ib_ports().items()],
-            "switches": [{"name": n, "guid": g} for n, g in fleet.ib_switches().items()]}
+            "switches": [{"name": n, "guid": g} for n, g in fleet.ib_switches().items()],
+            "default_membership": "limited",
+            "smconf": {"m_key": key("m_key"), "sm_key": key("sm_key"), "sa_key": key("sa_key"),
+                       "m_key_per_port": True}}  # fmt: skip
 
 
 class UfmServer:
-    def __init__(self, user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, token: str | None = None) -> None:
+    def __init__(self, user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, token: str | None = None,
+                 version: str = DEFAULT_VERSION, client_cert_sans: list[dict] | None = None) -> None:  # fmt: skip
         self.fabric = Fabric()
         self.user, self.password, self.token = user, password, token
+        self._startup = {"version": version, "client_cert_sans": list(client_cert_sans or [])}
+        self.profile = PROFILES[version]
+        self.version = version
+        self.client_cert_sans: list[dict] = []
+        self.configure(dict(self._startup))
         self.faults: list[dict] = []
         self.fault_seq = 0
         self.audit: list[dict] = []
         self.audit_seq = 0
-        self.app = web.Application()
+        # Long request lines must reach `dispatch`, which answers 414 as UFM's Apache front does (aiohttp's own
+        # limit, 8190, would answer 400 first).
+        self.app = web.Application(handler_args={"max_line_size": 1 << 20, "max_field_size": 1 << 16},
+                                   client_max_size=64 << 20)  # fmt: skip
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
+
+    # ------------------------------------------------------------------ configuration
+    def configure(self, body: dict) -> dict:
+        """Apply `/_lab/config`: a new version resets the knobs to its profile, then the given knobs override."""
+        body = dict(body)
+        if "version" in body:
+            version = str(body.pop("version"))
+            if version not in PROFILES:
+                raise UfmError(400, f"version {version!r}: one of {', '.join(PROFILES)}")
+            self.version, self.profile = version, PROFILES[version]
+        if "client_cert_sans" in body:
+            sans = body.pop("client_cert_sans")
+            if not isinstance(sans, list) or not all(isinstance(s, dict) and {"san", "user"} <= set(s) for s in sans):
+                raise UfmError(400, "client_cert_sans: a list of {\"san\", \"user\"}")
+            self.client_cert_sans = [{"san": str(s["san"]), "user": str(s["user"])} for s in sans]
+        knobs = {f.name for f in dataclasses.fields(Profile)} - {"release"}
+        unknown = set(body) - knobs
+        if unknown:
+            raise UfmError(400, f"unknown configuration keys {sorted(unknown)}; known: version, client_cert_sans, "
+                                f"{', '.join(sorted(knobs))}")  # fmt: skip
+        for k, v in body.items():
+            if k in _CHOICES and v not in _CHOICES[k]:
+                raise UfmError(400, f"{k}: one of {', '.join(_CHOICES[k])}")
+        self.profile = dataclasses.replace(self.profile, **body)
+        return self.config()
+
+    def config(self) -> dict:
+        return {"version": self.version, **dataclasses.asdict(self.profile), "client_cert_sans": self.client_cert_sans}
 
     # ------------------------------------------------------------------ plumbing
     def _authorized(self, request: web.Request, prefix: str) -> bool:
+        if prefix == "ufmRest" and self._certificate_user(request):
+            return True
         header = request.headers.get("Authorization", "")
         if not header.startswith("Basic "):
             return False
@@ -191,6 +367,12 @@ class UfmServer:
         except (ValueError, UnicodeDecodeError):
             return False
         return user == self.user and password == self.password
+
+    def _certificate_user(self, request: web.Request) -> str | None:
+        """The UFM user a verified client certificate's DNS name is associated with (mutual TLS)."""
+        peer = request.transport.get_extra_info("peercert") if request.transport else None
+        names = set(lab_tls.peer_names(peer))
+        return next((s["user"] for s in self.client_cert_sans if s["san"] in names), None)
 
     def _match_fault(self, method: str, path: str) -> dict | None:
         served = {f["id"]: f["served"] for f in self.faults}
@@ -225,18 +407,23 @@ class UfmServer:
                 return await self.admin(request, path)
             except (UfmError, KeyError, ValueError, TypeError) as e:
                 return web.json_response({"error": getattr(e, "message", str(e))}, status=400)
-        parts = [p for p in path.split("/") if p]
         method = request.method
         write = method in ("POST", "PUT", "DELETE")
+        entry: dict[str, Any] = {"time": time.time(), "method": method, "path": request.path_qs[:500],
+                                 "write": write, "userAgent": request.headers.get("User-Agent", ""), "body": None}
+        line = len(f"{method} {request.raw_path} HTTP/{request.version.major}.{request.version.minor}")
+        if line > self.profile.max_request_line:
+            entry.update(code=414, requestLine=line)
+            self._audit(entry)
+            return web.Response(status=414, text=_APACHE_414, content_type="text/html")
         body: Any = None
         if write and request.can_read_body:
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 body = "<invalid json>"
-        entry: dict[str, Any] = {"time": time.time(), "method": method, "path": request.path_qs[:500],
-                                 "write": write, "userAgent": request.headers.get("User-Agent", ""),
-                                 "body": body}
+        entry["body"] = body
+        parts = [p for p in path.split("/") if p]
         if not parts or parts[0] not in ("ufmRest", "ufmRestV3"):
             entry["code"] = 404
             self._audit(entry)
@@ -281,6 +468,8 @@ class UfmServer:
             return self._drop(request)
         if delay_after:
             await asyncio.sleep(delay_after)
+        if write and status == 200 and self.profile.write_answer == "text":
+            return web.Response(status=200, text="OK", content_type="text/plain")
         return web.json_response(payload, status=status)
 
     def _drop(self, request: web.Request) -> web.StreamResponse:
@@ -292,8 +481,19 @@ class UfmServer:
     def handle(self, method: str, parts: list[str], query: dict, body: Any) -> tuple[int, Any]:
         fab = self.fabric
         truthy = lambda k: str(query.get(k, "")).lower() == "true"  # noqa: E731
-        if parts == ["app", "ufm_version"] and method == "GET":
-            return 200, {"ufm_release_version": VERSION}
+        if parts[:1] == ["app"] and method == "GET":
+            return self._app(parts[1:], query)
+        if parts == ["actions", "remove_guids_from_pkey"] and method == "POST":
+            b = self._body(body)
+            n = parse_pkey(b.get("pkey"))
+            guids = b.get("guids")
+            if not isinstance(guids, list) or not guids:
+                raise UfmError(400, "guids must be a non-empty list of GUIDs")
+            parsed = [parse_guid(g) for g in guids]
+            if n not in fab.pkeys:
+                raise UfmError(404, f"PKey {pkey_str(n)} does not exist")
+            fab.remove_guids(n, parsed)
+            return 200, {}
         if parts[:1] != ["resources"] or len(parts) < 2:
             raise UfmError(404, "Not Found")
         res, rest = parts[1], parts[2:]
@@ -310,15 +510,45 @@ class UfmServer:
             ports = fab.ports
             if query.get("system"):
                 ports = [p for p in ports if p["system_name"] == query["system"]]
+            if query.get("sys_type"):
+                kind = _SYS_TYPES.get(query["sys_type"])
+                if kind is None:
+                    raise UfmError(400, f"Invalid sys_type {query['sys_type']!r}: one of {', '.join(_SYS_TYPES)}")
+                ports = [p for p in ports if fab.systems[p["system_name"]]["type"] == kind]
             if truthy("active"):
                 ports = [p for p in ports if p["logical_state"] == "Active"]
             return 200, ports
+        if res == "vports" and method == "GET":
+            return 200, fab.vports
         if res != "pkeys":
             raise UfmError(404, "Not Found")
+        return self._pkeys(method, rest, query, body)
+
+    def _app(self, rest: list[str], query: dict) -> tuple[int, Any]:
+        if rest == ["ufm_version"]:
+            return 200, {"opensm": "5.20.0_ef1f438", "sharp": "3.8.0", "ibdiagnet": "2.18.0", "telemetry": "1.18.2",
+                         "mft": "4.29.0-131", "ufm_webui": self.profile.release,
+                         "ufm_release_version": self.profile.release, "plugins": {}}  # fmt: skip
+        if rest == ["smconf"]:
+            name = query.get("param_name")
+            if not name:
+                return 200, dict(self.fabric.smconf)
+            if name not in self.fabric.smconf:
+                raise UfmError(400, f"Unknown SM configuration parameter {name!r}")
+            return 200, {name: self.fabric.smconf[name]}
+        if rest == ["client_authentication", "settings"]:
+            return 200, {"enable": bool(self.client_cert_sans), "client_cert_sans": self.client_cert_sans,
+                         "ssl_cert_hostnames": [], "cert_auto_refresh": {}}  # fmt: skip
+        raise UfmError(404, "Not Found")
+
+    def _pkeys(self, method: str, rest: list[str], query: dict, body: Any) -> tuple[int, Any]:
+        fab, profile = self.fabric, self.profile
+        truthy = lambda k: str(query.get(k, "")).lower() == "true"  # noqa: E731
         if not rest:
             if method == "GET":
-                if truthy("guids_data"):
-                    return 200, {pkey_str(n): fab.pkey_view(n, True, truthy("qos_conf")) for n in sorted(fab.pkeys)}
+                if truthy("guids_data") or truthy("qos_conf"):
+                    return 200, {pkey_str(n): fab.pkey_view(n, profile, truthy("guids_data"), truthy("qos_conf"))
+                                 for n in sorted(fab.pkeys)}  # fmt: skip
                 return 200, [pkey_str(n) for n in sorted(fab.pkeys)]
             if method in ("POST", "PUT"):
                 return self._set_guids(body, replace=method == "PUT")
@@ -328,7 +558,7 @@ class UfmServer:
             n = parse_pkey(b.get("pkey"))
             if n in fab.pkeys:
                 raise UfmError(400, f"PKey {pkey_str(n)} already exists")
-            fab.pkeys[n] = fab._new_pkey(str(b.get("partition_name") or ""), **b)
+            fab.pkeys[n] = fab._new_pkey(self._partition_name(b, n), **b)
             fab.touch()
             return 200, {}
         if rest == ["last_updated"] and method == "GET":
@@ -339,17 +569,19 @@ class UfmServer:
             n = parse_pkey(b.get("pkey"))
             if n not in fab.pkeys:
                 raise UfmError(404, f"PKey {pkey_str(n)} does not exist")
-            for k in ("mtu_limit", "service_level", "rate_limit"):
+            for k in _QOS:
                 if k in b:
                     fab.pkeys[n][k] = b[k]
             fab.touch()
             return 200, {}
         n = parse_pkey(rest[0], writable=method != "GET")
         if n not in fab.pkeys:
+            if method == "GET" and len(rest) == 1 and profile.missing_pkey == "empty":
+                return 200, {}  # some UFM releases answer a missing PKey so
             raise UfmError(404, f"PKey {pkey_str(n)} does not exist")
         if len(rest) == 1:
             if method == "GET":
-                return 200, fab.pkey_view(n, truthy("guids_data"), truthy("qos_conf") or True)
+                return 200, fab.pkey_view(n, profile, truthy("guids_data"), truthy("qos_conf"))
             if method == "DELETE":
                 del fab.pkeys[n]
                 fab.touch()
@@ -358,9 +590,7 @@ class UfmServer:
             guids = [parse_guid(g) for g in rest[2].split(",") if g]
             if not guids:
                 raise UfmError(400, "No GUIDs given")
-            for g in guids:
-                fab.pkeys[n]["guids"].pop(g, None)
-            fab.touch()
+            fab.remove_guids(n, guids)
             return 200, {}
         raise UfmError(405, "Method Not Allowed")
 
@@ -370,6 +600,11 @@ class UfmServer:
             raise UfmError(400, "Request body must be a JSON object")
         return body
 
+    def _partition_name(self, b: dict, n: int) -> str:
+        if "partition_name" in b and not self.profile.partition_name:
+            raise UfmError(400, f"Invalid request: unexpected parameter 'partition_name' (UFM {self.profile.release})")
+        return str(b.get("partition_name") or f"api_pkey_{pkey_str(n)}")
+
     def _set_guids(self, body: Any, *, replace: bool) -> tuple[int, Any]:
         b = self._body(body)
         n = parse_pkey(b.get("pkey"))
@@ -377,29 +612,31 @@ class UfmServer:
         if not isinstance(guids, list) or (not guids and not replace):
             raise UfmError(400, "guids must be a non-empty list of GUIDs")
         parsed = [parse_guid(g) for g in guids]
-        if "memberships" in b:
+        name = self._partition_name(b, n)
+        if "memberships" in b and self.profile.plural_memberships:
             ms = b["memberships"]
             if not isinstance(ms, list) or len(ms) != len(parsed):
                 raise UfmError(400, "memberships must be a list of the same length as guids")
+        elif "memberships" in b:  # this release ignores the list: everyone becomes a full member
+            ms = ["full"] * len(parsed)
         else:
             ms = [b.get("membership", "full")] * len(parsed)
-        for m in ms:
-            if m not in MEMBERSHIPS:
-                raise UfmError(400, f"Invalid membership value: {m!r}, must be one of full, limited")
+        ms = [_membership(m) for m in ms]
         fab = self.fabric
         entry = fab.pkeys.get(n)
         if entry is None:
-            entry = fab.pkeys[n] = fab._new_pkey(str(b.get("partition_name") or ""), **b)
+            entry = fab.pkeys[n] = fab._new_pkey(name, **b)
         index0 = bool(b.get("index0", False))
         if "ip_over_ib" in b:
             entry["ip_over_ib"] = bool(b["ip_over_ib"])
         if replace:
             entry["guids"] = {}
-            for k in ("mtu_limit", "service_level", "rate_limit"):
+            for k in _QOS:
                 if k in b:
                     entry[k] = b[k]
         for g, m in zip(parsed, ms):
-            entry["guids"][g] = {"membership": m, "index0": index0}
+            # POST adds: a member keeps its membership (changing it by re-adding is undocumented); PUT sets.
+            entry["guids"].setdefault(g, {"membership": m, "index0": index0})
         fab.touch()
         return 200, {}
 
@@ -408,6 +645,7 @@ class UfmServer:
         m = request.method
         if path == "/_lab/reset" and m == "POST":
             self.fabric.clear()
+            self.configure(dict(self._startup))
             self.faults.clear()
             self.audit.clear()
             return web.json_response({"ok": True})
@@ -416,7 +654,12 @@ class UfmServer:
             return web.json_response({"ok": True, "systems": len(self.fabric.systems),
                                       "ports": len(self.fabric.ports)})
         if path == "/_lab/state" and m == "GET":
-            return web.json_response(self.fabric.dump())
+            return web.json_response(self.fabric.dump(self.profile))
+        if path == "/_lab/config":
+            if m == "GET":
+                return web.json_response(self.config())
+            if m == "POST":
+                return web.json_response(self.configure(await request.json()))
         if path == "/_lab/faults":
             if m == "GET":
                 return web.json_response({"faults": self.faults})
@@ -452,26 +695,34 @@ async def serve(host: str, port: int, ready_file: str | None, server: UfmServer,
 
 
 class UfmStub(ChildProcess):
-    """``with UfmStub(password=..., token=...) as ufm: ufm.url`` — the emulator as a child process."""
+    """``with UfmStub(password=..., token=...) as ufm: ufm.url`` — the emulator as a child process.
+
+    ``version`` picks the startup profile (what ``/_lab/reset`` returns to); ``tls`` serves HTTPS with that
+    certificate; ``client_ca`` with it requires client certificates issued by that CA, and ``client_cert_sans``
+    ``[{"san", "user"}]`` says which certificate names authenticate as which UFM user."""
 
     module = "lab.ufm"
     name = "lab-ufm"
 
     def __init__(self, *, user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, token: str | None = None,
-                 fleet: str | None = None, tls: lab_tls.ServerCert | None = None, **kw: Any) -> None:
+                 fleet: str | None = None, tls: lab_tls.ServerCert | None = None, version: str = DEFAULT_VERSION,
+                 client_ca: Path | str | None = None, client_cert_sans: list[dict] | None = None,
+                 **kw: Any) -> None:  # fmt: skip
         super().__init__(**kw)
         self.user, self.password, self.token, self.fleet = user, password, token, fleet
-        self.tls = tls  # HTTPS with this certificate (lab/tls.py), as a real UFM serves; its admin API too
+        self.tls, self.version, self.client_ca = tls, version, client_ca
         # Credentials travel in the environment, not the command line (visible in `ps`).
         self.env = {**(self.env or {}), "LAB_UFM_USER": user, "LAB_UFM_PASSWORD": password,
-                    **({"LAB_UFM_TOKEN": token} if token else {})}
+                    **({"LAB_UFM_TOKEN": token} if token else {}),
+                    **({"LAB_UFM_CLIENT_CERT_SANS": json.dumps(client_cert_sans)} if client_cert_sans else {})}
 
     def extra_command(self) -> list[str]:
-        return (["--fleet", str(self.fleet)] if self.fleet else []) + lab_tls.arguments(self.tls)
+        return ((["--fleet", str(self.fleet)] if self.fleet else []) + ["--version", self.version]
+                + lab_tls.arguments(self.tls, self.client_ca))  # fmt: skip
 
 
 class UfmAdmin(AdminClient):
-    """The UFM emulator's admin API: seed it and read its state, on top of faults and the audit log."""
+    """The UFM emulator's admin API: seed it, configure it and read its state, on top of faults and the audit log."""
 
     async def seed(self, body: dict) -> dict:
         return await self._req("POST", "/_lab/seed", json=body)
@@ -486,6 +737,13 @@ class UfmAdmin(AdminClient):
         body = {"match": match, "action": action, "count": count, "after": after, "skip": skip}
         return (await self._req("POST", "/_lab/faults", json=body))["id"]
 
+    async def configure(self, **knobs: Any) -> dict:
+        """``configure(version="6.19")``, ``configure(missing_pkey="empty")``: see the module docstring."""
+        return await self._req("POST", "/_lab/config", json=knobs)
+
+    async def config(self) -> dict:
+        return await self._req("GET", "/_lab/config")
+
     async def members(self, pkey: str) -> dict[str, str]:
         p = (await self.state())["pkeys"].get(pkey)
         return {g["guid"]: g["membership"] for g in p["guids"]} if p else {}
@@ -499,13 +757,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--ready-file")
     p.add_argument("--fleet", help="seed hosts, port GUIDs and switches from this fleet file's infiniband part")
+    p.add_argument("--version", default=DEFAULT_VERSION, choices=sorted(PROFILES),
+                   help="the UFM release whose behaviour to play (see the module docstring)")
     p.add_argument("--log-level", default="WARNING")
     lab_tls.add_arguments(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     server = UfmServer(user=os.environ.get("LAB_UFM_USER", DEFAULT_USER),
                        password=os.environ.get("LAB_UFM_PASSWORD", DEFAULT_PASSWORD),
-                       token=os.environ.get("LAB_UFM_TOKEN") or None)
+                       token=os.environ.get("LAB_UFM_TOKEN") or None, version=a.version,
+                       client_cert_sans=json.loads(os.environ.get("LAB_UFM_CLIENT_CERT_SANS") or "[]"))
     if a.fleet:
         server.fabric.seed(fleet_seed(Path(a.fleet)))
     asyncio.run(serve(a.host, a.port, a.ready_file, server, lab_tls.server_context(a)))

@@ -51,6 +51,11 @@ class WorkerSettings(BaseSettings):
     ufm_credentials: str | None = Field(
         None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
     )
+    ufm_client_cert: str | None = Field(
+        None, description="Secret reference to a PEM client certificate UFM authenticates (mutual TLS): file:/path "
+                          "or env:NAME holding the PEM; with MILLWRIGHT_UFM_CLIENT_KEY",
+    )
+    ufm_client_key: str | None = Field(None, description="Secret reference to the client certificate's PEM key")
     ufm_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="UFM's"))
     ufm_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="UFM"))
     ironic_url: BaseUrl | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
@@ -142,21 +147,29 @@ class WorkerSettings(BaseSettings):
                             verify_tls=self.netbox_verify_tls)  # fmt: skip
 
     def ufm_config(self):
-        """The UFM connection (URL + credentials reference), or None when UFM is not configured."""
+        """The UFM connection (URL + credentials and/or client certificate references), or None when UFM is not
+        configured."""
         from activities.secrets import SecretRef
         from activities.ufm import UfmConfig
 
-        if not self.ufm_url and not self.ufm_credentials:
+        auth = {"MILLWRIGHT_UFM_CREDENTIALS": self.ufm_credentials, "MILLWRIGHT_UFM_CLIENT_CERT": self.ufm_client_cert,
+                "MILLWRIGHT_UFM_CLIENT_KEY": self.ufm_client_key}  # fmt: skip
+        if not self.ufm_url and not any(auth.values()):
             return None
-        if not self.ufm_url or not self.ufm_credentials:
-            missing = "MILLWRIGHT_UFM_URL" if not self.ufm_url else "MILLWRIGHT_UFM_CREDENTIALS"
+        if not self.ufm_url or not (self.ufm_credentials or self.ufm_client_cert):
+            missing = "MILLWRIGHT_UFM_URL" if not self.ufm_url else "MILLWRIGHT_UFM_CREDENTIALS (or _CLIENT_CERT)"
             raise ConfigError(f"UFM is half configured: {missing} is not set")
-        try:
-            credentials = SecretRef.parse(self.ufm_credentials)
-        except ValueError as err:
-            raise ConfigError(f"MILLWRIGHT_UFM_CREDENTIALS: {err}") from None
-        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=credentials, ca_bundle=self.ca_bundle("ufm"),
-                         verify_tls=self.ufm_verify_tls)  # fmt: skip
+        if bool(self.ufm_client_cert) != bool(self.ufm_client_key):
+            raise ConfigError("MILLWRIGHT_UFM_CLIENT_CERT and MILLWRIGHT_UFM_CLIENT_KEY go together")
+        refs = {}
+        for name, value in auth.items():
+            try:
+                refs[name] = SecretRef.parse(value) if value else None
+            except ValueError as err:
+                raise ConfigError(f"{name}: {err}") from None
+        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=refs["MILLWRIGHT_UFM_CREDENTIALS"],
+                         client_cert=refs["MILLWRIGHT_UFM_CLIENT_CERT"], client_key=refs["MILLWRIGHT_UFM_CLIENT_KEY"],
+                         ca_bundle=self.ca_bundle("ufm"), verify_tls=self.ufm_verify_tls)  # fmt: skip
 
     def ironic_config(self):
         """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""

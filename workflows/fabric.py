@@ -4,7 +4,9 @@
   membership of every tenant's PKey. Every change goes through a validated update, handled one at a time, so a
   PKey is never handed out twice and a GUID never belongs to two tenants. It continues-as-new, carrying its
   state, before its history grows large.
-- ``IsolateTenant``: resolve the tenant's hosts to port GUIDs through UFM, cross-check them against NetBox
+- ``IsolateTenant``: check the fabric's security posture (the management PKey 0x7fff's default membership: a full
+  one voids every PKey, so the run fails closed with ``FabricInsecure`` unless the input accepts that finding; the
+  SM keys are reported), resolve the tenant's hosts to port GUIDs through UFM, cross-check them against NetBox
   (a mismatch fails closed, naming the host, before anything is written to UFM), allocate (or reuse) the
   tenant's PKey through the Fabric entity (update-with-start), add GUIDs with UFM's additive call, read back
   with ``guids_data=true`` and verify, record the PKey and members in NetBox, confirm to the Fabric. What the
@@ -13,12 +15,15 @@
   allocation undoes what it created: a PKey it allocated goes whole (the ``ReleaseTenant`` child); on a PKey
   the tenant already held, only the ports it added are removed, from UFM and from the Fabric's books
   (``withdraw``). Its failure lists what it created and removed (workflows/saga.py).
-- ``ReleaseTenant``: remove exactly the tenant's GUIDs, verify, delete the PKey when empty (a PKey with other
-  members is kept and retired, never handed out again), record in NetBox, release the allocation; what it
-  removed is read from UFM before and after, not taken from the answers.
-- ``FabricAudit`` (for a Temporal Schedule): compare every PKey in UFM with the Fabric's desired state; report
-  unknown members, missing members, missing PKeys and GUIDs in two tenants' PKeys, exactly what and where;
-  repair only when asked.
+- ``ReleaseTenant``: remove exactly the tenant's GUIDs, verify, delete the PKey when empty (UFM itself deletes it
+  with its last member; a PKey with other members is kept and retired, never handed out again), record in NetBox,
+  release the allocation; what it removed, and whether the PKey is gone, is read from UFM before and after, not
+  taken from the answers.
+- ``FabricAudit`` (for a Temporal Schedule): report the fabric's posture; compare every PKey in UFM with the
+  Fabric's desired state; report unknown members, missing members, missing PKeys, wrong memberships and GUIDs in
+  two tenants' PKeys, exactly what and where; recognise virtual (SR-IOV) port GUIDs by their physical port;
+  repair only when asked (a membership is changed by read-merge-PUT, a virtual GUID removed only when its port
+  belongs to no tenant).
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ with workflow.unsafe.imports_passed_through():
     from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
     from activities.ufm import (
         AddGuids,
+        BlockingCode,
         DeletedPKey,
         EmptyRequest,
         EnsurePKey,
         FabricCall,
+        FabricPosture,
         FabricSnapshot,
         HostsRequest,
         MembershipChange,
@@ -57,10 +64,19 @@ with workflow.unsafe.imports_passed_through():
         normalize_pkey,
     )
 
+# An attempt makes a few requests of up to 10 s each (a read, a write, its read back; a removal in chunks) and
+# heartbeats before each: a worker that dies is noticed in 20 s.
 UFM_CALL: dict[str, Any] = dict(
-    start_to_close_timeout=timedelta(seconds=10),
+    start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=timedelta(seconds=20),
     retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=500), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=10), maximum_attempts=20),
+)  # fmt: skip
+# The Fabric entity's updates (call_fabric): one update-with-start, no heartbeat.
+FABRIC_CALL: dict[str, Any] = dict(UFM_CALL, start_to_close_timeout=timedelta(seconds=10), heartbeat_timeout=None)
+# Fabric-wide reads (every port, every PKey): their HTTP timeout grows with the fabric (activities/ufm.py), and they
+# heartbeat while they wait.
+UFM_LISTING: dict[str, Any] = dict(
+    UFM_CALL, start_to_close_timeout=timedelta(minutes=6), heartbeat_timeout=timedelta(seconds=30),
 )  # fmt: skip
 NETBOX_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=60),
@@ -68,9 +84,11 @@ NETBOX_CALL: dict[str, Any] = dict(
                              maximum_attempts=10),
 )  # fmt: skip
 HISTORY_LIMIT = 2000
-# Patches of running code: a failed isolation undoes its writes; a release reads what is there before it removes.
+# Patches of running code: a failed isolation undoes its writes; a release reads what is there before it removes;
+# an undo puts back the tenant's PKey that UFM deleted with the last port the undo removed.
 ISOLATION_UNDO = "isolate-tenant-undoes-its-writes"
 RELEASE_READS_FIRST = "release-tenant-reads-before-removing"
+UNDO_KEEPS_HELD_PKEY = "isolation-undo-keeps-the-held-pkey"
 
 _NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
 
@@ -281,7 +299,7 @@ async def _fabric(fabric: str, update: str, payload: BaseModel | None = None) ->
     return await workflow.execute_activity_method(
         UfmActivities.call_fabric,
         FabricCall(fabric=fabric, update=update, payload=payload.model_dump(mode="json") if payload else {}),
-        **UFM_CALL, summary=f"fabric {fabric}: {update}",
+        **FABRIC_CALL, summary=f"fabric {fabric}: {update}",
     )  # fmt: skip
 
 
@@ -295,6 +313,12 @@ class IsolateTenantInput(WorkflowInput, RetryTimeout):
     hosts: list[str] = Field(min_length=1, description="The tenant's hosts (UFM system names = NetBox devices).")
     membership: Literal["full", "limited"] = "full"
     netbox: bool = Field(True, description="Cross-check GUIDs against NetBox and record the PKey there.")
+    accept_posture: list[BlockingCode] = Field(
+        default_factory=list,
+        description="Isolate although the fabric has these blocking posture findings (README 'Fabric posture'): "
+                    "default-membership-full (the isolation is void) or default-membership-unreported (UFM before "
+                    "6.19 cannot show it); each accepted finding is named in the result.",
+    )  # fmt: skip
 
     _n = field_validator("fabric", "tenant")(_name)
 
@@ -313,6 +337,9 @@ class IsolateTenantResult(StrictModel):
     added: list[str]
     already: list[str]
     pkey_created: bool
+    membership_changed: list[str] = Field(default_factory=list, description="Members whose membership was changed.")
+    posture: FabricPosture | None = Field(None, description="The fabric's posture, checked before any change.")
+    accepted_findings: list[str] = Field(default_factory=list, description="Blocking findings the input accepted.")
 
 
 class Step(StrictModel):
@@ -326,6 +353,7 @@ class IsolationWrites(StrictModel):
     pkey: str
     allocated: bool = Field(description="This run allocated the tenant's PKey (the tenant held none before).")
     pkey_before: dict[str, str] | None = Field(description="The PKey's members in UFM before the run; None: absent.")
+    partition_before: str = Field("", description="The PKey's partition name in UFM before the run.")
     booked_before: list[str] = Field(description="The tenant's desired members in the Fabric before the run.")
     members: dict[str, str] = Field(description="The run's ports: GUID -> host.")
 
@@ -341,10 +369,32 @@ class IsolationWrites(StrictModel):
         return pkey + [f"port {g} of {self.members[g]} in PKey {self.pkey}" for g in ports if g in now.members]
 
 
+POSTURE_PATCH = "fabric-posture"  # IsolateTenant and FabricAudit read the posture first (runs before it do not)
+
+
+async def fabric_posture(calls: Endpoints) -> FabricPosture:
+    return await calls.execute(
+        UfmActivities.fabric_posture, EmptyRequest(), **UFM_CALL, endpoint=UFM, summary="fabric security posture"
+    )
+
+
+def refuse_insecure(fabric: str, posture: FabricPosture, accept: list[str]) -> list[str]:
+    """Fail closed on a blocking posture finding the input does not accept; returns the accepted ones."""
+    refused = [f for f in posture.blocking() if f.code not in accept]
+    if refused:
+        raise ApplicationError(
+            f"fabric {fabric} (UFM {posture.ufm_version}) cannot isolate tenants: "
+            + "; ".join(f.line() for f in refused) + ". Nothing was changed",
+            posture.model_dump(mode="json"), type="FabricInsecure", non_retryable=True,
+        )  # fmt: skip
+    return [f.line() for f in posture.blocking()]
+
+
 async def resolve_and_check(calls: Endpoints, hosts: list[str], netbox: bool) -> dict[str, list[str]]:
     """host -> port GUIDs from UFM, cross-checked both ways against NetBox; fails closed naming the host."""
     resolved: ResolvedHosts = await calls.execute(
-        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_CALL, endpoint=UFM, summary="resolve hosts in UFM"
+        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_LISTING, endpoint=UFM,
+        summary="resolve hosts in UFM",
     )
     if resolved.unknown:
         raise ApplicationError(f"UFM has no HCA ports for host(s) {', '.join(resolved.unknown)}",
@@ -420,17 +470,31 @@ class IsolateTenant:
             if added:
                 await _fabric(inp.fabric, "withdraw", WithdrawRequest(tenant=inp.tenant, guids=added))
         after = await _read_pkey(self._calls, w.pkey, f"read back {w.pkey} after the undo")
+        if not w.allocated and w.pkey_before is not None and not after.exists \
+                and workflow.patched(UNDO_KEEPS_HELD_PKEY):  # fmt: skip
+            # The PKey was there, empty of these ports, before the run: UFM deleted it with the last port the
+            # undo removed. It is the tenant's and stays, as it was.
+            await self._calls.execute(
+                UfmActivities.ensure_pkey, EnsurePKey(pkey=w.pkey, partition_name=w.partition_before or inp.tenant),
+                **UFM_CALL, endpoint=UFM, summary=f"recreate {w.pkey}, deleted by UFM with its last member",
+            )  # fmt: skip
+            after = await _read_pkey(self._calls, w.pkey, f"read back {w.pkey} after recreating it")
         still = set(w.lines(after, ports, inp.fabric))
         return created, [line for line in reversed(created) if line not in still]
 
     async def _run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
+        posture, accepted = None, []
+        if workflow.patched(POSTURE_PATCH):
+            self._enter("checking-posture", f"fabric {inp.fabric}")
+            posture = await fabric_posture(self._calls)
+            accepted = refuse_insecure(inp.fabric, posture, list(inp.accept_posture))
         self._enter("resolving", f"hosts {', '.join(inp.hosts)}")
         by_host = await resolve_and_check(self._calls, inp.hosts, inp.netbox)
         members = {g: h for h, gs in by_host.items() for g in gs}
 
         self._enter("allocating")
         snap: FabricSnapshot = await self._calls.execute(
-            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, endpoint=UFM, summary="PKeys in UFM"
+            UfmActivities.snapshot, EmptyRequest(), **UFM_LISTING, endpoint=UFM, summary="PKeys in UFM"
         )
         state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
         ours = {a.pkey for a in state.allocations.values()} | set(state.retired)
@@ -440,8 +504,10 @@ class IsolateTenant:
             inp.fabric, "allocate",
             AllocateRequest(tenant=inp.tenant, members=members, membership=inp.membership, exclude=exclude),
         ))  # fmt: skip
-        before = next((p.members for p in snap.pkeys if p.pkey == alloc.pkey), None)
+        found = next((p for p in snap.pkeys if p.pkey == alloc.pkey), None)
+        before = found.members if found else None
         self._writes = IsolationWrites(pkey=alloc.pkey, allocated=held is None, pkey_before=before,
+                                       partition_before=found.partition if found else "",
                                        booked_before=sorted(held.members) if held else [], members=members)
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
@@ -477,10 +543,14 @@ class IsolateTenant:
         self._enter("isolated", f"PKey {alloc.pkey}: {len(members)} ports verified")
         # Created and added: from UFM before the first write, not the writes' answers (a retry after a lost
         # answer finds its own write done and would call it "already there").
-        added = [g for g in sorted(members) if (before or {}).get(g) != inp.membership]
+        before_members = before or {}
+        added = [g for g in sorted(members) if g not in before_members]
+        changed = [g for g in sorted(members) if g in before_members and before_members[g] != inp.membership]
+        already = [g for g in sorted(members) if g not in added and g not in changed]
         return IsolateTenantResult(fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, members=by_host,
-                                   added=added, already=[g for g in sorted(members) if g not in added],
-                                   pkey_created=before is None)
+                                   added=added, already=already,
+                                   pkey_created=before is None, membership_changed=changed, posture=posture,
+                                   accepted_findings=accepted)  # fmt: skip
 
 
 # ================================================================== ReleaseTenant
@@ -562,10 +632,14 @@ class ReleaseTenant:
                 endpoint=NETBOX, summary="clear the PKey in NetBox",
             )  # fmt: skip
         await _fabric(inp.fabric, "finish_release", FinishRelease(tenant=inp.tenant, remaining=deleted.remaining))
-        # Read from UFM, not the answers: after a lost one, the retry finds its own removal done ("absent").
-        pkey_deleted = deleted.deleted or (read.exists and not deleted.existed)
-        note = f"PKey {alloc.pkey} " + ("deleted" if pkey_deleted else
-                                        f"kept with {len(deleted.remaining)} other members (retired)")
+        # Read from UFM, not the answers: after a lost one, the retry finds its own removal or deletion done
+        # ("absent"). UFM deletes a PKey with its last member: there before the removal, gone after it.
+        by_ufm = not read.exists and (before.exists if before is not None else change.pkey_deleted)
+        by_us = deleted.deleted or (read.exists and not deleted.existed)
+        pkey_deleted = by_us or by_ufm
+        note = f"PKey {alloc.pkey} " + ("deleted" if by_us else "deleted by UFM with its last member" if by_ufm
+                                        else "already absent from UFM" if not read.exists
+                                        else f"kept with {len(deleted.remaining)} other members (retired)")
         self._enter("released", note)
         removed = [g for g in guids if g in before.members] if before else change.changed
         return ReleaseTenantResult(
@@ -577,7 +651,11 @@ class ReleaseTenant:
 
 # ================================================================== FabricAudit
 
-DriftKind = Literal["unknown-member", "missing-member", "missing-pkey", "guid-in-two-tenants", "wrong-membership"]
+DriftKind = Literal["unknown-member", "missing-member", "missing-pkey", "guid-in-two-tenants", "wrong-membership",
+                    "unknown-virtual-member", "virtual-member-of-other-tenant"]
+# What a repair removes: a member no tenant owns, or another tenant's physical port. Never a virtual GUID whose
+# physical port belongs to a tenant (that tenant's VM): it is reported only.
+_REMOVED_BY_REPAIR = ("unknown-member", "guid-in-two-tenants", "unknown-virtual-member")
 
 
 class FabricAuditInput(WorkflowInput, RetryTimeout):
@@ -608,7 +686,11 @@ class FabricAuditResult(StrictModel):
     drift: list[Drift] = Field(default_factory=list)
     repaired: list[str] = Field(default_factory=list, description="What the repair did, one line per change.")
     unmanaged_pkeys: list[str] = Field(default_factory=list, description="PKeys in UFM no tenant of this fabric owns.")
-    clean: bool
+    clean: bool = Field(description="No drift (the posture is reported apart: `insecure`).")
+    virtual_members: list[str] = Field(default_factory=list,
+                                       description="Virtual (SR-IOV) GUIDs recognised in their tenant's PKey.")
+    posture: FabricPosture | None = Field(None, description="The fabric's security posture, read on every run.")
+    insecure: bool = Field(False, description="The posture voids PKey isolation or leaves it unverifiable.")
 
 
 @workflow.defn
@@ -629,22 +711,30 @@ class FabricAudit:
     @workflow.run
     async def run(self, inp: FabricAuditInput) -> FabricAuditResult:
         self._phase = "reading"
+        posture = await fabric_posture(self._calls) if workflow.patched(POSTURE_PATCH) else None
         state = FabricState.model_validate(await _fabric(inp.fabric, "state"))
         allocations = list(state.allocations.values())
         snap: FabricSnapshot = await self._calls.execute(
-            UfmActivities.snapshot, EmptyRequest(), **UFM_CALL, endpoint=UFM, summary="PKeys in UFM"
+            UfmActivities.snapshot, EmptyRequest(), **UFM_LISTING, endpoint=UFM, summary="PKeys in UFM"
         )
-        drift = audit(allocations, snap)
+        drift, recognised = audit(allocations, snap)
         self._drift = drift
         managed = {a.pkey for a in allocations if a.state != "releasing"}
         result = FabricAuditResult(
             fabric=inp.fabric, checked_pkeys=sorted(managed),
-            drift=drift, clean=not drift,
+            drift=drift, clean=not drift, virtual_members=recognised,
             unmanaged_pkeys=[p.pkey for p in snap.pkeys if p.pkey not in managed and p.pkey not in state.retired],
+            posture=posture, insecure=bool(posture and posture.blocking()),
         )  # fmt: skip
-        workflow.metric_meter().create_gauge(
-            "millwright_fabric_drift", "Drift found by the last fabric audit", "items"
-        ).set(len(drift), {"fabric": inp.fabric})
+        meter = workflow.metric_meter()
+        meter.create_gauge("millwright_fabric_drift", "Drift found by the last fabric audit", "items").set(
+            len(drift), {"fabric": inp.fabric})
+        if posture is not None:
+            meter.create_gauge("millwright_fabric_insecure", "1: the last fabric audit found the fabric's posture "
+                               "voids PKey isolation or leaves it unverifiable").set(int(result.insecure),
+                                                                                     {"fabric": inp.fabric})
+            meter.create_gauge("millwright_fabric_posture_warnings", "Posture warnings (SM keys) of the last fabric "
+                               "audit", "items").set(len(posture.warnings()), {"fabric": inp.fabric})  # fmt: skip
         self._phase = "drift" if drift else "clean"
         self._details(result)
         if drift and inp.repair:
@@ -658,20 +748,24 @@ class FabricAudit:
         done: list[str] = []
         for pkey in sorted({d.pkey for d in drift if d.kind == "missing-pkey"}):
             await self._calls.execute(UfmActivities.ensure_pkey, EnsurePKey(pkey=pkey), **UFM_CALL,
-                                                   endpoint=UFM, summary=f"recreate {pkey}")  # fmt: skip
+                                      endpoint=UFM, summary=f"recreate {pkey}")  # fmt: skip
             done.append(f"created PKey {pkey}")
         for pkey in sorted({d.pkey for d in drift}):
             a = by_pkey.get(pkey)
             add = sorted({d.guid for d in drift if d.pkey == pkey and d.guid
                           and d.kind in ("missing-member", "missing-pkey", "wrong-membership")})  # fmt: skip
-            remove = sorted({d.guid for d in drift if d.pkey == pkey and d.guid
-                             and d.kind in ("unknown-member", "guid-in-two-tenants")})
+            remove = sorted({d.guid for d in drift if d.pkey == pkey and d.guid and d.kind in _REMOVED_BY_REPAIR})
             if add and a is not None:
+                # Absent GUIDs are added; members with another membership are changed by read-merge-PUT, read back.
                 await self._calls.execute(
                     UfmActivities.add_guids, AddGuids(pkey=pkey, guids=add, membership=a.membership), **UFM_CALL,
                     endpoint=UFM, summary=f"re-add {len(add)} GUIDs to {pkey}",
                 )  # fmt: skip
-                done += [f"added {g} ({a.members.get(g)}) to {pkey}" for g in add]
+                # Which were changed: from the audit's read, not the answer (a retry after a lost one finds the
+                # change done and reports nothing changed).
+                changed = {d.guid for d in drift if d.pkey == pkey and d.kind == "wrong-membership"}
+                done += [f"changed {g} ({a.members.get(g)}) to {a.membership} in {pkey}" if g in changed
+                         else f"added {g} ({a.members.get(g)}) to {pkey}" for g in add]  # fmt: skip
             if remove:
                 await self._calls.execute(
                     UfmActivities.remove_guids, RemoveGuids(pkey=pkey, guids=remove), **UFM_CALL,
@@ -682,16 +776,20 @@ class FabricAudit:
 
     def _details(self, r: FabricAuditResult) -> None:
         head = f"**{self._phase}** fabric `{r.fabric}`: {len(r.drift)} drift items in {len(r.checked_pkeys)} PKeys"
-        lines = [head] + [d.line() for d in r.drift[:50]] + [f"repaired: {x}" for x in r.repaired[:50]]
+        posture = [f"posture ({'blocking' if f.blocking else 'warning'}): {f.line()}"
+                   for f in (r.posture.findings if r.posture else [])]  # fmt: skip
+        lines = [head] + posture + [d.line() for d in r.drift[:50]] + [f"repaired: {x}" for x in r.repaired[:50]]
         workflow.set_current_details("\n\n".join(lines))
 
 
-def audit(allocations: list[Allocation], snap: FabricSnapshot) -> list[Drift]:
-    """Drift between the desired state (allocations) and UFM, one item per GUID and place."""
+def audit(allocations: list[Allocation], snap: FabricSnapshot) -> tuple[list[Drift], list[str]]:
+    """Drift between the desired state (allocations) and UFM, one item per GUID and place; and the virtual GUIDs
+    recognised in their own tenant's PKey (on one of the tenant's ports: its VMs), which are not drift."""
     in_ufm = {p.pkey: p for p in snap.pkeys}
     host = snap.hosts_by_guid
     owner = {g: a for a in allocations for g in a.members}
     out: list[Drift] = []
+    recognised: list[str] = []
     live = [a for a in allocations if a.state != "releasing"]
     for a in sorted(live, key=lambda a: a.pkey):
         p = in_ufm.get(a.pkey)
@@ -711,6 +809,21 @@ def audit(allocations: list[Allocation], snap: FabricSnapshot) -> list[Drift]:
         for g in sorted(set(p.members) - set(a.members)):
             other = owner.get(g)
             h = host.get(g, "unknown host")
+            v = snap.virtual.get(g)
+            if v is not None and other is None:
+                port_owner = owner.get(v.port_guid)
+                where = f"virtual port {g} of {v.host or 'unknown host'} (on port {v.port_guid})"
+                if port_owner is None:
+                    out.append(Drift(kind="unknown-virtual-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=v.host,
+                                     detail=f"{where} is a member, but its port belongs to no tenant"))
+                elif port_owner.tenant != a.tenant:
+                    out.append(Drift(kind="virtual-member-of-other-tenant", pkey=a.pkey, tenant=a.tenant, guid=g,
+                                     host=v.host, detail=f"{where} of tenant {port_owner.tenant} ({port_owner.pkey}) "
+                                                         f"is a member of {a.tenant}'s PKey; left for the tenants "
+                                                         "to settle (a repair never removes it)"))  # fmt: skip
+                else:
+                    recognised.append(f"{a.pkey} ({a.tenant}): {where}")
+                continue
             if other is not None:
                 out.append(Drift(kind="guid-in-two-tenants", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
                                  detail=f"port {g} of {h} belongs to tenant {other.tenant} ({other.pkey}) "
@@ -718,4 +831,4 @@ def audit(allocations: list[Allocation], snap: FabricSnapshot) -> list[Drift]:
                 continue
             out.append(Drift(kind="unknown-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
                              detail=f"port {g} of {h} is a member but not desired"))
-    return out
+    return out, recognised

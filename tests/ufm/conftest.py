@@ -22,6 +22,14 @@ TOKEN = f"ufmtok{uuid.uuid4().hex}"
 SUFFIX = uuid.uuid4().hex[:5]
 
 
+def ufm_http(ufm_stub):
+    """An httpx client for out-of-band changes, as an operator would make them in UFM (Basic auth on /ufmRest)."""
+    import httpx
+
+    return httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD),
+                             headers={"User-Agent": "operator"})
+
+
 def make_fleet():
     from lab.fleet import Fleet, InfiniBandSpec, NodeGenerator
 
@@ -52,6 +60,20 @@ def https_ufm_stub(lab_ca):
         yield stub
 
 
+CLIENT_SAN = "millwright-worker"  # the client certificate name `mtls_ufm_stub` associates with UFM's admin user
+
+
+@pytest.fixture(scope="session")
+def mtls_ufm_stub(lab_ca):
+    """The emulator behind HTTPS that requires a client certificate of the session's lab CA (UFM's
+    client_cert_authentication, Apache's SSLVerifyClient require); the name CLIENT_SAN authenticates as admin."""
+    from lab.ufm import UfmStub
+
+    with UfmStub(password=PASSWORD, token=TOKEN, tls=lab_ca.issue("ufm-mtls", ["127.0.0.1"]), client_ca=lab_ca.ca_file,
+                 client_cert_sans=[{"san": CLIENT_SAN, "user": "admin"}]) as stub:  # fmt: skip
+        yield stub
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def ufm(ufm_stub, fleet):
     """The emulator's admin API; the fabric reset and seeded from the fleet before each test."""
@@ -79,14 +101,15 @@ def ufm_config(ufm_stub, ufm_secret_file):
     return UfmConfig(url=ufm_stub.url, credentials=SecretRef.parse(f"file:{ufm_secret_file}"))
 
 
-async def _worker(client, ufm_config, netbox_cfg):
+async def _worker(client, ufm_config, netbox_cfg, workflows=None):
+    """A worker with the UFM (and NetBox) activities and `workflows` (default: every workflow)."""
     from activities.netbox import NetBoxActivities
     from activities.ufm import UfmActivities
     from worker import registry
     from workflows import WORKFLOWS
 
     registration = registry.Registration(
-        workflows=list(WORKFLOWS),
+        workflows=list(workflows or WORKFLOWS),
         activities=UfmActivities(ufm_config).activities() + NetBoxActivities(netbox_cfg).activities(),
     )
     return registry.new_worker(client, registration, f"ufm-test-{uuid.uuid4().hex[:8]}")

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from tests.ufm.conftest import PASSWORD, TOKEN
+from tests.test_node_maintenance import record_history
+from tests.ufm.conftest import PASSWORD, TOKEN, ufm_http
 from workflows.fabric import (
     FabricAudit,
     FabricAuditInput,
@@ -31,10 +32,15 @@ def _fabric() -> str:
     return f"ib-{uuid.uuid4().hex[:6]}"
 
 
-async def run(client, worker, wf, inp):
+async def run(client, worker, wf, inp, record: str | None = None):
+    """Run `wf` to its result; `record` names the history kept for replay tests (tests/histories/README.md)."""
     wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
     STARTED.append(wid)
-    return await client.execute_workflow(wf.run, inp, id=wid, task_queue=worker.task_queue)
+    handle = await client.start_workflow(wf.run, inp, id=wid, task_queue=worker.task_queue)
+    result = await handle.result()
+    if record:
+        await record_history(handle, record)
+    return result
 
 
 def guids_of(fleet, *hosts) -> set[str]:
@@ -44,12 +50,6 @@ def guids_of(fleet, *hosts) -> set[str]:
 
 def hosts(fleet) -> list[str]:
     return list(fleet.ib_ports())
-
-
-def ufm_http(ufm_stub) -> httpx.AsyncClient:
-    """Out-of-band changes, as an operator would make them in UFM."""
-    return httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD),
-                             headers={"User-Agent": "operator"})
 
 
 # ---------------------------------------------------------------- the emulator itself
@@ -73,8 +73,18 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert (await c.delete(f"/resources/pkeys/0x10/guids/{g[0]},{'0' * 16}")).status_code == 200
         assert await ufm.members("0x10") == {g[1]: "limited"}
         assert "0x10" in (await c.get("/resources/pkeys")).json()
+        # QoS only when asked for, in the guide's shape; the management PKey reports its default membership.
+        assert set((await c.get("/resources/pkeys/0x10")).json()) == {"partition", "ip_over_ib"}
+        qos = (await c.get("/resources/pkeys/0x10", params={"qos_conf": "true"})).json()["qos_conf"]
+        assert qos == {"mtu_limit": 2, "service_level": 0, "rate_limit": 2.5}
+        management = (await c.get("/resources/pkeys/0x7fff", params={"guids_data": "true"})).json()
+        assert management["membership"] == "limited" and management["guids"] == []  # fleet_seed's posture
+        assert (await c.get("/app/smconf", params={"param_name": "m_key_per_port"})).json() == {"m_key_per_port": True}
+        # Removing the last member deletes the PKey, as UFM does.
+        assert (await c.post("/actions/remove_guids_from_pkey", json={"pkey": "0x10", "guids": [g[1]]})).status_code == 200
+        assert "0x10" not in (await c.get("/resources/pkeys")).json()
         assert "last_updated" in (await c.get("/resources/pkeys/last_updated")).json()
-        assert (await c.get("/app/ufm_version")).status_code == 200
+        assert (await c.get("/app/ufm_version")).json()["ufm_release_version"] == "6.22.1-2"
         assert (await c.get("/resources/pkeys", auth=("admin", "wrong"))).status_code == 401
     async with httpx.AsyncClient(base_url=ufm_stub.url) as c:
         ok = await c.get("/ufmRestV3/resources/systems", headers={"Authorization": f"Basic {TOKEN}"})
@@ -145,12 +155,14 @@ async def test_guid_mismatch_fails_closed_without_touching_ufm(client, ufm_nb_wo
 async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_stub, fleet):
     h = hosts(fleet)
     fabric = _fabric()
-    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False),
+                   record="isolate_tenant_created")
     rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
     storage = sorted(guids_of(fleet, h[5]))[0]
     async with ufm_http(ufm_stub) as c:  # a shared storage port joins tenant a's PKey out of band
         (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [storage]})).raise_for_status()
-    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False))
+    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False),
+                    record="release_tenant_kept")
     assert set(rel.removed) == guids_of(fleet, *h[0:2])
     assert not rel.pkey_deleted and rel.remaining == {storage: "full"}
     assert await ufm.members(ra.pkey) == {storage: "full"}
@@ -158,11 +170,34 @@ async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_
     # The kept PKey is retired: a new tenant gets another one.
     rc = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tc", hosts=h[0:1], netbox=False))
     assert rc.pkey not in (ra.pkey, rb.pkey)
-    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
+    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False),
+                     record="release_tenant_deleted")
     assert relb.pkey_deleted and rb.pkey not in (await ufm.state())["pkeys"]
     # Releasing twice is a no-op.
     again = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
     assert again.pkey is None
+
+
+async def test_release_reports_ufms_deletion_read_from_ufm_after_a_lost_answer(client, ufm_worker, ufm, fleet):
+    """The removal's answer is lost after UFM removed the last members (deleting the PKey) and its read back
+    fails: the retry finds nothing to remove, so its answer says nothing was deleted. The release reads UFM before
+    and after, and reports the PKey deleted by UFM, and the ports as removed."""
+    from tests.kube_helpers import current_details
+
+    h = hosts(fleet)
+    fabric = _fabric()
+    iso = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:1], netbox=False))
+    lost = await ufm.add_fault({"method": "POST", "path": r"/remove_guids_from_pkey$"}, {"drop": "after"})
+    await ufm.add_fault({"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 503}, after=lost)
+    inp = ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False)
+    wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
+    STARTED.append(wid)
+    handle = await client.start_workflow(ReleaseTenant.run, inp, id=wid, task_queue=ufm_worker.task_queue)
+    rel = await handle.result()
+    assert [f for f in (await ufm._req("GET", "/_lab/faults"))["faults"] if f["remaining"]] == [], "both faults hit"
+    assert iso.pkey not in (await ufm.state())["pkeys"]
+    assert rel.pkey_deleted and set(rel.removed) == guids_of(fleet, h[0]) and not rel.already_absent
+    assert f"PKey {iso.pkey} deleted by UFM with its last member" in await current_details(handle)
 
 
 async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker, ufm, ufm_stub, fleet):
@@ -191,11 +226,39 @@ async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker,
     assert not found.clean and not found.repaired
     assert await ufm.audit(since=cursor, writes=True) == [] and await ufm.state() == before
 
-    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
+                      record="fabric_audit_repair")
     assert len(fixed.repaired) == 3
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
     assert (await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))).clean
+
+
+async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenant(client, ufm_worker, ufm, fleet,
+                                                                                  ufm_stub):  # fmt: skip
+    from lab.ufm import fleet_seed
+
+    h, ports = hosts(fleet), fleet.ib_ports()
+    on = {n: sorted(ports[h[n]])[0] for n in (0, 2, 5)}
+    own, others, orphan, stray = (f"0002c90000000c0{i}" for i in range(1, 5))  # stray: no virtual port UFM knows
+    await ufm.seed({**fleet_seed(fleet), "vports": [{"port_guid": on[0], "guid": own},
+                                                    {"port_guid": on[2], "guid": others},
+                                                    {"port_guid": on[5], "guid": orphan}]})  # fmt: skip
+    fabric = _fabric()
+    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
+    await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    async with ufm_http(ufm_stub) as c:  # VMs' virtual ports join tenant a's PKey
+        (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [own, others, orphan, stray]})).raise_for_status()
+    found = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
+    assert {(d.kind, d.guid, d.host) for d in found.drift} == {
+        ("virtual-member-of-other-tenant", others, h[2]),
+        ("unknown-virtual-member", orphan, h[5]),
+        ("unknown-member", stray, "unknown host"),
+    }, found.drift
+    assert found.virtual_members == [f"{ra.pkey} (ta): virtual port {own} of {h[0]} (on port {on[0]})"]
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    assert sorted(fixed.repaired) == sorted(f"removed {g} from {ra.pkey}" for g in (orphan, stray))
+    assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2]) | {own, others}  # tenants' VMs stay
 
 
 # ---------------------------------------------------------------- a worker SIGKILLed between add and verify
@@ -248,12 +311,15 @@ async def test_worker_killed_between_add_and_verify(client, temporal_address, uf
 # ---------------------------------------------------------------- secrecy (keep last)
 
 
-async def test_ufm_credentials_absent_from_every_history(client):
-    secrets = [PASSWORD, TOKEN, base64.b64encode(f"admin:{PASSWORD}".encode()).decode()]
+async def test_ufm_credentials_and_sm_keys_absent_from_every_history(client, fleet):
+    from lab.ufm import fleet_seed
+
+    sm_keys = [v for k, v in fleet_seed(fleet)["smconf"].items() if k.endswith("_key")]  # read by every posture check
+    secrets = [PASSWORD, TOKEN, base64.b64encode(f"admin:{PASSWORD}".encode()).decode(), *sm_keys]
     scanned = 0
     async for wf in client.list_workflows():
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         text = history.to_json()
-        assert not any(s in text for s in secrets), f"a UFM credential in the history of {wf.id}"
+        assert not any(s in text for s in secrets), f"a UFM credential or SM key in the history of {wf.id}"
         scanned += 1
     assert scanned >= len(STARTED) > 0

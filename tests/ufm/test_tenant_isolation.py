@@ -121,11 +121,11 @@ async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fle
     assert report["created"][-1] == pkey_entry and report["removed"][0] == pkey_entry
     assert report["removed"] == list(reversed(report["created"]))  # undone in reverse order
     assert "listing refused" in str(err)
-    # UFM: the members added, then removed (the compensation's DELETE of exactly them), the PKey gone.
+    # UFM: the members added, then removed (the compensation's removal of exactly them), the PKey gone.
     writes = await ufm.audit(since=cursor, writes=True)
-    removes = [w for w in writes if w["method"] == "DELETE" and f"/pkeys/{pkey}/guids/" in w["path"]]
+    removes = [w for w in writes if w["path"].endswith("/actions/remove_guids_from_pkey")]
     assert len(removes) == 1, writes
-    assert set(removes[0]["path"].rsplit("/", 1)[1].split(",")) == _guids(fleet, hosts)
+    assert removes[0]["body"]["pkey"] == pkey and set(removes[0]["body"]["guids"]) == _guids(fleet, hosts)
     assert pkey not in (await ufm.state())["pkeys"]
     assert _tenant_objects(await k8s.dump(), tenant) == []
 
@@ -203,3 +203,41 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
         assert set(state["allocations"][tenant]["members"]) == _guids(fleet, hosts[:1])
     else:
         assert tenant not in state["allocations"]
+
+
+async def test_undo_keeps_the_tenants_pkey_that_ufm_deletes_with_its_last_member(client, ufm, ufm_stub, fleet,
+                                                                                 ib_tenant_worker):
+    """The tenant's PKey is in UFM but empty (its members were removed outside Millwright); an isolation adding a
+    host to it fails after the add. Removing that host's ports, the undo empties the PKey, which UFM deletes with
+    its last member: the undo puts it back, as it was before the run, and reports only the ports."""
+    from tests.ufm.conftest import ufm_http
+    from workflows.fabric import IsolateTenant, IsolateTenantInput
+
+    hosts = list(fleet.ib_ports())[0:2]
+    fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"
+    first = await _run(client, ib_tenant_worker, IsolateTenant.run,
+                       IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False))
+    partition = (await ufm.state())["pkeys"][first.pkey]["partition"]
+    async with ufm_http(ufm_stub) as c:  # UFM deletes the PKey with these, its last members; then made again, empty
+        (await c.post("/actions/remove_guids_from_pkey",
+                      json={"pkey": first.pkey, "guids": sorted(_guids(fleet, hosts[:1]))})).raise_for_status()
+        (await c.post("/resources/pkeys/add", json={"pkey": first.pkey, "partition_name": partition,
+                                                    "index0": True, "ip_over_ib": True})).raise_for_status()
+    before = await ufm.state()
+    assert before["pkeys"][first.pkey]["guids"] == []
+    lost_add = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
+    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"},
+                        after=lost_add, skip=1)  # the verification read (see the test above)
+    cursor = await ufm.audit_cursor()
+    err = await _fails(client, ib_tenant_worker, IsolateTenant.run,
+                       IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[1:], netbox=False))
+    assert "injected: refused" in str(err), err
+
+    writes = [(w["method"], w["path"]) for w in await ufm.audit(since=cursor, writes=True)]
+    assert writes[-2:] == [("POST", "/ufmRest/actions/remove_guids_from_pkey"),
+                           ("POST", "/ufmRest/resources/pkeys/add")], writes
+    assert (await ufm.state())["pkeys"] == before["pkeys"], "UFM is back to its state before the run"
+    ports = [f"port {g} of {hosts[1]} in PKey {first.pkey}" for g in sorted(_guids(fleet, hosts[1:]))]
+    assert err.details[0] == {"created": ports, "removed": list(reversed(ports))}, err.details
+    state = await client.get_workflow_handle(f"fabric/{fabric}").query("state", result_type=dict)
+    assert set(state["allocations"][tenant]["members"]) == _guids(fleet, hosts[:1])

@@ -1,7 +1,11 @@
-"""The UFM client at the edges: TLS (UFM ships a self-signed certificate) and writes whose answer is lost.
+"""The UFM client at the edges: TLS (UFM ships a self-signed certificate), client certificates, and writes whose
+answer is lost.
 
 TLS: an untrusted certificate fails at once, non-retryable, with the TLS error and the setting that fixes it
 (MILLWRIGHT_UFM_CA_BUNDLE or MILLWRIGHT_UFM_VERIFY_TLS=false), and an isolation that meets it ends at once.
+Client certificates (mutual TLS): a certificate UFM associates with a user authenticates without a password, from
+a file or from an environment variable; one it does not is refused (UfmAuth); none, where UFM requires one, names
+the settings.
 Lost answers: UFM's answer never decides that a write is done; it is read back, so a write UFM carried out whose
 answer was dropped counts as this attempt's (the result says so) and a success answer for a write that did not
 land is retried. Judged from the emulator's state and write audit log."""
@@ -16,8 +20,19 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
-from activities.ufm import AddGuids, EnsurePKey, HostsRequest, PKeyRef, RemoveGuids, UfmActivities, UfmConfig
+from activities.secrets import SecretRef
+from activities.ufm import (
+    AddGuids,
+    EmptyRequest,
+    EnsurePKey,
+    HostsRequest,
+    PKeyRef,
+    RemoveGuids,
+    UfmActivities,
+    UfmConfig,
+)
 from tests.conftest import as_localhost
+from tests.ufm.conftest import CLIENT_SAN
 from workflows.fabric import IsolateTenant, IsolateTenantInput
 
 
@@ -91,6 +106,54 @@ async def test_an_isolation_behind_an_untrusted_certificate_ends_at_once(client,
     assert await https_ufm.audit() == []
 
 
+# ---------------------------------------------------------------- client certificates
+
+
+def certificate_config(stub, lab_ca, cert, key, **more) -> UfmConfig:
+    return UfmConfig(url=stub.url, client_cert=SecretRef.parse(cert), client_key=SecretRef.parse(key),
+                     ca_bundle=lab_ca.reference, **more)  # fmt: skip
+
+
+async def test_a_client_certificate_authenticates_without_a_password(mtls_ufm_stub, lab_ca, monkeypatch):
+    good = lab_ca.issue_client("ufm-client", CLIENT_SAN)
+    env = ActivityEnvironment()
+    from_files = certificate_config(mtls_ufm_stub, lab_ca, f"file:{good.cert}", f"file:{good.key}")
+    posture = await env.run(UfmActivities(from_files).fabric_posture, EmptyRequest())
+    assert posture.default_membership == "full"  # an emulator as UFM ships: read through the certificate alone
+    monkeypatch.setenv("UFM_CLIENT_CERT_PEM", good.cert.read_text())
+    monkeypatch.setenv("UFM_CLIENT_KEY_PEM", good.key.read_text())
+    from_env = certificate_config(mtls_ufm_stub, lab_ca, "env:UFM_CLIENT_CERT_PEM", "env:UFM_CLIENT_KEY_PEM")
+    assert (await env.run(UfmActivities(from_env).get_pkey, PKeyRef(pkey="0x42"))).exists is False
+
+    stranger = lab_ca.issue_client("ufm-stranger", "someone-else")
+    with pytest.raises(ApplicationError) as refused:
+        await env.run(UfmActivities(certificate_config(mtls_ufm_stub, lab_ca, f"file:{stranger.cert}",
+                                                       f"file:{stranger.key}")).get_pkey, PKeyRef(pkey="0x42"))
+    assert refused.value.type == "UfmAuth" and refused.value.non_retryable
+
+    with pytest.raises(ApplicationError) as unreadable:
+        await env.run(UfmActivities(certificate_config(mtls_ufm_stub, lab_ca, f"file:{good.cert}",
+                                                       f"file:{good.cert}")).get_pkey, PKeyRef(pkey="0x42"))
+    assert unreadable.value.type == "TlsNotConfigured" and "MILLWRIGHT_UFM_CLIENT_CERT" in str(unreadable.value)
+
+
+async def test_no_client_certificate_where_ufm_requires_one_names_the_settings(mtls_ufm_stub, lab_ca, ufm_config):
+    config = ufm_config.model_copy(update={"url": mtls_ufm_stub.url, "ca_bundle": lab_ca.reference})
+    with pytest.raises(ApplicationError) as err:
+        await ActivityEnvironment().run(UfmActivities(config).get_pkey, PKeyRef(pkey="0x42"))
+    assert err.value.type == "UfmUnavailable" and "MILLWRIGHT_UFM_CLIENT_CERT" in str(err.value), err.value
+
+
+def test_worker_settings_take_a_client_certificate():
+    from worker.config import ConfigError, WorkerSettings
+
+    config = WorkerSettings(ufm_url="https://ufm.example.com", ufm_client_cert="file:/etc/ufm/tls.crt",
+                            ufm_client_key="file:/etc/ufm/tls.key").ufm_config()
+    assert config.credentials is None and str(config.client_cert) == "file:/etc/ufm/tls.crt"
+    with pytest.raises(ConfigError, match="go together"):
+        WorkerSettings(ufm_url="https://ufm.example.com", ufm_client_cert="file:/etc/ufm/tls.crt").ufm_config()
+
+
 # ---------------------------------------------------------------- lost answers
 
 
@@ -105,8 +168,8 @@ async def writes(ufm, since: int, method: str, path: str) -> list[dict]:
 async def test_writes_whose_answer_is_dropped_are_read_back_and_reported_done(ufm, ufm_config, fleet):
     env, acts, members = ActivityEnvironment(), UfmActivities(ufm_config), guids(fleet)
     cursor = await ufm.audit_cursor()
-    for method, path in (("POST", r"/pkeys/add$"), ("POST", r"/resources/pkeys$"), ("DELETE", r"/guids/"),
-                         ("DELETE", r"/pkeys/0x[0-9a-f]+$")):
+    for method, path in (("POST", r"/pkeys/add$"), ("POST", r"/resources/pkeys$"),
+                         ("POST", r"/remove_guids_from_pkey$"), ("DELETE", r"/pkeys/0x[0-9a-f]+$")):
         await ufm.add_fault({"method": method, "path": path}, {"drop": "after"})  # carried out, then cut off
 
     created = await env.run(acts.ensure_pkey, EnsurePKey(pkey="0x51", partition_name="lost"))
@@ -114,13 +177,15 @@ async def test_writes_whose_answer_is_dropped_are_read_back_and_reported_done(uf
     assert created.created and added.changed == members and not added.unchanged
     assert await ufm.members("0x51") == {g: "full" for g in members}
     removed = await env.run(acts.remove_guids, RemoveGuids(pkey="0x51", guids=members))
-    deleted = await env.run(acts.delete_pkey_if_empty, PKeyRef(pkey="0x51"))
-    assert removed.changed == members and deleted.deleted
+    assert removed.changed == members and removed.pkey_deleted  # UFM deletes a PKey with its last member
     assert "0x51" not in (await ufm.state())["pkeys"]
+    assert (await env.run(acts.ensure_pkey, EnsurePKey(pkey="0x52"))).created  # empty: deleted by Millwright
+    deleted = await env.run(acts.delete_pkey_if_empty, PKeyRef(pkey="0x52"))
+    assert deleted.deleted and "0x52" not in (await ufm.state())["pkeys"]
     # Each write went once: the answer's loss was settled by reading, not by writing again.
-    for method, path in (("POST", "/pkeys/add"), ("POST", "/pkeys"), ("DELETE", ",".join(members)),
-                         ("DELETE", "/pkeys/0x51")):
-        assert len(await writes(ufm, cursor, method, path)) == 1, (method, path)
+    for method, path in (("POST", "/pkeys/add"), ("POST", "/pkeys"), ("POST", "/remove_guids_from_pkey"),
+                         ("DELETE", "/pkeys/0x52")):
+        assert len(await writes(ufm, cursor, method, path)) == (2 if path == "/pkeys/add" else 1), (method, path)
 
 
 async def test_a_write_that_did_not_land_is_retried_whatever_ufm_answered(ufm, ufm_config, fleet):
