@@ -165,6 +165,20 @@ class EmptyRequest(StrictModel):
     pass
 
 
+class PKeyList(StrictModel):
+    pkeys: list[str] = Field(description="Every PKey UFM holds, without members, in ascending order.")
+
+
+class GuidsRequest(StrictModel):
+    guids: list[str] = Field(min_length=1, max_length=20000)
+    _g = field_validator("guids")(_guids)
+
+
+class PortHosts(StrictModel):
+    hosts: dict[str, str] = Field(default_factory=dict, description="Port GUID -> UFM system name, for the "
+                                                                    "GUIDs asked for that UFM knows.")  # fmt: skip
+
+
 class FabricCall(StrictModel):
     """One update of a Fabric entity workflow, started with the update if it does not run yet."""
 
@@ -202,7 +216,8 @@ class UfmActivities:
 
     def activities(self) -> list[Callable]:
         return [self.resolve_hosts, self.ensure_pkey, self.add_guids, self.remove_guids, self.get_pkey,
-                self.delete_pkey_if_empty, self.snapshot, self.call_fabric]  # fmt: skip
+                self.delete_pkey_if_empty, self.snapshot, self.list_pkeys, self.port_hosts,
+                self.call_fabric]  # fmt: skip
 
     async def close(self) -> None:  # a Registration resource; clients are per call
         return None
@@ -342,6 +357,25 @@ class UfmActivities:
         for p in ports:
             if p.get("guid") and p.get("system_name"):
                 out.hosts_by_guid.setdefault(normalize_guid(p["guid"]), p["system_name"])
+        return out
+
+    @activity.defn
+    async def list_pkeys(self, _: EmptyRequest) -> PKeyList:
+        """The PKeys UFM holds, without their members (a fabric audit reads members one PKey at a time)."""
+        async with self._client() as client:
+            keys = await self._call(client, "GET", "/resources/pkeys", "listing PKeys")
+        return PKeyList(pkeys=[f"0x{n:x}" for n in sorted(int(k, 16) for k in keys or [])])
+
+    @activity.defn
+    async def port_hosts(self, req: GuidsRequest) -> PortHosts:
+        """The system each of these port GUIDs belongs to: UFM's port list read here, only the GUIDs asked for
+        returned, so that the answer stays small however large the fabric."""
+        async with self._client() as client:
+            ports = await self._call(client, "GET", "/resources/ports", "listing UFM ports")
+        wanted, out = set(req.guids), PortHosts()
+        for p in ports:
+            if p.get("guid") and p.get("system_name") and (g := normalize_guid(p["guid"])) in wanted:
+                out.hosts.setdefault(g, p["system_name"])
         return out
 
     # ------------------------------------------------------------ writes
