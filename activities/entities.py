@@ -101,7 +101,8 @@ def failed_outcome(cause: BaseException | None) -> RunOutcome:
     causes: list[FailureCause] = []
     at = cause
     while at is not None:
-        causes.append(FailureCause(type=getattr(at, "type", None) or type(at).__name__,
+        kind = getattr(at, "type", None)  # an ApplicationError's type (a TimeoutError's is an enum: its class then)
+        causes.append(FailureCause(type=kind if isinstance(kind, str) and kind else type(at).__name__,
                                    message=(getattr(at, "message", None) or str(at))[:500]))  # fmt: skip
         at = at.__cause__
     status = ("terminated" if isinstance(cause, TerminatedError) else "canceled" if isinstance(cause, CancelledError)
