@@ -10,6 +10,7 @@ from lab.hosts import LabHosts
 from lab.redfish import BmcAdmin
 from tests.burnin.test_fleet_burnin import fleet_input
 from tests.carried_helpers import carried_waits, runs_of
+from tests.test_node_maintenance import record_history
 from tests.workers import settings_worker
 from workflows.fleet_burnin import FleetBurnIn
 
@@ -41,7 +42,9 @@ async def test_fleet_continues_as_new_while_its_servers_burn_in(small_history_en
     assert sorted(o.server for o in result.outcomes) == names[1:3]
     assert all(o.result == "failed" and "GPU0" in o.reason for o in result.outcomes), result.outcomes
     # It continued as new with servers still burning in, and a later run waited for them by ID.
-    assert len(await runs_of(client, inp.workflow_id())) > 2
+    runs = await runs_of(client, inp.workflow_id())
+    assert len(runs) > 2
+    await record_history(client.get_workflow_handle(inp.workflow_id(), run_id=runs[1].run_id), "fleet_burn_in_carried")
     waited = await carried_waits(client, inp.workflow_id())
     assert waited and set(waited) <= {f"burn-in of {n}" for n in names}
     # Each server burned in exactly once.

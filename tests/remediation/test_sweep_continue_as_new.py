@@ -11,6 +11,7 @@ import pytest
 from tests.carried_helpers import carried_waits, runs_of
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER
 from tests.remediation.helpers import fast_settings, fleet
+from tests.test_node_maintenance import record_history
 from tests.workers import settings_worker
 from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
 
@@ -63,3 +64,6 @@ async def test_sweep_continues_as_new_mid_fleet_and_loses_no_node(small_history_
     assert len(await carried_waits(client, sweep_id)) >= 2
     slices = [e async for e in client.list_workflows(f"WorkflowId STARTS_WITH '{sweep_id}/slice-'")]
     assert len(slices) == len({s.id for s in slices}) == 7
+    # A run that waits for carried slices and starts remediations; one slice.
+    await record_history(client.get_workflow_handle(sweep_id, run_id=runs[1].run_id), "fleet_health_sweep_carried")
+    await record_history(client.get_workflow_handle(min(s.id for s in slices)), "fleet_health_sweep_slice")

@@ -12,6 +12,7 @@ import uuid
 
 
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
+from tests.test_node_maintenance import record_history
 from tests.ufm.conftest import _worker
 from workflows.fabric import Fabric, IsolateTenant, IsolateTenantInput, ReleaseTenant, ReleaseTenantInput
 
@@ -114,8 +115,9 @@ async def test_audit_continues_as_new_between_pkeys_and_reports_every_drift_once
                                       "wrong-membership": 1, "missing-pkey": 3}  # fmt: skip
         assert found.checked_pkeys == [p for p, _ in tenants.values()]
         assert "0x7000" in found.unmanaged_pkeys and not set(found.unmanaged_pkeys) & set(found.checked_pkeys)
-        runs = [e async for e in client.list_workflows(f"WorkflowId = '{wid}'")]
+        runs = sorted([e async for e in client.list_workflows(f"WorkflowId = '{wid}'")], key=lambda e: e.start_time)
         assert len(runs) > 2, "the audit continued as new between PKeys"
+        await record_history(client.get_workflow_handle(wid, run_id=runs[0].run_id), "fabric_audit_by_pkey")
 
         _, fixed = await audit(repair=True)
         assert fixed.drift_total == 7 and fixed.repaired_total == len(fixed.repaired) == 7
