@@ -18,7 +18,9 @@ twice at once):
 FleetHealthSweep reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs'
 health, decides with `workflows.remediation_policy.decide`, and starts at most `max_remediations` children
 with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep). A start that finds the node's
-remediation already running (another sweep, a manual start) is reported as such, never duplicated.
+remediation already running (another sweep, a manual start) is reported as such, never duplicated. It reads and
+probes the nodes in slice children of a few hundred nodes each and continues as new with a cursor, so that no run
+passes ~8,300 history events at 10,000 nodes (the class's docstring counts them).
 """
 
 from __future__ import annotations
