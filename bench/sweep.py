@@ -3,13 +3,16 @@
     python -m bench.sweep --nodes 2000
     python -m bench.sweep --nodes 10000                      # the 10,000-node check: no run over 10,240 events
     python -m bench.sweep --nodes 2000 --bmcs                # also each node's BMC health (the lab's BMCs)
+    python -m bench.sweep --nodes 10000 --no-agents          # no GPU checks: nodes' conditions (and BMCs) only
     python -m bench.sweep --fabric-ports 4000 --tenants 100  # a FabricAudit over a fabric of 4,000 ports instead
 
 Sweep: seeds the Kubernetes emulator with N GPU nodes, every `--unhealthy-every`-th with a Node Problem Detector
 condition and every `--not-ready-every`-th NotReady for long, and runs one FleetHealthSweep (dry run: it decides,
 starts nothing) against a fresh dev server: node names listed page by page, slices of `--slice-size` nodes, each
 node's GPU check sent to its host agent's queue, where no agent runs (each one unknown after `--agent-timeout`,
-the cost of a fleet without agents), and with `--bmcs` each node's BMC read through the lab's Redfish BMCs.
+the cost of a fleet without agents; each check goes to its node's own task queue, which the dev server creates:
+thousands of queues, its largest cost at scale; `--no-agents` leaves the checks out), and with `--bmcs` each node's
+BMC read through the lab's Redfish BMCs.
 
 Audit: seeds the UFM emulator with a fabric of P host ports (8 a host), gives them to T tenants (one PKey each) in
 the Fabric entity's desired state, drops one member from every tenth PKey in UFM, and runs one FabricAudit.
@@ -81,7 +84,7 @@ async def sweep(args: argparse.Namespace, settings: dict, bmcs: dict[str, str]) 
         inp = FleetHealthSweepInput(
             clusters=["lab"], agent_timeout=args.agent_timeout, concurrency=args.concurrency,
             slice_size=args.slice_size, slices_at_once=args.slices_at_once, dry_run=True,
-            checks={"bmc": bool(bmcs)}, bmcs={n: {"url": u} for n, u in bmcs.items()},
+            checks={"bmc": bool(bmcs), "host_agent": not args.no_agents}, bmcs={n: {"url": u} for n, u in bmcs.items()},
         )  # fmt: skip
         wid = f"{inp.workflow_id()}/bench-{uuid.uuid4().hex[:6]}"
         result, wall, lengths, used = await run_one(settings | {"kubeconfig": str(kube)}, FleetHealthSweep.run, inp,
@@ -181,6 +184,7 @@ async def main(args: argparse.Namespace) -> None:
     else:
         measured = await sweep(args, settings, {})
         what = "FleetHealthSweep without BMCs"
+    what += ", no GPU checks" if args.no_agents and not args.fabric_ports else ""
     lengths, nodes = measured["lengths"], measured["nodes"]
     if not args.fabric_ports:
         what += (f", slices of {args.slice_size}, {args.slices_at_once} at once, concurrency {args.concurrency}, "
@@ -206,6 +210,7 @@ if __name__ == "__main__":
                                                                     "at once")  # fmt: skip
     parser.add_argument("--agent-timeout", type=float, default=1.0)
     parser.add_argument("--bmcs", action="store_true", help="run the lab's BMCs and read each node's health")
+    parser.add_argument("--no-agents", action="store_true", help="no GPU checks (checks.host_agent false)")
     parser.add_argument("--fabric-ports", type=int, default=0, help="audit a fabric of this many ports instead")
     parser.add_argument("--tenants", type=int, default=100)
     asyncio.run(main(parser.parse_args()))
