@@ -16,8 +16,9 @@ servers that did not pass with why (the first 1,000).
 History events per server: the child's start (initiated, started), its close (one event) and two workflow tasks
 (3 each): ~9; a child running across a continue-as-new costs ~6 more (the outcome activity and a workflow task).
 The run continues as new past `HISTORY_LIMIT` events or at the server's suggestion (4,096 by default), checked
-before each start and while paused; between two checks at most the children closing together add events (one
-each and a workflow task), so no run passes 8,000 + max_concurrent (≤ 1,000) + 9 ≈ 9,000 events. At 10,000
+before each start, while paused and while the last servers finish; between two checks at most the children closing
+together add events (one each and a workflow task), so no run passes 8,000 + max_concurrent (≤ 1,000) + 9 ≈ 9,000
+events. At 10,000
 servers and max_concurrent 50: ~90,000 events in ~12-22 runs (≤ 8,000 each); ~9 events a server.
 """
 
@@ -110,6 +111,7 @@ class FleetBurnInInput(WorkflowInput, RetryTimeout):
                                      "as a run from before the tally carried every outcome).")  # fmt: skip
     running: list[RunningServer] = Field(default_factory=list, description="Internal: children still running.")
     decisions: list[str] = Field(default_factory=list, description="Internal: operators' decisions so far.")
+    aborted: bool = Field(False, description="Internal: an operator aborted; the carried servers finish.")
     resolved: bool = Field(False, description="Internal: the NetBox query was already expanded into servers.")
     accepted_failures: int = Field(0, description="Internal: failures an operator already decided to go past.")
 
@@ -166,7 +168,7 @@ class FleetBurnIn:
         self._paused: str | None = None
         self._decisions: list[str] = list(inp.decisions)
         self._accepted_failures = inp.accepted_failures
-        self._aborted = False
+        self._aborted = inp.aborted
         self._carry = False  # children outlive this run and the next one waits for them (CARRY_CHILDREN_PATCH)
         self._progressed = False  # this run started or finished a server (so continuing as new moves on)
         self._phases = Phases(finished=("completed", "aborted", "failed"))
@@ -243,21 +245,24 @@ class FleetBurnIn:
             tasks.append(asyncio.create_task(self._burn_in(target, inp.settings)))
             started_here += 1
             self._show("running")
-        continuing = bool(self._pending) and not self._aborted
-        if tasks and not (continuing and self._carry):  # an abort lets the running servers finish
-            await asyncio.gather(*tasks)
-        if continuing:  # the children still running are carried by ID; the next run waits for them
-            await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(inp.model_copy(update={
-                "servers": self._pending, "netbox_query": None, "resolved": True, "outcomes": self._outcomes,
-                "tally": self._tally, "running": list(self._children.values()), "decisions": self._decisions,
-                "accepted_failures": self._accepted_failures,
-            }))  # fmt: skip
         if self._aborted:
             for t in self._pending:
                 self._count(FleetOutcome(server=t.name, result="skipped", reason="fleet burn-in aborted",
                                          group=self._group(t)))  # fmt: skip
             self._pending = []
+        continuing = bool(self._pending)
+        if not self._carry:
+            await asyncio.gather(*tasks)
+        elif not continuing:  # the last servers (an abort lets the running ones finish), unless the history is long
+            await workflow.wait_condition(lambda: not self._running or self._time_to_continue())
+            continuing = bool(self._running)
+        if continuing:  # the children still running are carried by ID; the next run waits for them
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(inp.model_copy(update={
+                "servers": self._pending, "netbox_query": None, "resolved": True, "outcomes": self._outcomes,
+                "tally": self._tally, "running": list(self._children.values()), "decisions": self._decisions,
+                "accepted_failures": self._accepted_failures, "aborted": self._aborted,
+            }))  # fmt: skip
         self._show("aborted" if self._aborted else "completed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return FleetBurnInResult(report=self.report(), outcomes=self._outcomes, aborted=self._aborted)
