@@ -18,8 +18,7 @@ History events per server: the child's start (initiated, started), its close (on
 The run continues as new past `HISTORY_LIMIT` events or at the server's suggestion (4,096 by default), checked
 before each start, while paused and while the last servers finish; between two checks at most the children closing
 together add events (one each and a workflow task), so no run passes 8,000 + max_concurrent (≤ 1,000) + 9 ≈ 9,000
-events. At 10,000
-servers and max_concurrent 50: ~90,000 events in ~12-22 runs (≤ 8,000 each); ~9 events a server.
+events. At 10,000 servers and max_concurrent 50: ~90,000 events in 12 to 22 runs; ~9 events a server.
 """
 
 from __future__ import annotations
