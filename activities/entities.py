@@ -16,13 +16,17 @@ activities do it with the Temporal client the worker already holds (``activity.c
   entity runs on the holders of what it hands out).
 - ``previous_result``: the result of the run of a workflow ID that closed before this one started (an
   entity that closes when idle hands its settings to the next run this way).
+- ``workflow_outcome``: waits for a run another run of the caller started (a child carried across the
+  caller's continue-as-new, which the new run cannot await as a child) to close, and returns its result or
+  how it failed. Heartbeats every 10 s while it waits, so a worker lost meanwhile is replaced within the
+  caller's heartbeat timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from temporalio import activity
@@ -73,6 +77,39 @@ class RunRef(StrictModel):
     run_id: str
 
 
+class FailureCause(StrictModel):
+    type: str = Field(description="The failure's type: an ApplicationError's type, else the exception's class.")
+    message: str
+
+
+class RunOutcome(StrictModel):
+    """How a run (followed through its continue-as-new runs) closed."""
+
+    status: Literal["completed", "failed", "terminated", "canceled", "timed-out", "not-found"]
+    result: Any = Field(None, description="The result, when completed (as JSON).")
+    causes: list[FailureCause] = Field(default_factory=list, description="Why it did not complete, outermost "
+                                                                         "first.")  # fmt: skip
+
+
+OUTCOME_HEARTBEAT_SECONDS = 10.0
+
+
+def failed_outcome(cause: BaseException | None) -> RunOutcome:
+    """A run's failure (the cause of a client's WorkflowFailureError, or of a workflow's ChildWorkflowError)."""
+    from temporalio.exceptions import CancelledError, TerminatedError, TimeoutError
+
+    causes: list[FailureCause] = []
+    at = cause
+    while at is not None:
+        kind = getattr(at, "type", None)  # an ApplicationError's type (a TimeoutError's is an enum: its class then)
+        causes.append(FailureCause(type=kind if isinstance(kind, str) and kind else type(at).__name__,
+                                   message=(getattr(at, "message", None) or str(at))[:500]))  # fmt: skip
+        at = at.__cause__
+    status = ("terminated" if isinstance(cause, TerminatedError) else "canceled" if isinstance(cause, CancelledError)
+              else "timed-out" if isinstance(cause, TimeoutError) else "failed")  # fmt: skip
+    return RunOutcome(status=status, causes=causes)
+
+
 async def update_with_start(call: EntityUpdate) -> Any:
     """Send ``call.update`` to the entity, starting it if needed; from inside an activity.
 
@@ -112,7 +149,8 @@ class EntityActivities:
     """Activities that reach other workflows through the worker's own Temporal client."""
 
     def activities(self) -> list[Callable]:
-        return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result]
+        return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result,
+                self.workflow_outcome]  # fmt: skip
 
     @activity.defn
     async def update_entity(self, call: EntityUpdate) -> dict[str, Any]:
@@ -186,3 +224,26 @@ class EntityActivities:
         ids = sorted(set(req.ids))
         flags = await asyncio.gather(*(closed(i) for i in ids))
         return [i for i, gone in zip(ids, flags) if gone]
+
+    @activity.defn
+    async def workflow_outcome(self, ref: RunRef) -> RunOutcome:
+        """Wait until the run ``ref`` closes (following its continue-as-new runs); its result, or why it failed.
+
+        A run that no longer exists (past the namespace's retention) is ``not-found``, an answer, not an error."""
+        from temporalio.client import WorkflowFailureError
+        from temporalio.service import RPCError, RPCStatusCode
+
+        handle = activity.client().get_workflow_handle(ref.workflow_id, run_id=ref.run_id)
+        waiting = asyncio.ensure_future(handle.result())
+        try:
+            while not (await asyncio.wait({waiting}, timeout=OUTCOME_HEARTBEAT_SECONDS))[0]:
+                activity.heartbeat()
+            return RunOutcome(status="completed", result=waiting.result())
+        except WorkflowFailureError as err:
+            return failed_outcome(err.cause)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+            return RunOutcome(status="not-found", causes=[FailureCause(type="NotFound", message=str(err)[:500])])
+        finally:
+            waiting.cancel()

@@ -212,6 +212,9 @@ class DeviceLookup(StrictModel):
         return f"device with {key} {value!r}" + (f" in site {self.site!r}" if self.site else "")
 
 
+NAMES_PER_REQUEST = 50  # ~1.5 KB of `name=` parameters: under gunicorn's 4,094-byte request line
+
+
 class DeviceQuery(StrictModel):
     """List devices; every given filter must match (slugs, a status value)."""
 
@@ -223,6 +226,14 @@ class DeviceQuery(StrictModel):
     limit: int = Field(1000, ge=1, le=10000)
 
     _slugs = field_validator("role", "site", "tag", "tenant")(_slug)
+
+
+class DevicePageQuery(DeviceQuery):
+    """One page of the devices matching every given filter, in ID order: a fleet read page by page, never whole."""
+
+    names: list[str] = Field(default_factory=list, max_length=1000, description="Only devices with these names.")
+    after_id: int = Field(0, ge=0, description="Only devices with a larger ID: where the previous page ended.")
+    limit: int = Field(500, ge=1, le=1000, description="Devices per page.")
 
 
 class DeviceInfo(StrictModel):
@@ -237,6 +248,11 @@ class DeviceInfo(StrictModel):
     cluster: str | None = None
     tags: list[str] = Field(default_factory=list)
     custom_fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class DevicePage(StrictModel):
+    devices: list[DeviceInfo]
+    next_after_id: int | None = Field(None, description="The next page's after_id; None: this was the last page.")
 
 
 class FoundDevice(StrictModel):
@@ -536,6 +552,7 @@ class NetBoxActivities:
             self.bootstrap_section,
             self.find_device,
             self.list_devices,
+            self.list_devices_page,
             self.set_device_status,
             self.set_device_tags,
             self.record_burnin,
@@ -770,6 +787,29 @@ class NetBoxActivities:
             return out
 
         return await self._in_thread("listing devices", run)
+
+    @activity.defn
+    async def list_devices_page(self, query: DevicePageQuery) -> DevicePage:
+        """One page of the devices matching every given filter (and, given `names`, with one of those names),
+        ordered by ID from `after_id`: stable under concurrent changes, unlike offsets. Names go
+        `NAMES_PER_REQUEST` to a request, so that no URL outgrows a front end's request-line limit."""
+
+        def run(api: Any) -> DevicePage:
+            filters = {k: v for k, v in query.model_dump(include={"role", "site", "status", "tag", "tenant"}).items()
+                       if v is not None}  # fmt: skip
+            chunks = [query.names[i:i + NAMES_PER_REQUEST] for i in range(0, len(query.names), NAMES_PER_REQUEST)]
+            found: list[DeviceInfo] = []
+            for names in chunks or [None]:
+                wanted = {**filters, "id__gt": query.after_id, "ordering": "id", **({"name": names} if names else {})}
+                for n, record in enumerate(api.dcim.devices.filter(**wanted, limit=query.limit + 1)):
+                    found.append(device_info(record))
+                    if n == query.limit:  # one more than a page: there is a next one
+                        break
+            found.sort(key=lambda d: d.id)
+            page = found[:query.limit]
+            return DevicePage(devices=page, next_after_id=page[-1].id if len(found) > query.limit else None)
+
+        return await self._in_thread("listing a page of devices", run)
 
     @activity.defn
     async def set_device_status(self, req: SetStatusRequest) -> StatusChange:

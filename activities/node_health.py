@@ -4,6 +4,9 @@
   holds it, the node conditions asked for (Node Problem Detector's `KernelDeadlock`, a GPU health
   condition such as `GpuHealthy`), the labels asked for (e.g. `nvidia.com/gpu.health`) and whether
   Millwright quarantined the node. Paged as plain JSON, for clusters of thousands of nodes.
+- `list_node_names` / `read_nodes_health`: the same for a fleet split into slices: the names alone, page
+  by page (about 20 bytes a node in the caller's history, where a node's health is about 700), then one
+  slice's nodes read by name, each result bounded by the slice, whatever the size of the cluster.
 - `quarantine_node`: keep the node cordoned and mark it quarantined: an annotation with the reason
   (JSON) and a `NoSchedule` taint, so nothing lands on it even if someone uncordons it by mistake.
   Reads first, writes only what is missing, conditional on the node's resourceVersion.
@@ -19,11 +22,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+import asyncio
+
 from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import (
+    _LIST_CHUNK,
     _REQUEST_TIMEOUT,
     CORDON_REASON,
     CORDONED_BY,
@@ -76,6 +82,32 @@ class NodeHealthQuery(StrictModel):
 class NodeHealthPage(StrictModel):
     nodes: list[NodeHealth]
     continue_token: str | None = None
+
+
+class NodeNamesQuery(StrictModel):
+    cluster: str
+    label_selector: str = ""
+    max_names: int = Field(5000, ge=1, le=20000, description="Names per answer (API pages of 500 each).")
+    continue_token: str | None = None
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeNamesPage(StrictModel):
+    names: list[str]
+    continue_token: str | None = Field(None, description="Where the next answer starts; None: the last one.")
+
+
+class NodesHealthRequest(StrictModel):
+    cluster: str
+    nodes: list[str] = Field(min_length=1, max_length=1000, description="Node names (one slice of a fleet).")
+    condition_types: list[str] = Field(default_factory=list)
+    label_keys: list[str] = Field(default_factory=list)
+
+
+class NodesHealth(StrictModel):
+    nodes: list[NodeHealth] = Field(description="In the order asked for.")
+    missing: list[str] = Field(default_factory=list, description="Nodes that no longer exist.")
 
 
 class NodeHealthRequest(StrictModel):
@@ -141,7 +173,8 @@ class NodeHealthActivities:
         self._clusters = connector
 
     def activities(self) -> list[Callable]:
-        return [self.list_node_health, self.read_node_health, self.quarantine_node, self.release_quarantine]
+        return [self.list_node_health, self.list_node_names, self.read_nodes_health, self.read_node_health,
+                self.quarantine_node, self.release_quarantine]  # fmt: skip
 
     @activity.defn
     async def list_node_health(self, req: NodeHealthQuery) -> NodeHealthPage:
@@ -153,6 +186,48 @@ class NodeHealthActivities:
         return NodeHealthPage(
             nodes=[node_health(n, req.condition_types, req.label_keys) for n in page.get("items") or []],
             continue_token=(page.get("metadata") or {}).get("continue") or None,
+        )
+
+    @activity.defn
+    async def list_node_names(self, req: NodeNamesQuery) -> NodeNamesPage:
+        """Up to `max_names` node names, in the API server's order, and where the next answer starts.
+
+        Read in API pages of 500 (what kubectl asks for); a caller lists the whole cluster in quick succession,
+        so the continue token never ages past the API server's compaction window (5 minutes by default)."""
+        core = await self._clusters.core(req.cluster)
+        names: list[str] = []
+        token = req.continue_token
+        while True:
+            page = await _call_json("listing node names", core.list_node_without_preload_content(
+                label_selector=req.label_selector or None, limit=min(_LIST_CHUNK, req.max_names - len(names)),
+                _continue=token, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+            names += [n["metadata"]["name"] for n in page.get("items") or []]
+            token = (page.get("metadata") or {}).get("continue") or None
+            activity.heartbeat(len(names))
+            if token is None or len(names) >= req.max_names:
+                return NodeNamesPage(names=names, continue_token=token)
+
+    @activity.defn
+    async def read_nodes_health(self, req: NodesHealthRequest) -> NodesHealth:
+        """These nodes' readiness, cordon, conditions and labels, read one by one (16 at a time); a node deleted
+        since it was listed is reported missing, not an error. Heartbeats as it goes."""
+        core = await self._clusters.core(req.cluster)
+        slots = asyncio.Semaphore(16)
+        done = 0
+
+        async def read(name: str) -> dict[str, Any] | None:
+            nonlocal done
+            async with slots:
+                node = await _read_json(f"reading node {name}", core.read_node_without_preload_content(
+                    name, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+            done += 1
+            activity.heartbeat(done)
+            return node
+
+        read_back = await asyncio.gather(*(read(n) for n in req.nodes))
+        return NodesHealth(
+            nodes=[node_health(n, req.condition_types, req.label_keys) for n in read_back if n is not None],
+            missing=[name for name, n in zip(req.nodes, read_back) if n is None],
         )
 
     async def _node(self, cluster: str, name: str) -> dict[str, Any]:

@@ -18,7 +18,9 @@ changes nothing twice. Writes, as NVIDIA's own UFM clients make them (NVIDIA/bar
 
 Reads: a missing PKey is a 404 or, on some releases, 200 ``{}``: both read as absent. Host ports are listed with
 ``?sys_type=Computer``; fabric-wide listings get a timeout that grows with the fabric (the ports this worker saw
-last time; the first listing gets ``max_listing_timeout_seconds``) and heartbeat while they wait. UFM's version
+last time; the first listing gets ``max_listing_timeout_seconds``) and heartbeat while they wait. A fabric audit
+reads the PKey list without members (`list_pkeys`), each PKey alone (`get_pkey`), and the systems and virtual ports
+of only the GUIDs it asks about (`port_hosts`), so no answer grows with the fabric. UFM's version
 (``GET /app/ufm_version``) is read once per worker: restart workers after upgrading UFM.
 
 `fabric_posture` reads what makes PKey isolation hold or not: the management PKey 0x7fff's default membership
@@ -332,6 +334,22 @@ class EmptyRequest(StrictModel):
     pass
 
 
+class PKeyList(StrictModel):
+    pkeys: list[str] = Field(description="Every PKey UFM holds, without members, in ascending order.")
+
+
+class GuidsRequest(StrictModel):
+    guids: list[str] = Field(min_length=1, max_length=20000)
+    _g = field_validator("guids")(_guids)
+
+
+class PortHosts(StrictModel):
+    hosts: dict[str, str] = Field(default_factory=dict, description="Port GUID -> UFM system name, for the "
+                                                                    "GUIDs asked for that UFM knows.")  # fmt: skip
+    virtual: dict[str, VirtualPort] = Field(default_factory=dict, description="Virtual port GUID -> where it is, "
+                                                                              "for the GUIDs asked for.")  # fmt: skip
+
+
 class FabricCall(StrictModel):
     """One update of a Fabric entity workflow, started with the update if it does not run yet."""
 
@@ -374,7 +392,8 @@ class UfmActivities:
 
     def activities(self) -> list[Callable]:
         return [self.resolve_hosts, self.ensure_pkey, self.add_guids, self.remove_guids, self.get_pkey,
-                self.delete_pkey_if_empty, self.snapshot, self.fabric_posture, self.call_fabric]  # fmt: skip
+                self.delete_pkey_if_empty, self.snapshot, self.list_pkeys, self.port_hosts, self.fabric_posture,
+                self.call_fabric]  # fmt: skip
 
     async def close(self) -> None:  # a Registration resource; clients are per call
         return None
@@ -552,18 +571,45 @@ class UfmActivities:
         """Every PKey with its members, which system each host port GUID belongs to, and the virtual ports."""
         async with self._client() as client:
             pkeys = await self._listing(client, "/resources/pkeys", "listing PKeys", guids_data="true")
-            ports = await self._host_ports(client)
-            vports = await self._listing(client, "/resources/vports", "listing virtual ports", ok404=True) or []
-        out = FabricSnapshot(pkeys=[_pkey_members(f"0x{int(key, 16):x}", body)
-                                    for key, body in sorted((pkeys or {}).items())])  # fmt: skip
+            hosts, virtual = await self._port_owners(client, None)
+        return FabricSnapshot(pkeys=[_pkey_members(f"0x{int(key, 16):x}", body)
+                                     for key, body in sorted((pkeys or {}).items())],
+                              hosts_by_guid=hosts, virtual=virtual)  # fmt: skip
+
+    async def _port_owners(self, client: TrustingClient,
+                           wanted: set[str] | None) -> tuple[dict[str, str], dict[str, VirtualPort]]:  # fmt: skip
+        """The system each host port GUID belongs to, and where each virtual port is: of the GUIDs `wanted` (None:
+        all of them). UFM filters its ports by system and type, not by GUID, and its virtual ports not at all: both
+        are read whole here (host ports only), and only what was asked for leaves."""
+        ports = await self._host_ports(client)
+        vports = await self._listing(client, "/resources/vports", "listing virtual ports", ok404=True) or []
+        hosts: dict[str, str] = {}
+        virtual: dict[str, VirtualPort] = {}
         for p in ports:
-            if p.get("guid") and p.get("system_name"):
-                out.hosts_by_guid.setdefault(normalize_guid(p["guid"]), p["system_name"])
+            if p.get("guid") and p.get("system_name") and (wanted is None or normalize_guid(p["guid"]) in wanted):
+                hosts.setdefault(normalize_guid(p["guid"]), p["system_name"])
         for v in vports:
-            if v.get("virtual_port_guid") and v.get("port_guid"):
-                out.virtual[normalize_guid(v["virtual_port_guid"])] = VirtualPort(
+            if v.get("virtual_port_guid") and v.get("port_guid") \
+                    and (wanted is None or normalize_guid(v["virtual_port_guid"]) in wanted):  # fmt: skip
+                virtual[normalize_guid(v["virtual_port_guid"])] = VirtualPort(
                     host=str(v.get("system_name") or ""), port_guid=normalize_guid(v["port_guid"]))
-        return out
+        return hosts, virtual
+
+    @activity.defn
+    async def list_pkeys(self, _: EmptyRequest) -> PKeyList:
+        """The PKeys UFM holds, without their members (a fabric audit reads members one PKey at a time)."""
+        async with self._client() as client:
+            keys = await self._listing(client, "/resources/pkeys", "listing PKeys")
+        return PKeyList(pkeys=[f"0x{n:x}" for n in sorted(int(k, 16) for k in keys or [])])
+
+    @activity.defn
+    async def port_hosts(self, req: GuidsRequest) -> PortHosts:
+        """The system each of these port GUIDs belongs to, and which of them are virtual ports and on which
+        physical port: UFM's host ports and virtual ports are read here (neither can be asked for by GUID), and
+        only the GUIDs asked for are returned, so that the answer stays small however large the fabric."""
+        async with self._client() as client:
+            hosts, virtual = await self._port_owners(client, set(req.guids))
+        return PortHosts(hosts=hosts, virtual=virtual)
 
     @activity.defn
     async def fabric_posture(self, _: EmptyRequest) -> FabricPosture:

@@ -237,7 +237,7 @@ TYPOS: dict[str, Typo] = {
     "InventoryBootstrap": Typo({}, (), "section"),
     "IsolateTenant": Typo({"fabric": "lab-ib", "tenant": "nlp", "hosts": ["node-01"]}, (), "membershp"),
     "ReleaseTenant": Typo({"fabric": "lab-ib", "tenant": "nlp"}, (), "netbx"),
-    "FabricAudit": Typo({"fabric": "lab-ib"}, (), "repiar"),
+    "FabricAudit": Typo({"fabric": "lab-ib", "carried": {}}, ("carried",), "aftr"),
     "CreateCluster": Typo(example("tenant-cluster.json"), ("worker_pools", 0), "gpus_per_nodes"),
     "DeleteCluster": Typo({"name": "gpu-a"}, (), "forse"),
     "OnboardTenant": Typo(example("tenant-recommender.json", cluster="lab"), ("gpu",), "over_quota_wieght"),

@@ -54,7 +54,10 @@ async def test_fleet_pauses_when_failures_look_systemic_and_an_operator_aborts(
     result = await handle.result()
     await record_history(handle, "fleet_burn_in_pause_abort")
     assert result.aborted and result.report.skipped == report.pending
-    assert len(result.outcomes) == len(names)
+    r = result.report
+    assert r.passed + r.failed + r.errors + r.skipped == r.total == len(names)
+    # The result lists the servers that did not pass, with why; passed ones are counted.
+    assert len(result.outcomes) == len(names) - r.passed and all(o.result != "passed" for o in result.outcomes)
     assert result.report.decisions == ["abort: bad burn-in image"]
 
 

@@ -76,6 +76,27 @@ async def test_list_devices_by_role_site_status_tag_tenant(call, fleet):
     assert await listed(site=fleet["site"], status="failed") == set()
 
 
+async def test_list_devices_page_by_page_and_by_name(call, fleet):
+    """A fleet read in pages ordered by ID: every device once, whatever the page size; names filter too."""
+    ids = sorted(d.id for d in fleet["devices"].values())
+    names = {d.id: d.name for d in fleet["devices"].values()}
+    seen: list[int] = []
+    after, pages = 0, 0
+    while after is not None:
+        page = await call("list_devices_page", {"role": "gpu-server", "after_id": after, "limit": 1,
+                                                "names": [names[i] for i in ids]})  # fmt: skip
+        seen += [d["id"] for d in page["devices"]]
+        after, pages = page["next_after_id"], pages + 1
+    assert seen == ids and pages == len(ids)  # each page reads one device more: the last one knows it is last
+    two = await call("list_devices_page", {"site": fleet["site"], "limit": 2})
+    assert [d["id"] for d in two["devices"]] == ids[:2] and two["next_after_id"] == ids[1]
+    rest = await call("list_devices_page", {"site": fleet["site"], "after_id": ids[1], "limit": 2})
+    assert [d["id"] for d in rest["devices"]] == [ids[2]] and rest["next_after_id"] is None
+    # More names than one request carries (NAMES_PER_REQUEST): asked in parts, answered as one page.
+    many = [f"absent-{i}" for i in range(120)] + [names[ids[3]]]
+    assert [d["id"] for d in (await call("list_devices_page", {"names": many}))["devices"]] == [ids[3]]
+
+
 async def test_set_status_journals_why_and_which_run(call, fleet, nb):
     device = fleet["devices"][1]
     before = len(journal(nb, device.id))

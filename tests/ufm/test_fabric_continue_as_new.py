@@ -12,6 +12,7 @@ import uuid
 
 
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
+from tests.test_node_maintenance import record_history
 from tests.ufm.conftest import _worker
 from workflows.fabric import Fabric, IsolateTenant, IsolateTenantInput, ReleaseTenant, ReleaseTenantInput
 
@@ -67,3 +68,60 @@ async def test_fabric_continues_as_new_and_keeps_its_allocations(small_history_e
     for a in state.allocations.values():
         assert set(a.members) == set(ports[expected[a.tenant]])
         assert await ufm.members(a.pkey) == {g: "full" for g in a.members}
+
+
+async def test_audit_continues_as_new_between_pkeys_and_reports_every_drift_once(small_history_env, ufm, fleet,
+                                                                                 ufm_config):  # fmt: skip
+    """FabricAudit one PKey at a time: it continues as new between PKeys and its drift report (and repair) is the
+    one a single run would give: every item once, the counts exact."""
+    from lab.ufm import fleet_seed
+    from workflows.fabric import Allocation, FabricAudit, FabricAuditInput, FabricInput, FabricState
+
+    client = small_history_env.client
+    fabric = f"aud-{uuid.uuid4().hex[:6]}"
+    ports = fleet.ib_ports()
+    h = list(ports)
+    g = {host: sorted(ports[host]) for host in h}
+    tenants = {f"t{i}": (f"0x{0x101 + i:x}", h[i]) for i in range(5)}  # h[5] belongs to no tenant
+    state = FabricState(allocations={t: Allocation(tenant=t, pkey=p, members={x: host for x in g[host]},
+                                                   state="isolated") for t, (p, host) in tenants.items()})  # fmt: skip
+    full = lambda *guids: {x: "full" for x in guids}  # noqa: E731
+    await ufm.seed({**fleet_seed(fleet), "pkeys": {
+        "0x101": {"guids": full(g[h[0]][0])},                              # missing-member g[h0][1]
+        "0x102": {"guids": full(*g[h[1]], g[h[5]][0])},                    # unknown-member g[h5][0]
+        "0x103": {"guids": full(*g[h[2]], g[h[3]][0])},                    # guid-in-two-tenants g[h3][0] (t3's)
+        "0x104": {"guids": {g[h[3]][0]: "full", g[h[3]][1]: "limited"}},   # wrong-membership g[h3][1]
+        "0x7000": {"guids": {}},                                           # no tenant's; 0x105 absent
+    }})  # fmt: skip
+    expected = {
+        ("missing-member", "0x101", g[h[0]][1], h[0]), ("unknown-member", "0x102", g[h[5]][0], h[5]),
+        ("guid-in-two-tenants", "0x103", g[h[3]][0], h[3]), ("wrong-membership", "0x104", g[h[3]][1], h[3]),
+        ("missing-pkey", "0x105", None, None), *{("missing-pkey", "0x105", x, h[4]) for x in g[h[4]]},
+    }  # fmt: skip
+
+    async with await _worker(client, ufm_config, None) as worker:
+        await client.start_workflow(Fabric.run, FabricInput(fabric=fabric, state=state), id=f"fabric/{fabric}",
+                                    task_queue=worker.task_queue)  # fmt: skip
+
+        async def audit(repair: bool):
+            inp = FabricAuditInput(fabric=fabric, repair=repair, concurrency=1)
+            wid = f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}"
+            return wid, await client.execute_workflow(FabricAudit.run, inp, id=wid, task_queue=worker.task_queue)
+
+        wid, found = await audit(repair=False)
+        assert {(d.kind, d.pkey, d.guid, d.host) for d in found.drift} == expected and len(found.drift) == 7
+        assert (found.drift_total, found.clean, found.repaired) == (7, False, [])
+        assert found.drift_counts == {"missing-member": 1, "unknown-member": 1, "guid-in-two-tenants": 1,
+                                      "wrong-membership": 1, "missing-pkey": 3}  # fmt: skip
+        assert found.checked_pkeys == [p for p, _ in tenants.values()]
+        assert "0x7000" in found.unmanaged_pkeys and not set(found.unmanaged_pkeys) & set(found.checked_pkeys)
+        runs = sorted([e async for e in client.list_workflows(f"WorkflowId = '{wid}'")], key=lambda e: e.start_time)
+        assert len(runs) > 2, "the audit continued as new between PKeys"
+        await record_history(client.get_workflow_handle(wid, run_id=runs[0].run_id), "fabric_audit_by_pkey")
+
+        _, fixed = await audit(repair=True)
+        assert fixed.drift_total == 7 and fixed.repaired_total == len(fixed.repaired) == 7
+        _, clean = await audit(repair=False)
+    assert clean.clean and clean.drift_total == 0
+    for t, (pkey, host) in tenants.items():
+        assert await ufm.members(pkey) == full(*g[host]), t
