@@ -227,7 +227,7 @@ async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker,
     assert await ufm.audit(since=cursor, writes=True) == [] and await ufm.state() == before
 
     fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
-                      record="fabric_audit_repair")
+                      record="fabric_audit_by_pkey_repair")
     assert len(fixed.repaired) == 3
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
@@ -256,7 +256,8 @@ async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenan
         ("unknown-member", stray, "unknown host"),
     }, found.drift
     assert found.virtual_members == [f"{ra.pkey} (ta): virtual port {own} of {h[0]} (on port {on[0]})"]
-    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
+    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
+                      record="fabric_audit_virtual_members")
     assert sorted(fixed.repaired) == sorted(f"removed {g} from {ra.pkey}" for g in (orphan, stray))
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2]) | {own, others}  # tenants' VMs stay
 

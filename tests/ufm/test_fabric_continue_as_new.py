@@ -117,7 +117,8 @@ async def test_audit_continues_as_new_between_pkeys_and_reports_every_drift_once
         assert "0x7000" in found.unmanaged_pkeys and not set(found.unmanaged_pkeys) & set(found.checked_pkeys)
         runs = sorted([e async for e in client.list_workflows(f"WorkflowId = '{wid}'")], key=lambda e: e.start_time)
         assert len(runs) > 2, "the audit continued as new between PKeys"
-        await record_history(client.get_workflow_handle(wid, run_id=runs[0].run_id), "fabric_audit_by_pkey")
+        first = client.get_workflow_handle(wid, run_id=runs[0].run_id)
+        await record_history(first, "fabric_audit_posture_by_pkey")
 
         _, fixed = await audit(repair=True)
         assert fixed.drift_total == 7 and fixed.repaired_total == len(fixed.repaired) == 7
