@@ -253,7 +253,7 @@ class NetBoxLab:
                 self._load_database(pg_bin, pg_port, venv, version, env)
             elif not migrated_for.is_file() or migrated_for.read_text().strip() != version:
                 # A kept database from another NetBox release (or a migration cut short): bring its schema up.
-                self._migrate(venv, env, version)
+                self._migrate(venv, env, version, fresh=False)
             migrated_for.write_text(version + "\n")
             self.timings["database"] = time.monotonic() - t
 
@@ -477,36 +477,53 @@ PLUGINS = []
              timeout=300)  # fmt: skip
         self.timings["restore"] = time.monotonic() - t
 
-    def _migrate(self, venv: Path, env: dict[str, str], version: str) -> None:
-        """`netbox migrate`, its progress counted from the plan (`showmigrations --plan`) as it applies them."""
+    def _migrate(self, venv: Path, env: dict[str, str], version: str, *, fresh: bool = True) -> None:
+        """`netbox migrate`, its progress counted as it applies migrations out of the plan's total
+        (`showmigrations --plan`: on a fresh database every migration, read alongside, since a Django start of its
+        own would delay the migration; on a kept one those not applied, read first)."""
         netbox = str(venv / "bin" / "netbox")
-        self._stage("migrating its database: reading the migration plan")
-        plan = _run([netbox, "showmigrations", "--plan"], "netbox showmigrations", timeout=300, env=env)
-        total = sum(1 for line in plan.splitlines() if line.startswith("[ ]"))
-        first = f"NetBox {version}: the first start only, then cached"
-        self._stage(f"migrating its database: 0/{total} migrations ({first})")
+        plan_file = self._log("migrate-plan")
+        with open(plan_file, "w") as out:
+            plan = subprocess.Popen([netbox, "showmigrations", "--plan"], stdout=out, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        if not fresh:
+            plan.wait(300)
         log_file = self._log("migrate")
         offset = log_file.stat().st_size if log_file.exists() else 0
         proc = self._spawn("migrate", [netbox, "migrate", "--no-input"], env=env)
-        done, deadline = 0, time.monotonic() + self.timeout
-        with open(log_file, errors="replace") as log:
-            log.seek(offset)
-            while True:
-                line = log.readline()
-                if line:
-                    if line.strip().startswith("Applying ") and line.rstrip().endswith("OK"):
-                        done += 1
-                        self._stage(f"migrating its database: {done}/{total} migrations ({first})")
-                    continue
-                if proc.poll() is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise NetBoxError(f"netbox migrate: timed out after {self.timeout:.0f}s; see {self._log('migrate')}")
-                time.sleep(0.2)
+        first = f"NetBox {version}: the first start only, then cached"
+        done, total, deadline = 0, "?", time.monotonic() + self.timeout
+        self._stage(f"migrating its database: 0/{total} migrations ({first})")
+        try:
+            with open(log_file, errors="replace") as log:
+                log.seek(offset)
+                partial = ""  # Django writes "  Applying x..." first and " OK" when it is applied
+                while True:
+                    if total == "?" and plan.poll() is not None:
+                        lines = plan_file.read_text(errors="replace").splitlines()
+                        total = str(sum(1 for line in lines if line.startswith("[ ]" if not fresh else "[")) or "?")
+                    chunk = log.readline()
+                    if chunk:
+                        partial += chunk
+                        if partial.endswith("\n"):
+                            line, partial = partial.strip(), ""
+                            if line.startswith("Applying ") and line.endswith("OK"):
+                                done += 1
+                                self._stage(f"migrating its database: {done}/{total} migrations ({first})")
+                        continue
+                    if proc.poll() is not None:
+                        break
+                    if time.monotonic() > deadline:
+                        raise NetBoxError(f"netbox migrate: timed out after {self.timeout:.0f}s; see {log_file}")
+                    time.sleep(0.2)
+        finally:
+            if plan.poll() is None:
+                plan.kill()
+            plan.wait()
         self._procs.pop("migrate", None)
         if proc.returncode != 0:
-            tail = "\n".join(self._log("migrate").read_text(errors="replace").strip().splitlines()[-15:])
-            raise NetBoxError(f"netbox migrate failed (exit {proc.returncode}); see {self._log('migrate')}:\n{tail}")
+            tail = "\n".join(log_file.read_text(errors="replace").strip().splitlines()[-15:])
+            raise NetBoxError(f"netbox migrate failed (exit {proc.returncode}); see {log_file}:\n{tail}")
 
     # ------------------------------------------------------------ serve, token, health
 

@@ -441,7 +441,11 @@ class Lab:
 
         nb = self.netbox_lab
         try:
-            await _in_daemon_thread(nb.start)
+            starting = asyncio.ensure_future(_in_daemon_thread(nb.start))
+            while not (await asyncio.wait({starting}, timeout=30))[0]:  # a long stage still shows it goes on
+                since = self.info["services"]["netbox"]["since"]
+                say(f"NetBox: still {nb.stage} [{_duration(time.time() - since)}]")
+            starting.result()
             nb._stage("recording the lab's inventory (bootstrap, devices, InfiniBand ports)")
             devices = fleet.netbox_devices((bmc or {}).get("servers"), (bmc or {}).get("credentials"))
             done = await seed_inventory(nb.url, self.info["netbox"]["token"], devices)
