@@ -12,11 +12,15 @@ from Millwright's. `NetBoxLab.start()`:
    ``nobody`` since PostgreSQL refuses root) and its own Redis, each on a free loopback port;
 4. restores the migrated database from a dump cached next to the venv, keyed by the NetBox
    version and a hash of the settings that shape the database; without one it runs the
-   migrations (minutes on 2 cores) and saves the dump (seconds to restore next time);
-5. creates a superuser and a fresh v2 API token (``nbt_<key>.<secret>``), and serves NetBox
-   with Django's ``runserver`` on 127.0.0.1 until `stop()`.
+   migrations (minutes on 2 cores; the progress counted as they apply) and saves the dump
+   (seconds to restore next time);
+5. creates a superuser and a v2 API token (``nbt_<key>.<secret>``: the one given as
+   ``NetBoxLab(token=new_token())``, so a worker can be handed its file before NetBox runs, or a fresh
+   one), and serves NetBox with Django's ``runserver`` on 127.0.0.1 until `stop()`.
 
-Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
+``on_stage`` hears each step ("migrating its database: 120/336 migrations ..."). For the lab,
+`NetBoxGate` answers on NetBox's address while it starts, and `seed_inventory` puts the lab's
+inventory in. Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
 """
 
 from __future__ import annotations
@@ -258,12 +262,10 @@ class NetBoxLab:
             self.timings["database"] = time.monotonic() - t
 
             t = time.monotonic()
-            # The token before the web server: from its first answer on, the lab's token is accepted.
-            self._stage("creating the API token")
-            self.token = self._create_token(venv, env, self.token or new_token())
             self.url = f"http://{LOOPBACK}:{http_port}"
-            self._stage("starting its web server")
-            self._serve(venv, http_port, env)
+            self._stage("starting its web server, creating the API token")
+            self._serve(venv, http_port, env)  # starts while the token is made: both take a Django start
+            self.token = self._create_token(venv, env, self.token or new_token())
             self._wait_healthy()
             self.timings["serve+token"] = time.monotonic() - t
         except BaseException:

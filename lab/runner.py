@@ -196,6 +196,7 @@ class Lab:
     children: dict[str, Child] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     netbox_lab: Any = None  # lab.netbox.NetBoxLab once starting
+    started: float = field(default_factory=time.monotonic)
 
     def save(self) -> None:
         pids = {n: c.pid for n, c in self.children.items()}
@@ -459,9 +460,9 @@ class Lab:
             key = "netbox" if name == "netbox" else f"netbox-{name}"
             self.children[key] = Child(key, proc, nb._log(name))
         gate.open(int(nb.url.rsplit(":", 1)[1]))
-        took = _duration(time.time() - self.info["services"]["netbox"]["since"])
+        took = _duration(time.monotonic() - self.started)
         self.service("netbox", "ready", f"NetBox {nb.url} behind {gate.url}; {done}", upstream=nb.url)
-        say(f"NetBox ready at {gate.url} after {took}: {done}")
+        say(f"NetBox ready at {gate.url}, {took} after `lab up` began: {done}")
 
     def stop_netbox(self) -> None:
         if self.netbox_lab is not None:
@@ -622,7 +623,8 @@ class Lab:
 
         self.info["ready"] = True
         self.save()
-        say("ready")
+        say(f"ready in {_duration(time.monotonic() - self.started)}"
+            + (" (NetBox goes on starting: `millwright lab status` shows how far)" if netbox_task else ""))
         self.print_addresses(server, kubeconfig, examples)
         try:
             async with self.follow_power(bmc, kubeconfig, fleet.cluster):
