@@ -197,6 +197,7 @@ class Lab:
     info: dict[str, Any] = field(default_factory=dict)
     netbox_lab: Any = None  # lab.netbox.NetBoxLab once starting
     started: float = field(default_factory=time.monotonic)
+    _netbox_shown: tuple[str, float] = ("", 0.0)  # the stage kind last printed, and when
 
     def save(self) -> None:
         pids = {n: c.pid for n, c in self.children.items()}
@@ -400,10 +401,11 @@ class Lab:
 
         try:
             await asyncio.to_thread(check_available)
-        except NetBoxUnavailable as err:
-            self.service("netbox", "unavailable", str(err).replace("NetBox tier skipped: ", ""))
-            say(f"NetBox left out: {err}".replace("NetBox tier skipped: ", ""))
-            say(f"  to have it: {install_hint()}, then restart the lab")
+        except NetBoxUnavailable as err:  # its message says what is missing and how to get it
+            reason = str(err).replace("NetBox tier skipped: ", "")
+            self.service("netbox", "unavailable", reason)
+            say(f"NetBox left out: {reason}; the rest of the lab runs without it (as root, `./dev install` installs "
+                "PostgreSQL and redis-server; then start the lab again)")
             return None
         root = self.state_dir / "netbox"
         root.mkdir(exist_ok=True)
@@ -424,15 +426,12 @@ class Lab:
 
     def _netbox_stage(self, stage: str) -> None:
         """Record each stage of NetBox's start, and print it when its kind changes or every 20 s."""
-        entry = self.info.setdefault("services", {}).setdefault("netbox", {})
+        entry = self.info["services"]["netbox"]
         kind = stage.split(":")[0].split("(")[0].strip()
         now = time.monotonic()
-        shown = entry.get("_shown", ("", 0.0))
-        if stage != "ready" and (kind != shown[0] or now - shown[1] >= 20):
-            since = entry.get("since")
-            elapsed = f" [{_duration(time.time() - since)}]" if since else ""
-            say(f"NetBox: {stage}{elapsed}")
-            entry["_shown"] = (kind, now)
+        if stage != "ready" and (kind != self._netbox_shown[0] or now - self._netbox_shown[1] >= 20):
+            say(f"NetBox: {stage} [{_duration(time.time() - entry['since'])}]")
+            self._netbox_shown = (kind, now)
         if stage != "ready":  # "ready" only once the inventory is in
             self.service("netbox", "starting", stage)
 
@@ -757,11 +756,6 @@ async def _in_daemon_thread(fn: Any) -> Any:
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def install_hint() -> str:
-    """The one command that installs NetBox's system packages here (what `./dev` runs as root)."""
-    return "sudo apt-get install -y postgresql redis-server (or run ./dev install as root)"
 
 
 def _child_env() -> dict[str, str]:
