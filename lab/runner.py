@@ -269,7 +269,8 @@ class Lab:
 
     async def start_kubernetes(self) -> str:
         return await self.start_server("kubernetes", "lab.k8s", self.state_dir / "k8s.ready.json",
-                                       ["--host", LOOPBACK, "--port", "0", "--state-file", str(self.state_dir / "k8s-state.json")])
+                                       ["--host", LOOPBACK, "--port", "0",
+                                        "--state-file", str(self.state_dir / "k8s-state.json")])
 
     def lab_ca(self) -> Any:
         from lab.tls import LabCa
@@ -303,7 +304,8 @@ class Lab:
         (root / "servers.json").write_text(json.dumps(servers, indent=2) + "\n")
         admin = await self.start_server(
             "bmcs", "lab.redfish", root / "ready.json",
-            ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / "servers.json"), "--power-delay", str(fleet.bmc.power_delay),
+            ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / "servers.json"),
+             "--power-delay", str(fleet.bmc.power_delay),
              *(self.tls_arguments("bmc") if https else [])],
             env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password},  # never on a command line
         )  # fmt: skip
@@ -443,8 +445,10 @@ class Lab:
         try:
             starting = asyncio.ensure_future(_in_daemon_thread(nb.start))
             while not (await asyncio.wait({starting}, timeout=30))[0]:  # a long stage still shows it goes on
-                since = self.info["services"]["netbox"]["since"]
-                say(f"NetBox: still {nb.stage} [{_duration(time.time() - since)}]")
+                if time.monotonic() - self._netbox_shown[1] >= 30:
+                    since = self.info["services"]["netbox"]["since"]
+                    say(f"NetBox: still {nb.stage} [{_duration(time.time() - since)}]")
+                    self._netbox_shown = (self._netbox_shown[0], time.monotonic())
             starting.result()
             nb._stage("recording the lab's inventory (bootstrap, devices, InfiniBand ports)")
             devices = fleet.netbox_devices((bmc or {}).get("servers"), (bmc or {}).get("credentials"))
@@ -490,7 +494,8 @@ class Lab:
             MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
         )
         if self.info.get("netbox"):
-            env.update(MILLWRIGHT_NETBOX_URL=self.info["netbox"]["url"], MILLWRIGHT_NETBOX_TOKEN=self.info["netbox"]["token"])
+            netbox = self.info["netbox"]
+            env.update(MILLWRIGHT_NETBOX_URL=netbox["url"], MILLWRIGHT_NETBOX_TOKEN=netbox["token"])
         if self.info.get("bmc"):
             env["MILLWRIGHT_BMC_CREDENTIALS"] = self.info["bmc"]["credentials"]
             if self.info["bmc"].get("ca_bundle"):
@@ -611,7 +616,8 @@ class Lab:
         await server.wait_healthy(self.timeout)
         self.service("temporal", "ready", f"UI {server.ui_url}", url=server.address)
         self.service("worker", "starting")
-        self.spawn("worker", [sys.executable, "-m", "worker"], env=self.worker_env(server.address, kubeconfig, metrics_port))
+        self.spawn("worker", [sys.executable, "-m", "worker"],
+                   env=self.worker_env(server.address, kubeconfig, metrics_port))
         self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{metrics_port}/metrics", "task_queue": self.task_queue}
         if bmc:
             await self.start_hosts(server.address, bmc["admin"])
@@ -627,7 +633,7 @@ class Lab:
         self.print_addresses(server, kubeconfig, examples)
         try:
             async with self.follow_power(bmc, kubeconfig, fleet.cluster):
-                return await self.serve(netbox_task)
+                return await self.serve()
         finally:
             if netbox_task is not None and not netbox_task.done():
                 netbox_task.cancel()  # its thread ends once `up` stops NetBox's processes
@@ -681,7 +687,8 @@ class Lab:
         if self.info.get("netbox"):
             line("NetBox", f"{self.info['netbox']['url']} (token {self.info['netbox']['token']}): "
                  f"{services['netbox']['state']}, {services['netbox']['note']}")  # fmt: skip
-        left = [f"{n} ({s['state']}: {s['note']})" for n, s in services.items() if s["state"] in ("left out", "unavailable")]
+        left = [f"{n} ({s['state']}: {s['note']})" for n, s in services.items()
+                if s["state"] in ("left out", "unavailable")]
         if left:
             line("left out", "; ".join(left))
         line("try", f"{EXAMPLE}{where}")
@@ -695,7 +702,7 @@ class Lab:
         line("status", f"millwright lab status{where}")
         line("stop", f"Ctrl-C, or `millwright lab down{where}`")
 
-    async def serve(self, netbox_task: asyncio.Task | None) -> int:
+    async def serve(self) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -713,7 +720,8 @@ class Lab:
 
     def stop_children(self) -> None:
         """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""
-        groups = ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5), (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15))
+        groups = ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
+                  (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15))
         for group, timeout in groups:
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]
             for child in procs:

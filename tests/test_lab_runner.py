@@ -203,7 +203,8 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
         example = json.loads(example_path.read_text())
         node = example["server"]["name"]
         assert example["server"]["bmc"] == {"url": bmc["servers"][node], "ca_bundle": f"file:{state.resolve()}/tls/ca.pem"}
-        assert bmc["servers"][node].startswith("https://127.0.0.1:") and bmc["ca_bundle"] == example["server"]["bmc"]["ca_bundle"]
+        assert bmc["servers"][node].startswith("https://127.0.0.1:")
+        assert bmc["ca_bundle"] == example["server"]["bmc"]["ca_bundle"]
         assert example["server"]["kubernetes"]["take_out_of_service"] is True
         example["settings"].update(stress_seconds=1, dcgm_level=None)
 

@@ -82,8 +82,10 @@ AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interva
                           maximum_attempts=5)  # fmt: skip
 
 Phase = Literal[
-    "starting", "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate",
-    "waiting-for-node", "uncordoning", "quarantining", "looking-up", "staging", "checking-firmware", "reading-sel", "booting-burn-in-image",
+    "starting", "looking-up", "staging", "checking-firmware", "reading-sel", "booting-burn-in-image",
+    # a Kubernetes node's (workflows/burnin_node.py)
+    "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
+    "uncordoning", "quarantining",
     "waiting-for-agent", "checking-gpus", "stressing", "re-checking-gpus", "cleaning", "deciding", "recording",
     "booting-disk", "powering-off", "completed", "failed",
 ]  # fmt: skip
