@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -211,6 +212,10 @@ def lab_outcomes(tmp_path_factory):
         yield outcomes
     finally:
         lab.kill()
+        from lab.netbox import NetBoxLab
+
+        # As root the lab keeps NetBox's database outside the state dir (lab/netbox.py `_pgdata`): not left behind.
+        shutil.rmtree(NetBoxLab(state / "netbox", keep_data=True)._pgdata().parent, ignore_errors=True)
 
 
 def test_every_example_is_covered():
