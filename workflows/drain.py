@@ -19,17 +19,16 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        DrainPlanRequest,
-        DrainSettings,
-        EvictRequest,
-        KubeActivities,
-        PodRef,
-        SkippedPod,
-        WaitPodsGoneRequest,
-    )
-    from activities.models import StrictModel
+from activities.kube import (
+    DrainPlanRequest,
+    DrainSettings,
+    EvictRequest,
+    KubeActivities,
+    PodRef,
+    SkippedPod,
+    WaitPodsGoneRequest,
+)
+from activities.models import StrictModel
 
 # Kubernetes calls are cheap and idempotent: retry them until the caller's deadline,
 # backing off to a ceiling so an API outage does not flood the history.

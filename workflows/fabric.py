@@ -29,26 +29,25 @@ from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput, history_is_long
 from workflows.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.models import StrictModel
-    from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
-    from activities.ufm import (
-        AddGuids,
-        DeletedPKey,
-        EmptyRequest,
-        EnsurePKey,
-        FabricCall,
-        FabricSnapshot,
-        HostsRequest,
-        MembershipChange,
-        PKeyMembers,
-        PKeyRef,
-        RemoveGuids,
-        ResolvedHosts,
-        UfmActivities,
-        normalize_guid,
-        normalize_pkey,
-    )
+from activities.models import StrictModel
+from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
+from activities.ufm import (
+    AddGuids,
+    DeletedPKey,
+    EmptyRequest,
+    EnsurePKey,
+    FabricCall,
+    FabricSnapshot,
+    HostsRequest,
+    MembershipChange,
+    PKeyMembers,
+    PKeyRef,
+    RemoveGuids,
+    ResolvedHosts,
+    UfmActivities,
+    normalize_guid,
+    normalize_pkey,
+)
 
 UFM_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=10),

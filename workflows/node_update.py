@@ -13,93 +13,27 @@ fails stays cordoned with the reason on the node, and comes back `erroring`.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
 
-from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.disruption_budget import LEASE_PATCH, Lease, acquire_lease, release_lease
-from workflows.drain import API_CALL, API_RETRY, Drain, DrainProgress
+from activities.kube import (
+    CordonRequest,
+    KubeActivities,
+    NodeRef,
+    NodeRolloutState,
+    PackageInstalled,
+    PodQuery,
+    RebootWait,
+    StageJobRequest,
+)
+from workflows.drain import API_CALL, API_RETRY, Drain
+from workflows.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
+from workflows.rollout_models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep, StageRecord
+from workflows.rollout_spec import Interrupt
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        CordonRequest,
-        DrainSettings,
-        KubeActivities,
-        NodeRef,
-        NodeRolloutState,
-        PackageInstalled,
-        PodQuery,
-        RebootWait,
-        StageJobRequest,
-    )
-    from activities.models import StrictModel
-    from workflows.rollout_spec import Budget, Interrupt
-
-Outcome = Literal["complete", "erroring", "blocked"]
 # Long waits heartbeat; a worker that dies mid-wait is noticed this fast and the wait resumes elsewhere.
 HEARTBEAT = timedelta(seconds=10)
-
-
-class PackageStep(StrictModel):
-    name: str
-    version: str
-    image: str
-    config: dict[str, str] = Field(default_factory=dict)
-    has_interrupt: bool = False
-    stage_timeout: timedelta = timedelta(hours=1)
-
-
-class NodeUpdateTemplate(StrictModel):
-    """What every node of a rollout shares."""
-
-    cluster: str
-    rollout: str = Field(description="The rollout's workflow ID: owner of the cordons and Jobs.")
-    packages: list[PackageStep] = Field(description="In dependency order.")
-    interrupt: Interrupt | None = Field(None, description="The coalesced interrupt; None: no drain, no interrupt.")
-    drain: DrainSettings
-    non_interrupt_selector: str | None = None
-    stage_retries: int = 3
-    reboot_timeout: timedelta = timedelta(minutes=30)
-    disruption_budget: Budget | None = Field(
-        None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
-    )
-
-
-class NodeUpdateInput(StrictModel):
-    node: str
-    ordinal: int
-    template: NodeUpdateTemplate
-    lease: Lease | None = Field(
-        None, description="The disruption budget lease its batch was granted for the node; None: it asks itself."
-    )
-
-
-class StageRecord(StrictModel):
-    package: str
-    stage: str
-    succeeded: bool
-    attempts: int
-    message: str = ""
-
-
-class NodeUpdateResult(StrictModel):
-    node: str
-    outcome: Outcome
-    reason: str = ""
-    stages: list[StageRecord] = Field(default_factory=list)
-    drain_seconds: float | None = None
-    reboot_seconds: float | None = None
-
-
-class NodeUpdateStatus(DrainProgress):
-    stage: str = "starting"
-    package: str | None = None
-    paused: bool = False
-    stages: list[StageRecord] = Field(default_factory=list)
-    lease: str | None = Field(None, description="The disruption budget lease held for the node.")
-    waiting_for: str = Field("", description="Why the node waits for the disruption budget.")
 
 
 class StageFailed(Exception):

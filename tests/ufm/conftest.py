@@ -83,7 +83,7 @@ async def _worker(client, ufm_config, netbox_cfg):
     from activities.netbox import NetBoxActivities
     from activities.ufm import UfmActivities
     from worker import registry
-    from workflows import WORKFLOWS
+    from workflows.catalog import WORKFLOWS
 
     registration = registry.Registration(
         workflows=list(WORKFLOWS),
