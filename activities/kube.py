@@ -47,6 +47,7 @@ ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|comp
 ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
 PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
 ROLLOUT_STATES = ("waiting", "in_progress", "complete", "erroring", "blocked", "skipped")
+NON_INTERRUPTIBLE_RUNNING = "non-interruptible pods running"
 
 # Package Jobs (one per rollout, node, package, stage and activity execution).
 JOB_NAMESPACE = "millwright-system"
@@ -257,10 +258,9 @@ class PackageInstalled(StrictModel):
     version: str
 
 
-class StageJobRequest(StrictModel):
-    cluster: str
-    node: str
-    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+class NodeStage(StrictModel):
+    """One stage of one package, as its Job runs it."""
+
     package: str
     version: str
     image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
@@ -268,8 +268,14 @@ class StageJobRequest(StrictModel):
     interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
     services: list[str] = Field(default_factory=list)
     config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
-    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
     timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
+
+
+class StageJobRequest(NodeStage):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
     try_number: int = Field(1, ge=1, description="The workflow's own try of this stage (a new try: a new Job).")
 
 
@@ -286,6 +292,65 @@ class RebootWait(StrictModel):
     previous_boot_id: str
     timeout_seconds: float = 1800
     poll_seconds: float = 2.0
+
+
+class StageRecord(StrictModel):
+    """One stage of a package run on a node: its verdict after the tries it took."""
+
+    package: str
+    stage: str
+    succeeded: bool
+    attempts: int
+    message: str = ""
+
+
+class NodeUpdateStart(StrictModel):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout's workflow ID: owner of the cordon, named in the node's state.")
+    cordon: bool = Field(description="Take the node out of service first (an interrupt is due): cordon, plan the drain.")
+    non_interrupt_selector: str | None = Field(
+        None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
+    )
+    drain: DrainSettings | None = Field(None, description="How the drain is planned (with cordon).")
+
+    _selector = field_validator("non_interrupt_selector")(validate_label_selector)
+
+
+class NodeUpdateStarted(StrictModel):
+    node: NodeInfo = Field(description="The node as the update found it: its packages and boot ID.")
+    blocked: str = Field("", description="Why the node was left in service (non-interruptible pods run); empty: "
+                                         "started.")  # fmt: skip
+    cordon: CordonResult | None = Field(None, description="With cordon: whose cordon the node has.")
+    drain: DrainPlan | None = Field(None, description="With cordon: the pods to evict, listed after the cordon.")
+
+
+class NodeStages(StrictModel):
+    """Stages to run on one node, in order, each as its Job (NodeWright's node sequence after the drain)."""
+
+    cluster: str
+    node: str
+    rollout: str
+    ordinal: int = 0
+    stages: list[NodeStage] = Field(min_length=1)
+    tries: int = Field(1, ge=1, description="Jobs a stage may take: a failed one is tried again, as a new Job.")
+    boot_id: str = Field("", description="The node's boot ID before the stages: a reboot must change it.")
+    reboot_timeout_seconds: float = Field(1800, gt=0, description="How long a rebooted node may take to be back.")
+    reboot_poll_seconds: float = 2.0
+
+
+class NodeStagesResult(StrictModel):
+    stages: list[StageRecord] = Field(description="The stages run, in order; a failed one is the last.")
+    held: bool = Field(False, description="It stopped before the next stage because its workflow asked (a pause).")
+    reboot_seconds: float | None = Field(None, description="From the reboot Job's start to the node back, new boot ID.")
+
+
+class NodeUpdateFinish(StrictModel):
+    cluster: str
+    node: str
+    rollout: str
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
 
 
 class ConditionGate(StrictModel):
@@ -654,6 +719,52 @@ def _packages_of(annotations: dict[str, str], node: str, strict: bool = True) ->
     )
 
 
+def _node_info(node: k8s.V1Node) -> NodeInfo:
+    annotations = node.metadata.annotations or {}
+    return NodeInfo(
+        name=node.metadata.name,
+        unschedulable=bool(node.spec.unschedulable),
+        cordoned_by=annotations.get(CORDONED_BY),
+        ready=any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])),
+        boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
+        packages=_packages_of(annotations, node.metadata.name, strict=False),
+        rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
+    )
+
+
+def _rollout_record(node: k8s.V1Node) -> dict[str, Any]:
+    try:
+        have = json.loads((node.metadata.annotations or {}).get(ROLLOUT_ANNOTATION) or "{}")
+    except ValueError:
+        return {}
+    return have if isinstance(have, dict) else {}
+
+
+class _StateChange:
+    """The label and annotation that record a rollout state on a node, and whether a node read back shows them."""
+
+    def __init__(self, state: str, value: str) -> None:
+        self.labels = {ROLLOUT_STATE_LABEL: state}
+        self.annotations = {ROLLOUT_ANNOTATION: value}
+
+    def shown_by(self, node: k8s.V1Node) -> bool:
+        return (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL] and \
+            _annotation(node, ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
+
+
+def _state_change(node: k8s.V1Node, req: NodeRolloutState) -> _StateChange | None:
+    """What records `req` on `node`; None when the node says so already (the `updated` time aside)."""
+    if req.state not in ROLLOUT_STATES:
+        raise ApplicationError(f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
+                               type="InvalidRolloutState", non_retryable=True)  # fmt: skip
+    want = {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
+            "reason": req.reason[:1024]}
+    have = _rollout_record(node)
+    if (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state and {k: have.get(k) for k in want} == want:
+        return None
+    return _StateChange(req.state, json.dumps({**want, "updated": _iso_now()}, separators=(",", ":")))
+
+
 def _short_hash(*parts: object, n: int = 10) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:n]
 
@@ -675,6 +786,15 @@ def _vanished(job: str) -> str:
     return (f"Job {JOB_NAMESPACE}/{job} disappeared (or was replaced) before its verdict was read: deleted by "
             f"someone, or by its TTL ({JOB_TTL_SECONDS}s after finishing); its stage may have run, and it is not "
             "created again under this try")
+
+
+def _reboot_unverifiable(node: str) -> ApplicationError:
+    return ApplicationError(
+        f"node {node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
+        "reboot (the node reports no status.nodeInfo.bootID)",
+        type="RebootUnverifiable",
+        non_retryable=True,
+    )
 
 
 def _iso_now() -> str:
@@ -705,6 +825,9 @@ class KubeActivities:
             self.run_stage_job,
             self.wait_node_rebooted,
             self.check_node_conditions,
+            self.start_node_update,
+            self.run_node_stages,
+            self.finish_node_update,
         ]
 
     async def _read_node(self, cluster: str, node: str) -> k8s.V1Node:
@@ -719,18 +842,7 @@ class KubeActivities:
     @activity.defn
     async def inspect_node(self, ref: NodeRef) -> NodeInfo:
         """Read a node: its cordon, who holds it, readiness and boot ID."""
-        node = await self._read_node(ref.cluster, ref.node)
-        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-        annotations = node.metadata.annotations or {}
-        return NodeInfo(
-            name=node.metadata.name,
-            unschedulable=bool(node.spec.unschedulable),
-            cordoned_by=annotations.get(CORDONED_BY),
-            ready=ready,
-            boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
-            packages=_packages_of(annotations, node.metadata.name, strict=False),
-            rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
-        )
+        return _node_info(await self._read_node(ref.cluster, ref.node))
 
     @activity.defn
     async def cordon_node(self, req: CordonRequest) -> CordonResult:
@@ -739,24 +851,29 @@ class KubeActivities:
         A node already cordoned by someone else is left as it is and reported, so the
         caller never removes that cordon later.
         """
-        node = await self._read_node(req.cluster, req.node)
+        return await self._cordon(req, await self._read_node(req.cluster, req.node))
+
+    async def _cordon(self, req: CordonRequest, node: k8s.V1Node, state: NodeRolloutState | None = None) -> CordonResult:
+        """Cordon `node` as read, recording `state` on it in the same write (or alone, when it is cordoned already)."""
         holder = (node.metadata.annotations or {}).get(CORDONED_BY)
         if node.spec.unschedulable:
+            if state is not None:
+                await self._record_state(node, state)
             if holder == req.owner:
                 return CordonResult(owned=True)
             return CordonResult(owned=False, holder=holder or "unknown")
-        core = await self._clusters.core(req.cluster)
-        patch = {
-            # resourceVersion makes the patch conditional: if the node changed since we
-            # read it (someone cordoned it meanwhile), the 409 sends us round again.
-            "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]},
-            },
-            "spec": {"unschedulable": True},
-        }
-        await self._patch_node(req.cluster, req.node, patch, f"cordoning node {req.node}",
-                               lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner)
+        # resourceVersion makes the patch conditional: if the node changed since we
+        # read it (someone cordoned it meanwhile), the 409 sends us round again.
+        metadata: dict[str, Any] = {"resourceVersion": node.metadata.resource_version,
+                                    "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]}}
+        change = _state_change(node, state) if state is not None else None
+        if change is not None:
+            metadata["labels"] = change.labels
+            metadata["annotations"].update(change.annotations)
+        await self._patch_node(req.cluster, req.node, {"metadata": metadata, "spec": {"unschedulable": True}},
+                               f"cordoning node {req.node}",
+                               lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner
+                               and (change is None or change.shown_by(n)))  # fmt: skip
         activity.logger.info("cordoned node %s for %s", req.node, req.owner)
         return CordonResult(owned=True)
 
@@ -842,6 +959,9 @@ class KubeActivities:
         Any pod that blocks the drain fails the plan before a single eviction, naming
         every such pod and the setting that would allow it.
         """
+        return await self._plan_drain(req)
+
+    async def _plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
         settings = req.settings
         pods = await self._pods_on_node(req.cluster, req.node, settings.pod_selector)
         plan = DrainPlan()
@@ -1027,28 +1147,14 @@ class KubeActivities:
 
         Writes nothing when both already say the same (the `updated` time aside).
         """
-        if req.state not in ROLLOUT_STATES:
-            raise ApplicationError(
-                f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
-                type="InvalidRolloutState",
-                non_retryable=True,
-            )
-        node = await self._read_node(req.cluster, req.node)
-        want = {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
-                "reason": req.reason[:1024]}
-        labels = node.metadata.labels or {}
-        try:
-            have = json.loads((node.metadata.annotations or {}).get(ROLLOUT_ANNOTATION) or "{}")
-        except ValueError:
-            have = {}
-        if labels.get(ROLLOUT_STATE_LABEL) == req.state and isinstance(have, dict) and \
-                {k: have.get(k) for k in want} == want:
-            return
-        value = json.dumps({**want, "updated": _iso_now()}, separators=(",", ":"))
-        patch = {"metadata": {"labels": {ROLLOUT_STATE_LABEL: req.state}, "annotations": {ROLLOUT_ANNOTATION: value}}}
-        await self._patch_node(req.cluster, req.node, patch, f"recording rollout state of node {req.node}",
-                               lambda n: (n.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state
-                               and _annotation(n, ROLLOUT_ANNOTATION) == value)
+        await self._record_state(await self._read_node(req.cluster, req.node), req)
+
+    async def _record_state(self, node: k8s.V1Node, req: NodeRolloutState) -> None:
+        change = _state_change(node, req)
+        if change is not None:
+            await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
+                                                                        "annotations": change.annotations}},
+                                   f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
@@ -1204,6 +1310,13 @@ class KubeActivities:
         that vanished after an attempt saw it: it is never created again under the same try.
         The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
         """
+        info = activity.info()
+        return await self._run_job(req, info.heartbeat_details[0] if info.heartbeat_details else None,
+                                     activity.heartbeat)
+
+    async def _run_job(self, req: StageJobRequest, previous: Any, beat: Callable[[dict[str, Any]], None]) \
+            -> StageJobResult:  # fmt: skip
+        """`run_stage_job`: `previous` is what an earlier attempt heartbeat about this Job, `beat` heartbeats it."""
         if req.stage not in STAGES:
             raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
         if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
@@ -1212,7 +1325,6 @@ class KubeActivities:
         key = _short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
                           info.workflow_run_id)
         name = stage_job_name(req.package, req.stage, key)
-        previous = info.heartbeat_details[0] if info.heartbeat_details else None
         started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
         body = self._stage_job(req, name, attempt)
@@ -1245,7 +1357,7 @@ class KubeActivities:
                 non_retryable=True,
             )
         uid = existing.metadata.uid
-        activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt})
+        beat({"job": name, "uid": uid, "started": started, "attempt": attempt})
         if req.config:
             cm = {
                 "apiVersion": "v1",
@@ -1289,8 +1401,7 @@ class KubeActivities:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt,
                                       message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
                                       f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
-            activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt,
-                                "active": status.get("active") or 0})
+            beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
             await asyncio.sleep(poll)
             poll = _next_poll(poll, JOB_POLL_SECONDS)
             job = await _read_json(f"reading Job {name}", batch.read_namespaced_job_without_preload_content(
@@ -1307,12 +1418,7 @@ class KubeActivities:
         reboot nothing can prove one happened: a non-retryable RebootUnverifiable (the node stays as it is).
         """
         if not req.previous_boot_id:
-            raise ApplicationError(
-                f"node {req.node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
-                "reboot (the node reports no status.nodeInfo.bootID)",
-                type="RebootUnverifiable",
-                non_retryable=True,
-            )
+            raise _reboot_unverifiable(req.node)
         info = activity.info()
         details = info.heartbeat_details[0] if info.heartbeat_details else None
         if isinstance(details, dict) and details.get("deadline"):
@@ -1321,6 +1427,10 @@ class KubeActivities:
             first = info.scheduled_time.timestamp() if info.scheduled_time else 0.0
             base = first if info.attempt > 1 and first > 946684800 else time.time()  # no epoch-0 test defaults
             deadline = base + req.timeout_seconds
+        return await self._wait_rebooted(req, deadline, activity.heartbeat)
+
+    async def _wait_rebooted(self, req: RebootWait, deadline: float, beat: Callable[[dict[str, Any]], None]) -> str:
+        """`wait_node_rebooted` until `deadline` (epoch seconds); `beat` heartbeats where it stands."""
         poll = FIRST_POLL_SECONDS
         while True:
             node = await self._read_node(req.cluster, req.node)
@@ -1329,7 +1439,7 @@ class KubeActivities:
             if boot and boot != req.previous_boot_id and ready:
                 activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
                 return boot
-            activity.heartbeat({"deadline": deadline, "boot_id": boot, "ready": ready})
+            beat({"deadline": deadline, "boot_id": boot, "ready": ready})
             if time.time() >= deadline:
                 state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
                 raise ApplicationError(
@@ -1339,6 +1449,187 @@ class KubeActivities:
                 )
             await asyncio.sleep(max(0.05, min(poll, deadline - time.time())))
             poll = _next_poll(poll, req.poll_seconds)
+
+    # ------------------------------------------------------------ rollouts: a node's update in three calls
+
+    @activity.defn
+    async def start_node_update(self, req: NodeUpdateStart) -> NodeUpdateStarted:
+        """Begin a node's update: its rollout state `in_progress`, and with `cordon` the cordon and the drain plan.
+
+        With `cordon`, a node whose non-interruptible pods still run is left in service and its state set `blocked`;
+        otherwise it is cordoned, its state written in the same write, its non-interruptible pods looked for again
+        now that no new one can land (one found: the cordon is removed again, with the state `blocked`, in one
+        write), and its drain planned as `plan_drain` does. Short and idempotent, run as a local activity: every
+        write is decided from a fresh read, so a retry after a crash at any line repeats none and undoes nothing
+        (a cordon this rollout placed is removed only while the node's state still says this start placed it).
+        """
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress")
+        if req.cordon and await self._non_interruptible_running(req):
+            node = await self._read_node(req.cluster, req.node)
+            record = _rollout_record(node)  # in progress by this rollout, no stage yet: an earlier try of this start
+            placed_here = record.get("rollout") == req.rollout and record.get("state") == "in_progress" \
+                and not record.get("stage")
+            return await self._blocked(req, node, uncordon=placed_here)
+        node = await self._read_node(req.cluster, req.node)
+        if not req.cordon:
+            await self._record_state(node, state)
+            return NodeUpdateStarted(node=_node_info(node))
+        cordon = await self._cordon(CordonRequest(cluster=req.cluster, node=req.node, owner=req.rollout,
+                                                  reason=f"rollout {req.rollout}"), node, state)  # fmt: skip
+        if await self._non_interruptible_running(req):  # one landed between the first look and the cordon
+            blocked = await self._blocked(req, await self._read_node(req.cluster, req.node), uncordon=cordon.owned)
+            return blocked.model_copy(update={"cordon": cordon})
+        plan = await self._plan_drain(DrainPlanRequest(cluster=req.cluster, node=req.node,
+                                                       settings=req.drain or DrainSettings()))  # fmt: skip
+        return NodeUpdateStarted(node=_node_info(node), cordon=cordon, drain=plan)
+
+    async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
+        if not req.non_interrupt_selector:
+            return False
+        pods = await self._pods_on_node(req.cluster, req.node, req.non_interrupt_selector)
+        return any(not _finished(p) for p in pods)
+
+    async def _blocked(self, req: NodeUpdateStart, node: k8s.V1Node, *, uncordon: bool) -> NodeUpdateStarted:
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="blocked",
+                                 reason=NON_INTERRUPTIBLE_RUNNING)  # fmt: skip
+        await self._hand_back(node, state, packages={}, uncordon=uncordon)
+        return NodeUpdateStarted(node=_node_info(node), blocked=NON_INTERRUPTIBLE_RUNNING)
+
+    @activity.defn
+    async def run_node_stages(self, req: NodeStages) -> NodeStagesResult:
+        """Run the node's stages in order, each one's start recorded on the node (the rollout annotation's `stage`),
+        each as the Job `run_stage_job` makes (a failed Job tried again as a new one, up to `tries` in all); a reboot
+        interrupt is done once the node is back with a new boot ID and Ready within `reboot_timeout_seconds` (else
+        it failed). The first stage that fails ends it: a result, not an error.
+
+        Its workflow cancelling it (a pause) stops it before the next stage, never inside one (a reboot and its
+        verification are one): it returns what ran, `held`. Any other cancellation (the worker shutting down, an
+        operator's pause or reset of the activity) ends it at once, and the retry resumes where the heartbeat
+        details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
+        so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
+        """
+        if not req.boot_id and any(st.stage == "interrupt" and st.interrupt == "reboot" for st in req.stages):
+            raise _reboot_unverifiable(req.node)
+        stop = asyncio.Event()
+        work = asyncio.ensure_future(self._node_stages(req, stop))
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                why = activity.cancellation_details()
+                if why is not None and why.cancel_requested and not (why.worker_shutdown or why.paused or why.reset):
+                    stop.set()  # the stage that runs finishes first
+                    continue
+                work.cancel()
+                await asyncio.wait([work])
+                raise
+
+    async def _node_stages(self, req: NodeStages, stop: asyncio.Event) -> NodeStagesResult:
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        details = details if isinstance(details, dict) else {}
+        result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
+                                  reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
+        for index in range(len(result.stages), len(req.stages)):
+            if stop.is_set():
+                result.held = True
+                return result
+            stage = req.stages[index]
+            resumed = details if details.get("index") == index else {}
+            # Where this stage stands (its try, its Job, the reboot's deadline), after what is done.
+            at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
+
+            def beat(more: dict[str, Any]) -> None:
+                at.update(more)
+                activity.heartbeat({**at, **self._stages_done(result)})
+
+            await self._record_state(await self._read_node(req.cluster, req.node), NodeRolloutState(
+                cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress", package=stage.package,
+                stage=stage.stage))  # fmt: skip
+            record = await self._stage_tries(req, stage, resumed, beat)
+            if record.succeeded and stage.stage == "interrupt" and stage.interrupt == "reboot":
+                record = await self._rebooted(req, record, resumed, beat)
+                if record.succeeded:
+                    result.reboot_seconds = time.time() - at["started"]
+            result.stages.append(record)
+            activity.heartbeat({"index": index + 1, **self._stages_done(result)})
+            if not record.succeeded:
+                break
+        return result
+
+    @staticmethod
+    def _stages_done(result: NodeStagesResult) -> dict[str, Any]:
+        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds}
+
+    async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
+                           beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
+        first = int(resumed.get("try") or 1)
+        for try_number in range(first, req.tries + 1):
+            job_req = StageJobRequest(cluster=req.cluster, node=req.node, rollout=req.rollout, ordinal=req.ordinal,
+                                      try_number=try_number, **stage.model_dump())  # fmt: skip
+            job = await self._run_job(job_req, resumed.get("job") if try_number == first else None,
+                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # fmt: skip
+            if job.succeeded:
+                break
+        return StageRecord(package=stage.package, stage=stage.stage, succeeded=job.succeeded, attempts=try_number,
+                           message=job.message)  # fmt: skip
+
+    async def _rebooted(self, req: NodeStages, record: StageRecord, resumed: dict[str, Any],
+                        beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
+        """The reboot Job's verdict confirmed: the node back with a new boot ID and Ready, or the stage failed."""
+        deadline = float(resumed.get("reboot_deadline") or time.time() + req.reboot_timeout_seconds)
+        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=req.boot_id,
+                          timeout_seconds=req.reboot_timeout_seconds, poll_seconds=req.reboot_poll_seconds)
+        try:
+            await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline, "reboot": d}))
+        except ApplicationError as err:
+            if err.type != "RebootTimeout":
+                raise
+            return record.model_copy(update={"succeeded": False, "message": err.message})
+        return record
+
+    @activity.defn
+    async def finish_node_update(self, req: NodeUpdateFinish) -> None:
+        """End a node's update in one write: the packages installed added to its packages annotation, its state
+        `complete`, and with `uncordon` the rollout's own cordon removed (never someone else's). Conditional on the
+        node's resourceVersion, so a concurrent writer's package entry is never lost (its 409 is retried); writes
+        nothing when the node says all of it already. Short and idempotent: a local activity."""
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="complete")
+        await self._hand_back(await self._read_node(req.cluster, req.node), state, packages=req.packages,
+                              uncordon=req.uncordon)  # fmt: skip
+
+    async def _hand_back(self, node: k8s.V1Node, state: NodeRolloutState, *, packages: dict[str, str],
+                         uncordon: bool) -> None:  # fmt: skip
+        """One conditional write: `packages` recorded, `state`, and the cordon of `state.rollout` removed."""
+        annotations = node.metadata.annotations or {}
+        labels: dict[str, Any] = {}
+        changes: dict[str, Any] = {}
+        shows: list[Callable[[k8s.V1Node], bool]] = []
+        spec: dict[str, Any] = {}
+        installed = _packages_of(annotations, state.node)
+        if any(installed.get(name) != version for name, version in packages.items()):
+            value = json.dumps(dict(sorted({**installed, **packages}.items())), separators=(",", ":"))
+            changes[PACKAGES_ANNOTATION] = value
+            shows.append(lambda n: _annotation(n, PACKAGES_ANNOTATION) == value)
+        change = _state_change(node, state)
+        if change is not None:
+            labels.update(change.labels)
+            changes.update(change.annotations)
+            shows.append(change.shown_by)
+        if uncordon and annotations.get(CORDONED_BY) == state.rollout:
+            changes.update({CORDONED_BY: None, CORDON_REASON: None})
+            spec["unschedulable"] = False
+            shows.append(lambda n: not (n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) is None)
+        if not shows:
+            return
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                                              "labels": labels, "annotations": changes}}  # fmt: skip
+        if spec:
+            patch["spec"] = spec
+        await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
+                               lambda n: all(show(n) for show in shows))  # fmt: skip
+        if spec:
+            activity.logger.info("uncordoned node %s for %s", state.node, state.rollout)
 
     @activity.defn
     async def check_node_conditions(self, req: ConditionGate) -> list[str]:

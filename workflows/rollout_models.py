@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from activities.kube import DrainSettings
+from activities.kube import DrainSettings, StageRecord
 from activities.models import StrictModel
 from workflows.drain import DrainProgress
 from workflows.leases import Lease
@@ -22,6 +22,7 @@ from workflows.rollout_state import BatchState, NodeStatus
 # ---------------------------------------------------------------- NodeUpdate
 
 Outcome = Literal["complete", "erroring", "blocked"]
+
 
 class PackageStep(StrictModel):
     name: str
@@ -57,14 +58,6 @@ class NodeUpdateInput(StrictModel):
     )
 
 
-class StageRecord(StrictModel):
-    package: str
-    stage: str
-    succeeded: bool
-    attempts: int
-    message: str = ""
-
-
 class NodeUpdateResult(StrictModel):
     node: str
     outcome: Outcome
@@ -81,7 +74,10 @@ class NodeUpdateStatus(DrainProgress):
     stages: list[StageRecord] = Field(default_factory=list)
     lease: str | None = Field(None, description="The disruption budget lease held for the node.")
     waiting_for: str = Field("", description="Why the node waits for the disruption budget.")
-
+    running: list[str] = Field(
+        default_factory=list, description="The stages it runs now, in order ('<package> <stage>'); the one under way "
+        "is on the node, in the millwright.dev/rollout annotation's stage.",
+    )
 
 
 # ---------------------------------------------------------------- RolloutBatch
