@@ -19,6 +19,8 @@ import math
 import os
 import re
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -452,6 +454,10 @@ class ClusterConnector:
                 configuration = type.__call__(k8s.Configuration)
                 await k8s_config.load_kube_config_from_dict(contexts[cluster], client_configuration=configuration)
                 configuration.retries = None  # Temporal retries, visibly
+                # aiohttp would read the proxy environment and ~/.netrc again for every request (trust_env, a thread
+                # hop each): the environment's proxy for this API server (as kubectl honours it) is read once here.
+                configuration.proxy = configuration.proxy or _env_proxy(configuration.host)
+                configuration.client_session_kwargs = {"trust_env": False}
                 entry = ((contexts[cluster]["contexts"][0].get("context") or {}).get("cluster")) or cluster
                 files = os.pathsep.join(self._paths)
                 self._clients[cluster] = ClusterApiClient(configuration, cluster, TlsFix(
@@ -748,19 +754,26 @@ class _StateChange:
         self.annotations = {ROLLOUT_ANNOTATION: value}
 
     def shown_by(self, node: k8s.V1Node) -> bool:
-        return (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL] and \
-            _annotation(node, ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
+        return self.shown_in(node.metadata.labels or {}, node.metadata.annotations or {})
+
+    def shown_in(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:
+        return labels.get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL] and \
+            annotations.get(ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
 
 
-def _state_change(node: k8s.V1Node, req: NodeRolloutState) -> _StateChange | None:
-    """What records `req` on `node`; None when the node says so already (the `updated` time aside)."""
+def _state_record(req: NodeRolloutState) -> dict[str, Any]:
     if req.state not in ROLLOUT_STATES:
         raise ApplicationError(f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
                                type="InvalidRolloutState", non_retryable=True)  # fmt: skip
-    want = {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
+    return {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
             "reason": req.reason[:1024]}
-    have = _rollout_record(node)
-    if (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state and {k: have.get(k) for k in want} == want:
+
+
+def _state_change(node: k8s.V1Node | None, req: NodeRolloutState) -> _StateChange | None:
+    """What records `req` on `node` (None: unread); None when the node says so already (the `updated` time aside)."""
+    want = _state_record(req)
+    if node is not None and (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state and \
+            {k: _rollout_record(node).get(k) for k in want} == want:  # fmt: skip
         return None
     return _StateChange(req.state, json.dumps({**want, "updated": _iso_now()}, separators=(",", ":")))
 
@@ -788,6 +801,14 @@ def _vanished(job: str) -> str:
             "created again under this try")
 
 
+def _env_proxy(url: str) -> str | None:
+    """The proxy HTTPS_PROXY/HTTP_PROXY name for `url`, unless NO_PROXY exempts its host."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
 def _reboot_unverifiable(node: str) -> ApplicationError:
     return ApplicationError(
         f"node {node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
@@ -807,6 +828,7 @@ def _iso_now() -> str:
 class KubeActivities:
     def __init__(self, connector: ClusterConnector) -> None:
         self._clusters = connector
+        self._job_namespaces: set[str] = set()  # clusters whose Job namespace this worker has seen
 
     def activities(self) -> list[Callable]:
         return [
@@ -1270,9 +1292,9 @@ class KubeActivities:
         }
 
     @staticmethod
-    def _same_job(existing: k8s.V1Job, wanted: dict[str, Any]) -> bool:
-        labels = existing.metadata.labels or {}
-        annotations = existing.metadata.annotations or {}
+    def _same_job(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
+        labels = existing["metadata"].get("labels") or {}
+        annotations = existing["metadata"].get("annotations") or {}
         want_md = wanted["metadata"]
         return all(labels.get(k) == v for k, v in want_md["labels"].items()) and all(
             annotations.get(k) == want_md["annotations"][k] for k in (JOB_ROLLOUT_ANNOTATION, JOB_VERSION_ANNOTATION)
@@ -1330,33 +1352,27 @@ class KubeActivities:
         body = self._stage_job(req, name, attempt)
         batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
         core = await self._clusters.core(req.cluster)
-        existing = await _read(f"reading Job {name}", batch.read_namespaced_job(name, JOB_NAMESPACE,
-                                                                                _request_timeout=_REQUEST_TIMEOUT))
-        if existing is None and isinstance(previous, dict) and previous.get("uid"):
-            # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
-            # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
-            return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
-        if existing is None:
-            await self._ensure_namespace(req.cluster)
-            try:
-                existing = await batch.create_namespaced_job(JOB_NAMESPACE, body, _request_timeout=_REQUEST_TIMEOUT)
-                activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
-            except ApiException as err:
-                if err.status != 409:
-                    raise api_error(err, f"creating Job {name}") from err
-                existing = await _call(f"reading Job {name}", batch.read_namespaced_job(
-                    name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
-            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                raise ApplicationError(f"creating Job {name}: connection failed: {err!r}",
-                                       type="KubernetesUnavailable") from err
+        # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
+        # all) cost more than the call itself.
+        read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
+            name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT)
+        if isinstance(previous, dict) and previous.get("uid"):
+            existing = await _read_json(f"reading Job {name}", read())
+            if existing is None:
+                # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
+                # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
+                return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
+        else:  # created, or adopted when it exists: a retry after a lost answer finds it (409) and reads it
+            existing = await self._create_job(req.cluster, name, body, read)
+            activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
         if not self._same_job(existing, body):
             raise ApplicationError(
                 f"Job {JOB_NAMESPACE}/{name} exists but belongs to another stage run "
-                f"(labels {existing.metadata.labels}); delete it by hand",
+                f"(labels {existing['metadata'].get('labels')}); delete it by hand",
                 type="JobConflict",
                 non_retryable=True,
             )
-        uid = existing.metadata.uid
+        uid = existing["metadata"]["uid"]
         beat({"job": name, "uid": uid, "started": started, "attempt": attempt})
         if req.config:
             cm = {
@@ -1380,9 +1396,7 @@ class KubeActivities:
                 raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
                                        type="KubernetesUnavailable") from err
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
-        # Polled as plain JSON: many Jobs wait at once, and building typed models for every
-        # look costs more than the look itself.
-        job, poll = batch.api_client.sanitize_for_serialization(existing), FIRST_POLL_SECONDS
+        job, waiting = existing, time.time()
         while True:
             if job is None or job["metadata"].get("uid") != uid:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
@@ -1402,10 +1416,28 @@ class KubeActivities:
                                       message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
                                       f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
             beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
-            await asyncio.sleep(poll)
-            poll = _next_poll(poll, JOB_POLL_SECONDS)
-            job = await _read_json(f"reading Job {name}", batch.read_namespaced_job_without_preload_content(
-                name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
+            # Looked at every tenth of the time waited so far (a verdict is seen at most ~10% late), within bounds.
+            await asyncio.sleep(min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10)))
+            job = await _read_json(f"reading Job {name}", read())
+
+    async def _create_job(self, cluster: str, name: str, body: dict[str, Any], read: Callable) -> dict[str, Any]:
+        """Create the Job (its namespace first, once per cluster and whenever it went missing); an existing one
+        (409) is read and returned."""
+        batch = k8s.BatchV1Api(await self._clusters.api(cluster))
+        for first in (True, False):
+            if cluster not in self._job_namespaces or not first:
+                await self._ensure_namespace(cluster)
+                self._job_namespaces.add(cluster)
+            try:
+                return await _call_json(f"creating Job {name}", batch.create_namespaced_job_without_preload_content(
+                    JOB_NAMESPACE, body, _request_timeout=_REQUEST_TIMEOUT))
+            except ApplicationError as err:
+                status = err.__cause__.status if isinstance(err.__cause__, ApiException) else None
+                if status == 409:
+                    return await _call_json(f"reading Job {name}", read())
+                if status != 404 or not first:  # 404: the namespace is gone; made again, then once more
+                    raise
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ rollouts: reboots and gates
 
@@ -1543,9 +1575,8 @@ class KubeActivities:
                 at.update(more)
                 activity.heartbeat({**at, **self._stages_done(result)})
 
-            await self._record_state(await self._read_node(req.cluster, req.node), NodeRolloutState(
-                cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress", package=stage.package,
-                stage=stage.stage))  # fmt: skip
+            await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
+                                              state="in_progress", package=stage.package, stage=stage.stage))
             record = await self._stage_tries(req, stage, resumed, beat)
             if record.succeeded and stage.stage == "interrupt" and stage.interrupt == "reboot":
                 record = await self._rebooted(req, record, resumed, beat)
@@ -1560,6 +1591,20 @@ class KubeActivities:
     @staticmethod
     def _stages_done(result: NodeStagesResult) -> dict[str, Any]:
         return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds}
+
+    async def _mark(self, state: NodeRolloutState) -> None:
+        """Record `state` on the node in one write, unread (a stage's start: the same record written again on a
+        retry is harmless), checked in the node as the API server stored it."""
+        change = _state_change(None, state)
+        core = await self._clusters.core(state.cluster)
+        doing = f"recording rollout state of node {state.node}"
+        stored = await _call_json(doing, core.patch_node_without_preload_content(
+            state.node, {"metadata": {"labels": change.labels, "annotations": change.annotations}},
+            _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        metadata = stored.get("metadata") or {}
+        if not change.shown_in(metadata.get("labels") or {}, metadata.get("annotations") or {}):
+            raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show the "
+                                   "change; writing it again", type="KubernetesUnavailable")  # fmt: skip
 
     async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
                            beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
