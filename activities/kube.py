@@ -1,6 +1,7 @@
 """Kubernetes activities: cordon, drain through the eviction API, uncordon; and for rollouts:
 paged node listing, node rollout state, package Jobs per stage (NodeWright's execution
-substrate), reboot verification by boot ID, node-condition gates.
+substrate), reboot verification by boot ID, node-condition gates, and a node's whole update in
+three calls (start: state, cordon, drain plan; its stages' Jobs; finish: packages, state, uncordon).
 
 Every activity is idempotent: it reads the live object first and decides from what
 it finds, so a retry after a crash at any line neither repeats a write nor undoes
