@@ -56,6 +56,7 @@ NON_INTERRUPTIBLE_RUNNING = "non-interruptible pods running"
 JOB_NAMESPACE = "millwright-system"
 JOB_TTL_SECONDS = 600  # ttlSecondsAfterFinished: finished Jobs (and their pods' logs) stay this long
 JOB_POLL_SECONDS = 5.0  # the longest wait between two looks at a running Job
+BEAT_SECONDS = 2.0  # a node's stages heartbeat at least this often, and at once when where they stand changes
 JOB_WAIT_SLACK_SECONDS = 60.0  # how long past activeDeadlineSeconds the activity still waits for a verdict
 JOB_NODE_LABEL = "millwright.dev/node"
 JOB_PACKAGE_LABEL = "millwright.dev/package"
@@ -802,6 +803,16 @@ def _vanished(job: str) -> str:
             "created again under this try")
 
 
+async def _send_json(api: k8s.ApiClient, method: str, path: str, body: dict[str, Any]):
+    """A request with a plain JSON body, its answer unread (for `_call_json`): the typed methods would validate the
+    body into the client's models and back (a Job: its spec, template and containers), costing more than the
+    call. Authentication, headers, TLS and errors as theirs."""
+    params = await api.param_serialize(method=method, resource_path=path, body=body, auth_settings=["BearerToken"],
+                                       header_params={"Accept": "application/json",
+                                                      "Content-Type": "application/json"})  # fmt: skip
+    return (await api.call_api(*params, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)).response
+
+
 def _env_proxy(url: str) -> str | None:
     """The proxy HTTPS_PROXY/HTTP_PROXY name for `url`, unless NO_PROXY exempts its host."""
     parts = urllib.parse.urlsplit(url)
@@ -1357,13 +1368,14 @@ class KubeActivities:
         # all) cost more than the call itself.
         read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
             name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT)
-        if isinstance(previous, dict) and previous.get("uid"):
-            existing = await _read_json(f"reading Job {name}", read())
-            if existing is None:
-                # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
-                # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
-                return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
-        else:  # created, or adopted when it exists: a retry after a lost answer finds it (409) and reads it
+        # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
+        # first and creates only what is missing.
+        existing = None if info.attempt == 1 and not previous else await _read_json(f"reading Job {name}", read())
+        if existing is None and isinstance(previous, dict) and previous.get("uid"):
+            # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
+            # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
+            return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
+        if existing is None:  # a Job that exists after all (409) is read and adopted
             existing = await self._create_job(req.cluster, name, body, read)
             activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
         if not self._same_job(existing, body):
@@ -1430,8 +1442,8 @@ class KubeActivities:
                 await self._ensure_namespace(cluster)
                 self._job_namespaces.add(cluster)
             try:
-                return await _call_json(f"creating Job {name}", batch.create_namespaced_job_without_preload_content(
-                    JOB_NAMESPACE, body, _request_timeout=_REQUEST_TIMEOUT))
+                return await _call_json(f"creating Job {name}", _send_json(
+                    batch.api_client, "POST", f"/apis/batch/v1/namespaces/{JOB_NAMESPACE}/jobs", body))
             except ApplicationError as err:
                 status = err.__cause__.status if isinstance(err.__cause__, ApiException) else None
                 if status == 409:
@@ -1569,12 +1581,17 @@ class KubeActivities:
                 return result
             stage = req.stages[index]
             resumed = details if details.get("index") == index else {}
-            # Where this stage stands (its try, its Job, the reboot's deadline), after what is done.
+            # Where this stage stands (its try, its Job, the reboot's deadline), after what is done: sent at once
+            # when one of those changes, else every BEAT_SECONDS (the SDK sends one per 0.8 heartbeat timeout).
             at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
+            done, sent = self._stages_done(result), [None, 0.0]
 
             def beat(more: dict[str, Any]) -> None:
                 at.update(more)
-                activity.heartbeat({**at, **self._stages_done(result)})
+                where = (at.get("try"), (at.get("job") or {}).get("uid"), at.get("reboot_deadline"))
+                if where != sent[0] or time.monotonic() - sent[1] >= BEAT_SECONDS:
+                    activity.heartbeat({**at, **done})
+                    sent[:] = [where, time.monotonic()]
 
             await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
                                               state="in_progress", package=stage.package, stage=stage.stage))

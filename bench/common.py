@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -41,6 +42,18 @@ def cpu_seconds(pid: int) -> float:
     """CPU time (user + system) the process has used so far, all its threads, from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def warnings_in(*logs: Path) -> Counter[str]:
+    """The workers' warnings and errors by message (numbers and IDs masked), to say what went wrong."""
+    found: Counter[str] = Counter()
+    for log in logs:
+        with open(log, errors="replace") as fh:
+            for line in fh:
+                if " WARNING " in line or " ERROR " in line:
+                    message = line.split(": ", 1)[-1].strip()
+                    found[re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "#", message)[:100]] += 1
+    return found
 
 
 def throttled_lines(*logs: Path) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throttled_lines
+from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throttled_lines, warnings_in
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
@@ -89,6 +89,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                 pool.stop()
             lengths = await history_lengths(server.client, spec.workflow_id())
             throttled = throttled_lines(server.log, *pool.logs)
+            warnings = warnings_in(*pool.logs)
         await admin.aclose()
     worker_cpu, server_cpu, emulator_cpu = (after - before for before, after in zip(cpu_before, cpu_after))
     batches = math.ceil(nodes / batch)
@@ -100,6 +101,8 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
     print(f"makespan={makespan:.1f}s ideal={ideal:.1f}s (batches x per-node {per_node:.2f}s)")
     print(f"runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
     print(f"cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, Kubernetes emulator {emulator_cpu:.1f}s")
+    print(f"worker warnings and errors: {sum(warnings.values())}"
+          + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5)))
     print(
         f"makespan_ratio={makespan / ideal:.2f} max_run_events={max(lengths)} "
         f"events_per_node={sum(lengths) / nodes:.1f} worker_cpu_ms_per_node={worker_cpu * 1000 / nodes:.0f} "

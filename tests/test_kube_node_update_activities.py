@@ -207,3 +207,24 @@ async def test_finish_records_packages_and_state_and_uncordons_in_one_write(k8s,
     await env().run(kube.finish_node_update, finish.model_copy(update={"node": "node-02"}))
     node = await read_node(core, "node-02")
     assert node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+
+
+async def test_the_api_client_reads_the_proxy_environment_once(tmp_path, monkeypatch):
+    """aiohttp would read the proxy environment and ~/.netrc for every request: the client takes the proxy the
+    environment names for its API server once, as kubectl honours it, and NO_PROXY still exempts a server."""
+    from activities.kube import ClusterConnector
+
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": "prod",
+              "clusters": [{"name": "prod", "cluster": {"server": "https://10.0.0.1:6443"}}],
+              "users": [{"name": "prod", "user": {"token": "t"}}],
+              "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "prod"}}]}  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    for no_proxy, expected in (("", "http://proxy.example:3128"), ("10.0.0.1", None)):
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+        monkeypatch.setenv("NO_PROXY", no_proxy)
+        connector = ClusterConnector([str(path)])
+        api = await connector.api("prod")
+        assert api.configuration.proxy == expected
+        assert api.configuration.client_session_kwargs == {"trust_env": False}
+        await connector.close()
