@@ -35,7 +35,7 @@ from starter.cli import app
 from starter.client import InputError, parse_input, workflow_specs
 from tests.kube_helpers import fleet_objects
 from tests.test_cli import cli
-from workflows import WORKFLOWS
+from workflows.catalog import WORKFLOWS
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
 

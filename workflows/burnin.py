@@ -29,44 +29,43 @@ from workflows.base import Phases, Progress, WorkflowInput
 from workflows.burnin_node import NODE_GUARD_PATCH, KubernetesNode, NodeService
 from workflows.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, gave_up_on
 
-with workflow.unsafe.imports_passed_through():
-    from activities.gpu import (
-        GpuCheckRequest,
-        GpuCheckResult,
-        HostAgentActivities,
-        StressRequest,
-        StressResult,
-        gpu_verdict,
-        host_task_queue,
-    )
-    from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
-    from activities.kube import validate_object_name
-    from activities.models import StrictModel
-    from activities.netbox import (
-        CF_BMC_CREDENTIALS,
-        CF_BMC_URL,
-        CF_EXPECTED_GPUS,
-        CF_FIRMWARE_BASELINE,
-        CF_GPU_MODEL,
-        TAG_QUARANTINE,
-        BurnInRecord,
-        DeviceInfo,
-        DeviceLookup,
-        DeviceTagsRequest,
-        GpuInfo,
-        GpuInventory,
-        NetBoxActivities,
-        SetStatusRequest,
-    )
-    from activities.redfish import (
-        BmcRef,
-        BootRequest,
-        PowerRequest,
-        RedfishActivities,
-        RedfishInventory,
-        SelQuery,
-        SelReport,
-    )
+from activities.gpu import (
+    GpuCheckRequest,
+    GpuCheckResult,
+    HostAgentActivities,
+    StressRequest,
+    StressResult,
+    gpu_verdict,
+    host_task_queue,
+)
+from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
+from activities.kube import validate_object_name
+from activities.models import StrictModel
+from activities.netbox import (
+    CF_BMC_CREDENTIALS,
+    CF_BMC_URL,
+    CF_EXPECTED_GPUS,
+    CF_FIRMWARE_BASELINE,
+    CF_GPU_MODEL,
+    TAG_QUARANTINE,
+    BurnInRecord,
+    DeviceInfo,
+    DeviceLookup,
+    DeviceTagsRequest,
+    GpuInfo,
+    GpuInventory,
+    NetBoxActivities,
+    SetStatusRequest,
+)
+from activities.redfish import (
+    BmcRef,
+    BootRequest,
+    PowerRequest,
+    RedfishActivities,
+    RedfishInventory,
+    SelQuery,
+    SelReport,
+)
 
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"

@@ -20,22 +20,20 @@ from pydantic import Field, field_validator
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from workflows.disruption_budget import Lease, acquire_lease, release_lease
+from activities.kube import (
+    CordonRequest,
+    DrainSettings,
+    KubeActivities,
+    NodeInfo,
+    NodeRef,
+    RebootWait,
+    validate_object_name,
+)
+from activities.models import StrictModel
+from activities.node_health import NodeHealthActivities, QuarantineRequest
 from workflows.drain import API_CALL, Drain, DrainProgress
-
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        CordonRequest,
-        DrainSettings,
-        KubeActivities,
-        NodeInfo,
-        NodeRef,
-        RebootWait,
-        validate_object_name,
-    )
-    from activities.models import StrictModel
-    from activities.node_health import NodeHealthActivities, QuarantineRequest
-    from workflows.rollout_spec import Budget
+from workflows.leases import Lease, acquire_lease, release_lease
+from workflows.rollout_spec import Budget
 
 # Runs started before a burn-in knew its Kubernetes node read no node: they replay without these steps.
 NODE_GUARD_PATCH = "burn-in-kubernetes-node"

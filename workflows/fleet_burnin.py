@@ -27,10 +27,9 @@ from workflows.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin import NETBOX_CALL, BurnInSettings, ServerBurnIn, ServerBurnInInput, ServerTarget
 from workflows.endpoints import Endpoints, RetryTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import validate_object_name
-    from activities.models import StrictModel
-    from activities.netbox import DeviceQuery, NetBoxActivities
+from activities.kube import validate_object_name
+from activities.models import StrictModel
+from activities.netbox import DeviceQuery, NetBoxActivities
 
 HISTORY_LIMIT = 8000
 
