@@ -1,6 +1,7 @@
 """Kubernetes activities: cordon, drain through the eviction API, uncordon; and for rollouts:
 paged node listing, node rollout state, package Jobs per stage (NodeWright's execution
-substrate), reboot verification by boot ID, node-condition gates.
+substrate), reboot verification by boot ID, node-condition gates, and a node's whole update in
+three calls (start: state, cordon, drain plan; its stages' Jobs; finish: packages, state, uncordon).
 
 Every activity is idempotent: it reads the live object first and decides from what
 it finds, so a retry after a crash at any line neither repeats a write nor undoes
@@ -19,6 +20,8 @@ import math
 import os
 import re
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -47,11 +50,13 @@ ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|comp
 ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
 PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
 ROLLOUT_STATES = ("waiting", "in_progress", "complete", "erroring", "blocked", "skipped")
+NON_INTERRUPTIBLE_RUNNING = "non-interruptible pods running"
 
 # Package Jobs (one per rollout, node, package, stage and activity execution).
 JOB_NAMESPACE = "millwright-system"
 JOB_TTL_SECONDS = 600  # ttlSecondsAfterFinished: finished Jobs (and their pods' logs) stay this long
 JOB_POLL_SECONDS = 5.0  # the longest wait between two looks at a running Job
+BEAT_SECONDS = 2.0  # a node's stages heartbeat at least this often, and at once when where they stand changes
 JOB_WAIT_SLACK_SECONDS = 60.0  # how long past activeDeadlineSeconds the activity still waits for a verdict
 JOB_NODE_LABEL = "millwright.dev/node"
 JOB_PACKAGE_LABEL = "millwright.dev/package"
@@ -257,10 +262,9 @@ class PackageInstalled(StrictModel):
     version: str
 
 
-class StageJobRequest(StrictModel):
-    cluster: str
-    node: str
-    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+class NodeStage(StrictModel):
+    """One stage of one package, as its Job runs it."""
+
     package: str
     version: str
     image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
@@ -268,8 +272,14 @@ class StageJobRequest(StrictModel):
     interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
     services: list[str] = Field(default_factory=list)
     config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
-    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
     timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
+
+
+class StageJobRequest(NodeStage):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
     try_number: int = Field(1, ge=1, description="The workflow's own try of this stage (a new try: a new Job).")
 
 
@@ -286,6 +296,65 @@ class RebootWait(StrictModel):
     previous_boot_id: str
     timeout_seconds: float = 1800
     poll_seconds: float = 2.0
+
+
+class StageRecord(StrictModel):
+    """One stage of a package run on a node: its verdict after the tries it took."""
+
+    package: str
+    stage: str
+    succeeded: bool
+    attempts: int
+    message: str = ""
+
+
+class NodeUpdateStart(StrictModel):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout's workflow ID: owner of the cordon, named in the node's state.")
+    cordon: bool = Field(description="Take the node out of service first (an interrupt is due): cordon, plan the drain.")
+    non_interrupt_selector: str | None = Field(
+        None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
+    )
+    drain: DrainSettings | None = Field(None, description="How the drain is planned (with cordon).")
+
+    _selector = field_validator("non_interrupt_selector")(validate_label_selector)
+
+
+class NodeUpdateStarted(StrictModel):
+    node: NodeInfo = Field(description="The node as the update found it: its packages and boot ID.")
+    blocked: str = Field("", description="Why the node was left in service (non-interruptible pods run); empty: "
+                                         "started.")  # fmt: skip
+    cordon: CordonResult | None = Field(None, description="With cordon: whose cordon the node has.")
+    drain: DrainPlan | None = Field(None, description="With cordon: the pods to evict, listed after the cordon.")
+
+
+class NodeStages(StrictModel):
+    """Stages to run on one node, in order, each as its Job (NodeWright's node sequence after the drain)."""
+
+    cluster: str
+    node: str
+    rollout: str
+    ordinal: int = 0
+    stages: list[NodeStage] = Field(min_length=1)
+    tries: int = Field(1, ge=1, description="Jobs a stage may take: a failed one is tried again, as a new Job.")
+    boot_id: str = Field("", description="The node's boot ID before the stages: a reboot must change it.")
+    reboot_timeout_seconds: float = Field(1800, gt=0, description="How long a rebooted node may take to be back.")
+    reboot_poll_seconds: float = 2.0
+
+
+class NodeStagesResult(StrictModel):
+    stages: list[StageRecord] = Field(description="The stages run, in order; a failed one is the last.")
+    held: bool = Field(False, description="It stopped before the next stage because its workflow asked (a pause).")
+    reboot_seconds: float | None = Field(None, description="From the reboot Job's start to the node back, new boot ID.")
+
+
+class NodeUpdateFinish(StrictModel):
+    cluster: str
+    node: str
+    rollout: str
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
 
 
 class ConditionGate(StrictModel):
@@ -387,6 +456,10 @@ class ClusterConnector:
                 configuration = type.__call__(k8s.Configuration)
                 await k8s_config.load_kube_config_from_dict(contexts[cluster], client_configuration=configuration)
                 configuration.retries = None  # Temporal retries, visibly
+                # aiohttp would read the proxy environment and ~/.netrc again for every request (trust_env, a thread
+                # hop each): the environment's proxy for this API server (as kubectl honours it) is read once here.
+                configuration.proxy = configuration.proxy or _env_proxy(configuration.host)
+                configuration.client_session_kwargs = {"trust_env": False}
                 entry = ((contexts[cluster]["contexts"][0].get("context") or {}).get("cluster")) or cluster
                 files = os.pathsep.join(self._paths)
                 self._clients[cluster] = ClusterApiClient(configuration, cluster, TlsFix(
@@ -654,6 +727,59 @@ def _packages_of(annotations: dict[str, str], node: str, strict: bool = True) ->
     )
 
 
+def _node_info(node: k8s.V1Node) -> NodeInfo:
+    annotations = node.metadata.annotations or {}
+    return NodeInfo(
+        name=node.metadata.name,
+        unschedulable=bool(node.spec.unschedulable),
+        cordoned_by=annotations.get(CORDONED_BY),
+        ready=any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])),
+        boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
+        packages=_packages_of(annotations, node.metadata.name, strict=False),
+        rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
+    )
+
+
+def _rollout_record(node: k8s.V1Node) -> dict[str, Any]:
+    try:
+        have = json.loads((node.metadata.annotations or {}).get(ROLLOUT_ANNOTATION) or "{}")
+    except ValueError:
+        return {}
+    return have if isinstance(have, dict) else {}
+
+
+class _StateChange:
+    """The label and annotation that record a rollout state on a node, and whether a node read back shows them."""
+
+    def __init__(self, state: str, value: str) -> None:
+        self.labels = {ROLLOUT_STATE_LABEL: state}
+        self.annotations = {ROLLOUT_ANNOTATION: value}
+
+    def shown_by(self, node: k8s.V1Node) -> bool:
+        return self.shown_in(node.metadata.labels or {}, node.metadata.annotations or {})
+
+    def shown_in(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:
+        return labels.get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL] and \
+            annotations.get(ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
+
+
+def _state_record(req: NodeRolloutState) -> dict[str, Any]:
+    if req.state not in ROLLOUT_STATES:
+        raise ApplicationError(f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
+                               type="InvalidRolloutState", non_retryable=True)  # fmt: skip
+    return {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
+            "reason": req.reason[:1024]}
+
+
+def _state_change(node: k8s.V1Node | None, req: NodeRolloutState) -> _StateChange | None:
+    """What records `req` on `node` (None: unread); None when the node says so already (the `updated` time aside)."""
+    want = _state_record(req)
+    if node is not None and (node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state and \
+            {k: _rollout_record(node).get(k) for k in want} == want:  # fmt: skip
+        return None
+    return _StateChange(req.state, json.dumps({**want, "updated": _iso_now()}, separators=(",", ":")))
+
+
 def _short_hash(*parts: object, n: int = 10) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:n]
 
@@ -677,6 +803,33 @@ def _vanished(job: str) -> str:
             "created again under this try")
 
 
+async def _send_json(api: k8s.ApiClient, method: str, path: str, body: dict[str, Any]):
+    """A request with a plain JSON body, its answer unread (for `_call_json`): the typed methods would validate the
+    body into the client's models and back (a Job: its spec, template and containers), costing more than the
+    call. Authentication, headers, TLS and errors as theirs."""
+    params = await api.param_serialize(method=method, resource_path=path, body=body, auth_settings=["BearerToken"],
+                                       header_params={"Accept": "application/json",
+                                                      "Content-Type": "application/json"})  # fmt: skip
+    return (await api.call_api(*params, _preload_content=False, _request_timeout=_REQUEST_TIMEOUT)).response
+
+
+def _env_proxy(url: str) -> str | None:
+    """The proxy HTTPS_PROXY/HTTP_PROXY name for `url`, unless NO_PROXY exempts its host."""
+    parts = urllib.parse.urlsplit(url)
+    if urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parts.scheme)
+
+
+def _reboot_unverifiable(node: str) -> ApplicationError:
+    return ApplicationError(
+        f"node {node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
+        "reboot (the node reports no status.nodeInfo.bootID)",
+        type="RebootUnverifiable",
+        non_retryable=True,
+    )
+
+
 def _iso_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -687,6 +840,7 @@ def _iso_now() -> str:
 class KubeActivities:
     def __init__(self, connector: ClusterConnector) -> None:
         self._clusters = connector
+        self._job_namespaces: set[str] = set()  # clusters whose Job namespace this worker has seen
 
     def activities(self) -> list[Callable]:
         return [
@@ -705,6 +859,9 @@ class KubeActivities:
             self.run_stage_job,
             self.wait_node_rebooted,
             self.check_node_conditions,
+            self.start_node_update,
+            self.run_node_stages,
+            self.finish_node_update,
         ]
 
     async def _read_node(self, cluster: str, node: str) -> k8s.V1Node:
@@ -719,18 +876,7 @@ class KubeActivities:
     @activity.defn
     async def inspect_node(self, ref: NodeRef) -> NodeInfo:
         """Read a node: its cordon, who holds it, readiness and boot ID."""
-        node = await self._read_node(ref.cluster, ref.node)
-        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-        annotations = node.metadata.annotations or {}
-        return NodeInfo(
-            name=node.metadata.name,
-            unschedulable=bool(node.spec.unschedulable),
-            cordoned_by=annotations.get(CORDONED_BY),
-            ready=ready,
-            boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
-            packages=_packages_of(annotations, node.metadata.name, strict=False),
-            rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
-        )
+        return _node_info(await self._read_node(ref.cluster, ref.node))
 
     @activity.defn
     async def cordon_node(self, req: CordonRequest) -> CordonResult:
@@ -739,23 +885,29 @@ class KubeActivities:
         A node already cordoned by someone else is left as it is and reported, so the
         caller never removes that cordon later.
         """
-        node = await self._read_node(req.cluster, req.node)
+        return await self._cordon(req, await self._read_node(req.cluster, req.node))
+
+    async def _cordon(self, req: CordonRequest, node: k8s.V1Node, state: NodeRolloutState | None = None) -> CordonResult:
+        """Cordon `node` as read, recording `state` on it in the same write (or alone, when it is cordoned already)."""
         holder = (node.metadata.annotations or {}).get(CORDONED_BY)
         if node.spec.unschedulable:
+            if state is not None:
+                await self._record_state(node, state)
             if holder == req.owner:
                 return CordonResult(owned=True)
             return CordonResult(owned=False, holder=holder or "unknown")
-        patch = {
-            # resourceVersion makes the patch conditional: if the node changed since we
-            # read it (someone cordoned it meanwhile), the 409 sends us round again.
-            "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]},
-            },
-            "spec": {"unschedulable": True},
-        }
-        await self._patch_node(req.cluster, req.node, patch, f"cordoning node {req.node}",
-                               lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner)
+        # resourceVersion makes the patch conditional: if the node changed since we
+        # read it (someone cordoned it meanwhile), the 409 sends us round again.
+        metadata: dict[str, Any] = {"resourceVersion": node.metadata.resource_version,
+                                    "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]}}
+        change = _state_change(node, state) if state is not None else None
+        if change is not None:
+            metadata["labels"] = change.labels
+            metadata["annotations"].update(change.annotations)
+        await self._patch_node(req.cluster, req.node, {"metadata": metadata, "spec": {"unschedulable": True}},
+                               f"cordoning node {req.node}",
+                               lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner
+                               and (change is None or change.shown_by(n)))  # fmt: skip
         activity.logger.info("cordoned node %s for %s", req.node, req.owner)
         return CordonResult(owned=True)
 
@@ -841,6 +993,9 @@ class KubeActivities:
         Any pod that blocks the drain fails the plan before a single eviction, naming
         every such pod and the setting that would allow it.
         """
+        return await self._plan_drain(req)
+
+    async def _plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
         settings = req.settings
         pods = await self._pods_on_node(req.cluster, req.node, settings.pod_selector)
         plan = DrainPlan()
@@ -1026,28 +1181,14 @@ class KubeActivities:
 
         Writes nothing when both already say the same (the `updated` time aside).
         """
-        if req.state not in ROLLOUT_STATES:
-            raise ApplicationError(
-                f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
-                type="InvalidRolloutState",
-                non_retryable=True,
-            )
-        node = await self._read_node(req.cluster, req.node)
-        want = {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
-                "reason": req.reason[:1024]}
-        labels = node.metadata.labels or {}
-        try:
-            have = json.loads((node.metadata.annotations or {}).get(ROLLOUT_ANNOTATION) or "{}")
-        except ValueError:
-            have = {}
-        if labels.get(ROLLOUT_STATE_LABEL) == req.state and isinstance(have, dict) and \
-                {k: have.get(k) for k in want} == want:
-            return
-        value = json.dumps({**want, "updated": _iso_now()}, separators=(",", ":"))
-        patch = {"metadata": {"labels": {ROLLOUT_STATE_LABEL: req.state}, "annotations": {ROLLOUT_ANNOTATION: value}}}
-        await self._patch_node(req.cluster, req.node, patch, f"recording rollout state of node {req.node}",
-                               lambda n: (n.metadata.labels or {}).get(ROLLOUT_STATE_LABEL) == req.state
-                               and _annotation(n, ROLLOUT_ANNOTATION) == value)
+        await self._record_state(await self._read_node(req.cluster, req.node), req)
+
+    async def _record_state(self, node: k8s.V1Node, req: NodeRolloutState) -> None:
+        change = _state_change(node, req)
+        if change is not None:
+            await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
+                                                                        "annotations": change.annotations}},
+                                   f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
@@ -1163,9 +1304,9 @@ class KubeActivities:
         }
 
     @staticmethod
-    def _same_job(existing: k8s.V1Job, wanted: dict[str, Any]) -> bool:
-        labels = existing.metadata.labels or {}
-        annotations = existing.metadata.annotations or {}
+    def _same_job(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
+        labels = existing["metadata"].get("labels") or {}
+        annotations = existing["metadata"].get("annotations") or {}
         want_md = wanted["metadata"]
         return all(labels.get(k) == v for k, v in want_md["labels"].items()) and all(
             annotations.get(k) == want_md["annotations"][k] for k in (JOB_ROLLOUT_ANNOTATION, JOB_VERSION_ANNOTATION)
@@ -1203,6 +1344,13 @@ class KubeActivities:
         that vanished after an attempt saw it: it is never created again under the same try.
         The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
         """
+        info = activity.info()
+        return await self._run_job(req, info.heartbeat_details[0] if info.heartbeat_details else None,
+                                     activity.heartbeat)
+
+    async def _run_job(self, req: StageJobRequest, previous: Any, beat: Callable[[dict[str, Any]], None]) \
+            -> StageJobResult:  # fmt: skip
+        """`run_stage_job`: `previous` is what an earlier attempt heartbeat about this Job, `beat` heartbeats it."""
         if req.stage not in STAGES:
             raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
         if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
@@ -1211,40 +1359,34 @@ class KubeActivities:
         key = _short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
                           info.workflow_run_id)
         name = stage_job_name(req.package, req.stage, key)
-        previous = info.heartbeat_details[0] if info.heartbeat_details else None
         started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
         body = self._stage_job(req, name, attempt)
         batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
         core = await self._clusters.core(req.cluster)
-        existing = await _read(f"reading Job {name}", batch.read_namespaced_job(name, JOB_NAMESPACE,
-                                                                                _request_timeout=_REQUEST_TIMEOUT))
+        # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
+        # all) cost more than the call itself.
+        read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
+            name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT)
+        # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
+        # first and creates only what is missing.
+        existing = None if info.attempt == 1 and not previous else await _read_json(f"reading Job {name}", read())
         if existing is None and isinstance(previous, dict) and previous.get("uid"):
             # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
             # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
             return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
-        if existing is None:
-            await self._ensure_namespace(req.cluster)
-            try:
-                existing = await batch.create_namespaced_job(JOB_NAMESPACE, body, _request_timeout=_REQUEST_TIMEOUT)
-                activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
-            except ApiException as err:
-                if err.status != 409:
-                    raise api_error(err, f"creating Job {name}") from err
-                existing = await _call(f"reading Job {name}", batch.read_namespaced_job(
-                    name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
-            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                raise ApplicationError(f"creating Job {name}: connection failed: {err!r}",
-                                       type="KubernetesUnavailable") from err
+        if existing is None:  # a Job that exists after all (409) is read and adopted
+            existing = await self._create_job(req.cluster, name, body, read)
+            activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
         if not self._same_job(existing, body):
             raise ApplicationError(
                 f"Job {JOB_NAMESPACE}/{name} exists but belongs to another stage run "
-                f"(labels {existing.metadata.labels}); delete it by hand",
+                f"(labels {existing['metadata'].get('labels')}); delete it by hand",
                 type="JobConflict",
                 non_retryable=True,
             )
-        uid = existing.metadata.uid
-        activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt})
+        uid = existing["metadata"]["uid"]
+        beat({"job": name, "uid": uid, "started": started, "attempt": attempt})
         if req.config:
             cm = {
                 "apiVersion": "v1",
@@ -1267,9 +1409,7 @@ class KubeActivities:
                 raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
                                        type="KubernetesUnavailable") from err
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
-        # Polled as plain JSON: many Jobs wait at once, and building typed models for every
-        # look costs more than the look itself.
-        job, poll = batch.api_client.sanitize_for_serialization(existing), FIRST_POLL_SECONDS
+        job, waiting = existing, time.time()
         while True:
             if job is None or job["metadata"].get("uid") != uid:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt, message=_vanished(name))
@@ -1288,12 +1428,29 @@ class KubeActivities:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt,
                                       message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
                                       f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
-            activity.heartbeat({"job": name, "uid": uid, "started": started, "attempt": attempt,
-                                "active": status.get("active") or 0})
-            await asyncio.sleep(poll)
-            poll = _next_poll(poll, JOB_POLL_SECONDS)
-            job = await _read_json(f"reading Job {name}", batch.read_namespaced_job_without_preload_content(
-                name, JOB_NAMESPACE, _request_timeout=_REQUEST_TIMEOUT))
+            beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
+            # Looked at every tenth of the time waited so far (a verdict is seen at most ~10% late), within bounds.
+            await asyncio.sleep(min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10)))
+            job = await _read_json(f"reading Job {name}", read())
+
+    async def _create_job(self, cluster: str, name: str, body: dict[str, Any], read: Callable) -> dict[str, Any]:
+        """Create the Job (its namespace first, once per cluster and whenever it went missing); an existing one
+        (409) is read and returned."""
+        batch = k8s.BatchV1Api(await self._clusters.api(cluster))
+        for first in (True, False):
+            if cluster not in self._job_namespaces or not first:
+                await self._ensure_namespace(cluster)
+                self._job_namespaces.add(cluster)
+            try:
+                return await _call_json(f"creating Job {name}", _send_json(
+                    batch.api_client, "POST", f"/apis/batch/v1/namespaces/{JOB_NAMESPACE}/jobs", body))
+            except ApplicationError as err:
+                status = err.__cause__.status if isinstance(err.__cause__, ApiException) else None
+                if status == 409:
+                    return await _call_json(f"reading Job {name}", read())
+                if status != 404 or not first:  # 404: the namespace is gone; made again, then once more
+                    raise
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ rollouts: reboots and gates
 
@@ -1306,12 +1463,7 @@ class KubeActivities:
         reboot nothing can prove one happened: a non-retryable RebootUnverifiable (the node stays as it is).
         """
         if not req.previous_boot_id:
-            raise ApplicationError(
-                f"node {req.node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "
-                "reboot (the node reports no status.nodeInfo.bootID)",
-                type="RebootUnverifiable",
-                non_retryable=True,
-            )
+            raise _reboot_unverifiable(req.node)
         info = activity.info()
         details = info.heartbeat_details[0] if info.heartbeat_details else None
         if isinstance(details, dict) and details.get("deadline"):
@@ -1320,6 +1472,10 @@ class KubeActivities:
             first = info.scheduled_time.timestamp() if info.scheduled_time else 0.0
             base = first if info.attempt > 1 and first > 946684800 else time.time()  # no epoch-0 test defaults
             deadline = base + req.timeout_seconds
+        return await self._wait_rebooted(req, deadline, activity.heartbeat)
+
+    async def _wait_rebooted(self, req: RebootWait, deadline: float, beat: Callable[[dict[str, Any]], None]) -> str:
+        """`wait_node_rebooted` until `deadline` (epoch seconds); `beat` heartbeats where it stands."""
         poll = FIRST_POLL_SECONDS
         while True:
             node = await self._read_node(req.cluster, req.node)
@@ -1328,7 +1484,7 @@ class KubeActivities:
             if boot and boot != req.previous_boot_id and ready:
                 activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
                 return boot
-            activity.heartbeat({"deadline": deadline, "boot_id": boot, "ready": ready})
+            beat({"deadline": deadline, "boot_id": boot, "ready": ready})
             if time.time() >= deadline:
                 state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
                 raise ApplicationError(
@@ -1338,6 +1494,205 @@ class KubeActivities:
                 )
             await asyncio.sleep(max(0.05, min(poll, deadline - time.time())))
             poll = _next_poll(poll, req.poll_seconds)
+
+    # ------------------------------------------------------------ rollouts: a node's update in three calls
+
+    @activity.defn
+    async def start_node_update(self, req: NodeUpdateStart) -> NodeUpdateStarted:
+        """Begin a node's update: its rollout state `in_progress`, and with `cordon` the cordon and the drain plan.
+
+        With `cordon`, a node whose non-interruptible pods still run is left in service and its state set `blocked`;
+        otherwise it is cordoned, its state written in the same write, its non-interruptible pods looked for again
+        now that no new one can land (one found: the cordon is removed again, with the state `blocked`, in one
+        write), and its drain planned as `plan_drain` does. Short and idempotent, run as a local activity: every
+        write is decided from a fresh read, so a retry after a crash at any line repeats none and undoes nothing
+        (a cordon this rollout placed is removed only while the node's state still says this start placed it).
+        """
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress")
+        if req.cordon and await self._non_interruptible_running(req):
+            node = await self._read_node(req.cluster, req.node)
+            record = _rollout_record(node)  # in progress by this rollout, no stage yet: an earlier try of this start
+            placed_here = record.get("rollout") == req.rollout and record.get("state") == "in_progress" \
+                and not record.get("stage")
+            return await self._blocked(req, node, uncordon=placed_here)
+        node = await self._read_node(req.cluster, req.node)
+        if not req.cordon:
+            await self._record_state(node, state)
+            return NodeUpdateStarted(node=_node_info(node))
+        cordon = await self._cordon(CordonRequest(cluster=req.cluster, node=req.node, owner=req.rollout,
+                                                  reason=f"rollout {req.rollout}"), node, state)  # fmt: skip
+        if await self._non_interruptible_running(req):  # one landed between the first look and the cordon
+            blocked = await self._blocked(req, await self._read_node(req.cluster, req.node), uncordon=cordon.owned)
+            return blocked.model_copy(update={"cordon": cordon})
+        plan = await self._plan_drain(DrainPlanRequest(cluster=req.cluster, node=req.node,
+                                                       settings=req.drain or DrainSettings()))  # fmt: skip
+        return NodeUpdateStarted(node=_node_info(node), cordon=cordon, drain=plan)
+
+    async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
+        if not req.non_interrupt_selector:
+            return False
+        pods = await self._pods_on_node(req.cluster, req.node, req.non_interrupt_selector)
+        return any(not _finished(p) for p in pods)
+
+    async def _blocked(self, req: NodeUpdateStart, node: k8s.V1Node, *, uncordon: bool) -> NodeUpdateStarted:
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="blocked",
+                                 reason=NON_INTERRUPTIBLE_RUNNING)  # fmt: skip
+        await self._hand_back(node, state, packages={}, uncordon=uncordon)
+        return NodeUpdateStarted(node=_node_info(node), blocked=NON_INTERRUPTIBLE_RUNNING)
+
+    @activity.defn
+    async def run_node_stages(self, req: NodeStages) -> NodeStagesResult:
+        """Run the node's stages in order, each one's start recorded on the node (the rollout annotation's `stage`),
+        each as the Job `run_stage_job` makes (a failed Job tried again as a new one, up to `tries` in all); a reboot
+        interrupt is done once the node is back with a new boot ID and Ready within `reboot_timeout_seconds` (else
+        it failed). The first stage that fails ends it: a result, not an error.
+
+        Its workflow cancelling it (a pause) stops it before the next stage, never inside one (a reboot and its
+        verification are one): it returns what ran, `held`. Any other cancellation (the worker shutting down, an
+        operator's pause or reset of the activity) ends it at once, and the retry resumes where the heartbeat
+        details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
+        so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
+        """
+        if not req.boot_id and any(st.stage == "interrupt" and st.interrupt == "reboot" for st in req.stages):
+            raise _reboot_unverifiable(req.node)
+        stop = asyncio.Event()
+        work = asyncio.ensure_future(self._node_stages(req, stop))
+        while True:
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                why = activity.cancellation_details()
+                if why is not None and why.cancel_requested and not (why.worker_shutdown or why.paused or why.reset):
+                    stop.set()  # the stage that runs finishes first
+                    continue
+                work.cancel()
+                await asyncio.wait([work])
+                raise
+
+    async def _node_stages(self, req: NodeStages, stop: asyncio.Event) -> NodeStagesResult:
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        details = details if isinstance(details, dict) else {}
+        result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
+                                  reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
+        for index in range(len(result.stages), len(req.stages)):
+            if stop.is_set():
+                result.held = True
+                return result
+            stage = req.stages[index]
+            resumed = details if details.get("index") == index else {}
+            # Where this stage stands (its try, its Job, the reboot's deadline), after what is done: sent at once
+            # when one of those changes, else every BEAT_SECONDS (the SDK sends one per 0.8 heartbeat timeout).
+            at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
+            done, sent = self._stages_done(result), [None, 0.0]
+
+            def beat(more: dict[str, Any]) -> None:
+                at.update(more)
+                where = (at.get("try"), (at.get("job") or {}).get("uid"), at.get("reboot_deadline"))
+                if where != sent[0] or time.monotonic() - sent[1] >= BEAT_SECONDS:
+                    activity.heartbeat({**at, **done})
+                    sent[:] = [where, time.monotonic()]
+
+            await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
+                                              state="in_progress", package=stage.package, stage=stage.stage))
+            record = await self._stage_tries(req, stage, resumed, beat)
+            if record.succeeded and stage.stage == "interrupt" and stage.interrupt == "reboot":
+                record = await self._rebooted(req, record, resumed, beat)
+                if record.succeeded:
+                    result.reboot_seconds = time.time() - at["started"]
+            result.stages.append(record)
+            activity.heartbeat({"index": index + 1, **self._stages_done(result)})
+            if not record.succeeded:
+                break
+        return result
+
+    @staticmethod
+    def _stages_done(result: NodeStagesResult) -> dict[str, Any]:
+        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds}
+
+    async def _mark(self, state: NodeRolloutState) -> None:
+        """Record `state` on the node in one write, unread (a stage's start: the same record written again on a
+        retry is harmless), checked in the node as the API server stored it."""
+        change = _state_change(None, state)
+        core = await self._clusters.core(state.cluster)
+        doing = f"recording rollout state of node {state.node}"
+        stored = await _call_json(doing, core.patch_node_without_preload_content(
+            state.node, {"metadata": {"labels": change.labels, "annotations": change.annotations}},
+            _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        metadata = stored.get("metadata") or {}
+        if not change.shown_in(metadata.get("labels") or {}, metadata.get("annotations") or {}):
+            raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show the "
+                                   "change; writing it again", type="KubernetesUnavailable")  # fmt: skip
+
+    async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
+                           beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
+        first = int(resumed.get("try") or 1)
+        for try_number in range(first, req.tries + 1):
+            job_req = StageJobRequest(cluster=req.cluster, node=req.node, rollout=req.rollout, ordinal=req.ordinal,
+                                      try_number=try_number, **stage.model_dump())  # fmt: skip
+            job = await self._run_job(job_req, resumed.get("job") if try_number == first else None,
+                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # fmt: skip
+            if job.succeeded:
+                break
+        return StageRecord(package=stage.package, stage=stage.stage, succeeded=job.succeeded, attempts=try_number,
+                           message=job.message)  # fmt: skip
+
+    async def _rebooted(self, req: NodeStages, record: StageRecord, resumed: dict[str, Any],
+                        beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
+        """The reboot Job's verdict confirmed: the node back with a new boot ID and Ready, or the stage failed."""
+        deadline = float(resumed.get("reboot_deadline") or time.time() + req.reboot_timeout_seconds)
+        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=req.boot_id,
+                          timeout_seconds=req.reboot_timeout_seconds, poll_seconds=req.reboot_poll_seconds)
+        try:
+            await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline, "reboot": d}))
+        except ApplicationError as err:
+            if err.type != "RebootTimeout":
+                raise
+            return record.model_copy(update={"succeeded": False, "message": err.message})
+        return record
+
+    @activity.defn
+    async def finish_node_update(self, req: NodeUpdateFinish) -> None:
+        """End a node's update in one write: the packages installed added to its packages annotation, its state
+        `complete`, and with `uncordon` the rollout's own cordon removed (never someone else's). Conditional on the
+        node's resourceVersion, so a concurrent writer's package entry is never lost (its 409 is retried); writes
+        nothing when the node says all of it already. Short and idempotent: a local activity."""
+        state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="complete")
+        await self._hand_back(await self._read_node(req.cluster, req.node), state, packages=req.packages,
+                              uncordon=req.uncordon)  # fmt: skip
+
+    async def _hand_back(self, node: k8s.V1Node, state: NodeRolloutState, *, packages: dict[str, str],
+                         uncordon: bool) -> None:  # fmt: skip
+        """One conditional write: `packages` recorded, `state`, and the cordon of `state.rollout` removed."""
+        annotations = node.metadata.annotations or {}
+        labels: dict[str, Any] = {}
+        changes: dict[str, Any] = {}
+        shows: list[Callable[[k8s.V1Node], bool]] = []
+        spec: dict[str, Any] = {}
+        installed = _packages_of(annotations, state.node)
+        if any(installed.get(name) != version for name, version in packages.items()):
+            value = json.dumps(dict(sorted({**installed, **packages}.items())), separators=(",", ":"))
+            changes[PACKAGES_ANNOTATION] = value
+            shows.append(lambda n: _annotation(n, PACKAGES_ANNOTATION) == value)
+        change = _state_change(node, state)
+        if change is not None:
+            labels.update(change.labels)
+            changes.update(change.annotations)
+            shows.append(change.shown_by)
+        if uncordon and annotations.get(CORDONED_BY) == state.rollout:
+            changes.update({CORDONED_BY: None, CORDON_REASON: None})
+            spec["unschedulable"] = False
+            shows.append(lambda n: not (n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) is None)
+        if not shows:
+            return
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                                              "labels": labels, "annotations": changes}}  # fmt: skip
+        if spec:
+            patch["spec"] = spec
+        await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
+                               lambda n: all(show(n) for show in shows))  # fmt: skip
+        if spec:
+            activity.logger.info("uncordoned node %s for %s", state.node, state.rollout)
 
     @activity.defn
     async def check_node_conditions(self, req: ConditionGate) -> list[str]:

@@ -1,16 +1,35 @@
-"""What the benchmarks share: the dev server they run against and the history sizes they report."""
+"""What the benchmarks share: the dev server they run against, workers as processes, the CPU time each process
+spent (from /proc), the throttling errors in their logs, and the history sizes they report."""
 
 from __future__ import annotations
 
+import asyncio
+import compileall
+import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+from collections import Counter
 from pathlib import Path
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
-import workflows.search_attributes
+from lab.loopback import LOOPBACK, free_port
+from lab.temporal import search_attribute_args
+
+REPO = Path(__file__).resolve().parents[1]
+# What Temporal answers a caller it throttles: a ResourceExhausted status (too many in-flight updates, rate
+# limits, ...), and updates aborted when their workflow continues as new; as the worker and the server log them.
+THROTTLED = re.compile(r"resource.?exhausted|limit on number of concurrent in-flight updates|"
+                       r"workflow update was aborted", re.IGNORECASE)  # fmt: skip
 
 
 def temporal_binary() -> str | None:
@@ -19,14 +38,136 @@ def temporal_binary() -> str | None:
     return str(local) if local.exists() else shutil.which("temporal")
 
 
-async def dev_server() -> WorkflowEnvironment:
-    """A fresh local dev server with Millwright's converter and search attributes (use with `async with`)."""
-    return await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
-        search_attributes=workflows.search_attributes.ALL,
-        dev_server_extra_args=["--log-level", "error"],
-    )
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, all its threads, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def warnings_in(*logs: Path) -> Counter[str]:
+    """The workers' warnings and errors by message (numbers and IDs masked), to say what went wrong."""
+    found: Counter[str] = Counter()
+    for log in logs:
+        with open(log, errors="replace") as fh:
+            for line in fh:
+                if " WARNING " in line or " ERROR " in line:
+                    message = line.split(": ", 1)[-1].strip()
+                    found[re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "#", message)[:100]] += 1
+    return found
+
+
+def throttled_lines(*logs: Path) -> int:
+    """Lines of these logs that report throttling (THROTTLED)."""
+    count = 0
+    for log in logs:
+        with open(log, errors="replace") as fh:
+            count += sum(1 for line in fh if THROTTLED.search(line))
+    return count
+
+
+class DevServer:
+    """`temporal server start-dev` (in memory, headless) as a child process: its pid for its CPU, its log for
+    what it refused. ``async with DevServer() as server: server.client``."""
+
+    def __init__(self) -> None:
+        self.address = f"{LOOPBACK}:{free_port()}"
+        self._dir = tempfile.TemporaryDirectory(prefix="millwright-bench-")
+        self.log = Path(self._dir.name) / "temporal.log"
+        self.process: subprocess.Popen | None = None
+        self.client: Client | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    async def __aenter__(self) -> DevServer:
+        host, port = self.address.split(":")
+        command = [temporal_binary() or "temporal", "server", "start-dev", "--headless", "--ip", host, "--port", port,
+                   "--log-level", "warn", *search_attribute_args()]  # fmt: skip
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the dev server exited with {self.process.returncode}: {self.log.read_text()}")
+            try:
+                self.client = await Client.connect(self.address, data_converter=pydantic_data_converter)
+                if await self.client.service_client.check_health():
+                    return self
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self._dir.cleanup()
+
+
+async def dev_server() -> DevServer:
+    """A fresh local dev server with Millwright's search attributes (use with `async with`)."""
+    return DevServer()
+
+
+class Workers:
+    """`count` worker processes (`python -m worker`), configured by environment as a deployment configures them,
+    on one task queue; their logs, and the CPU they spent."""
+
+    def __init__(self, count: int, address: str, task_queue: str, kubeconfig: str, logs: Path, **settings: str):
+        # Compiled first, as the worker image is (deploy/Dockerfile): with PYTHONDONTWRITEBYTECODE set and no
+        # bytecode, the sandbox would compile a workflow module's source again for every new run.
+        for package in ("workflows", "activities", "worker"):
+            compileall.compile_dir(REPO / package, quiet=1)
+        self.task_queue = task_queue
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+        env.update(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE="default", MILLWRIGHT_TASK_QUEUE=task_queue,
+                   MILLWRIGHT_KUBECONFIG=kubeconfig, MILLWRIGHT_METRICS_PORT="0", MILLWRIGHT_SHUTDOWN_GRACE_SECONDS="5",
+                   TEMPORAL_CONFIG_FILE=str(logs / "no-such-temporal.toml"), PYTHONUNBUFFERED="1",
+                   **{f"MILLWRIGHT_{k.upper()}": v for k, v in settings.items()})  # fmt: skip
+        self.logs = [logs / f"worker-{i + 1}.log" for i in range(count)]
+        self.processes: list[subprocess.Popen] = []
+        for log in self.logs:
+            with open(log, "wb") as fh:
+                self.processes.append(subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
+                                                       stdout=fh, stderr=subprocess.STDOUT))  # fmt: skip
+
+    async def polling(self, client: Client, timeout: float = 60) -> None:
+        """Until every worker polls the task queue for workflow tasks."""
+        request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=self.task_queue),
+                                           task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc, log in zip(self.processes, self.logs):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            pollers = (await client.workflow_service.describe_task_queue(request)).pollers
+            if len({p.identity for p in pollers}) >= len(self.processes):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(pollers)} of {len(self.processes)} workers poll {self.task_queue}")
+            await asyncio.sleep(0.2)
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(p.pid) for p in self.processes)
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.processes:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
 
 
 async def history_lengths(client: Client, *prefixes: str) -> list[int]:

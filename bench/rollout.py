@@ -1,13 +1,17 @@
-"""Rollout benchmark: makespan against the policy's ideal, and history sizes, at fleet scale.
+"""Rollout benchmark: makespan against the policy's ideal, history sizes and CPU per node, at fleet scale.
 
-    python -m bench.rollout --nodes 1000
-    python -m bench.rollout --nodes 10000 --batch 500
+    python -m bench.rollout --nodes 1000 --batch 100                      # compressed: 0.2 s stages, 0.5 s reboot
+    python -m bench.rollout --nodes 200 --batch 100 --profile realistic   # 5 s stages, a 20 s reboot
+    python -m bench.rollout --nodes 10000 --batch 250 --workers 2
 
-Seeds the Kubernetes emulator with N GPU nodes, runs one Rollout of one package with a
-reboot interrupt under a fixed batch size, with fixed simulated stage and reboot times,
-and prints, measured in this run: the actual makespan, the ideal makespan from the
-policy (batches × per-node time), their ratio, the largest history of any run, and
-history events per node. The last line is machine-readable.
+Seeds the Kubernetes emulator with N GPU nodes, starts the Temporal dev server and `--workers` worker processes
+(`python -m worker`, configured by environment as a deployment configures it), runs one Rollout of one package with
+a reboot interrupt under a fixed batch size (the cluster's disruption budget entity in the path, as always), and
+prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
+their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
+children and continued runs included), the CPU time the workers and the dev server spent during the rollout, each
+read from its own process and divided by the nodes, and `throttled`: the lines of the workers' and the server's
+logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
 Not a test: nothing here asserts a timing.
 """
 
@@ -16,19 +20,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
-from bench.common import dev_server, history_lengths
+import yaml
+
+from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throttled_lines, warnings_in
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
-from worker import registry
-from worker.config import WorkerSettings
 from workflows.rollout import Rollout
 from workflows.rollout_spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
+# (stage seconds, reboot seconds) per profile.
+PROFILES = {"compressed": (0.2, 0.5), "realistic": (5.0, 20.0)}
+ACTIVITY_SLOTS = 400  # per worker: a node's stages hold one slot while its Jobs run
 
 
 def rollout_spec(name: str, batch: int) -> RolloutInput:
@@ -47,47 +56,57 @@ def rollout_spec(name: str, batch: int) -> RolloutInput:
             "deploymentPolicy": {
                 "default": {"budget": {"count": batch}, "strategy": {"fixed": {"initialBatch": batch}}}
             },
+            "maxInFlight": batch,
         }
     )
 
 
-async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float) -> None:
-    with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator:
+async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float, workers: int) -> None:
+    with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator, \
+            tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:  # fmt: skip
         admin = EmulatorAdmin(emulator.url)
         fleet = Fleet.model_validate(
             {"cluster": "lab", "nodes": [{"prefix": "gpu-", "count": nodes, "digits": 5, "labels": {"bench": "true"}}]}
         )
         await admin.seed(fleet.to_objects())
         await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds)
-        path = f"/tmp/millwright-bench-{uuid.uuid4().hex[:6]}.kubeconfig"
-        with open(path, "w") as fh:
-            import yaml
-
-            yaml.safe_dump(kubeconfig(emulator.url, "lab"), fh)
-        async with await dev_server() as env:
-            registration = registry.build(WorkerSettings(kubeconfig=path, metrics_port=0))
-            task_queue = f"bench-{uuid.uuid4().hex[:6]}"
-            async with registry.new_worker(env.client, registration, task_queue, max_concurrent_activities=400):
+        path = Path(tmp) / "kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
+        async with DevServer() as server:
+            pool = Workers(workers, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(path), Path(tmp),
+                           max_concurrent_activities=str(ACTIVITY_SLOTS), log_level="WARNING")  # fmt: skip
+            try:
+                await pool.polling(server.client)
                 spec = rollout_spec(f"bench-{uuid.uuid4().hex[:6]}", batch)
+                cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
                 started = time.monotonic()
-                result = await env.client.execute_workflow(
-                    Rollout.run, spec, id=spec.workflow_id(), task_queue=task_queue
+                result = await server.client.execute_workflow(
+                    Rollout.run, spec, id=spec.workflow_id(), task_queue=pool.task_queue
                 )
                 makespan = time.monotonic() - started
-            await registration.close()
-            lengths = await history_lengths(env.client, spec.workflow_id())
+                cpu_after = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
+            finally:
+                pool.stop()
+            lengths = await history_lengths(server.client, spec.workflow_id())
+            throttled = throttled_lines(server.log, *pool.logs)
+            warnings = warnings_in(*pool.logs)
         await admin.aclose()
+    worker_cpu, server_cpu, emulator_cpu = (after - before for before, after in zip(cpu_before, cpu_after))
     batches = math.ceil(nodes / batch)
-    # Per node: apply, config, the reboot's Job, post-interrupt — each a Job of stage_seconds
-    # after its pod starts — and the reboot itself.
+    # Per node, as the issue counts it: apply, config, the reboot's Job, post-interrupt (each a Job of
+    # stage_seconds after its pod starts) and the reboot itself. (The emulator's reboot Job lasts the reboot only.)
     per_node = 4 * (stage_seconds + POD_START) + reboot_seconds
     ideal = batches * per_node
-    print(f"nodes={nodes} batch={batch} batches={batches} outcome={result.outcome} counts={result.counts}")
+    print(f"nodes={nodes} batch={batch} batches={batches} workers={workers} outcome={result.outcome} counts={result.counts}")
     print(f"makespan={makespan:.1f}s ideal={ideal:.1f}s (batches x per-node {per_node:.2f}s)")
     print(f"runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
+    print(f"cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, Kubernetes emulator {emulator_cpu:.1f}s")
+    print(f"worker warnings and errors: {sum(warnings.values())}"
+          + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5)))
     print(
         f"makespan_ratio={makespan / ideal:.2f} max_run_events={max(lengths)} "
-        f"events_per_node={sum(lengths) / nodes:.1f}"
+        f"events_per_node={sum(lengths) / nodes:.1f} worker_cpu_ms_per_node={worker_cpu * 1000 / nodes:.0f} "
+        f"server_cpu_ms_per_node={server_cpu * 1000 / nodes:.0f} throttled={throttled}"
     )
 
 
@@ -95,7 +114,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--stage-seconds", type=float, default=0.2)
-    parser.add_argument("--reboot-seconds", type=float, default=0.5)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="compressed",
+                        help="compressed: 0.2 s stages, 0.5 s reboot; realistic: 5 s stages, a 20 s reboot")
+    parser.add_argument("--stage-seconds", type=float, help="override the profile's stage time")
+    parser.add_argument("--reboot-seconds", type=float, help="override the profile's reboot time")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (python -m worker)")
     args = parser.parse_args()
-    asyncio.run(main(args.nodes, args.batch, args.stage_seconds, args.reboot_seconds))
+    stage, reboot = PROFILES[args.profile]
+    asyncio.run(main(args.nodes, args.batch, args.stage_seconds if args.stage_seconds is not None else stage,
+                     args.reboot_seconds if args.reboot_seconds is not None else reboot, args.workers))

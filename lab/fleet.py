@@ -106,6 +106,8 @@ class BmcSettings(_M):
     enabled: bool = Field(True, description="Run a BMC and a host agent for every node with GPUs.")
     power_delay: float = Field(0.2, ge=0, le=60, description="Seconds a power change takes to land.")
     power: Literal["On", "Off"] = Field("On", description="Power at start (On: the nodes are running).")
+    https: bool = Field(True, description="Answer HTTPS with a lab CA certificate, as real BMCs do (false: plain "
+                                          "HTTP, as `millwright lab up --bmc-http` asks).")
 
 
 class Fleet(_M):
@@ -142,6 +144,37 @@ class Fleet(_M):
         hosts = ib.hosts if ib.hosts is not None else [n.name for n in self.node_specs()]
         return {h: list(ib.guids.get(h) or [ib_guid(self.cluster, ib.fabric, h, str(i))
                                              for i in range(ib.ports_per_host)]) for h in hosts}
+
+    def netbox_devices(self, bmcs: dict[str, str] | None = None, credentials: str | None = None) -> list[dict]:
+        """The fleet's nodes as the lab records them in NetBox (lab/netbox.py's `seed_inventory`): a device per
+        node with its HCA ports as interfaces ``ib0``, ``ib1``, ... carrying the same port GUIDs the UFM emulator
+        serves (`ib_ports`), and, for a GPU node, what burn-in reads from NetBox: the expected GPUs, GPU model
+        and firmware baseline of its BMC's spec, its BMC URL (`bmcs`: node -> URL) and the credentials reference."""
+        from activities.netbox import (
+            CF_BMC_CREDENTIALS,
+            CF_BMC_URL,
+            CF_EXPECTED_GPUS,
+            CF_FIRMWARE_BASELINE,
+            CF_GPU_MODEL,
+        )
+        from lab.redfish import normalize_spec
+
+        ports = self.ib_ports()
+        specs = {s["name"]: normalize_spec(s) for s in self.bmc_servers()}
+        out = []
+        for n in self.node_specs():
+            fields: dict[str, Any] = {}
+            spec = specs.get(n.name)
+            if spec:
+                fields |= {CF_EXPECTED_GPUS: spec["gpus"], CF_GPU_MODEL: spec["gpu_model"],
+                           CF_FIRMWARE_BASELINE: spec["firmware"]}
+            if bmcs and n.name in bmcs:
+                fields[CF_BMC_URL] = bmcs[n.name]
+                if credentials:
+                    fields[CF_BMC_CREDENTIALS] = credentials
+            out.append({"name": n.name, "custom_fields": fields,
+                        "interfaces": {f"ib{i}": guid for i, guid in enumerate(ports.get(n.name, []))}})
+        return out
 
     def ib_switches(self) -> dict[str, str]:
         """switch system name -> system GUID."""

@@ -12,11 +12,15 @@ from Millwright's. `NetBoxLab.start()`:
    ``nobody`` since PostgreSQL refuses root) and its own Redis, each on a free loopback port;
 4. restores the migrated database from a dump cached next to the venv, keyed by the NetBox
    version and a hash of the settings that shape the database; without one it runs the
-   migrations (minutes on 2 cores) and saves the dump (seconds to restore next time);
-5. creates a superuser and a fresh v2 API token (``nbt_<key>.<secret>``), and serves NetBox
-   with Django's ``runserver`` on 127.0.0.1 until `stop()`.
+   migrations (minutes on 2 cores; the progress counted as they apply) and saves the dump
+   (seconds to restore next time);
+5. creates a superuser and a v2 API token (``nbt_<key>.<secret>``: the one given as
+   ``NetBoxLab(token=new_token())``, so a worker can be handed its file before NetBox runs, or a fresh
+   one), and serves NetBox with Django's ``runserver`` on 127.0.0.1 until `stop()`.
 
-Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
+``on_stage`` hears each step ("migrating its database: 120/336 migrations ..."). For the lab,
+`NetBoxGate` answers on NetBox's address while it starts, and `seed_inventory` puts the lab's
+inventory in. Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
 """
 
 from __future__ import annotations
@@ -30,14 +34,17 @@ import pwd
 import secrets
 import shutil
 import signal
+import string
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lab.loopback import LOOPBACK, free_port
 from lab.loopback import write_secret_file as write_token_file  # the API token, read by workers through file:
@@ -137,6 +144,14 @@ def check_available() -> None:
     find_redis()
 
 
+def new_token() -> str:
+    """A v2 API token, ``nbt_<key>.<secret>`` in NetBox's alphabet and lengths (12 and 40), for `NetBoxLab(token=)`:
+    known before NetBox runs, so a worker can be handed its file from the start."""
+    alphabet = string.ascii_letters + string.digits
+    key, secret = ("".join(secrets.choice(alphabet) for _ in range(n)) for n in (12, 40))
+    return f"nbt_{key}.{secret}"
+
+
 def cache_root() -> Path:
     return cache_dir(f"netbox-{NETBOX_SERIES}")
 
@@ -179,10 +194,13 @@ class NetBoxLab:
     keep_data: bool = False
     timeout: float = 900.0
     url: str = ""
-    token: str = ""
+    token: str = field(default="", repr=False)  # preset (`new_token()`): NetBox is given this one; else a fresh one
+    on_stage: Callable[[str], None] | None = None  # told each step of the start, e.g. "migrating: 120/412"
+    stage: str = "not started"
     timings: dict[str, float] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _pgdata_tmp: Path | None = None
+    _stopped: bool = False  # stop() from another thread: what start() would spawn next is not started
 
     # ------------------------------------------------------------ paths
 
@@ -193,12 +211,17 @@ class NetBoxLab:
 
     @property
     def pids(self) -> dict[str, int]:
-        return {name: p.pid for name, p in self._procs.items() if p.poll() is None}
+        return {name: p.pid for name, p in list(self._procs.items()) if p.poll() is None}
 
     def _log(self, name: str) -> Path:
         return self.root / f"{name}.log"
 
     # ------------------------------------------------------------ start
+
+    def _stage(self, text: str) -> None:
+        self.stage = text
+        if self.on_stage is not None:
+            self.on_stage(text)
 
     def start(self) -> NetBoxLab:
         started = time.monotonic()
@@ -206,9 +229,11 @@ class NetBoxLab:
         pg_bin = find_pg_bin()
         redis = find_redis()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._stopped = False
         atexit.register(self.stop)
         try:
             t = time.monotonic()
+            self._stage("preparing its venv (the first start builds it: about a minute, once)")
             venv = ensure_venv(python)
             version = installed_version(venv)
             self.timings["venv"] = time.monotonic() - t
@@ -220,6 +245,7 @@ class NetBoxLab:
             http_port = self.port or free_port(avoid=taken)
 
             t = time.monotonic()
+            self._stage("starting its PostgreSQL and Redis")
             fresh = self._start_postgres(pg_bin, pg_port)
             self._start_redis(redis, redis_port)
             self.timings["postgres+redis"] = time.monotonic() - t
@@ -230,21 +256,23 @@ class NetBoxLab:
             if fresh:
                 self._load_database(pg_bin, pg_port, venv, version, env)
             elif not migrated_for.is_file() or migrated_for.read_text().strip() != version:
-                # A kept database from another NetBox release: bring its schema up to this one.
-                _run([str(venv / "bin" / "netbox"), "migrate", "--no-input"], "netbox migrate", timeout=self.timeout, env=env)
+                # A kept database from another NetBox release (or a migration cut short): bring its schema up.
+                self._migrate(venv, env, version, fresh=False)
             migrated_for.write_text(version + "\n")
             self.timings["database"] = time.monotonic() - t
 
             t = time.monotonic()
             self.url = f"http://{LOOPBACK}:{http_port}"
-            self._serve(venv, http_port, env)
-            self.token = self._create_token(venv, env)
+            self._stage("starting its web server, creating the API token")
+            self._serve(venv, http_port, env)  # starts while the token is made: both take a Django start
+            self.token = self._create_token(venv, env, self.token or new_token())
             self._wait_healthy()
             self.timings["serve+token"] = time.monotonic() - t
         except BaseException:
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - started
+        self._stage("ready")
         say(
             f"NetBox {version} ready at {self.url} in {self.timings['total']:.1f}s "
             f"({', '.join(f'{k} {v:.1f}s' for k, v in self.timings.items() if k != 'total')})"
@@ -253,6 +281,8 @@ class NetBoxLab:
 
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None, as_user: str | None = None,
                cwd: str | None = None) -> subprocess.Popen:
+        if self._stopped:
+            raise NetBoxError(f"stopped before {name} started")
         kw: dict = {}
         if as_user:
             entry = pwd.getpwnam(as_user)
@@ -437,17 +467,65 @@ PLUGINS = []
                     say(f"migrating a fresh NetBox {version} database (a few minutes on 2 cores, once; "
                         f"cached as {dump})")
                     t = time.monotonic()
-                    _run([str(venv / "bin" / "netbox"), "migrate", "--no-input"], "netbox migrate",
-                         timeout=self.timeout, env=env)  # fmt: skip
+                    self._migrate(venv, env, version)
                     self.timings["migrate"] = time.monotonic() - t
                     tmp = dump.with_suffix(f".tmp{os.getpid()}")
                     _run([str(pg_bin / "pg_dump"), *conn, "-Fc", "-f", str(tmp), DB_NAME], "pg_dump", timeout=300)
                     os.replace(tmp, dump)
                     return
         t = time.monotonic()
+        self._stage("restoring its database from the cache")
         _run([str(pg_bin / "pg_restore"), *conn, "-d", DB_NAME, "--no-owner", "-j", "2", str(dump)], "pg_restore",
              timeout=300)  # fmt: skip
         self.timings["restore"] = time.monotonic() - t
+
+    def _migrate(self, venv: Path, env: dict[str, str], version: str, *, fresh: bool = True) -> None:
+        """`netbox migrate`, its progress counted as it applies migrations out of the plan's total
+        (`showmigrations --plan`: on a fresh database every migration, read alongside, since a Django start of its
+        own would delay the migration; on a kept one those not applied, read first)."""
+        netbox = str(venv / "bin" / "netbox")
+        plan_file = self._log("migrate-plan")
+        with open(plan_file, "w") as out:
+            plan = subprocess.Popen([netbox, "showmigrations", "--plan"], stdout=out, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+        if not fresh:
+            plan.wait(300)
+        log_file = self._log("migrate")
+        offset = log_file.stat().st_size if log_file.exists() else 0
+        proc = self._spawn("migrate", [netbox, "migrate", "--no-input"], env=env)
+        first = f"NetBox {version}: the first start only, then cached"
+        done, total, deadline = 0, "?", time.monotonic() + self.timeout
+        self._stage(f"migrating its database: 0/{total} migrations ({first})")
+        try:
+            with open(log_file, errors="replace") as log:
+                log.seek(offset)
+                partial = ""  # Django writes "  Applying x..." first and " OK" when it is applied
+                while True:
+                    if total == "?" and plan.poll() is not None:
+                        lines = plan_file.read_text(errors="replace").splitlines()
+                        total = str(sum(1 for line in lines if line.startswith("[ ]" if not fresh else "[")) or "?")
+                    chunk = log.readline()
+                    if chunk:
+                        partial += chunk
+                        if partial.endswith("\n"):
+                            line, partial = partial.strip(), ""
+                            if line.startswith("Applying ") and line.endswith("OK"):
+                                done += 1
+                                self._stage(f"migrating its database: {done}/{total} migrations ({first})")
+                        continue
+                    if proc.poll() is not None:
+                        break
+                    if time.monotonic() > deadline:
+                        raise NetBoxError(f"netbox migrate: timed out after {self.timeout:.0f}s; see {log_file}")
+                    time.sleep(0.2)
+        finally:
+            if plan.poll() is None:
+                plan.kill()
+            plan.wait()
+        self._procs.pop("migrate", None)
+        if proc.returncode != 0:
+            tail = "\n".join(log_file.read_text(errors="replace").strip().splitlines()[-15:])
+            raise NetBoxError(f"netbox migrate failed (exit {proc.returncode}); see {log_file}:\n{tail}")
 
     # ------------------------------------------------------------ serve, token, health
 
@@ -458,24 +536,27 @@ PLUGINS = []
             env=env,
         )
 
-    def _create_token(self, venv: Path, env: dict[str, str]) -> str:
-        """A superuser (no password: API only) and a fresh v2 token; printed once, to us only."""
+    def _create_token(self, venv: Path, env: dict[str, str], token: str) -> str:
+        """A superuser (no password: API only) and the v2 token `token` (``nbt_<key>.<secret>``, `new_token()`);
+        the token reaches NetBox through the environment, never a command line."""
+        key, secret = token.removeprefix("nbt_").split(".", 1)
         script = (
+            "import os\n"
             "from users.models import Token, User\n"
             f"u = User.objects.filter(username={ADMIN_USER!r}).first() or User(username={ADMIN_USER!r})\n"
             "u.is_superuser = True\nu.is_active = True\nu.set_unusable_password()\nu.save()\n"
             # Earlier lab tokens (a kept database) are revoked: only the newest one works.
             "Token.objects.filter(user=u, description='millwright lab').delete()\n"
-            "t = Token(user=u, version=2, write_enabled=True, description='millwright lab')\n"
+            "t = Token(user=u, version=2, write_enabled=True, description='millwright lab',\n"
+            "          key=os.environ['MILLWRIGHT_LAB_TOKEN_KEY'], token=os.environ['MILLWRIGHT_LAB_TOKEN_SECRET'])\n"
             "t.full_clean()\nt.save()\n"
-            "print('MILLWRIGHT-TOKEN nbt_%s.%s' % (t.key, t.token))\n"
+            "print('MILLWRIGHT-TOKEN-CREATED')\n"
         )
         out = _run([str(venv / "bin" / "netbox"), "shell", "--no-startup", "-c", script], "creating the API token",
-                   timeout=300, env=env)  # fmt: skip
-        for line in out.splitlines():
-            if line.startswith("MILLWRIGHT-TOKEN "):
-                return line.split(" ", 1)[1].strip()
-        raise NetBoxError("creating the API token printed no token")
+                   timeout=300, env={**env, "MILLWRIGHT_LAB_TOKEN_KEY": key, "MILLWRIGHT_LAB_TOKEN_SECRET": secret})
+        if "MILLWRIGHT-TOKEN-CREATED" not in out:
+            raise NetBoxError("creating the API token printed no confirmation")
+        return token
 
     def _wait_healthy(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -500,7 +581,9 @@ PLUGINS = []
 
     def stop(self, timeout: float = 20) -> None:
         """Stop NetBox, then Redis, then PostgreSQL (fast shutdown); SIGKILL after a timeout."""
-        order = [("netbox", signal.SIGTERM), ("redis", signal.SIGTERM), ("postgres", signal.SIGINT)]
+        self._stopped = True
+        order = [("migrate", signal.SIGTERM), ("netbox", signal.SIGTERM), ("redis", signal.SIGTERM),
+                 ("postgres", signal.SIGINT)]
         for name, sig in order:
             proc = self._procs.get(name)
             if proc is None or proc.poll() is not None:
@@ -526,6 +609,136 @@ PLUGINS = []
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# ---------------------------------------------------------------- the lab's front door and its inventory
+
+
+class NetBoxGate:
+    """NetBox's address in the lab, answering from the lab's first second, so the worker is given NetBox's URL
+    from the start: until `open()`, every request gets ``503`` with ``Retry-After`` and
+    ``{"detail": "NetBox is starting in the lab (<stage>) ..."}``, which the NetBox activities report as a
+    retryable ``NetBoxUnavailable`` carrying that message (their retries wait NetBox out, visibly); after, each
+    connection is relayed to NetBox byte for byte (lab/tls.py's `relay`)."""
+
+    def __init__(self, stage: Callable[[], str], host: str = LOOPBACK, port: int = 0) -> None:
+        self._stage, self._host, self._port = stage, host, port
+        self._upstream: int | None = None
+        self._server: Any = None
+        self.url = ""
+
+    async def start(self) -> NetBoxGate:
+        import asyncio
+
+        self._server = await asyncio.start_server(self._connection, self._host, self._port)
+        self.url = f"http://{self._host}:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def open(self, upstream_port: int) -> None:
+        self._upstream = upstream_port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    def message(self) -> str:
+        stage = self._stage()
+        if stage.startswith("failed"):
+            return f"NetBox did not start in the lab ({stage}); restart the lab (`millwright lab up`)"
+        return (f"NetBox is starting in the lab ({stage}); the rest of the lab is usable meanwhile, and calls to "
+                "NetBox are retried until it answers")
+
+    async def _connection(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        from lab.tls import relay
+
+        if self._upstream is not None:
+            await relay(reader, writer, self._host, self._upstream)
+            return
+        try:
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+            writer.close()
+            return
+        body = json.dumps({"detail": self.message()}).encode()
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 10\r\n"
+                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+
+async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]], *, site: str = "lab",
+                         device_type: str = "HGX H100 8-GPU") -> str:
+    """Make NetBox at `url` hold the lab's inventory; idempotent (a kept database is brought up to date).
+
+    First the bootstrap (every section of `InventoryBootstrap`, through the same activities, run here), then a
+    site, an NVIDIA device type and, for each of `devices` (``{"name", "custom_fields", "interfaces": {name:
+    port GUID}}``, lab/fleet.py's `Fleet.netbox_devices`), an active ``gpu-server`` device with those custom fields
+    and an InfiniBand interface per port. Returns one line saying what it did."""
+    import asyncio
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.netbox import (
+        BOOTSTRAP_SECTIONS,
+        CF_IB_PORT_GUID,
+        GPU_SERVER_ROLE,
+        NVIDIA,
+        BootstrapRequest,
+        NetBoxActivities,
+        NetBoxConfig,
+    )
+    from activities.secrets import SecretRef
+
+    ref = SecretRef.parse(token_ref)
+    activities = NetBoxActivities(NetBoxConfig(url=url, token=ref))
+    created = 0
+    for section in BOOTSTRAP_SECTIONS:
+        done = await ActivityEnvironment().run(activities.bootstrap_section, BootstrapRequest(section=section))
+        created += len(done.created)
+
+    def upsert(endpoint: Any, key: dict[str, Any], want: dict[str, Any],
+               lookup: dict[str, Any] | None = None) -> tuple[Any, bool]:
+        found = endpoint.get(**(lookup or key))
+        if found is None:
+            return endpoint.create(**key, **want), True
+        cf = want.get("custom_fields") or {}
+        if any(found.custom_fields.get(k) != v for k, v in cf.items()):
+            found.update({"custom_fields": cf})
+            return found, True
+        return found, False
+
+    def devices_and_ports() -> tuple[int, int]:
+        import pynetbox
+
+        nb = pynetbox.api(url, token=ref.resolve())
+        nb.http_session.trust_env = False
+        where, _ = upsert(nb.dcim.sites, {"slug": site}, {"name": site, "status": "active"})
+        maker = nb.dcim.manufacturers.get(slug=NVIDIA)
+        slug = device_type.lower().replace(" ", "-")
+        dtype, _ = upsert(nb.dcim.device_types, {"slug": slug}, {"manufacturer": maker.id, "model": device_type})
+        role = nb.dcim.device_roles.get(slug=GPU_SERVER_ROLE)
+        changed_devices = changed_ports = 0
+        for spec in devices:
+            device, changed = upsert(nb.dcim.devices, {"name": spec["name"]},
+                                     {"site": where.id, "role": role.id, "device_type": dtype.id, "status": "active",
+                                      "custom_fields": spec.get("custom_fields") or {}})  # fmt: skip
+            changed_devices += changed
+            for name, guid in (spec.get("interfaces") or {}).items():
+                _, changed = upsert(nb.dcim.interfaces, {"name": name},
+                                    {"device": device.id, "type": "infiniband-ndr",
+                                     "custom_fields": {CF_IB_PORT_GUID: guid}},
+                                    lookup={"device_id": device.id, "name": name})  # fmt: skip
+                changed_ports += changed
+        return changed_devices, changed_ports
+
+    changed_devices, changed_ports = await asyncio.to_thread(devices_and_ports)
+    return (f"bootstrapped ({created} objects created) and holds {len(devices)} devices with their InfiniBand "
+            f"ports ({changed_devices} devices and {changed_ports} ports created or updated now)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,22 +1,37 @@
-"""`millwright lab up|down|seed|status`: the emulated lab on 127.0.0.1.
+"""`millwright lab up|down|seed|status`: the emulated AI factory on 127.0.0.1.
 
-`up` starts its children, each in its own session so a Ctrl-C reaches only the runner,
-which then stops them in order (worker first, so in-flight activities can finish):
+`up` starts every service, each child in its own session so a Ctrl-C reaches only the runner, which then stops
+them in order (worker first, so in-flight activities can finish). The services (`SERVICES`), each of the optional
+ones left out with ``--without NAME,...``:
 
-- the Temporal dev server with Web UI (`lab.temporal.DevServer`), SQLite in the state dir;
-- the Kubernetes emulator (`python -m lab.k8s`), its objects kept in the state dir;
-- the BMCs of the fleet's GPU nodes (`python -m lab.redfish`: one Redfish service per node, named like the
-  node, powered On), with credentials generated per `lab up` into `<state-dir>/bmc/credentials` (0600,
-  `user:password`) that the worker reads through `MILLWRIGHT_BMC_CREDENTIALS=file:<path>`;
-- the lab's hosts (`python -m lab.hosts`): a host agent for every powered-on server, on its own task queue;
-- one Millwright worker (`python -m worker`) pointed at Temporal, Kubernetes and the BMCs;
-- with `--netbox`: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis), its
-  URL in lab.json and the worker's environment, its API token in `<state-dir>/netbox/token`
-  (mode 0600) that the worker reads through the secret reference `file:<path>`. Opt-in,
-  because its first start builds a venv and migrates a database (minutes, once, cached).
+- ``temporal``: the Temporal dev server with its Web UI (`lab.temporal.DevServer`), SQLite in the state dir;
+- ``kubernetes``: the Kubernetes emulator (`python -m lab.k8s`) as the management cluster: the fleet's nodes and
+  workloads, and the Cluster API, Metal3, KAI, Kyverno and vCluster kinds (lab/k8s/crds.py), its objects kept in
+  the state dir;
+- ``bmcs``: the BMCs of the fleet's GPU nodes (`python -m lab.redfish`: one Redfish service per node, named like
+  the node, powered On), answering HTTPS with a certificate of the lab CA (lab/tls.py, in ``<state-dir>/tls``;
+  ``--bmc-http`` or the fleet's ``"bmc": {"https": false}``: plain HTTP), credentials generated per `lab up` into
+  ``<state-dir>/bmc/credentials`` (0600, ``user:password``); a server's power reaches its Kubernetes node
+  (lab/node_power.py: NotReady while Off, a new boot ID at each power-on); and ``hosts``, the host agents of the
+  powered-on servers (`python -m lab.hosts`), left out with them;
+- ``ufm``: the UFM emulator (`python -m lab.ufm`, HTTPS with a lab CA certificate) holding the fleet's InfiniBand
+  fabric (its ``infiniband`` part: the same port GUIDs as NetBox's interfaces), credentials in
+  ``<state-dir>/ufm/credentials``;
+- ``webhook``: a webhook receiver (`python -m lab.webhook`) on 127.0.0.1:9000 (the examples' address; another port
+  when that one is taken), whose deliveries `lab status` lists;
+- ``netbox``: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis, its data kept in the state dir),
+  started in the background: its first start builds a venv and migrates a database (minutes, once, cached), and the
+  rest of the lab is usable meanwhile. Its address is a `lab.netbox.NetBoxGate` from the first second, answering
+  503 "NetBox is starting (...)" until NetBox runs and holds the lab's inventory (`lab.netbox.seed_inventory`: the
+  bootstrap, the fleet's devices with BMC URLs and InfiniBand ports); its API token is in
+  ``<state-dir>/netbox/token`` (0600);
+- ``worker``: one Millwright worker (`python -m worker`) configured for all of them, secrets and CA bundles as
+  references (``file:<path>``), never values.
 
-`<state-dir>/lab.json` records every address and pid while the lab runs; `down` reads it.
-`<state-dir>/examples/server-burn-in.json` is a ServerBurnIn input for the first GPU node with its real BMC URL.
+A service whose system pieces are missing here (NetBox without PostgreSQL or redis-server) is left out with one line
+saying why and what to install. `<state-dir>/lab.json` records every service's state and address and every pid
+while the lab runs; `status` and `down` read it. `<state-dir>/examples/` holds the examples that need this lab's
+values (a BMC URL, the webhook receiver's address), written at each `up`.
 """
 
 from __future__ import annotations
@@ -26,35 +41,63 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lab.loopback import LOOPBACK, free_port
+from lab.loopback import LOOPBACK, free_port, write_secret_file
 from lab.temporal import DevServer, LabError, choose_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"
+EXAMPLES = REPO_ROOT / "examples"
 EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.json"
-BURN_IN_TEMPLATE = REPO_ROOT / "examples" / "server-burn-in.json"
+BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
+WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
+WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
+UFM_USER = "admin"
 WORKER_GRACE_SECONDS = 10
+SERVICES = {
+    "temporal": "Temporal dev server and Web UI",
+    "kubernetes": "Kubernetes emulator (management cluster)",
+    "bmcs": "Redfish BMCs of the GPU nodes",
+    "hosts": "host agents of the powered-on servers",
+    "ufm": "UFM emulator (InfiniBand fabric)",
+    "webhook": "webhook receiver",
+    "netbox": "NetBox (inventory)",
+    "worker": "Millwright worker",
+}
+OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "bmcs": ("hosts",)}  # `--without` names, with what goes along
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
 MARKERS = {
     "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker",
-    "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres",
-    "bmcs": "lab.redfish", "hosts": "lab.hosts",
+    "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres", "netbox-migrate": "migrate",
+    "bmcs": "lab.redfish", "hosts": "lab.hosts", "ufm": "lab.ufm", "webhook": "lab.webhook",
 }  # fmt: skip
-STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "temporal", "netbox", "netbox-redis", "netbox-postgres"]
+STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "ufm", "webhook", "temporal", "netbox-migrate", "netbox",
+              "netbox-redis", "netbox-postgres"]  # fmt: skip
 
 
 def say(msg: str) -> None:
     print(f"lab: {msg}", flush=True)
+
+
+def parse_without(values: list[str]) -> set[str]:
+    """`--without netbox,ufm` (repeatable) as service names, with what goes along; LabError naming the known ones."""
+    names = {n.strip() for v in values for n in v.split(",") if n.strip()}
+    unknown = sorted(names - set(OPTIONAL))
+    if unknown:
+        raise LabError(f"--without {', '.join(unknown)}: not a service the lab can leave out; those are "
+                       f"{', '.join(OPTIONAL)}")  # fmt: skip
+    return names | {extra for n in names for extra in OPTIONAL[n]}
 
 
 # ---------------------------------------------------------------- lab.json and pids
@@ -148,14 +191,30 @@ class Lab:
     ui_port: int
     task_queue: str
     timeout: float
+    without: set[str] = field(default_factory=set)
+    bmc_http: bool = False
     children: dict[str, Child] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
-    netbox: bool = False
-    netbox_lab: Any = None  # lab.netbox.NetBoxLab once started
+    netbox_lab: Any = None  # lab.netbox.NetBoxLab once starting
+    started: float = field(default_factory=time.monotonic)
+    _netbox_shown: tuple[str, float] = ("", 0.0)  # the stage kind last printed, and when
 
     def save(self) -> None:
-        self.info["pids"] = {"runner": os.getpid(), **{n: c.pid for n, c in self.children.items()}}
+        pids = {n: c.pid for n, c in self.children.items()}
+        if self.netbox_lab is not None:  # while it starts, its processes so far
+            pids = {("netbox" if n == "netbox" else f"netbox-{n}"): p for n, p in self.netbox_lab.pids.items()} | pids
+        self.info["pids"] = {"runner": os.getpid(), **pids}
         write_info(self.state_dir, self.info)
+
+    def service(self, name: str, state: str, note: str = "", **facts: Any) -> None:
+        """Record a service's state (starting, ready, left out, unavailable, failed) with a note and its facts."""
+        entry = self.info.setdefault("services", {}).setdefault(name, {})
+        entry.update(state=state, note=note, **facts)
+        self.save()
+
+    def leave_out(self, name: str, why: str) -> None:
+        self.service(name, "left out", why)
+        say(f"{SERVICES[name]} left out: {why}")
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.state_dir / f"{name}.log"
@@ -175,7 +234,7 @@ class Lab:
         return child
 
     def dead_child(self) -> Child | None:
-        for child in self.children.values():
+        for child in list(self.children.values()):
             if child.process.poll() is not None:
                 return child
         return None
@@ -199,102 +258,130 @@ class Lab:
             await asyncio.sleep(0.1)
         raise LabError(f"{what} did not get ready in {self.timeout:.0f}s; see {child.log}")
 
-    async def start_kubernetes(self) -> str:
-        ready = self.state_dir / "k8s.ready.json"
+    async def start_server(self, name: str, module: str, ready: Path, args: list[str],
+                           env: dict[str, str] | None = None) -> str:
+        """`python -m module --ready-file F ...args` as child `name`; its URL once ready."""
+        ready.parent.mkdir(parents=True, exist_ok=True)
         ready.unlink(missing_ok=True)
-        child = self.spawn(
-            "kubernetes",
-            [
-                sys.executable, "-m", "lab.k8s",
-                "--host", LOOPBACK, "--port", "0",
-                "--ready-file", str(ready),
-                "--state-file", str(self.state_dir / "k8s-state.json"),
-            ],
-            env=_child_env(),
-        )  # fmt: skip
-        return str((await self.wait_ready(child, ready, "the Kubernetes emulator"))["url"])
+        child = self.spawn(name, [sys.executable, "-m", module, "--ready-file", str(ready), *args],
+                           env={**_child_env(), **(env or {})})  # fmt: skip
+        return str((await self.wait_ready(child, ready, f"the {SERVICES[name]}"))["url"])
 
-    async def start_bmcs(self) -> dict[str, Any] | None:
+    async def start_kubernetes(self) -> str:
+        return await self.start_server("kubernetes", "lab.k8s", self.state_dir / "k8s.ready.json",
+                                       ["--host", LOOPBACK, "--port", "0",
+                                        "--state-file", str(self.state_dir / "k8s-state.json")])
+
+    def lab_ca(self) -> Any:
+        from lab.tls import LabCa
+
+        return LabCa(self.state_dir / "tls")
+
+    def tls_arguments(self, name: str) -> list[str]:
+        """--tls-cert/--tls-key of a certificate of the lab CA for 127.0.0.1 (a fresh one at each `up`)."""
+        from lab.tls import LabTlsError, arguments
+
+        try:
+            return arguments(self.lab_ca().issue(name, [LOOPBACK]))
+        except LabTlsError as err:
+            raise LabError(f"the {SERVICES[name]} cannot answer HTTPS: {err}") from None
+
+    async def start_bmcs(self, fleet: Any) -> dict[str, Any] | None:
         """The fleet's GPU nodes' BMCs, powered On, with fresh credentials; None when the fleet turns them off."""
-        import secrets
-
         import httpx
 
-        from lab.fleet import load_fleet
-        from lab.loopback import write_secret_file
-
-        fleet = load_fleet(str(self.fleet))
         servers = fleet.bmc_servers()
         if not servers:
+            self.leave_out("bmcs", "the fleet turns its BMCs off (\"bmc\": {\"enabled\": false})")
+            self.leave_out("hosts", "no BMCs")
             return None
+        https = fleet.bmc.https and not self.bmc_http
+        self.service("bmcs", "starting", "HTTPS" if https else "plain HTTP")
         root = self.state_dir / "bmc"
         root.mkdir(exist_ok=True)
         credentials = write_secret_file(root / "credentials", f"{BMC_USER}:{secrets.token_urlsafe(18)}").resolve()
         password = credentials.read_text().strip().split(":", 1)[1]
         (root / "servers.json").write_text(json.dumps(servers, indent=2) + "\n")
-        ready = root / "ready.json"
-        ready.unlink(missing_ok=True)
-        env = {**_child_env(), "LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password}  # never on a command line
-        child = self.spawn(
-            "bmcs",
-            [
-                sys.executable, "-m", "lab.redfish", "--host", LOOPBACK, "--port", "0",
-                "--ready-file", str(ready), "--servers-file", str(root / "servers.json"),
-                "--power-delay", str(fleet.bmc.power_delay),
-            ],
-            env=env,
+        admin = await self.start_server(
+            "bmcs", "lab.redfish", root / "ready.json",
+            ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / "servers.json"),
+             "--power-delay", str(fleet.bmc.power_delay),
+             *(self.tls_arguments("bmc") if https else [])],
+            env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password},  # never on a command line
         )  # fmt: skip
-        admin = str((await self.wait_ready(child, ready, "the BMC emulator"))["url"])
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
             views = (await http.get(f"{admin}/_lab/servers", params={"fields": "url"})).raise_for_status().json()
-        return {
+        bmc = {
             "admin": admin,
             "credentials": f"file:{credentials}",  # a reference, never the password
+            "ca_bundle": self.lab_ca().reference if https else None,
             "power_delay": fleet.bmc.power_delay,
             "servers": {s["name"]: views["servers"][s["name"]]["url"] for s in servers},
-            "specs": servers,
         }
+        self.info["bmc"] = bmc
+        self.service("bmcs", "ready", f"{len(servers)} servers, {'HTTPS (lab CA)' if https else 'plain HTTP'}",
+                     url=admin)  # fmt: skip
+        return {**bmc, "specs": servers}
 
     async def start_hosts(self, address: str, bmc_admin: str) -> None:
         """`python -m lab.hosts`: a host agent for each powered-on server; ready once they all poll."""
-        ready = self.state_dir / "bmc" / "hosts.ready.json"
-        ready.unlink(missing_ok=True)
-        child = self.spawn(
-            "hosts",
-            [sys.executable, "-m", "lab.hosts", "--temporal", address, "--bmc-admin", bmc_admin,
-             "--ready-file", str(ready), "--startup-timeout", str(self.timeout)],
-            env=_child_env(),
+        self.service("hosts", "starting")
+        await self.start_server("hosts", "lab.hosts", self.state_dir / "bmc" / "hosts.ready.json",
+                                ["--temporal", address, "--bmc-admin", bmc_admin,
+                                 "--startup-timeout", str(self.timeout)])  # fmt: skip
+        self.service("hosts", "ready", "an agent per powered-on server, on millwright-host-<node>")
+
+    async def start_ufm(self, fleet: Any) -> dict[str, str] | None:
+        """The UFM emulator over HTTPS, holding the fleet's fabric; None when the fleet has no InfiniBand part."""
+        if fleet.infiniband is None:
+            self.leave_out("ufm", "the fleet has no \"infiniband\" part")
+            return None
+        self.service("ufm", "starting")
+        root = self.state_dir / "ufm"
+        root.mkdir(exist_ok=True)
+        credentials = write_secret_file(root / "credentials", f"{UFM_USER}:{secrets.token_urlsafe(18)}").resolve()
+        password = credentials.read_text().strip().split(":", 1)[1]
+        url = await self.start_server(
+            "ufm", "lab.ufm", root / "ready.json",
+            ["--host", LOOPBACK, "--port", "0", "--fleet", str(self.fleet.resolve()), *self.tls_arguments("ufm")],
+            env={"LAB_UFM_USER": UFM_USER, "LAB_UFM_PASSWORD": password},
         )  # fmt: skip
-        await self.wait_ready(child, ready, "the lab's host agents")
+        ufm = {"url": url, "credentials": f"file:{credentials}", "ca_bundle": self.lab_ca().reference,
+               "fabric": fleet.infiniband.fabric}  # fmt: skip
+        self.info["ufm"] = ufm
+        hosts = len(fleet.ib_ports())
+        self.service("ufm", "ready", f"fabric {fleet.infiniband.fabric!r}: {hosts} hosts, "
+                     f"{sum(len(g) for g in fleet.ib_ports().values())} ports", url=url)  # fmt: skip
+        return ufm
 
-    def write_burn_in_example(self, bmc: dict[str, Any]) -> Path:
-        """examples/server-burn-in.json for the first GPU node, with its real BMC URL and expected hardware."""
-        from lab.redfish import normalize_spec
+    async def start_webhook(self, taken: set[int], notes: list[str]) -> str:
+        self.service("webhook", "starting")
+        port = choose_port(WEBHOOK_PORT, "the webhook receiver", taken, notes)
+        url = await self.start_server("webhook", "lab.webhook", self.state_dir / "webhook.ready.json",
+                                      ["--host", LOOPBACK, "--port", str(port)])
+        self.info["webhook"] = {"url": url, "hooks": f"{url}/hooks/ops"}
+        self.service("webhook", "ready", f"POST {url}/hooks/<anything>", url=url)
+        return url
 
-        spec = normalize_spec(bmc["specs"][0])
-        example = json.loads(BURN_IN_TEMPLATE.read_text())
-        example["server"].update(
-            name=spec["name"],
-            bmc={**example["server"].get("bmc", {}), "url": bmc["servers"][spec["name"]]},
-            expected={"gpus": spec["gpus"], "gpu_model": spec["gpu_model"], "firmware": spec["firmware"]},
-        )
-        path = self.state_dir / "examples" / "server-burn-in.json"
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(example, indent=2) + "\n")
-        return path
+    async def seed_kubernetes(self, url: str, fresh: bool, fleet: Any) -> None:
+        """A fresh emulator gets the fleet; every one gets the management cluster's kinds it lacks."""
+        import httpx
 
-    async def seed_if_fresh(self, url: str, fresh: bool) -> str:
-        from lab.fleet import load_fleet
         from lab.k8s.admin import EmulatorAdmin
+        from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
 
-        fleet = load_fleet(str(self.fleet))
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            listed = (await http.get(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions")).json()
+        have = {c["metadata"]["name"] for c in listed.get("items") or []}
+        kinds = [c for c in CAPI_CRDS + TENANCY_CRDS if c["metadata"]["name"] not in have]
+        async with EmulatorAdmin(url) as admin:
+            await admin.seed(kinds + (fleet.to_objects() if fresh else []))
         if fresh:
-            async with EmulatorAdmin(url) as admin:
-                await admin.seed(fleet.to_objects())
             say(f"seeded the Kubernetes emulator from {self.fleet}")
         else:
             say("kept the Kubernetes emulator's saved objects (use `millwright lab seed FILE --reset` to reload a fleet)")
-        return fleet.cluster
+        if kinds:
+            say(f"installed {len(kinds)} kinds in the management cluster (Cluster API, Metal3, KAI, Kyverno, vCluster)")
 
     def write_kubeconfig(self, url: str, cluster: str) -> Path:
         import yaml
@@ -308,29 +395,77 @@ class Lab:
         os.replace(tmp, path)
         return path
 
-    async def start_netbox(self) -> dict[str, str] | None:
-        """NetBox with its PostgreSQL and Redis; None (and one line why) when a piece is missing here."""
-        from lab.netbox import NetBoxError, NetBoxLab, NetBoxUnavailable, check_available, write_token_file
+    # -------------------------------------------------------------- NetBox, in the background
+
+    async def open_netbox(self) -> tuple[Any, dict[str, str]] | None:
+        """NetBox's gate (its address from now on) and token file; None (and one line why) when it cannot run."""
+        from lab.netbox import NetBoxGate, NetBoxLab, NetBoxUnavailable, check_available, new_token
 
         try:
             await asyncio.to_thread(check_available)
-        except NetBoxUnavailable as err:
-            say(f"NetBox not started: {err}")
+        except NetBoxUnavailable as err:  # its message says what is missing and how to get it
+            reason = str(err).replace("NetBox tier skipped: ", "")
+            self.service("netbox", "unavailable", reason)
+            say(f"NetBox left out: {reason}; the rest of the lab runs without it (as root, `./dev install` installs "
+                "PostgreSQL and redis-server; then start the lab again)")
             return None
-        say("starting NetBox (the first start builds its venv and database: minutes, then cached)")
-        nb = NetBoxLab(self.state_dir / "netbox", keep_data=True)
-        self.netbox_lab = nb
+        root = self.state_dir / "netbox"
+        root.mkdir(exist_ok=True)
+        token = new_token()
+        token_file = write_secret_file(root / "token", token).resolve()
+        loop = asyncio.get_running_loop()
+
+        def on_stage(stage: str) -> None:  # from NetBox's start thread: lab.json is the loop's alone
+            with contextlib.suppress(RuntimeError):  # the lab is gone
+                loop.call_soon_threadsafe(self._netbox_stage, stage)
+
+        self.netbox_lab = NetBoxLab(root, keep_data=True, token=token, on_stage=on_stage)
+        gate = await NetBoxGate(lambda: self.netbox_lab.stage).start()
+        netbox = {"url": gate.url, "token": f"file:{token_file}"}  # a reference, not the token
+        self.info["netbox"] = netbox
+        self.service("netbox", "starting", "starting", url=gate.url, since=time.time())
+        return gate, netbox
+
+    def _netbox_stage(self, stage: str) -> None:
+        """Record each stage of NetBox's start, and print it when its kind changes or every 20 s."""
+        entry = self.info["services"]["netbox"]
+        kind = stage.split(":")[0].split("(")[0].strip()
+        now = time.monotonic()
+        if stage != "ready" and (kind != self._netbox_shown[0] or now - self._netbox_shown[1] >= 20):
+            say(f"NetBox: {stage} [{_duration(time.time() - entry['since'])}]")
+            self._netbox_shown = (kind, now)
+        if stage != "ready":  # "ready" only once the inventory is in
+            self.service("netbox", "starting", stage)
+
+    async def run_netbox(self, gate: Any, fleet: Any, bmc: dict[str, Any] | None) -> None:
+        """Start NetBox, put the lab's inventory in, then let the gate through; on failure the gate says why."""
+        from lab.netbox import NetBoxError, seed_inventory
+
+        nb = self.netbox_lab
         try:
-            await asyncio.to_thread(nb.start)
-        except NetBoxError as err:
-            raise LabError(f"NetBox did not start: {err}") from None
+            starting = asyncio.ensure_future(_in_daemon_thread(nb.start))
+            while not (await asyncio.wait({starting}, timeout=30))[0]:  # a long stage still shows it goes on
+                if time.monotonic() - self._netbox_shown[1] >= 30:
+                    since = self.info["services"]["netbox"]["since"]
+                    say(f"NetBox: still {nb.stage} [{_duration(time.time() - since)}]")
+                    self._netbox_shown = (self._netbox_shown[0], time.monotonic())
+            starting.result()
+            nb._stage("recording the lab's inventory (bootstrap, devices, InfiniBand ports)")
+            devices = fleet.netbox_devices((bmc or {}).get("servers"), (bmc or {}).get("credentials"))
+            done = await seed_inventory(nb.url, self.info["netbox"]["token"], devices)
+        except (NetBoxError, Exception) as err:  # the rest of the lab goes on; the gate and `lab status` say why
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            nb.stage = f"failed: {reason}"
+            self.service("netbox", "failed", f"{reason} (logs in {nb.root})")
+            say(f"NetBox did not start: {err}")
+            return
         for name, proc in nb._procs.items():
-            self.children["netbox" if name == "netbox" else f"netbox-{name}"] = Child(
-                "netbox" if name == "netbox" else f"netbox-{name}", proc, nb._log(name)
-            )
-        token = write_token_file(nb.root / "token", nb.token)
-        self.save()
-        return {"url": nb.url, "token": f"file:{token.resolve()}"}
+            key = "netbox" if name == "netbox" else f"netbox-{name}"
+            self.children[key] = Child(key, proc, nb._log(name))
+        gate.open(int(nb.url.rsplit(":", 1)[1]))
+        took = _duration(time.monotonic() - self.started)
+        self.service("netbox", "ready", f"NetBox {nb.url} behind {gate.url}; {done}", upstream=nb.url)
+        say(f"NetBox ready at {gate.url}, {took} after `lab up` began: {done}")
 
     def stop_netbox(self) -> None:
         if self.netbox_lab is not None:
@@ -338,13 +473,16 @@ class Lab:
             for name in [n for n in self.children if n.startswith("netbox")]:
                 del self.children[name]
 
-    def start_worker(self, address: str, kubeconfig: Path, metrics_port: int, netbox: dict[str, str] | None = None,
-                     bmc_credentials: str | None = None) -> Child:
+    # -------------------------------------------------------------- the worker
+
+    def worker_env(self, address: str, kubeconfig: Path, metrics_port: int) -> dict[str, str]:
+        """The worker's environment: the lab's integrations, and nothing of a production configuration."""
+        from worker.config import WorkerSettings
+
         toml = self.state_dir / "temporal.toml"
         toml.write_text(f'[profile.default]\naddress = "{address}"\nnamespace = "default"\n')
-        env = _child_env()
-        for key in [k for k in env if k.startswith("TEMPORAL_")]:
-            del env[key]  # never inherit a production profile, API key or TLS settings
+        settings = {f"MILLWRIGHT_{name.upper()}" for name in WorkerSettings.model_fields if name != "log_level"}
+        env = {k: v for k, v in _child_env().items() if not k.startswith("TEMPORAL_") and k not in settings}
         env.update(
             TEMPORAL_CONFIG_FILE=str(toml),
             TEMPORAL_ADDRESS=address,
@@ -355,14 +493,18 @@ class Lab:
             MILLWRIGHT_METRICS_PORT=str(metrics_port),
             MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
         )
-        for key in ("MILLWRIGHT_NETBOX_URL", "MILLWRIGHT_NETBOX_TOKEN"):
-            env.pop(key, None)  # the lab's NetBox or none, never an inherited production one
-        if netbox:
+        if self.info.get("netbox"):
+            netbox = self.info["netbox"]
             env.update(MILLWRIGHT_NETBOX_URL=netbox["url"], MILLWRIGHT_NETBOX_TOKEN=netbox["token"])
-        env.pop("MILLWRIGHT_BMC_CREDENTIALS", None)  # the lab's BMCs' or none
-        if bmc_credentials:
-            env["MILLWRIGHT_BMC_CREDENTIALS"] = bmc_credentials
-        return self.spawn("worker", [sys.executable, "-m", "worker"], env=env)
+        if self.info.get("bmc"):
+            env["MILLWRIGHT_BMC_CREDENTIALS"] = self.info["bmc"]["credentials"]
+            if self.info["bmc"].get("ca_bundle"):
+                env["MILLWRIGHT_BMC_CA_BUNDLE"] = self.info["bmc"]["ca_bundle"]
+        if self.info.get("ufm"):
+            ufm = self.info["ufm"]
+            env.update(MILLWRIGHT_UFM_URL=ufm["url"], MILLWRIGHT_UFM_CREDENTIALS=ufm["credentials"],
+                       MILLWRIGHT_UFM_CA_BUNDLE=ufm["ca_bundle"])  # fmt: skip
+        return env
 
     async def wait_worker_polling(self, address: str) -> None:
         from temporalio.api.enums.v1 import TaskQueueType
@@ -386,16 +528,53 @@ class Lab:
             await asyncio.sleep(0.2)
         raise LabError(f"the worker did not start polling in {self.timeout:.0f}s; see {self.children['worker'].log}")
 
+    # -------------------------------------------------------------- examples with this lab's values
+
+    def write_examples(self, bmc: dict[str, Any] | None, webhook: str | None) -> dict[str, Path]:
+        """`<state-dir>/examples/`: the burn-in input for the first GPU node (its real BMC URL, expected hardware;
+        it takes the node out of service itself), and every example that names the webhook receiver, pointed at
+        this lab's."""
+        from lab.redfish import normalize_spec
+
+        out_dir = self.state_dir / "examples"
+        out_dir.mkdir(exist_ok=True)
+        written: dict[str, Path] = {}
+        if bmc:
+            spec = normalize_spec(bmc["specs"][0])
+            example = json.loads(BURN_IN_TEMPLATE.read_text())
+            server = example["server"]
+            server.update(name=spec["name"], expected={"gpus": spec["gpus"], "gpu_model": spec["gpu_model"],
+                                                       "firmware": spec["firmware"]})  # fmt: skip
+            server["bmc"] = {**server.get("bmc", {}), "url": bmc["servers"][spec["name"]]}
+            if bmc.get("ca_bundle"):
+                server["bmc"]["ca_bundle"] = bmc["ca_bundle"]
+            written["server-burn-in"] = out_dir / "server-burn-in.json"
+            written["server-burn-in"].write_text(json.dumps(example, indent=2) + "\n")
+        if webhook:
+            for path in sorted(EXAMPLES.glob("*.json")):
+                text = path.read_text()
+                if WEBHOOK_IN_EXAMPLES in text:
+                    written[path.stem] = out_dir / path.name
+                    written[path.stem].write_text(text.replace(WEBHOOK_IN_EXAMPLES, webhook))
+        self.info["examples"] = {name: str(p.resolve()) for name, p in written.items()}
+        self.save()
+        return written
+
     # -------------------------------------------------------------- run
 
     async def run(self) -> int:
+        from lab.fleet import load_fleet
+
+        fleet = load_fleet(str(self.fleet))
         notes: list[str] = []
         taken: set[int] = set()
         port = choose_port(self.port, "Temporal", taken, notes)
         ui_port = choose_port(self.ui_port, "the Temporal UI", taken, notes)
         metrics_port = free_port(avoid=taken)
+        taken.add(metrics_port)
         for note in notes:
             say(note)
+        notes.clear()
 
         server = DevServer(self.state_dir, port, ui_port)
         fresh_k8s = not (self.state_dir / "k8s-state.json").exists()
@@ -406,61 +585,124 @@ class Lab:
             "ui": server.ui_url,
             "task_queue": self.task_queue,
             "logs": {},
+            "services": {name: {"state": "waiting", "note": ""} for name in SERVICES},
         }
+        for name in sorted(self.without):
+            self.leave_out(name, "--without")
         proc = server.start()
         self.children["temporal"] = Child("temporal", proc, server.log_file)
-        self.save()
+        self.service("temporal", "starting", url=server.address)
 
+        self.service("kubernetes", "starting")
         k8s_url = await self.start_kubernetes()
-        cluster = await self.seed_if_fresh(k8s_url, fresh_k8s)
-        kubeconfig = self.write_kubeconfig(k8s_url, cluster)
-        self.info["kubernetes"] = {"url": k8s_url, "cluster": cluster, "state": str((self.state_dir / "k8s-state.json").resolve())}
+        await self.seed_kubernetes(k8s_url, fresh_k8s, fleet)
+        kubeconfig = self.write_kubeconfig(k8s_url, fleet.cluster)
+        self.info["kubernetes"] = {"url": k8s_url, "cluster": fleet.cluster,
+                                   "state": str((self.state_dir / "k8s-state.json").resolve())}  # fmt: skip
         self.info["kubeconfig"] = str(kubeconfig.resolve())
-        self.save()
+        self.service("kubernetes", "ready", f"cluster {fleet.cluster!r}, kubeconfig {kubeconfig.resolve()}", url=k8s_url)
 
-        bmc = await self.start_bmcs()
-        example: Path | None = None
-        if bmc:
-            example = self.write_burn_in_example(bmc)
-            self.info["bmc"] = {k: v for k, v in bmc.items() if k != "specs"}
-            self.info["examples"] = {"server-burn-in": str(example.resolve())}
-            self.save()
-
-        netbox = await self.start_netbox() if self.netbox else None
-        if netbox:
-            self.info["netbox"] = {"url": netbox["url"], "token": netbox["token"]}  # a reference, not the token
-            self.save()
+        netbox_gate = await self.open_netbox() if "netbox" not in self.without else None
+        bmc = await self.start_bmcs(fleet) if "bmcs" not in self.without else None
+        if "ufm" not in self.without:
+            await self.start_ufm(fleet)
+        webhook = await self.start_webhook(taken, notes) if "webhook" not in self.without else None
+        for note in notes:
+            say(note)
+        netbox_task = None
+        if netbox_gate is not None:
+            netbox_task = asyncio.create_task(self.run_netbox(netbox_gate[0], fleet, bmc), name="lab-netbox")
 
         await server.wait_healthy(self.timeout)
-        self.start_worker(server.address, kubeconfig, metrics_port, netbox, bmc["credentials"] if bmc else None)
+        self.service("temporal", "ready", f"UI {server.ui_url}", url=server.address)
+        self.service("worker", "starting")
+        self.spawn("worker", [sys.executable, "-m", "worker"],
+                   env=self.worker_env(server.address, kubeconfig, metrics_port))
         self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{metrics_port}/metrics", "task_queue": self.task_queue}
         if bmc:
             await self.start_hosts(server.address, bmc["admin"])
         self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
-        self.save()
         await self.wait_worker_polling(server.address)
+        self.service("worker", "ready", f"task queue {self.task_queue}, metrics {self.info['worker']['metrics']}")
+        examples = self.write_examples(bmc, webhook)
 
         self.info["ready"] = True
         self.save()
-        say("ready")
-        print(f"  Temporal UI:   {server.ui_url}", flush=True)
-        print(f"  Temporal:      {server.address} (namespace default, task queue {self.task_queue})", flush=True)
-        print(f"  Kubernetes:    {k8s_url} (cluster {cluster!r})", flush=True)
-        print(f"  kubeconfig:    {kubeconfig.resolve()}", flush=True)
-        print(f"  worker:        metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/", flush=True)
-        if netbox:
-            print(f"  NetBox:        {netbox['url']} (token: {netbox['token']})", flush=True)
-        if bmc:
-            print(f"  BMCs:          {len(bmc['servers'])} servers (admin {bmc['admin']}, credentials "
-                  f"{bmc['credentials']}); host agents for the powered-on ones; `millwright lab status` lists them",
-                  flush=True)  # fmt: skip
-        where = "" if self.state_dir == Path(".millwright") else f" --state-dir {self.state_dir}"
-        print(f"  try:           {EXAMPLE}{where}", flush=True)
-        if example:
-            print(f"  burn in:       millwright start ServerBurnIn --input {self.state_dir / 'examples' / example.name}"
-                  f"{where} --watch   (or paste that file in the UI: Start Workflow, type ServerBurnIn)", flush=True)
-        print(f"  stop:          Ctrl-C, or `millwright lab down{where}`", flush=True)
+        say(f"ready in {_duration(time.monotonic() - self.started)}"
+            + (" (NetBox goes on starting: `millwright lab status` shows how far)" if netbox_task else ""))
+        self.print_addresses(server, kubeconfig, examples)
+        try:
+            async with self.follow_power(bmc, kubeconfig, fleet.cluster):
+                return await self.serve()
+        finally:
+            if netbox_task is not None and not netbox_task.done():
+                netbox_task.cancel()  # its thread ends once `up` stops NetBox's processes
+                with contextlib.suppress(BaseException):
+                    await netbox_task
+            if netbox_gate is not None:
+                await netbox_gate[0].close()
 
+    @contextlib.asynccontextmanager
+    async def follow_power(self, bmc: dict[str, Any] | None, kubeconfig: Path, cluster: str):
+        """While the lab runs, a server's power reaches its Kubernetes node (lab/node_power.py)."""
+        if not bmc:
+            yield
+            return
+        from kubernetes.aio import client as k8s_client
+        from kubernetes.aio import config as k8s_config
+
+        from lab.node_power import NodePowerLink
+        from lab.redfish import BmcAdmin
+
+        api = await k8s_config.new_client_from_config(str(kubeconfig), context=cluster)
+        try:
+            async with BmcAdmin(bmc["admin"]) as admin:
+                async with NodePowerLink(admin, k8s_client.CoreV1Api(api), list(bmc["servers"]), poll_interval=0.5):
+                    yield
+        finally:
+            await api.close()
+
+    def print_addresses(self, server: DevServer, kubeconfig: Path, examples: dict[str, Path]) -> None:
+        services = self.info["services"]
+        where = "" if self.state_dir == Path(".millwright") else f" --state-dir {self.state_dir}"
+
+        def line(label: str, text: str) -> None:
+            print(f"  {label + ':':<15}{text}", flush=True)
+
+        line("Temporal UI", server.ui_url)
+        line("Temporal", f"{server.address} (namespace default, task queue {self.task_queue})")
+        line("Kubernetes", f"{self.info['kubernetes']['url']} (cluster {self.info['kubernetes']['cluster']!r})")
+        line("kubeconfig", str(kubeconfig.resolve()))
+        line("worker", f"metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/")
+        if self.info.get("bmc"):
+            bmc = self.info["bmc"]
+            line("BMCs", f"{len(bmc['servers'])} servers (admin {bmc['admin']}, credentials {bmc['credentials']}"
+                 + (f", CA {bmc['ca_bundle']}" if bmc.get("ca_bundle") else ", plain HTTP") + "); host agents for the "
+                 "powered-on ones")  # fmt: skip
+        if self.info.get("ufm"):
+            line("UFM", f"{self.info['ufm']['url']} (fabric {self.info['ufm']['fabric']!r}, credentials "
+                 f"{self.info['ufm']['credentials']})")  # fmt: skip
+        if self.info.get("webhook"):
+            line("webhook", f"{self.info['webhook']['hooks']} (deliveries: `millwright lab status{where}`)")
+        if self.info.get("netbox"):
+            line("NetBox", f"{self.info['netbox']['url']} (token {self.info['netbox']['token']}): "
+                 f"{services['netbox']['state']}, {services['netbox']['note']}")  # fmt: skip
+        left = [f"{n} ({s['state']}: {s['note']})" for n, s in services.items()
+                if s["state"] in ("left out", "unavailable")]
+        if left:
+            line("left out", "; ".join(left))
+        line("try", f"{EXAMPLE}{where}")
+        if "server-burn-in" in examples:
+            line("burn in", f"millwright start ServerBurnIn --input {examples['server-burn-in']}{where} --watch   "
+                 "(or paste that file in the UI: Start Workflow, type ServerBurnIn)")  # fmt: skip
+        if webhook_copies := [str(p) for n, p in examples.items() if n != "server-burn-in"]:
+            if self.info["webhook"]["url"] != WEBHOOK_IN_EXAMPLES:
+                line("webhook", f"port {WEBHOOK_PORT} was taken: run {', '.join(webhook_copies)} instead of the "
+                     "examples/ files of the same name")  # fmt: skip
+        line("status", f"millwright lab status{where}")
+        line("stop", f"Ctrl-C, or `millwright lab down{where}`")
+
+    async def serve(self) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -477,8 +719,10 @@ class Lab:
         return 0
 
     def stop_children(self) -> None:
-        """Worker first (graceful), then the emulator and the server; SIGKILL after a timeout."""
-        for group, timeout in ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5), (["kubernetes", "bmcs", "temporal"], 15)):
+        """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""
+        groups = ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
+                  (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15))
+        for group, timeout in groups:
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]
             for child in procs:
                 _signal(child.pid, signal.SIGTERM)
@@ -491,6 +735,35 @@ class Lab:
                     _signal(child.pid, signal.SIGKILL)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.process.wait(5)
+
+
+async def _in_daemon_thread(fn: Any) -> Any:
+    """`fn()` in a daemon thread: unlike `asyncio.to_thread`, leaving the loop (Ctrl-C) never waits for it (NetBox's
+    first migration takes minutes; `up` stops NetBox's processes, which ends it)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(result: Any = None, error: BaseException | None = None) -> None:
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the awaiting task
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, None, err)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result)
+
+    threading.Thread(target=target, name="lab-netbox", daemon=True).start()
+    return await done
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _child_env() -> dict[str, str]:
@@ -523,8 +796,14 @@ def up(
     ui_port: int = 8233,
     task_queue: str = "millwright",
     timeout: float = 60.0,
-    netbox: bool = False,
+    without: list[str] | None = None,
+    bmc_http: bool = False,
 ) -> int:
+    try:
+        left_out = parse_without(without or [])
+    except LabError as err:
+        say(f"error: {err}")
+        return 2
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = fleet or DEFAULT_FLEET
     if not fleet.is_file():
@@ -545,7 +824,7 @@ def up(
             return 1
         lab_file(state_dir).unlink(missing_ok=True)  # stale: nothing it names is alive
 
-        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, netbox=netbox)
+        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, without=left_out, bmc_http=bmc_http)
         say(f"starting in {state_dir} (logs there)")
         signal.signal(signal.SIGTERM, _interrupt)  # `lab down` during startup still cleans up
         code = 1
@@ -648,6 +927,7 @@ def seed(*, state_dir: Path, fleet: Path, reset: bool = False) -> int:
 
 
 def status(*, state_dir: Path) -> int:
+    """Every service with its state, address and note; the webhook receiver's deliveries; each pid's liveness."""
     info = read_info(state_dir)
     if not info:
         say(f"no lab running from {state_dir}")
@@ -655,23 +935,56 @@ def status(*, state_dir: Path) -> int:
     alive = live_pids(info)
     pids = info.get("pids") or {}
     running = "runner" in alive
-    say(f"{'running' if running else 'NOT running (stale lab.json)'} from {info.get('state_dir', state_dir)}, since {info.get('started_at')}")
+    say(f"{'running' if running else 'NOT running (stale lab.json)'} from {info.get('state_dir', state_dir)}, "
+        f"since {info.get('started_at')}{'' if info.get('ready') else ' (still starting)'}")  # fmt: skip
+    print(f"  {'service':<11} {'state':<12} {'address':<30} note")
+    for name, entry in (info.get("services") or {}).items():
+        state = entry.get("state", "?")
+        pid = pids.get(name)
+        if state == "ready" and pid is not None and name not in alive:
+            state = "GONE"
+        note = entry.get("note") or ""
+        if state == "starting" and entry.get("since"):
+            note = f"{note} [{_duration(time.time() - entry['since'])} so far]"
+        print(f"  {name:<11} {state:<12} {entry.get('url') or '-':<30} {note}")
     print(f"  Temporal UI:   {info.get('ui')}")
-    print(f"  Temporal:      {(info.get('temporal') or {}).get('address')}")
-    if info.get("kubernetes"):
-        print(f"  Kubernetes:    {info['kubernetes'].get('url')} (cluster {info['kubernetes'].get('cluster')!r})")
     if info.get("kubeconfig"):
         print(f"  kubeconfig:    {info['kubeconfig']}")
     if info.get("netbox"):
-        print(f"  NetBox:        {info['netbox'].get('url')} (token: {info['netbox'].get('token')})")
+        print(f"  NetBox token:  {info['netbox'].get('token')}")
     if info.get("worker"):
         print(f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}")
     if info.get("bmc"):
-        print(f"  BMC admin:     {info['bmc'].get('admin')} (credentials {info['bmc'].get('credentials')})")
-        for node, url in (info["bmc"].get("servers") or {}).items():
+        bmc = info["bmc"]
+        print(f"  BMC admin:     {bmc.get('admin')} (credentials {bmc.get('credentials')}"
+              f"{', CA ' + bmc['ca_bundle'] if bmc.get('ca_bundle') else ', plain HTTP'})")  # fmt: skip
+        for node, url in (bmc.get("servers") or {}).items():
             print(f"  BMC {node}: {url}")
-    if (info.get("examples") or {}).get("server-burn-in"):
-        print(f"  burn-in input: {info['examples']['server-burn-in']}")
-    for name, pid in pids.items():
-        print(f"  {name + ':':<14} pid {pid} {'alive' if name in alive else 'GONE'}")
+    if info.get("ufm"):
+        print(f"  UFM:           {info['ufm'].get('url')} (credentials {info['ufm'].get('credentials')})")
+    for name, path in (info.get("examples") or {}).items():
+        print(f"  example:       {path}")
+    if info.get("webhook") and "webhook" in alive:
+        print_deliveries(info["webhook"]["url"])
+    print("  pids:          " + ", ".join(f"{n} {p}{'' if n in alive else ' (GONE)'}" for n, p in pids.items()))
     return 0 if running else 1
+
+
+def print_deliveries(url: str, last: int = 10) -> None:
+    """The webhook receiver's deliveries (lab/webhook.py): how many, and the latest ones."""
+    import httpx
+
+    try:
+        with httpx.Client(trust_env=False, timeout=3) as http:
+            received = http.get(f"{url}/_lab/received").raise_for_status().json()
+    except httpx.HTTPError as err:
+        print(f"  webhook:       deliveries unknown ({type(err).__name__})")
+        return
+    events = received.get("events") or []
+    print(f"  webhook:       {len(events)} deliveries ({received.get('duplicates', 0)} retried duplicates) at "
+          f"{url}/hooks/<anything>")  # fmt: skip
+    for event in events[-last:]:
+        body = event.get("body") if isinstance(event.get("body"), dict) else {}
+        at = datetime.fromtimestamp(event.get("received_at") or 0, timezone.utc).strftime("%H:%M:%SZ")
+        what = " ".join(f"{k}={body[k]}" for k in ("event", "cluster", "node", "reason") if body.get(k))
+        print(f"    {at} POST {event.get('path')} {what or json.dumps(body)[:120]}")

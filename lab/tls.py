@@ -217,20 +217,25 @@ class TlsFront:
             await self._server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await relay(reader, writer, *self._upstream)
+
+
+async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int) -> None:
+    """Pass one accepted connection through to host:port byte for byte, both ways, until either side closes."""
+    try:
+        up_reader, up_writer = await asyncio.open_connection(host, port)
+    except OSError:
+        writer.close()
+        return
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
-        except OSError:
-            writer.close()
-            return
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            dst.close()
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, ssl.SSLError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))

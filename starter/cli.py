@@ -355,13 +355,14 @@ def lab_up(
     ui_port: Annotated[int, typer.Option("--ui-port", help="Temporal Web UI port (0 = any free port).")] = 8233,
     task_queue: Annotated[str, typer.Option("--task-queue")] = "millwright",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for everything to come up.")] = 60.0,
-    netbox: Annotated[
-        bool,
-        typer.Option(
-            "--netbox/--no-netbox", envvar="MILLWRIGHT_LAB_NETBOX",
-            help="Also run a real NetBox (needs Python >= 3.12, PostgreSQL, redis-server; first start takes minutes).",
-        ),
-    ] = False,  # fmt: skip
+    without: Annotated[
+        Optional[list[str]],
+        typer.Option("--without", metavar="SERVICE[,SERVICE]", envvar="MILLWRIGHT_LAB_WITHOUT",
+                     help="Leave services out: netbox, ufm, webhook, bmcs (with their host agents)."),
+    ] = None,
+    bmc_http: Annotated[
+        bool, typer.Option("--bmc-http", help="The BMCs answer plain HTTP instead of HTTPS with the lab CA.")
+    ] = False,
 ) -> None:
     """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
     from lab import runner
@@ -369,7 +370,7 @@ def lab_up(
     raise typer.Exit(
         runner.up(
             state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout,
-            netbox=netbox,
+            without=without, bmc_http=bmc_http,
         )
     )  # fmt: skip
 

@@ -78,7 +78,7 @@ def _spec(cls: type) -> WorkflowSpec:
 
 
 def workflow_specs() -> dict[str, WorkflowSpec]:
-    from workflows import STARTABLE
+    from workflows.catalog import STARTABLE
 
     specs = [_spec(cls) for cls in STARTABLE]
     return {s.name: s for s in specs}

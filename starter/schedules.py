@@ -13,7 +13,7 @@ The file (camelCase keys; durations as ``15m``, ``1h30m``, seconds or ISO 8601):
     group: lab                      # optional (default "default"): what --prune may delete
     schedules:
       - id: fabric-audit/lab-ib     # the schedule ID
-        workflow: FabricAudit       # a startable workflow type (workflows.STARTABLE)
+        workflow: FabricAudit       # a startable workflow type (workflows.catalog.STARTABLE)
         input: {fabric: lab-ib}     # validated against the workflow's input model
         cron: "*/15 * * * *"        # and/or: interval: 15m  (or {every: 1h, offset: 5m})
         timeZone: Europe/Berlin     # IANA name (default UTC)

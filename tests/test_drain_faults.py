@@ -20,7 +20,8 @@ import pytest_asyncio
 
 from activities.kube import DrainSettings
 from lab.fleet import Fleet
-from workflows.node_update import NodeUpdate, NodeUpdateInput, NodeUpdateTemplate, PackageStep
+from workflows.node_update import NodeUpdate
+from workflows.rollout_models import NodeUpdateInput, NodeUpdateTemplate, PackageStep
 from workflows.rollout import Rollout
 from workflows.rollout_spec import Budget, Interrupt
 

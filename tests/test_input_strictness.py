@@ -35,7 +35,7 @@ from starter.cli import app
 from starter.client import InputError, parse_input, workflow_specs
 from tests.kube_helpers import fleet_objects
 from tests.test_cli import cli
-from workflows import WORKFLOWS
+from workflows.catalog import WORKFLOWS
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -446,8 +446,8 @@ def test_the_burn_in_input_lab_up_writes_is_valid(tmp_path):
     from lab.runner import Lab
 
     lab = Lab(state_dir=tmp_path, fleet=tmp_path / "fleet.json", port=0, ui_port=0, task_queue="q", timeout=1)
-    path = lab.write_burn_in_example({"specs": [{"name": "gpu-node-01"}],
-                                      "servers": {"gpu-node-01": "http://127.0.0.1:41017"}})  # fmt: skip
+    path = lab.write_examples({"specs": [{"name": "gpu-node-01"}], "servers": {"gpu-node-01": "http://127.0.0.1:41017"}},
+                              None)["server-burn-in"]  # fmt: skip
     inp = parse_input("ServerBurnIn", path.read_text())
     assert inp.server.bmc.url == "http://127.0.0.1:41017" and inp.server.name == "gpu-node-01"
 

@@ -123,13 +123,13 @@ def occupied_port():
 
 def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port):
     state = tmp_path / "state"
-    lab = LabProcess(state, "--port", str(occupied_port))
+    lab = LabProcess(state, "--port", str(occupied_port), "--without", "netbox")  # NetBox: tests/test_examples.py
     try:
         lab.wait_for("lab: ready")
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]
-        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts"}
+        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts", "ufm", "webhook"}
         assert all(map(alive, pids.values()))
         host, port = info["temporal"]["address"].rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) != occupied_port
@@ -149,6 +149,25 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         status = millwright("lab", "status", "--state-dir", str(state))
         assert status.returncode == 0 and info["ui"] in status.stdout
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
+        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:10]}
+        assert states == {"temporal": "ready", "kubernetes": "ready", "bmcs": "ready", "hosts": "ready",
+                          "ufm": "ready", "webhook": "ready", "netbox": "left", "worker": "ready"}, status.stdout
+        assert "netbox      left out     -                              --without" in status.stdout
+
+        # The webhook receiver's deliveries are listed by `lab status`.
+        hook = info["webhook"]["hooks"]
+        with httpx.Client(trust_env=False, timeout=5) as http:
+            http.post(hook, json={"event": "node-quarantined", "cluster": "lab", "node": "gpu-node-04"},
+                      headers={"Idempotency-Key": "k1"}).raise_for_status()
+        status = millwright("lab", "status", "--state-dir", str(state))
+        assert "webhook:       1 deliveries" in status.stdout
+        assert "POST /hooks/ops event=node-quarantined cluster=lab node=gpu-node-04" in status.stdout
+
+        # The worker was handed every integration the lab runs, as references, and says so at start.
+        worker_log = (state / "worker.log").read_text()
+        assert f"UFM: {info['ufm']['url']} (credentials {info['ufm']['credentials']}, CA bundle file:" in worker_log
+        assert f"BMCs (Redfish): default credentials {info['bmc']['credentials']}, CA bundle file:" in worker_log
+        assert "NetBox: not configured: its activities fail with NetBoxNotConfigured" in worker_log
 
         seeded = millwright("lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state))
         assert seeded.returncode == 0, seeded
@@ -165,10 +184,11 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
 
 
 def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
-    """`lab up` runs a BMC per GPU node (powered On) and their host agents; the example it writes, started
-    the way the UI starts it (type name, plain JSON), burns the node in to `passed`."""
+    """`lab up` runs a BMC per GPU node (powered On, HTTPS with the lab CA) and their host agents; the example it
+    writes, started the way the UI starts it (type name, plain JSON), takes the node out of service, burns it in to
+    `passed` and puts it back."""
     state = tmp_path / "state"
-    lab = LabProcess(state, "--port", "0")
+    lab = LabProcess(state, "--port", "0", "--without", "netbox,ufm,webhook")
     try:
         lab.wait_for("lab: ready")
         info = json.loads((state / "lab.json").read_text())
@@ -182,7 +202,10 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
         assert f"millwright start ServerBurnIn --input {example_path}" in lab.output
         example = json.loads(example_path.read_text())
         node = example["server"]["name"]
-        assert example["server"]["bmc"]["url"] == bmc["servers"][node]
+        assert example["server"]["bmc"] == {"url": bmc["servers"][node], "ca_bundle": f"file:{state.resolve()}/tls/ca.pem"}
+        assert bmc["servers"][node].startswith("https://127.0.0.1:")
+        assert bmc["ca_bundle"] == example["server"]["bmc"]["ca_bundle"]
+        assert example["server"]["kubernetes"]["take_out_of_service"] is True
         example["settings"].update(stress_seconds=1, dcgm_level=None)
 
         async def burn_in() -> dict:
@@ -193,9 +216,18 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
 
         result = asyncio.run(burn_in())
         assert (result["result"], result["findings"], result["gpus"]) == ("passed", [], 8), result
+        assert any("back in service" in n for n in result["notes"]), result["notes"]
         with httpx.Client(trust_env=False, timeout=5) as http:
             audit = http.get(f"{bmc['admin']}/_lab/audit", params={"server": node, "writes": 1}).json()["entries"]
             view = http.get(f"{bmc['admin']}/_lab/servers/{node}").json()
+            k8s_node = http.get(f"{info['kubernetes']['url']}/api/v1/nodes/{node}").json()
+            # Plain HTTP to a BMC gets nothing: neither Basic auth nor a session is answered without TLS.
+            with pytest.raises(httpx.HTTPError):
+                http.post(bmc["servers"][node].replace("https:", "http:") + "/redfish/v1/SessionService/Sessions",
+                          json={"UserName": "admin", "Password": password})
+        assert not k8s_node["spec"].get("unschedulable")  # back in service
+        # its power reached its Kubernetes node: a new boot ID at each power-on
+        assert k8s_node["status"]["nodeInfo"]["bootID"].startswith(f"{node}-boot-")
         # it was running: power-cycled into the burn-in image, then back onto its disk
         assert [e["reset_type"] for e in audit if e.get("reset_type")] == ["ForceOff", "On", "ForceOff", "On"]
         assert (view["power"], view["booted_from"]) == ("On", "Hdd")
@@ -205,19 +237,28 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
 
 
 def test_lab_restart_keeps_state_and_a_dead_child_stops_the_lab(tmp_path):
+    assert millwright("lab", "up", "--without", "netbox,kafka").returncode == 2  # unknown service: nothing starts
     state = tmp_path / "state"
-    first = LabProcess(state, "--port", "0")
+    first = LabProcess(state, "--port", "0", "--without", "netbox,ufm,webhook", "--without", "bmcs", "--bmc-http")
     try:
         first.wait_for("lab: ready")
         assert "seeded the Kubernetes emulator" in first.output
+        assert "installed 13 kinds in the management cluster" in first.output
+        status = millwright("lab", "status", "--state-dir", str(state)).stdout
+        for service in ("netbox", "ufm", "webhook", "bmcs", "hosts"):
+            assert f"\n  {service:<11} left out " in status, status
+        assert "UFM: not configured: its activities fail with UfmNotConfigured" in (state / "worker.log").read_text()
     finally:
         first.kill()
     assert first.proc.returncode == 0, first.output
 
-    lab = LabProcess(state, "--port", "0")
+    lab = LabProcess(state, "--port", "0", "--without", "netbox", "--bmc-http")
     try:
         lab.wait_for("lab: ready")
         assert "kept the Kubernetes emulator's saved objects" in lab.output
+        assert "installed" not in lab.output  # the kinds were kept too
+        info = json.loads((state / "lab.json").read_text())
+        assert info["bmc"]["servers"]["gpu-node-01"].startswith("http://") and info["bmc"]["ca_bundle"] is None
         pids = json.loads((state / "lab.json").read_text())["pids"]
         os.kill(pids["worker"], signal.SIGKILL)
         assert lab.wait(40) == 1, lab.output
@@ -226,3 +267,61 @@ def test_lab_restart_keeps_state_and_a_dead_child_stops_the_lab(tmp_path):
         assert not (state / "lab.json").exists()
     finally:
         lab.kill()
+
+
+async def test_netbox_gate_says_netbox_is_starting_then_lets_it_through(tmp_path):
+    """The lab's worker has NetBox's address from the start: while NetBox migrates, a NetBox activity fails
+    retryably, saying so (lab/netbox.py `NetBoxGate`); once it runs, requests reach it unchanged."""
+    from aiohttp import web
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.netbox import DeviceLookup, NetBoxActivities, NetBoxConfig
+    from activities.secrets import SecretRef
+    from lab.loopback import write_secret_file
+    from lab.netbox import NetBoxGate, new_token
+
+    stage = "migrating its database: 12/400 migrations (NetBox 4.7.3: the first start only, then cached)"
+    gate = await NetBoxGate(lambda: stage).start()
+    upstream = web.AppRunner(web.Application(middlewares=[]))
+    try:
+        token = write_secret_file(tmp_path / "token", new_token())
+        netbox = NetBoxActivities(NetBoxConfig(url=gate.url, token=SecretRef.parse(f"file:{token}")))
+        with pytest.raises(ApplicationError) as starting:
+            await ActivityEnvironment().run(netbox.find_device, DeviceLookup(name="gpu-node-01"))
+        assert starting.value.type == "NetBoxUnavailable" and not starting.value.non_retryable
+        assert f"NetBox answered 503: {{\"detail\": \"NetBox is starting in the lab ({stage})" in starting.value.message
+
+        async def answer(request: web.Request) -> web.Response:
+            return web.json_response({"path": request.path_qs})
+
+        upstream.app.router.add_get("/{tail:.*}", answer)
+        await upstream.setup()
+        site = web.TCPSite(upstream, "127.0.0.1", 0)
+        await site.start()
+        gate.open(site._server.sockets[0].getsockname()[1])
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+            assert (await http.get(f"{gate.url}/api/status/?x=1")).json() == {"path": "/api/status/?x=1"}
+    finally:
+        await gate.close()
+        await upstream.cleanup()
+
+
+def test_netbox_migration_progress_counts_applied_migrations_out_of_the_plan(tmp_path):
+    """NetBox's first start migrates for minutes: `lab up` shows how far it is (lab/netbox.py `_migrate`), counting
+    Django's "Applying x... OK" lines, which it writes in two parts."""
+    from lab.netbox import NetBoxLab
+
+    netbox = tmp_path / "venv" / "bin" / "netbox"
+    netbox.parent.mkdir(parents=True)
+    netbox.write_text("#!/bin/sh\n"
+                      'if [ "$1" = showmigrations ]; then printf "[ ]  a.0001\\n[ ]  a.0002\\n[ ]  b.0001\\n"; exit 0; fi\n'
+                      'for m in a.0001 a.0002 b.0001; do printf "  Applying $m..."; sleep 0.3; echo " OK"; done\n')
+    netbox.chmod(0o755)
+    stages: list[str] = []
+    lab = NetBoxLab(tmp_path / "netbox", on_stage=stages.append)
+    lab.root.mkdir()
+    lab._migrate(netbox.parents[1], dict(os.environ), "4.7.3")
+    counts = [s.split(": ")[1].split(" ")[0] for s in stages]
+    assert counts[0] in ("0/?", "0/3") and counts[-3:] == ["1/3", "2/3", "3/3"], stages
+    assert "the first start only, then cached" in stages[-1]

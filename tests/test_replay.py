@@ -13,7 +13,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-import workflows
+from worker.registry import workflow_runner
+from workflows.catalog import WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
@@ -26,6 +27,7 @@ def test_histories_are_committed():
 async def test_replay(path: Path):
     record = json.loads(path.read_text())
     history = WorkflowHistory.from_json(record["workflowId"], json.dumps(record["history"]))
-    replayer = Replayer(workflows=workflows.WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter,
+                        workflow_runner=workflow_runner())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"

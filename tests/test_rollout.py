@@ -130,7 +130,9 @@ async def test_approval_pause_resume_and_abort(client, kube_worker, k8s, core):
 
 
 async def test_pause_holds_a_running_node_after_its_current_stage(client, kube_worker, k8s, core):
-    await lab_ready(k8s, rollout_fleet({"a": 2}), [{"stage": "apply", "seconds": 2.0}])
+    # A pause reaches the stages activity with its next heartbeat, at most 8 s on (0.8 of its 10 s heartbeat
+    # timeout): the apply stage outlasts that.
+    await lab_ready(k8s, rollout_fleet({"a": 2}), [{"stage": "apply", "seconds": 12.0}])
     handle = await start(client, kube_worker, rollout_spec("pause-in-flight"))
     child = client.get_workflow_handle(f"{handle.id}/a-01")
     await wait_for(lambda: _child_stage(child, "apply"), what="a node applying")
@@ -190,7 +192,7 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
     assert [(s.package, s.stage) for s in child.stages] == [
         ("kernel-tuning", "apply"), ("kernel-tuning", "config"), ("kernel-tuning", "interrupt"), ("kernel-tuning", "post-interrupt")
     ]
-    await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_reboot")
+    await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_folded")
 
 
 async def test_dry_run_plans_without_writing(client, kube_worker, k8s):

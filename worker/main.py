@@ -94,6 +94,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
     log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
     if not host_agent:
         log.info("kubeconfig: %s", os.pathsep.join(settings.kubeconfig_paths()))
+        for name, state in integrations(settings):
+            log.info("%s: %s", name, state)
     log.info(
         "registered %d workflows (%s) and %d activities",
         len(workflows),
@@ -129,6 +131,32 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
         log.warning("closing clients: %s", _one_line(err))
     log.info("worker stopped cleanly")
     return 0
+
+
+def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
+    """What each integration is configured as, one line each (references, never secrets), for the start-up log."""
+
+    def trust(name: str) -> str:
+        if not getattr(settings, f"{name}_verify_tls"):
+            return "TLS verification OFF"
+        bundle = getattr(settings, f"{name}_ca_bundle")
+        return f"CA bundle {bundle}" if bundle else "default CAs"
+
+    def service(name: str, env: str, url: str | None, secret: str | None, what: str) -> str:
+        if not url:
+            return (f"not configured: its activities fail with {name}NotConfigured (set MILLWRIGHT_{env}_URL and "
+                    f"MILLWRIGHT_{env}_{what.upper()})")  # fmt: skip
+        return f"{url} ({what} {secret or 'none'}, {trust(env.lower())})"
+
+    bmc_default = f"default credentials {settings.bmc_credentials}" if settings.bmc_credentials else \
+        "no default credentials (each server names its own)"
+    return [
+        ("NetBox", service("NetBox", "NETBOX", settings.netbox_url, settings.netbox_token, "token")),
+        ("UFM", service("Ufm", "UFM", settings.ufm_url, settings.ufm_credentials, "credentials")),
+        ("Ironic", service("Ironic", "IRONIC", settings.ironic_url, settings.ironic_token or "none: noauth", "token")),
+        ("BMCs (Redfish)", f"{bmc_default}, {trust('bmc')}"),
+        ("Prometheus", f"the URL comes with each query, {trust('prometheus')}"),
+    ]
 
 
 def _workflow_name(cls: type) -> str:

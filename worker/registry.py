@@ -29,6 +29,35 @@ class Registration:
             await resource.close()
 
 
+# What the sandbox shares between workflow runs instead of importing it afresh for each new run: every module that
+# defines no workflow (models, pure arithmetic, helpers that only call `temporalio.workflow`), with the libraries
+# under them. A module that defines a workflow is never passed through, so the sandbox's isolation and checks apply
+# to it: tests/test_sandbox.py keeps the two apart and measures what a new run costs.
+SANDBOX_PASSTHROUGH = (
+    "activities",  # the activities' models and classes: a workflow only names them
+    "workflows.base",
+    "workflows.burnin_node",
+    "workflows.carried",
+    "workflows.drain",
+    "workflows.endpoints",
+    "workflows.leases",
+    "workflows.remediation_policy",
+    "workflows.rollout_models",
+    "workflows.rollout_policy",
+    "workflows.rollout_spec",
+    "workflows.rollout_state",
+    "workflows.saga",
+    "workflows.search_attributes",
+)
+
+
+def workflow_runner() -> Any:
+    """The sandbox every Millwright worker and replayer runs workflows in."""
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*SANDBOX_PASSTHROUGH))
+
+
 def new_worker(client: Any, registration: Registration, task_queue: str, **options: Any) -> Any:
     """A Worker as Millwright runs one: these workflows and activities, and input that does not
     fit a workflow's model failing the run. `options` are further `Worker` arguments."""
@@ -40,6 +69,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
         workflows=registration.workflows,
         activities=registration.activities,
         workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
+        workflow_runner=workflow_runner(),
         **{**registration.worker_options, **options},
     )
 
@@ -55,7 +85,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
     from activities.ufm import UfmActivities
-    from workflows import WORKFLOWS
+    from workflows.catalog import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.

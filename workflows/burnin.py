@@ -26,46 +26,46 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput
+from workflows.burnin_node import NODE_GUARD_PATCH, KubernetesNode, NodeService
 from workflows.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, gave_up_on
 
-with workflow.unsafe.imports_passed_through():
-    from activities.gpu import (
-        GpuCheckRequest,
-        GpuCheckResult,
-        HostAgentActivities,
-        StressRequest,
-        StressResult,
-        gpu_verdict,
-        host_task_queue,
-    )
-    from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
-    from activities.kube import validate_object_name
-    from activities.models import StrictModel
-    from activities.netbox import (
-        CF_BMC_CREDENTIALS,
-        CF_BMC_URL,
-        CF_EXPECTED_GPUS,
-        CF_FIRMWARE_BASELINE,
-        CF_GPU_MODEL,
-        TAG_QUARANTINE,
-        BurnInRecord,
-        DeviceInfo,
-        DeviceLookup,
-        DeviceTagsRequest,
-        GpuInfo,
-        GpuInventory,
-        NetBoxActivities,
-        SetStatusRequest,
-    )
-    from activities.redfish import (
-        BmcRef,
-        BootRequest,
-        PowerRequest,
-        RedfishActivities,
-        RedfishInventory,
-        SelQuery,
-        SelReport,
-    )
+from activities.gpu import (
+    GpuCheckRequest,
+    GpuCheckResult,
+    HostAgentActivities,
+    StressRequest,
+    StressResult,
+    gpu_verdict,
+    host_task_queue,
+)
+from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
+from activities.kube import validate_object_name
+from activities.models import StrictModel
+from activities.netbox import (
+    CF_BMC_CREDENTIALS,
+    CF_BMC_URL,
+    CF_EXPECTED_GPUS,
+    CF_FIRMWARE_BASELINE,
+    CF_GPU_MODEL,
+    TAG_QUARANTINE,
+    BurnInRecord,
+    DeviceInfo,
+    DeviceLookup,
+    DeviceTagsRequest,
+    GpuInfo,
+    GpuInventory,
+    NetBoxActivities,
+    SetStatusRequest,
+)
+from activities.redfish import (
+    BmcRef,
+    BootRequest,
+    PowerRequest,
+    RedfishActivities,
+    RedfishInventory,
+    SelQuery,
+    SelReport,
+)
 
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
@@ -82,6 +82,9 @@ AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interva
 
 Phase = Literal[
     "starting", "looking-up", "staging", "checking-firmware", "reading-sel", "booting-burn-in-image",
+    # a Kubernetes node's (workflows/burnin_node.py)
+    "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
+    "uncordoning", "quarantining",
     "waiting-for-agent", "checking-gpus", "stressing", "re-checking-gpus", "cleaning", "deciding", "recording",
     "booting-disk", "powering-off", "completed", "failed",
 ]  # fmt: skip
@@ -118,6 +121,9 @@ class ServerTarget(StrictModel):
     site: str | None = None
     vendor: str | None = None
     ironic: IronicBurnIn | None = Field(None, description="Burn in through Ironic cleaning instead of Redfish boot.")
+    kubernetes: KubernetesNode | None = Field(
+        None, description="The Kubernetes node this server is: refused while in service, unless the burn-in takes "
+        "it out of service itself (workflows/burnin_node.py).")  # fmt: skip
 
     _name = field_validator("name")(validate_object_name)
 
@@ -180,6 +186,11 @@ class ServerBurnInResult(StrictModel):
     firmware: dict[str, str] = Field(default_factory=dict)
     gpus: int = 0
     stress_seconds: int = 0
+
+    def reason(self) -> str:
+        """Why the server failed, in one line: its first failing finding."""
+        first = next((f for f in self.findings if f.severity == "fail"), None)
+        return f"burn-in failed: {first.check} {first.subject}: {first.evidence}" if first else f"burn-in {self.result}"
 
     def summary(self) -> str:
         fails = [f for f in self.findings if f.severity == "fail"]
@@ -246,7 +257,12 @@ class ServerBurnIn:
         target, settings = inp.server, inp.settings
         lookup = DeviceLookup(name=target.name)
         staged = False
+        node = None
+        if target.kubernetes is not None and workflow.patched(NODE_GUARD_PATCH):
+            node = NodeService(target.kubernetes, target.name, self._enter)
         try:
+            if node is not None:  # before anything changes: a node in service is refused here
+                await node.take_out()
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
                 found = await self._calls.execute(
@@ -285,8 +301,14 @@ class ServerBurnIn:
                     self._enter("failed", f"{result.result}, not recorded: {err}")
                     await self._after(target.bmc, settings, result)
                 raise
+        boot_id = None
         if target.ironic is None and target.bmc is not None:
+            if node is not None and result.result == "passed" and settings.boot_disk_after_pass:
+                boot_id = await node.before_disk_boot()
             await self._after(target.bmc, settings, result)
+        if node is not None:
+            await node.back_in(result.result == "passed", result.reason(), boot_id, settings.boot_timeout)
+            result.notes += [node.status.note] if node.status.note else []
         self._enter("completed", f"**{result.result}**" + (f": {result.findings[0].evidence}"
                                                            if result.findings else ""))  # fmt: skip
         return result
@@ -452,6 +474,4 @@ class ServerBurnIn:
         else:
             tags = DeviceTagsRequest(device=lookup, add=[TAG_BURNIN_FAILED, TAG_QUARANTINE], remove=[TAG_BURNIN_PASSED])
             await self._calls.execute(NetBoxActivities.set_device_tags, tags, **NETBOX_CALL, summary="quarantine")
-            first = next(f for f in result.findings if f.severity == "fail")
-            await self._status(lookup, "failed", f"burn-in failed: {first.check} {first.subject}: {first.evidence}",
-                               "danger")  # fmt: skip
+            await self._status(lookup, "failed", result.reason(), "danger")

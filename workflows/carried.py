@@ -21,8 +21,7 @@ from temporalio.exceptions import ActivityError
 
 from workflows.endpoints import error_text
 
-with workflow.unsafe.imports_passed_through():
-    from activities.entities import EntityActivities, FailureCause, RunOutcome, RunRef
+from activities.entities import EntityActivities, FailureCause, RunOutcome, RunRef
 
 # The wait ends when the child closes; a worker lost meanwhile is noticed within a minute and the wait resumed.
 OUTCOME_HEARTBEAT = timedelta(seconds=60)

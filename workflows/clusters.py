@@ -44,29 +44,28 @@ from workflows.base import Phases, Progress, WorkflowInput
 from workflows.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
 from workflows.drain import API_CALL
 
-with workflow.unsafe.imports_passed_through():
-    from activities.capi import (
-        MANAGED_BY,
-        MANAGED_BY_LABEL,
-        TENANT_LABEL,
-        ApplyRequest,
-        ApplyResult,
-        CapiClusterRef,
-        CapiClusterStatus,
-        ClusterApiActivities,
-        DeleteRequest,
-        DiscoveryRequest,
-        KindRef,
-        ListRequest,
-        MachineNode,
-        NodeLabels,
-        ObjectRef,
-        Ownership,
-        SecretCheck,
-    )
-    from activities.kube import validate_object_name
-    from activities.models import BaseUrl, Host, StrictModel
-    from activities.netbox import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
+from activities.capi import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    TENANT_LABEL,
+    ApplyRequest,
+    ApplyResult,
+    CapiClusterRef,
+    CapiClusterStatus,
+    ClusterApiActivities,
+    DeleteRequest,
+    DiscoveryRequest,
+    KindRef,
+    ListRequest,
+    MachineNode,
+    NodeLabels,
+    ObjectRef,
+    Ownership,
+    SecretCheck,
+)
+from activities.kube import validate_object_name
+from activities.models import BaseUrl, Host, StrictModel
+from activities.netbox import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
 
 CAPI = "cluster.x-k8s.io/v1beta2"
 KCP = "controlplane.cluster.x-k8s.io/v1beta2"

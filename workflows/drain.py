@@ -19,17 +19,17 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        DrainPlanRequest,
-        DrainSettings,
-        EvictRequest,
-        KubeActivities,
-        PodRef,
-        SkippedPod,
-        WaitPodsGoneRequest,
-    )
-    from activities.models import StrictModel
+from activities.kube import (
+    DrainPlan,
+    DrainPlanRequest,
+    DrainSettings,
+    EvictRequest,
+    KubeActivities,
+    PodRef,
+    SkippedPod,
+    WaitPodsGoneRequest,
+)
+from activities.models import StrictModel
 
 # Kubernetes calls are cheap and idempotent: retry them until the caller's deadline,
 # backing off to a ceiling so an API outage does not flood the history.
@@ -70,19 +70,25 @@ class Drain:
         stopping: Callable[[], bool],
         changed: Callable[[], None],
         terminating: Callable[[], None] = lambda: None,
+        every_planned_pod: bool = False,
     ) -> None:
+        """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none asks
+        `workflow.patched` (a marker and a search attribute per run)."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
+        self._every_planned_pod = every_planned_pod
 
-    async def run(self) -> None:
-        """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan."""
+    async def run(self, plan: DrainPlan | None = None) -> None:
+        """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan. `plan`: the pods to evict as
+        the caller listed them after the cordon (`start_node_update`); None: listed here."""
         deadline = workflow.now() + self._settings.timeout
-        plan = await workflow.execute_activity_method(
-            KubeActivities.plan_drain,
-            DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
-            **API_CALL,
-            summary=f"list pods on {self._node}",
-        )
+        if plan is None:
+            plan = await workflow.execute_activity_method(
+                KubeActivities.plan_drain,
+                DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
+                **API_CALL,
+                summary=f"list pods on {self._node}",
+            )
         self._progress.to_evict = len(plan.evict)
         self._progress.skipped = plan.skipped
         self._changed()
@@ -94,7 +100,7 @@ class Drain:
 
         evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
         # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
-        waited = plan.evict if workflow.patched(WAIT_FOR_EVERY_PLANNED_POD) else evicted
+        waited = plan.evict if self._every_planned_pod or workflow.patched(WAIT_FOR_EVERY_PLANNED_POD) else evicted
         if not waited or self._stopping():
             return
         self._terminating()

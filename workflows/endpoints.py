@@ -25,9 +25,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import validate_positive_duration
-    from activities.models import StrictModel
+from activities.kube import validate_positive_duration
+from activities.models import StrictModel
 
 # The endpoints' names as runs show them (an activity's error adds the URL the worker is configured with).
 NETBOX, UFM, IRONIC = "NetBox", "UFM", "Ironic"

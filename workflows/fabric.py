@@ -43,32 +43,31 @@ from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput, history_is_long
 from workflows.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.models import StrictModel
-    from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
-    from activities.ufm import (
-        AddGuids,
-        BlockingCode,
-        DeletedPKey,
-        EmptyRequest,
-        EnsurePKey,
-        FabricCall,
-        FabricPosture,
-        FabricSnapshot,
-        GuidsRequest,
-        HostsRequest,
-        MembershipChange,
-        PKeyList,
-        PKeyMembers,
-        PKeyRef,
-        PortHosts,
-        RemoveGuids,
-        ResolvedHosts,
-        UfmActivities,
-        VirtualPort,
-        normalize_guid,
-        normalize_pkey,
-    )
+from activities.models import StrictModel
+from activities.netbox import DeviceIbPorts, IbPortQuery, NetBoxActivities, TenantPKeyRecord
+from activities.ufm import (
+    AddGuids,
+    BlockingCode,
+    DeletedPKey,
+    EmptyRequest,
+    EnsurePKey,
+    FabricCall,
+    FabricPosture,
+    FabricSnapshot,
+    GuidsRequest,
+    HostsRequest,
+    MembershipChange,
+    PKeyList,
+    PKeyMembers,
+    PKeyRef,
+    PortHosts,
+    RemoveGuids,
+    ResolvedHosts,
+    UfmActivities,
+    VirtualPort,
+    normalize_guid,
+    normalize_pkey,
+)
 
 # An attempt makes a few requests of up to 10 s each (a read, a write, its read back; a removal in chunks) and
 # heartbeats before each: a worker that dies is noticed in 20 s.

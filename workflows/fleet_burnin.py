@@ -45,11 +45,10 @@ from workflows.burnin import (
 from workflows.carried import outcome_of
 from workflows.endpoints import Endpoints, RetryTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
-    from activities.kube import validate_object_name
-    from activities.models import StrictModel
-    from activities.netbox import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
+from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
+from activities.kube import validate_object_name
+from activities.models import StrictModel
+from activities.netbox import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
 
 HISTORY_LIMIT = 8000
 # Runs from before carried children across continue-as-new (their children end with the run; it drains them first).

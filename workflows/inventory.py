@@ -21,9 +21,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows.base import Progress, WorkflowInput
 from workflows.endpoints import NETBOX, Endpoints, RetryTimeout
 
-with workflow.unsafe.imports_passed_through():
-    from activities.models import StrictModel
-    from activities.netbox import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult, NetBoxActivities
+from activities.models import StrictModel
+from activities.netbox import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult, NetBoxActivities
 
 # NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, visibly, and give up
 # after the input's retry_timeout so a NetBox outage surfaces instead of hanging the bootstrap forever.

@@ -22,24 +22,23 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput
-from workflows.disruption_budget import LEASE_PATCH, Lease, acquire_lease, release_lease
+from workflows.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL, Drain, DrainProgress
 from workflows.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        CordonRequest,
-        DrainSettings,
-        KubeActivities,
-        NodeRef,
-        PodQuery,
-        SkippedPod,
-        validate_label_selector,
-        validate_object_name,
-        validate_positive_duration,
-    )
-    from activities.models import StrictModel
-    from workflows.rollout_spec import Budget
+from activities.kube import (
+    CordonRequest,
+    DrainSettings,
+    KubeActivities,
+    NodeRef,
+    PodQuery,
+    SkippedPod,
+    validate_label_selector,
+    validate_object_name,
+    validate_positive_duration,
+)
+from activities.models import StrictModel
+from workflows.rollout_spec import Budget
 
 
 Phase = Literal[

@@ -58,60 +58,59 @@ from workflows.remediation_policy import (
     remediation_workflow_id,
 )
 
-with workflow.unsafe.imports_passed_through():
-    from activities.gpu import (
-        EmptyRequest,
-        GpuCheckRequest,
-        GpuCheckResult,
-        GpuResetRequest,
-        HostAgentActivities,
-        StressRequest,
-        StressResult,
-        gpu_verdict,
-        host_task_queue,
-    )
-    from activities.kube import (
-        CordonRequest,
-        DrainSettings,
-        KubeActivities,
-        NodeRef,
-        RebootWait,
-        validate_label_selector,
-        validate_object_name,
-        validate_positive_duration,
-    )
-    from activities.entities import RunOutcome, RunRef, failed_outcome
-    from activities.models import StrictModel
-    from activities.netbox import (
-        CF_BMC_CREDENTIALS,
-        CF_BMC_URL,
-        CF_EXPECTED_GPUS,
-        CF_GPU_MODEL,
-        TAG_QUARANTINE,
-        DeviceInfo,
-        DeviceLookup,
-        DevicePage,
-        DevicePageQuery,
-        DeviceQuery,
-        DeviceTagsRequest,
-        NetBoxActivities,
-        SetStatusRequest,
-    )
-    from activities.node_health import (
-        NodeHealth,
-        NodeHealthActivities,
-        NodeHealthQuery,
-        NodeHealthRequest,
-        NodeNamesPage,
-        NodeNamesQuery,
-        NodesHealth,
-        NodesHealthRequest,
-        QuarantineRequest,
-    )
-    from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
-    from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
-    from workflows import disruption_budget
-    from workflows.rollout_spec import Budget
+from activities.gpu import (
+    EmptyRequest,
+    GpuCheckRequest,
+    GpuCheckResult,
+    GpuResetRequest,
+    HostAgentActivities,
+    StressRequest,
+    StressResult,
+    gpu_verdict,
+    host_task_queue,
+)
+from activities.kube import (
+    CordonRequest,
+    DrainSettings,
+    KubeActivities,
+    NodeRef,
+    RebootWait,
+    validate_label_selector,
+    validate_object_name,
+    validate_positive_duration,
+)
+from activities.entities import RunOutcome, RunRef, failed_outcome
+from activities.models import StrictModel
+from activities.netbox import (
+    CF_BMC_CREDENTIALS,
+    CF_BMC_URL,
+    CF_EXPECTED_GPUS,
+    CF_GPU_MODEL,
+    TAG_QUARANTINE,
+    DeviceInfo,
+    DeviceLookup,
+    DevicePage,
+    DevicePageQuery,
+    DeviceQuery,
+    DeviceTagsRequest,
+    NetBoxActivities,
+    SetStatusRequest,
+)
+from activities.node_health import (
+    NodeHealth,
+    NodeHealthActivities,
+    NodeHealthQuery,
+    NodeHealthRequest,
+    NodeNamesPage,
+    NodeNamesQuery,
+    NodesHealth,
+    NodesHealthRequest,
+    QuarantineRequest,
+)
+from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
+from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
+from workflows import leases
+from workflows.rollout_spec import Budget
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
@@ -315,7 +314,7 @@ class NodeRemediation:
 
         if inp.disruption_budget:
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
-            self._lease = await disruption_budget.acquire_lease(
+            self._lease = await leases.acquire_lease(
                 inp.cluster, inp.node, holder=owner, reason=f"remediation: {inp.reason}", budget=inp.budget,
                 waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"))
             self._status.lease = True
@@ -663,7 +662,7 @@ class NodeRemediation:
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:
-            await disruption_budget.release_lease(self._inp.cluster, self._inp.node, reason=reason)
+            await leases.release_lease(self._inp.cluster, self._inp.node, reason=reason)
             self._lease = None
             self._status.lease = False
 

@@ -19,11 +19,9 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import Field
-from temporalio import workflow
 
-with workflow.unsafe.imports_passed_through():
-    from activities.models import StrictModel
-    from activities.node_health import NodeHealth
+from activities.models import StrictModel
+from activities.node_health import NodeHealth
 
 # Node Problem Detector's default problem conditions (True = problem).
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]

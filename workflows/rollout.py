@@ -21,49 +21,53 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import Literal
 
-from pydantic import Field
 from temporalio import workflow
 
+from activities.kube import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
+from activities.prometheus import PrometheusActivities, PrometheusQuery
 from workflows import search_attributes as sa
 from workflows.base import Progress, history_is_long
-from workflows.disruption_budget import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.drain import API_CALL
-from workflows.node_update import (
-    NodeUpdate,
+from workflows.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
+from workflows.node_update import NodeUpdate
+from workflows.rollout_models import (
+    ApproveRequest,
+    BatchInput,
+    BatchNode,
+    BatchResult,
+    BatchView,
+    CompartmentPhase,
+    CompartmentRequest,
+    CompartmentView,
+    NodeRequest,
     NodeUpdateInput,
-    NodeUpdateResult,
     NodeUpdateTemplate,
+    NodeView,
     PackageStep,
+    ReasonRequest,
+    RolloutResult,
+    RolloutStatus,
     StageRecord,
 )
-
-# The spec, its state and the policy arithmetic are pure modules: passed through, so that
-# a checkpoint carried across continue-as-new and the models made here are the same classes.
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
-    from activities.models import StrictModel
-    from activities.prometheus import PrometheusActivities, PrometheusQuery
-    from workflows.rollout_policy import (
-        NodeSnapshot,
-        Plan,
-        admissible,
-        assign_compartments,
-        ceiling,
-        coalesce_interrupts,
-        compartment_budget,
-        compartment_strategy,
-        evaluate_batch,
-        next_batch_size,
-        next_window_open,
-        package_order,
-        plan,
-        strategy_name,
-        window_open,
-    )
-    from workflows.rollout_spec import Budget, MaintenanceWindow, RolloutInput
-    from workflows.rollout_state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
+from workflows.rollout_policy import (
+    NodeSnapshot,
+    admissible,
+    assign_compartments,
+    ceiling,
+    coalesce_interrupts,
+    compartment_budget,
+    compartment_strategy,
+    evaluate_batch,
+    next_batch_size,
+    next_window_open,
+    package_order,
+    plan,
+    strategy_name,
+    window_open,
+)
+from workflows.rollout_spec import Budget, MaintenanceWindow, RolloutInput
+from workflows.rollout_state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
@@ -72,26 +76,6 @@ SURVEY_PAGE = 1000
 
 
 # ---------------------------------------------------------------- RolloutBatch
-
-
-class BatchNode(StrictModel):
-    node: str
-    ordinal: int
-
-
-class BatchInput(StrictModel):
-    compartment: str
-    number: int
-    nodes: list[BatchNode]
-    template: NodeUpdateTemplate
-    windows: list[MaintenanceWindow] = Field(default_factory=list)
-    max_in_flight: int = Field(200, description="NodeUpdate children running at once.")
-    results: dict[str, NodeUpdateResult] = Field(default_factory=dict, description="Carried across continue-as-new.")
-
-
-class BatchResult(StrictModel):
-    results: dict[str, NodeUpdateResult]
-    not_started: list[str] = Field(default_factory=list, description="Left untouched because the rollout was aborted.")
 
 
 @workflow.defn
@@ -220,91 +204,6 @@ async def _sleep_until_window(windows: list[MaintenanceWindow], wake: callable) 
         await workflow.wait_condition(wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed")
     except asyncio.TimeoutError:
         pass
-
-
-# ---------------------------------------------------------------- Rollout models
-
-CompartmentPhase = Literal[
-    "pending",
-    "running",
-    "paused",
-    "waiting-for-window",
-    "waiting-for-approval",
-    "gate-failing",
-    "waiting-for-budget",
-    "waiting-for-blocked-nodes",
-    "stopped",
-    "done",
-]
-
-
-class NodeView(StrictModel):
-    status: NodeStatus
-    reason: str = ""
-    stages: list[StageRecord] = Field(default_factory=list)
-
-
-class BatchView(StrictModel):
-    compartment: str
-    number: int
-    ceiling: int
-    unavailable_before: int = Field(description="Compartment nodes out of service when the batch was admitted.")
-    strategy_size: int
-    completed: int = 0
-    nodes: dict[str, NodeView] = Field(default_factory=dict, description="Nodes that did not complete, with why.")
-    started: datetime
-    finished: datetime | None = None
-    success_percent: int | None = None
-
-
-class CompartmentView(StrictModel):
-    name: str
-    strategy: str
-    members: int
-    ceiling: int
-    phase: CompartmentPhase = "pending"
-    note: str = ""
-    batch_state: BatchState
-    current_batch: BatchView | None = None
-
-
-class RolloutStatus(StrictModel):
-    phase: str
-    paused_reason: str | None = None
-    aborted: str | None = None
-    counts: dict[str, int] = Field(default_factory=dict)
-    compartments: dict[str, CompartmentView] = Field(default_factory=dict)
-    recent_batches: list[BatchView] = Field(default_factory=list)
-    problems: dict[str, NodeView] = Field(default_factory=dict, description="Erroring, blocked and skipped nodes.")
-
-
-class RolloutResult(StrictModel):
-    cluster: str
-    name: str
-    outcome: Literal["completed", "aborted", "planned"]
-    counts: dict[str, int] = Field(default_factory=dict)
-    problems: dict[str, str] = Field(default_factory=dict, description="Node → why it is erroring, blocked or skipped.")
-    compartments: dict[str, BatchState] = Field(default_factory=dict)
-    plan: Plan | None = None
-
-
-class ReasonRequest(StrictModel):
-    reason: str = Field(min_length=1)
-
-
-class ApproveRequest(StrictModel):
-    approver: str = Field(min_length=1)
-    compartment: str | None = Field(None, description="Which compartment's batch; any awaiting one when omitted.")
-
-
-class NodeRequest(StrictModel):
-    node: str
-    reason: str = Field(min_length=1)
-
-
-class CompartmentRequest(StrictModel):
-    compartment: str
-    reason: str = Field(min_length=1)
 
 
 # ---------------------------------------------------------------- Rollout

@@ -49,22 +49,20 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from temporalio import workflow
 from temporalio.common import SearchAttributePair
 
 from workflows import search_attributes as sa
 from workflows.base import WorkflowInput
 from workflows.rollout_state import RolloutCheckpoint
 
-with workflow.unsafe.imports_passed_through():
-    from activities.kube import (
-        DrainSettings,
-        validate_label_selector,
-        validate_object_name,
-        validate_positive_duration,
-    )
-    from activities.models import BaseUrl, StrictModel
-    from activities.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
+from activities.kube import (
+    DrainSettings,
+    validate_label_selector,
+    validate_object_name,
+    validate_positive_duration,
+)
+from activities.models import BaseUrl, StrictModel
+from activities.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 
 DEFAULT_COMPARTMENT = "__default__"
 

@@ -49,24 +49,23 @@ from workflows.fabric import (
 from workflows.fabric import _fabric as fabric_call
 from workflows.fabric import _name as validate_fabric_name
 
-with workflow.unsafe.imports_passed_through():
-    from activities.capi import (
-        TENANT_LABEL,
-        ApplyRequest,
-        CapacityRequest,
-        ClusterApiActivities,
-        DeleteRequest,
-        DiscoveryRequest,
-        KindRef,
-        ListRequest,
-        ObjectRef,
-        Ownership,
-        VClusterRef,
-        WorkloadQuery,
-    )
-    from activities.kube import validate_object_name
-    from activities.models import StrictModel
-    from activities.netbox import NetBoxActivities, TenantSpec
+from activities.capi import (
+    TENANT_LABEL,
+    ApplyRequest,
+    CapacityRequest,
+    ClusterApiActivities,
+    DeleteRequest,
+    DiscoveryRequest,
+    KindRef,
+    ListRequest,
+    ObjectRef,
+    Ownership,
+    VClusterRef,
+    WorkloadQuery,
+)
+from activities.kube import validate_object_name
+from activities.models import StrictModel
+from activities.netbox import NetBoxActivities, TenantSpec
 
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER = "kai-scheduler"

@@ -87,7 +87,7 @@ async def netbox_worker(client, netbox_config, netbox_task_queue):
     """A real worker on a random task queue: the inventory workflows and (crash-injectable) NetBox activities."""
     from tests.netbox.helpers import CallNetBox, CrashingNetBoxActivities
     from worker import registry
-    from workflows import WORKFLOWS
+    from workflows.catalog import WORKFLOWS
 
     activities = CrashingNetBoxActivities(netbox_config)
     registration = registry.Registration(workflows=[*WORKFLOWS, CallNetBox], activities=activities.activities())

@@ -103,7 +103,7 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file):
     from activities.redfish import RedfishActivities
     from activities.secrets import SecretRef
     from worker import registry
-    from workflows import WORKFLOWS
+    from workflows.catalog import WORKFLOWS
     from workflows.disruption_budget import DisruptionBudget
 
     connector = ClusterConnector([str(kubeconfig_path)])

@@ -106,7 +106,7 @@ async def _worker(client, ufm_config, netbox_cfg, workflows=None):
     from activities.netbox import NetBoxActivities
     from activities.ufm import UfmActivities
     from worker import registry
-    from workflows import WORKFLOWS
+    from workflows.catalog import WORKFLOWS
 
     registration = registry.Registration(
         workflows=list(workflows or WORKFLOWS),

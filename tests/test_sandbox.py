@@ -1,0 +1,102 @@
+"""What a new workflow run costs the sandbox, and which modules it shares between runs.
+
+The sandbox imports a run's workflow module afresh for every new run, with every module under it that is not
+passed through. A rollout starts one run per node and one per batch, so that import is paid thousands of times:
+the worker passes every module that defines no workflow through once (worker/registry.py), and each workflow
+module imports only what it needs (no package ``__init__`` imports them all; workflows/catalog.py lists them).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+
+from worker.registry import SANDBOX_PASSTHROUGH, workflow_runner
+from workflows.catalog import WORKFLOWS
+from workflows.disruption_budget import DisruptionBudget
+from workflows.node_maintenance import NodeMaintenance
+from workflows.node_update import NodeUpdate
+from workflows.rollout import Rollout, RolloutBatch
+
+WORKFLOWS_DIR = Path(__file__).resolve().parents[1] / "workflows"
+# The runs a fleet starts by the thousand (one per node or per batch), and the rollout and budget behind them.
+FLEET_RUNS = [NodeUpdate, RolloutBatch, NodeMaintenance, Rollout, DisruptionBudget]
+NEW_RUN_CPU_LIMIT = 0.020  # seconds of CPU for the sandbox of one new run (issue 13)
+SAMPLES = 25
+
+
+def _modules() -> dict[str, Path]:
+    return {f"workflows.{p.stem}": p for p in sorted(WORKFLOWS_DIR.glob("*.py")) if p.stem != "__init__"}
+
+
+def _defines_workflow(module: str) -> bool:
+    mod = importlib.import_module(module)
+    return any(isinstance(v, type) and v.__module__ == module and workflow._Definition.from_class(v) is not None
+               for v in vars(mod).values())  # fmt: skip
+
+
+def _imports(path: Path) -> set[str]:
+    """The project modules `path` imports (`from workflows import x` counts as workflows.x)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def _passed_through(module: str) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in SANDBOX_PASSTHROUGH)
+
+
+def test_package_init_is_empty():
+    assert (WORKFLOWS_DIR / "__init__.py").read_text().strip() == ""
+
+
+def test_workflow_modules_stay_sandboxed_and_every_other_module_passes_through():
+    modules = _modules()
+    workflow_modules = {m for m in modules if _defines_workflow(m)}
+    assert {cls.__module__ for cls in WORKFLOWS} <= workflow_modules
+    for module in sorted(modules):
+        if module == "workflows.catalog":
+            assert not _passed_through(module), "the catalog imports every workflow module"
+        elif module in workflow_modules:
+            assert not _passed_through(module), f"{module} defines a workflow: it must stay sandboxed"
+        else:
+            assert _passed_through(module), f"{module} defines no workflow: add it to SANDBOX_PASSTHROUGH"
+
+
+def test_shared_modules_import_no_workflow_module_and_no_workflow_imports_the_catalog():
+    """A passed-through module that imported a workflow module would share that workflow's module between runs."""
+    modules = _modules()
+    workflow_modules = {m for m in modules if _defines_workflow(m)} | {"workflows.catalog"}
+    for module, path in modules.items():
+        imported = _imports(path)
+        if _passed_through(module):
+            assert not imported & workflow_modules, f"{module} imports {sorted(imported & workflow_modules)}"
+        if module != "workflows.catalog":
+            assert "workflows.catalog" not in imported, f"{module} imports the catalog"
+
+
+@pytest.mark.parametrize("cls", FLEET_RUNS, ids=[c.__name__ for c in FLEET_RUNS])
+async def test_a_new_run_costs_the_sandbox_little_cpu(cls):
+    """Each `prepare_workflow` builds the sandbox of one new run (its imports, its workflow instance), as the
+    worker does for every run it starts; the median of many stays under the limit on a loaded machine."""
+    runner, defn = workflow_runner(), workflow._Definition.must_from_class(cls)
+    for _ in range(3):  # the first runs import the shared modules once, outside
+        runner.prepare_workflow(defn)
+    samples = []
+    for _ in range(SAMPLES):
+        started = time.process_time()
+        runner.prepare_workflow(defn)
+        samples.append(time.process_time() - started)
+    median = statistics.median(samples)
+    assert median < NEW_RUN_CPU_LIMIT, f"{cls.__name__}: {median * 1000:.1f} ms of CPU per new run"

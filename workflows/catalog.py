@@ -1,0 +1,31 @@
+"""The catalog of Millwright's workflows: what people and services start, and what the worker registers.
+
+The worker (worker/registry.py), the starter (starter/client.py), the benchmarks and the tests read it; no
+workflow imports it. Each workflow module is imported only here and by the workflows that start it, so the
+sandbox imports a run's own module (and what that module imports) for each new run, never all of them.
+"""
+
+from workflows.burnin import ServerBurnIn
+from workflows.clusters import CreateCluster, DeleteCluster
+from workflows.disruption_budget import DisruptionBudget
+from workflows.fabric import Fabric, FabricAudit, IsolateTenant, ReleaseTenant
+from workflows.fleet_burnin import FleetBurnIn
+from workflows.inventory import InventoryBootstrap
+from workflows.node_maintenance import NodeMaintenance
+from workflows.node_update import NodeUpdate
+from workflows.remediation import FleetHealthSweep, NodeRemediation
+from workflows.rollout import Rollout, RolloutBatch
+from workflows.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
+
+# What people and services start, by type name (the CLI, the UI, other services).
+STARTABLE: list[type] = [NodeMaintenance, Rollout, InventoryBootstrap, IsolateTenant, ReleaseTenant, FabricAudit]
+# Clusters and tenants (Cluster API, vCluster, KAI).
+STARTABLE += [CreateCluster, DeleteCluster, OnboardTenant, OffboardTenant, UpdateTenantQuota]
+# Bare-metal burn-in (issue #5): one server, or a fleet with a fail-fast threshold.
+STARTABLE += [ServerBurnIn, FleetBurnIn]
+# Remediation of unhealthy nodes (issue #8): the scheduled sweep, and one remediation per node.
+STARTABLE += [FleetHealthSweep, NodeRemediation]
+# Every workflow the worker registers: the startable ones and the children they run.
+WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric]
+# One per cluster, started on demand by whoever takes a node out of service.
+WORKFLOWS += [DisruptionBudget]
