@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -27,8 +25,6 @@ from workflows.rollout import Rollout, RolloutBatch
 WORKFLOWS_DIR = Path(__file__).resolve().parents[1] / "workflows"
 # The runs a fleet starts by the thousand (one per node or per batch), and the rollout and budget behind them.
 FLEET_RUNS = [NodeUpdate, RolloutBatch, NodeMaintenance, Rollout, DisruptionBudget]
-NEW_RUN_CPU_LIMIT = 0.020  # seconds of CPU for the sandbox of one new run (issue 13)
-SAMPLES = 25
 
 
 def _modules() -> dict[str, Path]:
@@ -87,16 +83,18 @@ def test_shared_modules_import_no_workflow_module_and_no_workflow_imports_the_ca
 
 
 @pytest.mark.parametrize("cls", FLEET_RUNS, ids=[c.__name__ for c in FLEET_RUNS])
-async def test_a_new_run_costs_the_sandbox_little_cpu(cls):
-    """Each `prepare_workflow` builds the sandbox of one new run (its imports, its workflow instance), as the
-    worker does for every run it starts; the median of many stays under the limit on a loaded machine."""
-    runner, defn = workflow_runner(), workflow._Definition.must_from_class(cls)
-    for _ in range(3):  # the first runs import the shared modules once, outside
-        runner.prepare_workflow(defn)
-    samples = []
-    for _ in range(SAMPLES):
-        started = time.process_time()
-        runner.prepare_workflow(defn)
-        samples.append(time.process_time() - started)
-    median = statistics.median(samples)
-    assert median < NEW_RUN_CPU_LIMIT, f"{cls.__name__}: {median * 1000:.1f} ms of CPU per new run"
+def test_a_new_run_imports_afresh_only_workflow_modules(cls):
+    """What a new run re-imports is its own workflow module and the workflow modules it names (children it
+    starts), nothing else: every other project module it reaches is passed through and shared. What that costs in
+    CPU is measured, not asserted, by `python -m bench.sandbox`."""
+    modules = _modules()
+    workflow_modules = {m for m in modules if _defines_workflow(m)}
+    afresh, todo = set(), [cls.__module__]
+    while todo:
+        module = todo.pop()
+        if module in afresh or module not in modules or _passed_through(module):
+            continue
+        afresh.add(module)
+        todo.extend(_imports(modules[module]))
+    assert afresh <= workflow_modules, f"{cls.__name__} re-imports {sorted(afresh - workflow_modules)} every run"
+    assert len(afresh) <= 2, f"{cls.__name__} re-imports {sorted(afresh)} every run"
