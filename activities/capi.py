@@ -36,7 +36,7 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import _REQUEST_TIMEOUT, ClusterConnector, api_error
+from activities.kube.activities import _REQUEST_TIMEOUT, ClusterConnector, api_error
 from activities.models import StrictModel
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

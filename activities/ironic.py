@@ -18,7 +18,7 @@ with ``noauth``, ``MILLWRIGHT_IRONIC_TOKEN``: a secret reference (``env:NAME`` /
 Keystone token sent as ``X-Auth-Token``, resolved inside each attempt and never in an input, output or
 error. The HTTP client never retries; Temporal's retry policy does. TLS: Ironic's certificate is verified
 against the default CAs, or the CA bundle of ``MILLWRIGHT_IRONIC_CA_BUNDLE``;
-``MILLWRIGHT_IRONIC_VERIFY_TLS=false`` turns verification off (activities/tls.py); a certificate the worker
+``MILLWRIGHT_IRONIC_VERIFY_TLS=false`` turns verification off (activities/support/tls.py); a certificate the worker
 does not trust, or one issued for another name, is a non-retryable ``TlsVerificationFailed``.
 
 Errors: 404 → ``IronicNotFound``; 401/403 → ``IronicAuth``; other 4xx except 409/429 → ``IronicRejected``
@@ -47,8 +47,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, Host, StrictModel
-from activities.secrets import SecretError, SecretRef
-from activities.tls import TlsFix, Trust, TrustingClient, ca_bundle_ref
+from activities.support.secrets import SecretError, SecretRef
+from activities.support.tls import TlsFix, Trust, TrustingClient, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 API_VERSION_HEADER = "X-OpenStack-Ironic-API-Version"

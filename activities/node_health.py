@@ -11,7 +11,7 @@
   (JSON) and a `NoSchedule` taint, so nothing lands on it even if someone uncordons it by mistake.
   Reads first, writes only what is missing, conditional on the node's resourceVersion.
 
-Errors as in `activities.kube`: what a retry cannot fix is non-retryable with a type; the rest is
+Errors as in `activities.kube.activities`: what a retry cannot fix is non-retryable with a type; the rest is
 left to the workflow's retry policy.
 """
 
@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube import (
+from activities.kube.activities import (
     _LIST_CHUNK,
     _REQUEST_TIMEOUT,
     CORDON_REASON,

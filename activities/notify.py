@@ -13,7 +13,7 @@ the workflow's retry policy does, visibly.
 TLS: an https webhook's certificate is verified against the default CAs, or the target's own CA bundle
 (`WebhookTarget.ca_bundle`); `verify_tls: false` turns verification off. A certificate the worker does not
 trust, or one issued for another name, is a non-retryable `TlsVerificationFailed` naming those settings;
-an unreadable CA bundle is `TlsNotConfigured` (activities/tls.py).
+an unreadable CA bundle is `TlsNotConfigured` (activities/support/tls.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
-from activities.secrets import SecretError, SecretRef
-from activities.tls import TlsFix, Trust, ca_bundle_ref
+from activities.support.secrets import SecretError, SecretRef
+from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 IDEMPOTENCY_HEADER = "Idempotency-Key"

@@ -9,7 +9,7 @@ TLS: an https server's certificate is verified against the default CAs, or the C
 worker's ``MILLWRIGHT_PROMETHEUS_CA_BUNDLE`` (read when the worker's client is made, at its first
 query); ``MILLWRIGHT_PROMETHEUS_VERIFY_TLS=false`` turns verification off. A certificate the worker
 does not trust, or one issued for another name, is a non-retryable ``TlsVerificationFailed``
-naming those settings (activities/tls.py).
+naming those settings (activities/support/tls.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
-from activities.tls import TlsFix, Trust, TrustingClient
+from activities.support.tls import TlsFix, Trust, TrustingClient
 
 USER_AGENT = "millwright-worker"
 PROMETHEUS_TLS_FIX = TlsFix(ca="MILLWRIGHT_PROMETHEUS_CA_BUNDLE", off="MILLWRIGHT_PROMETHEUS_VERIFY_TLS=false")

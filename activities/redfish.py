@@ -18,7 +18,7 @@ enter an activity's input, output, heartbeat or error.
 
 TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
 ``BmcRef.ca_bundle`` (else the worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false``
-(or the worker's ``MILLWRIGHT_BMC_VERIFY_TLS=false``) turns verification off (activities/tls.py).
+(or the worker's ``MILLWRIGHT_BMC_VERIFY_TLS=false``) turns verification off (activities/support/tls.py).
 
 Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not offer →
 ``RedfishRejected`` (both non-retryable); a certificate the worker does not trust or one issued
@@ -44,8 +44,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
-from activities.secrets import SecretError, SecretRef
-from activities.tls import TlsFix, Trust, ca_bundle_ref
+from activities.support.secrets import SecretError, SecretRef
+from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 20.0

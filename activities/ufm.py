@@ -42,7 +42,7 @@ certificate and key; alone, on ``/ufmRest``: UFM maps the certificate's name to 
 activity's input, output or error. The HTTP client never retries; Temporal's retry policy does.
 
 TLS: UFM's certificate (self-signed out of the box) is verified against the default CAs, or the CA bundle of
-``MILLWRIGHT_UFM_CA_BUNDLE``; ``MILLWRIGHT_UFM_VERIFY_TLS=false`` turns verification off (activities/tls.py).
+``MILLWRIGHT_UFM_CA_BUNDLE``; ``MILLWRIGHT_UFM_VERIFY_TLS=false`` turns verification off (activities/support/tls.py).
 
 Errors: 400/404/405/409/413/414/422 → ``UfmRejected`` (non-retryable, UFM's own message); 401/403 → ``UfmAuth``
 (non-retryable); a certificate the worker does not trust or one issued for another name →
@@ -65,8 +65,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
-from activities.secrets import SecretError, SecretRef
-from activities.tls import ClientCertificate, TlsFix, Trust, TrustingClient, ca_bundle_ref
+from activities.support.secrets import SecretError, SecretRef
+from activities.support.tls import ClientCertificate, TlsFix, Trust, TrustingClient, ca_bundle_ref
 
 USER_AGENT = "millwright-worker"
 _REQUEST_TIMEOUT = 10.0

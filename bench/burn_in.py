@@ -36,8 +36,8 @@ from lab.loopback import write_secret_file
 from lab.redfish import DEFAULT_FIRMWARE, BmcAdmin, LabBmcs
 from worker import registry
 from worker.config import WorkerSettings
-from workflows.burnin import ServerBurnIn, ServerBurnInInput
-from workflows.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
+from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
+from workflows.burnin.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
 
 BMC_USER = "admin"
 CALIBRATION = ("bench-calib-warmup", "bench-calib")

@@ -4,7 +4,7 @@
     python -m bench.gpu_probe_check --expected-count 8 --expected-model H200 --stress 30
     python -m bench.gpu_probe_check --stress 120 --dcgm-level 1   # dcgmi diag -r 1 when dcgmi is on PATH
 
-Runs `activities.gpu.NvmlProbe` directly (no Temporal): what `host_gpu_check` / `host_gpu_stress` would see on
+Runs `activities.gpu.activities.NvmlProbe` directly (no Temporal): what `host_gpu_check` / `host_gpu_stress` would see on
 this machine. Prints one JSON document {"host", "snapshot", "stress", "verdict", "unsupported", "errors"} on
 stdout, progress on stderr. Exit code: 0 verdict passed, 1 verdict failed, 2 NVML unavailable (no driver).
 Not a test: it asserts nothing about the hardware.
@@ -19,7 +19,7 @@ import shlex
 import socket
 import sys
 
-from activities.gpu import GpuCheckRequest, LoadWindow, NvmlProbe, NvmlUnavailableError, StressRequest, gpu_verdict
+from activities.gpu.activities import GpuCheckRequest, LoadWindow, NvmlProbe, NvmlUnavailableError, StressRequest, gpu_verdict
 
 
 async def main_async(args: argparse.Namespace) -> int:

@@ -31,8 +31,8 @@ from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throt
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
-from workflows.rollout import Rollout
-from workflows.rollout_spec import RolloutInput
+from workflows.rollout.rollout import Rollout
+from workflows.rollout.spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
 # (stage seconds, reboot seconds) per profile.

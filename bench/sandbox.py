@@ -23,10 +23,10 @@ from temporalio import workflow
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from worker.registry import workflow_runner
-from workflows.disruption_budget import DisruptionBudget
-from workflows.node_maintenance import NodeMaintenance
-from workflows.node_update import NodeUpdate
-from workflows.rollout import Rollout, RolloutBatch
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.rollout.node_update import NodeUpdate
+from workflows.rollout.rollout import Rollout, RolloutBatch
 
 FLEET_RUNS = [NodeUpdate, RolloutBatch, NodeMaintenance, Rollout, DisruptionBudget]
 

@@ -71,7 +71,7 @@ def seeded_nodes(nodes: int, unhealthy_every: int, not_ready_every: int) -> tupl
 
 
 async def sweep(args: argparse.Namespace, settings: dict, bmcs: dict[str, str]) -> dict:
-    from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput
+    from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput
 
     with tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp, \
             EmulatorProcess(pod_start_seconds=0.05, grace_scale=0.01, startup_timeout=60) as emulator:  # fmt: skip
@@ -103,7 +103,7 @@ async def sweep(args: argparse.Namespace, settings: dict, bmcs: dict[str, str]) 
 
 async def audit(args: argparse.Namespace, settings: dict) -> dict:
     from lab.ufm import UfmAdmin, UfmStub, fleet_seed
-    from workflows.fabric import Allocation, FabricAudit, FabricAuditInput, FabricInput, FabricState
+    from workflows.fabric.fabric import Allocation, FabricAudit, FabricAuditInput, FabricInput, FabricState
 
     per_host = 8
     hosts = max(1, args.fabric_ports // per_host)
@@ -147,7 +147,7 @@ async def audit(args: argparse.Namespace, settings: dict) -> dict:
 async def run_one(settings: dict, run, inp, wid: str, *, started_by: str, entity=None):
     """One workflow on a fresh dev server and worker; its result, wall time, the history lengths of every run
     whose ID starts with `started_by` (its continued runs and its children), and CPU per process."""
-    from workflows.fabric import Fabric
+    from workflows.fabric.fabric import Fabric
 
     async with await dev_server() as env:
         registration = registry.build(WorkerSettings(metrics_port=0, **settings))

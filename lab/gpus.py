@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
-from activities.gpu import (
+from activities.gpu.activities import (
     GPU_SERVICES,
     THROTTLE_GPU_IDLE,
     DcgmDiag,

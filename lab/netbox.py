@@ -683,7 +683,7 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
 
     from temporalio.testing import ActivityEnvironment
 
-    from activities.netbox import (
+    from activities.netbox.activities import (
         BOOTSTRAP_SECTIONS,
         CF_IB_PORT_GUID,
         GPU_SERVER_ROLE,
@@ -692,7 +692,7 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
         NetBoxActivities,
         NetBoxConfig,
     )
-    from activities.secrets import SecretRef
+    from activities.support.secrets import SecretRef
 
     ref = SecretRef.parse(token_ref)
     activities = NetBoxActivities(NetBoxConfig(url=url, token=ref))

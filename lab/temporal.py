@@ -56,7 +56,7 @@ def choose_port(wanted: int, what: str, taken: set[int], notes: list[str]) -> in
 
 
 def search_attribute_args() -> list[str]:
-    from workflows.search_attributes import ALL
+    from workflows.common.search_attributes import ALL
 
     args: list[str] = []
     for key in ALL:

@@ -192,7 +192,7 @@ async def _watch(client, workflow_id: str, run_id: str | None, interval: float) 
     from temporalio.service import RPCError, RPCStatusCode
 
     from starter.client import workflow_specs
-    from workflows.base import Progress
+    from workflows.common.base import Progress
 
     handle = client.get_workflow_handle(workflow_id, run_id=run_id)
     try:
@@ -475,7 +475,7 @@ def inventory_bootstrap(
     from temporalio.client import WorkflowFailureError
 
     from starter.client import start as start_workflow
-    from workflows.inventory import InventoryBootstrapInput
+    from workflows.inventory.bootstrap import InventoryBootstrapInput
 
     async def run() -> int:
         client = await _connect(address, namespace, state_dir)

@@ -25,7 +25,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.workflow import _Definition
 
-from workflows.base import WorkflowInput
+from workflows.common.base import WorkflowInput
 
 DEFAULT_TASK_QUEUE = "millwright"
 DEFAULT_ADDRESS = "localhost:7233"

@@ -77,8 +77,8 @@ from starter.client import (
     search_attributes_of,
     workflow_specs,
 )
-from workflows.base import WorkflowInput
-from workflows.rollout_spec import Duration
+from workflows.common.base import WorkflowInput
+from workflows.rollout.spec import Duration
 
 MANAGED_MEMO = "millwright-managed"
 DEFAULT_GROUP = "default"

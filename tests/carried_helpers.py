@@ -1,5 +1,5 @@
 """What the continue-as-new tests of fleet-wide workflows read back: the runs of a workflow ID, and the children a
-run waited for although an earlier run had started them (workflows/carried.py)."""
+run waited for although an earlier run had started them (workflows/common/carried.py)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-import workflows.search_attributes
+import workflows.common.search_attributes
 
 
 # ==================================================================================
@@ -42,7 +42,7 @@ async def temporal_env():
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
-        search_attributes=workflows.search_attributes.ALL,
+        search_attributes=workflows.common.search_attributes.ALL,
         ui=False,
         dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
     )
@@ -71,7 +71,7 @@ async def small_history_env():
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
-        search_attributes=workflows.search_attributes.ALL,
+        search_attributes=workflows.common.search_attributes.ALL,
         dev_server_extra_args=[
             "--dynamic-config-value",
             f"limit.historyCount.suggestContinueAsNew={SUGGEST_CONTINUE_AS_NEW_AFTER}",

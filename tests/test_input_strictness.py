@@ -360,7 +360,7 @@ RUNNING: dict[str, dict[str, Any]] = {
 @in_session_loop
 async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on(client):
     from worker import registry
-    from workflows.node_maintenance import AbortRequest, NodeMaintenance
+    from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance
 
     with_updates = [cls for cls in WORKFLOWS if _Definition.must_from_class(cls).updates]
     updates = {defn.name: defn.updates for defn in map(_Definition.must_from_class, with_updates)}

@@ -276,8 +276,8 @@ async def test_netbox_gate_says_netbox_is_starting_then_lets_it_through(tmp_path
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
-    from activities.netbox import DeviceLookup, NetBoxActivities, NetBoxConfig
-    from activities.secrets import SecretRef
+    from activities.netbox.activities import DeviceLookup, NetBoxActivities, NetBoxConfig
+    from activities.support.secrets import SecretRef
     from lab.loopback import write_secret_file
     from lab.netbox import NetBoxGate, new_token
 

@@ -17,10 +17,10 @@ from temporalio import workflow
 
 from worker.registry import SANDBOX_PASSTHROUGH, workflow_runner
 from workflows.catalog import WORKFLOWS
-from workflows.disruption_budget import DisruptionBudget
-from workflows.node_maintenance import NodeMaintenance
-from workflows.node_update import NodeUpdate
-from workflows.rollout import Rollout, RolloutBatch
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.rollout.node_update import NodeUpdate
+from workflows.rollout.rollout import Rollout, RolloutBatch
 
 WORKFLOWS_DIR = Path(__file__).resolve().parents[1] / "workflows"
 # The runs a fleet starts by the thousand (one per node or per batch), and the rollout and budget behind them.
@@ -28,7 +28,9 @@ FLEET_RUNS = [NodeUpdate, RolloutBatch, NodeMaintenance, Rollout, DisruptionBudg
 
 
 def _modules() -> dict[str, Path]:
-    return {f"workflows.{p.stem}": p for p in sorted(WORKFLOWS_DIR.glob("*.py")) if p.stem != "__init__"}
+    """Every module under workflows/, its family packages' modules included (package ``__init__``s are empty)."""
+    return {".".join(p.relative_to(WORKFLOWS_DIR.parent).with_suffix("").parts): p
+            for p in sorted(WORKFLOWS_DIR.rglob("*.py")) if p.stem != "__init__"}
 
 
 def _defines_workflow(module: str) -> bool:
@@ -54,7 +56,8 @@ def _passed_through(module: str) -> bool:
 
 
 def test_package_init_is_empty():
-    assert (WORKFLOWS_DIR / "__init__.py").read_text().strip() == ""
+    for init in [WORKFLOWS_DIR / "__init__.py", *WORKFLOWS_DIR.glob("*/__init__.py")]:
+        assert init.read_text().strip() == "", f"{init} is not empty"
 
 
 def test_workflow_modules_stay_sandboxed_and_every_other_module_passes_through():

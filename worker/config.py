@@ -7,7 +7,7 @@ profiles), see :func:`worker.main.connect_config`.
 TLS to the integrations (BMCs, NetBox, UFM, Ironic, Prometheus): ``MILLWRIGHT_<NAME>_CA_BUNDLE``
 is a CA bundle reference (``file:/path/to/ca.pem``, read by the activities at each attempt)
 that replaces the default CAs; ``MILLWRIGHT_<NAME>_VERIFY_TLS=false`` turns verification off.
-Kubernetes takes its CA from the kubeconfig, webhooks from each target (activities/tls.py).
+Kubernetes takes its CA from the kubeconfig, webhooks from each target (activities/support/tls.py).
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ class WorkerSettings(BaseSettings):
 
     def netbox_config(self):
         """The NetBox connection (URL + token reference), or None when NetBox is not configured."""
-        from activities.netbox import NetBoxConfig
-        from activities.secrets import SecretRef
+        from activities.netbox.activities import NetBoxConfig
+        from activities.support.secrets import SecretRef
 
         if not self.netbox_url and not self.netbox_token:
             return None
@@ -149,7 +149,7 @@ class WorkerSettings(BaseSettings):
     def ufm_config(self):
         """The UFM connection (URL + credentials and/or client certificate references), or None when UFM is not
         configured."""
-        from activities.secrets import SecretRef
+        from activities.support.secrets import SecretRef
         from activities.ufm import UfmConfig
 
         auth = {"MILLWRIGHT_UFM_CREDENTIALS": self.ufm_credentials, "MILLWRIGHT_UFM_CLIENT_CERT": self.ufm_client_cert,
@@ -174,7 +174,7 @@ class WorkerSettings(BaseSettings):
     def ironic_config(self):
         """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
         from activities.ironic import IronicConfig
-        from activities.secrets import SecretRef
+        from activities.support.secrets import SecretRef
 
         if not self.ironic_url and not self.ironic_token:
             return None
@@ -191,7 +191,7 @@ class WorkerSettings(BaseSettings):
 
     def bmc_credentials_ref(self):
         """The default BMC credentials reference, or None (then every server must name its own)."""
-        from activities.secrets import SecretRef
+        from activities.support.secrets import SecretRef
 
         if not self.bmc_credentials:
             return None
@@ -203,7 +203,7 @@ class WorkerSettings(BaseSettings):
     def ca_bundle(self, integration: str) -> str | None:
         """MILLWRIGHT_<INTEGRATION>_CA_BUNDLE (bmc, netbox, ufm, ironic, prometheus), checked to be a CA bundle
         reference; the file itself is read by the activities, at each attempt."""
-        from activities.tls import ca_bundle_path
+        from activities.support.tls import ca_bundle_path
 
         value = getattr(self, f"{integration}_ca_bundle")
         if value is not None:

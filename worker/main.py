@@ -1,6 +1,6 @@
 """``python -m worker`` / ``millwright-worker``: a tiny declarative Temporal worker.
 
-``--host-agent``: run as the GPU host agent instead: only the host activities (activities/gpu.py), on task
+``--host-agent``: run as the GPU host agent instead: only the host activities (activities/gpu/activities.py), on task
 queue ``millwright-host-<MILLWRIGHT_HOST_NAME or the hostname>``; same connection, metrics and shutdown.
 
 Exit codes: 0 after a clean (signal-initiated) shutdown, 1 on a configuration or

@@ -31,23 +31,20 @@ class Registration:
 
 # What the sandbox shares between workflow runs instead of importing it afresh for each new run: every module that
 # defines no workflow (models, pure arithmetic, helpers that only call `temporalio.workflow`), with the libraries
-# under them. A module that defines a workflow is never passed through, so the sandbox's isolation and checks apply
-# to it: tests/test_sandbox.py keeps the two apart and measures what a new run costs.
+# under them; a package's name passes all its modules. A module that defines a workflow is never passed through, so
+# the sandbox's isolation and checks apply to it: tests/test_sandbox.py keeps the two apart and measures what a new
+# run costs.
 SANDBOX_PASSTHROUGH = (
     "activities",  # the activities' models and classes: a workflow only names them
-    "workflows.base",
-    "workflows.burnin_node",
-    "workflows.carried",
-    "workflows.drain",
-    "workflows.endpoints",
-    "workflows.leases",
-    "workflows.remediation_policy",
-    "workflows.rollout_models",
-    "workflows.rollout_policy",
-    "workflows.rollout_spec",
-    "workflows.rollout_state",
-    "workflows.saga",
-    "workflows.search_attributes",
+    "workflows.common",  # shared models, call options and helpers of every family: no workflow in it
+    "workflows.burnin.node_guard",
+    "workflows.budget.leases",
+    "workflows.maintenance.drain",
+    "workflows.remediation.policy",
+    "workflows.rollout.models",
+    "workflows.rollout.policy",
+    "workflows.rollout.spec",
+    "workflows.rollout.state",
 )
 
 
@@ -78,8 +75,8 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.capi import ClusterApiActivities
     from activities.entities import EntityActivities
     from activities.ironic import IronicActivities
-    from activities.kube import ClusterConnector, KubeActivities
-    from activities.netbox import NetBoxActivities
+    from activities.kube.activities import ClusterConnector, KubeActivities
+    from activities.netbox.activities import NetBoxActivities
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
@@ -114,7 +111,7 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     `probe` defaults to NVML on this machine; without NVML the agent still starts and its activities say so."""
     import shlex
 
-    from activities.gpu import HostAgentActivities, NvmlProbe, host_task_queue
+    from activities.gpu.activities import HostAgentActivities, NvmlProbe, host_task_queue
 
     if probe is None:
         command = settings.gpu_stress_command if settings else None

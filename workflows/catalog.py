@@ -5,17 +5,17 @@ workflow imports it. Each workflow module is imported only here and by the workf
 sandbox imports a run's own module (and what that module imports) for each new run, never all of them.
 """
 
-from workflows.burnin import ServerBurnIn
-from workflows.clusters import CreateCluster, DeleteCluster
-from workflows.disruption_budget import DisruptionBudget
-from workflows.fabric import Fabric, FabricAudit, IsolateTenant, ReleaseTenant
-from workflows.fleet_burnin import FleetBurnIn
-from workflows.inventory import InventoryBootstrap
-from workflows.node_maintenance import NodeMaintenance
-from workflows.node_update import NodeUpdate
-from workflows.remediation import FleetHealthSweep, NodeRemediation
-from workflows.rollout import Rollout, RolloutBatch
-from workflows.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
+from workflows.burnin.server_burnin import ServerBurnIn
+from workflows.clusters.clusters import CreateCluster, DeleteCluster
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.fabric.fabric import Fabric, FabricAudit, IsolateTenant, ReleaseTenant
+from workflows.burnin.fleet_burnin import FleetBurnIn
+from workflows.inventory.bootstrap import InventoryBootstrap
+from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.rollout.node_update import NodeUpdate
+from workflows.remediation.node_remediation import FleetHealthSweep, NodeRemediation
+from workflows.rollout.rollout import Rollout, RolloutBatch
+from workflows.tenancy.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
 
 # What people and services start, by type name (the CLI, the UI, other services).
 STARTABLE: list[type] = [NodeMaintenance, Rollout, InventoryBootstrap, IsolateTenant, ReleaseTenant, FabricAudit]

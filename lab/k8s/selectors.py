@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from activities.selectors import SelectorError, requirements_of, selector_matches
-from activities.selectors import parse_label_selector as parse_requirements
+from activities.support.selectors import SelectorError, requirements_of, selector_matches
+from activities.support.selectors import parse_label_selector as parse_requirements
 
 
 def parse_label_selector(s: str | None) -> Callable[[dict], bool]:

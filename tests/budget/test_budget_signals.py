@@ -13,10 +13,10 @@ from datetime import timedelta
 
 from temporalio.client import WorkflowExecutionStatus
 
-from workflows.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
-from workflows.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
-from workflows.rollout import ReasonRequest, Rollout, RolloutBatch
-from workflows.rollout_spec import Budget
+from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
+from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
+from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
+from workflows.rollout.spec import Budget
 
 from tests.budget.test_disruption_budget import (
     budget_state,
@@ -29,8 +29,8 @@ from tests.budget.test_disruption_budget import (
 )
 from tests.budget.test_many_holders import all_runs, history_counts
 from tests.kube_helpers import wait_for
-from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
-from tests.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from tests.maintenance.test_node_maintenance import record_history
 
 PROTECTED = "millwright.dev/protected=true"
 

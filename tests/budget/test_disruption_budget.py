@@ -14,7 +14,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from lab.fleet import Fleet
-from workflows.disruption_budget import (
+from workflows.budget.disruption_budget import (
     BudgetChange,
     BudgetView,
     DisruptionBudget,
@@ -23,13 +23,13 @@ from workflows.disruption_budget import (
     LeaseRelease,
     LeaseRequest,
 )
-from workflows.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-from workflows.rollout import Rollout
-from workflows.rollout_spec import Budget
+from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
+from workflows.rollout.rollout import Rollout
+from workflows.rollout.spec import Budget
 
 from tests.kube_helpers import read_node, single_pod_workload, wait_for
-from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, availability_timeline, rollout_fleet, rollout_spec
-from tests.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, availability_timeline, rollout_fleet, rollout_spec
+from tests.maintenance.test_node_maintenance import record_history
 
 
 def small_fleet(*, not_ready: tuple[str, ...] = (), protected_on: str | None = None) -> list[dict]:

@@ -11,10 +11,10 @@ import logging
 import uuid
 from datetime import datetime
 
-from workflows.disruption_budget import budget_workflow_id
-from workflows.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-from workflows.remediation import NodeRemediation, NodeRemediationInput
-from workflows.rollout import Rollout
+from workflows.budget.disruption_budget import budget_workflow_id
+from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
+from workflows.remediation.node_remediation import NodeRemediation, NodeRemediationInput
+from workflows.rollout.rollout import Rollout
 
 from tests.budget.test_disruption_budget import (
     max_out_of_service,
@@ -23,8 +23,8 @@ from tests.budget.test_disruption_budget import (
     state_where,
 )
 from tests.kube_helpers import read_node
-from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
-from tests.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from tests.maintenance.test_node_maintenance import record_history
 
 BUDGET = 10
 THROTTLED = ("ResourceExhausted", "RESOURCE_EXHAUSTED", "in-flight updates", "update was aborted")

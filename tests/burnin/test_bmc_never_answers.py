@@ -13,12 +13,12 @@ import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
-from activities.netbox import BurnInRecord, BurnInRecorded, DeviceInfo
+from activities.netbox.activities import BurnInRecord, BurnInRecorded, DeviceInfo
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.conftest import FakeNetBox
 from tests.test_cli import cli
-from tests.test_node_maintenance import record_history
-from workflows.burnin import ServerBurnIn, ServerBurnInInput
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 RETRY_TIMEOUT = 20
 
@@ -47,7 +47,7 @@ class BurnInNetBox(FakeNetBox):
 async def dead_bmc_worker(client, bmc_secret_file):
     """ServerBurnIn with the real Redfish activities and the NetBox fake, on a fresh queue."""
     from activities.redfish import RedfishActivities
-    from activities.secrets import SecretRef
+    from activities.support.secrets import SecretRef
     from worker import registry
 
     netbox = BurnInNetBox()

@@ -7,7 +7,7 @@ import uuid
 
 from tests.burnin.test_server_burnin import burn_in_input, resets, wait_phase
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
-from workflows.burnin import ServerBurnIn
+from workflows.burnin.server_burnin import ServerBurnIn
 
 
 async def test_sigkill_mid_burn_in_does_not_repeat_the_power_cycle(

@@ -1,4 +1,4 @@
-"""ServerBurnIn of a server that is a Kubernetes node (workflows/burnin_node.py): refused while in service, or taken
+"""ServerBurnIn of a server that is a Kubernetes node (workflows/burnin/node_guard.py): refused while in service, or taken
 out of service (lease, cordon, drain) before the power cycle and put back after a pass; quarantined after a failure.
 
 The lab's server power reaches the emulated node (lab/node_power.py): NotReady while off, a new boot ID at each
@@ -17,9 +17,9 @@ from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from lab.fleet import Fleet
 from tests.burnin.test_server_burnin import burn_in_input, resets, start, wait_phase
 from tests.kube_helpers import pods_on
-from tests.test_node_maintenance import record_history
-from workflows.burnin import ServerBurnInInput
-from workflows.disruption_budget import DisruptionBudget, budget_workflow_id
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.burnin.server_burnin import ServerBurnInInput
+from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
 
 
 def node_fleet(name: str, *, cordoned_by: str | None = None) -> list[dict]:

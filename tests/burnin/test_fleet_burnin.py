@@ -10,8 +10,8 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from lab.redfish import DEFAULT_FIRMWARE
-from tests.test_node_maintenance import record_history
-from workflows.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.burnin.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
 
 
 def fleet_input(bmcs, names: list[str], **kw) -> FleetBurnInInput:

@@ -10,9 +10,9 @@ from lab.hosts import LabHosts
 from lab.redfish import BmcAdmin
 from tests.burnin.test_fleet_burnin import fleet_input
 from tests.carried_helpers import carried_waits, runs_of
-from tests.test_node_maintenance import record_history
+from tests.maintenance.test_node_maintenance import record_history
 from tests.workers import settings_worker
-from workflows.fleet_burnin import FleetBurnIn
+from workflows.burnin.fleet_burnin import FleetBurnIn
 
 pytestmark = pytest.mark.timeout(240)
 

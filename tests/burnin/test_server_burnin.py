@@ -13,8 +13,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from lab.redfish import DEFAULT_FIRMWARE
 from tests.burnin.conftest import BMC_PASSWORD
 from tests.redfish import conftest as _redfish
-from tests.test_node_maintenance import record_history
-from workflows.burnin import ServerBurnIn, ServerBurnInInput, ServerBurnInResult
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput, ServerBurnInResult
 
 STRESS = 2
 https_bmcs = _redfish.https_bmcs  # a lab BMC answering HTTPS with a certificate of the session's lab CA

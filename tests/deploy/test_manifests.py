@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from worker.config import WorkerSettings
-from workflows.search_attributes import ALL as SEARCH_ATTRIBUTES
+from workflows.common.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 from tests.deploy.manifests import (
     DEPLOY, OVERLAYS, REPO, container_env, host_agent, mounts, one, render, resolved_env, secret_env, worker_container,

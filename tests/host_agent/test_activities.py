@@ -7,7 +7,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.gpu import (
+from activities.gpu.activities import (
     EmptyRequest,
     GpuCheckRequest,
     GpuResetRequest,

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pynvml as real
 import pytest
 
-from activities.gpu import GpuCheckRequest, LoadWindow, NvmlProbe, StressRequest, gpu_verdict
+from activities.gpu.activities import GpuCheckRequest, LoadWindow, NvmlProbe, StressRequest, gpu_verdict
 
 H200 = {"name": "NVIDIA H200", "gen": 5, "width": 16, "temp": 35}
 

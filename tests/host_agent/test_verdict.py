@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from activities.gpu import (
+from activities.gpu.activities import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_POWER_BRAKE,
     THROTTLE_HW_SLOWDOWN,

@@ -7,7 +7,7 @@ import uuid
 
 import pytest_asyncio
 
-from workflows.burnin import ServerBurnIn, ServerBurnInInput
+from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

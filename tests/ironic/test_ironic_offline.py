@@ -21,7 +21,7 @@ from activities.ironic import (
     fault_message,
     ironic_error,
 )
-from activities.secrets import SecretRef
+from activities.support.secrets import SecretRef
 from lab.loopback import free_port
 from worker.config import ConfigError, WorkerSettings
 

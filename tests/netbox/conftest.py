@@ -63,8 +63,8 @@ def netbox_token_file(netbox_lab):
 
 @pytest.fixture(scope="session")
 def netbox_config(netbox_lab, netbox_token_file):
-    from activities.netbox import NetBoxConfig
-    from activities.secrets import SecretRef
+    from activities.netbox.activities import NetBoxConfig
+    from activities.support.secrets import SecretRef
 
     return NetBoxConfig(url=netbox_lab.url, token=SecretRef.parse(f"file:{netbox_token_file}"))
 
@@ -128,7 +128,7 @@ async def call(client, netbox_worker):
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def bootstrapped(client, netbox_worker):
     """Millwright's NetBox objects in place (runs the real InventoryBootstrap workflow)."""
-    from workflows.inventory import InventoryBootstrap, InventoryBootstrapInput
+    from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
     return await client.execute_workflow(
         InventoryBootstrap.run,

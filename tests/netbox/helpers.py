@@ -11,7 +11,7 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.netbox import NetBoxActivities
+    from activities.netbox.activities import NetBoxActivities
 
 
 class CallInput(BaseModel):

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from activities.netbox import (
+from activities.netbox.activities import (
     CF_BMC_CREDENTIALS,
     CF_BMC_URL,
     CF_BURNIN_RESULT,
@@ -20,7 +20,7 @@ from activities.netbox import (
 )
 from lab.redfish import DEFAULT_FIRMWARE
 from tests.burnin import conftest as burnin_tier
-from workflows.burnin import TAG_BURNIN_FAILED, TAG_BURNIN_PASSED, ServerBurnIn, ServerBurnInInput
+from workflows.burnin.server_burnin import TAG_BURNIN_FAILED, TAG_BURNIN_PASSED, ServerBurnIn, ServerBurnInInput
 
 # The burn-in tier's lab (BMCs, hosts running the agent), as fixtures of this module.
 burnin_bmcs, bmc_admin, lab_hosts = burnin_tier.burnin_bmcs, burnin_tier.bmc_admin, burnin_tier.lab_hosts

@@ -11,8 +11,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.netbox import DeviceLookup, NetBoxActivities, NetBoxConfig, SetStatusRequest
-from activities.secrets import SecretError, SecretRef
+from activities.netbox.activities import DeviceLookup, NetBoxActivities, NetBoxConfig, SetStatusRequest
+from activities.support.secrets import SecretError, SecretRef
 from worker.config import ConfigError, WorkerSettings
 
 TOKEN = "nbt_abcdefghijkl.0123456789012345678901234567890123456789"

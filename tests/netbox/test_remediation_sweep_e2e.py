@@ -14,9 +14,9 @@ from activities.redfish import BmcRef
 from tests.burnin import conftest as burnin_tier
 from tests.remediation import conftest as remediation_tier
 from tests.remediation.helpers import fast_settings, fleet
-from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_spec
-from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
-from workflows.rollout import Rollout
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_spec
+from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
+from workflows.rollout.rollout import Rollout
 
 pytestmark = pytest.mark.timeout(600)
 BUDGET = 2

@@ -7,7 +7,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.redfish import BmcRef, BootRequest, PowerRequest, RedfishActivities, SelQuery
-from activities.secrets import SecretRef
+from activities.support.secrets import SecretRef
 from tests.redfish.conftest import BMC_PASSWORD, ST_PASSWORD, ST_USER
 
 

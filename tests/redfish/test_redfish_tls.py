@@ -1,4 +1,4 @@
-"""Redfish over HTTPS (activities/tls.py): a BMC whose certificate the worker does not trust fails at once, with
+"""Redfish over HTTPS (activities/support/tls.py): a BMC whose certificate the worker does not trust fails at once, with
 the TLS error and the setting that fixes it, instead of "the BMC does not answer" retried for an hour; the CA bundle
 (per BMC or worker-wide) and verify_tls: false each make it work. A burn-in that meets such a BMC:
 tests/burnin/test_server_burnin.py."""
@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.redfish import BmcRef, RedfishActivities
-from activities.secrets import SecretRef
+from activities.support.secrets import SecretRef
 from tests.conftest import as_localhost
 
 

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 
-from activities.netbox import (
+from activities.netbox.activities import (
     DeviceInfo,
     DeviceLookup,
     DeviceQuery,
@@ -97,14 +97,14 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file):
     """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity activities,
     and the NetBox fake."""
     from activities.entities import EntityActivities
-    from activities.kube import ClusterConnector, KubeActivities
+    from activities.kube.activities import ClusterConnector, KubeActivities
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
     from activities.redfish import RedfishActivities
-    from activities.secrets import SecretRef
+    from activities.support.secrets import SecretRef
     from worker import registry
     from workflows.catalog import WORKFLOWS
-    from workflows.disruption_budget import DisruptionBudget
+    from workflows.budget.disruption_budget import DisruptionBudget
 
     connector = ClusterConnector([str(kubeconfig_path)])
     workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])

@@ -7,15 +7,15 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube import CORDONED_BY
+from activities.kube.activities import CORDONED_BY
 from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from activities.redfish import BmcRef
-from workflows.disruption_budget import DisruptionBudget, budget_workflow_id
-from workflows.remediation import Approval, NodeRemediation, NodeRemediationInput
+from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.remediation.node_remediation import Approval, NodeRemediation, NodeRemediationInput
 
 from tests.kube_helpers import current_details, pods_on, read_node, wait_for
 from tests.remediation.helpers import fast_settings, fleet
-from tests.test_node_maintenance import record_history
+from tests.maintenance.test_node_maintenance import record_history
 
 pytestmark = pytest.mark.timeout(120)
 

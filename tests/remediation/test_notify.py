@@ -63,7 +63,7 @@ async def test_what_is_retried_and_what_is_not(receiver, monkeypatch):
     await admin.aclose()
 
 
-# ---------------------------------------------------------------- TLS (activities/tls.py)
+# ---------------------------------------------------------------- TLS (activities/support/tls.py)
 
 
 @pytest.fixture(scope="module")

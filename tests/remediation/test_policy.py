@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from activities.node_health import ConditionState, NodeHealth, node_health
-from workflows.remediation_policy import (
+from workflows.remediation.policy import (
     AgentObservation,
     BmcObservation,
     HealthChecks,
@@ -139,7 +139,7 @@ def test_the_examples_fit_the_inputs():
     import json
     from pathlib import Path
 
-    from workflows.remediation import FleetHealthSweepInput, NodeRemediationInput
+    from workflows.remediation.node_remediation import FleetHealthSweepInput, NodeRemediationInput
 
     examples = Path(__file__).parents[2] / "examples"
     node = NodeRemediationInput.model_validate(json.loads((examples / "node-remediation.json").read_text()))

@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from activities.redfish import BmcRef
-from workflows.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
-from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
+from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
+from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
 
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.helpers import fast_settings, fleet

@@ -11,9 +11,9 @@ import pytest
 from tests.carried_helpers import carried_waits, runs_of
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER
 from tests.remediation.helpers import fast_settings, fleet
-from tests.test_node_maintenance import record_history
+from tests.maintenance.test_node_maintenance import record_history
 from tests.workers import settings_worker
-from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
+from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,8 +14,8 @@ from tests.kube_helpers import read_node, wait_for
 from tests.remediation.helpers import fast_settings, fleet
 from tests.remediation.test_node_remediation import start
 from tests.test_cli import cli
-from tests.test_node_maintenance import record_history
-from workflows.remediation import NodeRemediation
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.remediation.node_remediation import NodeRemediation
 
 pytestmark = pytest.mark.timeout(180)
 

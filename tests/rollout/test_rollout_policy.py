@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workflows.rollout_policy import (
+from workflows.rollout.policy import (
     DEFAULT_COMPARTMENT,
     BatchState,
     NodeSnapshot,
@@ -32,7 +32,7 @@ from workflows.rollout_policy import (
     success_percent,
     window_open,
 )
-from workflows.rollout_spec import (
+from workflows.rollout.spec import (
     Budget,
     Compartment,
     DeploymentPolicy,

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from activities.kube import DrainSettings
-from activities.selectors import parse_label_selector, selector_matches
-from workflows import search_attributes as sa
-from workflows.rollout_spec import (
+from activities.kube.activities import DrainSettings
+from activities.support.selectors import parse_label_selector, selector_matches
+from workflows.common import search_attributes as sa
+from workflows.rollout.spec import (
     DependencyCycle,
     DrainConfig,
     Interrupt,

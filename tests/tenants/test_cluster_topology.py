@@ -14,7 +14,7 @@ from temporalio.client import WorkflowFailureError
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
 from tests.tenants.test_tenants import _cause
-from workflows.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
+from workflows.clusters.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
 
 TOPOLOGY = {"class": "gpu-quick-start", "classNamespace": "capi-classes", "version": "v1.34.1", "controlPlane": {"replicas": 1},
             "workers": {"machineDeployments": [{"class": "gpu-worker", "name": "gpu", "replicas": 2,
@@ -82,7 +82,7 @@ async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
 
     await k8s.seed([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "capi-classes"}}, CLUSTER_CLASS])
     if netbox:
-        from workflows.inventory import InventoryBootstrap, InventoryBootstrapInput
+        from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
         await client.execute_workflow(InventoryBootstrap.run, InventoryBootstrapInput(),
                                       id=f"inventory-bootstrap/{uuid.uuid4().hex[:8]}", task_queue=tq)

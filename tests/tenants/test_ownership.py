@@ -18,7 +18,7 @@ from activities.capi import (
     ObjectRef,
     Ownership,
 )
-from activities.kube import ClusterConnector
+from activities.kube.activities import ClusterConnector
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -14,9 +14,9 @@ from temporalio.client import WorkflowFailureError
 
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
-from tests.test_node_maintenance import record_history
-from workflows.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
-from workflows.tenants import (
+from tests.maintenance.test_node_maintenance import record_history
+from workflows.clusters.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
+from workflows.tenancy.tenants import (
     OffboardTenant,
     OffboardTenantInput,
     OnboardTenant,

@@ -95,7 +95,7 @@ def ufm_secret_file(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ufm_config(ufm_stub, ufm_secret_file):
-    from activities.secrets import SecretRef
+    from activities.support.secrets import SecretRef
     from activities.ufm import UfmConfig
 
     return UfmConfig(url=ufm_stub.url, credentials=SecretRef.parse(f"file:{ufm_secret_file}"))
@@ -103,7 +103,7 @@ def ufm_config(ufm_stub, ufm_secret_file):
 
 async def _worker(client, ufm_config, netbox_cfg, workflows=None):
     """A worker with the UFM (and NetBox) activities and `workflows` (default: every workflow)."""
-    from activities.netbox import NetBoxActivities
+    from activities.netbox.activities import NetBoxActivities
     from activities.ufm import UfmActivities
     from worker import registry
     from workflows.catalog import WORKFLOWS
@@ -132,8 +132,8 @@ async def ufm_nb_worker(client, ufm_config, netbox_config):  # noqa: F811
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def nb_fleet(client, ufm_nb_worker, nb, fleet):  # noqa: F811
     """NetBox bootstrapped and holding the fleet's hosts with their IB interfaces and port GUIDs."""
-    from activities.netbox import CF_IB_PORT_GUID
-    from workflows.inventory import InventoryBootstrap, InventoryBootstrapInput
+    from activities.netbox.activities import CF_IB_PORT_GUID
+    from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
     await client.execute_workflow(
         InventoryBootstrap.run, InventoryBootstrapInput(), id=f"inventory-bootstrap/ufm-{SUFFIX}",

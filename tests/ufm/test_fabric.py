@@ -14,9 +14,9 @@ import httpx
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from tests.test_node_maintenance import record_history
+from tests.maintenance.test_node_maintenance import record_history
 from tests.ufm.conftest import PASSWORD, TOKEN, ufm_http
-from workflows.fabric import (
+from workflows.fabric.fabric import (
     FabricAudit,
     FabricAuditInput,
     IsolateTenant,

@@ -20,7 +20,7 @@ from temporalio.client import (
 )
 
 from tests.ufm.conftest import PASSWORD
-from workflows.fabric import FabricAudit, FabricAuditInput, FabricAuditResult, IsolateTenant, IsolateTenantInput
+from workflows.fabric.fabric import FabricAudit, FabricAuditInput, FabricAuditResult, IsolateTenant, IsolateTenantInput
 
 pytestmark = pytest.mark.timeout(180)
 

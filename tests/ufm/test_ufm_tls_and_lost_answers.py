@@ -20,7 +20,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
-from activities.secrets import SecretRef
+from activities.support.secrets import SecretRef
 from activities.ufm import (
     AddGuids,
     EmptyRequest,
@@ -33,7 +33,7 @@ from activities.ufm import (
 )
 from tests.conftest import as_localhost
 from tests.ufm.conftest import CLIENT_SAN
-from workflows.fabric import IsolateTenant, IsolateTenantInput
+from workflows.fabric.fabric import IsolateTenant, IsolateTenantInput
 
 
 def https_config(stub, ufm_config, **tls) -> UfmConfig:
@@ -86,7 +86,7 @@ async def test_a_hostname_mismatch_is_reported_as_such(https_ufm_stub, https_ufm
 async def test_an_isolation_behind_an_untrusted_certificate_ends_at_once(client, https_ufm_stub, https_ufm, ufm_config,
                                                                          fleet):  # fmt: skip
     from worker import registry
-    from workflows.fabric import Fabric
+    from workflows.fabric.fabric import Fabric
 
     registration = registry.Registration(workflows=[IsolateTenant, Fabric],
                                          activities=UfmActivities(https_config(https_ufm_stub, ufm_config)).activities())

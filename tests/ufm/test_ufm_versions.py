@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.ufm import AddGuids, EnsurePKey, PKeyRef, UfmActivities
 from lab.ufm import fleet_seed
 from tests.ufm.conftest import SUFFIX, _worker, ufm_http
-from workflows.fabric import (
+from workflows.fabric.fabric import (
     Fabric,
     FabricAudit,
     FabricAuditInput,

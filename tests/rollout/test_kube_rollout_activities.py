@@ -1,0 +1,289 @@
+"""The rollout activities, each run through ActivityEnvironment against the Kubernetes emulator
+(and the Prometheus stub): no Temporal server needed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from kubernetes.aio.client import BatchV1Api
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.kube.activities import (
+    JOB_NAMESPACE,
+    PACKAGES_ANNOTATION,
+    ROLLOUT_ANNOTATION,
+    ROLLOUT_STATE_LABEL,
+    ClusterConnector,
+    ConditionGate,
+    KubeActivities,
+    NodePageRequest,
+    NodeRef,
+    NodeRolloutState,
+    PackageInstalled,
+    RebootWait,
+    StageJobRequest,
+    UnavailableRequest,
+    stage_job_name,
+)
+from activities.prometheus import PrometheusActivities, PrometheusQuery
+from lab.fleet import Fleet
+from lab.prometheus import PrometheusAdmin, PrometheusStub
+
+
+@pytest.fixture
+async def kube(kubeconfig_path):
+    connector = ClusterConnector([str(kubeconfig_path)])
+    yield KubeActivities(connector)
+    await connector.close()
+
+
+def env(**info) -> ActivityEnvironment:
+    e = ActivityEnvironment()
+    if info:
+        e.info = dataclasses.replace(e.info, **info)
+    return e
+
+
+def nodes(count: int, *, prefix: str = "node-", labels: dict | None = None, **extra) -> list[dict]:
+    fleet = Fleet.model_validate({"nodes": [{"prefix": prefix, "count": count, "labels": labels or {}}], **extra})
+    return fleet.to_objects()
+
+
+async def writes_to_node(k8s, since: int, name: str) -> list[dict]:
+    return [e for e in await k8s.audit(since=since, writes=True) if e["resource"] == "nodes" and e["name"] == name
+            and e["userAgent"].startswith("millwright")]
+
+
+async def test_list_nodes_page_pages_with_continue(k8s, kube):
+    await k8s.seed(nodes(25, labels={"pool": "a"}) + nodes(3, prefix="other-"))
+    e = env()
+    names, pages, token = [], 0, None
+    while True:
+        page = await e.run(kube.list_nodes_page, NodePageRequest(cluster="lab", label_selector="pool=a",
+                                                                 label_keys=["pool", "missing"], limit=10,
+                                                                 continue_token=token))
+        pages += 1
+        names += [n.name for n in page.nodes]
+        assert all(n.labels == {"pool": "a"} and n.ready and not n.unschedulable for n in page.nodes)
+        token = page.continue_token
+        if not token:
+            break
+    assert pages == 3 and names == [f"node-{i:02d}" for i in range(1, 26)]
+    page = await e.run(kube.list_nodes_page, NodePageRequest(cluster="lab", limit=100))
+    assert len(page.nodes) == 28 and page.continue_token is None
+    assert "kubernetes.io/hostname" in page.nodes[0].labels  # no label_keys: all labels
+
+
+async def test_list_unavailable_nodes(k8s, kube, core):
+    await k8s.seed(nodes(6, labels={"pool": "a"}))
+    await core.patch_node("node-02", {"spec": {"unschedulable": True}})
+    await core.patch_node_status("node-05", {"status": {"conditions": [{"type": "Ready", "status": "False",
+                                                                        "reason": "KubeletNotReady"}]}})
+    got = await env().run(kube.list_unavailable_nodes, UnavailableRequest(cluster="lab", label_selector="pool=a"))
+    assert got == ["node-02", "node-05"]
+
+
+async def test_rollout_state_is_written_once(k8s, kube):
+    await k8s.seed(nodes(1))
+    e = env()
+    req = NodeRolloutState(cluster="lab", node="node-01", rollout="rollout-1", state="in_progress",
+                           package="kernel", stage="apply", reason="batch 1")
+    since = await k8s.audit_cursor()
+    await e.run(kube.set_node_rollout_state, req)
+    await e.run(kube.set_node_rollout_state, req)
+    assert len(await writes_to_node(k8s, since, "node-01")) == 1
+    info = await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))
+    assert info.rollout_state == "in_progress" and info.packages == {}
+    await e.run(kube.set_node_rollout_state, req.model_copy(update={"state": "complete"}))
+    assert len(await writes_to_node(k8s, since, "node-01")) == 2
+    (obj,) = [o for o in await k8s.dump() if o["kind"] == "Node"]
+    assert obj["metadata"]["labels"][ROLLOUT_STATE_LABEL] == "complete"
+    ann = json.loads(obj["metadata"]["annotations"][ROLLOUT_ANNOTATION])
+    assert {k: ann[k] for k in ("rollout", "state", "package", "stage", "reason")} == {
+        "rollout": "rollout-1", "state": "complete", "package": "kernel", "stage": "apply", "reason": "batch 1"}
+    assert ann["updated"].endswith("Z")
+    with pytest.raises(ApplicationError) as ei:
+        await e.run(kube.set_node_rollout_state, req.model_copy(update={"state": "done"}))
+    assert ei.value.type == "InvalidRolloutState" and ei.value.non_retryable
+
+
+async def test_record_package_installed_merges_once(k8s, kube, core):
+    await k8s.seed(nodes(1))
+    await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: '{"dcgm":"3.1.0"}'}}})
+    e = env()
+    since = await k8s.audit_cursor()
+    req = PackageInstalled(cluster="lab", node="node-01", package="kernel", version="6.8.1")
+    await e.run(kube.record_package_installed, req)
+    await e.run(kube.record_package_installed, req)
+    assert len(await writes_to_node(k8s, since, "node-01")) == 1
+    info = await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))
+    assert info.packages == {"dcgm": "3.1.0", "kernel": "6.8.1"}
+    await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: "not json"}}})
+    with pytest.raises(ApplicationError) as ei:
+        await e.run(kube.record_package_installed, req)
+    assert ei.value.type == "MalformedNodeAnnotation" and ei.value.non_retryable
+
+
+def stage(**kw) -> StageJobRequest:
+    base = dict(cluster="lab", node="node-01", rollout="rollout-abc", package="kernel", version="6.8.1",
+                image="registry.local/millwright/kernel", stage="apply", ordinal=3, timeout_seconds=60,
+                config={"mode": "fast"})
+    return StageJobRequest(**{**base, **kw})
+
+
+async def test_run_stage_job_succeeds_and_rerun_adopts(k8s, kube, kubeconfig_path):
+    await k8s.seed(nodes(2))
+    await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": []})
+    e = env()
+    since = await k8s.audit_cursor()
+    first = await e.run(kube.run_stage_job, stage())
+    assert first.succeeded and first.attempt == 1 and first.message == ""
+    assert first.job.startswith("mw-kernel-apply-") and len(first.job) <= 63
+    again = await e.run(kube.run_stage_job, stage())  # the same attempt: adopts the Job
+    assert again.job == first.job and again.succeeded
+    creates = [x for x in await k8s.audit(since=since, writes=True) if x["resource"] == "jobs" and x["verb"] == "create"
+               and x["code"] == 201]
+    assert len(creates) == 1
+    objs = await k8s.dump()
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    md, spec = job["metadata"], job["spec"]
+    assert md["namespace"] == JOB_NAMESPACE
+    assert md["labels"]["millwright.dev/node"] == "node-01" and md["labels"]["millwright.dev/stage"] == "apply"
+    assert md["labels"]["millwright.dev/package"] == "kernel" and len(md["labels"]["millwright.dev/rollout"]) == 16
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 60 and spec["ttlSecondsAfterFinished"] == 600
+    pod_spec = spec["template"]["spec"]
+    assert pod_spec["nodeName"] == "node-01" and pod_spec["restartPolicy"] == "Never"
+    assert [c["name"] for c in pod_spec["initContainers"]] == ["apply"]
+    assert [c["name"] for c in pod_spec["containers"]] == ["apply-check"]
+    assert pod_spec["containers"][0]["image"] == "registry.local/millwright/kernel:6.8.1"
+    env_vars = {v["name"]: v["value"] for v in pod_spec["initContainers"][0]["env"]}
+    assert env_vars["MILLWRIGHT_NODE_ORDER"] == "3" and env_vars["MILLWRIGHT_STAGE"] == "apply"
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == first.job]
+    assert cm["data"] == {"mode": "fast"} and cm["metadata"]["ownerReferences"][0]["uid"] == md["uid"]
+    # the workflow trying the stage again, or a new run for the node, gets its own Job
+    other = await env().run(kube.run_stage_job, stage(try_number=2))
+    assert other.job != first.job and other.succeeded
+    rerun = await env(workflow_run_id="another-run").run(kube.run_stage_job, stage())
+    assert rerun.job not in (first.job, other.job)
+    # a retry after a crash, even one before any heartbeat, adopts the same Job: the stage never runs twice
+    retried = await env(attempt=2).run(kube.run_stage_job, stage())
+    assert retried.job == first.job and retried.succeeded
+
+
+async def test_run_stage_job_failure_carries_the_message(k8s, kube):
+    await k8s.seed(nodes(2))
+    await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": [
+        {"node": "node-01", "package": "kernel", "stage": "apply", "outcome": "fail", "times": 1,
+         "message": "dkms: build of nvidia 550 failed"}]})
+    result = await env().run(kube.run_stage_job, stage(config={}))
+    assert not result.succeeded
+    assert "BackoffLimitExceeded" in result.message and "dkms: build of nvidia 550 failed" in result.message
+    assert "container apply" in result.message
+    # the workflow tries again: a new Job, and the rule is used up
+    retry = await env().run(kube.run_stage_job, stage(config={}, try_number=2))
+    assert retry.succeeded and retry.job != result.job
+
+
+async def test_adopting_a_foreign_job_is_a_conflict(k8s, kube, core):
+    await k8s.seed(nodes(1))
+    await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": []})
+    done = await env().run(kube.run_stage_job, stage())
+    # Someone relabels the Job: it no longer is this stage's run.
+    batch = BatchV1Api(core.api_client)
+    await batch.patch_namespaced_job(done.job, JOB_NAMESPACE, {"metadata": {"labels": {"millwright.dev/node": "node-09"}}})
+    with pytest.raises(ApplicationError) as ei:
+        await env(attempt=2).run(kube.run_stage_job, stage())
+    assert ei.value.type == "JobConflict" and ei.value.non_retryable
+
+
+async def test_reboot_interrupt_then_wait_node_rebooted(k8s, kube):
+    await k8s.seed(nodes(1))
+    await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": []}, rebootSeconds=0.5)
+    e = env()
+    before = (await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))).boot_id
+    waiting = e.run(kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01", previous_boot_id=before,
+                                                        timeout_seconds=20, poll_seconds=0.1))
+    result = await e.run(kube.run_stage_job, stage(stage="interrupt", interrupt="reboot", services=["kubelet"]))
+    assert result.succeeded
+    new_boot = await waiting
+    assert new_boot != before
+    objs = await k8s.dump()
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    assert job["metadata"]["labels"]["millwright.dev/interrupt"] == "reboot"
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["restartPolicy"] == "OnFailure" and "initContainers" not in pod_spec
+    assert [c["name"] for c in pod_spec["containers"]] == ["interrupt"]
+    # an unchanged boot ID past the deadline is a non-retryable RebootTimeout
+    with pytest.raises(ApplicationError) as ei:
+        await e.run(kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01", previous_boot_id=new_boot,
+                                                        timeout_seconds=0.3, poll_seconds=0.1))
+    assert ei.value.type == "RebootTimeout" and ei.value.non_retryable
+
+
+async def test_check_node_conditions(k8s, kube, core):
+    await k8s.seed(nodes(4, labels={"pool": "a"}))
+    await core.patch_node_status("node-02", {"status": {"conditions": [
+        {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung", "message": "task docker blocked"}]}})
+    await core.patch_node_status("node-03", {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "PLEG is not healthy"}]}})
+    e = env()
+    gate = ConditionGate(cluster="lab", label_selector="pool=a", conditions=["Ready", "KernelDeadlock", "GpuUnhealthy"])
+    got = await e.run(kube.check_node_conditions, gate)
+    assert got == ["node node-02: KernelDeadlock is True (DockerHung: task docker blocked)",
+                   "node node-03: Ready is False (KubeletNotReady: PLEG is not healthy)"]
+    assert await e.run(kube.check_node_conditions, gate.model_copy(update={"label_selector": "pool=b"})) == []
+
+
+def test_stage_job_names_are_dns_safe():
+    name = stage_job_name("a" * 43, "post-interrupt", "0123456789")
+    assert len(name) <= 63 and name.endswith("-0123456789") and name.startswith("mw-aaa")
+
+
+@pytest.fixture(scope="module")
+def prometheus():
+    with PrometheusStub() as stub:
+        admin = PrometheusAdmin(stub.url)
+        yield stub, admin
+        admin.close()
+
+
+async def test_query_prometheus(prometheus):
+    stub, admin = prometheus
+    admin.clear()
+    admin.set("sum(gpu_xid_errors)", 2)
+    admin.set("up", result=[{"metric": {"i": "a"}, "value": 1}, {"metric": {"i": "b"}, "value": 0}])
+    admin.set("bad(", error="parse error: unclosed left parenthesis")
+    acts = PrometheusActivities()
+    e = env()
+    try:
+        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="sum(gpu_xid_errors)")) == [2.0]
+        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url + "/", query="up")) == [1.0, 0.0]
+        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="absent_metric")) == []
+        with pytest.raises(ApplicationError) as ei:
+            await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="bad("))
+        assert ei.value.non_retryable and "unclosed left parenthesis" in str(ei.value)
+        admin.set("flaky", error="query timed out", status=503, error_type="timeout")
+        with pytest.raises(ApplicationError) as ei:
+            await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="flaky"))
+        assert not ei.value.non_retryable and ei.value.type == "PrometheusUnavailable"
+        with pytest.raises(ApplicationError) as ei:  # nothing listens there
+            await e.run(acts.query_prometheus, PrometheusQuery(url="http://127.0.0.1:9", query="up",
+                                                               timeout_seconds=2))
+        assert not ei.value.non_retryable
+    finally:
+        await acts.close()
+
+
+async def test_activities_are_registered(kubeconfig_path):
+    from worker import registry
+    from worker.config import WorkerSettings
+
+    registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0))
+    names = {activity._Definition.must_from_callable(a).name for a in registration.activities}
+    await registration.close()
+    assert {"list_nodes_page", "run_stage_job", "wait_node_rebooted", "check_node_conditions",
+            "query_prometheus"} <= names

@@ -1,0 +1,539 @@
+"""One disruption budget per cluster: the ``DisruptionBudget`` entity workflow and the lease helpers.
+
+``DisruptionBudget`` (``disruption-budget/<cluster>``, started on demand with signal-with-start) hands out
+"node out of service" leases. Whoever takes a node out of service (a rollout batch for its ``NodeUpdate``
+children, ``NodeMaintenance``, a remediation) holds a lease from before the cordon until after the
+uncordon; a node left cordoned keeps its lease until its holder's run closes, then counts as cordoned.
+
+- The budget (``count`` or ``percent`` of the cluster's nodes, NodeWright's arithmetic) is the first explicit
+  one a requester gives (until then 10%), and an operator changes it with the validated ``set_budget`` update.
+- Every decision re-reads the cluster, once however many requests wait: a lease is granted only while the
+  nodes out of service for any reason (leased, cordoned by anyone, NotReady: one count per node) stay within
+  the budget. A node already out of service costs nothing more, so it is granted at once.
+- Requests wait in FIFO order: nobody who costs a node overtakes an earlier request.
+- Idempotent per (holder workflow ID, node): asking again returns the same lease.
+- A lease whose holder's run has closed is recovered (``liveness_interval``, ``check_interval`` while requests
+  wait). A lease a requester asked for on another run's behalf (a batch for the child it is about to start)
+  lives while the requester runs until its holder has been seen running, then with the holder.
+- It continues-as-new, carrying its leases, queue and the decisions it still owes, before its history grows.
+
+The protocol: signals, never a Workflow Update per node
+--------------------------------------------------------
+Updates are limited to 10 in flight and 2,000 per run, and the ones in flight when a run continues as new
+are aborted: a rollout batch of more than 10 nodes was throttled. So a requester signals (``request_leases``,
+many nodes in one signal; ``release_leases``), with signal-with-start from a local activity (a workflow cannot
+start another that may already run); the entity decides once per cycle and signals each requester every
+decision owed to it in one ``disruption_budget_decisions`` signal (grants, and a waiting request's place, once,
+and again whenever it asks again), also from one local activity. Signal handlers only change the book, so
+continue-as-new drains them (``all_handlers_finished``) and loses nothing; a signal that arrives while the run
+ends makes the server refuse the end, and the handler runs first. A requester asks again every ``REPOLL`` in
+case its entity was terminated. The ``acquire`` and ``release`` updates still serve runs on the update path
+(started before ``SIGNAL_PATCH``); ``workflow.patched(SIGNAL_PATCH)`` picks the path, once per run.
+
+A rollout batch asks for all its nodes (up to its ``max_in_flight``) in one request, as holder each
+``NodeUpdate`` child's workflow ID (liveness and release stay per holder), receives the grants, and starts each
+child with its lease; the child returns it after the uncordon. A batch paused or stopped withdraws what waits.
+
+History events for one node's lease (W = a workflow task, 3 events; counted from tests/histories/)
+  NodeUpdate: before 13 (acquire and release activities, 3 + W each, and the lease patch's marker), +6 when it
+    waited (grant signal, REPOLL timer 2, W): node_update_lease.json has 118 events where node_update_reboot.json,
+    from before the budget, has 95. After: 1, the release's local-activity marker inside a task it has anyway
+    (node_update_batch_lease.json: 96).
+  RolloutBatch, per run: SIGNAL_PATCH's marker and search attribute (2); per request signal (every node that has
+    a slot, up to max_in_flight) 1 marker; per decision signal received 1 + W; a REPOLL timer (2) per wait.
+  NodeMaintenance / NodeRemediation (their own requester): before 12, +6 when waiting; after 10 (2 of them
+    SIGNAL_PATCH's, until it is deprecated: request marker, timer 2, decision signal + W, release marker), +4 when
+    waiting (its place, signalled once, + W).
+  Entity: before, per node 2 updates (accepted + completed each) with a W each, a cluster read per decision
+    (activity 3 + W) and 2 per grant signalled: 13-20. After: per node 1 release signal (+ a W unless it shares
+    one), per request signal 1, per decision cycle a W + 2 markers (cluster read, decisions sent) however many
+    nodes it decides: 2-5 (tests/budget/test_many_holders.py, 50 holders with 6 nodes free and 0.5 s checks,
+    prints about 10 per holder, most of them its periodic checks).
+
+Task queue: the entity lives where its requesters live
+------------------------------------------------------
+A run is bound to its task queue and cannot be moved off a queue nobody polls any more; every run on an old
+queue needs its workers until it closes, and an entity that never closed would need them forever. So (1) a
+request from another task queue than the one its input names (``task_queue``, not ``workflow.info()``, which a
+replay fills with the replayer's own) makes the entity continue as new onto that queue at once, the new run
+deciding it (a request proves its queue is polled; while requests come from two queues it follows the latest,
+one continue-as-new per switch), and (2) an entity with nothing leased or waiting closes after
+``idle_close_after`` and the next request starts a fresh run on the requester's queue, which takes over the
+budget an operator set (and the lease numbering) from the run before. Moving workers all at once while nothing
+is leased therefore strands nothing; moving them while leases are held needs the old workers until the next
+request arrives from the new queue, as every other run on the old queue needs them. A configured queue was the
+alternative: it needs every worker to poll one more queue, and a misconfigured worker strands the entity all
+the same.
+
+Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from temporalio import workflow
+from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ActivityError
+
+from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
+from activities.kube.activities import (
+    KubeActivities,
+    NodeAvailability,
+    UnavailableRequest,
+    validate_object_name,
+    validate_positive_duration,
+)
+from activities.models import StrictModel
+from workflows.common import search_attributes as sa
+from workflows.common.base import Progress, WorkflowInput, history_is_long
+from workflows.maintenance.drain import API_CALL
+from workflows.budget.leases import (
+    DECISIONS_SIGNAL,
+    GRANTED_SIGNAL,
+    RELEASE_SIGNAL,
+    REQUEST_SIGNAL,
+    SIGNAL_PATCH,
+    Lease,
+    LeaseDecisions,
+    LeaseRelease,
+    LeaseReleases,
+    LeaseRequest,
+    LeaseRequests,
+    budget_workflow_id,
+)
+from workflows.rollout.policy import ceiling
+from workflows.rollout.spec import Budget
+
+DEFAULT_BUDGET = Budget(percent=10)
+HISTORY_LIMIT = 2000
+IDLE_CLOSE = timedelta(minutes=5)
+TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
+
+
+# ================================================================== models
+
+
+class Released(StrictModel):
+    released: bool
+    lease: Lease | None = None
+
+
+class BudgetChange(StrictModel):
+    budget: Budget
+    by: str = Field(min_length=1, description="Who changes it.")
+    reason: str = Field(min_length=1, description="Why; shown with the budget.")
+
+
+class BudgetBook(StrictModel):
+    """What the entity remembers, carried across continue-as-new."""
+
+    budget: Budget = Field(default_factory=lambda: DEFAULT_BUDGET.model_copy())
+    budget_source: str = "default"
+    leases: dict[str, Lease] = Field(default_factory=dict, description="Granted, by holder + node.")
+    queue: list[Lease] = Field(default_factory=list, description="Waiting, first come first served.")
+    next_id: int = 1
+
+
+class DisruptionBudgetInput(WorkflowInput):
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    budget: Budget | None = Field(None, description="The budget; unset: the first requester's, else 10%.")
+    check_interval: timedelta = Field(
+        timedelta(seconds=20), description="While requests wait: re-read the cluster and check holders this often."
+    )
+    liveness_interval: timedelta = Field(
+        timedelta(seconds=60), description="While leases are held: check their holders' runs this often."
+    )
+    task_queue: str | None = Field(
+        None, description="The task queue this run is on (requesters set it; by hand, say so). Unknown: the entity "
+        "continues as new onto its first requester's queue.",
+    )
+    idle_close_after: timedelta = Field(
+        IDLE_CLOSE, description="With nothing leased or waiting this long, close; the next request starts a new run."
+    )
+    history_limit: int = Field(HISTORY_LIMIT, ge=50, description="Continue-as-new past this many history events.")
+    book: BudgetBook | None = Field(None, description="Carried across continue-as-new.")
+
+    _cluster = field_validator("cluster")(validate_object_name)
+    _durations = field_validator("check_interval", "liveness_interval", "idle_close_after")(validate_positive_duration)
+
+    def workflow_id(self) -> str:
+        return budget_workflow_id(self.cluster)
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.CLUSTER, self.cluster)]
+
+
+class BudgetView(StrictModel):
+    """The `state` query: the budget, what is out of service and why, leases and the queue."""
+
+    cluster: str
+    budget: Budget
+    budget_source: str
+    total_nodes: int | None = Field(None, description="At the last read of the cluster.")
+    allowed: int | None = Field(None, description="Nodes allowed out of service at once, at the last read.")
+    out_of_service: dict[str, str] = Field(default_factory=dict, description="Node -> why (lease, cordon, NotReady).")
+    leases: list[Lease] = Field(default_factory=list)
+    queue: list[Lease] = Field(default_factory=list)
+    checked_at: datetime | None = None
+    error: str = ""
+
+
+def _key(holder: str, node: str) -> str:
+    return f"{holder}|{node}"
+
+
+# ================================================================== the entity
+
+
+@workflow.defn
+class DisruptionBudget:
+    @workflow.init
+    def __init__(self, inp: DisruptionBudgetInput) -> None:
+        self._inp = inp
+        self._book = inp.book.model_copy(deep=True) if inp.book else BudgetBook()
+        if inp.book is None and inp.budget is not None:
+            self._book.budget, self._book.budget_source = inp.budget, "input"
+        self._avail: NodeAvailability | None = None
+        self._checked_at: datetime | None = None
+        self._liveness_at: datetime | None = None
+        self._error = ""
+        self._decisions = 0
+        # A carried queue is decided at once, and carried decisions are sent.
+        self._dirty = bool(self._book.queue) or any(lease.answer for lease in self._everyone())
+        self._closing = False
+        self._signals = False  # the signal protocol (SIGNAL_PATCH): local activities, closing when idle
+        # The queue comes from the input, never from workflow.info(), which a replay fills in with its own.
+        self._queue = inp.task_queue
+        self._move_to: str | None = None  # a requester's task queue to continue as new onto
+
+    # ------------------------------------------------------------ queries
+
+    @workflow.query(description="Leases granted, then requests waiting, in order.")
+    def leases(self) -> list[Lease]:
+        return self._everyone()
+
+    @workflow.query(description="Budget, nodes out of service and why, leases and queue.")
+    def state(self) -> BudgetView:
+        return BudgetView(
+            cluster=self._inp.cluster, budget=self._book.budget, budget_source=self._book.budget_source,
+            total_nodes=self._avail.total if self._avail else None, allowed=self._allowed(),
+            out_of_service=self._out_of_service(), leases=list(self._book.leases.values()), queue=self._book.queue,
+            checked_at=self._checked_at, error=self._error,
+        )  # fmt: skip
+
+    @workflow.query(description="Short progress for pollers.")
+    def progress(self) -> Progress:
+        return Progress(phase="serving", done=len(self._book.leases), total=self._allowed() or 0,
+                        details=self._summary())  # fmt: skip
+
+    # ------------------------------------------------------------ signals (the protocol of new runs)
+
+    @workflow.signal(name=REQUEST_SIGNAL, description="Ask for leases on nodes; the decisions are signalled to "
+                     "reply_to: granted, or queued with its place.")  # fmt: skip
+    def request_leases(self, msg: LeaseRequests) -> None:
+        self._adopt_budget(msg.budget, msg.reply_to)
+        for req in msg.requests:
+            lease = self._find(_key(req.holder, req.node))
+            if lease is None:
+                lease = self._new_lease(req)
+                self._book.queue.append(lease)
+            elif lease.request_id != req.request_id:
+                # A new request for the same holder and node takes the lease (or the place) over: asking again
+                # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
+                lease.holder_seen = False
+            lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
+        if msg.task_queue != self._queue:
+            self._move_to = msg.task_queue  # it is polled: a worker there just sent this
+        self._dirty = True
+        self._changed()
+
+    @workflow.signal(name=RELEASE_SIGNAL, description="Return leases, or withdraw waiting requests; idempotent.")
+    def release_leases(self, msg: LeaseReleases) -> None:
+        for rel in msg.releases:
+            self._drop(_key(rel.holder, rel.node), f"released: {rel.reason}" if rel.reason else "released")
+        self._changed()
+
+    # ------------------------------------------------------------ updates (runs still on the update path)
+
+    @workflow.update(description="Ask for a lease on a node; answers once decided: granted, or queued with its place.")
+    async def acquire(self, req: LeaseRequest) -> Lease:
+        book = self._book
+        self._adopt_budget(req.budget, req.holder)
+        key = _key(req.holder, req.node)
+        if key in book.leases:
+            return book.leases[key]
+        lease = self._find(key)
+        if lease is None:
+            lease = self._new_lease(req)
+            book.queue.append(lease)
+        # Asked again while queued (a holder's periodic re-ask): decide afresh too.
+        self._dirty = True
+        seen = self._decisions
+        await workflow.wait_condition(lambda: self._decisions > seen or self._closing or lease.state != "queued")
+        if lease.state == "queued":
+            lease.notify = True
+        self._changed()
+        return lease
+
+    @workflow.update(description="Return a lease (or withdraw a waiting request); idempotent.")
+    def release(self, req: LeaseRelease) -> Released:
+        lease = self._drop(_key(req.holder, req.node), f"released: {req.reason}" if req.reason else "released")
+        self._changed()
+        return Released(released=lease is not None, lease=lease)
+
+    @workflow.update(description="Change the cluster's budget (count or percent of its nodes).")
+    def set_budget(self, change: BudgetChange) -> BudgetView:
+        self._book.budget = change.budget
+        self._book.budget_source = f"operator {change.by}: {change.reason}"
+        self._dirty = True  # a larger budget may let waiting requests in
+        self._changed()
+        return self.state()
+
+    @set_budget.validator
+    def _validate_set_budget(self, change: BudgetChange) -> None:
+        total = self._avail.total if self._avail else None
+        if change.budget.count is not None and total is not None and change.budget.count > total:
+            raise ValueError(f"count {change.budget.count} is more than the {total} nodes of {self._inp.cluster}")
+
+    # ------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: DisruptionBudgetInput) -> BudgetBook:
+        self._signals = workflow.patched(SIGNAL_PATCH)
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
+        if self._signals and inp.book is None and workflow.info().continued_run_id is None:
+            await self._take_over()
+        self._changed()
+        limit = self._inp.history_limit
+        while not history_is_long(limit) and self._move_to is None:
+            if self._dirty or self._wake_in() == timedelta(0):
+                await self._tick()
+                continue
+            idle = self._signals and not self._book.leases and not self._book.queue
+            try:
+                await workflow.wait_condition(
+                    lambda: self._dirty or history_is_long(limit) or self._move_to is not None,
+                    timeout=inp.idle_close_after if idle else self._wake_in(),
+                    timeout_summary="close while idle" if idle else "recheck the cluster and the holders",
+                )  # fmt: skip
+            except asyncio.TimeoutError:
+                if idle and not self._book.leases and not self._book.queue and workflow.all_handlers_finished():
+                    # Nothing to hand over but the settings: the next request starts a run on its own queue.
+                    return self._book
+        # Handlers waiting for a decision answer "queued" now; the queue and the decisions owed go to the next run.
+        self._closing = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        queue = self._move_to or self._queue
+        workflow.continue_as_new(inp.model_copy(update={"book": self._book, "task_queue": queue}),
+                                 task_queue=self._move_to)
+
+    async def _take_over(self) -> None:
+        """A fresh start after the entity closed while idle: the budget an operator set, and the lease numbers,
+        carry on from the run before (whatever its task queue)."""
+        info = workflow.info()
+        try:
+            raw = await workflow.execute_local_activity_method(
+                EntityActivities.previous_result, RunRef(workflow_id=info.workflow_id, run_id=info.run_id),
+                **API_CALL, schedule_to_close_timeout=TAKE_OVER_TIMEOUT, summary="settings of the run before",
+            )  # fmt: skip
+            before = BudgetBook.model_validate(raw) if raw is not None else None
+        except ActivityError as err:  # serve without them rather than not at all; say so
+            self._error = f"the settings of the run before could not be read: {err.cause or err}"
+            return
+        except ValidationError:
+            before = None  # a run of another shape: nothing to take over
+        if before is None:
+            return
+        self._book.next_id = max(self._book.next_id, before.next_id)
+        if self._inp.budget is None and before.budget_source.startswith("operator"):
+            self._book.budget, self._book.budget_source = before.budget, before.budget_source
+
+    def _wake_in(self) -> timedelta | None:
+        """How long until the next periodic look; None when nothing is held or waiting."""
+        now, inp = workflow.now(), self._inp
+        due: list[datetime] = []
+        if self._book.queue:
+            due.append((self._checked_at or now) + inp.check_interval)
+        if self._book.leases or self._book.queue:
+            interval = inp.check_interval if self._book.queue else inp.liveness_interval
+            due.append((self._liveness_at or now) + interval)
+        return max(min(due) - now, timedelta(0)) if due else None
+
+    async def _tick(self) -> None:
+        self._dirty = False
+        now, inp = workflow.now(), self._inp
+        if self._book.queue:
+            await self._decide()  # tells every requester owed a decision
+        elif any(lease.answer for lease in self._everyone()):  # a granted lease asked for again
+            await self._notify([])
+        waiting = bool(self._book.queue)
+        interval = inp.check_interval if waiting else inp.liveness_interval
+        if (waiting or self._book.leases) and (self._liveness_at is None or now - self._liveness_at >= interval):
+            await self._check_holders()
+        self._changed()
+
+    async def _decide(self) -> None:
+        """Read the cluster once, grant what fits in FIFO order, tell the requesters."""
+        try:
+            self._avail = await self._activity(
+                KubeActivities.node_availability, UnavailableRequest(cluster=self._inp.cluster),
+                f"nodes out of service in {self._inp.cluster}",
+            )  # fmt: skip
+            self._error = ""
+        except ActivityError as err:  # fail closed: nothing is granted without a fresh read
+            self._error = f"reading the cluster failed: {err.cause or err}"
+            self._checked_at = workflow.now()
+            self._decisions += 1
+            return
+        self._checked_at = workflow.now()
+        granted = self._grant(self._avail)
+        self._decisions += 1
+        await self._notify([g for g in granted if g.notify])
+
+    def _grant(self, avail: NodeAvailability) -> list[Lease]:
+        book, allowed = self._book, self._allowed() or 0
+        out = set(avail.unavailable) | {lease.node for lease in book.leases.values()}
+        granted: list[Lease] = []
+        blocked = False
+        for lease in list(book.queue):
+            costs = lease.node not in out
+            if costs and (blocked or len(out) + 1 > allowed):
+                # First come, first served: nobody who costs a node overtakes a waiting request.
+                blocked = True
+                lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
+                continue
+            book.queue.remove(lease)
+            lease.state, lease.granted_at, lease.position = "granted", workflow.now(), None
+            lease.note = "" if costs else "the node was already out of service"
+            lease.answer = lease.reply_to is not None
+            book.leases[_key(lease.holder, lease.node)] = lease
+            out.add(lease.node)
+            granted.append(lease)
+        for i, lease in enumerate(book.queue, 1):
+            lease.position = i
+        return granted
+
+    async def _notify(self, granted: list[Lease]) -> None:
+        """Signal the grants of update-path holders, one each, and every decision owed to a signal-path requester,
+        one signal per requester. A receiver whose run is gone loses its leases and requests."""
+        owed: dict[str, list[Lease]] = {}
+        for lease in self._everyone():
+            if lease.answer and lease.reply_to is not None:
+                owed.setdefault(lease.reply_to, []).append(lease.model_copy())
+                lease.answer = False
+        if not granted and not owed:
+            return
+        if self._signals:
+            signals = [WorkflowSignal(workflow_id=g.holder, signal=GRANTED_SIGNAL, payload=g.model_dump(mode="json"))
+                       for g in granted] + [
+                WorkflowSignal(workflow_id=to, signal=DECISIONS_SIGNAL,
+                               payload=LeaseDecisions(leases=leases).model_dump(mode="json"))
+                for to, leases in owed.items()]  # fmt: skip
+            gone = set(await workflow.execute_local_activity_method(
+                EntityActivities.signal_workflows, WorkflowSignals(signals=signals), **API_CALL,
+                summary=f"tell {len(signals)} requesters",
+            ))  # fmt: skip
+        else:  # a run started before SIGNAL_PATCH keeps signalling from the workflow, as it did
+            gone = set()
+
+            async def one(to: str, signal: str, payload: BaseModel) -> None:
+                try:
+                    await workflow.get_external_workflow_handle(to).signal(signal, payload)
+                except Exception:  # the receiver's run is gone
+                    gone.add(to)
+
+            await asyncio.gather(*(one(g.holder, GRANTED_SIGNAL, g) for g in granted),
+                                 *(one(to, DECISIONS_SIGNAL, LeaseDecisions(leases=leases))
+                                   for to, leases in owed.items()))  # fmt: skip
+        for lease in granted:
+            if lease.holder in gone:
+                self._drop(_key(lease.holder, lease.node), "recovered: the grant could not be delivered")
+        for to in gone & set(owed):
+            for lease in owed[to]:
+                self._drop(_key(lease.holder, lease.node), f"recovered: requester {to} no longer runs")
+
+    async def _check_holders(self) -> None:
+        """Recover the leases (and drop the requests) of holders whose runs have closed."""
+        everyone = self._everyone()
+        ids = sorted({lease.holder for lease in everyone} | {lease.reply_to for lease in everyone if lease.reply_to})
+        self._liveness_at = workflow.now()
+        try:
+            closed = set(await self._activity(EntityActivities.closed_workflows, WorkflowIds(ids=ids),
+                                              f"check {len(ids)} holders"))  # fmt: skip
+        except ActivityError as err:  # keep every lease: a holder not known dead is alive
+            self._error = f"checking holders failed: {err.cause or err}"
+            return
+        for lease in everyone:
+            if lease.holder not in closed:
+                lease.holder_seen = True
+            elif lease.holder_seen or lease.reply_to in (None, lease.holder) or lease.reply_to in closed:
+                # Asked for by another run (a batch, for the child it starts with the lease): alive while that
+                # run is, until the holder has been seen running.
+                self._drop(_key(lease.holder, lease.node), f"recovered: holder {lease.holder} closed")
+
+    async def _activity(self, method: Callable, arg: BaseModel, summary: str) -> Any:
+        """A short read: a local activity (one event) on the signal protocol, an activity on runs from before."""
+        if self._signals:
+            return await workflow.execute_local_activity_method(method, arg, **API_CALL, summary=summary)
+        return await workflow.execute_activity_method(method, arg, **API_CALL, summary=summary)
+
+    # ------------------------------------------------------------ the book
+
+    def _everyone(self) -> list[Lease]:
+        return list(self._book.leases.values()) + self._book.queue
+
+    def _find(self, key: str) -> Lease | None:
+        return self._book.leases.get(key) or next((q for q in self._book.queue if _key(q.holder, q.node) == key), None)
+
+    def _new_lease(self, req: LeaseRequest) -> Lease:
+        book = self._book
+        lease = Lease(id=f"lease-{book.next_id}", cluster=self._inp.cluster, node=req.node, holder=req.holder,
+                      reason=req.reason, requested_at=workflow.now())  # fmt: skip
+        book.next_id += 1
+        return lease
+
+    def _adopt_budget(self, budget: Budget | None, requester: str) -> None:
+        if budget is not None and self._book.budget_source == "default":
+            self._book.budget, self._book.budget_source = budget, f"first requester {requester}"
+
+    def _drop(self, key: str, note: str) -> Lease | None:
+        book = self._book
+        lease = book.leases.pop(key, None)
+        if lease is None:
+            lease = next((q for q in book.queue if _key(q.holder, q.node) == key), None)
+            if lease is not None:
+                book.queue.remove(lease)
+        if lease is not None:
+            lease.state, lease.position, lease.note, lease.answer = "released", None, note, False
+            self._dirty = True  # room for whoever waits
+        return lease
+
+    # ------------------------------------------------------------ visibility
+
+    def _allowed(self) -> int | None:
+        return ceiling(self._book.budget, self._avail.total) if self._avail else None
+
+    def _out_of_service(self) -> dict[str, str]:
+        out = dict(sorted((self._avail.unavailable if self._avail else {}).items()))
+        for lease in self._book.leases.values():
+            why = f"{lease.id} ({lease.holder})"
+            out[lease.node] = f"{out[lease.node]}, {why}" if lease.node in out else why
+        return out
+
+    def _summary(self) -> str:
+        b, total = self._book.budget, self._avail.total if self._avail else None
+        budget = f"{b.count} nodes" if b.count is not None else f"{b.percent}%"
+        line = (f"budget {budget} ({self._book.budget_source}) = {self._allowed() if total is not None else '?'} "
+                f"of {total if total is not None else '?'} nodes: {len(self._out_of_service())} out of service, "
+                f"{len(self._book.leases)} leased, {len(self._book.queue)} waiting")  # fmt: skip
+        if self._book.queue:
+            line += f" (next: {self._book.queue[0].node} for {self._book.queue[0].holder})"
+        return line + (f"; {self._error}" if self._error else "")
+
+    def _changed(self) -> None:
+        workflow.set_current_details(self._summary())

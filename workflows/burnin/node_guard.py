@@ -1,0 +1,165 @@
+"""The Kubernetes node a burn-in's server is: refused while in service, or taken out of service and back.
+
+A burn-in power-cycles its server. When the server is a Kubernetes node (`ServerTarget.kubernetes`), the burn-in
+first reads the node. A node in service (schedulable: nobody cordoned it) is refused with `NodeInService`, naming
+the node and how to take it out of service, unless ``take_out_of_service`` asks the burn-in to do it itself: a
+lease from the cluster's disruption budget (workflows/budget/disruption_budget.py), a cordon in the run's name, and a
+drain (workflows/maintenance/drain.py), all before the first power change. After a pass, once the node is back on its disk
+and Ready with a new boot ID, the cordon goes and the lease is returned; after a failure the node stays cordoned,
+quarantined with the burn-in's reason (activities/node_health.py `quarantine_node`: annotation and taint), and the
+lease is returned (the cordon keeps the node counted as out of service). A node someone else cordoned stays theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+
+from pydantic import Field, field_validator
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.activities import (
+    CordonRequest,
+    DrainSettings,
+    KubeActivities,
+    NodeInfo,
+    NodeRef,
+    RebootWait,
+    validate_object_name,
+)
+from activities.models import StrictModel
+from activities.node_health import NodeHealthActivities, QuarantineRequest
+from workflows.maintenance.drain import API_CALL, Drain, DrainProgress
+from workflows.budget.leases import Lease, acquire_lease, release_lease
+from workflows.rollout.spec import Budget
+
+# Runs started before a burn-in knew its Kubernetes node read no node: they replay without these steps.
+NODE_GUARD_PATCH = "burn-in-kubernetes-node"
+
+
+class KubernetesNode(StrictModel):
+    """The Kubernetes node the server is, so the burn-in never power-cycles it while it is in service."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    node: str | None = Field(None, description="Node name; default the server's name.")
+    take_out_of_service: bool = Field(
+        False, description="Lease the node from the cluster's disruption budget, cordon and drain it before the "
+        "power cycle, uncordon it after a pass (a failure leaves it cordoned with the reason). Without it, a node "
+        "in service is refused.",
+    )  # fmt: skip
+    drain: DrainSettings = Field(default_factory=DrainSettings)
+    disruption_budget: Budget | None = Field(
+        None, description="The cluster's disruption budget, if it has none set yet (default 10% of its nodes)."
+    )
+
+    _cluster = field_validator("cluster")(validate_object_name)
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, value: str | None) -> str | None:
+        return None if value is None else validate_object_name(value)
+
+
+class BurnInNodeStatus(DrainProgress):
+    node: str
+    cluster: str
+    cordoned_by_us: bool = False
+    cordon_holder: str | None = None
+    lease: str | None = None
+    note: str = ""
+
+
+class NodeService:
+    """One burn-in's node: `take_out()` before the first power change, `back_in()` after the verdict."""
+
+    def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[str, str], None]) -> None:
+        self.ref = ref
+        self.status = BurnInNodeStatus(node=ref.node or server, cluster=ref.cluster)
+        self._enter = enter
+        self._node_ref = NodeRef(cluster=ref.cluster, node=self.status.node)
+
+    @property
+    def _cordon(self) -> CordonRequest:
+        return CordonRequest(cluster=self.ref.cluster, node=self.status.node, owner=workflow.info().workflow_id,
+                             reason=f"burn-in ({workflow.info().workflow_id})")  # fmt: skip
+
+    async def _inspect(self) -> NodeInfo:
+        return await workflow.execute_activity_method(
+            KubeActivities.inspect_node, self._node_ref, **API_CALL, summary=f"inspect node {self.status.node}")
+
+    async def take_out(self) -> None:
+        s, ref = self.status, self.ref
+        self._enter("checking-node", f"Kubernetes node {s.node} in {ref.cluster}")
+        info = await self._inspect()
+        if not ref.take_out_of_service:
+            if not info.unschedulable:
+                raise self._in_service(info)
+            s.cordon_holder = info.cordoned_by or "unknown"
+            s.note = f"node {s.node} is cordoned by {s.cordon_holder}: out of service"
+            return
+        self._enter("waiting-for-budget", f"lease on {s.node} from the disruption budget of {ref.cluster}")
+
+        def waiting(lease: Lease) -> None:
+            self._enter("waiting-for-budget", f"{lease.id}: queued #{lease.position}; {lease.note}")
+
+        lease = await acquire_lease(ref.cluster, s.node, reason="burn-in", budget=ref.disruption_budget,
+                                    waiting=waiting)  # fmt: skip
+        s.lease = lease.id if lease else None
+        self._enter("cordoning", s.node)
+        held = await workflow.execute_activity_method(KubeActivities.cordon_node, self._cordon, **API_CALL,
+                                                      summary=f"cordon {s.node}")  # fmt: skip
+        s.cordoned_by_us, s.cordon_holder = held.owned, held.holder
+        self._enter("draining", s.node)
+        await Drain(ref.cluster, s.node, ref.drain, s, stopping=lambda: False,
+                    changed=lambda: self._enter("draining", f"{len(s.evicted)}/{s.to_evict} pods evicted"),
+                    terminating=lambda: self._enter("waiting-for-pods-to-terminate", s.node)).run()  # fmt: skip
+
+    def _in_service(self, info: NodeInfo) -> ApplicationError:
+        s, ref = self.status, self.ref
+        take_out = json.dumps({"cluster": ref.cluster, "node": s.node, "reason": "burn-in",
+                               "drain": {"delete_emptydir_data": True}})  # fmt: skip
+        return ApplicationError(
+            f"{s.node} is a Kubernetes node in service in {ref.cluster} ({'Ready' if info.ready else 'NotReady'}, "
+            f"schedulable): a burn-in power-cycles it. Take it out of service first (`millwright start "
+            f"NodeMaintenance --input - <<<'{take_out}'`), or set server.kubernetes.take_out_of_service: true to have "
+            "the burn-in lease, cordon and drain it itself (and uncordon it after a pass)",
+            type="NodeInService", non_retryable=True,
+        )  # fmt: skip
+
+    async def before_disk_boot(self) -> str | None:
+        """The node's boot ID before the burn-in boots it back to its disk (the reboot to wait for)."""
+        return (await self._inspect()).boot_id if self.status.cordoned_by_us else None
+
+    async def back_in(self, passed: bool, reason: str, boot_id: str | None, boot_timeout: timedelta) -> None:
+        """After the verdict: uncordon a passed node once it is back (Ready, new boot ID); quarantine a failed one."""
+        s = self.status
+        if not s.cordoned_by_us:
+            return
+        if not passed:
+            self._enter("quarantining", s.node)
+            await workflow.execute_activity_method(
+                NodeHealthActivities.quarantine_node,
+                QuarantineRequest(cluster=self.ref.cluster, node=s.node, owner=self._cordon.owner, reason=reason),
+                **API_CALL, summary=f"quarantine {s.node}")  # fmt: skip
+            s.note = f"node {s.node} left cordoned and quarantined: {reason}"
+        elif boot_id is not None:
+            self._enter("waiting-for-node", f"{s.node} Ready with a new boot ID")
+            await workflow.execute_activity_method(
+                KubeActivities.wait_node_rebooted,
+                RebootWait(cluster=self.ref.cluster, node=s.node, previous_boot_id=boot_id,
+                           timeout_seconds=boot_timeout.total_seconds()),
+                start_to_close_timeout=boot_timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=API_CALL["retry_policy"], summary=f"wait for {s.node} to be back",
+            )  # fmt: skip
+            self._enter("uncordoning", s.node)
+            done = await workflow.execute_activity_method(KubeActivities.uncordon_node, self._cordon, **API_CALL,
+                                                          summary=f"uncordon {s.node}")  # fmt: skip
+            s.note = f"node {s.node}: drained ({len(s.evicted)} pods evicted) for the burn-in, back in service " \
+                     f"({done.note})"
+        else:
+            s.note = f"node {s.node} left cordoned: the burn-in did not boot the server back to its disk"
+        if s.lease is not None:
+            await release_lease(self.ref.cluster, s.node, reason="burn-in " + ("passed" if passed else "failed"))
+            s.lease = None

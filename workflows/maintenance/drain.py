@@ -1,0 +1,179 @@
+"""Draining a node, as workflow code shared by every workflow that takes nodes out of service.
+
+The plan (which pods) is fixed by one activity; each pod is then evicted on its own,
+a PodDisruptionBudget refusal being a wait state with the blocking budget recorded in
+the caller's progress, until the drain deadline; finally every planned pod must be gone,
+as a fresh read shows it (missing, or a new UID), whatever its eviction reported: the
+drain is done only when that wait says so. Every call is bounded by the drain's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from pydantic import Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
+
+from activities.kube.activities import (
+    DrainPlan,
+    DrainPlanRequest,
+    DrainSettings,
+    EvictRequest,
+    KubeActivities,
+    PodRef,
+    SkippedPod,
+    WaitPodsGoneRequest,
+)
+from activities.models import StrictModel
+
+# Kubernetes calls are cheap and idempotent: retry them until the caller's deadline,
+# backing off to a ceiling so an API outage does not flood the history.
+API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30))
+# A short start-to-close bounds how long a call lost with a crashed worker waits to be retried.
+API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
+EVICTION_CONCURRENCY = 25
+MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
+# Runs before this waited only for pods whose eviction was accepted, trusting a "gone" from the eviction's
+# answer; since, the final wait covers every pod of the plan (issue 14).
+WAIT_FOR_EVERY_PLANNED_POD = "drain-waits-for-every-planned-pod"
+
+
+class BlockedEviction(StrictModel):
+    pod: str
+    budget: str | None = None
+    message: str = ""
+    attempts: int = 0
+
+
+class DrainProgress(StrictModel):
+    to_evict: int = 0
+    evicted: list[str] = Field(default_factory=list)
+    skipped: list[SkippedPod] = Field(default_factory=list)
+    blocked: dict[str, BlockedEviction] = Field(default_factory=dict)
+
+
+class Drain:
+    """One drain of one node; `progress` is the caller's to show in queries and details."""
+
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        settings: DrainSettings,
+        progress: DrainProgress,
+        *,
+        stopping: Callable[[], bool],
+        changed: Callable[[], None],
+        terminating: Callable[[], None] = lambda: None,
+        every_planned_pod: bool = False,
+    ) -> None:
+        """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none asks
+        `workflow.patched` (a marker and a search attribute per run)."""
+        self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
+        self._stopping, self._changed, self._terminating = stopping, changed, terminating
+        self._every_planned_pod = every_planned_pod
+
+    async def run(self, plan: DrainPlan | None = None) -> None:
+        """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan. `plan`: the pods to evict as
+        the caller listed them after the cordon (`start_node_update`); None: listed here."""
+        deadline = workflow.now() + self._settings.timeout
+        if plan is None:
+            plan = await workflow.execute_activity_method(
+                KubeActivities.plan_drain,
+                DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
+                **API_CALL,
+                summary=f"list pods on {self._node}",
+            )
+        self._progress.to_evict = len(plan.evict)
+        self._progress.skipped = plan.skipped
+        self._changed()
+        slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
+
+        async def evict(pod: PodRef) -> PodRef | None:
+            async with slots:
+                return await self._evict_until_done(pod, deadline)
+
+        evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
+        # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
+        waited = plan.evict if self._every_planned_pod or workflow.patched(WAIT_FOR_EVERY_PLANNED_POD) else evicted
+        if not waited or self._stopping():
+            return
+        self._terminating()
+        remaining = max(deadline - workflow.now(), timedelta(seconds=1))
+        try:
+            await workflow.execute_activity_method(
+                KubeActivities.wait_pods_gone,
+                WaitPodsGoneRequest(cluster=self._cluster, pods=waited),
+                start_to_close_timeout=remaining,
+                schedule_to_close_timeout=remaining,
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=API_RETRY,
+                summary=f"wait for {len(waited)} pods to terminate",
+            )
+        except ActivityError as err:
+            raise ApplicationError(
+                f"drain of {self._node} timed out after {self._settings.timeout} waiting for evicted pods to terminate",
+                type="DrainTimeout",
+                non_retryable=True,
+            ) from err
+
+    async def _evict_until_done(self, pod: PodRef, deadline: datetime) -> PodRef | None:
+        """Evict one pod, waiting out PDB refusals; returns the pod when an eviction was accepted."""
+        key, progress, interval = str(pod), self._progress, self._settings.eviction_retry_interval
+        attempts = 0
+        while not self._stopping():
+            if workflow.now() >= deadline:
+                blocked = progress.blocked.get(key)
+                raise ApplicationError(
+                    f"drain of {self._node} timed out after {self._settings.timeout}; {key} still blocked"
+                    + (f" by {blocked.budget}: {blocked.message}" if blocked else ""),
+                    type="DrainTimeout",
+                    non_retryable=True,
+                )
+            try:
+                outcome = await workflow.execute_activity_method(
+                    KubeActivities.evict_pod,
+                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds),
+                    **API_CALL,
+                    # An API that keeps failing is retried until the drain's deadline, not beyond.
+                    schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
+                    summary=f"evict {key}",
+                )
+            except ActivityError as err:
+                if not isinstance(err.cause, ActivityTimeout):
+                    raise
+                last = err.cause.cause or err.cause  # the last attempt's error, if it failed before timing out
+                raise ApplicationError(
+                    f"drain of {self._node} timed out after {self._settings.timeout} evicting {key}: {last}",
+                    type="DrainTimeout",
+                    non_retryable=True,
+                ) from err
+            attempts += 1
+            if outcome.status != "blocked":
+                progress.blocked.pop(key, None)
+                progress.evicted.append(key)
+                self._changed()
+                return pod if outcome.status == "evicted" else None
+            progress.blocked[key] = BlockedEviction(
+                pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
+            )
+            self._changed()
+            # Back off from the configured interval to a minute: a budget blocked for
+            # long must not flood the history with attempts.
+            wait = max(interval, min(interval * 2 ** (attempts - 1), MAX_BLOCKED_BACKOFF))
+            if outcome.retry_after_seconds:
+                wait = max(wait, timedelta(seconds=outcome.retry_after_seconds))
+            try:
+                await workflow.wait_condition(
+                    self._stopping,
+                    timeout=min(wait, max(deadline - workflow.now(), timedelta(seconds=1))),
+                    timeout_summary=f"eviction of {key} blocked by {outcome.budget or 'the API'}",
+                )
+            except asyncio.TimeoutError:
+                pass
+        return None

@@ -1,0 +1,188 @@
+"""The models of a rollout's runs: what ``Rollout``, ``RolloutBatch`` and ``NodeUpdate`` take, return and show.
+
+Pure data, kept out of the workflow modules: the worker passes this module through the sandbox once
+(worker/registry.py), so a new run (one per node, one per batch) does not build these classes again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pydantic import Field
+
+from activities.kube.activities import DrainSettings, StageRecord
+from activities.models import StrictModel
+from workflows.maintenance.drain import DrainProgress
+from workflows.budget.leases import Lease
+from workflows.rollout.policy import Plan
+from workflows.rollout.spec import Budget, Interrupt, MaintenanceWindow
+from workflows.rollout.state import BatchState, NodeStatus
+
+# ---------------------------------------------------------------- NodeUpdate
+
+Outcome = Literal["complete", "erroring", "blocked"]
+
+
+class PackageStep(StrictModel):
+    name: str
+    version: str
+    image: str
+    config: dict[str, str] = Field(default_factory=dict)
+    has_interrupt: bool = False
+    stage_timeout: timedelta = timedelta(hours=1)
+
+
+class NodeUpdateTemplate(StrictModel):
+    """What every node of a rollout shares."""
+
+    cluster: str
+    rollout: str = Field(description="The rollout's workflow ID: owner of the cordons and Jobs.")
+    packages: list[PackageStep] = Field(description="In dependency order.")
+    interrupt: Interrupt | None = Field(None, description="The coalesced interrupt; None: no drain, no interrupt.")
+    drain: DrainSettings
+    non_interrupt_selector: str | None = None
+    stage_retries: int = 3
+    reboot_timeout: timedelta = timedelta(minutes=30)
+    disruption_budget: Budget | None = Field(
+        None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
+    )
+
+
+class NodeUpdateInput(StrictModel):
+    node: str
+    ordinal: int
+    template: NodeUpdateTemplate
+    lease: Lease | None = Field(
+        None, description="The disruption budget lease its batch was granted for the node; None: it asks itself."
+    )
+
+
+class NodeUpdateResult(StrictModel):
+    node: str
+    outcome: Outcome
+    reason: str = ""
+    stages: list[StageRecord] = Field(default_factory=list)
+    drain_seconds: float | None = None
+    reboot_seconds: float | None = None
+
+
+class NodeUpdateStatus(DrainProgress):
+    stage: str = "starting"
+    package: str | None = None
+    paused: bool = False
+    stages: list[StageRecord] = Field(default_factory=list)
+    lease: str | None = Field(None, description="The disruption budget lease held for the node.")
+    waiting_for: str = Field("", description="Why the node waits for the disruption budget.")
+    running: list[str] = Field(
+        default_factory=list, description="The stages it runs now, in order ('<package> <stage>'); the one under way "
+        "is on the node, in the millwright.dev/rollout annotation's stage.",
+    )
+
+
+# ---------------------------------------------------------------- RolloutBatch
+
+
+class BatchNode(StrictModel):
+    node: str
+    ordinal: int
+
+
+class BatchInput(StrictModel):
+    compartment: str
+    number: int
+    nodes: list[BatchNode]
+    template: NodeUpdateTemplate
+    windows: list[MaintenanceWindow] = Field(default_factory=list)
+    max_in_flight: int = Field(200, description="NodeUpdate children running at once.")
+    results: dict[str, NodeUpdateResult] = Field(default_factory=dict, description="Carried across continue-as-new.")
+
+
+class BatchResult(StrictModel):
+    results: dict[str, NodeUpdateResult]
+    not_started: list[str] = Field(default_factory=list, description="Left untouched because the rollout was aborted.")
+
+
+# ---------------------------------------------------------------- Rollout
+
+CompartmentPhase = Literal[
+    "pending",
+    "running",
+    "paused",
+    "waiting-for-window",
+    "waiting-for-approval",
+    "gate-failing",
+    "waiting-for-budget",
+    "waiting-for-blocked-nodes",
+    "stopped",
+    "done",
+]
+
+
+class NodeView(StrictModel):
+    status: NodeStatus
+    reason: str = ""
+    stages: list[StageRecord] = Field(default_factory=list)
+
+
+class BatchView(StrictModel):
+    compartment: str
+    number: int
+    ceiling: int
+    unavailable_before: int = Field(description="Compartment nodes out of service when the batch was admitted.")
+    strategy_size: int
+    completed: int = 0
+    nodes: dict[str, NodeView] = Field(default_factory=dict, description="Nodes that did not complete, with why.")
+    started: datetime
+    finished: datetime | None = None
+    success_percent: int | None = None
+
+
+class CompartmentView(StrictModel):
+    name: str
+    strategy: str
+    members: int
+    ceiling: int
+    phase: CompartmentPhase = "pending"
+    note: str = ""
+    batch_state: BatchState
+    current_batch: BatchView | None = None
+
+
+class RolloutStatus(StrictModel):
+    phase: str
+    paused_reason: str | None = None
+    aborted: str | None = None
+    counts: dict[str, int] = Field(default_factory=dict)
+    compartments: dict[str, CompartmentView] = Field(default_factory=dict)
+    recent_batches: list[BatchView] = Field(default_factory=list)
+    problems: dict[str, NodeView] = Field(default_factory=dict, description="Erroring, blocked and skipped nodes.")
+
+
+class RolloutResult(StrictModel):
+    cluster: str
+    name: str
+    outcome: Literal["completed", "aborted", "planned"]
+    counts: dict[str, int] = Field(default_factory=dict)
+    problems: dict[str, str] = Field(default_factory=dict, description="Node → why it is erroring, blocked or skipped.")
+    compartments: dict[str, BatchState] = Field(default_factory=dict)
+    plan: Plan | None = None
+
+
+class ReasonRequest(StrictModel):
+    reason: str = Field(min_length=1)
+
+
+class ApproveRequest(StrictModel):
+    approver: str = Field(min_length=1)
+    compartment: str | None = Field(None, description="Which compartment's batch; any awaiting one when omitted.")
+
+
+class NodeRequest(StrictModel):
+    node: str
+    reason: str = Field(min_length=1)
+
+
+class CompartmentRequest(StrictModel):
+    compartment: str
+    reason: str = Field(min_length=1)
