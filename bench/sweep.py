@@ -103,7 +103,8 @@ async def sweep(args: argparse.Namespace, settings: dict, bmcs: dict[str, str]) 
 
 async def audit(args: argparse.Namespace, settings: dict) -> dict:
     from lab.ufm import UfmAdmin, UfmStub, fleet_seed
-    from workflows.fabric.fabric import Allocation, FabricAudit, FabricAuditInput, FabricInput, FabricState
+    from workflows.fabric.audit import FabricAudit, FabricAuditInput
+    from workflows.fabric.models import Allocation, FabricInput, FabricState
 
     per_host = 8
     hosts = max(1, args.fabric_ports // per_host)

@@ -38,7 +38,10 @@ SANDBOX_PASSTHROUGH = (
     "activities",  # the activities' models and classes: a workflow only names them
     "workflows.common",  # shared models, call options and helpers of every family: no workflow in it
     "workflows.burnin.node_guard",
+    "workflows.budget.budget",
     "workflows.budget.leases",
+    "workflows.fabric.calls",
+    "workflows.fabric.models",
     "workflows.maintenance.drain",
     "workflows.remediation.policy",
     "workflows.rollout.models",

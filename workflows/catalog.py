@@ -8,7 +8,10 @@ sandbox imports a run's own module (and what that module imports) for each new r
 from workflows.burnin.server_burnin import ServerBurnIn
 from workflows.clusters.clusters import CreateCluster, DeleteCluster
 from workflows.budget.disruption_budget import DisruptionBudget
-from workflows.fabric.fabric import Fabric, FabricAudit, IsolateTenant, ReleaseTenant
+from workflows.fabric.fabric import Fabric
+from workflows.fabric.audit import FabricAudit
+from workflows.fabric.release import ReleaseTenant
+from workflows.fabric.isolation import IsolateTenant
 from workflows.burnin.fleet_burnin import FleetBurnIn
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance

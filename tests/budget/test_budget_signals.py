@@ -16,7 +16,7 @@ from temporalio.client import WorkflowExecutionStatus
 from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
 from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 from tests.budget.test_disruption_budget import (
     budget_state,

@@ -25,7 +25,7 @@ from workflows.budget.disruption_budget import (
 )
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 from workflows.rollout.rollout import Rollout
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 from tests.kube_helpers import read_node, single_pod_workload, wait_for
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, availability_timeline, rollout_fleet, rollout_spec

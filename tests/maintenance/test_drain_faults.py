@@ -23,7 +23,8 @@ from lab.fleet import Fleet
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateTemplate, PackageStep
 from workflows.rollout.rollout import Rollout
-from workflows.rollout.spec import Budget, Interrupt
+from workflows.rollout.spec import Interrupt
+from workflows.budget.budget import Budget
 
 from tests.rollout.helpers import (
     JOBS_FAST,

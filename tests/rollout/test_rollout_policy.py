@@ -16,7 +16,6 @@ from workflows.rollout.policy import (
     NodeSnapshot,
     admissible,
     assign_compartments,
-    ceiling,
     choose_compartment,
     coalesce_interrupts,
     config_change_interrupt,
@@ -32,8 +31,8 @@ from workflows.rollout.policy import (
     success_percent,
     window_open,
 )
+from workflows.budget.budget import ceiling
 from workflows.rollout.spec import (
-    Budget,
     Compartment,
     DeploymentPolicy,
     ExponentialStrategy,
@@ -47,6 +46,7 @@ from workflows.rollout.spec import (
     RolloutInput,
     Strategy,
 )
+from workflows.budget.budget import Budget
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -16,14 +16,9 @@ from temporalio.client import WorkflowFailureError
 
 from tests.maintenance.test_node_maintenance import record_history
 from tests.ufm.conftest import PASSWORD, TOKEN, ufm_http
-from workflows.fabric.fabric import (
-    FabricAudit,
-    FabricAuditInput,
-    IsolateTenant,
-    IsolateTenantInput,
-    ReleaseTenant,
-    ReleaseTenantInput,
-)
+from workflows.fabric.audit import FabricAudit, FabricAuditInput
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
 STARTED: list[str] = []
 

@@ -14,7 +14,9 @@ import uuid
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
 from tests.maintenance.test_node_maintenance import record_history
 from tests.ufm.conftest import _worker
-from workflows.fabric.fabric import Fabric, IsolateTenant, IsolateTenantInput, ReleaseTenant, ReleaseTenantInput
+from workflows.fabric.fabric import Fabric
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
 
 async def _run(client, worker, wf, inp):
@@ -75,7 +77,8 @@ async def test_audit_continues_as_new_between_pkeys_and_reports_every_drift_once
     """FabricAudit one PKey at a time: it continues as new between PKeys and its drift report (and repair) is the
     one a single run would give: every item once, the counts exact."""
     from lab.ufm import fleet_seed
-    from workflows.fabric.fabric import Allocation, FabricAudit, FabricAuditInput, FabricInput, FabricState
+    from workflows.fabric.audit import FabricAudit, FabricAuditInput
+    from workflows.fabric.models import Allocation, FabricInput, FabricState
 
     client = small_history_env.client
     fabric = f"aud-{uuid.uuid4().hex[:6]}"

@@ -20,7 +20,8 @@ from temporalio.client import (
 )
 
 from tests.ufm.conftest import PASSWORD
-from workflows.fabric.fabric import FabricAudit, FabricAuditInput, FabricAuditResult, IsolateTenant, IsolateTenantInput
+from workflows.fabric.audit import FabricAudit, FabricAuditInput, FabricAuditResult
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -152,7 +152,7 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
     """IsolateTenant (on its own, or as onboarding's last step): the answers of its PKey create and GUID add are
     lost (the writes done), then UFM refuses it for good. What this run created goes, whichever attempt wrote it,
     and the failure says so; what the tenant held stays."""
-    from workflows.fabric.fabric import IsolateTenant, IsolateTenantInput
+    from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
     hosts = list(fleet.ib_ports())[4:6]
     fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"
@@ -211,7 +211,7 @@ async def test_undo_keeps_the_tenants_pkey_that_ufm_deletes_with_its_last_member
     host to it fails after the add. Removing that host's ports, the undo empties the PKey, which UFM deletes with
     its last member: the undo puts it back, as it was before the run, and reports only the ports."""
     from tests.ufm.conftest import ufm_http
-    from workflows.fabric.fabric import IsolateTenant, IsolateTenantInput
+    from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
     hosts = list(fleet.ib_ports())[0:2]
     fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"

@@ -33,7 +33,7 @@ from activities.ufm import (
 )
 from tests.conftest import as_localhost
 from tests.ufm.conftest import CLIENT_SAN
-from workflows.fabric.fabric import IsolateTenant, IsolateTenantInput
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
 
 def https_config(stub, ufm_config, **tls) -> UfmConfig:

@@ -20,15 +20,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.ufm import AddGuids, EnsurePKey, PKeyRef, UfmActivities
 from lab.ufm import fleet_seed
 from tests.ufm.conftest import SUFFIX, _worker, ufm_http
-from workflows.fabric.fabric import (
-    Fabric,
-    FabricAudit,
-    FabricAuditInput,
-    IsolateTenant,
-    IsolateTenantInput,
-    ReleaseTenant,
-    ReleaseTenantInput,
-)
+from workflows.fabric.fabric import Fabric
+from workflows.fabric.audit import FabricAudit, FabricAuditInput
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
 pytestmark = pytest.mark.timeout(240)
 VERSIONS = ["6.17", "6.19", "6.22"]

@@ -91,7 +91,7 @@ from activities.kube.activities import (
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, history_is_long
-from workflows.maintenance.drain import API_CALL
+from workflows.common.call_options import API_CALL
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -106,8 +106,7 @@ from workflows.budget.leases import (
     LeaseRequests,
     budget_workflow_id,
 )
-from workflows.rollout.policy import ceiling
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget, ceiling
 
 DEFAULT_BUDGET = Budget(percent=10)
 HISTORY_LIMIT = 2000

@@ -22,7 +22,7 @@ from activities.entities import EntityActivities, EntityStart, EntityUpdate, Wor
 from activities.kube.activities import validate_object_name
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 GRANTED_SIGNAL = "disruption_budget_granted"  # update path: one grant per signal, to its holder
 DECISIONS_SIGNAL = "disruption_budget_decisions"  # signal path: every decision owed to one requester

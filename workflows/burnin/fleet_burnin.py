@@ -35,13 +35,13 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 
 from workflows.common.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin.server_burnin import (
-    NETBOX_CALL,
     BurnInSettings,
     ServerBurnIn,
     ServerBurnInInput,
     ServerBurnInResult,
     ServerTarget,
 )
+from workflows.common.call_options import NETBOX_CALL
 from workflows.common.carried import outcome_of
 from workflows.common.endpoints import Endpoints, RetryTimeout
 

@@ -31,9 +31,10 @@ from activities.kube.activities import (
 )
 from activities.models import StrictModel
 from activities.node_health import NodeHealthActivities, QuarantineRequest
-from workflows.maintenance.drain import API_CALL, Drain, DrainProgress
+from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.common.call_options import API_CALL
 from workflows.budget.leases import Lease, acquire_lease, release_lease
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 # Runs started before a burn-in knew its Kubernetes node read no node: they replay without these steps.
 NODE_GUARD_PATCH = "burn-in-kubernetes-node"

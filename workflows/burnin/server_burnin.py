@@ -21,13 +21,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair
+from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.burnin.node_guard import NODE_GUARD_PATCH, KubernetesNode, NodeService
-from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, gave_up_on
+from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 
 from activities.gpu.activities import (
     GpuCheckRequest,
@@ -66,19 +66,11 @@ from activities.redfish import (
     SelQuery,
     SelReport,
 )
+from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
 
-# A BMC that stops answering for a while (a reset, a firmware hiccup, a flaky switch) is waited out with
-# backoff, visibly, for the input's retry_timeout per call (workflows.common.endpoints); a bad answer (auth, a value
-# it does not offer) is not retried.
-BMC_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                        maximum_interval=timedelta(seconds=30))  # fmt: skip
-BMC_CALL = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
-NETBOX_CALL = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
-AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
-                          maximum_attempts=5)  # fmt: skip
 
 Phase = Literal[
     "starting", "looking-up", "staging", "checking-firmware", "reading-sel", "booting-burn-in-image",
@@ -143,10 +135,6 @@ class BurnInSettings(StrictModel):
         if v <= timedelta(0):
             raise ValueError("must be positive")
         return v
-
-
-def bmc_endpoint(bmc: BmcRef) -> str:
-    return f"BMC {bmc.url}"
 
 
 class ServerBurnInInput(WorkflowInput, RetryTimeout):

@@ -39,10 +39,11 @@ from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
 from workflows.common import saga
+from workflows.common.errors import root_cause
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
-from workflows.maintenance.drain import API_CALL
+from workflows.common.call_options import API_CALL, LONG_CALL
 
 from activities.capi import (
     MANAGED_BY,
@@ -75,8 +76,6 @@ QUEUE_API = "scheduling.run.ai/v2"
 GPU_CLASS_LABEL = "millwright.dev/gpu-class"
 TENANTS_PARENT_QUEUE = "tenants"
 CLUSTER_CLASS = KindRef(api_version=CAPI, kind="ClusterClass")
-LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
-                 retry_policy=API_CALL["retry_policy"])
 # A failed CreateCluster undoes what the run owns (read from the clusters); before, it left everything.
 COMPENSATION = "create-cluster-compensates"
 
@@ -431,7 +430,7 @@ class CreateCluster:
         """Undo what this run created, read from the clusters (its ownership), and say what that was: the
         baseline on the workload cluster unless the Cluster itself goes, then the Cluster first and the rest of
         the management objects in reverse creation order. Each delete is of the very object this run owns."""
-        why = saga.root_cause(err)
+        why = root_cause(err)
         self._phases.enter("compensating", str(why))
         mine = Ownership(workflow=workflow.info().workflow_id, created_by=workflow.info().run_id)
         mgmt, ref = inp.management_cluster, inp.ref()

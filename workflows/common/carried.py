@@ -19,7 +19,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.common.endpoints import error_text
+from workflows.common.errors import error_text
 
 from activities.entities import EntityActivities, FailureCause, RunOutcome, RunRef
 

@@ -23,10 +23,12 @@ from typing import Any
 from pydantic import Field, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from activities.kube.activities import validate_positive_duration
 from activities.models import StrictModel
+from activities.redfish import BmcRef
+from workflows.common.errors import error_text
 
 # The endpoints' names as runs show them (an activity's error adds the URL the worker is configured with).
 NETBOX, UFM, IRONIC = "NetBox", "UFM", "Ironic"
@@ -34,6 +36,10 @@ NETBOX, UFM, IRONIC = "NetBox", "UFM", "Ironic"
 
 def kubernetes_api(cluster: str) -> str:
     return f"Kubernetes API of cluster {cluster}"
+
+
+def bmc_endpoint(bmc: BmcRef) -> str:
+    return f"BMC {bmc.url}"
 
 
 ROUND_ATTEMPTS = 3
@@ -85,17 +91,6 @@ def with_waits(details: str, waits: list[EndpointWait]) -> str:
     """Current details with the failing calls' lines after them (any earlier such lines replaced)."""
     kept = [part for part in details.split("\n\n") if part and not part.startswith(RETRYING)]
     return "\n\n".join(kept + [w.line() for w in waits])
-
-
-def error_text(err: BaseException) -> str:
-    """The innermost cause's message: what the endpoint answered, or that it did not answer in time."""
-    while isinstance(err, ActivityError) and err.cause is not None:
-        err = err.cause
-    if isinstance(err, TimeoutError):
-        last = err.cause
-        kind = err.type.name.lower().replace("_", "-") if err.type else "activity"
-        return error_text(last) if last is not None else f"no answer within the {kind} timeout"
-    return (getattr(err, "message", None) or str(err))[:500]
 
 
 class Endpoints:

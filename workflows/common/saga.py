@@ -4,16 +4,11 @@ and a calling workflow read the same account. Shared by OnboardTenant, CreateClu
 
 from __future__ import annotations
 
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ApplicationError
+
+from workflows.common.errors import root_cause
 
 _REPORT_KEYS = ("created", "removed")
-
-
-def root_cause(err: BaseException) -> BaseException:
-    """The error under an activity's or a child workflow's wrapper (the one that names what went wrong)."""
-    while isinstance(err, (ActivityError, ChildWorkflowError)) and err.cause is not None:
-        err = err.cause
-    return err
 
 
 def failure(doing: str, err: BaseException, created: list[str], removed: list[str],

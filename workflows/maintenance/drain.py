@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
@@ -30,12 +29,8 @@ from activities.kube.activities import (
     WaitPodsGoneRequest,
 )
 from activities.models import StrictModel
+from workflows.common.call_options import API_CALL, API_RETRY
 
-# Kubernetes calls are cheap and idempotent: retry them until the caller's deadline,
-# backing off to a ceiling so an API outage does not flood the history.
-API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30))
-# A short start-to-close bounds how long a call lost with a crashed worker waits to be retried.
-API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 # Runs before this waited only for pods whose eviction was accepted, trusting a "gone" from the eviction's

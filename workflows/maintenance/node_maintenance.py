@@ -23,7 +23,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
-from workflows.maintenance.drain import API_CALL, Drain, DrainProgress
+from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 
 from activities.kube.activities import (
@@ -38,7 +39,7 @@ from activities.kube.activities import (
     validate_positive_duration,
 )
 from activities.models import StrictModel
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 
 Phase = Literal[

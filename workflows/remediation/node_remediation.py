@@ -43,10 +43,13 @@ from temporalio.exceptions import (
 
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput, history_is_long
-from workflows.burnin.server_burnin import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL, bmc_endpoint
+from workflows.common.endpoints import bmc_endpoint
+from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.carried import outcome_of
-from workflows.common.endpoints import EndpointWait, Endpoints, RetryTimeout, error_text, kubernetes_api, with_waits
-from workflows.maintenance.drain import API_CALL, API_RETRY, Drain, DrainProgress
+from workflows.common.endpoints import EndpointWait, Endpoints, RetryTimeout, kubernetes_api, with_waits
+from workflows.common.errors import error_text
+from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.remediation.policy import (
     AgentObservation,
     BmcObservation,
@@ -110,7 +113,7 @@ from activities.node_health import (
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows.budget import leases
-from workflows.rollout.spec import Budget
+from workflows.budget.budget import Budget
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
@@ -353,11 +356,11 @@ class NodeRemediation:
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
             if health.ready:  # a live node that cannot be drained must not be power cycled
-                why = f"drain failed: {_cause(err)}"
+                why = f"drain failed: {error_text(err)}"
                 return await self._conclude(result, "failed", f"{why}; the node stays cordoned",
                                             event="remediation-failed", lease="drain failed; the node stays cordoned",
                                             lease_first=False)  # fmt: skip
-            self._status.note = f"drain incomplete on a NotReady node: {_cause(err)}"
+            self._status.note = f"drain incomplete on a NotReady node: {error_text(err)}"
 
         check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
         if inp.checks.host_agent:
@@ -367,7 +370,7 @@ class NodeRemediation:
                 self._blame(await self._agent(HostAgentActivities.host_gpu_check, check, timedelta(minutes=5),
                                               "GPU check before the ladder"))  # fmt: skip
             except (_Unavailable, ActivityError) as err:
-                self._status.note = f"no GPU check before the ladder: {_cause(err)}"
+                self._status.note = f"no GPU check before the ladder: {error_text(err)}"
         for i, step in enumerate(inp.steps):
             if self._rma:
                 break
@@ -403,11 +406,11 @@ class NodeRemediation:
         except _Unavailable as err:
             return StepRecord(step=step, outcome="unavailable", detail=str(err), approval=approval)
         except (ActivityError, ApplicationError) as err:
-            return StepRecord(step=step, outcome="failed", detail=_cause(err), approval=approval)
+            return StepRecord(step=step, outcome="failed", detail=error_text(err), approval=approval)
         try:
             healthy, why = await self._verify(bmc, check)
         except (ActivityError, ApplicationError) as err:
-            healthy, why = False, f"check failed: {_cause(err)}"
+            healthy, why = False, f"check failed: {error_text(err)}"
         return StepRecord(step=step, outcome="fixed" if healthy else "not-fixed",
                           detail="; ".join(d for d in (detail, why) if d), approval=approval)  # fmt: skip
 
@@ -468,7 +471,7 @@ class NodeRemediation:
                 retry_policy=API_RETRY, endpoint=kubernetes_api(inp.cluster),
                 summary=f"wait for {inp.node} to come back")  # fmt: skip
         except ActivityError as err:
-            raise ApplicationError(f"power cycled, but {_cause(err)}", type="RebootTimeout") from None
+            raise ApplicationError(f"power cycled, but {error_text(err)}", type="RebootTimeout") from None
         return "power cycled"
 
     async def _agent(self, method: Any, arg: Any, start_to_close: timedelta, summary: str) -> Any:
@@ -611,7 +614,7 @@ class NodeRemediation:
                     **NETBOX_CALL, summary=f"NetBox: untag {TAG_QUARANTINE}")  # fmt: skip
                 result.netbox = f"status active, tag {TAG_QUARANTINE} removed"
             except (ActivityError, ApplicationError) as err:
-                self._status.note = f"NetBox not updated: {_cause(err)}"
+                self._status.note = f"NetBox not updated: {error_text(err)}"
         self._status.note = "; ".join(n for n in (self._status.note, "quarantine lifted") if n)
 
     async def _record_in_netbox(self, why: str) -> str:
@@ -626,7 +629,7 @@ class NodeRemediation:
                 NetBoxActivities.set_device_tags, DeviceTagsRequest(device=device, add=[TAG_QUARANTINE]),
                 **NETBOX_CALL, summary=f"NetBox: tag {TAG_QUARANTINE}")  # fmt: skip
         except (ActivityError, ApplicationError) as err:  # quarantined either way; say what NetBox did not get
-            self._status.note = f"NetBox not updated: {_cause(err)}"
+            self._status.note = f"NetBox not updated: {error_text(err)}"
             return self._status.note
         return f"status {change.previous} → failed, journal entry #{change.journal_entry_id}, tag {TAG_QUARANTINE}"
 
@@ -653,7 +656,7 @@ class NodeRemediation:
                 else None  # fmt: skip
             tries = f" after {gave_up['attempts']} attempts" if gave_up else ""
             result.notification = f"{event}: failed{tries}: {gave_up['error'] if gave_up else error_text(err)}"
-            self._status.note = "; ".join(n for n in (self._status.note, f"webhook not notified: {_cause(err)}") if n)
+            self._status.note = "; ".join(n for n in (self._status.note, f"webhook not notified: {error_text(err)}") if n)
         else:
             result.notified = True
             result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
@@ -738,12 +741,6 @@ def device_facts(device: DeviceInfo) -> DeviceFacts:
             bmc = None
     gpus = cf.get(CF_EXPECTED_GPUS)
     return DeviceFacts(bmc=bmc, gpus=gpus if isinstance(gpus, int) else None, gpu_model=cf.get(CF_GPU_MODEL) or None)
-
-
-def _cause(err: BaseException) -> str:
-    while isinstance(err, ActivityError) and err.cause is not None:
-        err = err.cause
-    return str(err)
 
 
 def _finding(f: Any) -> str:
@@ -1000,7 +997,7 @@ class FleetHealthSweep:
                 if not token:
                     break
         except (ActivityError, ApplicationError) as err:
-            sweep.error = _cause(err)
+            sweep.error = error_text(err)
             return []
         after = self._cursor.after
         return sorted(n for n in set(names) if after is None or n > after)
@@ -1099,7 +1096,7 @@ class FleetHealthSweep:
                 **READ_CALL, endpoint=kubernetes_api(part.cluster),
                 summary=f"read {len(part.nodes)} nodes of {part.cluster}")  # fmt: skip
         except (ActivityError, ApplicationError) as err:
-            sweep.error = _cause(err)
+            sweep.error = error_text(err)
             self._enter("failed", sweep.error)
             return self._result
         sweep.vanished = len(read.missing)
@@ -1173,7 +1170,7 @@ class FleetHealthSweep:
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
-            return AgentObservation(status="error", detail=_cause(err)[:300])
+            return AgentObservation(status="error", detail=error_text(err)[:300])
         failed = [_finding(f) for f in result.findings if f.severity == "fail"]
         return AgentObservation(status="findings" if failed else "ok", findings=failed)
 
@@ -1185,7 +1182,7 @@ class FleetHealthSweep:
                 RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
                 schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY, summary=f"BMC health {bmc.url}")
         except ActivityError as err:
-            return BmcObservation(status="unavailable", detail=_cause(err)[:300])
+            return BmcObservation(status="unavailable", detail=error_text(err)[:300])
         return BmcObservation(**seen.model_dump())
 
     # ------------------------------------------------------------ starting remediations
@@ -1243,7 +1240,7 @@ class FleetHealthSweep:
             try:
                 found += [Candidate(cluster=c, decision=d, facts=f) for c, d, f in await self._read_whole(cluster, sweep)]
             except (ActivityError, ApplicationError) as err:
-                sweep.error = _cause(err)
+                sweep.error = error_text(err)
             self._details()
         self._enter("starting-remediations", done=0, total=min(len(found), inp.max_remediations))
         await self._start(found, phase="starting-remediations")

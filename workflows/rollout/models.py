@@ -16,7 +16,8 @@ from activities.models import StrictModel
 from workflows.maintenance.drain import DrainProgress
 from workflows.budget.leases import Lease
 from workflows.rollout.policy import Plan
-from workflows.rollout.spec import Budget, Interrupt, MaintenanceWindow
+from workflows.rollout.spec import Interrupt, MaintenanceWindow
+from workflows.budget.budget import Budget
 from workflows.rollout.state import BatchState, NodeStatus
 
 # ---------------------------------------------------------------- NodeUpdate

@@ -53,7 +53,8 @@ from activities.kube.activities import (
     StageJobRequest,
     StageRecord,
 )
-from workflows.maintenance.drain import API_CALL, API_RETRY, Drain
+from workflows.maintenance.drain import Drain
+from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
 from workflows.rollout.spec import Interrupt

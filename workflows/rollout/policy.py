@@ -37,7 +37,6 @@ from activities.support.selectors import Requirement, selector_matches
 from workflows.rollout.spec import (
     DEFAULT_COMPARTMENT,
     WEEKDAYS,
-    Budget,
     Compartment,
     DeploymentPolicy,
     Interrupt,
@@ -49,6 +48,7 @@ from workflows.rollout.spec import (
     topological_order,
     zone,
 )
+from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.state import BatchState
 
 __all__ = [
@@ -119,17 +119,6 @@ def strategy_name(strategy: Strategy | None) -> StrategyName:
 def strategy_rank(strategy: Strategy | None) -> int:
     """Safety order for overlapping compartments: fixed < linear < exponential < no strategy."""
     return _RANK[strategy_name(strategy)]
-
-
-def ceiling(budget: Budget, matched: int) -> int:
-    """NodeWright's `CalculateCeiling`: `count`, or `max(1, floor(matched * percent / 100))`;
-    0 for a percent budget over no nodes. Exact integer arithmetic (DEPARTURE 3)."""
-    if budget.count is not None:
-        return budget.count
-    assert budget.percent is not None
-    if matched <= 0:
-        return 0
-    return max(1, matched * budget.percent // 100)
 
 
 def compartment_budget(policy: DeploymentPolicy, name: str) -> Budget:

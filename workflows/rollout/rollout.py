@@ -28,7 +28,7 @@ from activities.kube.activities import ConditionGate, KubeActivities, NodePageRe
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long
-from workflows.maintenance.drain import API_CALL
+from workflows.common.call_options import API_CALL
 from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.models import (
@@ -54,7 +54,6 @@ from workflows.rollout.policy import (
     NodeSnapshot,
     admissible,
     assign_compartments,
-    ceiling,
     coalesce_interrupts,
     compartment_budget,
     compartment_strategy,
@@ -66,7 +65,8 @@ from workflows.rollout.policy import (
     strategy_name,
     window_open,
 )
-from workflows.rollout.spec import Budget, MaintenanceWindow, RolloutInput
+from workflows.rollout.spec import MaintenanceWindow, RolloutInput
+from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning

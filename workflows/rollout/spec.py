@@ -63,6 +63,7 @@ from activities.kube.activities import (
 )
 from activities.models import BaseUrl, StrictModel
 from activities.support.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
+from workflows.budget.budget import Budget
 
 DEFAULT_COMPARTMENT = "__default__"
 
@@ -533,23 +534,6 @@ class Strategy(_Spec):
     @property
     def params(self) -> FixedStrategy | LinearStrategy | ExponentialStrategy:
         return self.fixed or self.linear or self.exponential  # type: ignore[return-value]
-
-
-class Budget(_Spec):
-    """Exactly one of `percent` (1-100, floored, minimum 1) or `count` (≥1).
-
-    In Millwright the budget is a hard cap on nodes out of service at once, counting
-    nodes unavailable for any reason (NodeWright ignores it once a strategy is set).
-    """
-
-    percent: int | None = Field(None, ge=1, le=100)
-    count: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Budget:
-        if (self.percent is None) == (self.count is None):
-            raise ValueError("set exactly one of percent or count")
-        return self
 
 
 class PolicyDefault(_Spec):

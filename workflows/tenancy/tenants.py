@@ -33,21 +33,16 @@ from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 from workflows.common import saga
+from workflows.common.errors import root_cause
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
-from workflows.clusters.clusters import LONG_CALL, QUEUE_API, TENANTS_PARENT_QUEUE
-from workflows.maintenance.drain import API_CALL
-from workflows.fabric.fabric import (
-    IsolateTenant,
-    IsolateTenantInput,
-    IsolateTenantResult,
-    ReleaseTenant,
-    ReleaseTenantInput,
-    ReleaseTenantResult,
-)
-from workflows.fabric.fabric import _fabric as fabric_call
-from workflows.fabric.fabric import _name as validate_fabric_name
+from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
+from workflows.common.call_options import LONG_CALL
+from workflows.common.call_options import API_CALL
+from workflows.fabric.calls import call_fabric, validate_fabric_name
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput, ReleaseTenantResult
 
 from activities.capi import (
     TENANT_LABEL,
@@ -378,7 +373,7 @@ class OnboardTenant:
                 result.removed = [str(r) for r in gone]
                 result.changed |= bool(result.removed)
         except (ActivityError, ApplicationError, ChildWorkflowError) as err:
-            why = str(saga.root_cause(err))
+            why = str(root_cause(err))
             self._phases.enter("compensating", why)
             if workflow.patched(OWNED_COMPENSATION):
                 made, removed = await self._compensate_owned(inp, created, every)
@@ -415,7 +410,7 @@ class OnboardTenant:
         none before this run (a failed re-onboarding never cuts an isolated tenant's running jobs off)."""
         assert inp.ib_fabric
         self._phases.enter("infiniband", f"PKey on {inp.ib_fabric} for {', '.join(inp.ib_hosts)}", done)
-        before = await fabric_call(inp.ib_fabric, "state")
+        before = await call_fabric(inp.ib_fabric, "state")
         self._ib_release = inp.tenant not in (before.get("allocations") or {})
         child = inp.isolate_input()
         try:
@@ -585,7 +580,7 @@ class OffboardTenant:
                            if (q["metadata"].get("annotations") or {}).get(IB_FABRIC_ANNOTATION)), None)
         if fabric is None:
             return None
-        state = await fabric_call(fabric, "state")
+        state = await call_fabric(fabric, "state")
         if inp.tenant not in (state.get("allocations") or {}):
             return None  # never isolated (or already released)
         self._phases.enter("infiniband", f"releasing the tenant's PKey on {fabric}")
