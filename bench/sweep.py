@@ -71,7 +71,8 @@ def seeded_nodes(nodes: int, unhealthy_every: int, not_ready_every: int) -> tupl
 
 
 async def sweep(args: argparse.Namespace, settings: dict, bmcs: dict[str, str]) -> dict:
-    from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput
+    from workflows.remediation.health_sweep import FleetHealthSweep
+    from workflows.remediation.sweep_models import FleetHealthSweepInput
 
     with tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp, \
             EmulatorProcess(pod_start_seconds=0.05, grace_scale=0.01, startup_timeout=60) as emulator:  # fmt: skip

@@ -16,7 +16,8 @@ from workflows.burnin.fleet_burnin import FleetBurnIn
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
 from workflows.rollout.node_update import NodeUpdate
-from workflows.remediation.node_remediation import FleetHealthSweep, NodeRemediation
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.rollout.rollout import Rollout, RolloutBatch
 from workflows.tenancy.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
 

@@ -13,7 +13,8 @@ from datetime import datetime
 
 from workflows.budget.disruption_budget import budget_workflow_id
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-from workflows.remediation.node_remediation import NodeRemediation, NodeRemediationInput
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.models import NodeRemediationInput
 from workflows.rollout.rollout import Rollout
 
 from tests.budget.test_disruption_budget import (

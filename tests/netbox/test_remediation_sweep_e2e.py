@@ -15,7 +15,9 @@ from tests.burnin import conftest as burnin_tier
 from tests.remediation import conftest as remediation_tier
 from tests.remediation.helpers import fast_settings, fleet
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_spec
-from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 from workflows.rollout.rollout import Rollout
 
 pytestmark = pytest.mark.timeout(600)

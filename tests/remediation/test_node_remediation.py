@@ -11,7 +11,8 @@ from activities.kube.activities import CORDONED_BY
 from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from activities.redfish import BmcRef
 from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
-from workflows.remediation.node_remediation import Approval, NodeRemediation, NodeRemediationInput
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.models import Approval, NodeRemediationInput
 
 from tests.kube_helpers import current_details, pods_on, read_node, wait_for
 from tests.remediation.helpers import fast_settings, fleet

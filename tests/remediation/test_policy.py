@@ -7,13 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from activities.node_health import ConditionState, NodeHealth, node_health
-from workflows.remediation.policy import (
-    AgentObservation,
-    BmcObservation,
-    HealthChecks,
-    decide,
-    remediation_workflow_id,
-)
+from workflows.remediation.policy import AgentObservation, BmcObservation, HealthChecks, decide, remediation_workflow_id
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 CHECKS = HealthChecks()
@@ -139,7 +133,8 @@ def test_the_examples_fit_the_inputs():
     import json
     from pathlib import Path
 
-    from workflows.remediation.node_remediation import FleetHealthSweepInput, NodeRemediationInput
+    from workflows.remediation.sweep_models import FleetHealthSweepInput
+    from workflows.remediation.models import NodeRemediationInput
 
     examples = Path(__file__).parents[2] / "examples"
     node = NodeRemediationInput.model_validate(json.loads((examples / "node-remediation.json").read_text()))

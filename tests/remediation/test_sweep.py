@@ -11,7 +11,9 @@ import pytest
 
 from activities.redfish import BmcRef
 from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
-from workflows.remediation.node_remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.helpers import fast_settings, fleet

@@ -36,9 +36,7 @@ from temporalio import workflow
 
 from workflows.common.base import Progress, history_is_long
 
-from activities.ufm import (
-    normalize_guid,
-)
+from activities.ufm import normalize_guid
 from workflows.fabric.models import (
     AllocateRequest,
     Allocation,

@@ -25,8 +25,7 @@ from activities.ufm import (
     RemoveGuids,
     UfmActivities,
 )
-from workflows.common import saga
-from workflows.common import search_attributes as sa
+from workflows.common import saga, search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 from workflows.common.errors import root_cause

@@ -11,13 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities, TenantPKeyRecord
-from activities.ufm import (
-    DeletedPKey,
-    MembershipChange,
-    PKeyRef,
-    RemoveGuids,
-    UfmActivities,
-)
+from activities.ufm import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids, UfmActivities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout

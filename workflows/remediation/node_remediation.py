@@ -1,5 +1,5 @@
-"""Remediation of unhealthy nodes: `NodeRemediation` (one node, a ladder of fixes) and `FleetHealthSweep`
-(scheduled: find the unhealthy nodes and start one `NodeRemediation` each).
+"""Remediation of unhealthy nodes: `NodeRemediation` (one node, a ladder of fixes); `FleetHealthSweep`
+(workflows/remediation/health_sweep.py) finds the unhealthy nodes and starts one each.
 
 NodeRemediation, for one node (workflow ID `remediation/<cluster>/<node>`, so a node is never remediated
 twice at once):
@@ -14,13 +14,6 @@ twice at once):
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
   `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
-
-FleetHealthSweep reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs'
-health, decides with `workflows.remediation.policy.decide`, and starts at most `max_remediations` children
-with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep). A start that finds the node's
-remediation already running (another sweep, a manual start) is reported as such, never duplicated. It reads and
-probes the nodes in slice children of a few hundred nodes each and continues as new with a cursor, so that no run
-passes ~8,300 history events at 10,000 nodes (the class's docstring counts them).
 """
 
 from __future__ import annotations
@@ -29,37 +22,17 @@ import asyncio
 from datetime import timedelta
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    ChildWorkflowError,
-    TimeoutError,
-    TimeoutType,
-    WorkflowAlreadyStartedError,
-)
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from workflows.common import search_attributes as sa
-from workflows.common.base import Phases, Progress, WorkflowInput, history_is_long
-from workflows.common.endpoints import bmc_endpoint
-from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
-from workflows.common.carried import outcome_of
-from workflows.common.endpoints import EndpointWait, Endpoints, RetryTimeout, kubernetes_api, with_waits
+from workflows.common.base import Phases, Progress
+from workflows.common.endpoints import EndpointWait, Endpoints, bmc_endpoint, kubernetes_api, with_waits
+from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
 from workflows.common.errors import error_text
-from workflows.maintenance.drain import Drain, DrainProgress
-from workflows.common.call_options import API_CALL, API_RETRY
-from workflows.remediation.policy import (
-    AgentObservation,
-    BmcObservation,
-    HealthChecks,
-    NodeDecision,
-    bmc_problems,
-    decide,
-    node_problems,
-    remediation_workflow_id,
-)
+from workflows.maintenance.drain import Drain
+from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems
 
 from activities.gpu.activities import (
     EmptyRequest,
@@ -72,53 +45,31 @@ from activities.gpu.activities import (
     gpu_verdict,
     host_task_queue,
 )
-from activities.kube.activities import (
-    CordonRequest,
-    DrainSettings,
-    KubeActivities,
-    NodeRef,
-    RebootWait,
-    validate_label_selector,
-    validate_object_name,
-    validate_positive_duration,
-)
-from activities.entities import RunOutcome, RunRef, failed_outcome
-from activities.models import StrictModel
+from activities.kube.activities import CordonRequest, KubeActivities, NodeRef, RebootWait
 from activities.netbox.activities import (
-    CF_BMC_CREDENTIALS,
-    CF_BMC_URL,
-    CF_EXPECTED_GPUS,
-    CF_GPU_MODEL,
     TAG_QUARANTINE,
-    DeviceInfo,
     DeviceLookup,
-    DevicePage,
-    DevicePageQuery,
-    DeviceQuery,
     DeviceTagsRequest,
     NetBoxActivities,
     SetStatusRequest,
 )
-from activities.node_health import (
-    NodeHealth,
-    NodeHealthActivities,
-    NodeHealthQuery,
-    NodeHealthRequest,
-    NodeNamesPage,
-    NodeNamesQuery,
-    NodesHealth,
-    NodesHealthRequest,
-    QuarantineRequest,
-)
-from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
+from activities.node_health import NodeHealth, NodeHealthActivities, NodeHealthRequest, QuarantineRequest
+from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows.budget import leases
-from workflows.budget.budget import Budget
+from workflows.remediation.models import (
+    Approval,
+    AwaitingApproval,
+    NodeRemediationInput,
+    NodeRemediationResult,
+    NodeRemediationStatus,
+    Outcome,
+    Step,
+    StepRecord,
+    device_facts,
+    finding_text,
+)
 
-Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
-STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
-Outcome = Literal["healthy", "quarantined", "failed", "skipped"]
-StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
@@ -128,119 +79,6 @@ NOTIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=30),
                                             maximum_interval=timedelta(seconds=30)))  # fmt: skip
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 HEARTBEAT = timedelta(seconds=30)
-
-
-# ---------------------------------------------------------------- models
-
-
-class RemediationSettings(RetryTimeout):
-    """How a node is remediated: the ladder, approvals, timeouts, records. Shared by the sweep's children."""
-
-    steps: list[Step] = Field(default_factory=lambda: list(STEPS), min_length=1,
-                              description="The ladder, cheapest first; each step is tried once.")  # fmt: skip
-    drain: DrainSettings = Field(default_factory=DrainSettings)
-    require_approval_for: list[Step] = Field(
-        default_factory=list, description="Steps that wait for an operator's `approve` / `reject` update."
-    )
-    approval_timeout: timedelta = Field(timedelta(hours=1), description="How long to wait for an approval.")
-    default_on_timeout: Literal["approve", "reject"] = Field(
-        "reject", description="What an approval nobody gave within approval_timeout becomes."
-    )
-    settle_timeout: timedelta = Field(
-        timedelta(minutes=3), description="After a step, how long the node may take to look healthy."
-    )
-    settle_poll_interval: timedelta = Field(timedelta(seconds=10), description="How often to look meanwhile.")
-    agent_timeout: timedelta = Field(
-        timedelta(minutes=2), description="How long the host agent may take to pick up a task (none: unavailable)."
-    )
-    reboot_timeout: timedelta = Field(timedelta(minutes=20), description="Power cycle to Ready with a new boot ID.")
-    burn_in_seconds: float = Field(60.0, gt=0, le=3600, description="The short GPU stress after a fix.")
-    dcgm_level: int | None = Field(None, ge=1, le=4, description="dcgmi diag level during burn-in (when installed).")
-    expected_gpus: int | None = Field(None, ge=0, le=64, description="GPUs the node must have (None: not checked).")
-    gpu_model: str | None = Field(None, description="e.g. NVIDIA H200 (None: not checked).")
-    disruption_budget: bool = Field(True, description="Take a lease from the cluster's disruption budget first.")
-    budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
-    netbox: bool = Field(False, description="Record a quarantine in NetBox; look the BMC and GPUs up there.")
-    webhook: WebhookTarget | None = Field(None, description="Where to notify a quarantine or a failure.")
-    notify_timeout: timedelta = Field(
-        timedelta(minutes=10), description="How long the webhook may keep failing (no answer, 5xx, 429) before the "
-        "notification is given up; the outcome is recorded first, and the result's `notification` says what became "
-        "of it.")  # fmt: skip
-
-    _durations = field_validator("approval_timeout", "settle_timeout", "settle_poll_interval", "agent_timeout",
-                                 "reboot_timeout", "notify_timeout")(validate_positive_duration)  # fmt: skip
-
-    @field_validator("steps")
-    @classmethod
-    def _unique(cls, steps: list[Step]) -> list[Step]:
-        if len(set(steps)) != len(steps):
-            raise ValueError("each step at most once")
-        return steps
-
-
-class NodeRemediationInput(WorkflowInput, RemediationSettings):
-    """Remediate one node of one cluster, for a stated reason."""
-
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
-    node: str = Field(description="Node name (also the host agent's name and the NetBox device name).")
-    reason: str = Field(min_length=1, max_length=1024, description="Why; recorded on the node.")
-    checks: HealthChecks = Field(default_factory=HealthChecks, description="What the success checks look at.")
-    bmc: BmcRef | None = Field(None, description="The node's BMC; None: from NetBox (netbox: true), else no "
-                               "power cycle.")  # fmt: skip
-
-    _names = field_validator("cluster", "node")(validate_object_name)
-
-    def workflow_id(self) -> str:
-        return remediation_workflow_id(self.cluster, self.node)
-
-    def search_attributes(self) -> list[SearchAttributePair]:
-        return [SearchAttributePair(sa.CLUSTER, self.cluster), SearchAttributePair(sa.NODE, self.node)]
-
-
-class StepRecord(StrictModel):
-    step: Step
-    outcome: StepOutcome
-    detail: str = ""
-    approval: str | None = Field(None, description="Who approved or rejected, or 'default on timeout'.")
-
-
-class Approval(StrictModel):
-    step: Step | None = Field(None, description="The step being decided; None: whichever waits now.")
-    by: str = Field(min_length=1, description="Who decides.")
-    comment: str = ""
-
-
-class AwaitingApproval(StrictModel):
-    step: Step
-    deadline: str
-    default: Literal["approve", "reject"]
-
-
-class NodeRemediationStatus(DrainProgress):
-    phase: str = "starting"
-    step: Step | None = None
-    steps: list[StepRecord] = Field(default_factory=list)
-    awaiting_approval: AwaitingApproval | None = None
-    lease: bool = False
-    cordoned_by_us: bool = False
-    problems: list[str] = Field(default_factory=list, description="What the last check found.")
-    note: str = ""
-
-
-class NodeRemediationResult(StrictModel):
-    cluster: str
-    node: str
-    outcome: Outcome
-    reason: str
-    fixed_by: Step | None = None
-    steps: list[StepRecord] = Field(default_factory=list)
-    uncordoned: bool = False
-    quarantined: bool = False
-    netbox: str | None = Field(None, description="What was recorded in NetBox, or why nothing was.")
-    notified: bool = False
-    notification: str | None = Field(None, description="The webhook notification: delivered, or failed after N "
-                                     "attempts with the error (never the run's failure).")  # fmt: skip
-    note: str = ""
 
 
 class _Rejected(Exception):
@@ -517,7 +355,7 @@ class NodeRemediation:
         verdict = gpu_verdict(check, before.snapshot, after.snapshot, stress)
         failed = self._blame(verdict)
         if failed:
-            self._status.problems = [_finding(f) for f in failed]
+            self._status.problems = [finding_text(f) for f in failed]
             return False, "burn-in failed: " + "; ".join(self._status.problems)
         return True, "checks clear; burn-in passed"
 
@@ -531,7 +369,7 @@ class NodeRemediation:
         if inp.checks.host_agent:
             try:
                 gpu = await self._agent(HostAgentActivities.host_gpu_check, check, timedelta(minutes=5), "GPU check")
-                problems += [f"GPU check: {_finding(f)}" for f in self._blame(gpu)]
+                problems += [f"GPU check: {finding_text(f)}" for f in self._blame(gpu)]
             except _Unavailable as err:
                 problems.append(str(err))
         if inp.checks.bmc and bmc is not None:
@@ -543,7 +381,7 @@ class NodeRemediation:
     def _blame(self, seen: Any) -> list[Any]:
         """The failing findings of a GPU check or verdict; remembers those only an RMA fixes."""
         failed = [f for f in seen.findings if f.severity == "fail"]
-        self._rma = [_finding(f) for f in failed if f.remedy == "rma"]
+        self._rma = [finding_text(f) for f in failed if f.remedy == "rma"]
         return failed
 
     async def _health(self) -> NodeHealth:
@@ -724,597 +562,3 @@ class _Unavailable(Exception):
     """A step that cannot run here: no host agent, no BMC."""
 
 
-class DeviceFacts(StrictModel):
-    bmc: BmcRef | None = None
-    gpus: int | None = None
-    gpu_model: str | None = None
-
-
-def device_facts(device: DeviceInfo) -> DeviceFacts:
-    """The BMC and expected GPUs from a NetBox device's Millwright custom fields."""
-    cf = device.custom_fields or {}
-    bmc = None
-    if cf.get(CF_BMC_URL):
-        try:
-            bmc = BmcRef(url=cf[CF_BMC_URL], credentials=cf.get(CF_BMC_CREDENTIALS) or None)
-        except ValueError:
-            bmc = None
-    gpus = cf.get(CF_EXPECTED_GPUS)
-    return DeviceFacts(bmc=bmc, gpus=gpus if isinstance(gpus, int) else None, gpu_model=cf.get(CF_GPU_MODEL) or None)
-
-
-def _finding(f: Any) -> str:
-    where = f" GPU{f.gpu}" if getattr(f, "gpu", None) is not None else ""
-    return f"{f.check}{where}: {f.evidence}"
-
-
-# ---------------------------------------------------------------- FleetHealthSweep
-
-# Sweeps started before slices read every node in the one run; replays of them take that path (`_sweep_whole`).
-SWEEP_SLICES_PATCH = "fleet-health-sweep-slices"
-SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the server's suggestion (4,096 events)
-LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
-NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
-SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
-NAMES_CALL = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
-                  retry_policy=API_RETRY)  # fmt: skip
-READ_CALL = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
-                 retry_policy=API_RETRY)  # fmt: skip
-
-
-class StartedRemediation(StrictModel):
-    cluster: str
-    node: str
-    workflow_id: str
-    reasons: list[str]
-    status: Literal["started", "already-running", "deferred", "dry-run", "error"]
-    detail: str = ""
-
-
-class ClusterSweep(StrictModel):
-    cluster: str
-    nodes: int = Field(0, description="Nodes listed (and given to slices).")
-    healthy: int = 0
-    not_healthy: int = Field(0, description="Nodes not healthy: to remediate, or skipped with why.")
-    unhealthy: list[NodeDecision] = Field(default_factory=list, description=f"The nodes not healthy, with why (the "
-                                          f"first {LISTED} of the sweep; `not_healthy` counts them all).")  # fmt: skip
-    agents_unavailable: int = 0
-    bmc_unknown: int = 0
-    vanished: int = Field(0, description="Nodes deleted between the listing and their slice's read.")
-    slices: int = Field(0, description="Slice children that swept this cluster's nodes.")
-    error: str | None = None
-
-
-class Candidate(StrictModel):
-    """A node a slice found needing remediation, with what its NetBox device or `bmcs` say."""
-
-    cluster: str
-    decision: NodeDecision
-    facts: DeviceFacts
-
-
-class FleetHealthSweepResult(StrictModel):
-    clusters: list[ClusterSweep]
-    remediations: list[StartedRemediation] = Field(
-        default_factory=list, description=f"What was started, already running, deferred (the first {LISTED}).")
-    remediation_counts: dict[str, int] = Field(default_factory=dict, description="Remediations by status, all.")
-    found: list[Candidate] = Field(default_factory=list, description="A slice's nodes needing remediation, for the "
-                                   "sweep that started it; empty in a sweep's own result.")  # fmt: skip
-
-    def started(self) -> list[StartedRemediation]:
-        return [r for r in self.remediations if r.status == "started"]
-
-
-class SweepSlice(StrictModel):
-    """Nodes of one cluster that one child of a sweep owns."""
-
-    cluster: str
-    index: int = Field(ge=0)
-    nodes: list[str] = Field(min_length=1, max_length=500)
-
-
-class SliceRun(StrictModel):
-    """A slice child the sweep started, as a later run of the sweep finds it again."""
-
-    workflow_id: str
-    run_id: str
-    cluster: str
-    index: int
-    nodes: int
-    first: str
-    last: str
-
-
-class SweepCursor(StrictModel):
-    """Where a sweep stands, carried across continue-as-new."""
-
-    cluster: int = Field(0, description="Index in `clusters` of the cluster being given out to slices.")
-    after: str | None = Field(None, description="The last node (in name order) of that cluster given to a slice.")
-    next_slice: int = 0
-    running: list[SliceRun] = Field(default_factory=list)
-    started: int = Field(0, description="Remediations started so far (max_remediations is per sweep).")
-    result: FleetHealthSweepResult
-
-
-class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
-    """Find the unhealthy nodes of some clusters and start a NodeRemediation for each (at most max_remediations)."""
-
-    clusters: list[str] = Field(min_length=1, description="Cluster references (kubeconfig contexts).")
-    label_selector: str = Field("", description="Only nodes matching this label selector.")
-    checks: HealthChecks = Field(default_factory=HealthChecks)
-    max_remediations: int = Field(1, ge=0, description="At most this many NodeRemediations started per sweep.")
-    netbox: bool = Field(False, description="Look BMCs and expected GPUs up in NetBox; children record quarantines.")
-    netbox_role: str | None = Field("gpu-server", description="NetBox device role of the nodes (with netbox).")
-    bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="BMC per node name (before NetBox's).")
-    agent_timeout: timedelta = Field(timedelta(seconds=10), description="No host agent picking up the GPU check "
-                                     "within this long: unknown, not unhealthy.")  # fmt: skip
-    concurrency: int = Field(20, ge=1, le=200, description="Nodes probed at once, across the running slices.")
-    slice_size: int = Field(250, ge=1, le=500, description="Nodes per slice child (each run stays under ~3,000 "
-                            "history events at 250).")  # fmt: skip
-    slices_at_once: int = Field(2, ge=1, le=20, description="Slice children running at once; each probes "
-                                "concurrency / slices_at_once nodes at once, so the next slice is busy while one "
-                                "finishes its last probes.")  # fmt: skip
-    remediation: RemediationSettings = Field(default_factory=RemediationSettings,
-                                             description="How each started NodeRemediation works.")  # fmt: skip
-    dry_run: bool = Field(False, description="Decide and report; start nothing.")
-    # Set by the sweep itself; not for callers.
-    part: SweepSlice | None = Field(None, description="Internal: the nodes a slice child sweeps.")
-    carried: SweepCursor | None = Field(None, description="Internal: carried across continue-as-new.")
-
-    _selector = field_validator("label_selector")(validate_label_selector)
-    _timeout = field_validator("agent_timeout")(validate_positive_duration)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_cluster(cls, data: Any) -> Any:
-        """`{"cluster": "lab"}` is shorthand for `{"clusters": ["lab"]}`."""
-        if isinstance(data, dict) and "cluster" in data and "clusters" not in data:
-            data = {**data, "clusters": [data["cluster"]]}
-            del data["cluster"]
-        return data
-
-    @field_validator("clusters")
-    @classmethod
-    def _names(cls, clusters: list[str]) -> list[str]:
-        if len(set(clusters)) != len(clusters):
-            raise ValueError("each cluster at most once")
-        return clusters
-
-    def workflow_id(self) -> str:
-        return f"fleet-health-sweep/{'+'.join(self.clusters)}"
-
-    def search_attributes(self) -> list[SearchAttributePair]:
-        return [SearchAttributePair(sa.CLUSTER, self.clusters[0])] if len(self.clusters) == 1 else []
-
-
-@workflow.defn
-class FleetHealthSweep:
-    """The sweep, in slices (a run of the same type per slice, so the worker registers nothing new):
-
-    - The sweep lists each cluster's node names (`list_node_names`, 5,000 names an activity, in quick succession so
-      that no continue token ages), sorts them and gives them out `slice_size` at a time to slice children
-      (`<sweep ID>/slice-<first run>/<cluster>/<index>`, `ParentClosePolicy.ABANDON`), `slices_at_once` running at
-      once. A slice reads its nodes by name (`read_nodes_health`, one activity), probes each node's host agent and
-      BMC at once, decides, and returns counts, the unhealthy nodes and the nodes to remediate (with their BMC and
-      GPUs). The sweep merges each slice as it closes and starts the remediations (`remediation/<cluster>/<node>`:
-      a node whose remediation runs is reported `already-running`, never started twice), at most
-      `max_remediations` in all.
-    - Past `SWEEP_HISTORY_LIMIT` events (or the server's suggestion) the sweep continues as new with a cursor (the
-      cluster, the last node given out, the next slice's index), the merged result and the running slices by ID;
-      the next run lists the cluster again, skips the nodes given out, and waits for the carried slices through
-      `EntityActivities.workflow_outcome` (workflows/common/carried.py) while it starts the next ones: slices keep probing
-      across the boundary.
-
-    History events (counted from the commands; bench/sweep.py measures them):
-    - a slice of S nodes: start and read ~12, NetBox ~6, per node the GPU check (scheduled, started, completed;
-      or scheduled and timed out) and the BMC read (3), each completion at worst its own workflow task (3): ≤ 12
-      events a node, ≤ 3,012 for S = 250 (≤ 6,012 for the largest slice, 500);
-    - the sweep: ~10 per slice (child initiated, started, completed; two workflow tasks), ~6 per 5,000 names
-      listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
-    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
-    plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
-    one merge adds at most 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a node in all.
-    """
-
-    @workflow.init
-    def __init__(self, inp: FleetHealthSweepInput) -> None:
-        self._inp = inp
-        self._phases = Phases(finished=("completed", "failed"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
-        self._cursor = inp.carried or SweepCursor(result=FleetHealthSweepResult(clusters=[]))
-        self._result = self._cursor.result
-        self._running: dict[str, SliceRun] = {r.workflow_id: r for r in self._cursor.running}
-        self._closed: list[tuple[SliceRun, FleetHealthSweepResult | str]] = []  # closed slices, not merged yet
-        self._waits: set[asyncio.Task] = set()
-        self._names: list[str] | None = None  # the current cluster's names not given out yet, listed by this run
-        self._progressed = False  # this run started or merged a slice (so continuing as new moves on)
-
-    @workflow.query(description="Short progress for pollers such as `millwright watch`.")
-    def progress(self) -> Progress:
-        return self._phases.progress
-
-    @workflow.query(description="What the sweep found so far and what it started or skipped.")
-    def status(self) -> FleetHealthSweepResult:
-        return self._result
-
-    @workflow.run
-    async def run(self, inp: FleetHealthSweepInput) -> FleetHealthSweepResult:
-        if inp.part is not None:
-            return await self._sweep_slice(inp.part)
-        if len(inp.clusters) == 1:
-            workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.clusters[0])])
-        if inp.carried is None and not workflow.patched(SWEEP_SLICES_PATCH):
-            return await self._sweep_whole(inp)
-        for ref in self._running.values():  # slices a previous run started
-            self._wait(ref, self._carried_outcome(ref))
-        self._enter("sweeping", self._summary_line())
-        while True:
-            while len(self._running) < inp.slices_at_once and (part := await self._next_slice()) is not None:
-                await self._start_slice(part)
-            if not self._running:
-                break
-            if self._progressed and history_is_long(SWEEP_HISTORY_LIMIT):
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                self._cursor.running = list(self._running.values())
-                workflow.continue_as_new(inp.model_copy(update={"carried": self._cursor}))
-            await workflow.wait_condition(lambda: bool(self._closed))
-            while self._closed:
-                await self._merge(*self._closed.pop(0))
-        self._enter("completed", self._summary_line())
-        return self._result
-
-    # ------------------------------------------------------------ giving out slices
-
-    async def _next_slice(self) -> SweepSlice | None:
-        inp, cursor = self._inp, self._cursor
-        while cursor.cluster < len(inp.clusters):
-            cluster = inp.clusters[cursor.cluster]
-            if self._names is None:
-                self._names = await self._list_names(cluster)
-            if self._names:
-                nodes, self._names = self._names[:inp.slice_size], self._names[inp.slice_size:]
-                part = SweepSlice(cluster=cluster, index=cursor.next_slice, nodes=nodes)
-                cursor.next_slice, cursor.after = cursor.next_slice + 1, nodes[-1]
-                return part
-            cursor.cluster, cursor.after, self._names = cursor.cluster + 1, None, None
-        return None
-
-    async def _list_names(self, cluster: str) -> list[str]:
-        """The cluster's node names after the cursor, sorted (so the cursor holds whatever the API's order)."""
-        sweep = self._cluster(cluster)
-        names: list[str] = []
-        token: str | None = None
-        self._enter("sweeping", f"listing the nodes of {cluster}")
-        try:
-            while True:
-                page: NodeNamesPage = await self._calls.execute(
-                    NodeHealthActivities.list_node_names,
-                    NodeNamesQuery(cluster=cluster, label_selector=self._inp.label_selector, max_names=NAMES_PER_CALL,
-                                   continue_token=token),
-                    **NAMES_CALL, endpoint=kubernetes_api(cluster), summary=f"list node names of {cluster}")  # fmt: skip
-                names += page.names
-                token = page.continue_token
-                if not token:
-                    break
-        except (ActivityError, ApplicationError) as err:
-            sweep.error = error_text(err)
-            return []
-        after = self._cursor.after
-        return sorted(n for n in set(names) if after is None or n > after)
-
-    async def _start_slice(self, part: SweepSlice) -> None:
-        inp, info = self._inp, workflow.info()
-        workflow_id = f"{info.workflow_id}/slice-{info.first_execution_run_id[:8]}/{part.cluster}/{part.index:04d}"
-        child = inp.model_copy(update={"clusters": [part.cluster], "part": part, "carried": None,
-                                       "bmcs": {n: inp.bmcs[n] for n in part.nodes if n in inp.bmcs}})  # fmt: skip
-        handle = await workflow.start_child_workflow(
-            FleetHealthSweep.run, child, id=workflow_id, task_queue=info.task_queue,
-            # A slice outlives this run when it continues as new; the next run waits for it by ID.
-            parent_close_policy=workflow.ParentClosePolicy.ABANDON, execution_timeout=SLICE_TIMEOUT,
-            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.CLUSTER, part.cluster)]),
-            static_summary=f"sweep {len(part.nodes)} nodes of {part.cluster}: {part.nodes[0]} … {part.nodes[-1]}"[:200],
-        )  # fmt: skip
-        ref = SliceRun(workflow_id=workflow_id, run_id=handle.first_execution_run_id or "", cluster=part.cluster,
-                       index=part.index, nodes=len(part.nodes), first=part.nodes[0], last=part.nodes[-1])  # fmt: skip
-        self._running[workflow_id] = ref
-        self._progressed = True
-        sweep = self._cluster(part.cluster)
-        sweep.nodes += len(part.nodes)
-        sweep.slices += 1
-
-        async def closed() -> FleetHealthSweepResult | str:
-            try:
-                return await handle
-            except ChildWorkflowError as err:
-                return _outcome_error(failed_outcome(err.cause))
-
-        self._wait(ref, closed())
-        self._details()
-
-    async def _carried_outcome(self, ref: SliceRun) -> FleetHealthSweepResult | str:
-        outcome = await outcome_of(RunRef(workflow_id=ref.workflow_id, run_id=ref.run_id), longest=SLICE_TIMEOUT,
-                                   summary=f"slice {ref.index} of {ref.cluster}: {ref.first} … {ref.last}")  # fmt: skip
-        if outcome.status != "completed":
-            return _outcome_error(outcome)
-        return FleetHealthSweepResult.model_validate(outcome.result)
-
-    def _wait(self, ref: SliceRun, outcome: Any) -> None:
-        async def wait() -> None:
-            self._closed.append((ref, await outcome))
-
-        task = asyncio.create_task(wait())
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
-
-    async def _merge(self, ref: SliceRun, outcome: FleetHealthSweepResult | str) -> None:
-        """One closed slice into the result; then start the remediations it found."""
-        del self._running[ref.workflow_id]
-        self._progressed = True
-        sweep = self._cluster(ref.cluster)
-        if isinstance(outcome, str):
-            self._add_error(sweep, f"slice {ref.index} ({ref.nodes} nodes, {ref.first} … {ref.last}) not swept: "
-                                   f"{outcome}")  # fmt: skip
-            self._details()
-            return
-        (part,) = outcome.clusters
-        sweep.healthy += part.healthy
-        sweep.not_healthy += part.not_healthy
-        sweep.agents_unavailable += part.agents_unavailable
-        sweep.bmc_unknown += part.bmc_unknown
-        sweep.vanished += part.vanished
-        room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
-        sweep.unhealthy += part.unhealthy[:max(room, 0)]
-        if part.error:
-            self._add_error(sweep, f"slice {ref.index} ({ref.first} … {ref.last}): {part.error}")
-        self._details()
-        await self._start(outcome.found)
-
-    def _cluster(self, cluster: str) -> ClusterSweep:
-        found = next((c for c in self._result.clusters if c.cluster == cluster), None)
-        if found is None:
-            found = ClusterSweep(cluster=cluster)
-            self._result.clusters.append(found)
-        return found
-
-    @staticmethod
-    def _add_error(sweep: ClusterSweep, error: str) -> None:
-        sweep.error = (f"{sweep.error}; {error}" if sweep.error else error)[:2000]
-
-    # ------------------------------------------------------------ one slice
-
-    async def _sweep_slice(self, part: SweepSlice) -> FleetHealthSweepResult:
-        inp = self._inp
-        sweep = ClusterSweep(cluster=part.cluster, nodes=len(part.nodes), slices=1)
-        self._result = FleetHealthSweepResult(clusters=[sweep])
-        self._enter("reading", f"{len(part.nodes)} nodes of {part.cluster}: {part.nodes[0]} … {part.nodes[-1]}")
-        try:
-            facts = await self._netbox_facts_of(part.nodes) if inp.netbox else {}
-            read: NodesHealth = await self._calls.execute(
-                NodeHealthActivities.read_nodes_health,
-                NodesHealthRequest(cluster=part.cluster, nodes=part.nodes, condition_types=inp.checks.condition_types(),
-                                   label_keys=inp.checks.label_keys()),
-                **READ_CALL, endpoint=kubernetes_api(part.cluster),
-                summary=f"read {len(part.nodes)} nodes of {part.cluster}")  # fmt: skip
-        except (ActivityError, ApplicationError) as err:
-            sweep.error = error_text(err)
-            self._enter("failed", sweep.error)
-            return self._result
-        sweep.vanished = len(read.missing)
-        self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
-        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True)
-        self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
-        self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
-        return self._result
-
-    async def _netbox_facts_of(self, names: list[str]) -> dict[str, DeviceFacts]:
-        facts: dict[str, DeviceFacts] = {}
-        after: int | None = 0
-        while after is not None:
-            page: DevicePage = await self._calls.execute(
-                NetBoxActivities.list_devices_page,
-                DevicePageQuery(role=self._inp.netbox_role, names=names, after_id=after, limit=1000), **NETBOX_CALL,
-                summary=f"NetBox: {len(names)} devices")  # fmt: skip
-            facts |= {d.name: device_facts(d) for d in page.devices if d.name}
-            after = page.next_after_id
-        return facts
-
-    # ------------------------------------------------------------ looking at nodes
-
-    async def _look_all(self, cluster: str, nodes: list[NodeHealth], facts: dict[str, DeviceFacts],
-                        sweep: ClusterSweep, *, together: bool) -> list[tuple[str, NodeDecision, DeviceFacts]]:
-        """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
-        alone does not settle it; counts into `sweep`; the nodes to remediate."""
-        inp = self._inp
-        slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
-        now = workflow.now()
-
-        async def look(node: NodeHealth) -> tuple[str, NodeDecision, DeviceFacts]:
-            node_facts = facts.get(node.name) or DeviceFacts()
-            if node.name in inp.bmcs:
-                node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            first = decide(cluster, node, inp.checks, now)
-            if first.action == "skip":  # quarantined or someone else's: no probe changes that
-                return cluster, first, node_facts
-            async with slots:
-                agent_probe = self._probe_agent(node.name, node_facts) if inp.checks.host_agent else _nothing()
-                bmc_probe = self._probe_bmc(node_facts.bmc) if inp.checks.bmc else _nothing()
-                if together:
-                    agent, bmc = await asyncio.gather(agent_probe, bmc_probe)
-                else:
-                    agent, bmc = await agent_probe, await bmc_probe
-            if agent is not None and agent.status in ("unavailable", "error"):
-                sweep.agents_unavailable += 1
-            if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
-                sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc), node_facts
-
-        looked = await asyncio.gather(*(look(n) for n in nodes))
-        for _, decision, _ in looked:
-            if decision.action == "healthy":
-                sweep.healthy += 1
-            else:
-                sweep.not_healthy += 1
-                sweep.unhealthy.append(decision)
-        return [x for x in looked if x[1].action == "remediate"]
-
-    async def _probe_agent(self, node: str, facts: DeviceFacts) -> AgentObservation:
-        inp = self._inp
-        check = GpuCheckRequest(expected_count=facts.gpus if facts.gpus is not None else inp.remediation.expected_gpus,
-                                expected_model=facts.gpu_model or inp.remediation.gpu_model,
-                                report_unavailable=True)  # fmt: skip
-        try:
-            result: GpuCheckResult = await workflow.execute_activity_method(
-                HostAgentActivities.host_gpu_check, check, task_queue=host_task_queue(node),
-                schedule_to_start_timeout=inp.agent_timeout, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=2), summary=f"GPU check on {node}")  # fmt: skip
-        except ActivityError as err:
-            if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
-                return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
-            return AgentObservation(status="error", detail=error_text(err)[:300])
-        failed = [_finding(f) for f in result.findings if f.severity == "fail"]
-        return AgentObservation(status="findings" if failed else "ok", findings=failed)
-
-    async def _probe_bmc(self, bmc: BmcRef | None) -> BmcObservation | None:
-        if bmc is None:
-            return None
-        try:
-            seen: RedfishHealth = await workflow.execute_activity_method(
-                RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY, summary=f"BMC health {bmc.url}")
-        except ActivityError as err:
-            return BmcObservation(status="unavailable", detail=error_text(err)[:300])
-        return BmcObservation(**seen.model_dump())
-
-    # ------------------------------------------------------------ starting remediations
-
-    async def _start(self, found: list[Candidate], phase: str | None = None) -> None:
-        """Start a NodeRemediation for each node found, until max_remediations; record what became of each
-        (`phase`: the phase each start shows)."""
-        inp = self._inp
-        for candidate in found:
-            decision, facts = candidate.decision, candidate.facts
-            wf_id = remediation_workflow_id(candidate.cluster, decision.node)
-            entry = StartedRemediation(cluster=candidate.cluster, node=decision.node, workflow_id=wf_id,
-                                       reasons=decision.reasons, status="deferred")  # fmt: skip
-            if inp.dry_run:
-                entry.status = "dry-run"
-            elif self._cursor.started >= inp.max_remediations:
-                entry.detail = f"max {inp.max_remediations} remediations per sweep"
-            else:
-                settings = inp.remediation.model_dump()
-                settings["expected_gpus"] = facts.gpus if facts.gpus is not None else settings["expected_gpus"]
-                settings["gpu_model"] = facts.gpu_model or settings["gpu_model"]
-                child = NodeRemediationInput(
-                    cluster=candidate.cluster, node=decision.node, reason="; ".join(decision.reasons)[:1024],
-                    checks=inp.checks, bmc=facts.bmc, **{**settings, "netbox": settings["netbox"] or inp.netbox})  # fmt: skip
-                try:
-                    await workflow.start_child_workflow(
-                        NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,
-                        parent_close_policy=workflow.ParentClosePolicy.ABANDON,
-                        # A finished remediation may run again; a running one is never started twice.
-                        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                        search_attributes=TypedSearchAttributes(child.search_attributes()),
-                        static_summary=f"remediate {decision.node}: {child.reason}"[:200],
-                    )  # fmt: skip
-                except WorkflowAlreadyStartedError:
-                    entry.status, entry.detail = "already-running", "a remediation of this node is already running"
-                else:
-                    entry.status = "started"
-                    self._cursor.started += 1
-            r = self._result
-            r.remediation_counts[entry.status] = r.remediation_counts.get(entry.status, 0) + 1
-            if len(r.remediations) < LISTED:
-                r.remediations.append(entry)
-            if phase is not None and entry.status == "started":
-                self._enter(phase, decision.node, done=self._cursor.started)
-        self._details()
-
-    # ------------------------------------------------------------ sweeps started before slices
-
-    async def _sweep_whole(self, inp: FleetHealthSweepInput) -> FleetHealthSweepResult:
-        """Every cluster read and probed in this one run (a sweep from before `SWEEP_SLICES_PATCH`, replayed)."""
-        found: list[Candidate] = []
-        for n, cluster in enumerate(inp.clusters):
-            self._enter("reading", f"cluster {cluster}", done=n, total=len(inp.clusters))
-            sweep = self._cluster(cluster)
-            try:
-                found += [Candidate(cluster=c, decision=d, facts=f) for c, d, f in await self._read_whole(cluster, sweep)]
-            except (ActivityError, ApplicationError) as err:
-                sweep.error = error_text(err)
-            self._details()
-        self._enter("starting-remediations", done=0, total=min(len(found), inp.max_remediations))
-        await self._start(found, phase="starting-remediations")
-        self._enter("completed", self._summary_line())
-        return self._result
-
-    async def _read_whole(self, cluster: str, sweep: ClusterSweep) -> list[tuple[str, NodeDecision, DeviceFacts]]:
-        inp = self._inp
-        facts = await self._netbox_facts() if inp.netbox else {}
-        nodes: list[NodeHealth] = []
-        token: str | None = None
-        while True:
-            page = await self._calls.execute(
-                NodeHealthActivities.list_node_health,
-                NodeHealthQuery(cluster=cluster, label_selector=inp.label_selector, continue_token=token,
-                                condition_types=inp.checks.condition_types(), label_keys=inp.checks.label_keys()),
-                **API_CALL, endpoint=kubernetes_api(cluster), summary=f"list nodes of {cluster}")  # fmt: skip
-            nodes += page.nodes
-            token = page.continue_token
-            if not token:
-                break
-        sweep.nodes = len(nodes)
-        return await self._look_all(cluster, nodes, facts, sweep, together=False)
-
-    async def _netbox_facts(self) -> dict[str, DeviceFacts]:
-        devices: list[DeviceInfo] = await self._calls.execute(
-            NetBoxActivities.list_devices, DeviceQuery(role=self._inp.netbox_role, limit=10000), **NETBOX_CALL,
-            summary="NetBox: list devices")  # fmt: skip
-        return {d.name: device_facts(d) for d in devices if d.name}
-
-    # ------------------------------------------------------------ visibility
-
-    def _enter(self, phase: str, details: str = "", done: int | None = None, total: int | None = None) -> None:
-        self._phases.enter(phase, details, done=done, total=total)
-        self._details()
-
-    def _waiting(self, waits: list[EndpointWait]) -> None:
-        self._phases.progress.waiting = waits
-        self._details()
-
-    def _summary_line(self) -> str:
-        r = self._result
-        nodes = sum(c.nodes for c in r.clusters)
-        not_healthy = sum(c.not_healthy for c in r.clusters)
-        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred")}
-        line = (f"{nodes} nodes, {not_healthy} not healthy; started {by['started']}, already running "
-                f"{by['already-running']}, deferred {by['deferred']}")  # fmt: skip
-        if self._inp.part is None and self._phases.progress.phase != "completed" and self._running:
-            line += f"; {len(self._running)} slices running"
-        return line
-
-    def _details(self) -> None:
-        r = self._result
-        if self._inp.part is None and self._phases.progress.phase == "sweeping":
-            self._phases.progress.done = sum(c.healthy + c.not_healthy + c.vanished for c in r.clusters)
-            self._phases.progress.total = sum(c.nodes for c in r.clusters)
-        lines = [f"**{self._phases.progress.phase}** {self._summary_line()}"]
-        for c in r.clusters:
-            head = f"`{c.cluster}`: {c.nodes} nodes, {c.healthy} healthy"
-            if c.agents_unavailable:
-                head += f", {c.agents_unavailable} without a host agent"
-            if c.error:
-                head += f", error: {c.error}"
-            lines.append(head)
-            lines += [f"- {d}" for d in c.unhealthy[:50]]
-        for s in r.remediations[:50]:
-            lines.append(f"- {s.status}: `{s.workflow_id}`" + (f" ({s.detail})" if s.detail else ""))
-        workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
-
-
-async def _nothing() -> None:
-    return None
-
-
-def _outcome_error(outcome: RunOutcome) -> str:
-    why = outcome.causes[-1].message if outcome.causes else "no reason given"
-    return f"{outcome.status}: {why}"

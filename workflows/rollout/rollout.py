@@ -15,6 +15,10 @@ holder share the cluster's one budget.
 The budget is a hard cap: before each batch the workflow counts the compartment's nodes
 that are out of service for any reason (cordoned by anyone, NotReady) and admits at most
 `ceiling - unavailable` nodes. Failed nodes stay cordoned, so they keep counting.
+
+Longer than 600 lines because RolloutBatch lives with Rollout: a new run re-imports its own workflow module and
+those of the children it names, and tests/test_sandbox.py holds a Rollout run to two (this one and
+workflows/rollout/node_update.py); a module of the batch's own would be a third.
 """
 
 from __future__ import annotations
