@@ -36,7 +36,8 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.activities import _REQUEST_TIMEOUT, ClusterConnector, api_error
+from activities.kube.errors import api_error
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.models import StrictModel
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -361,7 +362,7 @@ async def _request(api: k8s.ApiClient, method: str, path: str, doing: str, *, bo
         m, url, h, b, _ = await api.param_serialize(method=method, resource_path=path, header_params=headers,
                                                     query_params=list((query or {}).items()) or None, body=body,
                                                     auth_settings=["BearerToken"])
-        resp = await api.call_api(m, url, header_params=h, body=b, _request_timeout=_REQUEST_TIMEOUT)
+        resp = await api.call_api(m, url, header_params=h, body=b, _request_timeout=REQUEST_TIMEOUT)
         data = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
@@ -593,7 +594,7 @@ class ClusterApiActivities:
         """That a Secret holds a key; returns where it is, never what it holds (a retry waits for it)."""
         core = k8s.CoreV1Api(await self._clusters.api(req.cluster))
         try:
-            secret = await core.read_namespaced_secret(req.name, req.namespace, _request_timeout=_REQUEST_TIMEOUT)
+            secret = await core.read_namespaced_secret(req.name, req.namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
                 raise ApplicationError(f"Secret {req.namespace}/{req.name} not found yet", type="SecretNotFound") \

@@ -11,7 +11,7 @@
   (JSON) and a `NoSchedule` taint, so nothing lands on it even if someone uncordons it by mistake.
   Reads first, writes only what is missing, conditional on the node's resourceVersion.
 
-Errors as in `activities.kube.activities`: what a retry cannot fix is non-retryable with a type; the rest is
+Errors as in `activities.kube.errors`: what a retry cannot fix is non-retryable with a type; the rest is
 left to the workflow's retry policy.
 """
 
@@ -28,17 +28,12 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.activities import (
-    _LIST_CHUNK,
-    _REQUEST_TIMEOUT,
-    CORDON_REASON,
-    CORDONED_BY,
-    ClusterConnector,
-    _call,
-    _call_json,
-    _read_json,
-    validate_label_selector,
-)
+from activities.kube.node_activities import LIST_CHUNK
+from activities.kube.stages import call_json, read_json
+from activities.kube.errors import api_call
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.validators import validate_label_selector
+from activities.kube.models import CORDON_REASON, CORDONED_BY
 from activities.models import StrictModel
 
 # Set by a remediation that gave up: why, by which workflow, when (JSON). Removed by an operator.
@@ -180,9 +175,9 @@ class NodeHealthActivities:
     async def list_node_health(self, req: NodeHealthQuery) -> NodeHealthPage:
         """One page of the cluster's nodes with their readiness, cordon, conditions and labels."""
         core = await self._clusters.core(req.cluster)
-        page = await _call_json("listing nodes", core.list_node_without_preload_content(
+        page = await call_json("listing nodes", core.list_node_without_preload_content(
             label_selector=req.label_selector or None, limit=req.limit, _continue=req.continue_token,
-            _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+            _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
         return NodeHealthPage(
             nodes=[node_health(n, req.condition_types, req.label_keys) for n in page.get("items") or []],
             continue_token=(page.get("metadata") or {}).get("continue") or None,
@@ -198,9 +193,9 @@ class NodeHealthActivities:
         names: list[str] = []
         token = req.continue_token
         while True:
-            page = await _call_json("listing node names", core.list_node_without_preload_content(
-                label_selector=req.label_selector or None, limit=min(_LIST_CHUNK, req.max_names - len(names)),
-                _continue=token, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+            page = await call_json("listing node names", core.list_node_without_preload_content(
+                label_selector=req.label_selector or None, limit=min(LIST_CHUNK, req.max_names - len(names)),
+                _continue=token, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
             names += [n["metadata"]["name"] for n in page.get("items") or []]
             token = (page.get("metadata") or {}).get("continue") or None
             activity.heartbeat(len(names))
@@ -218,8 +213,8 @@ class NodeHealthActivities:
         async def read(name: str) -> dict[str, Any] | None:
             nonlocal done
             async with slots:
-                node = await _read_json(f"reading node {name}", core.read_node_without_preload_content(
-                    name, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+                node = await read_json(f"reading node {name}", core.read_node_without_preload_content(
+                    name, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
             done += 1
             activity.heartbeat(done)
             return node
@@ -232,8 +227,8 @@ class NodeHealthActivities:
 
     async def _node(self, cluster: str, name: str) -> dict[str, Any]:
         core = await self._clusters.core(cluster)
-        node = await _read_json(f"reading node {name}", core.read_node_without_preload_content(
-            name, _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        node = await read_json(f"reading node {name}", core.read_node_without_preload_content(
+            name, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
         if node is None:
             raise ApplicationError(f"node {name!r} not found in cluster {cluster!r}", type="NodeNotFound",
                                    non_retryable=True)  # fmt: skip
@@ -277,8 +272,8 @@ class NodeHealthActivities:
             "spec": {"unschedulable": True, "taints": taints},
         }
         core = await self._clusters.core(req.cluster)
-        await _call(f"quarantining node {req.node}", core.patch_node(req.node, patch, _content_type=MERGE_PATCH,
-                                                                    _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+        await api_call(f"quarantining node {req.node}", core.patch_node(req.node, patch, _content_type=MERGE_PATCH,
+                                                                    _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
         activity.logger.info("quarantined node %s for %s: %s", req.node, req.owner, req.reason)
         return QuarantineResult(changed=True, cordoned_by=holder)
 
@@ -295,8 +290,8 @@ class NodeHealthActivities:
                               "annotations": {QUARANTINE_ANNOTATION: None}},
                  "spec": {"taints": kept}}  # fmt: skip
         core = await self._clusters.core(req.cluster)
-        await _call(f"lifting the quarantine of node {req.node}",
+        await api_call(f"lifting the quarantine of node {req.node}",
                     core.patch_node(req.node, patch, _content_type=MERGE_PATCH,
-                                    _request_timeout=_REQUEST_TIMEOUT))  # fmt: skip
+                                    _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
         activity.logger.info("lifted the quarantine of node %s for %s: %s", req.node, req.owner, req.reason)
         return QuarantineResult(changed=True, cordoned_by=(meta.get("annotations") or {}).get(CORDONED_BY))

@@ -80,7 +80,8 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.capi import ClusterApiActivities
     from activities.entities import EntityActivities
     from activities.ironic import IronicActivities
-    from activities.kube.activities import ClusterConnector, KubeActivities
+    from activities.kube.activities import KubeActivities
+    from activities.kube.connector import ClusterConnector
     from activities.netbox.activities import NetBoxActivities
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities

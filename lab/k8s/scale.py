@@ -34,7 +34,9 @@ def job(name: str, node: str) -> dict:
 
 
 async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> None:
-    from activities.kube.activities import ClusterConnector, KubeActivities, NodePageRequest
+    from activities.kube.activities import KubeActivities
+    from activities.kube.connector import ClusterConnector
+    from activities.kube.models import NodePageRequest
     from temporalio.testing import ActivityEnvironment
 
     with EmulatorProcess(pod_start_seconds=0.05, grace_scale=0.01, startup_timeout=60) as emu:

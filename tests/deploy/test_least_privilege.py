@@ -2,7 +2,7 @@
 
 Evidence: every request the Kubernetes emulators of this session served (lab/k8s/evidence.py; gathered
 by tests/deploy/conftest.py, which runs this module after every other test). Only the worker's own
-requests count: the activities' clients send User-Agent `millwright-worker` (activities/kube/activities.py
+requests count: the activities' clients send User-Agent `millwright-worker` (activities/kube/connector.py
 USER_AGENT, also used by activities/capi.py); the lab's controllers (`lab-controller/...`), kubectl and
 the tests' own clients (`OpenAPI-Generator/...`) send others, and the `/_lab` admin API is not audited.
 
@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 
-from activities.kube.activities import JOB_NAMESPACE, USER_AGENT
+from activities.kube.connector import USER_AGENT
+from activities.kube.models import JOB_NAMESPACE
 from lab.k8s.evidence import collect
 
 from tests.deploy.manifests import DEPLOY, one, render

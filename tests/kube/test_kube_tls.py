@@ -12,7 +12,9 @@ import yaml
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.activities import ClusterConnector, KubeActivities, NodePageRequest, NodeRef
+from activities.kube.activities import KubeActivities
+from activities.kube.connector import ClusterConnector
+from activities.kube.models import NodePageRequest, NodeRef
 from tests.conftest import as_localhost
 from tests.kube_helpers import fleet_objects
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 import pytest_asyncio
 
-from activities.kube.activities import DrainSettings
+from activities.kube.models import DrainSettings
 from lab.fleet import Fleet
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateTemplate, PackageStep

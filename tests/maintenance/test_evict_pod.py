@@ -15,16 +15,16 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.activities import (
+from activities.kube.activities import KubeActivities
+from activities.kube.connector import ClusterConnector
+from activities.kube.models import (
     CORDONED_BY,
     JOB_NAMESPACE,
     PACKAGES_ANNOTATION,
     ROLLOUT_STATE_LABEL,
-    ClusterConnector,
     CordonRequest,
     EvictOutcome,
     EvictRequest,
-    KubeActivities,
     NodeRolloutState,
     PackageInstalled,
     PodRef,

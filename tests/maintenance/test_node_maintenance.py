@@ -12,13 +12,8 @@ from kubernetes.aio.client import PolicyV1Api
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.kube.activities import CORDONED_BY
-from workflows.maintenance.node_maintenance import (
-    AbortRequest,
-    NodeMaintenance,
-    NodeMaintenanceInput,
-    SkipWaitRequest,
-)
+from activities.kube.models import CORDONED_BY
+from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, NodeMaintenanceInput, SkipWaitRequest
 
 from tests.kube_helpers import current_details, fleet_objects, pods_on, read_node, wait_for
 

@@ -12,7 +12,8 @@ from collections import Counter
 
 from kubernetes.aio.client import PolicyV1Api
 
-from activities.kube.activities import CORDONED_BY, USER_AGENT
+from activities.kube.connector import USER_AGENT
+from activities.kube.models import CORDONED_BY
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 from tests.kube_helpers import fleet_objects, pods_on, read_node, wait_for

@@ -97,7 +97,8 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file):
     """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity activities,
     and the NetBox fake."""
     from activities.entities import EntityActivities
-    from activities.kube.activities import ClusterConnector, KubeActivities
+    from activities.kube.activities import KubeActivities
+    from activities.kube.connector import ClusterConnector
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
     from activities.redfish import RedfishActivities

@@ -7,7 +7,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.activities import CORDONED_BY
+from activities.kube.models import CORDONED_BY
 from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from activities.redfish import BmcRef
 from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from activities.kube.activities import JOB_INTERRUPT_LABEL, JOB_NAMESPACE
+from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_NAMESPACE
 from lab.fleet import Fleet
 from tests.kube_helpers import single_pod_workload
 from workflows.rollout.spec import RolloutInput

@@ -10,7 +10,7 @@ import pytest
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.activities import (
+from activities.kube.models import (
     CORDONED_BY,
     PACKAGES_ANNOTATION,
     ROLLOUT_ANNOTATION,
@@ -212,7 +212,7 @@ async def test_finish_records_packages_and_state_and_uncordons_in_one_write(k8s,
 async def test_the_api_client_reads_the_proxy_environment_once(tmp_path, monkeypatch):
     """aiohttp would read the proxy environment and ~/.netrc for every request: the client takes the proxy the
     environment names for its API server once, as kubectl honours it, and NO_PROXY still exempts a server."""
-    from activities.kube.activities import ClusterConnector
+    from activities.kube.connector import ClusterConnector
 
     config = {"apiVersion": "v1", "kind": "Config", "current-context": "prod",
               "clusters": [{"name": "prod", "cluster": {"server": "https://10.0.0.1:6443"}}],

@@ -12,14 +12,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.activities import (
+from activities.kube.activities import KubeActivities
+from activities.kube.stages import stage_job_name
+from activities.kube.connector import ClusterConnector
+from activities.kube.models import (
     JOB_NAMESPACE,
     PACKAGES_ANNOTATION,
     ROLLOUT_ANNOTATION,
     ROLLOUT_STATE_LABEL,
-    ClusterConnector,
     ConditionGate,
-    KubeActivities,
     NodePageRequest,
     NodeRef,
     NodeRolloutState,
@@ -27,7 +28,6 @@ from activities.kube.activities import (
     RebootWait,
     StageJobRequest,
     UnavailableRequest,
-    stage_job_name,
 )
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from lab.fleet import Fleet

@@ -15,7 +15,7 @@ import pytest
 from kubernetes.aio.client import PolicyV1Api
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
-from activities.kube.activities import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from workflows.rollout.node_update import NodeUpdate, NodeUpdateResult
 from workflows.rollout.rollout import ApproveRequest, ReasonRequest, Rollout
 from workflows.rollout.spec import RolloutInput

@@ -15,7 +15,8 @@ from collections import Counter
 
 from temporalio.client import WorkflowExecutionStatus
 
-from activities.kube.activities import PACKAGES_ANNOTATION, ROLLOUT_STATE_LABEL, USER_AGENT
+from activities.kube.connector import USER_AGENT
+from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_STATE_LABEL
 from workflows.rollout.rollout import Rollout, RolloutResult
 
 from tests.kube_helpers import wait_for

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from pydantic import ValidationError
 
-from activities.kube.activities import DrainSettings
+from activities.kube.models import DrainSettings
 from activities.support.selectors import parse_label_selector, selector_matches
 from workflows.common import search_attributes as sa
 from workflows.rollout.spec import (

@@ -18,7 +18,7 @@ from activities.capi import (
     ObjectRef,
     Ownership,
 )
-from activities.kube.activities import ClusterConnector
+from activities.kube.connector import ClusterConnector
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

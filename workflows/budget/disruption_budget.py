@@ -81,13 +81,9 @@ from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError
 
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
-from activities.kube.activities import (
-    KubeActivities,
-    NodeAvailability,
-    UnavailableRequest,
-    validate_object_name,
-    validate_positive_duration,
-)
+from activities.kube.activities import KubeActivities
+from activities.kube.validators import validate_object_name, validate_positive_duration
+from activities.kube.models import NodeAvailability, UnavailableRequest
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, history_is_long

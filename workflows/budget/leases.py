@@ -19,7 +19,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 from activities.entities import EntityActivities, EntityStart, EntityUpdate, WorkflowSignal, WorkflowSignals
-from activities.kube.activities import validate_object_name
+from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.budget.budget import Budget

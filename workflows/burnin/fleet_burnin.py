@@ -46,7 +46,7 @@ from workflows.common.carried import outcome_of
 from workflows.common.endpoints import Endpoints, RetryTimeout
 
 from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
-from activities.kube.activities import validate_object_name
+from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
 

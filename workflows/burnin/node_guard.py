@@ -20,15 +20,9 @@ from pydantic import Field, field_validator
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.activities import (
-    CordonRequest,
-    DrainSettings,
-    KubeActivities,
-    NodeInfo,
-    NodeRef,
-    RebootWait,
-    validate_object_name,
-)
+from activities.kube.activities import KubeActivities
+from activities.kube.validators import validate_object_name
+from activities.kube.models import CordonRequest, DrainSettings, NodeInfo, NodeRef, RebootWait
 from activities.models import StrictModel
 from activities.node_health import NodeHealthActivities, QuarantineRequest
 from workflows.maintenance.drain import Drain, DrainProgress

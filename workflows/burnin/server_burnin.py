@@ -39,7 +39,7 @@ from activities.gpu.activities import (
     host_task_queue,
 )
 from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
-from activities.kube.activities import validate_object_name
+from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import (
     CF_BMC_CREDENTIALS,

@@ -38,9 +38,8 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
-from workflows.common import saga
+from workflows.common import saga, search_attributes as sa
 from workflows.common.errors import root_cause
-from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
 from workflows.common.call_options import API_CALL, LONG_CALL
@@ -64,7 +63,7 @@ from activities.capi import (
     Ownership,
     SecretCheck,
 )
-from activities.kube.activities import validate_object_name
+from activities.kube.validators import validate_object_name
 from activities.models import BaseUrl, Host, StrictModel
 from activities.netbox.activities import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
 

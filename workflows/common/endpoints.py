@@ -25,7 +25,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
-from activities.kube.activities import validate_positive_duration
+from activities.kube.validators import validate_positive_duration
 from activities.models import StrictModel
 from activities.redfish import BmcRef
 from workflows.common.errors import error_text

@@ -15,15 +15,14 @@ from datetime import datetime, timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.exceptions import TimeoutError as ActivityTimeout
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout
 
-from activities.kube.activities import (
+from activities.kube.activities import KubeActivities
+from activities.kube.models import (
     DrainPlan,
     DrainPlanRequest,
     DrainSettings,
     EvictRequest,
-    KubeActivities,
     PodRef,
     SkippedPod,
     WaitPodsGoneRequest,

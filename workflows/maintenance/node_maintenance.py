@@ -27,17 +27,9 @@ from workflows.maintenance.drain import Drain, DrainProgress
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 
-from activities.kube.activities import (
-    CordonRequest,
-    DrainSettings,
-    KubeActivities,
-    NodeRef,
-    PodQuery,
-    SkippedPod,
-    validate_label_selector,
-    validate_object_name,
-    validate_positive_duration,
-)
+from activities.kube.activities import KubeActivities
+from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
+from activities.kube.models import CordonRequest, DrainSettings, NodeRef, PodQuery, SkippedPod
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
 

@@ -45,7 +45,8 @@ from activities.gpu.activities import (
     gpu_verdict,
     host_task_queue,
 )
-from activities.kube.activities import CordonRequest, KubeActivities, NodeRef, RebootWait
+from activities.kube.activities import KubeActivities
+from activities.kube.models import CordonRequest, NodeRef, RebootWait
 from activities.netbox.activities import (
     TAG_QUARANTINE,
     DeviceLookup,

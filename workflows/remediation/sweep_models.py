@@ -13,7 +13,7 @@ from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.remediation.policy import HealthChecks, NodeDecision
 
-from activities.kube.activities import validate_label_selector, validate_positive_duration
+from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
 from activities.redfish import BmcRef
 from workflows.remediation.models import DeviceFacts, RemediationSettings

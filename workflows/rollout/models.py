@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from activities.kube.activities import DrainSettings, StageRecord
+from activities.kube.models import DrainSettings, StageRecord
 from activities.models import StrictModel
 from workflows.maintenance.drain import DrainProgress
 from workflows.budget.leases import Lease

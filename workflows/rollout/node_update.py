@@ -35,11 +35,11 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
-from activities.kube.activities import (
+from activities.kube.activities import KubeActivities
+from activities.kube.models import (
     JOB_WAIT_SLACK_SECONDS,
     CordonRequest,
     DrainPlan,
-    KubeActivities,
     NodeRef,
     NodeRolloutState,
     NodeStage,

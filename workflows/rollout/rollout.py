@@ -28,7 +28,8 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 
-from activities.kube.activities import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
+from activities.kube.activities import KubeActivities
+from activities.kube.models import ConditionGate, NodePageRequest, UnavailableRequest
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long

@@ -55,12 +55,8 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.rollout.state import RolloutCheckpoint
 
-from activities.kube.activities import (
-    DrainSettings,
-    validate_label_selector,
-    validate_object_name,
-    validate_positive_duration,
-)
+from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
+from activities.kube.models import DrainSettings
 from activities.models import BaseUrl, StrictModel
 from activities.support.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 from workflows.budget.budget import Budget
@@ -433,7 +429,7 @@ class Package(_Spec):
 
 
 class DrainConfig(_Spec):
-    """NodeWright's `drainConfig`, with Millwright's safe defaults; runs as `activities.kube.activities.DrainSettings`.
+    """NodeWright's `drainConfig`, with Millwright's safe defaults; runs as `activities.kube.models.DrainSettings`.
 
     A separate model rather than `DrainSettings` itself because the JSON names differ
     (NodeWright's camelCase), Go durations ("10m") must be accepted, unknown fields must

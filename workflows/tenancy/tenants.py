@@ -32,14 +32,12 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from workflows.common import saga
+from workflows.common import saga, search_attributes as sa
 from workflows.common.errors import root_cause
-from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
 from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
-from workflows.common.call_options import LONG_CALL
-from workflows.common.call_options import API_CALL
+from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.fabric.calls import call_fabric, validate_fabric_name
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
 from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput, ReleaseTenantResult
@@ -58,7 +56,7 @@ from activities.capi import (
     VClusterRef,
     WorkloadQuery,
 )
-from activities.kube.activities import validate_object_name
+from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities, TenantSpec
 

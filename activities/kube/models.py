@@ -1,0 +1,306 @@
+"""What Millwright writes on a node (cordon ownership, rollout state, package Jobs' labels) and the request and result
+models of the Kubernetes activities."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from activities.kube.validators import validate_label_selector, validate_positive_duration
+from activities.models import StrictModel
+
+# Where Millwright records on a node that it placed the cordon, so it never
+# removes a cordon placed by someone else.
+CORDONED_BY = "millwright.dev/cordoned-by"
+CORDON_REASON = "millwright.dev/cordon-reason"
+
+# Node metadata Millwright writes during a rollout (NodeWright §6.2 keeps the same facts under its prefix).
+ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|complete|erroring|blocked|skipped
+ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
+PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
+ROLLOUT_STATES = ("waiting", "in_progress", "complete", "erroring", "blocked", "skipped")
+NON_INTERRUPTIBLE_RUNNING = "non-interruptible pods running"
+
+# Package Jobs (one per rollout, node, package, stage and activity execution).
+JOB_NAMESPACE = "millwright-system"
+JOB_TTL_SECONDS = 600  # ttlSecondsAfterFinished: finished Jobs (and their pods' logs) stay this long
+JOB_POLL_SECONDS = 5.0  # the longest wait between two looks at a running Job
+BEAT_SECONDS = 2.0  # a node's stages heartbeat at least this often, and at once when where they stand changes
+JOB_WAIT_SLACK_SECONDS = 60.0  # how long past activeDeadlineSeconds the activity still waits for a verdict
+JOB_NODE_LABEL = "millwright.dev/node"
+JOB_PACKAGE_LABEL = "millwright.dev/package"
+JOB_STAGE_LABEL = "millwright.dev/stage"
+JOB_ROLLOUT_LABEL = "millwright.dev/rollout"  # a hash of the rollout id (label values are at most 63 chars)
+JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
+JOB_ROLLOUT_ANNOTATION = "millwright.dev/rollout-id"
+JOB_VERSION_ANNOTATION = "millwright.dev/version"
+JOB_ATTEMPT_ANNOTATION = "millwright.dev/attempt"
+JOB_TRY_ANNOTATION = "millwright.dev/try"
+STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt")
+INTERRUPTS = ("reboot", "service", "restartAllServices", "noop")
+
+
+# ---------------------------------------------------------------- models
+
+
+class DrainSettings(StrictModel):
+    """How to drain, mirroring `kubectl drain` flags, with a finite default timeout."""
+
+    ignore_daemonsets: bool = Field(True, description="Skip DaemonSet pods (kubectl --ignore-daemonsets).")
+    delete_emptydir_data: bool = Field(
+        False, description="Evict pods using emptyDir volumes; their data is lost (--delete-emptydir-data)."
+    )
+    force: bool = Field(False, description="Evict pods that no controller will recreate (--force).")
+    grace_period_seconds: int | None = Field(
+        None, ge=0, description="Override each pod's terminationGracePeriodSeconds; unset keeps the pod's own."
+    )
+    pod_selector: str | None = Field(None, description="Only drain pods matching this label selector.")
+    timeout: timedelta = Field(
+        timedelta(minutes=30), description="Give up the drain after this long (ISO 8601 duration or seconds)."
+    )
+    eviction_retry_interval: timedelta = Field(
+        timedelta(seconds=5), description="Wait between eviction attempts blocked by a PodDisruptionBudget."
+    )
+
+    _selector = field_validator("pod_selector")(validate_label_selector)
+    _durations = field_validator("timeout", "eviction_retry_interval")(validate_positive_duration)
+
+
+class NodeRef(StrictModel):
+    cluster: str
+    node: str
+
+
+class NodeInfo(StrictModel):
+    name: str
+    unschedulable: bool
+    cordoned_by: str | None = None
+    ready: bool
+    boot_id: str | None = None
+    packages: dict[str, str] = Field(default_factory=dict, description="From the packages annotation.")
+    rollout_state: str | None = Field(None, description="The rollout-state label.")
+
+
+class CordonRequest(StrictModel):
+    cluster: str
+    node: str
+    owner: str = Field(description="Who holds the cordon: the workflow ID.")
+    reason: str = ""
+
+
+class CordonResult(StrictModel):
+    owned: bool = Field(description="True when this owner placed (or already held) the cordon.")
+    holder: str | None = Field(None, description="Who placed the cordon when it is not ours ('unknown' if unmarked).")
+
+
+class UncordonResult(StrictModel):
+    uncordoned: bool
+    note: str
+
+
+class PodRef(StrictModel):
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class PodQuery(StrictModel):
+    cluster: str
+    node: str
+    label_selector: str
+
+
+class DrainPlanRequest(StrictModel):
+    cluster: str
+    node: str
+    settings: DrainSettings
+
+
+class SkippedPod(StrictModel):
+    pod: PodRef
+    reason: str
+
+
+class DrainPlan(StrictModel):
+    evict: list[PodRef] = Field(default_factory=list)
+    skipped: list[SkippedPod] = Field(default_factory=list)
+
+
+class EvictRequest(StrictModel):
+    cluster: str
+    pod: PodRef
+    grace_period_seconds: int | None = None
+
+
+class EvictOutcome(StrictModel):
+    status: Literal["evicted", "gone", "blocked"]
+    message: str = ""
+    budget: str | None = Field(None, description="The PodDisruptionBudget blocking the eviction, when known.")
+    retry_after_seconds: float | None = None
+
+
+class WaitPodsGoneRequest(StrictModel):
+    cluster: str
+    pods: list[PodRef]
+    poll_interval_seconds: float = 1.0
+
+
+class NodePageRequest(StrictModel):
+    cluster: str
+    label_selector: str = ""
+    label_keys: list[str] = Field(default_factory=list, description="Labels to return; empty returns all.")
+    limit: int = Field(1000, ge=1)
+    continue_token: str | None = None
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeSummary(StrictModel):
+    name: str
+    labels: dict[str, str]
+    unschedulable: bool
+    ready: bool
+
+
+class NodePage(StrictModel):
+    nodes: list[NodeSummary]
+    continue_token: str | None = None
+
+
+class UnavailableRequest(StrictModel):
+    cluster: str
+    label_selector: str = ""
+
+    _selector = field_validator("label_selector")(validate_label_selector)
+
+
+class NodeAvailability(StrictModel):
+    total: int = Field(description="Nodes the selector matches.")
+    unavailable: dict[str, str] = Field(
+        default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
+    )
+
+
+class NodeRolloutState(StrictModel):
+    cluster: str
+    node: str
+    rollout: str
+    state: str
+    package: str | None = None
+    stage: str | None = None
+    reason: str = ""
+
+
+class PackageInstalled(StrictModel):
+    cluster: str
+    node: str
+    package: str
+    version: str
+
+
+class NodeStage(StrictModel):
+    """One stage of one package, as its Job runs it."""
+
+    package: str
+    version: str
+    image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
+    stage: str = Field(description="apply|upgrade|config|interrupt|post-interrupt")
+    interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
+    services: list[str] = Field(default_factory=list)
+    config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
+    timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
+
+
+class StageJobRequest(NodeStage):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout workflow id: in the Job's name hash and labels.")
+    ordinal: int = Field(0, description="The node's order in the rollout (MILLWRIGHT_NODE_ORDER).")
+    try_number: int = Field(1, ge=1, description="The workflow's own try of this stage (a new try: a new Job).")
+
+
+class StageJobResult(StrictModel):
+    job: str
+    succeeded: bool
+    message: str = ""
+    attempt: int
+
+
+class RebootWait(StrictModel):
+    cluster: str
+    node: str
+    previous_boot_id: str
+    timeout_seconds: float = 1800
+    poll_seconds: float = 2.0
+
+
+class StageRecord(StrictModel):
+    """One stage of a package run on a node: its verdict after the tries it took."""
+
+    package: str
+    stage: str
+    succeeded: bool
+    attempts: int
+    message: str = ""
+
+
+class NodeUpdateStart(StrictModel):
+    cluster: str
+    node: str
+    rollout: str = Field(description="The rollout's workflow ID: owner of the cordon, named in the node's state.")
+    cordon: bool = Field(description="Take the node out of service first (an interrupt is due): cordon, plan the drain.")
+    non_interrupt_selector: str | None = Field(
+        None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
+    )
+    drain: DrainSettings | None = Field(None, description="How the drain is planned (with cordon).")
+
+    _selector = field_validator("non_interrupt_selector")(validate_label_selector)
+
+
+class NodeUpdateStarted(StrictModel):
+    node: NodeInfo = Field(description="The node as the update found it: its packages and boot ID.")
+    blocked: str = Field("", description="Why the node was left in service (non-interruptible pods run); empty: "
+                                         "started.")  # fmt: skip
+    cordon: CordonResult | None = Field(None, description="With cordon: whose cordon the node has.")
+    drain: DrainPlan | None = Field(None, description="With cordon: the pods to evict, listed after the cordon.")
+
+
+class NodeStages(StrictModel):
+    """Stages to run on one node, in order, each as its Job (NodeWright's node sequence after the drain)."""
+
+    cluster: str
+    node: str
+    rollout: str
+    ordinal: int = 0
+    stages: list[NodeStage] = Field(min_length=1)
+    tries: int = Field(1, ge=1, description="Jobs a stage may take: a failed one is tried again, as a new Job.")
+    boot_id: str = Field("", description="The node's boot ID before the stages: a reboot must change it.")
+    reboot_timeout_seconds: float = Field(1800, gt=0, description="How long a rebooted node may take to be back.")
+    reboot_poll_seconds: float = 2.0
+
+
+class NodeStagesResult(StrictModel):
+    stages: list[StageRecord] = Field(description="The stages run, in order; a failed one is the last.")
+    held: bool = Field(False, description="It stopped before the next stage because its workflow asked (a pause).")
+    reboot_seconds: float | None = Field(None, description="From the reboot Job's start to the node back, new boot ID.")
+
+
+class NodeUpdateFinish(StrictModel):
+    cluster: str
+    node: str
+    rollout: str
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
+
+
+class ConditionGate(StrictModel):
+    cluster: str
+    label_selector: str = ""
+    conditions: list[str] = Field(description="Node condition types that must not be True; 'Ready' must be True.")
+
+    _selector = field_validator("label_selector")(validate_label_selector)

@@ -1,0 +1,313 @@
+"""Node activities: inspect, cordon and uncordon a node (with ownership on the node, so a cordon placed by someone
+else is never removed), the pods a drain moves, eviction through the API (so PodDisruptionBudgets hold), waiting for
+the pods to go. KubeActivities (activities/kube/activities.py) builds on these; errors as activities/kube/errors.py
+maps them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from kubernetes.aio import client as k8s
+from kubernetes.aio.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.drain import controller_of, eviction_refused, eviction_unsettled, pod_finished, pod_ref_of
+from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, next_poll
+from activities.kube.models import (
+    CORDON_REASON,
+    CORDONED_BY,
+    CordonRequest,
+    CordonResult,
+    DrainPlan,
+    DrainPlanRequest,
+    EvictOutcome,
+    EvictRequest,
+    NodeInfo,
+    NodeRef,
+    NodeRolloutState,
+    PodQuery,
+    PodRef,
+    SkippedPod,
+    UncordonResult,
+    WaitPodsGoneRequest,
+)
+from activities.kube.stages import (
+    annotation_of,
+    node_info,
+    state_change,
+)
+
+LIST_CHUNK = 500  # kubectl drain's default chunk size
+
+
+class NodeActivities:
+    def __init__(self, connector: ClusterConnector) -> None:
+        self._clusters = connector
+        self._job_namespaces: set[str] = set()  # clusters whose Job namespace this worker has seen
+
+    async def _read_node(self, cluster: str, node: str) -> k8s.V1Node:
+        core = await self._clusters.core(cluster)
+        found = await api_read(f"reading node {node}", core.read_node(node, _request_timeout=REQUEST_TIMEOUT))
+        if found is None:
+            raise ApplicationError(
+                f"node {node!r} not found in cluster {cluster!r}", type="NodeNotFound", non_retryable=True
+            )
+        return found
+
+    @activity.defn
+    async def inspect_node(self, ref: NodeRef) -> NodeInfo:
+        """Read a node: its cordon, who holds it, readiness and boot ID."""
+        return node_info(await self._read_node(ref.cluster, ref.node))
+
+    @activity.defn
+    async def cordon_node(self, req: CordonRequest) -> CordonResult:
+        """Mark the node unschedulable and record who did it and why.
+
+        A node already cordoned by someone else is left as it is and reported, so the
+        caller never removes that cordon later.
+        """
+        return await self._cordon(req, await self._read_node(req.cluster, req.node))
+
+    async def _cordon(self, req: CordonRequest, node: k8s.V1Node, state: NodeRolloutState | None = None) -> CordonResult:
+        """Cordon `node` as read, recording `state` on it in the same write (or alone, when it is cordoned already)."""
+        holder = (node.metadata.annotations or {}).get(CORDONED_BY)
+        if node.spec.unschedulable:
+            if state is not None:
+                await self._record_state(node, state)
+            if holder == req.owner:
+                return CordonResult(owned=True)
+            return CordonResult(owned=False, holder=holder or "unknown")
+        # resourceVersion makes the patch conditional: if the node changed since we
+        # read it (someone cordoned it meanwhile), the 409 sends us round again.
+        metadata: dict[str, Any] = {"resourceVersion": node.metadata.resource_version,
+                                    "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]}}
+        change = state_change(node, state) if state is not None else None
+        if change is not None:
+            metadata["labels"] = change.labels
+            metadata["annotations"].update(change.annotations)
+        await self._patch_node(req.cluster, req.node, {"metadata": metadata, "spec": {"unschedulable": True}},
+                               f"cordoning node {req.node}",
+                               lambda n: bool(n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) == req.owner
+                               and (change is None or change.shown_by(n)))  # fmt: skip
+        activity.logger.info("cordoned node %s for %s", req.node, req.owner)
+        return CordonResult(owned=True)
+
+    @activity.defn
+    async def uncordon_node(self, req: CordonRequest) -> UncordonResult:
+        """Remove our own cordon; never one that someone else placed.
+
+        An earlier attempt that sent the uncordon (its heartbeat says so) and lost the answer is
+        reported as the uncordon it was, once a fresh read shows the node schedulable without our mark.
+        """
+        node = await self._read_node(req.cluster, req.node)
+        annotations = node.metadata.annotations or {}
+        holder = annotations.get(CORDONED_BY)
+        if holder != req.owner:
+            if node.spec.unschedulable:
+                return UncordonResult(uncordoned=False, note=f"cordon held by {holder or 'someone else'}; left in place")
+            details = activity.info().heartbeat_details
+            if details and details[0] == {"uncordon_sent": req.owner} and holder is None:
+                return UncordonResult(uncordoned=True, note="cordon removed (the answer was lost; read back)")
+            return UncordonResult(uncordoned=False, note="node was already schedulable")
+        patch = {
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {CORDONED_BY: None, CORDON_REASON: None},
+            },
+            "spec": {"unschedulable": False},
+        }
+        activity.heartbeat({"uncordon_sent": req.owner})
+        await self._patch_node(req.cluster, req.node, patch, f"uncordoning node {req.node}",
+                               lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None)
+        activity.logger.info("uncordoned node %s for %s", req.node, req.owner)
+        return UncordonResult(uncordoned=True, note="cordon removed")
+
+    async def _patch_node(self, cluster: str, node: str, patch: dict[str, Any], doing: str,
+                          shows: Callable[[k8s.V1Node], bool]) -> None:
+        """Patch a node and check the answer (the node as stored after the write) shows the change: a
+        write is done only when the API server's own copy says so. An answer that does not (a lost
+        write, a webhook that undid it) is a retryable error, and the retry reads the node first."""
+        core = await self._clusters.core(cluster)
+        stored = await api_call(doing, core.patch_node(node, patch, _request_timeout=REQUEST_TIMEOUT))
+        if not isinstance(stored, k8s.V1Node) or stored.metadata is None or not shows(stored):
+            raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show "
+                                   "the change; reading it again", type="KubernetesUnavailable")
+
+    async def _pods_on_node(self, cluster: str, node: str, label_selector: str | None) -> list[k8s.V1Pod]:
+        core = await self._clusters.core(cluster)
+        pods: list[k8s.V1Pod] = []
+        token = None
+        while True:
+            page = await api_call(
+                f"listing pods on node {node}",
+                core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node}",
+                    label_selector=label_selector or None,
+                    limit=LIST_CHUNK,
+                    _continue=token,
+                    _request_timeout=REQUEST_TIMEOUT,
+                ),
+            )
+            pods.extend(page.items)
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return pods
+
+    @activity.defn
+    async def list_unfinished_pods(self, query: PodQuery) -> list[PodRef]:
+        """Pods on the node matching the selector that have not finished yet."""
+        pods = await self._pods_on_node(query.cluster, query.node, query.label_selector)
+        return [pod_ref_of(p) for p in pods if not pod_finished(p)]
+
+    async def _daemonset_exists(self, cluster: str, namespace: str, name: str) -> bool:
+        apps = k8s.AppsV1Api(await self._clusters.api(cluster))
+        found = await api_read(
+            f"reading DaemonSet {namespace}/{name}",
+            apps.read_namespaced_daemon_set(name, namespace, _request_timeout=REQUEST_TIMEOUT),
+        )
+        return found is not None
+
+    @activity.defn
+    async def plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
+        """List the node's pods and filter them exactly as `kubectl drain` does.
+
+        Any pod that blocks the drain fails the plan before a single eviction, naming
+        every such pod and the setting that would allow it.
+        """
+        return await self._plan_drain(req)
+
+    async def _plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
+        settings = req.settings
+        pods = await self._pods_on_node(req.cluster, req.node, settings.pod_selector)
+        plan = DrainPlan()
+        errors: dict[str, list[str]] = {}
+        for pod in pods:
+            ref, finished = pod_ref_of(pod), pod_finished(pod)
+            annotations = pod.metadata.annotations or {}
+            if "kubernetes.io/config.mirror" in annotations:
+                plan.skipped.append(SkippedPod(pod=ref, reason="mirror pod"))
+                continue
+            owner = controller_of(pod)
+            if owner is not None and owner.kind == "DaemonSet" and not finished:
+                if not await self._daemonset_exists(req.cluster, ref.namespace, owner.name):
+                    if not settings.force:
+                        errors.setdefault("pods whose DaemonSet is gone (use force to override)", []).append(str(ref))
+                        continue
+                elif settings.ignore_daemonsets:
+                    plan.skipped.append(SkippedPod(pod=ref, reason="DaemonSet-managed"))
+                    continue
+                else:
+                    errors.setdefault("DaemonSet-managed Pods (use ignore_daemonsets to ignore)", []).append(str(ref))
+                    continue
+            if not finished and any(v.empty_dir is not None for v in (pod.spec.volumes or [])):
+                if not settings.delete_emptydir_data:
+                    errors.setdefault("Pods with local storage (use delete_emptydir_data to override)", []).append(
+                        str(ref)
+                    )
+                    continue
+            if owner is None and not finished and not settings.force:
+                errors.setdefault("Pods that declare no controller (use force to override)", []).append(str(ref))
+                continue
+            plan.evict.append(ref)
+        if errors:
+            detail = "; ".join(f"cannot delete {what}: {', '.join(names)}" for what, names in errors.items())
+            raise ApplicationError(f"drain of node {req.node} blocked: {detail}", type="DrainBlocked", non_retryable=True)
+        return plan
+
+    @staticmethod
+    async def _read_pod(core: k8s.CoreV1Api, pod_ref: PodRef) -> k8s.V1Pod | None:
+        return await api_read(
+            f"reading pod {pod_ref}",
+            core.read_namespaced_pod(pod_ref.name, pod_ref.namespace, _request_timeout=REQUEST_TIMEOUT),
+        )
+
+    async def _pod_state(self, core: k8s.CoreV1Api, pod_ref: PodRef) -> EvictOutcome | None:
+        """What a fresh read says about the planned pod: gone (missing, or replaced by a new UID),
+        already terminating, or None when it is still there and running."""
+        pod = await self._read_pod(core, pod_ref)
+        if pod is None:
+            return EvictOutcome(status="gone", message="a fresh read finds no such pod")
+        if pod.metadata.uid != pod_ref.uid:
+            return EvictOutcome(status="gone", message="a fresh read finds a new pod of that name (new UID)")
+        if pod.metadata.deletion_timestamp is not None:
+            return EvictOutcome(status="evicted", message="pod is terminating")
+        return None
+
+    @activity.defn
+    async def evict_pod(self, req: EvictRequest) -> EvictOutcome:
+        """Ask the eviction API to evict one pod; a PDB refusal is an outcome, not an error.
+
+        Only a fresh read of the pod ever says it is gone (missing, or a new UID): never the
+        eviction's answer. The pod is read first, so a retry after a crash or a lost answer never
+        sends a second eviction for a pod already terminating or gone. Every answer, as `kubectl
+        drain` treats it (the table: README "Draining a node: every answer of the eviction API"):
+        2xx accepted (the drain then waits for the pod to go); 429 and 403 NamespaceTerminating
+        blocked, tried again later; the more-than-one-budget 500 and 400/403/422 refused for good;
+        anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have
+        happened) is settled by reading the pod again: gone or terminating as the read shows,
+        otherwise still to evict (a 409 as blocked, the rest as a retryable error).
+        """
+        core = await self._clusters.core(req.cluster)
+        pod_ref = req.pod
+        seen = await self._pod_state(core, pod_ref)
+        if seen is not None:
+            return seen
+        delete_options = k8s.V1DeleteOptions(
+            grace_period_seconds=req.grace_period_seconds,
+            preconditions=k8s.V1Preconditions(uid=pod_ref.uid),
+        )
+        body = k8s.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=k8s.V1ObjectMeta(name=pod_ref.name, namespace=pod_ref.namespace),
+            delete_options=delete_options,
+        )
+        doing = f"evicting pod {pod_ref}"
+        try:
+            await core.create_namespaced_pod_eviction(
+                pod_ref.name, pod_ref.namespace, body, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as err:
+            refused = eviction_refused(err, pod_ref)
+            if refused is not None:
+                return refused
+            unsettled: ApplicationError | EvictOutcome = eviction_unsettled(err, pod_ref)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            unsettled = ApplicationError(f"{doing}: connection failed, the eviction may or may not have happened: "
+                                         f"{err!r}", type="KubernetesUnavailable")
+        else:
+            activity.logger.info("evicted pod %s", pod_ref)
+            return EvictOutcome(status="evicted")
+        # The answer does not say what happened to the pod: a fresh read does.
+        settled = await self._pod_state(core, pod_ref)
+        if settled is not None:
+            return settled
+        if isinstance(unsettled, EvictOutcome):
+            return unsettled
+        raise unsettled
+
+    @activity.defn
+    async def wait_pods_gone(self, req: WaitPodsGoneRequest) -> int:
+        """Wait until every pod is deleted or replaced (a new UID), as kubectl drain waits.
+
+        Heartbeats the number still terminating; the workflow bounds it with the drain timeout.
+        """
+        core = await self._clusters.core(req.cluster)
+        remaining, poll = list(req.pods), FIRST_POLL_SECONDS
+        while True:
+            still = []
+            for pod_ref in remaining:
+                pod = await self._read_pod(core, pod_ref)
+                if pod is not None and pod.metadata.uid == pod_ref.uid:
+                    still.append(pod_ref)
+            remaining = still
+            activity.heartbeat(len(remaining))
+            if not remaining:
+                return len(req.pods)
+            await asyncio.sleep(poll)
+            poll = next_poll(poll, req.poll_interval_seconds)

@@ -1,0 +1,435 @@
+"""Rollout activities on a node: paged node listing and availability, the node's rollout state, package Jobs per
+stage (NodeWright's execution substrate) and reboot verification by boot ID. KubeActivities
+(activities/kube/activities.py) builds a node's whole update in three calls on these."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import aiohttp
+from kubernetes.aio import client as k8s
+from kubernetes.aio.client.exceptions import ApiException
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.kube.connector import REQUEST_TIMEOUT
+from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
+from activities.kube.models import (
+    INTERRUPTS,
+    JOB_ATTEMPT_ANNOTATION,
+    JOB_INTERRUPT_LABEL,
+    JOB_NAMESPACE,
+    JOB_NODE_LABEL,
+    JOB_PACKAGE_LABEL,
+    JOB_POLL_SECONDS,
+    JOB_ROLLOUT_ANNOTATION,
+    JOB_ROLLOUT_LABEL,
+    JOB_STAGE_LABEL,
+    JOB_TRY_ANNOTATION,
+    JOB_TTL_SECONDS,
+    JOB_VERSION_ANNOTATION,
+    JOB_WAIT_SLACK_SECONDS,
+    PACKAGES_ANNOTATION,
+    STAGES,
+    NodeAvailability,
+    NodePage,
+    NodePageRequest,
+    NodeRolloutState,
+    PackageInstalled,
+    RebootWait,
+    StageJobRequest,
+    StageJobResult,
+    UnavailableRequest,
+)
+from activities.kube.node_activities import LIST_CHUNK, NodeActivities
+from activities.kube.stages import (
+    annotation_of,
+    call_json,
+    label_value,
+    node_ready,
+    node_summary,
+    packages_of,
+    read_json,
+    reboot_unverifiable,
+    send_json,
+    short_hash,
+    stage_job_name,
+    state_change,
+    vanished,
+)
+
+
+class RolloutNodeActivities(NodeActivities):
+    # ------------------------------------------------------------ rollouts: nodes
+
+    async def _node_page(self, cluster: str, label_selector: str, limit: int, token: str | None) -> dict[str, Any]:
+        core = await self._clusters.core(cluster)
+        return await call_json(
+            "listing nodes",
+            core.list_node_without_preload_content(
+                label_selector=label_selector or None,
+                limit=limit,
+                _continue=token,
+                _request_timeout=REQUEST_TIMEOUT,
+            ),
+        )
+
+    @activity.defn
+    async def list_nodes_page(self, req: NodePageRequest) -> NodePage:
+        """One page of the node list (limit/continue), summarised, for fleets of 10,000+ nodes."""
+        page = await self._node_page(req.cluster, req.label_selector, req.limit, req.continue_token)
+        return NodePage(
+            nodes=[node_summary(n, req.label_keys) for n in page.get("items") or []],
+            continue_token=(page.get("metadata") or {}).get("continue") or None,
+        )
+
+    @activity.defn
+    async def list_unavailable_nodes(self, req: UnavailableRequest) -> list[str]:
+        """Targeted nodes that are cordoned (by anyone) or not Ready, in name order."""
+        return list((await self.node_availability(req)).unavailable)
+
+    @activity.defn
+    async def node_availability(self, req: UnavailableRequest) -> NodeAvailability:
+        """How many nodes the selector matches, and which are out of service (cordoned by anyone, or
+        not Ready) and why; read page by page, returning only the unavailable ones by name."""
+        out = NodeAvailability(total=0)
+        token = None
+        while True:
+            page = await self._node_page(req.cluster, req.label_selector, LIST_CHUNK, token)
+            for n in page.get("items") or []:
+                out.total += 1
+                why = [w for w, down in (("cordoned", (n.get("spec") or {}).get("unschedulable")),
+                                         ("NotReady", not node_ready(n))) if down]  # fmt: skip
+                if why:
+                    out.unavailable[n["metadata"]["name"]] = ", ".join(why)
+            if not activity.info().is_local:  # the disruption budget reads it as a local activity
+                activity.heartbeat(len(out.unavailable))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return out
+
+    @activity.defn
+    async def set_node_rollout_state(self, req: NodeRolloutState) -> None:
+        """Record the node's rollout state: a label (for selectors) and an annotation (the detail).
+
+        Writes nothing when both already say the same (the `updated` time aside).
+        """
+        await self._record_state(await self._read_node(req.cluster, req.node), req)
+
+    async def _record_state(self, node: k8s.V1Node, req: NodeRolloutState) -> None:
+        change = state_change(node, req)
+        if change is not None:
+            await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
+                                                                        "annotations": change.annotations}},
+                                   f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
+
+    @activity.defn
+    async def record_package_installed(self, req: PackageInstalled) -> None:
+        """Add `package: version` to the node's packages annotation (conditional on the node's
+        resourceVersion, so a concurrent writer's entry is never lost: its 409 is retried)."""
+        node = await self._read_node(req.cluster, req.node)
+        packages = packages_of(node.metadata.annotations or {}, req.node)
+        if packages.get(req.package) == req.version:
+            return
+        packages[req.package] = req.version
+        value = json.dumps(dict(sorted(packages.items())), separators=(",", ":"))
+        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                              "annotations": {PACKAGES_ANNOTATION: value}}}
+        await self._patch_node(req.cluster, req.node, patch,
+                               f"recording package {req.package} {req.version} on node {req.node}",
+                               lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value)
+
+    # ------------------------------------------------------------ rollouts: package Jobs
+
+    async def _ensure_namespace(self, cluster: str) -> None:
+        core = await self._clusters.core(cluster)
+        if await api_read(f"reading namespace {JOB_NAMESPACE}", core.read_namespace(JOB_NAMESPACE,
+                                                                                  _request_timeout=REQUEST_TIMEOUT)):
+            return
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOB_NAMESPACE,
+                                                                     "labels": {"app.kubernetes.io/managed-by": "millwright"}}}
+        try:
+            await core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as err:
+            if err.status != 409:
+                raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            raise ApplicationError(f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}",
+                                   type="KubernetesUnavailable") from err
+
+    @staticmethod
+    def _stage_job(req: StageJobRequest, name: str, attempt: int) -> dict[str, Any]:
+        interrupt = req.stage in ("interrupt", "uninstall-interrupt")
+        labels = {
+            JOB_NODE_LABEL: label_value(req.node),
+            JOB_PACKAGE_LABEL: label_value(req.package),
+            JOB_STAGE_LABEL: label_value(req.stage),
+            JOB_ROLLOUT_LABEL: short_hash(req.rollout, n=16),
+            "app.kubernetes.io/managed-by": "millwright",
+        }
+        if interrupt:
+            labels[JOB_INTERRUPT_LABEL] = label_value(req.interrupt or "noop")
+        annotations = {JOB_ROLLOUT_ANNOTATION: req.rollout, JOB_VERSION_ANNOTATION: req.version,
+                       JOB_ATTEMPT_ANNOTATION: str(attempt), JOB_TRY_ANNOTATION: str(req.try_number)}
+        image = f"{req.image}:{req.version}"
+        env = [
+            {"name": "MILLWRIGHT_STAGE", "value": req.stage},
+            {"name": "MILLWRIGHT_PACKAGE", "value": req.package},
+            {"name": "MILLWRIGHT_VERSION", "value": req.version},
+            {"name": "MILLWRIGHT_NODE", "value": req.node},
+            {"name": "MILLWRIGHT_NODE_ORDER", "value": str(req.ordinal)},
+            {"name": "MILLWRIGHT_SERVICES", "value": ",".join(req.services)},
+        ]
+        if interrupt:
+            env.append({"name": "MILLWRIGHT_INTERRUPT", "value": req.interrupt or "noop"})
+
+        def container(cname: str, step: str) -> dict[str, Any]:
+            c: dict[str, Any] = {
+                "name": cname,
+                "image": image,
+                "args": [step],
+                "env": env,
+                "securityContext": {"privileged": True},
+                "volumeMounts": [{"name": "host-root", "mountPath": "/host"}],
+            }
+            if req.config:
+                c["envFrom"] = [{"configMapRef": {"name": name}}]
+            return c
+
+        # NodeWright's order: the stage's work, then its check (not for interrupts); init containers run in order.
+        if interrupt:
+            init, main = [], [container(req.stage, req.stage)]
+        else:
+            init, main = [container(req.stage, req.stage)], [container(f"{req.stage}-check", f"{req.stage}-check")]
+        pod_spec: dict[str, Any] = {
+            "nodeName": req.node,
+            "restartPolicy": "OnFailure" if interrupt else "Never",
+            "hostPID": True,
+            "hostNetwork": True,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoSchedule"},
+            ],
+            "volumes": [{"name": "host-root", "hostPath": {"path": "/"}}],
+            "containers": main,
+        }
+        if init:
+            pod_spec["initContainers"] = init
+        spec: dict[str, Any] = {
+            "backoffLimit": 0,  # Temporal owns retries, visibly: a new attempt is a new Job
+            "completions": 1,
+            "parallelism": 1,
+            "activeDeadlineSeconds": max(1, math.ceil(req.timeout_seconds)),
+            "ttlSecondsAfterFinished": JOB_TTL_SECONDS,
+            "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
+        }
+        if not interrupt:  # an eviction does not burn the (zero) backoff budget; needs restartPolicy Never
+            spec["podFailurePolicy"] = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": JOB_NAMESPACE, "labels": labels, "annotations": annotations},
+            "spec": spec,
+        }
+
+    @staticmethod
+    def _same_job(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
+        labels = existing["metadata"].get("labels") or {}
+        annotations = existing["metadata"].get("annotations") or {}
+        want_md = wanted["metadata"]
+        return all(labels.get(k) == v for k, v in want_md["labels"].items()) and all(
+            annotations.get(k) == want_md["annotations"][k] for k in (JOB_ROLLOUT_ANNOTATION, JOB_VERSION_ANNOTATION)
+        )
+
+    async def _failure_detail(self, cluster: str, job: str) -> str:
+        """The failed container's termination message, as `kubectl describe` would show it."""
+        core = await self._clusters.core(cluster)
+        pods = await api_call(
+            f"listing pods of Job {job}",
+            core.list_namespaced_pod(JOB_NAMESPACE, label_selector=f"job-name={job}", _request_timeout=REQUEST_TIMEOUT),
+        )
+        for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+            statuses = list((pod.status.init_container_statuses if pod.status else None) or []) + list(
+                (pod.status.container_statuses if pod.status else None) or []
+            )
+            for cs in statuses:
+                for state in (cs.state, cs.last_state):
+                    term = state.terminated if state else None
+                    if term is not None and term.exit_code:
+                        text = f"container {cs.name} of pod {pod.metadata.name}: {term.reason or 'Error'} (exit code {term.exit_code})"
+                        return f"{text}: {term.message.strip()}" if term.message else text
+        return ""
+
+    @activity.defn
+    async def run_stage_job(self, req: StageJobRequest) -> StageJobResult:
+        """Run one package stage on one node as a Job, and wait for its verdict.
+
+        The Job's name is derived from the rollout, node, package, version, stage, the workflow's
+        try of the stage and the calling workflow run, never from the activity attempt: a retry
+        after a crash at any line (even between creating the Job and the first heartbeat) finds
+        and adopts the same Job, so a stage never runs twice; the workflow trying the stage
+        again, or a new run for the node, gets a new Job. A failed Job is a result, not an
+        error: `succeeded=False` with the reason and the failing container's message. So is a Job
+        that vanished after an attempt saw it: it is never created again under the same try.
+        The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
+        """
+        info = activity.info()
+        return await self._run_job(req, info.heartbeat_details[0] if info.heartbeat_details else None,
+                                     activity.heartbeat)
+
+    async def _run_job(self, req: StageJobRequest, previous: Any, beat: Callable[[dict[str, Any]], None]) \
+            -> StageJobResult:  # fmt: skip
+        """`run_stage_job`: `previous` is what an earlier attempt heartbeat about this Job, `beat` heartbeats it."""
+        if req.stage not in STAGES:
+            raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
+        if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
+            raise ApplicationError(f"unknown interrupt {req.interrupt!r}", type="InvalidStage", non_retryable=True)
+        info = activity.info()
+        key = short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
+                          info.workflow_run_id)
+        name = stage_job_name(req.package, req.stage, key)
+        started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
+        attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
+        body = self._stage_job(req, name, attempt)
+        batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
+        core = await self._clusters.core(req.cluster)
+        # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
+        # all) cost more than the call itself.
+        read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
+            name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT)
+        # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
+        # first and creates only what is missing.
+        existing = None if info.attempt == 1 and not previous else await read_json(f"reading Job {name}", read())
+        if existing is None and isinstance(previous, dict) and previous.get("uid"):
+            # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
+            # run it twice under one try; the workflow's next try (a new Job) is the visible way to redo it.
+            return StageJobResult(job=name, succeeded=False, attempt=attempt, message=vanished(name))
+        if existing is None:  # a Job that exists after all (409) is read and adopted
+            existing = await self._create_job(req.cluster, name, body, read)
+            activity.logger.info("created Job %s for %s %s on %s", name, req.package, req.stage, req.node)
+        if not self._same_job(existing, body):
+            raise ApplicationError(
+                f"Job {JOB_NAMESPACE}/{name} exists but belongs to another stage run "
+                f"(labels {existing['metadata'].get('labels')}); delete it by hand",
+                type="JobConflict",
+                non_retryable=True,
+            )
+        uid = existing["metadata"]["uid"]
+        beat({"job": name, "uid": uid, "started": started, "attempt": attempt})
+        if req.config:
+            cm = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name,
+                    "namespace": JOB_NAMESPACE,
+                    "labels": dict(body["metadata"]["labels"]),
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                         "controller": True, "blockOwnerDeletion": True}],
+                },
+                "data": dict(req.config),
+            }
+            try:
+                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as err:
+                if err.status != 409:
+                    raise api_error(err, f"creating ConfigMap {name}") from err
+            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
+                                       type="KubernetesUnavailable") from err
+        give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
+        job, waiting = existing, time.time()
+        while True:
+            if job is None or job["metadata"].get("uid") != uid:
+                return StageJobResult(job=name, succeeded=False, attempt=attempt, message=vanished(name))
+            status = job.get("status") or {}
+            verdicts = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+            if "Complete" in verdicts:
+                return StageJobResult(job=name, succeeded=True, attempt=attempt)
+            failed = verdicts.get("Failed")
+            if failed is not None:
+                reason = failed.get("reason") or "Failed"
+                reason = f"{reason}: {failed['message']}" if failed.get("message") else reason
+                detail = await self._failure_detail(req.cluster, name)
+                return StageJobResult(job=name, succeeded=False, attempt=attempt,
+                                      message=f"{reason}; {detail}" if detail else reason)
+            if time.time() > give_up:
+                return StageJobResult(job=name, succeeded=False, attempt=attempt,
+                                      message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
+                                      f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
+            beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
+            # Looked at every tenth of the time waited so far (a verdict is seen at most ~10% late), within bounds.
+            await asyncio.sleep(min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10)))
+            job = await read_json(f"reading Job {name}", read())
+
+    async def _create_job(self, cluster: str, name: str, body: dict[str, Any], read: Callable) -> dict[str, Any]:
+        """Create the Job (its namespace first, once per cluster and whenever it went missing); an existing one
+        (409) is read and returned."""
+        batch = k8s.BatchV1Api(await self._clusters.api(cluster))
+        for first in (True, False):
+            if cluster not in self._job_namespaces or not first:
+                await self._ensure_namespace(cluster)
+                self._job_namespaces.add(cluster)
+            try:
+                return await call_json(f"creating Job {name}", send_json(
+                    batch.api_client, "POST", f"/apis/batch/v1/namespaces/{JOB_NAMESPACE}/jobs", body))
+            except ApplicationError as err:
+                status = err.__cause__.status if isinstance(err.__cause__, ApiException) else None
+                if status == 409:
+                    return await call_json(f"reading Job {name}", read())
+                if status != 404 or not first:  # 404: the namespace is gone; made again, then once more
+                    raise
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------ rollouts: reboots and gates
+
+    @activity.defn
+    async def wait_node_rebooted(self, req: RebootWait) -> str:
+        """Wait until the node reports a new boot ID and is Ready; return the new boot ID.
+
+        The deadline counts from the first attempt (kept in the heartbeat details), so retries
+        do not extend it; past it, a non-retryable RebootTimeout. Without the boot ID from before the
+        reboot nothing can prove one happened: a non-retryable RebootUnverifiable (the node stays as it is).
+        """
+        if not req.previous_boot_id:
+            raise reboot_unverifiable(req.node)
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        if isinstance(details, dict) and details.get("deadline"):
+            deadline = float(details["deadline"])
+        else:
+            first = info.scheduled_time.timestamp() if info.scheduled_time else 0.0
+            base = first if info.attempt > 1 and first > 946684800 else time.time()  # no epoch-0 test defaults
+            deadline = base + req.timeout_seconds
+        return await self._wait_rebooted(req, deadline, activity.heartbeat)
+
+    async def _wait_rebooted(self, req: RebootWait, deadline: float, beat: Callable[[dict[str, Any]], None]) -> str:
+        """`wait_node_rebooted` until `deadline` (epoch seconds); `beat` heartbeats where it stands."""
+        poll = FIRST_POLL_SECONDS
+        while True:
+            node = await self._read_node(req.cluster, req.node)
+            boot = node.status.node_info.boot_id if node.status and node.status.node_info else ""
+            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+            if boot and boot != req.previous_boot_id and ready:
+                activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
+                return boot
+            beat({"deadline": deadline, "boot_id": boot, "ready": ready})
+            if time.time() >= deadline:
+                state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
+                raise ApplicationError(
+                    f"node {req.node} did not come back from its reboot within {req.timeout_seconds:.0f}s: it {state}",
+                    type="RebootTimeout",
+                    non_retryable=True,
+                )
+            await asyncio.sleep(max(0.05, min(poll, deadline - time.time())))
+            poll = next_poll(poll, req.poll_seconds)
