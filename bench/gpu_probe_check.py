@@ -19,7 +19,11 @@ import shlex
 import socket
 import sys
 
-from activities.gpu.activities import GpuCheckRequest, LoadWindow, NvmlProbe, NvmlUnavailableError, StressRequest, gpu_verdict
+from activities.gpu.activities import LoadWindow
+from activities.gpu.nvml import NvmlProbe
+from activities.gpu.probe import NvmlUnavailableError
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import GpuCheckRequest, StressRequest
 
 
 async def main_async(args: argparse.Namespace) -> int:

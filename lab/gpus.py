@@ -29,19 +29,18 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
-from activities.gpu.activities import (
-    GPU_SERVICES,
+from activities.gpu.nvml import GPU_SERVICES
+from activities.gpu.probe import GpuLoad, NvmlUnavailableError
+from activities.gpu.models import (
     THROTTLE_GPU_IDLE,
     DcgmDiag,
     DcgmTestResult,
-    GpuLoad,
     GpuReading,
     GpuResetResult,
     GpuSnapshot,
     HostGpuSnapshot,
     LoadSample,
     NvlinkErrors,
-    NvmlUnavailableError,
     ServiceRestartResult,
     XidEvent,
 )

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from activities.gpu.activities import host_task_queue
+from activities.gpu.models import host_task_queue
 from lab.gpus import SimulatedGpuProbe
 
 log = logging.getLogger("lab.hosts")

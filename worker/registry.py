@@ -117,7 +117,9 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     `probe` defaults to NVML on this machine; without NVML the agent still starts and its activities say so."""
     import shlex
 
-    from activities.gpu.activities import HostAgentActivities, NvmlProbe, host_task_queue
+    from activities.gpu.activities import HostAgentActivities
+    from activities.gpu.nvml import NvmlProbe
+    from activities.gpu.models import host_task_queue
 
     if probe is None:
         command = settings.gpu_stress_command if settings else None

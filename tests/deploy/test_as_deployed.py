@@ -142,7 +142,7 @@ async def test_host_agent_as_deployed_polls_its_node_queue(client, temporal_addr
     it polls millwright-host-<node>, serves its liveness probe's target and stops cleanly on SIGTERM."""
     from temporalio.api.enums.v1 import TaskQueueType
 
-    from activities.gpu.activities import host_task_queue
+    from activities.gpu.models import host_task_queue
 
     objs = render(OVERLAY)
     _, container = host_agent(objs)

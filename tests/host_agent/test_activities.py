@@ -7,17 +7,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.gpu.activities import (
-    EmptyRequest,
-    GpuCheckRequest,
-    GpuResetRequest,
-    HostAgentActivities,
-    NvmlProbe,
-    NvmlUnavailableError,
-    StressRequest,
-    gpu_verdict,
-    host_task_queue,
-)
+from activities.gpu.activities import HostAgentActivities
+from activities.gpu.nvml import NvmlProbe
+from activities.gpu.probe import NvmlUnavailableError
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import EmptyRequest, GpuCheckRequest, GpuResetRequest, StressRequest, host_task_queue
 from lab.gpus import SimulatedGpuProbe
 
 H200 = GpuCheckRequest(expected_count=8, expected_model="H200")

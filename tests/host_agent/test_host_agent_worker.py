@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from activities.gpu.activities import GpuCheckResult, HostInfo, host_task_queue
+from activities.gpu.models import GpuCheckResult, HostInfo, host_task_queue
 from tests.host_agent.conftest import call_host
 from tests.host_agent.test_activities import nvml_present
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from activities.gpu.activities import GpuCheckResult, HostInfo, StressResult, host_task_queue
+from activities.gpu.models import GpuCheckResult, HostInfo, StressResult, host_task_queue
 from lab.hosts import LabHosts
 from tests.host_agent.conftest import call_host
 

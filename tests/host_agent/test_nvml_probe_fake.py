@@ -10,7 +10,10 @@ from types import SimpleNamespace
 import pynvml as real
 import pytest
 
-from activities.gpu.activities import GpuCheckRequest, LoadWindow, NvmlProbe, StressRequest, gpu_verdict
+from activities.gpu.activities import LoadWindow
+from activities.gpu.nvml import NvmlProbe
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import GpuCheckRequest, StressRequest
 
 H200 = {"name": "NVIDIA H200", "gen": 5, "width": 16, "temp": 35}
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from activities.gpu.activities import (
+from activities.gpu.dcgm import parse_dcgm_json
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_POWER_BRAKE,
     THROTTLE_HW_SLOWDOWN,
@@ -17,8 +19,6 @@ from activities.gpu.activities import (
     NvlinkErrors,
     StressResult,
     XidEvent,
-    gpu_verdict,
-    parse_dcgm_json,
     throttle_names,
 )
 from lab.gpus import SimulatedGpuProbe

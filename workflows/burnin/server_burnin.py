@@ -29,15 +29,9 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.burnin.node_guard import NODE_GUARD_PATCH, KubernetesNode, NodeService
 from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 
-from activities.gpu.activities import (
-    GpuCheckRequest,
-    GpuCheckResult,
-    HostAgentActivities,
-    StressRequest,
-    StressResult,
-    gpu_verdict,
-    host_task_queue,
-)
+from activities.gpu.activities import HostAgentActivities
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import GpuCheckRequest, GpuCheckResult, StressRequest, StressResult, host_task_queue
 from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel

@@ -32,7 +32,8 @@ from workflows.common.endpoints import EndpointWait, Endpoints, kubernetes_api, 
 from workflows.common.errors import error_text
 from workflows.remediation.policy import AgentObservation, BmcObservation, NodeDecision, decide, remediation_workflow_id
 
-from activities.gpu.activities import GpuCheckRequest, GpuCheckResult, HostAgentActivities, host_task_queue
+from activities.gpu.activities import HostAgentActivities
+from activities.gpu.models import GpuCheckRequest, GpuCheckResult, host_task_queue
 from activities.entities import RunOutcome, RunRef, failed_outcome
 from activities.netbox.activities import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
 from activities.node_health import (

@@ -34,15 +34,15 @@ from workflows.common.errors import error_text
 from workflows.maintenance.drain import Drain
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems
 
-from activities.gpu.activities import (
+from activities.gpu.activities import HostAgentActivities
+from activities.gpu.verdict import gpu_verdict
+from activities.gpu.models import (
     EmptyRequest,
     GpuCheckRequest,
     GpuCheckResult,
     GpuResetRequest,
-    HostAgentActivities,
     StressRequest,
     StressResult,
-    gpu_verdict,
     host_task_queue,
 )
 from activities.kube.activities import KubeActivities
