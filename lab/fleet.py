@@ -150,7 +150,7 @@ class Fleet(_M):
         node with its HCA ports as interfaces ``ib0``, ``ib1``, ... carrying the same port GUIDs the UFM emulator
         serves (`ib_ports`), and, for a GPU node, what burn-in reads from NetBox: the expected GPUs, GPU model
         and firmware baseline of its BMC's spec, its BMC URL (`bmcs`: node -> URL) and the credentials reference."""
-        from activities.netbox.activities import (
+        from activities.netbox.models import (
             CF_BMC_CREDENTIALS,
             CF_BMC_URL,
             CF_EXPECTED_GPUS,

@@ -683,15 +683,10 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
 
     from temporalio.testing import ActivityEnvironment
 
-    from activities.netbox.activities import (
-        BOOTSTRAP_SECTIONS,
-        CF_IB_PORT_GUID,
-        GPU_SERVER_ROLE,
-        NVIDIA,
-        BootstrapRequest,
-        NetBoxActivities,
-        NetBoxConfig,
-    )
+    from activities.netbox.activities import NetBoxActivities
+    from activities.netbox.client import NetBoxConfig
+    from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS, BootstrapRequest
+    from activities.netbox.models import CF_IB_PORT_GUID, GPU_SERVER_ROLE, NVIDIA
     from activities.support.secrets import SecretRef
 
     ref = SecretRef.parse(token_ref)

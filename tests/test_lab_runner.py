@@ -276,7 +276,9 @@ async def test_netbox_gate_says_netbox_is_starting_then_lets_it_through(tmp_path
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
-    from activities.netbox.activities import DeviceLookup, NetBoxActivities, NetBoxConfig
+    from activities.netbox.activities import NetBoxActivities
+    from activities.netbox.client import NetBoxConfig
+    from activities.netbox.models import DeviceLookup
     from activities.support.secrets import SecretRef
     from lab.loopback import write_secret_file
     from lab.netbox import NetBoxGate, new_token

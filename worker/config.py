@@ -131,7 +131,7 @@ class WorkerSettings(BaseSettings):
 
     def netbox_config(self):
         """The NetBox connection (URL + token reference), or None when NetBox is not configured."""
-        from activities.netbox.activities import NetBoxConfig
+        from activities.netbox.client import NetBoxConfig
         from activities.support.secrets import SecretRef
 
         if not self.netbox_url and not self.netbox_token:

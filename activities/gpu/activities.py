@@ -4,20 +4,20 @@ These activities run in the host agent (``python -m worker --host-agent``) on th
 queue ``host_task_queue(<host name>)``. Everything host-specific sits behind a :class:`GpuProbe`:
 
 * :class:`NvmlProbe` (activities/gpu/nvml.py) reads NVML through nvidia-ml-py (``import pynvml``; reference:
-  hardware.md §6). Each NVML call stands alone: ``NVMLError_NotSupported`` leaves that field ``None`` and names it in ``unsupported``
-  ("n/a"); ``NVMLError_GpuIsLost`` marks the GPU ``lost`` (fallen off the bus, a hard fail); no library or no
-  loaded driver raises :class:`NvmlUnavailableError`, which the activities turn into a retryable
-  ``ApplicationError`` of type ``NvmlUnavailable`` (the host is not ready), or, for ``host_gpu_check`` with
-  ``report_unavailable``, into a failed result that says so. Load comes from ``dcgmi diag -r N --json`` when a
-  DCGM level is asked for and ``dcgmi`` is on PATH, otherwise from a stress tool (``MILLWRIGHT_GPU_STRESS_COMMAND``,
-  ``gpu_burn``, ``dcgmproftester12/11``). Soft fixes: ``systemctl restart`` of the GPU services and
-  ``nvidia-smi -r -i N``.
+  hardware.md §6). Each NVML call stands alone: ``NVMLError_NotSupported`` leaves that field ``None`` and names
+  it in ``unsupported`` ("n/a"); ``NVMLError_GpuIsLost`` marks the GPU ``lost`` (fallen off the bus, a hard
+  fail); no library or no loaded driver raises :class:`NvmlUnavailableError`, which the activities turn into a
+  retryable ``ApplicationError`` of type ``NvmlUnavailable`` (the host is not ready), or, for ``host_gpu_check``
+  with ``report_unavailable``, into a failed result that says so. Load comes from ``dcgmi diag -r N --json`` when
+  a DCGM level is asked for and ``dcgmi`` is on PATH, otherwise from a stress tool
+  (``MILLWRIGHT_GPU_STRESS_COMMAND``, ``gpu_burn``, ``dcgmproftester12/11``). Soft fixes: ``systemctl restart``
+  of the GPU services and ``nvidia-smi -r -i N``.
 * ``lab.gpus.SimulatedGpuProbe`` plays an 8x H200 server with injectable faults.
 
-:func:`gpu_verdict` (activities/gpu/verdict.py) is pure (no I/O, no clock): workflows import it and judge a host from a snapshot taken
-before the load, one taken after it, and what was seen during it; it compares the two snapshots, not only
-absolute values. Findings carry a ``remedy`` hint for remediation (reset_gpu, restart_services, reboot, rma,
-reconfigure).
+:func:`gpu_verdict` (activities/gpu/verdict.py) is pure (no I/O, no clock): workflows import it and judge a
+host from a snapshot taken before the load, one taken after it, and what was seen during it; it compares the two
+snapshots, not only absolute values. Findings carry a ``remedy`` hint for remediation (reset_gpu,
+restart_services, reboot, rma, reconfigure).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
-from activities.netbox.activities import BurnInRecord, BurnInRecorded, DeviceInfo
+from activities.netbox.models import BurnInRecord, BurnInRecorded, DeviceInfo
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.conftest import FakeNetBox
 from tests.test_cli import cli

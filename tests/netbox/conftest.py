@@ -63,7 +63,7 @@ def netbox_token_file(netbox_lab):
 
 @pytest.fixture(scope="session")
 def netbox_config(netbox_lab, netbox_token_file):
-    from activities.netbox.activities import NetBoxConfig
+    from activities.netbox.client import NetBoxConfig
     from activities.support.secrets import SecretRef
 
     return NetBoxConfig(url=netbox_lab.url, token=SecretRef.parse(f"file:{netbox_token_file}"))

@@ -9,7 +9,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from activities.netbox.activities import BOOTSTRAP_SECTIONS, CF_BURNIN_RESULT, CF_IB_PORT_GUID, DEVICE_STATUSES, TAG_QUARANTINE
+from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS
+from activities.netbox.models import CF_BURNIN_RESULT, CF_IB_PORT_GUID, DEVICE_STATUSES, TAG_QUARANTINE
 from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
 ALL_LABELS = {o.label for objs in BOOTSTRAP_SECTIONS.values() for o in objs} | {

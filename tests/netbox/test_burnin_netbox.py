@@ -9,7 +9,7 @@ import uuid
 import pytest
 import pytest_asyncio
 
-from activities.netbox.activities import (
+from activities.netbox.models import (
     CF_BMC_CREDENTIALS,
     CF_BMC_URL,
     CF_BURNIN_RESULT,

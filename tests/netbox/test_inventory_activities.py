@@ -8,7 +8,14 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
-from activities.netbox.activities import CF_BURNIN_AT, CF_BURNIN_REPORT, CF_BURNIN_RESULT, CF_GPU_UUID, CF_IB_PORT_GUID, TAG_QUARANTINE
+from activities.netbox.models import (
+    CF_BURNIN_AT,
+    CF_BURNIN_REPORT,
+    CF_BURNIN_RESULT,
+    CF_GPU_UUID,
+    CF_IB_PORT_GUID,
+    TAG_QUARANTINE,
+)
 
 
 @pytest.fixture(scope="module")

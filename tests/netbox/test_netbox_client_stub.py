@@ -10,7 +10,9 @@ import pytest_asyncio
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.netbox.activities import NetBoxActivities, NetBoxConfig, TenantSpec
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.client import NetBoxConfig
+from activities.netbox.models import TenantSpec
 from activities.support.secrets import SecretRef
 from tests.conftest import as_localhost
 from tests.netbox.stub import NetBoxStub
@@ -74,7 +76,7 @@ async def test_a_write_that_never_arrived_is_left_to_the_retry(stub, token):
 
 
 async def test_a_tenant_pkey_record_whose_answers_are_lost_is_written_once(stub, token):
-    from activities.netbox.activities import CF_TENANT_PKEY, TenantPKeyRecord
+    from activities.netbox.models import CF_TENANT_PKEY, TenantPKeyRecord
 
     tenant = stub.add("tenancy/tenants", {"name": "Team C", "slug": "team-c", "custom_fields": {CF_TENANT_PKEY: None}})
     stub.drop("PATCH", rf"^{TENANTS}{tenant['id']}/$", "after")

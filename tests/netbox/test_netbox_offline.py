@@ -11,7 +11,9 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.netbox.activities import DeviceLookup, NetBoxActivities, NetBoxConfig, SetStatusRequest
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.client import NetBoxConfig
+from activities.netbox.models import DeviceLookup, SetStatusRequest
 from activities.support.secrets import SecretError, SecretRef
 from worker.config import ConfigError, WorkerSettings
 

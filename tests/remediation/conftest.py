@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from temporalio import activity
 
-from activities.netbox.activities import (
+from activities.netbox.models import (
     DeviceInfo,
     DeviceLookup,
     DeviceQuery,

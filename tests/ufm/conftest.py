@@ -132,7 +132,7 @@ async def ufm_nb_worker(client, ufm_config, netbox_config):  # noqa: F811
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def nb_fleet(client, ufm_nb_worker, nb, fleet):  # noqa: F811
     """NetBox bootstrapped and holding the fleet's hosts with their IB interfaces and port GUIDs."""
-    from activities.netbox.activities import CF_IB_PORT_GUID
+    from activities.netbox.models import CF_IB_PORT_GUID
     from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
     await client.execute_workflow(

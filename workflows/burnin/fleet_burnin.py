@@ -48,7 +48,8 @@ from workflows.common.endpoints import Endpoints, RetryTimeout
 from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
-from activities.netbox.activities import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 
 HISTORY_LIMIT = 8000
 # Runs from before carried children across continue-as-new (their children end with the run; it drains them first).

@@ -35,7 +35,8 @@ from activities.gpu.models import GpuCheckRequest, GpuCheckResult, StressRequest
 from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
-from activities.netbox.activities import (
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import (
     CF_BMC_CREDENTIALS,
     CF_BMC_URL,
     CF_EXPECTED_GPUS,
@@ -48,7 +49,6 @@ from activities.netbox.activities import (
     DeviceTagsRequest,
     GpuInfo,
     GpuInventory,
-    NetBoxActivities,
     SetStatusRequest,
 )
 from activities.redfish import (

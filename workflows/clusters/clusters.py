@@ -65,7 +65,8 @@ from activities.capi import (
 )
 from activities.kube.validators import validate_object_name
 from activities.models import BaseUrl, Host, StrictModel
-from activities.netbox.activities import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup, NetBoxActivities
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup
 
 CAPI = "cluster.x-k8s.io/v1beta2"
 KCP = "controlplane.cluster.x-k8s.io/v1beta2"

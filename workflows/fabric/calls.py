@@ -11,7 +11,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-from activities.netbox.activities import DeviceIbPorts, IbPortQuery, NetBoxActivities
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceIbPorts, IbPortQuery
 from activities.ufm import (
     EmptyRequest,
     FabricCall,

@@ -12,7 +12,8 @@ from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
-from activities.netbox.activities import NetBoxActivities, TenantPKeyRecord
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import TenantPKeyRecord
 from activities.ufm import (
     AddGuids,
     BlockingCode,

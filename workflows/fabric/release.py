@@ -10,7 +10,8 @@ from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
-from activities.netbox.activities import NetBoxActivities, TenantPKeyRecord
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import TenantPKeyRecord
 from activities.ufm import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids, UfmActivities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput

@@ -22,7 +22,8 @@ from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout
 
 from activities.models import StrictModel
-from activities.netbox.activities import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult, NetBoxActivities
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult
 
 # NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, visibly, and give up
 # after the input's retry_timeout so a NetBox outage surfaces instead of hanging the bootstrap forever.

@@ -35,7 +35,8 @@ from workflows.remediation.policy import AgentObservation, BmcObservation, NodeD
 from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import GpuCheckRequest, GpuCheckResult, host_task_queue
 from activities.entities import RunOutcome, RunRef, failed_outcome
-from activities.netbox.activities import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery, NetBoxActivities
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 from activities.node_health import (
     NodeHealth,
     NodeHealthActivities,

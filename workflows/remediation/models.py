@@ -18,7 +18,7 @@ from workflows.remediation.policy import HealthChecks, remediation_workflow_id
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.kube.models import DrainSettings
 from activities.models import StrictModel
-from activities.netbox.activities import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_EXPECTED_GPUS, CF_GPU_MODEL, DeviceInfo
+from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_EXPECTED_GPUS, CF_GPU_MODEL, DeviceInfo
 from activities.notify import WebhookTarget
 from activities.redfish import BmcRef
 from workflows.budget.budget import Budget

@@ -47,13 +47,8 @@ from activities.gpu.models import (
 )
 from activities.kube.activities import KubeActivities
 from activities.kube.models import CordonRequest, NodeRef, RebootWait
-from activities.netbox.activities import (
-    TAG_QUARANTINE,
-    DeviceLookup,
-    DeviceTagsRequest,
-    NetBoxActivities,
-    SetStatusRequest,
-)
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import TAG_QUARANTINE, DeviceLookup, DeviceTagsRequest, SetStatusRequest
 from activities.node_health import NodeHealth, NodeHealthActivities, NodeHealthRequest, QuarantineRequest
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth

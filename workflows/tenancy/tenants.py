@@ -58,7 +58,8 @@ from activities.capi import (
 )
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
-from activities.netbox.activities import NetBoxActivities, TenantSpec
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import TenantSpec
 
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER = "kai-scheduler"
