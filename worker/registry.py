@@ -46,6 +46,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.remediation.models",
     "workflows.remediation.policy",
     "workflows.remediation.sweep_models",
+    "workflows.rollout.dependency_graph",
     "workflows.rollout.models",
     "workflows.rollout.policy",
     "workflows.rollout.spec",

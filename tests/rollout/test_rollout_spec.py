@@ -13,16 +13,14 @@ from activities.kube.models import DrainSettings
 from activities.support.selectors import parse_label_selector, selector_matches
 from workflows.common import search_attributes as sa
 from workflows.rollout.spec import (
-    DependencyCycle,
     DrainConfig,
     Interrupt,
     LabelSelector,
     MaintenanceWindow,
     RolloutInput,
-    dependency_levels,
     describe_errors,
-    topological_order,
 )
+from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels, topological_order
 
 # Appendix A of the NodeWright reference, as a Millwright rollout.
 APPENDIX_A = {

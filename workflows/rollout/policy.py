@@ -44,10 +44,9 @@ from workflows.rollout.spec import (
     Package,
     RolloutInput,
     Strategy,
-    dependency_levels,
-    topological_order,
     zone,
 )
+from workflows.rollout.dependency_graph import dependency_levels, topological_order
 from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.state import BatchState
 
