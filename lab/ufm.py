@@ -1,6 +1,6 @@
 """An NVIDIA UFM REST emulator for the lab: ``python -m lab.ufm --port 0 --ready-file F [--fleet FILE] [--version V]``.
 
-The endpoints Millwright uses, in UFM's own shapes (references: hardware.md §5; NVIDIA's UFM clients in
+The endpoints Millwright uses, in UFM's own shapes (references: NVIDIA's UFM clients in
 NVIDIA/bare-metal-manager-core ``crates/api/src/ib/ufmclient/`` and Mellanox/ib-kubernetes
 ``pkg/sm/plugins/ufm/ufm.go``; the UFM Enterprise REST API Guide 6.12-6.22):
 
