@@ -1,6 +1,6 @@
-"""The docs hold together: every relative link in README.md and docs/*.md names a file or folder of the repo, the
-README stays short (the topics live in docs/), and the README's workflow table names every example file and every
-workflow the worker registers."""
+"""The docs hold together: every relative link in README.md and docs/*.md names a file or folder of the repo (and a
+heading of it, for a link to a section of a page), the README stays short (the topics live in docs/), and the
+README's workflow table names every example file and every workflow the worker registers."""
 
 from __future__ import annotations
 
@@ -21,17 +21,30 @@ PENDING = {REPO / "docs" / "architecture.md"}
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def prose(page: Path) -> str:
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # links and headings in code blocks are neither
+
+
 def relative_links(page: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # links in code blocks are not links
-    return [t for t in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+    return [t for t in LINK.findall(prose(page)) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def anchors(page: Path) -> set[str]:
+    """The section anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.*)$", prose(page), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h).strip().lower()).replace(" ", "-")
+            for h in headings}
 
 
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_resolve(page):
     broken = []
     for target in relative_links(page):
-        path = (page.parent / target.split("#", 1)[0]).resolve()
-        if not path.exists() and path not in PENDING:
+        file, _, section = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
+        if path in PENDING:
+            continue
+        if not path.exists() or (section and path.suffix == ".md" and section not in anchors(path)):
             broken.append(target)
     assert not broken, f"{page.relative_to(REPO)} links to what the repo does not have: {broken}"
 
