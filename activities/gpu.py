@@ -3,7 +3,7 @@
 These activities run in the host agent (``python -m worker --host-agent``) on the host itself, polling the task
 queue ``host_task_queue(<host name>)``. Everything host-specific sits behind a :class:`GpuProbe`:
 
-* :class:`NvmlProbe` reads NVML through nvidia-ml-py (``import pynvml``; reference: hardware.md §6). Each NVML
+* :class:`NvmlProbe` reads NVML through nvidia-ml-py (``import pynvml``). Each NVML
   call stands alone: ``NVMLError_NotSupported`` leaves that field ``None`` and names it in ``unsupported``
   ("n/a"); ``NVMLError_GpuIsLost`` marks the GPU ``lost`` (fallen off the bus, a hard fail); no library or no
   loaded driver raises :class:`NvmlUnavailableError`, which the activities turn into a retryable

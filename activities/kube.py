@@ -1059,7 +1059,7 @@ class KubeActivities:
         Only a fresh read of the pod ever says it is gone (missing, or a new UID): never the
         eviction's answer. The pod is read first, so a retry after a crash or a lost answer never
         sends a second eviction for a pod already terminating or gone. Every answer, as `kubectl
-        drain` treats it (the table: README "Draining a node: every answer of the eviction API"):
+        drain` treats it (the table: docs/node-maintenance.md, "Draining a node"):
         2xx accepted (the drain then waits for the pod to go); 429 and 403 NamespaceTerminating
         blocked, tried again later; the more-than-one-budget 500 and 400/403/422 refused for good;
         anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have

@@ -34,7 +34,7 @@ after UFM applied it, a timeout, a 5xx from its front) and that reads back appli
 so the result says what this run changed; one answered with success that does not read back is retried
 (``UfmWriteNotApplied``).
 
-Authentication (README "InfiniBand isolation (UFM)"): ``MILLWRIGHT_UFM_CREDENTIALS``, a secret reference
+Authentication (docs/fabric.md): ``MILLWRIGHT_UFM_CREDENTIALS``, a secret reference
 (``env:NAME`` or ``file:/path``) resolved inside each attempt: ``user:password`` uses HTTP Basic on ``/ufmRest``,
 anything else is an access token sent as ``Authorization: Basic <token>`` on ``/ufmRestV3``; and/or a client
 certificate (``MILLWRIGHT_UFM_CLIENT_CERT`` and ``MILLWRIGHT_UFM_CLIENT_KEY``, secret references to the PEM

@@ -1,6 +1,6 @@
 """An NVIDIA UFM REST emulator for the lab: ``python -m lab.ufm --port 0 --ready-file F [--fleet FILE] [--version V]``.
 
-The endpoints Millwright uses, in UFM's own shapes (references: hardware.md §5; NVIDIA's UFM clients in
+The endpoints Millwright uses, in UFM's own shapes (references: NVIDIA's UFM clients in
 NVIDIA/bare-metal-manager-core ``crates/api/src/ib/ufmclient/`` and Mellanox/ib-kubernetes
 ``pkg/sm/plugins/ufm/ufm.go``; the UFM Enterprise REST API Guide 6.12-6.22):
 
@@ -59,8 +59,8 @@ given keys, a new ``version`` first resets the knobs to that profile); ``POST /_
 served, so a test places a fault by the audit order, e.g. on the read that follows a lost write; ``skip``: that many
 matching requests pass first), ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET
 /_lab/audit/cursor``. ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed
-meanwhile). `fleet_seed` builds the seed of a fleet, with the posture Millwright requires (README
-"InfiniBand isolation (UFM)").
+meanwhile). `fleet_seed` builds the seed of a fleet, with the posture Millwright requires
+(docs/fabric.md).
 
 ``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included; ``--tls-client-ca
 F`` also requires a client certificate issued by that CA (UFM's ``client_cert_authentication``).

@@ -1,7 +1,7 @@
 """`evict_pod` and the other Kubernetes activities that decide "done" from an API answer, one answer at
 a time, through ActivityEnvironment against the Kubernetes emulator (no Temporal server).
 
-What each answer must come to is the table in README "Draining a node": a pod is `gone` only when a
+What each answer must come to is the table in docs/node-maintenance.md, "Draining a node": a pod is `gone` only when a
 fresh read finds it missing or replaced, never from the eviction's answer alone.
 """
 
