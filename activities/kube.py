@@ -1401,7 +1401,7 @@ class KubeActivities:
                 "data": dict(req.config),
             }
             try:
-                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=_REQUEST_TIMEOUT)  # type: ignore[arg-type]  # as above
+                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=_REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
             except ApiException as err:
                 if err.status != 409:
                     raise api_error(err, f"creating ConfigMap {name}") from err
@@ -1633,7 +1633,7 @@ class KubeActivities:
             job_req = StageJobRequest(cluster=req.cluster, node=req.node, rollout=req.rollout, ordinal=req.ordinal,
                                       try_number=try_number, **stage.model_dump())  # fmt: skip
             job = await self._run_job(job_req, resumed.get("job") if try_number == first else None,
-                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # type: ignore[misc]  # fmt: skip
+                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # type: ignore[misc]  # mypy infers no lambda with a default  # fmt: skip
             if job.succeeded:
                 break
         return StageRecord(package=stage.package, stage=stage.stage, succeeded=job.succeeded, attempts=try_number,

@@ -725,7 +725,7 @@ class UfmActivities:
                 after = await self._write(
                     client, "POST", "/actions/remove_guids_from_pkey",
                     f"removing {len(chunk)} GUIDs from PKey {req.pkey}", req.pkey,
-                    lambda after, chunk=chunk: not any(g in after.members for g in chunk),  # type: ignore[misc]  # a default
+                    lambda after, chunk=chunk: not any(g in after.members for g in chunk),  # type: ignore[misc]  # mypy infers no lambda with a default
                     json={"pkey": req.pkey, "guids": chunk},
                 )  # fmt: skip
                 result.pkey_deleted = not after.exists
