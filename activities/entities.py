@@ -128,7 +128,7 @@ async def update_with_start(call: EntityUpdate) -> Any:
     attributes = TypedSearchAttributes(
         [SearchAttributePair(SearchAttributeKey.for_keyword(k), v) for k, v in sorted(call.keywords.items())]
     )  # fmt: skip
-    start = WithStartWorkflowOperation(
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         call.workflow_type, call.start_input, id=call.workflow_id, task_queue=info.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, search_attributes=attributes,
     )  # fmt: skip

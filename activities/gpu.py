@@ -507,7 +507,7 @@ def _stress_findings(stress: StressResult, now: HostGpuSnapshot) -> list[Finding
             if t.status not in ("fail", "warn"):
                 continue
             text = f"DCGM {t.name} {t.status}" + (f": {'; '.join(t.messages)[:400]}" if t.messages else "")
-            for gpu in t.gpus or [None]:
+            for gpu in t.gpus or (None,):
                 out.append(Finding(gpu=gpu, check="dcgm", severity=t.status, evidence=text))
     return out
 
@@ -564,7 +564,7 @@ def _dcgm_test(category: str, test: dict) -> DcgmTestResult:
     if not results:
         summary = (test.get("test_summary") or {}).get("status")
         worst = _DCGM_STATUS.get(str(summary or "skip").strip().lower(), "warn")
-    return DcgmTestResult(category=category, name=str(test.get("name") or "?"), status=worst,  # type: ignore[arg-type]
+    return DcgmTestResult(category=category, name=str(test.get("name") or "?"), status=worst,
                           gpus=sorted(by_status.get(worst, set())) if worst in ("fail", "warn") else [],
                           messages=list(dict.fromkeys(messages)))  # fmt: skip
 

@@ -467,6 +467,7 @@ class IronicActivities:
                               timeout=self._config.timeout_seconds)  # fmt: skip
 
     async def _call(self, client: TrustingClient, method: str, path: str, doing: str, **kw: Any) -> Any:
+        assert self._config is not None  # the client came from _client(), which refuses a worker without one
         try:
             response = await client.request(method, path, **kw)
         except httpx.HTTPError as err:

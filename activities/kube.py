@@ -387,7 +387,7 @@ class ClusterApiClient(k8s.ApiClient):
                           "trusting the system's CAs: the kubeconfig names no certificate-authority")  # fmt: skip
         self._fix = fix
 
-    async def call_api(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def call_api(self, method, url, *args, **kwargs):
         try:
             return await super().call_api(method, url, *args, **kwargs)
         except aiohttp.ClientError as err:
@@ -670,9 +670,9 @@ async def _call_json(doing: str, coro) -> dict[str, Any]:
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
     if not 200 <= resp.status <= 299:
-        err = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
-        err.headers = resp.headers
-        raise api_error(err, doing) from err
+        failure = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+        failure.headers = resp.headers
+        raise api_error(failure, doing) from failure
     try:
         return json.loads(data)
     except ValueError as err:
@@ -707,7 +707,7 @@ def _annotation(obj: Any, key: str) -> str | None:
     return (obj.metadata.annotations or {}).get(key)
 
 
-def _packages_of(annotations: dict[str, str], node: str, strict: bool = True) -> dict[str, str]:
+def _packages_of(annotations: dict[str, str], node: str | None, strict: bool = True) -> dict[str, str]:
     raw = annotations.get(PACKAGES_ANNOTATION)
     if not raw:
         return {}
@@ -1216,7 +1216,7 @@ class KubeActivities:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOB_NAMESPACE,
                                                                      "labels": {"app.kubernetes.io/managed-by": "millwright"}}}
         try:
-            await core.create_namespace(body, _request_timeout=_REQUEST_TIMEOUT)
+            await core.create_namespace(body, _request_timeout=_REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
         except ApiException as err:
             if err.status != 409:
                 raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
@@ -1359,7 +1359,7 @@ class KubeActivities:
         key = _short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
                           info.workflow_run_id)
         name = stage_job_name(req.package, req.stage, key)
-        started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
+        started = float(previous["started"]) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
         body = self._stage_job(req, name, attempt)
         batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
@@ -1401,7 +1401,7 @@ class KubeActivities:
                 "data": dict(req.config),
             }
             try:
-                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=_REQUEST_TIMEOUT)
+                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=_REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
             except ApiException as err:
                 if err.status != 409:
                     raise api_error(err, f"creating ConfigMap {name}") from err
@@ -1409,6 +1409,7 @@ class KubeActivities:
                 raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
                                        type="KubernetesUnavailable") from err
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
+        job: dict[str, Any] | None
         job, waiting = existing, time.time()
         while True:
             if job is None or job["metadata"].get("uid") != uid:
@@ -1584,7 +1585,8 @@ class KubeActivities:
             # Where this stage stands (its try, its Job, the reboot's deadline), after what is done: sent at once
             # when one of those changes, else every BEAT_SECONDS (the SDK sends one per 0.8 heartbeat timeout).
             at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
-            done, sent = self._stages_done(result), [None, 0.0]
+            done = self._stages_done(result)
+            sent: list[Any] = [None, 0.0]  # the last beat's place, and when it went
 
             def beat(more: dict[str, Any]) -> None:
                 at.update(more)
@@ -1631,7 +1633,7 @@ class KubeActivities:
             job_req = StageJobRequest(cluster=req.cluster, node=req.node, rollout=req.rollout, ordinal=req.ordinal,
                                       try_number=try_number, **stage.model_dump())  # fmt: skip
             job = await self._run_job(job_req, resumed.get("job") if try_number == first else None,
-                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # fmt: skip
+                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # type: ignore[misc]  # mypy infers no lambda with a default  # fmt: skip
             if job.succeeded:
                 break
         return StageRecord(package=stage.package, stage=stage.stage, succeeded=job.succeeded, attempts=try_number,

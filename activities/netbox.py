@@ -593,6 +593,7 @@ class NetBoxActivities:
     async def _in_thread(self, doing: str, fn: Callable[[Any], T]) -> T:
         """Run `fn(api)` in a thread, mapping NetBox and transport errors for the retry policy."""
         api, trust = self._api()
+        assert self._config is not None  # _api() refuses a worker without one
         doing = f"{doing} at NetBox {self._config.url}"  # the endpoint, for a run that shows why it waits
 
         def call() -> T:
@@ -799,7 +800,7 @@ class NetBoxActivities:
                        if v is not None}  # fmt: skip
             chunks = [query.names[i:i + NAMES_PER_REQUEST] for i in range(0, len(query.names), NAMES_PER_REQUEST)]
             found: list[DeviceInfo] = []
-            for names in chunks or [None]:
+            for names in chunks or (None,):
                 wanted = {**filters, "id__gt": query.after_id, "ordering": "id", **({"name": names} if names else {})}
                 for n, record in enumerate(api.dcim.devices.filter(**wanted, limit=query.limit + 1)):
                     found.append(device_info(record))

@@ -762,7 +762,7 @@ class BmcLab:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise RedfishError(400, "MalformedJSON", "The request body submitted was malformed JSON and could "
-                                   "not be parsed by the receiving service.")
+                                   "not be parsed by the receiving service.") from None
         if isinstance(body, dict):
             if "ResetType" in body:
                 entry["reset_type"] = body["ResetType"]

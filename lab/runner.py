@@ -962,7 +962,7 @@ def status(*, state_dir: Path) -> int:
             print(f"  BMC {node}: {url}")
     if info.get("ufm"):
         print(f"  UFM:           {info['ufm'].get('url')} (credentials {info['ufm'].get('credentials')})")
-    for name, path in (info.get("examples") or {}).items():
+    for path in (info.get("examples") or {}).values():
         print(f"  example:       {path}")
     if info.get("webhook") and "webhook" in alive:
         print_deliveries(info["webhook"]["url"])

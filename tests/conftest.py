@@ -137,6 +137,16 @@ async def core(kubeconfig_path):
 
 
 @pytest_asyncio.fixture(loop_scope="session")
+async def kube(kubeconfig_path):
+    """The Kubernetes activities on the emulated cluster, for a test that runs them through ActivityEnvironment."""
+    from activities.kube import ClusterConnector, KubeActivities
+
+    connector = ClusterConnector([str(kubeconfig_path)])
+    yield KubeActivities(connector)
+    await connector.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
 async def kube_worker(client, kubeconfig_path):
     """A real worker on a random task queue with every workflow and the Kubernetes activities."""
     from worker import registry

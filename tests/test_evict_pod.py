@@ -20,11 +20,9 @@ from activities.kube import (
     JOB_NAMESPACE,
     PACKAGES_ANNOTATION,
     ROLLOUT_STATE_LABEL,
-    ClusterConnector,
     CordonRequest,
     EvictOutcome,
     EvictRequest,
-    KubeActivities,
     NodeRolloutState,
     PackageInstalled,
     PodRef,
@@ -40,13 +38,6 @@ BUDGET_WRITE = {"verb": "update", "group": "policy", "resource": "poddisruptionb
 NAMESPACE_TERMINATING = {"name": POD, "kind": "pods", "causes": [
     {"reason": "NamespaceTerminating", "message": "namespace apps is being terminated", "field": "metadata.namespace"}]}
 PRECONDITION = "Precondition failed: UID in precondition: x, UID in object meta: y"
-
-
-@pytest.fixture
-async def kube(kubeconfig_path):
-    connector = ClusterConnector([str(kubeconfig_path)])
-    yield KubeActivities(connector)
-    await connector.close()
 
 
 def objects(*, pdb: dict | None = None, pods: int = 1) -> list[dict]:

@@ -17,9 +17,7 @@ from activities.kube import (
     PACKAGES_ANNOTATION,
     ROLLOUT_ANNOTATION,
     ROLLOUT_STATE_LABEL,
-    ClusterConnector,
     ConditionGate,
-    KubeActivities,
     NodePageRequest,
     NodeRef,
     NodeRolloutState,
@@ -32,13 +30,6 @@ from activities.kube import (
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from lab.fleet import Fleet
 from lab.prometheus import PrometheusAdmin, PrometheusStub
-
-
-@pytest.fixture
-async def kube(kubeconfig_path):
-    connector = ClusterConnector([str(kubeconfig_path)])
-    yield KubeActivities(connector)
-    await connector.close()
 
 
 def env(**info) -> ActivityEnvironment:

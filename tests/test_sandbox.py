@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio import workflow
 
-from worker.registry import SANDBOX_PASSTHROUGH, workflow_runner
+from worker.registry import SANDBOX_PASSTHROUGH
 from workflows.catalog import WORKFLOWS
 from workflows.disruption_budget import DisruptionBudget
 from workflows.node_maintenance import NodeMaintenance

@@ -17,7 +17,7 @@ without repeating a completed power change. BMC credentials travel as secret ref
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
@@ -75,8 +75,8 @@ TAG_BURNIN_FAILED = "millwright-burnin-failed"
 # it does not offer) is not retried.
 BMC_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                         maximum_interval=timedelta(seconds=30))  # fmt: skip
-BMC_CALL = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
-NETBOX_CALL = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
+BMC_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
+NETBOX_CALL: dict[str, Any] = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY)
 AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
                           maximum_attempts=5)  # fmt: skip
 

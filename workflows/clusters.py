@@ -75,7 +75,7 @@ QUEUE_API = "scheduling.run.ai/v2"
 GPU_CLASS_LABEL = "millwright.dev/gpu-class"
 TENANTS_PARENT_QUEUE = "tenants"
 CLUSTER_CLASS = KindRef(api_version=CAPI, kind="ClusterClass")
-LONG_CALL = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
+LONG_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=10), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_CALL["retry_policy"])
 # A failed CreateCluster undoes what the run owns (read from the clusters); before, it left everything.
 COMPENSATION = "create-cluster-compensates"

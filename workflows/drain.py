@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from pydantic import Field
 from temporalio import workflow
@@ -35,7 +36,7 @@ from activities.models import StrictModel
 # backing off to a ceiling so an API outage does not flood the history.
 API_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30))
 # A short start-to-close bounds how long a call lost with a crashed worker waits to be retried.
-API_CALL = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
+API_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=15), retry_policy=API_RETRY)
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 # Runs before this waited only for pods whose eviction was accepted, trusting a "gone" from the eviction's
@@ -83,12 +84,13 @@ class Drain:
         the caller listed them after the cordon (`start_node_update`); None: listed here."""
         deadline = workflow.now() + self._settings.timeout
         if plan is None:
-            plan = await workflow.execute_activity_method(
+            listed: DrainPlan = await workflow.execute_activity_method(
                 KubeActivities.plan_drain,
                 DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
                 **API_CALL,
                 summary=f"list pods on {self._node}",
             )
+            plan = listed  # typed: the call's options spread from a dict leave its result untyped
         self._progress.to_evict = len(plan.evict)
         self._progress.skipped = plan.skipped
         self._changed()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from temporalio import workflow
@@ -32,14 +32,14 @@ LEASE_PATCH = "disruption-budget-lease"  # workflow.patched() id guarding the le
 SIGNAL_PATCH = "disruption-budget-signals"  # workflow.patched() id: the signal protocol, entity and requesters
 REPOLL = timedelta(minutes=5)  # a waiting requester asks again this often, in case its entity was terminated
 # Update path: the update answers once decided; a retry attaches to the same update.
-BUDGET_CALL = dict(
+BUDGET_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=15),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=30)),
 )  # fmt: skip
 # Signal path: a few short calls as a local activity; a worker killed during one holds the run up for a
 # workflow task timeout (10 s), then another worker sends them again (receivers de-duplicate).
-SIGNAL_CALL = dict(
+SIGNAL_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=10),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=10)),
@@ -227,7 +227,7 @@ def _requester() -> _Requester:
     requester = getattr(instance, "_millwright_leases", None)
     if requester is None:
         requester = _Requester()
-        setattr(instance, "_millwright_leases", requester)
+        instance._millwright_leases = requester
         workflow.set_signal_handler(GRANTED_SIGNAL, requester.grant_signalled)
         workflow.set_signal_handler(DECISIONS_SIGNAL, requester.decided)
     return requester

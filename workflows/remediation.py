@@ -120,7 +120,7 @@ StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
 # the outcome is recorded before the webhook is notified (NOTIFY_AFTER_OUTCOME_PATCH).
-NOTIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=30),
+NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coefficient=2.0,
                                             maximum_interval=timedelta(seconds=30)))  # fmt: skip
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
@@ -344,7 +344,7 @@ class NodeRemediation:
 
     async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
                          owner: str, bmc: BmcRef | None, gpus: int | None, model: str | None,
-                         quarantined: bool) -> NodeRemediationResult:  # fmt: skip
+                         quarantined: str | None) -> NodeRemediationResult:  # fmt: skip
         """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
         try:
@@ -759,9 +759,9 @@ SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the se
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
 NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
 SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
-NAMES_CALL = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
+NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
                   retry_policy=API_RETRY)  # fmt: skip
-READ_CALL = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
+READ_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_RETRY)  # fmt: skip
 
 

@@ -20,6 +20,7 @@ that are out of service for any reason (cordoned by anyone, NotReady) and admits
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -197,7 +198,7 @@ class RolloutBatch:
             await handle.signal(signal)
 
 
-async def _sleep_until_window(windows: list[MaintenanceWindow], wake: callable) -> None:
+async def _sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> None:
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
     try:

@@ -507,7 +507,7 @@ class Api:
             raise self._invalid(rt, name, "metadata.name", "a lowercase RFC 1123 subdomain must consist of "
                                 "lower case alphanumeric characters, '-' or '.', and must start and end with an "
                                 "alphanumeric character", name)
-        for k, v in (md.get("labels") or {}).items():
+        for v in (md.get("labels") or {}).values():
             if not isinstance(v, str) or len(v) > 63:
                 raise self._invalid(rt, name, "metadata.labels", "must be no more than 63 characters", v)
         if rt.key == PODS and not ((obj.get("spec") or {}).get("containers")):
