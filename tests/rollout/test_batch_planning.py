@@ -15,6 +15,7 @@ from workflows.rollout_state import BatchState, CompartmentState, RolloutCheckpo
 
 from tests.kube_helpers import read_node
 from tests.rollout_helpers import max_unavailable, rollout_fleet, rollout_spec
+from tests.test_node_maintenance import record_history
 from tests.test_rollout import lab_ready, start, status_where
 
 POLICY = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 1}}}}
@@ -110,6 +111,7 @@ async def test_an_erroring_node_is_retried_and_completes_in_a_later_batch(client
     assert max_unavailable(await k8s.audit(), {"a-01", "a-02", "a-03"}) <= 2
     node = await read_node(core, "a-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    await record_history(handle, "rollout_planning_retry")
 
 
 async def test_retries_are_bounded_and_count_against_the_stop_rule(client, kube_worker, k8s, core):
@@ -129,14 +131,20 @@ async def test_retries_are_bounded_and_count_against_the_stop_rule(client, kube_
 
 
 async def approve_until_done(handle):
+    """Approve every batch that waits for approval until the rollout ends."""
+
+    def waiting(s):
+        return {(name, c.batch_state.current_batch) for name, c in s.compartments.items()
+                if c.phase == "waiting-for-approval"}
+
     while True:
-        status = await status_where(
-            handle, lambda s: s.phase in ("completed", "aborted") or any(
-                c.phase == "waiting-for-approval" for c in s.compartments.values()), "an approval or the end")
+        status = await status_where(handle, lambda s: s.phase in ("completed", "aborted") or waiting(s),
+                                    "an approval or the end")
         if status.phase in ("completed", "aborted"):
             return await handle.result()
         await handle.execute_update(Rollout.approve_batch, ApproveRequest(approver="sre"))
-        await status_where(handle, lambda s: not any(c.phase == "waiting-for-approval" for c in s.compartments.values()),
+        approved = waiting(status)
+        await status_where(handle, lambda s: s.phase in ("completed", "aborted") or waiting(s) != approved,
                            "the approval taken")
 
 
@@ -161,6 +169,7 @@ async def test_a_node_labelled_mid_rollout_joins_and_an_unlabelled_one_leaves(cl
     assert ROLLOUT_STATE_LABEL not in ((await read_node(core, "a-02")).metadata.labels or {})
     assert (await read_node(core, "a-03")).metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     assert "1 nodes joined, 1 left" in (await handle.query(Rollout.progress)).details
+    await record_history(handle, "rollout_planning_membership")
 
 
 async def test_batches_take_nodes_in_priority_order(client, kube_worker, k8s, core):
@@ -195,3 +204,37 @@ async def test_a_version_change_resets_the_batch_state_unless_kept(client, kube_
         assert status.compartments["__default__"].batch_state.current_batch == 3
         await handle.execute_update(Rollout.abort, ReasonRequest(reason="kept state stops it"))
         assert (await handle.result()).counts == {"waiting": 2}
+
+
+@pytest.mark.parametrize("reset", [True, False])
+async def test_nodes_joining_a_completed_compartment_start_from_batch_one_unless_kept(client, kube_worker, k8s, core,
+                                                                                     reset):
+    await lab_ready(k8s, rollout_fleet({"a": 4}))
+    await core.patch_node("a-01", {"metadata": {"labels": {"canary": "true"}}})
+    await core.patch_node("a-04", {"metadata": {"labels": {"gpu": None}}})
+    policy = {**POLICY, "resetBatchStateOnCompletion": reset, "compartments": [
+        {"name": "canary", "selector": {"matchLabels": {"canary": "true"}}, "budget": {"count": 1},
+         "strategy": {"linear": {"initialBatch": 1, "delta": 1}}}]}
+    handle = await start(client, kube_worker, rollout_spec("completion", policy=policy, approval="batch"))
+
+    def phases(s):
+        return {name: c.phase for name, c in s.compartments.items()}
+
+    await status_where(handle, lambda s: phases(s) == {"canary": "waiting-for-approval",
+                                                       "__default__": "waiting-for-approval"}, "both approvals")
+    await handle.execute_update(Rollout.approve_batch, ApproveRequest(approver="sre"))
+    status = await status_where(handle, lambda s: phases(s) == {"canary": "done", "__default__": "waiting-for-approval"},
+                                "the canary done")
+    assert status.compartments["canary"].batch_state.current_batch == 2
+    # A new canary node: it joins the finished compartment at the default compartment's next re-read.
+    await core.patch_node("a-04", {"metadata": {"labels": {"gpu": "true", "canary": "true"}}})
+    result = await approve_until_done(handle)
+
+    assert result.outcome == "completed" and result.counts == {"complete": 4}
+    status = await handle.query(Rollout.status)
+    assert status.joined == {"a-04": "canary"}
+    canary = [b for b in status.recent_batches if b.compartment == "canary"]
+    assert [b.order for b in canary] == [["a-01"], ["a-04"]]
+    # Reset: batch 1 again (linear's initialBatch); kept: batch 2 of the progression (1 + delta, clamped to 1 left).
+    assert [b.number for b in canary] == ([1, 1] if reset else [1, 2])
+    assert [b.strategy_size for b in canary] == [1, 1]
