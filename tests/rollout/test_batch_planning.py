@@ -238,3 +238,19 @@ async def test_nodes_joining_a_completed_compartment_start_from_batch_one_unless
     # Reset: batch 1 again (linear's initialBatch); kept: batch 2 of the progression (1 + delta, clamped to 1 left).
     assert [b.number for b in canary] == ([1, 1] if reset else [1, 2])
     assert [b.strategy_size for b in canary] == [1, 1]
+
+
+async def test_a_running_node_that_stops_matching_finishes_then_leaves(client, kube_worker, k8s, core):
+    await lab_ready(k8s, rollout_fleet({"a": 2}), [{"node": "a-01", "stage": "apply", "seconds": 3.0}])
+    handle = await start(client, kube_worker, rollout_spec("leave-running", policy=POLICY))
+    await status_where(handle, lambda s: s.counts.get("in_progress") == 1, "a-01 running")
+    await core.patch_node("a-01", {"metadata": {"labels": {"gpu": None}}})
+    result = await handle.result()
+
+    assert result.outcome == "completed" and result.counts == {"complete": 1}
+    # a-01 finished its packages, then left at the next re-read; the compartment's counters dropped it.
+    status = await handle.query(Rollout.status)
+    assert status.left == {"a-01": "complete"} and status.recent_batches[1].left == ["a-01"]
+    assert result.compartments["__default__"].completed_nodes == 1
+    node = await read_node(core, "a-01")
+    assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
