@@ -224,6 +224,7 @@ class NodeSummary(StrictModel):
     labels: dict[str, str]
     unschedulable: bool
     ready: bool
+    created: str | None = Field(None, description="metadata.creationTimestamp (RFC 3339, UTC): a rollout's stable order.")
 
 
 class NodePage(StrictModel):
@@ -700,6 +701,7 @@ def _summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
         labels=labels,
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         ready=_node_ready(node),
+        created=(node.get("metadata") or {}).get("creationTimestamp"),
     )
 
 

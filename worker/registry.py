@@ -42,6 +42,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.endpoints",
     "workflows.leases",
     "workflows.remediation_policy",
+    "workflows.rollout_membership",
     "workflows.rollout_models",
     "workflows.rollout_policy",
     "workflows.rollout_spec",

@@ -32,6 +32,7 @@ from workflows.base import Progress, history_is_long
 from workflows.drain import API_CALL
 from workflows.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.node_update import NodeUpdate
+from workflows.rollout_membership import MembershipChange, reconcile, retryable
 from workflows.rollout_models import (
     ApproveRequest,
     BatchInput,
@@ -53,8 +54,10 @@ from workflows.rollout_models import (
 )
 from workflows.rollout_policy import (
     NodeSnapshot,
+    NODE_PRIORITY_LABEL,
     admissible,
     assign_compartments,
+    batch_order,
     ceiling,
     coalesce_interrupts,
     compartment_budget,
@@ -74,6 +77,9 @@ HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,24
 BUDGET_POLL = timedelta(seconds=30)
 RECENT_BATCHES = 20
 SURVEY_PAGE = 1000
+# workflow.patched() id of batch planning (docs/rollout-batch-planning.md): membership re-read before each batch,
+# erroring nodes retried, the priority order, resetBatchStateOnCompletion. Runs from before keep their fixed members.
+PLANNING_PATCH = "rollout-batch-planning"
 
 
 # ---------------------------------------------------------------- RolloutBatch
@@ -228,6 +234,8 @@ class Rollout:
         self._gate_failing_since: dict[str, datetime] = {}
         self._phase = "planning" if inp.dry_run else "surveying"
         self._upserted: str | None = None
+        self._planning = False  # PLANNING_PATCH, decided once per run
+        self._live: dict[str, NodeSnapshot] = {}  # the last re-read, by name
 
     # ------------------------------------------------------------ queries
 
@@ -241,10 +249,13 @@ class Rollout:
             compartments=self._views,
             recent_batches=self._recent,
             problems={
-                n: NodeView(status=s, reason=self._cp.reasons.get(n, ""), stages=self._stage_details.get(n, []))
+                n: NodeView(status=s, reason=self._cp.reasons.get(n, ""), stages=self._stage_details.get(n, []),
+                            retries=self._cp.retries.get(n, 0))
                 for n, s in self._cp.nodes.items()
                 if s in ("erroring", "blocked", "skipped")
             },
+            joined=self._cp.joined,
+            left=self._cp.left,
         )
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -365,11 +376,17 @@ class Rollout:
             self._phase = "planned"
             self._refresh()
             return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp))
+        self._planning = workflow.patched(PLANNING_PATCH)
         if inp.checkpoint is None:
             await self._start(await self._survey())
+        if self._planning:
+            self._reset_on_version_change()
         self._phase = "running"
         self._refresh()
-        await asyncio.gather(*(self._run_compartment(name) for name in sorted(self._cp.compartments)))
+        if self._planning:
+            await self._run_compartments()
+        else:
+            await asyncio.gather(*(self._run_compartment(name) for name in sorted(self._cp.compartments)))
         if self._continue and self._aborted is None:
             await workflow.wait_condition(workflow.all_handlers_finished)
             self._cp.paused_reason = self._paused_reason
@@ -390,7 +407,7 @@ class Rollout:
     async def _survey(self) -> list[NodeSnapshot]:
         """The targeted nodes, page by page, keeping only the labels compartments look at."""
         inp = self._inp
-        keys = {r.key for r in inp.node_selectors.requirements()}
+        keys = {r.key for r in inp.node_selectors.requirements()} | {NODE_PRIORITY_LABEL}
         for compartment in inp.deployment_policy.compartments:
             keys |= {r.key for r in compartment.selector.requirements()}
         nodes, token = [], None
@@ -408,7 +425,7 @@ class Rollout:
                 summary="list targeted nodes",
             )
             nodes += [
-                NodeSnapshot(name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready)
+                NodeSnapshot(name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready, created=n.created)
                 for n in page.nodes
             ]
             token = page.continue_token
@@ -419,18 +436,69 @@ class Rollout:
         assignment = assign_compartments(nodes, self._inp.deployment_policy)
         self._cp.compartments = {name: CompartmentState(members=members) for name, members in assignment.items() if members}
         self._cp.nodes = {n.name: "waiting" for n in sorted(nodes, key=lambda n: n.name)}
+        self._live = {n.name: n for n in nodes}
+
+    def _reset_on_version_change(self) -> None:
+        """resetBatchStateOnCompletion also resets on a version change: batch states carried from other versions."""
+        versions = self._inp.package_versions()
+        if self._cp.package_versions and self._cp.package_versions != versions and self._inp.resets_batch_state():
+            for cs in self._cp.compartments.values():
+                cs.batch, cs.completed = BatchState(), False
+        self._cp.package_versions = versions
+
+    async def _run_compartments(self) -> None:
+        """Every compartment with work, concurrently; one that gains nodes mid-rollout starts when it does, and
+        before finishing the rollout takes a last look for nodes that started matching meanwhile."""
+        running: dict[str, asyncio.Task[None]] = {}
+
+        def idle_with_work() -> bool:
+            return not self._woken() and any(
+                name not in running and self._pending(cs) for name, cs in self._cp.compartments.items()
+            )
+
+        while True:
+            if not self._woken():
+                for name, cs in sorted(self._cp.compartments.items()):
+                    if name not in running and self._pending(cs):
+                        running[name] = asyncio.create_task(self._run_compartment(name))
+            if not running:
+                if self._woken():
+                    return
+                self._membership(await self._survey())
+                if not idle_with_work():
+                    return
+                continue
+            await workflow.wait_condition(lambda: any(t.done() for t in running.values()) or idle_with_work())
+            for name in [n for n, t in running.items() if t.done()]:
+                running.pop(name).result()
+
+    def _membership(self, nodes: list[NodeSnapshot]) -> MembershipChange:
+        """Apply a re-read: joined and left nodes (workflows/rollout_membership.py), the views' sizes."""
+        self._live = {n.name: n for n in nodes}
+        change = reconcile(self._cp, nodes, self._inp.deployment_policy)
+        for name, view in self._views.items():
+            cs = self._cp.compartments[name]
+            view.members = len(cs.members)
+            view.ceiling = ceiling(compartment_budget(self._inp.deployment_policy, name), len(cs.members))
+        if change:
+            self._refresh()
+        return change
 
     async def _run_compartment(self, name: str) -> None:
         inp, cs = self._inp, self._cp.compartments[name]
         strategy = compartment_strategy(inp.deployment_policy, name)
         cap = ceiling(compartment_budget(inp.deployment_policy, name), len(cs.members))
-        view = self._views[name] = CompartmentView(
-            name=name, strategy=strategy_name(strategy), members=len(cs.members), ceiling=cap, batch_state=cs.batch
-        )
+        view = self._views.get(name) if self._planning else None
+        if view is None:
+            view = self._views[name] = CompartmentView(
+                name=name, strategy=strategy_name(strategy), members=len(cs.members), ceiling=cap, batch_state=cs.batch
+            )
         members = set(cs.members)
         while self._aborted is None:
             pending = self._pending(cs)
             if not pending:
+                if self._planning and all(self._cp.nodes[n] in ("complete", "skipped") for n in cs.members):
+                    cs.completed = True
                 view.phase = "done"
                 break
             # Between batches, every compartment parks when one asks to continue as new.
@@ -446,26 +514,51 @@ class Rollout:
             if all(self._cp.nodes[n] == "blocked" for n in pending):
                 self._enter(view, "waiting-for-blocked-nodes", f"{len(pending)} nodes wait for non-interruptible pods")
                 await self._sleep(inp.non_interrupt_retry_interval, "nodes blocked by non-interruptible pods")
-            unavailable = set(
-                await workflow.execute_activity_method(
-                    KubeActivities.list_unavailable_nodes,
-                    UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
-                    **API_CALL,
-                    summary=f"count unavailable nodes for {name}",
-                )
-            ) & members
+            change = MembershipChange()
+            if self._planning:
+                # One paged re-read per batch: who is in the rollout now, and who is out of service.
+                change = self._membership(await self._survey())
+                pending = self._pending(cs)
+                if not pending:
+                    continue
+                cap = view.ceiling
+                unavailable = {n for n in cs.members if n in self._live and self._live[n].unavailable}
+                if cs.completed:  # nodes joined a compartment that had finished
+                    if inp.resets_batch_state():
+                        cs.batch = BatchState()
+                    cs.completed = False
+            else:
+                unavailable = set(
+                    await workflow.execute_activity_method(
+                        KubeActivities.list_unavailable_nodes,
+                        UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
+                        **API_CALL,
+                        summary=f"count unavailable nodes for {name}",
+                    )
+                ) & members
             active = len(cs.members) - sum(1 for n in cs.members if self._cp.nodes[n] == "skipped")
-            size = next_batch_size(strategy, cs.batch, active, cap)
+            # A node due for a retry is not done yet: the strategy counts it among the nodes remaining.
+            retries_due = sum(1 for n in pending if self._cp.nodes[n] == "erroring")
+            state = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - retries_due)})
+            size = next_batch_size(strategy, state, active, cap)
             admit = admissible(size, cap, len(unavailable))
             if admit == 0:
                 self._enter(view, "waiting-for-budget", f"{len(unavailable)} of {cap} allowed nodes already out of service")
                 await self._sleep(BUDGET_POLL, "budget exhausted by unavailable nodes")
                 continue
-            # Nodes already out of service cost nothing more to take: they go first, then
-            # waiting nodes before blocked ones, each in name order.
-            ordered = sorted(pending, key=lambda n: (n not in unavailable, self._cp.nodes[n] == "blocked", n))
-            chosen = sorted(ordered[:admit])
-            await self._run_batch(name, view, cs, chosen, cap, len(unavailable), size)
+            if self._planning:
+                chosen = batch_order(pending, self._live, self._cp.nodes, unavailable)[:admit]
+            else:
+                # Nodes already out of service cost nothing more to take: they go first, then
+                # waiting nodes before blocked ones, each in name order.
+                ordered = sorted(pending, key=lambda n: (n not in unavailable, self._cp.nodes[n] == "blocked", n))
+                chosen = sorted(ordered[:admit])
+            retried = [n for n in chosen if self._cp.nodes[n] == "erroring"]
+            for node in retried:
+                self._cp.retries[node] = self._cp.retries.get(node, 0) + 1
+            if retried:  # back in play: its next outcome is counted like any node's
+                cs.batch = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - len(retried))})
+            await self._run_batch(name, view, cs, chosen, cap, len(unavailable), size, change, retried)
             if inp.soak_time and self._aborted is None:
                 self._enter(view, "running", f"soaking for {inp.soak_time}")
                 await self._sleep(inp.soak_time, "soak after batch")
@@ -542,7 +635,8 @@ class Rollout:
         return problems
 
     async def _run_batch(
-        self, name: str, view: CompartmentView, cs: CompartmentState, chosen: list[str], cap: int, unavailable: int, size: int
+        self, name: str, view: CompartmentView, cs: CompartmentState, chosen: list[str], cap: int, unavailable: int,
+        size: int, change: MembershipChange, retried: list[str],
     ) -> None:
         inp, number = self._inp, cs.batch.current_batch
         nodes = []
@@ -551,7 +645,8 @@ class Rollout:
             self._cp.next_ordinal += 1
             self._set_node(node, "in_progress", "")
         batch_view = BatchView(
-            compartment=name, number=number, ceiling=cap, unavailable_before=unavailable, strategy_size=size, started=workflow.now()
+            compartment=name, number=number, ceiling=cap, unavailable_before=unavailable, strategy_size=size,
+            started=workflow.now(), order=chosen, retried=retried, joined=sorted(change.joined), left=sorted(change.left),
         )
         view.current_batch = batch_view
         self._enter(view, "running", f"batch {number}: {len(chosen)} nodes")
@@ -636,7 +731,12 @@ class Rollout:
     # ------------------------------------------------------------ state and visibility
 
     def _pending(self, cs: CompartmentState) -> list[str]:
-        return [n for n in cs.members if self._cp.nodes[n] in ("waiting", "blocked")]
+        """Nodes a next batch may take: waiting and blocked ones, and erroring ones with retries left."""
+        limit = self._inp.deployment_policy.retry_erroring_nodes if self._planning else 0
+        return [
+            n for n in cs.members
+            if self._cp.nodes[n] in ("waiting", "blocked") or (limit and retryable(self._cp, n, limit))
+        ]
 
     def _set_node(self, node: str, status: NodeStatus, reason: str) -> None:
         self._cp.nodes[node] = status
@@ -727,6 +827,8 @@ class Rollout:
             lines.append(f"paused: {self._paused_reason}")
         if self._aborted:
             lines.append(f"aborting: {self._aborted}")
+        if self._cp.joined or self._cp.left:
+            lines.append(f"membership: {len(self._cp.joined)} nodes joined, {len(self._cp.left)} left mid-rollout")
         for view in self._views.values():
             lines.append(
                 f"- `{view.name}` {view.phase} (batch {view.batch_state.current_batch}, ceiling {view.ceiling}): {view.note}"

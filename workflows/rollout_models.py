@@ -123,6 +123,7 @@ class NodeView(StrictModel):
     status: NodeStatus
     reason: str = ""
     stages: list[StageRecord] = Field(default_factory=list)
+    retries: int = Field(0, description="Times the rollout put the node in a later batch after it ended erroring.")
 
 
 class BatchView(StrictModel):
@@ -136,6 +137,10 @@ class BatchView(StrictModel):
     started: datetime
     finished: datetime | None = None
     success_percent: int | None = None
+    order: list[str] = Field(default_factory=list, description="The batch's nodes in the order they start.")
+    retried: list[str] = Field(default_factory=list, description="Erroring nodes this batch tries again.")
+    joined: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch added.")
+    left: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch removed.")
 
 
 class CompartmentView(StrictModel):
@@ -157,6 +162,12 @@ class RolloutStatus(StrictModel):
     compartments: dict[str, CompartmentView] = Field(default_factory=dict)
     recent_batches: list[BatchView] = Field(default_factory=list)
     problems: dict[str, NodeView] = Field(default_factory=dict, description="Erroring, blocked and skipped nodes.")
+    joined: dict[str, str] = Field(
+        default_factory=dict, description="Nodes that started matching mid-rollout -> the compartment they joined."
+    )
+    left: dict[str, NodeStatus] = Field(
+        default_factory=dict, description="Nodes that stopped matching mid-rollout -> their state when they left."
+    )
 
 
 class RolloutResult(StrictModel):

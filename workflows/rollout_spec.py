@@ -591,6 +591,14 @@ class DeploymentPolicy(_Spec):
 
     default: PolicyDefault = Field(default_factory=_safe_default)
     compartments: list[Compartment] = Field(default_factory=list)
+    reset_batch_state_on_completion: bool = Field(
+        True, description="NodeWright's policy setting: a compartment's batch state goes back to batch 1 when all its "
+        "nodes are done (nodes joining later start small again) and when the package versions change; false keeps it.",
+    )
+    retry_erroring_nodes: int = Field(
+        1, ge=0, le=10, description="How many times a node that ended erroring is put in a later batch again "
+        "automatically (0: never; retry_node still can). Each retry counts against the budget and the stop rule.",
+    )
 
     @field_validator("compartments")
     @classmethod
@@ -606,6 +614,14 @@ class DeploymentPolicy(_Spec):
                 raise ValueError(f"{i}.selector: identical to the selector of compartment {selectors[key]}")
             selectors[key] = i
         return value
+
+
+class DeploymentPolicyOptions(_Spec):
+    """NodeWright's `deploymentPolicyOptions`: this rollout's overrides of its policy's settings."""
+
+    reset_batch_state_on_completion: bool | None = Field(
+        None, description="Overrides deploymentPolicy.resetBatchStateOnCompletion for this rollout when set."
+    )
 
 
 # ---------------------------------------------------------------- windows
@@ -702,6 +718,7 @@ class RolloutInput(WorkflowInput):
     )
     drain_config: DrainConfig = Field(default_factory=DrainConfig)
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
+    deployment_policy_options: DeploymentPolicyOptions = Field(default_factory=DeploymentPolicyOptions)
     approval: Approval = Field("none", description="Wait for approve_batch before each batch or each compartment.")
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="Empty: any time. Otherwise no node is admitted outside them."
@@ -773,6 +790,14 @@ class RolloutInput(WorkflowInput):
         except DependencyCycle as err:
             raise ValueError(f"packages.{err.cycle[0]}.dependsOn: {err}") from None
         return self
+
+    def resets_batch_state(self) -> bool:
+        """`resetBatchStateOnCompletion`: the rollout's override, else the policy's."""
+        override = self.deployment_policy_options.reset_batch_state_on_completion
+        return self.deployment_policy.reset_batch_state_on_completion if override is None else override
+
+    def package_versions(self) -> dict[str, str]:
+        return {name: p.version for name, p in sorted(self.packages.items())}
 
     def workflow_id(self) -> str:
         # A dry run never collides with (or attaches to) the rollout it plans.
