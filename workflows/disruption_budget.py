@@ -275,7 +275,7 @@ class DisruptionBudget:
                 # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
                 lease.holder_seen = False
             lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
-            lease.remediation = req.remediation
+            lease.remediation = req.remediation  # asked again: judged by the latest settings
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
         self._dirty = True
@@ -333,6 +333,7 @@ class DisruptionBudget:
                      "cause is found): automated remediation resumes; what it took so far is forgotten.")  # fmt: skip
     def reset_breaker(self, reset: BreakerReset) -> BreakerView:
         self._book.breaker.clear(reset, workflow.now())
+        self._dirty = True  # look again: an idle entity may close now
         self._breaker_changed()
         self._changed()
         return self.breaker()
@@ -448,14 +449,14 @@ class DisruptionBudget:
         await self._notify([g for g in granted if g.notify])
 
     def _grant(self, avail: NodeAvailability) -> list[Lease]:
-        book, allowed = self._book, self._allowed() or 0
+        book, allowed, now = self._book, self._allowed() or 0, workflow.now()
         out = set(avail.unavailable) | {lease.node for lease in book.leases.values()}
         granted: list[Lease] = []
         blocked = False
         for lease in list(book.queue):
             remediation = lease.remediation if self._breaker else None
             if remediation is not None and book.breaker.tripped:  # refused at once, and holds nobody up
-                self._refuse(lease, book.breaker.refusal())
+                self._refuse(lease, book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now) or "")
                 continue
             costs = lease.node not in out
             if costs and (blocked or len(out) + 1 > allowed):
@@ -464,7 +465,7 @@ class DisruptionBudget:
                 lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
                 continue
             if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
-                refused = book.breaker.admit(lease.node, lease.holder, avail.total, remediation, workflow.now())
+                refused = book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
                 if refused is not None:
                     self._refuse(lease, refused)
                     continue
@@ -561,7 +562,7 @@ class DisruptionBudget:
     def _new_lease(self, req: LeaseRequest) -> Lease:
         book = self._book
         lease = Lease(id=f"lease-{book.next_id}", cluster=self._inp.cluster, node=req.node, holder=req.holder,
-                      reason=req.reason, requested_at=workflow.now())  # fmt: skip
+                      reason=req.reason, requested_at=workflow.now(), remediation=req.remediation)  # fmt: skip
         book.next_id += 1
         return lease
 
