@@ -79,9 +79,9 @@ async def test_remediation_past_half_the_nodes_trips_the_breaker_until_an_operat
             with pytest.raises(WorkflowUpdateFailedError):
                 await entity.execute_update("reset_breaker", bad)
         assert (await entity.query(DisruptionBudget.breaker)).tripped
-        reset = await entity.execute_update(DisruptionBudget.reset_breaker,
-                                            BreakerReset(by="ops", reason="the NPD config was wrong; fixed"))  # fmt: skip
-        assert not reset.tripped and reset.taken == [] and "by ops: the NPD config was wrong; fixed" in reset.reset
+        why = "the NPD config was wrong; fixed"
+        reset = await entity.execute_update(DisruptionBudget.reset_breaker, BreakerReset(by="ops", reason=why))
+        assert not reset.tripped and reset.taken == [] and f"by ops: {why}" in reset.reset
         # Remediation resumes.
         assert (await acquire(entity, "node-03", h[2])).state == "granted"
         await wait_for(lambda: listed("serving"), what="the closed breaker in the workflow list")

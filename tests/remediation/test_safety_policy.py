@@ -37,7 +37,8 @@ def test_min_healthy_is_node_healthchecks_51_percent_rounded_up():
     assert too_few_healthy(2, 3, MinHealthy(count=3)) is not None
 
 
-@pytest.mark.parametrize("bad", [{}, {"percent": 51, "count": 3}, {"percent": 101}, {"count": -1}, {"percent": 5, "x": 1}])
+@pytest.mark.parametrize("bad", [{}, {"percent": 51, "count": 3}, {"percent": 101}, {"count": -1},
+                                 {"percent": 5, "x": 1}])
 def test_min_healthy_is_validated(bad):
     with pytest.raises(ValidationError):
         FleetHealthSweepInput(clusters=["lab"], min_healthy=bad)
@@ -125,7 +126,8 @@ def test_a_node_remediated_within_the_cooldown_waits():
     recent = LastRemediation(at=NOW - timedelta(minutes=20), by="remediation/lab/gpu-01", outcome="healthy")
     d = decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW, cooldown=timedelta(hours=1))
     assert d.action == "skip"
-    assert d.note == "cooling down: remediated 20m ago (healthy), not again before 2026-12-01T12:40:00+00:00 (cooldown 60m)"
+    assert d.note == ("cooling down: remediated 20m ago (healthy), not again before 2026-12-01T12:40:00+00:00 "
+                      "(cooldown 60m)")
     assert decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW,
                   cooldown=timedelta(minutes=20)).action == "remediate"  # fmt: skip
     assert decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW).action == "remediate"  # 0: off
