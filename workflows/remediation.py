@@ -800,6 +800,7 @@ BREAKER_CALL = dict(start_to_close_timeout=timedelta(seconds=15), schedule_to_cl
                     retry_policy=API_RETRY)  # fmt: skip
 SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the server's suggestion (4,096 events)
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
+HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
 SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
 NAMES_CALL = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
@@ -882,7 +883,7 @@ class SweepCursor(StrictModel):
     running: list[SliceRun] = Field(default_factory=list)
     started: int = Field(0, description="Remediations started so far (max_remediations is per sweep).")
     held: list[Candidate] = Field(default_factory=list, description=f"Nodes to remediate in clusters not yet wholly "
-                                  f"decided (at most {LISTED}).")  # fmt: skip
+                                  f"decided (at most {HELD}).")  # fmt: skip
     result: FleetHealthSweepResult
 
 
@@ -958,9 +959,10 @@ class FleetHealthSweep:
       (`<sweep ID>/slice-<first run>/<cluster>/<index>`, `ParentClosePolicy.ABANDON`), `slices_at_once` running at
       once. A slice reads its nodes by name (`read_nodes_health`, one activity), probes each node's host agent and
       BMC at once, decides, and returns counts, the unhealthy nodes and the nodes to remediate (with their BMC and
-      GPUs). The sweep merges each slice as it closes and starts the remediations (`remediation/<cluster>/<node>`:
-      a node whose remediation runs is reported `already-running`, never started twice), at most
-      `max_remediations` in all.
+      GPUs). The sweep merges each slice as it closes, holds its nodes to remediate, and once the cluster's nodes are
+      all decided checks min_healthy and the cluster's circuit breaker (one query, a local activity) and starts
+      the remediations (`remediation/<cluster>/<node>`: a node whose remediation runs is reported
+      `already-running`, never started twice), at most `max_remediations` in all.
     - Past `SWEEP_HISTORY_LIMIT` events (or the server's suggestion) the sweep continues as new with a cursor (the
       cluster, the last node given out, the next slice's index), the merged result and the running slices by ID;
       the next run lists the cluster again, skips the nodes given out, and waits for the carried slices through
@@ -975,7 +977,8 @@ class FleetHealthSweep:
       listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
     At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
     plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
-    one merge adds at most 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a node in all.
+    one cluster's starts, HELD at most, add 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a
+    node in all.
     """
 
     @workflow.init
@@ -1140,13 +1143,15 @@ class FleetHealthSweep:
 
     def _hold_found(self, found: list[Candidate]) -> None:
         """Keep a slice's nodes to remediate until their cluster is wholly decided; past what could be started
-        (max_remediations, at most LISTED held), deferred at once."""
+        (max_remediations, at most HELD held), deferred at once."""
         cursor, inp = self._cursor, self._inp
-        room = min(LISTED, LISTED if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
+        room = min(HELD, HELD if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
         cursor.held += found[:max(room, 0)]
         for candidate in found[max(room, 0):]:
-            self._record(self._entry(candidate, "dry-run" if inp.dry_run else "deferred",
-                                     f"max {inp.max_remediations} remediations per sweep"))  # fmt: skip
+            why = f"max {inp.max_remediations} remediations per sweep"
+            if len(cursor.held) >= HELD and cursor.started + HELD < inp.max_remediations:
+                why = f"more than {HELD} nodes to remediate at once: left to the next sweep"
+            self._record(self._entry(candidate, "dry-run" if inp.dry_run else "deferred", why))
 
     async def _start_decided(self) -> None:
         """Start (or refuse) the held remediations of every cluster whose nodes are all decided: all given out to
