@@ -14,6 +14,8 @@ activities do it with the Temporal client the worker already holds (``activity.c
   timeout. Signals are not limited the way updates are (10 in flight, 2,000 per run).
 - ``closed_workflows``: which of these workflow IDs have no running execution (the liveness check an
   entity runs on the holders of what it hands out).
+- ``query_running``: one query of a workflow's running execution; None when none runs (an entity that closed,
+  or never ran, has nothing to say: the disruption budget's circuit breaker, for one, is closed then).
 - ``previous_result``: the result of the run of a workflow ID that closed before this one started (an
   entity that closes when idle hands its settings to the next run this way).
 - ``workflow_outcome``: waits for a run another run of the caller started (a child carried across the
@@ -50,6 +52,11 @@ class EntityUpdate(StrictModel):
 
 class WorkflowIds(StrictModel):
     ids: list[str]
+
+
+class WorkflowQuery(StrictModel):
+    workflow_id: str = Field(min_length=1)
+    query: str = Field(min_length=1)
 
 
 class EntityStart(StrictModel):
@@ -150,7 +157,7 @@ class EntityActivities:
 
     def activities(self) -> list[Callable]:
         return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result,
-                self.workflow_outcome]  # fmt: skip
+                self.workflow_outcome, self.query_running]  # fmt: skip
 
     @activity.defn
     async def update_entity(self, call: EntityUpdate) -> dict[str, Any]:
@@ -201,6 +208,22 @@ class EntityActivities:
         if (await newest.describe()).status != WorkflowExecutionStatus.COMPLETED:
             return None
         return await newest.result(follow_runs=False)
+
+    @activity.defn
+    async def query_running(self, req: WorkflowQuery) -> dict[str, Any] | None:
+        """The answer of the running execution of ``req.workflow_id`` to ``req.query``; None when none runs."""
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        handle = activity.client().get_workflow_handle(req.workflow_id, result_type=dict)
+        try:
+            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                return None
+            return await handle.query(req.query, result_type=dict)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
 
     @activity.defn
     async def closed_workflows(self, req: WorkflowIds) -> list[str]:

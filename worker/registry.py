@@ -41,6 +41,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.drain",
     "workflows.endpoints",
     "workflows.leases",
+    "workflows.remediation_breaker",
     "workflows.remediation_policy",
     "workflows.rollout_membership",
     "workflows.rollout_models",

@@ -22,6 +22,7 @@ from activities.entities import EntityActivities, EntityStart, EntityUpdate, Wor
 from activities.kube import validate_object_name
 from activities.models import StrictModel
 from workflows import search_attributes as sa
+from workflows.remediation_breaker import BreakerSettings
 from workflows.rollout_spec import Budget
 
 GRANTED_SIGNAL = "disruption_budget_granted"  # update path: one grant per signal, to its holder
@@ -59,7 +60,8 @@ class Lease(StrictModel):
     node: str
     holder: str = Field(description="Workflow ID of the run that holds (or waits for) the lease.")
     reason: str = ""
-    state: Literal["queued", "granted", "released"] = "queued"
+    state: Literal["queued", "granted", "released", "refused"] = Field(
+        "queued", description="refused: a remediation's request while the cluster's circuit breaker is tripped.")
     requested_at: datetime
     granted_at: datetime | None = None
     position: int | None = Field(None, description="Place in the queue (1: next), while queued.")
@@ -71,6 +73,8 @@ class Lease(StrictModel):
     )
     answer: bool = Field(False, description="Signal path: a decision is owed to reply_to.")
     holder_seen: bool = Field(False, description="The holder's run was seen running: from then on its liveness counts.")
+    remediation: BreakerSettings | None = Field(
+        None, description="Asked for by automated remediation: the circuit breaker's settings it is judged by.")
 
 
 class LeaseRequest(StrictModel):
@@ -79,6 +83,9 @@ class LeaseRequest(StrictModel):
     reason: str = ""
     budget: Budget | None = Field(None, description="The budget to set if the cluster has none but the default.")
     request_id: str = Field("", description="Signal path: set by the requester, new for each time it asks afresh.")
+    remediation: BreakerSettings | None = Field(
+        None, description="Set by automated remediation (workflows/remediation_breaker.py): the circuit breaker's "
+        "settings its node is judged by; the request is refused while the breaker is tripped.")
 
     _node = field_validator("node")(validate_object_name)
 
@@ -256,8 +263,13 @@ async def acquire_lease(
     cancelled: Callable[[], bool] = lambda: False,
     paused: Callable[[], bool] = lambda: False,
     waiting: Callable[[Lease], None] | None = None,
+    remediation: BreakerSettings | None = None,
 ) -> Lease | None:
     """Wait for the cluster's disruption budget to let `node` out of service; returns the granted lease.
+
+    `remediation` (automated remediation only): the request counts towards the cluster's circuit breaker, with
+    these settings; a lease in state `refused` is returned, with the reason in its note, when the breaker is (or
+    this request makes it) tripped.
 
     `holder` defaults to this run's workflow ID; another ID (a child this run will start with the lease) holds
     it while this run asks and hears the decisions. Asking again with the same holder and node returns the same
@@ -270,7 +282,7 @@ async def acquire_lease(
     requester = _requester()
     if requester.signals is None:
         requester.signals = workflow.patched(SIGNAL_PATCH)
-    request = LeaseRequest(node=node, holder=holder, reason=reason)
+    request = LeaseRequest(node=node, holder=holder, reason=reason, remediation=remediation)
     if not requester.signals:
         return await _acquire_by_update(requester, cluster, request.model_copy(update={"budget": budget}),
                                         cancelled, waiting)  # fmt: skip
@@ -290,7 +302,7 @@ async def acquire_lease(
                 break
             seen = ask.decisions
             assert ask.lease is not None
-            if ask.granted:
+            if ask.granted or ask.lease.state == "refused":
                 requester.forget(ask)
                 return ask.lease
             if waiting is not None:
@@ -304,7 +316,7 @@ async def _acquire_by_update(
     """The update path, for runs started before SIGNAL_PATCH (their histories replay through it)."""
     summary = f"lease {request.node} from the disruption budget"
     lease = Lease.model_validate(await _call(cluster, "acquire", request, summary))
-    while lease.state != "granted":
+    while lease.state not in ("granted", "refused"):
         if waiting is not None:
             waiting(lease)
         wanted = lease.id

@@ -11,13 +11,21 @@ twice at once):
   health rollup not critical, within `settle_timeout`), then a short burn-in (GPU check, stress, GPU check,
   `gpu_verdict`) → healthy: uncordon, return the lease.
 
+  A remediation's lease counts towards the cluster's circuit breaker (workflows/remediation_breaker.py): while it
+  is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing.
+  When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
+  whom, how), which the sweep's per-node cooldown reads.
+
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
   `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
 
 FleetHealthSweep reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs'
-health, decides with `workflows.remediation_policy.decide`, and starts at most `max_remediations` children
-with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep). A start that finds the node's
+health, decides with `workflows.remediation_policy.decide` (a node opted out by label, or remediated less than
+`cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
+children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
+says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
+tripped. A start that finds the node's
 remediation already running (another sweep, a manual start) is reported as such, never duplicated. It reads and
 probes the nodes in slice children of a few hundred nodes each and continues as new with a cursor, so that no run
 passes ~8,300 history events at 10,000 nodes (the class's docstring counts them).
@@ -48,14 +56,17 @@ from workflows.carried import outcome_of
 from workflows.endpoints import EndpointWait, Endpoints, RetryTimeout, error_text, kubernetes_api, with_waits
 from workflows.drain import API_CALL, API_RETRY, Drain, DrainProgress
 from workflows.remediation_policy import (
+    DEFAULT_COOLDOWN,
     AgentObservation,
     BmcObservation,
     HealthChecks,
+    MinHealthy,
     NodeDecision,
     bmc_problems,
     decide,
     node_problems,
     remediation_workflow_id,
+    too_few_healthy,
 )
 
 from activities.gpu import (
@@ -79,7 +90,7 @@ from activities.kube import (
     validate_object_name,
     validate_positive_duration,
 )
-from activities.entities import RunOutcome, RunRef, failed_outcome
+from activities.entities import EntityActivities, RunOutcome, RunRef, WorkflowQuery, failed_outcome
 from activities.models import StrictModel
 from activities.netbox import (
     CF_BMC_CREDENTIALS,
@@ -106,15 +117,17 @@ from activities.node_health import (
     NodesHealth,
     NodesHealthRequest,
     QuarantineRequest,
+    RemediatedMark,
 )
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows import leases
+from workflows.remediation_breaker import BREAKER_QUERY, BreakerSettings, BreakerView
 from workflows.rollout_spec import Budget
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
-Outcome = Literal["healthy", "quarantined", "failed", "skipped"]
+Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused"]
 StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin: BMC_CALL, NETBOX_CALL,
@@ -124,6 +137,7 @@ NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coefficient=2.0,
                                             maximum_interval=timedelta(seconds=30)))  # fmt: skip
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
+MARK_REMEDIATED_PATCH = "remediation-mark-remediated"  # the last-remediation annotation at the end of a run
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -157,6 +171,8 @@ class RemediationSettings(RetryTimeout):
     gpu_model: str | None = Field(None, description="e.g. NVIDIA H200 (None: not checked).")
     disruption_budget: bool = Field(True, description="Take a lease from the cluster's disruption budget first.")
     budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings, description="When the cluster's remediation "
+                                     "circuit breaker trips (with disruption_budget: the entity holds it).")  # fmt: skip
     netbox: bool = Field(False, description="Record a quarantine in NetBox; look the BMC and GPUs up there.")
     webhook: WebhookTarget | None = Field(None, description="Where to notify a quarantine or a failure.")
     notify_timeout: timedelta = Field(
@@ -253,7 +269,7 @@ class NodeRemediation:
     def __init__(self, inp: NodeRemediationInput) -> None:
         self._inp = inp
         self._status = NodeRemediationStatus()
-        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped"))
+        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused"))
         self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
@@ -314,9 +330,13 @@ class NodeRemediation:
 
         if inp.disruption_budget:
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
-            self._lease = await leases.acquire_lease(
+            lease = await leases.acquire_lease(
                 inp.cluster, inp.node, holder=owner, reason=f"remediation: {inp.reason}", budget=inp.budget,
-                waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"))
+                waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"),
+                remediation=inp.breaker)  # fmt: skip
+            if lease is not None and lease.state == "refused":  # the node was never touched
+                return self._finish(result, "refused", lease.note)
+            self._lease = lease
             self._status.lease = True
 
         self._enter("cordoning")
@@ -340,7 +360,9 @@ class NodeRemediation:
         if err.type != "EndpointUnavailable":
             raise err
         why = f"gave up: {err.message}; {left}"
-        return await self._conclude(result, "failed", why, event="remediation-failed", lease=f"gave up; {left}")
+        # No mark on the node: the API just gave up on us.
+        return await self._conclude(result, "failed", why, event="remediation-failed", lease=f"gave up; {left}",
+                                    mark=False)  # fmt: skip
 
     async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
                          owner: str, bmc: BmcRef | None, gpus: int | None, model: str | None,
@@ -383,6 +405,7 @@ class NodeRemediation:
                                                  endpoint=kubernetes_api(inp.cluster), summary=f"uncordon {inp.node}")
                 result.uncordoned = done.uncordoned
                 await self._return_lease(f"fixed by {step}")
+                await self._mark_remediated("healthy")
                 return self._finish(result, "healthy", f"fixed by {step}")
         return await self._quarantine(result, owner, bmc)
 
@@ -574,9 +597,11 @@ class NodeRemediation:
                                     lease="quarantined; the node stays cordoned")  # fmt: skip
 
     async def _conclude(self, result: NodeRemediationResult, outcome: Outcome, note: str, *, event: str, lease: str,
-                        lease_first: bool = True) -> NodeRemediationResult:  # fmt: skip
+                        lease_first: bool = True, mark: bool = True) -> NodeRemediationResult:  # fmt: skip
         """Return the lease and record the outcome, then notify the webhook: one that does not answer delays the
         run's end by at most notify_timeout and never changes its outcome."""
+        if mark:
+            await self._mark_remediated(outcome)
         if self._inp.webhook is not None and not workflow.patched(NOTIFY_AFTER_OUTCOME_PATCH):
             # A history from before: the webhook first (after a failed drain, before the lease), then the outcome.
             if lease_first:
@@ -659,6 +684,19 @@ class NodeRemediation:
             result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
         result.note = "; ".join(n for n in (result.note, None if result.notified else "webhook not notified") if n)
         self._details()
+
+    async def _mark_remediated(self, outcome: Outcome) -> None:
+        """Annotate how this remediation ended, for the sweep's cooldown; a failure to is noted, never the outcome."""
+        if not workflow.patched(MARK_REMEDIATED_PATCH):
+            return
+        inp = self._inp
+        mark = RemediatedMark(cluster=inp.cluster, node=inp.node, owner=workflow.info().workflow_id, outcome=outcome,
+                              at=workflow.now())  # fmt: skip
+        try:
+            await self._calls.execute(NodeHealthActivities.mark_remediated, mark, **API_CALL,
+                                      endpoint=kubernetes_api(inp.cluster), summary=f"mark {inp.node} remediated")
+        except (ActivityError, ApplicationError) as err:
+            self._status.note = "; ".join(n for n in (self._status.note, f"not marked remediated: {_cause(err)}") if n)
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:
@@ -755,8 +793,14 @@ def _finding(f: Any) -> str:
 
 # Sweeps started before slices read every node in the one run; replays of them take that path (`_sweep_whole`).
 SWEEP_SLICES_PATCH = "fleet-health-sweep-slices"
+# Sweeps from before it started a slice's remediations as the slice closed; since, once the whole cluster is
+# decided (min_healthy), after asking the cluster's circuit breaker.
+SWEEP_HOLD_PATCH = "fleet-health-sweep-min-healthy-breaker"
+BREAKER_CALL = dict(start_to_close_timeout=timedelta(seconds=15), schedule_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=API_RETRY)  # fmt: skip
 SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the server's suggestion (4,096 events)
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
+HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
 SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
 NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
@@ -770,7 +814,7 @@ class StartedRemediation(StrictModel):
     node: str
     workflow_id: str
     reasons: list[str]
-    status: Literal["started", "already-running", "deferred", "dry-run", "error"]
+    status: Literal["started", "already-running", "deferred", "dry-run", "error", "refused"]
     detail: str = ""
 
 
@@ -785,6 +829,8 @@ class ClusterSweep(StrictModel):
     bmc_unknown: int = 0
     vanished: int = Field(0, description="Nodes deleted between the listing and their slice's read.")
     slices: int = Field(0, description="Slice children that swept this cluster's nodes.")
+    refused: str | None = Field(None, description="Why no remediation was started in this cluster: too few healthy "
+                                "nodes (min_healthy), or its circuit breaker tripped.")  # fmt: skip
     error: str | None = None
 
 
@@ -836,6 +882,8 @@ class SweepCursor(StrictModel):
     next_slice: int = 0
     running: list[SliceRun] = Field(default_factory=list)
     started: int = Field(0, description="Remediations started so far (max_remediations is per sweep).")
+    held: list[Candidate] = Field(default_factory=list, description=f"Nodes to remediate in clusters not yet wholly "
+                                  f"decided (at most {HELD}).")  # fmt: skip
     result: FleetHealthSweepResult
 
 
@@ -846,6 +894,11 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
     label_selector: str = Field("", description="Only nodes matching this label selector.")
     checks: HealthChecks = Field(default_factory=HealthChecks)
     max_remediations: int = Field(1, ge=0, description="At most this many NodeRemediations started per sweep.")
+    min_healthy: MinHealthy = Field(
+        default_factory=lambda: MinHealthy(percent=51), description="Start no remediation in a cluster while fewer "
+        "of the nodes swept are healthy (Node Healthcheck's minHealthy; percent 0: never refuse).")  # fmt: skip
+    cooldown: timedelta = Field(DEFAULT_COOLDOWN, description="A node remediated less than this long ago (its "
+                                "millwright.dev/last-remediation annotation) is skipped; 0: no cooldown.")  # fmt: skip
     netbox: bool = Field(False, description="Look BMCs and expected GPUs up in NetBox; children record quarantines.")
     netbox_role: str | None = Field("gpu-server", description="NetBox device role of the nodes (with netbox).")
     bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="BMC per node name (before NetBox's).")
@@ -866,6 +919,13 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
 
     _selector = field_validator("label_selector")(validate_label_selector)
     _timeout = field_validator("agent_timeout")(validate_positive_duration)
+
+    @field_validator("cooldown")
+    @classmethod
+    def _cooldown(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -899,9 +959,10 @@ class FleetHealthSweep:
       (`<sweep ID>/slice-<first run>/<cluster>/<index>`, `ParentClosePolicy.ABANDON`), `slices_at_once` running at
       once. A slice reads its nodes by name (`read_nodes_health`, one activity), probes each node's host agent and
       BMC at once, decides, and returns counts, the unhealthy nodes and the nodes to remediate (with their BMC and
-      GPUs). The sweep merges each slice as it closes and starts the remediations (`remediation/<cluster>/<node>`:
-      a node whose remediation runs is reported `already-running`, never started twice), at most
-      `max_remediations` in all.
+      GPUs). The sweep merges each slice as it closes, holds its nodes to remediate, and once the cluster's nodes are
+      all decided checks min_healthy and the cluster's circuit breaker (one query, a local activity) and starts
+      the remediations (`remediation/<cluster>/<node>`: a node whose remediation runs is reported
+      `already-running`, never started twice), at most `max_remediations` in all.
     - Past `SWEEP_HISTORY_LIMIT` events (or the server's suggestion) the sweep continues as new with a cursor (the
       cluster, the last node given out, the next slice's index), the merged result and the running slices by ID;
       the next run lists the cluster again, skips the nodes given out, and waits for the carried slices through
@@ -916,7 +977,8 @@ class FleetHealthSweep:
       listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
     At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
     plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
-    one merge adds at most 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a node in all.
+    one cluster's starts, HELD at most, add 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a
+    node in all.
     """
 
     @workflow.init
@@ -930,6 +992,7 @@ class FleetHealthSweep:
         self._closed: list[tuple[SliceRun, FleetHealthSweepResult | str]] = []  # closed slices, not merged yet
         self._waits: set[asyncio.Task] = set()
         self._names: list[str] | None = None  # the current cluster's names not given out yet, listed by this run
+        self._hold = False  # SWEEP_HOLD_PATCH: remediations start once their cluster is wholly decided
         self._progressed = False  # this run started or merged a slice (so continuing as new moves on)
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -948,12 +1011,15 @@ class FleetHealthSweep:
             workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.clusters[0])])
         if inp.carried is None and not workflow.patched(SWEEP_SLICES_PATCH):
             return await self._sweep_whole(inp)
+        self._hold = workflow.patched(SWEEP_HOLD_PATCH)
         for ref in self._running.values():  # slices a previous run started
             self._wait(ref, self._carried_outcome(ref))
         self._enter("sweeping", self._summary_line())
         while True:
             while len(self._running) < inp.slices_at_once and (part := await self._next_slice()) is not None:
                 await self._start_slice(part)
+            if self._hold:
+                await self._start_decided()
             if not self._running:
                 break
             if self._progressed and history_is_long(SWEEP_HISTORY_LIMIT):
@@ -1070,7 +1136,50 @@ class FleetHealthSweep:
         if part.error:
             self._add_error(sweep, f"slice {ref.index} ({ref.first} … {ref.last}): {part.error}")
         self._details()
-        await self._start(outcome.found)
+        if self._hold:
+            self._hold_found(outcome.found)
+        else:
+            await self._start(outcome.found)
+
+    def _hold_found(self, found: list[Candidate]) -> None:
+        """Keep a slice's nodes to remediate until their cluster is wholly decided; past what could be started
+        (max_remediations, at most HELD held), deferred at once."""
+        cursor, inp = self._cursor, self._inp
+        room = min(HELD, HELD if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
+        cursor.held += found[:max(room, 0)]
+        for candidate in found[max(room, 0):]:
+            why = f"max {inp.max_remediations} remediations per sweep"
+            if len(cursor.held) >= HELD and cursor.started + HELD < inp.max_remediations:
+                why = f"more than {HELD} nodes to remediate at once: left to the next sweep"
+            self._record(self._entry(candidate, "dry-run" if inp.dry_run else "deferred", why))
+
+    async def _start_decided(self) -> None:
+        """Start (or refuse) the held remediations of every cluster whose nodes are all decided: all given out to
+        slices, none of those still running."""
+        cursor, inp = self._cursor, self._inp
+        running = {r.cluster for r in self._running.values()}
+        for cluster in inp.clusters[:cursor.cluster]:
+            found = [c for c in cursor.held if c.cluster == cluster]
+            if not found or cluster in running:
+                continue
+            cursor.held = [c for c in cursor.held if c.cluster != cluster]
+            sweep = self._cluster(cluster)
+            sweep.refused = too_few_healthy(sweep.healthy, sweep.healthy + sweep.not_healthy,
+                                            inp.min_healthy) or await self._breaker_tripped(cluster)  # fmt: skip
+            await self._start(found, refused=sweep.refused)
+
+    async def _breaker_tripped(self, cluster: str) -> str | None:
+        """Why the cluster's remediation circuit breaker forbids remediating (tripped, or unreadable: fail
+        closed); None when it is closed or the cluster's disruption budget does not run."""
+        try:
+            raw = await workflow.execute_local_activity_method(
+                EntityActivities.query_running, WorkflowQuery(workflow_id=leases.budget_workflow_id(cluster),
+                                                              query=BREAKER_QUERY),
+                **BREAKER_CALL, summary=f"the circuit breaker of {cluster}")  # fmt: skip
+        except ActivityError as err:
+            return f"the circuit breaker of {cluster} could not be read ({_cause(err)}): no remediation, to be safe"
+        view = BreakerView.model_validate(raw) if raw is not None else None
+        return view.line() if view is not None and view.tripped else None
 
     def _cluster(self, cluster: str) -> ClusterSweep:
         found = next((c for c in self._result.clusters if c.cluster == cluster), None)
@@ -1135,7 +1244,7 @@ class FleetHealthSweep:
             node_facts = facts.get(node.name) or DeviceFacts()
             if node.name in inp.bmcs:
                 node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            first = decide(cluster, node, inp.checks, now)
+            first = decide(cluster, node, inp.checks, now, cooldown=inp.cooldown)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that
                 return cluster, first, node_facts
             async with slots:
@@ -1149,7 +1258,8 @@ class FleetHealthSweep:
                 sweep.agents_unavailable += 1
             if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
                 sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc), node_facts
+            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown), \
+                node_facts
 
         looked = await asyncio.gather(*(look(n) for n in nodes))
         for _, decision, _ in looked:
@@ -1190,16 +1300,17 @@ class FleetHealthSweep:
 
     # ------------------------------------------------------------ starting remediations
 
-    async def _start(self, found: list[Candidate], phase: str | None = None) -> None:
+    async def _start(self, found: list[Candidate], phase: str | None = None, refused: str | None = None) -> None:
         """Start a NodeRemediation for each node found, until max_remediations; record what became of each
-        (`phase`: the phase each start shows)."""
+        (`phase`: the phase each start shows; `refused`: why none may start)."""
         inp = self._inp
         for candidate in found:
             decision, facts = candidate.decision, candidate.facts
-            wf_id = remediation_workflow_id(candidate.cluster, decision.node)
-            entry = StartedRemediation(cluster=candidate.cluster, node=decision.node, workflow_id=wf_id,
-                                       reasons=decision.reasons, status="deferred")  # fmt: skip
-            if inp.dry_run:
+            entry = self._entry(candidate, "deferred")
+            wf_id = entry.workflow_id
+            if refused is not None:
+                entry.status, entry.detail = "refused", refused
+            elif inp.dry_run:
                 entry.status = "dry-run"
             elif self._cursor.started >= inp.max_remediations:
                 entry.detail = f"max {inp.max_remediations} remediations per sweep"
@@ -1224,13 +1335,23 @@ class FleetHealthSweep:
                 else:
                     entry.status = "started"
                     self._cursor.started += 1
-            r = self._result
-            r.remediation_counts[entry.status] = r.remediation_counts.get(entry.status, 0) + 1
-            if len(r.remediations) < LISTED:
-                r.remediations.append(entry)
+            self._record(entry)
             if phase is not None and entry.status == "started":
                 self._enter(phase, decision.node, done=self._cursor.started)
         self._details()
+
+    @staticmethod
+    def _entry(candidate: Candidate, status: str, detail: str = "") -> StartedRemediation:
+        node = candidate.decision.node
+        return StartedRemediation(cluster=candidate.cluster, node=node, reasons=candidate.decision.reasons,
+                                  workflow_id=remediation_workflow_id(candidate.cluster, node), status=status,
+                                  detail=detail)  # fmt: skip
+
+    def _record(self, entry: StartedRemediation) -> None:
+        r = self._result
+        r.remediation_counts[entry.status] = r.remediation_counts.get(entry.status, 0) + 1
+        if len(r.remediations) < LISTED:
+            r.remediations.append(entry)
 
     # ------------------------------------------------------------ sweeps started before slices
 
@@ -1288,9 +1409,11 @@ class FleetHealthSweep:
         r = self._result
         nodes = sum(c.nodes for c in r.clusters)
         not_healthy = sum(c.not_healthy for c in r.clusters)
-        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred")}
+        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred", "refused")}
         line = (f"{nodes} nodes, {not_healthy} not healthy; started {by['started']}, already running "
                 f"{by['already-running']}, deferred {by['deferred']}")  # fmt: skip
+        if by["refused"]:
+            line += f", refused {by['refused']}"
         if self._inp.part is None and self._phases.progress.phase != "completed" and self._running:
             line += f"; {len(self._running)} slices running"
         return line
@@ -1305,6 +1428,8 @@ class FleetHealthSweep:
             head = f"`{c.cluster}`: {c.nodes} nodes, {c.healthy} healthy"
             if c.agents_unavailable:
                 head += f", {c.agents_unavailable} without a host agent"
+            if c.refused:
+                head += f", **no remediation**: {c.refused}"
             if c.error:
                 head += f", error: {c.error}"
             lines.append(head)

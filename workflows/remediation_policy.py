@@ -10,7 +10,15 @@ tests check them without Temporal. Three sources, each optional:
 - the host agent's GPU check: findings are problems; no agent answering is *unknown*, never unhealthy;
 - the BMC's health rollup: `Critical` (by default) is a problem; no answer is unknown.
 
-A node Millwright quarantined, or that someone else cordoned (a rollout, an operator), is left alone.
+A node Millwright quarantined, or that someone else cordoned (a rollout, an operator), is left alone; so is a node
+labelled `millwright.dev/remediation=false` (its owner opted out of automated remediation, NVSentinel's
+`ManagedByNVSentinel=false`) and one remediated less than `cooldown` ago (the `millwright.dev/last-remediation`
+annotation NodeRemediation leaves): a node that fails again at once waits, rather than being power cycled in a loop.
+
+A cluster is remediated at all only while at least `min_healthy` of the nodes a sweep looked at are healthy (Node
+Healthcheck's `minHealthy`, default 51 %, a percent rounded up; Cluster API's `unhealthyLessThanOrEqualTo: N%` is
+`min_healthy: 100 - N` percent): when half the cluster looks sick, the fault is more likely the checks, the network
+or the control plane than the nodes, and remediating would make it worse.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from activities.models import StrictModel
 from activities.node_health import NodeHealth
@@ -27,6 +35,9 @@ from activities.node_health import NodeHealth
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
 
 Action = Literal["remediate", "healthy", "skip"]
+OPT_OUT_LABEL = "millwright.dev/remediation"  # on a node: "false" opts it out of automated remediation
+OPT_OUT_VALUE = "false"
+DEFAULT_COOLDOWN = timedelta(hours=1)
 
 
 def remediation_workflow_id(cluster: str, node: str) -> str:
@@ -64,7 +75,40 @@ class HealthChecks(StrictModel):
         return list(dict.fromkeys(["Ready", *self.problem_conditions, *self.gpu_conditions]))
 
     def label_keys(self) -> list[str]:
-        return [self.gpu_health_label] if self.gpu_health_label else []
+        return list(dict.fromkeys([*([self.gpu_health_label] if self.gpu_health_label else []), OPT_OUT_LABEL]))
+
+
+class MinHealthy(StrictModel):
+    """Exactly one of `percent` (0-100 of the nodes a sweep looked at, rounded up: Node Healthcheck's `minHealthy`)
+    or `count`; 0 switches the rule off."""
+
+    percent: int | None = Field(None, ge=0, le=100)
+    count: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> MinHealthy:
+        if (self.percent is None) == (self.count is None):
+            raise ValueError("set exactly one of percent or count")
+        return self
+
+    def nodes(self, total: int) -> int:
+        """The fewest healthy nodes, of `total`, that let remediation go ahead."""
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        return -(-max(total, 0) * self.percent // 100)
+
+    def __str__(self) -> str:
+        return f"{self.percent}%" if self.percent is not None else f"{self.count} nodes"
+
+
+def too_few_healthy(healthy: int, total: int, min_healthy: MinHealthy) -> str | None:
+    """None while remediation may go ahead (at least `min_healthy` of `total` healthy); else why it may not."""
+    need = min_healthy.nodes(total)
+    if healthy >= need:
+        return None
+    return (f"only {healthy} of {total} nodes healthy, fewer than min_healthy {min_healthy} ({need}): "
+            f"no remediation in this cluster")  # fmt: skip
 
 
 class AgentObservation(StrictModel):
@@ -104,9 +148,10 @@ def node_problems(node: NodeHealth, checks: HealthChecks, now: datetime) -> tupl
         since = node.ready_since
         down = (now - since) if since is not None else None
         if down is None or down >= checks.not_ready_grace:
-            problems.append("NotReady" + (f" for {_human(down)}" if down is not None else ""))
+            problems.append("NotReady" + (f" for {human_duration(down)}" if down is not None else ""))
         else:
-            notes.append(f"NotReady for {_human(down)}, within the {_human(checks.not_ready_grace)} grace")
+            notes.append(f"NotReady for {human_duration(down)}, "
+                         f"within the {human_duration(checks.not_ready_grace)} grace")
     for ctype in checks.problem_conditions:
         c = node.conditions.get(ctype)
         if c is not None and c.status == "True":
@@ -151,8 +196,11 @@ def decide(
     now: datetime,
     agent: AgentObservation | None = None,
     bmc: BmcObservation | None = None,
+    cooldown: timedelta = timedelta(0),
 ) -> NodeDecision:
-    """Whether `node` needs remediation, with the reasons; or why it is left alone."""
+    """Whether `node` needs remediation, with the reasons; or why it is left alone (quarantined, opted out,
+    remediated less than `cooldown` ago, cordoned by someone else). A node without problems is healthy, whatever
+    its label or its last remediation."""
     problems, notes = node_problems(node, checks, now)
     for more, more_notes in (agent_problems(agent), bmc_problems(bmc, checks)):
         problems += more
@@ -163,6 +211,15 @@ def decide(
                             note=f"quarantined ({node.quarantined}): waiting for an operator")  # fmt: skip
     if not problems:
         return NodeDecision(node=node.name, action="healthy", note=note)
+    if node.labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+        return NodeDecision(node=node.name, action="skip", reasons=problems,
+                            note=f"opted out of automated remediation ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")  # fmt: skip
+    last = node.last_remediation
+    if last is not None and now - last.at < cooldown:
+        ago, until = human_duration(now - last.at), (last.at + cooldown).isoformat()
+        return NodeDecision(node=node.name, action="skip", reasons=problems,
+                            note=f"cooling down: remediated {ago} ago ({last.outcome}), not again before {until} "
+                                 f"(cooldown {human_duration(cooldown)})")  # fmt: skip
     ours = remediation_workflow_id(cluster, node.name)
     if node.unschedulable and node.cordoned_by != ours:
         holder = node.cordoned_by or "someone (unmarked cordon)"
@@ -170,7 +227,7 @@ def decide(
     return NodeDecision(node=node.name, action="remediate", reasons=problems, note=note)
 
 
-def _human(d: timedelta) -> str:
+def human_duration(d: timedelta) -> str:
     s = int(d.total_seconds())
     if s < 120:
         return f"{s}s"
