@@ -15,8 +15,9 @@ twice at once):
   `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
 
-FleetHealthSweep reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs'
-health, decides with `workflows.remediation_policy.decide`, and starts at most `max_remediations` children
+FleetHealthSweep reads every node's conditions, dcgm-exporter's GPU fault series in Prometheus (one query a
+slice; no MILLWRIGHT_PROMETHEUS_URL: not used, and said), the host agents' GPU checks (no agent: unknown) and the
+BMCs' health, decides with `workflows.remediation_policy.decide`, and starts at most `max_remediations` children
 with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep). A start that finds the node's
 remediation already running (another sweep, a manual start) is reported as such, never duplicated. It reads and
 probes the nodes in slice children of a few hundred nodes each and continues as new with a cursor, so that no run
@@ -108,6 +109,7 @@ from activities.node_health import (
     QuarantineRequest,
 )
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
+from activities.prometheus import DcgmFaults, DcgmFaultsQuery, GpuFault, PrometheusActivities
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows import leases
 from workflows.rollout_spec import Budget
@@ -763,6 +765,12 @@ NAMES_CALL = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout
                   retry_policy=API_RETRY)  # fmt: skip
 READ_CALL = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_RETRY)  # fmt: skip
+# A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none). Prometheus not
+# answering within DCGM_CALL's bound leaves the signal unknown for that slice (said), never the sweep stuck.
+DCGM_PATCH = "fleet-health-sweep-dcgm"
+DCGM_CALL = dict(start_to_close_timeout=timedelta(minutes=1), schedule_to_close_timeout=timedelta(minutes=3),
+                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
+                                          non_retryable_error_types=["PrometheusRejected", "PrometheusBadResponse"]))  # fmt: skip
 
 
 class StartedRemediation(StrictModel):
@@ -785,6 +793,8 @@ class ClusterSweep(StrictModel):
     bmc_unknown: int = 0
     vanished: int = Field(0, description="Nodes deleted between the listing and their slice's read.")
     slices: int = Field(0, description="Slice children that swept this cluster's nodes.")
+    gpu_faults: int = Field(0, description="dcgm-exporter fault series above zero (any XID, ECC, row remap).")
+    dcgm: str = Field("", description="Whether GPU faults were read from Prometheus, and from where; or why not.")
     error: str | None = None
 
 
@@ -1065,6 +1075,8 @@ class FleetHealthSweep:
         sweep.agents_unavailable += part.agents_unavailable
         sweep.bmc_unknown += part.bmc_unknown
         sweep.vanished += part.vanished
+        sweep.gpu_faults += part.gpu_faults
+        sweep.dcgm = part.dcgm if part.dcgm.startswith("not read") or not sweep.dcgm else sweep.dcgm
         room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
         sweep.unhealthy += part.unhealthy[:max(room, 0)]
         if part.error:
@@ -1103,11 +1115,38 @@ class FleetHealthSweep:
             self._enter("failed", sweep.error)
             return self._result
         sweep.vanished = len(read.missing)
+        dcgm: dict[str, list[GpuFault]] | None = None
+        if not inp.checks.dcgm.enabled:
+            sweep.dcgm = "not used: checks.dcgm.enabled is false"
+        elif workflow.patched(DCGM_PATCH):
+            dcgm = await self._dcgm_faults(part, sweep)
         self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
-        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True)
+        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
         self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
         self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
         return self._result
+
+    async def _dcgm_faults(self, part: SweepSlice, sweep: ClusterSweep) -> dict[str, list[GpuFault]] | None:
+        """The slice's GPU fault series by node, in one query; None (and `sweep.dcgm` says why) when not known."""
+        checks = self._inp.checks.dcgm
+        query = DcgmFaultsQuery(cluster=part.cluster, nodes=part.nodes, node_label=checks.node_label,
+                                cluster_label=checks.cluster_label, metrics=checks.metrics())  # fmt: skip
+        try:
+            seen: DcgmFaults = await workflow.execute_activity_method(
+                PrometheusActivities.dcgm_faults, query, **DCGM_CALL,
+                summary=f"GPU faults of {len(part.nodes)} nodes from Prometheus")  # fmt: skip
+        except ActivityError as err:
+            sweep.dcgm = f"not read: {_cause(err)}"[:500]
+            return None
+        if not seen.configured:
+            sweep.dcgm = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
+            return None
+        sweep.gpu_faults = len(seen.faults) + seen.truncated
+        sweep.dcgm = f"read from {seen.url}"
+        by_node: dict[str, list[GpuFault]] = {n: [] for n in part.nodes}
+        for fault in seen.faults:
+            by_node[fault.node].append(fault)
+        return by_node
 
     async def _netbox_facts_of(self, names: list[str]) -> dict[str, DeviceFacts]:
         facts: dict[str, DeviceFacts] = {}
@@ -1124,9 +1163,11 @@ class FleetHealthSweep:
     # ------------------------------------------------------------ looking at nodes
 
     async def _look_all(self, cluster: str, nodes: list[NodeHealth], facts: dict[str, DeviceFacts],
-                        sweep: ClusterSweep, *, together: bool) -> list[tuple[str, NodeDecision, DeviceFacts]]:
+                        sweep: ClusterSweep, *, together: bool,
+                        dcgm: dict[str, list[GpuFault]] | None = None) -> list[tuple[str, NodeDecision, DeviceFacts]]:
         """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
-        alone does not settle it; counts into `sweep`; the nodes to remediate."""
+        and its GPU fault series (`dcgm`, None: not read) alone do not settle it; counts into `sweep`; the nodes
+        to remediate."""
         inp = self._inp
         slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
         now = workflow.now()
@@ -1135,7 +1176,8 @@ class FleetHealthSweep:
             node_facts = facts.get(node.name) or DeviceFacts()
             if node.name in inp.bmcs:
                 node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            first = decide(cluster, node, inp.checks, now)
+            faults = dcgm.get(node.name, []) if dcgm is not None else None
+            first = decide(cluster, node, inp.checks, now, dcgm=faults)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that
                 return cluster, first, node_facts
             async with slots:
@@ -1149,7 +1191,7 @@ class FleetHealthSweep:
                 sweep.agents_unavailable += 1
             if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
                 sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc), node_facts
+            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, dcgm=faults), node_facts
 
         looked = await asyncio.gather(*(look(n) for n in nodes))
         for _, decision, _ in looked:
@@ -1305,6 +1347,8 @@ class FleetHealthSweep:
             head = f"`{c.cluster}`: {c.nodes} nodes, {c.healthy} healthy"
             if c.agents_unavailable:
                 head += f", {c.agents_unavailable} without a host agent"
+            if c.dcgm:
+                head += f", GPU faults {c.dcgm}" + (f" ({c.gpu_faults} series)" if c.gpu_faults else "")
             if c.error:
                 head += f", error: {c.error}"
             lines.append(head)
