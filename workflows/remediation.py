@@ -42,6 +42,7 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
+from workflows import priorities
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL, bmc_endpoint
@@ -256,7 +257,7 @@ class NodeRemediation:
         self._inp = inp
         self._status = NodeRemediationStatus()
         self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.cluster))
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
@@ -350,7 +351,8 @@ class NodeRemediation:
         """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
         try:
-            await Drain(inp.cluster, inp.node, inp.drain, self._status, stopping=lambda: False,
+            await Drain(inp.cluster, inp.node, inp.drain, self._status, priority=priorities.remediation(inp.cluster),
+                        stopping=lambda: False,
                         changed=self._details).run()  # fmt: skip
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
@@ -480,7 +482,8 @@ class NodeRemediation:
                 method, arg, task_queue=host_task_queue(self._inp.node),
                 schedule_to_start_timeout=self._inp.agent_timeout, start_to_close_timeout=start_to_close,
                 heartbeat_timeout=timedelta(minutes=2) if start_to_close > timedelta(minutes=2) else None,
-                retry_policy=AGENT_RETRY, summary=summary)  # fmt: skip
+                retry_policy=AGENT_RETRY, priority=priorities.remediation(self._inp.cluster),
+                summary=summary)  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 raise _Unavailable(f"no host agent picked up '{summary}' within {self._inp.agent_timeout}") from None
@@ -933,7 +936,8 @@ class FleetHealthSweep:
     def __init__(self, inp: FleetHealthSweepInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting,
+                                 priority=priorities.remediation(inp.clusters[0]))  # a slice: its cluster
         self._cursor = inp.carried or SweepCursor(result=FleetHealthSweepResult(clusters=[]))
         self._result = self._cursor.result
         self._running: dict[str, SliceRun] = {r.workflow_id: r for r in self._cursor.running}
@@ -1004,7 +1008,8 @@ class FleetHealthSweep:
                     NodeHealthActivities.list_node_names,
                     NodeNamesQuery(cluster=cluster, label_selector=self._inp.label_selector, max_names=NAMES_PER_CALL,
                                    continue_token=token),
-                    **NAMES_CALL, endpoint=kubernetes_api(cluster), summary=f"list node names of {cluster}")  # fmt: skip
+                    **NAMES_CALL, endpoint=kubernetes_api(cluster), priority=priorities.remediation(cluster),
+                    summary=f"list node names of {cluster}")  # fmt: skip
                 names += page.names
                 token = page.continue_token
                 if not token:
@@ -1024,6 +1029,7 @@ class FleetHealthSweep:
             FleetHealthSweep.run, child, id=workflow_id, task_queue=info.task_queue,
             # A slice outlives this run when it continues as new; the next run waits for it by ID.
             parent_close_policy=workflow.ParentClosePolicy.ABANDON, execution_timeout=SLICE_TIMEOUT,
+            priority=priorities.remediation(part.cluster),
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.CLUSTER, part.cluster)]),
             static_summary=f"sweep {len(part.nodes)} nodes of {part.cluster}: {part.nodes[0]} … {part.nodes[-1]}"[:200],
         )  # fmt: skip
@@ -1133,7 +1139,7 @@ class FleetHealthSweep:
                                 cluster_label=checks.cluster_label, metrics=checks.metrics())  # fmt: skip
         try:
             seen: DcgmFaults = await workflow.execute_activity_method(
-                PrometheusActivities.dcgm_faults, query, **DCGM_CALL,
+                PrometheusActivities.dcgm_faults, query, **DCGM_CALL, priority=priorities.remediation(part.cluster),
                 summary=f"GPU faults of {len(part.nodes)} nodes from Prometheus")  # fmt: skip
         except ActivityError as err:
             sweep.dcgm = f"not read: {_cause(err)}"[:500]
@@ -1211,7 +1217,8 @@ class FleetHealthSweep:
             result: GpuCheckResult = await workflow.execute_activity_method(
                 HostAgentActivities.host_gpu_check, check, task_queue=host_task_queue(node),
                 schedule_to_start_timeout=inp.agent_timeout, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=2), summary=f"GPU check on {node}")  # fmt: skip
+                retry_policy=RetryPolicy(maximum_attempts=2), priority=priorities.remediation(inp.clusters[0]),
+                summary=f"GPU check on {node}")  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
@@ -1225,7 +1232,8 @@ class FleetHealthSweep:
         try:
             seen: RedfishHealth = await workflow.execute_activity_method(
                 RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY, summary=f"BMC health {bmc.url}")
+                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY,
+                priority=priorities.remediation(self._inp.clusters[0]), summary=f"BMC health {bmc.url}")  # fmt: skip
         except ActivityError as err:
             return BmcObservation(status="unavailable", detail=_cause(err)[:300])
         return BmcObservation(**seen.model_dump())
@@ -1256,6 +1264,7 @@ class FleetHealthSweep:
                     await workflow.start_child_workflow(
                         NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,
                         parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                        priority=priorities.remediation(candidate.cluster),
                         # A finished remediation may run again; a running one is never started twice.
                         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                         search_attributes=TypedSearchAttributes(child.search_attributes()),

@@ -17,11 +17,13 @@ from activities.prometheus import (
     PrometheusActivities,
     dcgm_faults_promql,
 )
+from workflows import priorities
 from workflows.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
 from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeRemediation
 from workflows.remediation_policy import HealthChecks, decide
 
 from tests.kube_helpers import wait_for
+from tests.test_priorities import children, scheduled
 from tests.remediation.helpers import fast_settings, fleet
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,7 +101,8 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
     wf_id = f"remediation/lab/{sick}"
     asked = len(prometheus.requests())
     try:
-        result = await client.execute_workflow(FleetHealthSweep.run, inp, id=f"sweep-dcgm-{uuid.uuid4().hex[:6]}",
+        sweep_id = f"sweep-dcgm-{uuid.uuid4().hex[:6]}"
+        result = await client.execute_workflow(FleetHealthSweep.run, inp, id=sweep_id,
                                                task_queue=rem_worker.task_queue)  # fmt: skip
         (c,) = result.clusters
         assert (c.nodes, c.healthy, c.not_healthy, c.gpu_faults) == (3, 2, 1, 2)
@@ -116,6 +119,15 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
         await wait_for(waiting, what="the remediation at its first step")
         desc = await client.get_workflow_handle(wf_id).describe()
         assert "XID 79" in (await desc.static_summary() or "")
+
+        # Remediation's priority, with the cluster's fairness key (workflows/priorities.py), on what it scheduled.
+        want = (priorities.REMEDIATION_KEY, "remediation/lab")
+        sweep = await scheduled(client, sweep_id)
+        assert sweep["list_node_names"] == sweep["child FleetHealthSweep"] == sweep["child NodeRemediation"] == want
+        (part,) = await children(client, sweep_id, "FleetHealthSweep")
+        assert (await scheduled(client, part))["dcgm_faults"] == want
+        remediation = await scheduled(client, wf_id)
+        assert remediation["cordon_node"] == remediation["plan_drain"] == want
     finally:
         with contextlib.suppress(Exception):
             await client.get_workflow_handle(wf_id).terminate("test over")
