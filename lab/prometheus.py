@@ -62,7 +62,8 @@ def _unquote(text: str) -> str:
 
 
 def parse_selector(query: str) -> tuple[list[tuple[str, str, str]], tuple[str, float] | None] | None:
-    """(matchers, comparison) of a query that is one vector selector, optionally compared with a number; else None."""
+    """(matchers, comparison) of a query that is one vector selector, optionally compared with a number; else None.
+    A matcher's regex that does not compile raises re.error."""
     m = _SELECTOR.match(query)
     if m is None or (not m.group("name") and m.group("matchers") is None):
         return None
@@ -73,6 +74,8 @@ def parse_selector(query: str) -> tuple[list[tuple[str, str, str]], tuple[str, f
         if mm is None:
             return None
         matchers.append((mm.group(1), mm.group(2), _unquote(mm.group(3))))
+        if mm.group(2) in ("=~", "!~"):
+            re.compile(matchers[-1][2])  # a bad regex is the query's error, as Prometheus parses it
         pos = mm.end()
     compare = None
     if m.group("op"):
