@@ -23,6 +23,7 @@ from workflows.remediation import FleetHealthSweep, FleetHealthSweepInput, NodeR
 from workflows.remediation_policy import HealthChecks, decide
 
 from tests.kube_helpers import wait_for
+from tests.test_node_maintenance import record_history
 from tests.test_priorities import children, scheduled
 from tests.remediation.helpers import fast_settings, fleet
 
@@ -126,6 +127,7 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
         assert sweep["list_node_names"] == sweep["child FleetHealthSweep"] == sweep["child NodeRemediation"] == want
         (part,) = await children(client, sweep_id, "FleetHealthSweep")
         assert (await scheduled(client, part))["dcgm_faults"] == want
+        await record_history(client.get_workflow_handle(part), "fleet_health_sweep_slice_dcgm")  # the patched shape
         remediation = await scheduled(client, wf_id)
         assert remediation["cordon_node"] == remediation["plan_drain"] == want
     finally:
