@@ -922,12 +922,13 @@ class FleetHealthSweep:
       across the boundary.
 
     History events (counted from the commands; bench/sweep.py measures them):
-    - a slice of S nodes: start and read ~12, NetBox ~6, per node the GPU check (scheduled, started, completed;
+    - a slice of S nodes: start and read ~12, NetBox ~6, GPU faults from Prometheus ~6 (one query whatever S; its
+      patch marker and search attribute), per node the GPU check (scheduled, started, completed;
       or scheduled and timed out) and the BMC read (3), each completion at worst its own workflow task (3): ≤ 12
-      events a node, ≤ 3,012 for S = 250 (≤ 6,012 for the largest slice, 500);
+      events a node, ≤ 3,018 for S = 250 (≤ 6,018 for the largest slice, 500);
     - the sweep: ~10 per slice (child initiated, started, completed; two workflow tasks), ~6 per 5,000 names
       listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
-    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
+    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,018 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
     plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
     one merge adds at most 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a node in all.
     """
@@ -1148,7 +1149,8 @@ class FleetHealthSweep:
             sweep.dcgm = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
             return None
         sweep.gpu_faults = len(seen.faults) + seen.truncated
-        sweep.dcgm = f"read from {seen.url}"
+        sweep.dcgm = f"read from {seen.url}" + (f"; {seen.truncated} fault series past the first {len(seen.faults)} "
+                                                f"not used" if seen.truncated else "")  # fmt: skip
         by_node: dict[str, list[GpuFault]] = {n: [] for n in part.nodes}
         for fault in seen.faults:
             by_node[fault.node].append(fault)
