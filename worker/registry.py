@@ -41,6 +41,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.drain",
     "workflows.endpoints",
     "workflows.leases",
+    "workflows.priorities",
     "workflows.remediation_policy",
     "workflows.rollout_models",
     "workflows.rollout_policy",
