@@ -1,20 +1,26 @@
 """Task priority and fairness (workflows/priorities.py), read back from the histories: an operator's
 NodeMaintenance and the budget entity at 1, a rollout's own calls, batches and node updates at 4 with the cluster's
-fairness key. (Remediation at 2: tests/remediation/test_dcgm.py.)"""
+fairness key (remediation at 2: tests/remediation/test_dcgm.py); and what a backlogged queue dispatches first."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from datetime import timedelta
 
 import pytest
+from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from workflows import priorities
 from workflows.disruption_budget import budget_workflow_id
 from workflows.rollout import Rollout
 
-from tests.kube_helpers import fleet_objects
+from tests.conftest import temporal_binary
+from tests.kube_helpers import fleet_objects, wait_for
 from tests.rollout_helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from tests.test_node_maintenance import maintenance
 from tests.test_node_maintenance import start as start_maintenance
@@ -89,3 +95,60 @@ async def test_a_rollout_s_calls_batches_and_nodes_run_below_with_its_cluster_s_
     assert (await scheduled(client, batch))["child NodeUpdate"] == want
     # A node update's stages and drain carry no priority of their own: they inherit its start's.
     assert await started_priority(client, f"{handle.id}/a-01") == want
+
+
+# ---------------------------------------------------------------- dispatch order on a backlogged queue
+
+ORDER: list[str] = []
+
+
+@activity.defn(name="priority_probe")
+async def priority_probe(label: str) -> None:
+    ORDER.append(label)
+
+
+@workflow.defn(name="PriorityBacklog", sandboxed=False)
+class PriorityBacklog:
+    """Eight rollout tasks of cluster a, eight of cluster b, then one remediation task, all on a queue nobody polls
+    yet: the backlog a busy worker pool would have."""
+
+    @workflow.run
+    async def run(self, queue: str) -> None:
+        calls = [workflow.start_activity(priority_probe, f"{cluster}{i}", task_queue=queue,
+                                         start_to_close_timeout=timedelta(seconds=30),
+                                         priority=priorities.rollout(cluster))
+                 for cluster in ("a", "b") for i in range(8)]  # fmt: skip
+        await workflow.sleep(timedelta(milliseconds=500))  # after the rollout's, as it would come later
+        calls.append(workflow.start_activity(priority_probe, "remediation", task_queue=queue,
+                                             start_to_close_timeout=timedelta(seconds=30),
+                                             priority=priorities.remediation("a")))  # fmt: skip
+        await asyncio.gather(*calls)
+
+
+async def test_a_backlog_dispatches_remediation_first_and_each_cluster_s_rollout_its_share():
+    # One partition, so the order is the matcher's (a queue's partitions are otherwise drawn at random).
+    one_partition = ["--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+                     "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]  # fmt: skip
+    async with await WorkflowEnvironment.start_local(
+            dev_server_existing_path=temporal_binary(), ui=False,
+            dev_server_extra_args=["--dynamic-config-value", priorities.FAIRNESS_DYNAMIC_CONFIG, *one_partition]) as env:
+        ORDER.clear()
+        async with Worker(env.client, task_queue="backlog", workflows=[PriorityBacklog]):
+            handle = await env.client.start_workflow(PriorityBacklog.run, "probes", id="backlog", task_queue="backlog")
+
+            async def backlog():
+                described = await env.client.get_workflow_handle("backlog").describe()
+                return described.raw_description.pending_activities if \
+                    len(described.raw_description.pending_activities) == 17 else None  # fmt: skip
+
+            await wait_for(backlog, what="17 activities scheduled")
+            async with Worker(env.client, task_queue="probes", activities=[priority_probe], max_concurrent_activities=1,
+                              max_concurrent_activity_task_polls=1):  # fmt: skip
+                await handle.result()
+    assert ORDER[0] == "remediation", ORDER
+    # Fairness: the two clusters' rollouts take turns (in order of scheduling, all eight of a's would come in a row).
+    longest = run = 1
+    for before, label in zip(ORDER[1:], ORDER[2:]):
+        run = run + 1 if label[0] == before[0] else 1
+        longest = max(longest, run)
+    assert longest <= 4, ORDER
