@@ -48,6 +48,8 @@ class EntityUpdate(StrictModel):
     keywords: dict[str, str] = Field(default_factory=dict, description="Keyword search attributes set at start.")
     refused_type: str = Field("EntityRefused", description="The error type when the update's validator refuses.")
     entity: str = Field("", description="How errors name the entity; its workflow ID when empty.")
+    priority_key: int | None = Field(None, ge=1, description="The entity's task priority when this starts it "
+                                     "(workflows/priorities.py); None: the server's default.")  # fmt: skip
 
 
 class WorkflowIds(StrictModel):
@@ -66,6 +68,14 @@ class EntityStart(StrictModel):
     start_input: dict[str, Any]
     task_queue: str = Field(min_length=1)
     keywords: dict[str, str] = Field(default_factory=dict, description="Keyword search attributes set at start.")
+    priority_key: int | None = Field(None, ge=1, description="The entity's task priority when this starts it "
+                                     "(workflows/priorities.py); None: the server's default.")  # fmt: skip
+
+
+def _priority(key: int | None) -> Any:
+    from temporalio.common import Priority
+
+    return Priority(priority_key=key) if key else Priority.default
 
 
 class WorkflowSignal(StrictModel):
@@ -138,6 +148,7 @@ async def update_with_start(call: EntityUpdate) -> Any:
     start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         call.workflow_type, call.start_input, id=call.workflow_id, task_queue=info.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, search_attributes=attributes,
+        priority=_priority(call.priority_key),
     )  # fmt: skip
     # One ID per calling activity (stable across its retries): a retry attaches to the update it sent.
     update_id = f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
@@ -186,6 +197,7 @@ class EntityActivities:
             await client.start_workflow(
                 start.workflow_type, start.start_input, id=sig.workflow_id, task_queue=start.task_queue,
                 search_attributes=attributes, start_signal=sig.signal, start_signal_args=[sig.payload],
+                priority=_priority(start.priority_key),
             )  # fmt: skip
         return gone
 

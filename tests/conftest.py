@@ -19,6 +19,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 import workflows.search_attributes
+from workflows.priorities import FAIRNESS_DYNAMIC_CONFIG
 
 
 # ==================================================================================
@@ -44,7 +45,8 @@ async def temporal_env():
         data_converter=pydantic_data_converter,
         search_attributes=workflows.search_attributes.ALL,
         ui=False,
-        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
+        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true",
+                               "--dynamic-config-value", FAIRNESS_DYNAMIC_CONFIG],  # fmt: skip
     )
     async with env:
         yield env

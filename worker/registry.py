@@ -41,6 +41,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.drain",
     "workflows.endpoints",
     "workflows.leases",
+    "workflows.priorities",
     "workflows.remediation_breaker",
     "workflows.remediation_policy",
     "workflows.rollout_membership",
@@ -92,8 +93,9 @@ def build(settings: WorkerSettings) -> Registration:
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
     netbox = NetBoxActivities(settings.netbox_config())
-    # The server URL comes with each query; what its certificate is verified against is the worker's.
-    prometheus = PrometheusActivities(ca_bundle=settings.ca_bundle("prometheus"),
+    # A gate's server URL comes with its query; GPU faults come from MILLWRIGHT_PROMETHEUS_URL (none: not used).
+    # What a certificate is verified against is the worker's.
+    prometheus = PrometheusActivities(url=settings.prometheus_url, ca_bundle=settings.ca_bundle("prometheus"),
                                       verify_tls=settings.prometheus_verify_tls)
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured

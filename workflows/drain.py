@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
@@ -72,10 +72,13 @@ class Drain:
         changed: Callable[[], None],
         terminating: Callable[[], None] = lambda: None,
         every_planned_pod: bool = False,
+        priority: Priority = Priority.default,
     ) -> None:
         """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none asks
-        `workflow.patched` (a marker and a search attribute per run)."""
+        `workflow.patched` (a marker and a search attribute per run). `priority`: every call's
+        (workflows/priorities.py; the default: the workflow's own)."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
+        self._priority = priority
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
 
@@ -88,6 +91,7 @@ class Drain:
                 KubeActivities.plan_drain,
                 DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
                 **API_CALL,
+                priority=self._priority,
                 summary=f"list pods on {self._node}",
             )
             plan = listed  # typed: the call's options spread from a dict leave its result untyped
@@ -115,6 +119,7 @@ class Drain:
                 schedule_to_close_timeout=remaining,
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=API_RETRY,
+                priority=self._priority,
                 summary=f"wait for {len(waited)} pods to terminate",
             )
         except ActivityError as err:
@@ -144,6 +149,7 @@ class Drain:
                     **API_CALL,
                     # An API that keeps failing is retried until the drain's deadline, not beyond.
                     schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
+                    priority=self._priority,
                     summary=f"evict {key}",
                 )
             except ActivityError as err:

@@ -21,6 +21,7 @@ from temporalio.common import RetryPolicy
 from activities.entities import EntityActivities, EntityStart, EntityUpdate, WorkflowSignal, WorkflowSignals
 from activities.kube import validate_object_name
 from activities.models import StrictModel
+from workflows import priorities
 from workflows import search_attributes as sa
 from workflows.remediation_breaker import BreakerSettings
 from workflows.rollout_spec import Budget
@@ -223,7 +224,8 @@ def _coalesce(batch: list[tuple[str, str, BaseModel, Budget | None]]) -> list[Wo
         )  # fmt: skip
         start = EntityStart(workflow_type="DisruptionBudget",
                             start_input={"cluster": cluster, "task_queue": info.task_queue},
-                            task_queue=info.task_queue, keywords={sa.CLUSTER.name: cluster})  # fmt: skip
+                            task_queue=info.task_queue, keywords={sa.CLUSTER.name: cluster},
+                            priority_key=priorities.OPERATOR.priority_key)  # fmt: skip
         signals.append(WorkflowSignal(workflow_id=budget_workflow_id(cluster), signal=signal,
                                       payload=message.model_dump(mode="json"), start=start))  # fmt: skip
     return signals
@@ -247,7 +249,7 @@ async def _call(cluster: str, update: str, payload: BaseModel, summary: str) -> 
             workflow_type="DisruptionBudget", workflow_id=budget_workflow_id(cluster),
             start_input={"cluster": cluster}, update=update, payload=payload.model_dump(mode="json"),
             keywords={sa.CLUSTER.name: cluster}, refused_type="DisruptionBudgetRefused",
-            entity=f"disruption budget of {cluster}",
+            entity=f"disruption budget of {cluster}", priority_key=priorities.OPERATOR.priority_key,
         ),
         **BUDGET_CALL, summary=summary,
     )  # fmt: skip

@@ -20,6 +20,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import priorities
 from workflows import search_attributes as sa
 from workflows.base import Progress, WorkflowInput
 from workflows.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
@@ -131,7 +132,7 @@ class NodeMaintenance:
         self._status = NodeMaintenanceStatus()
         self._abort: AbortRequest | None = None
         self._skip_wait: SkipWaitRequest | None = None
-        self._calls = Endpoints(inp.retry_timeout)
+        self._calls = Endpoints(inp.retry_timeout, priority=priorities.OPERATOR)
 
     # ------------------------------------------------------------ operator controls
 
@@ -295,6 +296,7 @@ class NodeMaintenance:
             inp.node,
             inp.drain,
             self._status,
+            priority=priorities.OPERATOR,
             stopping=self._stopping,
             changed=self._set_details,
             terminating=lambda: self._enter("waiting-for-pods-to-terminate"),

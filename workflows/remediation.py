@@ -20,9 +20,10 @@ twice at once):
   `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
 
-FleetHealthSweep reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs'
-health, decides with `workflows.remediation_policy.decide` (a node opted out by label, or remediated less than
-`cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
+FleetHealthSweep reads every node's conditions, dcgm-exporter's GPU fault series in Prometheus (one query a
+slice; no MILLWRIGHT_PROMETHEUS_URL: not used, and said), the host agents' GPU checks (no agent: unknown) and the
+BMCs' health, decides with `workflows.remediation_policy.decide` (a node opted out by label, or remediated less
+than `cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
 children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
 says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
 tripped. A start that finds the node's
@@ -49,6 +50,7 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
+from workflows import priorities
 from workflows import search_attributes as sa
 from workflows.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.burnin import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL, bmc_endpoint
@@ -120,6 +122,7 @@ from activities.node_health import (
     RemediatedMark,
 )
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification, WebhookTarget
+from activities.prometheus import DcgmFaults, DcgmFaultsQuery, GpuFault, PrometheusActivities
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows import leases
 from workflows.remediation_breaker import BREAKER_QUERY, BreakerSettings, BreakerView
@@ -270,7 +273,7 @@ class NodeRemediation:
         self._inp = inp
         self._status = NodeRemediationStatus()
         self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.cluster))
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
@@ -370,7 +373,8 @@ class NodeRemediation:
         """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
         try:
-            await Drain(inp.cluster, inp.node, inp.drain, self._status, stopping=lambda: False,
+            await Drain(inp.cluster, inp.node, inp.drain, self._status, priority=priorities.remediation(inp.cluster),
+                        stopping=lambda: False,
                         changed=self._details).run()  # fmt: skip
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
@@ -501,7 +505,8 @@ class NodeRemediation:
                 method, arg, task_queue=host_task_queue(self._inp.node),
                 schedule_to_start_timeout=self._inp.agent_timeout, start_to_close_timeout=start_to_close,
                 heartbeat_timeout=timedelta(minutes=2) if start_to_close > timedelta(minutes=2) else None,
-                retry_policy=AGENT_RETRY, summary=summary)  # fmt: skip
+                retry_policy=AGENT_RETRY, priority=priorities.remediation(self._inp.cluster),
+                summary=summary)  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 raise _Unavailable(f"no host agent picked up '{summary}' within {self._inp.agent_timeout}") from None
@@ -807,6 +812,12 @@ NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), h
                   retry_policy=API_RETRY)  # fmt: skip
 READ_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_RETRY)  # fmt: skip
+# A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none). Prometheus not
+# answering within DCGM_CALL's bound leaves the signal unknown for that slice (said), never the sweep stuck.
+DCGM_PATCH = "fleet-health-sweep-dcgm"
+DCGM_CALL = dict(start_to_close_timeout=timedelta(minutes=1), schedule_to_close_timeout=timedelta(minutes=3),
+                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
+                                          non_retryable_error_types=["PrometheusRejected", "PrometheusBadResponse"]))  # fmt: skip
 
 
 class StartedRemediation(StrictModel):
@@ -831,6 +842,8 @@ class ClusterSweep(StrictModel):
     slices: int = Field(0, description="Slice children that swept this cluster's nodes.")
     refused: str | None = Field(None, description="Why no remediation was started in this cluster: too few healthy "
                                 "nodes (min_healthy), or its circuit breaker tripped.")  # fmt: skip
+    gpu_faults: int = Field(0, description="dcgm-exporter fault series above zero (any XID, ECC, row remap).")
+    dcgm: str = Field("", description="Whether GPU faults were read from Prometheus, and from where; or why not.")
     error: str | None = None
 
 
@@ -970,12 +983,13 @@ class FleetHealthSweep:
       across the boundary.
 
     History events (counted from the commands; bench/sweep.py measures them):
-    - a slice of S nodes: start and read ~12, NetBox ~6, per node the GPU check (scheduled, started, completed;
+    - a slice of S nodes: start and read ~12, NetBox ~6, GPU faults from Prometheus ~6 (one query whatever S; its
+      patch marker and search attribute), per node the GPU check (scheduled, started, completed;
       or scheduled and timed out) and the BMC read (3), each completion at worst its own workflow task (3): ≤ 12
-      events a node, ≤ 3,012 for S = 250 (≤ 6,012 for the largest slice, 500);
+      events a node, ≤ 3,018 for S = 250 (≤ 6,018 for the largest slice, 500);
     - the sweep: ~10 per slice (child initiated, started, completed; two workflow tasks), ~6 per 5,000 names
       listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
-    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
+    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,018 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
     plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
     one cluster's starts, HELD at most, add 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a
     node in all.
@@ -985,7 +999,8 @@ class FleetHealthSweep:
     def __init__(self, inp: FleetHealthSweepInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting,
+                                 priority=priorities.remediation(inp.clusters[0]))  # a slice: its cluster
         self._cursor = inp.carried or SweepCursor(result=FleetHealthSweepResult(clusters=[]))
         self._result = self._cursor.result
         self._running: dict[str, SliceRun] = {r.workflow_id: r for r in self._cursor.running}
@@ -1060,7 +1075,8 @@ class FleetHealthSweep:
                     NodeHealthActivities.list_node_names,
                     NodeNamesQuery(cluster=cluster, label_selector=self._inp.label_selector, max_names=NAMES_PER_CALL,
                                    continue_token=token),
-                    **NAMES_CALL, endpoint=kubernetes_api(cluster), summary=f"list node names of {cluster}")  # fmt: skip
+                    **NAMES_CALL, endpoint=kubernetes_api(cluster), priority=priorities.remediation(cluster),
+                    summary=f"list node names of {cluster}")  # fmt: skip
                 names += page.names
                 token = page.continue_token
                 if not token:
@@ -1080,6 +1096,7 @@ class FleetHealthSweep:
             FleetHealthSweep.run, child, id=workflow_id, task_queue=info.task_queue,
             # A slice outlives this run when it continues as new; the next run waits for it by ID.
             parent_close_policy=workflow.ParentClosePolicy.ABANDON, execution_timeout=SLICE_TIMEOUT,
+            priority=priorities.remediation(part.cluster),
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.CLUSTER, part.cluster)]),
             static_summary=f"sweep {len(part.nodes)} nodes of {part.cluster}: {part.nodes[0]} … {part.nodes[-1]}"[:200],
         )  # fmt: skip
@@ -1131,6 +1148,8 @@ class FleetHealthSweep:
         sweep.agents_unavailable += part.agents_unavailable
         sweep.bmc_unknown += part.bmc_unknown
         sweep.vanished += part.vanished
+        sweep.gpu_faults += part.gpu_faults
+        sweep.dcgm = part.dcgm if part.dcgm.startswith("not read") or not sweep.dcgm else sweep.dcgm
         room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
         sweep.unhealthy += part.unhealthy[:max(room, 0)]
         if part.error:
@@ -1212,11 +1231,39 @@ class FleetHealthSweep:
             self._enter("failed", sweep.error)
             return self._result
         sweep.vanished = len(read.missing)
+        dcgm: dict[str, list[GpuFault]] | None = None
+        if not inp.checks.dcgm.enabled:
+            sweep.dcgm = "not used: checks.dcgm.enabled is false"
+        elif workflow.patched(DCGM_PATCH):
+            dcgm = await self._dcgm_faults(part, sweep)
         self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
-        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True)
+        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
         self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
         self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
         return self._result
+
+    async def _dcgm_faults(self, part: SweepSlice, sweep: ClusterSweep) -> dict[str, list[GpuFault]] | None:
+        """The slice's GPU fault series by node, in one query; None (and `sweep.dcgm` says why) when not known."""
+        checks = self._inp.checks.dcgm
+        query = DcgmFaultsQuery(cluster=part.cluster, nodes=part.nodes, node_label=checks.node_label,
+                                cluster_label=checks.cluster_label, metrics=checks.metrics())  # fmt: skip
+        try:
+            seen: DcgmFaults = await workflow.execute_activity_method(
+                PrometheusActivities.dcgm_faults, query, **DCGM_CALL, priority=priorities.remediation(part.cluster),
+                summary=f"GPU faults of {len(part.nodes)} nodes from Prometheus")  # fmt: skip
+        except ActivityError as err:
+            sweep.dcgm = f"not read: {_cause(err)}"[:500]
+            return None
+        if not seen.configured:
+            sweep.dcgm = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
+            return None
+        sweep.gpu_faults = len(seen.faults) + seen.truncated
+        sweep.dcgm = f"read from {seen.url}" + (f"; {seen.truncated} fault series past the first {len(seen.faults)} "
+                                                f"not used" if seen.truncated else "")  # fmt: skip
+        by_node: dict[str, list[GpuFault]] = {n: [] for n in part.nodes}
+        for fault in seen.faults:
+            by_node[fault.node].append(fault)
+        return by_node
 
     async def _netbox_facts_of(self, names: list[str]) -> dict[str, DeviceFacts]:
         facts: dict[str, DeviceFacts] = {}
@@ -1233,9 +1280,11 @@ class FleetHealthSweep:
     # ------------------------------------------------------------ looking at nodes
 
     async def _look_all(self, cluster: str, nodes: list[NodeHealth], facts: dict[str, DeviceFacts],
-                        sweep: ClusterSweep, *, together: bool) -> list[tuple[str, NodeDecision, DeviceFacts]]:
+                        sweep: ClusterSweep, *, together: bool,
+                        dcgm: dict[str, list[GpuFault]] | None = None) -> list[tuple[str, NodeDecision, DeviceFacts]]:
         """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
-        alone does not settle it; counts into `sweep`; the nodes to remediate."""
+        and its GPU fault series (`dcgm`, None: not read) alone do not settle it; counts into `sweep`; the nodes
+        to remediate."""
         inp = self._inp
         slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
         now = workflow.now()
@@ -1244,7 +1293,8 @@ class FleetHealthSweep:
             node_facts = facts.get(node.name) or DeviceFacts()
             if node.name in inp.bmcs:
                 node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            first = decide(cluster, node, inp.checks, now, cooldown=inp.cooldown)
+            faults = dcgm.get(node.name, []) if dcgm is not None else None
+            first = decide(cluster, node, inp.checks, now, cooldown=inp.cooldown, dcgm=faults)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that
                 return cluster, first, node_facts
             async with slots:
@@ -1258,8 +1308,8 @@ class FleetHealthSweep:
                 sweep.agents_unavailable += 1
             if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
                 sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown), \
-                node_facts
+            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown,
+                                   dcgm=faults), node_facts
 
         looked = await asyncio.gather(*(look(n) for n in nodes))
         for _, decision, _ in looked:
@@ -1279,7 +1329,8 @@ class FleetHealthSweep:
             result: GpuCheckResult = await workflow.execute_activity_method(
                 HostAgentActivities.host_gpu_check, check, task_queue=host_task_queue(node),
                 schedule_to_start_timeout=inp.agent_timeout, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=2), summary=f"GPU check on {node}")  # fmt: skip
+                retry_policy=RetryPolicy(maximum_attempts=2), priority=priorities.remediation(inp.clusters[0]),
+                summary=f"GPU check on {node}")  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
@@ -1293,7 +1344,8 @@ class FleetHealthSweep:
         try:
             seen: RedfishHealth = await workflow.execute_activity_method(
                 RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY, summary=f"BMC health {bmc.url}")
+                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY,
+                priority=priorities.remediation(self._inp.clusters[0]), summary=f"BMC health {bmc.url}")  # fmt: skip
         except ActivityError as err:
             return BmcObservation(status="unavailable", detail=_cause(err)[:300])
         return BmcObservation(**seen.model_dump())
@@ -1325,6 +1377,7 @@ class FleetHealthSweep:
                     await workflow.start_child_workflow(
                         NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,
                         parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                        priority=priorities.remediation(candidate.cluster),
                         # A finished remediation may run again; a running one is never started twice.
                         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                         search_attributes=TypedSearchAttributes(child.search_attributes()),
@@ -1430,6 +1483,8 @@ class FleetHealthSweep:
                 head += f", {c.agents_unavailable} without a host agent"
             if c.refused:
                 head += f", **no remediation**: {c.refused}"
+            if c.dcgm:
+                head += f", GPU faults {c.dcgm}" + (f" ({c.gpu_faults} series)" if c.gpu_faults else "")
             if c.error:
                 head += f", error: {c.error}"
             lines.append(head)

@@ -1,14 +1,17 @@
 """Which nodes need remediation, and why: pure functions over what a sweep observed.
 
 No I/O and no clock of its own (the caller passes `now`), so workflows call them directly and the
-tests check them without Temporal. Three sources, each optional:
+tests check them without Temporal. Four sources, each optional:
 
 - the node object: Ready (NotReady longer than a grace period), conditions that are a problem when
   True (Node Problem Detector's `KernelDeadlock`, `ReadonlyFilesystem`, ...), conditions that are a
   problem when False (a GPU health condition such as `GpuHealthy`), a GPU health label
   (`nvidia.com/gpu.health`);
 - the host agent's GPU check: findings are problems; no agent answering is *unknown*, never unhealthy;
-- the BMC's health rollup: `Critical` (by default) is a problem; no answer is unknown.
+- the BMC's health rollup: `Critical` (by default) is a problem; no answer is unknown;
+- dcgm-exporter's GPU fault series in Prometheus (one query per slice, activities/prometheus.py): an XID of
+  `dcgm.xid_codes`, a double-bit ECC error, a failed or pending row remap is a problem; other XIDs (an
+  application's fault: 13, 31, 43, ...) are noted, never acted on; no Prometheus configured is unknown.
 
 A node Millwright quarantined, or that someone else cordoned (a rollout, an operator), is left alone; so is a node
 labelled `millwright.dev/remediation=false` (its owner opted out of automated remediation, NVSentinel's
@@ -30,6 +33,7 @@ from pydantic import Field, model_validator
 
 from activities.models import StrictModel
 from activities.node_health import NodeHealth
+from activities.prometheus import ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING, XID_ERRORS, GpuFault
 
 # Node Problem Detector's default problem conditions (True = problem).
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
@@ -39,10 +43,38 @@ OPT_OUT_LABEL = "millwright.dev/remediation"  # on a node: "false" opts it out o
 OPT_OUT_VALUE = "false"
 DEFAULT_COOLDOWN = timedelta(hours=1)
 
+# XIDs that say the GPU or its memory, NVLink or GSP firmware failed (NVIDIA's XID catalog: 48 double-bit ECC,
+# 62 internal micro-controller halt, 63/64 row remapping event/failure, 74 NVLink, 79 fallen off the bus,
+# 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 unrecovered ECC): a reset or
+# more is due. The others (13, 31, 43, 45, ...) are most often an application's fault.
+HARDWARE_XIDS = [48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
+
 
 def remediation_workflow_id(cluster: str, node: str) -> str:
     """One NodeRemediation per node: the ID every starter derives, so a second start finds the first."""
     return f"remediation/{cluster}/{node}"
+
+
+class DcgmChecks(StrictModel):
+    """GPU faults from dcgm-exporter's series in the worker's Prometheus (MILLWRIGHT_PROMETHEUS_URL)."""
+
+    enabled: bool = Field(True, description="Read them (a worker without MILLWRIGHT_PROMETHEUS_URL: not used, said).")
+    node_label: str = Field("Hostname", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+                            description="The series' label holding the Kubernetes node name.")  # fmt: skip
+    cluster_label: str | None = Field(
+        "cluster", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="The series' label holding the cluster's name (an external label, or one the scrape adds); "
+                    "None: the server holds this cluster's series only.",
+    )
+    xid_codes: list[int] = Field(default_factory=lambda: list(HARDWARE_XIDS),
+                                 description="XIDs that need remediation; any other XID is noted only.")  # fmt: skip
+    ecc: bool = Field(True, description="Double-bit volatile ECC errors (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0).")
+    row_remap: bool = Field(True, description="A failed or pending row remap (DCGM_FI_DEV_ROW_REMAP_FAILURE / "
+                            "_PENDING).")  # fmt: skip
+
+    def metrics(self) -> list[str]:
+        return [XID_ERRORS] + ([ECC_DBE_VOLATILE] if self.ecc else []) + \
+            ([ROW_REMAP_FAILURE, ROW_REMAP_PENDING] if self.row_remap else [])  # fmt: skip
 
 
 class HealthChecks(StrictModel):
@@ -70,6 +102,7 @@ class HealthChecks(StrictModel):
     bmc_unhealthy: list[str] = Field(
         default_factory=lambda: ["Critical"], description="BMC Health/HealthRollup values that are a problem."
     )
+    dcgm: DcgmChecks = Field(default_factory=DcgmChecks, description="GPU faults from dcgm-exporter in Prometheus.")
 
     def condition_types(self) -> list[str]:
         return list(dict.fromkeys(["Ready", *self.problem_conditions, *self.gpu_conditions]))
@@ -189,6 +222,29 @@ def bmc_problems(bmc: BmcObservation | None, checks: HealthChecks) -> tuple[list
     return [], []
 
 
+def dcgm_problems(faults: list[GpuFault] | None, checks: HealthChecks) -> tuple[list[str], list[str]]:
+    """(problems, notes) from a node's GPU fault series (None: not read)."""
+    if faults is None:
+        return [], []
+    problems: list[str] = []
+    notes: list[str] = []
+    for f in faults:
+        where = f"GPU{f.gpu}" if f.gpu is not None else "a GPU"
+        where += f" ({f.uuid})" if f.uuid else ""
+        if f.metric == XID_ERRORS:
+            xid = int(f.value)
+            (problems if xid in checks.dcgm.xid_codes else notes).append(f"DCGM: XID {xid} on {where}")
+        elif f.metric == ECC_DBE_VOLATILE and checks.dcgm.ecc:
+            problems.append(f"DCGM: {f.value:g} double-bit ECC errors on {where}")
+        elif f.metric == ROW_REMAP_FAILURE and checks.dcgm.row_remap:
+            problems.append(f"DCGM: row remap failed on {where}")
+        elif f.metric == ROW_REMAP_PENDING and checks.dcgm.row_remap:
+            problems.append(f"DCGM: row remap pending on {where}")
+    if notes:
+        notes = [f"not acted on: {'; '.join(notes)}"]
+    return problems, notes
+
+
 def decide(
     cluster: str,
     node: NodeHealth,
@@ -197,12 +253,13 @@ def decide(
     agent: AgentObservation | None = None,
     bmc: BmcObservation | None = None,
     cooldown: timedelta = timedelta(0),
+    dcgm: list[GpuFault] | None = None,
 ) -> NodeDecision:
     """Whether `node` needs remediation, with the reasons; or why it is left alone (quarantined, opted out,
     remediated less than `cooldown` ago, cordoned by someone else). A node without problems is healthy, whatever
     its label or its last remediation."""
     problems, notes = node_problems(node, checks, now)
-    for more, more_notes in (agent_problems(agent), bmc_problems(bmc, checks)):
+    for more, more_notes in (dcgm_problems(dcgm, checks), agent_problems(agent), bmc_problems(bmc, checks)):
         problems += more
         notes += more_notes
     note = "; ".join(notes)

@@ -27,6 +27,7 @@ from temporalio import workflow
 
 from activities.kube import ConditionGate, KubeActivities, NodePageRequest, UnavailableRequest
 from activities.prometheus import PrometheusActivities, PrometheusQuery
+from workflows import priorities
 from workflows import search_attributes as sa
 from workflows.base import Progress, history_is_long
 from workflows.drain import API_CALL
@@ -142,6 +143,8 @@ class RolloutBatch:
                     NodeUpdate.run,
                     NodeUpdateInput(node=n.node, ordinal=n.ordinal, template=inp.template, lease=lease),
                     id=f"{inp.template.rollout}/{n.node}",
+                    # The node's stages and drain inherit this (workflows/priorities.py).
+                    priority=priorities.rollout(inp.template.cluster),
                     static_summary=f"{n.node} in batch {inp.number} of {inp.compartment}",
                 )
                 self._running[n.node] = handle
@@ -422,6 +425,7 @@ class Rollout:
                     continue_token=token,
                 ),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="list targeted nodes",
             )
             nodes += [
@@ -533,6 +537,7 @@ class Rollout:
                         KubeActivities.list_unavailable_nodes,
                         UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
                         **API_CALL,
+                        priority=priorities.rollout(inp.cluster),
                         summary=f"count unavailable nodes for {name}",
                     )
                 ) & members
@@ -615,6 +620,7 @@ class Rollout:
                     conditions=gate.node_conditions,
                 ),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="gate: node conditions",
             )
         if gate.prometheus is not None:
@@ -623,6 +629,7 @@ class Rollout:
                 PrometheusActivities.query_prometheus,
                 PrometheusQuery(url=q.url, query=q.query),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="gate: prometheus query",
             )
             if q.min_value is None and q.max_value is None:
@@ -664,6 +671,7 @@ class Rollout:
                 max_in_flight=inp.max_in_flight,
             ),
             id=f"{workflow.info().workflow_id}/{name}/batch-{self._cp.runs}-{number}-{nodes[0].ordinal}",
+            priority=priorities.rollout(inp.cluster),
             static_summary=f"{name} batch {number}: {len(nodes)} nodes",
         )
         self._batches[name] = handle
