@@ -72,7 +72,6 @@ JOB_TRY_ANNOTATION = "millwright.dev/try"
 STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt")
 INTERRUPTS = ("reboot", "service", "restartAllServices", "noop")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-NOT_LEAVING_SLACK_SECONDS = 30.0  # past its grace period this long, a terminating pod shows the drain blocked
 _VIOLATIONS_MAX = 50  # check_node_conditions reports at most this many, then a count
 
 USER_AGENT = "millwright-worker"
@@ -213,6 +212,8 @@ class WaitPodsGoneRequest(StrictModel):
     poll_interval_seconds: float = 1.0
     node: str = Field("", description="The node drained: DrainBlocked while a pod outlives its grace period, "
                                       "cleared once all are gone.")  # fmt: skip
+    not_leaving_after_seconds: float = Field(30.0, ge=0, description="How long past its grace period a terminating "
+                                             "pod may stay before the drain shows as blocked.")  # fmt: skip
 
 
 class NodePageRequest(StrictModel):
@@ -1167,7 +1168,8 @@ class KubeActivities:
                 if req.node:
                     await self._set_drain_blocked(req.cluster, req.node, False, "Drained", "every pod planned is gone")
                 return len(req.pods)
-            if req.node and not stuck_shown and (stuck := await self._not_leaving(core, remaining)):
+            if req.node and not stuck_shown and (stuck := await self._not_leaving(core, remaining,
+                                                                                req.not_leaving_after_seconds)):
                 stuck_shown = True
                 await self._set_drain_blocked(req.cluster, req.node, True, "PodNotTerminating",
                                               f"{stuck} outlived its termination grace period", event=True)
@@ -1175,14 +1177,14 @@ class KubeActivities:
             poll = _next_poll(poll, req.poll_interval_seconds)
 
 
-    async def _not_leaving(self, core: k8s.CoreV1Api, pods: list[PodRef]) -> str | None:
-        """A pod still there past its deletion deadline (deletionTimestamp: the delete plus its grace period) and
-        NOT_LEAVING_SLACK_SECONDS more: a finalizer or a kubelet keeps it."""
+    async def _not_leaving(self, core: k8s.CoreV1Api, pods: list[PodRef], slack: float) -> str | None:
+        """A pod still there `slack` seconds past its deletion deadline (deletionTimestamp: the delete plus its
+        grace period): a finalizer or a kubelet keeps it."""
         now = datetime.now(timezone.utc)
         for pod_ref in pods:
             pod = await self._read_pod(core, pod_ref)
             due = pod.metadata.deletion_timestamp if pod is not None else None
-            if due is not None and (now - due).total_seconds() > NOT_LEAVING_SLACK_SECONDS:
+            if due is not None and (now - due).total_seconds() > slack:
                 return str(pod_ref)
         return None
 

@@ -12,12 +12,13 @@ import subprocess
 
 from kubernetes.aio.client import BatchV1Api, PolicyV1Api
 
-from activities.kube import JOB_NAMESPACE, JOB_NODE_LABEL, CORDONED_BY, PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from activities.kube import JOB_NAMESPACE, JOB_NODE_LABEL, CORDONED_BY, PodRef, WaitPodsGoneRequest, PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from activities.node_marks import AUTO_TAINT_ANNOTATION, DRAIN_BLOCKED, RUNTIME_REQUIRED_TAINT
 from workflows.node_update import NodeUpdate, NodeUpdateResult
 from tests.kube_helpers import read_node, wait_for
 from tests.rollout_helpers import rollout_fleet, rollout_spec
 from tests.test_node_maintenance import record_history
+from tests.test_kube_rollout_activities import env, kube  # noqa: F401 (the `kube` fixture)
 from tests.test_rollout import lab_ready, start
 
 BOTH_AT_ONCE = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
@@ -116,9 +117,8 @@ async def test_new_nodes_stay_tainted_until_their_packages_complete(client, kube
 
 
 async def test_drain_blocked_condition_appears_and_clears(client, kube_worker, k8s, core, kubeconfig_path, tmp_path):
-    await lab_ready(k8s, rollout_fleet({"a": 2}, web_pdb_min_available=2))
-    one = {"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}
-    handle = await start(client, kube_worker, rollout_spec("drain-blocked", policy=one))
+    await lab_ready(k8s, rollout_fleet({"a": 1}, web_pdb_min_available=1))
+    handle = await start(client, kube_worker, rollout_spec("drain-blocked"))
 
     async def drain_blocked():
         node = await read_node(core, "a-01")
@@ -133,11 +133,34 @@ async def test_drain_blocked_condition_appears_and_clears(client, kube_worker, k
                                    capture_output=True, timeout=60, check=True).stdout  # fmt: skip
         assert "DrainBlocked" in described and "PodDisruptionBudget" in described
         assert "DrainBlocked" in described.split("Events:")[1]
-    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget("web", "apps", {"spec": {"minAvailable": 1}})
-    assert (await handle.result()).counts == {"complete": 2}
+    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget("web", "apps", {"spec": {"minAvailable": 0}})
+    assert (await handle.result()).counts == {"complete": 1}
     node = await read_node(core, "a-01")
     [cond] = [c for c in node.status.conditions if c.type == DRAIN_BLOCKED]
     assert cond.status == "False"
     assert [r for _, r, _ in await node_events(core, "a-01")][:3] == ["State", "Drain", "DrainBlocked"]
     status = await client.get_workflow_handle(f"{handle.id}/a-01").query(NodeUpdate.status)
     assert status.stage == "complete"
+
+
+async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube, core):  # noqa: F811 (the fixture)
+    await k8s.seed(rollout_fleet({"a": 1}))
+    [pod] = (await core.list_namespaced_pod("apps", label_selector="app=web")).items
+    await core.patch_namespaced_pod(pod.metadata.name, "apps", {"metadata": {"finalizers": ["example.com/hold"]}})
+    await core.delete_namespaced_pod(pod.metadata.name, "apps", grace_period_seconds=0)
+    ref = PodRef(namespace="apps", name=pod.metadata.name, uid=pod.metadata.uid)
+    wait = asyncio.ensure_future(env().run(kube.wait_pods_gone, WaitPodsGoneRequest(
+        cluster="lab", pods=[ref], node="a-01", not_leaving_after_seconds=0, poll_interval_seconds=0.1)))
+
+    async def condition(status: str):
+        node = await read_node(core, "a-01")
+        return next((c for c in node.status.conditions or [] if c.type == DRAIN_BLOCKED and c.status == status), None)
+
+    cond = await wait_for(lambda: condition("True"), what="DrainBlocked for a pod held by its finalizer")
+    assert cond.reason == "PodNotTerminating" and f"apps/{pod.metadata.name}" in cond.message
+    assert not wait.done()
+    await core.patch_namespaced_pod(pod.metadata.name, "apps", {"metadata": {"finalizers": None}})
+    assert await asyncio.wait_for(wait, 30) == 1
+    assert (await condition("False")).reason == "Drained"
+    [(kind, reason, _)] = await node_events(core, "a-01")
+    assert (kind, reason) == ("Warning", DRAIN_BLOCKED)
