@@ -973,15 +973,12 @@ class KubeActivities:
         return UncordonResult(uncordoned=True, note="cordon removed")
 
     async def _patch_node(self, cluster: str, node: str, patch: dict[str, Any], doing: str,
-                          shows: Callable[[k8s.V1Node], bool], *, merge_patch: bool = False) -> None:
+                          shows: Callable[[k8s.V1Node], bool]) -> None:
         """Patch a node and check the answer (the node as stored after the write) shows the change: a
         write is done only when the API server's own copy says so. An answer that does not (a lost
         write, a webhook that undid it) is a retryable error, and the retry reads the node first."""
         core = await self._clusters.core(cluster)
-        # A JSON merge patch where the patch gives `spec.taints` whole: it replaces the list whatever the server's
-        # strategic-merge rules for it.
-        kwargs = {"_content_type": "application/merge-patch+json"} if merge_patch else {}
-        stored = await _call(doing, core.patch_node(node, patch, _request_timeout=_REQUEST_TIMEOUT, **kwargs))
+        stored = await _call(doing, core.patch_node(node, patch, _request_timeout=_REQUEST_TIMEOUT))
         if not isinstance(stored, k8s.V1Node) or stored.metadata is None or not shows(stored):
             raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show "
                                    "the change; reading it again", type="KubernetesUnavailable")
@@ -1152,41 +1149,34 @@ class KubeActivities:
     async def wait_pods_gone(self, req: WaitPodsGoneRequest) -> int:
         """Wait until every pod is deleted or replaced (a new UID), as kubectl drain waits.
 
-        Heartbeats the number still terminating; the workflow bounds it with the drain timeout.
+        Heartbeats the number still terminating; the workflow bounds it with the drain timeout. With `node`, a pod
+        still there `not_leaving_after_seconds` past its deletion deadline (deletionTimestamp: the delete plus its
+        grace period; a finalizer or a kubelet keeps it) shows the node's DrainBlocked, until all are gone.
         """
         core = await self._clusters.core(req.cluster)
         remaining, poll, stuck_shown = list(req.pods), FIRST_POLL_SECONDS, False
         while True:
-            still = []
+            still, stuck = [], None
             for pod_ref in remaining:
                 pod = await self._read_pod(core, pod_ref)
                 if pod is not None and pod.metadata.uid == pod_ref.uid:
                     still.append(pod_ref)
+                    due = pod.metadata.deletion_timestamp
+                    if stuck is None and due is not None and \
+                            (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds:
+                        stuck = pod_ref
             remaining = still
             activity.heartbeat(len(remaining))
             if not remaining:
                 if req.node:
                     await self._set_drain_blocked(req.cluster, req.node, False, "Drained", "every pod planned is gone")
                 return len(req.pods)
-            if req.node and not stuck_shown and (stuck := await self._not_leaving(core, remaining,
-                                                                                req.not_leaving_after_seconds)):
+            if req.node and stuck is not None and not stuck_shown:
                 stuck_shown = True
                 await self._set_drain_blocked(req.cluster, req.node, True, "PodNotTerminating",
                                               f"{stuck} outlived its termination grace period", event=True)
             await asyncio.sleep(poll)
             poll = _next_poll(poll, req.poll_interval_seconds)
-
-
-    async def _not_leaving(self, core: k8s.CoreV1Api, pods: list[PodRef], slack: float) -> str | None:
-        """A pod still there `slack` seconds past its deletion deadline (deletionTimestamp: the delete plus its
-        grace period): a finalizer or a kubelet keeps it."""
-        now = datetime.now(timezone.utc)
-        for pod_ref in pods:
-            pod = await self._read_pod(core, pod_ref)
-            due = pod.metadata.deletion_timestamp if pod is not None else None
-            if due is not None and (now - due).total_seconds() > slack:
-                return str(pod_ref)
-        return None
 
     async def _show_drain_blocked(self, req: EvictRequest, outcome: EvictOutcome) -> None:
         if outcome.status == "blocked":
@@ -1655,7 +1645,7 @@ class KubeActivities:
                               "annotations": {marks.AUTO_TAINT_ANNOTATION: req.rollout}},
                  "spec": {"taints": marks.taints_with_runtime_required(node)}}  # fmt: skip
         await self._patch_node(req.cluster, req.node, patch, f"tainting new node {req.node} runtime-required",
-                               marks.has_runtime_taint, merge_patch=True)
+                               marks.has_runtime_taint)
         activity.logger.info("tainted new node %s runtime-required for %s", req.node, req.rollout)
 
     async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
@@ -1850,7 +1840,7 @@ class KubeActivities:
         if spec:
             patch["spec"] = spec
         await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
-                               lambda n: all(show(n) for show in shows), merge_patch="taints" in spec)  # fmt: skip
+                               lambda n: all(show(n) for show in shows))  # fmt: skip
         if done:
             activity.logger.info("node %s for %s: %s", state.node, state.rollout, ", ".join(done))
         await self._state_event(node, state, *done)

@@ -113,7 +113,9 @@ def _taint_dict(t: k8s.V1Taint) -> dict[str, Any]:
 
 
 def taints_with_runtime_required(node: k8s.V1Node) -> list[dict[str, Any]]:
-    """The node's taints and the runtime-required one (`spec.taints` is replaced whole by a patch)."""
+    """The node's taints and the runtime-required one. `spec.taints` is an atomic list (a patch replaces it whole):
+    the caller writes it conditional on the resourceVersion it read, so a taint someone added since is never lost
+    (the 409 sends it round again: the race of NodeWright issue #447)."""
     return [_taint_dict(t) for t in node.spec.taints or []] + [dict(RUNTIME_REQUIRED_TAINT)]
 
 

@@ -12,7 +12,7 @@ import subprocess
 
 from kubernetes.aio.client import BatchV1Api, PolicyV1Api
 
-from activities.kube import JOB_NAMESPACE, JOB_NODE_LABEL, CORDONED_BY, PodRef, WaitPodsGoneRequest, PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from activities.kube import JOB_NAMESPACE, JOB_NODE_LABEL, CORDONED_BY, NodeStage, NodeStages, PodRef, WaitPodsGoneRequest, PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from activities.node_marks import AUTO_TAINT_ANNOTATION, DRAIN_BLOCKED, RUNTIME_REQUIRED_TAINT
 from workflows.node_update import NodeUpdate, NodeUpdateResult
 from tests.kube_helpers import read_node, wait_for
@@ -164,3 +164,21 @@ async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube
     assert (await condition("False")).reason == "Drained"
     [(kind, reason, _)] = await node_events(core, "a-01")
     assert (kind, reason) == ("Warning", DRAIN_BLOCKED)
+
+
+async def test_two_reboots_on_one_node_each_need_a_new_boot_id(k8s, kube, core):  # noqa: F811 (the fixture)
+    """An uninstall's reboot, then the install's: the second must change the boot ID the first one left."""
+    await lab_ready(k8s, rollout_fleet({"a": 1}))
+    boot = (await read_node(core, "a-01")).status.node_info.boot_id
+    reboot = {"interrupt": "reboot", "image": "registry.local/millwright/kernel", "timeout_seconds": 60}
+    ran = await env().run(kube.run_node_stages, NodeStages(
+        cluster="lab", node="a-01", rollout="rollout/lab/two-reboots", boot_id=boot, reboot_timeout_seconds=30,
+        reboot_poll_seconds=0.1, stages=[NodeStage(package="old-agent", version="0.8.1", stage="uninstall-interrupt",
+                                                   **reboot),
+                                         NodeStage(package="kernel", version="6.8.1", stage="interrupt", **reboot)]))
+    assert [(r.stage, r.succeeded) for r in ran.stages] == [("uninstall-interrupt", True), ("interrupt", True)]
+    reboots = [m for _, reason, m in await node_events(core, "a-01") if reason == "Reboot"]
+    assert len(reboots) == 2 and reboots[0].startswith("rebooted for old-agent 0.8.1 uninstall-interrupt")
+    first, second = (m.rsplit(": boot ID ", 1)[1].split(" -> ") for m in reboots)
+    assert first[0] == boot and second[0] == first[1] and second[1] != first[1]
+    assert (await read_node(core, "a-01")).status.node_info.boot_id == second[1]
