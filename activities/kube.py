@@ -196,7 +196,9 @@ class EvictRequest(StrictModel):
     cluster: str
     pod: PodRef
     grace_period_seconds: int | None = None
-    node: str = Field("", description="The node drained: its DrainBlocked condition follows the eviction's answer.")
+    node: str = Field("", description="The node drained: its DrainBlocked condition True while the eviction is refused.")
+    was_blocked: bool = Field(False, description="An earlier eviction of the pod was refused: once this one is "
+                                                 "accepted, DrainBlocked goes False if it still names the pod.")
 
 
 class EvictOutcome(StrictModel):
@@ -214,6 +216,8 @@ class WaitPodsGoneRequest(StrictModel):
                                       "cleared once all are gone.")  # fmt: skip
     not_leaving_after_seconds: float = Field(30.0, ge=0, description="How long past its grace period a terminating "
                                              "pod may stay before the drain shows as blocked.")  # fmt: skip
+    was_blocked: bool = Field(False, description="The drain was shown blocked: DrainBlocked goes False once all "
+                                                 "the pods are gone.")  # fmt: skip
 
 
 class NodePageRequest(StrictModel):
@@ -1098,10 +1102,11 @@ class KubeActivities:
         otherwise still to evict (a 409 as blocked, the rest as a retryable error).
 
         With `node`, the node's DrainBlocked condition says so while this eviction is refused (and a Warning Event
-        when it first is), and goes False once it is accepted, if it still names this pod.
+        when it first is); with `was_blocked` too, it goes False once the eviction is accepted, if it still names
+        this pod (a drain never blocked reads nothing more).
         """
         outcome = await self._evict(req)
-        if req.node:
+        if req.node and (outcome.status == "blocked" or req.was_blocked):
             await self._show_drain_blocked(req, outcome)
         return outcome
 
@@ -1151,7 +1156,8 @@ class KubeActivities:
 
         Heartbeats the number still terminating; the workflow bounds it with the drain timeout. With `node`, a pod
         still there `not_leaving_after_seconds` past its deletion deadline (deletionTimestamp: the delete plus its
-        grace period; a finalizer or a kubelet keeps it) shows the node's DrainBlocked, until all are gone.
+        grace period; a finalizer or a kubelet keeps it) shows the node's DrainBlocked, until all are gone (and one
+        shown by the evictions, `was_blocked`, goes False then too).
         """
         core = await self._clusters.core(req.cluster)
         remaining, poll, stuck_shown = list(req.pods), FIRST_POLL_SECONDS, False
@@ -1168,7 +1174,7 @@ class KubeActivities:
             remaining = still
             activity.heartbeat(len(remaining))
             if not remaining:
-                if req.node:
+                if req.node and (req.was_blocked or stuck_shown):
                     await self._set_drain_blocked(req.cluster, req.node, False, "Drained", "every pod planned is gone")
                 return len(req.pods)
             if req.node and stuck is not None and not stuck_shown:

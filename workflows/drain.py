@@ -79,6 +79,8 @@ class Drain:
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
+        # An eviction was refused (before a continue-as-new too): the node's DrainBlocked is cleared at the end.
+        self._was_blocked = bool(progress.blocked)
 
     async def run(self, plan: DrainPlan | None = None) -> None:
         """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan. `plan`: the pods to evict as
@@ -110,7 +112,7 @@ class Drain:
         try:
             await workflow.execute_activity_method(
                 KubeActivities.wait_pods_gone,
-                WaitPodsGoneRequest(cluster=self._cluster, pods=waited, node=self._node),
+                WaitPodsGoneRequest(cluster=self._cluster, pods=waited, node=self._node, was_blocked=self._was_blocked),
                 start_to_close_timeout=remaining,
                 schedule_to_close_timeout=remaining,
                 heartbeat_timeout=timedelta(seconds=30),
@@ -141,7 +143,7 @@ class Drain:
                 outcome = await workflow.execute_activity_method(
                     KubeActivities.evict_pod,
                     EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds,
-                                 node=self._node),
+                                 node=self._node, was_blocked=key in progress.blocked),
                     **API_CALL,
                     # An API that keeps failing is retried until the drain's deadline, not beyond.
                     schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
@@ -162,6 +164,7 @@ class Drain:
                 progress.evicted.append(key)
                 self._changed()
                 return pod if outcome.status == "evicted" else None
+            self._was_blocked = True
             progress.blocked[key] = BlockedEviction(
                 pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
             )
