@@ -54,7 +54,7 @@ def event_body(node: str, uid: str, reason: str, message: str, *, warning: bool 
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{node}.{digest}", "namespace": EVENT_NAMESPACE},
+        "metadata": {"name": f"{node[:236]}.{digest}", "namespace": EVENT_NAMESPACE},  # a name is 253 at most
         "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
         "reason": reason,
         "message": message[:1024],
