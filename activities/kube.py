@@ -36,7 +36,9 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import node_marks as marks
 from activities.models import StrictModel
+from activities.semver import is_downgrade
 from activities.selectors import SelectorError, parse_label_selector
 from activities.tls import TlsFix, verification_failed
 
@@ -194,6 +196,9 @@ class EvictRequest(StrictModel):
     cluster: str
     pod: PodRef
     grace_period_seconds: int | None = None
+    node: str = Field("", description="The node drained: its DrainBlocked condition True while the eviction is refused.")
+    was_blocked: bool = Field(False, description="An earlier eviction of the pod was refused: once this one is "
+                                                 "accepted, DrainBlocked goes False if it still names the pod.")
 
 
 class EvictOutcome(StrictModel):
@@ -207,6 +212,12 @@ class WaitPodsGoneRequest(StrictModel):
     cluster: str
     pods: list[PodRef]
     poll_interval_seconds: float = 1.0
+    node: str = Field("", description="The node drained: DrainBlocked while a pod outlives its grace period, "
+                                      "cleared once all are gone.")  # fmt: skip
+    not_leaving_after_seconds: float = Field(30.0, ge=0, description="How long past its grace period a terminating "
+                                             "pod may stay before the drain shows as blocked.")  # fmt: skip
+    was_blocked: bool = Field(False, description="The drain was shown blocked: DrainBlocked goes False once all "
+                                                 "the pods are gone.")  # fmt: skip
 
 
 class NodePageRequest(StrictModel):
@@ -318,6 +329,11 @@ class NodeUpdateStart(StrictModel):
         None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
     )
     drain: DrainSettings | None = Field(None, description="How the drain is planned (with cordon).")
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version the rollout installs: "
+                                     "a node with a later version installed is refused, untouched.")  # fmt: skip
+    allow_downgrade: bool = Field(False, description="Install `packages` over later versions.")
+    auto_taint: bool = Field(False, description="Give a new node (no Millwright annotation) the runtime-required "
+                                                "taint first, so it takes no work until its packages are complete.")
 
     _selector = field_validator("non_interrupt_selector")(validate_label_selector)
 
@@ -328,6 +344,7 @@ class NodeUpdateStarted(StrictModel):
                                          "started.")  # fmt: skip
     cordon: CordonResult | None = Field(None, description="With cordon: whose cordon the node has.")
     drain: DrainPlan | None = Field(None, description="With cordon: the pods to evict, listed after the cordon.")
+    refused: str = Field("", description="Why the node was left untouched but `erroring` (a downgrade not allowed).")
 
 
 class NodeStages(StrictModel):
@@ -355,7 +372,9 @@ class NodeUpdateFinish(StrictModel):
     node: str
     rollout: str
     packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    removed: list[str] = Field(default_factory=list, description="Packages uninstalled: their entries go.")
     uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
+    untaint: bool = Field(False, description="Remove the runtime-required taint: the node's packages are complete.")
 
 
 class ConditionGate(StrictModel):
@@ -729,6 +748,20 @@ def _packages_of(annotations: dict[str, str], node: str | None, strict: bool = T
     )
 
 
+def _is_reboot(stage: NodeStage) -> bool:
+    return stage.stage in ("interrupt", "uninstall-interrupt") and stage.interrupt == "reboot"
+
+
+def _downgrades(node: k8s.V1Node, name: str, wanted: dict[str, str]) -> str:
+    """Why installing `wanted` on the node would downgrade a package; empty when it would not."""
+    installed = _packages_of(node.metadata.annotations or {}, name, strict=False)
+    down = [f"{p} {installed[p]} is installed, the rollout has {v}" for p, v in sorted(wanted.items())
+            if p in installed and is_downgrade(installed[p], v)]  # fmt: skip
+    if not down:
+        return ""
+    return f"downgrade refused: {'; '.join(down)} (set allowDowngrade: true to install it anyway)"
+
+
 def _node_info(node: k8s.V1Node) -> NodeInfo:
     annotations = node.metadata.annotations or {}
     return NodeInfo(
@@ -911,6 +944,8 @@ class KubeActivities:
                                lambda n: bool(n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) == req.owner
                                and (change is None or change.shown_by(n)))  # fmt: skip
         activity.logger.info("cordoned node %s for %s", req.node, req.owner)
+        if state is not None and change is not None:
+            await self._state_event(node, state, "cordoned")
         return CordonResult(owned=True)
 
     @activity.defn
@@ -1067,7 +1102,17 @@ class KubeActivities:
         anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have
         happened) is settled by reading the pod again: gone or terminating as the read shows,
         otherwise still to evict (a 409 as blocked, the rest as a retryable error).
+
+        With `node`, the node's DrainBlocked condition says so while this eviction is refused (and a Warning Event
+        when it first is); with `was_blocked` too, it goes False once the eviction is accepted, if it still names
+        this pod (a drain never blocked reads nothing more).
         """
+        outcome = await self._evict(req)
+        if req.node and (outcome.status == "blocked" or req.was_blocked):
+            await self._show_drain_blocked(req, outcome)
+        return outcome
+
+    async def _evict(self, req: EvictRequest) -> EvictOutcome:
         core = await self._clusters.core(req.cluster)
         pod_ref = req.pod
         seen = await self._pod_state(core, pod_ref)
@@ -1111,23 +1156,65 @@ class KubeActivities:
     async def wait_pods_gone(self, req: WaitPodsGoneRequest) -> int:
         """Wait until every pod is deleted or replaced (a new UID), as kubectl drain waits.
 
-        Heartbeats the number still terminating; the workflow bounds it with the drain timeout.
+        Heartbeats the number still terminating; the workflow bounds it with the drain timeout. With `node`, a pod
+        still there `not_leaving_after_seconds` past its deletion deadline (deletionTimestamp: the delete plus its
+        grace period; a finalizer or a kubelet keeps it) shows the node's DrainBlocked, until all are gone (and one
+        shown by the evictions, `was_blocked`, goes False then too).
         """
         core = await self._clusters.core(req.cluster)
-        remaining, poll = list(req.pods), FIRST_POLL_SECONDS
+        remaining, poll, stuck_shown = list(req.pods), FIRST_POLL_SECONDS, False
         while True:
-            still = []
+            still, stuck = [], None
             for pod_ref in remaining:
                 pod = await self._read_pod(core, pod_ref)
                 if pod is not None and pod.metadata.uid == pod_ref.uid:
                     still.append(pod_ref)
+                    due = pod.metadata.deletion_timestamp
+                    if stuck is None and due is not None and \
+                            (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds:
+                        stuck = pod_ref
             remaining = still
             activity.heartbeat(len(remaining))
             if not remaining:
+                if req.node and (req.was_blocked or stuck_shown):
+                    await self._set_drain_blocked(req.cluster, req.node, False, "Drained", "every pod planned is gone")
                 return len(req.pods)
+            if req.node and stuck is not None and not stuck_shown:
+                stuck_shown = True
+                await self._set_drain_blocked(req.cluster, req.node, True, "PodNotTerminating",
+                                              f"{stuck} outlived its termination grace period", event=True)
             await asyncio.sleep(poll)
             poll = _next_poll(poll, req.poll_interval_seconds)
 
+    async def _show_drain_blocked(self, req: EvictRequest, outcome: EvictOutcome) -> None:
+        if outcome.status == "blocked":
+            why = f"eviction of {req.pod} refused" + (f" by PodDisruptionBudget {outcome.budget}" if outcome.budget
+                                                        else "") + (f": {outcome.message}" if outcome.message else "")
+            await self._set_drain_blocked(req.cluster, req.node, True, "PodDisruptionBudget" if outcome.budget
+                                          else "EvictionRefused", why, event=True)  # fmt: skip
+        else:
+            await self._set_drain_blocked(req.cluster, req.node, False, "EvictionAccepted",
+                                          f"eviction of {req.pod} accepted", naming=str(req.pod))  # fmt: skip
+
+    async def _set_drain_blocked(self, cluster: str, node: str, blocked: bool, reason: str, message: str, *,
+                                 event: bool = False, naming: str | None = None) -> None:  # fmt: skip
+        """The node's DrainBlocked condition `blocked` (True) or not, written only when it changes; it is set False
+        only where it is True, and with `naming` only when its message names that pod (another pod may still be
+        refused). A status write, merged by condition type: the kubelet's conditions stay."""
+        found = await self._read_node(cluster, node)
+        previous = marks.condition(found.status.conditions or [], marks.DRAIN_BLOCKED)
+        if not blocked:
+            if previous is None or previous.status != "True" or (naming and naming not in (previous.message or "")):
+                return
+        elif previous is not None and previous.status == "True" and previous.message == message[:1024]:
+            return
+        core = await self._clusters.core(cluster)
+        patch = marks.drain_blocked_patch(blocked, reason, message, previous)
+        await _call(f"recording DrainBlocked on node {node}",
+                    core.patch_node_status(node, patch, _request_timeout=_REQUEST_TIMEOUT))
+        if event and (previous is None or previous.status != "True"):
+            await marks.record_event(core, marks.event_body(node, found.metadata.uid, marks.DRAIN_BLOCKED, message,
+                                                            warning=True, key=(message,)))  # fmt: skip
 
     # ------------------------------------------------------------ rollouts: nodes
 
@@ -1191,6 +1278,16 @@ class KubeActivities:
             await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
                                                                         "annotations": change.annotations}},
                                    f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
+            await self._state_event(node, req)
+
+    async def _state_event(self, node: k8s.V1Node, state: NodeRolloutState, *done: str) -> None:
+        """The Event of a node's state change (NodeWright's reason `State`), with what the same write did."""
+        where = f" at {state.package} {state.stage}" if state.stage else ""
+        message = f"{state.state}{where} (rollout {state.rollout})" + "".join(f"; {d}" for d in done) + \
+            (f": {state.reason}" if state.reason else "")
+        await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
+            state.node, node.metadata.uid, "State", message, warning=state.state in ("erroring", "blocked"),
+            key=(state.state, state.stage, state.package)))  # fmt: skip
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
@@ -1510,8 +1607,20 @@ class KubeActivities:
         write), and its drain planned as `plan_drain` does. Short and idempotent, run as a local activity: every
         write is decided from a fresh read, so a retry after a crash at any line repeats none and undoes nothing
         (a cordon this rollout placed is removed only while the node's state still says this start placed it).
+
+        Before all that, from the same fresh read: a node with a later version of a package installed than
+        `packages` is refused unless `allow_downgrade` (its state `erroring`, nothing else written: `refused`);
+        with `auto_taint`, a new node (no Millwright annotation yet) gets the runtime-required taint first.
         """
         state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress")
+        if req.packages or req.auto_taint:
+            node = await self._read_node(req.cluster, req.node)
+            refused = "" if req.allow_downgrade else _downgrades(node, req.node, req.packages)
+            if refused:
+                await self._record_state(node, state.model_copy(update={"state": "erroring", "reason": refused}))
+                return NodeUpdateStarted(node=_node_info(node), refused=refused)
+            if req.auto_taint:
+                await self._taint_if_new(req, node)
         if req.cordon and await self._non_interruptible_running(req):
             node = await self._read_node(req.cluster, req.node)
             record = _rollout_record(node)  # in progress by this rollout, no stage yet: an earlier try of this start
@@ -1529,7 +1638,24 @@ class KubeActivities:
             return blocked.model_copy(update={"cordon": cordon})
         plan = await self._plan_drain(DrainPlanRequest(cluster=req.cluster, node=req.node,
                                                        settings=req.drain or DrainSettings()))  # fmt: skip
+        await marks.record_event(await self._clusters.core(req.cluster), marks.event_body(
+            req.node, node.metadata.uid, "Drain", f"draining {len(plan.evict)} pods, {len(plan.skipped)} left in "
+            f"place (rollout {req.rollout})", key=("drain",)))  # fmt: skip
         return NodeUpdateStarted(node=_node_info(node), cordon=cordon, drain=plan)
+
+    async def _taint_if_new(self, req: NodeUpdateStart, node: k8s.V1Node) -> None:
+        """NodeWright's auto-taint: a node no rollout has touched yet is given the runtime-required taint (and the
+        annotation saying who put it there), conditional on the node's resourceVersion; a node that has one
+        already, or that any rollout has written to, is left as it is (one way: a node is new only once)."""
+        annotations = node.metadata.annotations or {}
+        if marks.has_runtime_taint(node) or PACKAGES_ANNOTATION in annotations or ROLLOUT_ANNOTATION in annotations:
+            return
+        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                              "annotations": {marks.AUTO_TAINT_ANNOTATION: req.rollout}},
+                 "spec": {"taints": marks.taints_with_runtime_required(node)}}  # fmt: skip
+        await self._patch_node(req.cluster, req.node, patch, f"tainting new node {req.node} runtime-required",
+                               marks.has_runtime_taint)
+        activity.logger.info("tainted new node %s runtime-required for %s", req.node, req.rollout)
 
     async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
         if not req.non_interrupt_selector:
@@ -1556,7 +1682,7 @@ class KubeActivities:
         details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
         so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
         """
-        if not req.boot_id and any(st.stage == "interrupt" and st.interrupt == "reboot" for st in req.stages):
+        if not req.boot_id and any(_is_reboot(st) for st in req.stages):
             raise _reboot_unverifiable(req.node)
         stop = asyncio.Event()
         work = asyncio.ensure_future(self._node_stages(req, stop))
@@ -1578,6 +1704,8 @@ class KubeActivities:
         details = details if isinstance(details, dict) else {}
         result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
                                   reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
+        # A second reboot (an uninstall's, then the install's) must change the boot ID the first one left.
+        boot_id = details.get("boot_id") or req.boot_id
         for index in range(len(result.stages), len(req.stages)):
             if stop.is_set():
                 result.held = True
@@ -1587,7 +1715,7 @@ class KubeActivities:
             # Where this stage stands (its try, its Job, the reboot's deadline), after what is done: sent at once
             # when one of those changes, else every BEAT_SECONDS (the SDK sends one per 0.8 heartbeat timeout).
             at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
-            done = self._stages_done(result)
+            done = self._stages_done(result, boot_id)
             sent: list[Any] = [None, 0.0]  # the last beat's place, and when it went
 
             def beat(more: dict[str, Any]) -> None:
@@ -1597,24 +1725,37 @@ class KubeActivities:
                     activity.heartbeat({**at, **done})
                     sent[:] = [where, time.monotonic()]
 
-            await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
-                                              state="in_progress", package=stage.package, stage=stage.stage))
+            uid = await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
+                                                    state="in_progress", package=stage.package, stage=stage.stage))
+            what = f"{stage.package} {stage.version} {stage.stage}"
+            core = await self._clusters.core(req.cluster)
+            reason = marks.stage_reason(stage.stage)
+            await marks.record_event(core, marks.event_body(req.node, uid, reason, f"{what} started (rollout "
+                                                            f"{req.rollout})", key=(stage.package, stage.stage)))
             record = await self._stage_tries(req, stage, resumed, beat)
-            if record.succeeded and stage.stage == "interrupt" and stage.interrupt == "reboot":
-                record = await self._rebooted(req, record, resumed, beat)
+            if record.succeeded and _is_reboot(stage):
+                record, rebooted = await self._rebooted(req, record, resumed, beat, boot_id)
                 if record.succeeded:
                     result.reboot_seconds = time.time() - at["started"]
+                    await marks.record_event(core, marks.event_body(
+                        req.node, uid, "Reboot", f"rebooted for {what}: boot ID {boot_id} -> {rebooted}",
+                        key=(stage.package, stage.stage, rebooted)))  # fmt: skip
+                    boot_id = rebooted
             result.stages.append(record)
-            activity.heartbeat({"index": index + 1, **self._stages_done(result)})
+            activity.heartbeat({"index": index + 1, **self._stages_done(result, boot_id)})
             if not record.succeeded:
+                await marks.record_event(core, marks.event_body(
+                    req.node, uid, reason, f"{what} failed after {record.attempts} tries: {record.message}",
+                    warning=True, key=(stage.package, stage.stage, "failed")))  # fmt: skip
                 break
         return result
 
     @staticmethod
-    def _stages_done(result: NodeStagesResult) -> dict[str, Any]:
-        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds}
+    def _stages_done(result: NodeStagesResult, boot_id: str) -> dict[str, Any]:
+        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds,
+                "boot_id": boot_id}
 
-    async def _mark(self, state: NodeRolloutState) -> None:
+    async def _mark(self, state: NodeRolloutState) -> str:
         """Record `state` on the node in one write, unread (a stage's start: the same record written again on a
         retry is harmless), checked in the node as the API server stored it."""
         change = _state_change(None, state)
@@ -1627,6 +1768,7 @@ class KubeActivities:
         if not change.shown_in(metadata.get("labels") or {}, metadata.get("annotations") or {}):
             raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show the "
                                    "change; writing it again", type="KubernetesUnavailable")  # fmt: skip
+        return metadata.get("uid") or ""
 
     async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
                            beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
@@ -1642,42 +1784,50 @@ class KubeActivities:
                            message=job.message)  # fmt: skip
 
     async def _rebooted(self, req: NodeStages, record: StageRecord, resumed: dict[str, Any],
-                        beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
-        """The reboot Job's verdict confirmed: the node back with a new boot ID and Ready, or the stage failed."""
+                        beat: Callable[[dict[str, Any]], None], boot_id: str) -> tuple[StageRecord, str]:  # fmt: skip
+        """The reboot Job's verdict confirmed: the node back with a boot ID other than `boot_id` and Ready (the new
+        one returned), or the stage failed."""
         deadline = float(resumed.get("reboot_deadline") or time.time() + req.reboot_timeout_seconds)
-        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=req.boot_id,
+        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=boot_id,
                           timeout_seconds=req.reboot_timeout_seconds, poll_seconds=req.reboot_poll_seconds)
         try:
-            await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline, "reboot": d}))
+            rebooted = await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline,
+                                                                                 "reboot": d}))  # fmt: skip
         except ApplicationError as err:
             if err.type != "RebootTimeout":
                 raise
-            return record.model_copy(update={"succeeded": False, "message": err.message})
-        return record
+            return record.model_copy(update={"succeeded": False, "message": err.message}), boot_id
+        return record, rebooted
 
     @activity.defn
     async def finish_node_update(self, req: NodeUpdateFinish) -> None:
-        """End a node's update in one write: the packages installed added to its packages annotation, its state
-        `complete`, and with `uncordon` the rollout's own cordon removed (never someone else's). Conditional on the
+        """End a node's update in one write: the packages installed added to its packages annotation (those
+        uninstalled taken out), its state `complete`, with `uncordon` the rollout's own cordon removed (never someone
+        else's), and with `untaint` the runtime-required taint. Conditional on the
         node's resourceVersion, so a concurrent writer's package entry is never lost (its 409 is retried); writes
         nothing when the node says all of it already. Short and idempotent: a local activity."""
         state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="complete")
         await self._hand_back(await self._read_node(req.cluster, req.node), state, packages=req.packages,
-                              uncordon=req.uncordon)  # fmt: skip
+                              uncordon=req.uncordon, removed=req.removed, untaint=req.untaint)  # fmt: skip
 
     async def _hand_back(self, node: k8s.V1Node, state: NodeRolloutState, *, packages: dict[str, str],
-                         uncordon: bool) -> None:  # fmt: skip
-        """One conditional write: `packages` recorded, `state`, and the cordon of `state.rollout` removed."""
+                         uncordon: bool, removed: list[str] | None = None, untaint: bool = False) -> None:  # fmt: skip
+        """One conditional write: `packages` recorded (`removed` ones dropped), `state`, the cordon of
+        `state.rollout` removed, and with `untaint` the runtime-required taint."""
         annotations = node.metadata.annotations or {}
         labels: dict[str, Any] = {}
         changes: dict[str, Any] = {}
         shows: list[Callable[[k8s.V1Node], bool]] = []
         spec: dict[str, Any] = {}
+        done: list[str] = []
         installed = _packages_of(annotations, state.node)
-        if any(installed.get(name) != version for name, version in packages.items()):
-            value = json.dumps(dict(sorted({**installed, **packages}.items())), separators=(",", ":"))
+        gone = [name for name in removed or [] if name in installed]
+        if gone or any(installed.get(name) != version for name, version in packages.items()):
+            kept = {k: v for k, v in {**installed, **packages}.items() if k not in gone}
+            value = json.dumps(dict(sorted(kept.items())), separators=(",", ":"))
             changes[PACKAGES_ANNOTATION] = value
             shows.append(lambda n: _annotation(n, PACKAGES_ANNOTATION) == value)
+            done += [f"{name} uninstalled" for name in gone]
         change = _state_change(node, state)
         if change is not None:
             labels.update(change.labels)
@@ -1687,6 +1837,12 @@ class KubeActivities:
             changes.update({CORDONED_BY: None, CORDON_REASON: None})
             spec["unschedulable"] = False
             shows.append(lambda n: not (n.spec and n.spec.unschedulable) and _annotation(n, CORDONED_BY) is None)
+            done.append("uncordoned")
+        if untaint and marks.has_runtime_taint(node):
+            spec["taints"] = marks.taints_without_runtime_required(node)
+            changes[marks.AUTO_TAINT_ANNOTATION] = None
+            shows.append(lambda n: not marks.has_runtime_taint(n))
+            done.append("runtime-required taint removed")
         if not shows:
             return
         patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
@@ -1695,8 +1851,9 @@ class KubeActivities:
             patch["spec"] = spec
         await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
                                lambda n: all(show(n) for show in shows))  # fmt: skip
-        if spec:
-            activity.logger.info("uncordoned node %s for %s", state.node, state.rollout)
+        if done:
+            activity.logger.info("node %s for %s: %s", state.node, state.rollout, ", ".join(done))
+        await self._state_event(node, state, *done)
 
     @activity.defn
     async def check_node_conditions(self, req: ConditionGate) -> list[str]:

@@ -5,6 +5,8 @@ a PodDisruptionBudget refusal being a wait state with the blocking budget record
 the caller's progress, until the drain deadline; finally every planned pod must be gone,
 as a fresh read shows it (missing, or a new UID), whatever its eviction reported: the
 drain is done only when that wait says so. Every call is bounded by the drain's deadline.
+While an eviction is refused, or a pod outlives its grace period, the node's `DrainBlocked` condition says so
+(the eviction and the wait write it: activities/kube.py), and it goes False once the drain progresses.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class Drain:
         self._priority = priority
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
+        # An eviction was refused (before a continue-as-new too): the node's DrainBlocked is cleared at the end.
+        self._was_blocked = bool(progress.blocked)
 
     async def run(self, plan: DrainPlan | None = None) -> None:
         """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan. `plan`: the pods to evict as
@@ -114,7 +118,7 @@ class Drain:
         try:
             await workflow.execute_activity_method(
                 KubeActivities.wait_pods_gone,
-                WaitPodsGoneRequest(cluster=self._cluster, pods=waited),
+                WaitPodsGoneRequest(cluster=self._cluster, pods=waited, node=self._node, was_blocked=self._was_blocked),
                 start_to_close_timeout=remaining,
                 schedule_to_close_timeout=remaining,
                 heartbeat_timeout=timedelta(seconds=30),
@@ -145,7 +149,8 @@ class Drain:
             try:
                 outcome = await workflow.execute_activity_method(
                     KubeActivities.evict_pod,
-                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds),
+                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds,
+                                 node=self._node, was_blocked=key in progress.blocked),
                     **API_CALL,
                     # An API that keeps failing is retried until the drain's deadline, not beyond.
                     schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
@@ -167,6 +172,7 @@ class Drain:
                 progress.evicted.append(key)
                 self._changed()
                 return pod if outcome.status == "evicted" else None
+            self._was_blocked = True
             progress.blocked[key] = BlockedEviction(
                 pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
             )

@@ -705,7 +705,7 @@ class Rollout:
 
     def _template(self) -> NodeUpdateTemplate:
         inp = self._inp
-        packages = [
+        steps = [
             PackageStep(
                 name=name,
                 version=p.version,
@@ -717,12 +717,20 @@ class Rollout:
             for name in package_order(inp.packages)
             for p in [inp.packages[name]]
         ]
-        interrupts = [p.interrupt for p in inp.packages.values() if p.interrupt is not None]
+        # Packages whose uninstall is applied are uninstalled, dependents first, with their interrupts coalesced.
+        removing = {n for n, p in inp.packages.items() if p.uninstall.apply}
+        interrupts = [p.interrupt for n, p in inp.packages.items() if p.interrupt is not None and n not in removing]
+        uninstall_interrupts = [p.interrupt for n, p in inp.packages.items() if p.interrupt and n in removing]
         return NodeUpdateTemplate(
             cluster=inp.cluster,
             rollout=workflow.info().workflow_id,
-            packages=packages,
+            packages=[s for s in steps if s.name not in removing],
             interrupt=coalesce_interrupts(interrupts) if interrupts else None,
+            uninstall=[s for s in reversed(steps) if s.name in removing],
+            uninstall_interrupt=coalesce_interrupts(uninstall_interrupts) if uninstall_interrupts else None,
+            allow_downgrade=inp.allow_downgrade,
+            runtime_required=inp.runtime_required,
+            auto_taint_new_nodes=inp.auto_taint_new_nodes,
             drain=inp.drain_config.settings(),
             non_interrupt_selector=(
                 inp.pod_non_interrupt_labels.to_selector_string() if inp.pod_non_interrupt_labels else None

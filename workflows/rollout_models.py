@@ -47,6 +47,20 @@ class NodeUpdateTemplate(StrictModel):
     disruption_budget: Budget | None = Field(
         None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
     )
+    uninstall: list[PackageStep] = Field(
+        default_factory=list, description="Packages to uninstall where installed (uninstall.apply), dependents first."
+    )
+    uninstall_interrupt: Interrupt | None = Field(
+        None, description="The coalesced interrupt of the packages uninstalled (uninstall-interrupt)."
+    )
+    allow_downgrade: bool = Field(False, description="Install over later versions (else the node is refused).")
+    runtime_required: bool = Field(False, description="Remove the runtime-required taint once the node completes.")
+    auto_taint_new_nodes: bool = Field(False, description="Taint a new node runtime-required before its update.")
+
+    @property
+    def out_of_service(self) -> bool:
+        """An interrupt (install or uninstall) is due: the node is leased, cordoned and drained first."""
+        return self.interrupt is not None or self.uninstall_interrupt is not None
 
 
 class NodeUpdateInput(StrictModel):

@@ -362,6 +362,24 @@ def _check_image(value: str) -> str:
     return value
 
 
+class Uninstall(_Spec):
+    """NodeWright's explicit uninstall (v0.16+): `enabled` says the package may be uninstalled, `apply` does it now.
+
+    With `apply`, the rollout runs the package's `uninstall` stage (the scripts of the version the node has), then
+    `uninstall-interrupt` when the package has an interrupt, on every targeted node that has it, and takes it out
+    of the node's packages annotation; it installs it nowhere.
+    """
+
+    enabled: bool = False
+    apply: bool = False
+
+    @model_validator(mode="after")
+    def _apply_needs_enabled(self) -> Uninstall:
+        if self.apply and not self.enabled:
+            raise ValueError("apply: true needs enabled: true (NodeWright's rule)")
+        return self
+
+
 class Package(_Spec):
     """One package: a container image whose scripts run on the host (NodeWright's Package)."""
 
@@ -375,6 +393,7 @@ class Package(_Spec):
     )
     depends_on: dict[str, str] = Field(default_factory=dict, description="Package name → version.")
     stage_timeout: Duration = Field(timedelta(hours=1), description="Bound on one attempt of each stage.")
+    uninstall: Uninstall = Field(default_factory=Uninstall)
 
     _version = field_validator("version")(_check_semver)
     _image = field_validator("image")(_check_image)
@@ -730,6 +749,17 @@ class RolloutInput(WorkflowInput):
     )
     stage_retries: int = Field(3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit).")
     reboot_timeout: Duration = Field(timedelta(minutes=30), description="A rebooted node must be Ready again within this.")
+    allow_downgrade: bool = Field(
+        False, description="Install a package over a later version a node has (else that node is refused, untouched)."
+    )
+    runtime_required: bool = Field(
+        False, description="A node's packages must be complete before it takes work: the runtime-required taint "
+        "(nodewright.nvidia.com=runtime-required:NoSchedule) is removed from it once they are, never while they fail.",
+    )
+    auto_taint_new_nodes: bool = Field(
+        False, description="Give each new node (none of Millwright's annotations yet) the runtime-required taint "
+        "when the rollout reaches it; needs runtimeRequired.",
+    )
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
     checkpoint: RolloutCheckpoint | None = Field(
         None, description="Internal: the state a continued run carries. Leave it out when starting a rollout."
@@ -774,11 +804,16 @@ class RolloutInput(WorkflowInput):
             )
         if self.all_nodes and not self.node_selectors.is_empty():
             raise ValueError("allNodes: true conflicts with a non-empty nodeSelectors; use one or the other")
+        if self.auto_taint_new_nodes and not self.runtime_required:
+            raise ValueError("autoTaintNewNodes: the taint it places is removed only with runtimeRequired: true")
         for name in sorted(self.packages):
             for dep, version in sorted(self.packages[name].depends_on.items()):
                 path = f"packages.{name}.dependsOn.{dep}"
                 if dep not in self.packages:
                     raise ValueError(f"{path}: unknown package {dep!r}")
+                if self.packages[dep].uninstall.apply and not self.packages[name].uninstall.apply:
+                    raise ValueError(f"{path}: {dep!r} is being uninstalled (uninstall.apply) and {name!r} is not: "
+                                     "uninstall both or neither")  # fmt: skip
                 if dep == name:
                     raise ValueError(f"{path}: a package cannot depend on itself")
                 if version != self.packages[dep].version:
