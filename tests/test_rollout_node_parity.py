@@ -18,7 +18,7 @@ from workflows.node_update import NodeUpdate, NodeUpdateResult
 from tests.kube_helpers import read_node, wait_for
 from tests.rollout_helpers import rollout_fleet, rollout_spec
 from tests.test_node_maintenance import record_history
-from tests.test_kube_rollout_activities import env, kube  # noqa: F401 (the `kube` fixture)
+from tests.test_kube_rollout_activities import env
 from tests.test_rollout import lab_ready, start
 
 BOTH_AT_ONCE = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
