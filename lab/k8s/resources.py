@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -42,6 +43,15 @@ class ResourceType:
     def group_resource(self) -> str:
         """`pods` or `deployments.apps`, as used in real error messages."""
         return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def served(self, obj: dict, version: str | None = None, shallow: bool = False) -> dict:
+        """The object as served at `version` (default: the storage version). `shallow` only where it is
+        serialized before the next await."""
+        o = dict(obj) if shallow else copy.deepcopy(obj)
+        v = version or self.version
+        o["apiVersion"] = f"{self.group}/{v}" if self.group else v
+        o["kind"] = self.kind
+        return o
 
 
 def _b(group, version, plural, kind, namespaced, **kw) -> ResourceType:
