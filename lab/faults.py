@@ -155,8 +155,9 @@ class AuditLog:
         return {"entries": out, "next": max(since, self.seq)}
 
 
-async def admin(request: web.Request, faults: FaultTable, audit: AuditLog) -> web.Response | None:
-    """The `/_lab/faults` and `/_lab/audit` routes; None for any other path. A refused fault raises FaultError."""
+async def admin(request: web.Request, faults: FaultTable, audit: AuditLog | None = None) -> web.Response | None:
+    """The `/_lab/faults` and (with `audit`) `/_lab/audit` routes; None for any other path. A refused fault raises
+    FaultError."""
     path, m = request.path.rstrip("/"), request.method
     if path == "/_lab/faults":
         if m == "POST":
@@ -170,6 +171,8 @@ async def admin(request: web.Request, faults: FaultTable, audit: AuditLog) -> we
             faults.clear()
             return web.json_response({"ok": True})
         return web.json_response({"faults": faults.faults})
+    if audit is None:
+        return None
     if path == "/_lab/audit/cursor" and m == "GET":
         return web.json_response({"next": audit.seq})
     if path == "/_lab/audit" and m == "GET":

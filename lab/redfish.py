@@ -48,7 +48,8 @@ immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout"}``; ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
 "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"},
-"count": 1}`` (count -1: until cleared), ``GET``/``DELETE /_lab/faults``;
+"count": 1, "skip": 0, "after": <fault id>}`` (count -1: until cleared; the fault front and audit log of
+lab/faults.py), ``GET``/``DELETE /_lab/faults``;
 ``GET /_lab/audit[?since=N&writes=1&server=S]`` (entries: seq, time, server, method, path, status (0: dropped),
 write, auth ("basic"|"session"|null), ``reset_type`` for resets, ``body`` for other writes but logins, ``fault``),
 ``GET /_lab/audit/cursor``; ``GET /_lab/healthz``.
@@ -62,7 +63,6 @@ import base64
 import binascii
 import json
 import logging
-import re
 import secrets
 import ssl
 import sys
@@ -74,7 +74,9 @@ from typing import Any
 
 from aiohttp import web
 
+from lab import faults as lab_faults
 from lab import tls as lab_tls
+from lab.faults import AuditLog, FaultFront, FaultTable, drop
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, announce_and_wait
 
@@ -625,10 +627,9 @@ class BmcLab:
                 raise ValueError(f"duplicate server name {spec['name']!r}")
             self.servers[spec["name"]] = Bmc(spec, self)
         self.by_port: dict[int, Bmc] = {}
-        self.faults: list[dict] = []
-        self.fault_seq = 0
-        self.audit: list[dict] = []
-        self.audit_seq = 0
+        self.faults = FaultTable(("server", "method", "path"))  # lab/faults.py
+        self.audit = AuditLog(200_000, filters=("server",))
+        self.front = FaultFront(self.audit.add, code_key="status")
         self.app = web.Application(client_max_size=1 << 20)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
@@ -650,31 +651,6 @@ class BmcLab:
             return None
         return "basic" if self.credentials_ok(user, password) else None
 
-    def _record(self, entry: dict) -> None:
-        self.audit_seq += 1
-        entry["seq"] = self.audit_seq
-        self.audit.append(entry)
-        if len(self.audit) > 200_000:
-            del self.audit[:50_000]
-
-    def _fault_for(self, server: str, method: str, path: str) -> dict | None:
-        for f in self.faults:
-            m = f["match"]
-            if f["remaining"] == 0 or (m.get("server") and m["server"] != server) \
-                    or (m.get("method") and m["method"].upper() != method) \
-                    or (m.get("path") and not re.search(m["path"], path)):
-                continue
-            if f["remaining"] > 0:
-                f["remaining"] -= 1
-            return f
-        return None
-
-    @staticmethod
-    def _abort(request: web.Request) -> web.StreamResponse:
-        if request.transport is not None:
-            request.transport.abort()
-        return web.Response(status=503)  # never sent: the connection is gone
-
     # ------------------------------------------------------------------ Redfish
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
@@ -692,52 +668,34 @@ class BmcLab:
             if left > 0:
                 if bmc.down_mode == "drop":
                     entry["status"] = 0
-                    self._record(entry)
-                    return self._abort(request)
+                    self.audit.add(entry)
+                    return drop(request)
                 err = RedfishError(503, "ServiceTemporarilyUnavailable", f"The service is temporarily unavailable. "
                                    f"Retry in {int(left) + 1} seconds.", "Wait for the indicated retry duration "
                                    "and retry the operation.", headers={"Retry-After": str(int(left) + 1)})
                 entry["status"] = 503
-                self._record(entry)
+                self.audit.add(entry)
                 return err.response()
             bmc.down_until = None
-        delay_after, drop_after = 0.0, False
-        fault = self._fault_for(bmc.name, method, path) if self.faults else None
-        if fault is not None:
-            action = fault["action"]
-            entry["fault"] = {"id": fault["id"], **action}
-            if "delay" in action:
-                await asyncio.sleep(float(action["delay"]))
-            elif "delayAfter" in action:
-                delay_after = float(action["delayAfter"])
-            elif action.get("drop") == "after":
-                drop_after = True
-            elif action.get("drop"):
-                entry["status"] = 0
-                self._record(entry)
-                return self._abort(request)
-            elif "status" in action:
-                status = int(action["status"])
-                entry["status"] = status
-                self._record(entry)
-                return RedfishError(status, "InternalError" if status >= 500 else "GeneralError",
-                                    action.get("message") or "Injected fault.").response()
-        if self.config["request_delay"]:
-            await asyncio.sleep(float(self.config["request_delay"]))
-        try:
-            resp = await self._redfish(bmc, request, method, norm, entry)
-        except RedfishError as e:
-            resp = e.response()
-        except Exception as e:  # an emulator bug: still answer in the Redfish shape
-            log.exception("internal error on %s %s", method, path)
-            resp = RedfishError(500, "InternalError", f"{type(e).__name__}: {e}").response()
-        entry["status"] = resp.status
-        self._record(entry)
-        if drop_after:
-            return self._abort(request)
-        if delay_after:
-            await asyncio.sleep(delay_after)
-        return resp
+        fault = self.faults.match({"server": bmc.name, "method": method, "path": path})
+
+        async def serve() -> web.Response:
+            if self.config["request_delay"]:
+                await asyncio.sleep(float(self.config["request_delay"]))
+            try:
+                return await self._redfish(bmc, request, method, norm, entry)
+            except RedfishError as e:
+                return e.response()
+            except Exception as e:  # an emulator bug: still answer in the Redfish shape
+                log.exception("internal error on %s %s", method, path)
+                return RedfishError(500, "InternalError", f"{type(e).__name__}: {e}").response()
+
+        def refuse(f: dict) -> web.Response:
+            status = int(f["action"]["status"])
+            return RedfishError(status, "InternalError" if status >= 500 else "GeneralError",
+                                f["action"].get("message") or "Injected fault.").response()
+
+        return await self.front.handle(request, entry, fault, serve, refuse)
 
     async def _redfish(self, bmc: Bmc, request: web.Request, method: str, path: str, entry: dict) -> web.Response:
         if not (path == "/redfish" or path == ROOT or path.startswith(ROOT + "/")):
@@ -784,6 +742,9 @@ class BmcLab:
         p = path.split("/")[2:] if path.startswith("/_lab/") else None
         body = await request.json() if request.can_read_body else {}
         ok = web.json_response({"ok": True})
+        served = await lab_faults.admin(request, self.faults, self.audit)
+        if served is not None:
+            return served
         if p == ["healthz"]:
             return ok
         if p == ["reset"] and m == "POST":
@@ -801,26 +762,6 @@ class BmcLab:
                     raise ValueError(f"{k} must be a number >= 0")
                 self.config[k] = v
             return web.json_response(self.config)
-        if p == ["faults"]:
-            if m == "GET":
-                return web.json_response({"faults": self.faults})
-            if m == "DELETE":
-                self.faults.clear()
-                return ok
-            if m == "POST":
-                self.fault_seq += 1
-                self.faults.append({"id": self.fault_seq, "match": dict(body.get("match") or {}),
-                                    "action": dict(body["action"]), "remaining": int(body.get("count", 1))})
-                return web.json_response({"id": self.fault_seq})
-        if p == ["audit", "cursor"] and m == "GET":
-            return web.json_response({"next": self.audit_seq})
-        if p == ["audit"] and m == "GET":
-            q = request.query
-            since, server = int(q.get("since", 0)), q.get("server")
-            writes = q.get("writes") in ("1", "true")
-            entries = [e for e in self.audit if e["seq"] > since and (e["write"] or not writes)
-                       and (server is None or e["server"] == server)]
-            return web.json_response({"entries": entries, "next": self.audit_seq})
         if p and p[0] == "servers":
             return self._admin_server(m, p[1:], body, request.query)
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)

@@ -57,10 +57,10 @@ given keys, a new ``version`` first resets the knobs to that profile); ``POST /_
 {"method", "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop":
 "before"|"after"}, "count": 1, "after": <fault id>, "skip": 0}`` (``after``: armed only once that fault was
 served, so a test places a fault by the audit order, e.g. on the read that follows a lost write; ``skip``: that many
-matching requests pass first), ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET
-/_lab/audit/cursor``. ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed
-meanwhile). `fleet_seed` builds the seed of a fleet, with the posture Millwright requires (README
-"InfiniBand isolation (UFM)").
+matching requests pass first; lab/faults.py, the front the lab's emulators share), ``GET``/``DELETE
+/_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET /_lab/audit/cursor``. ``delayAfter`` carries the
+write out, logs it, then holds the answer (a worker can be killed meanwhile). `fleet_seed` builds the seed of a
+fleet, with the posture Millwright requires (README "InfiniBand isolation (UFM)").
 
 ``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included; ``--tls-client-ca
 F`` also requires a client certificate issued by that CA (UFM's ``client_cert_authentication``).
@@ -85,7 +85,9 @@ from typing import Any
 
 from aiohttp import web
 
+from lab import faults as lab_faults
 from lab import tls as lab_tls
+from lab.faults import AuditLog, FaultFront, FaultTable
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, serve_app
 
@@ -314,10 +316,9 @@ class UfmServer:
         self.version = version
         self.client_cert_sans: list[dict] = []
         self.configure(dict(self._startup))
-        self.faults: list[dict] = []
-        self.fault_seq = 0
-        self.audit: list[dict] = []
-        self.audit_seq = 0
+        self.faults = FaultTable(("method", "path"))  # lab/faults.py
+        self.audit = AuditLog(50_000)
+        self.front = FaultFront(self.audit.add)
         # Long request lines must reach `dispatch`, which answers 414 as UFM's Apache front does (aiohttp's own
         # limit, 8190, would answer 400 first).
         self.app = web.Application(handler_args={"max_line_size": 1 << 20, "max_field_size": 1 << 16},
@@ -374,32 +375,6 @@ class UfmServer:
         names = set(lab_tls.peer_names(peer))
         return next((s["user"] for s in self.client_cert_sans if s["san"] in names), None)
 
-    def _match_fault(self, method: str, path: str) -> dict | None:
-        served = {f["id"]: f["served"] for f in self.faults}
-        for f in self.faults:
-            if f["remaining"] == 0 or (f["after"] is not None and not served.get(f["after"])):
-                continue
-            m = f["match"]
-            if m.get("method") and m["method"].upper() != method:
-                continue
-            if m.get("path") and not re.search(m["path"], path):
-                continue
-            if f["skip"] > 0:
-                f["skip"] -= 1
-                continue
-            if f["remaining"] > 0:
-                f["remaining"] -= 1
-            f["served"] += 1
-            return f
-        return None
-
-    def _audit(self, entry: dict) -> None:
-        self.audit_seq += 1
-        entry["seq"] = self.audit_seq
-        self.audit.append(entry)
-        if len(self.audit) > 50_000:
-            del self.audit[:10_000]
-
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
         if path.startswith("/_lab"):
@@ -414,7 +389,7 @@ class UfmServer:
         line = len(f"{method} {request.raw_path} HTTP/{request.version.major}.{request.version.minor}")
         if line > self.profile.max_request_line:
             entry.update(code=414, requestLine=line)
-            self._audit(entry)
+            self.audit.add(entry)
             return web.Response(status=414, text=_APACHE_414, content_type="text/html")
         body: Any = None
         if write and request.can_read_body:
@@ -426,56 +401,33 @@ class UfmServer:
         parts = [p for p in path.split("/") if p]
         if not parts or parts[0] not in ("ufmRest", "ufmRestV3"):
             entry["code"] = 404
-            self._audit(entry)
+            self.audit.add(entry)
             return web.json_response({"error": "Not Found"}, status=404)
         if not self._authorized(request, parts[0]):
             entry["code"] = 401
-            self._audit(entry)
+            self.audit.add(entry)
             return web.Response(status=401, text="Unauthorized", headers={"WWW-Authenticate": 'Basic realm="UFM"'})
-        fault = self._match_fault(method, path)
-        delay_after = 0.0
-        drop_after = False
-        if fault:
-            action = fault["action"]
-            entry["fault"] = {"id": fault["id"], **action}
-            if "delay" in action:
-                await asyncio.sleep(float(action["delay"]))
-            elif "delayAfter" in action:
-                delay_after = float(action["delayAfter"])
-            elif action.get("drop") == "before":
-                entry["code"] = 0
-                self._audit(entry)
-                return self._drop(request)
-            elif action.get("drop") == "after":
-                drop_after = True
-            elif "status" in action:
-                entry["code"] = int(action["status"])
-                self._audit(entry)
-                return web.json_response({"error": action.get("message") or "injected fault"},
-                                         status=int(action["status"]))
-        try:
-            if body == "<invalid json>":
-                raise UfmError(400, "Invalid JSON in request body")
-            status, payload = self.handle(method, parts[1:], dict(request.query), body)
-        except UfmError as e:
-            status, payload = e.status, {"error": e.message}
-        except Exception as e:  # an emulator bug: still answer
-            log.exception("internal error on %s %s", method, path)
-            status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
-        entry["code"] = status
-        self._audit(entry)
-        if drop_after:
-            return self._drop(request)
-        if delay_after:
-            await asyncio.sleep(delay_after)
-        if write and status == 200 and self.profile.write_answer == "text":
-            return web.Response(status=200, text="OK", content_type="text/plain")
-        return web.json_response(payload, status=status)
+        fault = self.faults.match({"method": method, "path": path})
 
-    def _drop(self, request: web.Request) -> web.StreamResponse:
-        if request.transport is not None:
-            request.transport.abort()
-        raise ConnectionResetError("lab fault: connection dropped")
+        async def serve() -> web.Response:
+            try:
+                if body == "<invalid json>":
+                    raise UfmError(400, "Invalid JSON in request body")
+                status, payload = self.handle(method, parts[1:], dict(request.query), body)
+            except UfmError as e:
+                status, payload = e.status, {"error": e.message}
+            except Exception as e:  # an emulator bug: still answer
+                log.exception("internal error on %s %s", method, path)
+                status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
+            if write and status == 200 and self.profile.write_answer == "text":
+                return web.Response(status=200, text="OK", content_type="text/plain")
+            return web.json_response(payload, status=status)
+
+        def refuse(f: dict) -> web.Response:
+            return web.json_response({"error": f["action"].get("message") or "injected fault"},
+                                     status=int(f["action"]["status"]))
+
+        return await self.front.handle(request, entry, fault, serve, refuse)
 
     # ------------------------------------------------------------------ UFM resources
     def handle(self, method: str, parts: list[str], query: dict, body: Any) -> tuple[int, Any]:
@@ -643,6 +595,9 @@ class UfmServer:
     # ------------------------------------------------------------------ lab admin
     async def admin(self, request: web.Request, path: str) -> web.Response:
         m = request.method
+        served = await lab_faults.admin(request, self.faults, self.audit)
+        if served is not None:
+            return served
         if path == "/_lab/reset" and m == "POST":
             self.fabric.clear()
             self.configure(dict(self._startup))
@@ -660,30 +615,6 @@ class UfmServer:
                 return web.json_response(self.config())
             if m == "POST":
                 return web.json_response(self.configure(await request.json()))
-        if path == "/_lab/faults":
-            if m == "GET":
-                return web.json_response({"faults": self.faults})
-            if m == "DELETE":
-                self.faults.clear()
-                return web.json_response({"ok": True})
-            if m == "POST":
-                b = await request.json()
-                after = b.get("after")
-                if after is not None and not any(f["id"] == int(after) for f in self.faults):
-                    raise ValueError(f"after: no fault {after}")
-                self.fault_seq += 1
-                self.faults.append({"id": self.fault_seq, "match": dict(b.get("match") or {}),
-                                    "action": dict(b["action"]), "remaining": int(b.get("count", 1)),
-                                    "after": None if after is None else int(after), "skip": int(b.get("skip", 0)),
-                                    "served": 0})
-                return web.json_response({"id": self.fault_seq})
-        if path == "/_lab/audit/cursor" and m == "GET":
-            return web.json_response({"next": self.audit_seq})
-        if path == "/_lab/audit" and m == "GET":
-            since = int(request.query.get("since", 0))
-            writes = request.query.get("writes") in ("1", "true")
-            entries = [e for e in self.audit if e["seq"] > since and (e["write"] or not writes)]
-            return web.json_response({"entries": entries, "next": self.audit_seq})
         if path == "/_lab/healthz":
             return web.json_response({"ok": True})
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
