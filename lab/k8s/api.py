@@ -16,13 +16,13 @@ from aiohttp import web
 
 from lab.faults import FaultFront
 
-from . import apply, fieldvalidation, labadmin, managedfields, openapi, schemas, tables
+from . import apply, eviction, fieldvalidation, labadmin, managedfields, openapi, schemas, tables
 from .crds import admit
 from .defaults import default_job, prepare_create
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
-from .store import CRDS, JOBS, NAMESPACES, PDBS, PODS, Store, is_pod_ready
+from .store import CRDS, JOBS, NAMESPACES, PODS, Store
 from .util import JSON_CT, REASONS, ApiError, diff, err_resp, jresp, now_rfc3339, random_suffix, status_body, truthy
 
 log = logging.getLogger("lab.k8s")
@@ -32,7 +32,6 @@ VERSION_INFO = {
     "gitTreeState": "clean", "buildDate": "2025-04-22T00:00:00Z", "goVersion": "go1.23.6", "compiler": "gc",
     "platform": "linux/amd64",
 }
-EVICTION_RETRY_STEPS = 20  # EvictionsRetry in eviction.go: a budget write that conflicts is tried 20 times
 KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json", "application/apply-patch+yaml")
 
@@ -226,7 +225,7 @@ class Api:
             if verb != "create":
                 raise ApiError(405, "the server does not allow this method on the requested resource",
                                "MethodNotAllowed")
-            return await self.evict(request, info, rt)
+            return await eviction.evict(self, request, info, rt)  # lab/k8s/eviction.py
         if verb == "list":
             return await self.list(request, info, rt)
         if verb == "watch":
@@ -809,135 +808,3 @@ class Api:
             request["audit"]["changes"] = [{"path": ".", "old": f"{len(victims)} objects", "new": None}]
         return jresp({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                       "details": {"kind": rt.plural, **({"group": rt.group} if rt.group else {})}})
-
-    # ------------------------------------------------------------------ eviction
-    async def evict(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
-        """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
-        body = await self.body_json(request) or {}
-        entry = request["audit"]
-        ev: dict[str, Any] = {"pdb": None, "disruptionsAllowedBefore": None, "currentHealthyBefore": None,
-                              "desiredHealthy": None, "outcome": None}
-        entry["eviction"] = ev
-        name = ((body.get("metadata") or {}).get("name")) or ""
-        if name and name != info.name:
-            ev["outcome"] = "bad-request"
-            raise ApiError(400, "name in URL does not match name in Eviction object", "BadRequest")
-        opts = dict(body.get("deleteOptions") or {})
-        dry = "All" in (opts.get("dryRun") or []) or self._query_dry_run(request)
-        store = self.store
-        pdb_rt = store.registry.types[PDBS]
-        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
-        async with store.lock:
-            try:  # the NamespaceLifecycle admission, before the handler: no new content in a terminating namespace
-                self._check_namespace(rt, info.namespace, info.name)
-            except ApiError:
-                ev["outcome"] = "namespace-refused"
-                raise
-            pod = store.get(rt, info.namespace, info.name)
-            if pod is None:
-                ev["outcome"] = "not-found"
-                raise store.not_found(rt, info.name)
-            phase = (pod.get("status") or {}).get("phase")
-            deleting = bool(pod["metadata"].get("deletionTimestamp"))
-
-            def do_delete(outcome: str) -> web.Response:
-                # The delete options' preconditions are checked by the delete itself, after any budget
-                # was taken: a failed precondition is a 409 that has still used up a disruption.
-                try:
-                    self.check_preconditions(rt, pod, opts)
-                except ApiError:
-                    ev["outcome"] = "precondition-failed"
-                    raise
-                ev["outcome"] = outcome
-                if not dry:
-                    before = copy.deepcopy(pod)
-                    after = self.delete_object(rt, pod, opts)
-                    entry["changes"] = diff(before, after if store.get(rt, info.namespace, info.name) else None)
-                return jresp(success, 201)
-
-            if phase in ("Pending", "Succeeded", "Failed") or not phase or deleting:
-                return do_delete("deleted-without-pdb-check")
-            pdbs = store.pdbs_for_pod(pod)
-            if not pdbs:
-                return do_delete("evicted-no-pdb")
-            if len(pdbs) > 1:
-                ev["pdb"] = ",".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pdbs)
-                ev["outcome"] = "multiple-pdbs"
-                # Returned as the handler's result, not raised: a bare Status, no reason, the message as is.
-                raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
-                               "subresource does not support.", "")
-            pdb = pdbs[0]
-            pmd, pst = pdb["metadata"], pdb.get("status") or {}
-            live = store.pdb_math(pdb)
-            ev.update({"pdb": f"{pmd['namespace']}/{pmd['name']}",
-                       "disruptionsAllowedBefore": pst.get("disruptionsAllowed", 0),
-                       "currentHealthyBefore": live["currentHealthy"], "desiredHealthy": live["desiredHealthy"]})
-            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
-            if not is_pod_ready(pod):
-                if policy == "AlwaysAllow":
-                    return do_delete("evicted-unhealthy")
-                if pst.get("currentHealthy", 0) >= pst.get("desiredHealthy", 0) > 0:
-                    return do_delete("evicted-unhealthy")
-            too_many = "Cannot evict pod as it would violate the pod's disruption budget."
-            if pst.get("observedGeneration", 0) < pmd.get("generation", 1):
-                ev["outcome"] = "blocked-stale-pdb"
-                raise ApiError(429, too_many, "TooManyRequests", {"retryAfterSeconds": 10, "causes": [
-                    {"reason": "DisruptionBudget",
-                     "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]},
-                    {"Retry-After": "10"})
-            allowed = int(pst.get("disruptionsAllowed", 0))
-            if allowed < 0:
-                ev["outcome"] = "forbidden-negative-budget"
-                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: pdb disruptions '
-                               'allowed is negative', "Forbidden",
-                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
-            if len(pst.get("disruptedPods") or {}) > 2000:
-                ev["outcome"] = "forbidden-too-many-disrupted"
-                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: DisruptedPods map '
-                               'too big - too many evictions not confirmed by PDB controller', "Forbidden",
-                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
-            if allowed == 0:
-                ev["outcome"] = "blocked"
-                raise ApiError(429, too_many, "TooManyRequests", {"causes": [
-                    {"reason": "DisruptionBudget",
-                     "message": f"The disruption budget {pmd['name']} needs {pst.get('desiredHealthy', 0)} healthy "
-                                f"pods and has {pst.get('currentHealthy', 0)} currently"}]})
-            if dry:
-                ev["outcome"] = "evicted"
-                return jresp(success, 201)
-            self._budget_status_write(request, pdb, ev)
-            new_pdb = copy.deepcopy(pdb)
-            ns_ = new_pdb.setdefault("status", {})
-            ns_["disruptionsAllowed"] = allowed - 1
-            ns_.setdefault("disruptedPods", {})[info.name] = now_rfc3339()
-            store.side[f"disrupted/{pod['metadata'].get('uid')}"] = time.time()
-            store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
-            return do_delete("evicted")
-
-    def _budget_status_write(self, request: web.Request, pdb: dict, ev: dict) -> None:
-        """Before the budget is decremented: the API server writes it through its own loopback client
-        (`UpdateStatus`), so a status fault on `update poddisruptionbudgets/status` answers that internal
-        call. A Conflict is retried (the real server waits 500 ms between tries; here nothing else can
-        change the budget meanwhile); after 20 the eviction fails with that Conflict, nothing written,
-        the pod untouched. Any other error is the eviction's answer as it is. Lock held."""
-        pmd = pdb["metadata"]
-        internal = Info()
-        internal.kind, internal.verb, internal.group, internal.version = "resource", "update", "policy", "v1"
-        internal.resource, internal.subresource = "poddisruptionbudgets", "status"
-        internal.namespace, internal.name = pmd["namespace"], pmd["name"]
-        for _ in range(EVICTION_RETRY_STEPS):
-            fault = self.store.faults.match(internal.as_dict(), status_only=True)
-            if fault is None:
-                return
-            code = int(fault["action"]["status"])
-            ev["budgetWriteFaults"] = ev.get("budgetWriteFaults", 0) + 1
-            self.store.audit_add({"time": time.time(), **internal.as_dict(), "write": True, "code": code,
-                                  "userAgent": "lab-apiserver/eviction", "fault": {"id": fault["id"], **fault["action"]},
-                                  "path": f"(internal, for {request.path})"})
-            if code == 409:
-                continue
-            ev["outcome"] = "budget-write-failed"
-            raise ApiError(code, fault["action"].get("message") or f"injected fault: {REASONS.get(code, code)}",
-                           fault["action"].get("reason"))
-        ev["outcome"] = "budget-write-conflict"
-        raise self.store.conflict(self.store.registry.types[PDBS], pmd["name"])
