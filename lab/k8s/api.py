@@ -1,5 +1,10 @@
-"""HTTP layer: Kubernetes REST paths, discovery, verbs and eviction, behind the lab's fault front and audit log
-(lab/faults.py); the /_lab admin API is lab/k8s/labadmin.py."""
+"""HTTP layer: Kubernetes REST paths, discovery and verbs, behind the lab's fault front and audit log
+(lab/faults.py); the /_lab admin API is lab/k8s/labadmin.py.
+
+One module (about 800 lines): routing and the REST verbs (list, watch, create, update, patch, delete), which share
+the request helpers, the namespace and field checks and the write tail (`_finish_update`); what stands on its own
+is elsewhere: server-side apply (apply.py), eviction (eviction.py), Table output (tables.py), defaulting
+(defaults.py), the admin API (labadmin.py), the simulated controllers (controllers/)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from . import apply, eviction, fieldvalidation, labadmin, managedfields, openapi
 from .crds import admit
 from .defaults import default_job, prepare_create
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from .resources import ResourceType
+from .resources import Info, ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
 from .store import CRDS, JOBS, NAMESPACES, PODS, Store
 from .util import JSON_CT, REASONS, ApiError, diff, err_resp, jresp, now_rfc3339, random_suffix, status_body, truthy
@@ -34,25 +39,6 @@ VERSION_INFO = {
 }
 KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json", "application/apply-patch+yaml")
-
-
-class Info:
-    """What a request addresses (used for routing, fault matching and the audit log)."""
-
-    def __init__(self) -> None:
-        self.kind = "other"  # discovery | resource | other
-        self.verb = ""
-        self.group = ""
-        self.version = ""
-        self.resource = ""
-        self.subresource = ""
-        self.namespace = ""
-        self.name = ""
-        self.rt: ResourceType | None = None
-
-    def as_dict(self) -> dict:
-        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
-                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
 
 
 class Api:

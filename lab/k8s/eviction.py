@@ -7,21 +7,34 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from .resources import ResourceType
+from .resources import Info, ResourceType
 from .store import PDBS, Store, is_pod_ready
 from .util import REASONS, ApiError, diff, jresp, now_rfc3339
-
-if TYPE_CHECKING:
-    from .api import Api, Info
 
 EVICTION_RETRY_STEPS = 20  # EvictionsRetry in eviction.go: a budget write that conflicts is tried 20 times
 
 
-async def evict(api: "Api", request: web.Request, info: "Info", rt: ResourceType) -> web.Response:
+class Verbs(Protocol):
+    """What an eviction asks of the API server (lab/k8s/api.py `Api`): the delete and the checks before it."""
+
+    store: Store
+
+    async def body_json(self, request: web.Request) -> Any: ...
+
+    def _query_dry_run(self, request: web.Request) -> bool: ...
+
+    def _check_namespace(self, rt: ResourceType, ns: str, name: str) -> None: ...
+
+    def check_preconditions(self, rt: ResourceType, obj: dict, opts: dict) -> None: ...
+
+    def delete_object(self, rt: ResourceType, obj: dict, opts: dict, actor: str | None = None) -> dict: ...
+
+
+async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
     """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
     body = await api.body_json(request) or {}
     entry = request["audit"]

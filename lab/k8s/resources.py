@@ -54,6 +54,25 @@ class ResourceType:
         return o
 
 
+class Info:
+    """What a request addresses (used for routing, fault matching and the audit log)."""
+
+    def __init__(self) -> None:
+        self.kind = "other"  # discovery | resource | other
+        self.verb = ""
+        self.group = ""
+        self.version = ""
+        self.resource = ""
+        self.subresource = ""
+        self.namespace = ""
+        self.name = ""
+        self.rt: ResourceType | None = None
+
+    def as_dict(self) -> dict:
+        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
+                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
+
+
 def _b(group, version, plural, kind, namespaced, **kw) -> ResourceType:
     return ResourceType(group, version, plural, kind, namespaced, **kw)
 

@@ -1,4 +1,7 @@
-"""The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math."""
+"""The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math.
+
+One module (about 600 lines): the indexes, the watch history, the timers and the PDB math all change on the same
+`put`/`remove` under the same lock, so they stay next to those two writes."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from .util import ApiError, diff, now_rfc3339
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DISRUPTED_POD_TIMEOUT_S = 120.0
 AUDIT_MAX = 200_000
-FAULT_MATCH_KEYS = ("verb", "group", "version", "resource", "subresource", "namespace", "name")  # api.Info's facts
+FAULT_MATCH_KEYS = ("verb", "group", "version", "resource", "subresource", "namespace", "name")  # resources.Info's facts
 
 PODS = ("", "pods")
 PDBS = ("policy", "poddisruptionbudgets")
