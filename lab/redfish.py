@@ -409,9 +409,6 @@ class BmcAdmin(AdminClient):
         """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout."""
         return await self._req("PUT", "/_lab/config", json=changes)
 
-    async def faults(self) -> list[dict]:
-        return (await self._req("GET", "/_lab/faults"))["faults"]
-
     async def server_audit(self, name: str, since: int = 0, writes: bool = False) -> list[dict]:
         params = {"since": since, "server": name, **({"writes": 1} if writes else {})}
         return (await self._req("GET", "/_lab/audit", params=params))["entries"]

@@ -495,13 +495,6 @@ class UfmAdmin(AdminClient):
     async def state(self) -> dict:
         return await self._req("GET", "/_lab/state")
 
-    async def add_fault(self, match: dict, action: dict, count: int = 1, *, after: int | None = None,
-                        skip: int = 0) -> int:
-        """The next `count` requests matching `match` get `action`; with `after` (a fault's id), only requests
-        that come once that fault was served, and after `skip` matching ones are let through."""
-        body = {"match": match, "action": action, "count": count, "after": after, "skip": skip}
-        return (await self._req("POST", "/_lab/faults", json=body))["id"]
-
     async def configure(self, **knobs: Any) -> dict:
         """``configure(version="6.19")``, ``configure(missing_pkey="empty")``: see the module docstring."""
         return await self._req("POST", "/_lab/config", json=knobs)
