@@ -21,6 +21,10 @@ from Millwright's. `NetBoxLab.start()`:
 ``on_stage`` hears each step ("migrating its database: 120/336 migrations ..."). For the lab,
 `NetBoxGate` answers on NetBox's address while it starts, and `seed_inventory` puts the lab's
 inventory in. Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
+
+One module (about 800 lines): the steps above are one start-up sequence over one state directory, and
+`NetBoxGate` is the front of that same start-up (it answers until `NetBoxLab` is ready), so splitting them would
+only spread one lifecycle over files.
 """
 
 from __future__ import annotations

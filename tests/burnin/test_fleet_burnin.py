@@ -9,7 +9,7 @@ import uuid
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from lab.redfish import DEFAULT_FIRMWARE
+from lab.bmc import DEFAULT_FIRMWARE
 from tests.test_node_maintenance import record_history
 from workflows.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
 
