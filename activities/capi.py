@@ -370,8 +370,8 @@ async def _request(api: k8s.ApiClient, method: str, path: str, doing: str, *, bo
         return json.loads(data) if data else {}
     if resp.status == 404 and missing_ok:
         return None
-    err = ApiException(http_resp=resp)
-    raise api_error(err, doing) from err
+    failure = ApiException(http_resp=resp)
+    raise api_error(failure, doing) from failure
 
 
 # ---------------------------------------------------------------- activities

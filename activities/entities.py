@@ -14,6 +14,8 @@ activities do it with the Temporal client the worker already holds (``activity.c
   timeout. Signals are not limited the way updates are (10 in flight, 2,000 per run).
 - ``closed_workflows``: which of these workflow IDs have no running execution (the liveness check an
   entity runs on the holders of what it hands out).
+- ``query_running``: one query of a workflow's running execution; None when none runs (an entity that closed,
+  or never ran, has nothing to say: the disruption budget's circuit breaker, for one, is closed then).
 - ``previous_result``: the result of the run of a workflow ID that closed before this one started (an
   entity that closes when idle hands its settings to the next run this way).
 - ``workflow_outcome``: waits for a run another run of the caller started (a child carried across the
@@ -46,10 +48,17 @@ class EntityUpdate(StrictModel):
     keywords: dict[str, str] = Field(default_factory=dict, description="Keyword search attributes set at start.")
     refused_type: str = Field("EntityRefused", description="The error type when the update's validator refuses.")
     entity: str = Field("", description="How errors name the entity; its workflow ID when empty.")
+    priority_key: int | None = Field(None, ge=1, description="The entity's task priority when this starts it "
+                                     "(workflows/common/priorities.py); None: the server's default.")  # fmt: skip
 
 
 class WorkflowIds(StrictModel):
     ids: list[str]
+
+
+class WorkflowQuery(StrictModel):
+    workflow_id: str = Field(min_length=1)
+    query: str = Field(min_length=1)
 
 
 class EntityStart(StrictModel):
@@ -59,6 +68,14 @@ class EntityStart(StrictModel):
     start_input: dict[str, Any]
     task_queue: str = Field(min_length=1)
     keywords: dict[str, str] = Field(default_factory=dict, description="Keyword search attributes set at start.")
+    priority_key: int | None = Field(None, ge=1, description="The entity's task priority when this starts it "
+                                     "(workflows/common/priorities.py); None: the server's default.")  # fmt: skip
+
+
+def _priority(key: int | None) -> Any:
+    from temporalio.common import Priority
+
+    return Priority(priority_key=key) if key else Priority.default
 
 
 class WorkflowSignal(StrictModel):
@@ -128,9 +145,10 @@ async def update_with_start(call: EntityUpdate) -> Any:
     attributes = TypedSearchAttributes(
         [SearchAttributePair(SearchAttributeKey.for_keyword(k), v) for k, v in sorted(call.keywords.items())]
     )  # fmt: skip
-    start = WithStartWorkflowOperation(
+    start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
         call.workflow_type, call.start_input, id=call.workflow_id, task_queue=info.task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, search_attributes=attributes,
+        priority=_priority(call.priority_key),
     )  # fmt: skip
     # One ID per calling activity (stable across its retries): a retry attaches to the update it sent.
     update_id = f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
@@ -150,7 +168,7 @@ class EntityActivities:
 
     def activities(self) -> list[Callable]:
         return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result,
-                self.workflow_outcome]  # fmt: skip
+                self.workflow_outcome, self.query_running]  # fmt: skip
 
     @activity.defn
     async def update_entity(self, call: EntityUpdate) -> dict[str, Any]:
@@ -179,6 +197,7 @@ class EntityActivities:
             await client.start_workflow(
                 start.workflow_type, start.start_input, id=sig.workflow_id, task_queue=start.task_queue,
                 search_attributes=attributes, start_signal=sig.signal, start_signal_args=[sig.payload],
+                priority=_priority(start.priority_key),
             )  # fmt: skip
         return gone
 
@@ -201,6 +220,22 @@ class EntityActivities:
         if (await newest.describe()).status != WorkflowExecutionStatus.COMPLETED:
             return None
         return await newest.result(follow_runs=False)
+
+    @activity.defn
+    async def query_running(self, req: WorkflowQuery) -> dict[str, Any] | None:
+        """The answer of the running execution of ``req.workflow_id`` to ``req.query``; None when none runs."""
+        from temporalio.client import WorkflowExecutionStatus
+        from temporalio.service import RPCError, RPCStatusCode
+
+        handle = activity.client().get_workflow_handle(req.workflow_id, result_type=dict)
+        try:
+            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+                return None
+            return await handle.query(req.query, result_type=dict)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
 
     @activity.defn
     async def closed_workflows(self, req: WorkflowIds) -> list[str]:

@@ -57,7 +57,7 @@ API_VERSION_HEADER = "X-OpenStack-Ironic-API-Version"
 API_VERSION = "1.78"
 _REQUEST_TIMEOUT = 10.0
 
-# Provision states (ironic/common/states.py).
+# Provision states (Ironic's ironic/common/states.py).
 MANAGEABLE = "manageable"
 ENROLL = "enroll"
 CLEANING = "cleaning"
@@ -71,7 +71,7 @@ TRANSIENT_STATES = frozenset({
     "adopting", "rescuing", "rescue wait", "unrescuing", "servicing", "service wait", "unservicing",
 })  # fmt: skip
 
-# Interfaces that may carry clean steps (ironic/conductor/steps.py CLEANING_INTERFACE_PRIORITY).
+# Interfaces that may carry clean steps (Ironic's ironic/conductor/steps.py CLEANING_INTERFACE_PRIORITY).
 CleanInterface = Literal["deploy", "bios", "management", "power", "raid", "vendor", "firmware"]
 _STEP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NODE_IDENT = re.compile(r"^[^/\s]{1,255}$")
@@ -467,6 +467,7 @@ class IronicActivities:
                               timeout=self._config.timeout_seconds)  # fmt: skip
 
     async def _call(self, client: TrustingClient, method: str, path: str, doing: str, **kw: Any) -> Any:
+        assert self._config is not None  # the client came from _client(), which refuses a worker without one
         try:
             response = await client.request(method, path, **kw)
         except httpx.HTTPError as err:

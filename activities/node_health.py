@@ -10,6 +10,8 @@
 - `quarantine_node`: keep the node cordoned and mark it quarantined: an annotation with the reason
   (JSON) and a `NoSchedule` taint, so nothing lands on it even if someone uncordons it by mistake.
   Reads first, writes only what is missing, conditional on the node's resourceVersion.
+- `mark_remediated`: when a remediation ends, an annotation saying when, by whom and how it ended; the sweep's
+  per-node cooldown reads it (`NodeHealth.last_remediation`).
 
 Errors as in `activities.kube.errors`: what a retry cannot fix is non-retryable with a type; the rest is
 left to the workflow's retry policy.
@@ -39,6 +41,8 @@ from activities.models import StrictModel
 # Set by a remediation that gave up: why, by which workflow, when (JSON). Removed by an operator.
 QUARANTINE_ANNOTATION = "millwright.dev/quarantine"
 QUARANTINE_TAINT = "millwright.dev/quarantine"
+# Set by a remediation when it ends: {"at", "by", "outcome"} (JSON); the sweep's cooldown counts from `at`.
+LAST_REMEDIATION_ANNOTATION = "millwright.dev/last-remediation"
 # Taints are replaced as a whole list (a JSON merge patch), never merged, so removing one is exact.
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -48,6 +52,12 @@ class ConditionState(StrictModel):
     reason: str = ""
     message: str = ""
     since: datetime | None = Field(None, description="lastTransitionTime.")
+
+
+class LastRemediation(StrictModel):
+    at: datetime
+    by: str = Field("", description="The remediation's workflow ID.")
+    outcome: str = ""
 
 
 class NodeHealth(StrictModel):
@@ -61,6 +71,7 @@ class NodeHealth(StrictModel):
     labels: dict[str, str] = Field(default_factory=dict, description="Only the keys asked for.")
     quarantined: str | None = Field(None, description="The quarantine reason, when Millwright quarantined the node.")
     boot_id: str | None = None
+    last_remediation: LastRemediation | None = Field(None, description="How the node's last remediation ended.")
 
 
 class NodeHealthQuery(StrictModel):
@@ -119,6 +130,14 @@ class QuarantineRequest(StrictModel):
     reason: str = Field(min_length=1)
 
 
+class RemediatedMark(StrictModel):
+    cluster: str
+    node: str
+    owner: str = Field(description="The remediation's workflow ID.")
+    outcome: str = Field(min_length=1)
+    at: datetime = Field(description="When it ended (the workflow's clock, so a retry writes the same mark).")
+
+
 class QuarantineResult(StrictModel):
     changed: bool = Field(description="False when the node already was quarantined, cordoned and tainted.")
     cordoned_by: str | None = None
@@ -129,6 +148,16 @@ def _ts(value: str | None) -> datetime | None:
         return None
     try:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _last_remediation(value: str | None) -> LastRemediation | None:
+    """The annotation, or None when absent or unreadable (someone edited it: no cooldown rather than none ever)."""
+    if not value:
+        return None
+    try:
+        return LastRemediation.model_validate_json(value)
     except ValueError:
         return None
 
@@ -160,6 +189,7 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
         labels={k: labels[k] for k in label_keys if k in labels},
         quarantined=quarantined or None,
         boot_id=(status.get("nodeInfo") or {}).get("bootID") or None,
+        last_remediation=_last_remediation(annotations.get(LAST_REMEDIATION_ANNOTATION)),
     )
 
 
@@ -169,7 +199,7 @@ class NodeHealthActivities:
 
     def activities(self) -> list[Callable]:
         return [self.list_node_health, self.list_node_names, self.read_nodes_health, self.read_node_health,
-                self.quarantine_node, self.release_quarantine]  # fmt: skip
+                self.quarantine_node, self.release_quarantine, self.mark_remediated]  # fmt: skip
 
     @activity.defn
     async def list_node_health(self, req: NodeHealthQuery) -> NodeHealthPage:
@@ -295,3 +325,14 @@ class NodeHealthActivities:
                                     _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
         activity.logger.info("lifted the quarantine of node %s for %s: %s", req.node, req.owner, req.reason)
         return QuarantineResult(changed=True, cordoned_by=(meta.get("annotations") or {}).get(CORDONED_BY))
+
+    @activity.defn
+    async def mark_remediated(self, req: RemediatedMark) -> None:
+        """Annotate how the node's remediation ended (`millwright.dev/last-remediation`); one merge patch of the
+        annotation alone, the same on every retry."""
+        value = json.dumps({"at": req.at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "by": req.owner,
+                            "outcome": req.outcome}, separators=(",", ":"))  # fmt: skip
+        core = await self._clusters.core(req.cluster)
+        await api_call(f"marking node {req.node} remediated",
+                    core.patch_node(req.node, {"metadata": {"annotations": {LAST_REMEDIATION_ANNOTATION: value}}},
+                                    _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip

@@ -1,8 +1,8 @@
 """Redfish activities against servers' BMCs, through `sushy`.
 
 Every activity builds a fresh `sushy.Sushy` root and reads a fresh system object: sushy's
-``refresh()`` is unreliable (hardware.md §1.8) and a new object per attempt means a retry
-never acts on a stale view. sushy's own retries are turned down to one try so that
+``refresh()`` is unreliable (AttributeError once ``pcie_devices`` was read) and a new object per attempt
+means a retry never acts on a stale view. sushy's own retries are turned down to one try so that
 Temporal's retry policy owns retrying and every attempt is visible in the UI.
 
 Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets

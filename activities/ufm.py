@@ -34,7 +34,7 @@ after UFM applied it, a timeout, a 5xx from its front) and that reads back appli
 so the result says what this run changed; one answered with success that does not read back is retried
 (``UfmWriteNotApplied``).
 
-Authentication (README "InfiniBand isolation (UFM)"): ``MILLWRIGHT_UFM_CREDENTIALS``, a secret reference
+Authentication (docs/fabric.md): ``MILLWRIGHT_UFM_CREDENTIALS``, a secret reference
 (``env:NAME`` or ``file:/path``) resolved inside each attempt: ``user:password`` uses HTTP Basic on ``/ufmRest``,
 anything else is an access token sent as ``Authorization: Basic <token>`` on ``/ufmRestV3``; and/or a client
 certificate (``MILLWRIGHT_UFM_CLIENT_CERT`` and ``MILLWRIGHT_UFM_CLIENT_KEY``, secret references to the PEM
@@ -435,6 +435,7 @@ class UfmActivities:
                     parse: bool = True, timeout: float | None = None, **kw: Any) -> Any:  # fmt: skip
         """One request. A read's body must be JSON (`parse`); a write's is not looked at: the read back decides.
         The activity heartbeats first: each request is bounded by its timeout, so a live attempt is seen."""
+        assert self._config is not None  # the client came from _client(), which refuses a worker without one
         doing = f"{doing} at UFM {client.base_url}"  # the endpoint, for a run that shows why it waits
         activity.heartbeat(doing)
         try:
@@ -466,6 +467,7 @@ class UfmActivities:
                                    f"({kind})", type="UfmUnavailable") from None  # fmt: skip
 
     def _listing_timeout(self) -> float:
+        assert self._config is not None  # asked only by an activity that holds a client from _client()
         cap = self._config.max_listing_timeout_seconds
         if self._ports_seen is None:  # the fabric's size is not known yet
             return cap
@@ -723,7 +725,7 @@ class UfmActivities:
                 after = await self._write(
                     client, "POST", "/actions/remove_guids_from_pkey",
                     f"removing {len(chunk)} GUIDs from PKey {req.pkey}", req.pkey,
-                    lambda after, chunk=chunk: not any(g in after.members for g in chunk),
+                    lambda after, chunk=chunk: not any(g in after.members for g in chunk),  # type: ignore[misc]  # mypy infers no lambda with a default
                     json={"pkey": req.pkey, "guids": chunk},
                 )  # fmt: skip
                 result.pkey_deleted = not after.exists

@@ -30,10 +30,11 @@ from pathlib import Path
 import yaml
 
 from bench.common import dev_server, history_lengths
+from lab.bmc import DEFAULT_FIRMWARE
 from lab.hosts import LabHosts
 from lab.k8s.admin import kubeconfig
 from lab.loopback import write_secret_file
-from lab.redfish import DEFAULT_FIRMWARE, BmcAdmin, LabBmcs
+from lab.redfish import BmcAdmin, LabBmcs
 from worker import registry
 from worker.config import WorkerSettings
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput

@@ -157,7 +157,7 @@ class Fleet(_M):
             CF_FIRMWARE_BASELINE,
             CF_GPU_MODEL,
         )
-        from lab.redfish import normalize_spec
+        from lab.bmc import normalize_spec
 
         ports = self.ib_ports()
         specs = {s["name"]: normalize_spec(s) for s in self.bmc_servers()}

@@ -105,9 +105,17 @@ class AdminClient:
     async def reset(self) -> dict:
         return await self._req("POST", "/_lab/reset")
 
-    async def add_fault(self, match: dict, action: dict, count: int = 1) -> int:
-        """The next `count` requests matching `match` get `action` (a status, a delay, a dropped connection)."""
-        return (await self._req("POST", "/_lab/faults", json={"match": match, "action": action, "count": count}))["id"]
+    async def add_fault(self, match: dict, action: dict, count: int = 1, skip: int = 0, *,
+                        after: int | None = None) -> int:  # fmt: skip
+        """The next `count` requests matching `match` get `action` (a status, a delay, a dropped connection), once
+        `skip` matching ones went through and, with `after` (a fault's id), only once that fault was served
+        (lab/faults.py)."""
+        body = {"match": match, "action": action, "count": count, "skip": skip, "after": after}
+        return (await self._req("POST", "/_lab/faults", json=body))["id"]
+
+    async def faults(self) -> list[dict]:
+        """The armed faults, with what is left of each (`remaining`, `skip`) and how often it was `served`."""
+        return (await self._req("GET", "/_lab/faults"))["faults"]
 
     async def clear_faults(self) -> None:
         await self._req("DELETE", "/_lab/faults")

@@ -21,6 +21,10 @@ from Millwright's. `NetBoxLab.start()`:
 ``on_stage`` hears each step ("migrating its database: 120/336 migrations ..."). For the lab,
 `NetBoxGate` answers on NetBox's address while it starts, and `seed_inventory` puts the lab's
 inventory in. Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
+
+One module (about 800 lines): the steps above are one start-up sequence over one state directory, and
+`NetBoxGate` is the front of that same start-up (it answers until `NetBoxLab` is ready), so splitting them would
+only spread one lifecycle over files.
 """
 
 from __future__ import annotations
@@ -198,6 +202,7 @@ class NetBoxLab:
     on_stage: Callable[[str], None] | None = None  # told each step of the start, e.g. "migrating: 120/412"
     stage: str = "not started"
     timings: dict[str, float] = field(default_factory=dict)
+    serve: bool = True  # False: prepare the venv and the database (migrating once, cached), then stop
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _pgdata_tmp: Path | None = None
     _stopped: bool = False  # stop() from another thread: what start() would spawn next is not started
@@ -237,6 +242,8 @@ class NetBoxLab:
             venv = ensure_venv(python)
             version = installed_version(venv)
             self.timings["venv"] = time.monotonic() - t
+            if not self.serve and self.dump_path(version).is_file():
+                return self  # the cache is warm already
             taken: set[int] = set()
             pg_port = free_port(avoid=taken)
             taken.add(pg_port)
@@ -260,6 +267,9 @@ class NetBoxLab:
                 self._migrate(venv, env, version, fresh=False)
             migrated_for.write_text(version + "\n")
             self.timings["database"] = time.monotonic() - t
+            if not self.serve:
+                self.stop()
+                return self
 
             t = time.monotonic()
             self.url = f"http://{LOOPBACK}:{http_port}"
@@ -745,6 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="HTTP port (0 = any free port)")
     parser.add_argument("--fresh", action="store_true", help="Start from a freshly restored database.")
     parser.add_argument("--check", action="store_true", help="Only say whether NetBox can run here.")
+    parser.add_argument("--warm", action="store_true", help="Only build the cached venv and migrated database that "
+                        "later starts restore from (minutes, once), then exit.")  # fmt: skip
     args = parser.parse_args(argv)
     if args.check:
         try:
@@ -754,9 +766,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print("NetBox can run here")
         return 0
-    lab = NetBoxLab(args.state_dir, port=args.port, keep_data=not args.fresh)
+    lab = NetBoxLab(args.state_dir, port=args.port, keep_data=not args.fresh and not args.warm, serve=not args.warm)
     try:
         lab.start()
+        if args.warm:
+            print(f"NetBox cache ready ({', '.join(f'{k} {v:.1f}s' for k, v in lab.timings.items())})", flush=True)
+            return 0
     except NetBoxUnavailable as err:
         print(err, file=sys.stderr)
         return 1

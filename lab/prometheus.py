@@ -8,10 +8,16 @@
   (``value`` may also be the real ``[ts, "1"]`` pair);
 * ``POST /_lab/series {"query": "...", "error": "...", "errorType": "bad_data", "status": 400}`` — an error;
 * ``DELETE /_lab/series`` forgets everything; ``GET /_lab/series`` lists what is set;
-  ``GET /_lab/requests`` lists the queries asked (newest last).
+  ``GET /_lab/requests`` lists the queries asked (newest last);
+* ``POST /_lab/samples {"samples": [{"metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": "n1",
+  "gpu": "0"}, "value": 79}, ...]}`` — raw series (what dcgm-exporter would export, as scraped), replacing any
+  with the same labels (``"value": null`` drops one); ``DELETE /_lab/samples`` forgets them.
 
-Queries match by exact string. An unknown query answers an empty vector; an empty one is
-``bad_data`` 400, as the real server answers.
+A query set with ``/_lab/series`` answers by exact string. Any other query that is one vector selector
+(``name{l="v", l!="v", l=~"re", l!~"re"}``, or ``{__name__=~"a|b", ...}``), optionally compared with a number
+(``> 0``, ``!= 0``, ...), is evaluated over the raw series as Prometheus would: regexes fully anchored, a missing
+label matching as the empty string, the metric name kept. Anything else answers an empty vector; an empty query
+is ``bad_data`` 400, as the real server answers.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
+import re
 import sys
 import time
 from collections import deque
@@ -42,6 +50,52 @@ def _sample(value: Any, ts: float) -> list:
     return [ts, _fmt(value)]
 
 
+_SELECTOR = re.compile(r'^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(?P<matchers>.*)\})?\s*'
+                       r'(?:(?P<op>==|!=|>=|<=|>|<)\s*(?P<number>[-+]?[0-9.eE+-]+))?\s*$', re.S)
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)', re.S)
+_COMPARE = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt, ">=": operator.ge,
+            "<=": operator.le}  # fmt: skip
+
+
+def _unquote(text: str) -> str:
+    return re.sub(r'\\(.)', lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
+
+
+def parse_selector(query: str) -> tuple[list[tuple[str, str, str]], tuple[str, float] | None] | None:
+    """(matchers, comparison) of a query that is one vector selector, optionally compared with a number; else None.
+    A matcher's regex that does not compile raises re.error."""
+    m = _SELECTOR.match(query)
+    if m is None or (not m.group("name") and m.group("matchers") is None):
+        return None
+    matchers: list[tuple[str, str, str]] = [("__name__", "=", m.group("name"))] if m.group("name") else []
+    body, pos = (m.group("matchers") or "").strip(), 0
+    while pos < len(body):
+        mm = _MATCHER.match(body, pos)
+        if mm is None:
+            return None
+        matchers.append((mm.group(1), mm.group(2), _unquote(mm.group(3))))
+        if mm.group(2) in ("=~", "!~"):
+            re.compile(matchers[-1][2])  # a bad regex is the query's error, as Prometheus parses it
+        pos = mm.end()
+    compare = None
+    if m.group("op"):
+        try:
+            compare = (m.group("op"), float(m.group("number")))
+        except ValueError:
+            return None
+    return matchers, compare
+
+
+def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for label, op, want in matchers:
+        have = labels.get(label, "")
+        if op == "=" and have != want or op == "!=" and have == want:
+            return False
+        if op in ("=~", "!~") and (re.fullmatch(want, have) is not None) != (op == "=~"):
+            return False
+    return True
+
+
 def _fmt(value: Any) -> str:
     v = float(value)
     if v != v:
@@ -54,11 +108,13 @@ def _fmt(value: Any) -> str:
 class PrometheusServer:
     def __init__(self) -> None:
         self.series: dict[str, dict] = {}
+        self.samples: dict[tuple, dict] = {}  # raw series by their sorted labels
         self.requests: deque = deque(maxlen=10_000)
         self.app = web.Application()
         self.app.router.add_route("*", "/api/v1/query", self.query)
         self.app.router.add_route("*", "/_lab/series", self.admin_series)
         self.app.router.add_get("/_lab/requests", self.admin_requests)
+        self.app.router.add_route("*", "/_lab/samples", self.admin_samples)
         self.app.router.add_get("/-/ready", self.ready)
         self.app.router.add_get("/-/healthy", self.ready)
 
@@ -83,12 +139,56 @@ class PrometheusServer:
                 return _error(400, "bad_data", f'invalid parameter "time": cannot parse "{params["time"]}" to a valid timestamp')
         entry = self.series.get(q)
         if entry is None:
-            result: list = []
+            try:
+                result = self._evaluate(q, ts)
+            except re.error as err:
+                return _error(400, "bad_data", f"invalid regular expression in {q!r}: {err}")
         elif "error" in entry:
             return _error(int(entry.get("status", 400)), entry.get("errorType", "bad_data"), entry["error"])
         else:
             result = [{"metric": dict(r.get("metric") or {}), "value": _sample(r["value"], ts)} for r in entry["result"]]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    def _evaluate(self, query: str, ts: float) -> list:
+        parsed = parse_selector(query)
+        if parsed is None:
+            return []
+        matchers, compare = parsed
+        result = []
+        for sample in self.samples.values():
+            value = float(sample["value"])
+            if not _matches(sample["metric"], matchers):
+                continue
+            if compare is not None and not _COMPARE[compare[0]](value, compare[1]):
+                continue
+            result.append({"metric": dict(sample["metric"]), "value": _sample(value, ts)})
+        return result
+
+    async def admin_samples(self, request: web.Request) -> web.Response:
+        if request.method == "DELETE":
+            self.samples.clear()
+            return web.json_response({"ok": True})
+        if request.method == "GET":
+            return web.json_response({"samples": list(self.samples.values())})
+        if request.method != "POST":
+            return web.json_response({"error": "method not allowed"}, status=405)
+        try:
+            body = await request.json()
+        except json.JSONDecodeError as e:
+            return web.json_response({"error": f"bad JSON: {e}"}, status=400)
+        samples = body.get("samples") if isinstance(body, dict) else None
+        if not isinstance(samples, list):
+            return web.json_response({"error": "expected {\"samples\": [{metric, value}, ...]}"}, status=400)
+        for item in samples:
+            metric = item.get("metric") if isinstance(item, dict) else None
+            if not isinstance(metric, dict) or not metric.get("__name__") or "value" not in item:
+                return web.json_response({"error": "each sample needs metric.__name__ and value"}, status=400)
+            key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
+            if item["value"] is None:
+                self.samples.pop(key, None)
+            else:
+                self.samples[key] = {"metric": dict(key), "value": float(item["value"])}
+        return web.json_response({"ok": True, "count": len(self.samples)})
 
     async def admin_series(self, request: web.Request) -> web.Response:
         if request.method == "DELETE":
@@ -163,6 +263,11 @@ class PrometheusAdmin:
 
     def clear(self) -> None:
         self._http.delete("/_lab/series").raise_for_status()
+        self._http.delete("/_lab/samples").raise_for_status()
+
+    def set_samples(self, samples: list[dict]) -> None:
+        """Raw series, as scraped: ``[{"metric": {"__name__": ..., label: value}, "value": 79}, ...]``."""
+        self._http.post("/_lab/samples", json={"samples": samples}).raise_for_status()
 
     def requests(self) -> list[dict]:
         return self._http.get("/_lab/requests").json()["requests"]

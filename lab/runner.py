@@ -32,6 +32,10 @@ A service whose system pieces are missing here (NetBox without PostgreSQL or red
 saying why and what to install. `<state-dir>/lab.json` records every service's state and address and every pid
 while the lab runs; `status` and `down` read it. `<state-dir>/examples/` holds the examples that need this lab's
 values (a BMC URL, the webhook receiver's address), written at each `up`.
+
+One module (about 1,000 lines) on purpose: `Lab` is one start-up sequence, each step a short method that hands
+the next one its addresses and secrets, and `down`/`seed`/`status` read the same `lab.json` it writes; every
+service it starts lives in its own module (the list above).
 """
 
 from __future__ import annotations
@@ -534,7 +538,7 @@ class Lab:
         """`<state-dir>/examples/`: the burn-in input for the first GPU node (its real BMC URL, expected hardware;
         it takes the node out of service itself), and every example that names the webhook receiver, pointed at
         this lab's."""
-        from lab.redfish import normalize_spec
+        from lab.bmc import normalize_spec
 
         out_dir = self.state_dir / "examples"
         out_dir.mkdir(exist_ok=True)
@@ -962,7 +966,7 @@ def status(*, state_dir: Path) -> int:
             print(f"  BMC {node}: {url}")
     if info.get("ufm"):
         print(f"  UFM:           {info['ufm'].get('url')} (credentials {info['ufm'].get('credentials')})")
-    for name, path in (info.get("examples") or {}).items():
+    for path in (info.get("examples") or {}).values():
         print(f"  example:       {path}")
     if info.get("webhook") and "webhook" in alive:
         print_deliveries(info["webhook"]["url"])

@@ -5,7 +5,7 @@
 ``st.systems`` the fake-system dicts (name, uuid, power_state, nics). Each start writes a fresh ``emu.conf``, a
 bcrypt (cost 4) htpasswd and a fresh state directory, so runs never see an earlier run's power states.
 
-Behaviour to expect (hardware.md §2): power changes land 0-11 s after the request (random), restarts go Off at once
+Behaviour to expect: power changes land 0-11 s after the request (random), restarts go Off at once
 and On later; ``BootSourceOverrideEnabled`` always reads ``Continuous``; no processors, BIOS, firmware inventory,
 logs or sessions (``lab/redfish.py`` has those); ``/redfish/v1/`` is anonymous, the rest needs Basic auth.
 

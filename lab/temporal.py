@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.loopback import LOOPBACK, free_port
+from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 
 
 
@@ -102,6 +103,7 @@ class DevServer:
             "--db-filename", str(self.db_file),
             "--log-level", "warn",
             "--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true",
+            "--dynamic-config-value", FAIRNESS_DYNAMIC_CONFIG,
             *(["--namespace", self.namespace] if self.namespace != "default" else []),
             *search_attribute_args(),
             *self.extra_args,

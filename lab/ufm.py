@@ -1,6 +1,6 @@
 """An NVIDIA UFM REST emulator for the lab: ``python -m lab.ufm --port 0 --ready-file F [--fleet FILE] [--version V]``.
 
-The endpoints Millwright uses, in UFM's own shapes (references: hardware.md §5; NVIDIA's UFM clients in
+The endpoints Millwright uses, in UFM's own shapes (references: NVIDIA's UFM clients in
 NVIDIA/bare-metal-manager-core ``crates/api/src/ib/ufmclient/`` and Mellanox/ib-kubernetes
 ``pkg/sm/plugins/ufm/ufm.go``; the UFM Enterprise REST API Guide 6.12-6.22):
 
@@ -57,13 +57,16 @@ given keys, a new ``version`` first resets the knobs to that profile); ``POST /_
 {"method", "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop":
 "before"|"after"}, "count": 1, "after": <fault id>, "skip": 0}`` (``after``: armed only once that fault was
 served, so a test places a fault by the audit order, e.g. on the read that follows a lost write; ``skip``: that many
-matching requests pass first), ``GET``/``DELETE /_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET
-/_lab/audit/cursor``. ``delayAfter`` carries the write out, logs it, then holds the answer (a worker can be killed
-meanwhile). `fleet_seed` builds the seed of a fleet, with the posture Millwright requires (README
-"InfiniBand isolation (UFM)").
+matching requests pass first; lab/faults.py, the front the lab's emulators share), ``GET``/``DELETE
+/_lab/faults``; ``GET /_lab/audit[?since=N&writes=1]``, ``GET /_lab/audit/cursor``. ``delayAfter`` carries the
+write out, logs it, then holds the answer (a worker can be killed meanwhile). `fleet_seed` builds the seed of a
+fleet, with the posture Millwright requires (docs/fabric.md).
 
 ``--tls-cert F --tls-key F`` (lab/tls.py) serves HTTPS instead of HTTP, the admin API included; ``--tls-client-ca
 F`` also requires a client certificate issued by that CA (UFM's ``client_cert_authentication``).
+
+This module is the REST front; the fabric it serves, UFM's value checks and the version profiles are
+lab/ufm_fabric.py.
 """
 
 from __future__ import annotations
@@ -75,36 +78,38 @@ import dataclasses
 import hashlib
 import json
 import logging
-import re
 import ssl
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from lab import faults as lab_faults
 from lab import tls as lab_tls
+from lab.faults import AuditLog, FaultFront, FaultTable
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, serve_app
+from lab.ufm_fabric import (
+    CHOICES,
+    DEFAULT_VERSION,
+    PROFILES,
+    QOS,
+    Fabric,
+    Profile,
+    UfmError,
+    membership,
+    parse_guid,
+    parse_pkey,
+    pkey_str,
+)
 
 log = logging.getLogger("lab.ufm")
 
-MANAGEMENT_PKEY = 0x7FFF
-_GUID = re.compile(r"^(0x)?([0-9a-fA-F]{16})$")
-MEMBERSHIPS = ("full", "limited")
 DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "123456"
-MAX_REQUEST_LINE = 8190  # Apache httpd's LimitRequestLine default, in front of UFM's REST server
-_QOS = ("mtu_limit", "service_level", "rate_limit")
 _SYS_TYPES = {"Computer": "host", "Switch": "switch"}
-# The SM settings UFM ships with (UFM SM default properties; the REST API guide's GET /app/smconf example).
-SMCONF_DEFAULTS: dict[str, Any] = {
-    "m_key": "0x0", "sm_key": "0x1", "sa_key": "0x1", "m_key_lease_period": 60, "m_key_per_port": False,
-    "subnet_prefix": "0xfe80000000000000", "no_partition_enforcement": False, "sm_priority": 15,
-    "ignore_other_sm": False, "routing_engine_active": "minhop",
-}  # fmt: skip
 _APACHE_414 = """<!DOCTYPE HTML PUBLIC "-//IETF//DTD HTML 2.0//EN">
 <html><head>
 <title>414 Request-URI Too Long</title>
@@ -115,175 +120,6 @@ limit for this server.<br />
 </p>
 </body></html>
 """
-
-
-@dataclass(frozen=True)
-class Profile:
-    """How one UFM release answers where releases differ (see the module docstring's table)."""
-
-    release: str
-    missing_pkey: str  # "404", or "empty": 200 {}
-    reports_default_membership: bool
-    partition_name: bool
-    plural_memberships: bool
-    write_answer: str  # "json" ({}) or "text"
-    max_request_line: int = MAX_REQUEST_LINE
-
-
-PROFILES = {
-    "6.17": Profile("6.17.0-5", missing_pkey="empty", reports_default_membership=False, partition_name=False,
-                    plural_memberships=True, write_answer="text"),
-    "6.19": Profile("6.19.1-3", missing_pkey="empty", reports_default_membership=True, partition_name=False,
-                    plural_memberships=False, write_answer="json"),
-    "6.22": Profile("6.22.1-2", missing_pkey="404", reports_default_membership=True, partition_name=True,
-                    plural_memberships=True, write_answer="json"),
-}  # fmt: skip
-DEFAULT_VERSION = "6.22"
-_CHOICES = {"missing_pkey": ("404", "empty"), "write_answer": ("json", "text")}
-
-
-class UfmError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def parse_pkey(value: Any, *, writable: bool = True) -> int:
-    if not isinstance(value, str) or not re.match(r"^0x[0-9a-fA-F]{1,4}$", value.strip()):
-        raise UfmError(400, f"Invalid PKey value: {value!r}, PKey must be a hex string in the range 0x1-0x7ffe")
-    n = int(value, 16)
-    if n == MANAGEMENT_PKEY and writable:
-        raise UfmError(400, "PKey 0x7fff is the default management PKey and cannot be modified")
-    if not 0 < n <= MANAGEMENT_PKEY:
-        raise UfmError(400, f"Invalid PKey value: {value}, PKey must be in the range 0x1-0x7ffe")
-    return n
-
-
-def pkey_str(n: int) -> str:
-    return f"0x{n:x}"
-
-
-def parse_guid(value: Any) -> str:
-    m = _GUID.match(value.strip()) if isinstance(value, str) else None
-    if not m:
-        raise UfmError(400, f"Invalid GUID value: {value!r}, GUID must be a 16-digit hex string")
-    return m.group(2).lower()
-
-
-def _membership(value: Any) -> str:
-    if value not in MEMBERSHIPS:
-        raise UfmError(400, f"Invalid membership value: {value!r}, must be one of full, limited")
-    return value
-
-
-class Fabric:
-    """The emulated fabric: systems, ports, virtual ports, PKeys, and the SM's security settings."""
-
-    def __init__(self) -> None:
-        self.systems: dict[str, dict] = {}
-        self.ports: list[dict] = []
-        self.vports: list[dict] = []
-        self.pkeys: dict[int, dict] = {}
-        self.default_membership = "full"
-        self.smconf: dict[str, Any] = {}
-        self.last_updated = time.time()
-        self.clear()
-
-    def clear(self) -> None:
-        self.systems.clear()
-        self.ports.clear()
-        self.vports.clear()
-        self.pkeys = {MANAGEMENT_PKEY: self._new_pkey("management")}
-        self.default_membership = "full"  # UFM's default: every HCA port a full member of 0x7fff
-        self.smconf = dict(SMCONF_DEFAULTS)
-        self.touch()
-
-    def touch(self) -> None:
-        self.last_updated = time.time()
-
-    @staticmethod
-    def _new_pkey(name: str, **kw: Any) -> dict:
-        return {"partition": name, "ip_over_ib": bool(kw.get("ip_over_ib", True)),
-                "mtu_limit": kw.get("mtu_limit", 2), "service_level": kw.get("service_level", 0),
-                "rate_limit": kw.get("rate_limit", 2.5), "guids": {}}  # fmt: skip
-
-    def seed(self, body: dict) -> None:
-        self.clear()
-        for i, host in enumerate(body.get("hosts") or []):
-            name = host["name"]
-            guids = [parse_guid(g) for g in host.get("guids") or []]
-            sys_guid = guids[0] if guids else f"{i:016x}"
-            self.systems[name] = {"system_name": name, "guid": sys_guid, "type": "host", "state": "active",
-                                  "description": f"{name} HCA-1", "ip": f"10.1.{i // 250}.{i % 250 + 10}",
-                                  "model": "MT4129", "vendor": "Mellanox"}
-            for n, g in enumerate(guids, 1):
-                state = (host.get("states") or {}).get(g, "Active")
-                self.ports.append({"guid": g, "name": f"{g}_1", "system_name": name, "system_guid": sys_guid,
-                                   "systemID": sys_guid, "physical_port_number": 1, "dname": f"mlx5_{n - 1}/1",
-                                   "logical_state": state,
-                                   "physical_state": "LinkUp" if state == "Active" else "Polling", "speed": "NDR",
-                                   "width": "4x", "external": False, "tier": 1, "lid": len(self.ports) + 1})
-        for sw in body.get("switches") or []:
-            g = parse_guid(sw["guid"])
-            self.systems[sw["name"]] = {"system_name": sw["name"], "guid": g, "type": "switch", "state": "active",
-                                        "description": "MQM9790", "model": "MQM9790", "vendor": "Mellanox"}
-            for p in range(1, 5):
-                self.ports.append({"guid": g, "name": f"{g}_{p}", "system_name": sw["name"], "system_guid": g,
-                                   "systemID": g, "physical_port_number": p, "dname": str(p),
-                                   "logical_state": "Active", "physical_state": "LinkUp", "speed": "NDR",
-                                   "width": "4x", "external": True, "tier": 2, "lid": len(self.ports) + 1})
-        by_guid = {p["guid"]: p for p in self.ports}
-        for v in body.get("vports") or []:
-            phys = by_guid.get(parse_guid(v["port_guid"]))
-            if phys is None:
-                raise UfmError(400, f"vport {v.get('guid')}: no physical port {v['port_guid']}")
-            self.vports.append({"virtual_port_state": v.get("state", "Active"),
-                                "virtual_port_lid": 0x1000 + len(self.vports), "system_name": phys["system_name"],
-                                "node_description": f"{phys['system_name']} mlx5_0",
-                                "system_guid": phys["system_guid"], "port_guid": phys["guid"],
-                                "port_name": phys["name"], "physical_port_number": phys["physical_port_number"],
-                                "virtual_port_guid": parse_guid(v["guid"])})  # fmt: skip
-        for key, pk in (body.get("pkeys") or {}).items():
-            n = parse_pkey(key)
-            entry = self._new_pkey(pk.get("partition") or f"api_pkey_{pkey_str(n)}")
-            entry["guids"] = {parse_guid(g): {"membership": _membership(m), "index0": True}
-                              for g, m in (pk.get("guids") or {}).items()}  # fmt: skip
-            self.pkeys[n] = entry
-        self.default_membership = _membership(body.get("default_membership", "full"))
-        unknown = set(body.get("smconf") or {}) - set(SMCONF_DEFAULTS)
-        if unknown:
-            raise UfmError(400, f"smconf: unknown SM settings {sorted(unknown)}")
-        self.smconf.update(body.get("smconf") or {})
-        self.touch()
-
-    def pkey_view(self, n: int, profile: Profile, guids_data: bool, qos_conf: bool) -> dict:
-        """One PKey as UFM answers it: partition and ip_over_ib; members with guids_data; QoS with qos_conf."""
-        p = self.pkeys[n]
-        out: dict[str, Any] = {"partition": p["partition"], "ip_over_ib": p["ip_over_ib"]}
-        if guids_data:
-            out["guids"] = [{"guid": g, "membership": v["membership"], "index0": v["index0"]}
-                            for g, v in sorted(p["guids"].items())]  # fmt: skip
-            if n == MANAGEMENT_PKEY:  # ports are not listed; the default membership is, from 6.19
-                out["index0"] = False
-                if profile.reports_default_membership:
-                    out["membership"] = self.default_membership
-        if qos_conf:
-            out["qos_conf"] = {k: p[k] for k in _QOS}
-        return out
-
-    def dump(self, profile: Profile) -> dict:
-        return {"systems": self.systems, "ports": self.ports, "vports": self.vports,
-                "default_membership": self.default_membership,
-                "pkeys": {pkey_str(n): self.pkey_view(n, profile, True, True) for n in sorted(self.pkeys)}}
-
-    def remove_guids(self, n: int, guids: list[str]) -> None:
-        """Remove `guids` (absent ones are a no-op); a PKey whose last member goes is deleted, as UFM does."""
-        members = self.pkeys[n]["guids"]
-        removed = [g for g in guids if members.pop(g, None) is not None]
-        if removed and not members:
-            del self.pkeys[n]
-        self.touch()
 
 
 def fleet_seed(path_or_fleet: Any) -> dict:
@@ -314,10 +150,9 @@ class UfmServer:
         self.version = version
         self.client_cert_sans: list[dict] = []
         self.configure(dict(self._startup))
-        self.faults: list[dict] = []
-        self.fault_seq = 0
-        self.audit: list[dict] = []
-        self.audit_seq = 0
+        self.faults = FaultTable(("method", "path"))  # lab/faults.py
+        self.audit = AuditLog(50_000)
+        self.front = FaultFront(self.audit.add)
         # Long request lines must reach `dispatch`, which answers 414 as UFM's Apache front does (aiohttp's own
         # limit, 8190, would answer 400 first).
         self.app = web.Application(handler_args={"max_line_size": 1 << 20, "max_field_size": 1 << 16},
@@ -344,8 +179,8 @@ class UfmServer:
             raise UfmError(400, f"unknown configuration keys {sorted(unknown)}; known: version, client_cert_sans, "
                                 f"{', '.join(sorted(knobs))}")  # fmt: skip
         for k, v in body.items():
-            if k in _CHOICES and v not in _CHOICES[k]:
-                raise UfmError(400, f"{k}: one of {', '.join(_CHOICES[k])}")
+            if k in CHOICES and v not in CHOICES[k]:
+                raise UfmError(400, f"{k}: one of {', '.join(CHOICES[k])}")
         self.profile = dataclasses.replace(self.profile, **body)
         return self.config()
 
@@ -374,32 +209,6 @@ class UfmServer:
         names = set(lab_tls.peer_names(peer))
         return next((s["user"] for s in self.client_cert_sans if s["san"] in names), None)
 
-    def _match_fault(self, method: str, path: str) -> dict | None:
-        served = {f["id"]: f["served"] for f in self.faults}
-        for f in self.faults:
-            if f["remaining"] == 0 or (f["after"] is not None and not served.get(f["after"])):
-                continue
-            m = f["match"]
-            if m.get("method") and m["method"].upper() != method:
-                continue
-            if m.get("path") and not re.search(m["path"], path):
-                continue
-            if f["skip"] > 0:
-                f["skip"] -= 1
-                continue
-            if f["remaining"] > 0:
-                f["remaining"] -= 1
-            f["served"] += 1
-            return f
-        return None
-
-    def _audit(self, entry: dict) -> None:
-        self.audit_seq += 1
-        entry["seq"] = self.audit_seq
-        self.audit.append(entry)
-        if len(self.audit) > 50_000:
-            del self.audit[:10_000]
-
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
         if path.startswith("/_lab"):
@@ -414,7 +223,7 @@ class UfmServer:
         line = len(f"{method} {request.raw_path} HTTP/{request.version.major}.{request.version.minor}")
         if line > self.profile.max_request_line:
             entry.update(code=414, requestLine=line)
-            self._audit(entry)
+            self.audit.add(entry)
             return web.Response(status=414, text=_APACHE_414, content_type="text/html")
         body: Any = None
         if write and request.can_read_body:
@@ -426,56 +235,33 @@ class UfmServer:
         parts = [p for p in path.split("/") if p]
         if not parts or parts[0] not in ("ufmRest", "ufmRestV3"):
             entry["code"] = 404
-            self._audit(entry)
+            self.audit.add(entry)
             return web.json_response({"error": "Not Found"}, status=404)
         if not self._authorized(request, parts[0]):
             entry["code"] = 401
-            self._audit(entry)
+            self.audit.add(entry)
             return web.Response(status=401, text="Unauthorized", headers={"WWW-Authenticate": 'Basic realm="UFM"'})
-        fault = self._match_fault(method, path)
-        delay_after = 0.0
-        drop_after = False
-        if fault:
-            action = fault["action"]
-            entry["fault"] = {"id": fault["id"], **action}
-            if "delay" in action:
-                await asyncio.sleep(float(action["delay"]))
-            elif "delayAfter" in action:
-                delay_after = float(action["delayAfter"])
-            elif action.get("drop") == "before":
-                entry["code"] = 0
-                self._audit(entry)
-                return self._drop(request)
-            elif action.get("drop") == "after":
-                drop_after = True
-            elif "status" in action:
-                entry["code"] = int(action["status"])
-                self._audit(entry)
-                return web.json_response({"error": action.get("message") or "injected fault"},
-                                         status=int(action["status"]))
-        try:
-            if body == "<invalid json>":
-                raise UfmError(400, "Invalid JSON in request body")
-            status, payload = self.handle(method, parts[1:], dict(request.query), body)
-        except UfmError as e:
-            status, payload = e.status, {"error": e.message}
-        except Exception as e:  # an emulator bug: still answer
-            log.exception("internal error on %s %s", method, path)
-            status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
-        entry["code"] = status
-        self._audit(entry)
-        if drop_after:
-            return self._drop(request)
-        if delay_after:
-            await asyncio.sleep(delay_after)
-        if write and status == 200 and self.profile.write_answer == "text":
-            return web.Response(status=200, text="OK", content_type="text/plain")
-        return web.json_response(payload, status=status)
+        fault = self.faults.match({"method": method, "path": path})
 
-    def _drop(self, request: web.Request) -> web.StreamResponse:
-        if request.transport is not None:
-            request.transport.abort()
-        raise ConnectionResetError("lab fault: connection dropped")
+        async def serve() -> web.Response:
+            try:
+                if body == "<invalid json>":
+                    raise UfmError(400, "Invalid JSON in request body")
+                status, payload = self.handle(method, parts[1:], dict(request.query), body)
+            except UfmError as e:
+                status, payload = e.status, {"error": e.message}
+            except Exception as e:  # an emulator bug: still answer
+                log.exception("internal error on %s %s", method, path)
+                status, payload = 500, {"error": f"{type(e).__name__}: {e}"}
+            if write and status == 200 and self.profile.write_answer == "text":
+                return web.Response(status=200, text="OK", content_type="text/plain")
+            return web.json_response(payload, status=status)
+
+        def refuse(f: dict) -> web.Response:
+            return web.json_response({"error": f["action"].get("message") or "injected fault"},
+                                     status=int(f["action"]["status"]))
+
+        return await self.front.handle(request, entry, fault, serve, refuse)
 
     # ------------------------------------------------------------------ UFM resources
     def handle(self, method: str, parts: list[str], query: dict, body: Any) -> tuple[int, Any]:
@@ -569,7 +355,7 @@ class UfmServer:
             n = parse_pkey(b.get("pkey"))
             if n not in fab.pkeys:
                 raise UfmError(404, f"PKey {pkey_str(n)} does not exist")
-            for k in _QOS:
+            for k in QOS:
                 if k in b:
                     fab.pkeys[n][k] = b[k]
             fab.touch()
@@ -621,7 +407,7 @@ class UfmServer:
             ms = ["full"] * len(parsed)
         else:
             ms = [b.get("membership", "full")] * len(parsed)
-        ms = [_membership(m) for m in ms]
+        ms = [membership(m) for m in ms]
         fab = self.fabric
         entry = fab.pkeys.get(n)
         if entry is None:
@@ -631,7 +417,7 @@ class UfmServer:
             entry["ip_over_ib"] = bool(b["ip_over_ib"])
         if replace:
             entry["guids"] = {}
-            for k in _QOS:
+            for k in QOS:
                 if k in b:
                     entry[k] = b[k]
         for g, m in zip(parsed, ms):
@@ -643,6 +429,9 @@ class UfmServer:
     # ------------------------------------------------------------------ lab admin
     async def admin(self, request: web.Request, path: str) -> web.Response:
         m = request.method
+        served = await lab_faults.admin(request, self.faults, self.audit)
+        if served is not None:
+            return served
         if path == "/_lab/reset" and m == "POST":
             self.fabric.clear()
             self.configure(dict(self._startup))
@@ -660,30 +449,6 @@ class UfmServer:
                 return web.json_response(self.config())
             if m == "POST":
                 return web.json_response(self.configure(await request.json()))
-        if path == "/_lab/faults":
-            if m == "GET":
-                return web.json_response({"faults": self.faults})
-            if m == "DELETE":
-                self.faults.clear()
-                return web.json_response({"ok": True})
-            if m == "POST":
-                b = await request.json()
-                after = b.get("after")
-                if after is not None and not any(f["id"] == int(after) for f in self.faults):
-                    raise ValueError(f"after: no fault {after}")
-                self.fault_seq += 1
-                self.faults.append({"id": self.fault_seq, "match": dict(b.get("match") or {}),
-                                    "action": dict(b["action"]), "remaining": int(b.get("count", 1)),
-                                    "after": None if after is None else int(after), "skip": int(b.get("skip", 0)),
-                                    "served": 0})
-                return web.json_response({"id": self.fault_seq})
-        if path == "/_lab/audit/cursor" and m == "GET":
-            return web.json_response({"next": self.audit_seq})
-        if path == "/_lab/audit" and m == "GET":
-            since = int(request.query.get("since", 0))
-            writes = request.query.get("writes") in ("1", "true")
-            entries = [e for e in self.audit if e["seq"] > since and (e["write"] or not writes)]
-            return web.json_response({"entries": entries, "next": self.audit_seq})
         if path == "/_lab/healthz":
             return web.json_response({"ok": True})
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
@@ -729,13 +494,6 @@ class UfmAdmin(AdminClient):
 
     async def state(self) -> dict:
         return await self._req("GET", "/_lab/state")
-
-    async def add_fault(self, match: dict, action: dict, count: int = 1, *, after: int | None = None,
-                        skip: int = 0) -> int:
-        """The next `count` requests matching `match` get `action`; with `after` (a fault's id), only requests
-        that come once that fault was served, and after `skip` matching ones are let through."""
-        body = {"match": match, "action": action, "count": count, "after": after, "skip": skip}
-        return (await self._req("POST", "/_lab/faults", json=body))["id"]
 
     async def configure(self, **knobs: Any) -> dict:
         """``configure(version="6.19")``, ``configure(missing_pkey="empty")``: see the module docstring."""

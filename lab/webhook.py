@@ -10,7 +10,7 @@ environment (``WebhookReceiver(token=...)``) a missing or wrong ``Authorization:
 Admin API: ``GET /_lab/received`` -> ``{"events": [...], "duplicates": n, "answers": [status, ...]}`` (one event
 per idempotency key: path, headers of interest, body, deliveries; `answers`: every POST's status, in order);
 ``POST /_lab/reset``; ``POST /_lab/faults`` ``{"match": {"method", "path" (regex)}, "action": {"status": 503},
-"count": 1}`` (the next matching deliveries get that status), ``DELETE /_lab/faults``.
+"count": 1}`` (the next matching deliveries get that status; lab/faults.py), ``GET``/``DELETE /_lab/faults``.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import asyncio
 import json
 import logging
 import os
-import re
 import sys
 import time
 from typing import Any
 
 from aiohttp import web
 
+from lab import faults as lab_faults
 from lab import tls as lab_tls
+from lab.faults import FaultTable
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, serve_app, server_arguments
 
@@ -39,18 +40,14 @@ class WebhookServer:
         self.token = token
         self.events: dict[str, dict[str, Any]] = {}  # idempotency key (or a sequence number) -> event
         self.duplicates = 0
-        self.faults: list[dict[str, Any]] = []
+        self.faults = FaultTable(("method", "path"), actions=("status",))  # lab/faults.py
         self.answers: list[int] = []
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
     def _fault(self, method: str, path: str) -> int | None:
-        for f in self.faults:
-            m = f["match"]
-            if f["remaining"] > 0 and m.get("method", method) == method and re.search(m.get("path", ""), path):
-                f["remaining"] -= 1
-                return int(f["action"]["status"])
-        return None
+        f = self.faults.match({"method": method, "path": path})
+        return None if f is None else int(f["action"]["status"])
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/_lab/"):
@@ -89,6 +86,12 @@ class WebhookServer:
 
     async def admin(self, request: web.Request, path: str) -> web.Response:
         m = request.method
+        try:
+            served = await lab_faults.admin(request, self.faults)
+        except lab_faults.FaultError as e:
+            return web.json_response({"error": str(e)}, status=400)
+        if served is not None:
+            return served
         if path == "/_lab/received" and m == "GET":
             return web.json_response({"events": list(self.events.values()), "duplicates": self.duplicates,
                                       "answers": self.answers})  # fmt: skip
@@ -97,13 +100,6 @@ class WebhookServer:
             self.faults.clear()
             self.answers.clear()
             self.duplicates = 0
-        elif path == "/_lab/faults" and m == "POST":
-            b = await request.json()
-            self.faults.append({"match": dict(b.get("match") or {}), "action": dict(b["action"]),
-                                "remaining": int(b.get("count", 1))})  # fmt: skip
-            return web.json_response({"id": len(self.faults)})
-        elif path == "/_lab/faults" and m == "DELETE":
-            self.faults.clear()
         elif path != "/_lab/healthz":
             return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
         return web.json_response({"ok": True})

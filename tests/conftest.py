@@ -19,6 +19,65 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 import workflows.common.search_attributes
+from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
+
+
+# ==================================================================================
+# Order: the tests that need NetBox run last, while its first migration is made early
+# ==================================================================================
+
+# Tests that need a NetBox: the NetBox tier's fixture, or a marked test (the examples' lab starts one).
+NEEDS_NETBOX = "needs_netbox"
+_netbox_warming: list = []
+
+
+def _needs_netbox(item) -> bool:
+    return "netbox_lab" in getattr(item, "fixturenames", ()) or item.get_closest_marker(NEEDS_NETBOX) is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{NEEDS_NETBOX}: the test starts a NetBox (it runs last; see tests/conftest.py)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Modules with a test that needs NetBox go last (each module kept whole, in order), so that NetBox's first
+    start, minutes of `migrate` on a fresh machine (lab/netbox.py), runs beside the other tests instead of
+    before them: `pytest_collection_finish` starts it in the background."""
+    late = {item.module for item in items if _needs_netbox(item)}
+    items[:] = [i for i in items if i.module not in late] + [i for i in items if i.module in late]
+
+
+def pytest_collection_finish(session):
+    if not any(_needs_netbox(i) for i in session.items) or session.config.option.collectonly:
+        return
+    from lab.netbox import NetBoxUnavailable, check_available
+
+    try:
+        check_available()
+    except NetBoxUnavailable:
+        return  # the tier says why (tests/tiers.py)
+    import subprocess
+    import tempfile
+
+    state = Path(tempfile.mkdtemp(prefix="netbox-warm-"))
+    log = open(state / "warm.log", "w")  # noqa: SIM115 (closed with the process at the session's end)
+    # The warm-up and the tier's fixture take the same cache locks (lab/netbox.py): the fixture waits for it.
+    proc = subprocess.Popen([sys.executable, "-m", "lab.netbox", "--warm", "--state-dir", str(state / "netbox")],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+    _netbox_warming.append((proc, log, state))
+
+
+def pytest_sessionfinish(session):
+    for proc, log, state in _netbox_warming:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except Exception:
+                proc.kill()
+        log.close()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 # ==================================================================================
@@ -44,7 +103,8 @@ async def temporal_env():
         data_converter=pydantic_data_converter,
         search_attributes=workflows.common.search_attributes.ALL,
         ui=False,
-        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true"],
+        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true",
+                               "--dynamic-config-value", FAIRNESS_DYNAMIC_CONFIG],  # fmt: skip
     )
     async with env:
         yield env
@@ -134,6 +194,17 @@ async def core(kubeconfig_path):
     api = await k8s_config.new_client_from_config(str(kubeconfig_path), context="lab")
     yield k8s_client.CoreV1Api(api)
     await api.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def kube(kubeconfig_path):
+    """The Kubernetes activities on the emulated cluster, for a test that runs them through ActivityEnvironment."""
+    from activities.kube.connector import ClusterConnector
+    from activities.kube.activities import KubeActivities
+
+    connector = ClusterConnector([str(kubeconfig_path)])
+    yield KubeActivities(connector)
+    await connector.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")

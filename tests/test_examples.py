@@ -30,6 +30,7 @@ from tests.test_lab_runner import REPO, LabProcess, cli_env
 
 EXAMPLES_DIR = REPO / "examples"
 COMMAND_TIMEOUT = 600
+pytestmark = pytest.mark.needs_netbox  # the lab it brings up includes NetBox (tests/conftest.py orders it last)
 
 
 @dataclass

@@ -64,6 +64,10 @@ class WorkerSettings(BaseSettings):
     )
     ironic_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Ironic's"))
     ironic_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Ironic"))
+    prometheus_url: BaseUrl | None = Field(
+        None, description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
+                          "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
+    )
     prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
     prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
 

@@ -155,7 +155,8 @@ def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
         ("UFM", service("Ufm", "UFM", settings.ufm_url, settings.ufm_credentials, "credentials")),
         ("Ironic", service("Ironic", "IRONIC", settings.ironic_url, settings.ironic_token or "none: noauth", "token")),
         ("BMCs (Redfish)", f"{bmc_default}, {trust('bmc')}"),
-        ("Prometheus", f"the URL comes with each query, {trust('prometheus')}"),
+        ("Prometheus", f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
+                       f"a gate's URL with its query, {trust('prometheus')}"),
     ]
 
 

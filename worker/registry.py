@@ -38,6 +38,7 @@ SANDBOX_PASSTHROUGH = (
     "activities",  # the activities' models and classes: a workflow only names them
     "workflows.common",  # shared models, call options and helpers of every family: no workflow in it
     "workflows.burnin.node_guard",
+    "workflows.budget.breaker",
     "workflows.budget.budget",
     "workflows.budget.leases",
     "workflows.fabric.calls",
@@ -47,6 +48,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.remediation.policy",
     "workflows.remediation.sweep_models",
     "workflows.rollout.dependency_graph",
+    "workflows.rollout.membership",
     "workflows.rollout.models",
     "workflows.rollout.policy",
     "workflows.rollout.spec",
@@ -94,8 +96,9 @@ def build(settings: WorkerSettings) -> Registration:
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
     netbox = NetBoxActivities(settings.netbox_config())
-    # The server URL comes with each query; what its certificate is verified against is the worker's.
-    prometheus = PrometheusActivities(ca_bundle=settings.ca_bundle("prometheus"),
+    # A gate's server URL comes with its query; GPU faults come from MILLWRIGHT_PROMETHEUS_URL (none: not used).
+    # What a certificate is verified against is the worker's.
+    prometheus = PrometheusActivities(url=settings.prometheus_url, ca_bundle=settings.ca_bundle("prometheus"),
                                       verify_tls=settings.prometheus_verify_tls)
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured

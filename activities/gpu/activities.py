@@ -3,8 +3,8 @@
 These activities run in the host agent (``python -m worker --host-agent``) on the host itself, polling the task
 queue ``host_task_queue(<host name>)``. Everything host-specific sits behind a :class:`GpuProbe`:
 
-* :class:`NvmlProbe` (activities/gpu/nvml.py) reads NVML through nvidia-ml-py (``import pynvml``; reference:
-  hardware.md §6). Each NVML call stands alone: ``NVMLError_NotSupported`` leaves that field ``None`` and names
+* :class:`NvmlProbe` (activities/gpu/nvml.py) reads NVML through nvidia-ml-py (``import pynvml``).
+  Each NVML call stands alone: ``NVMLError_NotSupported`` leaves that field ``None`` and names
   it in ``unsupported`` ("n/a"); ``NVMLError_GpuIsLost`` marks the GPU ``lost`` (fallen off the bus, a hard
   fail); no library or no loaded driver raises :class:`NvmlUnavailableError`, which the activities turn into a
   retryable ``ApplicationError`` of type ``NvmlUnavailable`` (the host is not ready), or, for ``host_gpu_check``

@@ -55,7 +55,7 @@ def _dcgm_test(category: str, test: dict) -> DcgmTestResult:
     if not results:
         summary = (test.get("test_summary") or {}).get("status")
         worst = _DCGM_STATUS.get(str(summary or "skip").strip().lower(), "warn")
-    return DcgmTestResult(category=category, name=str(test.get("name") or "?"), status=worst,  # type: ignore[arg-type]
+    return DcgmTestResult(category=category, name=str(test.get("name") or "?"), status=worst,
                           gpus=sorted(by_status.get(worst, set())) if worst in ("fail", "warn") else [],
                           messages=list(dict.fromkeys(messages)))  # fmt: skip
 

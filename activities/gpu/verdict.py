@@ -214,6 +214,6 @@ def _stress_findings(stress: StressResult, now: HostGpuSnapshot) -> list[Finding
             if t.status not in ("fail", "warn"):
                 continue
             text = f"DCGM {t.name} {t.status}" + (f": {'; '.join(t.messages)[:400]}" if t.messages else "")
-            for gpu in t.gpus or [None]:
+            for gpu in t.gpus or (None,):
                 out.append(Finding(gpu=gpu, check="dcgm", severity=t.status, evidence=text))
     return out

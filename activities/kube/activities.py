@@ -25,8 +25,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
+from activities.kube import node_marks as marks
 from activities.kube.models import (
     BEAT_SECONDS,
+    ROLLOUT_ANNOTATION,
     CORDON_REASON,
     CORDONED_BY,
     NON_INTERRUPTIBLE_RUNNING,
@@ -51,6 +53,8 @@ from activities.kube.rollout_activities import RolloutNodeActivities
 from activities.kube.stages import (
     annotation_of,
     call_json,
+    downgrades,
+    is_reboot,
     node_info,
     packages_of,
     reboot_unverifiable,
@@ -99,8 +103,20 @@ class KubeActivities(RolloutNodeActivities):
         write), and its drain planned as `plan_drain` does. Short and idempotent, run as a local activity: every
         write is decided from a fresh read, so a retry after a crash at any line repeats none and undoes nothing
         (a cordon this rollout placed is removed only while the node's state still says this start placed it).
+
+        Before all that, from the same fresh read: a node with a later version of a package installed than
+        `packages` is refused unless `allow_downgrade` (its state `erroring`, nothing else written: `refused`);
+        with `auto_taint`, a new node (no Millwright annotation yet) gets the runtime-required taint first.
         """
         state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="in_progress")
+        if req.packages or req.auto_taint:
+            node = await self._read_node(req.cluster, req.node)
+            refused = "" if req.allow_downgrade else downgrades(node, req.node, req.packages)
+            if refused:
+                await self._record_state(node, state.model_copy(update={"state": "erroring", "reason": refused}))
+                return NodeUpdateStarted(node=node_info(node), refused=refused)
+            if req.auto_taint:
+                await self._taint_if_new(req, node)
         if req.cordon and await self._non_interruptible_running(req):
             node = await self._read_node(req.cluster, req.node)
             record = rollout_record(node)  # in progress by this rollout, no stage yet: an earlier try of this start
@@ -118,7 +134,24 @@ class KubeActivities(RolloutNodeActivities):
             return blocked.model_copy(update={"cordon": cordon})
         plan = await self._plan_drain(DrainPlanRequest(cluster=req.cluster, node=req.node,
                                                        settings=req.drain or DrainSettings()))  # fmt: skip
+        await marks.record_event(await self._clusters.core(req.cluster), marks.event_body(
+            req.node, node.metadata.uid, "Drain", f"draining {len(plan.evict)} pods, {len(plan.skipped)} left in "
+            f"place (rollout {req.rollout})", key=("drain",)))  # fmt: skip
         return NodeUpdateStarted(node=node_info(node), cordon=cordon, drain=plan)
+
+    async def _taint_if_new(self, req: NodeUpdateStart, node: k8s.V1Node) -> None:
+        """NodeWright's auto-taint: a node no rollout has touched yet is given the runtime-required taint (and the
+        annotation saying who put it there), conditional on the node's resourceVersion; a node that has one
+        already, or that any rollout has written to, is left as it is (one way: a node is new only once)."""
+        annotations = node.metadata.annotations or {}
+        if marks.has_runtime_taint(node) or PACKAGES_ANNOTATION in annotations or ROLLOUT_ANNOTATION in annotations:
+            return
+        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                              "annotations": {marks.AUTO_TAINT_ANNOTATION: req.rollout}},
+                 "spec": {"taints": marks.taints_with_runtime_required(node)}}  # fmt: skip
+        await self._patch_node(req.cluster, req.node, patch, f"tainting new node {req.node} runtime-required",
+                               marks.has_runtime_taint)
+        activity.logger.info("tainted new node %s runtime-required for %s", req.node, req.rollout)
 
     async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
         if not req.non_interrupt_selector:
@@ -145,7 +178,7 @@ class KubeActivities(RolloutNodeActivities):
         details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
         so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
         """
-        if not req.boot_id and any(st.stage == "interrupt" and st.interrupt == "reboot" for st in req.stages):
+        if not req.boot_id and any(is_reboot(st) for st in req.stages):
             raise reboot_unverifiable(req.node)
         stop = asyncio.Event()
         work = asyncio.ensure_future(self._node_stages(req, stop))
@@ -167,6 +200,8 @@ class KubeActivities(RolloutNodeActivities):
         details = details if isinstance(details, dict) else {}
         result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
                                   reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
+        # A second reboot (an uninstall's, then the install's) must change the boot ID the first one left.
+        boot_id = details.get("boot_id") or req.boot_id
         for index in range(len(result.stages), len(req.stages)):
             if stop.is_set():
                 result.held = True
@@ -176,7 +211,8 @@ class KubeActivities(RolloutNodeActivities):
             # Where this stage stands (its try, its Job, the reboot's deadline), after what is done: sent at once
             # when one of those changes, else every BEAT_SECONDS (the SDK sends one per 0.8 heartbeat timeout).
             at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
-            done, sent = self._stages_done(result), [None, 0.0]
+            done = self._stages_done(result, boot_id)
+            sent: list[Any] = [None, 0.0]  # the last beat's place, and when it went
 
             def beat(more: dict[str, Any]) -> None:
                 at.update(more)
@@ -185,24 +221,37 @@ class KubeActivities(RolloutNodeActivities):
                     activity.heartbeat({**at, **done})
                     sent[:] = [where, time.monotonic()]
 
-            await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
-                                              state="in_progress", package=stage.package, stage=stage.stage))
+            uid = await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
+                                                    state="in_progress", package=stage.package, stage=stage.stage))
+            what = f"{stage.package} {stage.version} {stage.stage}"
+            core = await self._clusters.core(req.cluster)
+            reason = marks.stage_reason(stage.stage)
+            await marks.record_event(core, marks.event_body(req.node, uid, reason, f"{what} started (rollout "
+                                                            f"{req.rollout})", key=(stage.package, stage.stage)))
             record = await self._stage_tries(req, stage, resumed, beat)
-            if record.succeeded and stage.stage == "interrupt" and stage.interrupt == "reboot":
-                record = await self._rebooted(req, record, resumed, beat)
+            if record.succeeded and is_reboot(stage):
+                record, rebooted = await self._rebooted(req, record, resumed, beat, boot_id)
                 if record.succeeded:
                     result.reboot_seconds = time.time() - at["started"]
+                    await marks.record_event(core, marks.event_body(
+                        req.node, uid, "Reboot", f"rebooted for {what}: boot ID {boot_id} -> {rebooted}",
+                        key=(stage.package, stage.stage, rebooted)))  # fmt: skip
+                    boot_id = rebooted
             result.stages.append(record)
-            activity.heartbeat({"index": index + 1, **self._stages_done(result)})
+            activity.heartbeat({"index": index + 1, **self._stages_done(result, boot_id)})
             if not record.succeeded:
+                await marks.record_event(core, marks.event_body(
+                    req.node, uid, reason, f"{what} failed after {record.attempts} tries: {record.message}",
+                    warning=True, key=(stage.package, stage.stage, "failed")))  # fmt: skip
                 break
         return result
 
     @staticmethod
-    def _stages_done(result: NodeStagesResult) -> dict[str, Any]:
-        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds}
+    def _stages_done(result: NodeStagesResult, boot_id: str) -> dict[str, Any]:
+        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds,
+                "boot_id": boot_id}
 
-    async def _mark(self, state: NodeRolloutState) -> None:
+    async def _mark(self, state: NodeRolloutState) -> str:
         """Record `state` on the node in one write, unread (a stage's start: the same record written again on a
         retry is harmless), checked in the node as the API server stored it."""
         change = state_change(None, state)
@@ -215,6 +264,7 @@ class KubeActivities(RolloutNodeActivities):
         if not change.shown_in(metadata.get("labels") or {}, metadata.get("annotations") or {}):
             raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show the "
                                    "change; writing it again", type="KubernetesUnavailable")  # fmt: skip
+        return metadata.get("uid") or ""
 
     async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
                            beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
@@ -223,49 +273,57 @@ class KubeActivities(RolloutNodeActivities):
             job_req = StageJobRequest(cluster=req.cluster, node=req.node, rollout=req.rollout, ordinal=req.ordinal,
                                       try_number=try_number, **stage.model_dump())  # fmt: skip
             job = await self._run_job(job_req, resumed.get("job") if try_number == first else None,
-                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # fmt: skip
+                                        lambda d, t=try_number: beat({"try": t, "job": d}))  # type: ignore[misc]  # mypy infers no lambda with a default  # fmt: skip
             if job.succeeded:
                 break
         return StageRecord(package=stage.package, stage=stage.stage, succeeded=job.succeeded, attempts=try_number,
                            message=job.message)  # fmt: skip
 
     async def _rebooted(self, req: NodeStages, record: StageRecord, resumed: dict[str, Any],
-                        beat: Callable[[dict[str, Any]], None]) -> StageRecord:  # fmt: skip
-        """The reboot Job's verdict confirmed: the node back with a new boot ID and Ready, or the stage failed."""
+                        beat: Callable[[dict[str, Any]], None], boot_id: str) -> tuple[StageRecord, str]:  # fmt: skip
+        """The reboot Job's verdict confirmed: the node back with a boot ID other than `boot_id` and Ready (the new
+        one returned), or the stage failed."""
         deadline = float(resumed.get("reboot_deadline") or time.time() + req.reboot_timeout_seconds)
-        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=req.boot_id,
+        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=boot_id,
                           timeout_seconds=req.reboot_timeout_seconds, poll_seconds=req.reboot_poll_seconds)
         try:
-            await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline, "reboot": d}))
+            rebooted = await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline,
+                                                                                 "reboot": d}))  # fmt: skip
         except ApplicationError as err:
             if err.type != "RebootTimeout":
                 raise
-            return record.model_copy(update={"succeeded": False, "message": err.message})
-        return record
+            return record.model_copy(update={"succeeded": False, "message": err.message}), boot_id
+        return record, rebooted
 
     @activity.defn
     async def finish_node_update(self, req: NodeUpdateFinish) -> None:
-        """End a node's update in one write: the packages installed added to its packages annotation, its state
-        `complete`, and with `uncordon` the rollout's own cordon removed (never someone else's). Conditional on the
+        """End a node's update in one write: the packages installed added to its packages annotation (those
+        uninstalled taken out), its state `complete`, with `uncordon` the rollout's own cordon removed (never someone
+        else's), and with `untaint` the runtime-required taint. Conditional on the
         node's resourceVersion, so a concurrent writer's package entry is never lost (its 409 is retried); writes
         nothing when the node says all of it already. Short and idempotent: a local activity."""
         state = NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout, state="complete")
         await self._hand_back(await self._read_node(req.cluster, req.node), state, packages=req.packages,
-                              uncordon=req.uncordon)  # fmt: skip
+                              uncordon=req.uncordon, removed=req.removed, untaint=req.untaint)  # fmt: skip
 
     async def _hand_back(self, node: k8s.V1Node, state: NodeRolloutState, *, packages: dict[str, str],
-                         uncordon: bool) -> None:  # fmt: skip
-        """One conditional write: `packages` recorded, `state`, and the cordon of `state.rollout` removed."""
+                         uncordon: bool, removed: list[str] | None = None, untaint: bool = False) -> None:  # fmt: skip
+        """One conditional write: `packages` recorded (`removed` ones dropped), `state`, the cordon of
+        `state.rollout` removed, and with `untaint` the runtime-required taint."""
         annotations = node.metadata.annotations or {}
         labels: dict[str, Any] = {}
         changes: dict[str, Any] = {}
         shows: list[Callable[[k8s.V1Node], bool]] = []
         spec: dict[str, Any] = {}
+        done: list[str] = []
         installed = packages_of(annotations, state.node)
-        if any(installed.get(name) != version for name, version in packages.items()):
-            value = json.dumps(dict(sorted({**installed, **packages}.items())), separators=(",", ":"))
+        gone = [name for name in removed or [] if name in installed]
+        if gone or any(installed.get(name) != version for name, version in packages.items()):
+            kept = {k: v for k, v in {**installed, **packages}.items() if k not in gone}
+            value = json.dumps(dict(sorted(kept.items())), separators=(",", ":"))
             changes[PACKAGES_ANNOTATION] = value
             shows.append(lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value)
+            done += [f"{name} uninstalled" for name in gone]
         change = state_change(node, state)
         if change is not None:
             labels.update(change.labels)
@@ -275,6 +333,12 @@ class KubeActivities(RolloutNodeActivities):
             changes.update({CORDONED_BY: None, CORDON_REASON: None})
             spec["unschedulable"] = False
             shows.append(lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None)
+            done.append("uncordoned")
+        if untaint and marks.has_runtime_taint(node):
+            spec["taints"] = marks.taints_without_runtime_required(node)
+            changes[marks.AUTO_TAINT_ANNOTATION] = None
+            shows.append(lambda n: not marks.has_runtime_taint(n))
+            done.append("runtime-required taint removed")
         if not shows:
             return
         patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
@@ -283,8 +347,9 @@ class KubeActivities(RolloutNodeActivities):
             patch["spec"] = spec
         await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
                                lambda n: all(show(n) for show in shows))  # fmt: skip
-        if spec:
-            activity.logger.info("uncordoned node %s for %s", state.node, state.rollout)
+        if done:
+            activity.logger.info("node %s for %s: %s", state.node, state.rollout, ", ".join(done))
+        await self._state_event(node, state, *done)
 
     @activity.defn
     async def check_node_conditions(self, req: ConditionGate) -> list[str]:

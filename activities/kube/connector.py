@@ -45,7 +45,7 @@ class ClusterApiClient(k8s.ApiClient):
                           "trusting the system's CAs: the kubeconfig names no certificate-authority")  # fmt: skip
         self._fix = fix
 
-    async def call_api(self, method, url, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def call_api(self, method, url, *args, **kwargs):
         try:
             return await super().call_api(method, url, *args, **kwargs)
         except aiohttp.ClientError as err:

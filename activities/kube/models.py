@@ -135,6 +135,9 @@ class EvictRequest(StrictModel):
     cluster: str
     pod: PodRef
     grace_period_seconds: int | None = None
+    node: str = Field("", description="The node drained: its DrainBlocked condition True while the eviction is refused.")
+    was_blocked: bool = Field(False, description="An earlier eviction of the pod was refused: once this one is "
+                                                 "accepted, DrainBlocked goes False if it still names the pod.")
 
 
 class EvictOutcome(StrictModel):
@@ -148,6 +151,12 @@ class WaitPodsGoneRequest(StrictModel):
     cluster: str
     pods: list[PodRef]
     poll_interval_seconds: float = 1.0
+    node: str = Field("", description="The node drained: DrainBlocked while a pod outlives its grace period, "
+                                      "cleared once all are gone.")  # fmt: skip
+    not_leaving_after_seconds: float = Field(30.0, ge=0, description="How long past its grace period a terminating "
+                                             "pod may stay before the drain shows as blocked.")  # fmt: skip
+    was_blocked: bool = Field(False, description="The drain was shown blocked: DrainBlocked goes False once all "
+                                                 "the pods are gone.")  # fmt: skip
 
 
 class NodePageRequest(StrictModel):
@@ -165,6 +174,7 @@ class NodeSummary(StrictModel):
     labels: dict[str, str]
     unschedulable: bool
     ready: bool
+    created: str | None = Field(None, description="metadata.creationTimestamp (RFC 3339, UTC): a rollout's stable order.")
 
 
 class NodePage(StrictModel):
@@ -258,6 +268,11 @@ class NodeUpdateStart(StrictModel):
         None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
     )
     drain: DrainSettings | None = Field(None, description="How the drain is planned (with cordon).")
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version the rollout installs: "
+                                     "a node with a later version installed is refused, untouched.")  # fmt: skip
+    allow_downgrade: bool = Field(False, description="Install `packages` over later versions.")
+    auto_taint: bool = Field(False, description="Give a new node (no Millwright annotation) the runtime-required "
+                                                "taint first, so it takes no work until its packages are complete.")
 
     _selector = field_validator("non_interrupt_selector")(validate_label_selector)
 
@@ -268,6 +283,7 @@ class NodeUpdateStarted(StrictModel):
                                          "started.")  # fmt: skip
     cordon: CordonResult | None = Field(None, description="With cordon: whose cordon the node has.")
     drain: DrainPlan | None = Field(None, description="With cordon: the pods to evict, listed after the cordon.")
+    refused: str = Field("", description="Why the node was left untouched but `erroring` (a downgrade not allowed).")
 
 
 class NodeStages(StrictModel):
@@ -295,7 +311,9 @@ class NodeUpdateFinish(StrictModel):
     node: str
     rollout: str
     packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    removed: list[str] = Field(default_factory=list, description="Packages uninstalled: their entries go.")
     uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
+    untaint: bool = Field(False, description="Remove the runtime-required taint: the node's packages are complete.")
 
 
 class ConditionGate(StrictModel):

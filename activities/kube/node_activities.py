@@ -6,6 +6,7 @@ maps them."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.drain import controller_of, eviction_refused, eviction_unsettled, pod_finished, pod_ref_of
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, next_poll
+from activities.kube import node_marks as marks
 from activities.kube.models import (
     CORDON_REASON,
     CORDONED_BY,
@@ -95,6 +97,8 @@ class NodeActivities:
                                lambda n: bool(n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) == req.owner
                                and (change is None or change.shown_by(n)))  # fmt: skip
         activity.logger.info("cordoned node %s for %s", req.node, req.owner)
+        if state is not None and change is not None:
+            await self._state_event(node, state, "cordoned")
         return CordonResult(owned=True)
 
     @activity.defn
@@ -245,13 +249,23 @@ class NodeActivities:
         Only a fresh read of the pod ever says it is gone (missing, or a new UID): never the
         eviction's answer. The pod is read first, so a retry after a crash or a lost answer never
         sends a second eviction for a pod already terminating or gone. Every answer, as `kubectl
-        drain` treats it (the table: README "Draining a node: every answer of the eviction API"):
+        drain` treats it (the table: docs/node-maintenance.md, "Draining a node"):
         2xx accepted (the drain then waits for the pod to go); 429 and 403 NamespaceTerminating
         blocked, tried again later; the more-than-one-budget 500 and 400/403/422 refused for good;
         anything else (404, 409, 5xx, a dropped connection: the eviction may or may not have
         happened) is settled by reading the pod again: gone or terminating as the read shows,
         otherwise still to evict (a 409 as blocked, the rest as a retryable error).
+
+        With `node`, the node's DrainBlocked condition says so while this eviction is refused (and a Warning Event
+        when it first is); with `was_blocked` too, it goes False once the eviction is accepted, if it still names
+        this pod (a drain never blocked reads nothing more).
         """
+        outcome = await self._evict(req)
+        if req.node and (outcome.status == "blocked" or req.was_blocked):
+            await self._show_drain_blocked(req, outcome)
+        return outcome
+
+    async def _evict(self, req: EvictRequest) -> EvictOutcome:
         core = await self._clusters.core(req.cluster)
         pod_ref = req.pod
         seen = await self._pod_state(core, pod_ref)
@@ -295,19 +309,62 @@ class NodeActivities:
     async def wait_pods_gone(self, req: WaitPodsGoneRequest) -> int:
         """Wait until every pod is deleted or replaced (a new UID), as kubectl drain waits.
 
-        Heartbeats the number still terminating; the workflow bounds it with the drain timeout.
+        Heartbeats the number still terminating; the workflow bounds it with the drain timeout. With `node`, a pod
+        still there `not_leaving_after_seconds` past its deletion deadline (deletionTimestamp: the delete plus its
+        grace period; a finalizer or a kubelet keeps it) shows the node's DrainBlocked, until all are gone (and one
+        shown by the evictions, `was_blocked`, goes False then too).
         """
         core = await self._clusters.core(req.cluster)
-        remaining, poll = list(req.pods), FIRST_POLL_SECONDS
+        remaining, poll, stuck_shown = list(req.pods), FIRST_POLL_SECONDS, False
         while True:
-            still = []
+            still, stuck = [], None
             for pod_ref in remaining:
                 pod = await self._read_pod(core, pod_ref)
                 if pod is not None and pod.metadata.uid == pod_ref.uid:
                     still.append(pod_ref)
+                    due = pod.metadata.deletion_timestamp
+                    if stuck is None and due is not None and \
+                            (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds:
+                        stuck = pod_ref
             remaining = still
             activity.heartbeat(len(remaining))
             if not remaining:
+                if req.node and (req.was_blocked or stuck_shown):
+                    await self._set_drain_blocked(req.cluster, req.node, False, "Drained", "every pod planned is gone")
                 return len(req.pods)
+            if req.node and stuck is not None and not stuck_shown:
+                stuck_shown = True
+                await self._set_drain_blocked(req.cluster, req.node, True, "PodNotTerminating",
+                                              f"{stuck} outlived its termination grace period", event=True)
             await asyncio.sleep(poll)
             poll = next_poll(poll, req.poll_interval_seconds)
+
+    async def _show_drain_blocked(self, req: EvictRequest, outcome: EvictOutcome) -> None:
+        if outcome.status == "blocked":
+            why = f"eviction of {req.pod} refused" + (f" by PodDisruptionBudget {outcome.budget}" if outcome.budget
+                                                        else "") + (f": {outcome.message}" if outcome.message else "")
+            await self._set_drain_blocked(req.cluster, req.node, True, "PodDisruptionBudget" if outcome.budget
+                                          else "EvictionRefused", why, event=True)  # fmt: skip
+        else:
+            await self._set_drain_blocked(req.cluster, req.node, False, "EvictionAccepted",
+                                          f"eviction of {req.pod} accepted", naming=str(req.pod))  # fmt: skip
+
+    async def _set_drain_blocked(self, cluster: str, node: str, blocked: bool, reason: str, message: str, *,
+                                 event: bool = False, naming: str | None = None) -> None:  # fmt: skip
+        """The node's DrainBlocked condition `blocked` (True) or not, written only when it changes; it is set False
+        only where it is True, and with `naming` only when its message names that pod (another pod may still be
+        refused). A status write, merged by condition type: the kubelet's conditions stay."""
+        found = await self._read_node(cluster, node)
+        previous = marks.condition(found.status.conditions or [], marks.DRAIN_BLOCKED)
+        if not blocked:
+            if previous is None or previous.status != "True" or (naming and naming not in (previous.message or "")):
+                return
+        elif previous is not None and previous.status == "True" and previous.message == message[:1024]:
+            return
+        core = await self._clusters.core(cluster)
+        patch = marks.drain_blocked_patch(blocked, reason, message, previous)
+        await api_call(f"recording DrainBlocked on node {node}",
+                    core.patch_node_status(node, patch, _request_timeout=REQUEST_TIMEOUT))
+        if event and (previous is None or previous.status != "True"):
+            await marks.record_event(core, marks.event_body(node, found.metadata.uid, marks.DRAIN_BLOCKED, message,
+                                                            warning=True, key=(message,)))  # fmt: skip

@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
+from activities.kube import node_marks as marks
 from activities.kube.models import (
     INTERRUPTS,
     JOB_ATTEMPT_ANNOTATION,
@@ -128,6 +129,16 @@ class RolloutNodeActivities(NodeActivities):
             await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
                                                                         "annotations": change.annotations}},
                                    f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
+            await self._state_event(node, req)
+
+    async def _state_event(self, node: k8s.V1Node, state: NodeRolloutState, *done: str) -> None:
+        """The Event of a node's state change (NodeWright's reason `State`), with what the same write did."""
+        where = f" at {state.package} {state.stage}" if state.stage else ""
+        message = f"{state.state}{where} (rollout {state.rollout})" + "".join(f"; {d}" for d in done) + \
+            (f": {state.reason}" if state.reason else "")
+        await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
+            state.node, node.metadata.uid, "State", message, warning=state.state in ("erroring", "blocked"),
+            key=(state.state, state.stage, state.package)))  # fmt: skip
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
@@ -155,7 +166,7 @@ class RolloutNodeActivities(NodeActivities):
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOB_NAMESPACE,
                                                                      "labels": {"app.kubernetes.io/managed-by": "millwright"}}}
         try:
-            await core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)
+            await core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
         except ApiException as err:
             if err.status != 409:
                 raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
@@ -298,7 +309,7 @@ class RolloutNodeActivities(NodeActivities):
         key = short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
                           info.workflow_run_id)
         name = stage_job_name(req.package, req.stage, key)
-        started = float(previous.get("started")) if isinstance(previous, dict) and previous.get("started") else time.time()
+        started = float(previous["started"]) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
         body = self._stage_job(req, name, attempt)
         batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
@@ -340,7 +351,7 @@ class RolloutNodeActivities(NodeActivities):
                 "data": dict(req.config),
             }
             try:
-                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)
+                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
             except ApiException as err:
                 if err.status != 409:
                     raise api_error(err, f"creating ConfigMap {name}") from err
@@ -348,6 +359,7 @@ class RolloutNodeActivities(NodeActivities):
                 raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
                                        type="KubernetesUnavailable") from err
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
+        job: dict[str, Any] | None
         job, waiting = existing, time.time()
         while True:
             if job is None or job["metadata"].get("uid") != uid:

@@ -16,6 +16,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT
+from activities.support.semver import is_downgrade
 from activities.kube.errors import api_error, none_if_not_found
 from activities.kube.models import (
     CORDONED_BY,
@@ -27,6 +28,7 @@ from activities.kube.models import (
     ROLLOUT_STATES,
     NodeInfo,
     NodeRolloutState,
+    NodeStage,
     NodeSummary,
 )
 
@@ -51,9 +53,9 @@ async def call_json(doing: str, coro) -> dict[str, Any]:
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
     if not 200 <= resp.status <= 299:
-        err = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
-        err.headers = resp.headers
-        raise api_error(err, doing) from err
+        failure = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+        failure.headers = resp.headers
+        raise api_error(failure, doing) from failure
     try:
         return json.loads(data)
     except ValueError as err:
@@ -81,6 +83,7 @@ def node_summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
         labels=labels,
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         ready=node_ready(node),
+        created=(node.get("metadata") or {}).get("creationTimestamp"),
     )
 
 
@@ -88,7 +91,7 @@ def annotation_of(obj: Any, key: str) -> str | None:
     return (obj.metadata.annotations or {}).get(key)
 
 
-def packages_of(annotations: dict[str, str], node: str, strict: bool = True) -> dict[str, str]:
+def packages_of(annotations: dict[str, str], node: str | None, strict: bool = True) -> dict[str, str]:
     raw = annotations.get(PACKAGES_ANNOTATION)
     if not raw:
         return {}
@@ -106,6 +109,20 @@ def packages_of(annotations: dict[str, str], node: str, strict: bool = True) -> 
         type="MalformedNodeAnnotation",
         non_retryable=True,
     )
+
+
+def is_reboot(stage: NodeStage) -> bool:
+    return stage.stage in ("interrupt", "uninstall-interrupt") and stage.interrupt == "reboot"
+
+
+def downgrades(node: k8s.V1Node, name: str, wanted: dict[str, str]) -> str:
+    """Why installing `wanted` on the node would downgrade a package; empty when it would not."""
+    installed = packages_of(node.metadata.annotations or {}, name, strict=False)
+    down = [f"{p} {installed[p]} is installed, the rollout has {v}" for p, v in sorted(wanted.items())
+            if p in installed and is_downgrade(installed[p], v)]  # fmt: skip
+    if not down:
+        return ""
+    return f"downgrade refused: {'; '.join(down)} (set allowDowngrade: true to install it anyway)"
 
 
 def node_info(node: k8s.V1Node) -> NodeInfo:

@@ -189,7 +189,7 @@ class NetBoxActivities(NetBoxClient):
                        if v is not None}  # fmt: skip
             chunks = [query.names[i:i + NAMES_PER_REQUEST] for i in range(0, len(query.names), NAMES_PER_REQUEST)]
             found: list[DeviceInfo] = []
-            for names in chunks or [None]:
+            for names in chunks or (None,):
                 wanted = {**filters, "id__gt": query.after_id, "ordering": "id", **({"name": names} if names else {})}
                 for n, record in enumerate(api.dcim.devices.filter(**wanted, limit=query.limit + 1)):
                     found.append(device_info(record))

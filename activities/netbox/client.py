@@ -119,6 +119,7 @@ class NetBoxClient:
     async def _in_thread(self, doing: str, fn: Callable[[Any], T]) -> T:
         """Run `fn(api)` in a thread, mapping NetBox and transport errors for the retry policy."""
         api, trust = self._api()
+        assert self._config is not None  # _api() refuses a worker without one
         doing = f"{doing} at NetBox {self._config.url}"  # the endpoint, for a run that shows why it waits
 
         def call() -> T:

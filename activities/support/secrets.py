@@ -53,7 +53,7 @@ class SecretRef(StrictModel):
         if not sep or source not in ("env", "file") or not name:
             # Never echo the text: a pasted token must not land in a log or an error.
             raise ValueError("a secret reference is 'env:NAME' or 'file:/path/to/file'")
-        return cls(source=source, name=name)  # type: ignore[arg-type]
+        return cls(source=source, name=name)
 
     def __str__(self) -> str:
         return f"{self.source}:{self.name}"

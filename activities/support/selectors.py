@@ -45,7 +45,8 @@ class Requirement:
 
 
 def _split_top_level(selector: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    current: list[str] = []
+    parts, depth = [], 0
     for ch in selector:
         if ch == "(":
             depth += 1

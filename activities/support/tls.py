@@ -1,6 +1,6 @@
 """TLS for every integration: what a client trusts, and which failures mean "certificate or hostname".
 
-What a client trusts is a setting of each integration (README "TLS to BMCs, NetBox, UFM, ..."):
+What a client trusts is a setting of each integration (docs/production.md, "TLS to the integrations"):
 
 - the default CAs (certifi's bundle for the HTTP clients, the kubeconfig's CA for Kubernetes);
 - a CA bundle reference ``file:/path/to/ca.pem``: the PEM file is read inside the activity at each attempt, so a

@@ -8,7 +8,14 @@ from lab.loopback import AdminClient
 
 
 class EmulatorAdmin(AdminClient):
-    """The Kubernetes emulator's admin API: seed, dump and tune it, on top of faults and the audit log."""
+    """The Kubernetes emulator's admin API: seed, dump and tune it, on top of faults and the audit log.
+
+    A fault's `match` takes verb, group, version, resource, subresource, namespace and name; its `action`
+    (lab/faults.py) {"status": code, "reason", "message", "retryAfterSeconds", "details"} (a 2xx: served, then
+    answered with that code; `details` replaces the Status's default ones), {"delay": seconds}, {"delayAfter":
+    seconds} or {"drop": "before" | "after"} (the connection is cut before the request is served, or after, its
+    answer lost). A status fault on `update poddisruptionbudgets/status` answers the eviction's own budget write
+    (lab/k8s/eviction.py `_budget_status_write`)."""
 
     async def seed(self, objects: list[dict]) -> dict:
         return await self._req("POST", "/_lab/seed", json={"objects": list(objects)})
@@ -21,19 +28,6 @@ class EmulatorAdmin(AdminClient):
 
     async def config(self) -> dict:
         return await self._req("GET", "/_lab/config")
-
-    async def add_fault(self, match: dict, action: dict, count: int = 1, skip: int = 0) -> int:
-        """The next `count` requests matching `match` get `action`, after `skip` matching ones are let through.
-        `action`: {"status": code, "reason", "message", "retryAfterSeconds", "details"} (a 2xx: served, then
-        answered with that code; `details` replaces the Status's default ones), {"delay": seconds} or
-        {"drop": "before" | "after"} (the connection is cut before the request is served, or after, its
-        answer lost). A status fault on `update poddisruptionbudgets/status` answers the eviction's own
-        budget write (lab/k8s/api.py `_budget_status_write`)."""
-        body = {"match": match, "action": action, "count": count, "skip": skip}
-        return (await self._req("POST", "/_lab/faults", json=body))["id"]
-
-    async def faults(self) -> list[dict]:
-        return (await self._req("GET", "/_lab/faults"))["faults"]
 
     async def requests(self) -> list[dict]:
         """Every kind of request this emulator process served, resets included (lab/k8s/evidence.py)."""

@@ -1,4 +1,10 @@
-"""HTTP layer: Kubernetes REST paths, discovery, verbs, eviction, faults, audit and the /_lab admin API."""
+"""HTTP layer: Kubernetes REST paths, discovery and verbs, behind the lab's fault front and audit log
+(lab/faults.py); the /_lab admin API is lab/k8s/labadmin.py.
+
+One module (about 800 lines): routing and the REST verbs (list, watch, create, update, patch, delete), which share
+the request helpers, the namespace and field checks and the write tail (`_finish_update`); what stands on its own
+is elsewhere: server-side apply (apply.py), eviction (eviction.py), Table output (tables.py), defaulting
+(defaults.py), the admin API (labadmin.py), the simulated controllers (controllers/)."""
 
 from __future__ import annotations
 
@@ -13,13 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
-from . import apply, evidence, fieldvalidation, managedfields, openapi, schemas, tables
+from lab.faults import FaultFront
+
+from . import apply, eviction, fieldvalidation, labadmin, managedfields, openapi, schemas, tables
 from .crds import admit
+from .defaults import default_job, prepare_create
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
-from .resources import ResourceType
+from .resources import Info, ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
-from .store import CRDS, JOBS, NAMESPACES, NODES, PDBS, PODS, Store, default_jobs_config, is_pod_ready
-from .util import REASONS, ApiError, diff, now_rfc3339, random_suffix, status_body
+from .store import CRDS, JOBS, NAMESPACES, PODS, Store
+from .util import JSON_CT, REASONS, ApiError, diff, err_resp, jresp, now_rfc3339, random_suffix, status_body, truthy
 
 log = logging.getLogger("lab.k8s")
 
@@ -28,51 +37,8 @@ VERSION_INFO = {
     "gitTreeState": "clean", "buildDate": "2025-04-22T00:00:00Z", "goVersion": "go1.23.6", "compiler": "gc",
     "platform": "linux/amd64",
 }
-JSON_CT = "application/json"
-# non-omitempty status fields of built-ins (the typed Python client requires them)
-INITIAL_STATUS = {
-    ("apps", "replicasets"): {"replicas": 0},
-    ("apps", "statefulsets"): {"replicas": 0, "availableReplicas": 0},
-    ("apps", "daemonsets"): {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
-                             "numberReady": 0},
-    ("policy", "poddisruptionbudgets"): {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0,
-                                         "expectedPods": 0},
-}
-EVICTION_RETRY_STEPS = 20  # EvictionsRetry in eviction.go: a budget write that conflicts is tried 20 times
 KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json", "application/apply-patch+yaml")
-
-
-def jresp(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
-                        content_type=JSON_CT, headers=headers)
-
-
-def err_resp(e: ApiError) -> web.Response:
-    return jresp(e.body(), e.code, e.headers)
-
-
-class Info:
-    """What a request addresses (used for routing, fault matching and the audit log)."""
-
-    def __init__(self) -> None:
-        self.kind = "other"  # discovery | resource | other
-        self.verb = ""
-        self.group = ""
-        self.version = ""
-        self.resource = ""
-        self.subresource = ""
-        self.namespace = ""
-        self.name = ""
-        self.rt: ResourceType | None = None
-
-    def as_dict(self) -> dict:
-        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
-                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
-
-
-def truthy(v: str | None) -> bool:
-    return (v or "").lower() in ("1", "true", "yes")
 
 
 class Api:
@@ -82,6 +48,7 @@ class Api:
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self.app.on_shutdown.append(self._on_shutdown)
         self.app.on_response_prepare.append(self._add_warnings)
+        self.front = FaultFront(self._record, serve_2xx=True)  # lab/faults.py: a 2xx fault is served first
 
     async def _add_warnings(self, request: web.Request, response: web.StreamResponse) -> None:
         for w in request.get("warnings") or []:  # fieldValidation=Warn (lab/k8s/fieldvalidation.py)
@@ -134,33 +101,10 @@ class Api:
             info.verb = method.lower()
         return info
 
-    # ================================================================== faults
-    def match_fault(self, info: Info, status_only: bool = False) -> dict | None:
-        """The first armed fault matching the request. A fault with `skip` left lets that many matching
-        requests through untouched first (so a test can reach, say, the second read of a pod). `status_only`:
-        for the API server's own internal calls, which only a status fault can answer."""
-        for f in self.store.faults:
-            if f["remaining"] == 0 or (status_only and "status" not in f["action"]):
-                continue
-            m = f["match"]
-            if any(m.get(k) is not None and m.get(k) != getattr(info, k)
-                   for k in ("verb", "group", "resource", "subresource", "namespace", "name")):
-                continue
-            if f.get("skip", 0) > 0:
-                f["skip"] -= 1
-                return None
-            if f["remaining"] > 0:
-                f["remaining"] -= 1
-            return f
-        return None
-
     # ================================================================== entry point
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         if request.path.startswith("/_lab/") or request.path == "/_lab":
-            try:
-                return await self.admin(request)
-            except ApiError as e:
-                return err_resp(e)
+            return await labadmin.handle(self.store, request)
         info = self.classify(request)
         entry: dict[str, Any] = {"time": time.time(), **info.as_dict(),
                                  "userAgent": request.headers.get("User-Agent", ""),
@@ -169,71 +113,48 @@ class Api:
         if info.kind == "discovery":
             entry["resource"] = ""
         request["audit"] = entry
-        fault = self.match_fault(info) if info.kind == "resource" else None
-        drop_after = False
-        answer_code = None  # a 2xx status fault: the request is served, then answered with this code
-        if fault:
-            action = fault["action"]
-            entry["fault"] = {"id": fault["id"], **action}
-            if "delay" in action:
-                await asyncio.sleep(float(action["delay"]))
-            elif "drop" in action:
-                if action["drop"] == "before":
-                    entry["code"] = 0
-                    self.store.audit_add(entry)
-                    return self._drop(request)
-                drop_after = True
-            elif "status" in action and 200 <= int(action["status"]) < 300:
-                answer_code = int(action["status"])
-            elif "status" in action:
-                code = int(action["status"])
-                ra = action.get("retryAfterSeconds")
-                details: dict[str, Any] = {"name": info.name, "kind": info.resource}
-                if info.group:
-                    details["group"] = info.group
-                if "details" in action:  # a Status the defaults cannot say: causes, or a path-level 404's none
-                    details = dict(action["details"] or {})
-                headers = {}
-                if ra is not None:
-                    details["retryAfterSeconds"] = int(ra)
-                    headers["Retry-After"] = str(int(ra))
-                msg = action.get("message") or f"injected fault: {REASONS.get(code, code)}"
-                e = ApiError(code, msg, action.get("reason"), details, headers)
-                entry["code"] = code
-                self.store.audit_add(entry)
-                return err_resp(e)
+        fault = self.store.faults.match(info.as_dict()) if info.kind == "resource" else None
+        return await self.front.handle(request, entry, fault, lambda: self.serve(request, info),
+                                       lambda f: err_resp(self.injected(info, f["action"])))
+
+    def _record(self, entry: dict) -> None:
+        if entry["write"]:
+            entry.setdefault("changes", [])
+        self.store.audit_add(entry)
+
+    @staticmethod
+    def injected(info: Info, action: dict) -> ApiError:
+        """A status fault's answer: a Status naming the addressed object, or the fault's own `details`."""
+        code = int(action["status"])
+        details: dict[str, Any] = {"name": info.name, "kind": info.resource}
+        if info.group:
+            details["group"] = info.group
+        if "details" in action:  # a Status the defaults cannot say: causes, or a path-level 404's none
+            details = dict(action["details"] or {})
+        headers = {}
+        ra = action.get("retryAfterSeconds")
+        if ra is not None:
+            details["retryAfterSeconds"] = int(ra)
+            headers["Retry-After"] = str(int(ra))
+        msg = action.get("message") or f"injected fault: {REASONS.get(code, code)}"
+        return ApiError(code, msg, action.get("reason"), details, headers)
+
+    async def serve(self, request: web.Request, info: Info) -> web.StreamResponse:
         try:
             if info.kind == "discovery":
-                resp = self.discovery(request)
-            elif info.kind == "resource":
-                resp = await self.resource(request, info)
-            else:
-                raise ApiError(404, "the server could not find the requested resource", "NotFound")
+                return self.discovery(request)
+            if info.kind == "resource":
+                return await self.resource(request, info)
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
         except ApiError as e:
-            resp = err_resp(e)
+            return err_resp(e)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            resp = err_resp(ApiError(400, f"error decoding request body: {e}", "BadRequest"))
+            return err_resp(ApiError(400, f"error decoding request body: {e}", "BadRequest"))
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as e:  # an emulator bug: still answer with a Status
             log.exception("internal error handling %s %s", request.method, request.path_qs)
-            resp = err_resp(ApiError(500, f"Internal error occurred: {type(e).__name__}: {e}", "InternalError"))
-        if not isinstance(resp, web.Response):  # watch streams audit themselves
-            return resp
-        if answer_code is not None and 200 <= resp.status < 300:  # a request that failed keeps its own answer
-            resp.set_status(answer_code)
-        entry.setdefault("code", resp.status)
-        if entry["write"] and "changes" not in entry:
-            entry["changes"] = []
-        self.store.audit_add(entry)
-        if drop_after:
-            return self._drop(request)
-        return resp
-
-    def _drop(self, request: web.Request) -> web.StreamResponse:
-        if request.transport is not None:
-            request.transport.abort()
-        raise ConnectionResetError("lab fault: connection dropped")
+            return err_resp(ApiError(500, f"Internal error occurred: {type(e).__name__}: {e}", "InternalError"))
 
     # ================================================================== discovery
     def discovery(self, request: web.Request) -> web.Response:
@@ -273,12 +194,8 @@ class Api:
         return json.loads(raw)
 
     def out(self, rt: ResourceType, obj: dict, version: str | None = None, shallow: bool = False) -> dict:
-        """The object as served. `shallow` only where it is serialized before the next await."""
-        o = dict(obj) if shallow else copy.deepcopy(obj)
-        v = version or rt.version
-        o["apiVersion"] = f"{rt.group}/{v}" if rt.group else v
-        o["kind"] = rt.kind
-        return o
+        """The object as served (lab/k8s/resources.py `ResourceType.served`)."""
+        return rt.served(obj, version, shallow)
 
     async def resource(self, request: web.Request, info: Info) -> web.StreamResponse:
         rt = info.rt
@@ -294,7 +211,7 @@ class Api:
             if verb != "create":
                 raise ApiError(405, "the server does not allow this method on the requested resource",
                                "MethodNotAllowed")
-            return await self.evict(request, info, rt)
+            return await eviction.evict(self, request, info, rt)  # lab/k8s/eviction.py
         if verb == "list":
             return await self.list(request, info, rt)
         if verb == "watch":
@@ -507,7 +424,7 @@ class Api:
             raise self._invalid(rt, name, "metadata.name", "a lowercase RFC 1123 subdomain must consist of "
                                 "lower case alphanumeric characters, '-' or '.', and must start and end with an "
                                 "alphanumeric character", name)
-        for k, v in (md.get("labels") or {}).items():
+        for v in (md.get("labels") or {}).values():
             if not isinstance(v, str) or len(v) > 63:
                 raise self._invalid(rt, name, "metadata.labels", "must be no more than 63 characters", v)
         if rt.key == PODS and not ((obj.get("spec") or {}).get("containers")):
@@ -527,58 +444,6 @@ class Api:
                 raise self._invalid(rt, name, "spec", "Required value: group, names.plural, names.kind, versions")
             if name != f"{names['plural']}.{spec['group']}":
                 raise self._invalid(rt, name, "metadata.name", "must be spec.names.plural+\".\"+spec.group", name)
-
-    def _prepare_create(self, rt: ResourceType, obj: dict) -> None:
-        """Defaulting and status reset as the real registry strategies do."""
-        md = obj["metadata"]
-        for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields",
-                  "selfLink"):
-            md.pop(k, None)
-        if rt.key == PODS:
-            spec = obj.setdefault("spec", {})
-            spec.setdefault("restartPolicy", "Always")
-            spec.setdefault("terminationGracePeriodSeconds", 30)
-            spec.setdefault("dnsPolicy", "ClusterFirst")
-            spec.setdefault("schedulerName", "default-scheduler")
-            spec.setdefault("serviceAccountName", "default")
-            spec.setdefault("enableServiceLinks", True)
-            spec.setdefault("priority", 0)
-            for c in spec.get("containers") or []:
-                c.setdefault("terminationMessagePath", "/dev/termination-log")
-                c.setdefault("terminationMessagePolicy", "File")
-                c.setdefault("imagePullPolicy", "IfNotPresent")
-                c.setdefault("resources", {})
-            obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
-        elif rt.key == NODES:
-            obj.setdefault("status", {})
-        elif rt.key == NAMESPACES:
-            obj["status"] = {"phase": "Active"}
-        elif rt.key == CRDS:
-            spec = obj["spec"]
-            obj["status"] = {
-                "acceptedNames": spec.get("names"),
-                "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")] or
-                [spec["versions"][0]["name"]],
-                "conditions": [
-                    {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                     "message": "no conflicts found", "lastTransitionTime": now_rfc3339()},
-                    {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                     "message": "the initial names have been accepted", "lastTransitionTime": now_rfc3339()},
-                ]}
-        elif rt.key == ("", "services"):
-            spec = obj.setdefault("spec", {})
-            spec.setdefault("type", "ClusterIP")
-            if "clusterIP" not in spec:
-                import random
-                spec["clusterIP"] = f"10.96.{random.randint(0, 255)}.{random.randint(1, 254)}"
-                spec["clusterIPs"] = [spec["clusterIP"]]
-            obj["status"] = {"loadBalancer": {}}
-        elif rt.status:
-            obj.pop("status", None)
-            if rt.builtin:
-                obj["status"] = copy.deepcopy(INITIAL_STATUS.get(rt.key, {}))
-        if rt.key == ("apps", "replicasets"):
-            obj["spec"].setdefault("replicas", 1)
 
     def _query_dry_run(self, request: web.Request) -> bool:
         return "All" in request.query.getall("dryRun", [])
@@ -632,7 +497,7 @@ class Api:
             if rt.group:
                 details["group"] = rt.group
             raise ApiError(409, f'{rt.group_resource} "{name}" already exists', "AlreadyExists", details)
-        self._prepare_create(rt, body)
+        prepare_create(rt, body)
         obj = self.store.new_meta(rt, body)
         if rt.key == JOBS:
             default_job(obj)
@@ -929,252 +794,3 @@ class Api:
             request["audit"]["changes"] = [{"path": ".", "old": f"{len(victims)} objects", "new": None}]
         return jresp({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                       "details": {"kind": rt.plural, **({"group": rt.group} if rt.group else {})}})
-
-    # ------------------------------------------------------------------ eviction
-    async def evict(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
-        """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
-        body = await self.body_json(request) or {}
-        entry = request["audit"]
-        ev: dict[str, Any] = {"pdb": None, "disruptionsAllowedBefore": None, "currentHealthyBefore": None,
-                              "desiredHealthy": None, "outcome": None}
-        entry["eviction"] = ev
-        name = ((body.get("metadata") or {}).get("name")) or ""
-        if name and name != info.name:
-            ev["outcome"] = "bad-request"
-            raise ApiError(400, "name in URL does not match name in Eviction object", "BadRequest")
-        opts = dict(body.get("deleteOptions") or {})
-        dry = "All" in (opts.get("dryRun") or []) or self._query_dry_run(request)
-        store = self.store
-        pdb_rt = store.registry.types[PDBS]
-        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
-        async with store.lock:
-            try:  # the NamespaceLifecycle admission, before the handler: no new content in a terminating namespace
-                self._check_namespace(rt, info.namespace, info.name)
-            except ApiError:
-                ev["outcome"] = "namespace-refused"
-                raise
-            pod = store.get(rt, info.namespace, info.name)
-            if pod is None:
-                ev["outcome"] = "not-found"
-                raise store.not_found(rt, info.name)
-            phase = (pod.get("status") or {}).get("phase")
-            deleting = bool(pod["metadata"].get("deletionTimestamp"))
-
-            def do_delete(outcome: str) -> web.Response:
-                # The delete options' preconditions are checked by the delete itself, after any budget
-                # was taken: a failed precondition is a 409 that has still used up a disruption.
-                try:
-                    self.check_preconditions(rt, pod, opts)
-                except ApiError:
-                    ev["outcome"] = "precondition-failed"
-                    raise
-                ev["outcome"] = outcome
-                if not dry:
-                    before = copy.deepcopy(pod)
-                    after = self.delete_object(rt, pod, opts)
-                    entry["changes"] = diff(before, after if store.get(rt, info.namespace, info.name) else None)
-                return jresp(success, 201)
-
-            if phase in ("Pending", "Succeeded", "Failed") or not phase or deleting:
-                return do_delete("deleted-without-pdb-check")
-            pdbs = store.pdbs_for_pod(pod)
-            if not pdbs:
-                return do_delete("evicted-no-pdb")
-            if len(pdbs) > 1:
-                ev["pdb"] = ",".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pdbs)
-                ev["outcome"] = "multiple-pdbs"
-                # Returned as the handler's result, not raised: a bare Status, no reason, the message as is.
-                raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
-                               "subresource does not support.", "")
-            pdb = pdbs[0]
-            pmd, pst = pdb["metadata"], pdb.get("status") or {}
-            live = store.pdb_math(pdb)
-            ev.update({"pdb": f"{pmd['namespace']}/{pmd['name']}",
-                       "disruptionsAllowedBefore": pst.get("disruptionsAllowed", 0),
-                       "currentHealthyBefore": live["currentHealthy"], "desiredHealthy": live["desiredHealthy"]})
-            policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
-            if not is_pod_ready(pod):
-                if policy == "AlwaysAllow":
-                    return do_delete("evicted-unhealthy")
-                if pst.get("currentHealthy", 0) >= pst.get("desiredHealthy", 0) > 0:
-                    return do_delete("evicted-unhealthy")
-            too_many = "Cannot evict pod as it would violate the pod's disruption budget."
-            if pst.get("observedGeneration", 0) < pmd.get("generation", 1):
-                ev["outcome"] = "blocked-stale-pdb"
-                raise ApiError(429, too_many, "TooManyRequests", {"retryAfterSeconds": 10, "causes": [
-                    {"reason": "DisruptionBudget",
-                     "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]},
-                    {"Retry-After": "10"})
-            allowed = int(pst.get("disruptionsAllowed", 0))
-            if allowed < 0:
-                ev["outcome"] = "forbidden-negative-budget"
-                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: pdb disruptions '
-                               'allowed is negative', "Forbidden",
-                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
-            if len(pst.get("disruptedPods") or {}) > 2000:
-                ev["outcome"] = "forbidden-too-many-disrupted"
-                raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: DisruptedPods map '
-                               'too big - too many evictions not confirmed by PDB controller', "Forbidden",
-                               {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
-            if allowed == 0:
-                ev["outcome"] = "blocked"
-                raise ApiError(429, too_many, "TooManyRequests", {"causes": [
-                    {"reason": "DisruptionBudget",
-                     "message": f"The disruption budget {pmd['name']} needs {pst.get('desiredHealthy', 0)} healthy "
-                                f"pods and has {pst.get('currentHealthy', 0)} currently"}]})
-            if dry:
-                ev["outcome"] = "evicted"
-                return jresp(success, 201)
-            self._budget_status_write(request, pdb, ev)
-            new_pdb = copy.deepcopy(pdb)
-            ns_ = new_pdb.setdefault("status", {})
-            ns_["disruptionsAllowed"] = allowed - 1
-            ns_.setdefault("disruptedPods", {})[info.name] = now_rfc3339()
-            store.side[f"disrupted/{pod['metadata'].get('uid')}"] = time.time()
-            store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
-            return do_delete("evicted")
-
-    def _budget_status_write(self, request: web.Request, pdb: dict, ev: dict) -> None:
-        """Before the budget is decremented: the API server writes it through its own loopback client
-        (`UpdateStatus`), so a status fault on `update poddisruptionbudgets/status` answers that internal
-        call. A Conflict is retried (the real server waits 500 ms between tries; here nothing else can
-        change the budget meanwhile); after 20 the eviction fails with that Conflict, nothing written,
-        the pod untouched. Any other error is the eviction's answer as it is. Lock held."""
-        pmd = pdb["metadata"]
-        internal = Info()
-        internal.kind, internal.verb, internal.group, internal.version = "resource", "update", "policy", "v1"
-        internal.resource, internal.subresource = "poddisruptionbudgets", "status"
-        internal.namespace, internal.name = pmd["namespace"], pmd["name"]
-        for _ in range(EVICTION_RETRY_STEPS):
-            fault = self.match_fault(internal, status_only=True)
-            if fault is None:
-                return
-            code = int(fault["action"]["status"])
-            ev["budgetWriteFaults"] = ev.get("budgetWriteFaults", 0) + 1
-            self.store.audit_add({"time": time.time(), **internal.as_dict(), "write": True, "code": code,
-                                  "userAgent": "lab-apiserver/eviction", "fault": {"id": fault["id"], **fault["action"]},
-                                  "path": f"(internal, for {request.path})"})
-            if code == 409:
-                continue
-            ev["outcome"] = "budget-write-failed"
-            raise ApiError(code, fault["action"].get("message") or f"injected fault: {REASONS.get(code, code)}",
-                           fault["action"].get("reason"))
-        ev["outcome"] = "budget-write-conflict"
-        raise self.store.conflict(self.store.registry.types[PDBS], pmd["name"])
-
-    # ================================================================== admin
-    async def admin(self, request: web.Request) -> web.Response:
-        from .seed import seed_objects
-
-        path = request.path.rstrip("/")
-        m = request.method
-        store = self.store
-        if path == "/_lab/reset" and m == "POST":
-            async with store.lock:
-                store.reset()
-            return jresp({"ok": True, "resourceVersion": str(store.rv)})
-        if path == "/_lab/seed" and m == "POST":
-            body = await self.body_json(request) or {}
-            objs = body.get("objects") if isinstance(body, dict) else body
-            async with store.lock:
-                result = seed_objects(self, objs or [])
-            return jresp(result)
-        if path == "/_lab/dump" and m == "GET":
-            async with store.lock:
-                return jresp({"objects": dump_objects(self), "resourceVersion": str(store.rv)})
-        if path == "/_lab/config":
-            if m == "POST":
-                body = await self.body_json(request) or {}
-                async with store.lock:
-                    for k, v in body.items():
-                        if k not in store.config:
-                            raise ApiError(400, f"unknown config key {k!r}", "BadRequest")
-                        if k == "jobs":
-                            store.config[k] = validate_jobs_config(v)
-                            continue
-                        store.config[k] = type(store.config[k])(v)
-                    for ns in {o["metadata"]["namespace"] for o in store.all(PDBS)}:
-                        store.recompute_pdbs(ns)
-                    store.kick.set()
-            return jresp(dict(store.config))
-        if path == "/_lab/faults":
-            if m == "POST":
-                body = await self.body_json(request) or {}
-                action = body.get("action") or {}
-                if not any(k in action for k in ("status", "delay", "drop")):
-                    raise ApiError(400, "action needs one of status, delay, drop", "BadRequest")
-                store.fault_seq += 1
-                f = {"id": store.fault_seq, "match": dict(body.get("match") or {}), "action": action,
-                     "remaining": int(body.get("count", 1)), "skip": int(body.get("skip", 0))}
-                store.faults.append(f)
-                return jresp({"id": f["id"]})
-            if m == "DELETE":
-                store.faults.clear()
-                return jresp({"ok": True})
-            return jresp({"faults": store.faults})
-        if path == "/_lab/audit/requests" and m == "GET":  # lab/k8s/evidence.py: every request kind, ever
-            return jresp(evidence.snapshot(f"{request.scheme}://{request.host}"))
-        if path == "/_lab/audit/cursor" and m == "GET":
-            return jresp({"next": store.audit_seq})
-        if path == "/_lab/audit" and m == "GET":
-            since = int(request.query.get("since") or 0)
-            writes = truthy(request.query.get("writes"))
-            limit = int(request.query.get("limit") or 0)
-            entries = [e for e in list(store.audit) if e["seq"] > since and (not writes or e.get("write"))]
-            if limit > 0:
-                entries = entries[:limit]
-            nxt = entries[-1]["seq"] if entries else max(since, store.audit_seq if not limit else since)
-            return jresp({"entries": entries, "next": nxt})
-        if path == "/_lab/healthz":
-            return jresp({"ok": True})
-        raise ApiError(404, f"unknown admin path {path}", "NotFound")
-
-
-def validate_jobs_config(v: Any) -> dict:
-    """The `jobs` config key: {"defaultSeconds": float, "rules": [{node, package, stage, interrupt, outcome,
-    seconds, times, message}]}; every rule field optional."""
-    if not isinstance(v, dict):
-        raise ApiError(400, "config key 'jobs' must be an object", "BadRequest")
-    cfg = {**default_jobs_config(), **copy.deepcopy(v)}
-    try:
-        cfg["defaultSeconds"] = float(cfg["defaultSeconds"])
-    except (TypeError, ValueError):
-        raise ApiError(400, "jobs.defaultSeconds must be a number", "BadRequest") from None
-    rules = cfg.get("rules")
-    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
-        raise ApiError(400, "jobs.rules must be a list of objects", "BadRequest")
-    known = {"node", "package", "stage", "interrupt", "outcome", "seconds", "times", "message"}
-    for i, r in enumerate(rules):
-        extra = set(r) - known
-        if extra:
-            raise ApiError(400, f"jobs.rules[{i}]: unknown fields {sorted(extra)}", "BadRequest")
-        if str(r.get("outcome") or "succeed").lower() not in ("succeed", "success", "fail", "failed", "failure"):
-            raise ApiError(400, f"jobs.rules[{i}].outcome must be 'succeed' or 'fail'", "BadRequest")
-    return cfg
-
-
-def default_job(job: dict) -> None:
-    """batch/v1 Job defaulting as the API server does (selector and template labels from the uid)."""
-    md, spec = job["metadata"], job.setdefault("spec", {})
-    uid, name = md["uid"], md["name"]
-    spec.setdefault("backoffLimit", 6)
-    spec.setdefault("completions", 1)
-    spec.setdefault("parallelism", 1)
-    spec.setdefault("completionMode", "NonIndexed")
-    spec.setdefault("suspend", False)
-    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
-    if not spec.get("manualSelector"):
-        spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-        tmd = spec.setdefault("template", {}).setdefault("metadata", {})
-        tmd.setdefault("labels", {}).update({"batch.kubernetes.io/controller-uid": uid,
-                                             "batch.kubernetes.io/job-name": name, "controller-uid": uid,
-                                             "job-name": name})
-
-
-def dump_objects(api: Api) -> list[dict]:
-    out = []
-    for key in sorted(api.store.objects):
-        rt = api.store.registry.types.get(key)
-        for _, o in sorted(api.store.objects[key].items()):
-            out.append(api.out(rt, o) if rt else copy.deepcopy(o))
-    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -22,8 +22,20 @@ from .util import ApiError, now_rfc3339
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .api import Api, Info
-    from .resources import ResourceType
+    from .resources import Info, ResourceType
+    from .store import Store
+
+
+class Writes(Protocol):
+    """What an apply asks of the API server (lab/k8s/api.py `Api`): its store and its create and update tails."""
+
+    store: "Store"
+
+    def create_locked(self, request: "web.Request", info: "Info", rt: "ResourceType", body: dict,
+                      managed: list[dict] | None = None) -> "web.Response": ...
+
+    def _finish_update(self, request: "web.Request", info: "Info", rt: "ResourceType", old: dict, new: dict,
+                       sub: str, managed: list[dict] | None = None) -> "web.Response": ...
 
 
 def parse(raw: bytes) -> dict:
@@ -144,7 +156,7 @@ def _options(request: "web.Request") -> tuple[str, bool]:
     return manager, force
 
 
-def applied(api: "Api", rt: "ResourceType", version: str, live: dict | None, config: dict, manager: str,
+def applied(api: Writes, rt: "ResourceType", version: str, live: dict | None, config: dict, manager: str,
             force: bool, subresource: str) -> tuple[dict, list[dict]]:
     """(the object after applying `config`, its managedFields). Lock held."""
     root = schemas.resource_schema(api.store, rt, version)
@@ -175,7 +187,7 @@ def applied(api: "Api", rt: "ResourceType", version: str, live: dict | None, con
     return merged, managedfields.encode(others + [me])
 
 
-async def handle(api: "Api", request: "web.Request", info: "Info", rt: "ResourceType") -> "web.Response":
+async def handle(api: Writes, request: "web.Request", info: "Info", rt: "ResourceType") -> "web.Response":
     manager, force = _options(request)
     config = parse(await request.read())
     md = config.setdefault("metadata", {})
@@ -203,7 +215,7 @@ async def handle(api: "Api", request: "web.Request", info: "Info", rt: "Resource
                 raise api.store.not_found(rt, info.name)
             obj, managed = applied(api, rt, info.version, None, config, manager, force, "")
             return api.create_locked(request, info, rt, obj, managed)
-        current = api.out(rt, live, info.version)
+        current = rt.served(live, info.version)
         new, managed = applied(api, rt, info.version, current, config, manager, force, info.subresource)
         new["metadata"]["managedFields"] = managed
         return api._finish_update(request, info, rt, live, new, info.subresource, managed=managed)

@@ -156,8 +156,6 @@ def merge_key(field: str, path: tuple[str, ...], kind: str) -> str | None:
         return "type"
     if field == "ownerReferences":
         return "uid"
-    if field == "taints":
-        return "key"
     if field == "addresses" and kind == "Node":
         return "type"
     if field == "hostAliases":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -42,6 +43,34 @@ class ResourceType:
     def group_resource(self) -> str:
         """`pods` or `deployments.apps`, as used in real error messages."""
         return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    def served(self, obj: dict, version: str | None = None, shallow: bool = False) -> dict:
+        """The object as served at `version` (default: the storage version). `shallow` only where it is
+        serialized before the next await."""
+        o = dict(obj) if shallow else copy.deepcopy(obj)
+        v = version or self.version
+        o["apiVersion"] = f"{self.group}/{v}" if self.group else v
+        o["kind"] = self.kind
+        return o
+
+
+class Info:
+    """What a request addresses (used for routing, fault matching and the audit log)."""
+
+    def __init__(self) -> None:
+        self.kind = "other"  # discovery | resource | other
+        self.verb = ""
+        self.group = ""
+        self.version = ""
+        self.resource = ""
+        self.subresource = ""
+        self.namespace = ""
+        self.name = ""
+        self.rt: ResourceType | None = None
+
+    def as_dict(self) -> dict:
+        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
+                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
 
 
 def _b(group, version, plural, kind, namespaced, **kw) -> ResourceType:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import TYPE_CHECKING
 
-from .store import CRDS, NAMESPACES, PODS
-
-if TYPE_CHECKING:
-    from .api import Api
+from .defaults import prepare_create
+from .store import CRDS, NAMESPACES, PODS, Store
 
 
 def _order(o: dict) -> int:
@@ -25,9 +22,8 @@ def _order(o: dict) -> int:
     return 3
 
 
-def seed_objects(api: "Api", objects: list[dict]) -> dict:
+def seed_objects(store: Store, objects: list[dict]) -> dict:
     """Lock held. Creates (or replaces) each object, keeping status, uid and timestamps when given."""
-    store = api.store
     created = replaced = 0
     errors: list[str] = []
     kinds: dict[str, int] = {}
@@ -70,7 +66,7 @@ def seed_objects(api: "Api", objects: list[dict]) -> dict:
                     store.config.get("graceScale", 1.0))
         if rt.key == CRDS:
             if "status" not in obj:
-                api._prepare_create(rt, obj)
+                prepare_create(rt, obj)
             store.registry.register_crd(obj)
         store.put(rt, obj)
         kinds[rt.kind] = kinds.get(rt.kind, 0) + 1

@@ -12,8 +12,9 @@ from aiohttp import web
 from lab.loopback import announce_and_wait
 
 from . import evidence
-from .api import Api, dump_objects
-from .controllers import Controllers
+from .api import Api
+from .controllers.composite import Controllers
+from .labadmin import dump_objects, validate_jobs_config
 from .seed import seed_objects
 from .store import Store
 
@@ -26,7 +27,7 @@ class Emulator:
         self.host, self.port = host, port
         self.store = Store(config)
         self.api = Api(self.store)
-        self.controllers = Controllers(self.api)
+        self.controllers = Controllers(self.api, new_emulator=Emulator)  # a CAPI workload cluster's API server
         self.state_file = state_file
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -36,12 +37,12 @@ class Emulator:
             with open(self.state_file) as f:
                 data = json.load(f)
             async with self.store.lock:
-                seed_objects(self.api, data.get("objects") or [])
+                seed_objects(self.store, data.get("objects") or [])
                 if isinstance(data.get("config"), dict):
                     self.store.config.update({k: v for k, v in data["config"].items() if k in self.store.config})
         for objs in seeds or []:
             async with self.store.lock:
-                seed_objects(self.api, objs)
+                seed_objects(self.store, objs)
         self.runner = web.AppRunner(self.api.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port, shutdown_timeout=2.0)
@@ -49,14 +50,13 @@ class Emulator:
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.port = sock.getsockname()[1]
         self.url = f"http://{self.host}:{self.port}"
-        self.controllers.url = self.url  # the vCluster simulator's kubeconfigs point here
-        self.controllers.start()
+        self.controllers.start(self.url)
         return self.url
 
     def save_state(self) -> None:
         if not self.state_file:
             return
-        data = {"objects": dump_objects(self.api), "config": dict(self.store.config)}
+        data = {"objects": dump_objects(self.store), "config": dict(self.store.config)}
         d = os.path.dirname(os.path.abspath(self.state_file))
         os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".lab-k8s-state-")
@@ -117,8 +117,6 @@ def load_config_file(path: str) -> dict:
     """Emulator settings a seed or fleet file may carry next to its objects: `jobs` (outcome rules) and
     `rebootSeconds`."""
     import yaml
-
-    from .api import validate_jobs_config
 
     with open(path) as f:
         docs = [d for d in yaml.safe_load_all(f.read()) if d is not None]

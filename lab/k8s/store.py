@@ -1,4 +1,7 @@
-"""The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math."""
+"""The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math.
+
+One module (about 600 lines): the indexes, the watch history, the timers and the PDB math all change on the same
+`put`/`remove` under the same lock, so they stay next to those two writes."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lab.faults import AuditLog, FaultTable
+
 from . import evidence
 from .resources import Registry, ResourceType
 from .selectors import match_selector_obj, selector_obj_empty
@@ -21,6 +26,7 @@ from .util import ApiError, diff, now_rfc3339
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DISRUPTED_POD_TIMEOUT_S = 120.0
 AUDIT_MAX = 200_000
+FAULT_MATCH_KEYS = ("verb", "group", "version", "resource", "subresource", "namespace", "name")  # resources.Info's facts
 
 PODS = ("", "pods")
 PDBS = ("policy", "poddisruptionbudgets")
@@ -34,7 +40,7 @@ ObjKey = tuple[tuple[str, str], tuple[str, str]]  # (resource key, (namespace, n
 
 
 def default_jobs_config() -> dict:
-    """Job outcome rules (see controllers.match_job_rule): every rule field is optional."""
+    """Job outcome rules (see lab/k8s/controllers/kubelet.py `match_job_rule`): every rule field is optional."""
     return {"defaultSeconds": 1.0, "rules": []}
 
 
@@ -129,10 +135,8 @@ class Store:
         self.history: deque = deque()
         self.history_floor = 0
         self.watchers: set[Watcher] = set()
-        self.audit: deque = deque(maxlen=AUDIT_MAX)
-        self.audit_seq = 0
-        self.faults: list[dict] = []
-        self.fault_seq = 0
+        self.audit = AuditLog(AUDIT_MAX)  # lab/faults.py, with what `audit_add` adds
+        self.faults = FaultTable(FAULT_MATCH_KEYS)
         self.kick = asyncio.Event()
         self.side: dict[str, dict] = {}  # per-uid simulator bookkeeping (monotonic deadlines)
         self.gc_owners: set[str] = set()  # uids deleted with cascading propagation
@@ -476,9 +480,7 @@ class Store:
             if spec.get("nodeName"):
                 entry["jobAfter"] = {"node": spec["nodeName"], "labels": dict(job["metadata"].get("labels") or {}),
                                      "podsOnNode": self.pods_on_node(spec["nodeName"])}
-        self.audit_seq += 1
-        entry["seq"] = self.audit_seq
-        self.audit.append(entry)
+        self.audit.add(entry)
         evidence.note(entry)  # survives /_lab/reset: what the least-privilege check reads
         return entry
 

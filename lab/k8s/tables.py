@@ -5,6 +5,9 @@ pkg/printers/internalversion/printers.go); like the real server, every row carri
 too, and kubectl drops them without `-o wide`. Kinds the real server has no printer for get its default
 NAME / CREATED AT table. Custom resources get their CRD version's `additionalPrinterColumns` (JSONPath) after NAME,
 or AGE when there are none, as the apiextensions server prints them.
+
+One module (about 700 lines): most of it is the per-kind columns and cells, one short function per kind as
+printers.go has them, around one `table` entry point; they change together with kubectl's expectations.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Small helpers: timestamps, Status bodies, diffs, names."""
+"""Small helpers: timestamps, Status bodies and JSON answers, diffs, names."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import random
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from aiohttp import web
+
 REASONS = {
     400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
     406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
     429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
 }
 
+JSON_CT = "application/json"
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of k8s.io/apimachinery/pkg/util/rand
 
 
@@ -52,6 +55,19 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return status_body(self.code, self.message, self.reason, self.details)
+
+
+def jresp(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
+                        content_type=JSON_CT, headers=headers)
+
+
+def err_resp(e: ApiError) -> web.Response:
+    return jresp(e.body(), e.code, e.headers)
+
+
+def truthy(v: str | None) -> bool:
+    return (v or "").lower() in ("1", "true", "yes")
 
 
 def _short(v: Any, limit: int = 160) -> Any:

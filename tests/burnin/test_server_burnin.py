@@ -10,7 +10,7 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
-from lab.redfish import DEFAULT_FIRMWARE
+from lab.bmc import DEFAULT_FIRMWARE
 from tests.burnin.conftest import BMC_PASSWORD
 from tests.redfish import conftest as _redfish
 from tests.maintenance.test_node_maintenance import record_history

@@ -143,10 +143,11 @@ def test_three_patch_types_and_smp_merge_keys(core, lab):
     p = core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"j": None, "k": "v"}}},
                                   _content_type="application/merge-patch+json")
     assert "j" not in p.metadata.labels and p.metadata.labels["k"] == "v"
-    # node taints merge by key (kubectl cordon uses SMP on spec.unschedulable)
+    # node taints are an atomic list (+listType=atomic): a strategic merge patch replaces it whole, as kubectl
+    # taint relies on (it sends the full new list); kubectl cordon uses SMP on spec.unschedulable
     core.patch_node("n1", {"spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]}})
     n = core.patch_node("n1", {"spec": {"taints": [{"key": "b", "effect": "NoSchedule"}], "unschedulable": True}})
-    assert sorted(t.key for t in n.spec.taints) == ["a", "b"] and n.spec.unschedulable
+    assert [t.key for t in n.spec.taints] == ["b"] and n.spec.unschedulable
     n = core.patch_node("n1", {"spec": {"unschedulable": None}})
     assert not n.spec.unschedulable
 

@@ -57,3 +57,33 @@ def test_bad_admin_input(prom, admin):
         assert http.post("/_lab/series", json={"value": 1}).status_code == 400
         assert http.post("/_lab/series", json={"query": "x"}).status_code == 400
         assert http.post("/_lab/series", json={"query": "x", "result": [{"metric": {}}]}).status_code == 400
+        assert http.post("/_lab/samples", json={"samples": [{"metric": {"gpu": "0"}, "value": 1}]}).status_code == 400
+
+
+def test_selectors_are_evaluated_over_raw_series(prom, admin):
+    def xid(node: str, gpu: str, value: float) -> dict:
+        return {"metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": node, "gpu": gpu}, "value": value}
+
+    admin.set_samples([xid("n1", "0", 79), xid("n1", "1", 0), xid("n2", "0", 13),
+                       {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n1", "gpu": "0"}, "value": 60}])
+
+    def ask(query: str) -> list[tuple[str, str, str, str]]:
+        with httpx.Client(base_url=prom.url) as http:
+            body = http.post("/api/v1/query", data={"query": query}).json()
+        assert body["status"] == "success", body
+        return sorted((s["metric"]["__name__"], s["metric"]["Hostname"], s["metric"]["gpu"], s["value"][1])
+                      for s in body["data"]["result"])  # fmt: skip
+
+    assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname="n1"}') == [("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79"),
+                                                           ("DCGM_FI_DEV_XID_ERRORS", "n1", "1", "0")]  # fmt: skip
+    assert ask('{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_GPU_TEMP", Hostname=~"n\\\\d"} > 0') == [
+        ("DCGM_FI_DEV_GPU_TEMP", "n1", "0", "60"), ("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79"),
+        ("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13")]
+    assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname!="n1", gpu!~"1"} != 0') == [("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13")]
+    assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname=~"n"}') == []  # anchored, as Prometheus' regexes are
+    assert ask("sum(DCGM_FI_DEV_XID_ERRORS)") == []  # not a selector: nothing the stub can evaluate
+    admin.set_samples([{**xid("n2", "0", 0), "value": None}])  # dropped
+    assert ask("DCGM_FI_DEV_XID_ERRORS > 0") == [("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79")]
+    with httpx.Client(base_url=prom.url) as http:
+        r = http.post("/api/v1/query", data={"query": 'up{job=~"("}'})
+        assert r.status_code == 400 and r.json()["errorType"] == "bad_data"

@@ -176,7 +176,7 @@ async def test_fault_matrix(call, client, queue, k8s, core):
     audit = await k8s.audit(since=since)
 
     assert_no_node_went_down_with_a_workload(audit)
-    for node, case, result in zip(nodes, cases, results):
+    for case, result in zip(cases, results):
         assert result.outcome == case.outcome, f"{call} answered {case.answer}: {result.outcome} {result.reason}"
     assert rebooted(audit) == {n for n, c in zip(nodes, cases) if c.outcome == "complete"}
     unfired = [f for f in await k8s.faults() if f["remaining"] != 0]

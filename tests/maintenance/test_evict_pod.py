@@ -1,7 +1,7 @@
 """`evict_pod` and the other Kubernetes activities that decide "done" from an API answer, one answer at
 a time, through ActivityEnvironment against the Kubernetes emulator (no Temporal server).
 
-What each answer must come to is the table in README "Draining a node": a pod is `gone` only when a
+What each answer must come to is the table in docs/node-maintenance.md, "Draining a node": a pod is `gone` only when a
 fresh read finds it missing or replaced, never from the eviction's answer alone.
 """
 
@@ -15,8 +15,6 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.activities import KubeActivities
-from activities.kube.connector import ClusterConnector
 from activities.kube.models import (
     CORDONED_BY,
     JOB_NAMESPACE,
@@ -40,13 +38,6 @@ BUDGET_WRITE = {"verb": "update", "group": "policy", "resource": "poddisruptionb
 NAMESPACE_TERMINATING = {"name": POD, "kind": "pods", "causes": [
     {"reason": "NamespaceTerminating", "message": "namespace apps is being terminated", "field": "metadata.namespace"}]}
 PRECONDITION = "Precondition failed: UID in precondition: x, UID in object meta: y"
-
-
-@pytest.fixture
-async def kube(kubeconfig_path):
-    connector = ClusterConnector([str(kubeconfig_path)])
-    yield KubeActivities(connector)
-    await connector.close()
 
 
 def objects(*, pdb: dict | None = None, pods: int = 1) -> list[dict]:

@@ -18,7 +18,7 @@ from activities.netbox.models import (
     CF_GPU_MODEL,
     TAG_QUARANTINE,
 )
-from lab.redfish import DEFAULT_FIRMWARE
+from lab.bmc import DEFAULT_FIRMWARE
 from tests.burnin import conftest as burnin_tier
 from workflows.burnin.server_burnin import TAG_BURNIN_FAILED, TAG_BURNIN_PASSED, ServerBurnIn, ServerBurnInInput
 

@@ -10,7 +10,8 @@ import pytest
 import sushy
 from sushy import exceptions as sushy_exc
 
-from lab.redfish import DEFAULT_BIOS, DEFAULT_FIRMWARE, LabBmcs, fleet_servers, normalize_spec
+from lab.bmc import DEFAULT_BIOS, DEFAULT_FIRMWARE, fleet_servers, normalize_spec
+from lab.redfish import LabBmcs
 from tests.redfish.conftest import BMC_PASSWORD, BMC_USER
 
 AUTH = (BMC_USER, BMC_PASSWORD)

@@ -49,7 +49,7 @@ async def test_one_time_network_boot_is_read_back_and_consumed(acts, lab_bmcs, b
 
 
 async def test_inventory_and_sel(acts, lab_bmcs, bmc_admin):
-    from lab.redfish import DEFAULT_FIRMWARE
+    from lab.bmc import DEFAULT_FIRMWARE
 
     env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 2), lab_bmcs.names[2]
     inv = await env.run(acts.redfish_inventory, ref)

@@ -92,15 +92,36 @@ def netbox() -> FakeNetBox:
     return FakeNetBox()
 
 
+@pytest.fixture(scope="session")
+def prometheus_stub():
+    from lab.prometheus import PrometheusStub
+
+    with PrometheusStub() as stub:
+        yield stub
+
+
+@pytest.fixture
+def prometheus(prometheus_stub):
+    """The lab's Prometheus, emptied: the sweep's worker reads GPU faults from it (MILLWRIGHT_PROMETHEUS_URL)."""
+    from lab.prometheus import PrometheusAdmin
+
+    admin = PrometheusAdmin(prometheus_stub.url)
+    admin.clear()
+    yield admin
+    admin.clear()
+    admin.close()
+
+
 @pytest_asyncio.fixture(loop_scope="session")
-async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file):
-    """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity activities,
-    and the NetBox fake."""
+async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus):
+    """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity and Prometheus
+    activities (the lab's Prometheus as its MILLWRIGHT_PROMETHEUS_URL), and the NetBox fake."""
     from activities.entities import EntityActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
+    from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
     from activities.support.secrets import SecretRef
     from worker import registry
@@ -108,14 +129,15 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file):
     from workflows.budget.disruption_budget import DisruptionBudget
 
     connector = ClusterConnector([str(kubeconfig_path)])
+    prometheus_activities = PrometheusActivities(url=prometheus.url)
     workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])
     registration = registry.Registration(
         workflows=workflows,
         activities=KubeActivities(connector).activities() + NodeHealthActivities(connector).activities()
         + RedfishActivities(SecretRef.parse(f"file:{bmc_secret_file}")).activities()
         + NotifyActivities().activities() + EntityActivities().activities()
-        + netbox.activities(),
-        resources=[connector],
+        + netbox.activities() + prometheus_activities.activities(),
+        resources=[connector, prometheus_activities],
     )  # fmt: skip
     async with registry.new_worker(client, registration, f"rem-{uuid.uuid4().hex[:8]}") as worker:
         yield worker

@@ -36,8 +36,9 @@ async def test_two_sweeps_at_once_start_each_remediation_once(client, rem_worker
     # Children wait for an operator at their first step, so they are still running when the second sweep looks.
     settings = fast_settings(require_approval_for=["restart-gpu-services", "reset-gpu", "power-cycle"],
                              approval_timeout=3600)  # fmt: skip
+    # Four of six nodes unhealthy: min_healthy (51 %) would refuse them all; this test is about what is found.
     inp = FleetHealthSweepInput(clusters=["lab"], label_selector="", bmcs=bmcs, agent_timeout=1,
-                                max_remediations=10, remediation=settings)  # fmt: skip
+                                max_remediations=10, min_healthy={"percent": 0}, remediation=settings)  # fmt: skip
     sweeps = [
         await client.start_workflow(FleetHealthSweep.run, inp, id=f"{inp.workflow_id()}/{who}-{uuid.uuid4().hex[:6]}",
                                     task_queue=rem_worker.task_queue)
@@ -103,7 +104,8 @@ async def test_max_remediations_and_dry_run(client, rem_worker, k8s, names):
     p = names
     sick = [{"type": "KernelDeadlock", "status": "True"}]
     await k8s.seed(fleet(names[:3], conditions={p[0]: sick, p[1]: sick}, not_ready=[p[2]]))
-    base = dict(clusters=["lab"], checks={"host_agent": False, "bmc": False}, remediation=fast_settings())
+    base = dict(clusters=["lab"], checks={"host_agent": False, "bmc": False}, remediation=fast_settings(),
+                min_healthy={"percent": 0})  # none of the three is healthy
     dry = await client.execute_workflow(
         FleetHealthSweep.run, FleetHealthSweepInput(**base, dry_run=True), id=f"sweep-dry-{uuid.uuid4().hex[:6]}",
         task_queue=rem_worker.task_queue)  # fmt: skip

@@ -24,7 +24,7 @@ from activities.kube.models import (
 )
 from lab.fleet import Fleet
 from tests.kube_helpers import read_node, single_pod_workload
-from tests.rollout.test_kube_rollout_activities import env, kube, writes_to_node  # noqa: F401 (the `kube` fixture)
+from tests.rollout.test_kube_rollout_activities import env, writes_to_node
 
 ROLLOUT = "rollout/lab/kernel"
 PROTECTED = "workload=training"

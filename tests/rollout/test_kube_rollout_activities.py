@@ -12,9 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.activities import KubeActivities
 from activities.kube.stages import stage_job_name
-from activities.kube.connector import ClusterConnector
 from activities.kube.models import (
     JOB_NAMESPACE,
     PACKAGES_ANNOTATION,
@@ -32,13 +30,6 @@ from activities.kube.models import (
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from lab.fleet import Fleet
 from lab.prometheus import PrometheusAdmin, PrometheusStub
-
-
-@pytest.fixture
-async def kube(kubeconfig_path):
-    connector = ClusterConnector([str(kubeconfig_path)])
-    yield KubeActivities(connector)
-    await connector.close()
 
 
 def env(**info) -> ActivityEnvironment:

@@ -523,3 +523,25 @@ def test_dependency_cycle_names_the_cycle():
     assert info.value.cycle == ["b", "c", "b"]
     with pytest.raises(DependencyCycle):
         topological_order({"a": ["a"]})
+
+
+def test_uninstall_and_node_gate_fields_are_checked():
+    """NodeWright's uninstall rule, and the node-side options that would leave a node stuck."""
+    rejected(spec(packages={"agent": pkg(uninstall={"apply": True})}), "packages.agent.uninstall",
+             "apply: true needs enabled: true")
+    rejected(spec(packages={"agent": pkg(uninstall={"enabled": True, "apply": True}),
+                            "tool": pkg(dependsOn={"agent": "1.0.0"})}),
+             "packages.tool.dependsOn.agent: 'agent' is being uninstalled")
+    rejected(spec(autoTaintNewNodes=True), "autoTaintNewNodes", "runtimeRequired: true")
+    ok = RolloutInput.model_validate(spec(runtimeRequired=True, autoTaintNewNodes=True, allowDowngrade=True,
+                                          packages={"agent": pkg(uninstall={"enabled": True, "apply": True})}))
+    assert ok.packages["agent"].uninstall.apply and ok.runtime_required and ok.allow_downgrade
+
+
+def test_semver_precedence_tells_a_downgrade():
+    from activities.support.semver import is_downgrade
+
+    assert is_downgrade("1.10.0", "1.9.0") and not is_downgrade("1.9.0", "1.10.0")
+    assert is_downgrade("1.0.0", "1.0.0-rc.1") and is_downgrade("1.0.0-rc.10", "1.0.0-rc.2")
+    assert is_downgrade("1.0.0-beta", "1.0.0-alpha") and not is_downgrade("1.2.0", "1.2.0")
+    assert not is_downgrade("not-a-version", "1.0.0")

@@ -1,4 +1,4 @@
-"""Isolation against each UFM release the emulator plays (lab/ufm.py profiles 6.17, 6.19, 6.22), judged from the
+"""Isolation against each UFM release the emulator plays (lab/ufm_fabric.py profiles 6.17, 6.19, 6.22), judged from the
 emulator's state and its request log: the posture refuses a fabric whose management PKey voids isolation; a
 600-host tenant is isolated and released without a 414 from UFM's front; a PKey UFM deletes with its last member
 is reported deleted; a missing PKey answered 200 {} is created; a membership repair is a PUT, read back.

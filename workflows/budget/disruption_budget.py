@@ -16,6 +16,13 @@ uncordon; a node left cordoned keeps its lease until its holder's run closes, th
   wait). A lease a requester asked for on another run's behalf (a batch for the child it is about to start)
   lives while the requester runs until its holder has been seen running, then with the holder.
 - It continues-as-new, carrying its leases, queue and the decisions it still owes, before its history grows.
+- It holds the cluster's remediation circuit breaker (workflows/budget/breaker.py): a remediation's request
+  that would take more than the set share of the nodes out of service within the window trips it; from then on
+  every remediation's request is refused until an operator's validated ``reset_breaker`` update. While tripped the
+  entity's ``MillwrightPhase`` is ``breaker-tripped`` (``serving`` otherwise), the gauge
+  ``millwright_remediation_breaker_tripped{cluster}`` is 1, and it never closes while idle; the breaker is carried
+  across continue-as-new and taken over by the next run after an idle close (runs from before ``BREAKER_PATCH``
+  have none).
 
 The protocol: signals, never a Workflow Update per node
 --------------------------------------------------------
@@ -88,6 +95,18 @@ from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, history_is_long
 from workflows.common.call_options import API_CALL
+from workflows.budget.breaker import (
+    BREAKER_PATCH,
+    BREAKER_QUERY,
+    RESET_UPDATE,
+    SERVING_PHASE,
+    TRIPPED_GAUGE,
+    TRIPPED_PHASE,
+    TRIPS_COUNTER,
+    Breaker,
+    BreakerReset,
+    BreakerView,
+)
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -132,6 +151,7 @@ class BudgetBook(StrictModel):
     leases: dict[str, Lease] = Field(default_factory=dict, description="Granted, by holder + node.")
     queue: list[Lease] = Field(default_factory=list, description="Waiting, first come first served.")
     next_id: int = 1
+    breaker: Breaker = Field(default_factory=Breaker, description="The cluster's remediation circuit breaker.")
 
 
 class DisruptionBudgetInput(WorkflowInput):
@@ -205,6 +225,8 @@ class DisruptionBudget:
         # The queue comes from the input, never from workflow.info(), which a replay fills in with its own.
         self._queue = inp.task_queue
         self._move_to: str | None = None  # a requester's task queue to continue as new onto
+        self._breaker = False  # this run keeps the remediation circuit breaker (BREAKER_PATCH)
+        self._refused: list[Lease] = []  # remediations refused by the breaker, their decisions not yet sent
 
     # ------------------------------------------------------------ queries
 
@@ -220,6 +242,12 @@ class DisruptionBudget:
             out_of_service=self._out_of_service(), leases=list(self._book.leases.values()), queue=self._book.queue,
             checked_at=self._checked_at, error=self._error,
         )  # fmt: skip
+
+    @workflow.query(name=BREAKER_QUERY, description="The remediation circuit breaker: tripped or not, why, and "
+                    "the nodes remediation took within their windows.")  # fmt: skip
+    def breaker(self) -> BreakerView:
+        b = self._book.breaker
+        return BreakerView(cluster=self._inp.cluster, enabled=self._breaker, **b.model_dump())
 
     @workflow.query(description="Short progress for pollers.")
     def progress(self) -> Progress:
@@ -242,6 +270,7 @@ class DisruptionBudget:
                 # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
                 lease.holder_seen = False
             lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
+            lease.remediation = req.remediation  # asked again: judged by the latest settings
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
         self._dirty = True
@@ -295,21 +324,40 @@ class DisruptionBudget:
         if change.budget.count is not None and total is not None and change.budget.count > total:
             raise ValueError(f"count {change.budget.count} is more than the {total} nodes of {self._inp.cluster}")
 
+    @workflow.update(name=RESET_UPDATE, description="Close the remediation circuit breaker (an operator, once the "
+                     "cause is found): automated remediation resumes; what it took so far is forgotten.")  # fmt: skip
+    def reset_breaker(self, reset: BreakerReset) -> BreakerView:
+        self._book.breaker.clear(reset, workflow.now())
+        self._dirty = True  # look again: an idle entity may close now
+        self._breaker_changed()
+        self._changed()
+        return self.breaker()
+
+    @reset_breaker.validator
+    def _validate_reset_breaker(self, reset: BreakerReset) -> None:
+        if not self._breaker:
+            raise ValueError(f"this run of the disruption budget of {self._inp.cluster} predates the circuit breaker "
+                             "(it has none to reset); it gets one at its next continue-as-new")  # fmt: skip
+
     # ------------------------------------------------------------ run
 
     @workflow.run
     async def run(self, inp: DisruptionBudgetInput) -> BudgetBook:
         self._signals = workflow.patched(SIGNAL_PATCH)
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
+        self._breaker = workflow.patched(BREAKER_PATCH)
         if self._signals and inp.book is None and workflow.info().continued_run_id is None:
             await self._take_over()
+        if self._breaker:
+            self._breaker_changed()
         self._changed()
         limit = self._inp.history_limit
         while not history_is_long(limit) and self._move_to is None:
             if self._dirty or self._wake_in() == timedelta(0):
                 await self._tick()
                 continue
-            idle = self._signals and not self._book.leases and not self._book.queue
+            # A tripped breaker keeps the entity running: visible in the list, and answering the sweep's query.
+            idle = self._signals and not self._book.leases and not self._book.queue and not self._book.breaker.tripped
             try:
                 await workflow.wait_condition(
                     lambda: self._dirty or history_is_long(limit) or self._move_to is not None,
@@ -317,7 +365,8 @@ class DisruptionBudget:
                     timeout_summary="close while idle" if idle else "recheck the cluster and the holders",
                 )  # fmt: skip
             except asyncio.TimeoutError:
-                if idle and not self._book.leases and not self._book.queue and workflow.all_handlers_finished():
+                if idle and not self._book.leases and not self._book.queue and not self._book.breaker.tripped \
+                        and workflow.all_handlers_finished():  # fmt: skip
                     # Nothing to hand over but the settings: the next request starts a run on its own queue.
                     return self._book
         # Handlers waiting for a decision answer "queued" now; the queue and the decisions owed go to the next run.
@@ -345,6 +394,7 @@ class DisruptionBudget:
         if before is None:
             return
         self._book.next_id = max(self._book.next_id, before.next_id)
+        self._book.breaker = before.breaker  # what remediation took within its windows still counts
         if self._inp.budget is None and before.budget_source.startswith("operator"):
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
 
@@ -386,22 +436,34 @@ class DisruptionBudget:
             self._decisions += 1
             return
         self._checked_at = workflow.now()
+        tripped = self._book.breaker.tripped
         granted = self._grant(self._avail)
         self._decisions += 1
+        if self._book.breaker.tripped != tripped:
+            self._breaker_changed(trip=True)
         await self._notify([g for g in granted if g.notify])
 
     def _grant(self, avail: NodeAvailability) -> list[Lease]:
-        book, allowed = self._book, self._allowed() or 0
+        book, allowed, now = self._book, self._allowed() or 0, workflow.now()
         out = set(avail.unavailable) | {lease.node for lease in book.leases.values()}
         granted: list[Lease] = []
         blocked = False
         for lease in list(book.queue):
+            remediation = lease.remediation if self._breaker else None
+            if remediation is not None and book.breaker.tripped:  # refused at once, and holds nobody up
+                self._refuse(lease, book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now) or "")
+                continue
             costs = lease.node not in out
             if costs and (blocked or len(out) + 1 > allowed):
                 # First come, first served: nobody who costs a node overtakes a waiting request.
                 blocked = True
                 lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
                 continue
+            if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
+                refused = book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
+                if refused is not None:
+                    self._refuse(lease, refused)
+                    continue
             book.queue.remove(lease)
             lease.state, lease.granted_at, lease.position = "granted", workflow.now(), None
             lease.note = "" if costs else "the node was already out of service"
@@ -413,11 +475,18 @@ class DisruptionBudget:
             lease.position = i
         return granted
 
+    def _refuse(self, lease: Lease, note: str) -> None:
+        self._book.queue.remove(lease)
+        lease.state, lease.position, lease.note = "refused", None, note
+        lease.answer = lease.reply_to is not None
+        self._refused.append(lease)
+
     async def _notify(self, granted: list[Lease]) -> None:
         """Signal the grants of update-path holders, one each, and every decision owed to a signal-path requester,
-        one signal per requester. A receiver whose run is gone loses its leases and requests."""
+        one signal per requester (refusals too). A receiver whose run is gone loses its leases and requests."""
         owed: dict[str, list[Lease]] = {}
-        for lease in self._everyone():
+        refused, self._refused = self._refused, []
+        for lease in self._everyone() + refused:
             if lease.answer and lease.reply_to is not None:
                 owed.setdefault(lease.reply_to, []).append(lease.model_copy())
                 lease.answer = False
@@ -488,7 +557,7 @@ class DisruptionBudget:
     def _new_lease(self, req: LeaseRequest) -> Lease:
         book = self._book
         lease = Lease(id=f"lease-{book.next_id}", cluster=self._inp.cluster, node=req.node, holder=req.holder,
-                      reason=req.reason, requested_at=workflow.now())  # fmt: skip
+                      reason=req.reason, requested_at=workflow.now(), remediation=req.remediation)  # fmt: skip
         book.next_id += 1
         return lease
 
@@ -528,7 +597,19 @@ class DisruptionBudget:
                 f"{len(self._book.leases)} leased, {len(self._book.queue)} waiting")  # fmt: skip
         if self._book.queue:
             line += f" (next: {self._book.queue[0].node} for {self._book.queue[0].holder})"
+        if self._book.breaker.tripped:
+            line = f"**{self._book.breaker.refusal()}**\n\n{line}"
         return line + (f"; {self._error}" if self._error else "")
+
+    def _breaker_changed(self, trip: bool = False) -> None:
+        """The breaker's phase in the workflow list, and its gauge; `trip`: it just tripped (counted)."""
+        b, cluster = self._book.breaker, {"cluster": self._inp.cluster}
+        workflow.upsert_search_attributes([sa.PHASE.value_set(TRIPPED_PHASE if b.tripped else SERVING_PHASE)])
+        meter = workflow.metric_meter()
+        meter.create_gauge(TRIPPED_GAUGE, "1: the cluster's remediation circuit breaker is tripped").set(
+            int(b.tripped), cluster)
+        if trip:
+            meter.create_counter(TRIPS_COUNTER, "Times the remediation circuit breaker tripped").add(1, cluster)
 
     def _changed(self) -> None:
         workflow.set_current_details(self._summary())

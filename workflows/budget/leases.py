@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from temporalio import workflow
@@ -23,6 +23,8 @@ from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.budget.budget import Budget
+from workflows.common import priorities
+from workflows.budget.breaker import BreakerSettings
 
 GRANTED_SIGNAL = "disruption_budget_granted"  # update path: one grant per signal, to its holder
 DECISIONS_SIGNAL = "disruption_budget_decisions"  # signal path: every decision owed to one requester
@@ -32,14 +34,14 @@ LEASE_PATCH = "disruption-budget-lease"  # workflow.patched() id guarding the le
 SIGNAL_PATCH = "disruption-budget-signals"  # workflow.patched() id: the signal protocol, entity and requesters
 REPOLL = timedelta(minutes=5)  # a waiting requester asks again this often, in case its entity was terminated
 # Update path: the update answers once decided; a retry attaches to the same update.
-BUDGET_CALL = dict(
+BUDGET_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=15),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=30)),
 )  # fmt: skip
 # Signal path: a few short calls as a local activity; a worker killed during one holds the run up for a
 # workflow task timeout (10 s), then another worker sends them again (receivers de-duplicate).
-SIGNAL_CALL = dict(
+SIGNAL_CALL: dict[str, Any] = dict(
     start_to_close_timeout=timedelta(seconds=10),
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=10)),
@@ -59,7 +61,8 @@ class Lease(StrictModel):
     node: str
     holder: str = Field(description="Workflow ID of the run that holds (or waits for) the lease.")
     reason: str = ""
-    state: Literal["queued", "granted", "released"] = "queued"
+    state: Literal["queued", "granted", "released", "refused"] = Field(
+        "queued", description="refused: a remediation's request while the cluster's circuit breaker is tripped.")
     requested_at: datetime
     granted_at: datetime | None = None
     position: int | None = Field(None, description="Place in the queue (1: next), while queued.")
@@ -71,6 +74,8 @@ class Lease(StrictModel):
     )
     answer: bool = Field(False, description="Signal path: a decision is owed to reply_to.")
     holder_seen: bool = Field(False, description="The holder's run was seen running: from then on its liveness counts.")
+    remediation: BreakerSettings | None = Field(
+        None, description="Asked for by automated remediation: the circuit breaker's settings it is judged by.")
 
 
 class LeaseRequest(StrictModel):
@@ -79,6 +84,9 @@ class LeaseRequest(StrictModel):
     reason: str = ""
     budget: Budget | None = Field(None, description="The budget to set if the cluster has none but the default.")
     request_id: str = Field("", description="Signal path: set by the requester, new for each time it asks afresh.")
+    remediation: BreakerSettings | None = Field(
+        None, description="Set by automated remediation (workflows/budget/breaker.py): the circuit breaker's "
+        "settings its node is judged by; the request is refused while the breaker is tripped.")
 
     _node = field_validator("node")(validate_object_name)
 
@@ -216,7 +224,8 @@ def _coalesce(batch: list[tuple[str, str, BaseModel, Budget | None]]) -> list[Wo
         )  # fmt: skip
         start = EntityStart(workflow_type="DisruptionBudget",
                             start_input={"cluster": cluster, "task_queue": info.task_queue},
-                            task_queue=info.task_queue, keywords={sa.CLUSTER.name: cluster})  # fmt: skip
+                            task_queue=info.task_queue, keywords={sa.CLUSTER.name: cluster},
+                            priority_key=priorities.OPERATOR.priority_key)  # fmt: skip
         signals.append(WorkflowSignal(workflow_id=budget_workflow_id(cluster), signal=signal,
                                       payload=message.model_dump(mode="json"), start=start))  # fmt: skip
     return signals
@@ -227,7 +236,7 @@ def _requester() -> _Requester:
     requester = getattr(instance, "_millwright_leases", None)
     if requester is None:
         requester = _Requester()
-        setattr(instance, "_millwright_leases", requester)
+        instance._millwright_leases = requester
         workflow.set_signal_handler(GRANTED_SIGNAL, requester.grant_signalled)
         workflow.set_signal_handler(DECISIONS_SIGNAL, requester.decided)
     return requester
@@ -240,7 +249,7 @@ async def _call(cluster: str, update: str, payload: BaseModel, summary: str) -> 
             workflow_type="DisruptionBudget", workflow_id=budget_workflow_id(cluster),
             start_input={"cluster": cluster}, update=update, payload=payload.model_dump(mode="json"),
             keywords={sa.CLUSTER.name: cluster}, refused_type="DisruptionBudgetRefused",
-            entity=f"disruption budget of {cluster}",
+            entity=f"disruption budget of {cluster}", priority_key=priorities.OPERATOR.priority_key,
         ),
         **BUDGET_CALL, summary=summary,
     )  # fmt: skip
@@ -256,8 +265,13 @@ async def acquire_lease(
     cancelled: Callable[[], bool] = lambda: False,
     paused: Callable[[], bool] = lambda: False,
     waiting: Callable[[Lease], None] | None = None,
+    remediation: BreakerSettings | None = None,
 ) -> Lease | None:
     """Wait for the cluster's disruption budget to let `node` out of service; returns the granted lease.
+
+    `remediation` (automated remediation only): the request counts towards the cluster's circuit breaker, with
+    these settings; a lease in state `refused` is returned, with the reason in its note, when the breaker is (or
+    this request makes it) tripped.
 
     `holder` defaults to this run's workflow ID; another ID (a child this run will start with the lease) holds
     it while this run asks and hears the decisions. Asking again with the same holder and node returns the same
@@ -270,7 +284,7 @@ async def acquire_lease(
     requester = _requester()
     if requester.signals is None:
         requester.signals = workflow.patched(SIGNAL_PATCH)
-    request = LeaseRequest(node=node, holder=holder, reason=reason)
+    request = LeaseRequest(node=node, holder=holder, reason=reason, remediation=remediation)
     if not requester.signals:
         return await _acquire_by_update(requester, cluster, request.model_copy(update={"budget": budget}),
                                         cancelled, waiting)  # fmt: skip
@@ -290,7 +304,7 @@ async def acquire_lease(
                 break
             seen = ask.decisions
             assert ask.lease is not None
-            if ask.granted:
+            if ask.granted or ask.lease.state == "refused":
                 requester.forget(ask)
                 return ask.lease
             if waiting is not None:
@@ -304,7 +318,7 @@ async def _acquire_by_update(
     """The update path, for runs started before SIGNAL_PATCH (their histories replay through it)."""
     summary = f"lease {request.node} from the disruption budget"
     lease = Lease.model_validate(await _call(cluster, "acquire", request, summary))
-    while lease.state != "granted":
+    while lease.state not in ("granted", "refused"):
         if waiting is not None:
             waiting(lease)
         wanted = lease.id

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import Field, field_validator
 from temporalio import workflow
@@ -32,6 +33,10 @@ from workflows.budget.budget import Budget
 
 # Runs started before a burn-in knew its Kubernetes node read no node: they replay without these steps.
 NODE_GUARD_PATCH = "burn-in-kubernetes-node"
+
+# The burn-in phases (workflows.burnin.Phase) that taking the node out and back in enters.
+NodePhase = Literal["checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate",
+                    "quarantining", "waiting-for-node", "uncordoning"]  # fmt: skip
 
 
 class KubernetesNode(StrictModel):
@@ -69,7 +74,7 @@ class BurnInNodeStatus(DrainProgress):
 class NodeService:
     """One burn-in's node: `take_out()` before the first power change, `back_in()` after the verdict."""
 
-    def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[str, str], None]) -> None:
+    def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[NodePhase, str], None]) -> None:
         self.ref = ref
         self.status = BurnInNodeStatus(node=ref.node or server, cluster=ref.cluster)
         self._enter = enter

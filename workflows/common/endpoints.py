@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
+from temporalio.common import Priority
 
 from activities.kube.validators import validate_positive_duration
 from activities.models import StrictModel
@@ -97,10 +98,13 @@ class Endpoints:
     """A workflow's calls to external endpoints: each retried in rounds, bounded, and shown while it fails.
 
     `shown(waits)` is called whenever the failing calls change; without it the waits' lines are kept at the end
-    of the run's current details (the `progress` query then adds `waiting()` itself)."""
+    of the run's current details (the `progress` query then adds `waiting()` itself). `priority`: every call's
+    (workflows/common/priorities.py; None: the workflow's own)."""
 
-    def __init__(self, retry_timeout: timedelta, shown: Callable[[list[EndpointWait]], None] | None = None) -> None:
+    def __init__(self, retry_timeout: timedelta, shown: Callable[[list[EndpointWait]], None] | None = None,
+                 priority: Priority | None = None) -> None:  # fmt: skip
         self.retry_timeout = retry_timeout
+        self._priority = priority
         self._shown = shown
         self._waits: dict[int, EndpointWait] = {}
         self._calls = 0
@@ -142,6 +146,8 @@ class Endpoints:
                 policy = RetryPolicy(initial_interval=interval, backoff_coefficient=coefficient,
                                      maximum_interval=max(ceiling, interval), maximum_attempts=ROUND_ATTEMPTS,
                                      non_retryable_error_types=base.non_retryable_error_types)  # fmt: skip
+                if self._priority is not None:
+                    options.setdefault("priority", self._priority)
                 try:
                     return await workflow.execute_activity_method(
                         activity, arg, retry_policy=policy, schedule_to_close_timeout=left, summary=summary, **options)

@@ -1,7 +1,7 @@
 """Millwright's custom search attributes, defined once.
 
 The lab registers them on its dev server; production namespaces need them
-registered once (see README, "Temporal server side").
+registered once (see deploy/README.md, "Temporal server side").
 """
 
 from temporalio.common import SearchAttributeKey

@@ -57,7 +57,7 @@ class IsolateTenantInput(WorkflowInput, RetryTimeout):
     netbox: bool = Field(True, description="Cross-check GUIDs against NetBox and record the PKey there.")
     accept_posture: list[BlockingCode] = Field(
         default_factory=list,
-        description="Isolate although the fabric has these blocking posture findings (README 'Fabric posture'): "
+        description="Isolate although the fabric has these blocking findings (docs/fabric.md, 'Fabric posture'): "
                     "default-membership-full (the isolation is void) or default-membership-unreported (UFM before "
                     "6.19 cannot show it); each accepted finding is named in the result.",
     )  # fmt: skip

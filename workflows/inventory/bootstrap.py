@@ -12,6 +12,7 @@ nodes. The fleet-wide NetBox reads are the workflows' own and go page by page (`
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from pydantic import Field
 from temporalio import workflow
@@ -30,7 +31,7 @@ from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS, BootstrapRequest, Bo
 NETBOX_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
 )  # fmt: skip
-NETBOX_CALL = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY)
+NETBOX_CALL: dict[str, Any] = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY)
 
 
 class InventoryBootstrapInput(WorkflowInput, RetryTimeout):

@@ -5,6 +5,8 @@ a PodDisruptionBudget refusal being a wait state with the blocking budget record
 the caller's progress, until the drain deadline; finally every planned pod must be gone,
 as a fresh read shows it (missing, or a new UID), whatever its eviction reported: the
 drain is done only when that wait says so. Every call is bounded by the drain's deadline.
+While an eviction is refused, or a pod outlives its grace period, the node's `DrainBlocked` condition says so
+(the eviction and the wait write it: activities/kube/), and it goes False once the drain progresses.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import datetime, timedelta
 from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout
+from temporalio.common import Priority
 
 from activities.kube.activities import KubeActivities
 from activities.kube.models import (
@@ -65,24 +68,31 @@ class Drain:
         changed: Callable[[], None],
         terminating: Callable[[], None] = lambda: None,
         every_planned_pod: bool = False,
+        priority: Priority = Priority.default,
     ) -> None:
         """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none asks
-        `workflow.patched` (a marker and a search attribute per run)."""
+        `workflow.patched` (a marker and a search attribute per run). `priority`: every call's
+        (workflows/common/priorities.py; the default: the workflow's own)."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
+        self._priority = priority
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
+        # An eviction was refused (before a continue-as-new too): the node's DrainBlocked is cleared at the end.
+        self._was_blocked = bool(progress.blocked)
 
     async def run(self, plan: DrainPlan | None = None) -> None:
         """Drain; raises a non-retryable DrainTimeout, or DrainBlocked from the plan. `plan`: the pods to evict as
         the caller listed them after the cordon (`start_node_update`); None: listed here."""
         deadline = workflow.now() + self._settings.timeout
         if plan is None:
-            plan = await workflow.execute_activity_method(
+            listed: DrainPlan = await workflow.execute_activity_method(
                 KubeActivities.plan_drain,
                 DrainPlanRequest(cluster=self._cluster, node=self._node, settings=self._settings),
                 **API_CALL,
+                priority=self._priority,
                 summary=f"list pods on {self._node}",
             )
+            plan = listed  # typed: the call's options spread from a dict leave its result untyped
         self._progress.to_evict = len(plan.evict)
         self._progress.skipped = plan.skipped
         self._changed()
@@ -102,11 +112,12 @@ class Drain:
         try:
             await workflow.execute_activity_method(
                 KubeActivities.wait_pods_gone,
-                WaitPodsGoneRequest(cluster=self._cluster, pods=waited),
+                WaitPodsGoneRequest(cluster=self._cluster, pods=waited, node=self._node, was_blocked=self._was_blocked),
                 start_to_close_timeout=remaining,
                 schedule_to_close_timeout=remaining,
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=API_RETRY,
+                priority=self._priority,
                 summary=f"wait for {len(waited)} pods to terminate",
             )
         except ActivityError as err:
@@ -132,10 +143,12 @@ class Drain:
             try:
                 outcome = await workflow.execute_activity_method(
                     KubeActivities.evict_pod,
-                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds),
+                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds,
+                                 node=self._node, was_blocked=key in progress.blocked),
                     **API_CALL,
                     # An API that keeps failing is retried until the drain's deadline, not beyond.
                     schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),
+                    priority=self._priority,
                     summary=f"evict {key}",
                 )
             except ActivityError as err:
@@ -153,6 +166,7 @@ class Drain:
                 progress.evicted.append(key)
                 self._changed()
                 return pod if outcome.status == "evicted" else None
+            self._was_blocked = True
             progress.blocked[key] = BlockedEviction(
                 pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts
             )

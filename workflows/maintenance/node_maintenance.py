@@ -30,6 +30,8 @@ from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, 
 from activities.kube.activities import KubeActivities
 from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.kube.models import CordonRequest, DrainSettings, NodeRef, PodQuery, SkippedPod
+from workflows.common import priorities
+
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
 
@@ -124,7 +126,7 @@ class NodeMaintenance:
         self._status = NodeMaintenanceStatus()
         self._abort: AbortRequest | None = None
         self._skip_wait: SkipWaitRequest | None = None
-        self._calls = Endpoints(inp.retry_timeout)
+        self._calls = Endpoints(inp.retry_timeout, priority=priorities.OPERATOR)
 
     # ------------------------------------------------------------ operator controls
 
@@ -288,6 +290,7 @@ class NodeMaintenance:
             inp.node,
             inp.drain,
             self._status,
+            priority=priorities.OPERATOR,
             stopping=self._stopping,
             changed=self._set_details,
             terminating=lambda: self._enter("waiting-for-pods-to-terminate"),

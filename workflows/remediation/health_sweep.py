@@ -1,8 +1,12 @@
 """FleetHealthSweep (scheduled): find the unhealthy nodes and start one NodeRemediation each.
 
-It reads every node's conditions, the host agents' GPU checks (no agent: unknown) and the BMCs' health, decides
-with `workflows.remediation.policy.decide`, and starts at most `max_remediations` children with the node-derived
-ID and `ParentClosePolicy.ABANDON` (they outlive the sweep). A start that finds the node's remediation already
+It reads every node's conditions, dcgm-exporter's GPU fault series in Prometheus (one query a slice; no
+MILLWRIGHT_PROMETHEUS_URL: not used, and said), the host agents' GPU checks (no agent: unknown) and the BMCs'
+health, decides with `workflows.remediation.policy.decide` (a node opted out by label, or remediated less than
+`cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
+children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
+says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
+tripped. A start that finds the node's remediation already
 running (another sweep, a manual start) is reported as such, never duplicated. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
 history events at 10,000 nodes (the class's docstring counts them)."""
@@ -34,7 +38,7 @@ from workflows.remediation.policy import AgentObservation, BmcObservation, NodeD
 
 from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import GpuCheckRequest, GpuCheckResult, host_task_queue
-from activities.entities import RunOutcome, RunRef, failed_outcome
+from activities.entities import EntityActivities, RunOutcome, RunRef, WorkflowQuery, failed_outcome
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 from activities.node_health import (
@@ -60,19 +64,40 @@ from workflows.remediation.sweep_models import (
     SweepCursor,
     SweepSlice,
 )
+from workflows.budget.breaker import BREAKER_QUERY
+from workflows.budget.breaker import BreakerView
+from activities.prometheus import DcgmFaults
+from activities.prometheus import DcgmFaultsQuery
+from activities.prometheus import GpuFault
+from activities.prometheus import PrometheusActivities
+from workflows.budget import leases
+from workflows.common import priorities
+from workflows.remediation.policy import too_few_healthy
 
 
 # ---------------------------------------------------------------- FleetHealthSweep
 
 # Sweeps started before slices read every node in the one run; replays of them take that path (`_sweep_whole`).
 SWEEP_SLICES_PATCH = "fleet-health-sweep-slices"
+# Sweeps from before it started a slice's remediations as the slice closed; since, once the whole cluster is
+# decided (min_healthy), after asking the cluster's circuit breaker.
+SWEEP_HOLD_PATCH = "fleet-health-sweep-min-healthy-breaker"
+BREAKER_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=15), schedule_to_close_timeout=timedelta(minutes=1),
+                    retry_policy=API_RETRY)  # fmt: skip
 SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the server's suggestion (4,096 events)
+HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
 SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
-NAMES_CALL = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
+NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),
                   retry_policy=API_RETRY)  # fmt: skip
-READ_CALL = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
+READ_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_RETRY)  # fmt: skip
+# A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none). Prometheus not
+# answering within DCGM_CALL's bound leaves the signal unknown for that slice (said), never the sweep stuck.
+DCGM_PATCH = "fleet-health-sweep-dcgm"
+DCGM_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=1), schedule_to_close_timeout=timedelta(minutes=3),
+                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
+                                          non_retryable_error_types=["PrometheusRejected", "PrometheusBadResponse"]))  # fmt: skip
 
 
 @workflow.defn
@@ -84,9 +109,10 @@ class FleetHealthSweep:
       (`<sweep ID>/slice-<first run>/<cluster>/<index>`, `ParentClosePolicy.ABANDON`), `slices_at_once` running at
       once. A slice reads its nodes by name (`read_nodes_health`, one activity), probes each node's host agent and
       BMC at once, decides, and returns counts, the unhealthy nodes and the nodes to remediate (with their BMC and
-      GPUs). The sweep merges each slice as it closes and starts the remediations (`remediation/<cluster>/<node>`:
-      a node whose remediation runs is reported `already-running`, never started twice), at most
-      `max_remediations` in all.
+      GPUs). The sweep merges each slice as it closes, holds its nodes to remediate, and once the cluster's nodes are
+      all decided checks min_healthy and the cluster's circuit breaker (one query, a local activity) and starts
+      the remediations (`remediation/<cluster>/<node>`: a node whose remediation runs is reported
+      `already-running`, never started twice), at most `max_remediations` in all.
     - Past `SWEEP_HISTORY_LIMIT` events (or the server's suggestion) the sweep continues as new with a cursor (the
       cluster, the last node given out, the next slice's index), the merged result and the running slices by ID;
       the next run lists the cluster again, skips the nodes given out, and waits for the carried slices through
@@ -94,27 +120,31 @@ class FleetHealthSweep:
       across the boundary.
 
     History events (counted from the commands; bench/sweep.py measures them):
-    - a slice of S nodes: start and read ~12, NetBox ~6, per node the GPU check (scheduled, started, completed;
+    - a slice of S nodes: start and read ~12, NetBox ~6, GPU faults from Prometheus ~6 (one query whatever S; its
+      patch marker and search attribute), per node the GPU check (scheduled, started, completed;
       or scheduled and timed out) and the BMC read (3), each completion at worst its own workflow task (3): ≤ 12
-      events a node, ≤ 3,012 for S = 250 (≤ 6,012 for the largest slice, 500);
+      events a node, ≤ 3,018 for S = 250 (≤ 6,018 for the largest slice, 500);
     - the sweep: ~10 per slice (child initiated, started, completed; two workflow tasks), ~6 per 5,000 names
       listed, ≤ 9 per remediation started, ~60 per continue-as-new (carried slices awaited, the listing again).
-    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,012 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
+    At 10,000 nodes (one cluster, S = 250): 40 slices of ≤ 3,018 events; the sweep ~40 × 10 + 2 × 6 + 20 ≈ 430
     plus 9 per remediation started (it continues as new past 6,000, or 4,096 at the server's suggestion, and
-    one merge adds at most 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a node in all.
+    one cluster's starts, HELD at most, add 250 × 9 = 2,250): no run passes ~8,300 events, and about 12 events a
+    node in all.
     """
 
     @workflow.init
     def __init__(self, inp: FleetHealthSweepInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting,
+                                 priority=priorities.remediation(inp.clusters[0]))  # a slice: its cluster
         self._cursor = inp.carried or SweepCursor(result=FleetHealthSweepResult(clusters=[]))
         self._result = self._cursor.result
         self._running: dict[str, SliceRun] = {r.workflow_id: r for r in self._cursor.running}
         self._closed: list[tuple[SliceRun, FleetHealthSweepResult | str]] = []  # closed slices, not merged yet
         self._waits: set[asyncio.Task] = set()
         self._names: list[str] | None = None  # the current cluster's names not given out yet, listed by this run
+        self._hold = False  # SWEEP_HOLD_PATCH: remediations start once their cluster is wholly decided
         self._progressed = False  # this run started or merged a slice (so continuing as new moves on)
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -133,12 +163,15 @@ class FleetHealthSweep:
             workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.clusters[0])])
         if inp.carried is None and not workflow.patched(SWEEP_SLICES_PATCH):
             return await self._sweep_whole(inp)
+        self._hold = workflow.patched(SWEEP_HOLD_PATCH)
         for ref in self._running.values():  # slices a previous run started
             self._wait(ref, self._carried_outcome(ref))
         self._enter("sweeping", self._summary_line())
         while True:
             while len(self._running) < inp.slices_at_once and (part := await self._next_slice()) is not None:
                 await self._start_slice(part)
+            if self._hold:
+                await self._start_decided()
             if not self._running:
                 break
             if self._progressed and history_is_long(SWEEP_HISTORY_LIMIT):
@@ -179,7 +212,8 @@ class FleetHealthSweep:
                     NodeHealthActivities.list_node_names,
                     NodeNamesQuery(cluster=cluster, label_selector=self._inp.label_selector, max_names=NAMES_PER_CALL,
                                    continue_token=token),
-                    **NAMES_CALL, endpoint=kubernetes_api(cluster), summary=f"list node names of {cluster}")  # fmt: skip
+                    **NAMES_CALL, endpoint=kubernetes_api(cluster), priority=priorities.remediation(cluster),
+                    summary=f"list node names of {cluster}")  # fmt: skip
                 names += page.names
                 token = page.continue_token
                 if not token:
@@ -199,6 +233,7 @@ class FleetHealthSweep:
             FleetHealthSweep.run, child, id=workflow_id, task_queue=info.task_queue,
             # A slice outlives this run when it continues as new; the next run waits for it by ID.
             parent_close_policy=workflow.ParentClosePolicy.ABANDON, execution_timeout=SLICE_TIMEOUT,
+            priority=priorities.remediation(part.cluster),
             search_attributes=TypedSearchAttributes([SearchAttributePair(sa.CLUSTER, part.cluster)]),
             static_summary=f"sweep {len(part.nodes)} nodes of {part.cluster}: {part.nodes[0]} … {part.nodes[-1]}"[:200],
         )  # fmt: skip
@@ -250,12 +285,57 @@ class FleetHealthSweep:
         sweep.agents_unavailable += part.agents_unavailable
         sweep.bmc_unknown += part.bmc_unknown
         sweep.vanished += part.vanished
+        sweep.gpu_faults += part.gpu_faults
+        sweep.dcgm = part.dcgm if part.dcgm.startswith("not read") or not sweep.dcgm else sweep.dcgm
         room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
         sweep.unhealthy += part.unhealthy[:max(room, 0)]
         if part.error:
             self._add_error(sweep, f"slice {ref.index} ({ref.first} … {ref.last}): {part.error}")
         self._details()
-        await self._start(outcome.found)
+        if self._hold:
+            self._hold_found(outcome.found)
+        else:
+            await self._start(outcome.found)
+
+    def _hold_found(self, found: list[Candidate]) -> None:
+        """Keep a slice's nodes to remediate until their cluster is wholly decided; past what could be started
+        (max_remediations, at most HELD held), deferred at once."""
+        cursor, inp = self._cursor, self._inp
+        room = min(HELD, HELD if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
+        cursor.held += found[:max(room, 0)]
+        for candidate in found[max(room, 0):]:
+            why = f"max {inp.max_remediations} remediations per sweep"
+            if len(cursor.held) >= HELD and cursor.started + HELD < inp.max_remediations:
+                why = f"more than {HELD} nodes to remediate at once: left to the next sweep"
+            self._record(self._entry(candidate, "dry-run" if inp.dry_run else "deferred", why))
+
+    async def _start_decided(self) -> None:
+        """Start (or refuse) the held remediations of every cluster whose nodes are all decided: all given out to
+        slices, none of those still running."""
+        cursor, inp = self._cursor, self._inp
+        running = {r.cluster for r in self._running.values()}
+        for cluster in inp.clusters[:cursor.cluster]:
+            found = [c for c in cursor.held if c.cluster == cluster]
+            if not found or cluster in running:
+                continue
+            cursor.held = [c for c in cursor.held if c.cluster != cluster]
+            sweep = self._cluster(cluster)
+            sweep.refused = too_few_healthy(sweep.healthy, sweep.healthy + sweep.not_healthy,
+                                            inp.min_healthy) or await self._breaker_tripped(cluster)  # fmt: skip
+            await self._start(found, refused=sweep.refused)
+
+    async def _breaker_tripped(self, cluster: str) -> str | None:
+        """Why the cluster's remediation circuit breaker forbids remediating (tripped, or unreadable: fail
+        closed); None when it is closed or the cluster's disruption budget does not run."""
+        try:
+            raw = await workflow.execute_local_activity_method(
+                EntityActivities.query_running, WorkflowQuery(workflow_id=leases.budget_workflow_id(cluster),
+                                                              query=BREAKER_QUERY),
+                **BREAKER_CALL, summary=f"the circuit breaker of {cluster}")  # fmt: skip
+        except ActivityError as err:
+            return f"the circuit breaker of {cluster} could not be read ({error_text(err)}): no remediation, to be safe"
+        view = BreakerView.model_validate(raw) if raw is not None else None
+        return view.line() if view is not None and view.tripped else None
 
     def _cluster(self, cluster: str) -> ClusterSweep:
         found = next((c for c in self._result.clusters if c.cluster == cluster), None)
@@ -288,11 +368,39 @@ class FleetHealthSweep:
             self._enter("failed", sweep.error)
             return self._result
         sweep.vanished = len(read.missing)
+        dcgm: dict[str, list[GpuFault]] | None = None
+        if not inp.checks.dcgm.enabled:
+            sweep.dcgm = "not used: checks.dcgm.enabled is false"
+        elif workflow.patched(DCGM_PATCH):
+            dcgm = await self._dcgm_faults(part, sweep)
         self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
-        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True)
+        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
         self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
         self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
         return self._result
+
+    async def _dcgm_faults(self, part: SweepSlice, sweep: ClusterSweep) -> dict[str, list[GpuFault]] | None:
+        """The slice's GPU fault series by node, in one query; None (and `sweep.dcgm` says why) when not known."""
+        checks = self._inp.checks.dcgm
+        query = DcgmFaultsQuery(cluster=part.cluster, nodes=part.nodes, node_label=checks.node_label,
+                                cluster_label=checks.cluster_label, metrics=checks.metrics())  # fmt: skip
+        try:
+            seen: DcgmFaults = await workflow.execute_activity_method(
+                PrometheusActivities.dcgm_faults, query, **DCGM_CALL, priority=priorities.remediation(part.cluster),
+                summary=f"GPU faults of {len(part.nodes)} nodes from Prometheus")  # fmt: skip
+        except ActivityError as err:
+            sweep.dcgm = f"not read: {error_text(err)}"[:500]
+            return None
+        if not seen.configured:
+            sweep.dcgm = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
+            return None
+        sweep.gpu_faults = len(seen.faults) + seen.truncated
+        sweep.dcgm = f"read from {seen.url}" + (f"; {seen.truncated} fault series past the first {len(seen.faults)} "
+                                                f"not used" if seen.truncated else "")  # fmt: skip
+        by_node: dict[str, list[GpuFault]] = {n: [] for n in part.nodes}
+        for fault in seen.faults:
+            by_node[fault.node].append(fault)
+        return by_node
 
     async def _netbox_facts_of(self, names: list[str]) -> dict[str, DeviceFacts]:
         facts: dict[str, DeviceFacts] = {}
@@ -309,9 +417,11 @@ class FleetHealthSweep:
     # ------------------------------------------------------------ looking at nodes
 
     async def _look_all(self, cluster: str, nodes: list[NodeHealth], facts: dict[str, DeviceFacts],
-                        sweep: ClusterSweep, *, together: bool) -> list[tuple[str, NodeDecision, DeviceFacts]]:
+                        sweep: ClusterSweep, *, together: bool,
+                        dcgm: dict[str, list[GpuFault]] | None = None) -> list[tuple[str, NodeDecision, DeviceFacts]]:
         """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
-        alone does not settle it; counts into `sweep`; the nodes to remediate."""
+        and its GPU fault series (`dcgm`, None: not read) alone do not settle it; counts into `sweep`; the nodes
+        to remediate."""
         inp = self._inp
         slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
         now = workflow.now()
@@ -320,7 +430,8 @@ class FleetHealthSweep:
             node_facts = facts.get(node.name) or DeviceFacts()
             if node.name in inp.bmcs:
                 node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            first = decide(cluster, node, inp.checks, now)
+            faults = dcgm.get(node.name, []) if dcgm is not None else None
+            first = decide(cluster, node, inp.checks, now, cooldown=inp.cooldown, dcgm=faults)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that
                 return cluster, first, node_facts
             async with slots:
@@ -334,7 +445,8 @@ class FleetHealthSweep:
                 sweep.agents_unavailable += 1
             if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
                 sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc), node_facts
+            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown,
+                                   dcgm=faults), node_facts
 
         looked = await asyncio.gather(*(look(n) for n in nodes))
         for _, decision, _ in looked:
@@ -354,7 +466,8 @@ class FleetHealthSweep:
             result: GpuCheckResult = await workflow.execute_activity_method(
                 HostAgentActivities.host_gpu_check, check, task_queue=host_task_queue(node),
                 schedule_to_start_timeout=inp.agent_timeout, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=2), summary=f"GPU check on {node}")  # fmt: skip
+                retry_policy=RetryPolicy(maximum_attempts=2), priority=priorities.remediation(inp.clusters[0]),
+                summary=f"GPU check on {node}")  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
@@ -368,23 +481,25 @@ class FleetHealthSweep:
         try:
             seen: RedfishHealth = await workflow.execute_activity_method(
                 RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY, summary=f"BMC health {bmc.url}")
+                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY,
+                priority=priorities.remediation(self._inp.clusters[0]), summary=f"BMC health {bmc.url}")  # fmt: skip
         except ActivityError as err:
             return BmcObservation(status="unavailable", detail=error_text(err)[:300])
         return BmcObservation(**seen.model_dump())
 
     # ------------------------------------------------------------ starting remediations
 
-    async def _start(self, found: list[Candidate], phase: str | None = None) -> None:
+    async def _start(self, found: list[Candidate], phase: str | None = None, refused: str | None = None) -> None:
         """Start a NodeRemediation for each node found, until max_remediations; record what became of each
-        (`phase`: the phase each start shows)."""
+        (`phase`: the phase each start shows; `refused`: why none may start)."""
         inp = self._inp
         for candidate in found:
             decision, facts = candidate.decision, candidate.facts
-            wf_id = remediation_workflow_id(candidate.cluster, decision.node)
-            entry = StartedRemediation(cluster=candidate.cluster, node=decision.node, workflow_id=wf_id,
-                                       reasons=decision.reasons, status="deferred")  # fmt: skip
-            if inp.dry_run:
+            entry = self._entry(candidate, "deferred")
+            wf_id = entry.workflow_id
+            if refused is not None:
+                entry.status, entry.detail = "refused", refused
+            elif inp.dry_run:
                 entry.status = "dry-run"
             elif self._cursor.started >= inp.max_remediations:
                 entry.detail = f"max {inp.max_remediations} remediations per sweep"
@@ -399,6 +514,7 @@ class FleetHealthSweep:
                     await workflow.start_child_workflow(
                         NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,
                         parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                        priority=priorities.remediation(candidate.cluster),
                         # A finished remediation may run again; a running one is never started twice.
                         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                         search_attributes=TypedSearchAttributes(child.search_attributes()),
@@ -409,13 +525,23 @@ class FleetHealthSweep:
                 else:
                     entry.status = "started"
                     self._cursor.started += 1
-            r = self._result
-            r.remediation_counts[entry.status] = r.remediation_counts.get(entry.status, 0) + 1
-            if len(r.remediations) < LISTED:
-                r.remediations.append(entry)
+            self._record(entry)
             if phase is not None and entry.status == "started":
                 self._enter(phase, decision.node, done=self._cursor.started)
         self._details()
+
+    @staticmethod
+    def _entry(candidate: Candidate, status: str, detail: str = "") -> StartedRemediation:
+        node = candidate.decision.node
+        return StartedRemediation(cluster=candidate.cluster, node=node, reasons=candidate.decision.reasons,
+                                  workflow_id=remediation_workflow_id(candidate.cluster, node), status=status,
+                                  detail=detail)  # fmt: skip
+
+    def _record(self, entry: StartedRemediation) -> None:
+        r = self._result
+        r.remediation_counts[entry.status] = r.remediation_counts.get(entry.status, 0) + 1
+        if len(r.remediations) < LISTED:
+            r.remediations.append(entry)
 
     # ------------------------------------------------------------ sweeps started before slices
 
@@ -473,9 +599,11 @@ class FleetHealthSweep:
         r = self._result
         nodes = sum(c.nodes for c in r.clusters)
         not_healthy = sum(c.not_healthy for c in r.clusters)
-        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred")}
+        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred", "refused")}
         line = (f"{nodes} nodes, {not_healthy} not healthy; started {by['started']}, already running "
                 f"{by['already-running']}, deferred {by['deferred']}")  # fmt: skip
+        if by["refused"]:
+            line += f", refused {by['refused']}"
         if self._inp.part is None and self._phases.progress.phase != "completed" and self._running:
             line += f"; {len(self._running)} slices running"
         return line
@@ -490,6 +618,10 @@ class FleetHealthSweep:
             head = f"`{c.cluster}`: {c.nodes} nodes, {c.healthy} healthy"
             if c.agents_unavailable:
                 head += f", {c.agents_unavailable} without a host agent"
+            if c.refused:
+                head += f", **no remediation**: {c.refused}"
+            if c.dcgm:
+                head += f", GPU faults {c.dcgm}" + (f" ({c.gpu_faults} series)" if c.gpu_faults else "")
             if c.error:
                 head += f", error: {c.error}"
             lines.append(head)

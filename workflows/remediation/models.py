@@ -22,11 +22,12 @@ from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_EXPECTED
 from activities.notify import WebhookTarget
 from activities.redfish import BmcRef
 from workflows.budget.budget import Budget
+from workflows.budget.breaker import BreakerSettings
 
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
-Outcome = Literal["healthy", "quarantined", "failed", "skipped"]
+Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused"]
 StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 
 
@@ -60,6 +61,8 @@ class RemediationSettings(RetryTimeout):
     gpu_model: str | None = Field(None, description="e.g. NVIDIA H200 (None: not checked).")
     disruption_budget: bool = Field(True, description="Take a lease from the cluster's disruption budget first.")
     budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings, description="When the cluster's remediation "
+                                     "circuit breaker trips (with disruption_budget: the entity holds it).")  # fmt: skip
     netbox: bool = Field(False, description="Record a quarantine in NetBox; look the BMC and GPUs up there.")
     webhook: WebhookTarget | None = Field(None, description="Where to notify a quarantine or a failure.")
     notify_timeout: timedelta = Field(

@@ -11,6 +11,11 @@ twice at once):
   health rollup not critical, within `settle_timeout`), then a short burn-in (GPU check, stress, GPU check,
   `gpu_verdict`) → healthy: uncordon, return the lease.
 
+  A remediation's lease counts towards the cluster's circuit breaker (workflows/budget/breaker.py): while it
+  is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing.
+  When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
+  whom, how), which the sweep's per-node cooldown reads.
+
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
   `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
@@ -65,14 +70,17 @@ from workflows.remediation.models import (
     device_facts,
     finding_text,
 )
+from activities.node_health import RemediatedMark
+from workflows.common import priorities
 
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
 # the outcome is recorded before the webhook is notified (NOTIFY_AFTER_OUTCOME_PATCH).
-NOTIFY_CALL = dict(start_to_close_timeout=timedelta(seconds=30),
+NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coefficient=2.0,
                                             maximum_interval=timedelta(seconds=30)))  # fmt: skip
+MARK_REMEDIATED_PATCH = "remediation-mark-remediated"  # the last-remediation annotation at the end of a run
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 HEARTBEAT = timedelta(seconds=30)
 
@@ -90,8 +98,8 @@ class NodeRemediation:
     def __init__(self, inp: NodeRemediationInput) -> None:
         self._inp = inp
         self._status = NodeRemediationStatus()
-        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting)
+        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.cluster))
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
@@ -151,9 +159,13 @@ class NodeRemediation:
 
         if inp.disruption_budget:
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
-            self._lease = await leases.acquire_lease(
+            lease = await leases.acquire_lease(
                 inp.cluster, inp.node, holder=owner, reason=f"remediation: {inp.reason}", budget=inp.budget,
-                waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"))
+                waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"),
+                remediation=inp.breaker)  # fmt: skip
+            if lease is not None and lease.state == "refused":  # the node was never touched
+                return self._finish(result, "refused", lease.note)
+            self._lease = lease
             self._status.lease = True
 
         self._enter("cordoning")
@@ -177,15 +189,18 @@ class NodeRemediation:
         if err.type != "EndpointUnavailable":
             raise err
         why = f"gave up: {err.message}; {left}"
-        return await self._conclude(result, "failed", why, event="remediation-failed", lease=f"gave up; {left}")
+        # No mark on the node: the API just gave up on us.
+        return await self._conclude(result, "failed", why, event="remediation-failed", lease=f"gave up; {left}",
+                                    mark=False)  # fmt: skip
 
     async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
                          owner: str, bmc: BmcRef | None, gpus: int | None, model: str | None,
-                         quarantined: bool) -> NodeRemediationResult:  # fmt: skip
+                         quarantined: str | None) -> NodeRemediationResult:  # fmt: skip
         """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
         try:
-            await Drain(inp.cluster, inp.node, inp.drain, self._status, stopping=lambda: False,
+            await Drain(inp.cluster, inp.node, inp.drain, self._status, priority=priorities.remediation(inp.cluster),
+                        stopping=lambda: False,
                         changed=self._details).run()  # fmt: skip
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
@@ -220,6 +235,7 @@ class NodeRemediation:
                                                  endpoint=kubernetes_api(inp.cluster), summary=f"uncordon {inp.node}")
                 result.uncordoned = done.uncordoned
                 await self._return_lease(f"fixed by {step}")
+                await self._mark_remediated("healthy")
                 return self._finish(result, "healthy", f"fixed by {step}")
         return await self._quarantine(result, owner, bmc)
 
@@ -315,7 +331,8 @@ class NodeRemediation:
                 method, arg, task_queue=host_task_queue(self._inp.node),
                 schedule_to_start_timeout=self._inp.agent_timeout, start_to_close_timeout=start_to_close,
                 heartbeat_timeout=timedelta(minutes=2) if start_to_close > timedelta(minutes=2) else None,
-                retry_policy=AGENT_RETRY, summary=summary)  # fmt: skip
+                retry_policy=AGENT_RETRY, priority=priorities.remediation(self._inp.cluster),
+                summary=summary)  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 raise _Unavailable(f"no host agent picked up '{summary}' within {self._inp.agent_timeout}") from None
@@ -411,9 +428,11 @@ class NodeRemediation:
                                     lease="quarantined; the node stays cordoned")  # fmt: skip
 
     async def _conclude(self, result: NodeRemediationResult, outcome: Outcome, note: str, *, event: str, lease: str,
-                        lease_first: bool = True) -> NodeRemediationResult:  # fmt: skip
+                        lease_first: bool = True, mark: bool = True) -> NodeRemediationResult:  # fmt: skip
         """Return the lease and record the outcome, then notify the webhook: one that does not answer delays the
         run's end by at most notify_timeout and never changes its outcome."""
+        if mark:
+            await self._mark_remediated(outcome)
         if self._inp.webhook is not None and not workflow.patched(NOTIFY_AFTER_OUTCOME_PATCH):
             # A history from before: the webhook first (after a failed drain, before the lease), then the outcome.
             if lease_first:
@@ -496,6 +515,19 @@ class NodeRemediation:
             result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
         result.note = "; ".join(n for n in (result.note, None if result.notified else "webhook not notified") if n)
         self._details()
+
+    async def _mark_remediated(self, outcome: Outcome) -> None:
+        """Annotate how this remediation ended, for the sweep's cooldown; a failure to is noted, never the outcome."""
+        if not workflow.patched(MARK_REMEDIATED_PATCH):
+            return
+        inp = self._inp
+        mark = RemediatedMark(cluster=inp.cluster, node=inp.node, owner=workflow.info().workflow_id, outcome=outcome,
+                              at=workflow.now())  # fmt: skip
+        try:
+            await self._calls.execute(NodeHealthActivities.mark_remediated, mark, **API_CALL,
+                                      endpoint=kubernetes_api(inp.cluster), summary=f"mark {inp.node} remediated")
+        except (ActivityError, ApplicationError) as err:
+            self._status.note = "; ".join(n for n in (self._status.note, f"not marked remediated: {error_text(err)}") if n)
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:

@@ -17,6 +17,9 @@ from activities.kube.validators import validate_label_selector, validate_positiv
 from activities.models import StrictModel
 from activities.redfish import BmcRef
 from workflows.remediation.models import DeviceFacts, RemediationSettings
+from workflows.remediation.policy import DEFAULT_COOLDOWN
+from workflows.remediation.health_sweep import HELD
+from workflows.remediation.policy import MinHealthy
 
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
 
@@ -26,7 +29,7 @@ class StartedRemediation(StrictModel):
     node: str
     workflow_id: str
     reasons: list[str]
-    status: Literal["started", "already-running", "deferred", "dry-run", "error"]
+    status: Literal["started", "already-running", "deferred", "dry-run", "error", "refused"]
     detail: str = ""
 
 
@@ -41,6 +44,10 @@ class ClusterSweep(StrictModel):
     bmc_unknown: int = 0
     vanished: int = Field(0, description="Nodes deleted between the listing and their slice's read.")
     slices: int = Field(0, description="Slice children that swept this cluster's nodes.")
+    refused: str | None = Field(None, description="Why no remediation was started in this cluster: too few healthy "
+                                "nodes (min_healthy), or its circuit breaker tripped.")  # fmt: skip
+    gpu_faults: int = Field(0, description="dcgm-exporter fault series above zero (any XID, ECC, row remap).")
+    dcgm: str = Field("", description="Whether GPU faults were read from Prometheus, and from where; or why not.")
     error: str | None = None
 
 
@@ -92,6 +99,8 @@ class SweepCursor(StrictModel):
     next_slice: int = 0
     running: list[SliceRun] = Field(default_factory=list)
     started: int = Field(0, description="Remediations started so far (max_remediations is per sweep).")
+    held: list[Candidate] = Field(default_factory=list, description=f"Nodes to remediate in clusters not yet wholly "
+                                  f"decided (at most {HELD}).")  # fmt: skip
     result: FleetHealthSweepResult
 
 
@@ -102,6 +111,11 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
     label_selector: str = Field("", description="Only nodes matching this label selector.")
     checks: HealthChecks = Field(default_factory=HealthChecks)
     max_remediations: int = Field(1, ge=0, description="At most this many NodeRemediations started per sweep.")
+    min_healthy: MinHealthy = Field(
+        default_factory=lambda: MinHealthy(percent=51), description="Start no remediation in a cluster while fewer "
+        "of the nodes swept are healthy (Node Healthcheck's minHealthy; percent 0: never refuse).")  # fmt: skip
+    cooldown: timedelta = Field(DEFAULT_COOLDOWN, description="A node remediated less than this long ago (its "
+                                "millwright.dev/last-remediation annotation) is skipped; 0: no cooldown.")  # fmt: skip
     netbox: bool = Field(False, description="Look BMCs and expected GPUs up in NetBox; children record quarantines.")
     netbox_role: str | None = Field("gpu-server", description="NetBox device role of the nodes (with netbox).")
     bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="BMC per node name (before NetBox's).")
@@ -122,6 +136,13 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
 
     _selector = field_validator("label_selector")(validate_label_selector)
     _timeout = field_validator("agent_timeout")(validate_positive_duration)
+
+    @field_validator("cooldown")
+    @classmethod
+    def _cooldown(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
 
     @model_validator(mode="before")
     @classmethod

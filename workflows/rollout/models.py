@@ -48,6 +48,20 @@ class NodeUpdateTemplate(StrictModel):
     disruption_budget: Budget | None = Field(
         None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
     )
+    uninstall: list[PackageStep] = Field(
+        default_factory=list, description="Packages to uninstall where installed (uninstall.apply), dependents first."
+    )
+    uninstall_interrupt: Interrupt | None = Field(
+        None, description="The coalesced interrupt of the packages uninstalled (uninstall-interrupt)."
+    )
+    allow_downgrade: bool = Field(False, description="Install over later versions (else the node is refused).")
+    runtime_required: bool = Field(False, description="Remove the runtime-required taint once the node completes.")
+    auto_taint_new_nodes: bool = Field(False, description="Taint a new node runtime-required before its update.")
+
+    @property
+    def out_of_service(self) -> bool:
+        """An interrupt (install or uninstall) is due: the node is leased, cordoned and drained first."""
+        return self.interrupt is not None or self.uninstall_interrupt is not None
 
 
 class NodeUpdateInput(StrictModel):
@@ -124,6 +138,7 @@ class NodeView(StrictModel):
     status: NodeStatus
     reason: str = ""
     stages: list[StageRecord] = Field(default_factory=list)
+    retries: int = Field(0, description="Times the rollout put the node in a later batch after it ended erroring.")
 
 
 class BatchView(StrictModel):
@@ -137,6 +152,10 @@ class BatchView(StrictModel):
     started: datetime
     finished: datetime | None = None
     success_percent: int | None = None
+    order: list[str] = Field(default_factory=list, description="The batch's nodes in the order they start.")
+    retried: list[str] = Field(default_factory=list, description="Erroring nodes this batch tries again.")
+    joined: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch added.")
+    left: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch removed.")
 
 
 class CompartmentView(StrictModel):
@@ -158,6 +177,12 @@ class RolloutStatus(StrictModel):
     compartments: dict[str, CompartmentView] = Field(default_factory=dict)
     recent_batches: list[BatchView] = Field(default_factory=list)
     problems: dict[str, NodeView] = Field(default_factory=dict, description="Erroring, blocked and skipped nodes.")
+    joined: dict[str, str] = Field(
+        default_factory=dict, description="Nodes that started matching mid-rollout -> the compartment they joined."
+    )
+    left: dict[str, NodeStatus] = Field(
+        default_factory=dict, description="Nodes that stopped matching mid-rollout -> their state when they left."
+    )
 
 
 class RolloutResult(StrictModel):

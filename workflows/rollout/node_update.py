@@ -1,9 +1,17 @@
 """NodeUpdate: one node's part of a rollout, NodeWright's node sequence as a child workflow.
 
-non-interruptible check → cordon → drain → per package (dependency order):
+non-interruptible check → cordon → drain → the uninstall lane (each package whose `uninstall.apply` is set and
+the node has: uninstall, then one coalesced uninstall-interrupt) → per package (dependency order):
 apply|upgrade, config (each a Job with its `-check`) → one coalesced interrupt (a
 reboot verified by a new bootID and the node Ready again) → post-interrupt →
-record the packages on the node → uncordon.
+record the packages on the node (the uninstalled ones gone) → uncordon, and with `runtimeRequired` the
+runtime-required taint removed, in the same write.
+
+A node with a later version installed than the rollout's is refused at the start, before any write but its state
+(`erroring`, the reason on the node), unless `allowDowngrade`. With `autoTaintNewNodes` the start gives a node no
+rollout has touched NodeWright's runtime-required taint first. Every stage transition is a Kubernetes Event on the
+node, and a drain that cannot progress shows as its `DrainBlocked` condition (activities/kube/node_marks.py): both are
+written inside the calls below, so they cost no history event.
 
 A node whose non-interruptible pods are still running is not cordoned: it comes back
 `blocked` at once, holding only itself, and the rollout retries it later. A node that
@@ -103,30 +111,38 @@ class NodeUpdate:
         t, node = inp.template, inp.node
         result = NodeUpdateResult(node=node, outcome="complete")
         try:
-            if t.interrupt is not None:
+            if t.out_of_service:
                 if inp.lease is not None:  # granted to its batch, which asked for all its nodes at once
                     self._status.lease = inp.lease.id
                 else:  # started on its own: it asks, before the cordon
                     await self._lease()
-            start = NodeUpdateStart(cluster=t.cluster, node=node, rollout=t.rollout, cordon=t.interrupt is not None,
-                                    non_interrupt_selector=t.non_interrupt_selector, drain=t.drain)
+            start = NodeUpdateStart(cluster=t.cluster, node=node, rollout=t.rollout, cordon=t.out_of_service,
+                                    non_interrupt_selector=t.non_interrupt_selector, drain=t.drain,
+                                    packages={p.name: p.version for p in t.packages},
+                                    allow_downgrade=t.allow_downgrade, auto_taint=t.auto_taint_new_nodes)
             started = await self._call(KubeActivities.start_node_update, start, f"start updating {node}", local=True)
-            if started.blocked:
-                await self._release("blocked by non-interruptible pods")
-                result.outcome, result.reason = "blocked", started.blocked
+            if started.blocked or started.refused:  # left in service, untouched but for its state
+                await self._release("blocked by non-interruptible pods" if started.blocked else "downgrade refused")
+                result.outcome, result.reason = ("blocked", started.blocked) if started.blocked else \
+                    ("erroring", started.refused)
                 return result
-            if t.interrupt is not None:
+            if t.out_of_service:
                 await self._drain(started.drain, result)
-            due = [p for p in t.packages if started.node.packages.get(p.name) != p.version]
-            stages = self._stages_of(due, started.node.packages)
+            installed = started.node.packages
+            due = [p for p in t.packages if installed.get(p.name) != p.version]
+            # What it uninstalls runs the scripts of the version the node has.
+            removing = [p.model_copy(update={"version": installed[p.name]}) for p in t.uninstall if p.name in installed]
+            stages = self._uninstall_stages(removing) + self._stages_of(due, installed)
             if stages:
                 await self._run_stages(stages, started.node.boot_id or "", result)
             finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout,
-                                      packages={p.name: p.version for p in due}, uncordon=t.interrupt is not None)
+                                      packages={p.name: p.version for p in due}, removed=[p.name for p in removing],
+                                      uncordon=t.out_of_service, untaint=t.runtime_required)  # fmt: skip
             await self._call(KubeActivities.finish_node_update, finish, f"record {len(due)} packages on {node}"
+                             + (f", {len(removing)} uninstalled" if removing else "")
                              + (", uncordon it" if finish.uncordon else ""), local=True)  # fmt: skip
             self._status.stage, self._status.package = "complete", None
-            if t.interrupt is not None:
+            if t.out_of_service:
                 await self._release("uncordoned")
         except StageFailed as err:
             return await self._erroring(result, str(err), local=True)
@@ -149,17 +165,20 @@ class NodeUpdate:
     def _stages_of(self, due: list[PackageStep], installed: dict[str, str]) -> list[NodeStage]:
         """NodeWright's order: each package's apply|upgrade and config, one interrupt, the post-interrupt stages."""
         interrupt = self._inp.template.interrupt
-
-        def stage(package: PackageStep, name: str, with_interrupt: Interrupt | None = None) -> NodeStage:
-            return NodeStage(package=package.name, version=package.version, image=package.image, stage=name,
-                             interrupt=with_interrupt.type if with_interrupt else None,
-                             services=with_interrupt.services if with_interrupt else [], config=package.config,
-                             timeout_seconds=package.stage_timeout.total_seconds())  # fmt: skip
-
-        stages = [stage(p, s) for p in due for s in ("upgrade" if p.name in installed else "apply", "config")]
+        stages = [_stage(p, s) for p in due for s in ("upgrade" if p.name in installed else "apply", "config")]
         if interrupt is not None and interrupt.type != "noop" and due:
-            stages.append(stage(next((p for p in due if p.has_interrupt), due[0]), "interrupt", interrupt))
-        return stages + [stage(p, "post-interrupt") for p in due if p.has_interrupt]
+            stages.append(_stage(next((p for p in due if p.has_interrupt), due[0]), "interrupt", interrupt))
+        return stages + [_stage(p, "post-interrupt") for p in due if p.has_interrupt]
+
+    def _uninstall_stages(self, removing: list[PackageStep]) -> list[NodeStage]:
+        """NodeWright's uninstall lane, before the install lane: each package's uninstall (dependents first), then
+        one uninstall-interrupt for those with an interrupt, their own interrupts coalesced."""
+        interrupt = self._inp.template.uninstall_interrupt
+        stages = [_stage(p, "uninstall") for p in removing]
+        owner = next((p for p in removing if p.has_interrupt), None)
+        if interrupt is not None and interrupt.type != "noop" and owner is not None:
+            stages.append(_stage(owner, "uninstall-interrupt", interrupt))
+        return stages
 
     async def _run_stages(self, stages: list[NodeStage], boot_id: str, result: NodeUpdateResult) -> None:
         """The stages as one activity; a pause holds the node between two of them, and the rest runs on resume."""
@@ -401,6 +420,12 @@ class NodeUpdate:
                           local=local)  # fmt: skip
         result.outcome, result.reason = "erroring", reason
         return result
+
+
+def _stage(package: PackageStep, name: str, interrupt: Interrupt | None = None) -> NodeStage:
+    return NodeStage(package=package.name, version=package.version, image=package.image, stage=name,
+                     interrupt=interrupt.type if interrupt else None, services=interrupt.services if interrupt else [],
+                     config=package.config, timeout_seconds=package.stage_timeout.total_seconds())  # fmt: skip
 
 
 def _record_duration(name: str, description: str, seconds: float) -> None:

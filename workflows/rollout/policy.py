@@ -57,8 +57,10 @@ __all__ = [
     "NodeSnapshot",
     "Plan",
     "PlannedBatch",
+    "NODE_PRIORITY_LABEL",
     "admissible",
     "assign_compartments",
+    "batch_order",
     "choose_compartment",
     "ceiling",
     "coalesce_interrupts",
@@ -68,6 +70,7 @@ __all__ = [
     "evaluate_batch",
     "next_batch_size",
     "next_window_open",
+    "node_priority",
     "package_order",
     "package_waves",
     "plan",
@@ -101,6 +104,7 @@ class NodeSnapshot(_State):
     labels: dict[str, str] = Field(default_factory=dict)
     unschedulable: bool = False
     ready: bool = True
+    created: str | None = Field(None, description="metadata.creationTimestamp: oldest first in a rollout's order.")
 
     @property
     def unavailable(self) -> bool:
@@ -167,6 +171,51 @@ def assign_compartments(nodes: Sequence[NodeSnapshot], policy: DeploymentPolicy)
     for node in nodes:
         result[_choose(node.labels, compartments, matched)].append(node.name)
     return {name: sorted(members) for name, members in result.items()}
+
+
+# ---------------------------------------------------------------- node order
+
+# The node label that orders a rollout's nodes, with the semantics of NodeWright's `priority` (a positive integer,
+# lower first, 200 when unset); see docs/rollout-batch-planning.md.
+NODE_PRIORITY_LABEL = "nodewright.nvidia.com/priority"
+DEFAULT_NODE_PRIORITY = 200
+
+
+def node_priority(labels: Mapping[str, str]) -> int:
+    """The node's priority label as NodeWright reads `priority`; unset or not a positive integer: 200."""
+    value = labels.get(NODE_PRIORITY_LABEL, "")
+    return int(value) if value.isdigit() and int(value) >= 1 else DEFAULT_NODE_PRIORITY
+
+
+def priority_warning(node: NodeSnapshot) -> str | None:
+    value = node.labels.get(NODE_PRIORITY_LABEL)
+    if value is None or node_priority(node.labels) != DEFAULT_NODE_PRIORITY or value == str(DEFAULT_NODE_PRIORITY):
+        return None
+    return f"node {node.name}: label {NODE_PRIORITY_LABEL}={value!r} is not a positive integer; it counts as 200"
+
+
+def batch_order(
+    candidates: Iterable[str],
+    nodes: Mapping[str, NodeSnapshot],
+    states: Mapping[str, str] | None = None,
+    unavailable: set[str] | None = None,
+) -> list[str]:
+    """The order a batch takes its nodes in: priority label (lower first), then nodes that are not retries
+    (an erroring node goes after every waiting one, as NodeWright re-picks erroring nodes last), then nodes
+    already out of service (they cost the budget nothing more), then waiting before blocked, then the stable
+    order: oldest node first (creationTimestamp), then name. A node missing from `nodes` sorts as unlabelled.
+    Without `states` and `unavailable` (a plan), the priority label and the stable order alone."""
+    states, out = states or {}, unavailable or set()
+
+    def key(name: str) -> tuple[int, bool, bool, bool, str, str]:
+        node = nodes.get(name)
+        labels = node.labels if node is not None else {}
+        created = (node.created if node is not None else None) or ""
+        state = states.get(name)
+        taken_first = unavailable is None or name in out
+        return (node_priority(labels), state == "erroring", not taken_first, state == "blocked", created, name)
+
+    return sorted(candidates, key=key)
 
 
 # ---------------------------------------------------------------- batches
@@ -395,12 +444,13 @@ def _plan_compartment(
 ) -> CompartmentPlan:
     names = [n.name for n in members]
     unavailable = [n.name for n in members if n.unavailable]
+    by_name = {n.name: n for n in members}
     total = len(members)
     cap = ceiling(budget, total)
     state = BatchState()
     batches: list[PlannedBatch] = []
     blocked = None
-    queue = list(names)
+    queue = batch_order(names, by_name)
     while queue:
         size = next_batch_size(strategy, state, total, cap)
         admit = admissible(size, cap, len(unavailable))
@@ -457,6 +507,7 @@ def plan(nodes: Sequence[NodeSnapshot], spec: RolloutInput) -> Plan:
             warnings.append(f"compartment {c.name!r} has no node")
         if c.blocked:
             warnings.append(f"compartment {c.name!r}: {c.blocked}")
+    warnings += [w for n in targeted if (w := priority_warning(n))]
     return Plan(
         cluster=spec.cluster,
         name=spec.name,

@@ -24,6 +24,7 @@ workflows/rollout/node_update.py); a module of the batch's own would be a third.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -36,6 +37,8 @@ from workflows.common.base import Progress, history_is_long
 from workflows.common.call_options import API_CALL
 from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.rollout.node_update import NodeUpdate
+from workflows.common import priorities
+from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     ApproveRequest,
     BatchInput,
@@ -57,8 +60,10 @@ from workflows.rollout.models import (
 )
 from workflows.rollout.policy import (
     NodeSnapshot,
+    NODE_PRIORITY_LABEL,
     admissible,
     assign_compartments,
+    batch_order,
     coalesce_interrupts,
     compartment_budget,
     compartment_strategy,
@@ -78,6 +83,9 @@ HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,24
 BUDGET_POLL = timedelta(seconds=30)
 RECENT_BATCHES = 20
 SURVEY_PAGE = 1000
+# workflow.patched() id of batch planning (docs/rollout-batch-planning.md): membership re-read before each batch,
+# erroring nodes retried, the priority order, resetBatchStateOnCompletion. Runs from before keep their fixed members.
+PLANNING_PATCH = "rollout-batch-planning"
 
 
 # ---------------------------------------------------------------- RolloutBatch
@@ -140,6 +148,8 @@ class RolloutBatch:
                     NodeUpdate.run,
                     NodeUpdateInput(node=n.node, ordinal=n.ordinal, template=inp.template, lease=lease),
                     id=f"{inp.template.rollout}/{n.node}",
+                    # The node's stages and drain inherit this (workflows/common/priorities.py).
+                    priority=priorities.rollout(inp.template.cluster),
                     static_summary=f"{n.node} in batch {inp.number} of {inp.compartment}",
                 )
                 self._running[n.node] = handle
@@ -202,7 +212,7 @@ class RolloutBatch:
             await handle.signal(signal)
 
 
-async def _sleep_until_window(windows: list[MaintenanceWindow], wake: callable) -> None:
+async def _sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> None:
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
     try:
@@ -232,6 +242,8 @@ class Rollout:
         self._gate_failing_since: dict[str, datetime] = {}
         self._phase = "planning" if inp.dry_run else "surveying"
         self._upserted: str | None = None
+        self._planning = False  # PLANNING_PATCH, decided once per run
+        self._live: dict[str, NodeSnapshot] = {}  # the last re-read, by name
 
     # ------------------------------------------------------------ queries
 
@@ -245,10 +257,13 @@ class Rollout:
             compartments=self._views,
             recent_batches=self._recent,
             problems={
-                n: NodeView(status=s, reason=self._cp.reasons.get(n, ""), stages=self._stage_details.get(n, []))
+                n: NodeView(status=s, reason=self._cp.reasons.get(n, ""), stages=self._stage_details.get(n, []),
+                            retries=self._cp.retries.get(n, 0))
                 for n, s in self._cp.nodes.items()
                 if s in ("erroring", "blocked", "skipped")
             },
+            joined=self._cp.joined,
+            left=self._cp.left,
         )
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -369,11 +384,17 @@ class Rollout:
             self._phase = "planned"
             self._refresh()
             return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp))
+        self._planning = workflow.patched(PLANNING_PATCH)
         if inp.checkpoint is None:
             await self._start(await self._survey())
+        if self._planning:
+            self._reset_on_version_change()
         self._phase = "running"
         self._refresh()
-        await asyncio.gather(*(self._run_compartment(name) for name in sorted(self._cp.compartments)))
+        if self._planning:
+            await self._run_compartments()
+        else:
+            await asyncio.gather(*(self._run_compartment(name) for name in sorted(self._cp.compartments)))
         if self._continue and self._aborted is None:
             await workflow.wait_condition(workflow.all_handlers_finished)
             self._cp.paused_reason = self._paused_reason
@@ -394,7 +415,7 @@ class Rollout:
     async def _survey(self) -> list[NodeSnapshot]:
         """The targeted nodes, page by page, keeping only the labels compartments look at."""
         inp = self._inp
-        keys = {r.key for r in inp.node_selectors.requirements()}
+        keys = {r.key for r in inp.node_selectors.requirements()} | {NODE_PRIORITY_LABEL}
         for compartment in inp.deployment_policy.compartments:
             keys |= {r.key for r in compartment.selector.requirements()}
         nodes, token = [], None
@@ -409,10 +430,11 @@ class Rollout:
                     continue_token=token,
                 ),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="list targeted nodes",
             )
             nodes += [
-                NodeSnapshot(name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready)
+                NodeSnapshot(name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready, created=n.created)
                 for n in page.nodes
             ]
             token = page.continue_token
@@ -423,18 +445,69 @@ class Rollout:
         assignment = assign_compartments(nodes, self._inp.deployment_policy)
         self._cp.compartments = {name: CompartmentState(members=members) for name, members in assignment.items() if members}
         self._cp.nodes = {n.name: "waiting" for n in sorted(nodes, key=lambda n: n.name)}
+        self._live = {n.name: n for n in nodes}
+
+    def _reset_on_version_change(self) -> None:
+        """resetBatchStateOnCompletion also resets on a version change: batch states carried from other versions."""
+        versions = self._inp.package_versions()
+        if self._cp.package_versions and self._cp.package_versions != versions and self._inp.resets_batch_state():
+            for cs in self._cp.compartments.values():
+                cs.batch, cs.completed = BatchState(), False
+        self._cp.package_versions = versions
+
+    async def _run_compartments(self) -> None:
+        """Every compartment with work, concurrently; one that gains nodes mid-rollout starts when it does, and
+        before finishing the rollout takes a last look for nodes that started matching meanwhile."""
+        running: dict[str, asyncio.Task[None]] = {}
+
+        def idle_with_work() -> bool:
+            return not self._woken() and any(
+                name not in running and self._pending(cs) for name, cs in self._cp.compartments.items()
+            )
+
+        while True:
+            if not self._woken():
+                for name, cs in sorted(self._cp.compartments.items()):
+                    if name not in running and self._pending(cs):
+                        running[name] = asyncio.create_task(self._run_compartment(name))
+            if not running:
+                if self._woken():
+                    return
+                self._membership(await self._survey())
+                if not idle_with_work():
+                    return
+                continue
+            await workflow.wait_condition(lambda: any(t.done() for t in running.values()) or idle_with_work())
+            for name in [n for n, t in running.items() if t.done()]:
+                running.pop(name).result()
+
+    def _membership(self, nodes: list[NodeSnapshot]) -> MembershipChange:
+        """Apply a re-read: joined and left nodes (workflows/rollout/membership.py), the views' sizes."""
+        self._live = {n.name: n for n in nodes}
+        change = reconcile(self._cp, nodes, self._inp.deployment_policy)
+        for name, view in self._views.items():
+            cs = self._cp.compartments[name]
+            view.members = len(cs.members)
+            view.ceiling = ceiling(compartment_budget(self._inp.deployment_policy, name), len(cs.members))
+        if change:
+            self._refresh()
+        return change
 
     async def _run_compartment(self, name: str) -> None:
         inp, cs = self._inp, self._cp.compartments[name]
         strategy = compartment_strategy(inp.deployment_policy, name)
         cap = ceiling(compartment_budget(inp.deployment_policy, name), len(cs.members))
-        view = self._views[name] = CompartmentView(
-            name=name, strategy=strategy_name(strategy), members=len(cs.members), ceiling=cap, batch_state=cs.batch
-        )
+        view = self._views.get(name) if self._planning else None
+        if view is None:
+            view = self._views[name] = CompartmentView(
+                name=name, strategy=strategy_name(strategy), members=len(cs.members), ceiling=cap, batch_state=cs.batch
+            )
         members = set(cs.members)
         while self._aborted is None:
             pending = self._pending(cs)
             if not pending:
+                if self._planning and all(self._cp.nodes[n] in ("complete", "skipped") for n in cs.members):
+                    cs.completed = True
                 view.phase = "done"
                 break
             # Between batches, every compartment parks when one asks to continue as new.
@@ -450,26 +523,52 @@ class Rollout:
             if all(self._cp.nodes[n] == "blocked" for n in pending):
                 self._enter(view, "waiting-for-blocked-nodes", f"{len(pending)} nodes wait for non-interruptible pods")
                 await self._sleep(inp.non_interrupt_retry_interval, "nodes blocked by non-interruptible pods")
-            unavailable = set(
-                await workflow.execute_activity_method(
-                    KubeActivities.list_unavailable_nodes,
-                    UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
-                    **API_CALL,
-                    summary=f"count unavailable nodes for {name}",
-                )
-            ) & members
+            change = MembershipChange()
+            if self._planning:
+                # One paged re-read per batch: who is in the rollout now, and who is out of service.
+                change = self._membership(await self._survey())
+                pending = self._pending(cs)
+                if not pending:
+                    continue
+                cap = view.ceiling
+                unavailable = {n for n in cs.members if n in self._live and self._live[n].unavailable}
+                if cs.completed:  # nodes joined a compartment that had finished
+                    if inp.resets_batch_state():
+                        cs.batch = BatchState()
+                    cs.completed = False
+            else:
+                unavailable = set(
+                    await workflow.execute_activity_method(
+                        KubeActivities.list_unavailable_nodes,
+                        UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
+                        **API_CALL,
+                        priority=priorities.rollout(inp.cluster),
+                        summary=f"count unavailable nodes for {name}",
+                    )
+                ) & members
             active = len(cs.members) - sum(1 for n in cs.members if self._cp.nodes[n] == "skipped")
-            size = next_batch_size(strategy, cs.batch, active, cap)
+            # A node due for a retry is not done yet: the strategy counts it among the nodes remaining.
+            retries_due = sum(1 for n in pending if self._cp.nodes[n] == "erroring")
+            state = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - retries_due)})
+            size = next_batch_size(strategy, state, active, cap)
             admit = admissible(size, cap, len(unavailable))
             if admit == 0:
                 self._enter(view, "waiting-for-budget", f"{len(unavailable)} of {cap} allowed nodes already out of service")
                 await self._sleep(BUDGET_POLL, "budget exhausted by unavailable nodes")
                 continue
-            # Nodes already out of service cost nothing more to take: they go first, then
-            # waiting nodes before blocked ones, each in name order.
-            ordered = sorted(pending, key=lambda n: (n not in unavailable, self._cp.nodes[n] == "blocked", n))
-            chosen = sorted(ordered[:admit])
-            await self._run_batch(name, view, cs, chosen, cap, len(unavailable), size)
+            if self._planning:
+                chosen = batch_order(pending, self._live, self._cp.nodes, unavailable)[:admit]
+            else:
+                # Nodes already out of service cost nothing more to take: they go first, then
+                # waiting nodes before blocked ones, each in name order.
+                ordered = sorted(pending, key=lambda n: (n not in unavailable, self._cp.nodes[n] == "blocked", n))
+                chosen = sorted(ordered[:admit])
+            retried = [n for n in chosen if self._cp.nodes[n] == "erroring"]
+            for node in retried:
+                self._cp.retries[node] = self._cp.retries.get(node, 0) + 1
+            if retried:  # back in play: its next outcome is counted like any node's
+                cs.batch = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - len(retried))})
+            await self._run_batch(name, view, cs, chosen, cap, len(unavailable), size, change, retried)
             if inp.soak_time and self._aborted is None:
                 self._enter(view, "running", f"soaking for {inp.soak_time}")
                 await self._sleep(inp.soak_time, "soak after batch")
@@ -526,6 +625,7 @@ class Rollout:
                     conditions=gate.node_conditions,
                 ),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="gate: node conditions",
             )
         if gate.prometheus is not None:
@@ -534,6 +634,7 @@ class Rollout:
                 PrometheusActivities.query_prometheus,
                 PrometheusQuery(url=q.url, query=q.query),
                 **API_CALL,
+                priority=priorities.rollout(inp.cluster),
                 summary="gate: prometheus query",
             )
             if q.min_value is None and q.max_value is None:
@@ -546,7 +647,8 @@ class Rollout:
         return problems
 
     async def _run_batch(
-        self, name: str, view: CompartmentView, cs: CompartmentState, chosen: list[str], cap: int, unavailable: int, size: int
+        self, name: str, view: CompartmentView, cs: CompartmentState, chosen: list[str], cap: int, unavailable: int,
+        size: int, change: MembershipChange, retried: list[str],
     ) -> None:
         inp, number = self._inp, cs.batch.current_batch
         nodes = []
@@ -555,7 +657,8 @@ class Rollout:
             self._cp.next_ordinal += 1
             self._set_node(node, "in_progress", "")
         batch_view = BatchView(
-            compartment=name, number=number, ceiling=cap, unavailable_before=unavailable, strategy_size=size, started=workflow.now()
+            compartment=name, number=number, ceiling=cap, unavailable_before=unavailable, strategy_size=size,
+            started=workflow.now(), order=chosen, retried=retried, joined=sorted(change.joined), left=sorted(change.left),
         )
         view.current_batch = batch_view
         self._enter(view, "running", f"batch {number}: {len(chosen)} nodes")
@@ -573,6 +676,7 @@ class Rollout:
                 max_in_flight=inp.max_in_flight,
             ),
             id=f"{workflow.info().workflow_id}/{name}/batch-{self._cp.runs}-{number}-{nodes[0].ordinal}",
+            priority=priorities.rollout(inp.cluster),
             static_summary=f"{name} batch {number}: {len(nodes)} nodes",
         )
         self._batches[name] = handle
@@ -606,7 +710,7 @@ class Rollout:
 
     def _template(self) -> NodeUpdateTemplate:
         inp = self._inp
-        packages = [
+        steps = [
             PackageStep(
                 name=name,
                 version=p.version,
@@ -618,12 +722,20 @@ class Rollout:
             for name in package_order(inp.packages)
             for p in [inp.packages[name]]
         ]
-        interrupts = [p.interrupt for p in inp.packages.values() if p.interrupt is not None]
+        # Packages whose uninstall is applied are uninstalled, dependents first, with their interrupts coalesced.
+        removing = {n for n, p in inp.packages.items() if p.uninstall.apply}
+        interrupts = [p.interrupt for n, p in inp.packages.items() if p.interrupt is not None and n not in removing]
+        uninstall_interrupts = [p.interrupt for n, p in inp.packages.items() if p.interrupt and n in removing]
         return NodeUpdateTemplate(
             cluster=inp.cluster,
             rollout=workflow.info().workflow_id,
-            packages=packages,
+            packages=[s for s in steps if s.name not in removing],
             interrupt=coalesce_interrupts(interrupts) if interrupts else None,
+            uninstall=[s for s in reversed(steps) if s.name in removing],
+            uninstall_interrupt=coalesce_interrupts(uninstall_interrupts) if uninstall_interrupts else None,
+            allow_downgrade=inp.allow_downgrade,
+            runtime_required=inp.runtime_required,
+            auto_taint_new_nodes=inp.auto_taint_new_nodes,
             drain=inp.drain_config.settings(),
             non_interrupt_selector=(
                 inp.pod_non_interrupt_labels.to_selector_string() if inp.pod_non_interrupt_labels else None
@@ -640,7 +752,12 @@ class Rollout:
     # ------------------------------------------------------------ state and visibility
 
     def _pending(self, cs: CompartmentState) -> list[str]:
-        return [n for n in cs.members if self._cp.nodes[n] in ("waiting", "blocked")]
+        """Nodes a next batch may take: waiting and blocked ones, and erroring ones with retries left."""
+        limit = self._inp.deployment_policy.retry_erroring_nodes if self._planning else 0
+        return [
+            n for n in cs.members
+            if self._cp.nodes[n] in ("waiting", "blocked") or (limit and retryable(self._cp, n, limit))
+        ]
 
     def _set_node(self, node: str, status: NodeStatus, reason: str) -> None:
         self._cp.nodes[node] = status
@@ -731,6 +848,8 @@ class Rollout:
             lines.append(f"paused: {self._paused_reason}")
         if self._aborted:
             lines.append(f"aborting: {self._aborted}")
+        if self._cp.joined or self._cp.left:
+            lines.append(f"membership: {len(self._cp.joined)} nodes joined, {len(self._cp.left)} left mid-rollout")
         for view in self._views.values():
             lines.append(
                 f"- `{view.name}` {view.phase} (batch {view.batch_state.current_batch}, ceiling {view.ceiling}): {view.note}"

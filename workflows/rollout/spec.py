@@ -82,7 +82,7 @@ _GO_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+$")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _WEEKDAY_NAMES = {name: name for name in WEEKDAYS} | {
     "monday": "mon",
     "tuesday": "tue",
@@ -301,6 +301,24 @@ def _check_image(value: str) -> str:
     return value
 
 
+class Uninstall(_Spec):
+    """NodeWright's explicit uninstall (v0.16+): `enabled` says the package may be uninstalled, `apply` does it now.
+
+    With `apply`, the rollout runs the package's `uninstall` stage (the scripts of the version the node has), then
+    `uninstall-interrupt` when the package has an interrupt, on every targeted node that has it, and takes it out
+    of the node's packages annotation; it installs it nowhere.
+    """
+
+    enabled: bool = False
+    apply: bool = False
+
+    @model_validator(mode="after")
+    def _apply_needs_enabled(self) -> Uninstall:
+        if self.apply and not self.enabled:
+            raise ValueError("apply: true needs enabled: true (NodeWright's rule)")
+        return self
+
+
 class Package(_Spec):
     """One package: a container image whose scripts run on the host (NodeWright's Package)."""
 
@@ -314,6 +332,7 @@ class Package(_Spec):
     )
     depends_on: dict[str, str] = Field(default_factory=dict, description="Package name → version.")
     stage_timeout: Duration = Field(timedelta(hours=1), description="Bound on one attempt of each stage.")
+    uninstall: Uninstall = Field(default_factory=Uninstall)
 
     _version = field_validator("version")(_check_semver)
     _image = field_validator("image")(_check_image)
@@ -513,6 +532,14 @@ class DeploymentPolicy(_Spec):
 
     default: PolicyDefault = Field(default_factory=_safe_default)
     compartments: list[Compartment] = Field(default_factory=list)
+    reset_batch_state_on_completion: bool = Field(
+        True, description="NodeWright's policy setting: a compartment's batch state goes back to batch 1 when all its "
+        "nodes are done (nodes joining later start small again) and when the package versions change; false keeps it.",
+    )
+    retry_erroring_nodes: int = Field(
+        1, ge=0, le=10, description="How many times a node that ended erroring is put in a later batch again "
+        "automatically (0: never; retry_node still can). Each retry counts against the budget and the stop rule.",
+    )
 
     @field_validator("compartments")
     @classmethod
@@ -528,6 +555,14 @@ class DeploymentPolicy(_Spec):
                 raise ValueError(f"{i}.selector: identical to the selector of compartment {selectors[key]}")
             selectors[key] = i
         return value
+
+
+class DeploymentPolicyOptions(_Spec):
+    """NodeWright's `deploymentPolicyOptions`: this rollout's overrides of its policy's settings."""
+
+    reset_batch_state_on_completion: bool | None = Field(
+        None, description="Overrides deploymentPolicy.resetBatchStateOnCompletion for this rollout when set."
+    )
 
 
 # ---------------------------------------------------------------- windows
@@ -624,6 +659,7 @@ class RolloutInput(WorkflowInput):
     )
     drain_config: DrainConfig = Field(default_factory=DrainConfig)
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
+    deployment_policy_options: DeploymentPolicyOptions = Field(default_factory=DeploymentPolicyOptions)
     approval: Approval = Field("none", description="Wait for approve_batch before each batch or each compartment.")
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="Empty: any time. Otherwise no node is admitted outside them."
@@ -635,6 +671,17 @@ class RolloutInput(WorkflowInput):
     )
     stage_retries: int = Field(3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit).")
     reboot_timeout: Duration = Field(timedelta(minutes=30), description="A rebooted node must be Ready again within this.")
+    allow_downgrade: bool = Field(
+        False, description="Install a package over a later version a node has (else that node is refused, untouched)."
+    )
+    runtime_required: bool = Field(
+        False, description="A node's packages must be complete before it takes work: the runtime-required taint "
+        "(nodewright.nvidia.com=runtime-required:NoSchedule) is removed from it once they are, never while they fail.",
+    )
+    auto_taint_new_nodes: bool = Field(
+        False, description="Give each new node (none of Millwright's annotations yet) the runtime-required taint "
+        "when the rollout reaches it; needs runtimeRequired.",
+    )
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
     checkpoint: RolloutCheckpoint | None = Field(
         None, description="Internal: the state a continued run carries. Leave it out when starting a rollout."
@@ -679,11 +726,16 @@ class RolloutInput(WorkflowInput):
             )
         if self.all_nodes and not self.node_selectors.is_empty():
             raise ValueError("allNodes: true conflicts with a non-empty nodeSelectors; use one or the other")
+        if self.auto_taint_new_nodes and not self.runtime_required:
+            raise ValueError("autoTaintNewNodes: the taint it places is removed only with runtimeRequired: true")
         for name in sorted(self.packages):
             for dep, version in sorted(self.packages[name].depends_on.items()):
                 path = f"packages.{name}.dependsOn.{dep}"
                 if dep not in self.packages:
                     raise ValueError(f"{path}: unknown package {dep!r}")
+                if self.packages[dep].uninstall.apply and not self.packages[name].uninstall.apply:
+                    raise ValueError(f"{path}: {dep!r} is being uninstalled (uninstall.apply) and {name!r} is not: "
+                                     "uninstall both or neither")  # fmt: skip
                 if dep == name:
                     raise ValueError(f"{path}: a package cannot depend on itself")
                 if version != self.packages[dep].version:
@@ -695,6 +747,14 @@ class RolloutInput(WorkflowInput):
         except DependencyCycle as err:
             raise ValueError(f"packages.{err.cycle[0]}.dependsOn: {err}") from None
         return self
+
+    def resets_batch_state(self) -> bool:
+        """`resetBatchStateOnCompletion`: the rollout's override, else the policy's."""
+        override = self.deployment_policy_options.reset_batch_state_on_completion
+        return self.deployment_policy.reset_batch_state_on_completion if override is None else override
+
+    def package_versions(self) -> dict[str, str]:
+        return {name: p.version for name, p in sorted(self.packages.items())}
 
     def workflow_id(self) -> str:
         # A dry run never collides with (or attaches to) the rollout it plans.

@@ -43,6 +43,10 @@ class BatchState(_State):
 class CompartmentState(_State):
     members: list[str] = Field(default_factory=list)
     batch: BatchState = Field(default_factory=BatchState)
+    completed: bool = Field(
+        False, description="Every member complete; nodes joining later start from a reset batch state if the "
+        "policy resets on completion.",
+    )
 
 
 class RolloutCheckpoint(_State):
@@ -55,3 +59,14 @@ class RolloutCheckpoint(_State):
     approved_compartments: list[str] = Field(default_factory=list)
     paused_reason: str | None = None
     runs: int = 1
+    # Batch planning (workflows/rollout/membership.py); empty in checkpoints from before it.
+    retries: dict[str, int] = Field(default_factory=dict, description="Erroring node -> automatic retries it had.")
+    joined: dict[str, str] = Field(
+        default_factory=dict, description="Node that started matching mid-rollout -> the compartment it joined."
+    )
+    left: dict[str, NodeStatus] = Field(
+        default_factory=dict, description="Node that stopped matching mid-rollout -> its state when it left."
+    )
+    package_versions: dict[str, str] = Field(
+        default_factory=dict, description="The versions the batch states were built under (a change resets them)."
+    )

@@ -1,0 +1,101 @@
+"""The default scheduler: binds a ReplicaSet's or Job's pending pod to the least-loaded Ready node that fits its
+node selector, tolerations and GPU request; an unschedulable pod is tried again every `SCHEDULE_RETRY_SECONDS`."""
+
+from __future__ import annotations
+
+import copy
+
+from ..store import NODES, PODS, controller_ref, node_ready
+from ..util import now_rfc3339
+from .base import Controller
+from .pods import gpu_request, is_active
+
+SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
+
+
+def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
+    for t in tolerations or []:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists" and (not t.get("key") or t.get("key") == taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+class Scheduler(Controller):
+    def pick_node(self, pod: dict) -> str | None:
+        store = self.store
+        spec = pod.get("spec") or {}
+        sel = spec.get("nodeSelector") or {}
+        need_gpu = gpu_request(pod)
+        pods = store.objects.get(PODS, {})
+
+        def on_node(name: str) -> list[dict]:
+            return [p for k in store.pods_by_node.get(name, ()) if (p := pods.get(k)) is not None and is_active(p)]
+
+        candidates = []
+        for node in store.all(NODES):
+            md, nspec = node["metadata"], node.get("spec") or {}
+            if not node_ready(node) or nspec.get("unschedulable") or md.get("deletionTimestamp"):
+                continue
+            labels = md.get("labels") or {}
+            if any(labels.get(k) != v for k, v in sel.items()):
+                continue
+            if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
+                   for t in nspec.get("taints") or []):
+                continue
+            running = on_node(md["name"])
+            load = {md["name"]: len(running)}
+            gpus_used = {md["name"]: sum(gpu_request(p) for p in running)}
+            if need_gpu:
+                alloc = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0)
+                try:
+                    alloc = float(alloc)
+                except (TypeError, ValueError):
+                    alloc = 0.0
+                if gpus_used.get(md["name"], 0.0) + need_gpu > alloc:
+                    continue
+            candidates.append((load.get(md["name"], 0), md["name"]))
+        return min(candidates)[1] if candidates else None
+
+    def reconcile(self, work: set, now: float) -> None:
+        store, rt = self.store, self.pod_rt()
+        pods = store.objects.get(PODS, {})
+        for k in sorted(store.unscheduled):
+            pod = pods.get(k)
+            if pod is None:
+                continue
+            spec = pod.get("spec") or {}
+            if spec.get("nodeName") or not is_active(pod):
+                continue
+            ref = controller_ref(pod)
+            if not ref or ref.get("kind") not in ("ReplicaSet", "Job"):
+                continue
+            if spec.get("schedulerName", "default-scheduler") != "default-scheduler":
+                continue
+            side = store.side.setdefault(pod["metadata"].get("uid", ""), {})
+            if now < side.get("schedule_retry_at", 0.0):
+                continue
+            node = self.pick_node(pod)
+            if node is None:
+                side["schedule_retry_at"] = now + SCHEDULE_RETRY_SECONDS
+                store.schedule_at(side["schedule_retry_at"], (PODS, k))
+            new = copy.deepcopy(pod)
+            conds = [c for c in (new.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
+            if node is None:
+                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
+                        "message": "0/%d nodes are available." % len(store.objects.get(NODES, {})),
+                        "lastTransitionTime": now_rfc3339()}
+                old = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                            if c.get("type") == "PodScheduled"), None)
+                if old and old.get("status") == "False" and old.get("message") == cond["message"]:
+                    continue
+                new.setdefault("status", {})["conditions"] = conds + [cond]
+                store.put(rt, new, actor="scheduler", verb="update", subresource="status")
+                continue
+            new["spec"]["nodeName"] = node
+            new.setdefault("status", {})["conditions"] = conds + [
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
+            store.put(rt, new, actor="scheduler", verb="create", subresource="binding")
