@@ -73,6 +73,10 @@ alternative: it needs every worker to poll one more queue, and a misconfigured w
 the same.
 
 Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow.
+
+Longer than 600 lines because the entity's handlers (requests, releases, decisions, the circuit breaker's
+reset) all change the one book of leases it carries across continue-as-new; the breaker's pure rules live in
+workflows/budget/breaker.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ says why, while fewer than `min_healthy` of the cluster's nodes are healthy or i
 tripped. A start that finds the node's remediation already
 running (another sweep, a manual start) is reported as such, never duplicated. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
-history events at 10,000 nodes (the class's docstring counts them)."""
+history events at 10,000 nodes (the class's docstring counts them).
+
+Longer than 600 lines because the sweep and its slices are one workflow type (a slice is a run of the same type,
+so the worker registers nothing new) whose listing, slicing, probing, holding and starting share its state."""
 
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ from activities.redfish import BmcRef, RedfishActivities, RedfishHealth
 from workflows.remediation.models import DeviceFacts, NodeRemediationInput, device_facts, finding_text
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.sweep_models import (
+    HELD,
     LISTED,
     Candidate,
     ClusterSweep,
@@ -85,7 +89,6 @@ SWEEP_HOLD_PATCH = "fleet-health-sweep-min-healthy-breaker"
 BREAKER_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=15), schedule_to_close_timeout=timedelta(minutes=1),
                     retry_policy=API_RETRY)  # fmt: skip
 SWEEP_HISTORY_LIMIT = 6000  # the sweep continues as new past this, or at the server's suggestion (4,096 events)
-HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 NAMES_PER_CALL = 5000  # node names one listing activity returns (~100 KB)
 SLICE_TIMEOUT = timedelta(hours=6)  # a slice's execution timeout, far above what its probes' own bounds allow
 NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), heartbeat_timeout=timedelta(seconds=30),

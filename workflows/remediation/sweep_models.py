@@ -18,9 +18,9 @@ from activities.models import StrictModel
 from activities.redfish import BmcRef
 from workflows.remediation.models import DeviceFacts, RemediationSettings
 from workflows.remediation.policy import DEFAULT_COOLDOWN
-from workflows.remediation.health_sweep import HELD
 from workflows.remediation.policy import MinHealthy
 
+HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
 
 
