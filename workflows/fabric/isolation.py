@@ -1,4 +1,5 @@
-"""IsolateTenant: a tenant's hosts into its own PKey, checked against the fabric's posture and NetBox, undone on failure.
+"""IsolateTenant: a tenant's hosts into its own PKey, checked against the fabric's posture and NetBox, undone on
+failure.
 
 See workflows/fabric/fabric.py for the family."""
 
