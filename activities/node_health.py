@@ -271,7 +271,7 @@ class NodeHealthActivities:
 
     @activity.defn
     async def quarantine_node(self, req: QuarantineRequest) -> QuarantineResult:
-        """Keep the node cordoned, annotate why and taint it `millwright.dev/quarantine:NoSchedule`.
+        """Keep the node cordoned, annotate why and taint it `millwright.dev/quarantine=true:NoSchedule`.
 
         A cordon someone else placed stays theirs (the ownership annotation is not rewritten); an
         uncordoned node is cordoned in our name.

@@ -17,8 +17,9 @@ twice at once):
   whom, how), which the sweep's per-node cooldown reads.
 
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
-  `millwright.dev/quarantine:NoSchedule` taint; NetBox `failed` with a journal entry and the
-  `millwright-quarantine` tag; the lease is kept (the node stays out of service); a webhook notification.
+  `millwright.dev/quarantine=true:NoSchedule` taint; NetBox `failed` with a journal entry and the
+  `millwright-quarantine` tag; the lease is returned (the quarantined node, cordoned and tainted, still counts
+  against the budget as a node out of service); a webhook notification.
 """
 
 from __future__ import annotations
