@@ -64,13 +64,13 @@ def _number(sample: Any, query: str) -> float:
 # exporter started); ROW_REMAP_FAILURE and ROW_REMAP_PENDING are 0/1 gauges; ECC_DBE_VOL_TOTAL counts double-bit
 # errors since the driver loaded. XID_ERRORS and ROW_REMAP_FAILURE are in the exporter's default counters; the ECC
 # and pending-remap fields must be enabled in its counters file.
-XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
-ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
-ROW_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
-DCGM_FAULT_METRICS = (XID_ERRORS, ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING)
 DcgmMetric = Literal["DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
                      "DCGM_FI_DEV_ROW_REMAP_PENDING"]  # fmt: skip
+XID_ERRORS: DcgmMetric = "DCGM_FI_DEV_XID_ERRORS"
+ECC_DBE_VOLATILE: DcgmMetric = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+ROW_REMAP_FAILURE: DcgmMetric = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+ROW_REMAP_PENDING: DcgmMetric = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+DCGM_FAULT_METRICS: tuple[DcgmMetric, ...] = (XID_ERRORS, ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING)
 _LABEL = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 MAX_FAULTS = 5000  # faults one answer carries (8 GPUs x 4 metrics x 150 nodes): a result stays far below 2 MB
 

@@ -135,7 +135,7 @@ class KubeActivities(RolloutNodeActivities):
         plan = await self._plan_drain(DrainPlanRequest(cluster=req.cluster, node=req.node,
                                                        settings=req.drain or DrainSettings()))  # fmt: skip
         await marks.record_event(await self._clusters.core(req.cluster), marks.event_body(
-            req.node, node.metadata.uid, "Drain", f"draining {len(plan.evict)} pods, {len(plan.skipped)} left in "
+            req.node, node.metadata.uid or "", "Drain", f"draining {len(plan.evict)} pods, {len(plan.skipped)} left in "
             f"place (rollout {req.rollout})", key=("drain",)))  # fmt: skip
         return NodeUpdateStarted(node=node_info(node), cordon=cordon, drain=plan)
 

@@ -101,6 +101,23 @@ class NodeActivities:
             await self._state_event(node, state, "cordoned")
         return CordonResult(owned=True)
 
+    async def _record_state(self, node: k8s.V1Node, req: NodeRolloutState) -> None:
+        change = state_change(node, req)
+        if change is not None:
+            await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
+                                                                        "annotations": change.annotations}},
+                                   f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
+            await self._state_event(node, req)
+
+    async def _state_event(self, node: k8s.V1Node, state: NodeRolloutState, *done: str) -> None:
+        """The Event of a node's state change (NodeWright's reason `State`), with what the same write did."""
+        where = f" at {state.package} {state.stage}" if state.stage else ""
+        message = f"{state.state}{where} (rollout {state.rollout})" + "".join(f"; {d}" for d in done) + \
+            (f": {state.reason}" if state.reason else "")
+        await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
+            state.node, node.metadata.uid or "", "State", message, warning=state.state in ("erroring", "blocked"),
+            key=(state.state, state.stage, state.package)))  # fmt: skip
+
     @activity.defn
     async def uncordon_node(self, req: CordonRequest) -> UncordonResult:
         """Remove our own cordon; never one that someone else placed.
@@ -366,5 +383,5 @@ class NodeActivities:
         await api_call(f"recording DrainBlocked on node {node}",
                     core.patch_node_status(node, patch, _request_timeout=REQUEST_TIMEOUT))
         if event and (previous is None or previous.status != "True"):
-            await marks.record_event(core, marks.event_body(node, found.metadata.uid, marks.DRAIN_BLOCKED, message,
+            await marks.record_event(core, marks.event_body(node, found.metadata.uid or "", marks.DRAIN_BLOCKED, message,
                                                             warning=True, key=(message,)))  # fmt: skip

@@ -72,7 +72,7 @@ def event_body(node: str, uid: str, reason: str, message: str, *, warning: bool 
 async def record_event(core: k8s.CoreV1Api, body: dict[str, Any]) -> None:
     """Create the Event, once; best effort (see the module's docstring)."""
     try:
-        await core.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=_EVENT_TIMEOUT)
+        await core.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=_EVENT_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
     except ApiException as err:
         if err.status != 409:  # 409: this report was made already (a retry)
             activity.logger.warning("event %s on node %s not recorded: %s %s", body["reason"],

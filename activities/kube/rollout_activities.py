@@ -20,7 +20,6 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
-from activities.kube import node_marks as marks
 from activities.kube.models import (
     INTERRUPTS,
     JOB_ATTEMPT_ANNOTATION,
@@ -61,7 +60,6 @@ from activities.kube.stages import (
     send_json,
     short_hash,
     stage_job_name,
-    state_change,
     vanished,
 )
 
@@ -122,23 +120,6 @@ class RolloutNodeActivities(NodeActivities):
         Writes nothing when both already say the same (the `updated` time aside).
         """
         await self._record_state(await self._read_node(req.cluster, req.node), req)
-
-    async def _record_state(self, node: k8s.V1Node, req: NodeRolloutState) -> None:
-        change = state_change(node, req)
-        if change is not None:
-            await self._patch_node(req.cluster, req.node, {"metadata": {"labels": change.labels,
-                                                                        "annotations": change.annotations}},
-                                   f"recording rollout state of node {req.node}", change.shown_by)  # fmt: skip
-            await self._state_event(node, req)
-
-    async def _state_event(self, node: k8s.V1Node, state: NodeRolloutState, *done: str) -> None:
-        """The Event of a node's state change (NodeWright's reason `State`), with what the same write did."""
-        where = f" at {state.package} {state.stage}" if state.stage else ""
-        message = f"{state.state}{where} (rollout {state.rollout})" + "".join(f"; {d}" for d in done) + \
-            (f": {state.reason}" if state.reason else "")
-        await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
-            state.node, node.metadata.uid, "State", message, warning=state.state in ("erroring", "blocked"),
-            key=(state.state, state.stage, state.package)))  # fmt: skip
 
     @activity.defn
     async def record_package_installed(self, req: PackageInstalled) -> None:
