@@ -33,7 +33,7 @@ from pydantic import Field, model_validator
 
 from activities.models import StrictModel
 from activities.node_health import NodeHealth
-from activities.prometheus import ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING, XID_ERRORS, GpuFault
+from activities.prometheus import ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING, XID_ERRORS, GpuFault, DcgmMetric
 
 # Node Problem Detector's default problem conditions (True = problem).
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
@@ -72,7 +72,7 @@ class DcgmChecks(StrictModel):
     row_remap: bool = Field(True, description="A failed or pending row remap (DCGM_FI_DEV_ROW_REMAP_FAILURE / "
                             "_PENDING).")  # fmt: skip
 
-    def metrics(self) -> list[str]:
+    def metrics(self) -> list[DcgmMetric]:
         return [XID_ERRORS] + ([ECC_DBE_VOLATILE] if self.ecc else []) + \
             ([ROW_REMAP_FAILURE, ROW_REMAP_PENDING] if self.row_remap else [])  # fmt: skip
 
