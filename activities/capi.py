@@ -36,8 +36,8 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.errors import api_error
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.errors import api_error
 from activities.models import StrictModel
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -72,14 +72,17 @@ class Ownership(StrictModel):
 
     As a filter (`owned_by`): objects of this workflow and, when `created_by` is set, created by that run."""
 
-    workflow: str = Field(description="ID of the managing workflow (the same for every run about one tenant "
-                                      "or cluster).")
+    workflow: str = Field(
+        description="ID of the managing workflow (the same for every run about one tenant or cluster)."
+    )
     created_by: str = Field("", description="Run ID of the run that created the object.")
     written_by: str = Field("", description="Run ID of the run that last created or changed it.")
 
     def annotation(self) -> str:
-        return json.dumps({"workflow": self.workflow, "createdBy": self.created_by, "writtenBy": self.written_by},
-                          separators=(",", ":"))
+        return json.dumps(
+            {"workflow": self.workflow, "createdBy": self.created_by, "writtenBy": self.written_by},
+            separators=(",", ":"),
+        )
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> "Ownership | None":
@@ -92,13 +95,19 @@ class Ownership(StrictModel):
             doc = None
         if not isinstance(doc, dict):
             return cls(workflow=value)
-        return cls(workflow=str(doc.get("workflow") or ""), created_by=str(doc.get("createdBy") or ""),
-                   written_by=str(doc.get("writtenBy") or ""))
+        return cls(
+            workflow=str(doc.get("workflow") or ""),
+            created_by=str(doc.get("createdBy") or ""),
+            written_by=str(doc.get("writtenBy") or ""),
+        )
 
     def covers(self, obj: dict[str, Any]) -> bool:
         own = Ownership.of(obj)
-        return (own is not None and own.workflow == self.workflow
-                and (not self.created_by or own.created_by == self.created_by))
+        return (
+            own is not None
+            and own.workflow == self.workflow
+            and (not self.created_by or own.created_by == self.created_by)
+        )
 
     def describe(self, obj: dict[str, Any]) -> str:
         """Whose the object is, for an error message."""
@@ -141,11 +150,15 @@ class DiscoveryResult(StrictModel):
 class ApplyRequest(StrictModel):
     cluster: str
     owner: str = Field(description="Who manages these objects (a workflow ID); written as an annotation.")
-    run: str = Field("", description="The writing run's ID: recorded as the creator of what it creates and the "
-                                     "writer of what it changes (`Ownership`).")
+    run: str = Field(
+        "",
+        description="The writing run's ID: recorded as the creator of what it creates and the "
+        "writer of what it changes (`Ownership`).",
+    )
     objects: list[dict[str, Any]] = Field(description="Full desired objects, in creation order.")
     on_difference: Literal["error", "update"] = Field(
-        "error", description="What to do with an existing object of ours that differs: fail, or replace it.")
+        "error", description="What to do with an existing object of ours that differs: fail, or replace it."
+    )
 
 
 class ApplyOutcome(StrictModel):
@@ -169,14 +182,18 @@ class DeleteRequest(StrictModel):
     objects: list[ObjectRef] = Field(description="Deleted in this order; each waited for before the next.")
     timeout_seconds: float = 600
     poll_seconds: float = 0.5
-    owned_by: Ownership | None = Field(None, description="Delete only objects this owner holds (read first; the "
-                                                         "delete is conditional on the UID read); others are kept.")
+    owned_by: Ownership | None = Field(
+        None,
+        description="Delete only objects this owner holds (read first; the "
+        "delete is conditional on the UID read); others are kept.",
+    )
 
 
 class DeleteResult(StrictModel):
     deleted: list[ObjectRef] = Field(default_factory=list, description="Deleted by this attempt.")
-    absent: list[ObjectRef] = Field(default_factory=list, description="Already gone (perhaps by an earlier "
-                                                                      "attempt whose answer was lost).")
+    absent: list[ObjectRef] = Field(
+        default_factory=list, description="Already gone (perhaps by an earlier attempt whose answer was lost)."
+    )
     kept: list[ObjectRef] = Field(default_factory=list, description="Not held by `owned_by`: left alone.")
 
     def account(self, order: list[ObjectRef], existed: list[ObjectRef]) -> tuple[list[ObjectRef], list[ObjectRef]]:
@@ -215,8 +232,13 @@ class CapiClusterStatus(StrictModel):
 
     def ready(self) -> bool:
         # The clusterctl move pre-check plus v1beta2 Available and the e2e framework's phase.
-        return (self.infrastructure_provisioned and self.control_plane_initialized and self.available
-                and self.phase == "Provisioned" and self.machines_ready == self.machines_total)
+        return (
+            self.infrastructure_provisioned
+            and self.control_plane_initialized
+            and self.available
+            and self.phase == "Provisioned"
+            and self.machines_ready == self.machines_total
+        )
 
 
 class MachineNode(StrictModel):
@@ -299,8 +321,11 @@ def _matches(live: dict[str, Any], desired: dict[str, Any]) -> bool:
     lmd = live.get("metadata") or {}
     labels = {k: v for k, v in (md.get("labels") or {}).items() if k != MANAGED_BY_LABEL}
     notes = {k: v for k, v in (md.get("annotations") or {}).items() if k != OWNER_ANNOTATION}
-    return (_contains(live, body) and _contains(lmd.get("labels") or {}, labels)
-            and _contains(lmd.get("annotations") or {}, notes))
+    return (
+        _contains(live, body)
+        and _contains(lmd.get("labels") or {}, labels)
+        and _contains(lmd.get("annotations") or {}, notes)
+    )
 
 
 def _already_exists(err: ApplicationError) -> bool:
@@ -311,11 +336,15 @@ def _already_exists(err: ApplicationError) -> bool:
 def _not_applied(ref: ObjectRef, cluster: str, doing: str, back: dict[str, Any] | None) -> ApplicationError:
     """A write answered (or lost) whose effect the read-back does not show."""
     if back is None:  # the write's answer said done, yet nothing is there: read again on the next attempt
-        return ApplicationError(f"{doing} {ref} in cluster {cluster}: reading it back finds nothing",
-                                type="KubernetesUnavailable")
-    return ApplicationError(f"{doing} {ref} in cluster {cluster}: reading it back shows an object that differs "
-                            "from the one written (changed meanwhile, or by an admission webhook)",
-                            type="ObjectNotApplied", non_retryable=True)
+        return ApplicationError(
+            f"{doing} {ref} in cluster {cluster}: reading it back finds nothing", type="KubernetesUnavailable"
+        )
+    return ApplicationError(
+        f"{doing} {ref} in cluster {cluster}: reading it back shows an object that differs "
+        "from the one written (changed meanwhile, or by an admission webhook)",
+        type="ObjectNotApplied",
+        non_retryable=True,
+    )
 
 
 class _Resources:
@@ -328,21 +357,23 @@ class _Resources:
     async def lookup(self, api_version: str, kind: str) -> tuple[str, bool] | None:
         if api_version not in self._lists:
             path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-            self._lists[api_version] = await _request(self.api, "GET", path, f"discovery of {api_version}",
-                                                      missing_ok=True)
+            self._lists[api_version] = await _request(
+                self.api, "GET", path, f"discovery of {api_version}", missing_ok=True
+            )
         doc = self._lists[api_version]
         for r in (doc or {}).get("resources") or []:
             if r.get("kind") == kind and "/" not in r.get("name", ""):
                 return r["name"], bool(r.get("namespaced"))
         return None
 
-    async def path(self, api_version: str, kind: str, name: str | None = None,
-                   namespace: str | None = None) -> str:
+    async def path(self, api_version: str, kind: str, name: str | None = None, namespace: str | None = None) -> str:
         found = await self.lookup(api_version, kind)
         if found is None:
             raise ApplicationError(
                 f"cluster {self.cluster} does not serve {kind} ({api_version}): install its CRD or provider first",
-                type="KindNotInstalled", non_retryable=True)
+                type="KindNotInstalled",
+                non_retryable=True,
+            )
         plural, namespaced = found
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         if namespaced and namespace:
@@ -351,17 +382,30 @@ class _Resources:
         return f"{base}/{name}" if name else base
 
 
-async def _request(api: k8s.ApiClient, method: str, path: str, doing: str, *, body: Any = None,
-                   query: dict[str, str] | None = None, missing_ok: bool = False,
-                   content_type: str = "application/json") -> dict[str, Any] | None:
+async def _request(
+    api: k8s.ApiClient,
+    method: str,
+    path: str,
+    doing: str,
+    *,
+    body: Any = None,
+    query: dict[str, str] | None = None,
+    missing_ok: bool = False,
+    content_type: str = "application/json",
+) -> dict[str, Any] | None:
     """One raw API call with the client's own credentials; JSON in and out; errors mapped like kube.py."""
     headers = {"Accept": "application/json", "User-Agent": api.user_agent}
     if body is not None:
         headers["Content-Type"] = content_type
     try:
-        m, url, h, b, _ = await api.param_serialize(method=method, resource_path=path, header_params=headers,
-                                                    query_params=list((query or {}).items()) or None, body=body,
-                                                    auth_settings=["BearerToken"])
+        m, url, h, b, _ = await api.param_serialize(
+            method=method,
+            resource_path=path,
+            header_params=headers,
+            query_params=list((query or {}).items()) or None,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
         resp = await api.call_api(m, url, header_params=h, body=b, _request_timeout=REQUEST_TIMEOUT)
         data = await resp.read()
     except (aiohttp.ClientError, asyncio.TimeoutError) as err:
@@ -406,9 +450,12 @@ class ClusterApiActivities:
         res = await self._resources(req.cluster)
         missing = [str(k) for k in req.kinds if await res.lookup(k.api_version, k.kind) is None]
         if missing:
-            raise ApplicationError(f"cluster {req.cluster} does not serve: {', '.join(missing)}; install the "
-                                   "providers and CRDs of these API versions first",
-                                   type="KindNotInstalled", non_retryable=True)
+            raise ApplicationError(
+                f"cluster {req.cluster} does not serve: {', '.join(missing)}; install the "
+                "providers and CRDs of these API versions first",
+                type="KindNotInstalled",
+                non_retryable=True,
+            )
         return DiscoveryResult(installed=[str(k) for k in req.kinds])
 
     @activity.defn
@@ -426,11 +473,17 @@ class ClusterApiActivities:
             item = await res.path(ref.api_version, ref.kind, ref.name, ref.namespace)
             live = await _request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
             if live is None:
-                notes[OWNER_ANNOTATION] = Ownership(workflow=req.owner, created_by=req.run,
-                                                    written_by=req.run).annotation()
+                notes[OWNER_ANNOTATION] = Ownership(
+                    workflow=req.owner, created_by=req.run, written_by=req.run
+                ).annotation()
                 try:
-                    await _request(res.api, "POST", await res.path(ref.api_version, ref.kind, namespace=ref.namespace),
-                                   f"creating {ref}", body=desired)
+                    await _request(
+                        res.api,
+                        "POST",
+                        await res.path(ref.api_version, ref.kind, namespace=ref.namespace),
+                        f"creating {ref}",
+                        body=desired,
+                    )
                 except ApplicationError as err:
                     if not _already_exists(err):
                         raise  # a lost answer included: the retry reads what the write left
@@ -440,8 +493,15 @@ class ClusterApiActivities:
             result.outcomes.append(await self._reconcile(res, item, ref, live, desired, req))
         return result
 
-    async def _reconcile(self, res: _Resources, item: str, ref: ObjectRef, live: dict[str, Any],
-                         desired: dict[str, Any], req: ApplyRequest) -> ApplyOutcome:
+    async def _reconcile(
+        self,
+        res: _Resources,
+        item: str,
+        ref: ObjectRef,
+        live: dict[str, Any],
+        desired: dict[str, Any],
+        req: ApplyRequest,
+    ) -> ApplyOutcome:
         """The outcome for an object that exists: whose it is says whether this run wrote it (an earlier attempt
         whose answer was lost included); a differing one of ours is replaced in place and read back."""
         lmd = live.get("metadata") or {}
@@ -450,16 +510,21 @@ class ClusterApiActivities:
         mine = ours and bool(req.run) and own.created_by == req.run
         if _matches(live, desired):
             wrote = ours and bool(req.run) and own.written_by == req.run
-            return ApplyOutcome(ref=ref, outcome="created" if mine else "updated" if wrote else "unchanged",
-                                uid=lmd.get("uid", ""))
+            return ApplyOutcome(
+                ref=ref, outcome="created" if mine else "updated" if wrote else "unchanged", uid=lmd.get("uid", "")
+            )
         if not ours or (req.on_difference == "error" and not mine):
             whose = Ownership(workflow=req.owner).describe(live)
-            raise ApplicationError(f"{ref} already exists in cluster {req.cluster} and differs from the "
-                                   f"desired object ({whose}); refusing to adopt or overwrite it",
-                                   type="ObjectConflict", non_retryable=True)
+            raise ApplicationError(
+                f"{ref} already exists in cluster {req.cluster} and differs from the "
+                f"desired object ({whose}); refusing to adopt or overwrite it",
+                type="ObjectConflict",
+                non_retryable=True,
+            )
         md = desired["metadata"]
-        md["annotations"][OWNER_ANNOTATION] = Ownership(workflow=req.owner, created_by=own.created_by,
-                                                        written_by=req.run).annotation()
+        md["annotations"][OWNER_ANNOTATION] = Ownership(
+            workflow=req.owner, created_by=own.created_by, written_by=req.run
+        ).annotation()
         md["resourceVersion"] = lmd.get("resourceVersion")
         if "status" in live:
             desired["status"] = live["status"]
@@ -503,8 +568,10 @@ class ClusterApiActivities:
                 fins = (live.get("metadata") or {}).get("finalizers") or []
                 activity.heartbeat(f"waiting for {ref} to go (finalizers: {', '.join(fins) or 'none'})")
                 if time.monotonic() > deadline:
-                    raise ApplicationError(f"{ref} still exists after {req.timeout_seconds:.0f}s "
-                                           f"(finalizers: {fins})", type="DeleteTimeout")
+                    raise ApplicationError(
+                        f"{ref} still exists after {req.timeout_seconds:.0f}s (finalizers: {fins})",
+                        type="DeleteTimeout",
+                    )
                 await asyncio.sleep(req.poll_seconds)
         return result
 
@@ -513,8 +580,12 @@ class ClusterApiActivities:
         """Objects of these kinds (all namespaces) matching the selector (and held by `owned_by`); kinds not
         served list nothing."""
         return [
-            ObjectRef(api_version=k.api_version, kind=k.kind, name=o["metadata"]["name"],
-                      namespace=o["metadata"].get("namespace"))
+            ObjectRef(
+                api_version=k.api_version,
+                kind=k.kind,
+                name=o["metadata"]["name"],
+                namespace=o["metadata"].get("namespace"),
+            )
             async for k, o in self._items(req.cluster, req.kinds, req.label_selector)
             if req.owned_by is None or req.owned_by.covers(o)
         ]
@@ -538,8 +609,9 @@ class ClusterApiActivities:
         allowed = {("scheduling.run.ai/v2", "Queue"), ("v1", "ResourceQuota")}
         for k in req.kinds:
             if (k.api_version, k.kind) not in allowed:
-                raise ApplicationError(f"read_tenant_quota_objects does not read {k}", type="BadRequest",
-                                       non_retryable=True)
+                raise ApplicationError(
+                    f"read_tenant_quota_objects does not read {k}", type="BadRequest", non_retryable=True
+                )
         out: list[dict[str, Any]] = []
         async for k, o in self._items(req.cluster, req.kinds, req.label_selector):
             md = o.get("metadata") or {}
@@ -551,20 +623,29 @@ class ClusterApiActivities:
     async def read_capi_cluster(self, ref: CapiClusterRef) -> CapiClusterStatus:
         """What `clusterctl` checks: phase, status.initialization, v1beta2 conditions, Machines with a nodeRef."""
         res = await self._resources(ref.cluster)
-        c = await _request(res.api, "GET", await res.path("cluster.x-k8s.io/v1beta2", "Cluster", ref.name,
-                                                          ref.namespace), f"reading Cluster {ref.name}",
-                           missing_ok=True)
+        c = await _request(
+            res.api,
+            "GET",
+            await res.path("cluster.x-k8s.io/v1beta2", "Cluster", ref.name, ref.namespace),
+            f"reading Cluster {ref.name}",
+            missing_ok=True,
+        )
         if c is None:
             return CapiClusterStatus(exists=False)
         st = c.get("status") or {}
         init = st.get("initialization") or {}
         conds = {x.get("type"): x for x in st.get("conditions") or []}
-        machines = await _request(res.api, "GET", await res.path("cluster.x-k8s.io/v1beta2", "Machine",
-                                                                 namespace=ref.namespace),
-                                  "listing Machines", query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"})
+        machines = await _request(
+            res.api,
+            "GET",
+            await res.path("cluster.x-k8s.io/v1beta2", "Machine", namespace=ref.namespace),
+            "listing Machines",
+            query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"},
+        )
         items = (machines or {}).get("items") or []
         return CapiClusterStatus(
-            exists=True, phase=st.get("phase") or "",
+            exists=True,
+            phase=st.get("phase") or "",
             infrastructure_provisioned=bool(init.get("infrastructureProvisioned")),
             control_plane_initialized=bool(init.get("controlPlaneInitialized"))
             and (conds.get("ControlPlaneInitialized") or {}).get("status") == "True",
@@ -578,15 +659,24 @@ class ClusterApiActivities:
     async def list_machines(self, ref: CapiClusterRef) -> list[MachineNode]:
         """The Cluster's Machines and their nodes (`status.nodeRef.name`), sorted by machine name."""
         res = await self._resources(ref.cluster)
-        doc = await _request(res.api, "GET", await res.path("cluster.x-k8s.io/v1beta2", "Machine",
-                                                            namespace=ref.namespace), "listing Machines",
-                             query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"})
+        doc = await _request(
+            res.api,
+            "GET",
+            await res.path("cluster.x-k8s.io/v1beta2", "Machine", namespace=ref.namespace),
+            "listing Machines",
+            query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"},
+        )
         out = []
         for m in (doc or {}).get("items") or []:
             md = m.get("metadata") or {}
             node = ((m.get("status") or {}).get("nodeRef") or {}).get("name") or ""
-            out.append(MachineNode(machine=md["name"], node=node,
-                                   control_plane="cluster.x-k8s.io/control-plane" in (md.get("labels") or {})))
+            out.append(
+                MachineNode(
+                    machine=md["name"],
+                    node=node,
+                    control_plane="cluster.x-k8s.io/control-plane" in (md.get("labels") or {}),
+                )
+            )
         return sorted(out, key=lambda m: m.machine)
 
     @activity.defn
@@ -597,31 +687,44 @@ class ClusterApiActivities:
             secret = await core.read_namespaced_secret(req.name, req.namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as err:
             if err.status == 404:
-                raise ApplicationError(f"Secret {req.namespace}/{req.name} not found yet", type="SecretNotFound") \
-                    from None
+                raise ApplicationError(
+                    f"Secret {req.namespace}/{req.name} not found yet", type="SecretNotFound"
+                ) from None
             raise api_error(err, f"reading Secret {req.namespace}/{req.name}") from None
         if req.key not in (secret.data or {}):
-            raise ApplicationError(f"Secret {req.namespace}/{req.name} has no key {req.key!r} yet",
-                                   type="SecretNotFound")
+            raise ApplicationError(
+                f"Secret {req.namespace}/{req.name} has no key {req.key!r} yet", type="SecretNotFound"
+            )
         return SecretReference(ref=f"secret:{req.cluster}/{req.namespace}/{req.name}#{req.key}")
 
     @activity.defn
     async def read_vcluster(self, ref: VClusterRef) -> VClusterStatus:
         """vCluster readiness: the VCluster object ready (provider status) and its Secret `vc-<name>` present."""
         res = await self._resources(ref.cluster)
-        vc = await _request(res.api, "GET", await res.path("infrastructure.cluster.x-k8s.io/v1alpha1", "VCluster",
-                                                           ref.name, ref.namespace),
-                            f"reading VCluster {ref.name}", missing_ok=True)
+        vc = await _request(
+            res.api,
+            "GET",
+            await res.path("infrastructure.cluster.x-k8s.io/v1alpha1", "VCluster", ref.name, ref.namespace),
+            f"reading VCluster {ref.name}",
+            missing_ok=True,
+        )
         if vc is None:
             return VClusterStatus(exists=False)
         st = vc.get("status") or {}
-        secret = await _request(res.api, "GET", f"/api/v1/namespaces/{ref.namespace}/secrets/vc-{ref.name}",
-                                "reading the vCluster kubeconfig Secret", missing_ok=True)
+        secret = await _request(
+            res.api,
+            "GET",
+            f"/api/v1/namespaces/{ref.namespace}/secrets/vc-{ref.name}",
+            "reading the vCluster kubeconfig Secret",
+            missing_ok=True,
+        )
         has_config = bool(secret and "config" in (secret.get("data") or {}))
-        kubeconfig = SecretReference(ref=f"secret:{ref.cluster}/{ref.namespace}/vc-{ref.name}#config") \
-            if has_config else None
-        return VClusterStatus(exists=True, ready=bool(st.get("ready")) and has_config, phase=st.get("phase") or "",
-                              kubeconfig=kubeconfig)
+        kubeconfig = (
+            SecretReference(ref=f"secret:{ref.cluster}/{ref.namespace}/vc-{ref.name}#config") if has_config else None
+        )
+        return VClusterStatus(
+            exists=True, ready=bool(st.get("ready")) and has_config, phase=st.get("phase") or "", kubeconfig=kubeconfig
+        )
 
     @activity.defn
     async def gpu_capacity(self, req: CapacityRequest) -> GpuCapacity:
@@ -636,11 +739,16 @@ class ClusterApiActivities:
                 pass
         quotas: dict[str, float] = {}
         if await res.lookup("scheduling.run.ai/v2", "Queue") is not None:
-            qs = await _request(res.api, "GET", await res.path("scheduling.run.ai/v2", "Queue"), "listing queues",
-                                query={"labelSelector": TENANT_LABEL})
+            qs = await _request(
+                res.api,
+                "GET",
+                await res.path("scheduling.run.ai/v2", "Queue"),
+                "listing queues",
+                query={"labelSelector": TENANT_LABEL},
+            )
             for q in (qs or {}).get("items") or []:
                 tenant = q["metadata"]["labels"][TENANT_LABEL]
-                gpu = (((q.get("spec") or {}).get("resources") or {}).get("gpu") or {})
+                gpu = ((q.get("spec") or {}).get("resources") or {}).get("gpu") or {}
                 quotas[tenant] = quotas.get(tenant, 0.0) + max(0.0, float(gpu.get("quota") or 0))
         return GpuCapacity(gpus=gpus, quotas=quotas)
 
@@ -657,13 +765,21 @@ class ClusterApiActivities:
             if all(have.get(k) == v for k, v in req.labels.items()):
                 continue
             path = f"/api/v1/nodes/{n['metadata']['name']}"
-            await _request(api, "PATCH", path, "labelling node", body={"metadata": {"labels": req.labels}},
-                           content_type="application/merge-patch+json")
+            await _request(
+                api,
+                "PATCH",
+                path,
+                "labelling node",
+                body={"metadata": {"labels": req.labels}},
+                content_type="application/merge-patch+json",
+            )
             back = await _request(api, "GET", path, "reading node", missing_ok=True)
             labels = ((back or {}).get("metadata") or {}).get("labels") or {}
             if back is not None and any(labels.get(k) != v for k, v in req.labels.items()):
-                raise ApplicationError(f"node {n['metadata']['name']}: labels {req.labels} not there after the "
-                                       "patch (changed meanwhile?)", type="KubernetesUnavailable")
+                raise ApplicationError(
+                    f"node {n['metadata']['name']}: labels {req.labels} not there after the patch (changed meanwhile?)",
+                    type="KubernetesUnavailable",
+                )
             if back is not None:  # a node deleted meanwhile needs no label
                 changed += 1
         return changed
@@ -679,8 +795,16 @@ class ClusterApiActivities:
                 if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                     continue
                 if req.evict and not p["metadata"].get("deletionTimestamp"):
-                    if await _request(api, "DELETE", f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
-                                      "deleting a tenant pod", missing_ok=True) is None:
+                    if (
+                        await _request(
+                            api,
+                            "DELETE",
+                            f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}",
+                            "deleting a tenant pod",
+                            missing_ok=True,
+                        )
+                        is None
+                    ):
                         continue  # gone already: neither evicted by this call nor active
                     evicted += 1
                 active += 1

@@ -100,7 +100,9 @@ class _Settings(StrictModel):
 
     def driver_info(self) -> dict[str, Any]:
         """The ``agent_burnin_*`` driver_info keys for the settings given (unset ones keep IPA's defaults)."""
-        return {key: getattr(self, name) for name, key in self.setting_keys().items() if getattr(self, name) is not None}
+        return {
+            key: getattr(self, name) for name, key in self.setting_keys().items() if getattr(self, name) is not None
+        }
 
 
 class CpuBurnIn(_Settings):
@@ -117,8 +119,12 @@ class MemoryBurnIn(_Settings):
 
     prefix: ClassVar[str] = "agent_burnin_vm_"
     vm: int | None = Field(None, ge=0, description="Workers; 0 = one per CPU.")
-    vm_bytes: str | None = Field(None, alias="vm-bytes", pattern=r"^(\d+%|\d+[bBkKmMgGtT]?)$",
-                                 description="Per worker: '98%' (IPA's default) or a size like '4G'.")
+    vm_bytes: str | None = Field(
+        None,
+        alias="vm-bytes",
+        pattern=r"^(\d+%|\d+[bBkKmMgGtT]?)$",
+        description="Per worker: '98%' (IPA's default) or a size like '4G'.",
+    )
     timeout: int | None = Field(None, gt=0)
     outputfile: str | None = Field(None, min_length=1)
 
@@ -213,7 +219,9 @@ class CleanStep(StrictModel):
     def _burnin(self) -> CleanStep:
         if self.step.startswith("burnin_"):
             if self.step not in BURNIN_SETTINGS:
-                raise ValueError(f"step: {self.step!r} is not an IPA burn-in step (one of {', '.join(BURNIN_SETTINGS)})")
+                raise ValueError(
+                    f"step: {self.step!r} is not an IPA burn-in step (one of {', '.join(BURNIN_SETTINGS)})"
+                )
             if self.interface != "deploy":
                 raise ValueError(f"interface: IPA's {self.step} is a 'deploy' step, not {self.interface!r}")
             if self.args:

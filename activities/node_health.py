@@ -19,23 +19,22 @@ left to the workflow's retry policy.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-import asyncio
-
 from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.errors import api_call
+from activities.kube.models import CORDON_REASON, CORDONED_BY
 from activities.kube.node_activities import LIST_CHUNK
 from activities.kube.stages import call_json, read_json
-from activities.kube.errors import api_call
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.validators import validate_label_selector
-from activities.kube.models import CORDON_REASON, CORDONED_BY
 from activities.models import StrictModel
 
 # Set by a remediation that gave up: why, by which workflow, when (JSON). Removed by an operator.
@@ -182,9 +181,14 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
         cordoned_by=annotations.get(CORDONED_BY),
         cordon_reason=annotations.get(CORDON_REASON),
         conditions={
-            t: ConditionState(status=str(c.get("status") or "Unknown"), reason=c.get("reason") or "",
-                              message=(c.get("message") or "")[:500], since=_ts(c.get("lastTransitionTime")))
-            for t in condition_types if (c := conds.get(t)) is not None
+            t: ConditionState(
+                status=str(c.get("status") or "Unknown"),
+                reason=c.get("reason") or "",
+                message=(c.get("message") or "")[:500],
+                since=_ts(c.get("lastTransitionTime")),
+            )
+            for t in condition_types
+            if (c := conds.get(t)) is not None
         },  # fmt: skip
         labels={k: labels[k] for k in label_keys if k in labels},
         quarantined=quarantined or None,

@@ -50,8 +50,11 @@ class WebhookTarget(StrictModel):
 
     url: BaseUrl = Field(description="The webhook URL (POST, JSON body).")
     token: str | None = Field(None, description="Secret reference (env:NAME or file:/path) to a bearer token.")
-    ca_bundle: str | None = Field(None, description="CA bundle reference (file:/path/to/ca.pem) an https webhook's "
-                                                    "certificate is verified against; default: the default CAs")
+    ca_bundle: str | None = Field(
+        None,
+        description="CA bundle reference (file:/path/to/ca.pem) an https webhook's "
+        "certificate is verified against; default: the default CAs",
+    )
     verify_tls: bool = Field(True, description="Verify an https webhook's certificate (false: accept any).")
 
     _token = field_validator("token")(_token_ref)

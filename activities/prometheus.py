@@ -56,8 +56,11 @@ def _number(sample: Any, query: str) -> float:
     try:
         return float(sample[1])  # Prometheus sends values as strings: "1", "NaN", "+Inf"
     except (TypeError, ValueError, IndexError) as err:
-        raise ApplicationError(f"Prometheus answered {query!r} with a malformed sample {sample!r}",
-                               type="PrometheusBadResponse", non_retryable=True) from err
+        raise ApplicationError(
+            f"Prometheus answered {query!r} with a malformed sample {sample!r}",
+            type="PrometheusBadResponse",
+            non_retryable=True,
+        ) from err
 
 
 # dcgm-exporter's metrics for GPU faults. XID_ERRORS is a gauge holding the *last* XID's number (0: none since the
@@ -140,8 +143,11 @@ class PrometheusActivities:
             trust = Trust.resolve(PROMETHEUS_TLS_FIX, verify=self._verify_tls, ca_bundle=self._ca_bundle,
                                   setting="MILLWRIGHT_PROMETHEUS_CA_BUNDLE")  # fmt: skip
             # no retries in the transport: Temporal retries
-            self._client = TrustingClient(trust, headers={"User-Agent": USER_AGENT},
-                                          transport=httpx.AsyncHTTPTransport(retries=0, verify=trust.for_httpx()))
+            self._client = TrustingClient(
+                trust,
+                headers={"User-Agent": USER_AGENT},
+                transport=httpx.AsyncHTTPTransport(retries=0, verify=trust.for_httpx()),
+            )
         return self._client
 
     async def close(self) -> None:
@@ -159,7 +165,8 @@ class PrometheusActivities:
             return [_number(result, q.query)]
         raise ApplicationError(
             f"Prometheus answered {q.query!r} with a {kind}; a gate needs an instant vector or a scalar",
-            type="PrometheusBadResponse", non_retryable=True,
+            type="PrometheusBadResponse",
+            non_retryable=True,
         )
 
     @activity.defn
@@ -192,14 +199,16 @@ class PrometheusActivities:
         url = q.url.rstrip("/") + "/api/v1/query"
         http = self._http()
         try:
-            response = await http.post(url, data={"query": q.query, "timeout": f"{q.timeout_seconds:g}s"},
-                                       timeout=q.timeout_seconds)
+            response = await http.post(
+                url, data={"query": q.query, "timeout": f"{q.timeout_seconds:g}s"}, timeout=q.timeout_seconds
+            )
         except httpx.HTTPError as err:
             tls_failure = http.trust.failure(err, f"querying Prometheus at {q.url}")
             if tls_failure is not None:
                 raise tls_failure from None
-            raise ApplicationError(f"querying Prometheus at {q.url}: {type(err).__name__}: {err}",
-                                   type="PrometheusUnavailable") from err
+            raise ApplicationError(
+                f"querying Prometheus at {q.url}: {type(err).__name__}: {err}", type="PrometheusUnavailable"
+            ) from err
         if response.status_code == 429 or response.status_code >= 500:
             raise ApplicationError(
                 f"querying Prometheus at {q.url}: {response.status_code}: {_error_text(response)}",
@@ -214,11 +223,17 @@ class PrometheusActivities:
         try:
             body = response.json()
         except ValueError as err:
-            raise ApplicationError(f"Prometheus at {q.url} answered with something that is not JSON",
-                                   type="PrometheusBadResponse", non_retryable=True) from err
+            raise ApplicationError(
+                f"Prometheus at {q.url} answered with something that is not JSON",
+                type="PrometheusBadResponse",
+                non_retryable=True,
+            ) from err
         if not isinstance(body, dict) or body.get("status") != "success":
-            raise ApplicationError(f"Prometheus rejected {q.query!r}: {_error_text(response)}",
-                                   type="PrometheusRejected", non_retryable=True)
+            raise ApplicationError(
+                f"Prometheus rejected {q.query!r}: {_error_text(response)}",
+                type="PrometheusRejected",
+                non_retryable=True,
+            )
         data = body.get("data") or {}
         return data.get("resultType"), data.get("result")
 

@@ -58,8 +58,10 @@ BootTarget = Literal["Pxe", "Hdd", "Cd", "UefiHttp", "BiosSetup", "None"]
 
 T = TypeVar("T")
 
-BMC_TLS_FIX = TlsFix(ca="bmc.ca_bundle (this BMC) or MILLWRIGHT_BMC_CA_BUNDLE (every BMC)",
-                     off="bmc.verify_tls: false (or MILLWRIGHT_BMC_VERIFY_TLS=false for every BMC)")
+BMC_TLS_FIX = TlsFix(
+    ca="bmc.ca_bundle (this BMC) or MILLWRIGHT_BMC_CA_BUNDLE (every BMC)",
+    off="bmc.verify_tls: false (or MILLWRIGHT_BMC_VERIFY_TLS=false for every BMC)",
+)
 
 
 def _text(value: Any) -> str | None:
@@ -187,8 +189,10 @@ def redfish_error(err: Exception, doing: str, bmc: BmcRef, trust: Trust) -> Appl
         if status in (400, 404, 405):
             return ApplicationError(f"{where}: HTTP {status}: {detail}", type="RedfishRejected", non_retryable=True)
         return ApplicationError(f"{where}: HTTP {status}: {detail}", type="BmcUnavailable")
-    if isinstance(err, sushy_errors.InvalidParameterValueError | sushy_errors.MissingAttributeError |
-                  sushy_errors.MissingActionError):
+    if isinstance(
+        err,
+        sushy_errors.InvalidParameterValueError | sushy_errors.MissingAttributeError | sushy_errors.MissingActionError,
+    ):
         return ApplicationError(f"{where}: {err}", type="RedfishRejected", non_retryable=True)
     if isinstance(err, sushy_errors.ConnectionError):
         return ApplicationError(f"{where}: the BMC does not answer", type="BmcUnavailable")
@@ -233,8 +237,9 @@ class RedfishActivities:
 
     def _trust(self, bmc: BmcRef) -> Trust:
         """The BMC's own CA bundle over the worker's; verification is off when either turns it off."""
-        ca, setting = (bmc.ca_bundle, "bmc.ca_bundle") if bmc.ca_bundle else (self.ca_bundle,
-                                                                            "MILLWRIGHT_BMC_CA_BUNDLE")
+        ca, setting = (
+            (bmc.ca_bundle, "bmc.ca_bundle") if bmc.ca_bundle else (self.ca_bundle, "MILLWRIGHT_BMC_CA_BUNDLE")
+        )
         return Trust.resolve(BMC_TLS_FIX, verify=bmc.verify_tls and self.verify_tls, ca_bundle=ca, setting=setting)
 
     def _root(self, bmc: BmcRef, trust: Trust) -> sushy.Sushy:
@@ -282,8 +287,10 @@ class RedfishActivities:
             system = self._system(root, req.bmc)
             if system.power_state == want:
                 return root, system.path, False
-            settling = {sushy.POWER_STATE_POWERING_ON: sushy.POWER_STATE_ON,
-                        sushy.POWER_STATE_POWERING_OFF: sushy.POWER_STATE_OFF}.get(system.power_state)
+            settling = {
+                sushy.POWER_STATE_POWERING_ON: sushy.POWER_STATE_ON,
+                sushy.POWER_STATE_POWERING_OFF: sushy.POWER_STATE_OFF,
+            }.get(system.power_state)
             if settling != want:  # else an earlier attempt's reset is landing: do not send another
                 system.reset_system(sushy.RESET_ON if req.state == "On" else sushy.RESET_FORCE_OFF)
             return root, system.path, True
@@ -315,8 +322,10 @@ class RedfishActivities:
             wanted = (req.target, req.enabled) + ((req.mode,) if req.mode else ())
             if current == wanted:
                 return BootResult(target=req.target, enabled=req.enabled, changed=False)
-            options: dict[str, Any] = {"target": sushy.BootSource(req.target),
-                                       "enabled": sushy.BootSourceOverrideEnabled(req.enabled)}
+            options: dict[str, Any] = {
+                "target": sushy.BootSource(req.target),
+                "enabled": sushy.BootSourceOverrideEnabled(req.enabled),
+            }
             if req.mode:
                 options["mode"] = sushy.BootSourceOverrideMode(req.mode)
             system.set_system_boot_options(**options)
@@ -344,8 +353,9 @@ class RedfishActivities:
                 health_rollup=_text(status.health_rollup) if status else None,
             )  # fmt: skip
             try:
-                inv.firmware = {fw.identity: fw.version or ""
-                                for fw in root.get_update_service().firmware_inventory.get_members()}
+                inv.firmware = {
+                    fw.identity: fw.version or "" for fw in root.get_update_service().firmware_inventory.get_members()
+                }
             except sushy_errors.MissingAttributeError:
                 pass  # a BMC without a firmware inventory: the baseline check says so
             try:
@@ -389,7 +399,7 @@ class RedfishActivities:
             if query.after_id is not None:
                 ids = [e.id for e in entries]
                 # An ID no longer in the log means it was cleared: everything there now is new.
-                entries = entries[ids.index(query.after_id) + 1:] if query.after_id in ids else entries
+                entries = entries[ids.index(query.after_id) + 1 :] if query.after_id in ids else entries
             truncated = max(0, len(entries) - _MAX_SEL_ENTRIES)
             if truncated:  # keep the criticals (the evidence), then the newest, in log order
                 keep = sorted(range(len(entries)), key=lambda i: (entries[i].severity != "Critical", -i))

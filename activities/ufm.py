@@ -196,8 +196,9 @@ class MembershipChange(StrictModel):
     pkey: str
     changed: list[str] = Field(default_factory=list, description="GUIDs this attempt added or removed.")
     unchanged: list[str] = Field(default_factory=list, description="Already present (add) or absent (remove).")
-    membership_changed: list[str] = Field(default_factory=list,
-                                          description="Members whose membership this attempt changed (PUT).")
+    membership_changed: list[str] = Field(
+        default_factory=list, description="Members whose membership this attempt changed (PUT)."
+    )
     pkey_deleted: bool = Field(False, description="UFM deleted the PKey with its last member.")
 
 
@@ -285,13 +286,21 @@ def assess_posture(release: str, default_membership: Any, smconf: dict | None, s
         ))  # fmt: skip
     keys: dict[str, Any] = {}
     if smconf is None:
-        findings.append(PostureFinding(code="sm-config-unreadable", blocking=False,
-                                       detail=f"the SM keys were not checked: {smconf_error}",
-                                       remedy="let the UFM user Millwright uses read /ufmRest/app/smconf"))
+        findings.append(
+            PostureFinding(
+                code="sm-config-unreadable",
+                blocking=False,
+                detail=f"the SM keys were not checked: {smconf_error}",
+                remedy="let the UFM user Millwright uses read /ufmRest/app/smconf",
+            )
+        )
     else:
-        keys = {"m_key_set": _key(smconf.get("m_key")) not in (None, 0),
-                "m_key_per_port": _flag(smconf.get("m_key_per_port")),
-                "sm_key_default": _key(smconf.get("sm_key")) == 1, "sa_key_default": _key(smconf.get("sa_key")) == 1}
+        keys = {
+            "m_key_set": _key(smconf.get("m_key")) not in (None, 0),
+            "m_key_per_port": _flag(smconf.get("m_key_per_port")),
+            "sm_key_default": _key(smconf.get("sm_key")) == 1,
+            "sa_key_default": _key(smconf.get("sa_key")) == 1,
+        }
         if not keys["m_key_set"]:
             findings.append(PostureFinding(
                 code="m-key-unset", blocking=False,
@@ -300,17 +309,32 @@ def assess_posture(release: str, default_membership: Any, smconf: dict | None, s
                        "restart UFM",
             ))  # fmt: skip
         if not keys["m_key_per_port"]:
-            findings.append(PostureFinding(code="m-key-per-port-off", blocking=False,
-                                           detail="one M_Key serves every port (m_key_per_port is off)",
-                                           remedy=f"set m_key_per_port = true in {_GV_CFG} and restart UFM"))
+            findings.append(
+                PostureFinding(
+                    code="m-key-per-port-off",
+                    blocking=False,
+                    detail="one M_Key serves every port (m_key_per_port is off)",
+                    remedy=f"set m_key_per_port = true in {_GV_CFG} and restart UFM",
+                )
+            )
         if keys["sm_key_default"]:
-            findings.append(PostureFinding(code="sm-key-default", blocking=False,
-                                           detail="the SM_Key is UFM's default 0x1",
-                                           remedy=f"set sm_key to a random 64-bit value in {_OPENSM_CONF}"))
+            findings.append(
+                PostureFinding(
+                    code="sm-key-default",
+                    blocking=False,
+                    detail="the SM_Key is UFM's default 0x1",
+                    remedy=f"set sm_key to a random 64-bit value in {_OPENSM_CONF}",
+                )
+            )
         if keys["sa_key_default"]:
-            findings.append(PostureFinding(code="sa-key-default", blocking=False,
-                                           detail="the SA_Key is UFM's default 0x1",
-                                           remedy=f"set randomize_sa_key = true in {_GV_CFG}"))
+            findings.append(
+                PostureFinding(
+                    code="sa-key-default",
+                    blocking=False,
+                    detail="the SA_Key is UFM's default 0x1",
+                    remedy=f"set randomize_sa_key = true in {_GV_CFG}",
+                )
+            )
     return FabricPosture(ufm_version=release, default_membership=membership, findings=findings, **keys)
 
 
@@ -531,12 +555,16 @@ class UfmActivities:
             return have
         if failed is not None:
             raise failed
-        raise ApplicationError(f"{doing}: UFM answered success, but PKey {pkey} does not read back changed "
-                               f"(exists: {have.exists}, {len(have.members)} members)", type="UfmWriteNotApplied")
+        raise ApplicationError(
+            f"{doing}: UFM answered success, but PKey {pkey} does not read back changed "
+            f"(exists: {have.exists}, {len(have.members)} members)",
+            type="UfmWriteNotApplied",
+        )
 
     async def _members(self, client: TrustingClient, pkey: str) -> PKeyMembers:
-        body = await self._call(client, "GET", f"/resources/pkeys/{pkey}", f"reading PKey {pkey}", ok404=True,
-                                params={"guids_data": "true"})
+        body = await self._call(
+            client, "GET", f"/resources/pkeys/{pkey}", f"reading PKey {pkey}", ok404=True, params={"guids_data": "true"}
+        )
         if not body:  # 404, or the 200 {} some releases answer for a PKey that does not exist
             return PKeyMembers(pkey=pkey, exists=False)
         return _pkey_members(pkey, body)
@@ -594,7 +622,8 @@ class UfmActivities:
             if v.get("virtual_port_guid") and v.get("port_guid") \
                     and (wanted is None or normalize_guid(v["virtual_port_guid"]) in wanted):  # fmt: skip
                 virtual[normalize_guid(v["virtual_port_guid"])] = VirtualPort(
-                    host=str(v.get("system_name") or ""), port_guid=normalize_guid(v["port_guid"]))
+                    host=str(v.get("system_name") or ""), port_guid=normalize_guid(v["port_guid"])
+                )
         return hosts, virtual
 
     @activity.defn
@@ -618,8 +647,13 @@ class UfmActivities:
         """The fabric's security posture: 0x7fff's default membership and the SM keys, as findings."""
         async with self._client() as client:
             release = await self._ufm_release(client)
-            management = await self._call(client, "GET", f"/resources/pkeys/0x{MANAGEMENT_PKEY:x}",
-                                          "reading the management PKey 0x7fff", params={"guids_data": "true"})
+            management = await self._call(
+                client,
+                "GET",
+                f"/resources/pkeys/0x{MANAGEMENT_PKEY:x}",
+                "reading the management PKey 0x7fff",
+                params={"guids_data": "true"},
+            )
             try:
                 smconf, error = await self._call(client, "GET", "/app/smconf", "reading the SM configuration"), ""
             except ApplicationError as err:
@@ -652,8 +686,12 @@ class UfmActivities:
             have = await self._members(client, req.pkey)
             absent = [g for g in req.guids if g not in have.members]
             other = [g for g in req.guids if g in have.members and have.members[g] != req.membership]
-            result = MembershipChange(pkey=req.pkey, changed=absent, membership_changed=other,
-                                      unchanged=[g for g in req.guids if g not in absent and g not in other])
+            result = MembershipChange(
+                pkey=req.pkey,
+                changed=absent,
+                membership_changed=other,
+                unchanged=[g for g in req.guids if g not in absent and g not in other],
+            )
             if absent:
                 await self._write(
                     client, "POST", "/resources/pkeys", f"adding {len(absent)} GUIDs to PKey {req.pkey}", req.pkey,
@@ -718,10 +756,11 @@ class UfmActivities:
         async with self._client() as client:
             have = await self._members(client, req.pkey)
             present = [g for g in req.guids if g in have.members]
-            result = MembershipChange(pkey=req.pkey, changed=present,
-                                      unchanged=[g for g in req.guids if g not in present])
+            result = MembershipChange(
+                pkey=req.pkey, changed=present, unchanged=[g for g in req.guids if g not in present]
+            )
             for i in range(0, len(present), _REMOVE_CHUNK):
-                chunk = present[i:i + _REMOVE_CHUNK]
+                chunk = present[i : i + _REMOVE_CHUNK]
                 after = await self._write(
                     client, "POST", "/actions/remove_guids_from_pkey",
                     f"removing {len(chunk)} GUIDs from PKey {req.pkey}", req.pkey,

@@ -37,8 +37,8 @@ from lab.loopback import write_secret_file
 from lab.redfish import BmcAdmin, LabBmcs
 from worker import registry
 from worker.config import WorkerSettings
-from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 from workflows.burnin.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
+from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 BMC_USER = "admin"
 CALIBRATION = ("bench-calib-warmup", "bench-calib")
@@ -197,8 +197,10 @@ async def main(servers: int, concurrency: int, stress_seconds: int, power_delay:
     print(f"redfish: {fleet_requests} requests to {servers} BMCs in the audit ({watch.lost} lost to its retention; "
           f"the BMCs' own counters say {counted}); per server min {min(per)} max {max(per)}, one run alone "
           f"{single_requests}; statuses {dict(sorted(watch.statuses.items()))}")  # fmt: skip
-    print("redfish per server by request: " + ", ".join(
-        f"{path or '/'} {n / servers:.1f}" for path, n in watch.paths.most_common(8)))
+    print(
+        "redfish per server by request: "
+        + ", ".join(f"{path or '/'} {n / servers:.1f}" for path, n in watch.paths.most_common(8))
+    )
     print(f"histories: runs={len(lengths)} (fleet runs {len(fleet_runs)}, largest {max(fleet_runs)}) "
           f"total_events={sum(lengths)} largest_run={max(lengths)}")  # fmt: skip
     print(f"peaks: host agents running {watch.peak_agents}, open fds {watch.peak_fds}; CPU s / peak RSS MiB: "

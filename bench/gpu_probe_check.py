@@ -20,10 +20,10 @@ import socket
 import sys
 
 from activities.gpu.activities import LoadWindow
+from activities.gpu.models import GpuCheckRequest, StressRequest
 from activities.gpu.nvml import NvmlProbe
 from activities.gpu.probe import NvmlUnavailableError
 from activities.gpu.verdict import gpu_verdict
-from activities.gpu.models import GpuCheckRequest, StressRequest
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -36,6 +36,7 @@ async def main_async(args: argparse.Namespace) -> int:
         before = (await probe.snapshot()).model_copy(update={"host": host})
         stress = after = None
         if args.stress:
+
             def tick(progress: dict) -> None:
                 print(f"load: {json.dumps(progress)}", file=sys.stderr, flush=True)
 

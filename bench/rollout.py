@@ -97,12 +97,16 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
     # stage_seconds after its pod starts) and the reboot itself. (The emulator's reboot Job lasts the reboot only.)
     per_node = 4 * (stage_seconds + POD_START) + reboot_seconds
     ideal = batches * per_node
-    print(f"nodes={nodes} batch={batch} batches={batches} workers={workers} outcome={result.outcome} counts={result.counts}")
+    print(
+        f"nodes={nodes} batch={batch} batches={batches} workers={workers} outcome={result.outcome} counts={result.counts}"
+    )
     print(f"makespan={makespan:.1f}s ideal={ideal:.1f}s (batches x per-node {per_node:.2f}s)")
     print(f"runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
     print(f"cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, Kubernetes emulator {emulator_cpu:.1f}s")
-    print(f"worker warnings and errors: {sum(warnings.values())}"
-          + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5)))
+    print(
+        f"worker warnings and errors: {sum(warnings.values())}"
+        + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5))
+    )
     print(
         f"makespan_ratio={makespan / ideal:.2f} max_run_events={max(lengths)} "
         f"events_per_node={sum(lengths) / nodes:.1f} worker_cpu_ms_per_node={worker_cpu * 1000 / nodes:.0f} "
@@ -114,12 +118,23 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="compressed",
-                        help="compressed: 0.2 s stages, 0.5 s reboot; realistic: 5 s stages, a 20 s reboot")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="compressed",
+        help="compressed: 0.2 s stages, 0.5 s reboot; realistic: 5 s stages, a 20 s reboot",
+    )
     parser.add_argument("--stage-seconds", type=float, help="override the profile's stage time")
     parser.add_argument("--reboot-seconds", type=float, help="override the profile's reboot time")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (python -m worker)")
     args = parser.parse_args()
     stage, reboot = PROFILES[args.profile]
-    asyncio.run(main(args.nodes, args.batch, args.stage_seconds if args.stage_seconds is not None else stage,
-                     args.reboot_seconds if args.reboot_seconds is not None else reboot, args.workers))
+    asyncio.run(
+        main(
+            args.nodes,
+            args.batch,
+            args.stage_seconds if args.stage_seconds is not None else stage,
+            args.reboot_seconds if args.reboot_seconds is not None else reboot,
+            args.workers,
+        )
+    )

@@ -60,8 +60,10 @@ async def measure() -> None:
             "ratio": round(statistics.median(alone) / statistics.median(shared), 1),
         }
         r = rows[cls.__name__]
-        print(f"{cls.__name__:16} {r['median_ms']:7.2f} ms median  {r['p90_ms']:7.2f} ms p90   "
-              f"only activities passed through: {r['activities_only_median_ms']:7.2f} ms  ({r['ratio']}x)")
+        print(
+            f"{cls.__name__:16} {r['median_ms']:7.2f} ms median  {r['p90_ms']:7.2f} ms p90   "
+            f"only activities passed through: {r['activities_only_median_ms']:7.2f} ms  ({r['ratio']}x)"
+        )
     print(f"load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(json.dumps({"bench": "sandbox", "samples": args.samples, "runs": rows}))
 

@@ -20,18 +20,37 @@ DEFAULT_PASSWORD = "0penBmc"
 DEFAULT_GPU_MODEL = "NVIDIA H200"
 DEFAULT_CONFIG = {"power_delay": 0.2, "request_delay": 0.0, "max_sessions": 4, "session_timeout": 1800.0}
 DEFAULT_FIRMWARE = {
-    "BMC": "24.09", "BIOS": "1.8.2", "CPLD": "0.2.1.9",
+    "BMC": "24.09",
+    "BIOS": "1.8.2",
+    "CPLD": "0.2.1.9",
     **{f"GPU{i}": "96.00.A5.00.01" for i in range(8)},
     **{f"NVSwitch{i}": "96.10.6D.00.01" for i in range(4)},
 }
 DEFAULT_BIOS = {
-    "BootMode": "UEFI", "ProcessorHyperThreading": "Enabled", "IntelVTforDirectedIO": "Enabled",
-    "SRIOVSupport": "Enabled", "Above4GDecoding": "Enabled", "ReBarSupport": "Enabled", "ACSControl": "Disabled",
-    "NUMANodesPerSocket": "1", "PowerPerformanceTuning": "OS Controls EPB", "SecureBoot": "Disabled",
-    "IPv4PXESupport": "Enabled", "PXEBootRetries": 3,
+    "BootMode": "UEFI",
+    "ProcessorHyperThreading": "Enabled",
+    "IntelVTforDirectedIO": "Enabled",
+    "SRIOVSupport": "Enabled",
+    "Above4GDecoding": "Enabled",
+    "ReBarSupport": "Enabled",
+    "ACSControl": "Disabled",
+    "NUMANodesPerSocket": "1",
+    "PowerPerformanceTuning": "OS Controls EPB",
+    "SecureBoot": "Disabled",
+    "IPv4PXESupport": "Enabled",
+    "PXEBootRetries": 3,
 }
-RESET_TYPES = ("On", "ForceOn", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRestart", "PowerCycle",
-               "PushPowerButton", "Nmi")
+RESET_TYPES = (
+    "On",
+    "ForceOn",
+    "ForceOff",
+    "GracefulShutdown",
+    "GracefulRestart",
+    "ForceRestart",
+    "PowerCycle",
+    "PushPowerButton",
+    "Nmi",
+)
 BOOT_TARGETS = ("None", "Pxe", "Hdd", "Cd", "Usb", "BiosSetup", "UefiHttp", "UefiShell")
 BOOT_ENABLED = ("Disabled", "Once", "Continuous")
 BOOT_MODES = ("UEFI", "Legacy")
@@ -65,8 +84,10 @@ def normalize_spec(spec: dict | str, index: int = 0) -> dict:
     fw = {k: v for k, v in DEFAULT_FIRMWARE.items() if not k.startswith("GPU") or int(k[3:]) < gpus}
     s["firmware"] = {**fw, **(s.get("firmware") or {})}
     s["bios"] = {**DEFAULT_BIOS, **(s.get("bios") or {})}
-    s.setdefault("gpu_serials", [f"{1650000000000 + int(_derived_uuid(name, 'gpu', str(i))[:8], 16) % 10**9}"
-                                 for i in range(gpus)])
+    s.setdefault(
+        "gpu_serials",
+        [f"{1650000000000 + int(_derived_uuid(name, 'gpu', str(i))[:8], 16) % 10**9}" for i in range(gpus)],
+    )
     s.setdefault("gpu_uuids", [_derived_uuid(name, "gpu", str(i)) for i in range(gpus)])
     return s
 
@@ -83,36 +104,54 @@ def _now_iso() -> str:
 class RedfishError(Exception):
     """An answer in the Redfish error shape."""
 
-    def __init__(self, status: int, message_id: str, message: str, resolution: str = "None.",
-                 headers: dict | None = None) -> None:
+    def __init__(
+        self, status: int, message_id: str, message: str, resolution: str = "None.", headers: dict | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message_id, self.message = status, message_id, message
         self.resolution, self.headers = resolution, headers
 
     def response(self) -> web.Response:
-        info = {"@odata.type": "#Message.v1_1_1.Message", "MessageId": f"{BASE}.{self.message_id}",
-                "Message": self.message, "MessageArgs": [], "MessageSeverity": "Critical", "Severity": "Critical",
-                "Resolution": self.resolution}
-        body = {"error": {"code": f"{BASE}.GeneralError", "message": self.message,
-                          "@Message.ExtendedInfo": [info]}}
+        info = {
+            "@odata.type": "#Message.v1_1_1.Message",
+            "MessageId": f"{BASE}.{self.message_id}",
+            "Message": self.message,
+            "MessageArgs": [],
+            "MessageSeverity": "Critical",
+            "Severity": "Critical",
+            "Resolution": self.resolution,
+        }
+        body = {"error": {"code": f"{BASE}.GeneralError", "message": self.message, "@Message.ExtendedInfo": [info]}}
         return web.json_response(body, status=self.status, headers=self.headers)
 
 
 def not_found(path: str) -> RedfishError:
-    return RedfishError(404, "ResourceMissingAtURI", f"The resource at the URI '{path}' was not found.",
-                        "Place a valid resource at the URI or correct the URI and resubmit the request.")
+    return RedfishError(
+        404,
+        "ResourceMissingAtURI",
+        f"The resource at the URI '{path}' was not found.",
+        "Place a valid resource at the URI or correct the URI and resubmit the request.",
+    )
 
 
 def _bad_value(prop: str, value: Any) -> RedfishError:
-    return RedfishError(400, "PropertyValueNotInList",
-                        f"The value '{value}' for the property {prop} is not in the list of acceptable values.",
-                        "Choose a value from the enumeration list that the implementation can support and "
-                        "resubmit the request if the operation failed.")
+    return RedfishError(
+        400,
+        "PropertyValueNotInList",
+        f"The value '{value}' for the property {prop} is not in the list of acceptable values.",
+        "Choose a value from the enumeration list that the implementation can support and "
+        "resubmit the request if the operation failed.",
+    )
 
 
 def _collection(oid: str, kind: str, name: str, members: list[str]) -> dict:
-    return {"@odata.id": oid, "@odata.type": f"#{kind}.{kind}", "Name": name,
-            "Members@odata.count": len(members), "Members": [{"@odata.id": m} for m in members]}
+    return {
+        "@odata.id": oid,
+        "@odata.type": f"#{kind}.{kind}",
+        "Name": name,
+        "Members@odata.count": len(members),
+        "Members": [{"@odata.id": m} for m in members],
+    }
 
 
 class BmcHost(Protocol):
@@ -228,12 +267,19 @@ class Bmc:
         if severity not in SEVERITIES:
             raise ValueError(f"severity must be one of {SEVERITIES}")
         self.sel_seq += 1
-        entry = {"@odata.id": f"{SYSTEM}/LogServices/SEL/Entries/{self.sel_seq}",
-                 "@odata.type": "#LogEntry.v1_15_0.LogEntry", "Id": str(self.sel_seq),
-                 "Name": "System Event Log Entry", "Created": _now_iso(), "EntryType": "SEL", "Severity": severity,
-                 "Message": str(body.get("message") or f"{severity} event"),
-                 "MessageId": str(body.get("message_id") or "OpenBMC.0.4.SELEntryAdded"),
-                 "MessageArgs": list(body.get("message_args") or []), "EntryCode": "Assert"}
+        entry = {
+            "@odata.id": f"{SYSTEM}/LogServices/SEL/Entries/{self.sel_seq}",
+            "@odata.type": "#LogEntry.v1_15_0.LogEntry",
+            "Id": str(self.sel_seq),
+            "Name": "System Event Log Entry",
+            "Created": _now_iso(),
+            "EntryType": "SEL",
+            "Severity": severity,
+            "Message": str(body.get("message") or f"{severity} event"),
+            "MessageId": str(body.get("message_id") or "OpenBMC.0.4.SELEntryAdded"),
+            "MessageArgs": list(body.get("message_args") or []),
+            "EntryCode": "Assert",
+        }
         if body.get("sensor_type"):
             entry["SensorType"] = body["sensor_type"]
         self.sel.append(entry)
@@ -265,32 +311,48 @@ class Bmc:
 
     def create_session(self, body: Any) -> web.Response:
         if not isinstance(body, dict) or "UserName" not in body or "Password" not in body:
-            raise RedfishError(400, "PropertyMissing", "The property UserName or Password is a required property "
-                               "and must be included in the request.")
+            raise RedfishError(
+                400,
+                "PropertyMissing",
+                "The property UserName or Password is a required property and must be included in the request.",
+            )
         if not self.lab.credentials_ok(str(body["UserName"]), str(body["Password"])):
-            raise RedfishError(401, "ResourceAtUriUnauthorized",
-                               f"While accessing the resource at {ROOT}/SessionService/Sessions, the service "
-                               "received an authorization error 'invalid credentials'.")
+            raise RedfishError(
+                401,
+                "ResourceAtUriUnauthorized",
+                f"While accessing the resource at {ROOT}/SessionService/Sessions, the service "
+                "received an authorization error 'invalid credentials'.",
+            )
         for tok in list(self.sessions):
             self.session_for(tok)  # drop the expired ones
         if len(self.sessions) >= int(self.lab.config["max_sessions"]):
-            raise RedfishError(503, "SessionLimitExceeded",
-                               "The session establishment failed due to the number of simultaneous sessions "
-                               "exceeding the limit of the implementation.",
-                               "Reduce the number of other sessions before trying to establish the session or "
-                               "increase the limit of simultaneous sessions (if supported).")
+            raise RedfishError(
+                503,
+                "SessionLimitExceeded",
+                "The session establishment failed due to the number of simultaneous sessions "
+                "exceeding the limit of the implementation.",
+                "Reduce the number of other sessions before trying to establish the session or "
+                "increase the limit of simultaneous sessions (if supported).",
+            )
         self.session_seq += 1
         token = secrets.token_hex(16)
         sid = f"{self.session_seq}{secrets.token_hex(4)}"
         self.sessions[token] = {"id": sid, "user": body["UserName"], "created": _now_iso(), "last": time.monotonic()}
         oid = f"{ROOT}/SessionService/Sessions/{sid}"
-        return web.json_response(self._session_body(self.sessions[token]), status=201,
-                                 headers={"X-Auth-Token": token, "Location": oid})
+        return web.json_response(
+            self._session_body(self.sessions[token]), status=201, headers={"X-Auth-Token": token, "Location": oid}
+        )
 
     @staticmethod
     def _session_body(s: dict) -> dict:
-        return {"@odata.id": f"{ROOT}/SessionService/Sessions/{s['id']}", "@odata.type": "#Session.v1_6_0.Session",
-                "Id": s["id"], "Name": "User Session", "UserName": s["user"], "CreatedTime": s["created"]}
+        return {
+            "@odata.id": f"{ROOT}/SessionService/Sessions/{s['id']}",
+            "@odata.type": "#Session.v1_6_0.Session",
+            "Id": s["id"],
+            "Name": "User Session",
+            "UserName": s["user"],
+            "CreatedTime": s["created"],
+        }
 
     def delete_session(self, sid: str, path: str) -> None:
         for tok, s in self.sessions.items():
@@ -306,124 +368,221 @@ class Bmc:
             procs: dict[str, dict] = {}
             for i in range(2):
                 procs[f"CPU_{i}"] = {
-                    "ProcessorType": "CPU", "Socket": f"CPU{i}", "Manufacturer": "Intel(R) Corporation",
-                    "Model": "Intel(R) Xeon(R) Platinum 8480+", "ProcessorArchitecture": "x86",
-                    "InstructionSet": "x86-64", "MaxSpeedMHz": 3800, "TotalCores": 56, "TotalThreads": 112,
-                    "SerialNumber": _derived_hex(self.name, "cpu", str(i))[:16]}
+                    "ProcessorType": "CPU",
+                    "Socket": f"CPU{i}",
+                    "Manufacturer": "Intel(R) Corporation",
+                    "Model": "Intel(R) Xeon(R) Platinum 8480+",
+                    "ProcessorArchitecture": "x86",
+                    "InstructionSet": "x86-64",
+                    "MaxSpeedMHz": 3800,
+                    "TotalCores": 56,
+                    "TotalThreads": 112,
+                    "SerialNumber": _derived_hex(self.name, "cpu", str(i))[:16],
+                }
             for i in range(int(sp["gpus"])):
                 procs[f"GPU_SXM_{i + 1}"] = {
-                    "ProcessorType": "GPU", "Socket": f"SXM{i + 1}", "Manufacturer": "NVIDIA",
-                    "Model": sp["gpu_model"], "MaxSpeedMHz": 1980, "SerialNumber": sp["gpu_serials"][i],
-                    "UUID": sp["gpu_uuids"][i], "FirmwareVersion": self.firmware.get(f"GPU{i}"),
-                    "Location": {"PartLocation": {"ServiceLabel": f"SXM{i + 1}", "LocationType": "Slot"}}}
+                    "ProcessorType": "GPU",
+                    "Socket": f"SXM{i + 1}",
+                    "Manufacturer": "NVIDIA",
+                    "Model": sp["gpu_model"],
+                    "MaxSpeedMHz": 1980,
+                    "SerialNumber": sp["gpu_serials"][i],
+                    "UUID": sp["gpu_uuids"][i],
+                    "FirmwareVersion": self.firmware.get(f"GPU{i}"),
+                    "Location": {"PartLocation": {"ServiceLabel": f"SXM{i + 1}", "LocationType": "Slot"}},
+                }
             for pid, p in procs.items():
-                p.update({"@odata.id": f"{SYSTEM}/Processors/{pid}", "@odata.type": "#Processor.v1_18_0.Processor",
-                          "Id": pid, "Name": "Processor" if p["ProcessorType"] == "CPU" else "GPU",
-                          "Status": {"State": "Enabled", "Health": "OK"}})
+                p.update(
+                    {
+                        "@odata.id": f"{SYSTEM}/Processors/{pid}",
+                        "@odata.type": "#Processor.v1_18_0.Processor",
+                        "Id": pid,
+                        "Name": "Processor" if p["ProcessorType"] == "CPU" else "GPU",
+                        "Status": {"State": "Enabled", "Health": "OK"},
+                    }
+                )
             self._processors = procs
         return self._processors
 
     def system(self) -> dict:
         sp, h = self.spec, self.health()
         return {
-            "@odata.id": SYSTEM, "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem", "Id": "1",
-            "Name": "System", "HostName": self.name, "SystemType": "Physical", "Manufacturer": sp["manufacturer"],
-            "Model": sp["model"], "SerialNumber": sp["serial"], "UUID": sp["uuid"], "PartNumber": sp["model"],
-            "BiosVersion": self.firmware.get("BIOS"), "PowerState": self.power_state,
+            "@odata.id": SYSTEM,
+            "@odata.type": "#ComputerSystem.v1_20_0.ComputerSystem",
+            "Id": "1",
+            "Name": "System",
+            "HostName": self.name,
+            "SystemType": "Physical",
+            "Manufacturer": sp["manufacturer"],
+            "Model": sp["model"],
+            "SerialNumber": sp["serial"],
+            "UUID": sp["uuid"],
+            "PartNumber": sp["model"],
+            "BiosVersion": self.firmware.get("BIOS"),
+            "PowerState": self.power_state,
             "Status": {"State": "Enabled", "Health": h, "HealthRollup": h},
-            "Boot": {"BootSourceOverrideTarget": self.override["target"],
-                     "BootSourceOverrideEnabled": self.override["enabled"],
-                     "BootSourceOverrideMode": self.override["mode"],
-                     "BootSourceOverrideTarget@Redfish.AllowableValues": list(BOOT_TARGETS),
-                     "BootSourceOverrideEnabled@Redfish.AllowableValues": list(BOOT_ENABLED),
-                     "BootSourceOverrideMode@Redfish.AllowableValues": list(BOOT_MODES)},
+            "Boot": {
+                "BootSourceOverrideTarget": self.override["target"],
+                "BootSourceOverrideEnabled": self.override["enabled"],
+                "BootSourceOverrideMode": self.override["mode"],
+                "BootSourceOverrideTarget@Redfish.AllowableValues": list(BOOT_TARGETS),
+                "BootSourceOverrideEnabled@Redfish.AllowableValues": list(BOOT_ENABLED),
+                "BootSourceOverrideMode@Redfish.AllowableValues": list(BOOT_MODES),
+            },
             "BootProgress": {"LastState": "OSRunning" if self.power == "On" and not self.transition else "None"},
-            "ProcessorSummary": {"Count": 2, "Model": "Intel(R) Xeon(R) Platinum 8480+",
-                                 "Status": {"State": "Enabled", "Health": "OK"}},
+            "ProcessorSummary": {
+                "Count": 2,
+                "Model": "Intel(R) Xeon(R) Platinum 8480+",
+                "Status": {"State": "Enabled", "Health": "OK"},
+            },
             "MemorySummary": {"TotalSystemMemoryGiB": 2048, "Status": {"State": "Enabled", "Health": "OK"}},
-            "Processors": {"@odata.id": f"{SYSTEM}/Processors"}, "Bios": {"@odata.id": f"{SYSTEM}/Bios"},
+            "Processors": {"@odata.id": f"{SYSTEM}/Processors"},
+            "Bios": {"@odata.id": f"{SYSTEM}/Bios"},
             "LogServices": {"@odata.id": f"{SYSTEM}/LogServices"},
-            "Links": {"Chassis": [{"@odata.id": f"{ROOT}/Chassis/1"}],
-                      "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}]},
-            "Actions": {"#ComputerSystem.Reset": {"target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
-                                                  "ResetType@Redfish.AllowableValues": list(RESET_TYPES)}},
+            "Links": {
+                "Chassis": [{"@odata.id": f"{ROOT}/Chassis/1"}],
+                "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}],
+            },
+            "Actions": {
+                "#ComputerSystem.Reset": {
+                    "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
+                    "ResetType@Redfish.AllowableValues": list(RESET_TYPES),
+                }
+            },
         }
 
     def get(self, parts: list[str], path: str, query: dict) -> dict:
         """The resource at /redfish/v1/<parts> (GET)."""
         n = len(parts)
         if n == 0:
-            return {"@odata.id": f"{ROOT}/", "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot", "Id": "RootService",
-                    "Name": "Root Service", "RedfishVersion": "1.17.0", "UUID": _derived_uuid(self.name, "bmc"),
-                    "Product": "Millwright lab BMC", "Vendor": "Millwright",
-                    **{k: {"@odata.id": f"{ROOT}/{k}"} for k in ("Systems", "Managers", "Chassis", "UpdateService",
-                                                                 "SessionService")},
-                    "Links": {"Sessions": {"@odata.id": f"{ROOT}/SessionService/Sessions"}}}
+            return {
+                "@odata.id": f"{ROOT}/",
+                "@odata.type": "#ServiceRoot.v1_15_0.ServiceRoot",
+                "Id": "RootService",
+                "Name": "Root Service",
+                "RedfishVersion": "1.17.0",
+                "UUID": _derived_uuid(self.name, "bmc"),
+                "Product": "Millwright lab BMC",
+                "Vendor": "Millwright",
+                **{
+                    k: {"@odata.id": f"{ROOT}/{k}"}
+                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
+                },
+                "Links": {"Sessions": {"@odata.id": f"{ROOT}/SessionService/Sessions"}},
+            }
         head = parts[0]
         if head == "odata" and n == 1:
-            return {"value": [{"name": k, "kind": "Singleton", "url": f"{ROOT}/{k}"}
-                              for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")]}
+            return {
+                "value": [
+                    {"name": k, "kind": "Singleton", "url": f"{ROOT}/{k}"}
+                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
+                ]
+            }
         if head == "Systems":
             if n == 1:
-                return _collection(f"{ROOT}/Systems", "ComputerSystemCollection", "Computer System Collection",
-                                   [SYSTEM])
+                return _collection(
+                    f"{ROOT}/Systems", "ComputerSystemCollection", "Computer System Collection", [SYSTEM]
+                )
             if parts[1] == "1":
                 return self._get_system_part(parts[2:], path, query)
         if head == "Managers":
             if n == 1:
-                return _collection(f"{ROOT}/Managers", "ManagerCollection", "Manager Collection",
-                                   [f"{ROOT}/Managers/1"])
+                return _collection(
+                    f"{ROOT}/Managers", "ManagerCollection", "Manager Collection", [f"{ROOT}/Managers/1"]
+                )
             if parts[1:] == ["1"]:
-                return {"@odata.id": f"{ROOT}/Managers/1", "@odata.type": "#Manager.v1_17_0.Manager", "Id": "1",
-                        "Name": "BMC", "ManagerType": "BMC", "FirmwareVersion": self.firmware.get("BMC"),
-                        "Model": "AST2600", "Status": {"State": "Enabled", "Health": "OK"},
-                        "Links": {"ManagerForServers": [{"@odata.id": SYSTEM}]}}
+                return {
+                    "@odata.id": f"{ROOT}/Managers/1",
+                    "@odata.type": "#Manager.v1_17_0.Manager",
+                    "Id": "1",
+                    "Name": "BMC",
+                    "ManagerType": "BMC",
+                    "FirmwareVersion": self.firmware.get("BMC"),
+                    "Model": "AST2600",
+                    "Status": {"State": "Enabled", "Health": "OK"},
+                    "Links": {"ManagerForServers": [{"@odata.id": SYSTEM}]},
+                }
         if head == "Chassis":
             if n == 1:
-                return _collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection",
-                                   [f"{ROOT}/Chassis/1"])
+                return _collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection", [f"{ROOT}/Chassis/1"])
             if parts[1:] == ["1"]:
-                return {"@odata.id": f"{ROOT}/Chassis/1", "@odata.type": "#Chassis.v1_23_0.Chassis", "Id": "1",
-                        "Name": "Chassis", "ChassisType": "RackMount", "Manufacturer": self.spec["manufacturer"],
-                        "Model": self.spec["model"], "SerialNumber": self.spec["serial"],
-                        "PowerState": self.power_state, "Status": {"State": "Enabled", "Health": "OK"},
-                        "Links": {"ComputerSystems": [{"@odata.id": SYSTEM}],
-                                  "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}]}}
+                return {
+                    "@odata.id": f"{ROOT}/Chassis/1",
+                    "@odata.type": "#Chassis.v1_23_0.Chassis",
+                    "Id": "1",
+                    "Name": "Chassis",
+                    "ChassisType": "RackMount",
+                    "Manufacturer": self.spec["manufacturer"],
+                    "Model": self.spec["model"],
+                    "SerialNumber": self.spec["serial"],
+                    "PowerState": self.power_state,
+                    "Status": {"State": "Enabled", "Health": "OK"},
+                    "Links": {
+                        "ComputerSystems": [{"@odata.id": SYSTEM}],
+                        "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}],
+                    },
+                }
         if head == "UpdateService":
             us = f"{ROOT}/UpdateService"
             if n == 1:
-                return {"@odata.id": us, "@odata.type": "#UpdateService.v1_11_0.UpdateService", "Id": "UpdateService",
-                        "Name": "Update Service", "ServiceEnabled": True,
-                        "Status": {"State": "Enabled", "Health": "OK"},
-                        "FirmwareInventory": {"@odata.id": f"{us}/FirmwareInventory"},
-                        "Actions": {"#UpdateService.SimpleUpdate": {
+                return {
+                    "@odata.id": us,
+                    "@odata.type": "#UpdateService.v1_11_0.UpdateService",
+                    "Id": "UpdateService",
+                    "Name": "Update Service",
+                    "ServiceEnabled": True,
+                    "Status": {"State": "Enabled", "Health": "OK"},
+                    "FirmwareInventory": {"@odata.id": f"{us}/FirmwareInventory"},
+                    "Actions": {
+                        "#UpdateService.SimpleUpdate": {
                             "target": f"{us}/Actions/UpdateService.SimpleUpdate",
-                            "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"]}}}
+                            "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"],
+                        }
+                    },
+                }
             if parts[1] == "FirmwareInventory":
                 if n == 2:
-                    return _collection(f"{us}/FirmwareInventory", "SoftwareInventoryCollection",
-                                       "Firmware Inventory Collection",
-                                       [f"{us}/FirmwareInventory/{k}" for k in self.firmware])
+                    return _collection(
+                        f"{us}/FirmwareInventory",
+                        "SoftwareInventoryCollection",
+                        "Firmware Inventory Collection",
+                        [f"{us}/FirmwareInventory/{k}" for k in self.firmware],
+                    )
                 if n == 3 and parts[2] in self.firmware:
                     k = parts[2]
                     maker = "NVIDIA" if k.startswith(("GPU", "NVSwitch")) else self.spec["manufacturer"]
-                    return {"@odata.id": f"{us}/FirmwareInventory/{k}",
-                            "@odata.type": "#SoftwareInventory.v1_9_0.SoftwareInventory", "Id": k,
-                            "Name": f"{k} Firmware", "Version": self.firmware[k], "Updateable": True,
-                            "Manufacturer": maker,
-                            "SoftwareId": k, "Status": {"State": "Enabled", "Health": "OK"}}
+                    return {
+                        "@odata.id": f"{us}/FirmwareInventory/{k}",
+                        "@odata.type": "#SoftwareInventory.v1_9_0.SoftwareInventory",
+                        "Id": k,
+                        "Name": f"{k} Firmware",
+                        "Version": self.firmware[k],
+                        "Updateable": True,
+                        "Manufacturer": maker,
+                        "SoftwareId": k,
+                        "Status": {"State": "Enabled", "Health": "OK"},
+                    }
         if head == "SessionService":
             ss = f"{ROOT}/SessionService"
             if n == 1:
-                return {"@odata.id": ss, "@odata.type": "#SessionService.v1_1_8.SessionService",
-                        "Id": "SessionService", "Name": "Session Service", "ServiceEnabled": True,
-                        "SessionTimeout": int(self.lab.config["session_timeout"]),
-                        "Sessions": {"@odata.id": f"{ss}/Sessions"}}
+                return {
+                    "@odata.id": ss,
+                    "@odata.type": "#SessionService.v1_1_8.SessionService",
+                    "Id": "SessionService",
+                    "Name": "Session Service",
+                    "ServiceEnabled": True,
+                    "SessionTimeout": int(self.lab.config["session_timeout"]),
+                    "Sessions": {"@odata.id": f"{ss}/Sessions"},
+                }
             if parts[1] == "Sessions":
                 by_id = {s["id"]: s for s in self.sessions.values()}
                 if n == 2:
-                    return _collection(f"{ss}/Sessions", "SessionCollection", "Session Collection",
-                                       [f"{ss}/Sessions/{i}" for i in by_id])
+                    return _collection(
+                        f"{ss}/Sessions",
+                        "SessionCollection",
+                        "Session Collection",
+                        [f"{ss}/Sessions/{i}" for i in by_id],
+                    )
                 if n == 3 and parts[2] in by_id:
                     return self._session_body(by_id[parts[2]])
         raise not_found(path)
@@ -435,40 +594,67 @@ class Bmc:
         if head == "Processors":
             procs = self.processors()
             if n == 1:
-                return _collection(f"{SYSTEM}/Processors", "ProcessorCollection", "Processors Collection",
-                                   [p["@odata.id"] for p in procs.values()])
+                return _collection(
+                    f"{SYSTEM}/Processors",
+                    "ProcessorCollection",
+                    "Processors Collection",
+                    [p["@odata.id"] for p in procs.values()],
+                )
             if n == 2 and rest[1] in procs:
                 return procs[rest[1]]
         if head == "Bios":
             if n == 1:
-                return {"@odata.id": f"{SYSTEM}/Bios", "@odata.type": "#Bios.v1_2_0.Bios", "Id": "BIOS",
-                        "Name": "BIOS Configuration", "AttributeRegistry": "BiosAttributeRegistry.v1_0_0",
-                        "Attributes": dict(self.bios),
-                        "@Redfish.Settings": {"@odata.type": "#Settings.v1_3_5.Settings",
-                                              "SettingsObject": {"@odata.id": f"{SYSTEM}/Bios/Settings"},
-                                              "SupportedApplyTimes": ["OnReset"]}}
+                return {
+                    "@odata.id": f"{SYSTEM}/Bios",
+                    "@odata.type": "#Bios.v1_2_0.Bios",
+                    "Id": "BIOS",
+                    "Name": "BIOS Configuration",
+                    "AttributeRegistry": "BiosAttributeRegistry.v1_0_0",
+                    "Attributes": dict(self.bios),
+                    "@Redfish.Settings": {
+                        "@odata.type": "#Settings.v1_3_5.Settings",
+                        "SettingsObject": {"@odata.id": f"{SYSTEM}/Bios/Settings"},
+                        "SupportedApplyTimes": ["OnReset"],
+                    },
+                }
             if rest[1:] == ["Settings"]:
-                return {"@odata.id": f"{SYSTEM}/Bios/Settings", "@odata.type": "#Bios.v1_2_0.Bios",
-                        "Id": "Settings", "Name": "BIOS Pending Settings", "Attributes": dict(self.bios_pending)}
+                return {
+                    "@odata.id": f"{SYSTEM}/Bios/Settings",
+                    "@odata.type": "#Bios.v1_2_0.Bios",
+                    "Id": "Settings",
+                    "Name": "BIOS Pending Settings",
+                    "Attributes": dict(self.bios_pending),
+                }
         if head == "LogServices":
             ls = f"{SYSTEM}/LogServices"
             if n == 1:
                 return _collection(ls, "LogServiceCollection", "System Log Services", [f"{ls}/SEL"])
             if rest[1] == "SEL":
                 if n == 2:
-                    return {"@odata.id": f"{ls}/SEL", "@odata.type": "#LogService.v1_5_0.LogService", "Id": "SEL",
-                            "Name": "System Event Log", "LogEntryType": "SEL", "MaxNumberOfRecords": SEL_MAX,
-                            "OverWritePolicy": "WrapsWhenFull", "ServiceEnabled": True,
-                            "DateTime": _now_iso(), "Status": {"State": "Enabled", "Health": "OK"},
-                            "Entries": {"@odata.id": f"{ls}/SEL/Entries"},
-                            "Actions": {"#LogService.ClearLog": {
-                                "target": f"{ls}/SEL/Actions/LogService.ClearLog"}}}
+                    return {
+                        "@odata.id": f"{ls}/SEL",
+                        "@odata.type": "#LogService.v1_5_0.LogService",
+                        "Id": "SEL",
+                        "Name": "System Event Log",
+                        "LogEntryType": "SEL",
+                        "MaxNumberOfRecords": SEL_MAX,
+                        "OverWritePolicy": "WrapsWhenFull",
+                        "ServiceEnabled": True,
+                        "DateTime": _now_iso(),
+                        "Status": {"State": "Enabled", "Health": "OK"},
+                        "Entries": {"@odata.id": f"{ls}/SEL/Entries"},
+                        "Actions": {"#LogService.ClearLog": {"target": f"{ls}/SEL/Actions/LogService.ClearLog"}},
+                    }
                 if rest[2:] == ["Entries"]:
                     skip, top = int(query.get("$skip", 0)), query.get("$top")
-                    entries = self.sel[skip:skip + int(top)] if top is not None else self.sel[skip:]
-                    return {"@odata.id": f"{ls}/SEL/Entries", "@odata.type": "#LogEntryCollection.LogEntryCollection",
-                            "Name": "System Event Log Entries", "Members@odata.count": len(self.sel),
-                            "Members": entries}
+                    entries = self.sel[skip : skip + int(top)] if top is not None else self.sel[skip:]
+                    return {
+                        "@odata.id": f"{ls}/SEL/Entries",
+                        "@odata.type": "#LogEntryCollection.LogEntryCollection",
+                        "Name": "System Event Log Entries",
+                        "Members@odata.count": len(self.sel),
+                        "Members": entries,
+                    }
                 if n == 4 and rest[2] == "Entries":
                     for e in self.sel:
                         if e["Id"] == rest[3]:
@@ -480,12 +666,20 @@ class Bmc:
         if method == "POST" and parts == ["Systems", "1", "Actions", "ComputerSystem.Reset"]:
             rtype = body.get("ResetType") if isinstance(body, dict) else None
             if rtype is None:
-                raise RedfishError(400, "ActionParameterMissing", "The action ComputerSystem.Reset requires the "
-                                   "parameter ResetType to be present in the request body.")
+                raise RedfishError(
+                    400,
+                    "ActionParameterMissing",
+                    "The action ComputerSystem.Reset requires the "
+                    "parameter ResetType to be present in the request body.",
+                )
             if rtype not in RESET_TYPES:
-                raise RedfishError(400, "ActionParameterValueNotInList", f"The value '{rtype}' for the parameter "
-                                   "ResetType in the action ComputerSystem.Reset is not in the list of acceptable "
-                                   "values.")
+                raise RedfishError(
+                    400,
+                    "ActionParameterValueNotInList",
+                    f"The value '{rtype}' for the parameter "
+                    "ResetType in the action ComputerSystem.Reset is not in the list of acceptable "
+                    "values.",
+                )
             self.reset(rtype)
             return web.Response(status=204)
         if method == "PATCH" and parts == ["Systems", "1"]:
@@ -494,12 +688,18 @@ class Bmc:
         if method == "PATCH" and parts == ["Systems", "1", "Bios", "Settings"]:
             attrs = body.get("Attributes") if isinstance(body, dict) else None
             if not isinstance(attrs, dict):
-                raise RedfishError(400, "PropertyMissing", "The property Attributes is a required property and "
-                                   "must be included in the request.")
+                raise RedfishError(
+                    400,
+                    "PropertyMissing",
+                    "The property Attributes is a required property and must be included in the request.",
+                )
             unknown = [k for k in attrs if k not in self.bios]
             if unknown:
-                raise RedfishError(400, "PropertyUnknown", f"The property {unknown[0]} is not in the list of valid "
-                                   "properties for the resource.")
+                raise RedfishError(
+                    400,
+                    "PropertyUnknown",
+                    f"The property {unknown[0]} is not in the list of valid properties for the resource.",
+                )
             self.bios_pending.update(attrs)
             return web.Response(status=204)
         if method == "POST" and parts == ["Systems", "1", "LogServices", "SEL", "Actions", "LogService.ClearLog"]:
@@ -511,39 +711,68 @@ class Bmc:
             self.delete_session(parts[2], path)
             return web.Response(status=204)
         if method == "POST" and parts == ["UpdateService", "Actions", "UpdateService.SimpleUpdate"]:
-            raise RedfishError(400, "ActionNotSupported", "The action UpdateService.SimpleUpdate is not supported "
-                               "by the resource (lab BMC: use PUT /_lab/servers/{name}/firmware).")
+            raise RedfishError(
+                400,
+                "ActionNotSupported",
+                "The action UpdateService.SimpleUpdate is not supported "
+                "by the resource (lab BMC: use PUT /_lab/servers/{name}/firmware).",
+            )
         self.get(parts, path, {})  # 404 for an unknown resource, else the method is the problem
         raise RedfishError(405, "OperationNotAllowed", f"The HTTP method {method} is not allowed on {path}.")
 
     def _patch_boot(self, body: Any) -> None:
         if not isinstance(body, dict) or not body:
-            raise RedfishError(400, "MalformedJSON", "The request body submitted was malformed JSON and could not "
-                               "be parsed by the receiving service.")
+            raise RedfishError(
+                400,
+                "MalformedJSON",
+                "The request body submitted was malformed JSON and could not be parsed by the receiving service.",
+            )
         for key in body:
             if key != "Boot":
-                raise RedfishError(400, "PropertyNotWritable", f"The property {key} is a read only property and "
-                                   "cannot be assigned a value.")
+                raise RedfishError(
+                    400,
+                    "PropertyNotWritable",
+                    f"The property {key} is a read only property and cannot be assigned a value.",
+                )
         boot = body["Boot"]
         if not isinstance(boot, dict):
             raise _bad_value("Boot", boot)
         new = dict(self.override)
-        for prop, key, allowed in (("BootSourceOverrideTarget", "target", BOOT_TARGETS),
-                                   ("BootSourceOverrideEnabled", "enabled", BOOT_ENABLED),
-                                   ("BootSourceOverrideMode", "mode", BOOT_MODES)):
+        for prop, key, allowed in (
+            ("BootSourceOverrideTarget", "target", BOOT_TARGETS),
+            ("BootSourceOverrideEnabled", "enabled", BOOT_ENABLED),
+            ("BootSourceOverrideMode", "mode", BOOT_MODES),
+        ):
             if prop in boot:
                 if boot[prop] not in allowed:
                     raise _bad_value(prop, boot[prop])
                 new[key] = boot[prop]
         for prop in boot:
             if prop not in ("BootSourceOverrideTarget", "BootSourceOverrideEnabled", "BootSourceOverrideMode"):
-                raise RedfishError(400, "PropertyUnknown", f"The property {prop} is not in the list of valid "
-                                   "properties for the resource.")
+                raise RedfishError(
+                    400,
+                    "PropertyUnknown",
+                    f"The property {prop} is not in the list of valid properties for the resource.",
+                )
         self.override = new
 
     def view(self) -> dict:
-        return {"name": self.name, "url": self.url, "power": self.power, "power_state": self.power_state,
-                "booted_from": self.booted_from, "boot_count": self.boot_count, "last_boot": self.last_boot,
-                "boot_override": dict(self.override), "gpu_faults": self.gpu_faults, "sel": self.sel,
-                "down_until": self.down_until, "sessions": len(self.sessions), "requests": self.requests,
-                "resets": self.resets, "firmware": self.firmware, "bios": self.bios, "spec": self.spec}
+        return {
+            "name": self.name,
+            "url": self.url,
+            "power": self.power,
+            "power_state": self.power_state,
+            "booted_from": self.booted_from,
+            "boot_count": self.boot_count,
+            "last_boot": self.last_boot,
+            "boot_override": dict(self.override),
+            "gpu_faults": self.gpu_faults,
+            "sel": self.sel,
+            "down_until": self.down_until,
+            "sessions": len(self.sessions),
+            "requests": self.requests,
+            "resets": self.resets,
+            "firmware": self.firmware,
+            "bios": self.bios,
+            "spec": self.spec,
+        }

@@ -79,8 +79,15 @@ class FaultTable:
         if after is not None and not any(f["id"] == after for f in self.faults):
             raise FaultError(f"after: no fault {after}")
         self.seq += 1
-        fault = {"id": self.seq, "match": dict(match), "action": dict(action), "remaining": count, "skip": skip,
-                 "after": after, "served": 0}
+        fault = {
+            "id": self.seq,
+            "match": dict(match),
+            "action": dict(action),
+            "remaining": count,
+            "skip": skip,
+            "after": after,
+            "served": 0,
+        }
         self.faults.append(fault)
         return fault
 

@@ -106,8 +106,11 @@ class BmcSettings(_M):
     enabled: bool = Field(True, description="Run a BMC and a host agent for every node with GPUs.")
     power_delay: float = Field(0.2, ge=0, le=60, description="Seconds a power change takes to land.")
     power: Literal["On", "Off"] = Field("On", description="Power at start (On: the nodes are running).")
-    https: bool = Field(True, description="Answer HTTPS with a lab CA certificate, as real BMCs do (false: plain "
-                                          "HTTP, as `millwright lab up --bmc-http` asks).")
+    https: bool = Field(
+        True,
+        description="Answer HTTPS with a lab CA certificate, as real BMCs do (false: plain "
+        "HTTP, as `millwright lab up --bmc-http` asks).",
+    )
 
 
 class Fleet(_M):
@@ -142,8 +145,10 @@ class Fleet(_M):
         if ib is None:
             return {}
         hosts = ib.hosts if ib.hosts is not None else [n.name for n in self.node_specs()]
-        return {h: list(ib.guids.get(h) or [ib_guid(self.cluster, ib.fabric, h, str(i))
-                                             for i in range(ib.ports_per_host)]) for h in hosts}
+        return {
+            h: list(ib.guids.get(h) or [ib_guid(self.cluster, ib.fabric, h, str(i)) for i in range(ib.ports_per_host)])
+            for h in hosts
+        }
 
     def netbox_devices(self, bmcs: dict[str, str] | None = None, credentials: str | None = None) -> list[dict]:
         """The fleet's nodes as the lab records them in NetBox (lab/netbox.py's `seed_inventory`): a device per
@@ -166,14 +171,22 @@ class Fleet(_M):
             fields: dict[str, Any] = {}
             spec = specs.get(n.name)
             if spec:
-                fields |= {CF_EXPECTED_GPUS: spec["gpus"], CF_GPU_MODEL: spec["gpu_model"],
-                           CF_FIRMWARE_BASELINE: spec["firmware"]}
+                fields |= {
+                    CF_EXPECTED_GPUS: spec["gpus"],
+                    CF_GPU_MODEL: spec["gpu_model"],
+                    CF_FIRMWARE_BASELINE: spec["firmware"],
+                }
             if bmcs and n.name in bmcs:
                 fields[CF_BMC_URL] = bmcs[n.name]
                 if credentials:
                     fields[CF_BMC_CREDENTIALS] = credentials
-            out.append({"name": n.name, "custom_fields": fields,
-                        "interfaces": {f"ib{i}": guid for i, guid in enumerate(ports.get(n.name, []))}})
+            out.append(
+                {
+                    "name": n.name,
+                    "custom_fields": fields,
+                    "interfaces": {f"ib{i}": guid for i, guid in enumerate(ports.get(n.name, []))},
+                }
+            )
         return out
 
     def ib_switches(self) -> dict[str, str]:
@@ -181,8 +194,10 @@ class Fleet(_M):
         ib = self.infiniband
         if ib is None:
             return {}
-        return {f"{ib.fabric}-leaf-{i + 1:02d}": ib_guid(self.cluster, ib.fabric, "switch", str(i))
-                for i in range(ib.switches)}
+        return {
+            f"{ib.fabric}-leaf-{i + 1:02d}": ib_guid(self.cluster, ib.fabric, "switch", str(i))
+            for i in range(ib.switches)
+        }
 
     # ------------------------------------------------------------------ rendering
     def node_specs(self) -> list[NodeSpec]:
@@ -200,8 +215,13 @@ class Fleet(_M):
         nodes = self.node_specs()
         namespaces = list(dict.fromkeys(self.namespaces + [w.namespace for w in self.workloads]))
         for ns in namespaces:
-            objs.append({"apiVersion": "v1", "kind": "Namespace",
-                         "metadata": {"name": ns, "uid": _uid(self.cluster, "ns", ns), "creationTimestamp": CREATED}})
+            objs.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns, "uid": _uid(self.cluster, "ns", ns), "creationTimestamp": CREATED},
+                }
+            )
         for i, n in enumerate(nodes):
             objs.append(self._node(n, i))
         counter = [0]
@@ -218,18 +238,31 @@ class Fleet(_M):
                     spec["minAvailable"] = w.pdb.minAvailable
                 else:
                     spec["maxUnavailable"] = w.pdb.maxUnavailable
-                objs.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                             "metadata": {"name": w.name, "namespace": w.namespace,
-                                          "uid": _uid(self.cluster, "pdb", w.namespace, w.name),
-                                          "creationTimestamp": CREATED, "generation": 1},
-                             "spec": spec})
+                objs.append(
+                    {
+                        "apiVersion": "policy/v1",
+                        "kind": "PodDisruptionBudget",
+                        "metadata": {
+                            "name": w.name,
+                            "namespace": w.namespace,
+                            "uid": _uid(self.cluster, "pdb", w.namespace, w.name),
+                            "creationTimestamp": CREATED,
+                            "generation": 1,
+                        },
+                        "spec": spec,
+                    }
+                )
         objs += [dict(o) for o in self.objects]
         return objs
 
     def _node(self, n: NodeSpec, i: int) -> dict:
-        labels = {"kubernetes.io/hostname": n.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-                  **({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(n.gpus)} if n.gpus else {}),
-                  **n.labels}
+        labels = {
+            "kubernetes.io/hostname": n.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            **({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(n.gpus)} if n.gpus else {}),
+            **n.labels,
+        }
         res = {"cpu": "96", "memory": "1056Gi", "pods": "110", "ephemeral-storage": "3500Gi"}
         if n.gpus:
             res[GPU] = str(n.gpus)
@@ -242,31 +275,61 @@ class Fleet(_M):
         if taints:
             spec["taints"] = taints
         cond = [
-            {"type": t, "status": "False", "reason": r, "message": m, "lastHeartbeatTime": CREATED,
-             "lastTransitionTime": CREATED}
-            for t, r, m in [("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-                            ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                            ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available")]]
-        cond.append({"type": "Ready", "status": "True" if n.ready else "False",
-                     "reason": "KubeletReady" if n.ready else "KubeletNotReady",
-                     "message": "kubelet is posting ready status" if n.ready else "container runtime is down",
-                     "lastHeartbeatTime": CREATED, "lastTransitionTime": CREATED})
+            {
+                "type": t,
+                "status": "False",
+                "reason": r,
+                "message": m,
+                "lastHeartbeatTime": CREATED,
+                "lastTransitionTime": CREATED,
+            }
+            for t, r, m in [
+                ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            ]
+        ]
+        cond.append(
+            {
+                "type": "Ready",
+                "status": "True" if n.ready else "False",
+                "reason": "KubeletReady" if n.ready else "KubeletNotReady",
+                "message": "kubelet is posting ready status" if n.ready else "container runtime is down",
+                "lastHeartbeatTime": CREATED,
+                "lastTransitionTime": CREATED,
+            }
+        )
         return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": n.name, "uid": _uid(self.cluster, "node", n.name), "labels": labels,
-                         "creationTimestamp": CREATED,
-                         "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": n.name,
+                "uid": _uid(self.cluster, "node", n.name),
+                "labels": labels,
+                "creationTimestamp": CREATED,
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            },
             "spec": spec,
             "status": {
-                "capacity": dict(res), "allocatable": dict(res), "conditions": cond,
-                "addresses": [{"type": "InternalIP", "address": f"10.0.{i // 250}.{i % 250 + 10}"},
-                              {"type": "Hostname", "address": n.name}],
-                "nodeInfo": {"bootID": _uid(self.cluster, "boot", n.name, "0"),
-                             "machineID": hashlib.md5(n.name.encode()).hexdigest(),
-                             "systemUUID": _uid(self.cluster, "sys", n.name), "kernelVersion": "6.8.0-49-generic",
-                             "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
-                             "kubeletVersion": "v1.32.4", "kubeProxyVersion": "v1.32.4",
-                             "operatingSystem": "linux", "architecture": "amd64"},
+                "capacity": dict(res),
+                "allocatable": dict(res),
+                "conditions": cond,
+                "addresses": [
+                    {"type": "InternalIP", "address": f"10.0.{i // 250}.{i % 250 + 10}"},
+                    {"type": "Hostname", "address": n.name},
+                ],
+                "nodeInfo": {
+                    "bootID": _uid(self.cluster, "boot", n.name, "0"),
+                    "machineID": hashlib.md5(n.name.encode()).hexdigest(),
+                    "systemUUID": _uid(self.cluster, "sys", n.name),
+                    "kernelVersion": "6.8.0-49-generic",
+                    "osImage": "Ubuntu 24.04.1 LTS",
+                    "containerRuntimeVersion": "containerd://1.7.22",
+                    "kubeletVersion": "v1.32.4",
+                    "kubeProxyVersion": "v1.32.4",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             },
         }
@@ -276,16 +339,25 @@ class Fleet(_M):
         return {"app": w.name, **w.labels}
 
     def _pod_spec(self, w: Workload) -> dict:
-        c: dict[str, Any] = {"name": "main", "image": w.image, "imagePullPolicy": "IfNotPresent",
-                             "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}
+        c: dict[str, Any] = {
+            "name": "main",
+            "image": w.image,
+            "imagePullPolicy": "IfNotPresent",
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File",
+        }
         if w.gpus:
             c["resources"] = {"limits": {GPU: str(w.gpus)}, "requests": {GPU: str(w.gpus)}}
         else:
             c["resources"] = {}
-        spec: dict[str, Any] = {"containers": [c], "restartPolicy": "Always",
-                                "terminationGracePeriodSeconds": w.terminationGracePeriodSeconds,
-                                "schedulerName": "default-scheduler", "dnsPolicy": "ClusterFirst",
-                                "serviceAccountName": "default"}
+        spec: dict[str, Any] = {
+            "containers": [c],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": w.terminationGracePeriodSeconds,
+            "schedulerName": "default-scheduler",
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+        }
         if w.emptyDir:
             spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
             c["volumeMounts"] = [{"name": "scratch", "mountPath": "/scratch"}]
@@ -295,11 +367,23 @@ class Fleet(_M):
             spec["tolerations"] = [dict(t) for t in w.tolerations]
         return spec
 
-    def _pod(self, w: Workload, name: str, node: str | None, owner: dict | None, counter: list[int],
-             gen_name: str | None = None) -> dict:
+    def _pod(
+        self,
+        w: Workload,
+        name: str,
+        node: str | None,
+        owner: dict | None,
+        counter: list[int],
+        gen_name: str | None = None,
+    ) -> dict:
         counter[0] += 1
-        md: dict[str, Any] = {"name": name, "namespace": w.namespace, "labels": self._labels(w),
-                              "uid": _uid(self.cluster, "pod", w.namespace, name), "creationTimestamp": CREATED}
+        md: dict[str, Any] = {
+            "name": name,
+            "namespace": w.namespace,
+            "labels": self._labels(w),
+            "uid": _uid(self.cluster, "pod", w.namespace, name),
+            "creationTimestamp": CREATED,
+        }
         if gen_name:
             md["generateName"] = gen_name
         if w.annotations:
@@ -311,15 +395,30 @@ class Fleet(_M):
         if node:
             spec["nodeName"] = node
             ip = f"10.244.{counter[0] // 250}.{counter[0] % 250 + 2}"
-            cond = [{"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": CREATED}
-                    for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
-                              "PodScheduled")]
-            status = {"phase": "Running", "conditions": cond, "podIP": ip, "podIPs": [{"ip": ip}],
-                      "startTime": CREATED, "qosClass": "BestEffort" if not w.gpus else "Guaranteed",
-                      "containerStatuses": [{"name": "main", "image": w.image, "imageID": "", "ready": True,
-                                             "started": True, "restartCount": 0,
-                                             "containerID": f"containerd://{_uid(name)[:12]}",
-                                             "state": {"running": {"startedAt": CREATED}}}]}
+            cond = [
+                {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": CREATED}
+                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+            ]
+            status = {
+                "phase": "Running",
+                "conditions": cond,
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "startTime": CREATED,
+                "qosClass": "BestEffort" if not w.gpus else "Guaranteed",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": w.image,
+                        "imageID": "",
+                        "ready": True,
+                        "started": True,
+                        "restartCount": 0,
+                        "containerID": f"containerd://{_uid(name)[:12]}",
+                        "state": {"running": {"startedAt": CREATED}},
+                    }
+                ],
+            }
         return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": spec, "status": status}
 
     def _eligible(self, w: Workload, nodes: list[NodeSpec]) -> list[str]:
@@ -343,13 +442,30 @@ class Fleet(_M):
         tmpl_md: dict[str, Any] = {"labels": labels}
         if w.annotations:
             tmpl_md["annotations"] = dict(w.annotations)
-        rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-              "metadata": {"name": w.name, "namespace": w.namespace, "uid": uid, "labels": labels,
-                           "creationTimestamp": CREATED, "generation": 1},
-              "spec": {"replicas": w.replicas, "selector": {"matchLabels": labels},
-                       "template": {"metadata": tmpl_md, "spec": self._pod_spec(w)}},
-              "status": {"replicas": w.replicas, "readyReplicas": w.replicas, "availableReplicas": w.replicas,
-                         "fullyLabeledReplicas": w.replicas, "observedGeneration": 1}}
+        rs = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": w.name,
+                "namespace": w.namespace,
+                "uid": uid,
+                "labels": labels,
+                "creationTimestamp": CREATED,
+                "generation": 1,
+            },
+            "spec": {
+                "replicas": w.replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": tmpl_md, "spec": self._pod_spec(w)},
+            },
+            "status": {
+                "replicas": w.replicas,
+                "readyReplicas": w.replicas,
+                "availableReplicas": w.replicas,
+                "fullyLabeledReplicas": w.replicas,
+                "observedGeneration": 1,
+            },
+        }
         eligible = self._eligible(w, nodes)
         owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": w.name, "uid": uid}
         pods = []
@@ -362,20 +478,43 @@ class Fleet(_M):
     def _daemonset(self, w: Workload, nodes: list[NodeSpec], counter: list[int]) -> list[dict]:
         uid = _uid(self.cluster, "ds", w.namespace, w.name)
         labels = self._labels(w)
-        targets = w.nodes or [n.name for n in nodes
-                              if all(({"kubernetes.io/hostname": n.name, **n.labels}).get(k) == v
-                                     for k, v in w.nodeSelector.items())]
-        ds = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-              "metadata": {"name": w.name, "namespace": w.namespace, "uid": uid, "labels": labels,
-                           "creationTimestamp": CREATED, "generation": 1},
-              "spec": {"selector": {"matchLabels": labels},
-                       "template": {"metadata": {"labels": labels}, "spec": self._pod_spec(w)}},
-              "status": {"currentNumberScheduled": len(targets), "desiredNumberScheduled": len(targets),
-                         "numberReady": len(targets), "numberAvailable": len(targets), "numberMisscheduled": 0,
-                         "updatedNumberScheduled": len(targets), "observedGeneration": 1}}
+        targets = w.nodes or [
+            n.name
+            for n in nodes
+            if all(({"kubernetes.io/hostname": n.name, **n.labels}).get(k) == v for k, v in w.nodeSelector.items())
+        ]
+        ds = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": w.name,
+                "namespace": w.namespace,
+                "uid": uid,
+                "labels": labels,
+                "creationTimestamp": CREATED,
+                "generation": 1,
+            },
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": self._pod_spec(w)},
+            },
+            "status": {
+                "currentNumberScheduled": len(targets),
+                "desiredNumberScheduled": len(targets),
+                "numberReady": len(targets),
+                "numberAvailable": len(targets),
+                "numberMisscheduled": 0,
+                "updatedNumberScheduled": len(targets),
+                "observedGeneration": 1,
+            },
+        }
         owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": w.name, "uid": uid}
-        pods = [self._pod(w, f"{w.name}-{_suffix(self.cluster, w.namespace, w.name, n)}", n, owner, counter,
-                          gen_name=f"{w.name}-") for n in targets]
+        pods = [
+            self._pod(
+                w, f"{w.name}-{_suffix(self.cluster, w.namespace, w.name, n)}", n, owner, counter, gen_name=f"{w.name}-"
+            )
+            for n in targets
+        ]
         return [ds] + pods
 
     def _bare(self, w: Workload, nodes: list[NodeSpec], counter: list[int]) -> list[dict]:

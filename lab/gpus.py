@@ -29,8 +29,6 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
-from activities.gpu.nvml import GPU_SERVICES
-from activities.gpu.probe import GpuLoad, NvmlUnavailableError
 from activities.gpu.models import (
     THROTTLE_GPU_IDLE,
     DcgmDiag,
@@ -44,6 +42,8 @@ from activities.gpu.models import (
     ServiceRestartResult,
     XidEvent,
 )
+from activities.gpu.nvml import GPU_SERVICES
+from activities.gpu.probe import GpuLoad, NvmlUnavailableError
 
 DEFAULT_GPUS = 8
 DEFAULT_MODEL = "NVIDIA H200"

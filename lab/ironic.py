@@ -91,7 +91,9 @@ def find_python() -> str:
     # The interpreter behind this one (a venv's python makes venvs from its base as well).
     candidates.append(getattr(sys, "_base_executable", "") or sys.executable)
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
-    pyenv = sorted(root.glob("versions/3.*/bin/python3"), key=lambda p: _version_key(p.parent.parent.name), reverse=True)
+    pyenv = sorted(
+        root.glob("versions/3.*/bin/python3"), key=lambda p: _version_key(p.parent.parent.name), reverse=True
+    )
     candidates += [str(p) for p in pyenv]
     candidates += [found for v in ("3.13", "3.12", "3.11") if (found := shutil.which(f"python{v}"))]
     for candidate in candidates:
@@ -333,8 +335,9 @@ def _get_json(url: str, headers: dict[str, str] | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m lab.ironic",
-                                     description="Run a standalone Ironic (fake hardware) on 127.0.0.1 until Ctrl-C.")
+    parser = argparse.ArgumentParser(
+        prog="python -m lab.ironic", description="Run a standalone Ironic (fake hardware) on 127.0.0.1 until Ctrl-C."
+    )
     parser.add_argument("--state-dir", type=Path, default=None, help="Where ironic.conf, the database and the log "
                         "go (default: a temp dir, removed at exit)")  # fmt: skip
     parser.add_argument("--port", type=int, default=0, help="API port (0 = any free port)")

@@ -289,8 +289,15 @@ class NetBoxLab:
         )
         return self
 
-    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None, as_user: str | None = None,
-               cwd: str | None = None) -> subprocess.Popen:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        as_user: str | None = None,
+        cwd: str | None = None,
+    ) -> subprocess.Popen:
         if self._stopped:
             raise NetBoxError(f"stopped before {name} started")
         kw: dict = {}
@@ -377,7 +384,11 @@ class NetBoxLab:
                 raise NetBoxError(f"PostgreSQL did not accept connections in 60s; see {self._log('postgres')}")
             time.sleep(0.2)
         if fresh or not self._database_exists(pg_bin, port):
-            _run([str(pg_bin / "createdb"), "-h", LOOPBACK, "-p", str(port), "-U", DB_USER, DB_NAME], "createdb", timeout=60)
+            _run(
+                [str(pg_bin / "createdb"), "-h", LOOPBACK, "-p", str(port), "-U", DB_USER, DB_NAME],
+                "createdb",
+                timeout=60,
+            )
             return True
         return False
 
@@ -432,7 +443,7 @@ class NetBoxLab:
         conf = self.root / "conf"
         conf.mkdir(exist_ok=True)
         redis = {"HOST": LOOPBACK, "PORT": redis_port, "USERNAME": "", "PASSWORD": "", "SSL": False}
-        text = f'''# Written by Millwright's lab (lab/netbox.py); rewritten at every start.
+        text = f"""# Written by Millwright's lab (lab/netbox.py); rewritten at every start.
 ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
 DATABASES = {{"default": {{
     "ENGINE": "django.db.backends.postgresql", "NAME": {DB_NAME!r}, "USER": {DB_USER!r}, "PASSWORD": "",
@@ -451,7 +462,7 @@ ISOLATED_DEPLOYMENT = True
 CENSUS_REPORTING_ENABLED = False
 RELEASE_CHECK_URL = None
 PLUGINS = []
-'''
+"""
         path = conf / "configuration.py"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
@@ -474,8 +485,10 @@ PLUGINS = []
         if not dump.is_file():
             with _file_lock(cache_root() / ".dump.lock"):
                 if not dump.is_file():  # nobody made it while we waited for the lock
-                    say(f"migrating a fresh NetBox {version} database (a few minutes on 2 cores, once; "
-                        f"cached as {dump})")
+                    say(
+                        f"migrating a fresh NetBox {version} database (a few minutes on 2 cores, once; "
+                        f"cached as {dump})"
+                    )
                     t = time.monotonic()
                     self._migrate(venv, env, version)
                     self.timings["migrate"] = time.monotonic() - t
@@ -562,8 +575,12 @@ PLUGINS = []
             "t.full_clean()\nt.save()\n"
             "print('MILLWRIGHT-TOKEN-CREATED')\n"
         )
-        out = _run([str(venv / "bin" / "netbox"), "shell", "--no-startup", "-c", script], "creating the API token",
-                   timeout=300, env={**env, "MILLWRIGHT_LAB_TOKEN_KEY": key, "MILLWRIGHT_LAB_TOKEN_SECRET": secret})
+        out = _run(
+            [str(venv / "bin" / "netbox"), "shell", "--no-startup", "-c", script],
+            "creating the API token",
+            timeout=300,
+            env={**env, "MILLWRIGHT_LAB_TOKEN_KEY": key, "MILLWRIGHT_LAB_TOKEN_SECRET": secret},
+        )
         if "MILLWRIGHT-TOKEN-CREATED" not in out:
             raise NetBoxError("creating the API token printed no confirmation")
         return token
@@ -574,7 +591,8 @@ PLUGINS = []
         while time.monotonic() < deadline:
             self._check_alive("netbox")
             request = urllib.request.Request(
-                f"{self.url}/api/status/", headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+                f"{self.url}/api/status/",
+                headers={"Authorization": f"Bearer {self.token}", "Accept": "application/json"},
             )
             try:
                 with urllib.request.urlopen(request, timeout=5) as resp:
@@ -592,8 +610,12 @@ PLUGINS = []
     def stop(self, timeout: float = 20) -> None:
         """Stop NetBox, then Redis, then PostgreSQL (fast shutdown); SIGKILL after a timeout."""
         self._stopped = True
-        order = [("migrate", signal.SIGTERM), ("netbox", signal.SIGTERM), ("redis", signal.SIGTERM),
-                 ("postgres", signal.SIGINT)]
+        order = [
+            ("migrate", signal.SIGTERM),
+            ("netbox", signal.SIGTERM),
+            ("redis", signal.SIGTERM),
+            ("postgres", signal.SIGINT),
+        ]
         for name, sig in order:
             proc = self._procs.get(name)
             if proc is None or proc.poll() is not None:
@@ -657,8 +679,10 @@ class NetBoxGate:
         stage = self._stage()
         if stage.startswith("failed"):
             return f"NetBox did not start in the lab ({stage}); restart the lab (`millwright lab up`)"
-        return (f"NetBox is starting in the lab ({stage}); the rest of the lab is usable meanwhile, and calls to "
-                "NetBox are retried until it answers")
+        return (
+            f"NetBox is starting in the lab ({stage}); the rest of the lab is usable meanwhile, and calls to "
+            "NetBox are retried until it answers"
+        )
 
     async def _connection(self, reader: Any, writer: Any) -> None:
         import asyncio
@@ -674,15 +698,18 @@ class NetBoxGate:
             writer.close()
             return
         body = json.dumps({"detail": self.message()}).encode()
-        writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 10\r\n"
-                     b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        writer.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 10\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         writer.close()
 
 
-async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]], *, site: str = "lab",
-                         device_type: str = "HGX H100 8-GPU") -> str:
+async def seed_inventory(
+    url: str, token_ref: str, devices: list[dict[str, Any]], *, site: str = "lab", device_type: str = "HGX H100 8-GPU"
+) -> str:
     """Make NetBox at `url` hold the lab's inventory; idempotent (a kept database is brought up to date).
 
     First the bootstrap (every section of `InventoryBootstrap`, through the same activities, run here), then a
@@ -694,8 +721,8 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
     from temporalio.testing import ActivityEnvironment
 
     from activities.netbox.activities import NetBoxActivities
-    from activities.netbox.client import NetBoxConfig
     from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS, BootstrapRequest
+    from activities.netbox.client import NetBoxConfig
     from activities.netbox.models import CF_IB_PORT_GUID, GPU_SERVER_ROLE, NVIDIA
     from activities.support.secrets import SecretRef
 
@@ -706,8 +733,9 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
         done = await ActivityEnvironment().run(activities.bootstrap_section, BootstrapRequest(section=section))
         created += len(done.created)
 
-    def upsert(endpoint: Any, key: dict[str, Any], want: dict[str, Any],
-               lookup: dict[str, Any] | None = None) -> tuple[Any, bool]:
+    def upsert(
+        endpoint: Any, key: dict[str, Any], want: dict[str, Any], lookup: dict[str, Any] | None = None
+    ) -> tuple[Any, bool]:
         found = endpoint.get(**(lookup or key))
         if found is None:
             return endpoint.create(**key, **want), True
@@ -742,8 +770,10 @@ async def seed_inventory(url: str, token_ref: str, devices: list[dict[str, Any]]
         return changed_devices, changed_ports
 
     changed_devices, changed_ports = await asyncio.to_thread(devices_and_ports)
-    return (f"bootstrapped ({created} objects created) and holds {len(devices)} devices with their InfiniBand "
-            f"ports ({changed_devices} devices and {changed_ports} ports created or updated now)")
+    return (
+        f"bootstrapped ({created} objects created) and holds {len(devices)} devices with their InfiniBand "
+        f"ports ({changed_devices} devices and {changed_ports} ports created or updated now)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -784,7 +814,9 @@ def main(argv: list[str] | None = None) -> int:
     print("stop:    Ctrl-C", flush=True)
 
     def exited() -> str | None:
-        gone = [f"{name} exited with code {proc.returncode}" for name, proc in lab._procs.items() if proc.poll() is not None]
+        gone = [
+            f"{name} exited with code {proc.returncode}" for name, proc in lab._procs.items() if proc.poll() is not None
+        ]
         return f"netbox: {', '.join(gone)}" if gone else None
 
     serve_until_signal(exited, lab.stop)

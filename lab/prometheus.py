@@ -50,15 +50,18 @@ def _sample(value: Any, ts: float) -> list:
     return [ts, _fmt(value)]
 
 
-_SELECTOR = re.compile(r'^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(?P<matchers>.*)\})?\s*'
-                       r'(?:(?P<op>==|!=|>=|<=|>|<)\s*(?P<number>[-+]?[0-9.eE+-]+))?\s*$', re.S)
+_SELECTOR = re.compile(
+    r"^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(?P<matchers>.*)\})?\s*"
+    r"(?:(?P<op>==|!=|>=|<=|>|<)\s*(?P<number>[-+]?[0-9.eE+-]+))?\s*$",
+    re.S,
+)
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)', re.S)
 _COMPARE = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt, ">=": operator.ge,
             "<=": operator.le}  # fmt: skip
 
 
 def _unquote(text: str) -> str:
-    return re.sub(r'\\(.)', lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
 
 
 def parse_selector(query: str) -> tuple[list[tuple[str, str, str]], tuple[str, float] | None] | None:
@@ -130,13 +133,19 @@ class PrometheusServer:
         q = str(params.get("query") or "")
         self.requests.append({"time": time.time(), "query": q})
         if not q.strip():
-            return _error(400, "bad_data", 'invalid parameter "query": unknown position: parse error: no expression found in input')
+            return _error(
+                400,
+                "bad_data",
+                'invalid parameter "query": unknown position: parse error: no expression found in input',
+            )
         ts = time.time()
         if params.get("time"):
             try:
                 ts = float(params["time"])
             except ValueError:
-                return _error(400, "bad_data", f'invalid parameter "time": cannot parse "{params["time"]}" to a valid timestamp')
+                return _error(
+                    400, "bad_data", f'invalid parameter "time": cannot parse "{params["time"]}" to a valid timestamp'
+                )
         entry = self.series.get(q)
         if entry is None:
             try:
@@ -146,7 +155,9 @@ class PrometheusServer:
         elif "error" in entry:
             return _error(int(entry.get("status", 400)), entry.get("errorType", "bad_data"), entry["error"])
         else:
-            result = [{"metric": dict(r.get("metric") or {}), "value": _sample(r["value"], ts)} for r in entry["result"]]
+            result = [
+                {"metric": dict(r.get("metric") or {}), "value": _sample(r["value"], ts)} for r in entry["result"]
+            ]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     def _evaluate(self, query: str, ts: float) -> list:
@@ -178,7 +189,7 @@ class PrometheusServer:
             return web.json_response({"error": f"bad JSON: {e}"}, status=400)
         samples = body.get("samples") if isinstance(body, dict) else None
         if not isinstance(samples, list):
-            return web.json_response({"error": "expected {\"samples\": [{metric, value}, ...]}"}, status=400)
+            return web.json_response({"error": 'expected {"samples": [{metric, value}, ...]}'}, status=400)
         for item in samples:
             metric = item.get("metric") if isinstance(item, dict) else None
             if not isinstance(metric, dict) or not metric.get("__name__") or "value" not in item:
@@ -208,8 +219,11 @@ class PrometheusServer:
                 return web.json_response({"error": "each entry needs a string 'query'"}, status=400)
             q = item["query"]
             if "error" in item:
-                self.series[q] = {"error": str(item["error"]), "errorType": item.get("errorType", "bad_data"),
-                                  "status": int(item.get("status", 400))}
+                self.series[q] = {
+                    "error": str(item["error"]),
+                    "errorType": item.get("errorType", "bad_data"),
+                    "status": int(item.get("status", 400)),
+                }
             elif "result" in item:
                 result = item["result"]
                 if not isinstance(result, list) or not all(isinstance(r, dict) and "value" in r for r in result):
@@ -239,8 +253,6 @@ class PrometheusStub(ChildProcess):
     name = "lab-prometheus"
 
 
-
-
 class PrometheusAdmin:
     """Sync helper for tests: set and clear query answers."""
 
@@ -250,8 +262,16 @@ class PrometheusAdmin:
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
 
-    def set(self, query: str, value: float | None = None, *, result: list[dict] | None = None,
-            error: str | None = None, status: int = 400, error_type: str = "bad_data") -> None:
+    def set(
+        self,
+        query: str,
+        value: float | None = None,
+        *,
+        result: list[dict] | None = None,
+        error: str | None = None,
+        status: int = 400,
+        error_type: str = "bad_data",
+    ) -> None:
         body: dict[str, Any] = {"query": query}
         if error is not None:
             body.update(error=error, status=status, errorType=error_type)

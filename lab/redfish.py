@@ -93,11 +93,17 @@ from lab.loopback import AdminClient, announce_and_wait
 
 log = logging.getLogger("lab.redfish")
 
+
 class BmcLab:
     """All the emulated BMCs, the admin API, faults and the audit log, in one aiohttp application."""
 
-    def __init__(self, specs: list[dict | str], user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD,
-                 config: dict | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[dict | str],
+        user: str = DEFAULT_USER,
+        password: str = DEFAULT_PASSWORD,
+        config: dict | None = None,
+    ) -> None:
         self.user, self.password = user, password
         self._basic = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.base_config = {**DEFAULT_CONFIG, **(config or {})}
@@ -143,8 +149,13 @@ class BmcLab:
         method, path = request.method, request.path
         norm = path.rstrip("/") or "/"
         write = method != "GET" and method != "HEAD"
-        entry: dict[str, Any] = {"time": time.time(), "server": bmc.name, "method": method, "path": path,
-                                 "write": write}
+        entry: dict[str, Any] = {
+            "time": time.time(),
+            "server": bmc.name,
+            "method": method,
+            "path": path,
+            "write": write,
+        }
         if bmc.down_until is not None:
             left = bmc.down_until - time.time()
             if left > 0:
@@ -152,9 +163,13 @@ class BmcLab:
                     entry["status"] = 0
                     self.audit.add(entry)
                     return drop(request)
-                err = RedfishError(503, "ServiceTemporarilyUnavailable", f"The service is temporarily unavailable. "
-                                   f"Retry in {int(left) + 1} seconds.", "Wait for the indicated retry duration "
-                                   "and retry the operation.", headers={"Retry-After": str(int(left) + 1)})
+                err = RedfishError(
+                    503,
+                    "ServiceTemporarilyUnavailable",
+                    f"The service is temporarily unavailable. Retry in {int(left) + 1} seconds.",
+                    "Wait for the indicated retry duration and retry the operation.",
+                    headers={"Retry-After": str(int(left) + 1)},
+                )
                 entry["status"] = 503
                 self.audit.add(entry)
                 return err.response()
@@ -174,8 +189,11 @@ class BmcLab:
 
         def refuse(f: dict) -> web.Response:
             status = int(f["action"]["status"])
-            return RedfishError(status, "InternalError" if status >= 500 else "GeneralError",
-                                f["action"].get("message") or "Injected fault.").response()
+            return RedfishError(
+                status,
+                "InternalError" if status >= 500 else "GeneralError",
+                f["action"].get("message") or "Injected fault.",
+            ).response()
 
         return await self.front.handle(request, entry, fault, serve, refuse)
 
@@ -184,16 +202,20 @@ class BmcLab:
             raise not_found(request.path)
         if method == "GET" and path == "/redfish":
             return web.json_response({"v1": f"{ROOT}/"})
-        parts = path[len(ROOT) + 1:].split("/") if path != ROOT else []
+        parts = path[len(ROOT) + 1 :].split("/") if path != ROOT else []
         login = method == "POST" and parts == ["SessionService", "Sessions"]
         if method == "GET" and path in PUBLIC_GETS or login:
             entry["auth"] = None
         else:
             entry["auth"] = self._authenticate(bmc, request)
             if entry["auth"] is None:
-                raise RedfishError(401, "NoValidSession", "There is no valid session established with the "
-                                   "implementation.", "Establish a session before retrying the operation.",
-                                   headers={"WWW-Authenticate": 'Basic realm="Redfish"'})
+                raise RedfishError(
+                    401,
+                    "NoValidSession",
+                    "There is no valid session established with the implementation.",
+                    "Establish a session before retrying the operation.",
+                    headers={"WWW-Authenticate": 'Basic realm="Redfish"'},
+                )
         if method == "GET":
             return web.json_response(bmc.get(parts, request.path, dict(request.query)))
         body: Any = None
@@ -201,8 +223,11 @@ class BmcLab:
             try:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
-                raise RedfishError(400, "MalformedJSON", "The request body submitted was malformed JSON and could "
-                                   "not be parsed by the receiving service.") from None
+                raise RedfishError(
+                    400,
+                    "MalformedJSON",
+                    "The request body submitted was malformed JSON and could not be parsed by the receiving service.",
+                ) from None
         if isinstance(body, dict):
             if "ResetType" in body:
                 entry["reset_type"] = body["ResetType"]
@@ -337,13 +362,25 @@ class LabBmcs(ChildProcess):
     module = "lab.redfish"
     name = "lab-bmcs"
 
-    def __init__(self, *, servers: list[dict | str] | None = None, count: int = 4, prefix: str = "gpu-node-",
-                 user: str = DEFAULT_USER, password: str = DEFAULT_PASSWORD, power_delay: float | None = None,
-                 max_sessions: int | None = None, tls: lab_tls.ServerCert | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        servers: list[dict | str] | None = None,
+        count: int = 4,
+        prefix: str = "gpu-node-",
+        user: str = DEFAULT_USER,
+        password: str = DEFAULT_PASSWORD,
+        power_delay: float | None = None,
+        max_sessions: int | None = None,
+        tls: lab_tls.ServerCert | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.tls = tls  # the BMCs answer HTTPS with this certificate (lab/tls.py); the admin port stays HTTP
-        self.specs = [normalize_spec(s, i) for i, s in enumerate(
-            servers if servers is not None else [f"{prefix}{i:03d}" for i in range(1, count + 1)])]
+        self.specs = [
+            normalize_spec(s, i)
+            for i, s in enumerate(servers if servers is not None else [f"{prefix}{i:03d}" for i in range(1, count + 1)])
+        ]
         self.user, self.password = user, password
         self.power_delay, self.max_sessions = power_delay, max_sessions
         self.bmc_urls: dict[str, str] = {}
@@ -384,16 +421,26 @@ class BmcAdmin(AdminClient):
     async def server(self, name: str) -> dict:
         return await self._req("GET", f"/_lab/servers/{name}")
 
-    async def add_sel(self, name: str, severity: str = "Critical", message: str | None = None,
-                      message_id: str | None = None, *, at: str = "now", delay: float = 0.0, **extra: Any) -> dict:
+    async def add_sel(
+        self,
+        name: str,
+        severity: str = "Critical",
+        message: str | None = None,
+        message_id: str | None = None,
+        *,
+        at: str = "now",
+        delay: float = 0.0,
+        **extra: Any,
+    ) -> dict:
         """An SEL entry now (returned), or armed for `delay` s after now or after the next power-on (at='next_boot')."""
         body = {"severity": severity, "message": message, "message_id": message_id, "at": at, "delay": delay, **extra}
         return await self._req("POST", f"/_lab/servers/{name}/sel", json=body)
 
     async def outage(self, name: str, seconds: float, mode: str = "503") -> float:
         """The BMC answers 503 (mode '503') or drops connections (mode 'drop') for `seconds`."""
-        return (await self._req("POST", f"/_lab/servers/{name}/outage",
-                                json={"seconds": seconds, "mode": mode}))["down_until"]
+        return (await self._req("POST", f"/_lab/servers/{name}/outage", json={"seconds": seconds, "mode": mode}))[
+            "down_until"
+        ]
 
     async def set_gpu_faults(self, name: str, faults: dict) -> dict:
         return await self._req("PUT", f"/_lab/servers/{name}/gpu-faults", json=faults)
@@ -442,9 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
     specs = load_servers(a.servers_file) if a.servers_file else [f"{a.prefix}{i:03d}" for i in range(1, a.count + 1)]
-    lab = BmcLab(specs, user=os.environ.get("LAB_BMC_USER", DEFAULT_USER),
-                 password=os.environ.get("LAB_BMC_PASSWORD", DEFAULT_PASSWORD),
-                 config={"power_delay": a.power_delay, "max_sessions": a.max_sessions})
+    lab = BmcLab(
+        specs,
+        user=os.environ.get("LAB_BMC_USER", DEFAULT_USER),
+        password=os.environ.get("LAB_BMC_PASSWORD", DEFAULT_PASSWORD),
+        config={"power_delay": a.power_delay, "max_sessions": a.max_sessions},
+    )
     asyncio.run(serve(a.host, a.port, a.ready_file, lab, lab_tls.server_context(a)))
     return 0
 

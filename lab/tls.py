@@ -45,7 +45,8 @@ authorityKeyIdentifier = keyid
 subjectAltName = {{names}}
 """
 # A leaf certificate is issued with the section of its usage: [server] (serverAuth) or [client] (clientAuth).
-_CONFIG = """\
+_CONFIG = (
+    """\
 [req]
 distinguished_name = dn
 prompt = no
@@ -55,7 +56,10 @@ CN = {cn}
 basicConstraints = critical, CA:TRUE
 keyUsage = critical, keyCertSign, cRLSign
 subjectKeyIdentifier = hash
-""" + _LEAF.format(usage="server") + _LEAF.format(usage="client")
+"""
+    + _LEAF.format(usage="server")
+    + _LEAF.format(usage="client")
+)
 _KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 

@@ -171,7 +171,7 @@ class UfmServer:
         if "client_cert_sans" in body:
             sans = body.pop("client_cert_sans")
             if not isinstance(sans, list) or not all(isinstance(s, dict) and {"san", "user"} <= set(s) for s in sans):
-                raise UfmError(400, "client_cert_sans: a list of {\"san\", \"user\"}")
+                raise UfmError(400, 'client_cert_sans: a list of {"san", "user"}')
             self.client_cert_sans = [{"san": str(s["san"]), "user": str(s["user"])} for s in sans]
         knobs = {f.name for f in dataclasses.fields(Profile)} - {"release"}
         unknown = set(body) - knobs
@@ -218,8 +218,14 @@ class UfmServer:
                 return web.json_response({"error": getattr(e, "message", str(e))}, status=400)
         method = request.method
         write = method in ("POST", "PUT", "DELETE")
-        entry: dict[str, Any] = {"time": time.time(), "method": method, "path": request.path_qs[:500],
-                                 "write": write, "userAgent": request.headers.get("User-Agent", ""), "body": None}
+        entry: dict[str, Any] = {
+            "time": time.time(),
+            "method": method,
+            "path": request.path_qs[:500],
+            "write": write,
+            "userAgent": request.headers.get("User-Agent", ""),
+            "body": None,
+        }
         line = len(f"{method} {request.raw_path} HTTP/{request.version.major}.{request.version.minor}")
         if line > self.profile.max_request_line:
             entry.update(code=414, requestLine=line)
@@ -258,8 +264,9 @@ class UfmServer:
             return web.json_response(payload, status=status)
 
         def refuse(f: dict) -> web.Response:
-            return web.json_response({"error": f["action"].get("message") or "injected fault"},
-                                     status=int(f["action"]["status"]))
+            return web.json_response(
+                {"error": f["action"].get("message") or "injected fault"}, status=int(f["action"]["status"])
+            )
 
         return await self.front.handle(request, entry, fault, serve, refuse)
 
@@ -348,8 +355,10 @@ class UfmServer:
             fab.touch()
             return 200, {}
         if rest == ["last_updated"] and method == "GET":
-            return 200, {"last_updated": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(fab.last_updated))
-                         + f".{int(fab.last_updated * 1e6) % 1000000:06d}"}
+            return 200, {
+                "last_updated": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(fab.last_updated))
+                + f".{int(fab.last_updated * 1e6) % 1000000:06d}"
+            }
         if rest == ["qos_conf"] and method == "PUT":
             b = self._body(body)
             n = parse_pkey(b.get("pkey"))
@@ -440,8 +449,7 @@ class UfmServer:
             return web.json_response({"ok": True})
         if path == "/_lab/seed" and m == "POST":
             self.fabric.seed(await request.json())
-            return web.json_response({"ok": True, "systems": len(self.fabric.systems),
-                                      "ports": len(self.fabric.ports)})
+            return web.json_response({"ok": True, "systems": len(self.fabric.systems), "ports": len(self.fabric.ports)})
         if path == "/_lab/state" and m == "GET":
             return web.json_response(self.fabric.dump(self.profile))
         if path == "/_lab/config":
@@ -477,9 +485,13 @@ class UfmStub(ChildProcess):
         self.user, self.password, self.token, self.fleet = user, password, token, fleet
         self.tls, self.version, self.client_ca = tls, version, client_ca
         # Credentials travel in the environment, not the command line (visible in `ps`).
-        self.env = {**(self.env or {}), "LAB_UFM_USER": user, "LAB_UFM_PASSWORD": password,
-                    **({"LAB_UFM_TOKEN": token} if token else {}),
-                    **({"LAB_UFM_CLIENT_CERT_SANS": json.dumps(client_cert_sans)} if client_cert_sans else {})}
+        self.env = {
+            **(self.env or {}),
+            "LAB_UFM_USER": user,
+            "LAB_UFM_PASSWORD": password,
+            **({"LAB_UFM_TOKEN": token} if token else {}),
+            **({"LAB_UFM_CLIENT_CERT_SANS": json.dumps(client_cert_sans)} if client_cert_sans else {}),
+        }
 
     def extra_command(self) -> list[str]:
         return ((["--fleet", str(self.fleet)] if self.fleet else []) + ["--version", self.version]
@@ -515,16 +527,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--ready-file")
     p.add_argument("--fleet", help="seed hosts, port GUIDs and switches from this fleet file's infiniband part")
-    p.add_argument("--version", default=DEFAULT_VERSION, choices=sorted(PROFILES),
-                   help="the UFM release whose behaviour to play (see the module docstring)")
+    p.add_argument(
+        "--version",
+        default=DEFAULT_VERSION,
+        choices=sorted(PROFILES),
+        help="the UFM release whose behaviour to play (see the module docstring)",
+    )
     p.add_argument("--log-level", default="WARNING")
     lab_tls.add_arguments(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
-    server = UfmServer(user=os.environ.get("LAB_UFM_USER", DEFAULT_USER),
-                       password=os.environ.get("LAB_UFM_PASSWORD", DEFAULT_PASSWORD),
-                       token=os.environ.get("LAB_UFM_TOKEN") or None, version=a.version,
-                       client_cert_sans=json.loads(os.environ.get("LAB_UFM_CLIENT_CERT_SANS") or "[]"))
+    server = UfmServer(
+        user=os.environ.get("LAB_UFM_USER", DEFAULT_USER),
+        password=os.environ.get("LAB_UFM_PASSWORD", DEFAULT_PASSWORD),
+        token=os.environ.get("LAB_UFM_TOKEN") or None,
+        version=a.version,
+        client_cert_sans=json.loads(os.environ.get("LAB_UFM_CLIENT_CERT_SANS") or "[]"),
+    )
     if a.fleet:
         server.fabric.seed(fleet_seed(Path(a.fleet)))
     asyncio.run(serve(a.host, a.port, a.ready_file, server, lab_tls.server_context(a)))

@@ -118,25 +118,66 @@ class Fabric:
             name = host["name"]
             guids = [parse_guid(g) for g in host.get("guids") or []]
             sys_guid = guids[0] if guids else f"{i:016x}"
-            self.systems[name] = {"system_name": name, "guid": sys_guid, "type": "host", "state": "active",
-                                  "description": f"{name} HCA-1", "ip": f"10.1.{i // 250}.{i % 250 + 10}",
-                                  "model": "MT4129", "vendor": "Mellanox"}
+            self.systems[name] = {
+                "system_name": name,
+                "guid": sys_guid,
+                "type": "host",
+                "state": "active",
+                "description": f"{name} HCA-1",
+                "ip": f"10.1.{i // 250}.{i % 250 + 10}",
+                "model": "MT4129",
+                "vendor": "Mellanox",
+            }
             for n, g in enumerate(guids, 1):
                 state = (host.get("states") or {}).get(g, "Active")
-                self.ports.append({"guid": g, "name": f"{g}_1", "system_name": name, "system_guid": sys_guid,
-                                   "systemID": sys_guid, "physical_port_number": 1, "dname": f"mlx5_{n - 1}/1",
-                                   "logical_state": state,
-                                   "physical_state": "LinkUp" if state == "Active" else "Polling", "speed": "NDR",
-                                   "width": "4x", "external": False, "tier": 1, "lid": len(self.ports) + 1})
+                self.ports.append(
+                    {
+                        "guid": g,
+                        "name": f"{g}_1",
+                        "system_name": name,
+                        "system_guid": sys_guid,
+                        "systemID": sys_guid,
+                        "physical_port_number": 1,
+                        "dname": f"mlx5_{n - 1}/1",
+                        "logical_state": state,
+                        "physical_state": "LinkUp" if state == "Active" else "Polling",
+                        "speed": "NDR",
+                        "width": "4x",
+                        "external": False,
+                        "tier": 1,
+                        "lid": len(self.ports) + 1,
+                    }
+                )
         for sw in body.get("switches") or []:
             g = parse_guid(sw["guid"])
-            self.systems[sw["name"]] = {"system_name": sw["name"], "guid": g, "type": "switch", "state": "active",
-                                        "description": "MQM9790", "model": "MQM9790", "vendor": "Mellanox"}
+            self.systems[sw["name"]] = {
+                "system_name": sw["name"],
+                "guid": g,
+                "type": "switch",
+                "state": "active",
+                "description": "MQM9790",
+                "model": "MQM9790",
+                "vendor": "Mellanox",
+            }
             for p in range(1, 5):
-                self.ports.append({"guid": g, "name": f"{g}_{p}", "system_name": sw["name"], "system_guid": g,
-                                   "systemID": g, "physical_port_number": p, "dname": str(p),
-                                   "logical_state": "Active", "physical_state": "LinkUp", "speed": "NDR",
-                                   "width": "4x", "external": True, "tier": 2, "lid": len(self.ports) + 1})
+                self.ports.append(
+                    {
+                        "guid": g,
+                        "name": f"{g}_{p}",
+                        "system_name": sw["name"],
+                        "system_guid": g,
+                        "systemID": g,
+                        "physical_port_number": p,
+                        "dname": str(p),
+                        "logical_state": "Active",
+                        "physical_state": "LinkUp",
+                        "speed": "NDR",
+                        "width": "4x",
+                        "external": True,
+                        "tier": 2,
+                        "lid": len(self.ports) + 1,
+                    }
+                )
         by_guid = {p["guid"]: p for p in self.ports}
         for v in body.get("vports") or []:
             phys = by_guid.get(parse_guid(v["port_guid"]))
@@ -177,9 +218,13 @@ class Fabric:
         return out
 
     def dump(self, profile: Profile) -> dict:
-        return {"systems": self.systems, "ports": self.ports, "vports": self.vports,
-                "default_membership": self.default_membership,
-                "pkeys": {pkey_str(n): self.pkey_view(n, profile, True, True) for n in sorted(self.pkeys)}}
+        return {
+            "systems": self.systems,
+            "ports": self.ports,
+            "vports": self.vports,
+            "default_membership": self.default_membership,
+            "pkeys": {pkey_str(n): self.pkey_view(n, profile, True, True) for n in sorted(self.pkeys)},
+        }
 
     def remove_guids(self, n: int, guids: list[str]) -> None:
         """Remove `guids` (absent ones are a no-op); a PKey whose last member goes is deleted, as UFM does."""

@@ -36,8 +36,15 @@ def file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def run(argv: list[str], doing: str, *, timeout: float, error: type[Exception] = RuntimeError,
-        env: dict[str, str] | None = None, **kw) -> str:
+def run(
+    argv: list[str],
+    doing: str,
+    *,
+    timeout: float,
+    error: type[Exception] = RuntimeError,
+    env: dict[str, str] | None = None,
+    **kw,
+) -> str:
     """Run a command to completion; its stdout, or `error` with the last lines of its output."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
@@ -67,8 +74,18 @@ def venv_ready(venv: Path, requirement: str, binary: str) -> bool:
     return marker.is_file() and marker.read_text().strip() == requirement and (venv / "bin" / binary).is_file()
 
 
-def cached_venv(venv: Path, requirement: str, python: str, *, binary: str, label: str, about: str,
-                say: Callable[[str], None], timeout: float, error: type[Exception]) -> Path:
+def cached_venv(
+    venv: Path,
+    requirement: str,
+    python: str,
+    *,
+    binary: str,
+    label: str,
+    about: str,
+    say: Callable[[str], None],
+    timeout: float,
+    error: type[Exception],
+) -> Path:
     """The venv with `requirement` installed, built once (pip from PyPI); returns its directory."""
     with file_lock(venv.parent / ".venv.lock"):
         if venv_ready(venv, requirement, binary):

@@ -2,6 +2,10 @@
 
 Exit codes: 0 success; 1 failure (run failed, connection error, lab problem);
 2 bad usage or input (unknown workflow, input that does not fit the model).
+
+Longer than 600 lines because it is the one argparse front of every command (start, watch, schema, rollout,
+schedules, inventory, lab): each command's parser sits beside the few lines that run it; what they call lives in
+starter/client.py, starter/schedules.py and lab/runner.py.
 """
 
 from __future__ import annotations
@@ -24,13 +28,19 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-lab_app = typer.Typer(help="The emulated lab: Temporal dev server + Kubernetes emulator + worker.", no_args_is_help=True)
+lab_app = typer.Typer(
+    help="The emulated lab: Temporal dev server + Kubernetes emulator + worker.", no_args_is_help=True
+)
 app.add_typer(lab_app, name="lab")
-inventory_app = typer.Typer(help="Inventory in NetBox (the worker holds the NetBox URL and token).", no_args_is_help=True)
+inventory_app = typer.Typer(
+    help="Inventory in NetBox (the worker holds the NetBox URL and token).", no_args_is_help=True
+)
 app.add_typer(inventory_app, name="inventory")
 rollout_app = typer.Typer(help="Progressive host-OS rollouts (NodeWright-style).", no_args_is_help=True)
 app.add_typer(rollout_app, name="rollout")
-schedules_app = typer.Typer(help="Temporal Schedules as code: apply a YAML file of schedules, list them.", no_args_is_help=True)
+schedules_app = typer.Typer(
+    help="Temporal Schedules as code: apply a YAML file of schedules, list them.", no_args_is_help=True
+)
 app.add_typer(schedules_app, name="schedules")
 
 out = Console(highlight=False, soft_wrap=True)
@@ -49,10 +59,16 @@ AddressOpt = Annotated[
         help="Temporal frontend host:port. Default: TEMPORAL_ADDRESS / TEMPORAL_PROFILE, else the running lab, else localhost:7233.",
     ),
 ]
-NamespaceOpt = Annotated[Optional[str], typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")]
+NamespaceOpt = Annotated[
+    Optional[str], typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")
+]
 UiOpt = Annotated[
     Optional[str],
-    typer.Option("--ui", envvar="MILLWRIGHT_UI_URL", help="Temporal Web UI base URL for links (default: the running lab's, else http://127.0.0.1:8233)."),
+    typer.Option(
+        "--ui",
+        envvar="MILLWRIGHT_UI_URL",
+        help="Temporal Web UI base URL for links (default: the running lab's, else http://127.0.0.1:8233).",
+    ),
 ]
 
 
@@ -90,7 +106,9 @@ async def _connect(address: str | None, namespace: str | None, state_dir: Path):
     try:
         return await Client.connect(**kwargs)
     except Exception as e:
-        err.print(f"[red]error:[/] cannot connect to Temporal at {kwargs['target_host']} (namespace {kwargs['namespace']}): {e}")
+        err.print(
+            f"[red]error:[/] cannot connect to Temporal at {kwargs['target_host']} (namespace {kwargs['namespace']}): {e}"
+        )
         raise typer.Exit(1) from None
 
 
@@ -130,7 +148,8 @@ def start(
     state_dir: StateDir = Path(".millwright"),
 ) -> None:
     """Validate JSON input against the workflow's model, then start it (or attach to the running one)."""
-    from starter.client import InputError, parse_input, start as start_workflow, ui_link
+    from starter.client import InputError, parse_input, ui_link
+    from starter.client import start as start_workflow
 
     spec = _spec_or_exit(workflow)
     try:
@@ -145,12 +164,16 @@ def start(
         client = await _connect(address, namespace, state_dir)
         started = await start_workflow(client, inp, task_queue=task_queue, id=id, workflow=spec.name)
         if started.already_running:
-            out.print(f"{spec.name} is already running with this ID: attached to the existing run (nothing new started)")
+            out.print(
+                f"{spec.name} is already running with this ID: attached to the existing run (nothing new started)"
+            )
         else:
             out.print(f"started {spec.name} on task queue {task_queue}")
         out.print(f"  workflow id: {started.workflow_id}")
         out.print(f"  run id:      {started.run_id}")
-        out.print(f"  ui:          {ui_link(_ui_base(ui, state_dir), client.namespace, started.workflow_id, started.run_id)}")
+        out.print(
+            f"  ui:          {ui_link(_ui_base(ui, state_dir), client.namespace, started.workflow_id, started.run_id)}"
+        )
         if not watch_:
             out.print(f"  watch:       millwright watch {_shell_quote(started.workflow_id)}")
             return 0
@@ -187,7 +210,8 @@ def watch(
 
 
 async def _watch(client, workflow_id: str, run_id: str | None, interval: float) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
     from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
     from temporalio.service import RPCError, RPCStatusCode
 
@@ -252,7 +276,9 @@ async def _watch(client, workflow_id: str, run_id: str | None, interval: float) 
 
     status = desc.status.name if desc.status else "UNKNOWN"
     result_type = spec.output_model if spec else None
-    result_handle = client.get_workflow_handle(workflow_id, run_id=handle.run_id or desc.run_id, result_type=result_type)
+    result_handle = client.get_workflow_handle(
+        workflow_id, run_id=handle.run_id or desc.run_id, result_type=result_type
+    )
     try:
         result = await result_handle.result(follow_runs=run_id is None)
     except WorkflowFailureError as e:
@@ -303,7 +329,9 @@ def _jsonable(value: Any) -> Any:
 
 @app.command()
 def schema(
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")
+    ] = None,
 ) -> None:
     """JSON Schema of every workflow's input and output, for callers in other languages."""
     from starter.client import DEFAULT_TASK_QUEUE, workflow_specs
@@ -350,15 +378,21 @@ def _schema_doc(model: type, title: str) -> dict[str, Any]:
 @lab_app.command("up")
 def lab_up(
     state_dir: StateDir = Path(".millwright"),
-    fleet: Annotated[Optional[Path], typer.Option("--fleet", help="Fleet file to seed a fresh lab (default lab/fleets/demo.json).")] = None,
+    fleet: Annotated[
+        Optional[Path], typer.Option("--fleet", help="Fleet file to seed a fresh lab (default lab/fleets/demo.json).")
+    ] = None,
     port: Annotated[int, typer.Option("--port", help="Temporal gRPC port (0 = any free port).")] = 7233,
     ui_port: Annotated[int, typer.Option("--ui-port", help="Temporal Web UI port (0 = any free port).")] = 8233,
     task_queue: Annotated[str, typer.Option("--task-queue")] = "millwright",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for everything to come up.")] = 60.0,
     without: Annotated[
         Optional[list[str]],
-        typer.Option("--without", metavar="SERVICE[,SERVICE]", envvar="MILLWRIGHT_LAB_WITHOUT",
-                     help="Leave services out: netbox, ufm, webhook, bmcs (with their host agents)."),
+        typer.Option(
+            "--without",
+            metavar="SERVICE[,SERVICE]",
+            envvar="MILLWRIGHT_LAB_WITHOUT",
+            help="Leave services out: netbox, ufm, webhook, bmcs (with their host agents).",
+        ),
     ] = None,
     bmc_http: Annotated[
         bool, typer.Option("--bmc-http", help="The BMCs answer plain HTTP instead of HTTPS with the lab CA.")
@@ -421,7 +455,8 @@ def rollout_plan(
     """Dry run: from the live node list, compartments, batches and the worst case out of service; writes nothing."""
     import yaml
 
-    from starter.client import InputError, parse_input, start as start_workflow
+    from starter.client import InputError, parse_input
+    from starter.client import start as start_workflow
 
     spec = _spec_or_exit("Rollout")
     try:
@@ -445,7 +480,9 @@ def rollout_plan(
             out.print_json(result.plan.model_dump_json(by_alias=True))
             return 0
         plan = result.plan
-        out.print(f"rollout {plan.name} on {plan.cluster}: {plan.targeted} nodes targeted; packages in order: {', '.join(plan.package_order)}")
+        out.print(
+            f"rollout {plan.name} on {plan.cluster}: {plan.targeted} nodes targeted; packages in order: {', '.join(plan.package_order)}"
+        )
         out.print(f"interrupt per node: {plan.interrupt.type if plan.interrupt else 'none (no drain)'}")
         for c in plan.compartments:
             sizes = ", ".join(str(len(b.nodes)) for b in c.batches)
@@ -480,7 +517,9 @@ def inventory_bootstrap(
     async def run() -> int:
         client = await _connect(address, namespace, state_dir)
         started = await start_workflow(client, InventoryBootstrapInput(), task_queue=task_queue)
-        err.print(f"InventoryBootstrap {started.workflow_id} run {started.run_id}: waiting for the worker on {task_queue}")
+        err.print(
+            f"InventoryBootstrap {started.workflow_id} run {started.run_id}: waiting for the worker on {task_queue}"
+        )
         try:
             result = await started.handle.result()
         except WorkflowFailureError as e:
@@ -503,10 +542,14 @@ def inventory_bootstrap(
 @schedules_app.command("apply")
 def schedules_apply(
     file: Annotated[Path, typer.Argument(help="Schedules file (YAML), e.g. examples/schedules.yaml.")],
-    prune: Annotated[bool, typer.Option("--prune", help="Delete the file group's managed schedules that the file no longer lists.")] = False,
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Delete the file group's managed schedules that the file no longer lists.")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; change nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE", help="For entries without taskQueue.")] = "millwright",
+    task_queue: Annotated[
+        str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE", help="For entries without taskQueue.")
+    ] = "millwright",
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
     state_dir: StateDir = Path(".millwright"),

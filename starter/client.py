@@ -1,11 +1,11 @@
 """The client library other Python services import to start Millwright workflows.
 
-    from starter.client import connect, parse_input, start
+from starter.client import connect, parse_input, start
 
-    client = await connect()                       # TEMPORAL_* env / profile + pydantic converter
-    inp = parse_input("NodeMaintenance", {"cluster": "lab", "node": "gpu-node-03", ...})
-    started = await start(client, inp)             # ID from the input: double submissions collapse
-    result = await started.handle.result()
+client = await connect()                       # TEMPORAL_* env / profile + pydantic converter
+inp = parse_input("NodeMaintenance", {"cluster": "lab", "node": "gpu-node-03", ...})
+started = await start(client, inp)             # ID from the input: double submissions collapse
+result = await started.handle.result()
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def _fields_at(schema: dict[str, Any], loc: tuple[int | str, ...]) -> list[str]:
             for node in nodes
             for branch in branches(node)
             for child in [
-                branch.get("items") if isinstance(part, int)
+                branch.get("items")
+                if isinstance(part, int)
                 else branch.get("properties", {}).get(part, branch.get("additionalProperties"))
             ]
             if isinstance(child, dict)
@@ -148,7 +149,9 @@ def parse_input(name: str | WorkflowSpec, data: dict[str, Any] | str | bytes) ->
         raise InputError(spec.name, format_validation_error(err, spec.input_model)) from err
 
 
-def connect_config(*, profile: str | None = None, default_address: str | None = None, **overrides: Any) -> dict[str, Any]:
+def connect_config(
+    *, profile: str | None = None, default_address: str | None = None, **overrides: Any
+) -> dict[str, Any]:
     """Client.connect kwargs: TEMPORAL_* env vars / TOML profile, then ``overrides``.
 
     ``default_address`` is used only when neither the environment nor the profile names

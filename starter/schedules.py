@@ -118,7 +118,9 @@ def _cron_field(text: str, name: str, low: int, high: int, names: dict[str, int]
     def number(token: str) -> int:
         value = names.get(token) if not token.isdigit() else int(token)
         if value is None:
-            raise ValueError(f"{name} field: {token!r} is not a number" + (f" or a name ({', '.join(names)})" if names else ""))
+            raise ValueError(
+                f"{name} field: {token!r} is not a number" + (f" or a name ({', '.join(names)})" if names else "")
+            )
         if not low <= value <= high:
             raise ValueError(f"{name} field: {value} is out of range {low}-{high}")
         return value
@@ -154,7 +156,9 @@ def cron_calendars(expression: str) -> list[ScheduleCalendarSpec]:
     if text.lower().startswith("@every"):
         raise ValueError("@every is not supported in cron; use interval: instead")
     if len(fields) != 5:
-        raise ValueError(f"cron {expression!r} must have 5 fields (minute hour day-of-month month day-of-week), not {len(fields)}")
+        raise ValueError(
+            f"cron {expression!r} must have 5 fields (minute hour day-of-month month day-of-week), not {len(fields)}"
+        )
     minute, hour, dom, month, dow = (_cron_field(f, *spec) for f, spec in zip(fields, _CRON_FIELDS))
     every_dom, every_dow = [ScheduleRange(1, 31)], [ScheduleRange(0, 6)]
     comment = f"cron: {text}"
@@ -210,7 +214,9 @@ class ScheduleEntry(_Spec):
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$", description="Schedule ID.")
     workflow: str = Field(description="Startable workflow type, e.g. FleetHealthSweep.")
-    input: dict[str, Any] = Field(default_factory=dict, description="The workflow's input (validated against its model).")
+    input: dict[str, Any] = Field(
+        default_factory=dict, description="The workflow's input (validated against its model)."
+    )
     workflow_id: str | None = Field(None, min_length=1, description="Default: the input's workflow_id().")
     cron: Annotated[list[str], BeforeValidator(_cron_list)] = Field(default_factory=list)
     interval: Annotated[IntervalSpec | None, BeforeValidator(_every)] = None
@@ -296,7 +302,9 @@ def load(source: str | Path | dict[str, Any] | SchedulesFile, *, name: str | Non
         except yaml.YAMLError as e:
             raise ScheduleFileError(name, [f"{name}: not valid YAML: {e}"]) from None
     if not isinstance(data, dict):
-        raise ScheduleFileError(name, [f"{name}: expected a mapping with a 'schedules' list, got {type(data).__name__}"])
+        raise ScheduleFileError(
+            name, [f"{name}: expected a mapping with a 'schedules' list, got {type(data).__name__}"]
+        )
 
     errors: list[str] = []
     raw = data.get("schedules")
@@ -323,7 +331,9 @@ def load(source: str | Path | dict[str, Any] | SchedulesFile, *, name: str | Non
         try:
             entry = ScheduleEntry.model_validate(item)
         except pydantic.ValidationError as e:
-            errors += [f"{where}{'.' if x['loc'] else ''}{_loc(x['loc'])}: {_msg(x)}" for x in e.errors(include_url=False)]
+            errors += [
+                f"{where}{'.' if x['loc'] else ''}{_loc(x['loc'])}: {_msg(x)}" for x in e.errors(include_url=False)
+            ]
         workflow = item.get("workflow") if isinstance(item, dict) else None
         spec = specs.get(workflow) if isinstance(workflow, str) else None
         if isinstance(workflow, str) and spec is None:
@@ -358,7 +368,11 @@ def desired_schedule(entry: ScheduleEntry, task_queue: str = DEFAULT_TASK_QUEUE)
     inp = entry.workflow_input
     assert entry._workflow is not None
     calendars = [cal for expression in entry.cron for cal in cron_calendars(expression)]
-    intervals = [ScheduleIntervalSpec(every=entry.interval.every, offset=entry.interval.offset or None)] if entry.interval else []
+    intervals = (
+        [ScheduleIntervalSpec(every=entry.interval.every, offset=entry.interval.offset or None)]
+        if entry.interval
+        else []
+    )
     return Schedule(
         action=ScheduleActionStartWorkflow(
             entry._workflow.name,
@@ -368,7 +382,9 @@ def desired_schedule(entry: ScheduleEntry, task_queue: str = DEFAULT_TASK_QUEUE)
             execution_timeout=entry.execution_timeout or None,
             typed_search_attributes=search_attributes_of(inp),
         ),
-        spec=ScheduleSpec(calendars=calendars, intervals=intervals, jitter=entry.jitter or None, time_zone_name=entry.time_zone),
+        spec=ScheduleSpec(
+            calendars=calendars, intervals=intervals, jitter=entry.jitter or None, time_zone_name=entry.time_zone
+        ),
         policy=SchedulePolicy(
             overlap=ScheduleOverlapPolicy[entry.overlap.upper()],
             catchup_window=entry.catchup_window,
@@ -403,7 +419,11 @@ def spec_text(spec: ScheduleSpec) -> str:
     """One line for people: the cron strings (from calendar comments), intervals, and anything else."""
     parts: list[str] = []
     for c in spec.calendars:
-        text = c.comment[len("cron: "):] if c.comment and c.comment.startswith("cron: ") else "calendar " + _calendar_text(c)
+        text = (
+            c.comment[len("cron: ") :]
+            if c.comment and c.comment.startswith("cron: ")
+            else "calendar " + _calendar_text(c)
+        )
         if f"cron {text}" not in parts and f"calendar {text}" not in parts:
             parts.append(text if text.startswith("calendar") else f"cron {text}")
     parts += [f"cron {c}" for c in spec.cron_expressions]
@@ -471,12 +491,18 @@ async def _fields(client: Client, schedule: Schedule, model: type[WorkflowInput]
         "taskQueue": (action.task_queue, action.task_queue),
         "input": (input_json, input_json),
         "searchAttributes": (attrs, ", ".join(f"{k}={v}" for k, v in attrs) or "(none)"),
-        "executionTimeout": (_seconds(action.execution_timeout), _human(action.execution_timeout) if action.execution_timeout else "(none)"),
+        "executionTimeout": (
+            _seconds(action.execution_timeout),
+            _human(action.execution_timeout) if action.execution_timeout else "(none)",
+        ),
         "spec": (spec_key, spec_text(spec)),
         "timeZone": (spec.time_zone_name or "", spec.time_zone_name or "UTC"),
         "jitter": (_seconds(spec.jitter), _human(spec.jitter)),
         "overlap": (policy.overlap.name, policy.overlap.name.lower()),
-        "catchupWindow": (None if catchup is None else _seconds(catchup), "(server default)" if catchup is None else _human(catchup)),
+        "catchupWindow": (
+            None if catchup is None else _seconds(catchup),
+            "(server default)" if catchup is None else _human(catchup),
+        ),
         "pauseOnFailure": (policy.pause_on_failure, str(policy.pause_on_failure).lower()),
         "paused": (state.paused, str(state.paused).lower()),
         "note": (state.note or "", repr(state.note or "")),
@@ -486,11 +512,17 @@ async def _fields(client: Client, schedule: Schedule, model: type[WorkflowInput]
 def _managed_fields(entry: ScheduleEntry) -> list[str]:
     names = ["workflow", "workflowId", "taskQueue", "input", "searchAttributes", "executionTimeout", "spec", "timeZone",
              "jitter", "overlap", "pauseOnFailure"]  # fmt: skip
-    names += [n for n, v in (("catchupWindow", entry.catchup_window), ("paused", entry.paused), ("note", entry.note)) if v is not None]
+    names += [
+        n
+        for n, v in (("catchupWindow", entry.catchup_window), ("paused", entry.paused), ("note", entry.note))
+        if v is not None
+    ]
     return names
 
 
-async def diff(client: Client, entry: ScheduleEntry, current: Schedule, task_queue: str = DEFAULT_TASK_QUEUE) -> list[FieldChange]:
+async def diff(
+    client: Client, entry: ScheduleEntry, current: Schedule, task_queue: str = DEFAULT_TASK_QUEUE
+) -> list[FieldChange]:
     """What applying ``entry`` would change on a schedule that is ``current`` (empty: nothing)."""
     assert entry._workflow is not None
     model = entry._workflow.input_model
@@ -552,7 +584,12 @@ class ApplyReport:
         return any(r.action != "unchanged" for r in self.results)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"group": self.group, "dryRun": self.dry_run, "changed": self.changed, "results": [r.as_dict() for r in self.results]}
+        return {
+            "group": self.group,
+            "dryRun": self.dry_run,
+            "changed": self.changed,
+            "results": [r.as_dict() for r in self.results],
+        }
 
     def lines(self) -> list[str]:
         """The report for people: one line per schedule, one per changed field, then a summary."""
@@ -562,7 +599,9 @@ class ApplyReport:
             out.append(f"{verb.get(r.action, r.action):<12} {r.id}")
             out += [f"    {c.field}: {c.old} -> {c.new}" for c in r.changes]
             out += [f"    warning: {w}" for w in r.warnings]
-        counts = ", ".join(f"{len(self.by_action(a))} {a}" for a in ("created", "updated", "unchanged", "deleted") if self.by_action(a))
+        counts = ", ".join(
+            f"{len(self.by_action(a))} {a}" for a in ("created", "updated", "unchanged", "deleted") if self.by_action(a)
+        )
         tail = " (dry run: nothing applied)" if self.dry_run else ""
         out.append(f"{len(self.results)} schedule(s) in group {self.group}: {counts or 'none'}{tail}")
         return out
@@ -588,20 +627,26 @@ async def managed_group(desc: Any) -> str | None:
     return None
 
 
-async def _apply_one(client: Client, entry: ScheduleEntry, group: str, task_queue: str, dry_run: bool) -> ScheduleResult:
+async def _apply_one(
+    client: Client, entry: ScheduleEntry, group: str, task_queue: str, dry_run: bool
+) -> ScheduleResult:
     for _ in range(3):
         desc = await _describe(client, entry.id)
         if desc is None:
             if not dry_run:
                 try:
-                    await client.create_schedule(entry.id, desired_schedule(entry, task_queue), memo={MANAGED_MEMO: {"group": group}})
+                    await client.create_schedule(
+                        entry.id, desired_schedule(entry, task_queue), memo={MANAGED_MEMO: {"group": group}}
+                    )
                 except ScheduleAlreadyRunningError:
                     continue  # created meanwhile: compare with it
             return ScheduleResult(entry.id, "created")
         warnings = []
         owner = await managed_group(desc)
         if owner is None:
-            warnings.append("was not created by `schedules apply` (no millwright-managed memo): --prune will never delete it")
+            warnings.append(
+                "was not created by `schedules apply` (no millwright-managed memo): --prune will never delete it"
+            )
         elif owner != group:
             warnings.append(f"belongs to group {owner!r}, not {group!r}: only a prune of group {owner!r} deletes it")
         changes = await diff(client, entry, desc.schedule, task_queue)
@@ -646,7 +691,11 @@ async def apply(
                 except RPCError as e:
                     if e.status != RPCStatusCode.NOT_FOUND:
                         raise
-            report.results.append(ScheduleResult(listed.id, "deleted", [FieldChange("schedule", spec_text(desc.schedule.spec), "(deleted)")]))
+            report.results.append(
+                ScheduleResult(
+                    listed.id, "deleted", [FieldChange("schedule", spec_text(desc.schedule.spec), "(deleted)")]
+                )
+            )
     return report
 
 
@@ -693,7 +742,13 @@ async def list_schedules(client: Client, *, next_runs: int = 3) -> list[Schedule
                 status_name = status.name if status else "UNKNOWN"
             except RPCError:
                 status_name = "UNKNOWN"
-            last = LastRun(workflow_id=wid, run_id=rid, scheduled_at=recent.scheduled_at, started_at=recent.started_at, status=status_name)
+            last = LastRun(
+                workflow_id=wid,
+                run_id=rid,
+                scheduled_at=recent.scheduled_at,
+                started_at=recent.started_at,
+                status=status_name,
+            )
         rows.append(
             ScheduleRow(
                 id=desc.id,
@@ -720,7 +775,11 @@ def rows_table(rows: list[ScheduleRow]):
     for r in rows:
         paused = f"yes ({r.note})" if r.paused and r.note else ("yes" if r.paused else "no")
         nexts = "\n".join(t.strftime("%Y-%m-%d %H:%M:%S") for t in r.next_runs) or "-"
-        last = f"{r.last_run.status} {r.last_run.started_at:%Y-%m-%d %H:%M:%S}\n{r.last_run.workflow_id}" if r.last_run else "-"
+        last = (
+            f"{r.last_run.status} {r.last_run.started_at:%Y-%m-%d %H:%M:%S}\n{r.last_run.workflow_id}"
+            if r.last_run
+            else "-"
+        )
         spec = r.spec + (f" ({r.time_zone})" if r.time_zone != "UTC" else "")
         table.add_row(r.id, r.workflow, spec, paused, nexts, last, r.group or "-")
     return table

@@ -21,7 +21,6 @@ from temporalio.testing import WorkflowEnvironment
 import workflows.common.search_attributes
 from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 
-
 # ==================================================================================
 # Order: the tests that need NetBox run last, while its first migration is made early
 # ==================================================================================
@@ -36,7 +35,9 @@ def _needs_netbox(item) -> bool:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"{NEEDS_NETBOX}: the test starts a NetBox (it runs last; see tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", f"{NEEDS_NETBOX}: the test starts a NetBox (it runs last; see tests/conftest.py)"
+    )
 
 
 @pytest.hookimpl(trylast=True)
@@ -103,8 +104,12 @@ async def temporal_env():
         data_converter=pydantic_data_converter,
         search_attributes=workflows.common.search_attributes.ALL,
         ui=False,
-        dev_server_extra_args=["--dynamic-config-value", "frontend.WorkflowTimeSkippingEnabled=true",
-                               "--dynamic-config-value", FAIRNESS_DYNAMIC_CONFIG],  # fmt: skip
+        dev_server_extra_args=[
+            "--dynamic-config-value",
+            "frontend.WorkflowTimeSkippingEnabled=true",
+            "--dynamic-config-value",
+            FAIRNESS_DYNAMIC_CONFIG,
+        ],  # fmt: skip
     )
     async with env:
         yield env
@@ -199,8 +204,8 @@ async def core(kubeconfig_path):
 @pytest_asyncio.fixture(loop_scope="session")
 async def kube(kubeconfig_path):
     """The Kubernetes activities on the emulated cluster, for a test that runs them through ActivityEnvironment."""
-    from activities.kube.connector import ClusterConnector
     from activities.kube.activities import KubeActivities
+    from activities.kube.connector import ClusterConnector
 
     connector = ClusterConnector([str(kubeconfig_path)])
     yield KubeActivities(connector)

@@ -53,7 +53,14 @@ def single_pod_workload(name: str, node: str, labels: dict[str, str], finish_aft
     annotations = {}
     if finish_after is not None:
         annotations["lab.millwright.dev/finish-after-seconds"] = str(finish_after)
-    return {"name": name, "namespace": "training", "replicas": 1, "labels": labels, "nodes": [node], "annotations": annotations}
+    return {
+        "name": name,
+        "namespace": "training",
+        "replicas": 1,
+        "labels": labels,
+        "nodes": [node],
+        "annotations": annotations,
+    }
 
 
 async def pods_on(core: CoreV1Api, node: str) -> list[V1Pod]:

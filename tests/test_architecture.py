@@ -92,15 +92,24 @@ def _layer(module: str) -> str:
 
 @pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "lab"])
 def test_imports_flow_one_way(layer):
-    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items() if _layer(module) == layer
-                   for target in targets if _layer(target) != layer and _layer(target) not in MAY_IMPORT[layer])
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if _layer(module) == layer
+        for target in targets
+        if _layer(target) != layer and _layer(target) not in MAY_IMPORT[layer]
+    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_only_the_cli_and_the_lab_import_the_lab():
-    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items()
-                   if _layer(module) in {"workflows", "activities", "worker"} for target in targets
-                   if _layer(target) == "lab")
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if _layer(module) in {"workflows", "activities", "worker"}
+        for target in targets
+        if _layer(target) == "lab"
+    )
     assert not wrong, "\n".join(wrong)
 
 

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 EXAMPLE = REPO / "examples" / "node-maintenance.json"
 
 
-def millwright(*args: str, stdin: str | None = None, cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess:
+def millwright(
+    *args: str, stdin: str | None = None, cwd: Path = REPO, timeout: float = 60
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
     env["TEMPORAL_CONFIG_FILE"] = str(cwd / "no-such-temporal.toml")
     env["MILLWRIGHT_STATE_DIR"] = str(cwd / ".no-lab")
@@ -159,7 +161,7 @@ async def test_start_watch_end_to_end(lab_worker, temporal_address, client):
         timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result
-    payload = json.loads(result.stdout[result.stdout.index("{"):])
+    payload = json.loads(result.stdout[result.stdout.index("{") :])
     assert payload["outcome"] == "completed" and payload["node"] == "gpu-node-03" and payload["uncordoned"] is True
     assert "COMPLETED" in result.stderr
 

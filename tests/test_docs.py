@@ -32,8 +32,10 @@ def relative_links(page: Path) -> list[str]:
 def anchors(page: Path) -> set[str]:
     """The section anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
     headings = re.findall(r"^#+ (.*)$", prose(page), flags=re.M)
-    return {re.sub(r"[^\w\- ]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h).strip().lower()).replace(" ", "-")
-            for h in headings}
+    return {
+        re.sub(r"[^\w\- ]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h).strip().lower()).replace(" ", "-")
+        for h in headings
+    }
 
 
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: str(p.relative_to(REPO)))
@@ -57,7 +59,7 @@ def test_readme_stays_short():
 def workflow_table() -> str:
     text = README.read_text()
     start = text.index("| Workflow |")
-    return text[start:text.index("\n\n", start)]
+    return text[start : text.index("\n\n", start)]
 
 
 def test_readme_table_names_every_example():

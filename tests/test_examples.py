@@ -51,8 +51,11 @@ def expect(**wanted: Any) -> Callable[[Any], list[str]]:
 
 def rollout_done(result: dict) -> list[str]:
     done = (result.get("compartments") or {}).get("__default__") or {}
-    return expect(outcome="completed")(result) + ([] if done.get("completedNodes") == 6 and not done.get("failedNodes") else
-                    [f"compartment __default__: {done}, want 6 nodes completed, none failed"])
+    return expect(outcome="completed")(result) + (
+        []
+        if done.get("completedNodes") == 6 and not done.get("failedNodes")
+        else [f"compartment __default__: {done}, want 6 nodes completed, none failed"]
+    )
 
 
 def sweep_done(result: dict) -> list[str]:
@@ -73,8 +76,11 @@ def onboarded(result: dict) -> list[str]:
 
 
 def applied(output: str) -> list[str]:
-    return [] if "fleet-health-sweep/lab" in output and "fabric-audit/lab-ib" in output else \
-        [f"schedules apply printed no fleet-health-sweep/lab and fabric-audit/lab-ib:\n{output}"]
+    return (
+        []
+        if "fleet-health-sweep/lab" in output and "fabric-audit/lab-ib" in output
+        else [f"schedules apply printed no fleet-health-sweep/lab and fabric-audit/lab-ib:\n{output}"]
+    )
 
 
 def planned(output: str) -> list[str]:
@@ -85,8 +91,9 @@ NODES, TENANTS = "nodes", "tenants"
 EXAMPLES: dict[str, Example] = {
     "server-burn-in.json": Example(NODES, burned_in, workflow="ServerBurnIn", lab_copy=True),
     "node-maintenance.json": Example(NODES, expect(outcome="completed", uncordoned=True), workflow="NodeMaintenance"),
-    "node-remediation.json": Example(NODES, expect(outcome="healthy", uncordoned=True), workflow="NodeRemediation",
-                                     lab_copy=True),
+    "node-remediation.json": Example(
+        NODES, expect(outcome="healthy", uncordoned=True), workflow="NodeRemediation", lab_copy=True
+    ),
     "rollout.yaml": Example(NODES, planned, cli=("rollout", "plan", "{file}")),
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
@@ -95,8 +102,9 @@ EXAMPLES: dict[str, Example] = {
     "tenant-nlp.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),
     "tenant-vision.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),
     "tenant-recommender.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),
-    "tenant-nlp-quota.json": Example(TENANTS, lambda r: [] if r.get("updated") else [f"nothing updated: {r}"],
-                                     workflow="UpdateTenantQuota"),
+    "tenant-nlp-quota.json": Example(
+        TENANTS, lambda r: [] if r.get("updated") else [f"nothing updated: {r}"], workflow="UpdateTenantQuota"
+    ),
 }
 
 
@@ -111,8 +119,10 @@ class Outcome:
 
     def report(self) -> str:
         tail = "\n".join((self.stderr.strip().splitlines() or [""])[-12:])
-        return (f"`{' '.join(self.command)}` exited {self.rc} after {self.seconds:.0f}s; "
-                f"{'; '.join(self.wrong or []) or 'outcome as expected'}\n--- its last lines:\n{tail}")
+        return (
+            f"`{' '.join(self.command)}` exited {self.rc} after {self.seconds:.0f}s; "
+            f"{'; '.join(self.wrong or []) or 'outcome as expected'}\n--- its last lines:\n{tail}"
+        )
 
 
 def millwright(state: Path, *args: str) -> Outcome:
@@ -135,7 +145,7 @@ def run_example(name: str, spec: Example, state: Path) -> Outcome:
             outcome.wrong = [f"{spec.workflow} did not complete"]
             return outcome
         try:
-            result = json.loads(outcome.stdout[outcome.stdout.index("\n{") + 1:])
+            result = json.loads(outcome.stdout[outcome.stdout.index("\n{") + 1 :])
         except ValueError:
             outcome.wrong = [f"no JSON result in the output:\n{outcome.stdout[-2000:]}"]
             return outcome
@@ -198,7 +208,8 @@ def lab_outcomes(tmp_path_factory):
                     if example == "schedules.yaml" and outcomes[example].rc == 0:
                         runs = asyncio.run(trigger_schedules(info["temporal"]["address"]))
                         outcomes[example].wrong = (outcomes[example].wrong or []) + [
-                            f"schedule {sid}'s run: {how}" for sid, how in runs.items() if how != "completed"]
+                            f"schedule {sid}'s run: {how}" for sid, how in runs.items() if how != "completed"
+                        ]
 
         threads = [threading.Thread(target=lane, args=(n,)) for n in (NODES, TENANTS)]
         for t in threads:
@@ -206,10 +217,14 @@ def lab_outcomes(tmp_path_factory):
         for t in threads:
             t.join()
         netbox = json.loads((state / "lab.json").read_text())["services"]["netbox"]
-        print(f"\nexamples: lab ready in {ready_at:.0f}s (NetBox {netbox['state']}: {netbox['note']}); "
-              f"all examples done {time.monotonic() - started:.0f}s after `lab up`")
+        print(
+            f"\nexamples: lab ready in {ready_at:.0f}s (NetBox {netbox['state']}: {netbox['note']}); "
+            f"all examples done {time.monotonic() - started:.0f}s after `lab up`"
+        )
         for example, outcome in outcomes.items():
-            print(f"  {example}: {'ok' if outcome.rc == 0 and not outcome.wrong else 'FAILED'} in {outcome.seconds:.0f}s")
+            print(
+                f"  {example}: {'ok' if outcome.rc == 0 and not outcome.wrong else 'FAILED'} in {outcome.seconds:.0f}s"
+            )
         yield outcomes
     finally:
         lab.kill()
@@ -223,7 +238,9 @@ def test_every_example_is_covered():
     files = sorted(p.name for p in EXAMPLES_DIR.iterdir() if p.is_file())
     missing = [f for f in files if f not in EXAMPLES]
     assert not missing, f"examples not run by tests/test_examples.py: {missing}; add each to EXAMPLES with its check"
-    assert sorted(EXAMPLES) == files, f"EXAMPLES lists files examples/ does not have: {sorted(set(EXAMPLES) - set(files))}"
+    assert sorted(EXAMPLES) == files, (
+        f"EXAMPLES lists files examples/ does not have: {sorted(set(EXAMPLES) - set(files))}"
+    )
 
 
 @pytest.mark.timeout(1800)

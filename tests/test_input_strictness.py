@@ -177,7 +177,9 @@ def test_every_update_and_signal_argument_schema_refuses_unknown_fields():
         for arg in types:
             schema = TypeAdapter(arg).json_schema()
             loose, objects = loose_objects(schema)
-            assert objects and loose == [], f"{name}: {arg.__name__} admits unknown fields at {loose or '(not an object)'}"
+            assert objects and loose == [], (
+                f"{name}: {arg.__name__} admits unknown fields at {loose or '(not an object)'}"
+            )
 
 
 def test_url_fields_are_validated_as_urls():

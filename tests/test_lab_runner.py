@@ -28,7 +28,12 @@ def cli_env() -> dict[str, str]:
 
 def millwright(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "starter", *args], env=cli_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "starter", *args],
+        env=cli_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -150,15 +155,26 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert status.returncode == 0 and info["ui"] in status.stdout
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
         states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:10]}
-        assert states == {"temporal": "ready", "kubernetes": "ready", "bmcs": "ready", "hosts": "ready",
-                          "ufm": "ready", "webhook": "ready", "netbox": "left", "worker": "ready"}, status.stdout
+        assert states == {
+            "temporal": "ready",
+            "kubernetes": "ready",
+            "bmcs": "ready",
+            "hosts": "ready",
+            "ufm": "ready",
+            "webhook": "ready",
+            "netbox": "left",
+            "worker": "ready",
+        }, status.stdout
         assert "netbox      left out     -                              --without" in status.stdout
 
         # The webhook receiver's deliveries are listed by `lab status`.
         hook = info["webhook"]["hooks"]
         with httpx.Client(trust_env=False, timeout=5) as http:
-            http.post(hook, json={"event": "node-quarantined", "cluster": "lab", "node": "gpu-node-04"},
-                      headers={"Idempotency-Key": "k1"}).raise_for_status()
+            http.post(
+                hook,
+                json={"event": "node-quarantined", "cluster": "lab", "node": "gpu-node-04"},
+                headers={"Idempotency-Key": "k1"},
+            ).raise_for_status()
         status = millwright("lab", "status", "--state-dir", str(state))
         assert "webhook:       1 deliveries" in status.stdout
         assert "POST /hooks/ops event=node-quarantined cluster=lab node=gpu-node-04" in status.stdout
@@ -169,7 +185,9 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"BMCs (Redfish): default credentials {info['bmc']['credentials']}, CA bundle file:" in worker_log
         assert "NetBox: not configured: its activities fail with NetBoxNotConfigured" in worker_log
 
-        seeded = millwright("lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state))
+        seeded = millwright(
+            "lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state)
+        )
         assert seeded.returncode == 0, seeded
 
         down = millwright("lab", "down", "--state-dir", str(state))
@@ -202,7 +220,10 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
         assert f"millwright start ServerBurnIn --input {example_path}" in lab.output
         example = json.loads(example_path.read_text())
         node = example["server"]["name"]
-        assert example["server"]["bmc"] == {"url": bmc["servers"][node], "ca_bundle": f"file:{state.resolve()}/tls/ca.pem"}
+        assert example["server"]["bmc"] == {
+            "url": bmc["servers"][node],
+            "ca_bundle": f"file:{state.resolve()}/tls/ca.pem",
+        }
         assert bmc["servers"][node].startswith("https://127.0.0.1:")
         assert bmc["ca_bundle"] == example["server"]["bmc"]["ca_bundle"]
         assert example["server"]["kubernetes"]["take_out_of_service"] is True
@@ -223,8 +244,10 @@ def test_lab_burns_in_a_node_through_its_bmc_and_host_agent(tmp_path):
             k8s_node = http.get(f"{info['kubernetes']['url']}/api/v1/nodes/{node}").json()
             # Plain HTTP to a BMC gets nothing: neither Basic auth nor a session is answered without TLS.
             with pytest.raises(httpx.HTTPError):
-                http.post(bmc["servers"][node].replace("https:", "http:") + "/redfish/v1/SessionService/Sessions",
-                          json={"UserName": "admin", "Password": password})
+                http.post(
+                    bmc["servers"][node].replace("https:", "http:") + "/redfish/v1/SessionService/Sessions",
+                    json={"UserName": "admin", "Password": password},
+                )
         assert not k8s_node["spec"].get("unschedulable")  # back in service
         # its power reached its Kubernetes node: a new boot ID at each power-on
         assert k8s_node["status"]["nodeInfo"]["bootID"].startswith(f"{node}-boot-")
@@ -292,7 +315,7 @@ async def test_netbox_gate_says_netbox_is_starting_then_lets_it_through(tmp_path
         with pytest.raises(ApplicationError) as starting:
             await ActivityEnvironment().run(netbox.find_device, DeviceLookup(name="gpu-node-01"))
         assert starting.value.type == "NetBoxUnavailable" and not starting.value.non_retryable
-        assert f"NetBox answered 503: {{\"detail\": \"NetBox is starting in the lab ({stage})" in starting.value.message
+        assert f'NetBox answered 503: {{"detail": "NetBox is starting in the lab ({stage})' in starting.value.message
 
         async def answer(request: web.Request) -> web.Response:
             return web.json_response({"path": request.path_qs})
@@ -316,9 +339,11 @@ def test_netbox_migration_progress_counts_applied_migrations_out_of_the_plan(tmp
 
     netbox = tmp_path / "venv" / "bin" / "netbox"
     netbox.parent.mkdir(parents=True)
-    netbox.write_text("#!/bin/sh\n"
-                      'if [ "$1" = showmigrations ]; then printf "[ ]  a.0001\\n[ ]  a.0002\\n[ ]  b.0001\\n"; exit 0; fi\n'
-                      'for m in a.0001 a.0002 b.0001; do printf "  Applying $m..."; sleep 0.3; echo " OK"; done\n')
+    netbox.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = showmigrations ]; then printf "[ ]  a.0001\\n[ ]  a.0002\\n[ ]  b.0001\\n"; exit 0; fi\n'
+        'for m in a.0001 a.0002 b.0001; do printf "  Applying $m..."; sleep 0.3; echo " OK"; done\n'
+    )
     netbox.chmod(0o755)
     stages: list[str] = []
     lab = NetBoxLab(tmp_path / "netbox", on_stage=stages.append)

@@ -15,15 +15,14 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from workflows.common import priorities
-from workflows.budget.leases import budget_workflow_id
-from workflows.rollout.rollout import Rollout
-
 from tests.conftest import temporal_binary
 from tests.kube_helpers import fleet_objects, wait_for
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from tests.maintenance.test_node_maintenance import maintenance
 from tests.maintenance.test_node_maintenance import start as start_maintenance
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from workflows.budget.leases import budget_workflow_id
+from workflows.common import priorities
+from workflows.rollout.rollout import Rollout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,8 +129,10 @@ async def test_a_backlog_dispatches_remediation_first_and_each_cluster_s_rollout
     one_partition = ["--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
                      "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]  # fmt: skip
     async with await WorkflowEnvironment.start_local(
-            dev_server_existing_path=temporal_binary(), ui=False,
-            dev_server_extra_args=["--dynamic-config-value", priorities.FAIRNESS_DYNAMIC_CONFIG, *one_partition]) as env:
+        dev_server_existing_path=temporal_binary(),
+        ui=False,
+        dev_server_extra_args=["--dynamic-config-value", priorities.FAIRNESS_DYNAMIC_CONFIG, *one_partition],
+    ) as env:
         ORDER.clear()
         async with Worker(env.client, task_queue="backlog", workflows=[PriorityBacklog]):
             handle = await env.client.start_workflow(PriorityBacklog.run, "probes", id="backlog", task_queue="backlog")

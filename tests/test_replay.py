@@ -27,7 +27,6 @@ def test_histories_are_committed():
 async def test_replay(path: Path):
     record = json.loads(path.read_text())
     history = WorkflowHistory.from_json(record["workflowId"], json.dumps(record["history"]))
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter,
-                        workflow_runner=workflow_runner())
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=workflow_runner())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"

@@ -16,8 +16,8 @@ import pytest
 from temporalio import workflow
 
 from worker.registry import SANDBOX_PASSTHROUGH
-from workflows.catalog import WORKFLOWS
 from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.catalog import WORKFLOWS
 from workflows.maintenance.node_maintenance import NodeMaintenance
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.rollout import Rollout, RolloutBatch
@@ -29,8 +29,11 @@ FLEET_RUNS = [NodeUpdate, RolloutBatch, NodeMaintenance, Rollout, DisruptionBudg
 
 def _modules() -> dict[str, Path]:
     """Every module under workflows/, its family packages' modules included (package ``__init__``s are empty)."""
-    return {".".join(p.relative_to(WORKFLOWS_DIR.parent).with_suffix("").parts): p
-            for p in sorted(WORKFLOWS_DIR.rglob("*.py")) if p.stem != "__init__"}
+    return {
+        ".".join(p.relative_to(WORKFLOWS_DIR.parent).with_suffix("").parts): p
+        for p in sorted(WORKFLOWS_DIR.rglob("*.py"))
+        if p.stem != "__init__"
+    }
 
 
 def _defines_workflow(module: str) -> bool:

@@ -59,7 +59,10 @@ async def ironic_node(url: str, **tls):
 
 
 async def test_prometheus_and_ironic_fail_at_once_on_an_untrusted_certificate(https_server):
-    for call, setting in ((query(https_server), "MILLWRIGHT_PROMETHEUS"), (ironic_node(https_server), "MILLWRIGHT_IRONIC")):
+    for call, setting in (
+        (query(https_server), "MILLWRIGHT_PROMETHEUS"),
+        (ironic_node(https_server), "MILLWRIGHT_IRONIC"),
+    ):
         with pytest.raises(ApplicationError) as err:
             await call
         assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
@@ -83,8 +86,11 @@ def test_ca_bundle_references(tmp_path, lab_ca):
     assert Trust.resolve(fix, ca_bundle=lab_ca.reference).for_requests() == str(lab_ca.ca_file)
     assert Trust.resolve(fix, verify=False, ca_bundle="file:/missing").for_requests() is False  # off: not read
     assert Trust.resolve(fix).for_httpx() is True
-    for bad, says in (("/etc/ssl/ca.pem", "file:/path/to/ca.pem"), ("env:CA", "file:/path/to/ca.pem"),
-                      (f"file:{tmp_path}/none.pem", "cannot read")):
+    for bad, says in (
+        ("/etc/ssl/ca.pem", "file:/path/to/ca.pem"),
+        ("env:CA", "file:/path/to/ca.pem"),
+        (f"file:{tmp_path}/none.pem", "cannot read"),
+    ):
         with pytest.raises(ApplicationError, match=says) as err:
             Trust.resolve(fix, ca_bundle=bad, setting="X_CA_BUNDLE")
         assert err.value.type == "TlsNotConfigured" and err.value.non_retryable and "X_CA_BUNDLE" in str(err.value)

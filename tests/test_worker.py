@@ -117,7 +117,9 @@ async def test_sigterm_shuts_down_gracefully_with_exit_0(worker_process):
 
 
 def run_worker(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "worker"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "worker"], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+    )
 
 
 async def test_unreachable_server_is_one_clear_line(tmp_path):

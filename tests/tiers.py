@@ -12,8 +12,17 @@ from collections.abc import Callable
 import pytest
 
 
-def leave_out_unavailable(config, items, *, here: str, fixture: str, check: Callable[[], None],
-                          unavailable: type[Exception], timeout: float, notes: list[str]) -> None:
+def leave_out_unavailable(
+    config,
+    items,
+    *,
+    here: str,
+    fixture: str,
+    check: Callable[[], None],
+    unavailable: type[Exception],
+    timeout: float,
+    notes: list[str],
+) -> None:
     """For pytest_collection_modifyitems: the tier's tests (those under `here` using `fixture`) get
     `timeout`; when `check()` raises `unavailable` (and CI is not set) they are deselected and the
     reason goes to `notes` for the terminal summary."""

@@ -35,8 +35,9 @@ def worker_env(tmp: Path, address: str, kubeconfig: Path, **extra: str) -> dict[
 def spawn_worker(env: dict[str, str], log: Path, args: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start a worker appending to `log` (restarts of the same worker share one log); `args` e.g. ("--host-agent",)."""
     with open(log, "ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "worker", *args], env=env, cwd=REPO, stdout=fh,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", *args], env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT
+        )
 
 
 def stop_worker(proc: subprocess.Popen) -> None:
@@ -45,8 +46,14 @@ def stop_worker(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-async def wait_polling(client, task_queue: str, proc: subprocess.Popen, log: Path, timeout: float = 20,
-                       queue_type: int = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW) -> None:
+async def wait_polling(
+    client,
+    task_queue: str,
+    proc: subprocess.Popen,
+    log: Path,
+    timeout: float = 20,
+    queue_type: int = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+) -> None:
     """Wait until a worker polls the task queue (activity-only workers: TASK_QUEUE_TYPE_ACTIVITY); fail with the
     worker's log if it died."""
     request = DescribeTaskQueueRequest(

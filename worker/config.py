@@ -20,7 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.models import BaseUrl, Host
 
-_CA_BUNDLE = "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
+_CA_BUNDLE = (
+    "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
+)
 _VERIFY_TLS = "false: accept any certificate from {what} (the connection is then not authenticated)"
 
 
@@ -52,28 +54,33 @@ class WorkerSettings(BaseSettings):
         None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
     )
     ufm_client_cert: str | None = Field(
-        None, description="Secret reference to a PEM client certificate UFM authenticates (mutual TLS): file:/path "
-                          "or env:NAME holding the PEM; with MILLWRIGHT_UFM_CLIENT_KEY",
+        None,
+        description="Secret reference to a PEM client certificate UFM authenticates (mutual TLS): file:/path "
+        "or env:NAME holding the PEM; with MILLWRIGHT_UFM_CLIENT_KEY",
     )
     ufm_client_key: str | None = Field(None, description="Secret reference to the client certificate's PEM key")
     ufm_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="UFM's"))
     ufm_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="UFM"))
-    ironic_url: BaseUrl | None = Field(None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385")
+    ironic_url: BaseUrl | None = Field(
+        None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385"
+    )
     ironic_token: str | None = Field(
         None, description="Secret reference to a Keystone token for Ironic: env:NAME or file:/path (none: noauth)"
     )
     ironic_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Ironic's"))
     ironic_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Ironic"))
     prometheus_url: BaseUrl | None = Field(
-        None, description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
-                          "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
+        None,
+        description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
+        "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
     )
     prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
     prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
 
     bmc_credentials: str | None = Field(
-        None, description="Secret reference to BMCs' default user:password (env:NAME or file:/path); a server's own "
-                          "reference (e.g. from NetBox) takes precedence",
+        None,
+        description="Secret reference to BMCs' default user:password (env:NAME or file:/path); a server's own "
+        "reference (e.g. from NetBox) takes precedence",
     )
     bmc_ca_bundle: str | None = Field(
         None, description=_CA_BUNDLE.format(what="BMCs'") + "; a server's own BmcRef.ca_bundle takes precedence"

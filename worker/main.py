@@ -148,15 +148,21 @@ def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
                     f"MILLWRIGHT_{env}_{what.upper()})")  # fmt: skip
         return f"{url} ({what} {secret or 'none'}, {trust(env.lower())})"
 
-    bmc_default = f"default credentials {settings.bmc_credentials}" if settings.bmc_credentials else \
-        "no default credentials (each server names its own)"
+    bmc_default = (
+        f"default credentials {settings.bmc_credentials}"
+        if settings.bmc_credentials
+        else "no default credentials (each server names its own)"
+    )
     return [
         ("NetBox", service("NetBox", "NETBOX", settings.netbox_url, settings.netbox_token, "token")),
         ("UFM", service("Ufm", "UFM", settings.ufm_url, settings.ufm_credentials, "credentials")),
         ("Ironic", service("Ironic", "IRONIC", settings.ironic_url, settings.ironic_token or "none: noauth", "token")),
         ("BMCs (Redfish)", f"{bmc_default}, {trust('bmc')}"),
-        ("Prometheus", f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
-                       f"a gate's URL with its query, {trust('prometheus')}"),
+        (
+            "Prometheus",
+            f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
+            f"a gate's URL with its query, {trust('prometheus')}",
+        ),
     ]
 
 

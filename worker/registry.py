@@ -60,7 +60,9 @@ def workflow_runner() -> Any:
     """The sandbox every Millwright worker and replayer runs workflows in."""
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*SANDBOX_PASSTHROUGH))
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SANDBOX_PASSTHROUGH)
+    )
 
 
 def new_worker(client: Any, registration: Registration, task_queue: str, **options: Any) -> Any:
@@ -98,18 +100,27 @@ def build(settings: WorkerSettings) -> Registration:
     netbox = NetBoxActivities(settings.netbox_config())
     # A gate's server URL comes with its query; GPU faults come from MILLWRIGHT_PROMETHEUS_URL (none: not used).
     # What a certificate is verified against is the worker's.
-    prometheus = PrometheusActivities(url=settings.prometheus_url, ca_bundle=settings.ca_bundle("prometheus"),
-                                      verify_tls=settings.prometheus_verify_tls)
+    prometheus = PrometheusActivities(
+        url=settings.prometheus_url,
+        ca_bundle=settings.ca_bundle("prometheus"),
+        verify_tls=settings.prometheus_verify_tls,
+    )
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
-    redfish = RedfishActivities(settings.bmc_credentials_ref(), ca_bundle=settings.ca_bundle("bmc"),
-                                verify_tls=settings.bmc_verify_tls)
+    redfish = RedfishActivities(
+        settings.bmc_credentials_ref(), ca_bundle=settings.ca_bundle("bmc"), verify_tls=settings.bmc_verify_tls
+    )
     return Registration(
         workflows=list(WORKFLOWS),
-        activities=list(KubeActivities(connector).activities()) + netbox.activities() + prometheus.activities()
-        + ufm.activities() + ClusterApiActivities(connector).activities() + redfish.activities()
+        activities=list(KubeActivities(connector).activities())
+        + netbox.activities()
+        + prometheus.activities()
+        + ufm.activities()
+        + ClusterApiActivities(connector).activities()
+        + redfish.activities()
         + ironic.activities()
-        + NodeHealthActivities(connector).activities() + NotifyActivities().activities()
+        + NodeHealthActivities(connector).activities()
+        + NotifyActivities().activities()
         + EntityActivities().activities(),
         resources=[connector, netbox, prometheus, ufm, redfish, ironic],
     )
@@ -122,8 +133,8 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     import shlex
 
     from activities.gpu.activities import HostAgentActivities
-    from activities.gpu.nvml import NvmlProbe
     from activities.gpu.models import host_task_queue
+    from activities.gpu.nvml import NvmlProbe
 
     if probe is None:
         command = settings.gpu_stress_command if settings else None
@@ -131,6 +142,10 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     agent = HostAgentActivities(probe, host_name)
     # One poller: a host runs a handful of activities at a time, and thousands of agents with the SDK's default
     # of five pollers each would exhaust a namespace's poller limit (1,200 on a default self-hosted server).
-    return Registration(workflows=[], activities=agent.activities(), resources=[agent],
-                        task_queue=host_task_queue(host_name),
-                        worker_options={"max_concurrent_activity_task_polls": 1})
+    return Registration(
+        workflows=[],
+        activities=agent.activities(),
+        resources=[agent],
+        task_queue=host_task_queue(host_name),
+        worker_options={"max_concurrent_activity_task_polls": 1},
+    )

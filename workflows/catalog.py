@@ -5,19 +5,19 @@ workflow imports it. Each workflow module is imported only here and by the workf
 sandbox imports a run's own module (and what that module imports) for each new run, never all of them.
 """
 
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.burnin.fleet_burnin import FleetBurnIn
 from workflows.burnin.server_burnin import ServerBurnIn
 from workflows.clusters.clusters import CreateCluster, DeleteCluster
-from workflows.budget.disruption_budget import DisruptionBudget
-from workflows.fabric.fabric import Fabric
 from workflows.fabric.audit import FabricAudit
-from workflows.fabric.release import ReleaseTenant
+from workflows.fabric.fabric import Fabric
 from workflows.fabric.isolation import IsolateTenant
-from workflows.burnin.fleet_burnin import FleetBurnIn
+from workflows.fabric.release import ReleaseTenant
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
-from workflows.rollout.node_update import NodeUpdate
-from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.rollout import Rollout, RolloutBatch
 from workflows.tenancy.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
 

@@ -113,8 +113,9 @@ class LoadWindow:
         unfinished = not load.finished() and self.req.dcgm_level is not None and (load.tool or "").startswith("dcgmi")
         dcgm = await load.stop()
         if dcgm is not None and unfinished and not dcgm.error:
-            dcgm = dcgm.model_copy(update={"passed": False,
-                                           "error": f"did not finish within the {self.req.seconds:g} s window"})
+            dcgm = dcgm.model_copy(
+                update={"passed": False, "error": f"did not finish within the {self.req.seconds:g} s window"}
+            )
         return StressResult(
             seconds=self.req.seconds, elapsed=round(time.monotonic() - started, 3), tool=load.tool,
             dcgm_level=self.req.dcgm_level, xids=self.xids, gpus=[self.stats[i] for i in sorted(self.stats)],

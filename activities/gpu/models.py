@@ -164,8 +164,13 @@ class GpuVerdict(StrictModel):
         if not self.findings:
             return "pass"
         head = "pass" if self.passed else "fail"
-        return head + ": " + "; ".join(
-            f"{'GPU ' + str(f.gpu) + ' ' if f.gpu is not None else ''}{f.check}: {f.evidence}" for f in self.findings
+        return (
+            head
+            + ": "
+            + "; ".join(
+                f"{'GPU ' + str(f.gpu) + ' ' if f.gpu is not None else ''}{f.check}: {f.evidence}"
+                for f in self.findings
+            )
         )
 
 

@@ -187,8 +187,12 @@ class NvmlProbe:
             gpu.unsupported.append("nvlink")
             return
         gpu.nvlink_links, gpu.nvlink_down = links, down
-        ids = [nv.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, nv.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-               nv.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, nv.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL]
+        ids = [
+            nv.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+            nv.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+            nv.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+            nv.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        ]
         values = r.get("nvlink_errors", nv.nvmlDeviceGetFieldValues, h, ids)
         if values is not None:
             got = [int(v.value.ullVal) if v.nvmlReturn == nv.NVML_SUCCESS else None for v in values]
@@ -222,8 +226,10 @@ class NvmlProbe:
         for name in ("dcgmproftester12", "dcgmproftester11"):
             if path := shutil.which(name):
                 return [path, "--no-dcgm-validation", "-t", "1004", "-d", secs], f"{name} -t 1004 -d {secs}"
-        notes.append("no load tool found (dcgmi, MILLWRIGHT_GPU_STRESS_COMMAND, gpu_burn, dcgmproftester): "
-                     "GPUs were only sampled")
+        notes.append(
+            "no load tool found (dcgmi, MILLWRIGHT_GPU_STRESS_COMMAND, gpu_burn, dcgmproftester): "
+            "GPUs were only sampled"
+        )
         return None, None
 
     async def start_load(self, seconds: float, dcgm_level: int | None) -> GpuLoad:

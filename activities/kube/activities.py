@@ -23,16 +23,16 @@ from kubernetes.aio import client as k8s
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import node_marks as marks
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
-from activities.kube import node_marks as marks
 from activities.kube.models import (
     BEAT_SECONDS,
-    ROLLOUT_ANNOTATION,
     CORDON_REASON,
     CORDONED_BY,
     NON_INTERRUPTIBLE_RUNNING,
     PACKAGES_ANNOTATION,
+    ROLLOUT_ANNOTATION,
     ConditionGate,
     CordonRequest,
     DrainPlanRequest,
@@ -120,8 +120,11 @@ class KubeActivities(RolloutNodeActivities):
         if req.cordon and await self._non_interruptible_running(req):
             node = await self._read_node(req.cluster, req.node)
             record = rollout_record(node)  # in progress by this rollout, no stage yet: an earlier try of this start
-            placed_here = record.get("rollout") == req.rollout and record.get("state") == "in_progress" \
+            placed_here = (
+                record.get("rollout") == req.rollout
+                and record.get("state") == "in_progress"
                 and not record.get("stage")
+            )
             return await self._blocked(req, node, uncordon=placed_here)
         node = await self._read_node(req.cluster, req.node)
         if not req.cordon:
@@ -149,8 +152,9 @@ class KubeActivities(RolloutNodeActivities):
         patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
                               "annotations": {marks.AUTO_TAINT_ANNOTATION: req.rollout}},
                  "spec": {"taints": marks.taints_with_runtime_required(node)}}  # fmt: skip
-        await self._patch_node(req.cluster, req.node, patch, f"tainting new node {req.node} runtime-required",
-                               marks.has_runtime_taint)
+        await self._patch_node(
+            req.cluster, req.node, patch, f"tainting new node {req.node} runtime-required", marks.has_runtime_taint
+        )
         activity.logger.info("tainted new node %s runtime-required for %s", req.node, req.rollout)
 
     async def _non_interruptible_running(self, req: NodeUpdateStart) -> bool:
@@ -221,13 +225,25 @@ class KubeActivities(RolloutNodeActivities):
                     activity.heartbeat({**at, **done})
                     sent[:] = [where, time.monotonic()]
 
-            uid = await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
-                                                    state="in_progress", package=stage.package, stage=stage.stage))
+            uid = await self._mark(
+                NodeRolloutState(
+                    cluster=req.cluster,
+                    node=req.node,
+                    rollout=req.rollout,
+                    state="in_progress",
+                    package=stage.package,
+                    stage=stage.stage,
+                )
+            )
             what = f"{stage.package} {stage.version} {stage.stage}"
             core = await self._clusters.core(req.cluster)
             reason = marks.stage_reason(stage.stage)
-            await marks.record_event(core, marks.event_body(req.node, uid, reason, f"{what} started (rollout "
-                                                            f"{req.rollout})", key=(stage.package, stage.stage)))
+            await marks.record_event(
+                core,
+                marks.event_body(
+                    req.node, uid, reason, f"{what} started (rollout {req.rollout})", key=(stage.package, stage.stage)
+                ),
+            )
             record = await self._stage_tries(req, stage, resumed, beat)
             if record.succeeded and is_reboot(stage):
                 record, rebooted = await self._rebooted(req, record, resumed, beat, boot_id)
@@ -248,8 +264,11 @@ class KubeActivities(RolloutNodeActivities):
 
     @staticmethod
     def _stages_done(result: NodeStagesResult, boot_id: str) -> dict[str, Any]:
-        return {"done": [r.model_dump() for r in result.stages], "reboot_seconds": result.reboot_seconds,
-                "boot_id": boot_id}
+        return {
+            "done": [r.model_dump() for r in result.stages],
+            "reboot_seconds": result.reboot_seconds,
+            "boot_id": boot_id,
+        }
 
     async def _mark(self, state: NodeRolloutState) -> str:
         """Record `state` on the node in one write, unread (a stage's start: the same record written again on a
@@ -284,8 +303,13 @@ class KubeActivities(RolloutNodeActivities):
         """The reboot Job's verdict confirmed: the node back with a boot ID other than `boot_id` and Ready (the new
         one returned), or the stage failed."""
         deadline = float(resumed.get("reboot_deadline") or time.time() + req.reboot_timeout_seconds)
-        wait = RebootWait(cluster=req.cluster, node=req.node, previous_boot_id=boot_id,
-                          timeout_seconds=req.reboot_timeout_seconds, poll_seconds=req.reboot_poll_seconds)
+        wait = RebootWait(
+            cluster=req.cluster,
+            node=req.node,
+            previous_boot_id=boot_id,
+            timeout_seconds=req.reboot_timeout_seconds,
+            poll_seconds=req.reboot_poll_seconds,
+        )
         try:
             rebooted = await self._wait_rebooted(wait, deadline, lambda d: beat({"reboot_deadline": deadline,
                                                                                  "reboot": d}))  # fmt: skip
@@ -368,8 +392,11 @@ class KubeActivities(RolloutNodeActivities):
                 conds = {c.get("type"): c for c in (n.get("status") or {}).get("conditions") or []}
                 for ctype in wanted:
                     c = conds.get(ctype)
-                    bad = (c is None or c.get("status") != "True") if ctype == "Ready" else \
-                        (c is not None and c.get("status") == "True")
+                    bad = (
+                        (c is None or c.get("status") != "True")
+                        if ctype == "Ready"
+                        else (c is not None and c.get("status") == "True")
+                    )
                     if not bad:
                         continue
                     if len(violations) >= _VIOLATIONS_MAX:

@@ -136,12 +136,14 @@ class ClusterConnector:
         context, namespace, name = ref["context"], ref["namespace"], ref["name"]
         secret = await api_read(
             f"reading the kubeconfig of cluster {cluster}",
-            (await self.core(context)).read_namespaced_secret(f"{name}-kubeconfig", namespace,
-                                                              _request_timeout=REQUEST_TIMEOUT),
+            (await self.core(context)).read_namespaced_secret(
+                f"{name}-kubeconfig", namespace, _request_timeout=REQUEST_TIMEOUT
+            ),
         )
         if secret is None or "value" not in (secret.data or {}):
-            raise ApplicationError(f"cluster {cluster}: no kubeconfig Secret {namespace}/{name}-kubeconfig yet",
-                                   type="KubeconfigNotFound")
+            raise ApplicationError(
+                f"cluster {cluster}: no kubeconfig Secret {namespace}/{name}-kubeconfig yet", type="KubeconfigNotFound"
+            )
         stamp = f"{secret.metadata.uid}/{secret.metadata.resource_version}"
         async with self._lock:
             cached = self._workload.get(cluster)
@@ -154,8 +156,11 @@ class ClusterConnector:
             await k8s_config.load_kube_config_from_dict(doc, client_configuration=configuration)
             configuration.retries = None
             where = f"the kubeconfig Secret {namespace}/{name}-kubeconfig on {context}"
-            api = ClusterApiClient(configuration, cluster, TlsFix(
-                ca=f"certificate-authority-data in {where}", off=f"insecure-skip-tls-verify: true in {where}"))
+            api = ClusterApiClient(
+                configuration,
+                cluster,
+                TlsFix(ca=f"certificate-authority-data in {where}", off=f"insecure-skip-tls-verify: true in {where}"),
+            )
             self._workload[cluster] = (stamp, api)
             return api
 

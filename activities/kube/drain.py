@@ -69,5 +69,8 @@ def eviction_unsettled(err: ApiException, pod_ref: PodRef) -> ApplicationError |
     status = status_of(err)
     details = status.get("details") or {}
     budget = details.get("name") if details.get("kind") == "poddisruptionbudgets" else None
-    return EvictOutcome(status="blocked", budget=f"{pod_ref.namespace}/{budget}" if budget else None,
-                        message=f"409 Conflict: {status.get('message') or err.reason}; the pod is still running")
+    return EvictOutcome(
+        status="blocked",
+        budget=f"{pod_ref.namespace}/{budget}" if budget else None,
+        message=f"409 Conflict: {status.get('message') or err.reason}; the pod is still running",
+    )

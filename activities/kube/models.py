@@ -135,9 +135,14 @@ class EvictRequest(StrictModel):
     cluster: str
     pod: PodRef
     grace_period_seconds: int | None = None
-    node: str = Field("", description="The node drained: its DrainBlocked condition True while the eviction is refused.")
-    was_blocked: bool = Field(False, description="An earlier eviction of the pod was refused: once this one is "
-                                                 "accepted, DrainBlocked goes False if it still names the pod.")
+    node: str = Field(
+        "", description="The node drained: its DrainBlocked condition True while the eviction is refused."
+    )
+    was_blocked: bool = Field(
+        False,
+        description="An earlier eviction of the pod was refused: once this one is "
+        "accepted, DrainBlocked goes False if it still names the pod.",
+    )
 
 
 class EvictOutcome(StrictModel):
@@ -174,7 +179,9 @@ class NodeSummary(StrictModel):
     labels: dict[str, str]
     unschedulable: bool
     ready: bool
-    created: str | None = Field(None, description="metadata.creationTimestamp (RFC 3339, UTC): a rollout's stable order.")
+    created: str | None = Field(
+        None, description="metadata.creationTimestamp (RFC 3339, UTC): a rollout's stable order."
+    )
 
 
 class NodePage(StrictModel):
@@ -263,7 +270,9 @@ class NodeUpdateStart(StrictModel):
     cluster: str
     node: str
     rollout: str = Field(description="The rollout's workflow ID: owner of the cordon, named in the node's state.")
-    cordon: bool = Field(description="Take the node out of service first (an interrupt is due): cordon, plan the drain.")
+    cordon: bool = Field(
+        description="Take the node out of service first (an interrupt is due): cordon, plan the drain."
+    )
     non_interrupt_selector: str | None = Field(
         None, description="Pods that must finish before the node is cordoned; while one runs, the node is blocked."
     )
@@ -271,8 +280,11 @@ class NodeUpdateStart(StrictModel):
     packages: dict[str, str] = Field(default_factory=dict, description="Package -> version the rollout installs: "
                                      "a node with a later version installed is refused, untouched.")  # fmt: skip
     allow_downgrade: bool = Field(False, description="Install `packages` over later versions.")
-    auto_taint: bool = Field(False, description="Give a new node (no Millwright annotation) the runtime-required "
-                                                "taint first, so it takes no work until its packages are complete.")
+    auto_taint: bool = Field(
+        False,
+        description="Give a new node (no Millwright annotation) the runtime-required "
+        "taint first, so it takes no work until its packages are complete.",
+    )
 
     _selector = field_validator("non_interrupt_selector")(validate_label_selector)
 

@@ -6,8 +6,8 @@ maps them."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -16,10 +16,10 @@ from kubernetes.aio.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.kube import node_marks as marks
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.drain import controller_of, eviction_refused, eviction_unsettled, pod_finished, pod_ref_of
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, next_poll
-from activities.kube import node_marks as marks
 from activities.kube.models import (
     CORDON_REASON,
     CORDONED_BY,
@@ -75,7 +75,9 @@ class NodeActivities:
         """
         return await self._cordon(req, await self._read_node(req.cluster, req.node))
 
-    async def _cordon(self, req: CordonRequest, node: k8s.V1Node, state: NodeRolloutState | None = None) -> CordonResult:
+    async def _cordon(
+        self, req: CordonRequest, node: k8s.V1Node, state: NodeRolloutState | None = None
+    ) -> CordonResult:
         """Cordon `node` as read, recording `state` on it in the same write (or alone, when it is cordoned already)."""
         holder = (node.metadata.annotations or {}).get(CORDONED_BY)
         if node.spec.unschedulable:
@@ -86,8 +88,10 @@ class NodeActivities:
             return CordonResult(owned=False, holder=holder or "unknown")
         # resourceVersion makes the patch conditional: if the node changed since we
         # read it (someone cordoned it meanwhile), the 409 sends us round again.
-        metadata: dict[str, Any] = {"resourceVersion": node.metadata.resource_version,
-                                    "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]}}
+        metadata: dict[str, Any] = {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {CORDONED_BY: req.owner, CORDON_REASON: req.reason[:1024]},
+        }
         change = state_change(node, state) if state is not None else None
         if change is not None:
             metadata["labels"] = change.labels
@@ -112,8 +116,11 @@ class NodeActivities:
     async def _state_event(self, node: k8s.V1Node, state: NodeRolloutState, *done: str) -> None:
         """The Event of a node's state change (NodeWright's reason `State`), with what the same write did."""
         where = f" at {state.package} {state.stage}" if state.stage else ""
-        message = f"{state.state}{where} (rollout {state.rollout})" + "".join(f"; {d}" for d in done) + \
-            (f": {state.reason}" if state.reason else "")
+        message = (
+            f"{state.state}{where} (rollout {state.rollout})"
+            + "".join(f"; {d}" for d in done)
+            + (f": {state.reason}" if state.reason else "")
+        )
         await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
             state.node, node.metadata.uid or "", "State", message, warning=state.state in ("erroring", "blocked"),
             key=(state.state, state.stage, state.package)))  # fmt: skip
@@ -130,7 +137,9 @@ class NodeActivities:
         holder = annotations.get(CORDONED_BY)
         if holder != req.owner:
             if node.spec.unschedulable:
-                return UncordonResult(uncordoned=False, note=f"cordon held by {holder or 'someone else'}; left in place")
+                return UncordonResult(
+                    uncordoned=False, note=f"cordon held by {holder or 'someone else'}; left in place"
+                )
             details = activity.info().heartbeat_details
             if details and details[0] == {"uncordon_sent": req.owner} and holder is None:
                 return UncordonResult(uncordoned=True, note="cordon removed (the answer was lost; read back)")
@@ -143,21 +152,30 @@ class NodeActivities:
             "spec": {"unschedulable": False},
         }
         activity.heartbeat({"uncordon_sent": req.owner})
-        await self._patch_node(req.cluster, req.node, patch, f"uncordoning node {req.node}",
-                               lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None)
+        await self._patch_node(
+            req.cluster,
+            req.node,
+            patch,
+            f"uncordoning node {req.node}",
+            lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None,
+        )
         activity.logger.info("uncordoned node %s for %s", req.node, req.owner)
         return UncordonResult(uncordoned=True, note="cordon removed")
 
-    async def _patch_node(self, cluster: str, node: str, patch: dict[str, Any], doing: str,
-                          shows: Callable[[k8s.V1Node], bool]) -> None:
+    async def _patch_node(
+        self, cluster: str, node: str, patch: dict[str, Any], doing: str, shows: Callable[[k8s.V1Node], bool]
+    ) -> None:
         """Patch a node and check the answer (the node as stored after the write) shows the change: a
         write is done only when the API server's own copy says so. An answer that does not (a lost
         write, a webhook that undid it) is a retryable error, and the retry reads the node first."""
         core = await self._clusters.core(cluster)
         stored = await api_call(doing, core.patch_node(node, patch, _request_timeout=REQUEST_TIMEOUT))
         if not isinstance(stored, k8s.V1Node) or stored.metadata is None or not shows(stored):
-            raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show "
-                                   "the change; reading it again", type="KubernetesUnavailable")
+            raise ApplicationError(
+                f"{doing}: the API server answered, but the node it returned does not show "
+                "the change; reading it again",
+                type="KubernetesUnavailable",
+            )
 
     async def _pods_on_node(self, cluster: str, node: str, label_selector: str | None) -> list[k8s.V1Pod]:
         core = await self._clusters.core(cluster)
@@ -237,7 +255,9 @@ class NodeActivities:
             plan.evict.append(ref)
         if errors:
             detail = "; ".join(f"cannot delete {what}: {', '.join(names)}" for what, names in errors.items())
-            raise ApplicationError(f"drain of node {req.node} blocked: {detail}", type="DrainBlocked", non_retryable=True)
+            raise ApplicationError(
+                f"drain of node {req.node} blocked: {detail}", type="DrainBlocked", non_retryable=True
+            )
         return plan
 
     @staticmethod
@@ -309,8 +329,10 @@ class NodeActivities:
                 return refused
             unsettled: ApplicationError | EvictOutcome = eviction_unsettled(err, pod_ref)
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            unsettled = ApplicationError(f"{doing}: connection failed, the eviction may or may not have happened: "
-                                         f"{err!r}", type="KubernetesUnavailable")
+            unsettled = ApplicationError(
+                f"{doing}: connection failed, the eviction may or may not have happened: {err!r}",
+                type="KubernetesUnavailable",
+            )
         else:
             activity.logger.info("evicted pod %s", pod_ref)
             return EvictOutcome(status="evicted")
@@ -340,8 +362,11 @@ class NodeActivities:
                 if pod is not None and pod.metadata.uid == pod_ref.uid:
                     still.append(pod_ref)
                     due = pod.metadata.deletion_timestamp
-                    if stuck is None and due is not None and \
-                            (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds:
+                    if (
+                        stuck is None
+                        and due is not None
+                        and (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds
+                    ):
                         stuck = pod_ref
             remaining = still
             activity.heartbeat(len(remaining))
@@ -351,15 +376,24 @@ class NodeActivities:
                 return len(req.pods)
             if req.node and stuck is not None and not stuck_shown:
                 stuck_shown = True
-                await self._set_drain_blocked(req.cluster, req.node, True, "PodNotTerminating",
-                                              f"{stuck} outlived its termination grace period", event=True)
+                await self._set_drain_blocked(
+                    req.cluster,
+                    req.node,
+                    True,
+                    "PodNotTerminating",
+                    f"{stuck} outlived its termination grace period",
+                    event=True,
+                )
             await asyncio.sleep(poll)
             poll = next_poll(poll, req.poll_interval_seconds)
 
     async def _show_drain_blocked(self, req: EvictRequest, outcome: EvictOutcome) -> None:
         if outcome.status == "blocked":
-            why = f"eviction of {req.pod} refused" + (f" by PodDisruptionBudget {outcome.budget}" if outcome.budget
-                                                        else "") + (f": {outcome.message}" if outcome.message else "")
+            why = (
+                f"eviction of {req.pod} refused"
+                + (f" by PodDisruptionBudget {outcome.budget}" if outcome.budget else "")
+                + (f": {outcome.message}" if outcome.message else "")
+            )
             await self._set_drain_blocked(req.cluster, req.node, True, "PodDisruptionBudget" if outcome.budget
                                           else "EvictionRefused", why, event=True)  # fmt: skip
         else:
@@ -380,8 +414,10 @@ class NodeActivities:
             return
         core = await self._clusters.core(cluster)
         patch = marks.drain_blocked_patch(blocked, reason, message, previous)
-        await api_call(f"recording DrainBlocked on node {node}",
-                    core.patch_node_status(node, patch, _request_timeout=REQUEST_TIMEOUT))
+        await api_call(
+            f"recording DrainBlocked on node {node}",
+            core.patch_node_status(node, patch, _request_timeout=REQUEST_TIMEOUT),
+        )
         if event and (previous is None or previous.status != "True"):
             await marks.record_event(core, marks.event_body(node, found.metadata.uid or "", marks.DRAIN_BLOCKED, message,
                                                             warning=True, key=(message,)))  # fmt: skip

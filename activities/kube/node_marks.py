@@ -120,5 +120,8 @@ def taints_with_runtime_required(node: k8s.V1Node) -> list[dict[str, Any]]:
 
 
 def taints_without_runtime_required(node: k8s.V1Node) -> list[dict[str, Any]]:
-    return [_taint_dict(t) for t in node.spec.taints or []
-            if not (t.key == RUNTIME_REQUIRED_TAINT["key"] and t.effect == RUNTIME_REQUIRED_TAINT["effect"])]
+    return [
+        _taint_dict(t)
+        for t in node.spec.taints or []
+        if not (t.key == RUNTIME_REQUIRED_TAINT["key"] and t.effect == RUNTIME_REQUIRED_TAINT["effect"])
+    ]

@@ -131,29 +131,39 @@ class RolloutNodeActivities(NodeActivities):
             return
         packages[req.package] = req.version
         value = json.dumps(dict(sorted(packages.items())), separators=(",", ":"))
-        patch = {"metadata": {"resourceVersion": node.metadata.resource_version,
-                              "annotations": {PACKAGES_ANNOTATION: value}}}
-        await self._patch_node(req.cluster, req.node, patch,
-                               f"recording package {req.package} {req.version} on node {req.node}",
-                               lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value)
+        patch = {
+            "metadata": {"resourceVersion": node.metadata.resource_version, "annotations": {PACKAGES_ANNOTATION: value}}
+        }
+        await self._patch_node(
+            req.cluster,
+            req.node,
+            patch,
+            f"recording package {req.package} {req.version} on node {req.node}",
+            lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value,
+        )
 
     # ------------------------------------------------------------ rollouts: package Jobs
 
     async def _ensure_namespace(self, cluster: str) -> None:
         core = await self._clusters.core(cluster)
-        if await api_read(f"reading namespace {JOB_NAMESPACE}", core.read_namespace(JOB_NAMESPACE,
-                                                                                  _request_timeout=REQUEST_TIMEOUT)):
+        if await api_read(
+            f"reading namespace {JOB_NAMESPACE}", core.read_namespace(JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT)
+        ):
             return
-        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOB_NAMESPACE,
-                                                                     "labels": {"app.kubernetes.io/managed-by": "millwright"}}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": JOB_NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "millwright"}},
+        }
         try:
             await core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
         except ApiException as err:
             if err.status != 409:
                 raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            raise ApplicationError(f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}",
-                                   type="KubernetesUnavailable") from err
+            raise ApplicationError(
+                f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}", type="KubernetesUnavailable"
+            ) from err
 
     @staticmethod
     def _stage_job(req: StageJobRequest, name: str, attempt: int) -> dict[str, Any]:
@@ -167,8 +177,12 @@ class RolloutNodeActivities(NodeActivities):
         }
         if interrupt:
             labels[JOB_INTERRUPT_LABEL] = label_value(req.interrupt or "noop")
-        annotations = {JOB_ROLLOUT_ANNOTATION: req.rollout, JOB_VERSION_ANNOTATION: req.version,
-                       JOB_ATTEMPT_ANNOTATION: str(attempt), JOB_TRY_ANNOTATION: str(req.try_number)}
+        annotations = {
+            JOB_ROLLOUT_ANNOTATION: req.rollout,
+            JOB_VERSION_ANNOTATION: req.version,
+            JOB_ATTEMPT_ANNOTATION: str(attempt),
+            JOB_TRY_ANNOTATION: str(req.try_number),
+        }
         image = f"{req.image}:{req.version}"
         env = [
             {"name": "MILLWRIGHT_STAGE", "value": req.stage},
@@ -226,7 +240,9 @@ class RolloutNodeActivities(NodeActivities):
             "template": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": pod_spec},
         }
         if not interrupt:  # an eviction does not burn the (zero) backoff budget; needs restartPolicy Never
-            spec["podFailurePolicy"] = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+            spec["podFailurePolicy"] = {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            }
         return {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -250,7 +266,11 @@ class RolloutNodeActivities(NodeActivities):
             f"listing pods of Job {job}",
             core.list_namespaced_pod(JOB_NAMESPACE, label_selector=f"job-name={job}", _request_timeout=REQUEST_TIMEOUT),
         )
-        for pod in sorted(pods.items, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc), reverse=True):
+        for pod in sorted(
+            pods.items,
+            key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
+            reverse=True,
+        ):
             statuses = list((pod.status.init_container_statuses if pod.status else None) or []) + list(
                 (pod.status.container_statuses if pod.status else None) or []
             )
@@ -276,8 +296,9 @@ class RolloutNodeActivities(NodeActivities):
         The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
         """
         info = activity.info()
-        return await self._run_job(req, info.heartbeat_details[0] if info.heartbeat_details else None,
-                                     activity.heartbeat)
+        return await self._run_job(
+            req, info.heartbeat_details[0] if info.heartbeat_details else None, activity.heartbeat
+        )
 
     async def _run_job(self, req: StageJobRequest, previous: Any, beat: Callable[[dict[str, Any]], None]) \
             -> StageJobResult:  # fmt: skip
@@ -287,8 +308,9 @@ class RolloutNodeActivities(NodeActivities):
         if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
             raise ApplicationError(f"unknown interrupt {req.interrupt!r}", type="InvalidStage", non_retryable=True)
         info = activity.info()
-        key = short_hash(req.rollout, req.node, req.package, req.version, req.stage, req.try_number,
-                          info.workflow_run_id)
+        key = short_hash(
+            req.rollout, req.node, req.package, req.version, req.stage, req.try_number, info.workflow_run_id
+        )
         name = stage_job_name(req.package, req.stage, key)
         started = float(previous["started"]) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
@@ -298,7 +320,8 @@ class RolloutNodeActivities(NodeActivities):
         # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
         # all) cost more than the call itself.
         read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
-            name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT)
+            name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT
+        )
         # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
         # first and creates only what is missing.
         existing = None if info.attempt == 1 and not previous else await read_json(f"reading Job {name}", read())
@@ -326,8 +349,16 @@ class RolloutNodeActivities(NodeActivities):
                     "name": name,
                     "namespace": JOB_NAMESPACE,
                     "labels": dict(body["metadata"]["labels"]),
-                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
-                                         "controller": True, "blockOwnerDeletion": True}],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "batch/v1",
+                            "kind": "Job",
+                            "name": name,
+                            "uid": uid,
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
                 },
                 "data": dict(req.config),
             }
@@ -337,8 +368,9 @@ class RolloutNodeActivities(NodeActivities):
                 if err.status != 409:
                     raise api_error(err, f"creating ConfigMap {name}") from err
             except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-                raise ApplicationError(f"creating ConfigMap {name}: connection failed: {err!r}",
-                                       type="KubernetesUnavailable") from err
+                raise ApplicationError(
+                    f"creating ConfigMap {name}: connection failed: {err!r}", type="KubernetesUnavailable"
+                ) from err
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
         job: dict[str, Any] | None
         job, waiting = existing, time.time()
@@ -354,12 +386,17 @@ class RolloutNodeActivities(NodeActivities):
                 reason = failed.get("reason") or "Failed"
                 reason = f"{reason}: {failed['message']}" if failed.get("message") else reason
                 detail = await self._failure_detail(req.cluster, name)
-                return StageJobResult(job=name, succeeded=False, attempt=attempt,
-                                      message=f"{reason}; {detail}" if detail else reason)
+                return StageJobResult(
+                    job=name, succeeded=False, attempt=attempt, message=f"{reason}; {detail}" if detail else reason
+                )
             if time.time() > give_up:
-                return StageJobResult(job=name, succeeded=False, attempt=attempt,
-                                      message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
-                                      f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)")
+                return StageJobResult(
+                    job=name,
+                    succeeded=False,
+                    attempt=attempt,
+                    message=f"Job {name} gave no verdict within {req.timeout_seconds:.0f}s "
+                    f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)",
+                )
             beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
             # Looked at every tenth of the time waited so far (a verdict is seen at most ~10% late), within bounds.
             await asyncio.sleep(min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10)))
@@ -374,8 +411,10 @@ class RolloutNodeActivities(NodeActivities):
                 await self._ensure_namespace(cluster)
                 self._job_namespaces.add(cluster)
             try:
-                return await call_json(f"creating Job {name}", send_json(
-                    batch.api_client, "POST", f"/apis/batch/v1/namespaces/{JOB_NAMESPACE}/jobs", body))
+                return await call_json(
+                    f"creating Job {name}",
+                    send_json(batch.api_client, "POST", f"/apis/batch/v1/namespaces/{JOB_NAMESPACE}/jobs", body),
+                )
             except ApplicationError as err:
                 status = err.__cause__.status if isinstance(err.__cause__, ApiException) else None
                 if status == 409:

@@ -16,7 +16,6 @@ from kubernetes.aio.client.exceptions import ApiException
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT
-from activities.support.semver import is_downgrade
 from activities.kube.errors import api_error, none_if_not_found
 from activities.kube.models import (
     CORDONED_BY,
@@ -31,6 +30,7 @@ from activities.kube.models import (
     NodeStage,
     NodeSummary,
 )
+from activities.support.semver import is_downgrade
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -157,16 +157,23 @@ class StateChange:
         return self.shown_in(node.metadata.labels or {}, node.metadata.annotations or {})
 
     def shown_in(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:
-        return labels.get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL] and \
-            annotations.get(ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
+        return (
+            labels.get(ROLLOUT_STATE_LABEL) == self.labels[ROLLOUT_STATE_LABEL]
+            and annotations.get(ROLLOUT_ANNOTATION) == self.annotations[ROLLOUT_ANNOTATION]
+        )
 
 
 def _state_record(req: NodeRolloutState) -> dict[str, Any]:
     if req.state not in ROLLOUT_STATES:
         raise ApplicationError(f"unknown rollout state {req.state!r}; one of {', '.join(ROLLOUT_STATES)}",
                                type="InvalidRolloutState", non_retryable=True)  # fmt: skip
-    return {"rollout": req.rollout, "state": req.state, "package": req.package, "stage": req.stage,
-            "reason": req.reason[:1024]}
+    return {
+        "rollout": req.rollout,
+        "state": req.state,
+        "package": req.package,
+        "stage": req.stage,
+        "reason": req.reason[:1024],
+    }
 
 
 def state_change(node: k8s.V1Node | None, req: NodeRolloutState) -> StateChange | None:
@@ -196,9 +203,11 @@ def stage_job_name(package: str, stage: str, key: str) -> str:
 
 
 def vanished(job: str) -> str:
-    return (f"Job {JOB_NAMESPACE}/{job} disappeared (or was replaced) before its verdict was read: deleted by "
-            f"someone, or by its TTL ({JOB_TTL_SECONDS}s after finishing); its stage may have run, and it is not "
-            "created again under this try")
+    return (
+        f"Job {JOB_NAMESPACE}/{job} disappeared (or was replaced) before its verdict was read: deleted by "
+        f"someone, or by its TTL ({JOB_TTL_SECONDS}s after finishing); its stage may have run, and it is not "
+        "created again under this try"
+    )
 
 
 async def send_json(api: k8s.ApiClient, method: str, path: str, body: dict[str, Any]):

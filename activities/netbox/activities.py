@@ -141,8 +141,15 @@ class NetBoxActivities(NetBoxClient):
                     if want:
                         additions[field] = have + want
                 if additions:
-                    self._update(obj.label, endpoint, found, additions, lambda fresh: all(
-                        v in (record_fields(fresh).get(k) or []) for k, vs in additions.items() for v in vs))
+                    self._update(
+                        obj.label,
+                        endpoint,
+                        found,
+                        additions,
+                        lambda fresh: all(
+                            v in (record_fields(fresh).get(k) or []) for k, vs in additions.items() for v in vs
+                        ),
+                    )
                     result.updated.append(f"{obj.label} ({', '.join(additions)})")
                 else:
                     result.existing.append(obj.label)
@@ -187,7 +194,7 @@ class NetBoxActivities(NetBoxClient):
         def run(api: Any) -> DevicePage:
             filters = {k: v for k, v in query.model_dump(include={"role", "site", "status", "tag", "tenant"}).items()
                        if v is not None}  # fmt: skip
-            chunks = [query.names[i:i + NAMES_PER_REQUEST] for i in range(0, len(query.names), NAMES_PER_REQUEST)]
+            chunks = [query.names[i : i + NAMES_PER_REQUEST] for i in range(0, len(query.names), NAMES_PER_REQUEST)]
             found: list[DeviceInfo] = []
             for names in chunks or (None,):
                 wanted = {**filters, "id__gt": query.after_id, "ordering": "id", **({"name": names} if names else {})}
@@ -196,7 +203,7 @@ class NetBoxActivities(NetBoxClient):
                     if n == query.limit:  # one more than a page: there is a next one
                         break
             found.sort(key=lambda d: d.id)
-            page = found[:query.limit]
+            page = found[: query.limit]
             return DevicePage(devices=page, next_after_id=page[-1].id if len(found) > query.limit else None)
 
         return await self._in_thread("listing a page of devices", run)
@@ -346,8 +353,13 @@ class NetBoxActivities(NetBoxClient):
                          if str(m.mac_address).lower() == mac.lower()), None)  # fmt: skip
 
         if found() is None:
-            self._write(f"mac {mac}", lambda: api.dcim.mac_addresses.create(
-                mac_address=mac, assigned_object_type="dcim.interface", assigned_object_id=interface.id), found)
+            self._write(
+                f"mac {mac}",
+                lambda: api.dcim.mac_addresses.create(
+                    mac_address=mac, assigned_object_type="dcim.interface", assigned_object_id=interface.id
+                ),
+                found,
+            )
 
     # ------------------------------------------------------------ tenants and clusters
 
@@ -408,7 +420,6 @@ class NetBoxActivities(NetBoxClient):
             return result
 
         return await self._in_thread(f"assigning devices to cluster {req.cluster}", run)
-
 
     # ------------------------------------------------------------ InfiniBand
 

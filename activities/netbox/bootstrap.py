@@ -65,32 +65,64 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
         BootstrapObject(
             endpoint="extras.custom_field_choice_sets",
             key={"name": BURNIN_CHOICE_SET},
-            fields={"extra_choices": [[v, v.capitalize()] for v in BURNIN_RESULTS],
-                    "description": "Outcome of a Millwright burn-in"},
+            fields={
+                "extra_choices": [[v, v.capitalize()] for v in BURNIN_RESULTS],
+                "description": "Outcome of a Millwright burn-in",
+            },
         ),  # fmt: skip
     ],
     "custom-fields": [
-        _cf(CF_BURNIN_RESULT, "select", ["dcim.device"], "Last burn-in result", "Set by Millwright's burn-in",
-            choice_set={"name": BURNIN_CHOICE_SET}),
+        _cf(
+            CF_BURNIN_RESULT,
+            "select",
+            ["dcim.device"],
+            "Last burn-in result",
+            "Set by Millwright's burn-in",
+            choice_set={"name": BURNIN_CHOICE_SET},
+        ),
         _cf(CF_BURNIN_AT, "datetime", ["dcim.device"], "Last burn-in at", "When the last burn-in finished"),
         _cf(CF_BURNIN_REPORT, "url", ["dcim.device"], "Burn-in report", "Link to the last burn-in report"),
-        _cf(CF_IB_PORT_GUID, "text", ["dcim.interface"], "InfiniBand port GUID", "Port GUID (16 hex digits)",
-            validation_regex=GUID_PATTERN),
-        _cf(CF_TENANT_PKEY, "text", ["tenancy.tenant"], "InfiniBand PKey", "The tenant's partition key (0x1-0x7ffe)",
-            validation_regex=PKEY_PATTERN),
+        _cf(
+            CF_IB_PORT_GUID,
+            "text",
+            ["dcim.interface"],
+            "InfiniBand port GUID",
+            "Port GUID (16 hex digits)",
+            validation_regex=GUID_PATTERN,
+        ),
+        _cf(
+            CF_TENANT_PKEY,
+            "text",
+            ["tenancy.tenant"],
+            "InfiniBand PKey",
+            "The tenant's partition key (0x1-0x7ffe)",
+            validation_regex=PKEY_PATTERN,
+        ),
         _cf(CF_GPU_UUID, "text", ["dcim.inventoryitem", "dcim.module"], "GPU UUID", "NVML UUID of the GPU"),
         _cf(CF_FIRMWARE, "text", ["dcim.inventoryitem", "dcim.module"], "Firmware", "Firmware / VBIOS version"),
         _cf(CF_BMC_URL, "url", ["dcim.device"], "BMC Redfish URL", "Base URL of the server's BMC (Redfish)"),
-        _cf(CF_BMC_CREDENTIALS, "text", ["dcim.device"], "BMC credentials reference",
+        _cf(
+            CF_BMC_CREDENTIALS,
+            "text",
+            ["dcim.device"],
+            "BMC credentials reference",
             "Where the BMC's user:password is kept (env:NAME or file:/path), never the password",
-            validation_regex=r"^(env|file):.+$"),
+            validation_regex=r"^(env|file):.+$",
+        ),
         _cf(CF_EXPECTED_GPUS, "integer", ["dcim.device"], "Expected GPUs", "How many GPUs burn-in must find"),
         _cf(CF_GPU_MODEL, "text", ["dcim.device"], "Expected GPU model", "e.g. NVIDIA H200"),
-        _cf(CF_FIRMWARE_BASELINE, "json", ["dcim.device"], "Firmware baseline",
-            "Firmware inventory name -> the version burn-in expects"),
+        _cf(
+            CF_FIRMWARE_BASELINE,
+            "json",
+            ["dcim.device"],
+            "Firmware baseline",
+            "Firmware inventory name -> the version burn-in expects",
+        ),
     ],  # fmt: skip
     "tags": [
-        BootstrapObject(endpoint="extras.tags", key={"slug": slug}, fields={"name": slug, "color": color, "description": d})
+        BootstrapObject(
+            endpoint="extras.tags", key={"slug": slug}, fields={"name": slug, "color": color, "description": d}
+        )
         for slug, color, d in [
             (TAG_QUARANTINE, "f44336", "Held out of service by Millwright until a human clears it"),
             (TAG_MANAGED, "2196f3", "Lifecycle managed by Millwright"),
@@ -99,13 +131,20 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
         ]
     ],
     "roles": [
-        BootstrapObject(endpoint="dcim.device_roles", key={"slug": GPU_SERVER_ROLE},
-                        fields={"name": "GPU server", "color": "76b900", "vm_role": False}),
-        BootstrapObject(endpoint="dcim.inventory_item_roles", key={"slug": GPU_ITEM_ROLE},
-                        fields={"name": "GPU", "color": "76b900"}),
+        BootstrapObject(
+            endpoint="dcim.device_roles",
+            key={"slug": GPU_SERVER_ROLE},
+            fields={"name": "GPU server", "color": "76b900", "vm_role": False},
+        ),
+        BootstrapObject(
+            endpoint="dcim.inventory_item_roles", key={"slug": GPU_ITEM_ROLE}, fields={"name": "GPU", "color": "76b900"}
+        ),
         BootstrapObject(endpoint="dcim.manufacturers", key={"slug": NVIDIA}, fields={"name": "NVIDIA"}),
-        BootstrapObject(endpoint="virtualization.cluster_types", key={"slug": CLUSTER_TYPE},
-                        fields={"name": "Millwright GPU cluster"}),
+        BootstrapObject(
+            endpoint="virtualization.cluster_types",
+            key={"slug": CLUSTER_TYPE},
+            fields={"name": "Millwright GPU cluster"},
+        ),
     ],  # fmt: skip
     # Statuses are NetBox choices (extended only through FIELD_CHOICES in its configuration):
     # the bootstrap checks that the ones Millwright uses are offered.

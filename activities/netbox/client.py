@@ -249,7 +249,9 @@ def same_custom_field(have: Any, want: Any) -> bool:
     if isinstance(have, str) and isinstance(want, str):
         # NetBox normalizes datetimes (e.g. 'Z' vs '+00:00'); compare the instants.
         try:
-            return datetime.fromisoformat(have.replace("Z", "+00:00")) == datetime.fromisoformat(want.replace("Z", "+00:00"))
+            return datetime.fromisoformat(have.replace("Z", "+00:00")) == datetime.fromisoformat(
+                want.replace("Z", "+00:00")
+            )
         except ValueError:
             return have == want
     return have == want

@@ -234,8 +234,7 @@ class ObjectResult(StrictModel):
 class ClusterAssignment(StrictModel):
     cluster: str = Field(min_length=1, description="Cluster name.")
     devices: list[DeviceLookup]
-    missing_ok: bool = Field(False, description="Report devices NetBox does not know in `missing` instead of "
-                                                "failing.")
+    missing_ok: bool = Field(False, description="Report devices NetBox does not know in `missing` instead of failing.")
 
 
 class IbPortQuery(StrictModel):

@@ -21,8 +21,8 @@ pynetbox, httpx, aiohttp under the Kubernetes client) wraps the `ssl` error.
 
 from __future__ import annotations
 
-import ssl
 import os
+import ssl
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path

@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace-scale", type=float)
     p.add_argument("--log-level", default="WARNING")
     a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=a.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     cfg = {}
     if a.pod_start_seconds is not None:
         cfg["podStartSeconds"] = a.pod_start_seconds

@@ -34,14 +34,15 @@ class EmulatorAdmin(AdminClient):
         return (await self._req("GET", "/_lab/audit/requests"))["requests"]
 
 
-def kubeconfig(url: str, cluster_name: str = "lab", token: str = "lab-token",
-               namespace: str | None = None) -> dict:
+def kubeconfig(url: str, cluster_name: str = "lab", token: str = "lab-token", namespace: str | None = None) -> dict:
     """A kubeconfig dict whose cluster and context are both named ``cluster_name``."""
     ctx: dict[str, Any] = {"cluster": cluster_name, "user": f"{cluster_name}-admin"}
     if namespace:
         ctx["namespace"] = namespace
     return {
-        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
         "clusters": [{"name": cluster_name, "cluster": {"server": url}}],
         "users": [{"name": f"{cluster_name}-admin", "user": {"token": token}}],
         "contexts": [{"name": cluster_name, "context": ctx}],

@@ -33,12 +33,22 @@ from .util import JSON_CT, REASONS, ApiError, diff, err_resp, jresp, now_rfc3339
 log = logging.getLogger("lab.k8s")
 
 VERSION_INFO = {
-    "major": "1", "minor": "32", "gitVersion": "v1.32.4-lab", "gitCommit": "0000000000000000000000000000000000000000",
-    "gitTreeState": "clean", "buildDate": "2025-04-22T00:00:00Z", "goVersion": "go1.23.6", "compiler": "gc",
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.4-lab",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2025-04-22T00:00:00Z",
+    "goVersion": "go1.23.6",
+    "compiler": "gc",
     "platform": "linux/amd64",
 }
-KNOWN_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
-                     "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+KNOWN_PATCH_TYPES = (
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+    "application/apply-patch+yaml",
+)
 
 
 class Api:
@@ -52,7 +62,7 @@ class Api:
 
     async def _add_warnings(self, request: web.Request, response: web.StreamResponse) -> None:
         for w in request.get("warnings") or []:  # fieldValidation=Warn (lab/k8s/fieldvalidation.py)
-            response.headers.add("Warning", '299 - ' + json.dumps(w))
+            response.headers.add("Warning", "299 - " + json.dumps(w))
 
     async def _on_shutdown(self, app: web.Application) -> None:
         for w in list(self.store.watchers):
@@ -63,8 +73,11 @@ class Api:
         info = Info()
         parts = [p for p in request.path.split("/") if p]
         method = request.method
-        if not parts or parts[0] in ("version", "openapi", "healthz", "livez", "readyz") or \
-                (parts[0] in ("api", "apis") and len(parts) <= (2 if parts[0] == "api" else 3)):
+        if (
+            not parts
+            or parts[0] in ("version", "openapi", "healthz", "livez", "readyz")
+            or (parts[0] in ("api", "apis") and len(parts) <= (2 if parts[0] == "api" else 3))
+        ):
             info.kind = "discovery"
             info.verb = "get"
             return info
@@ -106,16 +119,24 @@ class Api:
         if request.path.startswith("/_lab/") or request.path == "/_lab":
             return await labadmin.handle(self.store, request)
         info = self.classify(request)
-        entry: dict[str, Any] = {"time": time.time(), **info.as_dict(),
-                                 "userAgent": request.headers.get("User-Agent", ""),
-                                 "write": info.verb in ("create", "update", "patch", "delete", "deletecollection"),
-                                 "path": request.path_qs[:300]}
+        entry: dict[str, Any] = {
+            "time": time.time(),
+            **info.as_dict(),
+            "userAgent": request.headers.get("User-Agent", ""),
+            "write": info.verb in ("create", "update", "patch", "delete", "deletecollection"),
+            "path": request.path_qs[:300],
+        }
         if info.kind == "discovery":
             entry["resource"] = ""
         request["audit"] = entry
         fault = self.store.faults.match(info.as_dict()) if info.kind == "resource" else None
-        return await self.front.handle(request, entry, fault, lambda: self.serve(request, info),
-                                       lambda f: err_resp(self.injected(info, f["action"])))
+        return await self.front.handle(
+            request,
+            entry,
+            fault,
+            lambda: self.serve(request, info),
+            lambda f: err_resp(self.injected(info, f["action"])),
+        )
 
     def _record(self, entry: dict) -> None:
         if entry["write"]:
@@ -165,13 +186,19 @@ class Api:
         if parts and parts[0] in ("healthz", "livez", "readyz"):
             return web.Response(text="ok")
         if parts[:1] == ["openapi"]:  # lab/k8s/openapi.py
-            code, body, ct, headers = openapi.serve(self.store, parts, request.query,
-                                                    request.headers.get("Accept", ""), VERSION_INFO)
+            code, body, ct, headers = openapi.serve(
+                self.store, parts, request.query, request.headers.get("Accept", ""), VERSION_INFO
+            )
             return web.Response(body=body, status=code, content_type=ct, headers=headers)
         if parts == ["api"]:
             host = request.host or "127.0.0.1"
-            return jresp({"kind": "APIVersions", "versions": ["v1"],
-                          "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}]})
+            return jresp(
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": host}],
+                }
+            )
         if parts == ["api", "v1"]:
             return jresp(reg.resource_list("", "v1"))
         if parts == ["apis"]:
@@ -209,8 +236,9 @@ class Api:
         verb = info.verb
         if sub == "eviction":
             if verb != "create":
-                raise ApiError(405, "the server does not allow this method on the requested resource",
-                               "MethodNotAllowed")
+                raise ApiError(
+                    405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
+                )
             return await eviction.evict(self, request, info, rt)  # lab/k8s/eviction.py
         if verb == "list":
             return await self.list(request, info, rt)
@@ -223,14 +251,23 @@ class Api:
                     raise self.store.not_found(rt, info.name)
                 as_table = tables.wanted_version(request.headers.get("Accept"))  # lab/k8s/tables.py
                 if as_table:
-                    return jresp(tables.table(self.store, rt, info.version, [self.out(rt, obj, info.version)],
-                                              {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                                              request.query, as_table))
+                    return jresp(
+                        tables.table(
+                            self.store,
+                            rt,
+                            info.version,
+                            [self.out(rt, obj, info.version)],
+                            {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                            request.query,
+                            as_table,
+                        )
+                    )
                 return jresp(self.out(rt, obj, info.version, shallow=True))
         if verb == "create":
             if info.name:
-                raise ApiError(405, "the server does not allow this method on the requested resource",
-                               "MethodNotAllowed")
+                raise ApiError(
+                    405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
+                )
             return await self.create(request, info, rt)
         if verb == "update":
             return await self.replace(request, info, rt)
@@ -263,10 +300,13 @@ class Api:
             except Exception:
                 raise ApiError(400, "continue key is not valid: invalid continue token", "BadRequest") from None
             if tok_rv < self.store.history_floor:
-                raise ApiError(410, "The provided continue parameter is too old to display a consistent list "
-                               "result. You can start a new list without the continue parameter, or use the "
-                               "continue token in this response to retrieve the remainder of the results.",
-                               "Expired")
+                raise ApiError(
+                    410,
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter, or use the "
+                    "continue token in this response to retrieve the remainder of the results.",
+                    "Expired",
+                )
         node_name = node_name_selector(q.get("fieldSelector")) if rt.key == PODS else None
         has_selectors = bool((q.get("labelSelector") or "").strip() or (q.get("fieldSelector") or "").strip())
         async with self.store.lock:
@@ -292,8 +332,9 @@ class Api:
             meta: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
             if limit > 0 and len(matched) > limit:
                 matched = matched[:limit]
-                cont = base64.urlsafe_b64encode(json.dumps(
-                    {"rv": self.store.rv, "start": list(matched[-1][0])}).encode()).decode()
+                cont = base64.urlsafe_b64encode(
+                    json.dumps({"rv": self.store.rv, "start": list(matched[-1][0])}).encode()
+                ).decode()
                 meta["continue"] = cont
                 if not has_selectors:  # as the real server: only without selectors
                     meta["remainingItemCount"] = hi - last
@@ -327,8 +368,9 @@ class Api:
                 except ValueError:
                     raise ApiError(400, f"invalid resource version: {rv_param}", "BadRequest") from None
                 if n < self.store.history_floor:
-                    expired = status_body(410, f"too old resource version: {n} ({self.store.history_floor + 1})",
-                                          "Expired")
+                    expired = status_body(
+                        410, f"too old resource version: {n} ({self.store.history_floor + 1})", "Expired"
+                    )
                 else:
                     for ev in self.store.history:
                         if ev[0] > n and ev[1] == rt.key:
@@ -351,8 +393,15 @@ class Api:
 
         async def send(etype: str, obj: dict) -> None:
             if as_table and etype in ("ADDED", "MODIFIED", "DELETED"):
-                obj = tables.table(self.store, rt, info.version, [obj], {"resourceVersion": obj["metadata"].get(
-                    "resourceVersion", "")}, {**q, **({"noHeaders": "true"} if headers_sent else {})}, as_table)
+                obj = tables.table(
+                    self.store,
+                    rt,
+                    info.version,
+                    [obj],
+                    {"resourceVersion": obj["metadata"].get("resourceVersion", "")},
+                    {**q, **({"noHeaders": "true"} if headers_sent else {})},
+                    as_table,
+                )
                 headers_sent.append(True)
             await resp.write(json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n")
 
@@ -366,8 +415,10 @@ class Api:
             deadline = time.monotonic() + timeout
             bm_every = float(self.store.config.get("bookmarkSeconds") or 5.0)
             if bookmarks and initial:
-                await send("BOOKMARK", {"kind": rt.kind, "apiVersion": api_version,
-                                        "metadata": {"resourceVersion": str(current_rv)}})
+                await send(
+                    "BOOKMARK",
+                    {"kind": rt.kind, "apiVersion": api_version, "metadata": {"resourceVersion": str(current_rv)}},
+                )
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -376,8 +427,14 @@ class Api:
                     item = await asyncio.wait_for(w.queue.get(), min(left, bm_every if bookmarks else left))
                 except asyncio.TimeoutError:
                     if bookmarks and time.monotonic() < deadline:
-                        await send("BOOKMARK", {"kind": rt.kind, "apiVersion": api_version,
-                                                "metadata": {"resourceVersion": str(self.store.rv)}})
+                        await send(
+                            "BOOKMARK",
+                            {
+                                "kind": rt.kind,
+                                "apiVersion": api_version,
+                                "metadata": {"resourceVersion": str(self.store.rv)},
+                            },
+                        )
                     continue
                 if item is None:
                     break
@@ -402,48 +459,75 @@ class Api:
         if nsobj is None:
             raise ApiError(404, f'namespaces "{ns}" not found', "NotFound", {"name": ns, "kind": "namespaces"})
         if nsobj["metadata"].get("deletionTimestamp"):
-            raise ApiError(403, f'{rt.group_resource} "{name}" is forbidden: unable to create new content in '
-                           f'namespace {ns} because it is being terminated', "Forbidden",
-                           {"name": name, "kind": rt.plural, **({"group": rt.group} if rt.group else {}),
-                            "causes": [{"reason": "NamespaceTerminating", "message":
-                                        f"namespace {ns} is being terminated", "field": "metadata.namespace"}]})
+            raise ApiError(
+                403,
+                f'{rt.group_resource} "{name}" is forbidden: unable to create new content in '
+                f"namespace {ns} because it is being terminated",
+                "Forbidden",
+                {
+                    "name": name,
+                    "kind": rt.plural,
+                    **({"group": rt.group} if rt.group else {}),
+                    "causes": [
+                        {
+                            "reason": "NamespaceTerminating",
+                            "message": f"namespace {ns} is being terminated",
+                            "field": "metadata.namespace",
+                        }
+                    ],
+                },
+            )
 
     def _invalid(self, rt: ResourceType, name: str, field: str, msg: str, value: Any = None) -> ApiError:
         full = f"{field}: {msg}" if value is None else f"{field}: Invalid value: {json.dumps(value)}: {msg}"
-        details = {"name": name, "kind": rt.kind, "causes": [{"reason": "FieldValueInvalid", "message": msg,
-                                                               "field": field}]}
+        details = {
+            "name": name,
+            "kind": rt.kind,
+            "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": field}],
+        }
         if rt.group:
             details["group"] = rt.group
         return ApiError(422, f'{rt.kind} "{name}" is invalid: {full}', "Invalid", details)
 
     def _validate(self, rt: ResourceType, obj: dict) -> None:
         import re
+
         md = obj.get("metadata") or {}
         name = md.get("name", "")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name or "") or len(name) > 253:
-            raise self._invalid(rt, name, "metadata.name", "a lowercase RFC 1123 subdomain must consist of "
-                                "lower case alphanumeric characters, '-' or '.', and must start and end with an "
-                                "alphanumeric character", name)
+            raise self._invalid(
+                rt,
+                name,
+                "metadata.name",
+                "a lowercase RFC 1123 subdomain must consist of "
+                "lower case alphanumeric characters, '-' or '.', and must start and end with an "
+                "alphanumeric character",
+                name,
+            )
         for v in (md.get("labels") or {}).values():
             if not isinstance(v, str) or len(v) > 63:
                 raise self._invalid(rt, name, "metadata.labels", "must be no more than 63 characters", v)
         if rt.key == PODS and not ((obj.get("spec") or {}).get("containers")):
             raise self._invalid(rt, name, "spec.containers", "Required value")
         if rt.key == JOBS:
-            tspec = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {})
+            tspec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
             if not tspec.get("containers"):
                 raise self._invalid(rt, name, "spec.template.spec.containers", "Required value")
             if tspec.get("restartPolicy") not in ("Never", "OnFailure"):
-                raise self._invalid(rt, name, "spec.template.spec.restartPolicy",
-                                    'Unsupported value: supported values: "OnFailure", "Never"',
-                                    tspec.get("restartPolicy", ""))
+                raise self._invalid(
+                    rt,
+                    name,
+                    "spec.template.spec.restartPolicy",
+                    'Unsupported value: supported values: "OnFailure", "Never"',
+                    tspec.get("restartPolicy", ""),
+                )
         if rt.key == CRDS:
             spec = obj.get("spec") or {}
             names = spec.get("names") or {}
             if not (spec.get("group") and names.get("plural") and names.get("kind") and spec.get("versions")):
                 raise self._invalid(rt, name, "spec", "Required value: group, names.plural, names.kind, versions")
             if name != f"{names['plural']}.{spec['group']}":
-                raise self._invalid(rt, name, "metadata.name", "must be spec.names.plural+\".\"+spec.group", name)
+                raise self._invalid(rt, name, "metadata.name", 'must be spec.names.plural+"."+spec.group', name)
 
     def _query_dry_run(self, request: web.Request) -> bool:
         return "All" in request.query.getall("dryRun", [])
@@ -455,8 +539,11 @@ class Api:
         md = body.setdefault("metadata", {})
         if rt.namespaced:
             if md.get("namespace") and md["namespace"] != info.namespace:
-                raise ApiError(400, "the namespace of the provided object does not match the namespace sent on "
-                               "the request", "BadRequest")
+                raise ApiError(
+                    400,
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                    "BadRequest",
+                )
             md["namespace"] = info.namespace
         else:
             md.pop("namespace", None)
@@ -465,18 +552,30 @@ class Api:
             return self.create_locked(request, info, rt, body)
 
     def _check_fields(self, request: web.Request, rt: ResourceType, info: Info, body: Any) -> None:
-        fieldvalidation.check(body, schemas.resource_schema(self.store, rt, info.version), request.query, rt.kind,
-                              info.version, request.setdefault("warnings", []))
+        fieldvalidation.check(
+            body,
+            schemas.resource_schema(self.store, rt, info.version),
+            request.query,
+            rt.kind,
+            info.version,
+            request.setdefault("warnings", []),
+        )
 
-    def _record_update(self, request: web.Request, rt: ResourceType, info: Info, old: dict | None,
-                       new: dict) -> None:
+    def _record_update(self, request: web.Request, rt: ResourceType, info: Info, old: dict | None, new: dict) -> None:
         """Who changed which fields (lab/k8s/managedfields.py)."""
         manager = managedfields.default_manager(request.query.get("fieldManager"), request.headers.get("User-Agent"))
-        managedfields.record_update(old, new, schemas.resource_schema(self.store, rt, info.version), manager,
-                                    f"{rt.group}/{info.version}" if rt.group else info.version, info.subresource)
+        managedfields.record_update(
+            old,
+            new,
+            schemas.resource_schema(self.store, rt, info.version),
+            manager,
+            f"{rt.group}/{info.version}" if rt.group else info.version,
+            info.subresource,
+        )
 
-    def create_locked(self, request: web.Request, info: Info, rt: ResourceType, body: dict,
-                      managed: list[dict] | None = None) -> web.Response:
+    def create_locked(
+        self, request: web.Request, info: Info, rt: ResourceType, body: dict, managed: list[dict] | None = None
+    ) -> web.Response:
         """Create `body` (lock held); `managed`: its managedFields when a server-side apply creates it."""
         md = body["metadata"]
         dry = self._query_dry_run(request)
@@ -528,8 +627,16 @@ class Api:
         b = {k: v for k, v in new.items() if k not in skip}
         return a != b
 
-    def _finish_update(self, request: web.Request, info: Info, rt: ResourceType, old: dict, new: dict,
-                       sub: str, managed: list[dict] | None = None) -> web.Response:
+    def _finish_update(
+        self,
+        request: web.Request,
+        info: Info,
+        rt: ResourceType,
+        old: dict,
+        new: dict,
+        sub: str,
+        managed: list[dict] | None = None,
+    ) -> web.Response:
         """Common tail of PUT and PATCH: immutables, status split, generation, write, finalizer removal.
         `managed`: the managedFields a server-side apply computed (lab/k8s/apply.py)."""
         omd, nmd = old["metadata"], new.setdefault("metadata", {})
@@ -542,8 +649,15 @@ class Api:
             new = merged
             nmd = new["metadata"]
         else:
-            for k in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "name",
-                      "namespace", "generation"):
+            for k in (
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "name",
+                "namespace",
+                "generation",
+            ):
                 if k in omd:
                     nmd[k] = omd[k]
                 else:
@@ -585,11 +699,16 @@ class Api:
     def _check_pod_update(self, rt: ResourceType, old: dict, new: dict) -> None:
         os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
         if os_.get("nodeName") and os_.get("nodeName") != ns_.get("nodeName"):
-            raise self._invalid(rt, old["metadata"]["name"], "spec", "Forbidden: pod updates may not change "
-                                "fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, "
-                                "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
-                                "tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if "
-                                "it was previously negative)")
+            raise self._invalid(
+                rt,
+                old["metadata"]["name"],
+                "spec",
+                "Forbidden: pod updates may not change "
+                "fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+                "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                "tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 if "
+                "it was previously negative)",
+            )
 
     def _removable(self, rt: ResourceType, obj: dict) -> bool:
         if rt.key != PODS:
@@ -604,11 +723,17 @@ class Api:
             raise ApiError(400, "the object provided is unrecognized (must be of type map)", "BadRequest")
         md = body.setdefault("metadata", {})
         if md.get("name") and md["name"] != info.name:
-            raise ApiError(400, f"the name of the object ({md['name']}) does not match the name on the URL "
-                           f"({info.name})", "BadRequest")
+            raise ApiError(
+                400,
+                f"the name of the object ({md['name']}) does not match the name on the URL ({info.name})",
+                "BadRequest",
+            )
         if rt.namespaced and md.get("namespace") and md["namespace"] != info.namespace:
-            raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the "
-                           "request", "BadRequest")
+            raise ApiError(
+                400,
+                "the namespace of the provided object does not match the namespace sent on the request",
+                "BadRequest",
+            )
         self._check_fields(request, rt, info, body)
         async with self.store.lock:
             old = self.store.get(rt, info.namespace, info.name)
@@ -619,21 +744,25 @@ class Api:
                 if rv != old["metadata"]["resourceVersion"]:
                     raise self.store.conflict(rt, info.name)
             elif not rt.builtin:
-                raise self._invalid(rt, info.name, "metadata.resourceVersion", "must be specified for an update",
-                                    0)
+                raise self._invalid(rt, info.name, "metadata.resourceVersion", "must be specified for an update", 0)
             return self._finish_update(request, info, rt, old, body, info.subresource)
 
     async def patch(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
         ct = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        accepted = ("application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-                    if not rt.builtin else
-                    "application/json-patch+json, application/merge-patch+json, "
-                    "application/apply-patch+yaml, application/strategic-merge-patch+json")
+        accepted = (
+            "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+            if not rt.builtin
+            else "application/json-patch+json, application/merge-patch+json, "
+            "application/apply-patch+yaml, application/strategic-merge-patch+json"
+        )
         if ct == "application/apply-patch+yaml":
             return await apply.handle(self, request, info, rt)  # server-side apply (lab/k8s/apply.py)
         if ct not in KNOWN_PATCH_TYPES or (ct == "application/strategic-merge-patch+json" and not rt.builtin):
-            raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                           f"include: {accepted}", "UnsupportedMediaType")
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: {accepted}",
+                "UnsupportedMediaType",
+            )
         body = await self.body_json(request)
         if ct != "application/json-patch+json":
             self._check_fields(request, rt, info, body)
@@ -664,8 +793,12 @@ class Api:
             if prv is not None and prv != old["metadata"]["resourceVersion"]:
                 raise self.store.conflict(rt, info.name)
             if nmd.get("uid") is not None and nmd.get("uid") != old["metadata"].get("uid"):
-                raise self.store.conflict(rt, info.name, f"Precondition failed: UID in precondition: "
-                                          f"{nmd.get('uid')}, UID in object meta: {old['metadata'].get('uid')}")
+                raise self.store.conflict(
+                    rt,
+                    info.name,
+                    f"Precondition failed: UID in precondition: "
+                    f"{nmd.get('uid')}, UID in object meta: {old['metadata'].get('uid')}",
+                )
             return self._finish_update(request, info, rt, old, new, info.subresource)
 
     # ------------------------------------------------------------------ delete
@@ -692,12 +825,19 @@ class Api:
         pre = opts.get("preconditions") or {}
         md = obj["metadata"]
         if pre.get("uid") and pre["uid"] != md.get("uid"):
-            raise self.store.conflict(rt, md["name"], f"Precondition failed: UID in precondition: {pre['uid']}, "
-                                      f"UID in object meta: {md.get('uid')}")
+            raise self.store.conflict(
+                rt,
+                md["name"],
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {md.get('uid')}",
+            )
         if pre.get("resourceVersion") and pre["resourceVersion"] != md.get("resourceVersion"):
-            raise self.store.conflict(rt, md["name"], f"Precondition failed: ResourceVersion in precondition: "
-                                      f"{pre['resourceVersion']}, ResourceVersion in object meta: "
-                                      f"{md.get('resourceVersion')}")
+            raise self.store.conflict(
+                rt,
+                md["name"],
+                f"Precondition failed: ResourceVersion in precondition: "
+                f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{md.get('resourceVersion')}",
+            )
 
     def delete_object(self, rt: ResourceType, obj: dict, opts: dict, actor: str | None = None) -> dict:
         """Delete semantics shared by DELETE, eviction and the controllers. Lock held. Returns the result."""
@@ -778,8 +918,9 @@ class Api:
             if "All" in (opts.get("dryRun") or []):
                 return jresp(self.out(rt, obj, info.version))
             result = self.delete_object(rt, obj, opts)
-            request["audit"]["changes"] = diff(obj, result if result is not obj and
-                                               self.store.get(rt, info.namespace, info.name) else None)
+            request["audit"]["changes"] = diff(
+                obj, result if result is not obj and self.store.get(rt, info.namespace, info.name) else None
+            )
             return jresp(self.out(rt, result, info.version))
 
     async def delete_collection(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
@@ -792,5 +933,12 @@ class Api:
                 for o in victims:
                     self.delete_object(rt, o, opts)
             request["audit"]["changes"] = [{"path": ".", "old": f"{len(victims)} objects", "new": None}]
-        return jresp({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                      "details": {"kind": rt.plural, **({"group": rt.group} if rt.group else {})}})
+        return jresp(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {"kind": rt.plural, **({"group": rt.group} if rt.group else {})},
+            }
+        )

@@ -31,11 +31,20 @@ class Writes(Protocol):
 
     store: "Store"
 
-    def create_locked(self, request: "web.Request", info: "Info", rt: "ResourceType", body: dict,
-                      managed: list[dict] | None = None) -> "web.Response": ...
+    def create_locked(
+        self, request: "web.Request", info: "Info", rt: "ResourceType", body: dict, managed: list[dict] | None = None
+    ) -> "web.Response": ...
 
-    def _finish_update(self, request: "web.Request", info: "Info", rt: "ResourceType", old: dict, new: dict,
-                       sub: str, managed: list[dict] | None = None) -> "web.Response": ...
+    def _finish_update(
+        self,
+        request: "web.Request",
+        info: "Info",
+        rt: "ResourceType",
+        old: dict,
+        new: dict,
+        sub: str,
+        managed: list[dict] | None = None,
+    ) -> "web.Response": ...
 
 
 def parse(raw: bytes) -> dict:
@@ -64,8 +73,10 @@ def merge(live: Any, config: Any, node: dict | None) -> Any:
         if kind == "map" and all(isinstance(i, dict) for i in config + live):
             item_node = schemas.items(node)
             applied = {_key(i, keys): i for i in config}
-            out = [merge(i, applied[_key(i, keys)], item_node) if _key(i, keys) in applied else copy.deepcopy(i)
-                   for i in live]
+            out = [
+                merge(i, applied[_key(i, keys)], item_node) if _key(i, keys) in applied else copy.deepcopy(i)
+                for i in live
+            ]
             seen = {_key(i, keys) for i in live}
             return out + [copy.deepcopy(i) for i in config if _key(i, keys) not in seen]
         if kind == "set":
@@ -85,8 +96,14 @@ def _remove(obj: Any, path: Path) -> None:
             cur = cur.get(pe[2:])
         elif pe.startswith("k:") and isinstance(cur, list):
             want = json.loads(pe[2:])
-            idx = next((j for j, it in enumerate(cur) if isinstance(it, dict) and
-                        all(it.get(k) == v for k, v in want.items())), None)
+            idx = next(
+                (
+                    j
+                    for j, it in enumerate(cur)
+                    if isinstance(it, dict) and all(it.get(k) == v for k, v in want.items())
+                ),
+                None,
+            )
             if idx is None:
                 return
             if last:
@@ -105,7 +122,7 @@ def _remove(obj: Any, path: Path) -> None:
 def _drop_emptied(obj: dict, path: Path) -> None:
     """After a removal, drop the maps and lists it left empty on its way, as structured merge does."""
     for n in range(len(path) - 1, 0, -1):
-        parent = _get(obj, path[:n - 1])
+        parent = _get(obj, path[: n - 1])
         pe = path[n - 1]
         if isinstance(parent, dict) and pe.startswith("f:") and parent.get(pe[2:]) in ({}, []):
             del parent[pe[2:]]
@@ -120,8 +137,9 @@ def _get(obj: Any, path: Path) -> Any:
             cur = cur.get(pe[2:])
         elif pe.startswith("k:") and isinstance(cur, list):
             want = json.loads(pe[2:])
-            cur = next((it for it in cur if isinstance(it, dict) and all(it.get(k) == v for k, v in want.items())),
-                       None)
+            cur = next(
+                (it for it in cur if isinstance(it, dict) and all(it.get(k) == v for k, v in want.items())), None
+            )
         else:
             return None
     return cur
@@ -129,8 +147,14 @@ def _get(obj: Any, path: Path) -> Any:
 
 # ---------------------------------------------------------------- the request
 def _conflict_error(conflicts: list[tuple[Entry, Path]]) -> ApiError:
-    causes = [{"reason": "FieldManagerConflict", "message": f"conflict with {e.describe()}",
-               "field": managedfields.path_string(p)} for e, p in conflicts]
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {e.describe()}",
+            "field": managedfields.path_string(p),
+        }
+        for e, p in conflicts
+    ]
     if len(conflicts) == 1:
         e, p = conflicts[0]
         msg = f"Apply failed with 1 conflict: conflict with {e.describe()}: {managedfields.path_string(p)}"
@@ -150,19 +174,31 @@ def _options(request: "web.Request") -> tuple[str, bool]:
     q = request.query
     manager = q.get("fieldManager") or ""
     if not manager:
-        raise ApiError(422, 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for '
-                       "apply patch", "Invalid")
+        raise ApiError(
+            422,
+            'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+            "Invalid",
+        )
     force = (q.get("force") or "").lower() in ("1", "true")
     return manager, force
 
 
-def applied(api: Writes, rt: "ResourceType", version: str, live: dict | None, config: dict, manager: str,
-            force: bool, subresource: str) -> tuple[dict, list[dict]]:
+def applied(
+    api: Writes,
+    rt: "ResourceType",
+    version: str,
+    live: dict | None,
+    config: dict,
+    manager: str,
+    force: bool,
+    subresource: str,
+) -> tuple[dict, list[dict]]:
     """(the object after applying `config`, its managedFields). Lock held."""
     root = schemas.resource_schema(api.store, rt, version)
     config_set = managedfields.field_set(config, root, subresource, apply=True)
-    me = Entry(manager, "Apply", f"{rt.group}/{version}" if rt.group else version, set(config_set), now_rfc3339(),
-               subresource)
+    me = Entry(
+        manager, "Apply", f"{rt.group}/{version}" if rt.group else version, set(config_set), now_rfc3339(), subresource
+    )
     if live is None:
         return copy.deepcopy(config), managedfields.encode([me])
     entries = managedfields.decode(live["metadata"].get("managedFields"))
@@ -194,17 +230,29 @@ async def handle(api: Writes, request: "web.Request", info: "Info", rt: "Resourc
     if not isinstance(md, dict):
         raise ApiError(400, "metadata must be an object", "BadRequest")
     if md.get("name") and md["name"] != info.name:
-        raise ApiError(400, f"the name of the object ({md['name']}) does not match the name on the URL ({info.name})",
-                       "BadRequest")
+        raise ApiError(
+            400, f"the name of the object ({md['name']}) does not match the name on the URL ({info.name})", "BadRequest"
+        )
     if rt.namespaced and md.get("namespace") and md["namespace"] != info.namespace:
-        raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the request",
-                       "BadRequest")
+        raise ApiError(
+            400, "the namespace of the provided object does not match the namespace sent on the request", "BadRequest"
+        )
     gv = f"{rt.group}/{info.version}" if rt.group else info.version
     if config.get("apiVersion") != gv or config.get("kind") != rt.kind:
-        raise ApiError(400, f"the apiVersion and kind of the applied object ({config.get('apiVersion')}, "
-                       f"{config.get('kind')}) do not match the request ({gv}, {rt.kind})", "BadRequest")
-    fieldvalidation.check(config, schemas.resource_schema(api.store, rt, info.version), request.query, rt.kind,
-                          info.version, request.setdefault("warnings", []))
+        raise ApiError(
+            400,
+            f"the apiVersion and kind of the applied object ({config.get('apiVersion')}, "
+            f"{config.get('kind')}) do not match the request ({gv}, {rt.kind})",
+            "BadRequest",
+        )
+    fieldvalidation.check(
+        config,
+        schemas.resource_schema(api.store, rt, info.version),
+        request.query,
+        rt.kind,
+        info.version,
+        request.setdefault("warnings", []),
+    )
     md["name"] = info.name
     if rt.namespaced:
         md["namespace"] = info.namespace

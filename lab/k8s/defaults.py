@@ -13,18 +13,25 @@ from .util import now_rfc3339
 INITIAL_STATUS = {
     ("apps", "replicasets"): {"replicas": 0},
     ("apps", "statefulsets"): {"replicas": 0, "availableReplicas": 0},
-    ("apps", "daemonsets"): {"currentNumberScheduled": 0, "numberMisscheduled": 0, "desiredNumberScheduled": 0,
-                             "numberReady": 0},
-    ("policy", "poddisruptionbudgets"): {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0,
-                                         "expectedPods": 0},
+    ("apps", "daemonsets"): {
+        "currentNumberScheduled": 0,
+        "numberMisscheduled": 0,
+        "desiredNumberScheduled": 0,
+        "numberReady": 0,
+    },
+    ("policy", "poddisruptionbudgets"): {
+        "disruptionsAllowed": 0,
+        "currentHealthy": 0,
+        "desiredHealthy": 0,
+        "expectedPods": 0,
+    },
 }
 
 
 def prepare_create(rt: ResourceType, obj: dict) -> None:
     """Defaulting and status reset as the real registry strategies do."""
     md = obj["metadata"]
-    for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields",
-              "selfLink"):
+    for k in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields", "selfLink"):
         md.pop(k, None)
     if rt.key == PODS:
         spec = obj.setdefault("spec", {})
@@ -49,14 +56,25 @@ def prepare_create(rt: ResourceType, obj: dict) -> None:
         spec = obj["spec"]
         obj["status"] = {
             "acceptedNames": spec.get("names"),
-            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")] or
-            [spec["versions"][0]["name"]],
+            "storedVersions": [v["name"] for v in spec.get("versions") or [] if v.get("storage")]
+            or [spec["versions"][0]["name"]],
             "conditions": [
-                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
-                 "message": "no conflicts found", "lastTransitionTime": now_rfc3339()},
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": now_rfc3339()},
-            ]}
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                    "lastTransitionTime": now_rfc3339(),
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                    "lastTransitionTime": now_rfc3339(),
+                },
+            ],
+        }
     elif rt.key == ("", "services"):
         spec = obj.setdefault("spec", {})
         spec.setdefault("type", "ClusterIP")
@@ -85,6 +103,11 @@ def default_job(job: dict) -> None:
     if not spec.get("manualSelector"):
         spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
         tmd = spec.setdefault("template", {}).setdefault("metadata", {})
-        tmd.setdefault("labels", {}).update({"batch.kubernetes.io/controller-uid": uid,
-                                             "batch.kubernetes.io/job-name": name, "controller-uid": uid,
-                                             "job-name": name})
+        tmd.setdefault("labels", {}).update(
+            {
+                "batch.kubernetes.io/controller-uid": uid,
+                "batch.kubernetes.io/job-name": name,
+                "controller-uid": uid,
+                "job-name": name,
+            }
+        )

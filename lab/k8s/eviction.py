@@ -38,8 +38,13 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
     """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
     body = await api.body_json(request) or {}
     entry = request["audit"]
-    ev: dict[str, Any] = {"pdb": None, "disruptionsAllowedBefore": None, "currentHealthyBefore": None,
-                          "desiredHealthy": None, "outcome": None}
+    ev: dict[str, Any] = {
+        "pdb": None,
+        "disruptionsAllowedBefore": None,
+        "currentHealthyBefore": None,
+        "desiredHealthy": None,
+        "outcome": None,
+    }
     entry["eviction"] = ev
     name = ((body.get("metadata") or {}).get("name")) or ""
     if name and name != info.name:
@@ -87,14 +92,22 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
             ev["pdb"] = ",".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pdbs)
             ev["outcome"] = "multiple-pdbs"
             # Returned as the handler's result, not raised: a bare Status, no reason, the message as is.
-            raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
-                           "subresource does not support.", "")
+            raise ApiError(
+                500,
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                "",
+            )
         pdb = pdbs[0]
         pmd, pst = pdb["metadata"], pdb.get("status") or {}
         live = store.pdb_math(pdb)
-        ev.update({"pdb": f"{pmd['namespace']}/{pmd['name']}",
-                   "disruptionsAllowedBefore": pst.get("disruptionsAllowed", 0),
-                   "currentHealthyBefore": live["currentHealthy"], "desiredHealthy": live["desiredHealthy"]})
+        ev.update(
+            {
+                "pdb": f"{pmd['namespace']}/{pmd['name']}",
+                "disruptionsAllowedBefore": pst.get("disruptionsAllowed", 0),
+                "currentHealthyBefore": live["currentHealthy"],
+                "desiredHealthy": live["desiredHealthy"],
+            }
+        )
         policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy", "IfHealthyBudget")
         if not is_pod_ready(pod):
             if policy == "AlwaysAllow":
@@ -104,27 +117,55 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
         too_many = "Cannot evict pod as it would violate the pod's disruption budget."
         if pst.get("observedGeneration", 0) < pmd.get("generation", 1):
             ev["outcome"] = "blocked-stale-pdb"
-            raise ApiError(429, too_many, "TooManyRequests", {"retryAfterSeconds": 10, "causes": [
-                {"reason": "DisruptionBudget",
-                 "message": f"The disruption budget {pmd['name']} is still being processed by the server."}]},
-                {"Retry-After": "10"})
+            raise ApiError(
+                429,
+                too_many,
+                "TooManyRequests",
+                {
+                    "retryAfterSeconds": 10,
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {pmd['name']} is still being processed by the server.",
+                        }
+                    ],
+                },
+                {"Retry-After": "10"},
+            )
         allowed = int(pst.get("disruptionsAllowed", 0))
         if allowed < 0:
             ev["outcome"] = "forbidden-negative-budget"
-            raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: pdb disruptions '
-                           'allowed is negative', "Forbidden",
-                           {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
+            raise ApiError(
+                403,
+                f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: pdb disruptions allowed is negative',
+                "Forbidden",
+                {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"},
+            )
         if len(pst.get("disruptedPods") or {}) > 2000:
             ev["outcome"] = "forbidden-too-many-disrupted"
-            raise ApiError(403, f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: DisruptedPods map '
-                           'too big - too many evictions not confirmed by PDB controller', "Forbidden",
-                           {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"})
+            raise ApiError(
+                403,
+                f'poddisruptionbudgets.policy "{pmd["name"]}" is forbidden: DisruptedPods map '
+                "too big - too many evictions not confirmed by PDB controller",
+                "Forbidden",
+                {"name": pmd["name"], "group": "policy", "kind": "poddisruptionbudgets"},
+            )
         if allowed == 0:
             ev["outcome"] = "blocked"
-            raise ApiError(429, too_many, "TooManyRequests", {"causes": [
-                {"reason": "DisruptionBudget",
-                 "message": f"The disruption budget {pmd['name']} needs {pst.get('desiredHealthy', 0)} healthy "
-                            f"pods and has {pst.get('currentHealthy', 0)} currently"}]})
+            raise ApiError(
+                429,
+                too_many,
+                "TooManyRequests",
+                {
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {pmd['name']} needs {pst.get('desiredHealthy', 0)} healthy "
+                            f"pods and has {pst.get('currentHealthy', 0)} currently",
+                        }
+                    ]
+                },
+            )
         if dry:
             ev["outcome"] = "evicted"
             return jresp(success, 201)
@@ -137,6 +178,7 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
         store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
         return do_delete("evicted")
 
+
 def _budget_status_write(store: Store, request: web.Request, pdb: dict, ev: dict) -> None:
     """Before the budget is decremented: the API server writes it through its own loopback client
     (`UpdateStatus`), so a status fault on `update poddisruptionbudgets/status` answers that internal
@@ -144,21 +186,39 @@ def _budget_status_write(store: Store, request: web.Request, pdb: dict, ev: dict
     change the budget meanwhile); after 20 the eviction fails with that Conflict, nothing written,
     the pod untouched. Any other error is the eviction's answer as it is. Lock held."""
     pmd = pdb["metadata"]
-    internal = {"verb": "update", "group": "policy", "version": "v1", "resource": "poddisruptionbudgets",
-                "subresource": "status", "namespace": pmd["namespace"], "name": pmd["name"]}
+    internal = {
+        "verb": "update",
+        "group": "policy",
+        "version": "v1",
+        "resource": "poddisruptionbudgets",
+        "subresource": "status",
+        "namespace": pmd["namespace"],
+        "name": pmd["name"],
+    }
     for _ in range(EVICTION_RETRY_STEPS):
         fault = store.faults.match(internal, status_only=True)
         if fault is None:
             return
         code = int(fault["action"]["status"])
         ev["budgetWriteFaults"] = ev.get("budgetWriteFaults", 0) + 1
-        store.audit_add({"time": time.time(), **internal, "write": True, "code": code,
-                              "userAgent": "lab-apiserver/eviction", "fault": {"id": fault["id"], **fault["action"]},
-                              "path": f"(internal, for {request.path})"})
+        store.audit_add(
+            {
+                "time": time.time(),
+                **internal,
+                "write": True,
+                "code": code,
+                "userAgent": "lab-apiserver/eviction",
+                "fault": {"id": fault["id"], **fault["action"]},
+                "path": f"(internal, for {request.path})",
+            }
+        )
         if code == 409:
             continue
         ev["outcome"] = "budget-write-failed"
-        raise ApiError(code, fault["action"].get("message") or f"injected fault: {REASONS.get(code, code)}",
-                       fault["action"].get("reason"))
+        raise ApiError(
+            code,
+            fault["action"].get("message") or f"injected fault: {REASONS.get(code, code)}",
+            fault["action"].get("reason"),
+        )
     ev["outcome"] = "budget-write-conflict"
     raise store.conflict(store.registry.types[PDBS], pmd["name"])

@@ -18,8 +18,11 @@ DIRECTIVES = ("Ignore", "Warn", "Strict")
 def directive(query) -> str:
     d = query.get("fieldValidation") or "Warn"
     if d not in DIRECTIVES:
-        raise ApiError(400, f'fieldValidation: Unsupported value: "{d}": supported values: "Ignore", "Strict", "Warn"',
-                       "BadRequest")
+        raise ApiError(
+            400,
+            f'fieldValidation: Unsupported value: "{d}": supported values: "Ignore", "Strict", "Warn"',
+            "BadRequest",
+        )
     return d
 
 
@@ -60,7 +63,10 @@ def check(body: Any, root: dict | None, query, kind: str, version: str, warnings
         return
     if d == "Strict":
         fields = ", ".join(f'unknown field "{u}"' for u in unknown)
-        raise ApiError(400, f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: '
-                       f"{fields}", "BadRequest")
+        raise ApiError(
+            400,
+            f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: {fields}',
+            "BadRequest",
+        )
     if d == "Warn":
         warnings.extend(f'unknown field "{u}"' for u in unknown)

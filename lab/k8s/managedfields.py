@@ -19,8 +19,18 @@ from . import schemas
 from .util import now_rfc3339
 
 # what the real field manager strips before tracking (k8s.io/apimachinery/pkg/util/managedfields stripmeta)
-STRIPPED_META = {"name", "namespace", "creationTimestamp", "selfLink", "uid", "generation", "managedFields",
-                 "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"}
+STRIPPED_META = {
+    "name",
+    "namespace",
+    "creationTimestamp",
+    "selfLink",
+    "uid",
+    "generation",
+    "managedFields",
+    "resourceVersion",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+}
 MEMBER = object()  # the value recorded for a path that has members under it (compared through its leaves)
 
 Path = tuple[str, ...]
@@ -130,8 +140,15 @@ def path_string(p: Path) -> str:
 
 # ---------------------------------------------------------------- entries
 class Entry:
-    def __init__(self, manager: str, operation: str, api_version: str, fields: set[Path], time: str | None = None,
-                 subresource: str = ""):
+    def __init__(
+        self,
+        manager: str,
+        operation: str,
+        api_version: str,
+        fields: set[Path],
+        time: str | None = None,
+        subresource: str = "",
+    ):
         self.manager, self.operation, self.api_version = manager, operation, api_version
         self.fields, self.time, self.subresource = fields, time, subresource
 
@@ -151,8 +168,14 @@ class Entry:
         return s
 
     def encode(self) -> dict:
-        d = {"manager": self.manager, "operation": self.operation, "apiVersion": self.api_version,
-             "time": self.time or now_rfc3339(), "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(self.fields)}
+        d = {
+            "manager": self.manager,
+            "operation": self.operation,
+            "apiVersion": self.api_version,
+            "time": self.time or now_rfc3339(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": to_fields_v1(self.fields),
+        }
         if self.subresource:
             d["subresource"] = self.subresource
         return d
@@ -163,8 +186,16 @@ def decode(managed: Any) -> list[Entry]:
     for m in managed or []:
         if not isinstance(m, dict) or not m.get("manager") and not m.get("fieldsV1"):
             continue
-        out.append(Entry(str(m.get("manager", "")), m.get("operation") or "Update", m.get("apiVersion") or "",
-                         from_fields_v1(m.get("fieldsV1") or {}), m.get("time"), m.get("subresource") or ""))
+        out.append(
+            Entry(
+                str(m.get("manager", "")),
+                m.get("operation") or "Update",
+                m.get("apiVersion") or "",
+                from_fields_v1(m.get("fieldsV1") or {}),
+                m.get("time"),
+                m.get("subresource") or "",
+            )
+        )
     return out
 
 
@@ -182,8 +213,9 @@ def default_manager(field_manager: str | None, user_agent: str | None) -> str:
 
 
 # ---------------------------------------------------------------- recording a write that is not an apply
-def record_update(old: dict | None, new: dict, root: dict | None, manager: str, api_version: str,
-                  subresource: str = "") -> None:
+def record_update(
+    old: dict | None, new: dict, root: dict | None, manager: str, api_version: str, subresource: str = ""
+) -> None:
     """Set new.metadata.managedFields after a create (old None) or an update by `manager`."""
     md = new.setdefault("metadata", {})
     sent = decode(md.get("managedFields"))
@@ -206,4 +238,3 @@ def record_update(old: dict | None, new: dict, root: dict | None, manager: str, 
         kept.append(e)
     mine.fields = (mine.fields | changed) - removed
     md["managedFields"] = encode(kept + [mine])
-

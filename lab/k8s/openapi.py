@@ -27,28 +27,32 @@ if TYPE_CHECKING:
 V2_PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"  # what clients ask for
 V2_PROTOBUF_SENT = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"  # what the server labels it
 V3_SCHEMAS = "#/components/schemas/"
-PATCH_TYPES = ["application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json",
-               "application/strategic-merge-patch+json"]
+PATCH_TYPES = [
+    "application/apply-patch+yaml",
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+]
 META = "io.k8s.apimachinery.pkg.apis.meta.v1."
 QUERY_DOCS = {
     "dryRun": "When present, indicates that modifications should not be persisted. An invalid or unrecognized "
-              "dryRun directive will result in an error response and no further processing of the request. "
-              "Valid values are: - All: all dry run stages will be processed",
+    "dryRun directive will result in an error response and no further processing of the request. "
+    "Valid values are: - All: all dry run stages will be processed",
     "fieldManager": "fieldManager is a name associated with the actor or entity that is making these changes. "
-                    "The value must be less than or 128 characters long, and only contain printable characters, "
-                    "as defined by https://golang.org/pkg/unicode/#IsPrint. This field is required for apply "
-                    "requests (application/apply-patch) but optional for non-apply patch types (JsonPatch, "
-                    "MergePatch, StrategicMergePatch).",
+    "The value must be less than or 128 characters long, and only contain printable characters, "
+    "as defined by https://golang.org/pkg/unicode/#IsPrint. This field is required for apply "
+    "requests (application/apply-patch) but optional for non-apply patch types (JsonPatch, "
+    "MergePatch, StrategicMergePatch).",
     "fieldValidation": "fieldValidation instructs the server on how to handle objects in the request "
-                       "(POST/PUT/PATCH) containing unknown or duplicate fields. Valid values are: - Ignore: This "
-                       "will ignore any unknown fields that are silently dropped from the object, and will ignore "
-                       "all but the last duplicate field that the decoder encounters. - Warn: This will send a "
-                       "warning via the standard warning response header for each unknown field that is dropped "
-                       "from the object, and for each duplicate field that is encountered. - Strict: This will "
-                       "fail the request with a BadRequest error if any unknown fields would be dropped from the "
-                       "object, or if any duplicate fields are present.",
-    "force": "Force is going to \"force\" Apply requests. It means user will re-acquire conflicting fields owned "
-             "by other people. Force flag must be unset for non-apply patch requests.",
+    "(POST/PUT/PATCH) containing unknown or duplicate fields. Valid values are: - Ignore: This "
+    "will ignore any unknown fields that are silently dropped from the object, and will ignore "
+    "all but the last duplicate field that the decoder encounters. - Warn: This will send a "
+    "warning via the standard warning response header for each unknown field that is dropped "
+    "from the object, and for each duplicate field that is encountered. - Strict: This will "
+    "fail the request with a BadRequest error if any unknown fields would be dropped from the "
+    "object, or if any duplicate fields are present.",
+    "force": 'Force is going to "force" Apply requests. It means user will re-acquire conflicting fields owned '
+    "by other people. Force flag must be unset for non-apply patch requests.",
     "pretty": "If 'true', then the output is pretty printed.",
 }
 
@@ -71,15 +75,22 @@ def gv_path(group: str, version: str) -> str:
 
 def _schema_names(store: "Store", rt: "ResourceType", version: str) -> tuple[str | None, str | None]:
     if rt.builtin:
-        return (schemas.builtin_name(rt.group, version, rt.kind),
-                schemas.builtin_name(rt.group, version, f"{rt.kind}List"))
+        return (
+            schemas.builtin_name(rt.group, version, rt.kind),
+            schemas.builtin_name(rt.group, version, f"{rt.kind}List"),
+        )
     return (schemas.crd_name(rt.group, version, rt.kind), schemas.crd_name(rt.group, version, f"{rt.kind}List"))
 
 
 # ---------------------------------------------------------------- operations (v2 form)
 def _query(name: str) -> dict:
-    return {"uniqueItems": True, "type": "boolean" if name == "force" else "string", "description": QUERY_DOCS[name],
-            "name": name, "in": "query"}
+    return {
+        "uniqueItems": True,
+        "type": "boolean" if name == "force" else "string",
+        "description": QUERY_DOCS[name],
+        "name": name,
+        "in": "query",
+    }
 
 
 def _ref(name: str | None) -> dict:
@@ -97,27 +108,59 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
     consumes = PATCH_TYPES if rt.builtin else PATCH_TYPES[:3]
     write = [_query("dryRun"), _query("fieldManager"), _query("fieldValidation")]
 
-    def op(action: str, verb: str, what: str, body: dict | None = None, resp: str | None = obj_def,
-           params: list | None = None, codes: tuple = ("200",), kind_gvk: dict = gvk) -> dict:
-        o: dict[str, Any] = {"tags": tags, "description": f"{verb} {what}",
-                             "operationId": f"{action}{camel}{ns if 'AllNamespaces' not in what else ''}"
-                                            f"{what.replace(' ', '')}",
-                             "consumes": ["*/*"], "produces": ["application/json", "application/yaml"],
-                             "schemes": ["https"], "parameters": list(params or []),
-                             "responses": {c: {"description": "OK" if c == "200" else
-                                               ("Created" if c == "201" else "Accepted"), "schema": _ref(resp)}
-                                           for c in codes},
-                             "x-kubernetes-action": verb, "x-kubernetes-group-version-kind": kind_gvk}
+    def op(
+        action: str,
+        verb: str,
+        what: str,
+        body: dict | None = None,
+        resp: str | None = obj_def,
+        params: list | None = None,
+        codes: tuple = ("200",),
+        kind_gvk: dict = gvk,
+    ) -> dict:
+        o: dict[str, Any] = {
+            "tags": tags,
+            "description": f"{verb} {what}",
+            "operationId": f"{action}{camel}{ns if 'AllNamespaces' not in what else ''}{what.replace(' ', '')}",
+            "consumes": ["*/*"],
+            "produces": ["application/json", "application/yaml"],
+            "schemes": ["https"],
+            "parameters": list(params or []),
+            "responses": {
+                c: {
+                    "description": "OK" if c == "200" else ("Created" if c == "201" else "Accepted"),
+                    "schema": _ref(resp),
+                }
+                for c in codes
+            },
+            "x-kubernetes-action": verb,
+            "x-kubernetes-group-version-kind": kind_gvk,
+        }
         if body is not None:
             o["parameters"].insert(0, {"name": "body", "in": "body", "required": True, "schema": body})
         return o
 
-    path_params = [{"uniqueItems": True, "type": "string", "description": f"name of the {rt.kind}",
-                    "name": "name", "in": "path", "required": True}]
+    path_params = [
+        {
+            "uniqueItems": True,
+            "type": "string",
+            "description": f"name of the {rt.kind}",
+            "name": "name",
+            "in": "path",
+            "required": True,
+        }
+    ]
     if rt.namespaced:
-        path_params.append({"uniqueItems": True, "type": "string", "description": "object name and auth scope, "
-                            "such as for teams and projects", "name": "namespace", "in": "path",
-                            "required": True})
+        path_params.append(
+            {
+                "uniqueItems": True,
+                "type": "string",
+                "description": "object name and auth scope, such as for teams and projects",
+                "name": "namespace",
+                "in": "path",
+                "required": True,
+            }
+        )
     coll_params = path_params[1:]
     verbs = set(rt.verbs)
     out: dict[str, dict] = {}
@@ -127,38 +170,64 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
     if "create" in verbs:
         c["post"] = op("create", "post", rt.kind, body=_ref(obj_def), params=write, codes=("200", "201", "202"))
     if "deletecollection" in verbs:
-        c["delete"] = op("deletecollection", "deletecollection", f"Collection{rt.kind}",
-                         body=_ref(META + "DeleteOptions"), resp=META + "Status",
-                         params=[_query("dryRun")])
+        c["delete"] = op(
+            "deletecollection",
+            "deletecollection",
+            f"Collection{rt.kind}",
+            body=_ref(META + "DeleteOptions"),
+            resp=META + "Status",
+            params=[_query("dryRun")],
+        )
     out[coll] = c
     one: dict[str, Any] = {"parameters": path_params + [_query("pretty")]}
     one["get"] = op("read", "get", rt.kind)
     one["put"] = op("replace", "put", rt.kind, body=_ref(obj_def), params=write, codes=("200", "201"))
-    one["patch"] = op("patch", "patch", rt.kind, body=_ref(META + "Patch"),
-                      params=write + [_query("force")], codes=("200", "201"))
+    one["patch"] = op(
+        "patch", "patch", rt.kind, body=_ref(META + "Patch"), params=write + [_query("force")], codes=("200", "201")
+    )
     one["patch"]["consumes"] = list(consumes)
-    one["delete"] = op("delete", "delete", rt.kind, body=_ref(META + "DeleteOptions"), resp=META + "Status",
-                       params=[_query("dryRun")], codes=("200", "202"))
+    one["delete"] = op(
+        "delete",
+        "delete",
+        rt.kind,
+        body=_ref(META + "DeleteOptions"),
+        resp=META + "Status",
+        params=[_query("dryRun")],
+        codes=("200", "202"),
+    )
     out[f"{coll}/{{name}}"] = one
     if rt.status:
         st: dict[str, Any] = {"parameters": path_params + [_query("pretty")]}
         st["get"] = op("read", "get", f"{rt.kind}Status")
-        st["put"] = op("replace", "put", f"{rt.kind}Status", body=_ref(obj_def), params=write,
-                       codes=("200", "201"))
-        st["patch"] = op("patch", "patch", f"{rt.kind}Status", body=_ref(META + "Patch"),
-                         params=write + [_query("force")], codes=("200", "201"))
+        st["put"] = op("replace", "put", f"{rt.kind}Status", body=_ref(obj_def), params=write, codes=("200", "201"))
+        st["patch"] = op(
+            "patch",
+            "patch",
+            f"{rt.kind}Status",
+            body=_ref(META + "Patch"),
+            params=write + [_query("force")],
+            codes=("200", "201"),
+        )
         st["patch"]["consumes"] = list(consumes)
         out[f"{coll}/{{name}}/status"] = st
     if rt.namespaced and "list" in verbs:
-        out[f"{base}/{rt.plural}"] = {"parameters": [_query("pretty")],
-                                      "get": op("list", "list", f"{rt.kind}ForAllNamespaces", resp=list_def)}
+        out[f"{base}/{rt.plural}"] = {
+            "parameters": [_query("pretty")],
+            "get": op("list", "list", f"{rt.kind}ForAllNamespaces", resp=list_def),
+        }
     if rt.key == ("", "pods"):
         out[f"{coll}/{{name}}/eviction"] = {
             "parameters": path_params + [_query("pretty")],
-            "post": op("create", "post", "PodEviction", body=_ref("io.k8s.api.policy.v1.Eviction"),
-                       params=[_query("dryRun"), _query("fieldManager"), _query("fieldValidation")],
-                       codes=("200", "201", "202"),
-                       kind_gvk={"group": "policy", "kind": "Eviction", "version": "v1"})}
+            "post": op(
+                "create",
+                "post",
+                "PodEviction",
+                body=_ref("io.k8s.api.policy.v1.Eviction"),
+                params=[_query("dryRun"), _query("fieldManager"), _query("fieldValidation")],
+                codes=("200", "201", "202"),
+                kind_gvk={"group": "policy", "kind": "Eviction", "version": "v1"},
+            ),
+        }
     return out
 
 
@@ -195,8 +264,12 @@ def _paths_and_definitions(store: "Store", kinds) -> tuple[dict, dict]:
 
 def v2_document(store: "Store", version_info: dict) -> dict:
     paths, defs = _paths_and_definitions(store, list(_kinds(store)))
-    return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": version_info["gitVersion"]},
-            "paths": paths, "definitions": defs}
+    return {
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": version_info["gitVersion"]},
+        "paths": paths,
+        "definitions": defs,
+    }
 
 
 def _to_v3(node: Any) -> Any:
@@ -208,7 +281,7 @@ def _to_v3(node: Any) -> Any:
     out = {k: _to_v3(v) for k, v in node.items() if k != "$ref"}
     ref = node.get("$ref")
     if isinstance(ref, str):
-        ref = V3_SCHEMAS + ref[len(schemas.REF):] if ref.startswith(schemas.REF) else ref
+        ref = V3_SCHEMAS + ref[len(schemas.REF) :] if ref.startswith(schemas.REF) else ref
         if out:
             out["allOf"] = [{"$ref": ref}]
         else:
@@ -221,18 +294,32 @@ def _v3_operation(op: dict) -> dict:
     params = []
     for p in op.get("parameters") or []:
         if p.get("in") == "body":
-            o["requestBody"] = {"content": {m: {"schema": _to_v3(p["schema"])} for m in
-                                            (op["consumes"] if op.get("consumes") != ["*/*"] else ["*/*"])},
-                                "required": True}
+            o["requestBody"] = {
+                "content": {
+                    m: {"schema": _to_v3(p["schema"])}
+                    for m in (op["consumes"] if op.get("consumes") != ["*/*"] else ["*/*"])
+                },
+                "required": True,
+            }
             continue
-        params.append({"name": p["name"], "in": p["in"], "description": p.get("description", ""),
-                       **({"required": True} if p.get("required") else {}),
-                       "schema": {"type": p.get("type", "string"), "uniqueItems": True}})
+        params.append(
+            {
+                "name": p["name"],
+                "in": p["in"],
+                "description": p.get("description", ""),
+                **({"required": True} if p.get("required") else {}),
+                "schema": {"type": p.get("type", "string"), "uniqueItems": True},
+            }
+        )
     if params:
         o["parameters"] = params
-    o["responses"] = {c: {"description": r["description"],
-                          "content": {m: {"schema": _to_v3(r["schema"])} for m in op.get("produces") or []}}
-                      for c, r in (op.get("responses") or {}).items()}
+    o["responses"] = {
+        c: {
+            "description": r["description"],
+            "content": {m: {"schema": _to_v3(r["schema"])} for m in op.get("produces") or []},
+        }
+        for c, r in (op.get("responses") or {}).items()
+    }
     return o
 
 
@@ -265,13 +352,23 @@ def _v3(store: "Store", kinds, git_version: str) -> dict:
         for verb in ("get", "put", "post", "delete", "patch"):
             if verb in item:
                 it[verb] = _v3_operation(item[verb])
-        it["parameters"] = [{"name": q["name"], "in": q["in"], "description": q.get("description", ""),
-                             **({"required": True} if q.get("required") else {}),
-                             "schema": {"type": q.get("type", "string"), "uniqueItems": True}}
-                            for q in item.get("parameters") or []]
+        it["parameters"] = [
+            {
+                "name": q["name"],
+                "in": q["in"],
+                "description": q.get("description", ""),
+                **({"required": True} if q.get("required") else {}),
+                "schema": {"type": q.get("type", "string"), "uniqueItems": True},
+            }
+            for q in item.get("parameters") or []
+        ]
         v3_paths[p] = it
-    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": git_version}, "paths": v3_paths,
-            "components": {"schemas": {n: _to_v3(s) for n, s in defs.items()}}}
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": git_version},
+        "paths": v3_paths,
+        "components": {"schemas": {n: _to_v3(s) for n, s in defs.items()}},
+    }
 
 
 def _encode(doc: dict) -> tuple[bytes, str]:
@@ -306,15 +403,20 @@ def serve(store: "Store", parts: list[str], query: dict, accept: str, version_in
                 return 200, openapi_proto.document(doc), V2_PROTOBUF_SENT, {}
             if _accepts(accept, "application/json", "*/*", "application/*"):
                 return 200, _encode(doc)[0], "application/json", {}
-            raise ApiError(406, f"only the following media types are accepted: application/json, {V2_PROTOBUF}",
-                           "NotAcceptable")
+            raise ApiError(
+                406, f"only the following media types are accepted: application/json, {V2_PROTOBUF}", "NotAcceptable"
+            )
         if parts[:2] != ["openapi", "v3"]:
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         if not _accepts(accept, "application/json", "*/*", "application/*"):
             raise ApiError(406, "only the following media types are accepted: application/json", "NotAcceptable")
         if len(parts) == 2:
-            return 200, json.dumps(v3_index(store, version_info)).encode(), "application/json", \
-                {"Cache-Control": "no-cache, private"}
+            return (
+                200,
+                json.dumps(v3_index(store, version_info)).encode(),
+                "application/json",
+                {"Cache-Control": "no-cache, private"},
+            )
         rest = parts[2:]
         if rest[:1] == ["api"] and len(rest) == 2:
             group, version = "", rest[1]

@@ -58,8 +58,7 @@ def _msgs(num: int, parts: Iterable[bytes]) -> bytes:
 
 # ---------------------------------------------------------------- messages
 def _any(value: Any) -> bytes:  # Any { yaml = 2 }
-    return _str(2, yaml.safe_dump(value, default_flow_style=False, sort_keys=False).rstrip("\n")
-                .removesuffix("\n..."))
+    return _str(2, yaml.safe_dump(value, default_flow_style=False, sort_keys=False).rstrip("\n").removesuffix("\n..."))
 
 
 def _named_any(name: str, value: Any) -> bytes:
@@ -71,15 +70,24 @@ def _extensions(num: int, d: dict) -> bytes:
 
 
 def schema(s: dict) -> bytes:
-    out = [_str(1, s.get("$ref")), _str(2, s.get("format")), _str(3, s.get("title")),
-           _str(4, s.get("description"))]
+    out = [_str(1, s.get("$ref")), _str(2, s.get("format")), _str(3, s.get("title")), _str(4, s.get("description"))]
     if "default" in s:
         out.append(_bytes(5, _any(s["default"])))
-    out += [_double(6, s.get("multipleOf")), _double(7, s.get("maximum")), _bool(8, s.get("exclusiveMaximum")),
-            _double(9, s.get("minimum")), _bool(10, s.get("exclusiveMinimum")), _int(11, s.get("maxLength")),
-            _int(12, s.get("minLength")), _str(13, s.get("pattern")), _int(14, s.get("maxItems")),
-            _int(15, s.get("minItems")), _bool(16, s.get("uniqueItems")), _int(17, s.get("maxProperties")),
-            _int(18, s.get("minProperties"))]
+    out += [
+        _double(6, s.get("multipleOf")),
+        _double(7, s.get("maximum")),
+        _bool(8, s.get("exclusiveMaximum")),
+        _double(9, s.get("minimum")),
+        _bool(10, s.get("exclusiveMinimum")),
+        _int(11, s.get("maxLength")),
+        _int(12, s.get("minLength")),
+        _str(13, s.get("pattern")),
+        _int(14, s.get("maxItems")),
+        _int(15, s.get("minItems")),
+        _bool(16, s.get("uniqueItems")),
+        _int(17, s.get("maxProperties")),
+        _int(18, s.get("minProperties")),
+    ]
     out += [_str(19, r) for r in s.get("required") or []]
     out += [_bytes(20, _any(e)) for e in s.get("enum") or []]
     extra = s.get("additionalProperties")
@@ -102,12 +110,18 @@ def schema(s: dict) -> bytes:
 
 def _parameter(p: dict) -> bytes:  # ParametersItem { Parameter parameter = 1 }
     if p.get("in") == "body":
-        body = (_str(1, p.get("description")) + _str(2, p.get("name")) + _str(3, "body") +
-                _bool(4, p.get("required")) + _bytes(5, schema(p.get("schema") or {})))
+        body = (
+            _str(1, p.get("description"))
+            + _str(2, p.get("name"))
+            + _str(3, "body")
+            + _bool(4, p.get("required"))
+            + _bytes(5, schema(p.get("schema") or {}))
+        )
         param = _bytes(1, body)
     else:
-        common = (_bool(1, p.get("required")) + _str(2, p.get("in")) + _str(3, p.get("description")) +
-                  _str(4, p.get("name")))
+        common = (
+            _bool(1, p.get("required")) + _str(2, p.get("in")) + _str(3, p.get("description")) + _str(4, p.get("name"))
+        )
         if p.get("in") == "path":  # PathParameterSubSchema: type = 5, unique_items = 19
             sub = common + _str(5, p.get("type")) + _bool(19, p.get("uniqueItems"))
             param = _bytes(2, _bytes(4, sub))
@@ -149,8 +163,7 @@ def _path_item(item: dict) -> bytes:
 
 def document(doc: dict) -> bytes:
     info = doc.get("info") or {}
-    out = [_str(1, doc.get("swagger", "2.0")),
-           _bytes(2, _str(1, info.get("title")) + _str(2, info.get("version")))]
+    out = [_str(1, doc.get("swagger", "2.0")), _bytes(2, _str(1, info.get("title")) + _str(2, info.get("version")))]
     paths = doc.get("paths") or {}
     out.append(_bytes(8, _msgs(2, (_str(1, p) + _bytes(2, _path_item(i)) for p, i in paths.items()))))
     defs = doc.get("definitions") or {}

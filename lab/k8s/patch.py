@@ -44,15 +44,15 @@ def _resolve_parent(doc: Any, toks: list[str], path: str) -> tuple[Any, str]:
     for t in toks[:-1]:
         if isinstance(cur, dict):
             if t not in cur:
-                raise PatchError(422, f"doc is missing path: \"{path}\": missing value")
+                raise PatchError(422, f'doc is missing path: "{path}": missing value')
             cur = cur[t]
         elif isinstance(cur, list):
             try:
                 cur = cur[int(t)]
             except (ValueError, IndexError):
-                raise PatchError(422, f"doc is missing path: \"{path}\": missing value") from None
+                raise PatchError(422, f'doc is missing path: "{path}": missing value') from None
         else:
-            raise PatchError(422, f"doc is missing path: \"{path}\": missing value")
+            raise PatchError(422, f'doc is missing path: "{path}": missing value')
     return cur, toks[-1]
 
 
@@ -68,7 +68,7 @@ def _get(doc: Any, path: str) -> Any:
             return parent[int(last)]
     except (KeyError, ValueError, IndexError):
         pass
-    raise PatchError(422, f"doc is missing path: \"{path}\": missing value")
+    raise PatchError(422, f'doc is missing path: "{path}": missing value')
 
 
 def _add(doc: Any, path: str, value: Any) -> Any:
@@ -87,10 +87,10 @@ def _add(doc: Any, path: str, value: Any) -> Any:
             except ValueError:
                 raise PatchError(422, f"invalid array index {last!r}") from None
             if i < 0 or i > len(parent):
-                raise PatchError(422, f"add operation does not apply: doc is missing path: \"{path}\": missing value")
+                raise PatchError(422, f'add operation does not apply: doc is missing path: "{path}": missing value')
             parent.insert(i, value)
     else:
-        raise PatchError(422, f"doc is missing path: \"{path}\": missing value")
+        raise PatchError(422, f'doc is missing path: "{path}": missing value')
     return doc
 
 
@@ -106,7 +106,7 @@ def _remove(doc: Any, path: str) -> Any:
             return doc
     except (KeyError, ValueError, IndexError):
         pass
-    raise PatchError(422, f"remove operation does not apply: doc is missing path: \"{path}\": missing value")
+    raise PatchError(422, f'remove operation does not apply: doc is missing path: "{path}": missing value')
 
 
 def json_patch(doc: Any, ops: Any) -> Any:
@@ -145,8 +145,18 @@ def json_patch(doc: Any, ops: Any) -> Any:
 
 
 # ---------------------------------------------------------------- strategic merge patch
-_NAME_KEYED = {"containers", "initContainers", "ephemeralContainers", "volumes", "env", "volumeMounts",
-               "imagePullSecrets", "volumeDevices", "resourceClaims", "hostAliases_"}
+_NAME_KEYED = {
+    "containers",
+    "initContainers",
+    "ephemeralContainers",
+    "volumes",
+    "env",
+    "volumeMounts",
+    "imagePullSecrets",
+    "volumeDevices",
+    "resourceClaims",
+    "hostAliases_",
+}
 
 
 def merge_key(field: str, path: tuple[str, ...], kind: str) -> str | None:

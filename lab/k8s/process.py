@@ -24,9 +24,17 @@ class ChildProcess:
     module = ""
     name = "child"
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, startup_timeout: float = 20.0,
-                 stop_timeout: float = 10.0, extra_args: list[str] | None = None, env: dict | None = None,
-                 cwd: str | None = None):
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout: float = 20.0,
+        stop_timeout: float = 10.0,
+        extra_args: list[str] | None = None,
+        env: dict | None = None,
+        cwd: str | None = None,
+    ):
         self.host = host
         self.port = port
         self.startup_timeout = startup_timeout
@@ -44,9 +52,17 @@ class ChildProcess:
         return []
 
     def command(self, ready_file: str) -> list[str]:
-        cmd = [sys.executable, "-m", self.module, "--host", self.host,
-               "--port", str(self.port if self.port is not None else free_port(self.host)),
-               "--ready-file", ready_file]
+        cmd = [
+            sys.executable,
+            "-m",
+            self.module,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port if self.port is not None else free_port(self.host)),
+            "--ready-file",
+            ready_file,
+        ]
         return cmd + self.extra_command() + self.extra_args
 
     def _stderr_tail(self, n: int = 4000) -> str:
@@ -67,8 +83,14 @@ class ChildProcess:
         if self.env:
             env.update(self.env)
         with open(self._stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(self.command(ready), stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                         cwd=self.cwd, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(ready),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -120,12 +142,30 @@ class EmulatorProcess(ChildProcess):
     module = "lab.k8s"
     name = "lab-k8s"
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int | None = None, seeds: list[str] | None = None,
-                 state_file: str | None = None, pod_start_seconds: float | None = None,
-                 grace_scale: float | None = None, startup_timeout: float = 20.0, stop_timeout: float = 10.0,
-                 extra_args: list[str] | None = None, env: dict | None = None, cwd: str | None = None):
-        super().__init__(host=host, port=port, startup_timeout=startup_timeout, stop_timeout=stop_timeout,
-                         extra_args=extra_args, env=env, cwd=cwd)
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        seeds: list[str] | None = None,
+        state_file: str | None = None,
+        pod_start_seconds: float | None = None,
+        grace_scale: float | None = None,
+        startup_timeout: float = 20.0,
+        stop_timeout: float = 10.0,
+        extra_args: list[str] | None = None,
+        env: dict | None = None,
+        cwd: str | None = None,
+    ):
+        super().__init__(
+            host=host,
+            port=port,
+            startup_timeout=startup_timeout,
+            stop_timeout=stop_timeout,
+            extra_args=extra_args,
+            env=env,
+            cwd=cwd,
+        )
         self.seeds = list(seeds or [])
         self.state_file = state_file
         self.pod_start_seconds = pod_start_seconds

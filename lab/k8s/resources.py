@@ -69,8 +69,15 @@ class Info:
         self.rt: ResourceType | None = None
 
     def as_dict(self) -> dict:
-        return {"verb": self.verb, "group": self.group, "version": self.version, "resource": self.resource,
-                "subresource": self.subresource, "namespace": self.namespace, "name": self.name}
+        return {
+            "verb": self.verb,
+            "group": self.group,
+            "version": self.version,
+            "resource": self.resource,
+            "subresource": self.subresource,
+            "namespace": self.namespace,
+            "name": self.name,
+        }
 
 
 def _b(group, version, plural, kind, namespaced, **kw) -> ResourceType:
@@ -78,15 +85,25 @@ def _b(group, version, plural, kind, namespaced, **kw) -> ResourceType:
 
 
 BUILTINS: list[ResourceType] = [
-    _b("", "v1", "namespaces", "Namespace", False, short_names=["ns"], status=True, generation=False,
-       verbs=NO_COLLECTION),
+    _b(
+        "",
+        "v1",
+        "namespaces",
+        "Namespace",
+        False,
+        short_names=["ns"],
+        status=True,
+        generation=False,
+        verbs=NO_COLLECTION,
+    ),
     _b("", "v1", "nodes", "Node", False, short_names=["no"], status=True, generation=False),
     _b("", "v1", "pods", "Pod", True, short_names=["po"], status=True, categories=["all"]),
     _b("", "v1", "secrets", "Secret", True, generation=False),
     _b("", "v1", "configmaps", "ConfigMap", True, short_names=["cm"], generation=False),
     _b("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=["sa"], generation=False),
-    _b("", "v1", "services", "Service", True, short_names=["svc"], status=True, categories=["all"],
-       verbs=NO_COLLECTION),
+    _b(
+        "", "v1", "services", "Service", True, short_names=["svc"], status=True, categories=["all"], verbs=NO_COLLECTION
+    ),
     _b("", "v1", "resourcequotas", "ResourceQuota", True, short_names=["quota"], status=True),
     _b("", "v1", "limitranges", "LimitRange", True, short_names=["limits"]),
     _b("", "v1", "events", "Event", True, short_names=["ev"], generation=False),
@@ -103,14 +120,29 @@ BUILTINS: list[ResourceType] = [
     _b("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, generation=False),
     _b("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=["netpol"]),
     _b("batch", "v1", "jobs", "Job", True, status=True, categories=["all"]),
-    _b("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=["pc"],
-       generation=False),
-    _b("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
-       short_names=["crd", "crds"], status=True),
+    _b("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=["pc"], generation=False),
+    _b(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        short_names=["crd", "crds"],
+        status=True,
+    ),
 ]
 
-GROUP_ORDER = ["", "apps", "events.k8s.io", "batch", "policy", "rbac.authorization.k8s.io",
-               "networking.k8s.io", "scheduling.k8s.io", "apiextensions.k8s.io"]
+GROUP_ORDER = [
+    "",
+    "apps",
+    "events.k8s.io",
+    "batch",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "networking.k8s.io",
+    "scheduling.k8s.io",
+    "apiextensions.k8s.io",
+]
 
 
 class Registry:
@@ -148,12 +180,18 @@ class Registry:
         if not versions:
             return None
         storage = next((v for v in versions if v.get("storage")), versions[0])
-        status = any("status" in ((v.get("subresources") or {})) for v in versions)
+        status = any("status" in (v.get("subresources") or {}) for v in versions)
         rt = ResourceType(
-            group=group, version=storage["name"], plural=plural, kind=kind,
+            group=group,
+            version=storage["name"],
+            plural=plural,
+            kind=kind,
             namespaced=(spec.get("scope", "Namespaced") == "Namespaced"),
-            singular=names.get("singular") or kind.lower(), short_names=list(names.get("shortNames") or []),
-            status=status, builtin=False, categories=list(names.get("categories") or []),
+            singular=names.get("singular") or kind.lower(),
+            short_names=list(names.get("shortNames") or []),
+            status=status,
+            builtin=False,
+            categories=list(names.get("categories") or []),
             versions=[v["name"] for v in versions],
         )
         self.types[rt.key] = rt
@@ -178,17 +216,18 @@ class Registry:
 
     def api_group_list(self) -> dict:
         groups = self.groups()
-        names = [g for g in GROUP_ORDER if g in groups and g] + sorted(
-            g for g in groups if g and g not in GROUP_ORDER)
+        names = [g for g in GROUP_ORDER if g in groups and g] + sorted(g for g in groups if g and g not in GROUP_ORDER)
         items = []
         for g in names:
             vs = groups[g]
             pref = next((rt.version for rt in self.types.values() if rt.group == g), vs[0])
-            items.append({
-                "name": g,
-                "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-                "preferredVersion": {"groupVersion": f"{g}/{pref}", "version": pref},
-            })
+            items.append(
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                    "preferredVersion": {"groupVersion": f"{g}/{pref}", "version": pref},
+                }
+            )
         return {"kind": "APIGroupList", "apiVersion": "v1", "groups": items}
 
     def api_group(self, group: str) -> dict | None:
@@ -203,18 +242,39 @@ class Registry:
             return None
         resources = []
         for rt in sorted(rts, key=lambda r: r.plural):
-            entry = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                     "kind": rt.kind, "verbs": list(rt.verbs)}
+            entry = {
+                "name": rt.plural,
+                "singularName": rt.singular,
+                "namespaced": rt.namespaced,
+                "kind": rt.kind,
+                "verbs": list(rt.verbs),
+            }
             if rt.short_names:
                 entry["shortNames"] = list(rt.short_names)
             if rt.categories:
                 entry["categories"] = list(rt.categories)
             resources.append(entry)
             if rt.status:
-                resources.append({"name": f"{rt.plural}/status", "singularName": "", "namespaced": rt.namespaced,
-                                  "kind": rt.kind, "verbs": ["get", "patch", "update"]})
+                resources.append(
+                    {
+                        "name": f"{rt.plural}/status",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
             if rt.key == ("", "pods"):
-                resources.append({"name": "pods/eviction", "singularName": "", "namespaced": True,
-                                  "group": "policy", "version": "v1", "kind": "Eviction", "verbs": ["create"]})
+                resources.append(
+                    {
+                        "name": "pods/eviction",
+                        "singularName": "",
+                        "namespaced": True,
+                        "group": "policy",
+                        "version": "v1",
+                        "kind": "Eviction",
+                        "verbs": ["create"],
+                    }
+                )
         gv = f"{group}/{version}" if group else version
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}

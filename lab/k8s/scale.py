@@ -25,24 +25,36 @@ NS = "millwright-system"
 
 def job(name: str, node: str) -> dict:
     labels = {"millwright.dev/node": node, "millwright.dev/package": "bench", "millwright.dev/stage": "apply"}
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 600,
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"nodeName": node, "restartPolicy": "Never",
-                                           "initContainers": [{"name": "apply", "image": "x:1"}],
-                                           "containers": [{"name": "apply-check", "image": "x:1"}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 600,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeName": node,
+                    "restartPolicy": "Never",
+                    "initContainers": [{"name": "apply", "image": "x:1"}],
+                    "containers": [{"name": "apply-check", "image": "x:1"}],
+                },
+            },
+        },
+    }
 
 
 async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> None:
+    from temporalio.testing import ActivityEnvironment
+
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
     from activities.kube.models import NodePageRequest
-    from temporalio.testing import ActivityEnvironment
 
     with EmulatorProcess(pod_start_seconds=0.05, grace_scale=0.01, startup_timeout=60) as emu:
         admin = EmulatorAdmin(emu.url, timeout=600)
-        fleet = Fleet.model_validate({"nodes": [{"prefix": "node-", "count": nodes, "digits": 5}],
-                                      "namespaces": [NS]})
+        fleet = Fleet.model_validate({"nodes": [{"prefix": "node-", "count": nodes, "digits": 5}], "namespaces": [NS]})
         t = time.monotonic()
         await admin.seed(fleet.to_objects())
         print(f"seed {nodes} nodes: {time.monotonic() - t:.2f}s")
@@ -60,8 +72,10 @@ async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> N
                 token = body["metadata"].get("continue")
                 if not token:
                     break
-            print(f"raw list_node limit=500: {count} nodes in {pages} pages, {time.monotonic() - t:.2f}s "
-                  f"(slowest page {worst * 1000:.0f} ms)")
+            print(
+                f"raw list_node limit=500: {count} nodes in {pages} pages, {time.monotonic() - t:.2f}s "
+                f"(slowest page {worst * 1000:.0f} ms)"
+            )
 
             with tempfile.TemporaryDirectory() as d:
                 kc = Path(d) / "kubeconfig"
@@ -71,15 +85,17 @@ async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> N
                 env = ActivityEnvironment()
                 t, count, token, pages = time.monotonic(), 0, None, 0
                 while True:
-                    page = await env.run(kube.list_nodes_page, NodePageRequest(cluster="lab", limit=500,
-                                                                               continue_token=token))
+                    page = await env.run(
+                        kube.list_nodes_page, NodePageRequest(cluster="lab", limit=500, continue_token=token)
+                    )
                     pages += 1
                     count += len(page.nodes)
                     token = page.continue_token
                     if not token:
                         break
-                print(f"list_nodes_page activity limit=500: {count} nodes in {pages} pages, "
-                      f"{time.monotonic() - t:.2f}s")
+                print(
+                    f"list_nodes_page activity limit=500: {count} nodes in {pages} pages, {time.monotonic() - t:.2f}s"
+                )
                 await connector.close()
 
             t = time.monotonic()
@@ -88,8 +104,9 @@ async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> N
 
             async def create(i: int) -> None:
                 async with sem:
-                    r = await http.post(f"/apis/batch/v1/namespaces/{NS}/jobs",
-                                        json=job(f"bench-{i:05d}", f"node-{1 + i * step:05d}"))
+                    r = await http.post(
+                        f"/apis/batch/v1/namespaces/{NS}/jobs", json=job(f"bench-{i:05d}", f"node-{1 + i * step:05d}")
+                    )
                     r.raise_for_status()
 
             await asyncio.gather(*(create(i) for i in range(jobs)))
@@ -101,19 +118,28 @@ async def main(nodes: int, jobs: int, job_seconds: float, concurrency: int) -> N
                 r = await http.get(f"/apis/batch/v1/namespaces/{NS}/jobs")
                 worst = max(worst, time.monotonic() - p0)
                 polls += 1
-                done = sum(1 for j in r.json()["items"]
-                           if any(c["type"] == "Complete" and c["status"] == "True"
-                                  for c in (j.get("status") or {}).get("conditions") or []))
+                done = sum(
+                    1
+                    for j in r.json()["items"]
+                    if any(
+                        c["type"] == "Complete" and c["status"] == "True"
+                        for c in (j.get("status") or {}).get("conditions") or []
+                    )
+                )
                 if done == jobs:
                     break
                 await asyncio.sleep(0.5)
             total = time.monotonic() - t
-            print(f"all {jobs} Jobs Complete {total:.2f}s after the first create (each runs {job_seconds}s "
-                  f"after a 0.05s pod start); {polls} list polls, slowest {worst * 1000:.0f} ms")
+            print(
+                f"all {jobs} Jobs Complete {total:.2f}s after the first create (each runs {job_seconds}s "
+                f"after a 0.05s pod start); {polls} list polls, slowest {worst * 1000:.0f} ms"
+            )
             t = time.monotonic()
             r = await http.get("/api/v1/pods", params={"fieldSelector": f"spec.nodeName=node-{1 + step:05d}"})
-            print(f"pods by spec.nodeName among {jobs} pods: {len(r.json()['items'])} in "
-                  f"{(time.monotonic() - t) * 1000:.1f} ms")
+            print(
+                f"pods by spec.nodeName among {jobs} pods: {len(r.json()['items'])} in "
+                f"{(time.monotonic() - t) * 1000:.1f} ms"
+            )
         await admin.aclose()
 
 

@@ -37,10 +37,12 @@ def _definitions_file() -> str:
     try:
         import kubernetes_validate
     except ImportError:  # a test/lab extra (pyproject.toml), not a runtime dependency of the worker
-        raise SchemasUnavailable("the Kubernetes emulator's OpenAPI needs kubernetes-validate: "
-                                 "pip install -e '.[test]'") from None
-    return os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema",
-                        f"{RELEASE}-local", "_definitions.json")
+        raise SchemasUnavailable(
+            "the Kubernetes emulator's OpenAPI needs kubernetes-validate: pip install -e '.[test]'"
+        ) from None
+    return os.path.join(
+        os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema", f"{RELEASE}-local", "_definitions.json"
+    )
 
 
 def _to_openapi(node: Any, gvk_object: bool = False) -> Any:
@@ -112,8 +114,10 @@ def crd_object(store: "Store", rt: "ResourceType") -> dict | None:
 def crd_version_schema(crd: dict, version: str) -> dict:
     for v in (crd.get("spec") or {}).get("versions") or []:
         if v.get("name") == version:
-            return copy.deepcopy(((v.get("schema") or {}).get("openAPIV3Schema")) or
-                                 {"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+            return copy.deepcopy(
+                ((v.get("schema") or {}).get("openAPIV3Schema"))
+                or {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            )
     return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
@@ -131,16 +135,26 @@ def crd_definitions(crd: dict, version: str) -> dict[str, dict]:
     props["metadata"] = {"$ref": REF + OBJECT_META, "description": tm["metadata"]["description"]}
     obj["x-kubernetes-group-version-kind"] = gvk
     name = crd_name(group, version, kind)
-    lst = {"description": f"{kind}List is a list of {kind}", "type": "object", "required": ["items"],
-           "properties": {"apiVersion": copy.deepcopy(tm["apiVersion"]),
-                          "items": {"type": "array", "items": {"$ref": REF + name},
-                                    "description": f"List of {spec['names']['plural']}. More info: "
-                                                   "https://git.k8s.io/community/contributors/devel/"
-                                                   "sig-architecture/api-conventions.md"},
-                          "kind": copy.deepcopy(tm["kind"]),
-                          "metadata": {"$ref": REF + LIST_META}},
-           "x-kubernetes-group-version-kind": [{"group": group, "kind": spec["names"].get("listKind") or
-                                                f"{kind}List", "version": version}]}
+    lst = {
+        "description": f"{kind}List is a list of {kind}",
+        "type": "object",
+        "required": ["items"],
+        "properties": {
+            "apiVersion": copy.deepcopy(tm["apiVersion"]),
+            "items": {
+                "type": "array",
+                "items": {"$ref": REF + name},
+                "description": f"List of {spec['names']['plural']}. More info: "
+                "https://git.k8s.io/community/contributors/devel/"
+                "sig-architecture/api-conventions.md",
+            },
+            "kind": copy.deepcopy(tm["kind"]),
+            "metadata": {"$ref": REF + LIST_META},
+        },
+        "x-kubernetes-group-version-kind": [
+            {"group": group, "kind": spec["names"].get("listKind") or f"{kind}List", "version": version}
+        ],
+    }
     return {name: obj, crd_name(group, version, spec["names"].get("listKind") or f"{kind}List"): lst}
 
 
@@ -174,7 +188,7 @@ def _collect_refs(node: Any, out: list[str]) -> None:
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith(REF):
-            out.append(ref[len(REF):])
+            out.append(ref[len(REF) :])
         for v in node.values():
             _collect_refs(v, out)
     elif isinstance(node, list):
@@ -189,7 +203,7 @@ def resolve(node: dict | None) -> dict | None:
     while isinstance(node, dict) and seen < 32:
         seen += 1
         if isinstance(node.get("$ref"), str) and node["$ref"].startswith(REF):
-            node = definitions().get(node["$ref"][len(REF):])
+            node = definitions().get(node["$ref"][len(REF) :])
         elif len(node.get("allOf") or []) == 1 and "properties" not in node:
             node = node["allOf"][0]
         else:

@@ -42,8 +42,12 @@ def seed_objects(store: Store, objects: list[dict]) -> dict:
             md.setdefault("namespace", "default")
             ns_rt = store.registry.types[NAMESPACES]
             if store.get(ns_rt, None, md["namespace"]) is None:
-                store.put(ns_rt, store.new_meta(ns_rt, {"apiVersion": "v1", "kind": "Namespace",
-                                                        "metadata": {"name": md["namespace"]}}))
+                store.put(
+                    ns_rt,
+                    store.new_meta(
+                        ns_rt, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": md["namespace"]}}
+                    ),
+                )
                 created += 1
         else:
             md.pop("namespace", None)
@@ -63,7 +67,8 @@ def seed_objects(store: Store, objects: list[dict]) -> dict:
             if md.get("deletionTimestamp"):
                 grace = md.get("deletionGracePeriodSeconds", spec["terminationGracePeriodSeconds"])
                 store.side.setdefault(md["uid"], {})["delete_at"] = time.monotonic() + float(grace) * float(
-                    store.config.get("graceScale", 1.0))
+                    store.config.get("graceScale", 1.0)
+                )
         if rt.key == CRDS:
             if "status" not in obj:
                 prepare_create(rt, obj)
@@ -74,5 +79,10 @@ def seed_objects(store: Store, objects: list[dict]) -> dict:
             created += 1
         else:
             replaced += 1
-    return {"created": created, "replaced": replaced, "kinds": kinds, "errors": errors,
-            "resourceVersion": str(store.rv)}
+    return {
+        "created": created,
+        "replaced": replaced,
+        "kinds": kinds,
+        "errors": errors,
+        "resourceVersion": str(store.rv),
+    }

@@ -30,17 +30,34 @@ def match_selector_obj(sel: dict | None, labels: dict | None) -> bool:
 
 # ---------------------------------------------------------------- field selectors
 POD_FIELDS = {
-    "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-    "spec.hostNetwork", "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName",
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.podIPs",
+    "status.nominatedNodeName",
 }
 EXTRA_FIELDS: dict[tuple[str, str], set[str]] = {
     ("", "pods"): POD_FIELDS,
     ("", "nodes"): {"spec.unschedulable"},
     ("", "namespaces"): {"status.phase"},
     ("", "secrets"): {"type"},
-    ("", "events"): {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-                     "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.resourceVersion",
-                     "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
+    ("", "events"): {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    },
     ("apps", "replicasets"): {"status.replicas"},
     ("batch", "v1"): {"status.successful"},
     ("batch", "jobs"): {"status.successful"},
@@ -82,7 +99,7 @@ def parse_field_selector(s: str | None, key: tuple[str, str]) -> Callable[[dict]
             raise SelectorError(f"invalid selector: '{s}'; can't understand '{part}'")
         f, op, v = m.group(1), m.group(2), m.group(3)
         if f not in allowed:
-            raise SelectorError(f'field label not supported: {f}')
+            raise SelectorError(f"field label not supported: {f}")
         reqs.append((f, op != "!=", v))
 
     def match(obj: dict) -> bool:

@@ -22,8 +22,9 @@ log = logging.getLogger("lab.k8s")
 
 
 class Emulator:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, config: dict | None = None,
-                 state_file: str | None = None):
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, config: dict | None = None, state_file: str | None = None
+    ):
         self.host, self.port = host, port
         self.store = Store(config)
         self.api = Api(self.store)
@@ -75,8 +76,9 @@ class Emulator:
             await self.runner.cleanup()
 
 
-async def serve(host: str, port: int, ready_file: str | None, seed_files: list[str], state_file: str | None,
-                config: dict) -> None:
+async def serve(
+    host: str, port: int, ready_file: str | None, seed_files: list[str], state_file: str | None, config: dict
+) -> None:
     seeds = []
     config = dict(config)
     for path in seed_files:

@@ -26,7 +26,15 @@ from .util import ApiError, diff, now_rfc3339
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DISRUPTED_POD_TIMEOUT_S = 120.0
 AUDIT_MAX = 200_000
-FAULT_MATCH_KEYS = ("verb", "group", "version", "resource", "subresource", "namespace", "name")  # resources.Info's facts
+FAULT_MATCH_KEYS = (
+    "verb",
+    "group",
+    "version",
+    "resource",
+    "subresource",
+    "namespace",
+    "name",
+)  # resources.Info's facts
 
 PODS = ("", "pods")
 PDBS = ("policy", "poddisruptionbudgets")
@@ -45,9 +53,15 @@ def default_jobs_config() -> dict:
 
 
 def default_config() -> dict:
-    return {"podStartSeconds": 1.0, "graceScale": 0.1, "disruptionControllerFrozen": False,
-            "watchHistorySize": 10_000, "bookmarkSeconds": 5.0, "rebootSeconds": 2.0,
-            "jobs": default_jobs_config()}
+    return {
+        "podStartSeconds": 1.0,
+        "graceScale": 0.1,
+        "disruptionControllerFrozen": False,
+        "watchHistorySize": 10_000,
+        "bookmarkSeconds": 5.0,
+        "rebootSeconds": 2.0,
+        "jobs": default_jobs_config(),
+    }
 
 
 def owner_index_keys(obj: dict) -> list:
@@ -78,8 +92,18 @@ class Watcher:
         return self.label(md.get("labels") or {}) and self.field(obj)
 
 
-NODE_INFO_FIELDS = ("architecture", "bootID", "containerRuntimeVersion", "kernelVersion", "kubeProxyVersion",
-                    "kubeletVersion", "machineID", "operatingSystem", "osImage", "systemUUID")
+NODE_INFO_FIELDS = (
+    "architecture",
+    "bootID",
+    "containerRuntimeVersion",
+    "kernelVersion",
+    "kubeProxyVersion",
+    "kubeletVersion",
+    "machineID",
+    "operatingSystem",
+    "osImage",
+    "systemUUID",
+)
 
 
 def normalize_node(node: dict) -> None:
@@ -105,8 +129,11 @@ def is_pod_ready(pod: dict) -> bool:
 
 
 def pod_healthy(pod: dict) -> bool:
-    return ((pod.get("status") or {}).get("phase") == "Running" and is_pod_ready(pod)
-            and not pod["metadata"].get("deletionTimestamp"))
+    return (
+        (pod.get("status") or {}).get("phase") == "Running"
+        and is_pod_ready(pod)
+        and not pod["metadata"].get("deletionTimestamp")
+    )
 
 
 def controller_ref(obj: dict) -> dict | None:
@@ -252,8 +279,11 @@ class Store:
 
     def _index_drop_refs(self, ok: ObjKey, old: dict, new: dict | None) -> None:
         omd = old["metadata"]
-        if omd.get("uid") and (new is None or new["metadata"].get("uid") != omd["uid"]) and \
-                self.by_uid.get(omd["uid"]) == ok:
+        if (
+            omd.get("uid")
+            and (new is None or new["metadata"].get("uid") != omd["uid"])
+            and self.by_uid.get(omd["uid"]) == ok
+        ):
             del self.by_uid[omd["uid"]]
         keep = set(owner_index_keys(new)) if new is not None else set()
         for ik in owner_index_keys(old):
@@ -320,13 +350,18 @@ class Store:
             details["group"] = rt.group
         return ApiError(404, f'{rt.group_resource} "{name}" not found', "NotFound", details)
 
-    def conflict(self, rt: ResourceType, name: str, why: str = "the object has been modified; please apply "
-                 "your changes to the latest version and try again") -> ApiError:
+    def conflict(
+        self,
+        rt: ResourceType,
+        name: str,
+        why: str = "the object has been modified; please apply your changes to the latest version and try again",
+    ) -> ApiError:
         details = {"name": name, "kind": rt.plural}
         if rt.group:
             details["group"] = rt.group
-        return ApiError(409, f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {why}', "Conflict",
-                        details)
+        return ApiError(
+            409, f'Operation cannot be fulfilled on {rt.group_resource} "{name}": {why}', "Conflict", details
+        )
 
     # ------------------------------------------------------------------ writes (lock held)
     def new_meta(self, rt: ResourceType, obj: dict, keep_uid: bool = False) -> dict:
@@ -348,8 +383,9 @@ class Store:
             obj.setdefault("status", {}).setdefault("phase", "Active")
         return obj
 
-    def put(self, rt: ResourceType, obj: dict, actor: str | None = None, verb: str | None = None,
-            subresource: str = "") -> dict:
+    def put(
+        self, rt: ResourceType, obj: dict, actor: str | None = None, verb: str | None = None, subresource: str = ""
+    ) -> dict:
         md = obj["metadata"]
         k = (md.get("namespace") or "", md["name"])
         bucket = self.bucket(rt)
@@ -364,8 +400,9 @@ class Store:
         self._index_add(rt.key, k, obj, old)
         self._emit(rt, "MODIFIED" if old else "ADDED", obj, old)
         if actor:
-            self.audit_write(actor, verb or ("update" if old else "create"), rt, obj, old, subresource,
-                             200 if old else 201)
+            self.audit_write(
+                actor, verb or ("update" if old else "create"), rt, obj, old, subresource, 200 if old else 201
+            )
         self._after_write(rt, obj)
         return obj
 
@@ -456,8 +493,14 @@ class Store:
             if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             md = pod["metadata"]
-            out.append({"pod": f"{ns}/{name}", "uid": md.get("uid"), "controller": (controller_ref(pod) or {}).get("kind"),
-                        "deleting": bool(md.get("deletionTimestamp"))})
+            out.append(
+                {
+                    "pod": f"{ns}/{name}",
+                    "uid": md.get("uid"),
+                    "controller": (controller_ref(pod) or {}).get("kind"),
+                    "deleting": bool(md.get("deletionTimestamp")),
+                }
+            )
         return out
 
     def audit_add(self, entry: dict) -> dict:
@@ -476,22 +519,42 @@ class Store:
         elif ok and entry.get("resource") == "jobs" and entry.get("verb") == "create":
             # A Job pinned to a node (a package stage) and what ran on that node when it was created.
             job = self.get(self.registry.types[JOBS], entry.get("namespace"), entry.get("name") or "")
-            spec = ((((job or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+            spec = (((job or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
             if spec.get("nodeName"):
-                entry["jobAfter"] = {"node": spec["nodeName"], "labels": dict(job["metadata"].get("labels") or {}),
-                                     "podsOnNode": self.pods_on_node(spec["nodeName"])}
+                entry["jobAfter"] = {
+                    "node": spec["nodeName"],
+                    "labels": dict(job["metadata"].get("labels") or {}),
+                    "podsOnNode": self.pods_on_node(spec["nodeName"]),
+                }
         self.audit.add(entry)
         evidence.note(entry)  # survives /_lab/reset: what the least-privilege check reads
         return entry
 
-    def audit_write(self, actor: str, verb: str, rt: ResourceType, obj: dict | None, old: dict | None,
-                    subresource: str, code: int, extra: dict | None = None) -> None:
+    def audit_write(
+        self,
+        actor: str,
+        verb: str,
+        rt: ResourceType,
+        obj: dict | None,
+        old: dict | None,
+        subresource: str,
+        code: int,
+        extra: dict | None = None,
+    ) -> None:
         ref = obj or old or {}
         md = ref.get("metadata") or {}
         entry = {
-            "time": time.time(), "verb": verb, "group": rt.group, "version": rt.version, "resource": rt.plural,
-            "subresource": subresource, "namespace": md.get("namespace") or "", "name": md.get("name") or "",
-            "code": code, "userAgent": f"lab-controller/{actor}" if "/" not in actor else actor, "write": True,
+            "time": time.time(),
+            "verb": verb,
+            "group": rt.group,
+            "version": rt.version,
+            "resource": rt.plural,
+            "subresource": subresource,
+            "namespace": md.get("namespace") or "",
+            "name": md.get("name") or "",
+            "code": code,
+            "userAgent": f"lab-controller/{actor}" if "/" not in actor else actor,
+            "write": True,
             "resourceVersion": (obj or {}).get("metadata", {}).get("resourceVersion"),
             "changes": diff(old, obj),
         }
@@ -533,7 +596,7 @@ class Store:
         spec = pdb.get("spec") or {}
         pods = self.pdb_pods(pdb)
         now = time.time()
-        disrupted_in = ((pdb.get("status") or {}).get("disruptedPods") or {})
+        disrupted_in = (pdb.get("status") or {}).get("disruptedPods") or {}
         live = {p["metadata"]["name"]: p for p in pods}
         disrupted = {}
         for name, ts in disrupted_in.items():
@@ -556,8 +619,13 @@ class Store:
             desired = scaled(min_av, expected)
         else:
             desired = 0
-        return {"expectedPods": expected, "currentHealthy": healthy, "desiredHealthy": desired,
-                "disruptionsAllowed": max(0, healthy - desired), "disruptedPods": disrupted}
+        return {
+            "expectedPods": expected,
+            "currentHealthy": healthy,
+            "desiredHealthy": desired,
+            "disruptionsAllowed": max(0, healthy - desired),
+            "disruptedPods": disrupted,
+        }
 
     def _expected_scale(self, pods: list[dict]) -> int:
         total, seen = 0, set()
@@ -567,10 +635,12 @@ class Store:
                 if ref.get("uid") in seen:
                     continue
                 seen.add(ref.get("uid"))
-                plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets",
-                          "Deployment": "deployments"}[ref["kind"]]
+                plural = {"ReplicaSet": "replicasets", "StatefulSet": "statefulsets", "Deployment": "deployments"}[
+                    ref["kind"]
+                ]
                 owner = self.objects.get(("apps", plural), {}).get(
-                    (p["metadata"].get("namespace") or "", ref.get("name")))
+                    (p["metadata"].get("namespace") or "", ref.get("name"))
+                )
                 if owner is not None:
                     total += int((owner.get("spec") or {}).get("replicas", 1))
                     continue
@@ -594,15 +664,23 @@ class Store:
                 prev = conds[0] if conds else None
                 gen = pdb["metadata"].get("generation", 1)
                 cond = {
-                    "type": "DisruptionAllowed", "status": cond_status,
+                    "type": "DisruptionAllowed",
+                    "status": cond_status,
                     "reason": "SufficientPods" if allowed else "InsufficientPods",
-                    "message": "", "observedGeneration": gen,
-                    "lastTransitionTime": prev["lastTransitionTime"] if prev and prev.get("status") == cond_status
-                    and prev.get("lastTransitionTime") else now_rfc3339(),
+                    "message": "",
+                    "observedGeneration": gen,
+                    "lastTransitionTime": prev["lastTransitionTime"]
+                    if prev and prev.get("status") == cond_status and prev.get("lastTransitionTime")
+                    else now_rfc3339(),
                 }
-                status = {"observedGeneration": gen, "disruptionsAllowed": m["disruptionsAllowed"],
-                          "currentHealthy": m["currentHealthy"], "desiredHealthy": m["desiredHealthy"],
-                          "expectedPods": m["expectedPods"], "conditions": [cond]}
+                status = {
+                    "observedGeneration": gen,
+                    "disruptionsAllowed": m["disruptionsAllowed"],
+                    "currentHealthy": m["currentHealthy"],
+                    "desiredHealthy": m["desiredHealthy"],
+                    "expectedPods": m["expectedPods"],
+                    "conditions": [cond],
+                }
                 if m["disruptedPods"]:
                     status["disruptedPods"] = m["disruptedPods"]
                 if status != old_status:

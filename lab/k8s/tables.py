@@ -137,8 +137,7 @@ def _doc(definition: str, field: str) -> str:
 META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
 
 
-def col(name: str, typ: str = "string", doc: str | tuple[str, str] = "", priority: int = 0,
-        fmt: str = "") -> dict:
+def col(name: str, typ: str = "string", doc: str | tuple[str, str] = "", priority: int = 0, fmt: str = "") -> dict:
     description = _doc(*doc) if isinstance(doc, tuple) else doc
     return {"name": name, "type": typ, "format": fmt, "description": description, "priority": priority}
 
@@ -152,8 +151,10 @@ def AGE() -> dict:
 
 
 CORE, APPS, BATCH = "io.k8s.api.core.v1.", "io.k8s.api.apps.v1.", "io.k8s.api.batch.v1."
-CONTAINERS_DOC, IMAGES_DOC = "Names of each container in the template.", \
-    "Images referenced by each container in the template."
+CONTAINERS_DOC, IMAGES_DOC = (
+    "Names of each container in the template.",
+    "Images referenced by each container in the template.",
+)
 
 
 def _columns(key: tuple[str, str]) -> list[dict] | None:
@@ -161,95 +162,155 @@ def _columns(key: tuple[str, str]) -> list[dict] | None:
     wide_template = [c("Containers", doc=CONTAINERS_DOC, priority=1), c("Images", doc=IMAGES_DOC, priority=1)]
     table: dict[tuple[str, str], Callable[[], list[dict]]] = {
         ("", "pods"): lambda: [
-            NAME(), c("Ready", doc="The aggregate readiness state of this pod for accepting traffic."),
+            NAME(),
+            c("Ready", doc="The aggregate readiness state of this pod for accepting traffic."),
             c("Status", doc="The aggregate status of the containers in this pod."),
-            c("Restarts", doc="The number of times the containers in this pod have been restarted and when the "
-                              "last container in this pod has restarted."), AGE(),
+            c(
+                "Restarts",
+                doc="The number of times the containers in this pod have been restarted and when the "
+                "last container in this pod has restarted.",
+            ),
+            AGE(),
             c("IP", doc=(CORE + "PodStatus", "podIP"), priority=1),
             c("Node", doc=(CORE + "PodSpec", "nodeName"), priority=1),
             c("Nominated Node", doc=(CORE + "PodStatus", "nominatedNodeName"), priority=1),
-            c("Readiness Gates", doc=(CORE + "PodSpec", "readinessGates"), priority=1)],
+            c("Readiness Gates", doc=(CORE + "PodSpec", "readinessGates"), priority=1),
+        ],
         ("", "nodes"): lambda: [
-            NAME(), c("Status", doc="The status of the node"), c("Roles", doc="The roles of the node"), AGE(),
+            NAME(),
+            c("Status", doc="The status of the node"),
+            c("Roles", doc="The roles of the node"),
+            AGE(),
             c("Version", doc=(CORE + "NodeSystemInfo", "kubeletVersion")),
             c("Internal-IP", doc=(CORE + "NodeStatus", "addresses"), priority=1),
             c("External-IP", doc=(CORE + "NodeStatus", "addresses"), priority=1),
             c("OS-Image", doc=(CORE + "NodeSystemInfo", "osImage"), priority=1),
             c("Kernel-Version", doc=(CORE + "NodeSystemInfo", "kernelVersion"), priority=1),
-            c("Container-Runtime", doc=(CORE + "NodeSystemInfo", "containerRuntimeVersion"), priority=1)],
+            c("Container-Runtime", doc=(CORE + "NodeSystemInfo", "containerRuntimeVersion"), priority=1),
+        ],
         ("", "namespaces"): lambda: [NAME(), c("Status", doc="The status of the namespace"), AGE()],
-        ("", "secrets"): lambda: [NAME(), c("Type", doc=(CORE + "Secret", "type")),
-                                  c("Data", doc=(CORE + "Secret", "data")), AGE()],
+        ("", "secrets"): lambda: [
+            NAME(),
+            c("Type", doc=(CORE + "Secret", "type")),
+            c("Data", doc=(CORE + "Secret", "data")),
+            AGE(),
+        ],
         ("", "configmaps"): lambda: [NAME(), c("Data", doc=(CORE + "ConfigMap", "data")), AGE()],
         ("", "serviceaccounts"): lambda: [NAME(), c("Secrets", doc=(CORE + "ServiceAccount", "secrets")), AGE()],
         ("", "services"): lambda: [
-            NAME(), c("Type", doc=(CORE + "ServiceSpec", "type")),
+            NAME(),
+            c("Type", doc=(CORE + "ServiceSpec", "type")),
             c("Cluster-IP", doc=(CORE + "ServiceSpec", "clusterIP")),
             c("External-IP", doc=(CORE + "ServiceSpec", "externalIPs")),
-            c("Port(s)", doc=(CORE + "ServiceSpec", "ports")), AGE(),
-            c("Selector", doc=(CORE + "ServiceSpec", "selector"), priority=1)],
+            c("Port(s)", doc=(CORE + "ServiceSpec", "ports")),
+            AGE(),
+            c("Selector", doc=(CORE + "ServiceSpec", "selector"), priority=1),
+        ],
         ("", "resourcequotas"): lambda: [
-            NAME(), c("Request", doc="Request represents a minimum amount of cpu/memory that a container may "
-                                     "consume."),
-            c("Limit", doc="Limits control the maximum amount of cpu/memory that a container may use independent "
-                           "of contention on the node."), AGE()],
+            NAME(),
+            c("Request", doc="Request represents a minimum amount of cpu/memory that a container may consume."),
+            c(
+                "Limit",
+                doc="Limits control the maximum amount of cpu/memory that a container may use independent "
+                "of contention on the node.",
+            ),
+            AGE(),
+        ],
         ("", "events"): lambda: [
-            c("Last Seen", doc=(CORE + "Event", "lastTimestamp")), c("Type", doc=(CORE + "Event", "type")),
-            c("Reason", doc=(CORE + "Event", "reason")), c("Object", doc=(CORE + "Event", "involvedObject")),
+            c("Last Seen", doc=(CORE + "Event", "lastTimestamp")),
+            c("Type", doc=(CORE + "Event", "type")),
+            c("Reason", doc=(CORE + "Event", "reason")),
+            c("Object", doc=(CORE + "Event", "involvedObject")),
             c("Subobject", doc=(CORE + "ObjectReference", "fieldPath"), priority=1),
-            c("Source", doc=(CORE + "Event", "source"), priority=1), c("Message", doc=(CORE + "Event", "message")),
+            c("Source", doc=(CORE + "Event", "source"), priority=1),
+            c("Message", doc=(CORE + "Event", "message")),
             c("First Seen", doc=(CORE + "Event", "firstTimestamp"), priority=1),
             c("Count", doc=(CORE + "Event", "count"), priority=1),
-            c("Name", doc=(META, "name"), priority=1, fmt="name")],
+            c("Name", doc=(META, "name"), priority=1, fmt="name"),
+        ],
         ("", "endpoints"): lambda: [NAME(), c("Endpoints", doc=(CORE + "Endpoints", "subsets")), AGE()],
         ("", "persistentvolumeclaims"): lambda: [
-            NAME(), c("Status", doc=(CORE + "PersistentVolumeClaimStatus", "phase")),
+            NAME(),
+            c("Status", doc=(CORE + "PersistentVolumeClaimStatus", "phase")),
             c("Volume", doc=(CORE + "PersistentVolumeClaimSpec", "volumeName")),
             c("Capacity", doc=(CORE + "PersistentVolumeClaimStatus", "capacity")),
             c("Access Modes", doc=(CORE + "PersistentVolumeClaimStatus", "accessModes")),
             c("StorageClass", doc="StorageClass of the pvc"),
-            c("VolumeAttributesClass", doc="VolumeAttributesClass of the pvc"), AGE(),
-            c("VolumeMode", doc=(CORE + "PersistentVolumeClaimSpec", "volumeMode"), priority=1)],
+            c("VolumeAttributesClass", doc="VolumeAttributesClass of the pvc"),
+            AGE(),
+            c("VolumeMode", doc=(CORE + "PersistentVolumeClaimSpec", "volumeMode"), priority=1),
+        ],
         ("apps", "replicasets"): lambda: [
-            NAME(), c("Desired", "integer", (APPS + "ReplicaSetSpec", "replicas")),
+            NAME(),
+            c("Desired", "integer", (APPS + "ReplicaSetSpec", "replicas")),
             c("Current", "integer", (APPS + "ReplicaSetStatus", "replicas")),
-            c("Ready", "integer", (APPS + "ReplicaSetStatus", "readyReplicas")), AGE(), *wide_template,
-            c("Selector", doc=(APPS + "ReplicaSetSpec", "selector"), priority=1)],
+            c("Ready", "integer", (APPS + "ReplicaSetStatus", "readyReplicas")),
+            AGE(),
+            *wide_template,
+            c("Selector", doc=(APPS + "ReplicaSetSpec", "selector"), priority=1),
+        ],
         ("apps", "daemonsets"): lambda: [
-            NAME(), c("Desired", "integer", (APPS + "DaemonSetStatus", "desiredNumberScheduled")),
+            NAME(),
+            c("Desired", "integer", (APPS + "DaemonSetStatus", "desiredNumberScheduled")),
             c("Current", "integer", (APPS + "DaemonSetStatus", "currentNumberScheduled")),
             c("Ready", "integer", (APPS + "DaemonSetStatus", "numberReady")),
             c("Up-to-date", "integer", (APPS + "DaemonSetStatus", "updatedNumberScheduled")),
             c("Available", "integer", (APPS + "DaemonSetStatus", "numberAvailable")),
-            c("Node Selector", doc=(CORE + "PodSpec", "nodeSelector")), AGE(), *wide_template,
-            c("Selector", doc=(APPS + "DaemonSetSpec", "selector"), priority=1)],
+            c("Node Selector", doc=(CORE + "PodSpec", "nodeSelector")),
+            AGE(),
+            *wide_template,
+            c("Selector", doc=(APPS + "DaemonSetSpec", "selector"), priority=1),
+        ],
         ("apps", "deployments"): lambda: [
-            NAME(), c("Ready", doc="Number of the pod with ready state"),
+            NAME(),
+            c("Ready", doc="Number of the pod with ready state"),
             c("Up-to-date", doc=(APPS + "DeploymentStatus", "updatedReplicas")),
-            c("Available", doc=(APPS + "DeploymentStatus", "availableReplicas")), AGE(), *wide_template,
-            c("Selector", doc=(APPS + "DeploymentSpec", "selector"), priority=1)],
-        ("apps", "statefulsets"): lambda: [NAME(), c("Ready", doc="Number of the pod with ready state"), AGE(),
-                                           *wide_template],
+            c("Available", doc=(APPS + "DeploymentStatus", "availableReplicas")),
+            AGE(),
+            *wide_template,
+            c("Selector", doc=(APPS + "DeploymentSpec", "selector"), priority=1),
+        ],
+        ("apps", "statefulsets"): lambda: [
+            NAME(),
+            c("Ready", doc="Number of the pod with ready state"),
+            AGE(),
+            *wide_template,
+        ],
         ("batch", "jobs"): lambda: [
-            NAME(), c("Status", doc="Status of the job."),
+            NAME(),
+            c("Status", doc="Status of the job."),
             c("Completions", doc=(BATCH + "JobStatus", "succeeded")),
-            c("Duration", doc="Time required to complete the job."), AGE(), *wide_template,
-            c("Selector", doc=(BATCH + "JobSpec", "selector"), priority=1)],
+            c("Duration", doc="Time required to complete the job."),
+            AGE(),
+            *wide_template,
+            c("Selector", doc=(BATCH + "JobSpec", "selector"), priority=1),
+        ],
         ("policy", "poddisruptionbudgets"): lambda: [
-            NAME(), c("Min Available", doc="The minimum number of pods that must be available."),
+            NAME(),
+            c("Min Available", doc="The minimum number of pods that must be available."),
             c("Max Unavailable", doc="The maximum number of pods that may be unavailable."),
             c("Allowed Disruptions", "integer", "Calculated number of pods that may be disrupted at this time."),
-            AGE()],
+            AGE(),
+        ],
         ("rbac.authorization.k8s.io", "rolebindings"): lambda: _binding_columns("roleBinding"),
         ("rbac.authorization.k8s.io", "clusterrolebindings"): lambda: _binding_columns("clusterRoleBinding"),
         ("networking.k8s.io", "networkpolicies"): lambda: [
-            NAME(), c("Pod-Selector", doc=("io.k8s.api.networking.v1.NetworkPolicySpec", "podSelector")), AGE()],
+            NAME(),
+            c("Pod-Selector", doc=("io.k8s.api.networking.v1.NetworkPolicySpec", "podSelector")),
+            AGE(),
+        ],
         ("scheduling.k8s.io", "priorityclasses"): lambda: [
-            NAME(), c("Value", "integer", ("io.k8s.api.scheduling.v1.PriorityClass", "value")),
-            c("Global-Default", "boolean", ("io.k8s.api.scheduling.v1.PriorityClass", "globalDefault")), AGE(),
-            c("PreemptionPolicy", doc=("io.k8s.api.scheduling.v1.PriorityClass", "preemptionPolicy"))],
+            NAME(),
+            c("Value", "integer", ("io.k8s.api.scheduling.v1.PriorityClass", "value")),
+            c("Global-Default", "boolean", ("io.k8s.api.scheduling.v1.PriorityClass", "globalDefault")),
+            AGE(),
+            c("PreemptionPolicy", doc=("io.k8s.api.scheduling.v1.PriorityClass", "preemptionPolicy")),
+        ],
         ("coordination.k8s.io", "leases"): lambda: [
-            NAME(), c("Holder", doc=("io.k8s.api.coordination.v1.LeaseSpec", "holderIdentity")), AGE()],
+            NAME(),
+            c("Holder", doc=("io.k8s.api.coordination.v1.LeaseSpec", "holderIdentity")),
+            AGE(),
+        ],
     }
     make = table.get(key)
     return make() if make else None
@@ -257,9 +318,14 @@ def _columns(key: tuple[str, str]) -> list[dict] | None:
 
 def _binding_columns(what: str) -> list[dict]:
     rb = "io.k8s.api.rbac.v1.RoleBinding"
-    return [NAME(), col("Role", doc=(rb, "roleRef")), AGE(), col("Users", doc=f"Users in the {what}", priority=1),
-            col("Groups", doc=f"Groups in the {what}", priority=1),
-            col("ServiceAccounts", doc=f"ServiceAccounts in the {what}", priority=1)]
+    return [
+        NAME(),
+        col("Role", doc=(rb, "roleRef")),
+        AGE(),
+        col("Users", doc=f"Users in the {what}", priority=1),
+        col("Groups", doc=f"Groups in the {what}", priority=1),
+        col("ServiceAccounts", doc=f"ServiceAccounts in the {what}", priority=1),
+    ]
 
 
 # ---------------------------------------------------------------- rows
@@ -303,8 +369,15 @@ def pod_cells(pod: dict) -> list:
             ready += 1 if cs.get("ready") else 0
             continue
         if term:
-            reason = ("Init:" + term["reason"]) if term.get("reason") else (
-                f"Init:Signal:{term['signal']}" if term.get("signal") else f"Init:ExitCode:{term.get('exitCode', 0)}")
+            reason = (
+                ("Init:" + term["reason"])
+                if term.get("reason")
+                else (
+                    f"Init:Signal:{term['signal']}"
+                    if term.get("signal")
+                    else f"Init:ExitCode:{term.get('exitCode', 0)}"
+                )
+            )
         elif wait and wait.get("reason") and wait["reason"] != "PodInitializing":
             reason = "Init:" + wait["reason"]
         else:
@@ -346,11 +419,21 @@ def pod_cells(pod: dict) -> list:
     gates = spec.get("readinessGates") or []
     gates_s = "<none>"
     if gates:
-        true = sum(1 for g in gates if (_cond(st.get("conditions"), g.get("conditionType")) or {}).get("status")
-                   == "True")
+        true = sum(
+            1 for g in gates if (_cond(st.get("conditions"), g.get("conditionType")) or {}).get("status") == "True"
+        )
         gates_s = f"{true}/{len(gates)}"
-    return [md.get("name"), f"{ready}/{total}", reason, restarts_s, since(md.get("creationTimestamp")),
-            pod_ip, spec.get("nodeName") or "<none>", st.get("nominatedNodeName") or "<none>", gates_s]
+    return [
+        md.get("name"),
+        f"{ready}/{total}",
+        reason,
+        restarts_s,
+        since(md.get("creationTimestamp")),
+        pod_ip,
+        spec.get("nodeName") or "<none>",
+        st.get("nominatedNodeName") or "<none>",
+        gates_s,
+    ]
 
 
 def node_cells(node: dict) -> list:
@@ -361,8 +444,8 @@ def node_cells(node: dict) -> list:
         status.append("SchedulingDisabled")
     roles = set()
     for k, v in (md.get("labels") or {}).items():
-        if k.startswith("node-role.kubernetes.io/") and k[len("node-role.kubernetes.io/"):]:
-            roles.add(k[len("node-role.kubernetes.io/"):])
+        if k.startswith("node-role.kubernetes.io/") and k[len("node-role.kubernetes.io/") :]:
+            roles.add(k[len("node-role.kubernetes.io/") :])
         elif k == "kubernetes.io/role" and v:
             roles.add(v)
     info = st.get("nodeInfo") or {}
@@ -370,10 +453,18 @@ def node_cells(node: dict) -> list:
     def address(typ: str) -> str:
         return next((a.get("address") for a in st.get("addresses") or [] if a.get("type") == typ), "<none>")
 
-    return [md.get("name"), ",".join(status), ",".join(sorted(roles)) or "<none>", since(md.get("creationTimestamp")),
-            info.get("kubeletVersion", ""), address("InternalIP"), address("ExternalIP"),
-            info.get("osImage") or "<unknown>", info.get("kernelVersion") or "<unknown>",
-            info.get("containerRuntimeVersion") or "<unknown>"]
+    return [
+        md.get("name"),
+        ",".join(status),
+        ",".join(sorted(roles)) or "<none>",
+        since(md.get("creationTimestamp")),
+        info.get("kubeletVersion", ""),
+        address("InternalIP"),
+        address("ExternalIP"),
+        info.get("osImage") or "<unknown>",
+        info.get("kernelVersion") or "<unknown>",
+        info.get("containerRuntimeVersion") or "<unknown>",
+    ]
 
 
 def _service_external_ip(svc: dict) -> str:
@@ -382,8 +473,13 @@ def _service_external_ip(svc: dict) -> str:
     if typ in ("ClusterIP", "NodePort"):
         return ",".join(ext) or "<none>"
     if typ == "LoadBalancer":
-        lb = sorted({i.get("ip") or i.get("hostname") for i in (st.get("loadBalancer") or {}).get("ingress") or []
-                     if i.get("ip") or i.get("hostname")})
+        lb = sorted(
+            {
+                i.get("ip") or i.get("hostname")
+                for i in (st.get("loadBalancer") or {}).get("ingress") or []
+                if i.get("ip") or i.get("hostname")
+            }
+        )
         ips = ",".join(lb)
         if ext:
             return ",".join(lb + ext)
@@ -396,11 +492,20 @@ def _service_external_ip(svc: dict) -> str:
 def service_cells(svc: dict) -> list:
     md, spec = svc.get("metadata") or {}, svc.get("spec") or {}
     ports = ",".join(
-        f"{p.get('port')}:{p['nodePort']}/{p.get('protocol', 'TCP')}" if p.get("nodePort") else
-        f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or [])
-    return [md.get("name"), spec.get("type") or "ClusterIP", (spec.get("clusterIPs") or ["<none>"])[0],
-            _service_external_ip(svc), ports or "<none>", since(md.get("creationTimestamp")),
-            format_labels(spec.get("selector"))]
+        f"{p.get('port')}:{p['nodePort']}/{p.get('protocol', 'TCP')}"
+        if p.get("nodePort")
+        else f"{p.get('port')}/{p.get('protocol', 'TCP')}"
+        for p in spec.get("ports") or []
+    )
+    return [
+        md.get("name"),
+        spec.get("type") or "ClusterIP",
+        (spec.get("clusterIPs") or ["<none>"])[0],
+        _service_external_ip(svc),
+        ports or "<none>",
+        since(md.get("creationTimestamp")),
+        format_labels(spec.get("selector")),
+    ]
 
 
 def job_cells(job: dict) -> list:
@@ -435,8 +540,16 @@ def job_cells(job: dict) -> list:
     else:
         status = "Running"
     names, images = _containers(_template_spec(job))
-    return [md.get("name"), status, completions, duration, since(md.get("creationTimestamp")), names, images,
-            format_selector(spec.get("selector"))]
+    return [
+        md.get("name"),
+        status,
+        completions,
+        duration,
+        since(md.get("creationTimestamp")),
+        names,
+        images,
+        format_selector(spec.get("selector")),
+    ]
 
 
 def event_cells(ev: dict) -> list:
@@ -454,8 +567,18 @@ def event_cells(ev: dict) -> list:
     component = src.get("component") or ev.get("reportingComponent") or ""
     host = src.get("host") or ev.get("reportingInstance") or ""
     source = f"{component}, {host}" if host else component
-    return [last, ev.get("type", ""), ev.get("reason", ""), target, inv.get("fieldPath", ""), source,
-            (ev.get("message") or "").strip(), first, int(count), md.get("name")]
+    return [
+        last,
+        ev.get("type", ""),
+        ev.get("reason", ""),
+        target,
+        inv.get("fieldPath", ""),
+        source,
+        (ev.get("message") or "").strip(),
+        first,
+        int(count),
+        md.get("name"),
+    ]
 
 
 def _quota_cells(q: dict) -> list:
@@ -488,10 +611,17 @@ def _binding_cells(b: dict) -> list:
     ref = b.get("roleRef") or {}
     users = [s["name"] for s in b.get("subjects") or [] if s.get("kind") == "User"]
     groups = [s["name"] for s in b.get("subjects") or [] if s.get("kind") == "Group"]
-    sas = [f"{s.get('namespace', '')}/{s['name']}" for s in b.get("subjects") or [] if s.get("kind") ==
-           "ServiceAccount"]
-    return [b["metadata"].get("name"), f"{ref.get('kind', '')}/{ref.get('name', '')}",
-            since(b["metadata"].get("creationTimestamp")), ", ".join(users), ", ".join(groups), ", ".join(sas)]
+    sas = [
+        f"{s.get('namespace', '')}/{s['name']}" for s in b.get("subjects") or [] if s.get("kind") == "ServiceAccount"
+    ]
+    return [
+        b["metadata"].get("name"),
+        f"{ref.get('kind', '')}/{ref.get('name', '')}",
+        since(b["metadata"].get("creationTimestamp")),
+        ", ".join(users),
+        ", ".join(groups),
+        ", ".join(sas),
+    ]
 
 
 def _cells(key: tuple[str, str], o: dict) -> list:
@@ -519,34 +649,69 @@ def _cells(key: tuple[str, str], o: dict) -> list:
         return [name, _endpoints(o), age]
     if key == ("", "persistentvolumeclaims"):
         bound = bool(spec.get("volumeName"))
-        return [name, "Terminating" if md.get("deletionTimestamp") else st.get("phase", ""),
-                spec.get("volumeName", ""), ((st.get("capacity") or {}).get("storage", "")) if bound else "",
-                _access_modes(st.get("accessModes")) if bound else "", spec.get("storageClassName") or "",
-                spec.get("volumeAttributesClassName") or "<unset>", age, spec.get("volumeMode") or "<unset>"]
+        return [
+            name,
+            "Terminating" if md.get("deletionTimestamp") else st.get("phase", ""),
+            spec.get("volumeName", ""),
+            ((st.get("capacity") or {}).get("storage", "")) if bound else "",
+            _access_modes(st.get("accessModes")) if bound else "",
+            spec.get("storageClassName") or "",
+            spec.get("volumeAttributesClassName") or "<unset>",
+            age,
+            spec.get("volumeMode") or "<unset>",
+        ]
     if key == ("apps", "replicasets"):
         names, images = _containers(_template_spec(o))
-        return [name, int(spec.get("replicas") or 0), int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0),
-                age, names, images, format_selector(spec.get("selector"))]
+        return [
+            name,
+            int(spec.get("replicas") or 0),
+            int(st.get("replicas") or 0),
+            int(st.get("readyReplicas") or 0),
+            age,
+            names,
+            images,
+            format_selector(spec.get("selector")),
+        ]
     if key == ("apps", "daemonsets"):
         names, images = _containers(_template_spec(o))
-        return [name, int(st.get("desiredNumberScheduled") or 0), int(st.get("currentNumberScheduled") or 0),
-                int(st.get("numberReady") or 0), int(st.get("updatedNumberScheduled") or 0),
-                int(st.get("numberAvailable") or 0), format_labels(_template_spec(o).get("nodeSelector")), age,
-                names, images, format_selector(spec.get("selector"))]
+        return [
+            name,
+            int(st.get("desiredNumberScheduled") or 0),
+            int(st.get("currentNumberScheduled") or 0),
+            int(st.get("numberReady") or 0),
+            int(st.get("updatedNumberScheduled") or 0),
+            int(st.get("numberAvailable") or 0),
+            format_labels(_template_spec(o).get("nodeSelector")),
+            age,
+            names,
+            images,
+            format_selector(spec.get("selector")),
+        ]
     if key == ("apps", "deployments"):
         names, images = _containers(_template_spec(o))
-        return [name, f"{int(st.get('readyReplicas') or 0)}/{int(spec.get('replicas') or 0)}",
-                int(st.get("updatedReplicas") or 0), int(st.get("availableReplicas") or 0), age, names, images,
-                selector_string(spec.get("selector"))]
+        return [
+            name,
+            f"{int(st.get('readyReplicas') or 0)}/{int(spec.get('replicas') or 0)}",
+            int(st.get("updatedReplicas") or 0),
+            int(st.get("availableReplicas") or 0),
+            age,
+            names,
+            images,
+            selector_string(spec.get("selector")),
+        ]
     if key == ("apps", "statefulsets"):
         names, images = _containers(_template_spec(o))
         return [name, f"{int(st.get('readyReplicas') or 0)}/{int(spec.get('replicas') or 0)}", age, names, images]
     if key == ("batch", "jobs"):
         return job_cells(o)
     if key == ("policy", "poddisruptionbudgets"):
-        return [name, int_or_string(spec["minAvailable"]) if "minAvailable" in spec else "N/A",
-                int_or_string(spec["maxUnavailable"]) if "maxUnavailable" in spec else "N/A",
-                int(st.get("disruptionsAllowed") or 0), age]
+        return [
+            name,
+            int_or_string(spec["minAvailable"]) if "minAvailable" in spec else "N/A",
+            int_or_string(spec["maxUnavailable"]) if "maxUnavailable" in spec else "N/A",
+            int(st.get("disruptionsAllowed") or 0),
+            age,
+        ]
     if key in (("rbac.authorization.k8s.io", "rolebindings"), ("rbac.authorization.k8s.io", "clusterrolebindings")):
         return _binding_cells(o)
     if key == ("networking.k8s.io", "networkpolicies"):
@@ -560,8 +725,9 @@ def _cells(key: tuple[str, str], o: dict) -> list:
 
 def _access_modes(modes: list | None) -> str:
     short = {"ReadWriteOnce": "RWO", "ReadOnlyMany": "ROX", "ReadWriteMany": "RWX", "ReadWriteOncePod": "RWOP"}
-    return ",".join(short[m] for m in ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
-                    if m in (modes or []))
+    return ",".join(
+        short[m] for m in ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod") if m in (modes or [])
+    )
 
 
 # ---------------------------------------------------------------- custom resources (additionalPrinterColumns)
@@ -632,8 +798,9 @@ def _custom_cell(typ: str, v: Any) -> Any:
 def _crd_columns(store: "Store", rt: "ResourceType", version: str) -> list[dict]:
     crd = schemas.crd_object(store, rt) or {}
     ver = next((v for v in (crd.get("spec") or {}).get("versions") or [] if v.get("name") == version), {})
-    cols = ver.get("additionalPrinterColumns") or [{"name": "Age", "type": "date",
-                                                      "jsonPath": ".metadata.creationTimestamp"}]
+    cols = ver.get("additionalPrinterColumns") or [
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    ]
     return cols
 
 
@@ -646,16 +813,31 @@ def _row_object(o: dict, include: str) -> dict | None:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata") or {}}
 
 
-def table(store: "Store", rt: "ResourceType", version: str, objs: list[dict], list_meta: dict, query,
-          table_version: str = "v1") -> dict:
+def table(
+    store: "Store",
+    rt: "ResourceType",
+    version: str,
+    objs: list[dict],
+    list_meta: dict,
+    query,
+    table_version: str = "v1",
+) -> dict:
     """A meta.k8s.io Table of `objs` (already served, with apiVersion and kind)."""
     include = query.get("includeObject") or "Metadata"
     no_headers = (query.get("noHeaders") or "").lower() in ("1", "true")
     rows = []
     if not rt.builtin:
         cols = _crd_columns(store, rt, version)
-        defs = [NAME()] + [col(c["name"], c.get("type", "string"), c.get("description", ""),
-                               int(c.get("priority") or 0), c.get("format", "")) for c in cols]
+        defs = [NAME()] + [
+            col(
+                c["name"],
+                c.get("type", "string"),
+                c.get("description", ""),
+                int(c.get("priority") or 0),
+                c.get("format", ""),
+            )
+            for c in cols
+        ]
         for o in objs:
             cells = [o["metadata"].get("name")]
             for c in cols:
@@ -668,17 +850,31 @@ def table(store: "Store", rt: "ResourceType", version: str, objs: list[dict], li
             row: dict[str, Any] = {"cells": _cells(rt.key, o), "object": _row_object(o, include)}
             phase = (o.get("status") or {}).get("phase") if rt.key == ("", "pods") else None
             if phase in ("Succeeded", "Failed"):
-                row["conditions"] = [{"type": "Completed", "status": "True", "reason": phase, "message":
-                                      "The pod has completed successfully." if phase == "Succeeded" else
-                                      "The pod failed."}]
+                row["conditions"] = [
+                    {
+                        "type": "Completed",
+                        "status": "True",
+                        "reason": phase,
+                        "message": "The pod has completed successfully." if phase == "Succeeded" else "The pod failed.",
+                    }
+                ]
             rows.append(row)
     else:  # the apiserver's default table convertor
         defs = [NAME(), col("Created At", "date", (META, "creationTimestamp"))]
         for o in objs:
-            rows.append({"cells": [o["metadata"].get("name"), o["metadata"].get("creationTimestamp")],
-                         "object": _row_object(o, include)})
+            rows.append(
+                {
+                    "cells": [o["metadata"].get("name"), o["metadata"].get("creationTimestamp")],
+                    "object": _row_object(o, include),
+                }
+            )
     for r in rows:
         if r["object"] is None:
             del r["object"]
-    return {"kind": "Table", "apiVersion": f"meta.k8s.io/{table_version}", "metadata": dict(list_meta),
-            "columnDefinitions": [] if no_headers else defs, "rows": rows}
+    return {
+        "kind": "Table",
+        "apiVersion": f"meta.k8s.io/{table_version}",
+        "metadata": dict(list_meta),
+        "columnDefinitions": [] if no_headers else defs,
+        "rows": rows,
+    }

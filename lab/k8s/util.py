@@ -11,9 +11,20 @@ from typing import Any
 from aiohttp import web
 
 REASONS = {
-    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed",
-    406: "NotAcceptable", 409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
-    429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout",
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    406: "NotAcceptable",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
 }
 
 JSON_CT = "application/json"
@@ -32,8 +43,13 @@ def random_suffix(n: int = 5) -> str:
 def status_body(code: int, message: str, reason: str | None = None, details: dict | None = None) -> dict:
     """A failure Status; `reason` None is the code's usual reason, "" none at all (a Status a handler returns
     as its result rather than as an error has none, e.g. the eviction's more-than-one-budget 500)."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                            "message": message}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+    }
     reason = REASONS.get(code, "") if reason is None else reason
     if reason:
         body["reason"] = reason
@@ -44,8 +60,14 @@ def status_body(code: int, message: str, reason: str | None = None, details: dic
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, message: str, reason: str | None = None, details: dict | None = None,
-                 headers: dict | None = None):
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        reason: str | None = None,
+        details: dict | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.message = message
@@ -58,8 +80,9 @@ class ApiError(Exception):
 
 
 def jresp(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(body=json.dumps(body, separators=(",", ":")).encode(), status=status,
-                        content_type=JSON_CT, headers=headers)
+    return web.Response(
+        body=json.dumps(body, separators=(",", ":")).encode(), status=status, content_type=JSON_CT, headers=headers
+    )
 
 
 def err_resp(e: ApiError) -> web.Response:
@@ -100,9 +123,13 @@ def diff(old: Any, new: Any, limit: int = 40) -> list[dict]:
         if a is _MISSING and b is _MISSING:
             return
         if a != b:
-            out.append({"path": "." + ".".join(str(p) for p in path) if path else ".",
-                        "old": None if a is _MISSING else _short(a),
-                        "new": None if b is _MISSING else _short(b)})
+            out.append(
+                {
+                    "path": "." + ".".join(str(p) for p in path) if path else ".",
+                    "old": None if a is _MISSING else _short(a),
+                    "new": None if b is _MISSING else _short(b),
+                }
+            )
 
     walk(old if old is not None else {}, new if new is not None else {}, ())
     if len(out) >= limit:

@@ -13,13 +13,12 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, LeaseRequest
-from workflows.budget.breaker import BreakerReset, BreakerSettings
-
 from tests.budget.test_budget_signals import worker_on
 from tests.budget.test_disruption_budget import small_fleet, start_budget
 from tests.kube_helpers import current_details, wait_for
 from tests.maintenance.test_node_maintenance import record_history
+from workflows.budget.breaker import BreakerReset, BreakerSettings
+from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, LeaseRequest
 
 pytestmark = pytest.mark.timeout(180)
 REMEDIATION = BreakerSettings()  # NVSentinel's 50 % within 5 minutes

@@ -13,11 +13,6 @@ from datetime import timedelta
 
 from temporalio.client import WorkflowExecutionStatus
 
-from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
-from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
-from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
-from workflows.budget.budget import Budget
-
 from tests.budget.test_disruption_budget import (
     budget_state,
     maintenance_phase,
@@ -29,8 +24,12 @@ from tests.budget.test_disruption_budget import (
 )
 from tests.budget.test_many_holders import all_runs, history_counts
 from tests.kube_helpers import wait_for
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from workflows.budget.budget import Budget
+from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
+from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
+from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
 
 PROTECTED = "millwright.dev/protected=true"
 

@@ -14,6 +14,10 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from lab.fleet import Fleet
+from tests.kube_helpers import read_node, single_pod_workload, wait_for
+from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, availability_timeline, rollout_fleet, rollout_spec
+from workflows.budget.budget import Budget
 from workflows.budget.disruption_budget import (
     BudgetChange,
     BudgetView,
@@ -25,11 +29,6 @@ from workflows.budget.disruption_budget import (
 )
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 from workflows.rollout.rollout import Rollout
-from workflows.budget.budget import Budget
-
-from tests.kube_helpers import read_node, single_pod_workload, wait_for
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, availability_timeline, rollout_fleet, rollout_spec
-from tests.maintenance.test_node_maintenance import record_history
 
 
 def small_fleet(*, not_ready: tuple[str, ...] = (), protected_on: str | None = None) -> list[dict]:
@@ -133,8 +132,8 @@ async def test_two_holders_racing_for_a_budget_of_one_are_serialized(client, kub
     audit = await k8s.audit()
     assert max_out_of_service(audit) == 1
     spans = cordon_spans(audit)
-    (a_down, a_up), = spans["node-02"]
-    (b_down, b_up), = spans["node-03"]
+    ((a_down, a_up),) = spans["node-02"]
+    ((b_down, b_up),) = spans["node-03"]
     assert a_up is not None and b_up is not None
     assert a_up < b_down or b_up < a_down, f"out of service at once: {spans}"
     state = await budget_state(entity)
@@ -163,7 +162,9 @@ async def test_a_node_not_ready_for_other_reasons_consumes_the_budget(client, ku
     assert not [e for e in await k8s.audit(since=since, writes=True) if e.get("name") == "node-02"]
 
     # The operator makes room: the request is decided at once.
-    await entity.execute_update(DisruptionBudget.set_budget, BudgetChange(budget=Budget(count=2), by="sre", reason="ok"))
+    await entity.execute_update(
+        DisruptionBudget.set_budget, BudgetChange(budget=Budget(count=2), by="sre", reason="ok")
+    )
     result = await asyncio.wait_for(handle.result(), 60)
     assert result.outcome == "completed" and result.uncordoned
     assert max_out_of_service(await k8s.audit(since=since), already={"node-04"}) <= 2
@@ -174,7 +175,9 @@ async def test_a_node_not_ready_for_other_reasons_consumes_the_budget(client, ku
 async def test_a_lease_held_by_a_terminated_run_is_recovered(client, kube_worker, k8s, core):
     await k8s.seed(small_fleet(protected_on="node-01"))
     entity = await start_budget(client, kube_worker, {"count": 1})
-    holder = await start_maintenance(client, kube_worker, "node-01", protected_pod_selector="millwright.dev/protected=true")
+    holder = await start_maintenance(
+        client, kube_worker, "node-01", protected_pod_selector="millwright.dev/protected=true"
+    )
     await wait_for(lambda: maintenance_phase(holder, "waiting-for-protected-pods"), what="node-01 held")
     waiter = await start_maintenance(client, kube_worker, "node-02", uncordon_after=True)
     await wait_for(lambda: maintenance_phase(waiter, "waiting-for-budget"), what="node-02 waiting")
@@ -269,7 +272,9 @@ async def test_a_rollout_and_a_maintenance_together_never_exceed_the_budget(clie
     state = await budget_state(entity)
     assert state.leases == [] and state.budget == Budget(count=2) and state.budget_source == "input"
     await record_history(client.get_workflow_handle(f"{rollout.id}/a-01"), "node_update_batch_lease")
-    async for batch in client.list_workflows(f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout.id}/'"):
+    async for batch in client.list_workflows(
+        f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout.id}/'"
+    ):
         await record_history(client.get_workflow_handle(batch.id, run_id=batch.run_id), "rollout_batch_leases")
         break
 
@@ -296,11 +301,17 @@ async def test_the_entity_continues_as_new_with_its_leases_and_queue(small_histo
         await wait_for(continued, what="the entity continuing as new", timeout=60)
         latest = client.get_workflow_handle(entity.id)
         assert [(lease.id, lease.state) for lease in await latest.query(DisruptionBudget.leases)] == [
-            (granted.id, "granted"), (queued.id, "queued")]
+            (granted.id, "granted"),
+            (queued.id, "queued"),
+        ]
         # A retried acquire in the new run finds the same lease; a release lets the next one in.
-        assert (await latest.execute_update(DisruptionBudget.acquire, LeaseRequest(node="node-01", holder=h1))).id == granted.id
+        assert (
+            await latest.execute_update(DisruptionBudget.acquire, LeaseRequest(node="node-01", holder=h1))
+        ).id == granted.id
         await latest.execute_update(DisruptionBudget.release, LeaseRelease(node="node-01", holder=h1))
-        state = await state_where(latest, lambda s: s.leases and s.leases[0].id == queued.id, "the queued lease granted")
+        state = await state_where(
+            latest, lambda s: s.leases and s.leases[0].id == queued.id, "the queued lease granted"
+        )
         assert state.queue == [] and state.budget == Budget(count=1)
         for workflow_id in (entity.id, h1, h2):
             await client.get_workflow_handle(workflow_id).terminate("test over")

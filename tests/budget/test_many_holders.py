@@ -11,12 +11,6 @@ import logging
 import uuid
 from datetime import datetime
 
-from workflows.budget.disruption_budget import budget_workflow_id
-from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-from workflows.remediation.node_remediation import NodeRemediation
-from workflows.remediation.models import NodeRemediationInput
-from workflows.rollout.rollout import Rollout
-
 from tests.budget.test_disruption_budget import (
     max_out_of_service,
     results_watching_the_queue,
@@ -24,8 +18,13 @@ from tests.budget.test_disruption_budget import (
     state_where,
 )
 from tests.kube_helpers import read_node
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from workflows.budget.disruption_budget import budget_workflow_id
+from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
+from workflows.remediation.models import NodeRemediationInput
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.rollout.rollout import Rollout
 
 BUDGET = 10
 THROTTLED = ("ResourceExhausted", "RESOURCE_EXHAUSTED", "in-flight updates", "update was aborted")

@@ -15,9 +15,9 @@ from temporalio.client import WorkflowFailureError
 
 from activities.netbox.models import BurnInRecord, BurnInRecorded, DeviceInfo
 from tests.kube_helpers import current_details, wait_for
+from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.conftest import FakeNetBox
 from tests.test_cli import cli
-from tests.maintenance.test_node_maintenance import record_history
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 RETRY_TIMEOUT = 20
@@ -98,9 +98,12 @@ async def test_a_bmc_that_never_answers_is_shown_then_given_up(client, temporal_
     assert progress.phase == "failed" and progress.waiting == []
     # NetBox: staged, then aborted with the cause; no verdict.
     assert [(n, getattr(r, "status", None) or getattr(r, "result", None)) for n, r in netbox.calls] == [
-        ("set_device_status", "staged"), ("record_burnin", "aborted")]
-    assert f"Burn-in stopped before a verdict: EndpointUnavailable: BMC {bmc} kept failing" in \
-        netbox.calls[-1][1].summary
+        ("set_device_status", "staged"),
+        ("record_burnin", "aborted"),
+    ]
+    assert (
+        f"Burn-in stopped before a verdict: EndpointUnavailable: BMC {bmc} kept failing" in netbox.calls[-1][1].summary
+    )
 
     out = await watched
     assert out.returncode == 1, out

@@ -18,8 +18,8 @@ from lab.fleet import Fleet
 from tests.burnin.test_server_burnin import burn_in_input, resets, start, wait_phase
 from tests.kube_helpers import pods_on
 from tests.maintenance.test_node_maintenance import record_history
-from workflows.burnin.server_burnin import ServerBurnInInput
 from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.burnin.server_burnin import ServerBurnInInput
 
 
 def node_fleet(name: str, *, cordoned_by: str | None = None) -> list[dict]:
@@ -55,8 +55,9 @@ async def follow(link, admin, name: str) -> None:
     await link.poll_once(first=True)
 
 
-async def test_a_node_in_service_is_refused_before_any_power_change(client, burnin_bmcs, bmc_admin, lab_hosts,
-                                                                     burnin_worker, k8s, power_link):
+async def test_a_node_in_service_is_refused_before_any_power_change(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, power_link
+):
     name = burnin_bmcs.names[7]
     await k8s.seed(node_fleet(name))
     await follow(power_link, bmc_admin, name)
@@ -70,8 +71,9 @@ async def test_a_node_in_service_is_refused_before_any_power_change(client, burn
     assert await resets(bmc_admin, name) == []  # the burn-in changed nothing
 
 
-async def test_taken_out_of_service_then_back_after_a_pass(client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker,
-                                                           k8s, core, power_link):
+async def test_taken_out_of_service_then_back_after_a_pass(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
     name = burnin_bmcs.names[7]
     await k8s.seed(node_fleet(name))
     await follow(power_link, bmc_admin, name)
@@ -96,8 +98,9 @@ async def test_taken_out_of_service_then_back_after_a_pass(client, burnin_bmcs, 
     assert any(f"node {name}" in note and "back in service" in note for note in result.notes), result.notes
 
 
-async def test_a_failed_node_stays_cordoned_and_quarantined_with_the_reason(client, burnin_bmcs, bmc_admin, lab_hosts,
-                                                                            burnin_worker, k8s, core, power_link):
+async def test_a_failed_node_stays_cordoned_and_quarantined_with_the_reason(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
     name = burnin_bmcs.names[7]
     await k8s.seed(node_fleet(name))
     await follow(power_link, bmc_admin, name)
@@ -113,15 +116,18 @@ async def test_a_failed_node_stays_cordoned_and_quarantined_with_the_reason(clie
     assert await client.get_workflow_handle(budget_workflow_id("lab")).query(DisruptionBudget.leases) == []
 
 
-async def test_a_node_someone_else_cordoned_is_burned_in_and_left_to_them(client, burnin_bmcs, bmc_admin, lab_hosts,
-                                                                         burnin_worker, k8s, core, power_link):
+async def test_a_node_someone_else_cordoned_is_burned_in_and_left_to_them(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
     name = burnin_bmcs.names[7]
     await k8s.seed(node_fleet(name, cordoned_by="node-maintenance/lab/x"))
     await follow(power_link, bmc_admin, name)
     result = await (await start(client, burnin_worker, as_node(burn_in_input(burnin_bmcs, name)))).result()
     assert result.result == "passed", result.summary()
     node = await core.read_node(name)
-    assert node.spec.unschedulable and node.metadata.annotations["millwright.dev/cordoned-by"] == "node-maintenance/lab/x"
+    assert (
+        node.spec.unschedulable and node.metadata.annotations["millwright.dev/cordoned-by"] == "node-maintenance/lab/x"
+    )
     assert any("cordoned by node-maintenance/lab/x" in note for note in result.notes), result.notes
 
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
+from lab.bmc import DEFAULT_FIRMWARE
 from tests.maintenance.test_node_maintenance import record_history
 from workflows.burnin.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
-from lab.bmc import DEFAULT_FIRMWARE
 
 
 def fleet_input(bmcs, names: list[str], **kw) -> FleetBurnInInput:

@@ -12,8 +12,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 from lab.bmc import DEFAULT_FIRMWARE
 from tests.burnin.conftest import BMC_PASSWORD
-from tests.redfish import conftest as _redfish
 from tests.maintenance.test_node_maintenance import record_history
+from tests.redfish import conftest as _redfish
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput, ServerBurnInResult
 
 STRESS = 2
@@ -58,8 +58,9 @@ async def test_healthy_server_passes_and_boots_back_to_disk(client, burnin_bmcs,
     assert lab_hosts.boots_served(name)[:1] == [1]  # the agent ran in the burn-in image's boot
 
 
-async def test_each_gpu_fault_and_a_firmware_drift_fail_with_evidence(client, burnin_bmcs, bmc_admin, lab_hosts,
-                                                                      burnin_worker):
+async def test_each_gpu_fault_and_a_firmware_drift_fail_with_evidence(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker
+):
     names = burnin_bmcs.names
     faults = {names[1]: {"pending_remaps": [2]}, names[2]: {"xid_under_load": {"gpu": 5, "xid": 79}},
               names[3]: {"pcie_width": {"gpu": 1, "width": 8}}}  # fmt: skip
@@ -80,8 +81,9 @@ async def test_each_gpu_fault_and_a_firmware_drift_fail_with_evidence(client, bu
         assert (await bmc_admin.server(name))["power"] == "Off"  # failed servers are left powered off
 
 
-async def test_critical_sel_entry_during_stress_fails_the_server(client, burnin_bmcs, bmc_admin, lab_hosts,
-                                                                 burnin_worker):
+async def test_critical_sel_entry_during_stress_fails_the_server(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker
+):
     name = burnin_bmcs.names[5]
     await bmc_admin.add_sel(name, severity="Critical", message="old PSU event", message_id="Vendor.1.0.Psu")
     handle = await start(client, burnin_worker, burn_in_input(burnin_bmcs, name, stress_seconds=4))
@@ -91,7 +93,8 @@ async def test_critical_sel_entry_during_stress_fails_the_server(client, burnin_
     await record_history(handle, "server_burn_in_sel_fail")
     assert result.result == "failed"
     assert [(f.check, f.evidence) for f in result.findings] == [
-        ("sel", "Critical: CPU 1 IERR (Vendor.1.0.CpuIerr)")]  # the entry from before is a note, not a failure
+        ("sel", "Critical: CPU 1 IERR (Vendor.1.0.CpuIerr)")
+    ]  # the entry from before is a note, not a failure
     assert any("old PSU event" in n for n in result.notes)
 
 
@@ -136,4 +139,3 @@ async def test_bmc_password_is_in_no_history(client):
         assert BMC_PASSWORD not in history.to_json()
         found += 1
     assert found >= 5
-

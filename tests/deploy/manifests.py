@@ -60,15 +60,20 @@ def container_env(objs, container: dict[str, Any]) -> dict[str, str]:
 
 
 def secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    return {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
-            for e in container.get("env") or [] if "secretKeyRef" in (e.get("valueFrom") or {})}
+    return {
+        e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in container.get("env") or []
+        if "secretKeyRef" in (e.get("valueFrom") or {})
+    }
 
 
 def mounts(objs, pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """mountPath -> the volume behind it."""
     volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
-    return {m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
-            for m in container.get("volumeMounts") or []}
+    return {
+        m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
+        for m in container.get("volumeMounts") or []
+    }
 
 
 def host_agent(objs) -> tuple[dict[str, Any], dict[str, Any]]:

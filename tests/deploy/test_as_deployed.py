@@ -23,13 +23,19 @@ import pytest
 import yaml
 
 from lab.loopback import free_port
-from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-
 from tests.deploy.manifests import (
-    container_env, host_agent, mounts, one, render, resolved_env, worker_container, worker_deployment,
+    container_env,
+    host_agent,
+    mounts,
+    one,
+    render,
+    resolved_env,
+    worker_container,
+    worker_deployment,
 )
 from tests.kube_helpers import fleet_objects, read_node
 from tests.worker_process import REPO, wait_polling
+from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -80,15 +86,22 @@ async def test_worker_as_deployed_runs_node_maintenance(client, temporal_address
     task_queue = f"deploy-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_", "KUBECONFIG"))}
     env.update({k: v for k, v in pod_env.items() if not k.startswith("TEMPORAL_TLS_")})
-    env.update(TEMPORAL_ADDRESS=temporal_address, TEMPORAL_NAMESPACE="default",
-               TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"), MILLWRIGHT_TASK_QUEUE=task_queue,
-               MILLWRIGHT_METRICS_HOST="127.0.0.1", MILLWRIGHT_METRICS_PORT=str(port), PYTHONUNBUFFERED="1")
+    env.update(
+        TEMPORAL_ADDRESS=temporal_address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"),
+        MILLWRIGHT_TASK_QUEUE=task_queue,
+        MILLWRIGHT_METRICS_HOST="127.0.0.1",
+        MILLWRIGHT_METRICS_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
     executable = Path(sys.executable).parent / command[0]
     assert executable.is_file(), f"{command[0]} is not installed in the venv"
     log = tmp_path / "worker.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(executable), *command[1:]], env=env, cwd=tmp_path, stdout=fh,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(executable), *command[1:]], env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT
+        )
     try:
         await wait_polling(client, task_queue, proc, log)
         # The probes' target answers.
@@ -96,14 +109,21 @@ async def test_worker_as_deployed_runs_node_maintenance(client, temporal_address
             assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
 
         await k8s.seed(fleet_objects())
-        inp = NodeMaintenanceInput(cluster="management", node="node-02", reason="as deployed", uncordon_after=True,
-                                   drain={"eviction_retry_interval": 0.5, "timeout": 60})
-        handle = await client.start_workflow(NodeMaintenance.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}",
-                                             task_queue=task_queue)
+        inp = NodeMaintenanceInput(
+            cluster="management",
+            node="node-02",
+            reason="as deployed",
+            uncordon_after=True,
+            drain={"eviction_retry_interval": 0.5, "timeout": 60},
+        )
+        handle = await client.start_workflow(
+            NodeMaintenance.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}", task_queue=task_queue
+        )
         result = await asyncio.wait_for(handle.result(), timeout=60)
         assert result.uncordoned, result
         from kubernetes.aio import client as k8s_client
         from kubernetes.aio import config as k8s_config
+
         api = await k8s_config.new_client_from_config(pod_env["MILLWRIGHT_KUBECONFIG"].split(":")[0])
         try:
             assert not (await read_node(k8s_client.CoreV1Api(api), "node-02")).spec.unschedulable
@@ -128,11 +148,21 @@ async def test_search_attribute_job_script_is_idempotent(temporal_address, tmp_p
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     env.update({k: v for k, v in container_env(objs, container).items() if not k.startswith("TEMPORAL_TLS_")})
-    env.update(TEMPORAL_ADDRESS=temporal_address, TEMPORAL_NAMESPACE="default",
-               TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    result = await asyncio.to_thread(subprocess.run, [*container["command"], *container["args"]], env=env,
-                                     cwd=REPO, capture_output=True, text=True, timeout=60)
+    env.update(
+        TEMPORAL_ADDRESS=temporal_address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*container["command"], *container["args"]],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("already registered") == 4, result.stdout
 
@@ -152,19 +182,24 @@ async def test_host_agent_as_deployed_polls_its_node_queue(client, temporal_addr
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_", "KUBECONFIG"))}
     env.update({k: v for k, v in pod_env.items() if not k.startswith("TEMPORAL_TLS_")})
-    env.update(TEMPORAL_ADDRESS=temporal_address, TEMPORAL_NAMESPACE="default",
-               TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"), MILLWRIGHT_METRICS_HOST="127.0.0.1",
-               MILLWRIGHT_METRICS_PORT=str(port), PYTHONUNBUFFERED="1")
+    env.update(
+        TEMPORAL_ADDRESS=temporal_address,
+        TEMPORAL_NAMESPACE="default",
+        TEMPORAL_CONFIG_FILE=str(tmp_path / "no-such.toml"),
+        MILLWRIGHT_METRICS_HOST="127.0.0.1",
+        MILLWRIGHT_METRICS_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
     command = container["command"]
     executable = Path(sys.executable).parent / command[0]
     assert executable.is_file(), f"{command[0]} is not in the venv"
     log = tmp_path / "host-agent.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(executable), *command[1:]], env=env, cwd=tmp_path, stdout=fh,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(executable), *command[1:]], env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT
+        )
     try:
-        await wait_polling(client, host_task_queue(node), proc, log,
-                           queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        await wait_polling(client, host_task_queue(node), proc, log, queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
             assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
         proc.send_signal(signal.SIGTERM)

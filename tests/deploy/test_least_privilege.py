@@ -27,14 +27,27 @@ import yaml
 from activities.kube.connector import USER_AGENT
 from activities.kube.models import JOB_NAMESPACE
 from lab.k8s.evidence import collect
-
 from tests.deploy.manifests import DEPLOY, one, render
 
 HOST_AGENT_USER_AGENT = "millwright-host-agent"
 HOST_AGENT = "millwright-host-agent"  # its ServiceAccount and DaemonSet
 # Kubernetes' bootstrap `system:discovery` ClusterRole (bound to system:authenticated).
-SYSTEM_DISCOVERY = {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi",
-                                        "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]}
+SYSTEM_DISCOVERY = {
+    "nonResourceURLs": [
+        "/api",
+        "/api/*",
+        "/apis",
+        "/apis/*",
+        "/healthz",
+        "/livez",
+        "/openapi",
+        "/openapi/*",
+        "/readyz",
+        "/version",
+        "/version/",
+    ],
+    "verbs": ["get"],
+}
 
 
 class Request(NamedTuple):
@@ -57,8 +70,12 @@ class Request(NamedTuple):
 
 
 def observed(emulators: list[dict[str, Any]], agent: str) -> set[Request]:
-    return {Request(*(r[f] for f in Request._fields)) for e in emulators for r in e["requests"]
-            if r["userAgent"].startswith(agent) and r["verb"]}
+    return {
+        Request(*(r[f] for f in Request._fields))
+        for e in emulators
+        for r in e["requests"]
+        if r["userAgent"].startswith(agent) and r["verb"]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +96,7 @@ def justifications(text: str) -> dict[tuple[str, str], list[str | None]]:
             continue
         lines = chunk.splitlines()
         start = next(i for i, line in enumerate(lines) if re.match(r"^rules:\s*$", line))
-        indent = re.match(r"^(\s*)-", next(line for line in lines[start + 1:] if line.strip().startswith("-")))[1]
+        indent = re.match(r"^(\s*)-", next(line for line in lines[start + 1 :] if line.strip().startswith("-")))[1]
         found: list[str | None] = []
         for i in range(start + 1, len(lines)):
             if not lines[i].startswith(f"{indent}- "):
@@ -110,7 +127,8 @@ def allows(rule: dict[str, Any], req: Request) -> bool:
     groups, resources = rule.get("apiGroups") or [], rule.get("resources") or []
     target = req.resource + (f"/{req.subresource}" if req.subresource else "")
     return (req.group in groups or "*" in groups) and (
-        target in resources or "*" in resources or (req.subresource != "" and f"*/{req.subresource}" in resources))
+        target in resources or "*" in resources or (req.subresource != "" and f"*/{req.subresource}" in resources)
+    )
 
 
 def grants(rule: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -139,13 +157,20 @@ class Roles(NamedTuple):
 def roles() -> Roles:
     objs = render("base")
     why = justifications((DEPLOY / "base" / "rbac.yaml").read_text())
-    source = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text())}
+    source = {
+        (o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text())
+    }
     cluster = one(objs, "ClusterRole", "millwright-worker")
     jobs = one(objs, "Role", "millwright-jobs")
     for obj in (cluster, jobs):
         assert obj["rules"] == source[(obj["kind"], obj["metadata"]["name"])]["rules"], "rules changed by Kustomize"
-    return Roles(cluster["rules"], why[("ClusterRole", "millwright-worker")], jobs["rules"],
-                 why[("Role", "millwright-jobs")], jobs["metadata"]["namespace"])
+    return Roles(
+        cluster["rules"],
+        why[("ClusterRole", "millwright-worker")],
+        jobs["rules"],
+        why[("Role", "millwright-jobs")],
+        jobs["metadata"]["namespace"],
+    )
 
 
 # ---------------------------------------------------------------- the checks (run last: see conftest.py)
@@ -163,15 +188,18 @@ def test_rbac_grants_every_request_the_worker_made(emulators, roles, k8s_evidenc
     partial = k8s_evidence.partial_reasons(request.config.rootpath)
     k8s_evidence.summary.append(
         f"evidence: {len(seen)} kinds of request by {USER_AGENT} from {len(emulators)} emulator processes; "
-        + (f"PARTIAL ({'; '.join(partial)}): only 'every request is granted' is checked" if partial else "complete"))
+        + (f"PARTIAL ({'; '.join(partial)}): only 'every request is granted' is checked" if partial else "complete")
+    )
     missing = sorted(str(r) for r in seen if not granted(roles, r))
     assert not missing, (
         "the worker's activities made requests deploy/base/rbac.yaml does not grant (add a rule, commented with "
-        "the activity that needs it):\n  " + "\n  ".join(missing))
+        "the activity that needs it):\n  " + "\n  ".join(missing)
+    )
 
 
-def unused(rules: list[dict[str, Any]], why: list[str | None], seen: set[Request], role: str,
-           justified: list[str]) -> list[str]:
+def unused(
+    rules: list[dict[str, Any]], why: list[str | None], seen: set[Request], role: str, justified: list[str]
+) -> list[str]:
     extra = []
     for rule, reason in zip(rules, why):
         if reason is not None:
@@ -195,13 +223,20 @@ def test_rbac_grants_nothing_the_worker_did_not_use(emulators, roles, k8s_eviden
     seen = observed(emulators, USER_AGENT)
     justified: list[str] = []
     extra = unused(roles.cluster, roles.cluster_why, seen, "ClusterRole millwright-worker", justified)
-    extra += unused(roles.jobs, roles.jobs_why, {r for r in seen if r.namespace == roles.jobs_namespace},
-                    f"Role {roles.jobs_namespace}/millwright-jobs", justified)
+    extra += unused(
+        roles.jobs,
+        roles.jobs_why,
+        {r for r in seen if r.namespace == roles.jobs_namespace},
+        f"Role {roles.jobs_namespace}/millwright-jobs",
+        justified,
+    )
     k8s_evidence.summary += ["justified grants (used by no test, kept for the reason given):"] + [
-        f"  {line}" for line in justified]
+        f"  {line}" for line in justified
+    ]
     assert not extra, (
         "deploy/base/rbac.yaml grants what no activity used in the whole suite (remove it, or keep it with a "
-        "`# justified: <why>` comment right above its rule):\n  " + "\n  ".join(extra))
+        "`# justified: <why>` comment right above its rule):\n  " + "\n  ".join(extra)
+    )
 
 
 def test_host_agent_needs_no_kubernetes_api(emulators):
@@ -212,7 +247,11 @@ def test_host_agent_needs_no_kubernetes_api(emulators):
     pod = one(objs, "DaemonSet", HOST_AGENT)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == HOST_AGENT
     assert sa["automountServiceAccountToken"] is False and pod["automountServiceAccountToken"] is False
-    bound = [f"{o['kind']} {o['metadata']['name']}" for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
-             and any(s.get("name") == HOST_AGENT for s in o.get("subjects") or [])]
+    bound = [
+        f"{o['kind']} {o['metadata']['name']}"
+        for o in objs
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        and any(s.get("name") == HOST_AGENT for s in o.get("subjects") or [])
+    ]
     assert bound == []
     assert not fnmatch.filter([o["kind"] for o in objs if o["metadata"]["name"].startswith(HOST_AGENT)], "*Role")

@@ -11,21 +11,37 @@ import tomllib
 import kubernetes_validate
 import pytest
 
-from worker.config import WorkerSettings
-from workflows.common.search_attributes import ALL as SEARCH_ATTRIBUTES
-
 from tests.deploy.manifests import (
-    DEPLOY, OVERLAYS, REPO, container_env, host_agent, mounts, one, render, resolved_env, secret_env, worker_container,
+    DEPLOY,
+    OVERLAYS,
+    REPO,
+    container_env,
+    host_agent,
+    mounts,
+    one,
+    render,
+    resolved_env,
+    secret_env,
+    worker_container,
     worker_deployment,
 )
+from worker.config import WorkerSettings
+from workflows.common.search_attributes import ALL as SEARCH_ATTRIBUTES
 
 # Keep in step with deploy/README.md ("Supported Kubernetes versions").
 KUBERNETES_VERSIONS = ["1.31.0", "1.32.0", "1.33.0"]
 # Temporal's environment configuration (temporalio.envconfig) variables the manifests may set.
 TEMPORAL_ENV = {
-    "TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_TLS", "TEMPORAL_TLS_CLIENT_CERT_PATH",
-    "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_NAME",
-    "TEMPORAL_PROFILE", "TEMPORAL_CONFIG_FILE",
+    "TEMPORAL_ADDRESS",
+    "TEMPORAL_NAMESPACE",
+    "TEMPORAL_API_KEY",
+    "TEMPORAL_TLS",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TEMPORAL_TLS_SERVER_NAME",
+    "TEMPORAL_PROFILE",
+    "TEMPORAL_CONFIG_FILE",
 }
 FILE_SETTINGS = ["TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_PATH"]
 
@@ -49,8 +65,21 @@ def check_service_monitor(obj) -> None:
 def test_rendered_objects_validate_offline(overlay, version):
     objs = render(f"overlays/{overlay}")
     kinds = {o["kind"] for o in objs}
-    assert {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap",
-            "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor", "Job", "DaemonSet"} <= kinds
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "ServiceMonitor",
+        "Job",
+        "DaemonSet",
+    } <= kinds
     for obj in objs:
         if obj["kind"] == "ServiceMonitor":
             check_service_monitor(obj)
@@ -78,8 +107,9 @@ def test_configmap_is_worker_settings_and_temporal_env(overlay):
             assert key.removeprefix("MILLWRIGHT_").lower() in fields, f"{key} is not a WorkerSettings field"
         else:
             assert key in TEMPORAL_ENV, f"{key}: neither MILLWRIGHT_* nor a Temporal env-config variable"
-    settings = WorkerSettings(**{k.removeprefix("MILLWRIGHT_").lower(): v
-                                 for k, v in env.items() if k.startswith("MILLWRIGHT_")})
+    settings = WorkerSettings(
+        **{k.removeprefix("MILLWRIGHT_").lower(): v for k, v in env.items() if k.startswith("MILLWRIGHT_")}
+    )
     assert settings.netbox_config() is not None and settings.ufm_config() is not None
     assert settings.bmc_credentials_ref() is not None
     assert env["TEMPORAL_ADDRESS"] and env["TEMPORAL_NAMESPACE"]
@@ -104,7 +134,7 @@ def test_every_referenced_file_is_mounted(overlay):
     for path in paths:
         dirs = [m for m in mounted if path.startswith(m.rstrip("/") + "/")]
         assert dirs, f"{path} is under no volumeMount"
-        volume, key = mounted[dirs[0]], path[len(dirs[0]) + 1:]
+        volume, key = mounted[dirs[0]], path[len(dirs[0]) + 1 :]
         if "configMap" in volume:
             assert key in one(objs, "ConfigMap", volume["configMap"]["name"])["data"], path
         else:
@@ -156,8 +186,10 @@ def test_image_matches_the_pod_security_context_and_port():
     objs = render("overlays/self-hosted")
     pod = worker_deployment(objs)["spec"]["template"]["spec"]
     froms = re.findall(r"^FROM (\S+)", docker, re.M)
-    assert len(froms) == 2 and all(re.fullmatch(r"python:3\.11\.\d+-slim-\w+( AS \w+)?", f) or
-                                    re.fullmatch(r"python:3\.11\.\d+-slim-\w+", f) for f in froms), froms
+    assert len(froms) == 2 and all(
+        re.fullmatch(r"python:3\.11\.\d+-slim-\w+( AS \w+)?", f) or re.fullmatch(r"python:3\.11\.\d+-slim-\w+", f)
+        for f in froms
+    ), froms
     assert re.search(rf"^USER {pod['securityContext']['runAsUser']}:", docker, re.M)
     assert re.search(r"^EXPOSE 9464$", docker, re.M)
     assert 'ENTRYPOINT ["millwright-worker"]' in docker
@@ -170,7 +202,6 @@ def test_search_attribute_job_registers_every_attribute():
     names = re.search(r"for name in ([\w ]+);", script).group(1).split()
     assert sorted(names) == sorted(k.name for k in SEARCH_ATTRIBUTES)
     assert all(k._metadata_type == "Keyword" for k in SEARCH_ATTRIBUTES)
-
 
 
 # ---------------------------------------------------------------- the host agent (DaemonSet, systemd unit)
@@ -258,13 +289,16 @@ def test_host_agent_systemd_unit():
     assert float(example["MILLWRIGHT_SHUTDOWN_GRACE_SECONDS"]) < float(values["TimeoutStopSec"])
 
 
-@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed (structure checked above)")
+@pytest.mark.skipif(
+    not shutil.which("systemd-analyze"), reason="systemd-analyze not installed (structure checked above)"
+)
 def test_host_agent_systemd_unit_verifies(tmp_path):
     """`systemd-analyze verify`, with ExecStart pointed at this venv's python (the unit's path is the image's)."""
     unit = tmp_path / UNIT.name
     text = UNIT.read_text()
     unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={sys.executable}", text, flags=re.M))
-    out = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60
+    )
     complaints = [line for line in (out.stdout + out.stderr).splitlines() if UNIT.name in line]
     assert out.returncode == 0 and not complaints, out.stdout + out.stderr

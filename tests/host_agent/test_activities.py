@@ -8,10 +8,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.gpu.activities import HostAgentActivities
+from activities.gpu.models import EmptyRequest, GpuCheckRequest, GpuResetRequest, StressRequest, host_task_queue
 from activities.gpu.nvml import NvmlProbe
 from activities.gpu.probe import NvmlUnavailableError
 from activities.gpu.verdict import gpu_verdict
-from activities.gpu.models import EmptyRequest, GpuCheckRequest, GpuResetRequest, StressRequest, host_task_queue
 from lab.gpus import SimulatedGpuProbe
 
 H200 = GpuCheckRequest(expected_count=8, expected_model="H200")
@@ -69,8 +69,9 @@ async def test_check_without_nvml_can_report_it_as_a_failed_result():
 
 
 async def test_stress_window_heartbeats_and_sees_xid_79_and_ecc():
-    probe = SimulatedGpuProbe({"name": "n1"}, {"xid_under_load": {"gpu": 3, "xid": 79},
-                                               "ecc_uncorrected_under_load": {"gpu": 5, "count": 2}})
+    probe = SimulatedGpuProbe(
+        {"name": "n1"}, {"xid_under_load": {"gpu": 3, "xid": 79}, "ecc_uncorrected_under_load": {"gpu": 5, "count": 2}}
+    )
     acts = HostAgentActivities(probe, "n1", heartbeat_seconds=0.2)
     env = ActivityEnvironment()
     beats: list = []

@@ -68,5 +68,7 @@ def test_unknown_argument_is_a_one_line_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "worker", "--hots-agent"], env=env, cwd=REPO, capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1
-    assert out.stderr.strip() == "millwright-worker: error: unknown arguments: --hots-agent " \
-                                 "(usage: millwright-worker [--host-agent])"
+    assert (
+        out.stderr.strip() == "millwright-worker: error: unknown arguments: --hots-agent "
+        "(usage: millwright-worker [--host-agent])"
+    )

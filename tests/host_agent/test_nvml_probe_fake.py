@@ -11,9 +11,9 @@ import pynvml as real
 import pytest
 
 from activities.gpu.activities import LoadWindow
+from activities.gpu.models import GpuCheckRequest, StressRequest
 from activities.gpu.nvml import NvmlProbe
 from activities.gpu.verdict import gpu_verdict
-from activities.gpu.models import GpuCheckRequest, StressRequest
 
 H200 = {"name": "NVIDIA H200", "gen": 5, "width": 16, "temp": 35}
 
@@ -30,6 +30,7 @@ def fake_pynvml(devices: list[dict], events: list[tuple[int, int]]) -> types.Mod
             if err:
                 raise getattr(real, f"NVMLError_{err}")()
             return fn(devices[handle], *args)
+
         return wrapper
 
     def wait(_es, _timeout):
@@ -86,17 +87,20 @@ def nvml(monkeypatch):
     def install(devices, events=()):
         monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices, list(events)))
         monkeypatch.setenv("PATH", "/nonexistent")  # no dcgmi, no stress tool
+
     return install
 
 
 async def test_not_supported_is_none_and_lost_is_a_hard_fail(nvml):
-    nvml([
-        {**H200},
-        {**H200, "raise": {"nvmlDeviceGetSerial": "NotSupported", "nvmlDeviceGetMigMode": "NotSupported"}},
-        {**H200, "raise": {"nvmlDeviceGetRemappedRows": "GpuIsLost"}},
-        {**H200, "links": 0, "raise": {"nvmlDeviceGetPowerUsage": "NoPermission"}},
-        {**H200, "rows": (0, 1, 1, 0), "down": (3,), "width": 8},
-    ])
+    nvml(
+        [
+            {**H200},
+            {**H200, "raise": {"nvmlDeviceGetSerial": "NotSupported", "nvmlDeviceGetMigMode": "NotSupported"}},
+            {**H200, "raise": {"nvmlDeviceGetRemappedRows": "GpuIsLost"}},
+            {**H200, "links": 0, "raise": {"nvmlDeviceGetPowerUsage": "NoPermission"}},
+            {**H200, "rows": (0, 1, 1, 0), "down": (3,), "width": 8},
+        ]
+    )
     snap = await NvmlProbe().snapshot()
     assert (snap.driver_version, snap.cuda_driver_version, snap.gpu_count) == ("570.124.06", "12.8", 5)
     g0, g1, g2, g3, g4 = snap.gpus
@@ -109,7 +113,11 @@ async def test_not_supported_is_none_and_lost_is_a_hard_fail(nvml):
     assert (g4.remap_pending, g4.remapped_uncorrectable, g4.nvlink_down, g4.pcie_width) == (True, 1, [3], 8)
     verdict = gpu_verdict(GpuCheckRequest(expected_count=5, expected_model="H200"), snap)
     assert {(f.gpu, f.check) for f in verdict.findings} == {
-        (2, "gpu_lost"), (4, "remap_pending"), (4, "nvlink_down"), (4, "pcie_link")}
+        (2, "gpu_lost"),
+        (4, "remap_pending"),
+        (4, "nvlink_down"),
+        (4, "pcie_link"),
+    }
 
 
 async def test_load_window_collects_xids_and_says_no_tool_ran(nvml):

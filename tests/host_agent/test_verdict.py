@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from activities.gpu.dcgm import parse_dcgm_json
-from activities.gpu.verdict import gpu_verdict
 from activities.gpu.models import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_POWER_BRAKE,
@@ -21,6 +20,7 @@ from activities.gpu.models import (
     XidEvent,
     throttle_names,
 )
+from activities.gpu.verdict import gpu_verdict
 from lab.gpus import SimulatedGpuProbe
 
 H200 = GpuCheckRequest(expected_count=8, expected_model="H200")
@@ -74,8 +74,12 @@ async def test_each_state_fault_fails_with_its_finding(faults, expected):
 
 
 async def test_remedies_point_to_the_right_fix():
-    by_check = {f.check: f.remedy for f in gpu_verdict(H200, await snap({
-        "pending_remaps": [0], "remap_failure": [1], "missing_gpus": 1})).findings}
+    by_check = {
+        f.check: f.remedy
+        for f in gpu_verdict(
+            H200, await snap({"pending_remaps": [0], "remap_failure": [1], "missing_gpus": 1})
+        ).findings
+    }
     assert by_check == {"remap_pending": "reset_gpu", "remap_failure": "rma", "gpu_count": "reboot"}
 
 
@@ -141,13 +145,24 @@ async def test_before_after_growth_not_absolute_values():
 
 async def test_xids_under_load():
     base = await snap()
-    stress = healthy_stress(xids=[XidEvent(gpu=3, xid=79, at_seconds=1.0), XidEvent(gpu=1, xid=48),
-                                  XidEvent(gpu=1, xid=48), XidEvent(gpu=0, xid=13), XidEvent(gpu=2, xid=999)])
+    stress = healthy_stress(
+        xids=[
+            XidEvent(gpu=3, xid=79, at_seconds=1.0),
+            XidEvent(gpu=1, xid=48),
+            XidEvent(gpu=1, xid=48),
+            XidEvent(gpu=0, xid=13),
+            XidEvent(gpu=2, xid=999),
+        ]
+    )
     verdict = gpu_verdict(H200, base, base, stress)
     assert not verdict.passed
     found = {(f.gpu, f.check, f.severity, f.remedy) for f in verdict.findings}
-    assert found == {(3, "xid", "fail", "reboot"), (1, "xid", "fail", "reset_gpu"), (0, "xid", "warn", None),
-                     (2, "xid", "fail", None)}
+    assert found == {
+        (3, "xid", "fail", "reboot"),
+        (1, "xid", "fail", "reset_gpu"),
+        (0, "xid", "warn", None),
+        (2, "xid", "fail", None),
+    }
     assert any("fallen off the bus" in f.evidence for f in verdict.findings)
     assert any("2 times" in f.evidence for f in verdict.findings if f.gpu == 1)
     for xid in (63, 64, 92, 94, 95):
@@ -183,11 +198,15 @@ async def test_gpu_lost_under_load_and_no_load_tool_and_missing_dcgmi():
 
 async def test_dcgm_results_become_findings():
     base = await snap()
-    dcgm = DcgmDiag(level=3, passed=False, tests=[
-        DcgmTestResult(name="software", status="pass"),
-        DcgmTestResult(name="memory", status="fail", gpus=[2], messages=["GPU 2: DBE"]),
-        DcgmTestResult(name="pcie", status="warn", gpus=[0, 1], messages=["replays"]),
-    ])
+    dcgm = DcgmDiag(
+        level=3,
+        passed=False,
+        tests=[
+            DcgmTestResult(name="software", status="pass"),
+            DcgmTestResult(name="memory", status="fail", gpus=[2], messages=["GPU 2: DBE"]),
+            DcgmTestResult(name="pcie", status="warn", gpus=[0, 1], messages=["replays"]),
+        ],
+    )
     verdict = gpu_verdict(H200, base, base, healthy_stress(tool="dcgmi diag -r 3", dcgm_level=3, dcgm=dcgm))
     assert checks(verdict, "fail") == {(2, "dcgm")}
     assert checks(verdict, "warn") == {(0, "dcgm"), (1, "dcgm")}

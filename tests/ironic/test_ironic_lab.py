@@ -53,8 +53,12 @@ async def test_burnin_settings_manage_and_clean_with_fake_steps(ironic, enroll, 
     assert sorted(first.changed) == ["agent_burnin_cpu_timeout", "agent_burnin_gpu_count", "agent_burnin_gpu_memory",
                                      "agent_burnin_gpu_timeout"] and first.unchanged == []  # fmt: skip
     # Only what differs is patched; None removes a key.
-    second = await ironic("ironic_set_driver_info", DriverInfoUpdate(
-        node=node, values={**plan.driver_info(), "agent_burnin_cpu_timeout": 60, "agent_burnin_gpu_memory": None}))
+    second = await ironic(
+        "ironic_set_driver_info",
+        DriverInfoUpdate(
+            node=node, values={**plan.driver_info(), "agent_burnin_cpu_timeout": 60, "agent_burnin_gpu_memory": None}
+        ),
+    )
     assert sorted(second.changed) == ["agent_burnin_cpu_timeout", "agent_burnin_gpu_memory"]
     info = ironic_http.get(f"/nodes/{node}").json()["driver_info"]
     assert info["agent_burnin_cpu_timeout"] == 60 and info["agent_burnin_gpu_count"] == 8  # ints stay ints
@@ -74,7 +78,10 @@ async def test_burnin_settings_manage_and_clean_with_fake_steps(ironic, enroll, 
     # Heartbeats carried the state and the step running at the time.
     steps = [(h["clean_step"].get("interface"), h["clean_step"].get("step")) for h in ironic.heartbeats
              if h.get("clean_step")]  # fmt: skip
-    assert ("vendor", "log_passthrough") in steps and set(steps) <= {("bios", "factory_reset"), ("vendor", "log_passthrough")}
+    assert ("vendor", "log_passthrough") in steps and set(steps) <= {
+        ("bios", "factory_reset"),
+        ("vendor", "log_passthrough"),
+    }
     states = [h["provision_state"] for h in ironic.heartbeats if "clean_step" in h]
     assert states[0] == "cleaning" and states[-1] == "manageable" and set(states) <= {"cleaning", "manageable"}
     assert manual_cleans(ironic_http, node) == 1
@@ -97,7 +104,9 @@ async def test_ipa_burnin_step_fails_with_ironics_last_error(ironic, enroll, iro
     # From clean failed, a new clean is refused until the node is managed again ...
     with pytest.raises(ApplicationError) as wrong:
         await ironic("ironic_start_clean", StartClean(node=node, steps=FAKE_STEPS))
-    assert wrong.value.type == "IronicWrongState" and wrong.value.non_retryable and "clean failed" in wrong.value.message
+    assert (
+        wrong.value.type == "IronicWrongState" and wrong.value.non_retryable and "clean failed" in wrong.value.message
+    )
     # ... manage brings it back (Ironic keeps last_error), and waiting on it still reports the failure.
     back = await ironic("ironic_manage", ManageRequest(node=node))
     assert back.changed and back.node.provision_state == "manageable" and "burnin_cpu" in back.node.last_error
@@ -124,7 +133,11 @@ async def test_start_clean_retries_never_restart_a_clean(ironic, enroll, ironic_
     # Other steps while it runs: refused, not queued behind it.
     with pytest.raises(ApplicationError) as busy:
         await ironic("ironic_start_clean", StartClean(node=node, steps=FAKE_STEPS[:1]))
-    assert busy.value.type == "IronicNodeBusy" and busy.value.non_retryable and "vendor.log_passthrough" in busy.value.message
+    assert (
+        busy.value.type == "IronicNodeBusy"
+        and busy.value.non_retryable
+        and "vendor.log_passthrough" in busy.value.message
+    )
 
     await ironic("ironic_wait_clean", WaitClean(node=node, timeout_seconds=60))
     # A retry after the clean finished: the node's history shows it ran since the activity was scheduled.
@@ -141,7 +154,9 @@ async def test_start_clean_retries_never_restart_a_clean(ironic, enroll, ironic_
 async def test_manage_waits_for_a_clean_heading_back_and_from_available(ironic, enroll, ironic_http):
     node = enroll()
     await ironic("ironic_manage", ManageRequest(node=node))
-    await ironic("ironic_start_clean", StartClean(node=node, steps=[CleanStep(interface="vendor", step="log_passthrough")]))
+    await ironic(
+        "ironic_start_clean", StartClean(node=node, steps=[CleanStep(interface="vendor", step="log_passthrough")])
+    )
     # Cleaning back to manageable: manage sends nothing and waits.
     waited = await ironic("ironic_manage", ManageRequest(node=node))
     assert not waited.changed and waited.node.provision_state == "manageable"
@@ -178,4 +193,4 @@ async def test_ironic_errors_map_to_application_errors(ironic, enroll, ironic_ht
     with pytest.raises(ApplicationError) as refused:
         await ironic("ironic_manage", ManageRequest(node=node))
     assert refused.value.type == "IronicRejected" and refused.value.non_retryable
-    assert 'can not be performed on node' in refused.value.message and '"active"' in refused.value.message
+    assert "can not be performed on node" in refused.value.message and '"active"' in refused.value.message

@@ -28,7 +28,11 @@ from worker.config import ConfigError, WorkerSettings
 
 def test_burnin_steps_know_their_driver_info_keys():
     assert burnin_driver_info_keys("burnin_memory") == [
-        "agent_burnin_vm_vm", "agent_burnin_vm_vm-bytes", "agent_burnin_vm_timeout", "agent_burnin_vm_outputfile"]
+        "agent_burnin_vm_vm",
+        "agent_burnin_vm_vm-bytes",
+        "agent_burnin_vm_timeout",
+        "agent_burnin_vm_outputfile",
+    ]
     assert burnin_driver_info_keys("burnin_disk") == [
         "agent_burnin_fio_disk_loops", "agent_burnin_fio_disk_runtime", "agent_burnin_fio_disk_outputfile",
         "agent_burnin_fio_disk_smart_test"]  # fmt: skip
@@ -77,7 +81,12 @@ def test_bad_input_is_refused_naming_the_field(model, data, says):
 async def test_without_settings_every_activity_fails_not_configured():
     acts = IronicActivities(None)
     assert [a.__name__ for a in acts.activities()] == [
-        "ironic_get_node", "ironic_set_driver_info", "ironic_manage", "ironic_start_clean", "ironic_wait_clean"]
+        "ironic_get_node",
+        "ironic_set_driver_info",
+        "ironic_manage",
+        "ironic_start_clean",
+        "ironic_wait_clean",
+    ]
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(acts.ironic_get_node, NodeRef(node="n1"))
     assert err.value.type == "IronicNotConfigured" and err.value.non_retryable

@@ -60,8 +60,11 @@ async def test_an_untrusted_certificate_fails_at_once_naming_the_fix(https_k8s, 
 async def test_the_kubeconfig_ca_or_insecure_skip_tls_verify_makes_it_work(https_k8s, k8s, lab_ca, tmp_path):
     await k8s.seed(fleet_objects())
     ca_data = base64.b64encode(lab_ca.ca_file.read_bytes()).decode()
-    for cluster in ({"certificate-authority-data": ca_data}, {"certificate-authority": str(lab_ca.ca_file)},
-                    {"insecure-skip-tls-verify": True}):
+    for cluster in (
+        {"certificate-authority-data": ca_data},
+        {"certificate-authority": str(lab_ca.ca_file)},
+        {"insecure-skip-tls-verify": True},
+    ):
         page = await run(kubeconfig_file(tmp_path, https_k8s.url, **cluster), "list_nodes_page",
                          NodePageRequest(cluster="lab"))  # fmt: skip
         assert sorted(n.name for n in page.nodes) == [f"node-0{i}" for i in range(1, 6)], cluster
@@ -72,4 +75,6 @@ async def test_a_hostname_mismatch_is_reported_as_such(https_k8s, lab_ca, tmp_pa
     with pytest.raises(ApplicationError) as err:
         await run(path, "list_nodes_page", NodePageRequest(cluster="lab"))
     assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
-    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(
+        err.value
+    )

@@ -33,8 +33,13 @@ def kubectl(emulator, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(kc), "KUBECACHEDIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
 
     def run(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args], env=env, text=True,
-                           capture_output=True, timeout=timeout)
+        p = subprocess.run(
+            [KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
         if check and p.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
         return p
@@ -46,28 +51,50 @@ def kubectl(emulator, tmp_path):
 
 def seed_drain_scenario(lab):
     labels = {"app": "web"}
-    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-          "metadata": {"name": "web", "namespace": "default", "uid": RS_UID},
-          "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                   "template": {"metadata": {"labels": labels},
-                                "spec": {"terminationGracePeriodSeconds": 2,
-                                         "volumes": [{"name": "scratch", "emptyDir": {}}],
-                                         "containers": [{"name": "c", "image": "x"}]}}}}
-    ds = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-          "metadata": {"name": "exporter", "namespace": "default", "uid": DS_UID},
-          "spec": {"selector": {"matchLabels": {"app": "exporter"}},
-                   "template": {"metadata": {"labels": {"app": "exporter"}},
-                                "spec": {"containers": [{"name": "c", "image": "x"}]}}}}
+    rs = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "web", "namespace": "default", "uid": RS_UID},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "volumes": [{"name": "scratch", "emptyDir": {}}],
+                    "containers": [{"name": "c", "image": "x"}],
+                },
+            },
+        },
+    }
+    ds = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "exporter", "namespace": "default", "uid": DS_UID},
+        "spec": {
+            "selector": {"matchLabels": {"app": "exporter"}},
+            "template": {
+                "metadata": {"labels": {"app": "exporter"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
     pods = []
     for i in range(2):
-        p = running_pod(f"web-{i}", labels=labels, grace=2,
-                        owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": RS_UID,
-                               "controller": True})
+        p = running_pod(
+            f"web-{i}",
+            labels=labels,
+            grace=2,
+            owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": RS_UID, "controller": True},
+        )
         p["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
         pods.append(p)
-    ds_pod = running_pod("exporter-n1", labels={"app": "exporter"},
-                         owner={"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "exporter", "uid": DS_UID,
-                                "controller": True})
+    ds_pod = running_pod(
+        "exporter-n1",
+        labels={"app": "exporter"},
+        owner={"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "exporter", "uid": DS_UID, "controller": True},
+    )
     lab.seed([node("n1"), node("n2"), node("n3"), rs, ds, *pods, ds_pod, pdb("web", minAvailable=2)])
 
 
@@ -86,14 +113,31 @@ def test_kubectl_cordon_drain_uncordon(kubectl, lab, api_client, core):
     kubectl("cordon", "n1")
     assert core.read_node("n1").spec.unschedulable is True
     proc = subprocess.Popen(
-        [KUBECTL, "--cache-dir", kubectl.cache, "drain", "n1", "--ignore-daemonsets", "--delete-emptydir-data",
-         "--timeout=60s"], env=kubectl.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            KUBECTL,
+            "--cache-dir",
+            kubectl.cache,
+            "drain",
+            "n1",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=60s",
+        ],
+        env=kubectl.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # the PDB (minAvailable == replicas) blocks: kubectl gets 429 and says it will retry
-        wait_for(lambda: any(e.get("subresource") == "eviction" and e["code"] == 429 for e in lab.audit()),
-                 timeout=30, what="a 429 eviction")
+        wait_for(
+            lambda: any(e.get("subresource") == "eviction" and e["code"] == 429 for e in lab.audit()),
+            timeout=30,
+            what="a 429 eviction",
+        )
         client.PolicyV1Api(api_client).patch_namespaced_pod_disruption_budget(
-            "web", "default", {"spec": {"minAvailable": 1}})
+            "web", "default", {"spec": {"minAvailable": 1}}
+        )
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -104,9 +148,13 @@ def test_kubectl_cordon_drain_uncordon(kubectl, lab, api_client, core):
     assert "node/n1 drained" in out and "ignoring daemonset-managed pods" in out.lower()
     on_n1 = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n1").items
     assert [p.metadata.name for p in on_n1] == ["exporter-n1"]
-    web = wait_for(lambda: (lambda ps: ps if len(ps) == 2 and all(p.status.phase == "Running" for p in ps)
-                            else None)(core.list_namespaced_pod("default", label_selector="app=web").items),
-                   timeout=10, what="replacement pods")
+    web = wait_for(
+        lambda: (lambda ps: ps if len(ps) == 2 and all(p.status.phase == "Running" for p in ps) else None)(
+            core.list_namespaced_pod("default", label_selector="app=web").items
+        ),
+        timeout=10,
+        what="replacement pods",
+    )
     assert all(p.spec.node_name in ("n2", "n3") for p in web)
     kubectl("uncordon", "n1")
     assert not core.read_node("n1").spec.unschedulable
@@ -149,8 +197,13 @@ metadata: {name: tenant-a, namespace: conformance}
 spec:
   topology: {classRef: {name: gpu-class}, version: v1.32.4}
 """
-KINDS = ["namespace/conformance", "configmap/settings", "deployment.apps/web", "poddisruptionbudget.policy/web",
-         "cluster.cluster.x-k8s.io/tenant-a"]
+KINDS = [
+    "namespace/conformance",
+    "configmap/settings",
+    "deployment.apps/web",
+    "poddisruptionbudget.policy/web",
+    "cluster.cluster.x-k8s.io/tenant-a",
+]
 
 
 def parse_table(text: str) -> list[dict]:
@@ -159,8 +212,10 @@ def parse_table(text: str) -> list[dict]:
     header = lines[0]
     starts = [m.start() for m in re.finditer(r"(?:(?<=^)|(?<=\s{2}))\S", header)]
     names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
-    return [{n: ln[a:b].strip() if b else ln[a:].strip() for n, a, b in zip(names, starts, starts[1:] + [None])}
-            for ln in lines[1:]]
+    return [
+        {n: ln[a:b].strip() if b else ln[a:].strip() for n, a, b in zip(names, starts, starts[1:] + [None])}
+        for ln in lines[1:]
+    ]
 
 
 def columns(text: str) -> list[str]:
@@ -169,12 +224,16 @@ def columns(text: str) -> list[str]:
 
 def lab_node(name: str) -> dict:
     n = node(name, labels={"node-role.kubernetes.io/gpu-worker": ""})
-    n["status"]["addresses"] = [{"type": "InternalIP", "address": "10.0.0.11"},
-                                {"type": "Hostname", "address": name}]
+    n["status"]["addresses"] = [{"type": "InternalIP", "address": "10.0.0.11"}, {"type": "Hostname", "address": name}]
     n["status"]["capacity"]["memory"] = n["status"]["allocatable"]["memory"] = "2Ti"
-    n["status"]["nodeInfo"].update({"kubeletVersion": "v1.32.4", "osImage": "Ubuntu 22.04.5 LTS",
-                                    "kernelVersion": "5.15.0-119-generic",
-                                    "containerRuntimeVersion": "containerd://1.7.22"})
+    n["status"]["nodeInfo"].update(
+        {
+            "kubeletVersion": "v1.32.4",
+            "osImage": "Ubuntu 22.04.5 LTS",
+            "kernelVersion": "5.15.0-119-generic",
+            "containerRuntimeVersion": "containerd://1.7.22",
+        }
+    )
     return n
 
 
@@ -186,15 +245,41 @@ def test_capi_seed_file_is_the_emulators_bundle():
 def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
     pod = running_pod("trainer-0", node_name="n1", labels={"app": "trainer"})
     pod["metadata"]["uid"] = POD_UID
-    pod["status"].update({"podIP": "10.244.1.7", "podIPs": [{"ip": "10.244.1.7"}], "containerStatuses": [
-        {"name": "c", "ready": True, "restartCount": 2, "image": "busybox", "imageID": "", "started": True,
-         "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
-         "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:00:00Z"}}}]})
-    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "trainer-0.1", "namespace": "default"},
-             "involvedObject": {"kind": "Pod", "namespace": "default", "name": "trainer-0", "uid": POD_UID,
-                                "apiVersion": "v1"},
-             "reason": "Pulled", "message": "Container image \"busybox\" already present on machine",
-             "type": "Normal", "source": {"component": "kubelet", "host": "n1"}, "count": 1}
+    pod["status"].update(
+        {
+            "podIP": "10.244.1.7",
+            "podIPs": [{"ip": "10.244.1.7"}],
+            "containerStatuses": [
+                {
+                    "name": "c",
+                    "ready": True,
+                    "restartCount": 2,
+                    "image": "busybox",
+                    "imageID": "",
+                    "started": True,
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                    "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:00:00Z"}},
+                }
+            ],
+        }
+    )
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "trainer-0.1", "namespace": "default"},
+        "involvedObject": {
+            "kind": "Pod",
+            "namespace": "default",
+            "name": "trainer-0",
+            "uid": POD_UID,
+            "apiVersion": "v1",
+        },
+        "reason": "Pulled",
+        "message": 'Container image "busybox" already present on machine',
+        "type": "Normal",
+        "source": {"component": "kubelet", "host": "n1"},
+        "count": 1,
+    }
     lab.seed([*CAPI_CRDS, lab_node("n1"), pod, event])
     manifest = tmp_path / "manifest.yaml"
 
@@ -204,31 +289,52 @@ def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
 
     # client-side apply: create, no-op, change (last-applied annotation, strategic merge for built-ins)
     out = kubectl("apply", "-f", write(2)).stdout
-    assert [ln.split()[0] for ln in out.splitlines()] == KINDS and all(ln.endswith(" created") for ln in
-                                                                       out.splitlines()), out
+    assert [ln.split()[0] for ln in out.splitlines()] == KINDS and all(
+        ln.endswith(" created") for ln in out.splitlines()
+    ), out
     out = kubectl("apply", "-f", write(2)).stdout.splitlines()
     # the PDB's selector has patch strategy "replace": kubectl always sends it, so it says "configured"
-    assert out == ["namespace/conformance unchanged", "configmap/settings unchanged", "deployment.apps/web unchanged",
-                   "poddisruptionbudget.policy/web configured", "cluster.cluster.x-k8s.io/tenant-a unchanged"], out
+    assert out == [
+        "namespace/conformance unchanged",
+        "configmap/settings unchanged",
+        "deployment.apps/web unchanged",
+        "poddisruptionbudget.policy/web configured",
+        "cluster.cluster.x-k8s.io/tenant-a unchanged",
+    ], out
     out = kubectl("apply", "-f", write(3, mode="b")).stdout.splitlines()
-    assert out == ["namespace/conformance unchanged", "configmap/settings configured",
-                   "deployment.apps/web configured", "poddisruptionbudget.policy/web configured",
-                   "cluster.cluster.x-k8s.io/tenant-a unchanged"], out
-    dep = json.loads(kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json",
-                             "--show-managed-fields").stdout)
+    assert out == [
+        "namespace/conformance unchanged",
+        "configmap/settings configured",
+        "deployment.apps/web configured",
+        "poddisruptionbudget.policy/web configured",
+        "cluster.cluster.x-k8s.io/tenant-a unchanged",
+    ], out
+    dep = json.loads(
+        kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json", "--show-managed-fields").stdout
+    )
     assert dep["spec"]["replicas"] == 3
-    assert json.loads(dep["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])[
-        "spec"]["replicas"] == 3
+    assert (
+        json.loads(dep["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"])["spec"][
+            "replicas"
+        ]
+        == 3
+    )
     assert [m["manager"] for m in dep["metadata"]["managedFields"]] == ["kubectl-client-side-apply"]
 
     # an unknown field is refused by the server (kubectl sends fieldValidation=Strict)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: conformance}\n"
-                   "spec: {replicaz: 1, selector: {matchLabels: {app: t}}, template: {metadata: {labels: {app: t}},"
-                   " spec: {containers: [{name: c, image: x}]}}}\n")
+    bad.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: typo, namespace: conformance}\n"
+        "spec: {replicaz: 1, selector: {matchLabels: {app: t}}, template: {metadata: {labels: {app: t}},"
+        " spec: {containers: [{name: c, image: x}]}}}\n"
+    )
     p = kubectl("apply", "-f", str(bad), check=False)
-    assert p.returncode != 0 and 'Deployment in version "v1" cannot be handled as a Deployment: strict decoding ' \
-        'error: unknown field "spec.replicaz"' in p.stderr, p.stderr
+    assert (
+        p.returncode != 0
+        and 'Deployment in version "v1" cannot be handled as a Deployment: strict decoding '
+        'error: unknown field "spec.replicaz"'
+        in p.stderr
+    ), p.stderr
 
     # -o yaml reads back what was applied (kubectl hides managedFields)
     cm = yaml.safe_load(kubectl("get", "configmap", "settings", "-n", "conformance", "-o", "yaml").stdout)
@@ -242,42 +348,93 @@ def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
     assert p.returncode != 0
     assert 'Apply failed with 1 conflict: conflict with "kubectl-patch" using apps/v1: .spec.replicas' in p.stderr
     kubectl("apply", "--server-side", "--force-conflicts", "-f", write(3, mode="b"))
-    dep = json.loads(kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json",
-                             "--show-managed-fields").stdout)
+    dep = json.loads(
+        kubectl("get", "deployment", "web", "-n", "conformance", "-o", "json", "--show-managed-fields").stdout
+    )
     assert dep["spec"]["replicas"] == 3
     owners = {(m["manager"], m["operation"]) for m in dep["metadata"]["managedFields"]}
     assert ("kubectl", "Apply") in owners and not any(
-        "f:replicas" in (m["fieldsV1"].get("f:spec") or {}) for m in dep["metadata"]["managedFields"]
-        if m["manager"] == "kubectl-patch")
+        "f:replicas" in (m["fieldsV1"].get("f:spec") or {})
+        for m in dep["metadata"]["managedFields"]
+        if m["manager"] == "kubectl-patch"
+    )
 
     # get: the server-side Table columns of the real printers (and the CRD's printer columns)
     wide = kubectl("get", "nodes", "-o", "wide").stdout
-    assert columns(wide) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP", "EXTERNAL-IP", "OS-IMAGE",
-                             "KERNEL-VERSION", "CONTAINER-RUNTIME"]
+    assert columns(wide) == [
+        "NAME",
+        "STATUS",
+        "ROLES",
+        "AGE",
+        "VERSION",
+        "INTERNAL-IP",
+        "EXTERNAL-IP",
+        "OS-IMAGE",
+        "KERNEL-VERSION",
+        "CONTAINER-RUNTIME",
+    ]
     row = parse_table(wide)[0]
-    assert (row["NAME"], row["STATUS"], row["ROLES"], row["VERSION"], row["INTERNAL-IP"], row["EXTERNAL-IP"],
-            row["OS-IMAGE"], row["CONTAINER-RUNTIME"]) == (
-        "n1", "Ready", "gpu-worker", "v1.32.4", "10.0.0.11", "<none>", "Ubuntu 22.04.5 LTS", "containerd://1.7.22")
+    assert (
+        row["NAME"],
+        row["STATUS"],
+        row["ROLES"],
+        row["VERSION"],
+        row["INTERNAL-IP"],
+        row["EXTERNAL-IP"],
+        row["OS-IMAGE"],
+        row["CONTAINER-RUNTIME"],
+    ) == ("n1", "Ready", "gpu-worker", "v1.32.4", "10.0.0.11", "<none>", "Ubuntu 22.04.5 LTS", "containerd://1.7.22")
     assert columns(kubectl("get", "nodes").stdout) == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
     pods = kubectl("get", "pods", "-o", "wide").stdout
-    assert columns(pods) == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE", "NOMINATED NODE",
-                             "READINESS GATES"]
+    assert columns(pods) == [
+        "NAME",
+        "READY",
+        "STATUS",
+        "RESTARTS",
+        "AGE",
+        "IP",
+        "NODE",
+        "NOMINATED NODE",
+        "READINESS GATES",
+    ]
     row = parse_table(pods)[0]
     assert (row["NAME"], row["READY"], row["STATUS"], row["IP"], row["NODE"], row["NOMINATED NODE"]) == (
-        "trainer-0", "1/1", "Running", "10.244.1.7", "n1", "<none>")
+        "trainer-0",
+        "1/1",
+        "Running",
+        "10.244.1.7",
+        "n1",
+        "<none>",
+    )
     assert re.fullmatch(r"2 \(\S+ ago\)", row["RESTARTS"]), row
     deps = kubectl("get", "deployments", "-n", "conformance", "-o", "wide").stdout
     assert columns(deps) == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES", "SELECTOR"]
     row = parse_table(deps)[0]
     assert (row["NAME"], row["READY"], row["CONTAINERS"], row["IMAGES"], row["SELECTOR"]) == (
-        "web", "0/3", "web", "nginx:1.27", "app=web")
+        "web",
+        "0/3",
+        "web",
+        "nginx:1.27",
+        "app=web",
+    )
     pdbs = kubectl("get", "pdb", "-n", "conformance").stdout
     assert columns(pdbs) == ["NAME", "MIN AVAILABLE", "MAX UNAVAILABLE", "ALLOWED DISRUPTIONS", "AGE"]
     assert [parse_table(pdbs)[0][c] for c in ("NAME", "MIN AVAILABLE", "MAX UNAVAILABLE")] == ["web", "1", "N/A"]
     clusters = kubectl("get", "clusters", "-n", "conformance").stdout
-    assert columns(clusters) == ["NAME", "CLUSTERCLASS", "AVAILABLE", "CP DESIRED", "CP AVAILABLE",
-                                 "CP UP-TO-DATE", "W DESIRED", "W AVAILABLE", "W UP-TO-DATE", "PHASE", "AGE",
-                                 "VERSION"]
+    assert columns(clusters) == [
+        "NAME",
+        "CLUSTERCLASS",
+        "AVAILABLE",
+        "CP DESIRED",
+        "CP AVAILABLE",
+        "CP UP-TO-DATE",
+        "W DESIRED",
+        "W AVAILABLE",
+        "W UP-TO-DATE",
+        "PHASE",
+        "AGE",
+        "VERSION",
+    ]
     row = parse_table(clusters)[0]
     assert (row["NAME"], row["CLUSTERCLASS"], row["VERSION"]) == ("tenant-a", "gpu-class", "v1.32.4")
     assert columns(kubectl("get", "clusterroles").stdout or "NAME   CREATED AT") == ["NAME", "CREATED AT"]
@@ -287,12 +444,19 @@ def test_kubectl_apply_get_describe_delete(kubectl, lab, tmp_path):
     assert parse_table(events)[0]["OBJECT"] == "pod/trainer-0"
 
     # get -w: watch events come as table rows too
-    watch = subprocess.Popen([KUBECTL, "--cache-dir", kubectl.cache, "get", "pods", "-o", "wide", "--watch-only",
-                              "--request-timeout=4s"], env=kubectl.env, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
+    watch = subprocess.Popen(
+        [KUBECTL, "--cache-dir", kubectl.cache, "get", "pods", "-o", "wide", "--watch-only", "--request-timeout=4s"],
+        env=kubectl.env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_for(lambda: any(e.get("verb") == "watch" and e.get("resource") == "pods" for e in lab.audit()),
-                 timeout=10, what="kubectl's watch")
+        wait_for(
+            lambda: any(e.get("verb") == "watch" and e.get("resource") == "pods" for e in lab.audit()),
+            timeout=10,
+            what="kubectl's watch",
+        )
         kubectl("label", "pod", "trainer-0", "checked=yes")
         out, _ = watch.communicate(timeout=20)
     finally:

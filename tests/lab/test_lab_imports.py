@@ -24,8 +24,11 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]) if node.level \
+            base = (
+                ".".join(package[: len(package) - node.level + 1] + [node.module or ""])
+                if node.level
                 else node.module or ""
+            )
             base = base.rstrip(".")
             targets = [base] + [f"{base}.{a.name}" for a in node.names]
         else:
@@ -47,7 +50,7 @@ def test_lab_has_no_import_cycles():
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycles.append(path[path.index(n):] + [n])
+                cycles.append(path[path.index(n) :] + [n])
             elif n not in state:
                 visit(n)
         path.pop()

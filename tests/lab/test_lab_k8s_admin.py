@@ -20,8 +20,11 @@ from lab.k8s.process import EmulatorProcess
 
 
 def test_fault_status_with_retry_after(core, lab, emulator):
-    lab.fault({"verb": "get", "resource": "configmaps", "name": "x"},
-              {"status": 429, "retryAfterSeconds": 2, "message": "slow down"}, count=2)
+    lab.fault(
+        {"verb": "get", "resource": "configmaps", "name": "x"},
+        {"status": 429, "retryAfterSeconds": 2, "message": "slow down"},
+        count=2,
+    )
     core.create_namespaced_config_map("default", {"metadata": {"name": "x"}})
     with httpx.Client(base_url=emulator.url) as http:
         r = http.get("/api/v1/namespaces/default/configmaps/x")
@@ -63,8 +66,11 @@ def test_fault_delay_and_drops(lab, emulator):
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
         assert http.get("/api/v1/namespaces/default/configmaps/after").status_code == 200
     entries = [e for e in lab.audit() if e.get("fault")]
-    assert [e["fault"].get("drop") or ("delay" if "delay" in e["fault"] else None) for e in entries] == \
-        ["delay", "before", "after"]
+    assert [e["fault"].get("drop") or ("delay" if "delay" in e["fault"] else None) for e in entries] == [
+        "delay",
+        "before",
+        "after",
+    ]
 
 
 def test_audit_entries(core, lab):
@@ -78,8 +84,20 @@ def test_audit_entries(core, lab):
     assert (get["verb"], get["code"], get["write"]) == ("get", 200, False)
     assert patch["verb"] == "patch" and {"path": ".data.k", "old": "1", "new": "2"} in patch["changes"]
     for e in entries:
-        assert {"seq", "time", "verb", "group", "version", "resource", "subresource", "namespace", "name",
-                "code", "userAgent", "write"} <= set(e)
+        assert {
+            "seq",
+            "time",
+            "verb",
+            "group",
+            "version",
+            "resource",
+            "subresource",
+            "namespace",
+            "name",
+            "code",
+            "userAgent",
+            "write",
+        } <= set(e)
     assert "OpenAPI-Generator" in patch["userAgent"] or patch["userAgent"]
     writes = lab.audit(since=create["seq"] - 1, writes=True)
     assert all(e["write"] for e in writes) and writes[0]["seq"] == create["seq"]
@@ -89,8 +107,12 @@ async def test_admin_client(emulator, lab):
     admin = EmulatorAdmin(emulator.url)
     try:
         await admin.reset()
-        res = await admin.seed([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t"}},
-                                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "t"}}])
+        res = await admin.seed(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t"}},
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "t"}},
+            ]
+        )
         assert res["created"] == 2
         names = {(o["kind"], o["metadata"]["name"]) for o in await admin.dump()}
         assert {("Namespace", "t"), ("ConfigMap", "c"), ("Namespace", "default"), ("Namespace", "kube-system")} <= names
@@ -130,8 +152,15 @@ def test_demo_fleet_seeds(api_client, core, lab):
 def test_state_file_round_trip_and_cli(tmp_path):
     state = tmp_path / "state.json"
     seed = tmp_path / "seed.json"
-    seed.write_text(json.dumps({"objects": [{"apiVersion": "v1", "kind": "ConfigMap",
-                                             "metadata": {"name": "seeded", "namespace": "default"}}]}))
+    seed.write_text(
+        json.dumps(
+            {
+                "objects": [
+                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seeded", "namespace": "default"}}
+                ]
+            }
+        )
+    )
     with EmulatorProcess(state_file=str(state), seeds=[str(seed)]) as emu:
         http = httpx.Client(base_url=emu.url)
         r = http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "kept"}, "data": {"a": "1"}})
@@ -148,9 +177,12 @@ def test_state_file_round_trip_and_cli(tmp_path):
 
 def test_process_prints_listening_line_and_exits_zero(tmp_path):
     ready = tmp_path / "ready.json"
-    p = subprocess.Popen([sys.executable, "-m", "lab.k8s", "--host", "127.0.0.1", "--port", "0",
-                          "--ready-file", str(ready)], stdout=subprocess.PIPE, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lab.k8s", "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
     try:
         line = p.stdout.readline()
         assert line.startswith("lab.k8s listening on http://127.0.0.1:")

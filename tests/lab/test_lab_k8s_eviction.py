@@ -14,23 +14,38 @@ RS_UID = "11111111-2222-3333-4444-555555555555"
 
 
 def owner(name="web", uid=RS_UID):
-    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": uid, "controller": True,
-            "blockOwnerDeletion": True}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def replicaset(name="web", replicas=3, uid=RS_UID):
     labels = {"app": name}
-    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
-                                  "spec": {"terminationGracePeriodSeconds": 1,
-                                           "containers": [{"name": "c", "image": "x"}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
 
 
 def evict(core, name, ns="default", **delete_options):
-    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=ns),
-                             delete_options=client.V1DeleteOptions(**delete_options) if delete_options else None)
+    body = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=name, namespace=ns),
+        delete_options=client.V1DeleteOptions(**delete_options) if delete_options else None,
+    )
     return core.create_namespaced_pod_eviction(name, ns, body)
 
 
@@ -41,11 +56,15 @@ def read_pdb(api_client, name="web"):
 def test_pdb_status_math(api_client, core, lab):
     pods = [running_pod(f"w{i}", labels={"app": "web"}) for i in range(4)]
     pods[3]["status"]["conditions"][0]["status"] = "False"  # not Ready
-    lab.seed([node("n1"), *pods, pdb("web", minAvailable="50%"),
-              pdb("mu", labels={"app": "web"}, maxUnavailable=1)])
+    lab.seed([node("n1"), *pods, pdb("web", minAvailable="50%"), pdb("mu", labels={"app": "web"}, maxUnavailable=1)])
     p = read_pdb(api_client)
-    assert (p.status.expected_pods, p.status.current_healthy, p.status.desired_healthy,
-            p.status.disruptions_allowed, p.status.observed_generation) == (4, 3, 2, 1, 1)
+    assert (
+        p.status.expected_pods,
+        p.status.current_healthy,
+        p.status.desired_healthy,
+        p.status.disruptions_allowed,
+        p.status.observed_generation,
+    ) == (4, 3, 2, 1, 1)
     m = read_pdb(api_client, "mu")
     assert (m.status.desired_healthy, m.status.disruptions_allowed) == (3, 0)
     # two PDBs match -> 500: the Status the handler returns as its result, no reason, the message as is
@@ -53,13 +72,23 @@ def test_pdb_status_math(api_client, core, lab):
         evict(core, "w0")
     assert ei.value.status == 500
     assert json.loads(ei.value.body) == {
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
-        "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "code": 500,
+        "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+    }
 
 
 def test_eviction_201_then_429(api_client, core, lab):
-    lab.seed([node("n1"), *[running_pod(f"w{i}", labels={"app": "web"}, grace=1) for i in range(3)],
-              pdb("web", minAvailable=2)])
+    lab.seed(
+        [
+            node("n1"),
+            *[running_pod(f"w{i}", labels={"app": "web"}, grace=1) for i in range(3)],
+            pdb("web", minAvailable=2),
+        ]
+    )
     assert read_pdb(api_client).status.disruptions_allowed == 1
     before = lab.audit()[-1]["seq"] if lab.audit() else 0
     res = evict(core, "w0")
@@ -72,8 +101,9 @@ def test_eviction_201_then_429(api_client, core, lab):
     body = json.loads(ei.value.body)
     assert ei.value.status == 429 and body["reason"] == "TooManyRequests"
     assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
-    assert body["details"]["causes"] == [{"reason": "DisruptionBudget", "message":
-                                          "The disruption budget web needs 2 healthy pods and has 2 currently"}]
+    assert body["details"]["causes"] == [
+        {"reason": "DisruptionBudget", "message": "The disruption budget web needs 2 healthy pods and has 2 currently"}
+    ]
     evs = [e for e in lab.audit(since=before) if e.get("subresource") == "eviction"]
     assert [e["eviction"]["outcome"] for e in evs] == ["evicted", "blocked"]
     assert evs[0]["code"] == 201 and evs[1]["code"] == 429
@@ -85,14 +115,24 @@ def test_eviction_201_then_429(api_client, core, lab):
 def test_eviction_edge_cases(api_client, core, lab, emulator):
     import httpx
 
-    lab.seed([node("n1"), running_pod("w0", labels={"app": "web"}), running_pod("w1", labels={"app": "web"}),
-              pdb("web", minAvailable=2)])
+    lab.seed(
+        [
+            node("n1"),
+            running_pod("w0", labels={"app": "web"}),
+            running_pod("w1", labels={"app": "web"}),
+            pdb("web", minAvailable=2),
+        ]
+    )
     with httpx.Client(base_url=emulator.url) as http:
-        r = http.post("/api/v1/namespaces/default/pods/w0/eviction",
-                      json={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}})
+        r = http.post(
+            "/api/v1/namespaces/default/pods/w0/eviction",
+            json={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}},
+        )
         assert r.status_code == 400 and r.json()["message"] == "name in URL does not match name in Eviction object"
-        r = http.post("/api/v1/namespaces/default/pods/nope/eviction",
-                      json={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "nope"}})
+        r = http.post(
+            "/api/v1/namespaces/default/pods/nope/eviction",
+            json={"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "nope"}},
+        )
         assert r.status_code == 404
     # A uid precondition is checked by the delete, after the budget: with none to spare, the budget answers.
     with pytest.raises(ApiException) as ei:
@@ -108,8 +148,9 @@ def test_eviction_edge_cases(api_client, core, lab, emulator):
         core.read_namespaced_pod("pend", "default")
     # stale observedGeneration -> 429 while the controller is frozen
     lab.configure(disruptionControllerFrozen=True)
-    client.PolicyV1Api(api_client).patch_namespaced_pod_disruption_budget("web", "default",
-                                                                          {"spec": {"minAvailable": 1}})
+    client.PolicyV1Api(api_client).patch_namespaced_pod_disruption_budget(
+        "web", "default", {"spec": {"minAvailable": 1}}
+    )
     with pytest.raises(ApiException) as ei:
         evict(core, "w0")
     assert ei.value.status == 429 and "still being processed" in ei.value.body
@@ -128,15 +169,24 @@ def test_not_ready_pod_evicted_when_budget_healthy(api_client, core, lab):
 
 
 def test_replicaset_recreates_avoiding_cordoned_nodes(core, lab):
-    lab.seed([node("n1"), node("n2", unschedulable=True), node("n3", ready=False),
-              node("n4", labels={"pool": "b"}),
-              replicaset(replicas=2)] +
-             [running_pod(f"web-{i}", labels={"app": "web"}, owner=owner(), grace=1) for i in range(2)])
+    lab.seed(
+        [
+            node("n1"),
+            node("n2", unschedulable=True),
+            node("n3", ready=False),
+            node("n4", labels={"pool": "b"}),
+            replicaset(replicas=2),
+        ]
+        + [running_pod(f"web-{i}", labels={"app": "web"}, owner=owner(), grace=1) for i in range(2)]
+    )
     core.delete_namespaced_pod("web-0", "default")
 
     def replacement():
-        pods = [p for p in core.list_namespaced_pod("default", label_selector="app=web").items
-                if p.metadata.name not in ("web-0", "web-1")]
+        pods = [
+            p
+            for p in core.list_namespaced_pod("default", label_selector="app=web").items
+            if p.metadata.name not in ("web-0", "web-1")
+        ]
         return pods[0] if pods and pods[0].status.phase == "Running" else None
 
     p = wait_for(replacement, what="replacement pod Running")
@@ -153,18 +203,27 @@ def test_unschedulable_replacement_stays_pending_until_node_frees(core, lab):
     p = wait_for(lambda: core.list_namespaced_pod("default").items, what="pod created")[0]
     assert p.spec.node_name is None and p.status.phase == "Pending"
     core.patch_node("n1", {"spec": {"unschedulable": None}})
-    wait_for(lambda: core.read_namespaced_pod(p.metadata.name, "default").status.phase == "Running",
-             what="scheduled after uncordon")
+    wait_for(
+        lambda: core.read_namespaced_pod(p.metadata.name, "default").status.phase == "Running",
+        what="scheduled after uncordon",
+    )
 
 
-PDB_CONFLICT = ('Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; '
-                'please apply your changes to the latest version and try again')
+PDB_CONFLICT = (
+    'Operation cannot be fulfilled on poddisruptionbudgets.policy "web": the object has been modified; '
+    "please apply your changes to the latest version and try again"
+)
 BUDGET_WRITE = {"verb": "update", "group": "policy", "resource": "poddisruptionbudgets", "subresource": "status"}
 
 
 def test_budget_write_conflicts_are_retried_then_answered_as_the_real_server(api_client, core, lab):
-    lab.seed([node("n1"), *[running_pod(f"w{i}", labels={"app": "web"}, grace=1) for i in range(3)],
-              pdb("web", minAvailable=1)])
+    lab.seed(
+        [
+            node("n1"),
+            *[running_pod(f"w{i}", labels={"app": "web"}, grace=1) for i in range(3)],
+            pdb("web", minAvailable=1),
+        ]
+    )
     # 19 conflicting writes of the budget: the 20th try of the eviction's own write succeeds.
     lab.fault(BUDGET_WRITE, {"status": 409}, count=19)
     assert evict(core, "w0") is not None
@@ -197,8 +256,9 @@ def test_uid_precondition_fails_at_the_delete_after_the_budget_is_taken(api_clie
         evict(core, "w0", preconditions=client.V1Preconditions(uid="not-this-pod"))
     body = json.loads(ei.value.body)
     assert ei.value.status == 409 and body["reason"] == "Conflict"
-    assert body["message"].startswith('Operation cannot be fulfilled on pods "w0": Precondition failed: UID in '
-                                      "precondition: not-this-pod")
+    assert body["message"].startswith(
+        'Operation cannot be fulfilled on pods "w0": Precondition failed: UID in precondition: not-this-pod'
+    )
     assert core.read_namespaced_pod("w0", "default").metadata.deletion_timestamp is None
     status = read_pdb(api_client).status
     assert status.disruptions_allowed == 1 and "w0" in status.disrupted_pods  # as the real registry leaves it
@@ -224,16 +284,31 @@ def test_skip_lets_the_first_matching_requests_through(core, lab):
 
 
 def test_the_audit_log_says_which_pods_ran_on_a_node_when_it_changed(api_client, core, lab):
-    lab.seed([node("n1"), replicaset(replicas=1),
-              running_pod("web-a", labels={"app": "web"}, owner=owner()), running_pod("bare")])
+    lab.seed(
+        [
+            node("n1"),
+            replicaset(replicas=1),
+            running_pod("web-a", labels={"app": "web"}, owner=owner()),
+            running_pod("bare"),
+        ]
+    )
     core.patch_node("n1", {"spec": {"unschedulable": True}})
     entry = [e for e in lab.audit(writes=True) if e["resource"] == "nodes"][-1]
     assert entry["nodeAfter"]["unschedulable"] and entry["nodeAfter"]["ready"]
     assert [(p["pod"], p["controller"], p["deleting"]) for p in entry["nodeAfter"]["pods"]] == [
-        ("default/bare", None, False), ("default/web-a", "ReplicaSet", False)]
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "stage", "labels": {"stage": "x"}},
-           "spec": {"template": {"spec": {"nodeName": "n1", "restartPolicy": "Never",
-                                          "containers": [{"name": "c", "image": "x"}]}}}}
+        ("default/bare", None, False),
+        ("default/web-a", "ReplicaSet", False),
+    ]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "stage", "labels": {"stage": "x"}},
+        "spec": {
+            "template": {
+                "spec": {"nodeName": "n1", "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}
+            }
+        },
+    }
     client.BatchV1Api(api_client).create_namespaced_job("default", job)
     entry = [e for e in lab.audit(writes=True) if e["resource"] == "jobs" and e["verb"] == "create"][-1]
     assert entry["jobAfter"]["node"] == "n1" and entry["jobAfter"]["labels"] == {"stage": "x"}

@@ -12,7 +12,6 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lab.k8s.server import load_config_file
-
 from labtest_helpers import node, wait_for
 
 NS = "millwright-system"
@@ -30,13 +29,28 @@ def jobs_lab(lab):
     return lab
 
 
-def job(name: str, node_name: str = "n1", *, labels: dict | None = None, backoff: int = 0,
-        deadline: int | None = None, ttl: int | None = None, restart: str = "Never", pin: str = "nodeName") -> dict:
-    labels = {"millwright.dev/node": node_name, "millwright.dev/package": "pkg", "millwright.dev/stage": "apply",
-              **(labels or {})}
-    pod_spec: dict = {"restartPolicy": restart,
-                      "initContainers": [{"name": "apply", "image": "registry.local/pkg:1.0.0"}],
-                      "containers": [{"name": "apply-check", "image": "registry.local/pkg:1.0.0"}]}
+def job(
+    name: str,
+    node_name: str = "n1",
+    *,
+    labels: dict | None = None,
+    backoff: int = 0,
+    deadline: int | None = None,
+    ttl: int | None = None,
+    restart: str = "Never",
+    pin: str = "nodeName",
+) -> dict:
+    labels = {
+        "millwright.dev/node": node_name,
+        "millwright.dev/package": "pkg",
+        "millwright.dev/stage": "apply",
+        **(labels or {}),
+    }
+    pod_spec: dict = {
+        "restartPolicy": restart,
+        "initContainers": [{"name": "apply", "image": "registry.local/pkg:1.0.0"}],
+        "containers": [{"name": "apply-check", "image": "registry.local/pkg:1.0.0"}],
+    }
     if pin == "nodeName":
         pod_spec["nodeName"] = node_name
     else:
@@ -46,8 +60,12 @@ def job(name: str, node_name: str = "n1", *, labels: dict | None = None, backoff
         spec["activeDeadlineSeconds"] = deadline
     if ttl is not None:
         spec["ttlSecondsAfterFinished"] = ttl
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": spec}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": spec,
+    }
 
 
 def finished(batch: client.BatchV1Api, name: str):
@@ -55,6 +73,7 @@ def finished(batch: client.BatchV1Api, name: str):
         j = batch.read_namespaced_job(name, NS)
         conds = {c.type: c for c in j.status.conditions or [] if c.status == "True"}
         return j if ("Complete" in conds or "Failed" in conds) else None
+
     return probe
 
 
@@ -95,8 +114,14 @@ def test_node_selector_hostname_pins_the_pod(jobs_lab, batch, core):
 
 
 def test_job_rule_fails_with_message_and_backoff_zero(jobs_lab, batch, core):
-    jobs_lab.configure(jobs={"defaultSeconds": 0.1, "rules": [
-        {"node": "n1", "package": "pkg", "stage": "apply", "outcome": "fail", "message": "dkms build failed"}]})
+    jobs_lab.configure(
+        jobs={
+            "defaultSeconds": 0.1,
+            "rules": [
+                {"node": "n1", "package": "pkg", "stage": "apply", "outcome": "fail", "message": "dkms build failed"}
+            ],
+        }
+    )
     batch.create_namespaced_job(NS, job("jf"))
     j = wait_for(finished(batch, "jf"), timeout=10, what="job failed")
     conds = {c.type: c for c in j.status.conditions}
@@ -152,6 +177,7 @@ def test_ttl_after_finished_deletes_job_and_pods(jobs_lab, batch, core):
             return False
         except ApiException as e:
             return e.status == 404
+
     wait_for(gone, timeout=10, what="job deleted by its TTL")
     wait_for(lambda: not pods_of(core, "jt"), timeout=10, what="pods deleted")
     actors = {e["userAgent"] for e in jobs_lab.audit(writes=True) if e["resource"] == "jobs" and e["verb"] == "delete"}
@@ -190,8 +216,14 @@ def test_reboot_interrupt_job_reboots_the_node(jobs_lab, batch, core):
             seen_not_ready.append(ready.reason)
         return ready.status == "True" and n.status.node_info.boot_id != before
 
-    batch.create_namespaced_job(NS, job("jint", labels={"millwright.dev/stage": "interrupt",
-                                                        "millwright.dev/interrupt": "reboot"}, restart="OnFailure"))
+    batch.create_namespaced_job(
+        NS,
+        job(
+            "jint",
+            labels={"millwright.dev/stage": "interrupt", "millwright.dev/interrupt": "reboot"},
+            restart="OnFailure",
+        ),
+    )
     wait_for(lambda: seen_not_ready or ready_and_new_boot(), timeout=10, interval=0.02, what="node NotReady")
     assert seen_not_ready == ["KubeletNotReady"]
     j = wait_for(finished(batch, "jint"), timeout=10, what="interrupt job done")
@@ -203,8 +235,9 @@ def test_reboot_interrupt_job_reboots_the_node(jobs_lab, batch, core):
 
 def test_service_interrupt_just_completes(jobs_lab, batch, core):
     before = core.read_node("n1").status.node_info.boot_id
-    batch.create_namespaced_job(NS, job("jsvc", labels={"millwright.dev/stage": "interrupt",
-                                                        "millwright.dev/interrupt": "service"}))
+    batch.create_namespaced_job(
+        NS, job("jsvc", labels={"millwright.dev/stage": "interrupt", "millwright.dev/interrupt": "service"})
+    )
     j = wait_for(finished(batch, "jsvc"), timeout=10, what="done")
     assert j.status.succeeded == 1
     assert core.read_node("n1").status.node_info.boot_id == before
@@ -221,8 +254,15 @@ def test_jobs_config_is_validated(jobs_lab):
 
 def test_seed_file_may_carry_job_rules(tmp_path):
     f = tmp_path / "fleet.yaml"
-    f.write_text(yaml.safe_dump({"nodes": [{"prefix": "n", "count": 2}], "rebootSeconds": 0.1,
-                                 "jobs": {"defaultSeconds": 0.5, "rules": [{"node": "n01", "outcome": "fail"}]}}))
+    f.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [{"prefix": "n", "count": 2}],
+                "rebootSeconds": 0.1,
+                "jobs": {"defaultSeconds": 0.5, "rules": [{"node": "n01", "outcome": "fail"}]},
+            }
+        )
+    )
     cfg = load_config_file(str(f))
     assert cfg["rebootSeconds"] == 0.1 and cfg["jobs"]["rules"] == [{"node": "n01", "outcome": "fail"}]
     g = tmp_path / "objects.json"
@@ -265,10 +305,22 @@ def test_state_file_keeps_job_rules_and_finishes_a_reboot(tmp_path):
             http.post("/_lab/seed", json={"objects": [node("n1")]}).raise_for_status()
             http.post("/_lab/config", json={"jobs": rules, "rebootSeconds": 3600}).raise_for_status()
             # a node caught mid-reboot when the emulator stops
-            http.patch("/api/v1/nodes/n1/status", headers={"Content-Type": "application/merge-patch+json"},
-                       json={"status": {"conditions": [{"type": "Ready", "status": "False",
-                                                        "reason": "KubeletNotReady",
-                                                        "message": "lab: node is rebooting"}]}}).raise_for_status()
+            http.patch(
+                "/api/v1/nodes/n1/status",
+                headers={"Content-Type": "application/merge-patch+json"},
+                json={
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "False",
+                                "reason": "KubeletNotReady",
+                                "message": "lab: node is rebooting",
+                            }
+                        ]
+                    }
+                },
+            ).raise_for_status()
     with EmulatorProcess(state_file=str(state)) as emu:
         with httpx.Client(base_url=emu.url) as http:
             assert http.get("/_lab/config").json()["jobs"] == rules
@@ -277,4 +329,5 @@ def test_state_file_keeps_job_rules_and_finishes_a_reboot(tmp_path):
                 n = http.get("/api/v1/nodes/n1").json()
                 ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
                 return ready["status"] == "True" and n["status"]["nodeInfo"]["bootID"] != "boot-n1"
+
             wait_for(back, timeout=10, what="the interrupted reboot finished after the restart")

@@ -40,8 +40,10 @@ def test_watch_replay_from_resource_version_and_timeout(emulator, core, lab):
     core.patch_namespaced_config_map("a", "default", {"data": {"x": "1"}})
     t0 = time.monotonic()
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
-        r = http.get("/api/v1/namespaces/default/configmaps", params={
-            "watch": "1", "resourceVersion": a.metadata.resource_version, "timeoutSeconds": "1"})
+        r = http.get(
+            "/api/v1/namespaces/default/configmaps",
+            params={"watch": "1", "resourceVersion": a.metadata.resource_version, "timeoutSeconds": "1"},
+        )
     lines = [json.loads(x) for x in r.text.splitlines() if x]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "b"), ("MODIFIED", "a")]
     assert all(e["object"]["kind"] == "ConfigMap" for e in lines)
@@ -54,13 +56,19 @@ def test_watch_too_old_resource_version_gives_410(emulator, core, lab):
     for i in range(6):
         core.create_namespaced_config_map("default", {"metadata": {"name": f"n{i}"}})
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
-        r = http.get("/api/v1/namespaces/default/configmaps", params={
-            "watch": "true", "resourceVersion": first.metadata.resource_version, "timeoutSeconds": "1"})
+        r = http.get(
+            "/api/v1/namespaces/default/configmaps",
+            params={"watch": "true", "resourceVersion": first.metadata.resource_version, "timeoutSeconds": "1"},
+        )
     ev = json.loads(r.text.splitlines()[0])
     assert ev["type"] == "ERROR" and ev["object"]["code"] == 410 and ev["object"]["reason"] == "Expired"
     with pytest.raises(ApiException) as ei:
-        for _ in watch.Watch().stream(core.list_namespaced_config_map, "default",
-                                      resource_version=first.metadata.resource_version, timeout_seconds=1):
+        for _ in watch.Watch().stream(
+            core.list_namespaced_config_map,
+            "default",
+            resource_version=first.metadata.resource_version,
+            timeout_seconds=1,
+        ):
             pass
     assert ei.value.status == 410
 
@@ -70,8 +78,15 @@ def test_watch_bookmarks_and_field_selector(emulator, lab):
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
         http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "a"}})
         http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "b"}})
-        r = http.get("/api/v1/configmaps", params={"watch": "1", "allowWatchBookmarks": "true",
-                                                   "fieldSelector": "metadata.name=b", "timeoutSeconds": "1"})
+        r = http.get(
+            "/api/v1/configmaps",
+            params={
+                "watch": "1",
+                "allowWatchBookmarks": "true",
+                "fieldSelector": "metadata.name=b",
+                "timeoutSeconds": "1",
+            },
+        )
     evs = [json.loads(x) for x in r.text.splitlines() if x]
     assert evs[0]["type"] == "ADDED" and evs[0]["object"]["metadata"]["name"] == "b"
     assert all(e["object"]["metadata"].get("name") in (None, "b") for e in evs)

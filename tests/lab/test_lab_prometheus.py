@@ -24,8 +24,10 @@ def admin(prom):
 
 def test_query_shapes(prom, admin):
     admin.set('sum(up{job="node"})', 3)
-    admin.set("gpu_errors", result=[{"metric": {"node": "n1"}, "value": 0.5},
-                                    {"metric": {"node": "n2"}, "value": [1700000000.0, "2"]}])
+    admin.set(
+        "gpu_errors",
+        result=[{"metric": {"node": "n1"}, "value": 0.5}, {"metric": {"node": "n2"}, "value": [1700000000.0, "2"]}],
+    )
     with httpx.Client(base_url=prom.url) as http:
         r = http.get("/api/v1/query", params={"query": 'sum(up{job="node"})'})
         body = r.json()
@@ -38,7 +40,9 @@ def test_query_shapes(prom, admin):
         assert [(s["metric"]["node"], s["value"][1]) for s in res] == [("n1", "0.5"), ("n2", "2")]
         assert res[1]["value"][0] == 1700000000.0
         assert http.get("/api/v1/query", params={"query": "unknown"}).json() == {
-            "status": "success", "data": {"resultType": "vector", "result": []}}
+            "status": "success",
+            "data": {"resultType": "vector", "result": []},
+        }
         r = http.get("/api/v1/query", params={"query": ""})
         assert r.status_code == 400 and r.json()["status"] == "error" and r.json()["errorType"] == "bad_data"
     admin.set("broken(", error="1:8: parse error: unclosed left parenthesis")
@@ -46,8 +50,11 @@ def test_query_shapes(prom, admin):
     with httpx.Client(base_url=prom.url) as http:
         r = http.get("/api/v1/query", params={"query": "broken("})
         assert r.status_code == 400
-        assert r.json() == {"status": "error", "errorType": "bad_data",
-                            "error": "1:8: parse error: unclosed left parenthesis"}
+        assert r.json() == {
+            "status": "error",
+            "errorType": "bad_data",
+            "error": "1:8: parse error: unclosed left parenthesis",
+        }
         assert http.get("/api/v1/query", params={"query": "empty"}).json()["data"]["result"] == []
     assert [q["query"] for q in admin.requests()][-2:] == ["broken(", "empty"]
 
@@ -64,8 +71,14 @@ def test_selectors_are_evaluated_over_raw_series(prom, admin):
     def xid(node: str, gpu: str, value: float) -> dict:
         return {"metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": node, "gpu": gpu}, "value": value}
 
-    admin.set_samples([xid("n1", "0", 79), xid("n1", "1", 0), xid("n2", "0", 13),
-                       {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n1", "gpu": "0"}, "value": 60}])
+    admin.set_samples(
+        [
+            xid("n1", "0", 79),
+            xid("n1", "1", 0),
+            xid("n2", "0", 13),
+            {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "Hostname": "n1", "gpu": "0"}, "value": 60},
+        ]
+    )
 
     def ask(query: str) -> list[tuple[str, str, str, str]]:
         with httpx.Client(base_url=prom.url) as http:
@@ -77,8 +90,10 @@ def test_selectors_are_evaluated_over_raw_series(prom, admin):
     assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname="n1"}') == [("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79"),
                                                            ("DCGM_FI_DEV_XID_ERRORS", "n1", "1", "0")]  # fmt: skip
     assert ask('{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_GPU_TEMP", Hostname=~"n\\\\d"} > 0') == [
-        ("DCGM_FI_DEV_GPU_TEMP", "n1", "0", "60"), ("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79"),
-        ("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13")]
+        ("DCGM_FI_DEV_GPU_TEMP", "n1", "0", "60"),
+        ("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79"),
+        ("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13"),
+    ]
     assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname!="n1", gpu!~"1"} != 0') == [("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13")]
     assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname=~"n"}') == []  # anchored, as Prometheus' regexes are
     assert ask("sum(DCGM_FI_DEV_XID_ERRORS)") == []  # not a selector: nothing the stub can evaluate

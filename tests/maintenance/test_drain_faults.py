@@ -20,12 +20,7 @@ import pytest_asyncio
 
 from activities.kube.models import DrainSettings
 from lab.fleet import Fleet
-from workflows.rollout.node_update import NodeUpdate
-from workflows.rollout.models import NodeUpdateInput, NodeUpdateTemplate, PackageStep
-from workflows.rollout.rollout import Rollout
-from workflows.rollout.spec import Interrupt
-from workflows.budget.budget import Budget
-
+from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import (
     JOBS_FAST,
     REBOOT_SECONDS,
@@ -36,15 +31,26 @@ from tests.rollout.helpers import (
     rollout_fleet,
     rollout_spec,
 )
-from tests.maintenance.test_node_maintenance import record_history
 from tests.workers import settings_worker
+from workflows.budget.budget import Budget
+from workflows.rollout.models import NodeUpdateInput, NodeUpdateTemplate, PackageStep
+from workflows.rollout.node_update import NodeUpdate
+from workflows.rollout.rollout import Rollout
+from workflows.rollout.spec import Interrupt
 
 PRECONDITION = "Precondition failed: UID in precondition: 0000, UID in object meta: 1111"
-NAMESPACE_TERMINATING = [{"reason": "NamespaceTerminating", "message": "namespace apps is being terminated",
-                          "field": "metadata.namespace"}]
-BUDGET_CAUSE = [{"reason": "DisruptionBudget", "message": "The disruption budget w needs 1 healthy pods and has 1 currently"}]
-PATH_NOT_FOUND = {"status": 404, "reason": "NotFound", "details": {},
-                  "message": "the server could not find the requested resource"}
+NAMESPACE_TERMINATING = [
+    {"reason": "NamespaceTerminating", "message": "namespace apps is being terminated", "field": "metadata.namespace"}
+]
+BUDGET_CAUSE = [
+    {"reason": "DisruptionBudget", "message": "The disruption budget w needs 1 healthy pods and has 1 currently"}
+]
+PATH_NOT_FOUND = {
+    "status": 404,
+    "reason": "NotFound",
+    "details": {},
+    "message": "the server could not find the requested resource",
+}
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,21 @@ MATRIX: dict[str, list[Case]] = {
         Case("404 for a running pod", {"status": 404, "reason": "NotFound"}),
         Case("409 budget write conflict", {"status": 409}, count=20, pdbs=1, budget_write=True),
         Case("409 precondition failed", {"status": 409, "reason": "Conflict", "message": PRECONDITION}),
-        Case("429 budget", {"status": 429, "reason": "TooManyRequests", "details": {"causes": BUDGET_CAUSE},
-                            "message": "Cannot evict pod as it would violate the pod's disruption budget."}, count=2),
+        Case(
+            "429 budget",
+            {
+                "status": 429,
+                "reason": "TooManyRequests",
+                "details": {"causes": BUDGET_CAUSE},
+                "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            },
+            count=2,
+        ),
         Case("429 Retry-After", {"status": 429, "retryAfterSeconds": 1}),
-        Case("403 namespace terminating", {"status": 403, "reason": "Forbidden", "details": {"causes": NAMESPACE_TERMINATING}}),
+        Case(
+            "403 namespace terminating",
+            {"status": 403, "reason": "Forbidden", "details": {"causes": NAMESPACE_TERMINATING}},
+        ),
         Case("500 more than one budget", pdbs=2, outcome="erroring"),
         Case("500", {"status": 500}, count=2),
         Case("503 Retry-After", {"status": 503, "retryAfterSeconds": 1}),
@@ -108,22 +125,34 @@ def pod_app(node: str) -> str:
 
 def matrix_fleet(nodes: list[str], cases: list[Case]) -> list[dict]:
     """One node per case, each with its own one-pod ReplicaSet (and its PDBs), and a DaemonSet everywhere."""
-    workloads: list[dict] = [{"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator",
-                              "labels": {"app": "dcgm"}}]
+    workloads: list[dict] = [
+        {"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator", "labels": {"app": "dcgm"}}
+    ]
     extra = []
     for node, case in zip(nodes, cases):
         app = pod_app(node)
-        w: dict = {"name": app, "namespace": "apps", "labels": {"app": app}, "nodes": [node],
-                   "terminationGracePeriodSeconds": 5}
+        w: dict = {
+            "name": app,
+            "namespace": "apps",
+            "labels": {"app": app},
+            "nodes": [node],
+            "terminationGracePeriodSeconds": 5,
+        }
         if case.pdbs:
             w["pdb"] = {"maxUnavailable": 1}
         if case.pdbs > 1:
-            extra.append({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                          "metadata": {"name": f"{app}-second", "namespace": "apps"},
-                          "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": 0}})
+            extra.append(
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": f"{app}-second", "namespace": "apps"},
+                    "spec": {"selector": {"matchLabels": {"app": app}}, "minAvailable": 0},
+                }
+            )
         workloads.append(w)
-    fleet = Fleet.model_validate({"cluster": "lab", "nodes": [{"name": n} for n in nodes], "workloads": workloads,
-                                  "objects": extra})
+    fleet = Fleet.model_validate(
+        {"cluster": "lab", "nodes": [{"name": n} for n in nodes], "workloads": workloads, "objects": extra}
+    )
     return fleet.to_objects()
 
 
@@ -168,8 +197,12 @@ async def test_fault_matrix(call, client, queue, k8s, core):
             await k8s.add_fault(match, case.action, count=case.count, skip=skip)
     rollout = f"matrix-{uuid.uuid4().hex[:6]}"
     handles = [
-        await client.start_workflow(NodeUpdate.run, NodeUpdateInput(node=node, ordinal=i, template=template(rollout)),
-                                    id=f"{rollout}/{node}", task_queue=queue)
+        await client.start_workflow(
+            NodeUpdate.run,
+            NodeUpdateInput(node=node, ordinal=i, template=template(rollout)),
+            id=f"{rollout}/{node}",
+            task_queue=queue,
+        )
         for i, node in enumerate(nodes)
     ]
     results = await asyncio.gather(*(h.result() for h in handles))
@@ -184,15 +217,17 @@ async def test_fault_matrix(call, client, queue, k8s, core):
     erroring = [r for r, c in zip(results, cases) if c.outcome == "erroring"]
     assert all("more than one PodDisruptionBudget" in r.reason for r in erroring)
     if call == "eviction":  # a drain blocked by a conflict, then waiting for every planned pod (patched)
-        await record_history(handles[[c.answer for c in cases].index("409 budget write conflict")],
-                             "node_update_drain_conflict")
+        await record_history(
+            handles[[c.answer for c in cases].index("409 budget write conflict")], "node_update_drain_conflict"
+        )
     left = {p.metadata.name for p in (await core.list_namespaced_pod("apps")).items}
     for node, case in zip(nodes, cases):  # a drained node's pod is gone; the one the drain refused runs on
         assert (pods[node] in left) == (case.outcome != "complete"), f"{call} answered {case.answer}"
 
 
 async def test_rollout_under_eviction_conflicts_errors_and_lost_answers_reboots_no_node_with_a_workload(
-        client, queue, k8s, core):
+    client, queue, k8s, core
+):
     members = {f"a-{i:02d}" for i in range(1, 5)}
     await k8s.seed(rollout_fleet({"a": 4}, web_pdb_min_available=2))
     await k8s.configure(jobs=JOBS_FAST, rebootSeconds=REBOOT_SECONDS)
@@ -201,16 +236,21 @@ async def test_rollout_under_eviction_conflicts_errors_and_lost_answers_reboots_
     # Faults meet evictions in this order: two 409s for a failed precondition, two 500s, two evictions served
     # with their answers lost (their budget writes let through), one dropped before it is served; then the
     # next two evictions served conflict on the budget write (20 tries each) and are answered its 409.
-    await k8s.add_fault({"verb": "update", "resource": "poddisruptionbudgets", "subresource": "status", "name": "web"},
-                        {"status": 409}, count=40, skip=2)
+    await k8s.add_fault(
+        {"verb": "update", "resource": "poddisruptionbudgets", "subresource": "status", "name": "web"},
+        {"status": 409},
+        count=40,
+        skip=2,
+    )
     await k8s.add_fault(eviction, {"status": 409, "reason": "Conflict", "message": PRECONDITION}, count=2)
     await k8s.add_fault(eviction, {"status": 500}, count=2)
     await k8s.add_fault(eviction, {"drop": "after"}, count=2)
     await k8s.add_fault(eviction, {"drop": "before"})
     policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
     spec = rollout_spec("evictions-under-faults", policy=policy)
-    handle = await client.start_workflow(Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}",
-                                         task_queue=queue)
+    handle = await client.start_workflow(
+        Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}", task_queue=queue
+    )
     result = await handle.result()
     audit = await k8s.audit(since=since)
 

@@ -35,15 +35,30 @@ POD = "web-0"
 EVICTION = {"verb": "create", "resource": "pods", "subresource": "eviction", "name": POD}
 READ = {"verb": "get", "resource": "pods", "name": POD}
 BUDGET_WRITE = {"verb": "update", "group": "policy", "resource": "poddisruptionbudgets", "subresource": "status"}
-NAMESPACE_TERMINATING = {"name": POD, "kind": "pods", "causes": [
-    {"reason": "NamespaceTerminating", "message": "namespace apps is being terminated", "field": "metadata.namespace"}]}
+NAMESPACE_TERMINATING = {
+    "name": POD,
+    "kind": "pods",
+    "causes": [
+        {
+            "reason": "NamespaceTerminating",
+            "message": "namespace apps is being terminated",
+            "field": "metadata.namespace",
+        }
+    ],
+}
 PRECONDITION = "Precondition failed: UID in precondition: x, UID in object meta: y"
 
 
 def objects(*, pdb: dict | None = None, pods: int = 1) -> list[dict]:
     """node-01 with `pods` web pods of one ReplicaSet (web-0 first), optionally behind a PDB."""
-    workload = {"name": "web", "namespace": "apps", "replicas": pods, "labels": {"app": "web"},
-                "nodes": ["node-01"], "terminationGracePeriodSeconds": 30}
+    workload = {
+        "name": "web",
+        "namespace": "apps",
+        "replicas": pods,
+        "labels": {"app": "web"},
+        "nodes": ["node-01"],
+        "terminationGracePeriodSeconds": 30,
+    }
     if pdb:
         workload["pdb"] = pdb
     fleet = Fleet.model_validate({"nodes": [{"prefix": "node-", "count": 1}], "workloads": [workload]})
@@ -90,26 +105,63 @@ async def while_eviction_waits(k8s, kube, ref: PodRef, change) -> EvictOutcome:
 CASES = {
     "201 accepted": ({}, "evicted", False),
     "200 accepted": ({"fault": (EVICTION, {"status": 200})}, "evicted", False),
-    "404 while the pod runs": ({"fault": (EVICTION, {"status": 404, "reason": "NotFound"})}, "KubernetesUnavailable", True),
-    "409 budget write conflict": ({"pdb": {"minAvailable": 1}, "pods": 3, "fault": (BUDGET_WRITE, {"status": 409}, 20)},
-                                  "blocked", True),
-    "409 precondition while the pod runs": ({"fault": (EVICTION, {"status": 409, "reason": "Conflict",
-                                                                  "message": PRECONDITION})}, "blocked", True),
+    "404 while the pod runs": (
+        {"fault": (EVICTION, {"status": 404, "reason": "NotFound"})},
+        "KubernetesUnavailable",
+        True,
+    ),
+    "409 budget write conflict": (
+        {"pdb": {"minAvailable": 1}, "pods": 3, "fault": (BUDGET_WRITE, {"status": 409}, 20)},
+        "blocked",
+        True,
+    ),
+    "409 precondition while the pod runs": (
+        {"fault": (EVICTION, {"status": 409, "reason": "Conflict", "message": PRECONDITION})},
+        "blocked",
+        True,
+    ),
     "429 budget": ({"pdb": {"minAvailable": 1}}, "blocked", True),
-    "429 rate limit with Retry-After": ({"fault": (EVICTION, {"status": 429, "retryAfterSeconds": 7})}, "blocked", True),
-    "403 namespace terminating": ({"fault": (EVICTION, {"status": 403, "reason": "Forbidden",
-                                                        "details": NAMESPACE_TERMINATING})}, "blocked", True),
+    "429 rate limit with Retry-After": (
+        {"fault": (EVICTION, {"status": 429, "retryAfterSeconds": 7})},
+        "blocked",
+        True,
+    ),
+    "403 namespace terminating": (
+        {"fault": (EVICTION, {"status": 403, "reason": "Forbidden", "details": NAMESPACE_TERMINATING})},
+        "blocked",
+        True,
+    ),
     "403 forbidden": ({"fault": (EVICTION, {"status": 403, "reason": "Forbidden"})}, "KubernetesRejected", True),
-    "500 more than one budget": ({"pdb": {"maxUnavailable": 1}, "extra_pdb": True}, "MultiplePodDisruptionBudgets", True),
+    "500 more than one budget": (
+        {"pdb": {"maxUnavailable": 1}, "extra_pdb": True},
+        "MultiplePodDisruptionBudgets",
+        True,
+    ),
     "500 internal error": ({"fault": (EVICTION, {"status": 500})}, "KubernetesUnavailable", True),
-    "503 with Retry-After": ({"fault": (EVICTION, {"status": 503, "retryAfterSeconds": 3})}, "KubernetesUnavailable", True),
+    "503 with Retry-After": (
+        {"fault": (EVICTION, {"status": 503, "retryAfterSeconds": 3})},
+        "KubernetesUnavailable",
+        True,
+    ),
     "504 timeout": ({"fault": (EVICTION, {"status": 504, "reason": "Timeout"})}, "KubernetesUnavailable", True),
     "dropped before it was served": ({"fault": (EVICTION, {"drop": "before"})}, "KubernetesUnavailable", True),
     "dropped after it was served": ({"fault": (EVICTION, {"drop": "after"})}, "evicted", False),
     "read fails first": ({"fault": (READ, {"status": 500})}, "KubernetesUnavailable", True),
-    "read 404 for the path, not the pod": ({"fault": (READ, {"status": 404, "reason": "NotFound", "details": {},
-                                                             "message": "the server could not find the requested resource"})},
-                                           "KubernetesUnavailable", True),
+    "read 404 for the path, not the pod": (
+        {
+            "fault": (
+                READ,
+                {
+                    "status": 404,
+                    "reason": "NotFound",
+                    "details": {},
+                    "message": "the server could not find the requested resource",
+                },
+            )
+        },
+        "KubernetesUnavailable",
+        True,
+    ),
 }
 
 
@@ -118,9 +170,16 @@ async def test_evict_pod_outcome_per_answer(answer, k8s, kube, core):
     setup, expected, still_running = CASES[answer]
     ref = await seeded(k8s, core, pdb=setup.get("pdb"), pods=setup.get("pods", 1))
     if setup.get("extra_pdb"):
-        await k8s.seed([{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                         "metadata": {"name": "second", "namespace": "apps"},
-                         "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}}])
+        await k8s.seed(
+            [
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "second", "namespace": "apps"},
+                    "spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1},
+                }
+            ]
+        )
     if "fault" in setup:
         match, action, *count = setup["fault"]
         await k8s.add_fault(match, action, count[0] if count else 1)
@@ -193,12 +252,30 @@ async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not
     await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": []})
     patch = {"verb": "patch", "resource": "nodes", "name": "node-01"}
     calls = [
-        (kube.set_node_rollout_state, NodeRolloutState(cluster="lab", node="node-01", rollout="r1", state="in_progress"),
-         patch),
-        (kube.record_package_installed, PackageInstalled(cluster="lab", node="node-01", package="p", version="1"), patch),
-        (kube.run_stage_job, StageJobRequest(cluster="lab", node="node-01", rollout="r1", package="p", version="1",
-                                             image="img", stage="apply", timeout_seconds=60),
-         {"verb": "create", "resource": "jobs"}),
+        (
+            kube.set_node_rollout_state,
+            NodeRolloutState(cluster="lab", node="node-01", rollout="r1", state="in_progress"),
+            patch,
+        ),
+        (
+            kube.record_package_installed,
+            PackageInstalled(cluster="lab", node="node-01", package="p", version="1"),
+            patch,
+        ),
+        (
+            kube.run_stage_job,
+            StageJobRequest(
+                cluster="lab",
+                node="node-01",
+                rollout="r1",
+                package="p",
+                version="1",
+                image="img",
+                stage="apply",
+                timeout_seconds=60,
+            ),
+            {"verb": "create", "resource": "jobs"},
+        ),
     ]
     for method, arg, match in calls:
         since = await k8s.audit_cursor()
@@ -211,8 +288,11 @@ async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not
         result = await retry.run(method, arg)  # the retry (attempt 2): reads what the lost answer did
         if method == kube.run_stage_job:
             assert result.succeeded
-        writes = [e for e in await k8s.audit(since=since, writes=True)
-                  if e["userAgent"].startswith("millwright") and e["resource"] in ("nodes", "jobs")]
+        writes = [
+            e
+            for e in await k8s.audit(since=since, writes=True)
+            if e["userAgent"].startswith("millwright") and e["resource"] in ("nodes", "jobs")
+        ]
         assert len(writes) == 1, f"{method.__name__} wrote twice: {writes}"
     node = await core.read_node("node-01")
     assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "in_progress"
@@ -224,8 +304,16 @@ async def test_a_vanished_stage_job_is_not_created_again(k8s, kube, core):
 
     await k8s.seed(objects())
     await k8s.configure(jobs={"defaultSeconds": 30, "rules": []})
-    req = StageJobRequest(cluster="lab", node="node-01", rollout="r1", package="p", version="1", image="img",
-                          stage="apply", timeout_seconds=60)
+    req = StageJobRequest(
+        cluster="lab",
+        node="node-01",
+        rollout="r1",
+        package="p",
+        version="1",
+        image="img",
+        stage="apply",
+        timeout_seconds=60,
+    )
     env = ActivityEnvironment()
     beats: list = []
     env.on_heartbeat = lambda *d: beats.append(d[0] if d else None)
@@ -250,7 +338,7 @@ async def test_a_vanished_stage_job_is_not_created_again(k8s, kube, core):
 async def test_a_reboot_without_the_boot_id_before_it_is_unverifiable(k8s, kube):
     await k8s.seed(objects())
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01",
-                                                                            previous_boot_id=""))
+        await ActivityEnvironment().run(
+            kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01", previous_boot_id="")
+        )
     assert err.value.type == "RebootUnverifiable" and err.value.non_retryable
-

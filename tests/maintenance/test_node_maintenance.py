@@ -13,9 +13,8 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from activities.kube.models import CORDONED_BY
-from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, NodeMaintenanceInput, SkipWaitRequest
-
 from tests.kube_helpers import current_details, fleet_objects, pods_on, read_node, wait_for
+from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, NodeMaintenanceInput, SkipWaitRequest
 
 HISTORIES = Path(__file__).parents[1] / "histories"
 
@@ -117,7 +116,9 @@ async def test_unmanaged_pod_blocks_the_drain_before_any_eviction(client, kube_w
 
 async def test_protected_pods_are_waited_for_and_skip_wait_ends_the_wait(client, kube_worker, k8s, core):
     await k8s.seed(fleet_objects(protected_on="node-01"))
-    inp = maintenance("node-01", protected_pod_selector="millwright.dev/protected=true", protected_pods_poll_interval=0.5)
+    inp = maintenance(
+        "node-01", protected_pod_selector="millwright.dev/protected=true", protected_pods_poll_interval=0.5
+    )
     handle = await start(client, kube_worker, inp)
     status = await wait_for(
         lambda: _query_if(handle, lambda s: s.protected_pods), what="the wait for the protected pod"
@@ -125,14 +126,18 @@ async def test_protected_pods_are_waited_for_and_skip_wait_ends_the_wait(client,
     assert status.phase == "waiting-for-protected-pods"
     # The job finishes while the workflow waits (not on a timer that may run out before the wait begins).
     (pod,) = [p for p in await pods_on(core, "node-01") if (p.metadata.labels or {}).get("millwright.dev/protected")]
-    await core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {"phase": "Succeeded"}})
+    await core.patch_namespaced_pod_status(
+        pod.metadata.name, pod.metadata.namespace, {"status": {"phase": "Succeeded"}}
+    )
     result = await handle.result()
     assert result.outcome == "completed"
     assert any(e.startswith("training/protected") for e in result.evicted)
 
     # A protected pod that never finishes: the operator skips the wait.
     await k8s.seed(fleet_objects(protected_on="node-02"))
-    handle = await start(client, kube_worker, maintenance("node-02", protected_pod_selector="millwright.dev/protected=true"))
+    handle = await start(
+        client, kube_worker, maintenance("node-02", protected_pod_selector="millwright.dev/protected=true")
+    )
     await wait_for(lambda: _query_if(handle, lambda s: s.protected_pods), what="the wait for the protected pod")
     await handle.execute_update(NodeMaintenance.skip_wait, SkipWaitRequest(reason="checkpoint saved by hand"))
     result = await handle.result()

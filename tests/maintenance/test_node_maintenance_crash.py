@@ -14,10 +14,9 @@ from kubernetes.aio.client import PolicyV1Api
 
 from activities.kube.connector import USER_AGENT
 from activities.kube.models import CORDONED_BY
-from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
-
 from tests.kube_helpers import fleet_objects, pods_on, read_node, wait_for
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
+from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 EVICTIONS = {"verb": "create", "resource": "pods", "subresource": "eviction"}
 FAULTS = [
@@ -58,7 +57,11 @@ async def test_worker_killed_mid_drain_finishes_without_violating_the_budget(
         )
 
         async def evictions(outcome: str):
-            return [e for e in await k8s.audit() if _eviction_request(e) and (e.get("eviction") or {}).get("outcome") == outcome]
+            return [
+                e
+                for e in await k8s.audit()
+                if _eviction_request(e) and (e.get("eviction") or {}).get("outcome") == outcome
+            ]
 
         # Killed while the budget blocks the drain: the wait state must survive the worker.
         await wait_for(lambda: evictions("blocked"), what="an eviction blocked by the budget", timeout=60)

@@ -62,9 +62,7 @@ async def test_bootstrap_twice_second_changes_nothing(client, netbox_worker, nb,
     assert set(second.existing) == ALL_LABELS
 
     # The CLI, as operators run it, against the same worker: a third run, still no change.
-    done = await cli(
-        "inventory", "bootstrap", "--address", temporal_address, "--task-queue", netbox_worker.task_queue
-    )
+    done = await cli("inventory", "bootstrap", "--address", temporal_address, "--task-queue", netbox_worker.task_queue)
     assert done.returncode == 0, done.stderr
     assert "created (0):" in done.stdout and "nothing changed" in done.stdout
     assert f"custom field {CF_BURNIN_RESULT}" in done.stdout

@@ -73,7 +73,8 @@ async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts
     runs = []
     for name in servers:
         inp = ServerBurnInInput.model_validate(
-            {"server": {"name": name}, "settings": {"stress_seconds": 2, "dcgm_level": None, "boot_timeout": "PT30S"}})
+            {"server": {"name": name}, "settings": {"stress_seconds": 2, "dcgm_level": None, "boot_timeout": "PT30S"}}
+        )
         runs.append(client.execute_workflow(ServerBurnIn.run, inp, id=f"{inp.workflow_id()}-{uuid.uuid4().hex[:6]}",
                                             task_queue=burnin_netbox_worker))  # fmt: skip
     results = await asyncio.gather(*runs)
@@ -101,15 +102,24 @@ async def test_verdicts_land_in_netbox(client, nb, servers, bmc_admin, lab_hosts
             assert burnin_tier.BMC_PASSWORD not in history.to_json()
 
 
-async def test_a_burn_in_that_cannot_reach_a_verdict_is_recorded_as_aborted(client, nb, servers, burnin_bmcs,
-                                                                             burnin_netbox_worker):
+async def test_a_burn_in_that_cannot_reach_a_verdict_is_recorded_as_aborted(
+    client, nb, servers, burnin_bmcs, burnin_netbox_worker
+):
     from temporalio.client import WorkflowFailureError
 
     device = servers[burnin_bmcs.names[0]]
     name = f"{burnin_bmcs.names[0]}-x"
-    twin = nb.dcim.devices.create(name=name, site=device.site.id, role=device.role.id, device_type=device.device_type.id,
-                                  status="planned", custom_fields={CF_BMC_URL: burnin_bmcs.bmc_urls[burnin_bmcs.names[0]],
-                                                                   CF_BMC_CREDENTIALS: "env:MILLWRIGHT_NO_SUCH_SECRET"})
+    twin = nb.dcim.devices.create(
+        name=name,
+        site=device.site.id,
+        role=device.role.id,
+        device_type=device.device_type.id,
+        status="planned",
+        custom_fields={
+            CF_BMC_URL: burnin_bmcs.bmc_urls[burnin_bmcs.names[0]],
+            CF_BMC_CREDENTIALS: "env:MILLWRIGHT_NO_SUCH_SECRET",
+        },
+    )
     inp = ServerBurnInInput.model_validate({"server": {"name": name}})
     with pytest.raises(WorkflowFailureError) as failed:
         await client.execute_workflow(ServerBurnIn.run, inp, id=f"{inp.workflow_id()}-{uuid.uuid4().hex[:6]}",

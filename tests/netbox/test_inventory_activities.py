@@ -136,14 +136,20 @@ async def test_a_retry_after_a_crash_does_not_duplicate_the_journal_entry(call, 
     assert done["journal_created"] is False  # the retry found the entry attempt 1 wrote
     assert len(journal(nb, device.id)) == before + 1
     history = await call.handles[-1].fetch_history()
-    attempts = [e.activity_task_started_event_attributes.attempt for e in history.events if e.HasField("activity_task_started_event_attributes")]
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
     assert attempts == [2]  # the history records only the final attempt's start, which is the retry
 
     # Crash between the status write and the journal write: one entry, written by the retry.
     netbox_faults.crashes.clear()
     netbox_faults.crash_after.clear()
     netbox_faults.crash_after.add("status")
-    done = await call("set_device_status", {"device": {"name": device.name}, "status": "active", "reason": "burn-in ok"})
+    done = await call(
+        "set_device_status", {"device": {"name": device.name}, "status": "active", "reason": "burn-in ok"}
+    )
     assert netbox_faults.crashes == ["status"]
     assert done["journal_created"] is True and done["changed"] is False
     assert nb.dcim.devices.get(device.id).status.value == "active"

@@ -119,4 +119,6 @@ async def test_a_hostname_mismatch_is_reported_as_such(https_stub, token, lab_ca
     with pytest.raises(ApplicationError) as err:
         await upsert(config, TenantSpec(name="T", slug="t-name"))
     assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
-    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(
+        err.value
+    )

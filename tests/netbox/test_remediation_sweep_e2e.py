@@ -15,8 +15,8 @@ from tests.burnin import conftest as burnin_tier
 from tests.remediation import conftest as remediation_tier
 from tests.remediation.helpers import fast_settings, fleet
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_spec
-from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.sweep_models import FleetHealthSweepInput
 from workflows.rollout.rollout import Rollout
 
@@ -61,8 +61,10 @@ async def test_sweep_remediates_and_quarantines_within_the_budget_while_a_rollou
     await hosts.add(remapping, {"pending_remaps": [4]})
     await hosts.add(broken, {"remap_failure": [6]})
 
-    spec = rollout_spec(f"r-{uuid.uuid4().hex[:6]}", policy={
-        "default": {"budget": {"count": BUDGET}, "strategy": {"fixed": {"initialBatch": BUDGET}}}})
+    spec = rollout_spec(
+        f"r-{uuid.uuid4().hex[:6]}",
+        policy={"default": {"budget": {"count": BUDGET}, "strategy": {"fixed": {"initialBatch": BUDGET}}}},
+    )
     rollout = await client.start_workflow(Rollout.run, spec, id=spec.workflow_id(), task_queue=e2e_worker)
     sweep_input = FleetHealthSweepInput(
         clusters=["lab"], bmcs={n: BmcRef(url=burnin_bmcs.bmc_urls[n]) for n in names}, agent_timeout=2,
@@ -102,4 +104,3 @@ async def test_sweep_remediates_and_quarantines_within_the_budget_while_a_rollou
     peak = max_unavailable(audit, set(names))
     print(f"peak out of service: {peak} of budget {BUDGET}")
     assert 0 < peak <= BUDGET
-

@@ -100,6 +100,7 @@ def redfish(lab_bmcs):
 def sushy_tools():
     from lab.sushy import SushyTools
 
-    with SushyTools(systems=[{"power_state": "On"}, {}, {}], prefix=f"st-{SUFFIX}-", user=ST_USER,
-                    password=ST_PASSWORD) as st:
+    with SushyTools(
+        systems=[{"power_state": "On"}, {}, {}], prefix=f"st-{SUFFIX}-", user=ST_USER, password=ST_PASSWORD
+    ) as st:
         yield st

@@ -59,8 +59,15 @@ async def test_inventory_through_sushy(lab_bmcs, bmc_admin, redfish):
     assert system.power_state == sushy.POWER_STATE_OFF
     assert system.status.health_rollup == sushy.HEALTH_OK
     resets = system.get_allowed_reset_system_values()
-    assert {sushy.RESET_ON, sushy.RESET_FORCE_OFF, sushy.RESET_GRACEFUL_SHUTDOWN, sushy.RESET_FORCE_RESTART,
-            sushy.RESET_GRACEFUL_RESTART, sushy.RESET_TYPE_POWER_CYCLE, sushy.RESET_PUSH_POWER_BUTTON} <= resets
+    assert {
+        sushy.RESET_ON,
+        sushy.RESET_FORCE_OFF,
+        sushy.RESET_GRACEFUL_SHUTDOWN,
+        sushy.RESET_FORCE_RESTART,
+        sushy.RESET_GRACEFUL_RESTART,
+        sushy.RESET_TYPE_POWER_CYCLE,
+        sushy.RESET_PUSH_POWER_BUTTON,
+    } <= resets
     targets = system.get_allowed_system_boot_source_values()
     assert {sushy.BOOT_SOURCE_TARGET_PXE, sushy.BOOT_SOURCE_TARGET_HDD} <= targets
 
@@ -111,10 +118,14 @@ async def test_one_time_pxe_boot_is_consumed_at_power_on(lab_bmcs, bmc_admin, re
     name = lab_bmcs.names[2]
     root = redfish(name)
     root.get_system(SYSTEM).set_system_boot_options(
-        sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE, mode=sushy.BOOT_SOURCE_MODE_UEFI)
+        sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE, mode=sushy.BOOT_SOURCE_MODE_UEFI
+    )
     boot = root.get_system(SYSTEM).boot
     assert (boot.target, boot.enabled, boot.mode) == (
-        sushy.BOOT_SOURCE_TARGET_PXE, sushy.BOOT_SOURCE_ENABLED_ONCE, sushy.BOOT_SOURCE_MODE_UEFI)
+        sushy.BOOT_SOURCE_TARGET_PXE,
+        sushy.BOOT_SOURCE_ENABLED_ONCE,
+        sushy.BOOT_SOURCE_MODE_UEFI,
+    )
 
     root.get_system(SYSTEM).reset_system(sushy.RESET_ON)
     view = await bmc_admin.wait_power(name, "On", min_boots=1)
@@ -126,8 +137,9 @@ async def test_one_time_pxe_boot_is_consumed_at_power_on(lab_bmcs, bmc_admin, re
     view = await bmc_admin.wait_power(name, "On", min_boots=2)
     assert view["booted_from"] == "Hdd"
 
-    root.get_system(SYSTEM).set_system_boot_options(sushy.BOOT_SOURCE_TARGET_PXE,
-                                                    enabled=sushy.BOOT_SOURCE_ENABLED_CONTINUOUS)
+    root.get_system(SYSTEM).set_system_boot_options(
+        sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_CONTINUOUS
+    )
     root.get_system(SYSTEM).reset_system(sushy.RESET_TYPE_POWER_CYCLE)
     view = await bmc_admin.wait_power(name, "On", min_boots=3)
     assert view["booted_from"] == "Pxe" and view["boot_override"]["enabled"] == "Continuous"
@@ -141,15 +153,17 @@ async def test_sel_entries_injected_critical_and_clear_log(lab_bmcs, bmc_admin, 
     assert entries == [] and "#LogService.ClearLog" in service["Actions"]
 
     await bmc_admin.add_sel(name, "Warning", "Inlet temperature high", "OpenBMC.0.4.SensorThresholdWarningHigh")
-    await bmc_admin.add_sel(name, "Critical", "GPU SXM4 Xid 79: fallen off the bus", "NVIDIA.1.0.GpuXid",
-                            at="next_boot", delay=0.2)  # a fault that shows during burn-in
+    await bmc_admin.add_sel(
+        name, "Critical", "GPU SXM4 Xid 79: fallen off the bus", "NVIDIA.1.0.GpuXid", at="next_boot", delay=0.2
+    )  # a fault that shows during burn-in
     entries, _ = sel(url, root.get_system())
     assert [(e["Severity"], e["EntryType"]) for e in entries] == [("Warning", "SEL")]
     assert root.get_system().status.health_rollup == sushy.HEALTH_WARNING
 
     root.get_system().reset_system(sushy.RESET_ON)
-    entries = await until(lambda: [e for e in sel(url, root.get_system())[0] if e["Severity"] == "Critical"],
-                          what="critical SEL entry")
+    entries = await until(
+        lambda: [e for e in sel(url, root.get_system())[0] if e["Severity"] == "Critical"], what="critical SEL entry"
+    )
     assert entries[0]["MessageId"] == "NVIDIA.1.0.GpuXid" and "Xid 79" in entries[0]["Message"]
     assert entries[0]["Created"] and entries[0]["Id"]
     assert root.get_system().status.health_rollup == sushy.HEALTH_CRITICAL
@@ -171,9 +185,11 @@ async def test_session_limit_then_recovery_after_logout(lab_bmcs, bmc_admin, red
         redfish(name, auth="session")
     assert exc.value.status_code == 503
     assert exc.value.extended_info[0]["MessageId"] == "Base.1.15.SessionLimitExceeded"
-    rf_error(httpx.post(f"{url}/redfish/v1/SessionService/Sessions", json={"UserName": BMC_USER,
-                                                                           "Password": BMC_PASSWORD}),
-             503, "SessionLimitExceeded")
+    rf_error(
+        httpx.post(f"{url}/redfish/v1/SessionService/Sessions", json={"UserName": BMC_USER, "Password": BMC_PASSWORD}),
+        503,
+        "SessionLimitExceeded",
+    )
     fallback = redfish(name, auth="either")  # sushy's default auth falls back to Basic
     assert fallback.get_system(SYSTEM).power_state == sushy.POWER_STATE_OFF
 
@@ -238,8 +254,16 @@ async def test_audit_counts_requests_and_resets_per_server(lab_bmcs, bmc_admin, 
     assert {e["server"] for e in entries} == {a}
     assert sum(e["method"] == "GET" and e["path"] == SYSTEM for e in entries) == 4
     assert [e for e in entries if e.get("reset_type")] == [
-        {**entries[-1], "method": "POST", "path": f"{SYSTEM}/Actions/ComputerSystem.Reset", "status": 204,
-         "write": True, "auth": "basic", "reset_type": "On"}]
+        {
+            **entries[-1],
+            "method": "POST",
+            "path": f"{SYSTEM}/Actions/ComputerSystem.Reset",
+            "status": 204,
+            "write": True,
+            "auth": "basic",
+            "reset_type": "On",
+        }
+    ]
     assert await bmc_admin.server_audit(b, since=cursor) == []
     counts = await bmc_admin.servers(fields=["requests", "resets"])
     assert counts[a] == {"requests": len(entries), "resets": 1} and counts[b] == {"requests": 0, "resets": 0}
@@ -257,14 +281,21 @@ async def test_error_answers_are_redfish_errors(lab_bmcs, bmc_admin):
     url = lab_bmcs.bmc_urls[lab_bmcs.names[0]]
     with httpx.Client(base_url=url, auth=AUTH) as c:
         rf_error(c.get("/redfish/v1/Systems/2"), 404, "ResourceMissingAtURI")
-        rf_error(c.patch(SYSTEM, json={"Boot": {"BootSourceOverrideTarget": "Floppy"}}), 400,
-                 "PropertyValueNotInList")
+        rf_error(c.patch(SYSTEM, json={"Boot": {"BootSourceOverrideTarget": "Floppy"}}), 400, "PropertyValueNotInList")
         rf_error(c.patch(SYSTEM, json={"PowerState": "On"}), 400, "PropertyNotWritable")
-        rf_error(c.post(f"{SYSTEM}/Actions/ComputerSystem.Reset", json={"ResetType": "Explode"}), 400,
-                 "ActionParameterValueNotInList")
+        rf_error(
+            c.post(f"{SYSTEM}/Actions/ComputerSystem.Reset", json={"ResetType": "Explode"}),
+            400,
+            "ActionParameterValueNotInList",
+        )
         rf_error(c.post(f"{SYSTEM}/Actions/ComputerSystem.Reset", json={}), 400, "ActionParameterMissing")
-        rf_error(c.post(f"{SYSTEM}/Actions/ComputerSystem.Reset", content=b"{nope",
-                        headers={"Content-Type": "application/json"}), 400, "MalformedJSON")
+        rf_error(
+            c.post(
+                f"{SYSTEM}/Actions/ComputerSystem.Reset", content=b"{nope", headers={"Content-Type": "application/json"}
+            ),
+            400,
+            "MalformedJSON",
+        )
         rf_error(c.delete(SYSTEM), 405, "OperationNotAllowed")
         # BIOS settings are pending until the next boot
         assert c.patch(f"{SYSTEM}/Bios/Settings", json={"Attributes": {"SRIOVSupport": "Disabled"}}).status_code == 204

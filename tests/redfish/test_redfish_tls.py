@@ -54,9 +54,13 @@ async def test_verify_tls_false_per_bmc_or_worker_wide_makes_it_work(https_bmcs,
 
 async def test_a_hostname_mismatch_is_reported_as_such(https_bmcs, creds, lab_ca):
     with pytest.raises(ApplicationError) as err:
-        await health(RedfishActivities(creds), BmcRef(url=as_localhost(bmc_url(https_bmcs)), ca_bundle=lab_ca.reference))
+        await health(
+            RedfishActivities(creds), BmcRef(url=as_localhost(bmc_url(https_bmcs)), ca_bundle=lab_ca.reference)
+        )
     assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
-    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(
+        err.value
+    )
     assert "bmc.verify_tls: false" in str(err.value)
 
 

@@ -16,8 +16,10 @@ from sushy import exceptions as sushy_exc
 
 from tests.redfish.conftest import ST_PASSWORD, ST_USER
 
-FLIP = {sushy.POWER_STATE_ON: (sushy.RESET_FORCE_OFF, sushy.POWER_STATE_OFF),
-        sushy.POWER_STATE_OFF: (sushy.RESET_ON, sushy.POWER_STATE_ON)}
+FLIP = {
+    sushy.POWER_STATE_ON: (sushy.RESET_FORCE_OFF, sushy.POWER_STATE_OFF),
+    sushy.POWER_STATE_OFF: (sushy.RESET_ON, sushy.POWER_STATE_ON),
+}
 
 
 async def flip_all(root, ids: list[str], timeout: float = 25.0) -> dict[str, sushy.PowerState]:
@@ -43,8 +45,9 @@ async def test_power_and_boot_through_sushy(sushy_tools):
     resets = system.get_allowed_reset_system_values()
     assert {sushy.RESET_ON, sushy.RESET_FORCE_OFF, sushy.RESET_FORCE_RESTART} <= resets
 
-    system.set_system_boot_options(sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE,
-                                   mode=sushy.BOOT_SOURCE_MODE_UEFI)
+    system.set_system_boot_options(
+        sushy.BOOT_SOURCE_TARGET_PXE, enabled=sushy.BOOT_SOURCE_ENABLED_ONCE, mode=sushy.BOOT_SOURCE_MODE_UEFI
+    )
     boot = root.get_system(ids[1]).boot
     assert (boot.target, boot.mode) == (sushy.BOOT_SOURCE_TARGET_PXE, sushy.BOOT_SOURCE_MODE_UEFI)
 

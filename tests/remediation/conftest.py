@@ -125,8 +125,8 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheu
     from activities.redfish import RedfishActivities
     from activities.support.secrets import SecretRef
     from worker import registry
-    from workflows.catalog import WORKFLOWS
     from workflows.budget.disruption_budget import DisruptionBudget
+    from workflows.catalog import WORKFLOWS
 
     connector = ClusterConnector([str(kubeconfig_path)])
     prometheus_activities = PrometheusActivities(url=prometheus.url)

@@ -8,9 +8,14 @@ from typing import Any
 from lab.fleet import Fleet
 
 
-def fleet(names: list[str], *, conditions: dict[str, list[dict]] | None = None,
-          labels: dict[str, dict[str, str]] | None = None, not_ready: list[str] | None = None,
-          cordoned: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def fleet(
+    names: list[str],
+    *,
+    conditions: dict[str, list[dict]] | None = None,
+    labels: dict[str, dict[str, str]] | None = None,
+    not_ready: list[str] | None = None,
+    cordoned: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """8-GPU nodes with these names, a trainer ReplicaSet behind a PDB on the first two, a DaemonSet on all;
     extra node conditions and labels by node name; nodes NotReady since the fleet's creation; nodes cordoned by
     someone (node -> holder)."""
@@ -29,8 +34,9 @@ def fleet(names: list[str], *, conditions: dict[str, list[dict]] | None = None,
             continue
         name = obj["metadata"]["name"]
         for c in (conditions or {}).get(name, []):
-            obj["status"]["conditions"].append({"lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                                                "lastTransitionTime": "2026-01-01T00:00:00Z", **c})
+            obj["status"]["conditions"].append(
+                {"lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z", **c}
+            )
         obj["metadata"]["labels"].update((labels or {}).get(name, {}))
         if name in (cordoned or {}):
             obj["spec"]["unschedulable"] = True

@@ -17,17 +17,16 @@ from activities.prometheus import (
     PrometheusActivities,
     dcgm_faults_promql,
 )
-from workflows.common import priorities
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
-from workflows.remediation.health_sweep import FleetHealthSweep
-from workflows.remediation.sweep_models import FleetHealthSweepInput
-from workflows.remediation.node_remediation import NodeRemediation
-from workflows.remediation.policy import HealthChecks, decide
-
 from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
-from tests.test_priorities import children, scheduled
 from tests.remediation.helpers import fast_settings, fleet
+from tests.test_priorities import children, scheduled
+from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
+from workflows.common import priorities
+from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.policy import HealthChecks, decide
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,7 +64,8 @@ async def test_one_query_maps_the_slice_s_fault_series_to_its_nodes(prometheus, 
     assert [r["query"] for r in prometheus.requests()[asked:]] == [dcgm_faults_promql(query)]
     assert dcgm_faults_promql(query) == (
         '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_ECC_DBE_VOL_TOTAL|DCGM_FI_DEV_ROW_REMAP_FAILURE|'
-        'DCGM_FI_DEV_ROW_REMAP_PENDING", cluster="lab", Hostname=~"gpu\\\\-a\\\\.1|gpu\\\\-b"} > 0')
+        'DCGM_FI_DEV_ROW_REMAP_PENDING", cluster="lab", Hostname=~"gpu\\\\-a\\\\.1|gpu\\\\-b"} > 0'
+    )
     # No MILLWRIGHT_PROMETHEUS_URL: nothing asked, and the answer says so.
     assert not (await ActivityEnvironment().run(PrometheusActivities().dcgm_faults, query)).configured
 
@@ -137,7 +137,8 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
             await client.get_workflow_handle(wf_id).terminate("test over")
         with contextlib.suppress(Exception):
             await client.get_workflow_handle(budget_workflow_id("lab")).execute_update(
-                DisruptionBudget.release, LeaseRelease(node=sick, holder=wf_id, reason="test over"))
+                DisruptionBudget.release, LeaseRelease(node=sick, holder=wf_id, reason="test over")
+            )
 
 
 async def test_without_a_prometheus_url_the_sweep_says_the_signal_is_not_used(client, k8s, names, kubeconfig_path):

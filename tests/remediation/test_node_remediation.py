@@ -10,13 +10,12 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube.models import CORDONED_BY
 from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from activities.redfish import BmcRef
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
-from workflows.remediation.node_remediation import NodeRemediation
-from workflows.remediation.models import Approval, NodeRemediationInput
-
 from tests.kube_helpers import current_details, pods_on, read_node, wait_for
-from tests.remediation.helpers import fast_settings, fleet
 from tests.maintenance.test_node_maintenance import record_history
+from tests.remediation.helpers import fast_settings, fleet
+from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.remediation.models import Approval, NodeRemediationInput
+from workflows.remediation.node_remediation import NodeRemediation
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,7 +64,10 @@ async def test_soft_fix_works_and_the_node_is_uncordoned(client, rem_worker, k8s
 
     assert result.outcome == "healthy", result
     assert result.fixed_by == "reset-gpu"
-    assert [(s.step, s.outcome) for s in result.steps] == [("restart-gpu-services", "not-fixed"), ("reset-gpu", "fixed")]
+    assert [(s.step, s.outcome) for s in result.steps] == [
+        ("restart-gpu-services", "not-fixed"),
+        ("reset-gpu", "fixed"),
+    ]
     assert "remap_pending" in result.steps[0].detail
     assert probe.resets == [3] and probe.service_restarts == 1 and probe.loads == 1  # one burn-in, after the fix
     assert result.uncordoned
@@ -94,7 +96,10 @@ async def test_soft_fixes_fail_and_the_power_cycle_fixes(client, rem_worker, k8s
     assert result.outcome == "healthy", result
     assert result.fixed_by == "power-cycle"
     assert [(s.step, s.outcome) for s in result.steps] == [
-        ("restart-gpu-services", "not-fixed"), ("reset-gpu", "unavailable"), ("power-cycle", "fixed")]
+        ("restart-gpu-services", "not-fixed"),
+        ("reset-gpu", "unavailable"),
+        ("power-cycle", "fixed"),
+    ]
     assert "nvml_unavailable" in result.steps[0].detail
     assert await power_resets(bmc_admin, node) == ["ForceOff", "On"]
     assert hosts.reboots[node] == 1
@@ -110,13 +115,22 @@ async def test_ladder_exhausted_quarantines_records_and_notifies(client, rem_wor
     # A link trained at x8: permanent, nothing on the ladder fixes it.
     await hosts.add(node, {"pcie_width": {"gpu": 2, "width": 8}})
 
-    handle = await start(client, rem_worker, burnin_bmcs, node, "PCIe link degraded",
-                         **fast_settings(f"{webhook_receiver.url}/hooks/ops", netbox=True))
+    handle = await start(
+        client,
+        rem_worker,
+        burnin_bmcs,
+        node,
+        "PCIe link degraded",
+        **fast_settings(f"{webhook_receiver.url}/hooks/ops", netbox=True),
+    )
     result = await handle.result()
 
     assert result.outcome == "quarantined", result
     assert [(s.step, s.outcome) for s in result.steps] == [
-        ("restart-gpu-services", "not-fixed"), ("reset-gpu", "not-fixed"), ("power-cycle", "not-fixed")]
+        ("restart-gpu-services", "not-fixed"),
+        ("reset-gpu", "not-fixed"),
+        ("power-cycle", "not-fixed"),
+    ]
     assert await power_resets(bmc_admin, node) == ["ForceOff", "On"]
     # The node stays cordoned, with the reason, and tainted.
     n = await read_node(core, node)
@@ -151,7 +165,9 @@ async def test_ladder_exhausted_quarantines_records_and_notifies(client, rem_wor
     assert not n.spec.unschedulable and QUARANTINE_ANNOTATION not in (n.metadata.annotations or {})
     assert not any(t.key == QUARANTINE_TAINT for t in n.spec.taints or [])
     assert [(name, getattr(req, "status", None) or req.remove) for name, req in netbox.calls] == [
-        ("set_device_status", "active"), ("set_device_tags", ["millwright-quarantine"])]
+        ("set_device_status", "active"),
+        ("set_device_tags", ["millwright-quarantine"]),
+    ]
 
 
 async def test_a_finding_only_an_rma_fixes_quarantines_without_trying_the_ladder(
@@ -161,8 +177,9 @@ async def test_a_finding_only_an_rma_fixes_quarantines_without_trying_the_ladder
     await hosts.add(node, {"remap_failure": [5]})
     await webhook.add_fault({"method": "POST"}, {"status": 503}, count=1)  # the first delivery fails: retried
 
-    handle = await start(client, rem_worker, burnin_bmcs, node, "remap failure",
-                         **fast_settings(f"{webhook_receiver.url}/hooks/ops"))
+    handle = await start(
+        client, rem_worker, burnin_bmcs, node, "remap failure", **fast_settings(f"{webhook_receiver.url}/hooks/ops")
+    )
     result = await handle.result()
 
     assert result.outcome == "quarantined" and result.steps == []
@@ -213,5 +230,7 @@ async def test_an_operator_rejects_the_power_cycle(client, rem_worker, k8s, host
 
     assert result.outcome == "quarantined"
     assert [(s.step, s.outcome, s.approval) for s in result.steps] == [
-        ("restart-gpu-services", "not-fixed", None), ("power-cycle", "rejected", "bob: not now")]
+        ("restart-gpu-services", "not-fixed", None),
+        ("power-cycle", "rejected", "bob: not now"),
+    ]
     assert await power_resets(bmc_admin, node) == []

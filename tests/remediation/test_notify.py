@@ -32,7 +32,11 @@ async def test_delivery_with_token_and_idempotency_key(receiver, monkeypatch):
     assert first.status == again.status == 204
     (event,) = await admin.received()
     assert event["deliveries"] == 2 and event["key"] == "wf/run/node-quarantined"
-    assert event["body"] == {"event": "node-quarantined", "idempotency_key": "wf/run/node-quarantined", "node": "gpu-01"}
+    assert event["body"] == {
+        "event": "node-quarantined",
+        "idempotency_key": "wf/run/node-quarantined",
+        "node": "gpu-01",
+    }
     assert event["headers"]["X-Millwright-Event"] == "node-quarantined"
     await admin.aclose()
 
@@ -88,7 +92,9 @@ async def test_an_untrusted_certificate_fails_at_once_naming_the_fix(https_recei
 
 async def test_the_webhooks_ca_bundle_or_verify_tls_false_makes_it_work(https_receiver, lab_ca):
     env, acts = ActivityEnvironment(), NotifyActivities()
-    assert (await env.run(acts.notify_webhook, https_note(https_receiver.url, ca_bundle=lab_ca.reference))).status == 204
+    assert (
+        await env.run(acts.notify_webhook, https_note(https_receiver.url, ca_bundle=lab_ca.reference))
+    ).status == 204
     assert (await env.run(acts.notify_webhook, https_note(https_receiver.url, verify_tls=False))).status == 204
     async with WebhookAdmin(https_receiver.url, ca_file=lab_ca.ca_file) as admin:
         (event,) = await admin.received()
@@ -99,7 +105,10 @@ async def test_a_hostname_mismatch_is_reported_as_such(https_receiver, lab_ca):
     from tests.conftest import as_localhost
 
     with pytest.raises(ApplicationError) as err:
-        await ActivityEnvironment().run(NotifyActivities().notify_webhook,
-                                        https_note(as_localhost(https_receiver.url), ca_bundle=lab_ca.reference))
+        await ActivityEnvironment().run(
+            NotifyActivities().notify_webhook, https_note(as_localhost(https_receiver.url), ca_bundle=lab_ca.reference)
+        )
     assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
-    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(
+        err.value
+    )

@@ -78,14 +78,29 @@ def test_bmc_critical_rollup_is_a_problem_and_an_unreachable_bmc_is_unknown():
 
 def test_several_problems_are_all_listed():
     health = node(ready=False, down_for=timedelta(hours=2), conditions={"KernelDeadlock": cond("True")})
-    d = decide("lab", health, CHECKS, NOW, agent=AgentObservation(status="findings", findings=["gpu_lost GPU0: x"]),
-               bmc=BmcObservation(health="Critical", health_rollup="Critical"))
-    assert d.reasons == ["NotReady for 2h", "KernelDeadlock", "GPU check: gpu_lost GPU0: x", "BMC health rollup Critical"]
+    d = decide(
+        "lab",
+        health,
+        CHECKS,
+        NOW,
+        agent=AgentObservation(status="findings", findings=["gpu_lost GPU0: x"]),
+        bmc=BmcObservation(health="Critical", health_rollup="Critical"),
+    )
+    assert d.reasons == [
+        "NotReady for 2h",
+        "KernelDeadlock",
+        "GPU check: gpu_lost GPU0: x",
+        "BMC health rollup Critical",
+    ]
 
 
 def test_a_quarantined_node_waits_for_an_operator():
-    d = decide("lab", node(quarantined="remap failure", unschedulable=True, conditions={"GpuHealthy": cond("False")}),
-               CHECKS, NOW)
+    d = decide(
+        "lab",
+        node(quarantined="remap failure", unschedulable=True, conditions={"GpuHealthy": cond("False")}),
+        CHECKS,
+        NOW,
+    )
     assert d.action == "skip" and "quarantined (remap failure)" in d.note
     assert d.reasons == ["GpuHealthy=False"]
 
@@ -105,22 +120,32 @@ def test_a_node_someone_else_cordoned_is_theirs_but_our_own_cordon_is_resumed():
 
 def test_conditions_and_labels_not_asked_for_are_ignored():
     checks = HealthChecks(problem_conditions=[], gpu_conditions=[], gpu_health_label=None)
-    health = node(conditions={"KernelDeadlock": cond("True"), "GpuHealthy": cond("False")},
-                  labels={"nvidia.com/gpu.health": "bad"})
+    health = node(
+        conditions={"KernelDeadlock": cond("True"), "GpuHealthy": cond("False")},
+        labels={"nvidia.com/gpu.health": "bad"},
+    )
     assert decide("lab", health, checks, NOW).action == "healthy"
 
 
 def test_node_objects_are_summarised_with_only_what_was_asked_for():
     obj = {
-        "metadata": {"name": "gpu-07", "labels": {"nvidia.com/gpu.health": "unhealthy", "other": "x"},
-                     "annotations": {"millwright.dev/cordoned-by": "remediation/lab/gpu-07",
-                                     "millwright.dev/quarantine": '{"reason": "needs RMA", "by": "x"}'}},
+        "metadata": {
+            "name": "gpu-07",
+            "labels": {"nvidia.com/gpu.health": "unhealthy", "other": "x"},
+            "annotations": {
+                "millwright.dev/cordoned-by": "remediation/lab/gpu-07",
+                "millwright.dev/quarantine": '{"reason": "needs RMA", "by": "x"}',
+            },
+        },
         "spec": {"unschedulable": True},
-        "status": {"conditions": [
-            {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T11:00:00Z"},
-            {"type": "KernelDeadlock", "status": "True", "reason": "AUFSUmountHung"},
-            {"type": "MemoryPressure", "status": "False"}],
-            "nodeInfo": {"bootID": "b-1"}},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T11:00:00Z"},
+                {"type": "KernelDeadlock", "status": "True", "reason": "AUFSUmountHung"},
+                {"type": "MemoryPressure", "status": "False"},
+            ],
+            "nodeInfo": {"bootID": "b-1"},
+        },
     }
     h = node_health(obj, CHECKS.condition_types(), CHECKS.label_keys())
     assert h.ready is False and h.ready_since == datetime(2026, 11, 29, 11, 0, tzinfo=timezone.utc)
@@ -133,8 +158,8 @@ def test_the_examples_fit_the_inputs():
     import json
     from pathlib import Path
 
-    from workflows.remediation.sweep_models import FleetHealthSweepInput
     from workflows.remediation.models import NodeRemediationInput
+    from workflows.remediation.sweep_models import FleetHealthSweepInput
 
     examples = Path(__file__).parents[2] / "examples"
     node = NodeRemediationInput.model_validate(json.loads((examples / "node-remediation.json").read_text()))

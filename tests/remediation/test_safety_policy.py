@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from activities.node_health import LastRemediation, NodeHealth, node_health
-from workflows.remediation.sweep_models import FleetHealthSweepInput
-from workflows.remediation.models import RemediationSettings
 from workflows.budget.breaker import Breaker, BreakerReset, BreakerSettings
+from workflows.remediation.models import RemediationSettings
 from workflows.remediation.policy import OPT_OUT_LABEL, HealthChecks, MinHealthy, decide, too_few_healthy
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 CHECKS = HealthChecks()
@@ -38,8 +38,9 @@ def test_min_healthy_is_node_healthchecks_51_percent_rounded_up():
     assert too_few_healthy(2, 3, MinHealthy(count=3)) is not None
 
 
-@pytest.mark.parametrize("bad", [{}, {"percent": 51, "count": 3}, {"percent": 101}, {"count": -1},
-                                 {"percent": 5, "x": 1}])
+@pytest.mark.parametrize(
+    "bad", [{}, {"percent": 51, "count": 3}, {"percent": 101}, {"count": -1}, {"percent": 5, "x": 1}]
+)
 def test_min_healthy_is_validated(bad):
     with pytest.raises(ValidationError):
         FleetHealthSweepInput(clusters=["lab"], min_healthy=bad)
@@ -80,8 +81,9 @@ def test_nodes_taken_longer_ago_than_the_window_no_longer_count():
     assert [t.node for t in b.taken] == ["n3"]
 
 
-@pytest.mark.parametrize("bad", [{"max_percent": 0}, {"max_percent": 101}, {"window": 0}, {"window": -5},
-                                 {"max_percent": 50, "windows": 5}])
+@pytest.mark.parametrize(
+    "bad", [{"max_percent": 0}, {"max_percent": 101}, {"window": 0}, {"window": -5}, {"max_percent": 50, "windows": 5}]
+)
 def test_breaker_settings_are_validated(bad):
     with pytest.raises(ValidationError):
         RemediationSettings(breaker=bad)
@@ -127,8 +129,9 @@ def test_a_node_remediated_within_the_cooldown_waits():
     recent = LastRemediation(at=NOW - timedelta(minutes=20), by="remediation/lab/gpu-01", outcome="healthy")
     d = decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW, cooldown=timedelta(hours=1))
     assert d.action == "skip"
-    assert d.note == ("cooling down: remediated 20m ago (healthy), not again before 2026-12-01T12:40:00+00:00 "
-                      "(cooldown 60m)")
+    assert d.note == (
+        "cooling down: remediated 20m ago (healthy), not again before 2026-12-01T12:40:00+00:00 (cooldown 60m)"
+    )
     assert decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW,
                   cooldown=timedelta(minutes=20)).action == "remediate"  # fmt: skip
     assert decide("lab", node(conditions=SICK, last_remediation=recent), CHECKS, NOW).action == "remediate"  # 0: off

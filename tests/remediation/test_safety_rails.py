@@ -12,18 +12,17 @@ import uuid
 import pytest
 
 from activities.node_health import LAST_REMEDIATION_ANNOTATION
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
-from workflows.remediation.health_sweep import FleetHealthSweep
-from workflows.remediation.sweep_models import FleetHealthSweepInput
-from workflows.remediation.node_remediation import NodeRemediation
-from workflows.remediation.models import NodeRemediationInput
-from workflows.budget.breaker import BreakerReset
-from workflows.remediation.policy import OPT_OUT_LABEL
-
 from tests.kube_helpers import current_details, wait_for
+from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
 from tests.rollout.helpers import availability_timeline
-from tests.maintenance.test_node_maintenance import record_history
+from workflows.budget.breaker import BreakerReset
+from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.models import NodeRemediationInput
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.policy import OPT_OUT_LABEL
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 pytestmark = pytest.mark.timeout(180)
 SICK = [{"type": "KernelDeadlock", "status": "True", "reason": "DockerHung"}]
@@ -83,7 +82,8 @@ async def test_a_remediation_storm_trips_the_breaker_and_a_reset_resumes(client,
         await entity.execute_update(DisruptionBudget.reset_breaker, BreakerReset(by="ops", reason="storm understood"))
         _, resumed = await sweep(client, rem_worker, "reset", **storm)
         assert {e.node: e.status for e in resumed.remediations} == {
-            n: "started" if n == refused_node else "already-running" for n in failing}
+            n: "started" if n == refused_node else "already-running" for n in failing
+        }
 
         async def taken():
             status = await client.get_workflow_handle(refused_id).query(NodeRemediation.status)

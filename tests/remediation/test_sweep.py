@@ -10,13 +10,12 @@ import uuid
 import pytest
 
 from activities.redfish import BmcRef
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
-from workflows.remediation.node_remediation import NodeRemediation
-from workflows.remediation.health_sweep import FleetHealthSweep
-from workflows.remediation.sweep_models import FleetHealthSweepInput
-
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.helpers import fast_settings, fleet
+from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
+from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,15 +74,22 @@ async def test_two_sweeps_at_once_start_each_remediation_once(client, rem_worker
             wf_id = f"remediation/lab/{n[i]}"
 
             async def runs(wf_id=wf_id):
-                found = [w async for w in client.list_workflows(
-                    f"WorkflowId = '{wf_id}' AND ExecutionStatus = 'Running'")]
+                found = [
+                    w async for w in client.list_workflows(f"WorkflowId = '{wf_id}' AND ExecutionStatus = 'Running'")
+                ]
                 return found or None
 
             found = await wait_for(runs, what=f"{wf_id} in visibility")
             assert len(found) == 1
             status = await client.get_workflow_handle(wf_id).query(NodeRemediation.status)
-            assert status.phase in ("starting", "waiting-for-budget", "cordoning", "draining", "diagnosing",
-                                    "awaiting-approval")
+            assert status.phase in (
+                "starting",
+                "waiting-for-budget",
+                "cordoning",
+                "draining",
+                "diagnosing",
+                "awaiting-approval",
+            )
 
         # A third sweep, while they run: nothing new started.
         third = await client.execute_workflow(FleetHealthSweep.run, inp,
@@ -97,15 +103,20 @@ async def test_two_sweeps_at_once_start_each_remediation_once(client, rem_worker
                 await client.get_workflow_handle(wf_id).terminate("test over")
             with contextlib.suppress(Exception):  # the budget would recover them later; the next test needs them now
                 await client.get_workflow_handle(budget_workflow_id("lab")).execute_update(
-                    DisruptionBudget.release, LeaseRelease(node=n[i], holder=wf_id, reason="test over"))
+                    DisruptionBudget.release, LeaseRelease(node=n[i], holder=wf_id, reason="test over")
+                )
 
 
 async def test_max_remediations_and_dry_run(client, rem_worker, k8s, names):
     p = names
     sick = [{"type": "KernelDeadlock", "status": "True"}]
     await k8s.seed(fleet(names[:3], conditions={p[0]: sick, p[1]: sick}, not_ready=[p[2]]))
-    base = dict(clusters=["lab"], checks={"host_agent": False, "bmc": False}, remediation=fast_settings(),
-                min_healthy={"percent": 0})  # none of the three is healthy
+    base = dict(
+        clusters=["lab"],
+        checks={"host_agent": False, "bmc": False},
+        remediation=fast_settings(),
+        min_healthy={"percent": 0},
+    )  # none of the three is healthy
     dry = await client.execute_workflow(
         FleetHealthSweep.run, FleetHealthSweepInput(**base, dry_run=True), id=f"sweep-dry-{uuid.uuid4().hex[:6]}",
         task_queue=rem_worker.task_queue)  # fmt: skip

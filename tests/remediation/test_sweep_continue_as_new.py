@@ -10,11 +10,11 @@ import pytest
 
 from tests.carried_helpers import carried_waits, runs_of
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER
-from tests.remediation.helpers import fast_settings, fleet
 from tests.maintenance.test_node_maintenance import record_history
+from tests.remediation.helpers import fast_settings, fleet
 from tests.workers import settings_worker
-from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.health_sweep import FleetHealthSweep
+from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 pytestmark = pytest.mark.timeout(240)

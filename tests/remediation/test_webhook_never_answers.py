@@ -11,10 +11,10 @@ import pytest
 
 from activities.node_health import QUARANTINE_ANNOTATION
 from tests.kube_helpers import read_node, wait_for
+from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
 from tests.remediation.test_node_remediation import start
 from tests.test_cli import cli
-from tests.maintenance.test_node_maintenance import record_history
 from workflows.remediation.node_remediation import NodeRemediation
 
 pytestmark = pytest.mark.timeout(180)

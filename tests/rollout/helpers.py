@@ -13,11 +13,18 @@ JOBS_FAST = {"defaultSeconds": 0.1, "rules": []}
 REBOOT_SECONDS = 0.3
 
 
-def rollout_fleet(pools: dict[str, int], *, protected_on: str | None = None, protected_finish_after: int | None = None,
-                  web_pdb_min_available: int | None = None) -> list[dict[str, Any]]:
+def rollout_fleet(
+    pools: dict[str, int],
+    *,
+    protected_on: str | None = None,
+    protected_finish_after: int | None = None,
+    web_pdb_min_available: int | None = None,
+) -> list[dict[str, Any]]:
     """Nodes `<pool>-01..` labelled `pool=<pool>`, a small web pod on each node (a ReplicaSet
     the drains evict), a DaemonSet; optionally a non-interruptible job pod on one node."""
-    nodes = [{"prefix": f"{pool}-", "count": count, "labels": {"pool": pool, "gpu": "true"}} for pool, count in pools.items()]
+    nodes = [
+        {"prefix": f"{pool}-", "count": count, "labels": {"pool": pool, "gpu": "true"}} for pool, count in pools.items()
+    ]
     names = [f"{pool}-{i:02d}" for pool, count in pools.items() for i in range(1, count + 1)]
     web: dict[str, Any] = {
         "name": "web",
@@ -34,7 +41,9 @@ def rollout_fleet(pools: dict[str, int], *, protected_on: str | None = None, pro
         {"name": "dcgm-exporter", "kind": "DaemonSet", "namespace": "gpu-operator", "labels": {"app": "dcgm"}},
     ]
     if protected_on:
-        workloads.append(single_pod_workload("long-training", protected_on, {"workload": "training"}, protected_finish_after))
+        workloads.append(
+            single_pod_workload("long-training", protected_on, {"workload": "training"}, protected_finish_after)
+        )
     return Fleet.model_validate({"cluster": "lab", "nodes": nodes, "workloads": workloads}).to_objects()
 
 
@@ -51,8 +60,7 @@ def rollout_spec(name: str, *, policy: dict[str, Any] | None = None, **fields: A
             }
         },
         "drainConfig": {"timeout": "2m"},
-        "deploymentPolicy": policy
-        or {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}},
+        "deploymentPolicy": policy or {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}},
         "stageRetries": 0,
     }
     spec.update(fields)
@@ -74,7 +82,9 @@ def availability_timeline(audit: list[dict]) -> list[tuple[int, dict[str, bool]]
 
 
 def max_unavailable(audit: list[dict], members: set[str]) -> int:
-    return max((sum(1 for n, down in s.items() if down and n in members) for _, s in availability_timeline(audit)), default=0)
+    return max(
+        (sum(1 for n, down in s.items() if down and n in members) for _, s in availability_timeline(audit)), default=0
+    )
 
 
 def nodes_down_with_workload(audit: list[dict]) -> list[str]:
@@ -90,7 +100,9 @@ def nodes_down_with_workload(audit: list[dict]) -> list[str]:
             node, what, pods = job_after["node"], f"reboot Job {entry['name']} created", job_after["podsOnNode"]
         else:
             continue
-        workload = [p["pod"] for p in pods if p["controller"] != "DaemonSet" and not p["pod"].startswith(f"{JOB_NAMESPACE}/")]
+        workload = [
+            p["pod"] for p in pods if p["controller"] != "DaemonSet" and not p["pod"].startswith(f"{JOB_NAMESPACE}/")
+        ]
         if workload:
             found.append(f"{entry['seq']} {node} {what}: {', '.join(workload)}")
     return found

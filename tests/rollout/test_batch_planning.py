@@ -8,16 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from activities.kube.models import ROLLOUT_STATE_LABEL
-from workflows.rollout.models import ApproveRequest, ReasonRequest
-from workflows.rollout.rollout import Rollout
-from workflows.rollout.membership import reconcile
-from workflows.rollout.policy import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
-from workflows.rollout.state import BatchState, CompartmentState, RolloutCheckpoint
-
 from tests.kube_helpers import read_node
-from tests.rollout.helpers import max_unavailable, rollout_fleet, rollout_spec
 from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import max_unavailable, rollout_fleet, rollout_spec
 from tests.rollout.test_rollout import lab_ready, start, status_where
+from workflows.rollout.membership import reconcile
+from workflows.rollout.models import ApproveRequest, ReasonRequest
+from workflows.rollout.policy import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
+from workflows.rollout.rollout import Rollout
+from workflows.rollout.state import BatchState, CompartmentState, RolloutCheckpoint
 
 POLICY = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 1}}}}
 
@@ -28,12 +27,17 @@ POLICY = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBat
 def test_policy_settings_take_nodewright_names_and_defaults():
     spec = rollout_spec("names")
     assert spec.deployment_policy.retry_erroring_nodes == 1 and spec.resets_batch_state()
-    spec = rollout_spec("names", policy={**POLICY, "retryErroringNodes": 0, "resetBatchStateOnCompletion": False},
-                        deploymentPolicyOptions={"resetBatchStateOnCompletion": True})
+    spec = rollout_spec(
+        "names",
+        policy={**POLICY, "retryErroringNodes": 0, "resetBatchStateOnCompletion": False},
+        deploymentPolicyOptions={"resetBatchStateOnCompletion": True},
+    )
     assert spec.deployment_policy.retry_erroring_nodes == 0 and spec.resets_batch_state()  # the rollout's override
-    for bad, path in (({"retryErroringNodes": -1}, "deploymentPolicy.retryErroringNodes"),
-                      ({"retryErroringNodes": 11}, "deploymentPolicy.retryErroringNodes"),
-                      ({"resetBatchStateOnCompletion": "maybe"}, "deploymentPolicy.resetBatchStateOnCompletion")):
+    for bad, path in (
+        ({"retryErroringNodes": -1}, "deploymentPolicy.retryErroringNodes"),
+        ({"retryErroringNodes": 11}, "deploymentPolicy.retryErroringNodes"),
+        ({"resetBatchStateOnCompletion": "maybe"}, "deploymentPolicy.resetBatchStateOnCompletion"),
+    ):
         with pytest.raises(ValidationError) as err:
             rollout_spec("bad", policy={**POLICY, **bad})
         assert path in str(err.value)
@@ -58,36 +62,55 @@ def test_order_is_priority_then_retries_last_then_out_of_service_then_oldest_the
 
 def test_plan_batches_follow_the_priority_label_and_warns_of_a_bad_one():
     spec = rollout_spec("plan", policy=POLICY)
-    nodes = [NodeSnapshot(name="a-01", labels={"gpu": "true"}),
-             NodeSnapshot(name="a-02", labels={"gpu": "true", NODE_PRIORITY_LABEL: "3"}),
-             NodeSnapshot(name="a-03", labels={"gpu": "true", NODE_PRIORITY_LABEL: "high"})]
+    nodes = [
+        NodeSnapshot(name="a-01", labels={"gpu": "true"}),
+        NodeSnapshot(name="a-02", labels={"gpu": "true", NODE_PRIORITY_LABEL: "3"}),
+        NodeSnapshot(name="a-03", labels={"gpu": "true", NODE_PRIORITY_LABEL: "high"}),
+    ]
     p = plan(nodes, spec)
     assert [b.nodes for b in p.compartments[0].batches] == [["a-02"], ["a-01"], ["a-03"]]
     assert p.warnings == [f"node a-03: label {NODE_PRIORITY_LABEL}='high' is not a positive integer; it counts as 200"]
 
 
 def test_reconcile_joins_leaves_and_never_takes_a_running_node():
-    spec = rollout_spec("members", policy={**POLICY, "compartments": [
-        {"name": "canary", "selector": {"matchLabels": {"canary": "true"}}, "budget": {"count": 1}}]})
+    spec = rollout_spec(
+        "members",
+        policy={
+            **POLICY,
+            "compartments": [
+                {"name": "canary", "selector": {"matchLabels": {"canary": "true"}}, "budget": {"count": 1}}
+            ],
+        },
+    )
     cp = RolloutCheckpoint(
-        compartments={"__default__": CompartmentState(members=["a", "b", "c", "d"],
-                                                      batch=BatchState(completed_nodes=1, failed_nodes=1))},
+        compartments={
+            "__default__": CompartmentState(
+                members=["a", "b", "c", "d"], batch=BatchState(completed_nodes=1, failed_nodes=1)
+            )
+        },
         nodes={"a": "complete", "b": "erroring", "c": "in_progress", "d": "waiting"},
-        reasons={"b": "dkms build failed"}, retries={"b": 1},
+        reasons={"b": "dkms build failed"},
+        retries={"b": 1},
     )
     live = [NodeSnapshot(name="d", labels={"canary": "true"}), NodeSnapshot(name="e")]
     change = reconcile(cp, live, spec.deployment_policy)
     assert change.joined == {"e": "__default__"} and change.moved == {"d": "canary"}
     assert change.left == {"a": "complete", "b": "erroring"}  # c runs: it stays until its batch is over
     assert cp.compartments["__default__"].members == ["c", "e"] and cp.compartments["canary"].members == ["d"]
-    assert cp.compartments["__default__"].batch.completed_nodes == 0 and cp.compartments["__default__"].batch.failed_nodes == 0
+    assert (
+        cp.compartments["__default__"].batch.completed_nodes == 0
+        and cp.compartments["__default__"].batch.failed_nodes == 0
+    )
     assert "a" not in cp.nodes and "b" not in cp.reasons and "b" not in cp.retries and cp.nodes["e"] == "waiting"
     assert cp.joined == {"e": "__default__"} and cp.left == {"a": "complete", "b": "erroring"}
     # A node that comes back joins again; one that finished running leaves at the next re-read.
     cp.nodes["c"] = "complete"
     cp.compartments["__default__"].batch = BatchState(completed_nodes=1)
-    change = reconcile(cp, [NodeSnapshot(name="a"), NodeSnapshot(name="e"), NodeSnapshot(name="d", labels={"canary": "true"})],
-                       spec.deployment_policy)
+    change = reconcile(
+        cp,
+        [NodeSnapshot(name="a"), NodeSnapshot(name="e"), NodeSnapshot(name="d", labels={"canary": "true"})],
+        spec.deployment_policy,
+    )
     assert change.joined == {"a": "__default__"} and change.left == {"c": "complete"} and not change.moved
     assert "a" not in cp.left and cp.compartments["__default__"].batch.completed_nodes == 0
 
@@ -107,8 +130,10 @@ async def test_an_erroring_node_is_retried_and_completes_in_a_later_batch(client
     assert [b.order for b in status.recent_batches] == [["a-01"], ["a-02"], ["a-03"], ["a-01"]]
     assert [b.retried for b in status.recent_batches] == [[], [], [], ["a-01"]]
     assert [b.success_percent for b in status.recent_batches] == [0, 100, 100, 100]
-    assert status.compartments["__default__"].batch_state.model_dump() == BatchState(
-        current_batch=5, completed_nodes=3, failed_nodes=0, last_batch_size=1).model_dump()
+    assert (
+        status.compartments["__default__"].batch_state.model_dump()
+        == BatchState(current_batch=5, completed_nodes=3, failed_nodes=0, last_batch_size=1).model_dump()
+    )
     assert max_unavailable(await k8s.audit(), {"a-01", "a-02", "a-03"}) <= 2
     node = await read_node(core, "a-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
@@ -118,8 +143,7 @@ async def test_an_erroring_node_is_retried_and_completes_in_a_later_batch(client
 async def test_retries_are_bounded_and_count_against_the_stop_rule(client, kube_worker, k8s, core):
     # a-01 fails every time: one retry (retryErroringNodes 1), and the retry's failure is a failed batch.
     await lab_ready(k8s, rollout_fleet({"a": 2}), [{"node": "a-01", "stage": "apply", "outcome": "fail"}])
-    policy = {"default": {"budget": {"count": 2},
-                          "strategy": {"fixed": {"initialBatch": 1, "failureThreshold": 2}}}}
+    policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 1, "failureThreshold": 2}}}}
     handle = await start(client, kube_worker, rollout_spec("retry-bound", policy=policy))
     result = await handle.result()
     assert result.outcome == "completed" and result.counts == {"complete": 1, "erroring": 1}
@@ -135,26 +159,37 @@ async def approve_until_done(handle):
     """Approve every batch that waits for approval until the rollout ends."""
 
     def waiting(s):
-        return {(name, c.batch_state.current_batch) for name, c in s.compartments.items()
-                if c.phase == "waiting-for-approval"}
+        return {
+            (name, c.batch_state.current_batch)
+            for name, c in s.compartments.items()
+            if c.phase == "waiting-for-approval"
+        }
 
     while True:
-        status = await status_where(handle, lambda s: s.phase in ("completed", "aborted") or waiting(s),
-                                    "an approval or the end")
+        status = await status_where(
+            handle, lambda s: s.phase in ("completed", "aborted") or waiting(s), "an approval or the end"
+        )
         if status.phase in ("completed", "aborted"):
             return await handle.result()
         await handle.execute_update(Rollout.approve_batch, ApproveRequest(approver="sre"))
         approved = waiting(status)
-        await status_where(handle, lambda s: s.phase in ("completed", "aborted") or waiting(s) != approved,
-                           "the approval taken")
+        await status_where(
+            handle, lambda s: s.phase in ("completed", "aborted") or waiting(s) != approved, "the approval taken"
+        )
 
 
 async def test_a_node_labelled_mid_rollout_joins_and_an_unlabelled_one_leaves(client, kube_worker, k8s, core):
     await lab_ready(k8s, rollout_fleet({"a": 3}))
     await core.patch_node("a-03", {"metadata": {"labels": {"gpu": None}}})
     handle = await start(client, kube_worker, rollout_spec("members", policy=POLICY, approval="batch"))
-    status = await status_where(handle, lambda s: s.compartments.get("__default__") is not None and
-                                s.compartments["__default__"].phase == "waiting-for-approval", "the first approval")
+    status = await status_where(
+        handle,
+        lambda s: (
+            s.compartments.get("__default__") is not None
+            and s.compartments["__default__"].phase == "waiting-for-approval"
+        ),
+        "the first approval",
+    )
     assert status.counts == {"waiting": 2}
 
     await core.patch_node("a-03", {"metadata": {"labels": {"gpu": "true"}}})  # starts matching
@@ -191,10 +226,15 @@ async def test_a_version_change_resets_the_batch_state_unless_kept(client, kube_
     stopped = BatchState(current_batch=3, consecutive_failures=2, should_stop=True)
     checkpoint = RolloutCheckpoint(
         compartments={"__default__": CompartmentState(members=["a-01", "a-02"], batch=stopped)},
-        nodes={"a-01": "waiting", "a-02": "waiting"}, package_versions={"kernel-tuning": "1.1.0"},
+        nodes={"a-01": "waiting", "a-02": "waiting"},
+        package_versions={"kernel-tuning": "1.1.0"},
     )
-    spec = rollout_spec("versions", policy=POLICY, checkpoint=checkpoint.model_dump(by_alias=True),
-                        deploymentPolicyOptions={"resetBatchStateOnCompletion": reset})
+    spec = rollout_spec(
+        "versions",
+        policy=POLICY,
+        checkpoint=checkpoint.model_dump(by_alias=True),
+        deploymentPolicyOptions={"resetBatchStateOnCompletion": reset},
+    )
     handle = await start(client, kube_worker, spec)
     if reset:
         result = await handle.result()
@@ -208,24 +248,38 @@ async def test_a_version_change_resets_the_batch_state_unless_kept(client, kube_
 
 
 @pytest.mark.parametrize("reset", [True, False])
-async def test_nodes_joining_a_completed_compartment_start_from_batch_one_unless_kept(client, kube_worker, k8s, core,
-                                                                                     reset):
+async def test_nodes_joining_a_completed_compartment_start_from_batch_one_unless_kept(
+    client, kube_worker, k8s, core, reset
+):
     await lab_ready(k8s, rollout_fleet({"a": 4}))
     await core.patch_node("a-01", {"metadata": {"labels": {"canary": "true"}}})
     await core.patch_node("a-04", {"metadata": {"labels": {"gpu": None}}})
-    policy = {**POLICY, "resetBatchStateOnCompletion": reset, "compartments": [
-        {"name": "canary", "selector": {"matchLabels": {"canary": "true"}}, "budget": {"count": 1},
-         "strategy": {"linear": {"initialBatch": 1, "delta": 1}}}]}
+    policy = {
+        **POLICY,
+        "resetBatchStateOnCompletion": reset,
+        "compartments": [
+            {
+                "name": "canary",
+                "selector": {"matchLabels": {"canary": "true"}},
+                "budget": {"count": 1},
+                "strategy": {"linear": {"initialBatch": 1, "delta": 1}},
+            }
+        ],
+    }
     handle = await start(client, kube_worker, rollout_spec("completion", policy=policy, approval="batch"))
 
     def phases(s):
         return {name: c.phase for name, c in s.compartments.items()}
 
-    await status_where(handle, lambda s: phases(s) == {"canary": "waiting-for-approval",
-                                                       "__default__": "waiting-for-approval"}, "both approvals")
+    await status_where(
+        handle,
+        lambda s: phases(s) == {"canary": "waiting-for-approval", "__default__": "waiting-for-approval"},
+        "both approvals",
+    )
     await handle.execute_update(Rollout.approve_batch, ApproveRequest(approver="sre"))
-    status = await status_where(handle, lambda s: phases(s) == {"canary": "done", "__default__": "waiting-for-approval"},
-                                "the canary done")
+    status = await status_where(
+        handle, lambda s: phases(s) == {"canary": "done", "__default__": "waiting-for-approval"}, "the canary done"
+    )
     assert status.compartments["canary"].batch_state.current_batch == 2
     # A new canary node: it joins the finished compartment at the default compartment's next re-read.
     await core.patch_node("a-04", {"metadata": {"labels": {"gpu": "true", "canary": "true"}}})

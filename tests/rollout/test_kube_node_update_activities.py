@@ -42,19 +42,47 @@ def fleet(*, protected_on: str | None = None) -> list[dict]:
 
 
 def start(**fields) -> NodeUpdateStart:
-    return NodeUpdateStart(**{"cluster": "lab", "node": "node-01", "rollout": ROLLOUT, "cordon": True,
-                              "non_interrupt_selector": PROTECTED, "drain": DrainSettings(), **fields})
+    return NodeUpdateStart(
+        **{
+            "cluster": "lab",
+            "node": "node-01",
+            "rollout": ROLLOUT,
+            "cordon": True,
+            "non_interrupt_selector": PROTECTED,
+            "drain": DrainSettings(),
+            **fields,
+        }
+    )
 
 
 def stage(name: str, **fields) -> NodeStage:
-    return NodeStage(**{"package": "kernel", "version": "6.8.1", "image": "registry.local/millwright/kernel",
-                        "stage": name, "timeout_seconds": 60, **fields})
+    return NodeStage(
+        **{
+            "package": "kernel",
+            "version": "6.8.1",
+            "image": "registry.local/millwright/kernel",
+            "stage": name,
+            "timeout_seconds": 60,
+            **fields,
+        }
+    )
 
 
 def stages(boot_id: str, *names: str, **fields) -> NodeStages:
     listed = [stage(n, interrupt="reboot") if n == "interrupt" else stage(n) for n in names]
-    return NodeStages(**{"cluster": "lab", "node": "node-01", "rollout": ROLLOUT, "stages": listed, "tries": 2,
-                         "boot_id": boot_id, "reboot_timeout_seconds": 30, "reboot_poll_seconds": 0.1, **fields})
+    return NodeStages(
+        **{
+            "cluster": "lab",
+            "node": "node-01",
+            "rollout": ROLLOUT,
+            "stages": listed,
+            "tries": 2,
+            "boot_id": boot_id,
+            "reboot_timeout_seconds": 30,
+            "reboot_poll_seconds": 0.1,
+            **fields,
+        }
+    )
 
 
 def rollout_record(node) -> dict:
@@ -108,11 +136,19 @@ async def test_a_retry_that_finds_its_own_cordon_and_a_protected_pod_removes_the
     await asyncio.sleep(1)
     for node in ("node-01", "node-02"):
         await env().run(kube.start_node_update, start(node=node, non_interrupt_selector="app=none"))
-    await env().run(kube.set_node_rollout_state, NodeRolloutState(cluster="lab", node="node-02", rollout=ROLLOUT,
-                                                                 state="erroring", stage="apply", reason="failed"))
-    await core.create_namespaced_pod("training", {  # node-01's protected pod lands after its cordon
-        "metadata": {"name": "late-trainer", "labels": {"workload": "training"}},
-        "spec": {"nodeName": "node-01", "containers": [{"name": "c", "image": "trainer"}]}})
+    await env().run(
+        kube.set_node_rollout_state,
+        NodeRolloutState(
+            cluster="lab", node="node-02", rollout=ROLLOUT, state="erroring", stage="apply", reason="failed"
+        ),
+    )
+    await core.create_namespaced_pod(
+        "training",
+        {  # node-01's protected pod lands after its cordon
+            "metadata": {"name": "late-trainer", "labels": {"workload": "training"}},
+            "spec": {"nodeName": "node-01", "containers": [{"name": "c", "image": "trainer"}]},
+        },
+    )
     await asyncio.sleep(1)
     first = await env(attempt=2).run(kube.start_node_update, start())
     assert first.blocked and not (await read_node(core, "node-01")).spec.unschedulable
@@ -132,7 +168,11 @@ async def test_run_node_stages_runs_each_stage_once_and_shows_it_on_the_node(k8s
     e.on_heartbeat = lambda *d: beats.append(d[0])
     result = await e.run(kube.run_node_stages, request)
     assert [(r.stage, r.succeeded, r.attempts) for r in result.stages] == [
-        ("apply", True, 1), ("config", True, 1), ("interrupt", True, 1), ("post-interrupt", True, 1)]
+        ("apply", True, 1),
+        ("config", True, 1),
+        ("interrupt", True, 1),
+        ("post-interrupt", True, 1),
+    ]
     assert not result.held and result.reboot_seconds >= 0.3
     node = await read_node(core, "node-01")
     assert node.status.node_info.boot_id != before
@@ -149,9 +189,16 @@ async def test_run_node_stages_runs_each_stage_once_and_shows_it_on_the_node(k8s
 
 async def test_the_first_stage_that_fails_its_tries_ends_the_stages(k8s, kube):
     await k8s.seed(fleet())
-    await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": [
-        {"node": "node-01", "stage": "apply", "outcome": "fail", "times": 1, "message": "flaky mirror"},
-        {"node": "node-01", "stage": "config", "outcome": "fail", "message": "bad config"}]}, rebootSeconds=0.3)
+    await k8s.configure(
+        jobs={
+            "defaultSeconds": 0.1,
+            "rules": [
+                {"node": "node-01", "stage": "apply", "outcome": "fail", "times": 1, "message": "flaky mirror"},
+                {"node": "node-01", "stage": "config", "outcome": "fail", "message": "bad config"},
+            ],
+        },
+        rebootSeconds=0.3,
+    )
     since = await k8s.audit_cursor()
     result = await env().run(kube.run_node_stages, stages("boot-1", "apply", "config", "interrupt"))
     assert [(r.stage, r.succeeded, r.attempts) for r in result.stages] == [("apply", True, 2), ("config", False, 2)]
@@ -193,8 +240,9 @@ async def test_finish_records_packages_and_state_and_uncordons_in_one_write(k8s,
     await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: '{"dcgm":"3.1.0"}'}}})
     await env().run(kube.start_node_update, start())
     since = await k8s.audit_cursor()
-    finish = NodeUpdateFinish(cluster="lab", node="node-01", rollout=ROLLOUT, packages={"kernel": "6.8.1"},
-                              uncordon=True)
+    finish = NodeUpdateFinish(
+        cluster="lab", node="node-01", rollout=ROLLOUT, packages={"kernel": "6.8.1"}, uncordon=True
+    )
     await env().run(kube.finish_node_update, finish)
     await env(attempt=2).run(kube.finish_node_update, finish)
     assert len(await writes_to_node(k8s, since, "node-01")) == 1

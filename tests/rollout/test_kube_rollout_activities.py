@@ -12,7 +12,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.kube.stages import stage_job_name
 from activities.kube.models import (
     JOB_NAMESPACE,
     PACKAGES_ANNOTATION,
@@ -27,6 +26,7 @@ from activities.kube.models import (
     StageJobRequest,
     UnavailableRequest,
 )
+from activities.kube.stages import stage_job_name
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from lab.fleet import Fleet
 from lab.prometheus import PrometheusAdmin, PrometheusStub
@@ -45,8 +45,11 @@ def nodes(count: int, *, prefix: str = "node-", labels: dict | None = None, **ex
 
 
 async def writes_to_node(k8s, since: int, name: str) -> list[dict]:
-    return [e for e in await k8s.audit(since=since, writes=True) if e["resource"] == "nodes" and e["name"] == name
-            and e["userAgent"].startswith("millwright")]
+    return [
+        e
+        for e in await k8s.audit(since=since, writes=True)
+        if e["resource"] == "nodes" and e["name"] == name and e["userAgent"].startswith("millwright")
+    ]
 
 
 async def test_list_nodes_page_pages_with_continue(k8s, kube):
@@ -54,9 +57,12 @@ async def test_list_nodes_page_pages_with_continue(k8s, kube):
     e = env()
     names, pages, token = [], 0, None
     while True:
-        page = await e.run(kube.list_nodes_page, NodePageRequest(cluster="lab", label_selector="pool=a",
-                                                                 label_keys=["pool", "missing"], limit=10,
-                                                                 continue_token=token))
+        page = await e.run(
+            kube.list_nodes_page,
+            NodePageRequest(
+                cluster="lab", label_selector="pool=a", label_keys=["pool", "missing"], limit=10, continue_token=token
+            ),
+        )
         pages += 1
         names += [n.name for n in page.nodes]
         assert all(n.labels == {"pool": "a"} and n.ready and not n.unschedulable for n in page.nodes)
@@ -72,8 +78,9 @@ async def test_list_nodes_page_pages_with_continue(k8s, kube):
 async def test_list_unavailable_nodes(k8s, kube, core):
     await k8s.seed(nodes(6, labels={"pool": "a"}))
     await core.patch_node("node-02", {"spec": {"unschedulable": True}})
-    await core.patch_node_status("node-05", {"status": {"conditions": [{"type": "Ready", "status": "False",
-                                                                        "reason": "KubeletNotReady"}]}})
+    await core.patch_node_status(
+        "node-05", {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
+    )
     got = await env().run(kube.list_unavailable_nodes, UnavailableRequest(cluster="lab", label_selector="pool=a"))
     assert got == ["node-02", "node-05"]
 
@@ -81,8 +88,15 @@ async def test_list_unavailable_nodes(k8s, kube, core):
 async def test_rollout_state_is_written_once(k8s, kube):
     await k8s.seed(nodes(1))
     e = env()
-    req = NodeRolloutState(cluster="lab", node="node-01", rollout="rollout-1", state="in_progress",
-                           package="kernel", stage="apply", reason="batch 1")
+    req = NodeRolloutState(
+        cluster="lab",
+        node="node-01",
+        rollout="rollout-1",
+        state="in_progress",
+        package="kernel",
+        stage="apply",
+        reason="batch 1",
+    )
     since = await k8s.audit_cursor()
     await e.run(kube.set_node_rollout_state, req)
     await e.run(kube.set_node_rollout_state, req)
@@ -95,7 +109,12 @@ async def test_rollout_state_is_written_once(k8s, kube):
     assert obj["metadata"]["labels"][ROLLOUT_STATE_LABEL] == "complete"
     ann = json.loads(obj["metadata"]["annotations"][ROLLOUT_ANNOTATION])
     assert {k: ann[k] for k in ("rollout", "state", "package", "stage", "reason")} == {
-        "rollout": "rollout-1", "state": "complete", "package": "kernel", "stage": "apply", "reason": "batch 1"}
+        "rollout": "rollout-1",
+        "state": "complete",
+        "package": "kernel",
+        "stage": "apply",
+        "reason": "batch 1",
+    }
     assert ann["updated"].endswith("Z")
     with pytest.raises(ApplicationError) as ei:
         await e.run(kube.set_node_rollout_state, req.model_copy(update={"state": "done"}))
@@ -120,9 +139,18 @@ async def test_record_package_installed_merges_once(k8s, kube, core):
 
 
 def stage(**kw) -> StageJobRequest:
-    base = dict(cluster="lab", node="node-01", rollout="rollout-abc", package="kernel", version="6.8.1",
-                image="registry.local/millwright/kernel", stage="apply", ordinal=3, timeout_seconds=60,
-                config={"mode": "fast"})
+    base = dict(
+        cluster="lab",
+        node="node-01",
+        rollout="rollout-abc",
+        package="kernel",
+        version="6.8.1",
+        image="registry.local/millwright/kernel",
+        stage="apply",
+        ordinal=3,
+        timeout_seconds=60,
+        config={"mode": "fast"},
+    )
     return StageJobRequest(**{**base, **kw})
 
 
@@ -136,8 +164,11 @@ async def test_run_stage_job_succeeds_and_rerun_adopts(k8s, kube, kubeconfig_pat
     assert first.job.startswith("mw-kernel-apply-") and len(first.job) <= 63
     again = await e.run(kube.run_stage_job, stage())  # the same attempt: adopts the Job
     assert again.job == first.job and again.succeeded
-    creates = [x for x in await k8s.audit(since=since, writes=True) if x["resource"] == "jobs" and x["verb"] == "create"
-               and x["code"] == 201]
+    creates = [
+        x
+        for x in await k8s.audit(since=since, writes=True)
+        if x["resource"] == "jobs" and x["verb"] == "create" and x["code"] == 201
+    ]
     assert len(creates) == 1
     objs = await k8s.dump()
     (job,) = [o for o in objs if o["kind"] == "Job"]
@@ -167,9 +198,21 @@ async def test_run_stage_job_succeeds_and_rerun_adopts(k8s, kube, kubeconfig_pat
 
 async def test_run_stage_job_failure_carries_the_message(k8s, kube):
     await k8s.seed(nodes(2))
-    await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": [
-        {"node": "node-01", "package": "kernel", "stage": "apply", "outcome": "fail", "times": 1,
-         "message": "dkms: build of nvidia 550 failed"}]})
+    await k8s.configure(
+        jobs={
+            "defaultSeconds": 0.2,
+            "rules": [
+                {
+                    "node": "node-01",
+                    "package": "kernel",
+                    "stage": "apply",
+                    "outcome": "fail",
+                    "times": 1,
+                    "message": "dkms: build of nvidia 550 failed",
+                }
+            ],
+        }
+    )
     result = await env().run(kube.run_stage_job, stage(config={}))
     assert not result.succeeded
     assert "BackoffLimitExceeded" in result.message and "dkms: build of nvidia 550 failed" in result.message
@@ -185,7 +228,9 @@ async def test_adopting_a_foreign_job_is_a_conflict(k8s, kube, core):
     done = await env().run(kube.run_stage_job, stage())
     # Someone relabels the Job: it no longer is this stage's run.
     batch = BatchV1Api(core.api_client)
-    await batch.patch_namespaced_job(done.job, JOB_NAMESPACE, {"metadata": {"labels": {"millwright.dev/node": "node-09"}}})
+    await batch.patch_namespaced_job(
+        done.job, JOB_NAMESPACE, {"metadata": {"labels": {"millwright.dev/node": "node-09"}}}
+    )
     with pytest.raises(ApplicationError) as ei:
         await env(attempt=2).run(kube.run_stage_job, stage())
     assert ei.value.type == "JobConflict" and ei.value.non_retryable
@@ -196,8 +241,10 @@ async def test_reboot_interrupt_then_wait_node_rebooted(k8s, kube):
     await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": []}, rebootSeconds=0.5)
     e = env()
     before = (await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))).boot_id
-    waiting = e.run(kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01", previous_boot_id=before,
-                                                        timeout_seconds=20, poll_seconds=0.1))
+    waiting = e.run(
+        kube.wait_node_rebooted,
+        RebootWait(cluster="lab", node="node-01", previous_boot_id=before, timeout_seconds=20, poll_seconds=0.1),
+    )
     result = await e.run(kube.run_stage_job, stage(stage="interrupt", interrupt="reboot", services=["kubelet"]))
     assert result.succeeded
     new_boot = await waiting
@@ -210,22 +257,47 @@ async def test_reboot_interrupt_then_wait_node_rebooted(k8s, kube):
     assert [c["name"] for c in pod_spec["containers"]] == ["interrupt"]
     # an unchanged boot ID past the deadline is a non-retryable RebootTimeout
     with pytest.raises(ApplicationError) as ei:
-        await e.run(kube.wait_node_rebooted, RebootWait(cluster="lab", node="node-01", previous_boot_id=new_boot,
-                                                        timeout_seconds=0.3, poll_seconds=0.1))
+        await e.run(
+            kube.wait_node_rebooted,
+            RebootWait(cluster="lab", node="node-01", previous_boot_id=new_boot, timeout_seconds=0.3, poll_seconds=0.1),
+        )
     assert ei.value.type == "RebootTimeout" and ei.value.non_retryable
 
 
 async def test_check_node_conditions(k8s, kube, core):
     await k8s.seed(nodes(4, labels={"pool": "a"}))
-    await core.patch_node_status("node-02", {"status": {"conditions": [
-        {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung", "message": "task docker blocked"}]}})
-    await core.patch_node_status("node-03", {"status": {"conditions": [
-        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "PLEG is not healthy"}]}})
+    await core.patch_node_status(
+        "node-02",
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "KernelDeadlock",
+                        "status": "True",
+                        "reason": "DockerHung",
+                        "message": "task docker blocked",
+                    }
+                ]
+            }
+        },
+    )
+    await core.patch_node_status(
+        "node-03",
+        {
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "PLEG is not healthy"}
+                ]
+            }
+        },
+    )
     e = env()
     gate = ConditionGate(cluster="lab", label_selector="pool=a", conditions=["Ready", "KernelDeadlock", "GpuUnhealthy"])
     got = await e.run(kube.check_node_conditions, gate)
-    assert got == ["node node-02: KernelDeadlock is True (DockerHung: task docker blocked)",
-                   "node node-03: Ready is False (KubeletNotReady: PLEG is not healthy)"]
+    assert got == [
+        "node node-02: KernelDeadlock is True (DockerHung: task docker blocked)",
+        "node node-03: Ready is False (KubeletNotReady: PLEG is not healthy)",
+    ]
     assert await e.run(kube.check_node_conditions, gate.model_copy(update={"label_selector": "pool=b"})) == []
 
 
@@ -262,8 +334,7 @@ async def test_query_prometheus(prometheus):
             await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="flaky"))
         assert not ei.value.non_retryable and ei.value.type == "PrometheusUnavailable"
         with pytest.raises(ApplicationError) as ei:  # nothing listens there
-            await e.run(acts.query_prometheus, PrometheusQuery(url="http://127.0.0.1:9", query="up",
-                                                               timeout_seconds=2))
+            await e.run(acts.query_prometheus, PrometheusQuery(url="http://127.0.0.1:9", query="up", timeout_seconds=2))
         assert not ei.value.non_retryable
     finally:
         await acts.close()
@@ -276,5 +347,10 @@ async def test_activities_are_registered(kubeconfig_path):
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0))
     names = {activity._Definition.must_from_callable(a).name for a in registration.activities}
     await registration.close()
-    assert {"list_nodes_page", "run_stage_job", "wait_node_rebooted", "check_node_conditions",
-            "query_prometheus"} <= names
+    assert {
+        "list_nodes_page",
+        "run_stage_job",
+        "wait_node_rebooted",
+        "check_node_conditions",
+        "query_prometheus",
+    } <= names

@@ -16,13 +16,12 @@ from kubernetes.aio.client import PolicyV1Api
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from tests.kube_helpers import read_node, wait_for
+from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
 from workflows.rollout.node_update import NodeUpdate, NodeUpdateResult
 from workflows.rollout.rollout import ApproveRequest, ReasonRequest, Rollout
 from workflows.rollout.spec import RolloutInput
-
-from tests.kube_helpers import read_node, wait_for
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
-from tests.maintenance.test_node_maintenance import record_history
 
 
 async def start(client, worker, spec):
@@ -73,8 +72,10 @@ async def test_budget_caps_every_batch_counting_nodes_already_out_of_service(cli
 
 
 async def test_stop_rule_halts_the_compartment_and_failed_nodes_stay_cordoned(client, kube_worker, k8s, core):
-    rules = [{"node": "a-01", "stage": "apply", "outcome": "fail", "message": "dkms build failed"},
-             {"node": "a-03", "stage": "apply", "outcome": "fail", "message": "dkms build failed"}]
+    rules = [
+        {"node": "a-01", "stage": "apply", "outcome": "fail", "message": "dkms build failed"},
+        {"node": "a-03", "stage": "apply", "outcome": "fail", "message": "dkms build failed"},
+    ]
     await lab_ready(k8s, rollout_fleet({"a": 8}), rules)
     policy = {
         "default": {
@@ -106,7 +107,11 @@ async def test_approval_pause_resume_and_abort(client, kube_worker, k8s, core):
     await lab_ready(k8s, rollout_fleet({"a": 6}))
     policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
     handle = await start(client, kube_worker, rollout_spec("controls", policy=policy, approval="batch"))
-    await status_where(handle, lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "waiting-for-approval", "approval")
+    await status_where(
+        handle,
+        lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "waiting-for-approval",
+        "approval",
+    )
     assert (await handle.query(Rollout.status)).counts == {"waiting": 6}
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update(Rollout.resume, ReasonRequest(reason="not paused"))
@@ -120,7 +125,9 @@ async def test_approval_pause_resume_and_abort(client, kube_worker, k8s, core):
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update(Rollout.pause, ReasonRequest(reason="twice"))
     await handle.execute_update(Rollout.resume, ReasonRequest(reason="incident over"))
-    await status_where(handle, lambda s: s.compartments["__default__"].phase == "waiting-for-approval", "the next approval")
+    await status_where(
+        handle, lambda s: s.compartments["__default__"].phase == "waiting-for-approval", "the next approval"
+    )
     await handle.execute_update(Rollout.abort, ReasonRequest(reason="change window closed"))
     result = await handle.result()
     assert result.outcome == "aborted" and result.counts == {"complete": 2, "waiting": 4}
@@ -150,9 +157,12 @@ async def test_non_interruptible_pod_holds_only_its_own_node(client, kube_worker
     handle = await start(
         client,
         kube_worker,
-        rollout_spec("non-interrupt", podNonInterruptLabels={"matchLabels": {"workload": "training"}},
-                     nonInterruptRetryInterval="1s",
-                     policy={"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}),
+        rollout_spec(
+            "non-interrupt",
+            podNonInterruptLabels={"matchLabels": {"workload": "training"}},
+            nonInterruptRetryInterval="1s",
+            policy={"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}},
+        ),
     )
     status = await status_where(handle, lambda s: s.counts.get("blocked") == 1, "a-02 blocked")
     assert status.counts.get("complete") == 2 and "non-interruptible" in status.problems["a-02"].reason
@@ -164,8 +174,11 @@ async def test_non_interruptible_pod_holds_only_its_own_node(client, kube_worker
 
 async def test_pdb_block_is_a_wait_state(client, kube_worker, k8s, core):
     await lab_ready(k8s, rollout_fleet({"a": 3}, web_pdb_min_available=3))
-    handle = await start(client, kube_worker, rollout_spec("pdb",
-                         policy={"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}))
+    handle = await start(
+        client,
+        kube_worker,
+        rollout_spec("pdb", policy={"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}),
+    )
     child = client.get_workflow_handle(f"{handle.id}/a-01")
 
     async def blocked():
@@ -177,7 +190,9 @@ async def test_pdb_block_is_a_wait_state(client, kube_worker, k8s, core):
 
     status = await wait_for(blocked, what="an eviction blocked by the web budget")
     assert next(iter(status.blocked.values())).budget == "apps/web"
-    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget("web", "apps", {"spec": {"minAvailable": 2}})
+    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget(
+        "web", "apps", {"spec": {"minAvailable": 2}}
+    )
     assert (await handle.result()).counts == {"complete": 3}
 
 
@@ -190,7 +205,10 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
     after = (await read_node(core, "a-01")).status.node_info.boot_id
     assert after != before and child.reboot_seconds >= REBOOT_SECONDS
     assert [(s.package, s.stage) for s in child.stages] == [
-        ("kernel-tuning", "apply"), ("kernel-tuning", "config"), ("kernel-tuning", "interrupt"), ("kernel-tuning", "post-interrupt")
+        ("kernel-tuning", "apply"),
+        ("kernel-tuning", "config"),
+        ("kernel-tuning", "interrupt"),
+        ("kernel-tuning", "post-interrupt"),
     ]
     await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_folded")
 
@@ -201,8 +219,12 @@ async def test_dry_run_plans_without_writing(client, kube_worker, k8s):
     policy = {
         "default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}},
         "compartments": [
-            {"name": "pool-b", "selector": {"matchLabels": {"pool": "b"}}, "budget": {"percent": 50},
-             "strategy": {"linear": {"initialBatch": 1, "delta": 1}}}
+            {
+                "name": "pool-b",
+                "selector": {"matchLabels": {"pool": "b"}},
+                "budget": {"percent": 50},
+                "strategy": {"linear": {"initialBatch": 1, "delta": 1}},
+            }
         ],
     }
     spec = rollout_spec("plan", policy=policy, dryRun=True)
@@ -221,7 +243,9 @@ async def test_invalid_spec_fails_the_run_at_once(client, kube_worker):
     spec = rollout_spec("bad").model_dump(by_alias=True, mode="json")
     spec["packages"]["kernel-tuning"]["version"] = "1.2"
     spec["deploymentPolicy"]["default"]["budget"] = {"count": 1, "percent": 10}
-    handle = await client.start_workflow("Rollout", spec, id=f"bad-{uuid.uuid4().hex[:6]}", task_queue=kube_worker.task_queue)
+    handle = await client.start_workflow(
+        "Rollout", spec, id=f"bad-{uuid.uuid4().hex[:6]}", task_queue=kube_worker.task_queue
+    )
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(handle.result(), 15)
     text = str(failure.value.cause)
@@ -262,9 +286,17 @@ async def test_gate_holds_batches_until_it_passes(client, kube_worker, k8s, core
     with PrometheusStub() as prometheus:
         alerts = PrometheusAdmin(prometheus.url)
         alerts.set(firing, result=[{"metric": {"alertname": "GpuXidStorm"}, "value": [0, "1"]}])
-        gate = {"prometheus": {"url": prometheus.url, "query": firing}, "nodeConditions": ["KernelDeadlock"], "interval": "1s"}
+        gate = {
+            "prometheus": {"url": prometheus.url, "query": firing},
+            "nodeConditions": ["KernelDeadlock"],
+            "interval": "1s",
+        }
         handle = await start(client, kube_worker, rollout_spec("gated", gate=gate))
-        status = await status_where(handle, lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "gate-failing", "the gate failing")
+        status = await status_where(
+            handle,
+            lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "gate-failing",
+            "the gate failing",
+        )
         assert "returned 1 series" in status.compartments["__default__"].note
         assert status.counts == {"waiting": 2}, "no node is admitted while the gate fails"
         alerts.set(firing, result=[])
@@ -280,7 +312,9 @@ async def test_no_node_is_admitted_outside_the_maintenance_windows(client, kube_
     windows = [{"days": other_days, "startHour": 0, "endHour": 24}]
     handle = await start(client, kube_worker, rollout_spec("windowed", maintenanceWindows=windows))
     status = await status_where(
-        handle, lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "waiting-for-window", "the window"
+        handle,
+        lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "waiting-for-window",
+        "the window",
     )
     assert status.counts == {"waiting": 2}
     await handle.execute_update(Rollout.abort, ReasonRequest(reason="not this week"))

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import uuid
 
-
+from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
+from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from worker import registry
 from worker.config import WorkerSettings
 from workflows.rollout.rollout import Rollout
-
-from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 
 
 async def test_rollout_and_batches_continue_as_new_and_finish(small_history_env, k8s, kubeconfig_path):

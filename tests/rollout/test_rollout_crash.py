@@ -17,11 +17,10 @@ from temporalio.client import WorkflowExecutionStatus
 
 from activities.kube.connector import USER_AGENT
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_STATE_LABEL
-from workflows.rollout.rollout import Rollout, RolloutResult
-
 from tests.kube_helpers import wait_for
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
+from workflows.rollout.rollout import Rollout, RolloutResult
 
 NODES = 50
 POLICY = {"default": {"budget": {"count": 10}, "strategy": {"fixed": {"initialBatch": 10}}}}
@@ -48,7 +47,10 @@ async def run_rollout(client, k8s, env, log, name: str, kills: int, rng: random.
         await wait_polling(client, env["MILLWRIGHT_TASK_QUEUE"], worker, log)
         spec = rollout_spec(name, policy=POLICY)
         handle = await client.start_workflow(
-            Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}", task_queue=env["MILLWRIGHT_TASK_QUEUE"]
+            Rollout.run,
+            spec,
+            id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}",
+            task_queue=env["MILLWRIGHT_TASK_QUEUE"],
         )
         killed_mid_run = 0
         for started in range(1, kills + 1):

@@ -13,34 +13,40 @@ import subprocess
 from kubernetes.aio.client import BatchV1Api, PolicyV1Api
 
 from activities.kube.models import (
+    CORDONED_BY,
     JOB_NAMESPACE,
     JOB_NODE_LABEL,
-    CORDONED_BY,
+    PACKAGES_ANNOTATION,
+    ROLLOUT_ANNOTATION,
+    ROLLOUT_STATE_LABEL,
     NodeStage,
     NodeStages,
     PodRef,
     WaitPodsGoneRequest,
-    PACKAGES_ANNOTATION,
-    ROLLOUT_ANNOTATION,
-    ROLLOUT_STATE_LABEL,
 )
 from activities.kube.node_marks import AUTO_TAINT_ANNOTATION, DRAIN_BLOCKED, RUNTIME_REQUIRED_TAINT
-from workflows.rollout.node_update import NodeUpdate
-from workflows.rollout.models import NodeUpdateResult
 from tests.kube_helpers import read_node, wait_for
-from tests.rollout.helpers import rollout_fleet, rollout_spec
 from tests.maintenance.test_node_maintenance import record_history
+from tests.rollout.helpers import rollout_fleet, rollout_spec
 from tests.rollout.test_kube_rollout_activities import env
 from tests.rollout.test_rollout import lab_ready, start
+from workflows.rollout.models import NodeUpdateResult
+from workflows.rollout.node_update import NodeUpdate
 
 BOTH_AT_ONCE = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
-AGENT = {"version": "0.9.0", "image": "registry.local/millwright/old-agent", "interrupt": {"type": "reboot"},
-         "uninstall": {"enabled": True, "apply": True}}
+AGENT = {
+    "version": "0.9.0",
+    "image": "registry.local/millwright/old-agent",
+    "interrupt": {"type": "reboot"},
+    "uninstall": {"enabled": True, "apply": True},
+}
 
 
 async def node_events(core, node: str) -> list[tuple[str, str, str]]:
     """(type, reason, message) of the node's Events in the order made (the emulator's resourceVersions grow)."""
-    listed = await core.list_event_for_all_namespaces(field_selector=f"involvedObject.kind=Node,involvedObject.name={node}")
+    listed = await core.list_event_for_all_namespaces(
+        field_selector=f"involvedObject.kind=Node,involvedObject.name={node}"
+    )
     return [(e.type, e.reason, e.message) for e in sorted(listed.items, key=lambda e: int(e.metadata.resource_version))]
 
 
@@ -58,8 +64,14 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
     await set_packages(core, "a-01", {"kernel-tuning": "1.2.0", "old-agent": "0.8.1"})
     await set_packages(core, "a-02", {"kernel-tuning": "1.10.0"})  # later than the spec's 1.2.0 (semver, not text)
     boot = (await read_node(core, "a-01")).status.node_info.boot_id
-    spec = rollout_spec("uninstall", policy=BOTH_AT_ONCE, packages={
-        "kernel-tuning": {"version": "1.2.0", "image": "registry.local/millwright/kernel-tuning"}, "old-agent": AGENT})
+    spec = rollout_spec(
+        "uninstall",
+        policy=BOTH_AT_ONCE,
+        packages={
+            "kernel-tuning": {"version": "1.2.0", "image": "registry.local/millwright/kernel-tuning"},
+            "old-agent": AGENT,
+        },
+    )
     handle = await start(client, kube_worker, spec)
     result = await handle.result()
     assert result.counts == {"complete": 1, "erroring": 1}
@@ -67,12 +79,17 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
 
     # a-01: the uninstall lane only (kernel-tuning is current), with the old version's scripts and its reboot.
     child = await client.get_workflow_handle(f"{handle.id}/a-01", result_type=NodeUpdateResult).result()
-    assert [(s.package, s.stage) for s in child.stages] == [("old-agent", "uninstall"), ("old-agent", "uninstall-interrupt")]
+    assert [(s.package, s.stage) for s in child.stages] == [
+        ("old-agent", "uninstall"),
+        ("old-agent", "uninstall-interrupt"),
+    ]
     a01 = await read_node(core, "a-01")
     assert a01.status.node_info.boot_id != boot and not a01.spec.unschedulable
     assert json.loads(a01.metadata.annotations[PACKAGES_ANNOTATION]) == {"kernel-tuning": "1.2.0"}
     jobs = await BatchV1Api(core.api_client).list_namespaced_job(JOB_NAMESPACE, label_selector=f"{JOB_NODE_LABEL}=a-01")
-    assert {j.spec.template.spec.containers[0].image for j in jobs.items} == {"registry.local/millwright/old-agent:0.8.1"}
+    assert {j.spec.template.spec.containers[0].image for j in jobs.items} == {
+        "registry.local/millwright/old-agent:0.8.1"
+    }
 
     # a-02: refused before any write but its state: never cordoned, its packages as they were.
     a02 = await read_node(core, "a-02")
@@ -85,21 +102,35 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
     events = await node_events(core, "a-01")
     assert [reason for _, reason, _ in events] == ["State", "Drain", "Apply", "Interrupt", "Reboot", "State"]
     assert "old-agent 0.8.1 uninstall started" in events[2][2] and "uninstall-interrupt" in events[3][2]
-    assert events[-1][2].startswith("complete") and "old-agent uninstalled" in events[-1][2] and "uncordoned" in events[-1][2]
+    assert (
+        events[-1][2].startswith("complete")
+        and "old-agent uninstalled" in events[-1][2]
+        and "uncordoned" in events[-1][2]
+    )
     [(kind, reason, message)] = await node_events(core, "a-02")
     assert (kind, reason) == ("Warning", "State") and "downgrade refused" in message
     await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_uninstall")
 
     # With allowDowngrade the same node takes the earlier version.
-    again = rollout_spec("downgrade", policy=BOTH_AT_ONCE, allowDowngrade=True, nodeSelectors={"matchLabels": {"kubernetes.io/hostname": "a-02"}},
-                         packages={"kernel-tuning": {"version": "1.2.0", "image": "registry.local/millwright/kernel-tuning"}})
+    again = rollout_spec(
+        "downgrade",
+        policy=BOTH_AT_ONCE,
+        allowDowngrade=True,
+        nodeSelectors={"matchLabels": {"kubernetes.io/hostname": "a-02"}},
+        packages={"kernel-tuning": {"version": "1.2.0", "image": "registry.local/millwright/kernel-tuning"}},
+    )
     assert (await (await start(client, kube_worker, again)).result()).counts == {"complete": 1}
-    assert json.loads((await read_node(core, "a-02")).metadata.annotations[PACKAGES_ANNOTATION]) == {"kernel-tuning": "1.2.0"}
+    assert json.loads((await read_node(core, "a-02")).metadata.annotations[PACKAGES_ANNOTATION]) == {
+        "kernel-tuning": "1.2.0"
+    }
 
 
 async def test_new_nodes_stay_tainted_until_their_packages_complete(client, kube_worker, k8s, core):
-    await lab_ready(k8s, rollout_fleet({"a": 3}), [{"node": "a-02", "stage": "apply", "outcome": "fail",
-                                                    "message": "dkms build failed"}])
+    await lab_ready(
+        k8s,
+        rollout_fleet({"a": 3}),
+        [{"node": "a-02", "stage": "apply", "outcome": "fail", "message": "dkms build failed"}],
+    )
     # a-01 registered with the taint (kubelet --register-with-taints); a-02 is new; a-03 has had a rollout before.
     await core.patch_node("a-01", {"spec": {"taints": [dict(RUNTIME_REQUIRED_TAINT)]}})
     await set_packages(core, "a-03", {"base": "1.0.0"})
@@ -145,7 +176,9 @@ async def test_drain_blocked_condition_appears_and_clears(client, kube_worker, k
                                    capture_output=True, timeout=60, check=True).stdout  # fmt: skip
         assert "DrainBlocked" in described and "PodDisruptionBudget" in described
         assert "DrainBlocked" in described.split("Events:")[1]
-    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget("web", "apps", {"spec": {"minAvailable": 0}})
+    await PolicyV1Api(core.api_client).patch_namespaced_pod_disruption_budget(
+        "web", "apps", {"spec": {"minAvailable": 0}}
+    )
     assert (await handle.result()).counts == {"complete": 1}
     node = await read_node(core, "a-01")
     [cond] = [c for c in node.status.conditions if c.type == DRAIN_BLOCKED]
@@ -161,8 +194,14 @@ async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube
     await core.patch_namespaced_pod(pod.metadata.name, "apps", {"metadata": {"finalizers": ["example.com/hold"]}})
     await core.delete_namespaced_pod(pod.metadata.name, "apps", grace_period_seconds=0)
     ref = PodRef(namespace="apps", name=pod.metadata.name, uid=pod.metadata.uid)
-    wait = asyncio.ensure_future(env().run(kube.wait_pods_gone, WaitPodsGoneRequest(
-        cluster="lab", pods=[ref], node="a-01", not_leaving_after_seconds=0, poll_interval_seconds=0.1)))
+    wait = asyncio.ensure_future(
+        env().run(
+            kube.wait_pods_gone,
+            WaitPodsGoneRequest(
+                cluster="lab", pods=[ref], node="a-01", not_leaving_after_seconds=0, poll_interval_seconds=0.1
+            ),
+        )
+    )
 
     async def condition(status: str):
         node = await read_node(core, "a-01")
@@ -183,11 +222,21 @@ async def test_two_reboots_on_one_node_each_need_a_new_boot_id(k8s, kube, core):
     await lab_ready(k8s, rollout_fleet({"a": 1}))
     boot = (await read_node(core, "a-01")).status.node_info.boot_id
     reboot = {"interrupt": "reboot", "image": "registry.local/millwright/kernel", "timeout_seconds": 60}
-    ran = await env().run(kube.run_node_stages, NodeStages(
-        cluster="lab", node="a-01", rollout="rollout/lab/two-reboots", boot_id=boot, reboot_timeout_seconds=30,
-        reboot_poll_seconds=0.1, stages=[NodeStage(package="old-agent", version="0.8.1", stage="uninstall-interrupt",
-                                                   **reboot),
-                                         NodeStage(package="kernel", version="6.8.1", stage="interrupt", **reboot)]))
+    ran = await env().run(
+        kube.run_node_stages,
+        NodeStages(
+            cluster="lab",
+            node="a-01",
+            rollout="rollout/lab/two-reboots",
+            boot_id=boot,
+            reboot_timeout_seconds=30,
+            reboot_poll_seconds=0.1,
+            stages=[
+                NodeStage(package="old-agent", version="0.8.1", stage="uninstall-interrupt", **reboot),
+                NodeStage(package="kernel", version="6.8.1", stage="interrupt", **reboot),
+            ],
+        ),
+    )
     assert [(r.stage, r.succeeded) for r in ran.stages] == [("uninstall-interrupt", True), ("interrupt", True)]
     reboots = [m for _, reason, m in await node_events(core, "a-01") if reason == "Reboot"]
     assert len(reboots) == 2 and reboots[0].startswith("rebooted for old-agent 0.8.1 uninstall-interrupt")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.policy import (
     DEFAULT_COMPARTMENT,
     BatchState,
@@ -31,7 +32,6 @@ from workflows.rollout.policy import (
     success_percent,
     window_open,
 )
-from workflows.budget.budget import ceiling
 from workflows.rollout.spec import (
     Compartment,
     DeploymentPolicy,
@@ -46,7 +46,6 @@ from workflows.rollout.spec import (
     RolloutInput,
     Strategy,
 )
-from workflows.budget.budget import Budget
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -101,8 +100,9 @@ def test_ceiling(budget, matched, expected):
 
 
 def comp(name, labels, budget=None, strategy=None) -> Compartment:
-    return Compartment(name=name, selector=LabelSelector(match_labels=labels), budget=budget or Budget(count=1),
-                       strategy=strategy)
+    return Compartment(
+        name=name, selector=LabelSelector(match_labels=labels), budget=budget or Budget(count=1), strategy=strategy
+    )
 
 
 def pol(*compartments) -> DeploymentPolicy:
@@ -114,9 +114,11 @@ def test_strategy_rank_fixed_linear_exponential_then_none():
 
 
 def test_tie_break_strategy_first():
-    p = pol(comp("a-exp", {"gpu": "h100"}, strategy=exponential()),
-            comp("b-lin", {"zone": "z1"}, strategy=linear()),
-            comp("c-fixed", {"rack": "r1"}, budget=Budget(count=50), strategy=fixed()))
+    p = pol(
+        comp("a-exp", {"gpu": "h100"}, strategy=exponential()),
+        comp("b-lin", {"zone": "z1"}, strategy=linear()),
+        comp("c-fixed", {"rack": "r1"}, budget=Budget(count=50), strategy=fixed()),
+    )
     labels = {"gpu": "h100", "zone": "z1", "rack": "r1"}
     assert choose_compartment(labels, p, {}) == "c-fixed"
     assert choose_compartment({"gpu": "h100", "zone": "z1"}, p, {}) == "b-lin"
@@ -126,8 +128,10 @@ def test_tie_break_strategy_first():
 
 
 def test_tie_break_smaller_ceiling_then_name():
-    p = pol(comp("big", {"gpu": "h100"}, budget=Budget(percent=50), strategy=fixed()),
-            comp("small", {"zone": "z1"}, budget=Budget(percent=50), strategy=fixed()))
+    p = pol(
+        comp("big", {"gpu": "h100"}, budget=Budget(percent=50), strategy=fixed()),
+        comp("small", {"zone": "z1"}, budget=Budget(percent=50), strategy=fixed()),
+    )
     # The ceiling is over the nodes each selector matches: 50% of 10 = 5 vs 50% of 4 = 2.
     assert choose_compartment({"gpu": "h100", "zone": "z1"}, p, {"big": 10, "small": 4}) == "small"
     assert choose_compartment({"gpu": "h100", "zone": "z1"}, p, {"big": 4, "small": 10}) == "big"
@@ -137,18 +141,26 @@ def test_tie_break_smaller_ceiling_then_name():
 
 def test_unmatched_nodes_go_to_default():
     p = pol(comp("prod", {"env": "prod"}))
-    nodes = [NodeSnapshot(name="n2", labels={"env": "prod"}), NodeSnapshot(name="n1", labels={"env": "dev"}),
-             NodeSnapshot(name="n0")]
+    nodes = [
+        NodeSnapshot(name="n2", labels={"env": "prod"}),
+        NodeSnapshot(name="n1", labels={"env": "dev"}),
+        NodeSnapshot(name="n0"),
+    ]
     assert assign_compartments(nodes, p) == {"prod": ["n2"], DEFAULT_COMPARTMENT: ["n0", "n1"]}
 
 
 def test_assignment_counts_selector_matches_for_the_tie_break():
     # 6 nodes match "wide" (50% → 3), 2 match "narrow" (50% → 1): overlapping nodes go to "narrow".
-    p = pol(comp("wide", {"gpu": "h100"}, budget=Budget(percent=50), strategy=linear()),
-            comp("narrow", {"rack": "r1"}, budget=Budget(percent=50), strategy=linear()))
+    p = pol(
+        comp("wide", {"gpu": "h100"}, budget=Budget(percent=50), strategy=linear()),
+        comp("narrow", {"rack": "r1"}, budget=Budget(percent=50), strategy=linear()),
+    )
     nodes = [NodeSnapshot(name=f"n{i}", labels={"gpu": "h100"} | ({"rack": "r1"} if i < 2 else {})) for i in range(6)]
-    assert assign_compartments(nodes, p) == {"wide": ["n2", "n3", "n4", "n5"], "narrow": ["n0", "n1"],
-                                             DEFAULT_COMPARTMENT: []}
+    assert assign_compartments(nodes, p) == {
+        "wide": ["n2", "n3", "n4", "n5"],
+        "narrow": ["n0", "n1"],
+        DEFAULT_COMPARTMENT: [],
+    }
 
 
 # ---------------------------------------------------------------- batch sizes
@@ -319,8 +331,15 @@ def test_should_stop_stays_set_until_reset():
 
 
 def test_batch_state_round_trips_for_continue_as_new():
-    state = BatchState(current_batch=4, consecutive_failures=1, completed_nodes=7, failed_nodes=1,
-                       should_stop=False, last_batch_size=4, last_batch_failed=True)
+    state = BatchState(
+        current_batch=4,
+        consecutive_failures=1,
+        completed_nodes=7,
+        failed_nodes=1,
+        should_stop=False,
+        last_batch_size=4,
+        last_batch_failed=True,
+    )
     dumped = state.model_dump(mode="json")
     assert dumped["lastBatchFailed"] is True
     assert BatchState.model_validate(dumped) == state
@@ -337,10 +356,12 @@ def test_coalesce_interrupts():
     assert coalesce_interrupts([None, None]) is None
     assert coalesce_interrupts([Interrupt(type="noop"), None]) == Interrupt(type="noop")
     assert coalesce_interrupts([svc, svc2, Interrupt(type="noop")]) == Interrupt(
-        type="service", services=["containerd", "kubelet"])
+        type="service", services=["containerd", "kubelet"]
+    )
     assert coalesce_interrupts([svc, Interrupt(type="reboot"), svc2]) == Interrupt(type="reboot")
     assert coalesce_interrupts([svc, Interrupt(type="restartAllServices")]) == Interrupt(
-        type="restartAllServices", services=["kubelet"])
+        type="restartAllServices", services=["kubelet"]
+    )
 
 
 def test_coalesce_package_interrupts():
@@ -355,11 +376,14 @@ def test_coalesce_package_interrupts():
 
 
 def test_config_change_interrupt_is_the_strongest_match():
-    p = Package.model_validate({
-        "version": "1.0.0", "image": "x/tuned",
-        "configMap": {"a.conf": "", "b.conf": "", "grub": ""},
-        "configInterrupts": {"*.conf": {"type": "service", "services": ["tuned"]}, "grub": {"type": "reboot"}},
-    })
+    p = Package.model_validate(
+        {
+            "version": "1.0.0",
+            "image": "x/tuned",
+            "configMap": {"a.conf": "", "b.conf": "", "grub": ""},
+            "configInterrupts": {"*.conf": {"type": "service", "services": ["tuned"]}, "grub": {"type": "reboot"}},
+        }
+    )
     assert config_change_interrupt(p, ["a.conf"]) == Interrupt(type="service", services=["tuned"])
     assert config_change_interrupt(p, ["a.conf", "grub"]) == Interrupt(type="reboot")
     assert config_change_interrupt(p, []) is None
@@ -428,22 +452,47 @@ def test_next_window_open_across_a_dst_change():
 
 
 def rollout(**kw) -> RolloutInput:
-    data = {"cluster": "lab", "name": "drv", "nodeSelectors": {"matchLabels": {"gpu": "yes"}},
-            "packages": {"driver": {"version": "1.0.0", "image": "x/driver", "interrupt": {"type": "reboot"}},
-                         "tuned": {"version": "1.0.0", "image": "x/tuned", "dependsOn": {"driver": "1.0.0"},
-                                   "interrupt": {"type": "service", "services": ["tuned"]}}}}
+    data = {
+        "cluster": "lab",
+        "name": "drv",
+        "nodeSelectors": {"matchLabels": {"gpu": "yes"}},
+        "packages": {
+            "driver": {"version": "1.0.0", "image": "x/driver", "interrupt": {"type": "reboot"}},
+            "tuned": {
+                "version": "1.0.0",
+                "image": "x/tuned",
+                "dependsOn": {"driver": "1.0.0"},
+                "interrupt": {"type": "service", "services": ["tuned"]},
+            },
+        },
+    }
     data.update(kw)
     return RolloutInput.model_validate(data)
 
 
 def test_plan_worked_example():
-    spec = rollout(deploymentPolicy={
-        "default": {"budget": {"percent": 50}, "strategy": {"exponential": {}}},
-        "compartments": [{"name": "prod", "selector": {"matchLabels": {"env": "prod"}}, "budget": {"count": 3},
-                          "strategy": {"linear": {}}}],
-    })
-    nodes = [NodeSnapshot(name=f"n{i:02}", labels={"gpu": "yes", "env": "prod" if i % 3 == 0 else "dev"},
-                          unschedulable=(i == 4), ready=(i != 5)) for i in range(20)]
+    spec = rollout(
+        deploymentPolicy={
+            "default": {"budget": {"percent": 50}, "strategy": {"exponential": {}}},
+            "compartments": [
+                {
+                    "name": "prod",
+                    "selector": {"matchLabels": {"env": "prod"}},
+                    "budget": {"count": 3},
+                    "strategy": {"linear": {}},
+                }
+            ],
+        }
+    )
+    nodes = [
+        NodeSnapshot(
+            name=f"n{i:02}",
+            labels={"gpu": "yes", "env": "prod" if i % 3 == 0 else "dev"},
+            unschedulable=(i == 4),
+            ready=(i != 5),
+        )
+        for i in range(20)
+    ]
     nodes.append(NodeSnapshot(name="cpu-1", labels={"env": "prod"}))  # not targeted
     p = plan(nodes, spec)
     assert p.targeted == 20
@@ -486,10 +535,14 @@ def test_plan_default_is_one_node_at_a_time_and_selectors_filter():
 
 
 def test_plan_all_nodes_and_empty_compartments():
-    spec = rollout(nodeSelectors={}, allNodes=True, deploymentPolicy={
-        "default": {"budget": {"count": 1}, "strategy": {"fixed": {}}},
-        "compartments": [{"name": "empty", "selector": {"matchLabels": {"nope": "x"}}, "budget": {"count": 1}}],
-    })
+    spec = rollout(
+        nodeSelectors={},
+        allNodes=True,
+        deploymentPolicy={
+            "default": {"budget": {"count": 1}, "strategy": {"fixed": {}}},
+            "compartments": [{"name": "empty", "selector": {"matchLabels": {"nope": "x"}}, "budget": {"count": 1}}],
+        },
+    )
     p = plan([NodeSnapshot(name="a"), NodeSnapshot(name="b", labels={"x": "y"})], spec)
     assert p.targeted == 2
     assert "compartment 'empty' has no node" in p.warnings
@@ -510,30 +563,48 @@ params = dict(
 strategy_st = st.one_of(
     st.builds(lambda p: Strategy(fixed=p), st.builds(FixedStrategy, **params)),
     st.builds(lambda p: Strategy(linear=p), st.builds(LinearStrategy, delta=st.integers(1, 5), **params)),
-    st.builds(lambda p: Strategy(exponential=p),
-              st.builds(ExponentialStrategy, growth_factor=st.integers(2, 4), **params)),
+    st.builds(
+        lambda p: Strategy(exponential=p), st.builds(ExponentialStrategy, growth_factor=st.integers(2, 4), **params)
+    ),
 )
 budget_st = st.one_of(st.builds(Budget, percent=st.integers(1, 100)), st.builds(Budget, count=st.integers(1, 15)))
 
 
 @st.composite
 def policies(draw) -> DeploymentPolicy:
-    selectors = draw(st.lists(st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), min_size=1, max_size=2),
-                              max_size=4, unique_by=lambda d: tuple(sorted(d.items()))))
+    selectors = draw(
+        st.lists(
+            st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), min_size=1, max_size=2),
+            max_size=4,
+            unique_by=lambda d: tuple(sorted(d.items())),
+        )
+    )
     compartments = [
-        Compartment(name=f"c{i}", selector=LabelSelector(match_labels=sel), budget=draw(budget_st),
-                    strategy=draw(st.none() | strategy_st))
+        Compartment(
+            name=f"c{i}",
+            selector=LabelSelector(match_labels=sel),
+            budget=draw(budget_st),
+            strategy=draw(st.none() | strategy_st),
+        )
         for i, sel in enumerate(selectors)
     ]
-    return DeploymentPolicy(default=PolicyDefault(budget=draw(budget_st), strategy=draw(strategy_st)),
-                            compartments=compartments)
+    return DeploymentPolicy(
+        default=PolicyDefault(budget=draw(budget_st), strategy=draw(strategy_st)), compartments=compartments
+    )
 
 
 @st.composite
 def node_lists(draw) -> list[NodeSnapshot]:
     n = draw(st.integers(0, 30))
-    return [NodeSnapshot(name=f"n{i:02}", labels=draw(labels_st), unschedulable=draw(st.integers(0, 4)) == 0,
-                         ready=draw(st.integers(0, 9)) > 0) for i in range(n)]
+    return [
+        NodeSnapshot(
+            name=f"n{i:02}",
+            labels=draw(labels_st),
+            unschedulable=draw(st.integers(0, 4)) == 0,
+            ready=draw(st.integers(0, 9)) > 0,
+        )
+        for i in range(n)
+    ]
 
 
 @PROPS
@@ -552,7 +623,8 @@ def test_every_node_in_exactly_one_compartment(nodes, policy):
             else:
                 assert name in {c.name for c in matching}
                 assert strategy_rank(next(c for c in matching if c.name == name).strategy) == min(
-                    strategy_rank(c.strategy) for c in matching)
+                    strategy_rank(c.strategy) for c in matching
+                )
 
 
 @PROPS
@@ -560,8 +632,12 @@ def test_every_node_in_exactly_one_compartment(nodes, policy):
 def test_batch_size_at_least_1_and_at_most_remaining(strategy, total, data):
     completed = data.draw(st.integers(0, total - 1))
     failed = data.draw(st.integers(0, total - 1 - completed))
-    state = BatchState(completed_nodes=completed, failed_nodes=failed,
-                       last_batch_size=data.draw(st.integers(0, total)), last_batch_failed=data.draw(st.booleans()))
+    state = BatchState(
+        completed_nodes=completed,
+        failed_nodes=failed,
+        last_batch_size=data.draw(st.integers(0, total)),
+        last_batch_failed=data.draw(st.booleans()),
+    )
     cap = data.draw(st.integers(1, total))
     size = next_batch_size(strategy, state, total, cap)
     assert 1 <= size <= total - completed - failed
@@ -579,9 +655,14 @@ def test_admissible_never_exceeds_ceiling_minus_unavailable(batch, cap, unavaila
 @PROPS
 @given(node_lists(), policies(), st.booleans())
 def test_plan_worst_case_never_exceeds_a_ceiling(nodes, policy, all_nodes):
-    spec = RolloutInput(cluster="lab", name="p", all_nodes=all_nodes,
-                        node_selectors=LabelSelector() if all_nodes else LabelSelector(match_labels={"zone": "a"}),
-                        packages={"pk": Package(version="1.0.0", image="x/pk")}, deployment_policy=policy)
+    spec = RolloutInput(
+        cluster="lab",
+        name="p",
+        all_nodes=all_nodes,
+        node_selectors=LabelSelector() if all_nodes else LabelSelector(match_labels={"zone": "a"}),
+        packages={"pk": Package(version="1.0.0", image="x/pk")},
+        deployment_policy=policy,
+    )
     p = plan(nodes, spec)
     assert sum(len(c.members) for c in p.compartments) == p.targeted
     for c in p.compartments:
@@ -616,8 +697,9 @@ def test_stop_rule_never_fires_without_a_failure_threshold(strategy, outcomes, t
 @given(strategy_st, outcomes_st, st.integers(1, 100))
 def test_with_the_safe_safety_limit_enough_failures_always_stop(strategy, outcomes, total):
     threshold = strategy.params.failure_threshold or 1
-    strategy = Strategy(**{strategy.kind: strategy.params.model_copy(
-        update={"failure_threshold": threshold, "safety_limit": 100})})
+    strategy = Strategy(
+        **{strategy.kind: strategy.params.model_copy(update={"failure_threshold": threshold, "safety_limit": 100})}
+    )
     state = BatchState()
     for succeeded, failed in outcomes:
         state = evaluate_batch(strategy, state, succeeded, failed, total)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from activities.kube.models import DrainSettings
 from activities.support.selectors import parse_label_selector, selector_matches
 from workflows.common import search_attributes as sa
+from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels, topological_order
 from workflows.rollout.spec import (
     DrainConfig,
     Interrupt,
@@ -20,7 +21,6 @@ from workflows.rollout.spec import (
     RolloutInput,
     describe_errors,
 )
-from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels, topological_order
 
 # Appendix A of the NodeWright reference, as a Millwright rollout.
 APPENDIX_A = {
@@ -134,10 +134,14 @@ def test_safe_defaults():
 
 def test_strategy_defaults_per_kind():
     r = RolloutInput.model_validate(
-        spec(deploymentPolicy=policy(compartments=[
-            compartment("a", strategy={"linear": {}}),
-            compartment("b", strategy={"exponential": {"failureThreshold": 2}}),
-        ]))
+        spec(
+            deploymentPolicy=policy(
+                compartments=[
+                    compartment("a", strategy={"linear": {}}),
+                    compartment("b", strategy={"exponential": {"failureThreshold": 2}}),
+                ]
+            )
+        )
     )
     lin = r.deployment_policy.compartments[0].strategy
     exp = r.deployment_policy.compartments[1].strategy
@@ -186,10 +190,17 @@ def test_image_with_registry_port_is_fine():
 
 def test_config_interrupt_glob_matches_a_key():
     r = RolloutInput.model_validate(
-        spec(packages={"tuned": pkg(
-            configMap={"a.conf": "x", "b.conf": "y", "run.sh": "z"},
-            configInterrupts={"*.conf": {"type": "service", "services": ["tuned"]}, "run.sh": {"type": "reboot"}},
-        )})
+        spec(
+            packages={
+                "tuned": pkg(
+                    configMap={"a.conf": "x", "b.conf": "y", "run.sh": "z"},
+                    configInterrupts={
+                        "*.conf": {"type": "service", "services": ["tuned"]},
+                        "run.sh": {"type": "reboot"},
+                    },
+                )
+            }
+        )
     )
     p = r.packages["tuned"]
     assert [i.type for i in p.config_interrupt(["a.conf"])] == ["service"]
@@ -198,23 +209,36 @@ def test_config_interrupt_glob_matches_a_key():
 
 
 def test_dependencies_in_order():
-    r = RolloutInput.model_validate(spec(packages={
-        "base": pkg(),
-        "driver": pkg(version="2.0.0", dependsOn={"base": "1.0.0"}),
-        "tuning": pkg(dependsOn={"base": "1.0.0", "driver": "2.0.0"}),
-    }))
+    r = RolloutInput.model_validate(
+        spec(
+            packages={
+                "base": pkg(),
+                "driver": pkg(version="2.0.0", dependsOn={"base": "1.0.0"}),
+                "tuning": pkg(dependsOn={"base": "1.0.0", "driver": "2.0.0"}),
+            }
+        )
+    )
     assert topological_order({n: p.depends_on for n, p in r.packages.items()}) == ["base", "driver", "tuning"]
 
 
 def test_maintenance_window_normalises_days():
-    w = MaintenanceWindow.model_validate({"days": ["Monday", "TUE", "sunday"], "startHour": 22, "endHour": 4,
-                                          "timeZone": "Europe/Paris"})
+    w = MaintenanceWindow.model_validate(
+        {"days": ["Monday", "TUE", "sunday"], "startHour": 22, "endHour": 4, "timeZone": "Europe/Paris"}
+    )
     assert w.days == ["mon", "tue", "sun"]
 
 
 def test_drain_config_becomes_drain_settings():
-    d = DrainConfig.model_validate({"timeout": "10m", "gracePeriod": "2.5s", "deleteEmptyDirData": True,
-                                    "force": True, "ignoreDaemonSets": False, "podSelector": "app=x"})
+    d = DrainConfig.model_validate(
+        {
+            "timeout": "10m",
+            "gracePeriod": "2.5s",
+            "deleteEmptyDirData": True,
+            "force": True,
+            "ignoreDaemonSets": False,
+            "podSelector": "app=x",
+        }
+    )
     s = d.settings()
     assert isinstance(s, DrainSettings)
     assert s.timeout == timedelta(minutes=10)
@@ -225,15 +249,17 @@ def test_drain_config_becomes_drain_settings():
 
 
 def test_label_selector_string_form_and_matching():
-    sel = LabelSelector.model_validate({
-        "matchLabels": {"b": "2", "a": "1"},
-        "matchExpressions": [
-            {"key": "zone", "operator": "In", "values": ["x", "y"]},
-            {"key": "env", "operator": "NotIn", "values": ["prod"]},
-            {"key": "gpu", "operator": "Exists"},
-            {"key": "ignore", "operator": "DoesNotExist"},
-        ],
-    })
+    sel = LabelSelector.model_validate(
+        {
+            "matchLabels": {"b": "2", "a": "1"},
+            "matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["x", "y"]},
+                {"key": "env", "operator": "NotIn", "values": ["prod"]},
+                {"key": "gpu", "operator": "Exists"},
+                {"key": "ignore", "operator": "DoesNotExist"},
+            ],
+        }
+    )
     text = sel.to_selector_string()
     assert text == "a=1,b=2,zone in (x,y),env notin (prod),gpu,!ignore"
     assert parse_label_selector(text) == sel.requirements()
@@ -286,11 +312,15 @@ def test_no_packages():
 
 
 def test_unknown_dependency():
-    rejected(spec(packages={"foo": pkg(dependsOn={"bar": "1.0.0"})}), "packages.foo.dependsOn.bar: unknown package 'bar'")
+    rejected(
+        spec(packages={"foo": pkg(dependsOn={"bar": "1.0.0"})}), "packages.foo.dependsOn.bar: unknown package 'bar'"
+    )
 
 
 def test_dependency_version_must_be_semver():
-    rejected(spec(packages={"foo": pkg(dependsOn={"bar": "latest"})}), "packages.foo.dependsOn", "bar:", "semantic version")
+    rejected(
+        spec(packages={"foo": pkg(dependsOn={"bar": "latest"})}), "packages.foo.dependsOn", "bar:", "semantic version"
+    )
 
 
 def test_dependency_version_must_match_the_spec():
@@ -306,12 +336,14 @@ def test_self_dependency():
 
 def test_dependency_cycle():
     lines = rejected(
-        spec(packages={
-            "aa": pkg(dependsOn={"cc": "1.0.0"}),
-            "bb": pkg(dependsOn={"aa": "1.0.0"}),
-            "cc": pkg(dependsOn={"bb": "1.0.0"}),
-            "dd": pkg(dependsOn={"aa": "1.0.0"}),
-        }),
+        spec(
+            packages={
+                "aa": pkg(dependsOn={"cc": "1.0.0"}),
+                "bb": pkg(dependsOn={"aa": "1.0.0"}),
+                "cc": pkg(dependsOn={"bb": "1.0.0"}),
+                "dd": pkg(dependsOn={"aa": "1.0.0"}),
+            }
+        ),
         "packages.aa.dependsOn: dependency cycle: aa -> cc -> bb -> aa",
     )
     assert "dd" not in lines
@@ -320,11 +352,13 @@ def test_dependency_cycle():
 def test_config_interrupt_must_match_a_config_map_key():
     rejected(
         spec(packages={"tuned": pkg(configMap={"a.conf": "x"}, configInterrupts={"b.conf": {"type": "reboot"}})}),
-        "packages.tuned.configInterrupts", "'b.conf' matches no configMap key",
+        "packages.tuned.configInterrupts",
+        "'b.conf' matches no configMap key",
     )
     rejected(
         spec(packages={"tuned": pkg(configInterrupts={"*": {"type": "reboot"}})}),
-        "packages.tuned.configInterrupts", "matches no configMap key",
+        "packages.tuned.configInterrupts",
+        "matches no configMap key",
     )
 
 
@@ -353,8 +387,10 @@ def test_stage_timeout_is_finite():
 def test_unknown_fields_are_rejected_with_their_path():
     rejected(spec(interruptionBudget={"percent": 10}), "interruptionBudget", "Extra inputs")
     rejected(spec(packages={"tool": pkg(env=[])}), "packages.tool.env", "Extra inputs")
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment(strategy={"fixed": {"intialBatch": 2}})])),
-             "deploymentPolicy.compartments.0.strategy.fixed.intialBatch")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment(strategy={"fixed": {"intialBatch": 2}})])),
+        "deploymentPolicy.compartments.0.strategy.fixed.intialBatch",
+    )
 
 
 def test_empty_node_selector_needs_all_nodes():
@@ -371,8 +407,14 @@ def test_empty_node_selector_needs_all_nodes():
         ({"matchLabels": {"a": "x,b"}}, "nodeSelectors"),
         ({"matchLabels": {"a": "x" * 64}}, "nodeSelectors"),
         ({"matchExpressions": [{"key": "a", "operator": "In"}]}, "nodeSelectors.matchExpressions.0"),
-        ({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}, "nodeSelectors.matchExpressions.0"),
-        ({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, "nodeSelectors.matchExpressions.0.operator"),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]},
+            "nodeSelectors.matchExpressions.0",
+        ),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]},
+            "nodeSelectors.matchExpressions.0.operator",
+        ),
         ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["ok", "x)y"]}]}, "nodeSelectors"),
     ],
 )
@@ -395,16 +437,22 @@ def test_both_budget_fields(where):
 
 
 def test_no_budget_field():
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment(budget={})])),
-             "deploymentPolicy.compartments.0.budget", "exactly one of percent or count")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment(budget={})])),
+        "deploymentPolicy.compartments.0.budget",
+        "exactly one of percent or count",
+    )
     rejected(spec(deploymentPolicy={"default": {"strategy": {"fixed": {}}}}), "deploymentPolicy.default.budget")
 
 
-@pytest.mark.parametrize("budget, field", [({"percent": 0}, "percent"), ({"percent": 101}, "percent"),
-                                           ({"count": 0}, "count")])
+@pytest.mark.parametrize(
+    "budget, field", [({"percent": 0}, "percent"), ({"percent": 101}, "percent"), ({"count": 0}, "count")]
+)
 def test_budget_out_of_range(budget, field):
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment(budget=budget)])),
-             f"deploymentPolicy.compartments.0.budget.{field}")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment(budget=budget)])),
+        f"deploymentPolicy.compartments.0.budget.{field}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -424,8 +472,10 @@ def test_budget_out_of_range(budget, field):
     ],
 )
 def test_bad_strategy(strategy, path):
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment(strategy=strategy)])),
-             f"deploymentPolicy.compartments.0.{path}")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment(strategy=strategy)])),
+        f"deploymentPolicy.compartments.0.{path}",
+    )
 
 
 def test_default_strategy_is_required_with_a_default():
@@ -433,21 +483,45 @@ def test_default_strategy_is_required_with_a_default():
 
 
 def test_compartment_rules():
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("__default__")])),
-             "deploymentPolicy.compartments.0.name", "reserved")
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("a"), compartment("a", selector={"matchLabels": {"x": "y"}})])),
-             "deploymentPolicy.compartments", "1.name", "'a' is already the name of compartment 0")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment("__default__")])),
+        "deploymentPolicy.compartments.0.name",
+        "reserved",
+    )
+    rejected(
+        spec(
+            deploymentPolicy=policy(
+                compartments=[compartment("a"), compartment("a", selector={"matchLabels": {"x": "y"}})]
+            )
+        ),
+        "deploymentPolicy.compartments",
+        "1.name",
+        "'a' is already the name of compartment 0",
+    )
     same = {"matchLabels": {"env": "prod", "tier": "a"}}
-    reordered = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}], "matchLabels": {"env": "prod"}}
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("a", same), compartment("b", same)])),
-             "deploymentPolicy.compartments", "1.selector: identical to the selector of compartment 0")
+    reordered = {
+        "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}],
+        "matchLabels": {"env": "prod"},
+    }
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment("a", same), compartment("b", same)])),
+        "deploymentPolicy.compartments",
+        "1.selector: identical to the selector of compartment 0",
+    )
     # In with one value is the same requirement as a matchLabels entry.
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("a", same), compartment("b", reordered)])),
-             "identical to the selector of compartment 0")
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("a", selector={})])),
-             "deploymentPolicy.compartments.0.selector", "use deploymentPolicy.default")
-    rejected(spec(deploymentPolicy=policy(compartments=[compartment("a", selector={"matchLabels": {"a": "b,c"}})])),
-             "deploymentPolicy.compartments.0.selector")
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment("a", same), compartment("b", reordered)])),
+        "identical to the selector of compartment 0",
+    )
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment("a", selector={})])),
+        "deploymentPolicy.compartments.0.selector",
+        "use deploymentPolicy.default",
+    )
+    rejected(
+        spec(deploymentPolicy=policy(compartments=[compartment("a", selector={"matchLabels": {"a": "b,c"}})])),
+        "deploymentPolicy.compartments.0.selector",
+    )
 
 
 @pytest.mark.parametrize(
@@ -500,10 +574,12 @@ def test_cluster_and_name_are_object_names():
 
 def test_several_errors_are_all_reported():
     with pytest.raises(ValidationError) as info:
-        RolloutInput.model_validate(spec(
-            packages={"tool": pkg(version="x", image="a:b")},
-            deploymentPolicy=policy(compartments=[compartment(budget={"percent": 200})]),
-        ))
+        RolloutInput.model_validate(
+            spec(
+                packages={"tool": pkg(version="x", image="a:b")},
+                deploymentPolicy=policy(compartments=[compartment(budget={"percent": 200})]),
+            )
+        )
     paths = {line.split(":")[0] for line in describe_errors(info.value)}
     assert {"packages.tool.version", "packages.tool.image", "deploymentPolicy.compartments.0.budget.percent"} <= paths
 
@@ -527,14 +603,29 @@ def test_dependency_cycle_names_the_cycle():
 
 def test_uninstall_and_node_gate_fields_are_checked():
     """NodeWright's uninstall rule, and the node-side options that would leave a node stuck."""
-    rejected(spec(packages={"agent": pkg(uninstall={"apply": True})}), "packages.agent.uninstall",
-             "apply: true needs enabled: true")
-    rejected(spec(packages={"agent": pkg(uninstall={"enabled": True, "apply": True}),
-                            "tool": pkg(dependsOn={"agent": "1.0.0"})}),
-             "packages.tool.dependsOn.agent: 'agent' is being uninstalled")
+    rejected(
+        spec(packages={"agent": pkg(uninstall={"apply": True})}),
+        "packages.agent.uninstall",
+        "apply: true needs enabled: true",
+    )
+    rejected(
+        spec(
+            packages={
+                "agent": pkg(uninstall={"enabled": True, "apply": True}),
+                "tool": pkg(dependsOn={"agent": "1.0.0"}),
+            }
+        ),
+        "packages.tool.dependsOn.agent: 'agent' is being uninstalled",
+    )
     rejected(spec(autoTaintNewNodes=True), "autoTaintNewNodes", "runtimeRequired: true")
-    ok = RolloutInput.model_validate(spec(runtimeRequired=True, autoTaintNewNodes=True, allowDowngrade=True,
-                                          packages={"agent": pkg(uninstall={"enabled": True, "apply": True})}))
+    ok = RolloutInput.model_validate(
+        spec(
+            runtimeRequired=True,
+            autoTaintNewNodes=True,
+            allowDowngrade=True,
+            packages={"agent": pkg(uninstall={"enabled": True, "apply": True})},
+        )
+    )
     assert ok.packages["agent"].uninstall.apply and ok.runtime_required and ok.allow_downgrade
 
 

@@ -128,7 +128,10 @@ async def test_create_then_apply_again_changes_nothing(client, ids, cleanup):
     action = desc.schedule.action
     assert (action.workflow, action.id, action.task_queue) == ("FabricAudit", "fabric-audit/ib-a", "sched-test")
     assert desc.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP  # the default: a sweep never overlaps itself
-    assert desc.schedule.spec.time_zone_name == "Europe/Berlin" and desc.schedule.spec.calendars[0].comment == f"cron: {YEARLY}"
+    assert (
+        desc.schedule.spec.time_zone_name == "Europe/Berlin"
+        and desc.schedule.spec.calendars[0].comment == f"cron: {YEARLY}"
+    )
     assert (await desc.memo())[MANAGED_MEMO] == {"group": ids["group"]}
 
     again = await apply(client, doc, task_queue="sched-test")
@@ -140,7 +143,10 @@ async def test_create_then_apply_again_changes_nothing(client, ids, cleanup):
 async def test_update_reports_a_field_diff_and_reverts_ui_drift(client, ids, cleanup):
     doc = {"group": ids["group"], "schedules": [entry(ids["a"])]}
     await apply(client, doc)
-    changed = {"group": ids["group"], "schedules": [entry(ids["a"], fabric="ib-b", cron=None, interval="15m", jitter="1m")]}
+    changed = {
+        "group": ids["group"],
+        "schedules": [entry(ids["a"], fabric="ib-b", cron=None, interval="15m", jitter="1m")],
+    }
     del changed["schedules"][0]["cron"]
     report = await apply(client, changed)
     [r] = report.results
@@ -168,8 +174,15 @@ async def test_update_reports_a_field_diff_and_reverts_ui_drift(client, ids, cle
 async def test_pause_via_file(client, ids, cleanup):
     base = entry(ids["a"])
     await apply(client, {"group": ids["group"], "schedules": [base]})
-    [r] = (await apply(client, {"group": ids["group"], "schedules": [{**base, "paused": True, "note": "fabric maintenance"}]})).results
-    assert {c.field: (c.old, c.new) for c in r.changes} == {"paused": ("false", "true"), "note": ("''", "'fabric maintenance'")}
+    [r] = (
+        await apply(
+            client, {"group": ids["group"], "schedules": [{**base, "paused": True, "note": "fabric maintenance"}]}
+        )
+    ).results
+    assert {c.field: (c.old, c.new) for c in r.changes} == {
+        "paused": ("false", "true"),
+        "note": ("''", "'fabric maintenance'"),
+    }
     desc = await client.get_schedule_handle(ids["a"]).describe()
     assert desc.schedule.state.paused and desc.schedule.state.note == "fabric maintenance"
     # a file that does not say `paused` leaves an operator's pause alone
@@ -191,7 +204,10 @@ async def test_dry_run_changes_nothing(client, ids, cleanup):
     changed = {"group": ids["group"], "schedules": [entry(ids["a"], overlap="buffer_one")]}
     assert (await apply(client, changed, dry_run=True)).results[0].action == "updated"
     after = await client.get_schedule_handle(ids["a"]).describe()
-    assert after.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP and after.info.last_updated_at == before.info.last_updated_at
+    assert (
+        after.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+        and after.info.last_updated_at == before.info.last_updated_at
+    )
 
 
 async def test_prune_deletes_only_this_groups_unlisted_schedules(client, ids, cleanup):
@@ -234,13 +250,17 @@ async def test_cli_apply_and_list(client, ids, cleanup, tmp_path, temporal_addre
     assert f"created      {ids['a']}" in result.stdout
     result = await cli("schedules", "apply", str(path), "--address", temporal_address, "--json")
     assert result.returncode == 0, result
-    assert json.loads(result.stdout)["results"] == [{"id": ids["a"], "action": "unchanged", "changes": [], "warnings": []}]
+    assert json.loads(result.stdout)["results"] == [
+        {"id": ids["a"], "action": "unchanged", "changes": [], "warnings": []}
+    ]
 
     await listed(client, ids["a"])
     result = await cli("schedules", "list", "--address", temporal_address, "--json")
     assert result.returncode == 0, result
     [row] = [r for r in json.loads(result.stdout) if r["id"] == ids["a"]]
-    assert row["workflow"] == "FabricAudit" and row["spec"] == f"cron {YEARLY}" and row["paused"] and row["note"] == "held"
+    assert (
+        row["workflow"] == "FabricAudit" and row["spec"] == f"cron {YEARLY}" and row["paused"] and row["note"] == "held"
+    )
     assert row["group"] == ids["group"] and len(row["next_runs"]) == 3 and row["last_run"] is None
     result = await cli("schedules", "list", "--address", temporal_address)
     assert result.returncode == 0, result

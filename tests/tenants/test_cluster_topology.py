@@ -16,16 +16,36 @@ from lab.k8s.crds import CAPI_CRDS
 from tests.tenants.test_tenants import _cause
 from workflows.clusters.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
 
-TOPOLOGY = {"class": "gpu-quick-start", "classNamespace": "capi-classes", "version": "v1.34.1", "controlPlane": {"replicas": 1},
-            "workers": {"machineDeployments": [{"class": "gpu-worker", "name": "gpu", "replicas": 2,
-                                                "gpuNodeClass": "h200-sxm", "gpusPerNode": 8}]},
-            "variables": [{"name": "imageURL", "value": "http://images.lab/ubuntu.qcow2"},
-                          {"name": "ntp", "value": {"servers": ["10.0.0.1"]}}]}
-CLUSTER_CLASS = {"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "ClusterClass",
-                 "metadata": {"name": "gpu-quick-start", "namespace": "capi-classes"},
-                 "spec": {"controlPlane": {"templateRef": {"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
-                                                           "kind": "KubeadmControlPlaneTemplate", "name": "cp"}},
-                          "workers": {"machineDeployments": [{"class": "gpu-worker"}]}}}
+TOPOLOGY = {
+    "class": "gpu-quick-start",
+    "classNamespace": "capi-classes",
+    "version": "v1.34.1",
+    "controlPlane": {"replicas": 1},
+    "workers": {
+        "machineDeployments": [
+            {"class": "gpu-worker", "name": "gpu", "replicas": 2, "gpuNodeClass": "h200-sxm", "gpusPerNode": 8}
+        ]
+    },
+    "variables": [
+        {"name": "imageURL", "value": "http://images.lab/ubuntu.qcow2"},
+        {"name": "ntp", "value": {"servers": ["10.0.0.1"]}},
+    ],
+}
+CLUSTER_CLASS = {
+    "apiVersion": "cluster.x-k8s.io/v1beta2",
+    "kind": "ClusterClass",
+    "metadata": {"name": "gpu-quick-start", "namespace": "capi-classes"},
+    "spec": {
+        "controlPlane": {
+            "templateRef": {
+                "apiVersion": "controlplane.cluster.x-k8s.io/v1beta2",
+                "kind": "KubeadmControlPlaneTemplate",
+                "name": "cp",
+            }
+        },
+        "workers": {"machineDeployments": [{"class": "gpu-worker"}]},
+    },
+}
 
 
 def test_input_is_flat_or_topology_exactly():
@@ -63,8 +83,14 @@ async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
     tq = tenant_worker.task_queue
     netbox = tenant_worker.netbox
     name = "gpu-t"
-    inp = CreateClusterInput.model_validate({"name": name, "topology": TOPOLOGY, "record_in_netbox": bool(netbox),
-                                             "poll_interval": timedelta(milliseconds=300)})
+    inp = CreateClusterInput.model_validate(
+        {
+            "name": name,
+            "topology": TOPOLOGY,
+            "record_in_netbox": bool(netbox),
+            "poll_interval": timedelta(milliseconds=300),
+        }
+    )
 
     async def run(wf, arg, *, fail: bool = False):
         h = await client.start_workflow(wf, arg, id=arg.workflow_id(), task_queue=tq)
@@ -84,8 +110,12 @@ async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
     if netbox:
         from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
-        await client.execute_workflow(InventoryBootstrap.run, InventoryBootstrapInput(),
-                                      id=f"inventory-bootstrap/{uuid.uuid4().hex[:8]}", task_queue=tq)
+        await client.execute_workflow(
+            InventoryBootstrap.run,
+            InventoryBootstrapInput(),
+            id=f"inventory-bootstrap/{uuid.uuid4().hex[:8]}",
+            task_queue=tq,
+        )
         _seed_devices(netbox, [f"{name}-cp-0", f"{name}-gpu-0"])  # gpu-1 has no device in NetBox
 
     created = await run(CreateCluster.run, inp)
@@ -116,7 +146,10 @@ async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
         await wl.aclose()
     assert sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", 0)) for n in nodes) == 16
     assert sorted(str(n["metadata"]["labels"].get("millwright.dev/gpu-class")) for n in nodes) == [
-        "None", "h200-sxm", "h200-sxm"]
+        "None",
+        "h200-sxm",
+        "h200-sxm",
+    ]
 
     if netbox:
         import pynetbox
@@ -141,8 +174,11 @@ async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
 
     deleted = await run(DeleteCluster.run, DeleteClusterInput(name=name))
     assert f"Cluster fleet/{name}" in deleted.deleted
-    left = [f"{o['kind']} {o['metadata']['name']}" for o in await k8s.dump()
-            if o["kind"] in ("Cluster", "Machine", "MachineDeployment", "KubeadmControlPlane")]
+    left = [
+        f"{o['kind']} {o['metadata']['name']}"
+        for o in await k8s.dump()
+        if o["kind"] in ("Cluster", "Machine", "MachineDeployment", "KubeadmControlPlane")
+    ]
     assert left == []
 
 
@@ -151,8 +187,9 @@ async def test_topology_without_cluster_class_kind(client, k8s, tenant_worker):
     """Cluster API installed without the ClusterClass kind: KindNotInstalled naming it, nothing written."""
     await k8s.seed([c for c in CAPI_CRDS if c["spec"]["names"]["kind"] != "ClusterClass"])
     inp = CreateClusterInput.model_validate({"name": "gpu-u", "topology": TOPOLOGY})
-    h = await client.start_workflow(CreateCluster.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}",
-                                    task_queue=tenant_worker.task_queue)
+    h = await client.start_workflow(
+        CreateCluster.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}", task_queue=tenant_worker.task_queue
+    )
     with pytest.raises(WorkflowFailureError) as exc:
         await h.result()
     err = _cause(exc.value)

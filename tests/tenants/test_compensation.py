@@ -18,21 +18,34 @@ from workflows.tenancy.tenants import OnboardTenant, OnboardTenantInput, QueueQu
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 
-TENANT_RESOURCES = [("", "namespaces"), ("scheduling.run.ai", "queues"), ("", "resourcequotas"),
-                    ("", "limitranges"), ("rbac.authorization.k8s.io", "rolebindings"),
-                    ("networking.k8s.io", "networkpolicies"), ("kyverno.io", "clusterpolicies"),
-                    ("infrastructure.cluster.x-k8s.io", "vclusters")]
-CLUSTER_RESOURCES = [("", "namespaces"), ("infrastructure.cluster.x-k8s.io", "metal3clusters"),
-                     ("infrastructure.cluster.x-k8s.io", "metal3machinetemplates"),
-                     ("bootstrap.cluster.x-k8s.io", "kubeadmconfigtemplates"), ("cluster.x-k8s.io", "clusters"),
-                     ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes"),
-                     ("cluster.x-k8s.io", "machinedeployments")]
+TENANT_RESOURCES = [
+    ("", "namespaces"),
+    ("scheduling.run.ai", "queues"),
+    ("", "resourcequotas"),
+    ("", "limitranges"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
+    ("networking.k8s.io", "networkpolicies"),
+    ("kyverno.io", "clusterpolicies"),
+    ("infrastructure.cluster.x-k8s.io", "vclusters"),
+]
+CLUSTER_RESOURCES = [
+    ("", "namespaces"),
+    ("infrastructure.cluster.x-k8s.io", "metal3clusters"),
+    ("infrastructure.cluster.x-k8s.io", "metal3machinetemplates"),
+    ("bootstrap.cluster.x-k8s.io", "kubeadmconfigtemplates"),
+    ("cluster.x-k8s.io", "clusters"),
+    ("controlplane.cluster.x-k8s.io", "kubeadmcontrolplanes"),
+    ("cluster.x-k8s.io", "machinedeployments"),
+]
 
 
 def snapshot(dump: list[dict]) -> dict[tuple[str, str, str], str]:
     """Every object (Events aside) → its UID: the same keys and UIDs mean nothing was added, removed or replaced."""
-    return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o["metadata"].get("uid", "")
-            for o in dump if o["kind"] != "Event"}
+    return {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o["metadata"].get("uid", "")
+        for o in dump
+        if o["kind"] != "Event"
+    }
 
 
 async def drop_create_answers(k8s, resources: list[tuple[str, str]]) -> None:
@@ -58,13 +71,22 @@ def _shared_objects(tenant: str) -> list[dict]:
     labels = {"millwright.dev/tenant": tenant}
     earlier = Ownership(workflow=f"tenant/lab/{tenant}", created_by="an-earlier-run", written_by="an-earlier-run")
     return [
-        {"apiVersion": "v1", "kind": "Namespace",
-         "metadata": {"name": f"{tenant}-shared", "labels": {**labels, "kai.scheduler/queue": tenant}}},
-        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-         "metadata": {"name": "default-deny", "namespace": f"{tenant}-shared",
-                      "labels": {**labels, "app.kubernetes.io/managed-by": "millwright"},
-                      "annotations": {OWNER_ANNOTATION: earlier.annotation()}},
-         "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}},
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": f"{tenant}-shared", "labels": {**labels, "kai.scheduler/queue": tenant}},
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {
+                "name": "default-deny",
+                "namespace": f"{tenant}-shared",
+                "labels": {**labels, "app.kubernetes.io/managed-by": "millwright"},
+                "annotations": {OWNER_ANNOTATION: earlier.annotation()},
+            },
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+        },
     ]
 
 
@@ -72,8 +94,14 @@ def _shared_objects(tenant: str) -> list[dict]:
 async def test_onboarding_with_lost_create_answers_leaves_nothing(client, k8s, tenant_worker, failure):
     tenant = f"lost-{uuid.uuid4().hex[:5]}"
     nss = [tenant, f"{tenant}-shared"] + ([f"{tenant}-b"] if failure == "inside-a-step" else [])
-    inp = OnboardTenantInput(tenant=tenant, cluster="lab", namespaces=nss, gpu=QueueQuota(quota=0, limit=0),
-                             admin_group=f"{tenant}-admins", record_in_netbox=False)
+    inp = OnboardTenantInput(
+        tenant=tenant,
+        cluster="lab",
+        namespaces=nss,
+        gpu=QueueQuota(quota=0, limit=0),
+        admin_group=f"{tenant}-admins",
+        record_in_netbox=False,
+    )
     await k8s.seed(TENANCY_CRDS + _shared_objects(tenant))
     before = snapshot(await k8s.dump())
     if failure == "after-the-last-step":  # every kind's create answer lost; then pruning is refused for good
@@ -104,10 +132,15 @@ async def test_cluster_creation_with_lost_create_answers_is_undone(client, k8s, 
     before = snapshot(await k8s.dump())
     # Two, not all: the creates share one activity, whose retry backoff doubles with each lost answer.
     await drop_create_answers(k8s, [r for r in CLUSTER_RESOURCES if r[1] in ("metal3machinetemplates", "clusters")])
-    await k8s.add_fault({"verb": "list", "group": "cluster.x-k8s.io", "resource": "machines"},
-                        {"status": 403, "message": "injected"})
-    inp = CreateClusterInput(name=f"lost-{uuid.uuid4().hex[:5]}", control_plane_replicas=1,
-                             worker_pools=[WorkerPool(name="gpu", replicas=1)], poll_interval=timedelta(seconds=0.3))
+    await k8s.add_fault(
+        {"verb": "list", "group": "cluster.x-k8s.io", "resource": "machines"}, {"status": 403, "message": "injected"}
+    )
+    inp = CreateClusterInput(
+        name=f"lost-{uuid.uuid4().hex[:5]}",
+        control_plane_replicas=1,
+        worker_pools=[WorkerPool(name="gpu", replicas=1)],
+        poll_interval=timedelta(seconds=0.3),
+    )
     err = await fail(client, tenant_worker, CreateCluster.run, inp)
     assert err.type == "KubernetesRejected" and "injected" in str(err), err
     await assert_faults_hit(k8s)

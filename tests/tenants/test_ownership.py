@@ -34,9 +34,12 @@ async def capi(kubeconfig_path):
 
 
 def quota(name: str, gpus: str = "1") -> dict:
-    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": name, "namespace": "own",
-                                                                      "labels": {"millwright.dev/tenant": "own"}},
-            "spec": {"hard": {"requests.nvidia.com/gpu": gpus}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": "own", "labels": {"millwright.dev/tenant": "own"}},
+        "spec": {"hard": {"requests.nvidia.com/gpu": gpus}},
+    }
 
 
 async def apply(capi, run: str, *objs: dict) -> list[str]:
@@ -83,19 +86,23 @@ async def test_listing_and_deleting_by_ownership(k8s, capi):
     legacy["metadata"]["annotations"] = {OWNER_ANNOTATION: OWNER}
     other = quota("other")
     other["metadata"]["annotations"] = {OWNER_ANNOTATION: earlier.annotation()}
-    await k8s.seed([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "own"}}, quota("person"),
-                    legacy, other])
+    await k8s.seed(
+        [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "own"}}, quota("person"), legacy, other]
+    )
     assert await apply(capi, "run-1", quota("mine")) == ["created"]
     env = ActivityEnvironment()
     mine = Ownership(workflow=OWNER, created_by="run-1")
     listed = await env.run(capi.list_objects, ListRequest(cluster="lab", kinds=[QUOTA_KIND], owned_by=mine))
     assert [r.name for r in listed] == ["mine"]
-    ours = await env.run(capi.list_objects, ListRequest(cluster="lab", kinds=[QUOTA_KIND],
-                                                        owned_by=Ownership(workflow=OWNER)))
+    ours = await env.run(
+        capi.list_objects, ListRequest(cluster="lab", kinds=[QUOTA_KIND], owned_by=Ownership(workflow=OWNER))
+    )
     assert sorted(r.name for r in ours) == ["legacy", "mine", "other"]
 
-    refs = [ObjectRef(api_version="v1", kind="ResourceQuota", name=n, namespace="own")
-            for n in ("mine", "person", "legacy", "other", "gone")]
+    refs = [
+        ObjectRef(api_version="v1", kind="ResourceQuota", name=n, namespace="own")
+        for n in ("mine", "person", "legacy", "other", "gone")
+    ]
     done = await env.run(capi.delete_objects, DeleteRequest(cluster="lab", objects=refs, owned_by=mine))
     assert [r.name for r in done.deleted] == ["mine"] and [r.name for r in done.absent] == ["gone"]
     assert [r.name for r in done.kept] == ["person", "legacy", "other"]

@@ -33,8 +33,15 @@ TEAMS = {  # NVIDIA's three-team walk-through, on a 16-GPU cluster
     "vision": ("Vision", 4, "vcluster"),
     "recommender": ("Recommender", 2, "namespace"),
 }
-CAPI_KINDS = {"Cluster", "Machine", "MachineDeployment", "KubeadmControlPlane", "KubeadmConfigTemplate",
-              "Metal3Cluster", "Metal3MachineTemplate"}
+CAPI_KINDS = {
+    "Cluster",
+    "Machine",
+    "MachineDeployment",
+    "KubeadmControlPlane",
+    "KubeadmConfigTemplate",
+    "Metal3Cluster",
+    "Metal3MachineTemplate",
+}
 
 
 def _cause(err: BaseException) -> BaseException:
@@ -58,8 +65,9 @@ def _tenant_objects(dump: list[dict], tenant: str | None = None) -> list[str]:
 
 
 def _keys(dump: list[dict]) -> set[tuple[str, str, str]]:
-    return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in dump
-            if o["kind"] != "Event"}
+    return {
+        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in dump if o["kind"] != "Event"
+    }
 
 
 async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
@@ -68,8 +76,7 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     handles = []
 
     async def run(wf, inp, *, fail: bool = False, record: str | None = None):
-        h = await client.start_workflow(wf, inp, id=inp.workflow_id(), task_queue=tq,
-                                        search_attributes=None)
+        h = await client.start_workflow(wf, inp, id=inp.workflow_id(), task_queue=tq, search_attributes=None)
         handles.append(h)
         if fail:
             with pytest.raises(WorkflowFailureError) as exc:
@@ -85,9 +92,12 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     await k8s.seed(CAPI_CRDS)
 
     # ---- the cluster
-    cin = CreateClusterInput(name="gpu-a", control_plane_replicas=1, worker_pools=[
-        WorkerPool(name="gpu", replicas=2, gpus_per_node=8, gpu_node_class="h100-sxm")],
-        poll_interval=timedelta(milliseconds=300))
+    cin = CreateClusterInput(
+        name="gpu-a",
+        control_plane_replicas=1,
+        worker_pools=[WorkerPool(name="gpu", replicas=2, gpus_per_node=8, gpu_node_class="h100-sxm")],
+        poll_interval=timedelta(milliseconds=300),
+    )
     created = await run(CreateCluster.run, cin)
     assert created.cluster == "lab:fleet/gpu-a"
     assert created.machines == 3 and "Cluster fleet/gpu-a" in created.created
@@ -95,8 +105,12 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     again = await run(CreateCluster.run, cin)
     assert again.created == [] and "Cluster fleet/gpu-a" in again.unchanged
     # A differing existing object is a conflict, never adopted.
-    err = await run(CreateCluster.run, cin.model_copy(update={"kubernetes_version": "v1.35.0"}), fail=True,
-                    record="create_cluster_conflict")
+    err = await run(
+        CreateCluster.run,
+        cin.model_copy(update={"kubernetes_version": "v1.35.0"}),
+        fail=True,
+        record="create_cluster_conflict",
+    )
     assert err.type == "ObjectConflict" and "KubeadmControlPlane fleet/gpu-a-cp" in str(err)
 
     secret = await core.read_namespaced_secret("gpu-a-kubeconfig", "fleet")
@@ -112,17 +126,29 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
         assert sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", 0)) for n in nodes) == 16
         assert {n["metadata"]["labels"].get("millwright.dev/gpu-class") for n in nodes} == {"h100-sxm", None}
         assert {q["metadata"]["name"] for q in wl_dump if q["kind"] == "Queue"} == {
-            "default-parent-queue", "default-queue", "tenants"}
+            "default-parent-queue",
+            "default-queue",
+            "tenants",
+        }
         before = _keys(wl_dump)
 
         cluster = created.cluster
 
         def onboard(t: str, **kw) -> OnboardTenantInput:
             name, gpus, iso = TEAMS[t]
-            return OnboardTenantInput(tenant=t, display_name=name, cluster=cluster, isolation=iso,
-                                      gpu=QueueQuota(quota=gpus, limit=gpus), admin_group=f"{t}-admins",
-                                      contacts=[f"{t}-lead@example.com"], cpu_quota="64", memory_quota="512Gi",
-                                      record_in_netbox=bool(netbox), **kw)
+            return OnboardTenantInput(
+                tenant=t,
+                display_name=name,
+                cluster=cluster,
+                isolation=iso,
+                gpu=QueueQuota(quota=gpus, limit=gpus),
+                admin_group=f"{t}-admins",
+                contacts=[f"{t}-lead@example.com"],
+                cpu_quota="64",
+                memory_quota="512Gi",
+                record_in_netbox=bool(netbox),
+                **kw,
+            )
 
         # ---- NLP onboarded
         nlp = await run(OnboardTenant.run, onboard("nlp"))
@@ -130,8 +156,10 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
         assert tenant_worker  # the same worker serves everything
 
         # ---- Vision fails half-way (Kyverno rejects its policy): fully compensated
-        await wl.add_fault({"verb": "create", "group": "kyverno.io", "resource": "clusterpolicies"},
-                           {"status": 403, "message": "injected: policy engine refuses"})
+        await wl.add_fault(
+            {"verb": "create", "group": "kyverno.io", "resource": "clusterpolicies"},
+            {"status": 403, "message": "injected: policy engine refuses"},
+        )
         err = await run(OnboardTenant.run, onboard("vision"), fail=True, record="onboard_tenant_compensated")
         assert err.type == "OnboardingFailed", err
         assert "policy engine refuses" in str(err) and "Queue vision" in str(err)
@@ -151,21 +179,30 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
         assert queues["tenants"]["status"]["childQueues"] == ["nlp", "recommender", "vision"]
         assert queues["nlp"]["spec"]["resources"]["gpu"] == {"quota": 8, "limit": 8, "overQuotaWeight": 1}
         assert {o["metadata"]["name"] for o in dump if o["kind"] == "ClusterPolicy"} == {
-            "nlp-kai-queue", "vision-kai-queue", "recommender-kai-queue"}
+            "nlp-kai-queue",
+            "vision-kai-queue",
+            "recommender-kai-queue",
+        }
         vc_secret = next(o for o in dump if o["kind"] == "Secret" and o["metadata"]["name"] == "vc-nlp")
-        secrets_seen |= {vc_secret["data"]["config"],
-                         yaml.safe_load(base64.b64decode(vc_secret["data"]["config"]))["users"][0]["user"]["token"]}
+        secrets_seen |= {
+            vc_secret["data"]["config"],
+            yaml.safe_load(base64.b64decode(vc_secret["data"]["config"]))["users"][0]["user"]["token"],
+        }
 
         # KAI's webhook: no spec.resources → rejected; a parent with children cannot go.
         import kubernetes.aio.client as kc
         from kubernetes.aio import config as kconf
+
         wl_api = await kconf.new_client_from_config_dict(kcfg)
         try:
             co = kc.CustomObjectsApi(wl_api)
             with pytest.raises(kc.ApiException) as e:
-                await co.create_cluster_custom_object("scheduling.run.ai", "v2", "queues",
-                                                      {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
-                                                       "metadata": {"name": "bad"}, "spec": {}})
+                await co.create_cluster_custom_object(
+                    "scheduling.run.ai",
+                    "v2",
+                    "queues",
+                    {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": "bad"}, "spec": {}},
+                )
             assert e.value.status == 400 and "resources must be specified" in e.value.body
             with pytest.raises(kc.ApiException) as e:
                 await co.delete_cluster_custom_object("scheduling.run.ai", "v2", "queues", "tenants")
@@ -181,12 +218,17 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
         assert writes == []
 
         # ---- quota: over capacity refused; a change applies in place
-        err = await run(UpdateTenantQuota.run, UpdateTenantQuotaInput(tenant="nlp", cluster=cluster,
-                                                                      gpu=QueueQuota(quota=12, limit=12)), fail=True)
+        err = await run(
+            UpdateTenantQuota.run,
+            UpdateTenantQuotaInput(tenant="nlp", cluster=cluster, gpu=QueueQuota(quota=12, limit=12)),
+            fail=True,
+        )
         assert err.type == "QuotaExceedsCapacity", err
         uid = queues["nlp"]["metadata"]["uid"]
-        upd = await run(UpdateTenantQuota.run, UpdateTenantQuotaInput(tenant="nlp", cluster=cluster,
-                                                                      gpu=QueueQuota(quota=6, limit=10)))
+        upd = await run(
+            UpdateTenantQuota.run,
+            UpdateTenantQuotaInput(tenant="nlp", cluster=cluster, gpu=QueueQuota(quota=6, limit=10)),
+        )
         assert "Queue nlp" in upd.updated
         dump = await wl.dump()
         q = next(o for o in dump if o["kind"] == "Queue" and o["metadata"]["name"] == "nlp")
@@ -200,8 +242,10 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
 
         # ---- offboarding leaves nothing behind (every kind listed)
         for t, (name, _, _) in TEAMS.items():
-            off = await run(OffboardTenant.run, OffboardTenantInput(tenant=t, cluster=cluster, display_name=name,
-                                                                    record_in_netbox=bool(netbox)))
+            off = await run(
+                OffboardTenant.run,
+                OffboardTenantInput(tenant=t, cluster=cluster, display_name=name, record_in_netbox=bool(netbox)),
+            )
             assert off.removed
         dump = await wl.dump()
         assert _tenant_objects(dump) == []

@@ -26,15 +26,19 @@ def ufm_http(ufm_stub):
     """An httpx client for out-of-band changes, as an operator would make them in UFM (Basic auth on /ufmRest)."""
     import httpx
 
-    return httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD),
-                             headers={"User-Agent": "operator"})
+    return httpx.AsyncClient(
+        base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD), headers={"User-Agent": "operator"}
+    )
 
 
 def make_fleet():
     from lab.fleet import Fleet, InfiniBandSpec, NodeGenerator
 
-    return Fleet(cluster="lab", nodes=[NodeGenerator(prefix=f"ib{SUFFIX}-", count=6)],
-                 infiniband=InfiniBandSpec(fabric="lab-ib", ports_per_host=2, switches=2))
+    return Fleet(
+        cluster="lab",
+        nodes=[NodeGenerator(prefix=f"ib{SUFFIX}-", count=6)],
+        infiniband=InfiniBandSpec(fabric="lab-ib", ports_per_host=2, switches=2),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from temporalio.client import WorkflowFailureError
 from tests.maintenance.test_node_maintenance import record_history
 from tests.ufm.conftest import PASSWORD, TOKEN, ufm_http
 from workflows.fabric.audit import FabricAudit, FabricAuditInput
-from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 
 STARTED: list[str] = []
 
@@ -61,8 +61,9 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert r.status_code == 400 and "membership" in r.json()["error"]
         assert (await c.post("/resources/pkeys/add", json={"pkey": "0x10"})).status_code == 200
         assert (await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g[:1]})).status_code == 200
-        assert (await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g[1:],
-                                                      "membership": "limited"})).status_code == 200
+        assert (
+            await c.post("/resources/pkeys", json={"pkey": "0x10", "guids": g[1:], "membership": "limited"})
+        ).status_code == 200
         one = (await c.get("/resources/pkeys/0x10", params={"guids_data": "true"})).json()
         assert {x["guid"]: x["membership"] for x in one["guids"]} == {g[0]: "full", g[1]: "limited"}
         assert (await c.delete(f"/resources/pkeys/0x10/guids/{g[0]},{'0' * 16}")).status_code == 200
@@ -76,7 +77,9 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert management["membership"] == "limited" and management["guids"] == []  # fleet_seed's posture
         assert (await c.get("/app/smconf", params={"param_name": "m_key_per_port"})).json() == {"m_key_per_port": True}
         # Removing the last member deletes the PKey, as UFM does.
-        assert (await c.post("/actions/remove_guids_from_pkey", json={"pkey": "0x10", "guids": [g[1]]})).status_code == 200
+        assert (
+            await c.post("/actions/remove_guids_from_pkey", json={"pkey": "0x10", "guids": [g[1]]})
+        ).status_code == 200
         assert "0x10" not in (await c.get("/resources/pkeys")).json()
         assert "last_updated" in (await c.get("/resources/pkeys/last_updated")).json()
         assert (await c.get("/app/ufm_version")).json()["ufm_release_version"] == "6.22.1-2"
@@ -90,8 +93,9 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
 async def test_emulator_places_a_fault_by_the_audit_order(ufm, ufm_stub):
     """A fault `after` another is armed only once that one was served; `skip` lets matching requests through first."""
     write = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"status": 503})
-    await ufm.add_fault({"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 403},
-                        after=write, skip=1)
+    await ufm.add_fault(
+        {"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 403}, after=write, skip=1
+    )
     async with ufm_http(ufm_stub) as c:
         assert (await c.get("/resources/pkeys/0x20")).status_code == 404  # before the write's fault: not armed
         assert (await c.post("/resources/pkeys/add", json={"pkey": "0x20"})).status_code == 503
@@ -110,8 +114,9 @@ async def test_two_tenants_isolated_concurrently_get_distinct_pkeys(client, ufm_
     fabric = _fabric()
     a = IsolateTenantInput(fabric=fabric, tenant=f"t-a-{fabric}", tenant_name=f"A {fabric}", hosts=h[0:2])
     b = IsolateTenantInput(fabric=fabric, tenant=f"t-b-{fabric}", tenant_name=f"B {fabric}", hosts=h[2:4])
-    ra, rb = await asyncio.gather(run(client, ufm_nb_worker, IsolateTenant, a),
-                                  run(client, ufm_nb_worker, IsolateTenant, b))
+    ra, rb = await asyncio.gather(
+        run(client, ufm_nb_worker, IsolateTenant, a), run(client, ufm_nb_worker, IsolateTenant, b)
+    )
     assert ra.pkey != rb.pkey
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
@@ -150,23 +155,42 @@ async def test_guid_mismatch_fails_closed_without_touching_ufm(client, ufm_nb_wo
 async def test_release_leaves_other_members_intact(client, ufm_worker, ufm, ufm_stub, fleet):
     h = hosts(fleet)
     fabric = _fabric()
-    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False),
-                   record="isolate_tenant_created")
-    rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    ra = await run(
+        client,
+        ufm_worker,
+        IsolateTenant,
+        IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False),
+        record="isolate_tenant_created",
+    )
+    rb = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False)
+    )
     storage = sorted(guids_of(fleet, h[5]))[0]
     async with ufm_http(ufm_stub) as c:  # a shared storage port joins tenant a's PKey out of band
         (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [storage]})).raise_for_status()
-    rel = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False),
-                    record="release_tenant_kept")
+    rel = await run(
+        client,
+        ufm_worker,
+        ReleaseTenant,
+        ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False),
+        record="release_tenant_kept",
+    )
     assert set(rel.removed) == guids_of(fleet, *h[0:2])
     assert not rel.pkey_deleted and rel.remaining == {storage: "full"}
     assert await ufm.members(ra.pkey) == {storage: "full"}
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
     # The kept PKey is retired: a new tenant gets another one.
-    rc = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tc", hosts=h[0:1], netbox=False))
+    rc = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tc", hosts=h[0:1], netbox=False)
+    )
     assert rc.pkey not in (ra.pkey, rb.pkey)
-    relb = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False),
-                     record="release_tenant_deleted")
+    relb = await run(
+        client,
+        ufm_worker,
+        ReleaseTenant,
+        ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False),
+        record="release_tenant_deleted",
+    )
     assert relb.pkey_deleted and rb.pkey not in (await ufm.state())["pkeys"]
     # Releasing twice is a no-op.
     again = await run(client, ufm_worker, ReleaseTenant, ReleaseTenantInput(fabric=fabric, tenant="tb", netbox=False))
@@ -181,7 +205,9 @@ async def test_release_reports_ufms_deletion_read_from_ufm_after_a_lost_answer(c
 
     h = hosts(fleet)
     fabric = _fabric()
-    iso = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:1], netbox=False))
+    iso = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:1], netbox=False)
+    )
     lost = await ufm.add_fault({"method": "POST", "path": r"/remove_guids_from_pkey$"}, {"drop": "after"})
     await ufm.add_fault({"method": "GET", "path": r"/resources/pkeys/0x[0-9a-f]+$"}, {"status": 503}, after=lost)
     inp = ReleaseTenantInput(fabric=fabric, tenant="ta", netbox=False)
@@ -198,8 +224,12 @@ async def test_release_reports_ufms_deletion_read_from_ufm_after_a_lost_answer(c
 async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker, ufm, ufm_stub, fleet):
     h = hosts(fleet)
     fabric = _fabric()
-    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
-    rb = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    ra = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False)
+    )
+    rb = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False)
+    )
     clean = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
     assert clean.clean and set(clean.checked_pkeys) == {ra.pkey, rb.pkey}
 
@@ -221,8 +251,13 @@ async def test_audit_finds_drift_and_repairs_only_when_asked(client, ufm_worker,
     assert not found.clean and not found.repaired
     assert await ufm.audit(since=cursor, writes=True) == [] and await ufm.state() == before
 
-    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
-                      record="fabric_audit_by_pkey_repair")
+    fixed = await run(
+        client,
+        ufm_worker,
+        FabricAudit,
+        FabricAuditInput(fabric=fabric, repair=True),
+        record="fabric_audit_by_pkey_repair",
+    )
     assert len(fixed.repaired) == 3
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2])
     assert set(await ufm.members(rb.pkey)) == guids_of(fleet, *h[2:4])
@@ -240,10 +275,16 @@ async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenan
                                                     {"port_guid": on[2], "guid": others},
                                                     {"port_guid": on[5], "guid": orphan}]})  # fmt: skip
     fabric = _fabric()
-    ra = await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False))
-    await run(client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False))
+    ra = await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="ta", hosts=h[0:2], netbox=False)
+    )
+    await run(
+        client, ufm_worker, IsolateTenant, IsolateTenantInput(fabric=fabric, tenant="tb", hosts=h[2:4], netbox=False)
+    )
     async with ufm_http(ufm_stub) as c:  # VMs' virtual ports join tenant a's PKey
-        (await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [own, others, orphan, stray]})).raise_for_status()
+        (
+            await c.post("/resources/pkeys", json={"pkey": ra.pkey, "guids": [own, others, orphan, stray]})
+        ).raise_for_status()
     found = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric))
     assert {(d.kind, d.guid, d.host) for d in found.drift} == {
         ("virtual-member-of-other-tenant", others, h[2]),
@@ -251,8 +292,13 @@ async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenan
         ("unknown-member", stray, "unknown host"),
     }, found.drift
     assert found.virtual_members == [f"{ra.pkey} (ta): virtual port {own} of {h[0]} (on port {on[0]})"]
-    fixed = await run(client, ufm_worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True),
-                      record="fabric_audit_virtual_members")
+    fixed = await run(
+        client,
+        ufm_worker,
+        FabricAudit,
+        FabricAuditInput(fabric=fabric, repair=True),
+        record="fabric_audit_virtual_members",
+    )
     assert sorted(fixed.repaired) == sorted(f"removed {g} from {ra.pkey}" for g in (orphan, stray))
     assert set(await ufm.members(ra.pkey)) == guids_of(fleet, *h[0:2]) | {own, others}  # tenants' VMs stay
 
@@ -260,18 +306,25 @@ async def test_audit_recognises_virtual_guids_and_repairs_only_those_of_no_tenan
 # ---------------------------------------------------------------- a worker SIGKILLed between add and verify
 
 
-async def test_worker_killed_between_add_and_verify(client, temporal_address, ufm, ufm_stub, ufm_secret_file, fleet,
-                                                    tmp_path):
+async def test_worker_killed_between_add_and_verify(
+    client, temporal_address, ufm, ufm_stub, ufm_secret_file, fleet, tmp_path
+):
+    import yaml
+
     from lab.k8s.admin import kubeconfig
     from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
-
-    import yaml
 
     kube = tmp_path / "kubeconfig"
     kube.write_text(yaml.safe_dump(kubeconfig("http://127.0.0.1:9", "lab")))
     task_queue = f"ufm-crash-{uuid.uuid4().hex[:8]}"
-    env = worker_env(tmp_path, temporal_address, kube, MILLWRIGHT_TASK_QUEUE=task_queue,
-                     MILLWRIGHT_UFM_URL=ufm_stub.url, MILLWRIGHT_UFM_CREDENTIALS=f"file:{ufm_secret_file}")
+    env = worker_env(
+        tmp_path,
+        temporal_address,
+        kube,
+        MILLWRIGHT_TASK_QUEUE=task_queue,
+        MILLWRIGHT_UFM_URL=ufm_stub.url,
+        MILLWRIGHT_UFM_CREDENTIALS=f"file:{ufm_secret_file}",
+    )
     h = hosts(fleet)
     # The add is carried out and logged, then its answer is held: the worker dies before it can verify.
     await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"delayAfter": 30})

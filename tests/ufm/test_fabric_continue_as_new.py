@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-
 from tests.conftest import SUGGEST_CONTINUE_AS_NEW_AFTER as SUGGEST_AFTER
 from tests.maintenance.test_node_maintenance import record_history
 from tests.ufm.conftest import _worker
 from workflows.fabric.fabric import Fabric
-from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 
 
 async def _run(client, worker, wf, inp):

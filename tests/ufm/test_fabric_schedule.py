@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from temporalio.service import RPCError
 from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
@@ -18,6 +17,7 @@ from temporalio.client import (
     SchedulePolicy,
     ScheduleSpec,
 )
+from temporalio.service import RPCError
 
 from tests.ufm.conftest import PASSWORD
 from workflows.fabric.audit import FabricAudit, FabricAuditInput, FabricAuditResult
@@ -32,11 +32,17 @@ async def test_scheduled_audit_reports_injected_drift(client, ufm_worker, ufm, u
     fabric = f"ib-{uuid.uuid4().hex[:6]}"
     tq = ufm_worker.task_queue
     ra = await client.execute_workflow(
-        IsolateTenant.run, IsolateTenantInput(fabric=fabric, tenant="sa", hosts=h[0:2], netbox=False),
-        id=f"isolate-tenant/{fabric}/sa", task_queue=tq)
+        IsolateTenant.run,
+        IsolateTenantInput(fabric=fabric, tenant="sa", hosts=h[0:2], netbox=False),
+        id=f"isolate-tenant/{fabric}/sa",
+        task_queue=tq,
+    )
     await client.execute_workflow(
-        IsolateTenant.run, IsolateTenantInput(fabric=fabric, tenant="sb", hosts=h[2:4], netbox=False),
-        id=f"isolate-tenant/{fabric}/sb", task_queue=tq)
+        IsolateTenant.run,
+        IsolateTenantInput(fabric=fabric, tenant="sb", hosts=h[2:4], netbox=False),
+        id=f"isolate-tenant/{fabric}/sb",
+        task_queue=tq,
+    )
     lost, stranger = sorted(ports[h[0]])[0], sorted(ports[h[5]])[0]
     async with httpx.AsyncClient(base_url=ufm_stub.url + "/ufmRest", auth=("admin", PASSWORD)) as c:
         (await c.delete(f"/resources/pkeys/{ra.pkey}/guids/{lost}")).raise_for_status()
@@ -45,12 +51,20 @@ async def test_scheduled_audit_reports_injected_drift(client, ufm_worker, ufm, u
 
     audit_input = FabricAuditInput(fabric=fabric)  # repair off
     schedule_id = f"fabric-audit/{fabric}"
-    handle = await client.create_schedule(schedule_id, Schedule(
-        action=ScheduleActionStartWorkflow(FabricAudit.run, audit_input, id=audit_input.workflow_id(),
-                                           task_queue=tq, execution_timeout=timedelta(minutes=10)),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
-        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
-    ))
+    handle = await client.create_schedule(
+        schedule_id,
+        Schedule(
+            action=ScheduleActionStartWorkflow(
+                FabricAudit.run,
+                audit_input,
+                id=audit_input.workflow_id(),
+                task_queue=tq,
+                execution_timeout=timedelta(minutes=10),
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(hours=1))]),
+            policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+        ),
+    )
     try:
         await handle.trigger(overlap=ScheduleOverlapPolicy.SKIP)
         for _ in range(200):
@@ -62,7 +76,9 @@ async def test_scheduled_audit_reports_injected_drift(client, ufm_worker, ufm, u
             raise AssertionError("the schedule never started its run")
         started = desc.info.recent_actions[0].action
         assert started.workflow_id.startswith(audit_input.workflow_id())  # the server adds the start time
-        run = client.get_workflow_handle_for(FabricAudit.run, started.workflow_id, run_id=started.first_execution_run_id)
+        run = client.get_workflow_handle_for(
+            FabricAudit.run, started.workflow_id, run_id=started.first_execution_run_id
+        )
         result: FabricAuditResult = await asyncio.wait_for(run.result(), timeout=60)
     finally:
         await handle.delete()

@@ -31,8 +31,14 @@ async def ib_tenant_worker(client, kubeconfig_path, ufm_stub, ufm_secret_file):
     from worker import registry
     from worker.config import WorkerSettings
 
-    registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
-                                                 ufm_url=ufm_stub.url, ufm_credentials=f"file:{ufm_secret_file}"))
+    registration = registry.build(
+        WorkerSettings(
+            kubeconfig=str(kubeconfig_path),
+            metrics_port=0,
+            ufm_url=ufm_stub.url,
+            ufm_credentials=f"file:{ufm_secret_file}",
+        )
+    )
     async with registry.new_worker(client, registration, f"ib-tenants-{uuid.uuid4().hex[:8]}") as worker:
         yield worker
     await registration.close()
@@ -43,8 +49,16 @@ def _fabric() -> str:
 
 
 def _onboard(tenant: str, fabric: str, hosts: list[str]) -> OnboardTenantInput:
-    return OnboardTenantInput(tenant=tenant, cluster="lab", isolation="namespace", gpu=QueueQuota(quota=0, limit=0),
-                              record_in_netbox=False, ib_isolation=True, ib_fabric=fabric, ib_hosts=hosts)
+    return OnboardTenantInput(
+        tenant=tenant,
+        cluster="lab",
+        isolation="namespace",
+        gpu=QueueQuota(quota=0, limit=0),
+        record_in_netbox=False,
+        ib_isolation=True,
+        ib_fabric=fabric,
+        ib_hosts=hosts,
+    )
 
 
 async def _run(client, worker, wf, inp):
@@ -62,8 +76,11 @@ async def _record(client, workflow_id: str, name: str) -> None:
 
 
 def _tenant_objects(dump: list[dict], tenant: str) -> list[str]:
-    return [f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}" for o in dump
-            if (o["metadata"].get("labels") or {}).get("millwright.dev/tenant") == tenant]
+    return [
+        f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}"
+        for o in dump
+        if (o["metadata"].get("labels") or {}).get("millwright.dev/tenant") == tenant
+    ]
 
 
 def _guids(fleet, hosts: list[str]) -> set[str]:
@@ -94,8 +111,12 @@ async def test_onboard_and_offboard_with_ib_isolation(client, k8s, ufm, fleet, i
     assert await ufm.audit(since=cursor, writes=True) == []
 
     # Offboarding finds the fabric on the queue and releases the PKey: members removed, PKey deleted.
-    off = await _run(client, ib_tenant_worker, OffboardTenant.run,
-                     OffboardTenantInput(tenant=tenant, cluster="lab", record_in_netbox=False))
+    off = await _run(
+        client,
+        ib_tenant_worker,
+        OffboardTenant.run,
+        OffboardTenantInput(tenant=tenant, cluster="lab", record_in_netbox=False),
+    )
     assert off.infiniband is not None and off.infiniband.pkey == iso.pkey
     assert set(off.infiniband.removed) == _guids(fleet, hosts) and off.infiniband.pkey_deleted
     assert iso.pkey not in (await ufm.state())["pkeys"]
@@ -107,8 +128,9 @@ async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fle
     hosts = list(fleet.ib_ports())[2:4]
     fabric, tenant = _fabric(), f"ibf-{uuid.uuid4().hex[:5]}"
     # Pruning (the step after InfiniBand) lists LimitRanges: refused for good.
-    await k8s.add_fault({"verb": "list", "resource": "limitranges"},
-                        {"status": 403, "message": "injected: listing refused"})
+    await k8s.add_fault(
+        {"verb": "list", "resource": "limitranges"}, {"status": 403, "message": "injected: listing refused"}
+    )
     cursor = await ufm.audit_cursor()
     inp = _onboard(tenant, fabric, hosts)
     err = await _fails(client, ib_tenant_worker, OnboardTenant.run, inp)
@@ -147,8 +169,9 @@ PKEY_READ = r"/resources/pkeys/0x[0-9a-f]+$"  # GET of one PKey (every UFM write
 
 
 @pytest.mark.parametrize("case", ["new-pkey", "grown-pkey", "in-onboarding"])
-async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client, k8s, ufm, fleet, ib_tenant_worker,
-                                                                         case):
+async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(
+    client, k8s, ufm, fleet, ib_tenant_worker, case
+):
     """IsolateTenant (on its own, or as onboarding's last step): the answers of its PKey create and GUID add are
     lost (the writes done), then UFM refuses it for good. What this run created goes, whichever attempt wrote it,
     and the failure says so; what the tenant held stays."""
@@ -158,8 +181,12 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
     fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"
     held = case == "grown-pkey"
     if held:  # the tenant already holds a PKey with its first host: this run grows it by the second
-        first = await _run(client, ib_tenant_worker, IsolateTenant.run,
-                           IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False))
+        first = await _run(
+            client,
+            ib_tenant_worker,
+            IsolateTenant.run,
+            IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False),
+        )
     before = await ufm.state()
     if not held:
         await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"drop": "after"})
@@ -167,8 +194,9 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
     # Placed by the audit order, not by counting the reads before it: once the GUID add's answer is lost, the add
     # is read back in the same attempt (activities/ufm.py `_write`: it lands, so the add is done), and the PKey
     # read after that, the run's verification, is refused for good (403: non-retryable).
-    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"},
-                        after=lost_add, skip=1)
+    await ufm.add_fault(
+        {"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"}, after=lost_add, skip=1
+    )
     cursor = await ufm.audit_cursor()
     if case == "in-onboarding":
         await k8s.seed(TENANCY_CRDS)
@@ -182,8 +210,9 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
         if case == "new-pkey":
             await _record(client, inp.workflow_id(), "isolate_tenant_failed")
     assert "injected: refused" in str(err), err
-    assert [f for f in (await ufm._req("GET", "/_lab/faults"))["faults"] if f["remaining"]] == [], \
+    assert [f for f in (await ufm._req("GET", "/_lab/faults"))["faults"] if f["remaining"]] == [], (
         "every injected fault was hit"
+    )
     writes = await ufm.audit(since=cursor, writes=True)
     assert [w for w in writes if w.get("fault", {}).get("drop") == "after"], writes
     assert (await ufm.state())["pkeys"] == before["pkeys"], "UFM is back to its state before the run"
@@ -191,10 +220,11 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
     report = err.details[0]
     pkey = first.pkey if held else next(c for c in report["created"] if c.startswith("PKey ")).split()[1]
     host_of = {g: h for h in (hosts[1:] if held else hosts) for g in fleet.ib_ports()[h]}
-    ib = ([] if held else [f"PKey {pkey} on {fabric}"]) + [f"port {g} of {host_of[g]} in PKey {pkey}"
-                                                           for g in sorted(host_of)]
+    ib = ([] if held else [f"PKey {pkey} on {fabric}"]) + [
+        f"port {g} of {host_of[g]} in PKey {pkey}" for g in sorted(host_of)
+    ]
     if case == "in-onboarding":  # the Kubernetes steps first, then the child's own account
-        assert report["created"][-len(ib):] == ib and report["created"][0] == f"Namespace {tenant}", report
+        assert report["created"][-len(ib) :] == ib and report["created"][0] == f"Namespace {tenant}", report
     else:
         assert report["created"] == ib, report
     assert report["removed"] == list(reversed(report["created"])), report
@@ -205,8 +235,9 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(client
         assert tenant not in state["allocations"]
 
 
-async def test_undo_keeps_the_tenants_pkey_that_ufm_deletes_with_its_last_member(client, ufm, ufm_stub, fleet,
-                                                                                 ib_tenant_worker):
+async def test_undo_keeps_the_tenants_pkey_that_ufm_deletes_with_its_last_member(
+    client, ufm, ufm_stub, fleet, ib_tenant_worker
+):
     """The tenant's PKey is in UFM but empty (its members were removed outside Millwright); an isolation adding a
     host to it fails after the add. Removing that host's ports, the undo empties the PKey, which UFM deletes with
     its last member: the undo puts it back, as it was before the run, and reports only the ports."""
@@ -215,27 +246,45 @@ async def test_undo_keeps_the_tenants_pkey_that_ufm_deletes_with_its_last_member
 
     hosts = list(fleet.ib_ports())[0:2]
     fabric, tenant = _fabric(), f"iso-{uuid.uuid4().hex[:5]}"
-    first = await _run(client, ib_tenant_worker, IsolateTenant.run,
-                       IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False))
+    first = await _run(
+        client,
+        ib_tenant_worker,
+        IsolateTenant.run,
+        IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[:1], netbox=False),
+    )
     partition = (await ufm.state())["pkeys"][first.pkey]["partition"]
     async with ufm_http(ufm_stub) as c:  # UFM deletes the PKey with these, its last members; then made again, empty
-        (await c.post("/actions/remove_guids_from_pkey",
-                      json={"pkey": first.pkey, "guids": sorted(_guids(fleet, hosts[:1]))})).raise_for_status()
-        (await c.post("/resources/pkeys/add", json={"pkey": first.pkey, "partition_name": partition,
-                                                    "index0": True, "ip_over_ib": True})).raise_for_status()
+        (
+            await c.post(
+                "/actions/remove_guids_from_pkey", json={"pkey": first.pkey, "guids": sorted(_guids(fleet, hosts[:1]))}
+            )
+        ).raise_for_status()
+        (
+            await c.post(
+                "/resources/pkeys/add",
+                json={"pkey": first.pkey, "partition_name": partition, "index0": True, "ip_over_ib": True},
+            )
+        ).raise_for_status()
     before = await ufm.state()
     assert before["pkeys"][first.pkey]["guids"] == []
     lost_add = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
-    await ufm.add_fault({"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"},
-                        after=lost_add, skip=1)  # the verification read (see the test above)
+    await ufm.add_fault(
+        {"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"}, after=lost_add, skip=1
+    )  # the verification read (see the test above)
     cursor = await ufm.audit_cursor()
-    err = await _fails(client, ib_tenant_worker, IsolateTenant.run,
-                       IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[1:], netbox=False))
+    err = await _fails(
+        client,
+        ib_tenant_worker,
+        IsolateTenant.run,
+        IsolateTenantInput(fabric=fabric, tenant=tenant, hosts=hosts[1:], netbox=False),
+    )
     assert "injected: refused" in str(err), err
 
     writes = [(w["method"], w["path"]) for w in await ufm.audit(since=cursor, writes=True)]
-    assert writes[-2:] == [("POST", "/ufmRest/actions/remove_guids_from_pkey"),
-                           ("POST", "/ufmRest/resources/pkeys/add")], writes
+    assert writes[-2:] == [
+        ("POST", "/ufmRest/actions/remove_guids_from_pkey"),
+        ("POST", "/ufmRest/resources/pkeys/add"),
+    ], writes
     assert (await ufm.state())["pkeys"] == before["pkeys"], "UFM is back to its state before the run"
     ports = [f"port {g} of {hosts[1]} in PKey {first.pkey}" for g in sorted(_guids(fleet, hosts[1:]))]
     assert err.details[0] == {"created": ports, "removed": list(reversed(ports))}, err.details

@@ -80,7 +80,9 @@ async def test_a_hostname_mismatch_is_reported_as_such(https_ufm_stub, https_ufm
     with pytest.raises(ApplicationError) as err:
         await resolve(config, list(fleet.ib_ports())[:1])
     assert err.value.type == "TlsVerificationFailed" and err.value.non_retryable
-    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(err.value)
+    assert "TLS hostname verification failed: Hostname mismatch, certificate is not valid for 'localhost'" in str(
+        err.value
+    )
 
 
 async def test_an_isolation_behind_an_untrusted_certificate_ends_at_once(client, https_ufm_stub, https_ufm, ufm_config,
@@ -88,10 +90,13 @@ async def test_an_isolation_behind_an_untrusted_certificate_ends_at_once(client,
     from worker import registry
     from workflows.fabric.fabric import Fabric
 
-    registration = registry.Registration(workflows=[IsolateTenant, Fabric],
-                                         activities=UfmActivities(https_config(https_ufm_stub, ufm_config)).activities())
-    inp = IsolateTenantInput(fabric=f"ib-{uuid.uuid4().hex[:6]}", tenant="tls", hosts=list(fleet.ib_ports())[:2],
-                             netbox=False)
+    registration = registry.Registration(
+        workflows=[IsolateTenant, Fabric],
+        activities=UfmActivities(https_config(https_ufm_stub, ufm_config)).activities(),
+    )
+    inp = IsolateTenantInput(
+        fabric=f"ib-{uuid.uuid4().hex[:6]}", tenant="tls", hosts=list(fleet.ib_ports())[:2], netbox=False
+    )
     async with registry.new_worker(client, registration, f"ufm-tls-{uuid.uuid4().hex[:8]}") as worker:
         handle = await client.start_workflow(IsolateTenant.run, inp, id=f"{inp.workflow_id()}/{uuid.uuid4().hex[:6]}",
                                              task_queue=worker.task_queue)  # fmt: skip
@@ -127,13 +132,19 @@ async def test_a_client_certificate_authenticates_without_a_password(mtls_ufm_st
 
     stranger = lab_ca.issue_client("ufm-stranger", "someone-else")
     with pytest.raises(ApplicationError) as refused:
-        await env.run(UfmActivities(certificate_config(mtls_ufm_stub, lab_ca, f"file:{stranger.cert}",
-                                                       f"file:{stranger.key}")).get_pkey, PKeyRef(pkey="0x42"))
+        await env.run(
+            UfmActivities(
+                certificate_config(mtls_ufm_stub, lab_ca, f"file:{stranger.cert}", f"file:{stranger.key}")
+            ).get_pkey,
+            PKeyRef(pkey="0x42"),
+        )
     assert refused.value.type == "UfmAuth" and refused.value.non_retryable
 
     with pytest.raises(ApplicationError) as unreadable:
-        await env.run(UfmActivities(certificate_config(mtls_ufm_stub, lab_ca, f"file:{good.cert}",
-                                                       f"file:{good.cert}")).get_pkey, PKeyRef(pkey="0x42"))
+        await env.run(
+            UfmActivities(certificate_config(mtls_ufm_stub, lab_ca, f"file:{good.cert}", f"file:{good.cert}")).get_pkey,
+            PKeyRef(pkey="0x42"),
+        )
     assert unreadable.value.type == "TlsNotConfigured" and "MILLWRIGHT_UFM_CLIENT_CERT" in str(unreadable.value)
 
 
@@ -147,8 +158,11 @@ async def test_no_client_certificate_where_ufm_requires_one_names_the_settings(m
 def test_worker_settings_take_a_client_certificate():
     from worker.config import ConfigError, WorkerSettings
 
-    config = WorkerSettings(ufm_url="https://ufm.example.com", ufm_client_cert="file:/etc/ufm/tls.crt",
-                            ufm_client_key="file:/etc/ufm/tls.key").ufm_config()
+    config = WorkerSettings(
+        ufm_url="https://ufm.example.com",
+        ufm_client_cert="file:/etc/ufm/tls.crt",
+        ufm_client_key="file:/etc/ufm/tls.key",
+    ).ufm_config()
     assert config.credentials is None and str(config.client_cert) == "file:/etc/ufm/tls.crt"
     with pytest.raises(ConfigError, match="go together"):
         WorkerSettings(ufm_url="https://ufm.example.com", ufm_client_cert="file:/etc/ufm/tls.crt").ufm_config()
@@ -168,8 +182,12 @@ async def writes(ufm, since: int, method: str, path: str) -> list[dict]:
 async def test_writes_whose_answer_is_dropped_are_read_back_and_reported_done(ufm, ufm_config, fleet):
     env, acts, members = ActivityEnvironment(), UfmActivities(ufm_config), guids(fleet)
     cursor = await ufm.audit_cursor()
-    for method, path in (("POST", r"/pkeys/add$"), ("POST", r"/resources/pkeys$"),
-                         ("POST", r"/remove_guids_from_pkey$"), ("DELETE", r"/pkeys/0x[0-9a-f]+$")):
+    for method, path in (
+        ("POST", r"/pkeys/add$"),
+        ("POST", r"/resources/pkeys$"),
+        ("POST", r"/remove_guids_from_pkey$"),
+        ("DELETE", r"/pkeys/0x[0-9a-f]+$"),
+    ):
         await ufm.add_fault({"method": method, "path": path}, {"drop": "after"})  # carried out, then cut off
 
     created = await env.run(acts.ensure_pkey, EnsurePKey(pkey="0x51", partition_name="lost"))
@@ -183,8 +201,12 @@ async def test_writes_whose_answer_is_dropped_are_read_back_and_reported_done(uf
     deleted = await env.run(acts.delete_pkey_if_empty, PKeyRef(pkey="0x52"))
     assert deleted.deleted and "0x52" not in (await ufm.state())["pkeys"]
     # Each write went once: the answer's loss was settled by reading, not by writing again.
-    for method, path in (("POST", "/pkeys/add"), ("POST", "/pkeys"), ("POST", "/remove_guids_from_pkey"),
-                         ("DELETE", "/pkeys/0x52")):
+    for method, path in (
+        ("POST", "/pkeys/add"),
+        ("POST", "/pkeys"),
+        ("POST", "/remove_guids_from_pkey"),
+        ("DELETE", "/pkeys/0x52"),
+    ):
         assert len(await writes(ufm, cursor, method, path)) == (2 if path == "/pkeys/add" else 1), (method, path)
 
 

@@ -20,10 +20,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.ufm import AddGuids, EnsurePKey, PKeyRef, UfmActivities
 from lab.ufm import fleet_seed
 from tests.ufm.conftest import SUFFIX, _worker, ufm_http
-from workflows.fabric.fabric import Fabric
 from workflows.fabric.audit import FabricAudit, FabricAuditInput
-from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
+from workflows.fabric.fabric import Fabric
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 
 pytestmark = pytest.mark.timeout(240)
 VERSIONS = ["6.17", "6.19", "6.22"]
@@ -35,8 +35,11 @@ UNREPORTED = ["default-membership-unreported"]
 def big_fleet():
     from lab.fleet import Fleet, InfiniBandSpec, NodeGenerator
 
-    return Fleet(cluster="lab", nodes=[NodeGenerator(prefix=f"big{SUFFIX}-", count=600)],
-                 infiniband=InfiniBandSpec(fabric="lab-ib", ports_per_host=2, switches=2))
+    return Fleet(
+        cluster="lab",
+        nodes=[NodeGenerator(prefix=f"big{SUFFIX}-", count=600)],
+        infiniband=InfiniBandSpec(fabric="lab-ib", ports_per_host=2, switches=2),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,12 @@ def metrics() -> MetricBuffer:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def metered_client(client, temporal_address, metrics) -> Client:
     """A client on a runtime whose metrics land in `metrics`, so the gauges workflows set can be read."""
-    return await Client.connect(temporal_address, namespace=client.namespace, data_converter=pydantic_data_converter,
-                                runtime=Runtime(telemetry=TelemetryConfig(metrics=metrics)))
+    return await Client.connect(
+        temporal_address,
+        namespace=client.namespace,
+        data_converter=pydantic_data_converter,
+        runtime=Runtime(telemetry=TelemetryConfig(metrics=metrics)),
+    )
 
 
 def gauge(metrics: MetricBuffer, name: str, fabric: str) -> list[float]:
@@ -82,8 +89,12 @@ async def test_a_fabric_whose_management_pkey_is_full_refuses_isolation(version,
     cursor = await ufm.audit_cursor()
     async with await _worker(metered_client, ufm_config, None, FABRIC_WORKFLOWS) as worker:
         with pytest.raises(WorkflowFailureError) as failed:
-            await run(metered_client, worker, IsolateTenant,
-                      IsolateTenantInput(fabric=fabric, tenant="t", hosts=list(fleet.ib_ports())[:2], netbox=False))
+            await run(
+                metered_client,
+                worker,
+                IsolateTenant,
+                IsolateTenantInput(fabric=fabric, tenant="t", hosts=list(fleet.ib_ports())[:2], netbox=False),
+            )
         audit = await run(metered_client, worker, FabricAudit, FabricAuditInput(fabric=fabric))
     err = root_cause(failed.value)
     assert isinstance(err, ApplicationError) and err.type == "FabricInsecure" and err.non_retryable
@@ -105,8 +116,14 @@ async def test_a_600_host_tenant_is_isolated_and_released_without_a_414(version,
     fabric = f"ib-{uuid.uuid4().hex[:6]}"
     cursor = await ufm.audit_cursor()
     async with await _worker(client, ufm_config, None, FABRIC_WORKFLOWS) as worker:
-        iso = await run(client, worker, IsolateTenant, IsolateTenantInput(
-            fabric=fabric, tenant="big", hosts=hosts, netbox=False, accept_posture=accepted(version)))
+        iso = await run(
+            client,
+            worker,
+            IsolateTenant,
+            IsolateTenantInput(
+                fabric=fabric, tenant="big", hosts=hosts, netbox=False, accept_posture=accepted(version)
+            ),
+        )
         assert set(await ufm.members(iso.pkey)) == want and len(want) == 1200
         assert iso.posture.default_membership == (None if version == "6.17" else "limited")
         assert [line.split(":")[0] for line in iso.accepted_findings] == accepted(version)
@@ -155,15 +172,22 @@ async def test_a_membership_repair_is_a_put_read_back(version, client, ufm, ufm_
     fabric = f"ib-{uuid.uuid4().hex[:6]}"
     mixed = version != "6.19"  # 6.19 ignores per-GUID memberships: there, only a uniform PKey is repaired
     async with await _worker(client, ufm_config, None, FABRIC_WORKFLOWS) as worker:
-        iso = await run(client, worker, IsolateTenant, IsolateTenantInput(
-            fabric=fabric, tenant="t", hosts=h[:2], netbox=False, accept_posture=accepted(version)))
+        iso = await run(
+            client,
+            worker,
+            IsolateTenant,
+            IsolateTenantInput(fabric=fabric, tenant="t", hosts=h[:2], netbox=False, accept_posture=accepted(version)),
+        )
         wrong = sorted(iso.members[h[1]])[0]
         async with ufm_http(ufm_stub) as c:  # out of band: one port made limited
             removal = {"pkey": iso.pkey, "guids": [wrong]}
             (await c.post("/actions/remove_guids_from_pkey", json=removal)).raise_for_status()
             extra = [vf] if mixed else []
-            (await c.post("/resources/pkeys", json={"pkey": iso.pkey, "guids": [wrong, *extra],
-                                                    "membership": "limited"})).raise_for_status()
+            (
+                await c.post(
+                    "/resources/pkeys", json={"pkey": iso.pkey, "guids": [wrong, *extra], "membership": "limited"}
+                )
+            ).raise_for_status()
         cursor = await ufm.audit_cursor()
         fixed = await run(client, worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
         again = await run(client, worker, FabricAudit, FabricAuditInput(fabric=fabric))
@@ -175,15 +199,18 @@ async def test_a_membership_repair_is_a_put_read_back(version, client, ufm, ufm_
     puts = [i for i, e in enumerate(log) if e["method"] == "PUT" and e["path"].endswith("/resources/pkeys")]
     assert len(puts) == 1, log
     assert ("memberships" in log[puts[0]]["body"]) == mixed
-    assert any(e["method"] == "GET" and e["path"].startswith(f"/ufmRest/resources/pkeys/{iso.pkey}?")
-               for e in log[puts[0] + 1:])  # read back
+    assert any(
+        e["method"] == "GET" and e["path"].startswith(f"/ufmRest/resources/pkeys/{iso.pkey}?")
+        for e in log[puts[0] + 1 :]
+    )  # read back
     assert not [e for e in log if e["method"] == "POST" and wrong in (e["body"] or {}).get("guids", [])]
     assert again.clean and again.virtual_members == ([f"{iso.pkey} (t): virtual port {vf} of {h[0]} (on port {port})"]
                                                      if mixed else [])  # fmt: skip
     if not mixed:  # a change that needs per-GUID memberships is refused there, before any write
         before = await ufm.state()
         with pytest.raises(ApplicationError) as refused:
-            await ActivityEnvironment().run(UfmActivities(ufm_config).add_guids,
-                                            AddGuids(pkey=iso.pkey, guids=[wrong], membership="limited"))
+            await ActivityEnvironment().run(
+                UfmActivities(ufm_config).add_guids, AddGuids(pkey=iso.pkey, guids=[wrong], membership="limited")
+            )
         assert refused.value.type == "UfmMembershipsUnsupported" and refused.value.non_retryable
         assert await ufm.state() == before

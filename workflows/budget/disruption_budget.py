@@ -93,12 +93,9 @@ from temporalio.exceptions import ActivityError
 
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
 from activities.kube.activities import KubeActivities
-from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.kube.models import NodeAvailability, UnavailableRequest
+from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.models import StrictModel
-from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput, history_is_long
-from workflows.common.call_options import API_CALL
 from workflows.budget.breaker import (
     BREAKER_PATCH,
     BREAKER_QUERY,
@@ -111,6 +108,7 @@ from workflows.budget.breaker import (
     BreakerReset,
     BreakerView,
 )
+from workflows.budget.budget import Budget, ceiling
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -125,7 +123,9 @@ from workflows.budget.leases import (
     LeaseRequests,
     budget_workflow_id,
 )
-from workflows.budget.budget import Budget, ceiling
+from workflows.common import search_attributes as sa
+from workflows.common.base import Progress, WorkflowInput, history_is_long
+from workflows.common.call_options import API_CALL
 
 DEFAULT_BUDGET = Budget(percent=10)
 HISTORY_LIMIT = 2000
@@ -168,7 +168,8 @@ class DisruptionBudgetInput(WorkflowInput):
         timedelta(seconds=60), description="While leases are held: check their holders' runs this often."
     )
     task_queue: str | None = Field(
-        None, description="The task queue this run is on (requesters set it; by hand, say so). Unknown: the entity "
+        None,
+        description="The task queue this run is on (requesters set it; by hand, say so). Unknown: the entity "
         "continues as new onto its first requester's queue.",
     )
     idle_close_after: timedelta = Field(
@@ -377,8 +378,9 @@ class DisruptionBudget:
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
         queue = self._move_to or self._queue
-        workflow.continue_as_new(inp.model_copy(update={"book": self._book, "task_queue": queue}),
-                                 task_queue=self._move_to)
+        workflow.continue_as_new(
+            inp.model_copy(update={"book": self._book, "task_queue": queue}), task_queue=self._move_to
+        )
 
     async def _take_over(self) -> None:
         """A fresh start after the entity closed while idle: the budget an operator set, and the lease numbers,
@@ -611,7 +613,8 @@ class DisruptionBudget:
         workflow.upsert_search_attributes([sa.PHASE.value_set(TRIPPED_PHASE if b.tripped else SERVING_PHASE)])
         meter = workflow.metric_meter()
         meter.create_gauge(TRIPPED_GAUGE, "1: the cluster's remediation circuit breaker is tripped").set(
-            int(b.tripped), cluster)
+            int(b.tripped), cluster
+        )
         if trip:
             meter.create_counter(TRIPS_COUNTER, "Times the remediation circuit breaker tripped").add(1, cluster)
 

@@ -21,10 +21,10 @@ from temporalio.common import RetryPolicy
 from activities.entities import EntityActivities, EntityStart, EntityUpdate, WorkflowSignal, WorkflowSignals
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
-from workflows.common import search_attributes as sa
+from workflows.budget.breaker import BreakerSettings
 from workflows.budget.budget import Budget
 from workflows.common import priorities
-from workflows.budget.breaker import BreakerSettings
+from workflows.common import search_attributes as sa
 
 GRANTED_SIGNAL = "disruption_budget_granted"  # update path: one grant per signal, to its holder
 DECISIONS_SIGNAL = "disruption_budget_decisions"  # signal path: every decision owed to one requester
@@ -52,7 +52,6 @@ def budget_workflow_id(cluster: str) -> str:
     return f"disruption-budget/{cluster}"
 
 
-
 class Lease(StrictModel):
     """A "node out of service" lease, or a request for one waiting its turn."""
 
@@ -62,7 +61,8 @@ class Lease(StrictModel):
     holder: str = Field(description="Workflow ID of the run that holds (or waits for) the lease.")
     reason: str = ""
     state: Literal["queued", "granted", "released", "refused"] = Field(
-        "queued", description="refused: a remediation's request while the cluster's circuit breaker is tripped.")
+        "queued", description="refused: a remediation's request while the cluster's circuit breaker is tripped."
+    )
     requested_at: datetime
     granted_at: datetime | None = None
     position: int | None = Field(None, description="Place in the queue (1: next), while queued.")
@@ -75,7 +75,8 @@ class Lease(StrictModel):
     answer: bool = Field(False, description="Signal path: a decision is owed to reply_to.")
     holder_seen: bool = Field(False, description="The holder's run was seen running: from then on its liveness counts.")
     remediation: BreakerSettings | None = Field(
-        None, description="Asked for by automated remediation: the circuit breaker's settings it is judged by.")
+        None, description="Asked for by automated remediation: the circuit breaker's settings it is judged by."
+    )
 
 
 class LeaseRequest(StrictModel):
@@ -85,8 +86,10 @@ class LeaseRequest(StrictModel):
     budget: Budget | None = Field(None, description="The budget to set if the cluster has none but the default.")
     request_id: str = Field("", description="Signal path: set by the requester, new for each time it asks afresh.")
     remediation: BreakerSettings | None = Field(
-        None, description="Set by automated remediation (workflows/budget/breaker.py): the circuit breaker's "
-        "settings its node is judged by; the request is refused while the breaker is tripped.")
+        None,
+        description="Set by automated remediation (workflows/budget/breaker.py): the circuit breaker's "
+        "settings its node is judged by; the request is refused while the breaker is tripped.",
+    )
 
     _node = field_validator("node")(validate_object_name)
 

@@ -33,7 +33,11 @@ from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
 
-from workflows.common.base import Phases, Progress, WorkflowInput, history_is_long
+from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
+from activities.kube.validators import validate_object_name
+from activities.models import StrictModel
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 from workflows.burnin.server_burnin import (
     BurnInSettings,
     ServerBurnIn,
@@ -41,15 +45,10 @@ from workflows.burnin.server_burnin import (
     ServerBurnInResult,
     ServerTarget,
 )
+from workflows.common.base import Phases, Progress, WorkflowInput, history_is_long
 from workflows.common.call_options import NETBOX_CALL
 from workflows.common.carried import outcome_of
 from workflows.common.endpoints import Endpoints, RetryTimeout
-
-from activities.entities import FailureCause, RunOutcome, RunRef, failed_outcome
-from activities.kube.validators import validate_object_name
-from activities.models import StrictModel
-from activities.netbox.activities import NetBoxActivities
-from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 
 HISTORY_LIMIT = 8000
 # Runs from before carried children across continue-as-new (their children end with the run; it drains them first).
@@ -203,7 +202,9 @@ class FleetBurnIn:
     def _show(self, phase: str) -> None:
         r = self.report()
         done = r.passed + r.failed + r.errors + r.skipped
-        details = f"{r.passed} passed, {r.failed} failed, {r.errors} errors, {len(r.running)} running, {r.pending} to go"
+        details = (
+            f"{r.passed} passed, {r.failed} failed, {r.errors} errors, {len(r.running)} running, {r.pending} to go"
+        )
         if r.paused:
             details = f"{r.paused} — {details}"
         self._phases.enter(phase, details, done=done, total=r.total)
@@ -231,7 +232,8 @@ class FleetBurnIn:
             if not self._carry and (history_is_long(HISTORY_LIMIT) or started_here >= HISTORY_LIMIT // 10):
                 break  # a run from before CARRY_CHILDREN_PATCH: its children finish first
             await workflow.wait_condition(
-                lambda: self._startable() is not None or self._paused is not None or self._time_to_continue())
+                lambda: self._startable() is not None or self._paused is not None or self._time_to_continue()
+            )
             if self._time_to_continue():
                 break
             if self._paused is not None:
@@ -309,10 +311,15 @@ class FleetBurnIn:
         t = self._tally
         failed = t.failed + t.error - self._accepted_failures
         judged = t.passed + t.failed + t.error
-        if self._paused is None and judged >= self._inp.min_finished_before_pause and \
-                failed > self._inp.pause_when_failed_share * judged:
-            self._paused = (f"{failed} of {judged} finished servers failed (more than "
-                            f"{self._inp.pause_when_failed_share:.0%}): waiting for an operator's decision")
+        if (
+            self._paused is None
+            and judged >= self._inp.min_finished_before_pause
+            and failed > self._inp.pause_when_failed_share * judged
+        ):
+            self._paused = (
+                f"{failed} of {judged} finished servers failed (more than "
+                f"{self._inp.pause_when_failed_share:.0%}): waiting for an operator's decision"
+            )
 
     async def _wait_for_decision(self) -> None:
         """Until an operator decides, or until it is time to continue as new (the next run pauses again, from the
@@ -392,8 +399,11 @@ def _outcome(server: str, group: str, closed: ServerBurnInResult | RunOutcome) -
     """A server's burn-in result, or why its run did not complete: the innermost cause, or where the server's run
     gave up on an endpoint (that error names it)."""
     if isinstance(closed, ServerBurnInResult):
-        reason = "" if closed.result == "passed" else next(
-            (f"{f.check} {f.subject}: {f.evidence}" for f in closed.findings if f.severity == "fail"), "")
+        reason = (
+            ""
+            if closed.result == "passed"
+            else next((f"{f.check} {f.subject}: {f.evidence}" for f in closed.findings if f.severity == "fail"), "")
+        )
         return FleetOutcome(server=server, result=closed.result, reason=reason[:500], group=group)
     causes = closed.causes or [FailureCause(type=closed.status, message=f"burn-in {closed.status}")]
     cause = next((c for c in causes if c.type == "EndpointUnavailable"), causes[-1])

@@ -22,14 +22,14 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.activities import KubeActivities
-from activities.kube.validators import validate_object_name
 from activities.kube.models import CordonRequest, DrainSettings, NodeInfo, NodeRef, RebootWait
+from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.node_health import NodeHealthActivities, QuarantineRequest
-from workflows.maintenance.drain import Drain, DrainProgress
-from workflows.common.call_options import API_CALL
-from workflows.budget.leases import Lease, acquire_lease, release_lease
 from workflows.budget.budget import Budget
+from workflows.budget.leases import Lease, acquire_lease, release_lease
+from workflows.common.call_options import API_CALL
+from workflows.maintenance.drain import Drain, DrainProgress
 
 # Runs started before a burn-in knew its Kubernetes node read no node: they replay without these steps.
 NODE_GUARD_PATCH = "burn-in-kubernetes-node"
@@ -87,7 +87,8 @@ class NodeService:
 
     async def _inspect(self) -> NodeInfo:
         return await workflow.execute_activity_method(
-            KubeActivities.inspect_node, self._node_ref, **API_CALL, summary=f"inspect node {self.status.node}")
+            KubeActivities.inspect_node, self._node_ref, **API_CALL, summary=f"inspect node {self.status.node}"
+        )
 
     async def take_out(self) -> None:
         s, ref = self.status, self.ref
@@ -156,8 +157,9 @@ class NodeService:
             self._enter("uncordoning", s.node)
             done = await workflow.execute_activity_method(KubeActivities.uncordon_node, self._cordon, **API_CALL,
                                                           summary=f"uncordon {s.node}")  # fmt: skip
-            s.note = f"node {s.node}: drained ({len(s.evicted)} pods evicted) for the burn-in, back in service " \
-                     f"({done.note})"
+            s.note = (
+                f"node {s.node}: drained ({len(s.evicted)} pods evicted) for the burn-in, back in service ({done.note})"
+            )
         else:
             s.note = f"node {s.node} left cordoned: the burn-in did not boot the server back to its disk"
         if s.lease is not None:

@@ -24,14 +24,9 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.burnin.node_guard import NODE_GUARD_PATCH, KubernetesNode, NodeService
-from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
-
 from activities.gpu.activities import HostAgentActivities
-from activities.gpu.verdict import gpu_verdict
 from activities.gpu.models import GpuCheckRequest, GpuCheckResult, StressRequest, StressResult, host_task_queue
+from activities.gpu.verdict import gpu_verdict
 from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
@@ -60,7 +55,11 @@ from activities.redfish import (
     SelQuery,
     SelReport,
 )
+from workflows.burnin.node_guard import NODE_GUARD_PATCH, KubernetesNode, NodeService
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
+from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
@@ -208,7 +207,9 @@ def target_from_netbox(name: str, device: DeviceInfo, given: ServerTarget) -> Se
                                    type="InvalidInventory", non_retryable=True)  # fmt: skip
         bmc = BmcRef(url=cf[CF_BMC_URL], credentials=cf.get(CF_BMC_CREDENTIALS) or None)
     expected = given.expected or ExpectedHardware(
-        gpus=cf.get(CF_EXPECTED_GPUS), gpu_model=cf.get(CF_GPU_MODEL) or None, firmware=cf.get(CF_FIRMWARE_BASELINE) or {}
+        gpus=cf.get(CF_EXPECTED_GPUS),
+        gpu_model=cf.get(CF_GPU_MODEL) or None,
+        firmware=cf.get(CF_FIRMWARE_BASELINE) or {},
     )
     return given.model_copy(update={"bmc": bmc, "expected": expected, "site": given.site or device.site})
 
@@ -248,7 +249,8 @@ class ServerBurnIn:
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
                 found = await self._calls.execute(
-                    NetBoxActivities.find_device, lookup, **NETBOX_CALL, summary=f"find {target.name}")
+                    NetBoxActivities.find_device, lookup, **NETBOX_CALL, summary=f"find {target.name}"
+                )
                 if found.device is None:
                     raise ApplicationError(f"no device {target.name!r} in NetBox", type="DeviceNotFound",
                                            non_retryable=True)  # fmt: skip
@@ -338,9 +340,13 @@ class ServerBurnIn:
             )  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
-                result.findings.append(Finding(
-                    check="boot", subject=settings.boot_target,
-                    evidence=f"the host agent did not come up on {queue} within {settings.boot_timeout}"))
+                result.findings.append(
+                    Finding(
+                        check="boot",
+                        subject=settings.boot_target,
+                        evidence=f"the host agent did not come up on {queue} within {settings.boot_timeout}",
+                    )
+                )
                 result.result = "failed"
                 return result
             if isinstance(err.cause, ApplicationError) and err.cause.type == "NvmlUnavailable":

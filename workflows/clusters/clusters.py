@@ -38,12 +38,6 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
-from workflows.common import saga, search_attributes as sa
-from workflows.common.errors import root_cause
-from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
-from workflows.common.call_options import API_CALL, LONG_CALL
-
 from activities.capi import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -67,6 +61,12 @@ from activities.kube.validators import validate_object_name
 from activities.models import BaseUrl, Host, StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup
+from workflows.common import saga
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress, WorkflowInput
+from workflows.common.call_options import API_CALL, LONG_CALL
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
+from workflows.common.errors import root_cause
 
 CAPI = "cluster.x-k8s.io/v1beta2"
 KCP = "controlplane.cluster.x-k8s.io/v1beta2"
@@ -95,7 +95,8 @@ class WorkerPool(StrictModel):
     gpu_node_class: str = Field("h100-sxm", description="Label millwright.dev/gpu-class on the pool's nodes.")
     gpus_per_node: int = Field(8, ge=0)
     infrastructure: InfrastructureTemplate | None = Field(
-        None, description="Existing machine template; unset creates a Metal3MachineTemplate from `image_url`.")
+        None, description="Existing machine template; unset creates a Metal3MachineTemplate from `image_url`."
+    )
 
     _name = field_validator("name")(validate_object_name)
 
@@ -121,8 +122,9 @@ class TopologyMachineDeployment(_Topo):
     class_: str = Field(alias="class", description="Worker class of the ClusterClass.")
     name: str = Field(description="Topology name; the MachineDeployment is <cluster>-<name>.")
     replicas: int = Field(ge=0)
-    gpu_node_class: str | None = Field(None, alias="gpuNodeClass",
-                                       description="Label millwright.dev/gpu-class on these nodes (unset: none).")
+    gpu_node_class: str | None = Field(
+        None, alias="gpuNodeClass", description="Label millwright.dev/gpu-class on these nodes (unset: none)."
+    )
     gpus_per_node: int = Field(8, ge=0, alias="gpusPerNode")
 
     _name = field_validator("name")(validate_object_name)
@@ -141,8 +143,9 @@ class ClusterTopology(_Topo):
     """`Cluster.spec.topology` (v1beta2): a ClusterClass and what varies per cluster."""
 
     class_: str = Field(alias="class", description="Name of the ClusterClass.")
-    class_namespace: str | None = Field(None, alias="classNamespace",
-                                        description="Its namespace; unset: the Cluster's namespace.")
+    class_namespace: str | None = Field(
+        None, alias="classNamespace", description="Its namespace; unset: the Cluster's namespace."
+    )
     version: str = "v1.34.1"
     control_plane: TopologyControlPlane = Field(default_factory=TopologyControlPlane, alias="controlPlane")
     workers: TopologyWorkers = Field(default_factory=TopologyWorkers)
@@ -168,13 +171,15 @@ class CreateClusterInput(WorkflowInput, RetryTimeout):
     kubernetes_version: str = "v1.34.1"
     control_plane_replicas: int = Field(3, ge=1)
     worker_pools: list[WorkerPool] | None = Field(None, description="Flat objects; exclusive with `topology`.")
-    topology: ClusterTopology | None = Field(None, description="A ClusterClass with topology variables; "
-                                                               "exclusive with `worker_pools`.")
+    topology: ClusterTopology | None = Field(
+        None, description="A ClusterClass with topology variables; exclusive with `worker_pools`."
+    )
     control_plane_endpoint: Host = Field("10.0.0.10", description="Metal3Cluster controlPlaneEndpoint host.")
     image_url: BaseUrl = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2"
     image_checksum: str = "http://images.lab/ubuntu-24.04-k8s-v1.34.qcow2.sha256sum"
-    record_in_netbox: bool = Field(False, description="Record the cluster in NetBox and assign its machines' "
-                                                      "devices to it (needs the bootstrap).")
+    record_in_netbox: bool = Field(
+        False, description="Record the cluster in NetBox and assign its machines' devices to it (needs the bootstrap)."
+    )
     ready_timeout: timedelta = timedelta(hours=1)
     poll_interval: timedelta = timedelta(seconds=2)
 
@@ -195,8 +200,11 @@ class CreateClusterInput(WorkflowInput, RetryTimeout):
             raise ValueError("worker_pools: at least one pool is required unless topology is given")
         if self.topology is not None:
             # Flat-only fields must keep their defaults (a serialized input carries them, so "set" is not enough).
-            flat = [f for f in ("kubernetes_version", "control_plane_replicas")
-                    if getattr(self, f) != type(self).model_fields[f].default]
+            flat = [
+                f
+                for f in ("kubernetes_version", "control_plane_replicas")
+                if getattr(self, f) != type(self).model_fields[f].default
+            ]
             if flat:
                 raise ValueError(f"{flat[0]}: with topology, set topology.version / topology.controlPlane.replicas")
         return self
@@ -213,8 +221,11 @@ class CreateClusterInput(WorkflowInput, RetryTimeout):
     def node_classes(self) -> list[tuple[str, str]]:
         """(MachineDeployment name, GPU node class) of every worker group that gets the class label."""
         if self.topology is not None:
-            return [(f"{self.name}-{m.name}", m.gpu_node_class) for m in self.topology.workers.machine_deployments
-                    if m.gpu_node_class]
+            return [
+                (f"{self.name}-{m.name}", m.gpu_node_class)
+                for m in self.topology.workers.machine_deployments
+                if m.gpu_node_class
+            ]
         return [(f"{self.name}-{p.name}", p.gpu_node_class) for p in self.worker_pools or []]
 
 
@@ -225,9 +236,10 @@ class NetBoxRecord(StrictModel):
     cluster_created: bool
     assigned: list[str] = Field(default_factory=list, description="Devices assigned to the cluster by this run.")
     already: list[str] = Field(default_factory=list, description="Devices already in the cluster.")
-    missing: list[str] = Field(default_factory=list,
-                               description="Machines (node names) with no NetBox device of that name: reported, "
-                                           "not a failure.")
+    missing: list[str] = Field(
+        default_factory=list,
+        description="Machines (node names) with no NetBox device of that name: reported, not a failure.",
+    )
 
 
 class CreateClusterResult(StrictModel):
@@ -240,8 +252,11 @@ class CreateClusterResult(StrictModel):
     netbox: NetBoxRecord | None = None
 
 
-CLUSTER_NETWORK = {"pods": {"cidrBlocks": ["192.168.0.0/16"]}, "services": {"cidrBlocks": ["10.128.0.0/12"]},
-                   "serviceDomain": "cluster.local"}
+CLUSTER_NETWORK = {
+    "pods": {"cidrBlocks": ["192.168.0.0/16"]},
+    "services": {"cidrBlocks": ["10.128.0.0/12"]},
+    "serviceDomain": "cluster.local",
+}
 
 
 def topology_objects(inp: CreateClusterInput) -> list[dict]:
@@ -256,17 +271,26 @@ def topology_objects(inp: CreateClusterInput) -> list[dict]:
             ann["millwright.dev/gpu-class"] = m.gpu_node_class
         md["metadata"] = {"annotations": ann}
         mds.append(md)
-    spec: dict = {"classRef": {"name": topo.class_, "namespace": topo.class_namespace or inp.namespace},
-                  "version": topo.version, "controlPlane": {"replicas": topo.control_plane.replicas},
-                  "workers": {"machineDeployments": mds}}
+    spec: dict = {
+        "classRef": {"name": topo.class_, "namespace": topo.class_namespace or inp.namespace},
+        "version": topo.version,
+        "controlPlane": {"replicas": topo.control_plane.replicas},
+        "workers": {"machineDeployments": mds},
+    }
     if topo.variables:
         spec["variables"] = [{"name": v.name, "value": v.value} for v in topo.variables]
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": inp.namespace}},
-        {"apiVersion": CAPI, "kind": "Cluster",
-         "metadata": {"name": inp.name, "namespace": inp.namespace,
-                      "labels": {"cluster.x-k8s.io/cluster-name": inp.name}},
-         "spec": {"clusterNetwork": CLUSTER_NETWORK, "topology": spec}},
+        {
+            "apiVersion": CAPI,
+            "kind": "Cluster",
+            "metadata": {
+                "name": inp.name,
+                "namespace": inp.namespace,
+                "labels": {"cluster.x-k8s.io/cluster-name": inp.name},
+            },
+            "spec": {"clusterNetwork": CLUSTER_NETWORK, "topology": spec},
+        },
     ]
 
 
@@ -284,16 +308,37 @@ def cluster_objects(inp: CreateClusterInput) -> list[dict]:
         return m
 
     def m3_template(n: str) -> dict:
-        return {"apiVersion": METAL3, "kind": "Metal3MachineTemplate", "metadata": meta(n),
-                "spec": {"nodeReuse": False, "template": {"spec": {
-                    "image": {"url": inp.image_url, "checksum": inp.image_checksum, "checksumType": "sha256",
-                              "format": "qcow2"}, "automatedCleaningMode": "metadata"}}}}
+        return {
+            "apiVersion": METAL3,
+            "kind": "Metal3MachineTemplate",
+            "metadata": meta(n),
+            "spec": {
+                "nodeReuse": False,
+                "template": {
+                    "spec": {
+                        "image": {
+                            "url": inp.image_url,
+                            "checksum": inp.image_checksum,
+                            "checksumType": "sha256",
+                            "format": "qcow2",
+                        },
+                        "automatedCleaningMode": "metadata",
+                    }
+                },
+            },
+        }
 
     objs: list[dict] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-        {"apiVersion": METAL3, "kind": "Metal3Cluster", "metadata": meta(name),
-         "spec": {"controlPlaneEndpoint": {"host": inp.control_plane_endpoint, "port": 6443},
-                  "cloudProviderEnabled": False}},
+        {
+            "apiVersion": METAL3,
+            "kind": "Metal3Cluster",
+            "metadata": meta(name),
+            "spec": {
+                "controlPlaneEndpoint": {"host": inp.control_plane_endpoint, "port": 6443},
+                "cloudProviderEnabled": False,
+            },
+        },
         m3_template(f"{name}-cp"),
     ]
     pools = inp.worker_pools or []
@@ -301,37 +346,109 @@ def cluster_objects(inp: CreateClusterInput) -> list[dict]:
         md = f"{name}-{pool.name}"
         if pool.infrastructure is None:
             objs.append(m3_template(md))
-        objs.append({"apiVersion": BOOTSTRAP, "kind": "KubeadmConfigTemplate", "metadata": meta(md),
-                     "spec": {"template": {"spec": {"joinConfiguration": {"nodeRegistration": {
-                         "kubeletExtraArgs": [{"name": "node-labels",
-                                               "value": f"{GPU_CLASS_LABEL}={pool.gpu_node_class}"}]}}}}}})
-    objs.append({"apiVersion": CAPI, "kind": "Cluster", "metadata": meta(name), "spec": {
-        "clusterNetwork": CLUSTER_NETWORK,
-        "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane",
-                            "name": f"{name}-cp"},
-        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": name},
-    }})
-    objs.append({"apiVersion": KCP, "kind": "KubeadmControlPlane", "metadata": meta(f"{name}-cp"), "spec": {
-        "replicas": inp.control_plane_replicas, "version": inp.kubernetes_version,
-        "machineTemplate": {"spec": {"infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io",
-                                                           "kind": "Metal3MachineTemplate", "name": f"{name}-cp"}}},
-        "kubeadmConfigSpec": {"clusterConfiguration": {}, "initConfiguration": {}, "joinConfiguration": {}},
-    }})
+        objs.append(
+            {
+                "apiVersion": BOOTSTRAP,
+                "kind": "KubeadmConfigTemplate",
+                "metadata": meta(md),
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "joinConfiguration": {
+                                "nodeRegistration": {
+                                    "kubeletExtraArgs": [
+                                        {"name": "node-labels", "value": f"{GPU_CLASS_LABEL}={pool.gpu_node_class}"}
+                                    ]
+                                }
+                            }
+                        }
+                    }
+                },
+            }
+        )
+    objs.append(
+        {
+            "apiVersion": CAPI,
+            "kind": "Cluster",
+            "metadata": meta(name),
+            "spec": {
+                "clusterNetwork": CLUSTER_NETWORK,
+                "controlPlaneRef": {
+                    "apiGroup": "controlplane.cluster.x-k8s.io",
+                    "kind": "KubeadmControlPlane",
+                    "name": f"{name}-cp",
+                },
+                "infrastructureRef": {
+                    "apiGroup": "infrastructure.cluster.x-k8s.io",
+                    "kind": "Metal3Cluster",
+                    "name": name,
+                },
+            },
+        }
+    )
+    objs.append(
+        {
+            "apiVersion": KCP,
+            "kind": "KubeadmControlPlane",
+            "metadata": meta(f"{name}-cp"),
+            "spec": {
+                "replicas": inp.control_plane_replicas,
+                "version": inp.kubernetes_version,
+                "machineTemplate": {
+                    "spec": {
+                        "infrastructureRef": {
+                            "apiGroup": "infrastructure.cluster.x-k8s.io",
+                            "kind": "Metal3MachineTemplate",
+                            "name": f"{name}-cp",
+                        }
+                    }
+                },
+                "kubeadmConfigSpec": {"clusterConfiguration": {}, "initConfiguration": {}, "joinConfiguration": {}},
+            },
+        }
+    )
     for pool in pools:
         md = f"{name}-{pool.name}"
         infra = pool.infrastructure
-        infra_ref = ({"apiGroup": infra.api_group, "kind": infra.kind, "name": infra.name} if infra else
-                     {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3MachineTemplate", "name": md})
+        infra_ref = (
+            {"apiGroup": infra.api_group, "kind": infra.kind, "name": infra.name}
+            if infra
+            else {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3MachineTemplate", "name": md}
+        )
         selector = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": md}
-        objs.append({"apiVersion": CAPI, "kind": "MachineDeployment",
-                     "metadata": meta(md, {"millwright.dev/gpus-per-node": str(pool.gpus_per_node),
-                                           "millwright.dev/gpu-class": pool.gpu_node_class}),
-                     "spec": {"clusterName": name, "replicas": pool.replicas, "selector": {"matchLabels": selector},
-                              "template": {"metadata": {"labels": selector}, "spec": {
-                                  "clusterName": name, "version": inp.kubernetes_version,
-                                  "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io",
-                                                              "kind": "KubeadmConfigTemplate", "name": md}},
-                                  "infrastructureRef": infra_ref}}}})
+        objs.append(
+            {
+                "apiVersion": CAPI,
+                "kind": "MachineDeployment",
+                "metadata": meta(
+                    md,
+                    {
+                        "millwright.dev/gpus-per-node": str(pool.gpus_per_node),
+                        "millwright.dev/gpu-class": pool.gpu_node_class,
+                    },
+                ),
+                "spec": {
+                    "clusterName": name,
+                    "replicas": pool.replicas,
+                    "selector": {"matchLabels": selector},
+                    "template": {
+                        "metadata": {"labels": selector},
+                        "spec": {
+                            "clusterName": name,
+                            "version": inp.kubernetes_version,
+                            "bootstrap": {
+                                "configRef": {
+                                    "apiGroup": "bootstrap.cluster.x-k8s.io",
+                                    "kind": "KubeadmConfigTemplate",
+                                    "name": md,
+                                }
+                            },
+                            "infrastructureRef": infra_ref,
+                        },
+                    },
+                },
+            }
+        )
     return objs
 
 
@@ -347,7 +464,8 @@ def baseline_objects() -> list[dict]:
     """What every new workload cluster gets: system namespace, KAI's default queues and the tenants' parent."""
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "millwright-system"}},
-        _queue("default-parent-queue"), _queue("default-queue", "default-parent-queue"),
+        _queue("default-parent-queue"),
+        _queue("default-queue", "default-parent-queue"),
         _queue(TENANTS_PARENT_QUEUE),
     ]
 
@@ -375,40 +493,67 @@ class CreateCluster:
         self._wrote: dict[str, ApplyResult | None] = {}  # cluster → what its apply reported (None: it failed)
         try:
             self._phases.enter("checking-providers", "discovery of the Cluster API kinds")
-            extra = [KindRef(api_version=f"{p.infrastructure.api_group}/{p.infrastructure.api_version}",
-                             kind=p.infrastructure.kind) for p in inp.worker_pools or [] if p.infrastructure]
+            extra = [
+                KindRef(
+                    api_version=f"{p.infrastructure.api_group}/{p.infrastructure.api_version}",
+                    kind=p.infrastructure.kind,
+                )
+                for p in inp.worker_pools or []
+                if p.infrastructure
+            ]
             if inp.topology is not None:
                 extra.append(CLUSTER_CLASS)
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=mgmt, kinds=KindRef.of_objects(objs) + extra),
-                **API_CALL, endpoint=kubernetes_api(mgmt))
+                acts.check_kinds_installed,
+                DiscoveryRequest(cluster=mgmt, kinds=KindRef.of_objects(objs) + extra),
+                **API_CALL,
+                endpoint=kubernetes_api(mgmt),
+            )
             if inp.topology is not None:
                 await self._check_cluster_class(inp)
             self._phases.enter("creating", f"{len(objs)} objects")
             self._wrote[mgmt] = None
             applied = await self._calls.execute(
-                acts.apply_objects, ApplyRequest(cluster=mgmt, owner=owner, run=run, objects=objs,
-                                                 on_difference="error"), **LONG_CALL, endpoint=kubernetes_api(mgmt))
+                acts.apply_objects,
+                ApplyRequest(cluster=mgmt, owner=owner, run=run, objects=objs, on_difference="error"),
+                **LONG_CALL,
+                endpoint=kubernetes_api(mgmt),
+            )
             self._wrote[mgmt] = applied
             status = await self._wait_ready(inp)
             self._phases.enter("kubeconfig", "checking the kubeconfig Secret")
             kubeconfig = await self._calls.execute(
-                acts.check_secret, SecretCheck(cluster=mgmt, namespace=inp.namespace, name=f"{inp.name}-kubeconfig",
-                                               key="value"), **API_CALL, endpoint=kubernetes_api(mgmt))
+                acts.check_secret,
+                SecretCheck(cluster=mgmt, namespace=inp.namespace, name=f"{inp.name}-kubeconfig", key="value"),
+                **API_CALL,
+                endpoint=kubernetes_api(mgmt),
+            )
             self._phases.enter("baseline", "namespaces, KAI queues, node labels")
             ref = inp.ref()
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=ref, kinds=KindRef.of_objects(base)),
-                **API_CALL, endpoint=kubernetes_api(ref))
+                acts.check_kinds_installed,
+                DiscoveryRequest(cluster=ref, kinds=KindRef.of_objects(base)),
+                **API_CALL,
+                endpoint=kubernetes_api(ref),
+            )
             self._wrote[ref] = None
             self._wrote[ref] = await self._calls.execute(
-                acts.apply_objects, ApplyRequest(cluster=ref, owner=owner, run=run, objects=base,
-                                                 on_difference="update"), **LONG_CALL, endpoint=kubernetes_api(ref))
+                acts.apply_objects,
+                ApplyRequest(cluster=ref, owner=owner, run=run, objects=base, on_difference="update"),
+                **LONG_CALL,
+                endpoint=kubernetes_api(ref),
+            )
             for deployment, gpu_class in inp.node_classes():
                 await self._calls.execute(
-                    acts.label_nodes, NodeLabels(cluster=ref, labels={GPU_CLASS_LABEL: gpu_class},
-                                                 label_selector=f"cluster.x-k8s.io/deployment-name={deployment}"),
-                    **API_CALL, endpoint=kubernetes_api(ref))
+                    acts.label_nodes,
+                    NodeLabels(
+                        cluster=ref,
+                        labels={GPU_CLASS_LABEL: gpu_class},
+                        label_selector=f"cluster.x-k8s.io/deployment-name={deployment}",
+                    ),
+                    **API_CALL,
+                    endpoint=kubernetes_api(ref),
+                )
             netbox = await self._record_in_netbox(inp, status) if inp.record_in_netbox else None
         except Exception as err:
             if not self._wrote or not workflow.patched(COMPENSATION):  # nothing written, or an older run
@@ -419,14 +564,18 @@ class CreateCluster:
             raise failure from err
         self._phases.enter("completed", f"{status.machines_ready} machines ready")
         return CreateClusterResult(
-            cluster=ref, kubeconfig=kubeconfig.ref,
+            cluster=ref,
+            kubeconfig=kubeconfig.ref,
             created=[str(o.ref) for o in applied.outcomes if o.outcome == "created"],
             unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"],
-            machines=status.machines_total, baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base],
-            netbox=netbox)
+            machines=status.machines_total,
+            baseline=[f"{o['kind']} {o['metadata']['name']}" for o in base],
+            netbox=netbox,
+        )
 
-    async def _compensate(self, inp: CreateClusterInput, objs: list[dict], base: list[dict],
-                          err: BaseException) -> ApplicationError:
+    async def _compensate(
+        self, inp: CreateClusterInput, objs: list[dict], base: list[dict], err: BaseException
+    ) -> ApplicationError:
         """Undo what this run created, read from the clusters (its ownership), and say what that was: the
         baseline on the workload cluster unless the Cluster itself goes, then the Cluster first and the rest of
         the management objects in reverse creation order. Each delete is of the very object this run owns."""
@@ -443,8 +592,10 @@ class CreateCluster:
             if on_ref:
                 order = list(reversed(on_ref))
                 done = await workflow.execute_activity_method(
-                    ClusterApiActivities.delete_objects, DeleteRequest(cluster=ref, objects=order, owned_by=mine),
-                    **LONG_CALL)
+                    ClusterApiActivities.delete_objects,
+                    DeleteRequest(cluster=ref, objects=order, owned_by=mine),
+                    **LONG_CALL,
+                )
                 removed += [f"{r} in {ref}" for r in done.account(order, there)[0]]
         order = ([cluster] if cluster else []) + [r for r in reversed(made) if r is not cluster]
         if order:
@@ -452,8 +603,10 @@ class CreateCluster:
             done = await workflow.execute_activity_method(
                 ClusterApiActivities.delete_objects,
                 DeleteRequest(cluster=mgmt, objects=order, owned_by=mine, timeout_seconds=timeout.total_seconds()),
-                start_to_close_timeout=timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=API_CALL["retry_policy"])
+                start_to_close_timeout=timeout + timedelta(minutes=1),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=API_CALL["retry_policy"],
+            )
             removed += [str(r) for r in done.account(order, listed)[0]]
         return saga.failure(f"creating cluster {ref}", err, created, removed)
 
@@ -462,8 +615,14 @@ class CreateCluster:
         the cluster, and those its apply reported created), and the part of it the listing found there."""
         listed = await workflow.execute_activity_method(
             ClusterApiActivities.list_objects,
-            ListRequest(cluster=cluster, kinds=KindRef.of_objects(objs), owned_by=mine,
-                        label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}"), **API_CALL)
+            ListRequest(
+                cluster=cluster,
+                kinds=KindRef.of_objects(objs),
+                owned_by=mine,
+                label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+            ),
+            **API_CALL,
+        )
         applied = self._wrote.get(cluster)
         keys = {r.key() for r in listed + (applied.created() if applied else [])}
         return [r for r in map(ObjectRef.of, objs) if r.key() in keys], listed
@@ -473,12 +632,18 @@ class CreateCluster:
         assert topo is not None
         where = topo.class_namespace or inp.namespace
         found = await self._calls.execute(
-            ClusterApiActivities.list_objects, ListRequest(cluster=inp.management_cluster, kinds=[CLUSTER_CLASS]),
-            **API_CALL, endpoint=kubernetes_api(inp.management_cluster))
+            ClusterApiActivities.list_objects,
+            ListRequest(cluster=inp.management_cluster, kinds=[CLUSTER_CLASS]),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.management_cluster),
+        )
         if not any(o.name == topo.class_ and o.namespace == where for o in found):
-            raise ApplicationError(f"topology.class: no ClusterClass {where}/{topo.class_} in cluster "
-                                   f"{inp.management_cluster}; create it (or fix the name) first",
-                                   type="ClusterClassNotFound", non_retryable=True)
+            raise ApplicationError(
+                f"topology.class: no ClusterClass {where}/{topo.class_} in cluster "
+                f"{inp.management_cluster}; create it (or fix the name) first",
+                type="ClusterClassNotFound",
+                non_retryable=True,
+            )
 
     async def _record_in_netbox(self, inp: CreateClusterInput, status: CapiClusterStatus) -> NetBoxRecord:
         """Upsert the cluster record and assign each machine's device (by node name); idempotent."""
@@ -487,34 +652,53 @@ class CreateCluster:
         record = await self._calls.execute(
             NetBoxActivities.upsert_cluster,
             ClusterSpec(name=inp.name, description=f"Cluster API {ref}, {status.machines_total} machines"),
-            **API_CALL, endpoint=NETBOX)
+            **API_CALL,
+            endpoint=NETBOX,
+        )
         machines: list[MachineNode] = await self._calls.execute(
             ClusterApiActivities.list_machines,
-            CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name), **API_CALL,
-            endpoint=kubernetes_api(inp.management_cluster))
+            CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.management_cluster),
+        )
         nodes = sorted({m.node for m in machines if m.node})
         assigned = AssignmentResult(cluster=inp.name)
         if nodes:
             assigned = await self._calls.execute(
                 NetBoxActivities.assign_devices_to_cluster,
                 ClusterAssignment(cluster=inp.name, devices=[DeviceLookup(name=n) for n in nodes], missing_ok=True),
-                **API_CALL, endpoint=NETBOX)
-        return NetBoxRecord(cluster=inp.name, cluster_created=record.created, assigned=assigned.assigned,
-                            already=assigned.already, missing=assigned.missing)
+                **API_CALL,
+                endpoint=NETBOX,
+            )
+        return NetBoxRecord(
+            cluster=inp.name,
+            cluster_created=record.created,
+            assigned=assigned.assigned,
+            already=assigned.already,
+            missing=assigned.missing,
+        )
 
     async def _wait_ready(self, inp: CreateClusterInput) -> CapiClusterStatus:
         deadline = workflow.now() + inp.ready_timeout
         ref = CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name)
         while True:
-            st = await self._calls.execute(ClusterApiActivities.read_capi_cluster, ref, **API_CALL,
-                                           endpoint=kubernetes_api(inp.management_cluster))
-            self._phases.enter("provisioning", f"phase {st.phase or '-'}, machines ready {st.machines_ready} of "
-                        f"{st.machines_total}", st.machines_ready, st.machines_total)
+            st = await self._calls.execute(
+                ClusterApiActivities.read_capi_cluster, ref, **API_CALL, endpoint=kubernetes_api(inp.management_cluster)
+            )
+            self._phases.enter(
+                "provisioning",
+                f"phase {st.phase or '-'}, machines ready {st.machines_ready} of {st.machines_total}",
+                st.machines_ready,
+                st.machines_total,
+            )
             if st.exists and st.ready():
                 return st
             if workflow.now() >= deadline:
-                raise ApplicationError(f"cluster {inp.ref()} not ready after {inp.ready_timeout}: phase {st.phase}, "
-                                       f"{st.message}", type="ClusterNotReady", non_retryable=True)
+                raise ApplicationError(
+                    f"cluster {inp.ref()} not ready after {inp.ready_timeout}: phase {st.phase}, {st.message}",
+                    type="ClusterNotReady",
+                    non_retryable=True,
+                )
             await workflow.sleep(inp.poll_interval)
 
 
@@ -539,16 +723,20 @@ class DeleteClusterResult(StrictModel):
     cluster: str
     tenants_left: list[str]
     deleted: list[str]
-    kept: list[str] = Field(default_factory=list, description="Labelled for the cluster but not managed by its "
-                                                              "workflows (a person's template): left alone.")
+    kept: list[str] = Field(
+        default_factory=list,
+        description="Labelled for the cluster but not managed by its workflows (a person's template): left alone.",
+    )
 
 
 # Templates a Cluster's deletion leaves behind (not owned by it), removed after it is gone.
-TEMPLATE_KINDS = [KindRef(api_version=METAL3, kind="Metal3MachineTemplate"),
-                  KindRef(api_version=BOOTSTRAP, kind="KubeadmConfigTemplate"),
-                  KindRef(api_version=KCP, kind="KubeadmControlPlane"),
-                  KindRef(api_version=CAPI, kind="MachineDeployment"),
-                  KindRef(api_version=METAL3, kind="Metal3Cluster")]
+TEMPLATE_KINDS = [
+    KindRef(api_version=METAL3, kind="Metal3MachineTemplate"),
+    KindRef(api_version=BOOTSTRAP, kind="KubeadmConfigTemplate"),
+    KindRef(api_version=KCP, kind="KubeadmControlPlane"),
+    KindRef(api_version=CAPI, kind="MachineDeployment"),
+    KindRef(api_version=METAL3, kind="Metal3Cluster"),
+]
 
 
 @workflow.defn
@@ -569,42 +757,65 @@ class DeleteCluster:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(ref)])
         self._phases.enter("checking-tenants")
         status = await self._calls.execute(
-            acts.read_capi_cluster, CapiClusterRef(cluster=mgmt, namespace=inp.namespace, name=inp.name),
-            **API_CALL, endpoint=kubernetes_api(mgmt))
+            acts.read_capi_cluster,
+            CapiClusterRef(cluster=mgmt, namespace=inp.namespace, name=inp.name),
+            **API_CALL,
+            endpoint=kubernetes_api(mgmt),
+        )
         tenants: list[str] = []
         if status.exists and status.control_plane_initialized:
             queues = await self._calls.execute(
-                acts.list_objects, ListRequest(cluster=ref, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
-                                               label_selector=TENANT_LABEL), **API_CALL, endpoint=kubernetes_api(ref))
+                acts.list_objects,
+                ListRequest(
+                    cluster=ref, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")], label_selector=TENANT_LABEL
+                ),
+                **API_CALL,
+                endpoint=kubernetes_api(ref),
+            )
             tenants = sorted(q.name for q in queues)
         if tenants and not inp.force:
             self._phases.enter("failed", f"tenants still onboarded: {', '.join(tenants)}")
-            raise ApplicationError(f"cluster {ref} still has tenants onboarded ({', '.join(tenants)}): offboard them "
-                                   "first, or set force", type="TenantsOnboarded", non_retryable=True)
+            raise ApplicationError(
+                f"cluster {ref} still has tenants onboarded ({', '.join(tenants)}): offboard them first, or set force",
+                type="TenantsOnboarded",
+                non_retryable=True,
+            )
         self._phases.enter("deleting", "Cluster (Machines, control plane, infrastructure follow)")
         ours = Ownership(workflow=workflow.info().workflow_id)  # CreateCluster's and ours: the same ID
         target = ObjectRef(api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)
         deleted = await self._calls.execute(
-            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=[target], owned_by=ours,
-                                               timeout_seconds=inp.timeout.total_seconds()),
-            start_to_close_timeout=inp.timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=API_CALL["retry_policy"], endpoint=kubernetes_api(mgmt))
+            acts.delete_objects,
+            DeleteRequest(cluster=mgmt, objects=[target], owned_by=ours, timeout_seconds=inp.timeout.total_seconds()),
+            start_to_close_timeout=inp.timeout + timedelta(minutes=1),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=API_CALL["retry_policy"],
+            endpoint=kubernetes_api(mgmt),
+        )
         if deleted.kept:
             self._phases.enter("failed", f"{target} is not managed by {ours.workflow}")
-            raise ApplicationError(f"{target} in {mgmt} is not managed by {ours.workflow} (it was not created by "
-                                   "CreateCluster for this reference); delete it with clusterctl or kubectl",
-                                   type="ClusterNotManaged", non_retryable=True)
+            raise ApplicationError(
+                f"{target} in {mgmt} is not managed by {ours.workflow} (it was not created by "
+                "CreateCluster for this reference); delete it with clusterctl or kubectl",
+                type="ClusterNotManaged",
+                non_retryable=True,
+            )
         self._phases.enter("deleting-templates")
         leftovers = await self._calls.execute(
-            acts.list_objects, ListRequest(cluster=mgmt, kinds=TEMPLATE_KINDS,
-                                           label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"),
-                                           **API_CALL, endpoint=kubernetes_api(mgmt))
+            acts.list_objects,
+            ListRequest(cluster=mgmt, kinds=TEMPLATE_KINDS, label_selector=f"cluster.x-k8s.io/cluster-name={inp.name}"),
+            **API_CALL,
+            endpoint=kubernetes_api(mgmt),
+        )
         more = await self._calls.execute(
-            acts.delete_objects, DeleteRequest(cluster=mgmt, objects=leftovers, owned_by=ours), **LONG_CALL,
-            endpoint=kubernetes_api(mgmt))
+            acts.delete_objects,
+            DeleteRequest(cluster=mgmt, objects=leftovers, owned_by=ours),
+            **LONG_CALL,
+            endpoint=kubernetes_api(mgmt),
+        )
         self._phases.enter("completed")
         # What existed and is gone (read before the deletes), not what the delete answers said.
         templates, kept = more.account(leftovers, leftovers)
         gone = ([target] if status.exists or deleted.deleted else []) + templates
-        return DeleteClusterResult(cluster=ref, tenants_left=tenants, deleted=[str(r) for r in gone],
-                                   kept=[str(r) for r in kept])
+        return DeleteClusterResult(
+            cluster=ref, tenants_left=tenants, deleted=[str(r) for r in gone], kept=[str(r) for r in kept]
+        )

@@ -19,9 +19,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows.common.errors import error_text
-
 from activities.entities import EntityActivities, FailureCause, RunOutcome, RunRef
+from workflows.common.errors import error_text
 
 # The wait ends when the child closes; a worker lost meanwhile is noticed within a minute and the wait resumed.
 OUTCOME_HEARTBEAT = timedelta(seconds=60)
@@ -39,4 +38,3 @@ async def outcome_of(ref: RunRef, *, longest: timedelta, summary: str) -> RunOut
     except ActivityError as err:
         return RunOutcome(status="failed", causes=[FailureCause(
             type="OutcomeUnknown", message=f"waiting for {ref.workflow_id} failed: {error_text(err)}")])  # fmt: skip
-

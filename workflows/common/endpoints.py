@@ -22,9 +22,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
-from temporalio.common import Priority
 
 from activities.kube.validators import validate_positive_duration
 from activities.models import StrictModel
@@ -141,7 +140,7 @@ class Endpoints:
                     left = first + bound if first else None
                 else:  # the backoff reached so far, steady within the round, whose attempts fit in the bound
                     left = max(wait.gives_up_at - started, timedelta(seconds=1))
-                    grown = min(base.initial_interval * base.backoff_coefficient ** attempts, ceiling)
+                    grown = min(base.initial_interval * base.backoff_coefficient**attempts, ceiling)
                     interval, coefficient = max(min(grown, left / ROUND_ATTEMPTS), timedelta(seconds=1)), 1.0
                 policy = RetryPolicy(initial_interval=interval, backoff_coefficient=coefficient,
                                      maximum_interval=max(ceiling, interval), maximum_attempts=ROUND_ATTEMPTS,
@@ -150,7 +149,8 @@ class Endpoints:
                     options.setdefault("priority", self._priority)
                 try:
                     return await workflow.execute_activity_method(
-                        activity, arg, retry_policy=policy, schedule_to_close_timeout=left, summary=summary, **options)
+                        activity, arg, retry_policy=policy, schedule_to_close_timeout=left, summary=summary, **options
+                    )
                 except ActivityError as err:
                     if err.retry_state not in (RetryState.MAXIMUM_ATTEMPTS_REACHED, RetryState.TIMEOUT):
                         raise

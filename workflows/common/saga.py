@@ -11,15 +11,19 @@ from workflows.common.errors import root_cause
 _REPORT_KEYS = ("created", "removed")
 
 
-def failure(doing: str, err: BaseException, created: list[str], removed: list[str],
-            type: str | None = None) -> ApplicationError:
+def failure(
+    doing: str, err: BaseException, created: list[str], removed: list[str], type: str | None = None
+) -> ApplicationError:
     """The run's non-retryable failure: `<doing> failed: <cause>; created [...]; removed [...]`. Its type is
     `type`, or else the cause's own (a caller matching on ObjectConflict or ClusterNotReady still can)."""
     cause = root_cause(err)
     kind = type or (cause.type if isinstance(cause, ApplicationError) else None) or "Failed"
-    return ApplicationError(f"{doing} failed: {cause}; created {created or 'nothing'}; removed "
-                            f"{removed or 'nothing'} (in reverse order)", {"created": created, "removed": removed},
-                            type=kind, non_retryable=True)
+    return ApplicationError(
+        f"{doing} failed: {cause}; created {created or 'nothing'}; removed {removed or 'nothing'} (in reverse order)",
+        {"created": created, "removed": removed},
+        type=kind,
+        non_retryable=True,
+    )
 
 
 def report_of(err: BaseException) -> tuple[list[str], list[str]] | None:

@@ -39,8 +39,15 @@ from workflows.fabric.calls import (
 )
 from workflows.fabric.models import Allocation, FabricState
 
-DriftKind = Literal["unknown-member", "missing-member", "missing-pkey", "guid-in-two-tenants", "wrong-membership",
-                    "unknown-virtual-member", "virtual-member-of-other-tenant"]
+DriftKind = Literal[
+    "unknown-member",
+    "missing-member",
+    "missing-pkey",
+    "guid-in-two-tenants",
+    "wrong-membership",
+    "unknown-virtual-member",
+    "virtual-member-of-other-tenant",
+]
 # What a repair removes: a member no tenant owns, or another tenant's physical port. Never a virtual GUID whose
 # physical port belongs to a tenant (that tenant's VM): it is reported only.
 _REMOVED_BY_REPAIR = ("unknown-member", "guid-in-two-tenants", "unknown-virtual-member")
@@ -74,8 +81,9 @@ class AuditCursor(StrictModel):
     repaired: list[str] = Field(default_factory=list, description=f"The first {DRIFT_LISTED} repairs.")
     repaired_total: int = 0
     unmanaged: list[str] | None = Field(None, description="PKeys in UFM no tenant owns (None: not read yet).")
-    virtual_members: list[str] = Field(default_factory=list,
-                                       description=f"The first {DRIFT_LISTED} virtual GUIDs recognised.")
+    virtual_members: list[str] = Field(
+        default_factory=list, description=f"The first {DRIFT_LISTED} virtual GUIDs recognised."
+    )
     virtual_members_total: int = 0
     posture: FabricPosture | None = Field(None, description="Read by the audit's first run (None: an audit "
                                                             "started before the posture check).")  # fmt: skip
@@ -178,7 +186,7 @@ class FabricAudit:
             if start and history_is_long(AUDIT_HISTORY_LIMIT):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(inp.model_copy(update={"carried": cursor}))
-            await self._audit_wave(todo[start:start + inp.concurrency], owner)
+            await self._audit_wave(todo[start : start + inp.concurrency], owner)
         result = FabricAuditResult(
             fabric=inp.fabric, checked_pkeys=cursor.checked, drift=cursor.drift,
             drift_total=sum(cursor.drift_counts.values()), drift_counts=cursor.drift_counts, repaired=cursor.repaired,
@@ -210,13 +218,13 @@ class FabricAudit:
             drift, recognised = pkey_drift(a, p if p.exists else None, owner, found.hosts, found.virtual)
             for d in drift:
                 cursor.drift_counts[d.kind] = cursor.drift_counts.get(d.kind, 0) + 1
-            cursor.drift += drift[:max(DRIFT_LISTED - len(cursor.drift), 0)]
+            cursor.drift += drift[: max(DRIFT_LISTED - len(cursor.drift), 0)]
             cursor.virtual_members_total += len(recognised)
-            cursor.virtual_members += recognised[:max(DRIFT_LISTED - len(cursor.virtual_members), 0)]
+            cursor.virtual_members += recognised[: max(DRIFT_LISTED - len(cursor.virtual_members), 0)]
             if drift and self._inp.repair:
                 done = await self._repair_pkey(a, drift)
                 cursor.repaired_total += len(done)
-                cursor.repaired += done[:max(DRIFT_LISTED - len(cursor.repaired), 0)]
+                cursor.repaired += done[: max(DRIFT_LISTED - len(cursor.repaired), 0)]
             cursor.checked.append(a.pkey)
             cursor.after = int(a.pkey, 16)
         self._show(f"{len(cursor.checked)} PKeys audited, {sum(cursor.drift_counts.values())} drift items")
@@ -260,11 +268,13 @@ class FabricAudit:
     def _finish(self, r: FabricAuditResult) -> None:
         meter = workflow.metric_meter()
         meter.create_gauge("millwright_fabric_drift", "Drift found by the last fabric audit", "items").set(
-            r.drift_total, {"fabric": r.fabric})
+            r.drift_total, {"fabric": r.fabric}
+        )
         if r.posture is not None:
-            meter.create_gauge("millwright_fabric_insecure", "1: the last fabric audit found the fabric's posture "
-                               "voids PKey isolation or leaves it unverifiable").set(int(r.insecure),
-                                                                                     {"fabric": r.fabric})
+            meter.create_gauge(
+                "millwright_fabric_insecure",
+                "1: the last fabric audit found the fabric's posture voids PKey isolation or leaves it unverifiable",
+            ).set(int(r.insecure), {"fabric": r.fabric})
             meter.create_gauge("millwright_fabric_posture_warnings", "Posture warnings (SM keys) of the last fabric "
                                "audit", "items").set(len(r.posture.warnings()), {"fabric": r.fabric})  # fmt: skip
         self._show(f"{r.drift_total} drift items in {len(r.checked_pkeys)} PKeys", r)
@@ -315,7 +325,7 @@ class FabricAudit:
 
 
 def _chunks(items: list[str], size: int | None) -> list[list[str]]:
-    return [items] if size is None else [items[i:i + size] for i in range(0, len(items), size)]
+    return [items] if size is None else [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def audit(allocations: list[Allocation], snap: FabricSnapshot) -> tuple[list[Drift], list[str]]:
@@ -339,19 +349,49 @@ def pkey_drift(a: Allocation, p: PKeyMembers | None, owner: dict[str, Allocation
     the UFM system of the GUIDs no one here desires, `virtual` which of those are virtual ports, and where. Also
     returns the virtual GUIDs recognised on the tenant's own ports (its VMs), which are not drift."""
     if p is None:
-        return [Drift(kind="missing-pkey", pkey=a.pkey, tenant=a.tenant,
-                      detail=f"PKey absent from UFM; {len(a.members)} ports expected")] + [
-            Drift(kind="missing-pkey", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
-                  detail=f"port {g} of {h} not a member (PKey absent)") for g, h in sorted(a.members.items())], []
+        return [
+            Drift(
+                kind="missing-pkey",
+                pkey=a.pkey,
+                tenant=a.tenant,
+                detail=f"PKey absent from UFM; {len(a.members)} ports expected",
+            )
+        ] + [
+            Drift(
+                kind="missing-pkey",
+                pkey=a.pkey,
+                tenant=a.tenant,
+                guid=g,
+                host=h,
+                detail=f"port {g} of {h} not a member (PKey absent)",
+            )
+            for g, h in sorted(a.members.items())
+        ], []
     out: list[Drift] = []
     recognised: list[str] = []
     for g, h in sorted(a.members.items()):
         if g not in p.members:
-            out.append(Drift(kind="missing-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
-                             detail=f"port {g} of {h} is missing"))
+            out.append(
+                Drift(
+                    kind="missing-member",
+                    pkey=a.pkey,
+                    tenant=a.tenant,
+                    guid=g,
+                    host=h,
+                    detail=f"port {g} of {h} is missing",
+                )
+            )
         elif p.members[g] != a.membership:
-            out.append(Drift(kind="wrong-membership", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
-                             detail=f"port {g} of {h} is {p.members[g]}, expected {a.membership}"))
+            out.append(
+                Drift(
+                    kind="wrong-membership",
+                    pkey=a.pkey,
+                    tenant=a.tenant,
+                    guid=g,
+                    host=h,
+                    detail=f"port {g} of {h} is {p.members[g]}, expected {a.membership}",
+                )
+            )
     for g in sorted(set(p.members) - set(a.members)):
         other = owner.get(g)
         h = host.get(g, "unknown host")
@@ -360,8 +400,16 @@ def pkey_drift(a: Allocation, p: PKeyMembers | None, owner: dict[str, Allocation
             port_owner = owner.get(v.port_guid)
             where = f"virtual port {g} of {v.host or 'unknown host'} (on port {v.port_guid})"
             if port_owner is None:
-                out.append(Drift(kind="unknown-virtual-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=v.host,
-                                 detail=f"{where} is a member, but its port belongs to no tenant"))
+                out.append(
+                    Drift(
+                        kind="unknown-virtual-member",
+                        pkey=a.pkey,
+                        tenant=a.tenant,
+                        guid=g,
+                        host=v.host,
+                        detail=f"{where} is a member, but its port belongs to no tenant",
+                    )
+                )
             elif port_owner.tenant != a.tenant:
                 out.append(Drift(kind="virtual-member-of-other-tenant", pkey=a.pkey, tenant=a.tenant, guid=g,
                                  host=v.host, detail=f"{where} of tenant {port_owner.tenant} ({port_owner.pkey}) "
@@ -375,6 +423,14 @@ def pkey_drift(a: Allocation, p: PKeyMembers | None, owner: dict[str, Allocation
                              detail=f"port {g} of {h} belongs to tenant {other.tenant} ({other.pkey}) "
                                     f"but is also in {a.tenant}'s PKey"))  # fmt: skip
             continue
-        out.append(Drift(kind="unknown-member", pkey=a.pkey, tenant=a.tenant, guid=g, host=h,
-                         detail=f"port {g} of {h} is a member but not desired"))
+        out.append(
+            Drift(
+                kind="unknown-member",
+                pkey=a.pkey,
+                tenant=a.tenant,
+                guid=g,
+                host=h,
+                detail=f"port {g} of {h} is a member but not desired",
+            )
+        )
     return out, recognised

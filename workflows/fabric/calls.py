@@ -99,7 +99,10 @@ def refuse_insecure(fabric: str, posture: FabricPosture, accept: list[str]) -> l
 async def resolve_and_check(calls: Endpoints, hosts: list[str], netbox: bool) -> dict[str, list[str]]:
     """host -> port GUIDs from UFM, cross-checked both ways against NetBox; fails closed naming the host."""
     resolved: ResolvedHosts = await calls.execute(
-        UfmActivities.resolve_hosts, HostsRequest(hosts=hosts), **UFM_LISTING, endpoint=UFM,
+        UfmActivities.resolve_hosts,
+        HostsRequest(hosts=hosts),
+        **UFM_LISTING,
+        endpoint=UFM,
         summary="resolve hosts in UFM",
     )
     if resolved.unknown:
@@ -108,8 +111,11 @@ async def resolve_and_check(calls: Endpoints, hosts: list[str], netbox: bool) ->
     ufm = {h.host: h.guids for h in resolved.hosts}
     if netbox:
         records: list[DeviceIbPorts] = await calls.execute(
-            NetBoxActivities.list_ib_ports, IbPortQuery(devices=hosts), **NETBOX_CALL,
-            endpoint=NETBOX, summary="IB ports in NetBox"
+            NetBoxActivities.list_ib_ports,
+            IbPortQuery(devices=hosts),
+            **NETBOX_CALL,
+            endpoint=NETBOX,
+            summary="IB ports in NetBox",
         )
         for rec in records:
             nb = sorted({p.guid for p in rec.ports})

@@ -31,12 +31,10 @@ FabricAudit in audit.py; the calls and the entity's models they share in calls.p
 
 from __future__ import annotations
 
-
 from temporalio import workflow
 
-from workflows.common.base import Progress, history_is_long
-
 from activities.ufm import normalize_guid
+from workflows.common.base import Progress, history_is_long
 from workflows.fabric.models import (
     AllocateRequest,
     Allocation,
@@ -46,8 +44,6 @@ from workflows.fabric.models import (
     TenantRequest,
     WithdrawRequest,
 )
-
-
 
 # ================================================================== the Fabric entity
 
@@ -124,8 +120,10 @@ class Fabric:
         if req.tenant not in self._state.allocations:
             raise ValueError(f"tenant {req.tenant} has no PKey on this fabric")
 
-    @workflow.update(description="Drop ports from the tenant's desired members (a failed isolation undoing its "
-                                 "additions); returns the allocation.")
+    @workflow.update(
+        description="Drop ports from the tenant's desired members (a failed isolation undoing its "
+        "additions); returns the allocation."
+    )
     def withdraw(self, req: WithdrawRequest) -> Allocation:
         a = self._state.allocations[req.tenant]
         for guid in req.guids:

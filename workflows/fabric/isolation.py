@@ -27,7 +27,8 @@ from activities.ufm import (
     RemoveGuids,
     UfmActivities,
 )
-from workflows.common import saga, search_attributes as sa
+from workflows.common import saga
+from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 from workflows.common.errors import root_cause
@@ -103,8 +104,7 @@ class IsolationWrites(StrictModel):
     def new_ports(self, now: PKeyMembers) -> list[str]:
         """Ports in the PKey now that neither UFM nor the Fabric's books had before: this run's."""
         before = self.pkey_before or {}
-        return [g for g in sorted(self.members) if g in now.members and g not in before
-                and g not in self.booked_before]
+        return [g for g in sorted(self.members) if g in now.members and g not in before and g not in self.booked_before]
 
     def lines(self, now: PKeyMembers, ports: list[str], fabric: str) -> list[str]:
         """The report's lines for what is there now of what this run created, in creation order."""
@@ -154,14 +154,19 @@ class IsolateTenant:
         created = w.lines(now, ports, inp.fabric)
         if w.allocated:  # the PKey is this run's: all of it goes, allocation included
             await workflow.execute_child_workflow(
-                ReleaseTenant.run, ReleaseTenantInput(fabric=inp.fabric, tenant=inp.tenant, netbox=inp.netbox),
+                ReleaseTenant.run,
+                ReleaseTenantInput(fabric=inp.fabric, tenant=inp.tenant, netbox=inp.netbox),
                 id=ReleaseTenantInput(fabric=inp.fabric, tenant=inp.tenant).workflow_id(),
-                static_summary=f"undo the isolation of {inp.tenant}")
+                static_summary=f"undo the isolation of {inp.tenant}",
+            )
         else:  # the tenant's PKey stays: only the ports this run added go, from UFM and the books
             if ports:
                 await workflow.execute_activity_method(
-                    UfmActivities.remove_guids, RemoveGuids(pkey=w.pkey, guids=ports), **UFM_CALL,
-                    summary=f"remove the {len(ports)} ports this run added to {w.pkey}")
+                    UfmActivities.remove_guids,
+                    RemoveGuids(pkey=w.pkey, guids=ports),
+                    **UFM_CALL,
+                    summary=f"remove the {len(ports)} ports this run added to {w.pkey}",
+                )
             added = [g for g in w.members if g not in w.booked_before]
             if added:
                 await call_fabric(inp.fabric, "withdraw", WithdrawRequest(tenant=inp.tenant, guids=added))
@@ -202,9 +207,14 @@ class IsolateTenant:
         ))  # fmt: skip
         found = next((p for p in snap.pkeys if p.pkey == alloc.pkey), None)
         before = found.members if found else None
-        self._writes = IsolationWrites(pkey=alloc.pkey, allocated=held is None, pkey_before=before,
-                                       partition_before=found.partition if found else "",
-                                       booked_before=sorted(held.members) if held else [], members=members)
+        self._writes = IsolationWrites(
+            pkey=alloc.pkey,
+            allocated=held is None,
+            pkey_before=before,
+            partition_before=found.partition if found else "",
+            booked_before=sorted(held.members) if held else [],
+            members=members,
+        )
 
         self._enter("adding", f"PKey {alloc.pkey}: {len(members)} ports")
         await self._calls.execute(
@@ -219,8 +229,11 @@ class IsolateTenant:
 
         self._enter("verifying", f"PKey {alloc.pkey}")
         read: PKeyMembers = await self._calls.execute(
-            UfmActivities.get_pkey, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
-            endpoint=UFM, summary=f"read back {alloc.pkey}"
+            UfmActivities.get_pkey,
+            PKeyRef(pkey=alloc.pkey),
+            **UFM_CALL,
+            endpoint=UFM,
+            summary=f"read back {alloc.pkey}",
         )
         wrong = [f"{g} ({members[g]})" for g in sorted(members) if read.members.get(g) != inp.membership]
         if wrong:

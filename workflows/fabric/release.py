@@ -80,8 +80,11 @@ class ReleaseTenant:
         alloc = Allocation.model_validate(raw)
         guids = sorted(alloc.members)
         self._enter("removing", f"PKey {alloc.pkey}: {len(guids)} ports")
-        before = await read_pkey(self._calls, alloc.pkey, f"read {alloc.pkey} before the removal") \
-            if workflow.patched(RELEASE_READS_FIRST) else None
+        before = (
+            await read_pkey(self._calls, alloc.pkey, f"read {alloc.pkey} before the removal")
+            if workflow.patched(RELEASE_READS_FIRST)
+            else None
+        )
         change: MembershipChange = await self._calls.execute(
             UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
             endpoint=UFM, summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
@@ -93,8 +96,11 @@ class ReleaseTenant:
             raise ApplicationError(f"PKey {alloc.pkey} still has {', '.join(left)} after the removal",
                                    type="VerifyFailed", non_retryable=True)  # fmt: skip
         deleted: DeletedPKey = await self._calls.execute(
-            UfmActivities.delete_pkey_if_empty, PKeyRef(pkey=alloc.pkey), **UFM_CALL,
-            endpoint=UFM, summary=f"delete {alloc.pkey}"
+            UfmActivities.delete_pkey_if_empty,
+            PKeyRef(pkey=alloc.pkey),
+            **UFM_CALL,
+            endpoint=UFM,
+            summary=f"delete {alloc.pkey}",
         )
         if inp.netbox:
             await self._calls.execute(
@@ -108,9 +114,15 @@ class ReleaseTenant:
         by_ufm = not read.exists and (before.exists if before is not None else change.pkey_deleted)
         by_us = deleted.deleted or (read.exists and not deleted.existed)
         pkey_deleted = by_us or by_ufm
-        note = f"PKey {alloc.pkey} " + ("deleted" if by_us else "deleted by UFM with its last member" if by_ufm
-                                        else "already absent from UFM" if not read.exists
-                                        else f"kept with {len(deleted.remaining)} other members (retired)")
+        note = f"PKey {alloc.pkey} " + (
+            "deleted"
+            if by_us
+            else "deleted by UFM with its last member"
+            if by_ufm
+            else "already absent from UFM"
+            if not read.exists
+            else f"kept with {len(deleted.remaining)} other members (retired)"
+        )
         self._enter("released", note)
         removed = [g for g in guids if g in before.members] if before else change.changed
         return ReleaseTenantResult(

@@ -19,19 +19,20 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.common.base import Progress, WorkflowInput
-from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout
-
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS, BootstrapRequest, BootstrapSectionResult
+from workflows.common.base import Progress, WorkflowInput
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout
 
 # NetBox calls are cheap and idempotent: retry 5xx and connection errors with backoff, visibly, and give up
 # after the input's retry_timeout so a NetBox outage surfaces instead of hanging the bootstrap forever.
 NETBOX_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2.0, maximum_interval=timedelta(seconds=30),
 )  # fmt: skip
-NETBOX_CALL: dict[str, Any] = dict(endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY)
+NETBOX_CALL: dict[str, Any] = dict(
+    endpoint=NETBOX, start_to_close_timeout=timedelta(seconds=60), retry_policy=NETBOX_RETRY
+)
 
 
 class InventoryBootstrapInput(WorkflowInput, RetryTimeout):

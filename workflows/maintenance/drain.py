@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError as ActivityTimeout
 from temporalio.common import Priority
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from activities.kube.activities import KubeActivities
 from activities.kube.models import (
@@ -143,8 +144,13 @@ class Drain:
             try:
                 outcome = await workflow.execute_activity_method(
                     KubeActivities.evict_pod,
-                    EvictRequest(cluster=self._cluster, pod=pod, grace_period_seconds=self._settings.grace_period_seconds,
-                                 node=self._node, was_blocked=key in progress.blocked),
+                    EvictRequest(
+                        cluster=self._cluster,
+                        pod=pod,
+                        grace_period_seconds=self._settings.grace_period_seconds,
+                        node=self._node,
+                        was_blocked=key in progress.blocked,
+                    ),
                     **API_CALL,
                     # An API that keeps failing is retried until the drain's deadline, not beyond.
                     schedule_to_close_timeout=max(deadline - workflow.now(), API_CALL["start_to_close_timeout"]),

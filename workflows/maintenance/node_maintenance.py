@@ -20,21 +20,18 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput
-from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
-from workflows.maintenance.drain import Drain, DrainProgress
-from workflows.common.call_options import API_CALL
-from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
-
 from activities.kube.activities import KubeActivities
-from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.kube.models import CordonRequest, DrainSettings, NodeRef, PodQuery, SkippedPod
-from workflows.common import priorities
-
+from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
-
+from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
+from workflows.common import priorities
+from workflows.common import search_attributes as sa
+from workflows.common.base import Progress, WorkflowInput
+from workflows.common.call_options import API_CALL
+from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
+from workflows.maintenance.drain import Drain, DrainProgress
 
 Phase = Literal[
     "starting",
@@ -175,22 +172,28 @@ class NodeMaintenance:
     async def run(self, inp: NodeMaintenanceInput) -> NodeMaintenanceResult:
         owner = workflow.info().workflow_id
         # Runs started from the UI may lack these; the query by node must still find them.
-        workflow.upsert_search_attributes(
-            [sa.CLUSTER.value_set(inp.cluster), sa.NODE.value_set(inp.node)]
-        )
+        workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.NODE.value_set(inp.node)])
         self._enter("starting")
         cordon = CordonRequest(cluster=inp.cluster, node=inp.node, owner=owner, reason=inp.reason)
         try:
             await self._calls.execute(
-                KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node), **API_CALL,
-                endpoint=kubernetes_api(inp.cluster), summary=f"inspect node {inp.node}",
+                KubeActivities.inspect_node,
+                NodeRef(cluster=inp.cluster, node=inp.node),
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+                summary=f"inspect node {inp.node}",
             )
             if workflow.patched(LEASE_PATCH) and not await self._lease(inp):
                 why = self._abort.reason if self._abort else ""
-                return await self._finish("aborted", cordon, False, f"aborted while waiting for the disruption budget: {why}")
+                return await self._finish(
+                    "aborted", cordon, False, f"aborted while waiting for the disruption budget: {why}"
+                )
             self._enter("cordoning")
             held = await self._calls.execute(
-                KubeActivities.cordon_node, cordon, **API_CALL, endpoint=kubernetes_api(inp.cluster),
+                KubeActivities.cordon_node,
+                cordon,
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
                 summary=f"cordon {inp.node}",
             )
             self._status.cordoned_by_us = held.owned
@@ -216,7 +219,10 @@ class NodeMaintenance:
         if uncordon and s.cordoned_by_us:
             self._enter("uncordoning")
             done = await self._calls.execute(
-                KubeActivities.uncordon_node, cordon, **API_CALL, endpoint=kubernetes_api(cordon.cluster),
+                KubeActivities.uncordon_node,
+                cordon,
+                **API_CALL,
+                endpoint=kubernetes_api(cordon.cluster),
                 summary=f"uncordon {cordon.node}",
             )
             s.uncordoned = done.uncordoned
@@ -258,7 +264,10 @@ class NodeMaintenance:
         query = PodQuery(cluster=inp.cluster, node=inp.node, label_selector=inp.protected_pod_selector or "")
         while not self._stopping() and self._skip_wait is None:
             pods = await self._calls.execute(
-                KubeActivities.list_unfinished_pods, query, **API_CALL, endpoint=kubernetes_api(inp.cluster),
+                KubeActivities.list_unfinished_pods,
+                query,
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
                 summary="list protected pods",
             )
             self._status.protected_pods = [str(p) for p in pods]

@@ -31,17 +31,9 @@ from temporalio.exceptions import (
     WorkflowAlreadyStartedError,
 )
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import Phases, Progress, history_is_long
-from workflows.common.call_options import API_CALL, API_RETRY, BMC_RETRY, NETBOX_CALL
-from workflows.common.carried import outcome_of
-from workflows.common.endpoints import EndpointWait, Endpoints, kubernetes_api, with_waits
-from workflows.common.errors import error_text
-from workflows.remediation.policy import AgentObservation, BmcObservation, NodeDecision, decide, remediation_workflow_id
-
+from activities.entities import EntityActivities, RunOutcome, RunRef, WorkflowQuery, failed_outcome
 from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import GpuCheckRequest, GpuCheckResult, host_task_queue
-from activities.entities import EntityActivities, RunOutcome, RunRef, WorkflowQuery, failed_outcome
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 from activities.node_health import (
@@ -53,9 +45,27 @@ from activities.node_health import (
     NodesHealth,
     NodesHealthRequest,
 )
+from activities.prometheus import DcgmFaults, DcgmFaultsQuery, GpuFault, PrometheusActivities
 from activities.redfish import BmcRef, RedfishActivities, RedfishHealth
+from workflows.budget import leases
+from workflows.budget.breaker import BREAKER_QUERY, BreakerView
+from workflows.common import priorities
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress, history_is_long
+from workflows.common.call_options import API_CALL, API_RETRY, BMC_RETRY, NETBOX_CALL
+from workflows.common.carried import outcome_of
+from workflows.common.endpoints import Endpoints, EndpointWait, kubernetes_api, with_waits
+from workflows.common.errors import error_text
 from workflows.remediation.models import DeviceFacts, NodeRemediationInput, device_facts, finding_text
 from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.policy import (
+    AgentObservation,
+    BmcObservation,
+    NodeDecision,
+    decide,
+    remediation_workflow_id,
+    too_few_healthy,
+)
 from workflows.remediation.sweep_models import (
     HELD,
     LISTED,
@@ -68,16 +78,6 @@ from workflows.remediation.sweep_models import (
     SweepCursor,
     SweepSlice,
 )
-from workflows.budget.breaker import BREAKER_QUERY
-from workflows.budget.breaker import BreakerView
-from activities.prometheus import DcgmFaults
-from activities.prometheus import DcgmFaultsQuery
-from activities.prometheus import GpuFault
-from activities.prometheus import PrometheusActivities
-from workflows.budget import leases
-from workflows.common import priorities
-from workflows.remediation.policy import too_few_healthy
-
 
 # ---------------------------------------------------------------- FleetHealthSweep
 
@@ -139,8 +139,9 @@ class FleetHealthSweep:
     def __init__(self, inp: FleetHealthSweepInput) -> None:
         self._inp = inp
         self._phases = Phases(finished=("completed", "failed"))
-        self._calls = Endpoints(inp.retry_timeout, shown=self._waiting,
-                                 priority=priorities.remediation(inp.clusters[0]))  # a slice: its cluster
+        self._calls = Endpoints(
+            inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.clusters[0])
+        )  # a slice: its cluster
         self._cursor = inp.carried or SweepCursor(result=FleetHealthSweepResult(clusters=[]))
         self._result = self._cursor.result
         self._running: dict[str, SliceRun] = {r.workflow_id: r for r in self._cursor.running}
@@ -196,7 +197,7 @@ class FleetHealthSweep:
             if self._names is None:
                 self._names = await self._list_names(cluster)
             if self._names:
-                nodes, self._names = self._names[:inp.slice_size], self._names[inp.slice_size:]
+                nodes, self._names = self._names[: inp.slice_size], self._names[inp.slice_size :]
                 part = SweepSlice(cluster=cluster, index=cursor.next_slice, nodes=nodes)
                 cursor.next_slice, cursor.after = cursor.next_slice + 1, nodes[-1]
                 return part
@@ -291,7 +292,7 @@ class FleetHealthSweep:
         sweep.gpu_faults += part.gpu_faults
         sweep.dcgm = part.dcgm if part.dcgm.startswith("not read") or not sweep.dcgm else sweep.dcgm
         room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
-        sweep.unhealthy += part.unhealthy[:max(room, 0)]
+        sweep.unhealthy += part.unhealthy[: max(room, 0)]
         if part.error:
             self._add_error(sweep, f"slice {ref.index} ({ref.first} … {ref.last}): {part.error}")
         self._details()
@@ -305,8 +306,8 @@ class FleetHealthSweep:
         (max_remediations, at most HELD held), deferred at once."""
         cursor, inp = self._cursor, self._inp
         room = min(HELD, HELD if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
-        cursor.held += found[:max(room, 0)]
-        for candidate in found[max(room, 0):]:
+        cursor.held += found[: max(room, 0)]
+        for candidate in found[max(room, 0) :]:
             why = f"max {inp.max_remediations} remediations per sweep"
             if len(cursor.held) >= HELD and cursor.started + HELD < inp.max_remediations:
                 why = f"more than {HELD} nodes to remediate at once: left to the next sweep"
@@ -317,7 +318,7 @@ class FleetHealthSweep:
         slices, none of those still running."""
         cursor, inp = self._cursor, self._inp
         running = {r.cluster for r in self._running.values()}
-        for cluster in inp.clusters[:cursor.cluster]:
+        for cluster in inp.clusters[: cursor.cluster]:
             found = [c for c in cursor.held if c.cluster == cluster]
             if not found or cluster in running:
                 continue
@@ -419,9 +420,16 @@ class FleetHealthSweep:
 
     # ------------------------------------------------------------ looking at nodes
 
-    async def _look_all(self, cluster: str, nodes: list[NodeHealth], facts: dict[str, DeviceFacts],
-                        sweep: ClusterSweep, *, together: bool,
-                        dcgm: dict[str, list[GpuFault]] | None = None) -> list[tuple[str, NodeDecision, DeviceFacts]]:
+    async def _look_all(
+        self,
+        cluster: str,
+        nodes: list[NodeHealth],
+        facts: dict[str, DeviceFacts],
+        sweep: ClusterSweep,
+        *,
+        together: bool,
+        dcgm: dict[str, list[GpuFault]] | None = None,
+    ) -> list[tuple[str, NodeDecision, DeviceFacts]]:
         """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
         and its GPU fault series (`dcgm`, None: not read) alone do not settle it; counts into `sweep`; the nodes
         to remediate."""
@@ -448,8 +456,11 @@ class FleetHealthSweep:
                 sweep.agents_unavailable += 1
             if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
                 sweep.bmc_unknown += 1
-            return cluster, decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown,
-                                   dcgm=faults), node_facts
+            return (
+                cluster,
+                decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown, dcgm=faults),
+                node_facts,
+            )
 
         looked = await asyncio.gather(*(look(n) for n in nodes))
         for _, decision, _ in looked:
@@ -555,7 +566,9 @@ class FleetHealthSweep:
             self._enter("reading", f"cluster {cluster}", done=n, total=len(inp.clusters))
             sweep = self._cluster(cluster)
             try:
-                found += [Candidate(cluster=c, decision=d, facts=f) for c, d, f in await self._read_whole(cluster, sweep)]
+                found += [
+                    Candidate(cluster=c, decision=d, facts=f) for c, d, f in await self._read_whole(cluster, sweep)
+                ]
             except (ActivityError, ApplicationError) as err:
                 sweep.error = error_text(err)
             self._details()

@@ -9,21 +9,19 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from temporalio.common import SearchAttributePair
 
+from activities.kube.models import DrainSettings
+from activities.kube.validators import validate_object_name, validate_positive_duration
+from activities.models import StrictModel
+from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_EXPECTED_GPUS, CF_GPU_MODEL, DeviceInfo
+from activities.notify import WebhookTarget
+from activities.redfish import BmcRef
+from workflows.budget.breaker import BreakerSettings
+from workflows.budget.budget import Budget
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.maintenance.drain import DrainProgress
 from workflows.remediation.policy import HealthChecks, remediation_workflow_id
-
-from activities.kube.validators import validate_object_name, validate_positive_duration
-from activities.kube.models import DrainSettings
-from activities.models import StrictModel
-from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_EXPECTED_GPUS, CF_GPU_MODEL, DeviceInfo
-from activities.notify import WebhookTarget
-from activities.redfish import BmcRef
-from workflows.budget.budget import Budget
-from workflows.budget.breaker import BreakerSettings
-
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")

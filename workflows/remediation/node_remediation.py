@@ -20,6 +20,9 @@ twice at once):
   `millwright.dev/quarantine=true:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is returned (the quarantined node, cordoned and tainted, still counts
   against the budget as a node out of service); a webhook notification.
+
+Longer than 600 lines because the ladder's steps, their success checks, quarantine and the outcome share the
+run's one status and lease; the models are in workflows/remediation/models.py, the decisions in its policy.
 """
 
 from __future__ import annotations
@@ -32,16 +35,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import Phases, Progress
-from workflows.common.endpoints import EndpointWait, Endpoints, bmc_endpoint, kubernetes_api, with_waits
-from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
-from workflows.common.errors import error_text
-from workflows.maintenance.drain import Drain
-from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems
-
 from activities.gpu.activities import HostAgentActivities
-from activities.gpu.verdict import gpu_verdict
 from activities.gpu.models import (
     EmptyRequest,
     GpuCheckRequest,
@@ -51,14 +45,28 @@ from activities.gpu.models import (
     StressResult,
     host_task_queue,
 )
+from activities.gpu.verdict import gpu_verdict
 from activities.kube.activities import KubeActivities
 from activities.kube.models import CordonRequest, NodeRef, RebootWait
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TAG_QUARANTINE, DeviceLookup, DeviceTagsRequest, SetStatusRequest
-from activities.node_health import NodeHealth, NodeHealthActivities, NodeHealthRequest, QuarantineRequest
+from activities.node_health import (
+    NodeHealth,
+    NodeHealthActivities,
+    NodeHealthRequest,
+    QuarantineRequest,
+    RemediatedMark,
+)
 from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows.budget import leases
+from workflows.common import priorities
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress
+from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
+from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, kubernetes_api, with_waits
+from workflows.common.errors import error_text
+from workflows.maintenance.drain import Drain
 from workflows.remediation.models import (
     Approval,
     AwaitingApproval,
@@ -71,9 +79,7 @@ from workflows.remediation.models import (
     device_facts,
     finding_text,
 )
-from activities.node_health import RemediatedMark
-from workflows.common import priorities
-
+from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
@@ -171,8 +177,13 @@ class NodeRemediation:
 
         self._enter("cordoning")
         try:
-            held = await self._calls.execute(KubeActivities.cordon_node, cordon, **API_CALL,
-                                             endpoint=kubernetes_api(inp.cluster), summary=f"cordon {inp.node}")
+            held = await self._calls.execute(
+                KubeActivities.cordon_node,
+                cordon,
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+                summary=f"cordon {inp.node}",
+            )
         except ApplicationError as err:
             return await self._gave_up(result, err, "the node is left as it is (the cordon may have landed)")
         self._status.cordoned_by_us = held.owned
@@ -232,8 +243,13 @@ class NodeRemediation:
                 if quarantined:
                     await self._lift_quarantine(result, owner, f"fixed by {step}")
                 self._enter("uncordoning", f"fixed by {step}")
-                done = await self._calls.execute(KubeActivities.uncordon_node, cordon, **API_CALL,
-                                                 endpoint=kubernetes_api(inp.cluster), summary=f"uncordon {inp.node}")
+                done = await self._calls.execute(
+                    KubeActivities.uncordon_node,
+                    cordon,
+                    **API_CALL,
+                    endpoint=kubernetes_api(inp.cluster),
+                    summary=f"uncordon {inp.node}",
+                )
                 result.uncordoned = done.uncordoned
                 await self._return_lease(f"fixed by {step}")
                 await self._mark_remediated("healthy")
@@ -306,8 +322,13 @@ class NodeRemediation:
             return f"reset GPU {', '.join(str(i) for i in indexes)}"
         if bmc is None:
             raise _Unavailable("no BMC known for this node")
-        info = await self._calls.execute(KubeActivities.inspect_node, NodeRef(cluster=inp.cluster, node=inp.node),
-                                         **API_CALL, endpoint=kubernetes_api(inp.cluster), summary="read boot ID")
+        info = await self._calls.execute(
+            KubeActivities.inspect_node,
+            NodeRef(cluster=inp.cluster, node=inp.node),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+            summary="read boot ID",
+        )
         for state in ("Off", "On"):
             await self._calls.execute(
                 RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state), **BMC_CALL,
@@ -388,7 +409,8 @@ class NodeRemediation:
                 problems.append(str(err))
         if inp.checks.bmc and bmc is not None:
             seen: RedfishHealth = await self._calls.execute(
-                RedfishActivities.redfish_health, bmc, **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="BMC health")
+                RedfishActivities.redfish_health, bmc, **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="BMC health"
+            )
             problems += bmc_problems(BmcObservation(**seen.model_dump()), inp.checks)[0]
         return problems, gpu
 
@@ -510,7 +532,9 @@ class NodeRemediation:
                 else None  # fmt: skip
             tries = f" after {gave_up['attempts']} attempts" if gave_up else ""
             result.notification = f"{event}: failed{tries}: {gave_up['error'] if gave_up else error_text(err)}"
-            self._status.note = "; ".join(n for n in (self._status.note, f"webhook not notified: {error_text(err)}") if n)
+            self._status.note = "; ".join(
+                n for n in (self._status.note, f"webhook not notified: {error_text(err)}") if n
+            )
         else:
             result.notified = True
             result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
@@ -525,10 +549,17 @@ class NodeRemediation:
         mark = RemediatedMark(cluster=inp.cluster, node=inp.node, owner=workflow.info().workflow_id, outcome=outcome,
                               at=workflow.now())  # fmt: skip
         try:
-            await self._calls.execute(NodeHealthActivities.mark_remediated, mark, **API_CALL,
-                                      endpoint=kubernetes_api(inp.cluster), summary=f"mark {inp.node} remediated")
+            await self._calls.execute(
+                NodeHealthActivities.mark_remediated,
+                mark,
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+                summary=f"mark {inp.node} remediated",
+            )
         except (ActivityError, ApplicationError) as err:
-            self._status.note = "; ".join(n for n in (self._status.note, f"not marked remediated: {error_text(err)}") if n)
+            self._status.note = "; ".join(
+                n for n in (self._status.note, f"not marked remediated: {error_text(err)}") if n
+            )
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:
@@ -543,7 +574,8 @@ class NodeRemediation:
         bmc, gpus, model = inp.bmc, inp.expected_gpus, inp.gpu_model
         if inp.netbox and (bmc is None or gpus is None or model is None):
             found = await self._calls.execute(
-                NetBoxActivities.find_device, DeviceLookup(name=inp.node), **NETBOX_CALL, summary="NetBox: find device")
+                NetBoxActivities.find_device, DeviceLookup(name=inp.node), **NETBOX_CALL, summary="NetBox: find device"
+            )
             if found.device is not None:
                 from_nb = device_facts(found.device)
                 bmc = bmc or from_nb.bmc
@@ -589,5 +621,3 @@ class NodeRemediation:
 
 class _Unavailable(Exception):
     """A step that cannot run here: no host agent, no BMC."""
-
-

@@ -33,7 +33,14 @@ from pydantic import Field, model_validator
 
 from activities.models import StrictModel
 from activities.node_health import NodeHealth
-from activities.prometheus import ECC_DBE_VOLATILE, ROW_REMAP_FAILURE, ROW_REMAP_PENDING, XID_ERRORS, GpuFault, DcgmMetric
+from activities.prometheus import (
+    ECC_DBE_VOLATILE,
+    ROW_REMAP_FAILURE,
+    ROW_REMAP_PENDING,
+    XID_ERRORS,
+    DcgmMetric,
+    GpuFault,
+)
 
 # Node Problem Detector's default problem conditions (True = problem).
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
@@ -62,9 +69,10 @@ class DcgmChecks(StrictModel):
     node_label: str = Field("Hostname", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
                             description="The series' label holding the Kubernetes node name.")  # fmt: skip
     cluster_label: str | None = Field(
-        "cluster", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        "cluster",
+        pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
         description="The series' label holding the cluster's name (an external label, or one the scrape adds); "
-                    "None: the server holds this cluster's series only.",
+        "None: the server holds this cluster's series only.",
     )
     xid_codes: list[int] = Field(default_factory=lambda: list(HARDWARE_XIDS),
                                  description="XIDs that need remediation; any other XID is noted only.")  # fmt: skip
@@ -183,8 +191,9 @@ def node_problems(node: NodeHealth, checks: HealthChecks, now: datetime) -> tupl
         if down is None or down >= checks.not_ready_grace:
             problems.append("NotReady" + (f" for {human_duration(down)}" if down is not None else ""))
         else:
-            notes.append(f"NotReady for {human_duration(down)}, "
-                         f"within the {human_duration(checks.not_ready_grace)} grace")
+            notes.append(
+                f"NotReady for {human_duration(down)}, within the {human_duration(checks.not_ready_grace)} grace"
+            )
     for ctype in checks.problem_conditions:
         c = node.conditions.get(ctype)
         if c is not None and c.status == "True":

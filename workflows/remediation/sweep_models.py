@@ -8,17 +8,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from temporalio.common import SearchAttributePair
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import WorkflowInput
-from workflows.common.endpoints import RetryTimeout
-from workflows.remediation.policy import HealthChecks, NodeDecision
-
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
 from activities.redfish import BmcRef
+from workflows.common import search_attributes as sa
+from workflows.common.base import WorkflowInput
+from workflows.common.endpoints import RetryTimeout
 from workflows.remediation.models import DeviceFacts, RemediationSettings
-from workflows.remediation.policy import DEFAULT_COOLDOWN
-from workflows.remediation.policy import MinHealthy
+from workflows.remediation.policy import DEFAULT_COOLDOWN, HealthChecks, MinHealthy, NodeDecision
 
 HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
@@ -62,7 +59,8 @@ class Candidate(StrictModel):
 class FleetHealthSweepResult(StrictModel):
     clusters: list[ClusterSweep]
     remediations: list[StartedRemediation] = Field(
-        default_factory=list, description=f"What was started, already running, deferred (the first {LISTED}).")
+        default_factory=list, description=f"What was started, already running, deferred (the first {LISTED})."
+    )
     remediation_counts: dict[str, int] = Field(default_factory=dict, description="Remediations by status, all.")
     found: list[Candidate] = Field(default_factory=list, description="A slice's nodes needing remediation, for the "
                                    "sweep that started it; empty in a sweep's own result.")  # fmt: skip

@@ -39,9 +39,7 @@ def reconcile(cp: RolloutCheckpoint, live: Sequence[NodeSnapshot], policy: Deplo
     """Bring the checkpoint's members in line with the nodes the selectors match now."""
     change = MembershipChange()
     names = {n.name for n in live}
-    matched = {
-        c.name: sum(1 for n in live if c.selector.matches(n.labels)) for c in policy.compartments
-    }
+    matched = {c.name: sum(1 for n in live if c.selector.matches(n.labels)) for c in policy.compartments}
     where = {m: name for name, cs in cp.compartments.items() for m in cs.members}
     for node in sorted(live, key=lambda n: n.name):
         target = choose_compartment(node.labels, policy, matched)

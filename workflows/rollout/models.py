@@ -13,11 +13,11 @@ from pydantic import Field
 
 from activities.kube.models import DrainSettings, StageRecord
 from activities.models import StrictModel
-from workflows.maintenance.drain import DrainProgress
+from workflows.budget.budget import Budget
 from workflows.budget.leases import Lease
+from workflows.maintenance.drain import DrainProgress
 from workflows.rollout.policy import Plan
 from workflows.rollout.spec import Interrupt, MaintenanceWindow
-from workflows.budget.budget import Budget
 from workflows.rollout.state import BatchState, NodeStatus
 
 # ---------------------------------------------------------------- NodeUpdate
@@ -90,7 +90,8 @@ class NodeUpdateStatus(DrainProgress):
     lease: str | None = Field(None, description="The disruption budget lease held for the node.")
     waiting_for: str = Field("", description="Why the node waits for the disruption budget.")
     running: list[str] = Field(
-        default_factory=list, description="The stages it runs now, in order ('<package> <stage>'); the one under way "
+        default_factory=list,
+        description="The stages it runs now, in order ('<package> <stage>'); the one under way "
         "is on the node, in the millwright.dev/rollout annotation's stage.",
     )
 

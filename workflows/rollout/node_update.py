@@ -61,9 +61,9 @@ from activities.kube.models import (
     StageJobRequest,
     StageRecord,
 )
-from workflows.maintenance.drain import Drain
-from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
+from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.maintenance.drain import Drain
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
 from workflows.rollout.spec import Interrupt
 
@@ -116,15 +116,23 @@ class NodeUpdate:
                     self._status.lease = inp.lease.id
                 else:  # started on its own: it asks, before the cordon
                     await self._lease()
-            start = NodeUpdateStart(cluster=t.cluster, node=node, rollout=t.rollout, cordon=t.out_of_service,
-                                    non_interrupt_selector=t.non_interrupt_selector, drain=t.drain,
-                                    packages={p.name: p.version for p in t.packages},
-                                    allow_downgrade=t.allow_downgrade, auto_taint=t.auto_taint_new_nodes)
+            start = NodeUpdateStart(
+                cluster=t.cluster,
+                node=node,
+                rollout=t.rollout,
+                cordon=t.out_of_service,
+                non_interrupt_selector=t.non_interrupt_selector,
+                drain=t.drain,
+                packages={p.name: p.version for p in t.packages},
+                allow_downgrade=t.allow_downgrade,
+                auto_taint=t.auto_taint_new_nodes,
+            )
             started = await self._call(KubeActivities.start_node_update, start, f"start updating {node}", local=True)
             if started.blocked or started.refused:  # left in service, untouched but for its state
                 await self._release("blocked by non-interruptible pods" if started.blocked else "downgrade refused")
-                result.outcome, result.reason = ("blocked", started.blocked) if started.blocked else \
-                    ("erroring", started.refused)
+                result.outcome, result.reason = (
+                    ("blocked", started.blocked) if started.blocked else ("erroring", started.refused)
+                )
                 return result
             if t.out_of_service:
                 await self._drain(started.drain, result)
@@ -219,7 +227,7 @@ class NodeUpdate:
             failed = next((r for r in ran.stages if not r.succeeded), None)
             if failed is not None:
                 raise StageFailed(failed)
-            stages = stages[len(ran.stages):]
+            stages = stages[len(ran.stages) :]
 
     async def _hold(self, stage: str, package: str | None = None) -> None:
         """Hold here while paused, then record where the node is."""
@@ -255,8 +263,12 @@ class NodeUpdate:
                 await self._step("drain")
                 await Drain(t.cluster, node, t.drain, self._status, stopping=lambda: False, changed=lambda: None).run()
                 result.drain_seconds = (workflow.now() - started).total_seconds()
-                _record_duration("millwright_drain_duration_seconds", "Time to drain a node in a rollout", result.drain_seconds)
-            info = await self._call(KubeActivities.inspect_node, NodeRef(cluster=t.cluster, node=node), f"inspect {node}")
+                _record_duration(
+                    "millwright_drain_duration_seconds", "Time to drain a node in a rollout", result.drain_seconds
+                )
+            info = await self._call(
+                KubeActivities.inspect_node, NodeRef(cluster=t.cluster, node=node), f"inspect {node}"
+            )
             due = [p for p in t.packages if info.packages.get(p.name) != p.version]
             for package in due:
                 first = "upgrade" if package.name in info.packages else "apply"
@@ -329,7 +341,9 @@ class NodeUpdate:
             )
             message = job.message
             if job.succeeded:
-                self._status.stages.append(StageRecord(package=package.name, stage=stage, succeeded=True, attempts=attempts))
+                self._status.stages.append(
+                    StageRecord(package=package.name, stage=stage, succeeded=True, attempts=attempts)
+                )
                 return
         record = StageRecord(package=package.name, stage=stage, succeeded=False, attempts=attempts, message=message)
         self._status.stages.append(record)
@@ -403,7 +417,13 @@ class NodeUpdate:
         await self._call(
             KubeActivities.set_node_rollout_state,
             NodeRolloutState(
-                cluster=t.cluster, node=self._inp.node, rollout=t.rollout, state=state, package=package, stage=stage, reason=reason
+                cluster=t.cluster,
+                node=self._inp.node,
+                rollout=t.rollout,
+                state=state,
+                package=package,
+                stage=stage,
+                reason=reason,
             ),
             f"mark {self._inp.node} {state}",
             local=local,

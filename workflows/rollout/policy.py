@@ -34,6 +34,8 @@ from pydantic.alias_generators import to_camel
 
 from activities.models import StrictModel
 from activities.support.selectors import Requirement, selector_matches
+from workflows.budget.budget import Budget, ceiling
+from workflows.rollout.dependency_graph import dependency_levels, topological_order
 from workflows.rollout.spec import (
     DEFAULT_COMPARTMENT,
     WEEKDAYS,
@@ -46,8 +48,6 @@ from workflows.rollout.spec import (
     Strategy,
     zone,
 )
-from workflows.rollout.dependency_graph import dependency_levels, topological_order
-from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.state import BatchState
 
 __all__ = [
@@ -92,9 +92,7 @@ _INTERRUPT_PRIORITY = {"noop": 0, "service": 1, "restartAllServices": 2, "reboot
 
 
 class _State(StrictModel):
-    model_config = ConfigDict(
-        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
-    )
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
 
 class NodeSnapshot(_State):
@@ -136,9 +134,7 @@ def compartment_strategy(policy: DeploymentPolicy, name: str) -> Strategy | None
     return next(c.strategy for c in policy.compartments if c.name == name)
 
 
-def choose_compartment(
-    labels: Mapping[str, str], policy: DeploymentPolicy, matched_counts: Mapping[str, int]
-) -> str:
+def choose_compartment(labels: Mapping[str, str], policy: DeploymentPolicy, matched_counts: Mapping[str, int]) -> str:
     """NodeWright's `AssignNodeToCompartment`. Among the compartments whose selector matches,
     the safest wins: strategy fixed < linear < exponential < none, then the smaller ceiling
     (computed over the nodes the compartment's selector matches, at least 1), then the name.

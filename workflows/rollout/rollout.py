@@ -32,12 +32,12 @@ from temporalio import workflow
 from activities.kube.activities import KubeActivities
 from activities.kube.models import ConditionGate, NodePageRequest, UnavailableRequest
 from activities.prometheus import PrometheusActivities, PrometheusQuery
+from workflows.budget.budget import Budget, ceiling
+from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
+from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long
 from workflows.common.call_options import API_CALL
-from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
-from workflows.rollout.node_update import NodeUpdate
-from workflows.common import priorities
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     ApproveRequest,
@@ -58,9 +58,10 @@ from workflows.rollout.models import (
     RolloutStatus,
     StageRecord,
 )
+from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.policy import (
-    NodeSnapshot,
     NODE_PRIORITY_LABEL,
+    NodeSnapshot,
     admissible,
     assign_compartments,
     batch_order,
@@ -76,7 +77,6 @@ from workflows.rollout.policy import (
     window_open,
 )
 from workflows.rollout.spec import MaintenanceWindow, RolloutInput
-from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
@@ -216,7 +216,9 @@ async def _sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
     try:
-        await workflow.wait_condition(wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed")
+        await workflow.wait_condition(
+            wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed"
+        )
     except asyncio.TimeoutError:
         pass
 
@@ -257,8 +259,12 @@ class Rollout:
             compartments=self._views,
             recent_batches=self._recent,
             problems={
-                n: NodeView(status=s, reason=self._cp.reasons.get(n, ""), stages=self._stage_details.get(n, []),
-                            retries=self._cp.retries.get(n, 0))
+                n: NodeView(
+                    status=s,
+                    reason=self._cp.reasons.get(n, ""),
+                    stages=self._stage_details.get(n, []),
+                    retries=self._cp.retries.get(n, 0),
+                )
                 for n, s in self._cp.nodes.items()
                 if s in ("erroring", "blocked", "skipped")
             },
@@ -280,7 +286,9 @@ class Rollout:
 
     # ------------------------------------------------------------ operator controls
 
-    @workflow.update(description="Stop admitting nodes; running nodes hold after their current stage (never mid-interrupt).")
+    @workflow.update(
+        description="Stop admitting nodes; running nodes hold after their current stage (never mid-interrupt)."
+    )
     async def pause(self, req: ReasonRequest) -> RolloutStatus:
         self._paused_reason = req.reason
         await self._signal_batches(RolloutBatch.pause)
@@ -408,7 +416,11 @@ class Rollout:
             name=inp.name,
             outcome="aborted" if self._aborted else "completed",
             counts=self._counts(),
-            problems={n: self._cp.reasons.get(n, s) for n, s in self._cp.nodes.items() if s in ("erroring", "blocked", "skipped")},
+            problems={
+                n: self._cp.reasons.get(n, s)
+                for n, s in self._cp.nodes.items()
+                if s in ("erroring", "blocked", "skipped")
+            },
             compartments={name: cs.batch for name, cs in self._cp.compartments.items()},
         )
 
@@ -434,7 +446,9 @@ class Rollout:
                 summary="list targeted nodes",
             )
             nodes += [
-                NodeSnapshot(name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready, created=n.created)
+                NodeSnapshot(
+                    name=n.name, labels=n.labels, unschedulable=n.unschedulable, ready=n.ready, created=n.created
+                )
                 for n in page.nodes
             ]
             token = page.continue_token
@@ -443,7 +457,9 @@ class Rollout:
 
     async def _start(self, nodes: list[NodeSnapshot]) -> None:
         assignment = assign_compartments(nodes, self._inp.deployment_policy)
-        self._cp.compartments = {name: CompartmentState(members=members) for name, members in assignment.items() if members}
+        self._cp.compartments = {
+            name: CompartmentState(members=members) for name, members in assignment.items() if members
+        }
         self._cp.nodes = {n.name: "waiting" for n in sorted(nodes, key=lambda n: n.name)}
         self._live = {n.name: n for n in nodes}
 
@@ -515,7 +531,11 @@ class Rollout:
                 self._continue = True
                 break
             if cs.batch.should_stop:
-                self._enter(view, "stopped", f"stopped after {cs.batch.consecutive_failures} failed batches; reset_batch_state to go on")
+                self._enter(
+                    view,
+                    "stopped",
+                    f"stopped after {cs.batch.consecutive_failures} failed batches; reset_batch_state to go on",
+                )
                 await workflow.wait_condition(lambda: self._woken() or not cs.batch.should_stop)
                 continue
             if not await self._gates(name, view):
@@ -537,15 +557,20 @@ class Rollout:
                         cs.batch = BatchState()
                     cs.completed = False
             else:
-                unavailable = set(
-                    await workflow.execute_activity_method(
-                        KubeActivities.list_unavailable_nodes,
-                        UnavailableRequest(cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()),
-                        **API_CALL,
-                        priority=priorities.rollout(inp.cluster),
-                        summary=f"count unavailable nodes for {name}",
+                unavailable = (
+                    set(
+                        await workflow.execute_activity_method(
+                            KubeActivities.list_unavailable_nodes,
+                            UnavailableRequest(
+                                cluster=inp.cluster, label_selector=inp.node_selectors.to_selector_string()
+                            ),
+                            **API_CALL,
+                            priority=priorities.rollout(inp.cluster),
+                            summary=f"count unavailable nodes for {name}",
+                        )
                     )
-                ) & members
+                    & members
+                )
             active = len(cs.members) - sum(1 for n in cs.members if self._cp.nodes[n] == "skipped")
             # A node due for a retry is not done yet: the strategy counts it among the nodes remaining.
             retries_due = sum(1 for n in pending if self._cp.nodes[n] == "erroring")
@@ -553,7 +578,9 @@ class Rollout:
             size = next_batch_size(strategy, state, active, cap)
             admit = admissible(size, cap, len(unavailable))
             if admit == 0:
-                self._enter(view, "waiting-for-budget", f"{len(unavailable)} of {cap} allowed nodes already out of service")
+                self._enter(
+                    view, "waiting-for-budget", f"{len(unavailable)} of {cap} allowed nodes already out of service"
+                )
                 await self._sleep(BUDGET_POLL, "budget exhausted by unavailable nodes")
                 continue
             if self._planning:
@@ -641,14 +668,26 @@ class Rollout:
                 if values:
                     problems.append(f"{q.query} returned {len(values)} series")
             else:
-                bad = [v for v in values if (q.min_value is not None and v < q.min_value) or (q.max_value is not None and v > q.max_value)]
+                bad = [
+                    v
+                    for v in values
+                    if (q.min_value is not None and v < q.min_value) or (q.max_value is not None and v > q.max_value)
+                ]
                 if bad or not values:
                     problems.append(f"{q.query} = {values or 'no data'} outside [{q.min_value}, {q.max_value}]")
         return problems
 
     async def _run_batch(
-        self, name: str, view: CompartmentView, cs: CompartmentState, chosen: list[str], cap: int, unavailable: int,
-        size: int, change: MembershipChange, retried: list[str],
+        self,
+        name: str,
+        view: CompartmentView,
+        cs: CompartmentState,
+        chosen: list[str],
+        cap: int,
+        unavailable: int,
+        size: int,
+        change: MembershipChange,
+        retried: list[str],
     ) -> None:
         inp, number = self._inp, cs.batch.current_batch
         nodes = []
@@ -657,8 +696,16 @@ class Rollout:
             self._cp.next_ordinal += 1
             self._set_node(node, "in_progress", "")
         batch_view = BatchView(
-            compartment=name, number=number, ceiling=cap, unavailable_before=unavailable, strategy_size=size,
-            started=workflow.now(), order=chosen, retried=retried, joined=sorted(change.joined), left=sorted(change.left),
+            compartment=name,
+            number=number,
+            ceiling=cap,
+            unavailable_before=unavailable,
+            strategy_size=size,
+            started=workflow.now(),
+            order=chosen,
+            retried=retried,
+            joined=sorted(change.joined),
+            left=sorted(change.left),
         )
         view.current_batch = batch_view
         self._enter(view, "running", f"batch {number}: {len(chosen)} nodes")
@@ -699,7 +746,9 @@ class Rollout:
         for node in result.not_started:
             self._set_node(node, "waiting", "")
         active = len(cs.members) - sum(1 for n in cs.members if self._cp.nodes[n] == "skipped")
-        cs.batch = evaluate_batch(compartment_strategy(inp.deployment_policy, name), cs.batch, succeeded, failed, active)
+        cs.batch = evaluate_batch(
+            compartment_strategy(inp.deployment_policy, name), cs.batch, succeeded, failed, active
+        )
         view.batch_state = cs.batch
         batch_view.finished = workflow.now()
         if succeeded + failed:
@@ -743,10 +792,15 @@ class Rollout:
             stage_retries=inp.stage_retries,
             reboot_timeout=inp.reboot_timeout,
             # The cluster's disruption budget, if it has none yet: what this rollout alone may take out at once.
-            disruption_budget=Budget(count=max(1, sum(
-                ceiling(compartment_budget(inp.deployment_policy, name), len(cs.members))
-                for name, cs in self._cp.compartments.items()
-            ))),
+            disruption_budget=Budget(
+                count=max(
+                    1,
+                    sum(
+                        ceiling(compartment_budget(inp.deployment_policy, name), len(cs.members))
+                        for name, cs in self._cp.compartments.items()
+                    ),
+                )
+            ),
         )
 
     # ------------------------------------------------------------ state and visibility
@@ -755,7 +809,8 @@ class Rollout:
         """Nodes a next batch may take: waiting and blocked ones, and erroring ones with retries left."""
         limit = self._inp.deployment_policy.retry_erroring_nodes if self._planning else 0
         return [
-            n for n in cs.members
+            n
+            for n in cs.members
             if self._cp.nodes[n] in ("waiting", "blocked") or (limit and retryable(self._cp, n, limit))
         ]
 

@@ -51,16 +51,15 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from temporalio.common import SearchAttributePair
 
-from workflows.common import search_attributes as sa
-from workflows.common.base import WorkflowInput
-from workflows.rollout.state import RolloutCheckpoint
-
-from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.kube.models import DrainSettings
+from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.models import BaseUrl, StrictModel
 from activities.support.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
 from workflows.budget.budget import Budget
+from workflows.common import search_attributes as sa
+from workflows.common.base import WorkflowInput
 from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels
+from workflows.rollout.state import RolloutCheckpoint
 
 DEFAULT_COMPARTMENT = "__default__"
 
@@ -74,7 +73,9 @@ _SEMVER = re.compile(
 _PACKAGE_NAME = re.compile(r"^[a-z][-a-z0-9]{0,41}[a-z]$")
 # An image repository path (no tag, no digest), as the distribution spec defines it.
 _REPO_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
-_REGISTRY = re.compile(r"^(?:[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?)*(?::\d+)?$")
+_REGISTRY = re.compile(
+    r"^(?:[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?)*(?::\d+)?$"
+)
 _SHA256 = re.compile(r"^sha256:[0-9a-f]{64}$")
 _CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _SERVICE = re.compile(r"^[-_.@a-zA-Z0-9:\\]+$")
@@ -142,9 +143,7 @@ def describe_errors(error: ValidationError) -> list[str]:
 class _Spec(StrictModel):
     """NodeWright's camelCase in JSON, snake_case in Python; unknown fields rejected."""
 
-    model_config = ConfigDict(
-        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
-    )
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
 
 # ---------------------------------------------------------------- label selectors
@@ -383,7 +382,11 @@ class Package(_Spec):
     def config_interrupt(self, changed_keys: Iterable[str]) -> list[Interrupt]:
         """The configInterrupts entries matching any changed configMap key (to be coalesced)."""
         keys = list(changed_keys)
-        return [i for pattern, i in sorted(self.config_interrupts.items()) if any(fnmatch.fnmatchcase(k, pattern) for k in keys)]
+        return [
+            i
+            for pattern, i in sorted(self.config_interrupts.items())
+            if any(fnmatch.fnmatchcase(k, pattern) for k in keys)
+        ]
 
 
 # ---------------------------------------------------------------- drain
@@ -448,10 +451,15 @@ class DrainConfig(_Spec):
 class _StrategyParams(_Spec):
     initial_batch: int = Field(1, ge=1)
     batch_threshold: int = Field(100, ge=1, le=100, description="% of a batch's non-blocked nodes that must succeed.")
-    failure_threshold: int | None = Field(None, ge=1, description="Consecutive failed batches that stop the compartment.")
+    failure_threshold: int | None = Field(
+        None, ge=1, description="Consecutive failed batches that stop the compartment."
+    )
     safety_limit: int = Field(
-        100, ge=1, le=100, description="Failures stop the compartment only while progress is below this %. "
-        "Millwright's default is 100 (always); NodeWright's is 50."
+        100,
+        ge=1,
+        le=100,
+        description="Failures stop the compartment only while progress is below this %. "
+        "Millwright's default is 100 (always); NodeWright's is 50.",
     )
 
 
@@ -533,11 +541,15 @@ class DeploymentPolicy(_Spec):
     default: PolicyDefault = Field(default_factory=_safe_default)
     compartments: list[Compartment] = Field(default_factory=list)
     reset_batch_state_on_completion: bool = Field(
-        True, description="NodeWright's policy setting: a compartment's batch state goes back to batch 1 when all its "
+        True,
+        description="NodeWright's policy setting: a compartment's batch state goes back to batch 1 when all its "
         "nodes are done (nodes joining later start small again) and when the package versions change; false keeps it.",
     )
     retry_erroring_nodes: int = Field(
-        1, ge=0, le=10, description="How many times a node that ended erroring is put in a later batch again "
+        1,
+        ge=0,
+        le=10,
+        description="How many times a node that ended erroring is put in a later batch again "
         "automatically (0: never; retry_node still can). Each retry counts against the budget and the stop rule.",
     )
 
@@ -641,9 +653,7 @@ Approval = Literal["none", "batch", "compartment"]
 class RolloutInput(WorkflowInput):
     """A progressive host-OS rollout of `packages` to the nodes selected by `nodeSelectors`."""
 
-    model_config = ConfigDict(
-        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
-    )
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
     cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
     name: str = Field(description="Change id; names the rollout (and its workflow).")
@@ -667,19 +677,28 @@ class RolloutInput(WorkflowInput):
     soak_time: Duration = Field(timedelta(0), description="Wait after each batch before judging the next.")
     gate: BatchGate | None = Field(None, description="A check that must pass before each batch.")
     max_in_flight: int = Field(
-        200, ge=1, le=500, description="Nodes of one batch updated at once (a few hundred at most keeps histories small)."
+        200,
+        ge=1,
+        le=500,
+        description="Nodes of one batch updated at once (a few hundred at most keeps histories small).",
     )
-    stage_retries: int = Field(3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit).")
-    reboot_timeout: Duration = Field(timedelta(minutes=30), description="A rebooted node must be Ready again within this.")
+    stage_retries: int = Field(
+        3, ge=0, le=10, description="Retries of a failed stage Job (NodeWright's backoff limit)."
+    )
+    reboot_timeout: Duration = Field(
+        timedelta(minutes=30), description="A rebooted node must be Ready again within this."
+    )
     allow_downgrade: bool = Field(
         False, description="Install a package over a later version a node has (else that node is refused, untouched)."
     )
     runtime_required: bool = Field(
-        False, description="A node's packages must be complete before it takes work: the runtime-required taint "
+        False,
+        description="A node's packages must be complete before it takes work: the runtime-required taint "
         "(nodewright.nvidia.com=runtime-required:NoSchedule) is removed from it once they are, never while they fail.",
     )
     auto_taint_new_nodes: bool = Field(
-        False, description="Give each new node (none of Millwright's annotations yet) the runtime-required taint "
+        False,
+        description="Give each new node (none of Millwright's annotations yet) the runtime-required taint "
         "when the rollout reaches it; needs runtimeRequired.",
     )
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")

@@ -19,9 +19,7 @@ NodeStatus = Literal["waiting", "in_progress", "complete", "erroring", "blocked"
 
 
 class _State(StrictModel):
-    model_config = ConfigDict(
-        populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True
-    )
+    model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
 
 class BatchState(_State):
@@ -44,7 +42,8 @@ class CompartmentState(_State):
     members: list[str] = Field(default_factory=list)
     batch: BatchState = Field(default_factory=BatchState)
     completed: bool = Field(
-        False, description="Every member complete; nodes joining later start from a reset batch state if the "
+        False,
+        description="Every member complete; nodes joining later start from a reset batch state if the "
         "policy resets on completion.",
     )
 

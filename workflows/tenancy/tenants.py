@@ -32,16 +32,6 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from workflows.common import saga, search_attributes as sa
-from workflows.common.errors import root_cause
-from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
-from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
-from workflows.common.call_options import API_CALL, LONG_CALL
-from workflows.fabric.calls import call_fabric, validate_fabric_name
-from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
-from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput, ReleaseTenantResult
-
 from activities.capi import (
     TENANT_LABEL,
     ApplyRequest,
@@ -60,6 +50,16 @@ from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantSpec
+from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
+from workflows.common import saga
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress, WorkflowInput
+from workflows.common.call_options import API_CALL, LONG_CALL
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, kubernetes_api
+from workflows.common.errors import root_cause
+from workflows.fabric.calls import call_fabric, validate_fabric_name
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
+from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput, ReleaseTenantResult
 
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER = "kai-scheduler"
@@ -159,8 +159,14 @@ class OnboardTenantInput(TenantRef):
 
     def isolate_input(self) -> IsolateTenantInput:
         assert self.ib_fabric
-        return IsolateTenantInput(fabric=self.ib_fabric, tenant=self.tenant, tenant_name=self.display_name or None,
-                                  hosts=self.ib_hosts, netbox=self.record_in_netbox, retry_timeout=self.retry_timeout)
+        return IsolateTenantInput(
+            fabric=self.ib_fabric,
+            tenant=self.tenant,
+            tenant_name=self.display_name or None,
+            hosts=self.ib_hosts,
+            netbox=self.record_in_netbox,
+            retry_timeout=self.retry_timeout,
+        )
 
 
 class StepReport(StrictModel):
@@ -190,16 +196,42 @@ def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
     lab = _labels(inp)
     notes = {"millwright.dev/contacts": ",".join(inp.contacts)} if inp.contacts else {}
     steps: list[tuple[str, list[dict]]] = []
-    steps.append(("namespaces", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": ns, "labels": {**lab, QUEUE_LABEL: t}, **({"annotations": notes} if notes else {})}}
-        for ns in nss]))
+    steps.append(
+        (
+            "namespaces",
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": ns,
+                        "labels": {**lab, QUEUE_LABEL: t},
+                        **({"annotations": notes} if notes else {}),
+                    },
+                }
+                for ns in nss
+            ],
+        )
+    )
     ib_note = {"annotations": {IB_FABRIC_ANNOTATION: inp.ib_fabric}} if inp.ib_isolation and inp.ib_fabric else {}
-    steps.append(("queue", [{"apiVersion": QUEUE_API, "kind": "Queue",
-                             "metadata": {"name": t, "labels": lab, **ib_note},
-                             "spec": {"displayName": inp.display_name or t, "parentQueue": inp.parent_queue,
-                                      "priority": inp.priority,
-                                      "resources": {"gpu": inp.gpu.kai(), "cpu": inp.cpu.kai(),
-                                                    "memory": inp.memory.kai()}}}]))
+    steps.append(
+        (
+            "queue",
+            [
+                {
+                    "apiVersion": QUEUE_API,
+                    "kind": "Queue",
+                    "metadata": {"name": t, "labels": lab, **ib_note},
+                    "spec": {
+                        "displayName": inp.display_name or t,
+                        "parentQueue": inp.parent_queue,
+                        "priority": inp.priority,
+                        "resources": {"gpu": inp.gpu.kai(), "cpu": inp.cpu.kai(), "memory": inp.memory.kai()},
+                    },
+                }
+            ],
+        )
+    )
     quotas: list[dict] = []
     for ns in nss:
         hard = {"requests.nvidia.com/gpu": _num(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)}
@@ -209,52 +241,129 @@ def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
             hard["requests.memory"] = inp.memory_quota
         if inp.gpu.limit < 0 and inp.gpu.quota < 0:
             hard.pop("requests.nvidia.com/gpu")
-        quotas.append({"apiVersion": "v1", "kind": "ResourceQuota",
-                       "metadata": {"name": f"{t}-quota", "namespace": ns, "labels": lab}, "spec": {"hard": hard}})
-        quotas.append({"apiVersion": "v1", "kind": "LimitRange",
-                       "metadata": {"name": f"{t}-limits", "namespace": ns, "labels": lab},
-                       "spec": {"limits": [{"type": "Container", "default": {"cpu": "1", "memory": "1Gi"},
-                                            "defaultRequest": {"cpu": "100m", "memory": "128Mi"}}]}})
+        quotas.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": f"{t}-quota", "namespace": ns, "labels": lab},
+                "spec": {"hard": hard},
+            }
+        )
+        quotas.append(
+            {
+                "apiVersion": "v1",
+                "kind": "LimitRange",
+                "metadata": {"name": f"{t}-limits", "namespace": ns, "labels": lab},
+                "spec": {
+                    "limits": [
+                        {
+                            "type": "Container",
+                            "default": {"cpu": "1", "memory": "1Gi"},
+                            "defaultRequest": {"cpu": "100m", "memory": "128Mi"},
+                        }
+                    ]
+                },
+            }
+        )
     steps.append(("quotas", quotas))
-    steps.append(("rbac", [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                            "metadata": {"name": f"{t}-admins", "namespace": ns, "labels": lab},
-                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                        "name": "admin"},
-                            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                                          "name": inp.admin_group}]} for ns in nss] if inp.admin_group else []))
+    steps.append(
+        (
+            "rbac",
+            [
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": f"{t}-admins", "namespace": ns, "labels": lab},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "admin"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": inp.admin_group}],
+                }
+                for ns in nss
+            ]
+            if inp.admin_group
+            else [],
+        )
+    )
     net: list[dict] = []
     if inp.network_isolation:
         for ns in nss:
-            net.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                        "metadata": {"name": "default-deny", "namespace": ns, "labels": lab},
-                        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}})
+            net.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {"name": "default-deny", "namespace": ns, "labels": lab},
+                    "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]},
+                }
+            )
             # What a vCluster (and any tenant workload) needs: its own namespaces, DNS, the host API server.
-            net.append({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                        "metadata": {"name": "allow-tenant-and-system", "namespace": ns, "labels": lab},
-                        "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
-                                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels": lab}}]}],
-                                 "egress": [
-                                     {"to": [{"namespaceSelector": {"matchLabels": lab}}]},
-                                     {"to": [{"namespaceSelector": {"matchLabels": {
-                                         "kubernetes.io/metadata.name": "kube-system"}}}],
-                                      "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
-                                     {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
-                                 ]}})
+            net.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {"name": "allow-tenant-and-system", "namespace": ns, "labels": lab},
+                    "spec": {
+                        "podSelector": {},
+                        "policyTypes": ["Ingress", "Egress"],
+                        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": lab}}]}],
+                        "egress": [
+                            {"to": [{"namespaceSelector": {"matchLabels": lab}}]},
+                            {
+                                "to": [
+                                    {
+                                        "namespaceSelector": {
+                                            "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                                        }
+                                    }
+                                ],
+                                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                            },
+                            {"ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+                        ],
+                    },
+                }
+            )
     steps.append(("network", net))
-    steps.append(("policy", [{"apiVersion": "kyverno.io/v1", "kind": "ClusterPolicy",
-                              "metadata": {"name": f"{t}-kai-queue", "labels": lab},
-                              "spec": {"background": False, "rules": [{
-                                  "name": "kai-queue-and-scheduler",
-                                  "match": {"any": [{"resources": {"kinds": ["Pod"], "namespaces": nss}}]},
-                                  "mutate": {"patchStrategicMerge": {
-                                      "metadata": {"labels": {QUEUE_LABEL: t}},
-                                      "spec": {"schedulerName": KAI_SCHEDULER}}}}]}}]))
+    steps.append(
+        (
+            "policy",
+            [
+                {
+                    "apiVersion": "kyverno.io/v1",
+                    "kind": "ClusterPolicy",
+                    "metadata": {"name": f"{t}-kai-queue", "labels": lab},
+                    "spec": {
+                        "background": False,
+                        "rules": [
+                            {
+                                "name": "kai-queue-and-scheduler",
+                                "match": {"any": [{"resources": {"kinds": ["Pod"], "namespaces": nss}}]},
+                                "mutate": {
+                                    "patchStrategicMerge": {
+                                        "metadata": {"labels": {QUEUE_LABEL: t}},
+                                        "spec": {"schedulerName": KAI_SCHEDULER},
+                                    }
+                                },
+                            }
+                        ],
+                    },
+                }
+            ],
+        )
+    )
     vc: list[dict] = []
     if inp.isolation == "vcluster":
-        vc.append({"apiVersion": VCLUSTER_API, "kind": "VCluster",
-                   "metadata": {"name": t, "namespace": nss[0], "labels": lab},
-                   "spec": {"helmRelease": {"chart": {"name": "vcluster", "repo": "https://charts.loft.sh"},
-                                            "values": _vcluster_values(inp)}}})
+        vc.append(
+            {
+                "apiVersion": VCLUSTER_API,
+                "kind": "VCluster",
+                "metadata": {"name": t, "namespace": nss[0], "labels": lab},
+                "spec": {
+                    "helmRelease": {
+                        "chart": {"name": "vcluster", "repo": "https://charts.loft.sh"},
+                        "values": _vcluster_values(inp),
+                    }
+                },
+            }
+        )
     steps.append(("vcluster", vc))
     return steps
 
@@ -279,15 +388,21 @@ def _delete_order(refs: list[ObjectRef]) -> list[ObjectRef]:
 
 
 async def _capacity_check(calls: Endpoints, cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
-    cap = await calls.execute(ClusterApiActivities.gpu_capacity, CapacityRequest(cluster=cluster),
-                              **API_CALL, endpoint=kubernetes_api(cluster))
+    cap = await calls.execute(
+        ClusterApiActivities.gpu_capacity,
+        CapacityRequest(cluster=cluster),
+        **API_CALL,
+        endpoint=kubernetes_api(cluster),
+    )
     others = sum(q for t, q in cap.quotas.items() if t != tenant)
     total = others + max(0.0, gpu_quota)
     if total > cap.gpus and not allow:
         raise ApplicationError(
             f"GPU quotas would total {total:g} on cluster {cluster} (other tenants {others:g} + {tenant} "
             f"{gpu_quota:g}) but it has {cap.gpus:g} GPUs; lower the quota or set allow_oversubscription",
-            type="QuotaExceedsCapacity", non_retryable=True)
+            type="QuotaExceedsCapacity",
+            non_retryable=True,
+        )
 
 
 @workflow.defn
@@ -321,53 +436,83 @@ class OnboardTenant:
                 self._phases.enter("netbox", "tenant record")
                 nb = await self._calls.execute(
                     NetBoxActivities.upsert_tenant,
-                    TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
-                               description=f"onboarded on {inp.cluster}"), **API_CALL, endpoint=NETBOX)
-                reports.append(StepReport(step="netbox", created=[f"tenant {nb.name}"] if nb.created else [],
-                                          updated=[f"tenant {nb.name}"] if nb.updated else [],
-                                          unchanged=[] if nb.created or nb.updated else [f"tenant {nb.name}"]))
+                    TenantSpec(
+                        name=inp.display_name or inp.tenant, slug=inp.tenant, description=f"onboarded on {inp.cluster}"
+                    ),
+                    **API_CALL,
+                    endpoint=NETBOX,
+                )
+                reports.append(
+                    StepReport(
+                        step="netbox",
+                        created=[f"tenant {nb.name}"] if nb.created else [],
+                        updated=[f"tenant {nb.name}"] if nb.updated else [],
+                        unchanged=[] if nb.created or nb.updated else [f"tenant {nb.name}"],
+                    )
+                )
                 result.changed |= bool(nb.created or nb.updated)
             self._phases.enter("checking", "kinds installed, GPU capacity", 1)
             await self._calls.execute(
-                acts.check_kinds_installed, DiscoveryRequest(cluster=inp.cluster, kinds=KindRef.of_objects(every)),
-                **API_CALL, endpoint=kubernetes_api(inp.cluster))
+                acts.check_kinds_installed,
+                DiscoveryRequest(cluster=inp.cluster, kinds=KindRef.of_objects(every)),
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+            )
             await _capacity_check(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
             for i, (name, objs) in enumerate(steps):
                 self._phases.enter(name, f"{len(objs)} objects", i + 2)
                 if not objs:
                     continue
                 applied = await self._calls.execute(
-                    acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, run=run, objects=objs,
-                                                     on_difference="update"),
-                    endpoint=kubernetes_api(inp.cluster), summary=f"{name}: {len(objs)} objects", **LONG_CALL)
+                    acts.apply_objects,
+                    ApplyRequest(cluster=inp.cluster, owner=owner, run=run, objects=objs, on_difference="update"),
+                    endpoint=kubernetes_api(inp.cluster),
+                    summary=f"{name}: {len(objs)} objects",
+                    **LONG_CALL,
+                )
                 created += applied.created()
                 result.changed |= applied.changed()
-                reports.append(StepReport(step=name, **{k: [str(o.ref) for o in applied.outcomes if o.outcome == v]
-                                                        for k, v in (("created", "created"), ("updated", "updated"),
-                                                                     ("unchanged", "unchanged"))}))
+                reports.append(
+                    StepReport(
+                        step=name,
+                        **{
+                            k: [str(o.ref) for o in applied.outcomes if o.outcome == v]
+                            for k, v in (("created", "created"), ("updated", "updated"), ("unchanged", "unchanged"))
+                        },
+                    )
+                )
                 if name == "vcluster":
                     result.vcluster_kubeconfig = await self._wait_vcluster(inp)
             if inp.ib_isolation:
                 result.infiniband = await self._isolate(inp, len(steps) + 2)
                 iso = result.infiniband
                 pkey = f"PKey {iso.pkey} on {inp.ib_fabric}"
-                reports.append(StepReport(step="infiniband", created=[pkey] if iso.pkey_created else [],
-                                          updated=[f"{pkey}: added {g}" for g in iso.added],
-                                          unchanged=[] if iso.pkey_created or iso.added else [pkey]))
+                reports.append(
+                    StepReport(
+                        step="infiniband",
+                        created=[pkey] if iso.pkey_created else [],
+                        updated=[f"{pkey}: added {g}" for g in iso.added],
+                        unchanged=[] if iso.pkey_created or iso.added else [pkey],
+                    )
+                )
                 result.changed |= bool(iso.pkey_created or iso.added)
             # Changed input: the tenant's objects no longer desired go.
             self._phases.enter("pruning", "objects no longer desired", len(steps) + 2 + ib)
             want = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in every}
             live = await self._calls.execute(
-                acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
-                                               label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
-                                               endpoint=kubernetes_api(inp.cluster))
+                acts.list_objects,
+                ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}"),
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+            )
             stale = _delete_order([r for r in live if (r.kind, r.namespace, r.name) not in want])
             if stale:
                 pruned = await self._calls.execute(
-                    acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=stale,
-                                                       owned_by=Ownership(workflow=owner)), **LONG_CALL,
-                    endpoint=kubernetes_api(inp.cluster))
+                    acts.delete_objects,
+                    DeleteRequest(cluster=inp.cluster, objects=stale, owned_by=Ownership(workflow=owner)),
+                    **LONG_CALL,
+                    endpoint=kubernetes_api(inp.cluster),
+                )
                 gone, _ = pruned.account(stale, stale)  # a person's object labelled for the tenant stays
                 result.removed = [str(r) for r in gone]
                 result.changed |= bool(result.removed)
@@ -379,13 +524,17 @@ class OnboardTenant:
             else:  # runs that began before compensation by ownership
                 removed = await self._compensate(inp, created)
                 made = [str(r) for r in created] + self._ib_created
-            failure = saga.failure(f"onboarding {inp.tenant} on {inp.cluster}", err, made, removed,
-                                   type="OnboardingFailed")
+            failure = saga.failure(
+                f"onboarding {inp.tenant} on {inp.cluster}", err, made, removed, type="OnboardingFailed"
+            )
             self._phases.enter("compensated", failure.message)
             raise failure from err
         result.steps = reports  # the model copied the list it was given
-        self._phases.enter("completed", "changed" if result.changed else "already onboarded: nothing changed",
-                    self._phases.progress.total)
+        self._phases.enter(
+            "completed",
+            "changed" if result.changed else "already onboarded: nothing changed",
+            self._phases.progress.total,
+        )
         return result
 
     async def _wait_vcluster(self, inp: OnboardTenantInput) -> str:
@@ -393,14 +542,18 @@ class OnboardTenant:
         deadline = workflow.now() + inp.vcluster_ready_timeout
         delay = timedelta(milliseconds=250)
         while True:
-            st = await self._calls.execute(ClusterApiActivities.read_vcluster, ref, **API_CALL,
-                                           endpoint=kubernetes_api(inp.cluster))
+            st = await self._calls.execute(
+                ClusterApiActivities.read_vcluster, ref, **API_CALL, endpoint=kubernetes_api(inp.cluster)
+            )
             if st.ready and st.kubeconfig:
                 return st.kubeconfig.ref
             self._phases.enter("vcluster", f"waiting for vCluster {inp.tenant}: {st.phase or 'pending'}")
             if workflow.now() >= deadline:
-                raise ApplicationError(f"vCluster {inp.tenant} not ready after {inp.vcluster_ready_timeout}",
-                                       type="VClusterNotReady", non_retryable=True)
+                raise ApplicationError(
+                    f"vCluster {inp.tenant} not ready after {inp.vcluster_ready_timeout}",
+                    type="VClusterNotReady",
+                    non_retryable=True,
+                )
             await workflow.sleep(delay)
             delay = min(delay * 2, timedelta(seconds=10))
 
@@ -414,7 +567,8 @@ class OnboardTenant:
         child = inp.isolate_input()
         try:
             iso: IsolateTenantResult = await workflow.execute_child_workflow(
-                IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}")
+                IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}"
+            )
         except ChildWorkflowError as err:
             self._ib_child = saga.report_of(err)  # it undid its own writes: its report joins ours
             raise
@@ -422,8 +576,9 @@ class OnboardTenant:
             self._ib_created.append(f"PKey {iso.pkey} on {inp.ib_fabric}")
         return iso
 
-    async def _compensate_owned(self, inp: OnboardTenantInput, created: list[ObjectRef],
-                                every: list[dict]) -> tuple[list[str], list[str]]:
+    async def _compensate_owned(
+        self, inp: OnboardTenantInput, created: list[ObjectRef], every: list[dict]
+    ) -> tuple[list[str], list[str]]:
         """Undo, last step first, everything this run created: the InfiniBand PKey, then every object that
         carries this run's ownership (read from the cluster: those whose create answer was lost included) or
         that the run saw itself create; only the very objects this run owns are deleted. Returns (created,
@@ -434,8 +589,11 @@ class OnboardTenant:
         mine = Ownership(workflow=workflow.info().workflow_id, created_by=workflow.info().run_id)
         owned = await workflow.execute_activity_method(
             ClusterApiActivities.list_objects,
-            ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}",
-                        owned_by=mine), **API_CALL)
+            ListRequest(
+                cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}", owned_by=mine
+            ),
+            **API_CALL,
+        )
         position = {ObjectRef.of(o).key(): i for i, o in enumerate(every)}
         refs = list({r.key(): r for r in created + owned}.values())
         refs.sort(key=lambda r: position.get(r.key(), len(position)))  # creation order
@@ -443,8 +601,10 @@ class OnboardTenant:
         if refs:
             order = list(reversed(refs))
             done = await workflow.execute_activity_method(
-                ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order, owned_by=mine),
-                **LONG_CALL)
+                ClusterApiActivities.delete_objects,
+                DeleteRequest(cluster=inp.cluster, objects=order, owned_by=mine),
+                **LONG_CALL,
+            )
             removed += [str(r) for r in done.account(order, owned)[0]]
         return made, removed
 
@@ -467,15 +627,17 @@ class OnboardTenant:
             return removed
         order = list(reversed(created))
         await workflow.execute_activity_method(
-            ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL)
+            ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL
+        )
         return removed + [str(r) for r in order]
 
 
 async def release_ib(fabric: str, tenant: str, netbox: bool) -> ReleaseTenantResult:
     """The ReleaseTenant child (no-op when the tenant holds no PKey on the fabric)."""
     child = ReleaseTenantInput(fabric=fabric, tenant=tenant, netbox=netbox)
-    return await workflow.execute_child_workflow(ReleaseTenant.run, child, id=child.workflow_id(),
-                                                 static_summary=f"IB release of {tenant}")
+    return await workflow.execute_child_workflow(
+        ReleaseTenant.run, child, id=child.workflow_id(), static_summary=f"IB release of {tenant}"
+    )
 
 
 # ---------------------------------------------------------------- offboarding
@@ -489,8 +651,11 @@ class OffboardTenantInput(TenantRef):
     poll_interval: timedelta = timedelta(seconds=10)
     record_in_netbox: bool = True
     display_name: str = Field("", description="NetBox tenant name, as onboarded; defaults to the slug.")
-    ib_fabric: str | None = Field(None, description="InfiniBand fabric to release the tenant's PKey on; default: "
-                                                    "the one onboarding recorded on the tenant's queue.")
+    ib_fabric: str | None = Field(
+        None,
+        description="InfiniBand fabric to release the tenant's PKey on; default: "
+        "the one onboarding recorded on the tenant's queue.",
+    )
 
     @field_validator("ib_fabric")
     @classmethod
@@ -502,8 +667,10 @@ class OffboardTenantResult(StrictModel):
     tenant: str
     cluster: str
     removed: list[str]
-    kept: list[str] = Field(default_factory=list, description="Labelled for the tenant but owned by another "
-                                                              "workflow or a person: left alone.")
+    kept: list[str] = Field(
+        default_factory=list,
+        description="Labelled for the tenant but owned by another workflow or a person: left alone.",
+    )
     evicted: int = 0
     infiniband: ReleaseTenantResult | None = Field(None, description="The PKey released, when the tenant had one.")
 
@@ -525,24 +692,32 @@ class OffboardTenant:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
         self._phases.enter("listing")
         live = await self._calls.execute(
-            acts.list_objects, ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS,
-                                           label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
-                                           endpoint=kubernetes_api(inp.cluster))
+            acts.list_objects,
+            ListRequest(cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}"),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+        )
         namespaces = [r.name for r in live if r.kind == "Namespace"]
         evicted = 0
         deadline = workflow.now() + inp.workloads_timeout
         while namespaces:
             w = await self._calls.execute(
-                acts.tenant_workloads, WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
-                **API_CALL, endpoint=kubernetes_api(inp.cluster))
+                acts.tenant_workloads,
+                WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+            )
             evicted += w.evicted
             if w.active == 0 or inp.force:
                 break
             self._phases.enter("waiting-for-workloads", f"{w.active} pods still running")
             if workflow.now() >= deadline:
-                raise ApplicationError(f"{w.active} tenant pods still running after {inp.workloads_timeout}; "
-                                       "offboard with force to evict them", type="WorkloadsRunning",
-                                       non_retryable=True)
+                raise ApplicationError(
+                    f"{w.active} tenant pods still running after {inp.workloads_timeout}; "
+                    "offboard with force to evict them",
+                    type="WorkloadsRunning",
+                    non_retryable=True,
+                )
             await workflow.sleep(inp.poll_interval)
         released = await self._release_ib(inp)  # onboarding's last step, undone first
         self._phases.enter("removing", f"{len(live)} objects")
@@ -551,32 +726,55 @@ class OffboardTenant:
         kept: list[str] = []
         if order:  # only what the tenant's workflows manage (every run of them has this workflow ID)
             done = await self._calls.execute(
-                acts.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order,
-                                                   owned_by=Ownership(workflow=workflow.info().workflow_id)),
-                **LONG_CALL, endpoint=kubernetes_api(inp.cluster))
+                acts.delete_objects,
+                DeleteRequest(
+                    cluster=inp.cluster, objects=order, owned_by=Ownership(workflow=workflow.info().workflow_id)
+                ),
+                **LONG_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+            )
             gone, left = done.account(order, order)
             removed, kept = [str(r) for r in gone], [str(r) for r in left]
         if inp.record_in_netbox:
             self._phases.enter("netbox", "marking the tenant")
             await self._calls.execute(
                 NetBoxActivities.upsert_tenant,
-                TenantSpec(name=inp.display_name or inp.tenant, slug=inp.tenant,
-                           description=f"offboarded from {inp.cluster}"), **API_CALL, endpoint=NETBOX)
-        self._phases.enter("completed", f"removed {len(removed)} objects"
-                           + (f", kept {len(kept)} not managed by {workflow.info().workflow_id}" if kept else ""))
-        return OffboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, removed=removed, kept=kept,
-                                    evicted=evicted, infiniband=released)
+                TenantSpec(
+                    name=inp.display_name or inp.tenant, slug=inp.tenant, description=f"offboarded from {inp.cluster}"
+                ),
+                **API_CALL,
+                endpoint=NETBOX,
+            )
+        self._phases.enter(
+            "completed",
+            f"removed {len(removed)} objects"
+            + (f", kept {len(kept)} not managed by {workflow.info().workflow_id}" if kept else ""),
+        )
+        return OffboardTenantResult(
+            tenant=inp.tenant, cluster=inp.cluster, removed=removed, kept=kept, evicted=evicted, infiniband=released
+        )
 
     async def _release_ib(self, inp: OffboardTenantInput) -> ReleaseTenantResult | None:
         fabric = inp.ib_fabric
         if fabric is None:
             queues = await self._calls.execute(
                 ClusterApiActivities.read_tenant_quota_objects,
-                ListRequest(cluster=inp.cluster, kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
-                            label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL,
-                            endpoint=kubernetes_api(inp.cluster))
-            fabric = next((q["metadata"].get("annotations", {}).get(IB_FABRIC_ANNOTATION) for q in queues
-                           if (q["metadata"].get("annotations") or {}).get(IB_FABRIC_ANNOTATION)), None)
+                ListRequest(
+                    cluster=inp.cluster,
+                    kinds=[KindRef(api_version=QUEUE_API, kind="Queue")],
+                    label_selector=f"{TENANT_LABEL}={inp.tenant}",
+                ),
+                **API_CALL,
+                endpoint=kubernetes_api(inp.cluster),
+            )
+            fabric = next(
+                (
+                    q["metadata"].get("annotations", {}).get(IB_FABRIC_ANNOTATION)
+                    for q in queues
+                    if (q["metadata"].get("annotations") or {}).get(IB_FABRIC_ANNOTATION)
+                ),
+                None,
+            )
         if fabric is None:
             return None
         state = await call_fabric(fabric, "state")
@@ -622,12 +820,21 @@ class UpdateTenantQuota:
         self._phases.enter("checking", "GPU capacity")
         await _capacity_check(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
         objs = await self._calls.execute(
-            acts.read_tenant_quota_objects, ListRequest(cluster=inp.cluster, kinds=[
-                KindRef(api_version=QUEUE_API, kind="Queue"), KindRef(api_version="v1", kind="ResourceQuota")],
-                label_selector=f"{TENANT_LABEL}={inp.tenant}"), **API_CALL, endpoint=kubernetes_api(inp.cluster))
+            acts.read_tenant_quota_objects,
+            ListRequest(
+                cluster=inp.cluster,
+                kinds=[KindRef(api_version=QUEUE_API, kind="Queue"), KindRef(api_version="v1", kind="ResourceQuota")],
+                label_selector=f"{TENANT_LABEL}={inp.tenant}",
+            ),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+        )
         if not any(o["kind"] == "Queue" for o in objs):
-            raise ApplicationError(f"tenant {inp.tenant} is not onboarded on {inp.cluster} (no queue)",
-                                   type="TenantNotFound", non_retryable=True)
+            raise ApplicationError(
+                f"tenant {inp.tenant} is not onboarded on {inp.cluster} (no queue)",
+                type="TenantNotFound",
+                non_retryable=True,
+            )
         desired = []
         for o in objs:
             if o["kind"] == "Queue":
@@ -640,17 +847,26 @@ class UpdateTenantQuota:
                     hard.pop("requests.nvidia.com/gpu", None)
             holder = Ownership.of(o)
             if holder is not None and holder.workflow != owner:
-                raise ApplicationError(f"{o['kind']} {o['metadata']['name']} is not managed by {owner} "
-                                       f"({Ownership(workflow=owner).describe(o)})", type="ObjectConflict",
-                                       non_retryable=True)
+                raise ApplicationError(
+                    f"{o['kind']} {o['metadata']['name']} is not managed by {owner} "
+                    f"({Ownership(workflow=owner).describe(o)})",
+                    type="ObjectConflict",
+                    non_retryable=True,
+                )
             desired.append(o)
         self._phases.enter("updating", f"GPU quota {inp.gpu.quota:g}, limit {inp.gpu.limit:g}")
         applied = await self._calls.execute(
-            acts.apply_objects, ApplyRequest(cluster=inp.cluster, owner=owner, run=workflow.info().run_id,
-                                             objects=desired, on_difference="update"), **LONG_CALL,
-            endpoint=kubernetes_api(inp.cluster))
+            acts.apply_objects,
+            ApplyRequest(
+                cluster=inp.cluster, owner=owner, run=workflow.info().run_id, objects=desired, on_difference="update"
+            ),
+            **LONG_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+        )
         self._phases.enter("completed")
         return UpdateTenantQuotaResult(
-            tenant=inp.tenant, cluster=inp.cluster,
+            tenant=inp.tenant,
+            cluster=inp.cluster,
             updated=[str(o.ref) for o in applied.outcomes if o.outcome != "unchanged"],
-            unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"])
+            unchanged=[str(o.ref) for o in applied.outcomes if o.outcome == "unchanged"],
+        )

@@ -106,14 +106,24 @@ class ClusterApi(Controller):
         store = self.store
         ns, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
         mds = [o for o in store.all(MACHINE_DEPLOYMENTS, ns) if (o.get("spec") or {}).get("clusterName") == name]
-        machines = [o for o in store.all(MACHINES, ns)
-                    if (o["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name") == name]
+        machines = [
+            o
+            for o in store.all(MACHINES, ns)
+            if (o["metadata"].get("labels") or {}).get("cluster.x-k8s.io/cluster-name") == name
+        ]
         workers = [m for m in machines if "cluster.x-k8s.io/control-plane" not in (m["metadata"].get("labels") or {})]
         cps = [m for m in machines if m not in workers]
         kref = (cluster.get("spec") or {}).get("controlPlaneRef") or {}
-        kcps = [o for o in store.all(KCPS, ns) if o["metadata"]["name"] == kref.get("name")
-                or (not kref and TOPOLOGY_OWNED in (o["metadata"].get("labels") or {})
-                    and o["metadata"]["labels"].get("cluster.x-k8s.io/cluster-name") == name)]
+        kcps = [
+            o
+            for o in store.all(KCPS, ns)
+            if o["metadata"]["name"] == kref.get("name")
+            or (
+                not kref
+                and TOPOLOGY_OWNED in (o["metadata"].get("labels") or {})
+                and o["metadata"]["labels"].get("cluster.x-k8s.io/cluster-name") == name
+            )
+        ]
         return mds, workers, cps, kcps
 
     def _sync_topology(self, cluster: dict) -> None:
@@ -125,25 +135,58 @@ class ClusterApi(Controller):
         topo = cluster["spec"]["topology"]
         version = topo.get("version", "")
         labels = {"cluster.x-k8s.io/cluster-name": name, TOPOLOGY_OWNED: ""}
-        owner = [{"apiVersion": cluster["apiVersion"], "kind": "Cluster", "name": name, "uid": md["uid"],
-                  "controller": True, "blockOwnerDeletion": True}]
-        want = [(KCPS, "KubeadmControlPlane", f"{name}-cp", {},
-                 {"replicas": int((topo.get("controlPlane") or {}).get("replicas", 1)), "version": version})]
+        owner = [
+            {
+                "apiVersion": cluster["apiVersion"],
+                "kind": "Cluster",
+                "name": name,
+                "uid": md["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        want = [
+            (
+                KCPS,
+                "KubeadmControlPlane",
+                f"{name}-cp",
+                {},
+                {"replicas": int((topo.get("controlPlane") or {}).get("replicas", 1)), "version": version},
+            )
+        ]
         for w in (topo.get("workers") or {}).get("machineDeployments") or []:
             mdname = f"{name}-{w['name']}"
             sel = {"cluster.x-k8s.io/cluster-name": name, "cluster.x-k8s.io/deployment-name": mdname}
-            want.append((MACHINE_DEPLOYMENTS, "MachineDeployment", mdname, (w.get("metadata") or {}).get(
-                "annotations") or {}, {"clusterName": name, "replicas": int(w.get("replicas", 1)),
-                                       "selector": {"matchLabels": sel}, "template": {
-                                           "metadata": {"labels": sel},
-                                           "spec": {"clusterName": name, "version": version}}}))
+            want.append(
+                (
+                    MACHINE_DEPLOYMENTS,
+                    "MachineDeployment",
+                    mdname,
+                    (w.get("metadata") or {}).get("annotations") or {},
+                    {
+                        "clusterName": name,
+                        "replicas": int(w.get("replicas", 1)),
+                        "selector": {"matchLabels": sel},
+                        "template": {"metadata": {"labels": sel}, "spec": {"clusterName": name, "version": version}},
+                    },
+                )
+            )
         for key, kind, oname, ann, spec in want:
             rt = self._rt(key)
             live = store.get(rt, ns, oname)
             if live is None:
-                obj = {"apiVersion": rt.api_version, "kind": kind, "metadata": {
-                    "name": oname, "namespace": ns, "labels": dict(labels), "annotations": dict(ann),
-                    "ownerReferences": owner}, "spec": spec}
+                obj = {
+                    "apiVersion": rt.api_version,
+                    "kind": kind,
+                    "metadata": {
+                        "name": oname,
+                        "namespace": ns,
+                        "labels": dict(labels),
+                        "annotations": dict(ann),
+                        "ownerReferences": owner,
+                    },
+                    "spec": spec,
+                }
                 store.put(rt, store.new_meta(rt, obj), actor="capi-topology-controller", verb="create")
             elif (live.get("spec") or {}).get("replicas") != spec["replicas"]:
                 new = copy.deepcopy(live)
@@ -199,16 +242,32 @@ class ClusterApi(Controller):
                 else:
                     labels["cluster.x-k8s.io/deployment-name"] = owner["metadata"]["name"]
                 tmpl = ((owner.get("spec") or {}).get("template") or {}).get("spec") or {}
-                machine = {"apiVersion": m_rt.api_version, "kind": "Machine", "metadata": {
-                    "name": mname, "namespace": ns, "labels": labels,
-                    "annotations": dict(owner["metadata"].get("annotations") or {}),
-                    "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
-                                         "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
-                                         "controller": True, "blockOwnerDeletion": True}]},
-                    "spec": {"clusterName": name, "version": (owner.get("spec") or {}).get("version")
-                             or tmpl.get("version", ""),
-                             "infrastructureRef": tmpl.get("infrastructureRef") or {}},
-                    "status": {"phase": "Provisioning"}}
+                machine = {
+                    "apiVersion": m_rt.api_version,
+                    "kind": "Machine",
+                    "metadata": {
+                        "name": mname,
+                        "namespace": ns,
+                        "labels": labels,
+                        "annotations": dict(owner["metadata"].get("annotations") or {}),
+                        "ownerReferences": [
+                            {
+                                "apiVersion": owner["apiVersion"],
+                                "kind": owner["kind"],
+                                "name": owner["metadata"]["name"],
+                                "uid": owner["metadata"]["uid"],
+                                "controller": True,
+                                "blockOwnerDeletion": True,
+                            }
+                        ],
+                    },
+                    "spec": {
+                        "clusterName": name,
+                        "version": (owner.get("spec") or {}).get("version") or tmpl.get("version", ""),
+                        "infrastructureRef": tmpl.get("infrastructureRef") or {},
+                    },
+                    "status": {"phase": "Provisioning"},
+                }
                 store.put(m_rt, store.new_meta(m_rt, machine), actor="capi-controller", verb="create")
             mds, workers, cps, kcps = self._cluster_children(cluster)
             # Machines become Ready with a nodeRef: control plane at stage 2, workers at stage 3.
@@ -217,10 +276,15 @@ class ClusterApi(Controller):
                 is_cp = m in cps
                 if stage < (2 if is_cp else 3) or (m.get("status") or {}).get("nodeRef"):
                     continue
-                st = {"phase": "Running", "nodeRef": {"name": m["metadata"]["name"]},
-                      "initialization": {"infrastructureProvisioned": True, "bootstrapDataSecretCreated": True},
-                      "conditions": [self._cond({}, "Ready", True, "Ready"),
-                                     self._cond({}, "NodeHealthy", True, "NodeHealthy")]}
+                st = {
+                    "phase": "Running",
+                    "nodeRef": {"name": m["metadata"]["name"]},
+                    "initialization": {"infrastructureProvisioned": True, "bootstrapDataSecretCreated": True},
+                    "conditions": [
+                        self._cond({}, "Ready", True, "Ready"),
+                        self._cond({}, "NodeHealthy", True, "NodeHealthy"),
+                    ],
+                }
                 self._status_put(m_rt, m, st, "capi-controller")
                 gpus = (m["metadata"].get("annotations") or {}).get("millwright.dev/gpus-per-node", "0")
                 labels = {"kubernetes.io/hostname": m["metadata"]["name"]}
@@ -228,17 +292,25 @@ class ClusterApi(Controller):
                     labels["node-role.kubernetes.io/control-plane"] = ""
                 else:
                     labels["cluster.x-k8s.io/deployment-name"] = m["metadata"]["labels"][
-                        "cluster.x-k8s.io/deployment-name"]
+                        "cluster.x-k8s.io/deployment-name"
+                    ]
                 alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
                 if gpus not in ("", "0"):
                     alloc["nvidia.com/gpu"] = str(gpus)
-                nodes.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": m["metadata"]["name"],
-                                                                                "labels": labels},
-                              "spec": {}, "status": {"capacity": dict(alloc), "allocatable": dict(alloc),
-                                                     "conditions": [{"type": "Ready", "status": "True",
-                                                                     "reason": "KubeletReady"}],
-                                                     "nodeInfo": {"kubeletVersion": m["spec"].get("version", ""),
-                                                                  "bootID": str(uuid.uuid4())}}})
+                nodes.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {"name": m["metadata"]["name"], "labels": labels},
+                        "spec": {},
+                        "status": {
+                            "capacity": dict(alloc),
+                            "allocatable": dict(alloc),
+                            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                            "nodeInfo": {"kubeletVersion": m["spec"].get("version", ""), "bootID": str(uuid.uuid4())},
+                        },
+                    }
+                )
             if nodes:
                 self._seed_workload(uid, nodes)
         mds, workers, cps, kcps = self._cluster_children(cluster)
@@ -247,27 +319,52 @@ class ClusterApi(Controller):
         available = stage >= 3 and len(cp_ready) == len(cps) and len(w_ready) == len(workers)
         for kcp in kcps:
             k = kcp.get("status") or {}
-            self._status_put(self._rt(KCPS), kcp, {
-                "replicas": len(cps), "readyReplicas": len(cp_ready), "availableReplicas": len(cp_ready),
-                "upToDateReplicas": len(cps), "version": version or None,
-                "initialization": {"controlPlaneInitialized": stage >= 2},
-                "conditions": [self._cond(k, "Initialized", stage >= 2, "Initialized" if stage >= 2 else "Waiting"),
-                               self._cond(k, "Available", len(cp_ready) == len(cps) and stage >= 2, "Available")]},
-                "capi-controller")
+            self._status_put(
+                self._rt(KCPS),
+                kcp,
+                {
+                    "replicas": len(cps),
+                    "readyReplicas": len(cp_ready),
+                    "availableReplicas": len(cp_ready),
+                    "upToDateReplicas": len(cps),
+                    "version": version or None,
+                    "initialization": {"controlPlaneInitialized": stage >= 2},
+                    "conditions": [
+                        self._cond(k, "Initialized", stage >= 2, "Initialized" if stage >= 2 else "Waiting"),
+                        self._cond(k, "Available", len(cp_ready) == len(cps) and stage >= 2, "Available"),
+                    ],
+                },
+                "capi-controller",
+            )
         for d in mds:
-            mine = [m for m in workers if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name")
-                    == d["metadata"]["name"]]
+            mine = [
+                m
+                for m in workers
+                if m["metadata"]["labels"].get("cluster.x-k8s.io/deployment-name") == d["metadata"]["name"]
+            ]
             ready = [m for m in mine if (m.get("status") or {}).get("nodeRef")]
-            self._status_put(self._rt(MACHINE_DEPLOYMENTS), d, {
-                "replicas": len(mine), "readyReplicas": len(ready), "availableReplicas": len(ready),
-                "upToDateReplicas": len(mine), "phase": "Running" if len(ready) == len(mine) else "ScalingUp"},
-                "capi-controller")
+            self._status_put(
+                self._rt(MACHINE_DEPLOYMENTS),
+                d,
+                {
+                    "replicas": len(mine),
+                    "readyReplicas": len(ready),
+                    "availableReplicas": len(ready),
+                    "upToDateReplicas": len(mine),
+                    "phase": "Running" if len(ready) == len(mine) else "ScalingUp",
+                },
+                "capi-controller",
+            )
         iref = spec.get("infrastructureRef") or {}
         if stage >= 1 and iref.get("kind") == "Metal3Cluster" and self._rt(METAL3_CLUSTERS):
             infra = store.get(self._rt(METAL3_CLUSTERS), ns, iref.get("name", ""))
             if infra is not None:
-                self._status_put(self._rt(METAL3_CLUSTERS), infra,
-                                 {"ready": True, "initialization": {"provisioned": True}}, "metal3-controller")
+                self._status_put(
+                    self._rt(METAL3_CLUSTERS),
+                    infra,
+                    {"ready": True, "initialization": {"provisioned": True}},
+                    "metal3-controller",
+                )
         if stage >= 2:
             self._ensure_kubeconfig_secret(cluster, url)
         old = cluster.get("status") or {}
@@ -277,14 +374,23 @@ class ClusterApi(Controller):
             "initialization": {"infrastructureProvisioned": stage >= 1, "controlPlaneInitialized": stage >= 2},
             "conditions": [
                 self._cond(old, "InfrastructureReady", stage >= 1, "Ready" if stage >= 1 else "Provisioning"),
-                self._cond(old, "ControlPlaneInitialized", stage >= 2,
-                           "Initialized" if stage >= 2 else "WaitingForControlPlane"),
+                self._cond(
+                    old,
+                    "ControlPlaneInitialized",
+                    stage >= 2,
+                    "Initialized" if stage >= 2 else "WaitingForControlPlane",
+                ),
                 self._cond(old, "ControlPlaneAvailable", stage >= 2 and len(cp_ready) == len(cps), "Available"),
                 self._cond(old, "WorkersAvailable", available, "Available"),
                 self._cond(old, "RemoteConnectionProbe", stage >= 2, "Probed"),
                 *([self._cond(old, "TopologyReconciled", True, "ReconcileSucceeded")] if spec.get("topology") else []),
-                self._cond(old, "Available", available, "Available" if available else "NotAvailable",
-                           f"{len(cp_ready) + len(w_ready)} of {len(cps) + len(workers)} machines ready"),
+                self._cond(
+                    old,
+                    "Available",
+                    available,
+                    "Available" if available else "NotAvailable",
+                    f"{len(cp_ready) + len(w_ready)} of {len(cps) + len(workers)} machines ready",
+                ),
             ],
             "controlPlane": {"desiredReplicas": len(cps), "readyReplicas": len(cp_ready)},
             "workers": {"desiredReplicas": len(workers), "readyReplicas": len(w_ready)},
@@ -301,11 +407,26 @@ class ClusterApi(Controller):
         if store.get(s_rt, md["namespace"], sname) is not None:
             return
         cfg = kubeconfig(url, md["name"], token=f"capi-{uuid.uuid4().hex}")
-        secret = {"apiVersion": "v1", "kind": "Secret", "type": "cluster.x-k8s.io/secret", "metadata": {
-            "name": sname, "namespace": md["namespace"], "labels": {"cluster.x-k8s.io/cluster-name": md["name"]},
-            "ownerReferences": [{"apiVersion": cluster["apiVersion"], "kind": "Cluster", "name": md["name"],
-                                 "uid": md["uid"], "controller": True}]},
-            "data": {"value": base64.b64encode(yaml.safe_dump(cfg).encode()).decode()}}
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "cluster.x-k8s.io/secret",
+            "metadata": {
+                "name": sname,
+                "namespace": md["namespace"],
+                "labels": {"cluster.x-k8s.io/cluster-name": md["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": cluster["apiVersion"],
+                        "kind": "Cluster",
+                        "name": md["name"],
+                        "uid": md["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "data": {"value": base64.b64encode(yaml.safe_dump(cfg).encode()).decode()},
+        }
         store.put(s_rt, store.new_meta(s_rt, secret), actor="capi-controller", verb="create")
 
     def _delete_cluster(self, ok: tuple, cluster: dict, now: float, step: float) -> None:
@@ -319,10 +440,12 @@ class ClusterApi(Controller):
             found = store.get(self._rt(METAL3_CLUSTERS), ns, iref.get("name", ""))
             infra = [found] if found else []
         secret = store.get(store.registry.types[("", "secrets")], ns, f"{md['name']}-kubeconfig")
-        tiers = [[(MACHINES, m) for m in workers] + [(MACHINE_DEPLOYMENTS, d) for d in mds],
-                 [(MACHINES, m) for m in cps] + [(KCPS, k) for k in kcps],
-                 [(METAL3_CLUSTERS, i) for i in infra],
-                 [(("", "secrets"), secret)] if secret else []]
+        tiers = [
+            [(MACHINES, m) for m in workers] + [(MACHINE_DEPLOYMENTS, d) for d in mds],
+            [(MACHINES, m) for m in cps] + [(KCPS, k) for k in kcps],
+            [(METAL3_CLUSTERS, i) for i in infra],
+            [(("", "secrets"), secret)] if secret else [],
+        ]
         for tier in tiers:
             if tier:
                 for key, o in tier:

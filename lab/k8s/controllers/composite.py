@@ -37,8 +37,18 @@ class Controllers:
         self.reboots = Reboots(api)
         self.cluster_api = ClusterApi(api, new_emulator)
         self.vclusters = VClusters(api)
-        self.chain = (NamespaceLifecycle(api), GarbageCollector(api), ReplicaSets(api), Scheduler(api), Jobs(api),
-                      self.reboots, Kubelet(api), self.cluster_api, KaiQueues(api), self.vclusters)
+        self.chain = (
+            NamespaceLifecycle(api),
+            GarbageCollector(api),
+            ReplicaSets(api),
+            Scheduler(api),
+            Jobs(api),
+            self.reboots,
+            Kubelet(api),
+            self.cluster_api,
+            KaiQueues(api),
+            self.vclusters,
+        )
         self._task: asyncio.Task | None = None
 
     def start(self, url: str) -> None:

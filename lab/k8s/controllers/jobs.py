@@ -35,8 +35,14 @@ class Jobs(Controller):
 
     @staticmethod
     def _job_condition(ctype: str, reason: str, message: str, ts: str) -> dict:
-        return {"type": ctype, "status": "True", "lastProbeTime": ts, "lastTransitionTime": ts, "reason": reason,
-                "message": message}
+        return {
+            "type": ctype,
+            "status": "True",
+            "lastProbeTime": ts,
+            "lastTransitionTime": ts,
+            "reason": reason,
+            "message": message,
+        }
 
     def sync(self, ok: tuple, job: dict, now: float) -> None:
         """One Job, one pod at a time (parallelism/completions 1, as NodeWright's Jobs): create the pod,
@@ -52,8 +58,9 @@ class Jobs(Controller):
         conds = status.get("conditions") or []
         pods = store.owned(job, PODS)
         ts = now_rfc3339()
-        finished = next((c for c in conds if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"),
-                        None)
+        finished = next(
+            (c for c in conds if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None
+        )
         if finished is not None:
             for p in pods:
                 if is_active(p):
@@ -66,8 +73,9 @@ class Jobs(Controller):
                     fin = side["finished_at"] = now - max(0.0, time.time() - wall)
                 due = fin + float(ttl)
                 if now >= due:
-                    api.delete_object(jrt, job, {"propagationPolicy": "Background"},
-                                      actor="ttl-after-finished-controller")
+                    api.delete_object(
+                        jrt, job, {"propagationPolicy": "Background"}, actor="ttl-after-finished-controller"
+                    )
                 else:
                     store.schedule_at(due, ok)
             return
@@ -77,12 +85,13 @@ class Jobs(Controller):
         started = side.get("started_at")
         if started is None:
             started = side["started_at"] = now - max(0.0, time.time() - (parse_ts(status["startTime"]) or time.time()))
-        tmpl_spec = ((spec.get("template") or {}).get("spec") or {})
+        tmpl_spec = (spec.get("template") or {}).get("spec") or {}
         on_failure = tmpl_spec.get("restartPolicy") == "OnFailure"
         active = [p for p in pods if is_active(p)]
         succeeded = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
-        failed = max(int(old_status.get("failed") or 0),
-                     sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed"))
+        failed = max(
+            int(old_status.get("failed") or 0), sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed")
+        )
         restarts = 0
         if on_failure:
             for p in active:
@@ -93,8 +102,12 @@ class Jobs(Controller):
         deadline = spec.get("activeDeadlineSeconds")
         verdict = None
         if succeeded >= completions:
-            verdict = ("Complete", "SuccessCriteriaMet", "CompletionsReached",
-                       "Reached expected number of succeeded pods")
+            verdict = (
+                "Complete",
+                "SuccessCriteriaMet",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+            )
         elif failed + restarts > backoff:
             verdict = ("Failed", "FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
         elif deadline is not None and now >= started + float(deadline):
@@ -152,14 +165,31 @@ class Jobs(Controller):
             name = f"{md['name']}-{random_suffix()}"
             if store.get(rt, md["namespace"], name) is None:
                 break
-        labels = {**(tmd.get("labels") or {}), "batch.kubernetes.io/controller-uid": md["uid"],
-                  "batch.kubernetes.io/job-name": md["name"], "controller-uid": md["uid"], "job-name": md["name"]}
+        labels = {
+            **(tmd.get("labels") or {}),
+            "batch.kubernetes.io/controller-uid": md["uid"],
+            "batch.kubernetes.io/job-name": md["name"],
+            "controller-uid": md["uid"],
+            "job-name": md["name"],
+        }
         pod: dict[str, Any] = {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {
-                "name": name, "generateName": f"{md['name']}-", "namespace": md["namespace"], "labels": labels,
-                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": md["name"], "uid": md["uid"],
-                                     "controller": True, "blockOwnerDeletion": True}],
+                "name": name,
+                "generateName": f"{md['name']}-",
+                "namespace": md["namespace"],
+                "labels": labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": md["name"],
+                        "uid": md["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
             },
             "spec": spec,
         }
@@ -167,6 +197,7 @@ class Jobs(Controller):
             pod["metadata"]["annotations"] = dict(tmd["annotations"])
         prepare_create(rt, pod)
         if node:
-            pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
-                                            "lastTransitionTime": now_rfc3339()}]
+            pod["status"]["conditions"] = [
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+            ]
         store.put(rt, store.new_meta(rt, pod), actor="job-controller", verb="create")

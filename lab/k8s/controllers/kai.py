@@ -29,6 +29,7 @@ class KaiQueues(Controller):
                 st["childQueues"] = kids
             parent = (q.get("spec") or {}).get("parentQueue")
             if parent and parent not in names:
-                st["conditions"] = [self._cond(old, "Orphan", True, "ParentQueueNotFound",
-                                               f"parent queue {parent} does not exist")]
+                st["conditions"] = [
+                    self._cond(old, "Orphan", True, "ParentQueueNotFound", f"parent queue {parent} does not exist")
+                ]
             self._status_put(rt, q, st, "kai-scheduler")

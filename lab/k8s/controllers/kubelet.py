@@ -28,8 +28,12 @@ def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
     every field optional. A matching rule with `times` consumes one (the count left is kept in the config).
     """
     default = float(jobs_cfg.get("defaultSeconds", 1.0))
-    have = {"node": labels.get(JOB_NODE_LABEL) or node, "package": labels.get(JOB_PACKAGE_LABEL),
-            "stage": labels.get(JOB_STAGE_LABEL), "interrupt": labels.get(JOB_INTERRUPT_LABEL)}
+    have = {
+        "node": labels.get(JOB_NODE_LABEL) or node,
+        "package": labels.get(JOB_PACKAGE_LABEL),
+        "stage": labels.get(JOB_STAGE_LABEL),
+        "interrupt": labels.get(JOB_INTERRUPT_LABEL),
+    }
     for rule in jobs_cfg.get("rules") or []:
         if not isinstance(rule, dict):
             continue
@@ -40,10 +44,12 @@ def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
             if int(times) <= 0:
                 continue
             rule["times"] = int(times) - 1
-        outcome = "fail" if str(rule.get("outcome") or "succeed").lower() in ("fail", "failed", "failure") \
-            else "succeed"
-        msg = rule.get("message") or (f"lab: {have['stage'] or 'job'} failed by a job rule" if outcome == "fail"
-                                      else "")
+        outcome = (
+            "fail" if str(rule.get("outcome") or "succeed").lower() in ("fail", "failed", "failure") else "succeed"
+        )
+        msg = rule.get("message") or (
+            f"lab: {have['stage'] or 'job'} failed by a job rule" if outcome == "fail" else ""
+        )
         return {"outcome": outcome, "seconds": float(rule.get("seconds", default)), "message": msg}
     return {"outcome": "succeed", "seconds": default, "message": ""}
 
@@ -120,7 +126,7 @@ class Kubelet(Controller):
     def _run_job_pod(self, ok: tuple, pod: dict, side: dict, now: float) -> None:
         store = self.store
         job = self._owner_job(pod)
-        labels = ((job or pod)["metadata"].get("labels") or {})
+        labels = (job or pod)["metadata"].get("labels") or {}
         node_name = pod["spec"]["nodeName"]
         run = side.get("run")
         if run is None:
@@ -152,9 +158,15 @@ class Kubelet(Controller):
             if i < len(statuses):
                 cs = statuses[i]
                 cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
-                cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": run["message"],
-                                                  "startedAt": new["status"].get("startTime"),
-                                                  "finishedAt": now_rfc3339()}}
+                cs["lastState"] = {
+                    "terminated": {
+                        "exitCode": 1,
+                        "reason": "Error",
+                        "message": run["message"],
+                        "startedAt": new["status"].get("startTime"),
+                        "finishedAt": now_rfc3339(),
+                    }
+                }
             side.pop("run", None)
             store.put(self.pod_rt(), new, actor="kubelet", verb="update", subresource="status")
             return
@@ -177,23 +189,42 @@ class Kubelet(Controller):
         n = int(new["metadata"]["resourceVersion"]) % 250 + 2
         st["podIP"] = st.get("podIP") or f"10.244.{abs(hash(node_name)) % 250}.{n}"
         st["podIPs"] = [{"ip": st["podIP"]}]
-        conds = [c for c in st.get("conditions") or [] if c.get("type") not in ("Ready", "ContainersReady",
-                                                                                  "Initialized", "PodScheduled")]
+        conds = [
+            c
+            for c in st.get("conditions") or []
+            if c.get("type") not in ("Ready", "ContainersReady", "Initialized", "PodScheduled")
+        ]
         for t in ("PodReadyToStartContainers", "Initialized", "PodScheduled"):
             if not any(c.get("type") == t for c in conds):
                 conds.append({"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": ts})
         st["conditions"] = conds
         set_ready(new, True)
         st["containerStatuses"] = [
-            {"name": c.get("name"), "image": c.get("image", ""), "imageID": "", "ready": True, "started": True,
-             "restartCount": 0, "containerID": f"containerd://{random_suffix(12)}",
-             "state": {"running": {"startedAt": ts}}}
-            for c in (new.get("spec") or {}).get("containers") or []]
+            {
+                "name": c.get("name"),
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "containerID": f"containerd://{random_suffix(12)}",
+                "state": {"running": {"startedAt": ts}},
+            }
+            for c in (new.get("spec") or {}).get("containers") or []
+        ]
         if (new.get("spec") or {}).get("initContainers"):
             st["initContainerStatuses"] = [
-                {"name": c.get("name"), "image": c.get("image", ""), "imageID": "", "ready": True, "started": False,
-                 "restartCount": 0, "containerID": f"containerd://{random_suffix(12)}",
-                 "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": ts, "finishedAt": ts}}}
-                for c in new["spec"]["initContainers"]]
+                {
+                    "name": c.get("name"),
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": True,
+                    "started": False,
+                    "restartCount": 0,
+                    "containerID": f"containerd://{random_suffix(12)}",
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": ts, "finishedAt": ts}},
+                }
+                for c in new["spec"]["initContainers"]
+            ]
         store.side.setdefault(new["metadata"].get("uid", ""), {})["running_since"] = time.monotonic()
         store.put(rt, new, actor="kubelet", verb="update", subresource="status")

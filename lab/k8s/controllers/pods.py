@@ -10,8 +10,10 @@ from ..util import now_rfc3339
 
 def is_active(pod: dict) -> bool:
     """Not being deleted and not finished."""
-    return not pod["metadata"].get("deletionTimestamp") and \
-        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return not pod["metadata"].get("deletionTimestamp") and (pod.get("status") or {}).get("phase") not in (
+        "Succeeded",
+        "Failed",
+    )
 
 
 def gpu_request(pod: dict) -> float:
@@ -68,11 +70,19 @@ def terminate(store: Store, pod: dict, succeeded: bool, message: str = "") -> No
             cs["ready"] = False
             cs["started"] = False
             if not succeeded and (lst, i) == (fail_list, fail_i):
-                cs["state"] = {"terminated": {"exitCode": 1, "reason": "Error", "message": message,
-                                              "startedAt": started, "finishedAt": ts}}
+                cs["state"] = {
+                    "terminated": {
+                        "exitCode": 1,
+                        "reason": "Error",
+                        "message": message,
+                        "startedAt": started,
+                        "finishedAt": ts,
+                    }
+                }
             elif init_failed and lst == "containerStatuses":
                 cs["state"] = {"waiting": {"reason": "PodInitializing"}}
             else:
-                cs["state"] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
-                                              "finishedAt": ts}}
+                cs["state"] = {
+                    "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": ts}
+                }
     store.put(store.registry.types[PODS], new, actor="kubelet", verb="update", subresource="status")

@@ -30,18 +30,28 @@ class ReplicaSets(Controller):
                 for _ in range(want - len(active)):
                     self._create_pod(rs)
             elif len(active) > want:
+
                 def rank(p: dict):
-                    return (bool((p.get("spec") or {}).get("nodeName")),
-                            (p.get("status") or {}).get("phase") == "Running", is_pod_ready(p),
-                            [-ord(ch) for ch in p["metadata"].get("creationTimestamp", "")])
+                    return (
+                        bool((p.get("spec") or {}).get("nodeName")),
+                        (p.get("status") or {}).get("phase") == "Running",
+                        is_pod_ready(p),
+                        [-ord(ch) for ch in p["metadata"].get("creationTimestamp", "")],
+                    )
+
                 for p in sorted(active, key=rank)[: len(active) - want]:
                     self.api.delete_object(pod_rt, p, {}, actor="replicaset-controller")
             # status
             owned = store.owned(rs, PODS)
             active = [p for p in owned if is_active(p)]
             ready = sum(1 for p in active if is_pod_ready(p))
-            status = {"replicas": len(active), "fullyLabeledReplicas": len(active), "readyReplicas": ready,
-                      "availableReplicas": ready, "observedGeneration": md.get("generation", 1)}
+            status = {
+                "replicas": len(active),
+                "fullyLabeledReplicas": len(active),
+                "readyReplicas": ready,
+                "availableReplicas": ready,
+                "observedGeneration": md.get("generation", 1),
+            }
             if (rs.get("status") or {}) != status:
                 new = copy.deepcopy(rs)
                 new["status"] = status
@@ -62,12 +72,24 @@ class ReplicaSets(Controller):
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("restartPolicy", "Always")
         pod = {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {
-                "name": name, "generateName": f"{md['name']}-", "namespace": md["namespace"],
-                "labels": dict(tmd.get("labels") or {}), "annotations": dict(tmd.get("annotations") or {}),
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": md["name"],
-                                     "uid": md["uid"], "controller": True, "blockOwnerDeletion": True}],
+                "name": name,
+                "generateName": f"{md['name']}-",
+                "namespace": md["namespace"],
+                "labels": dict(tmd.get("labels") or {}),
+                "annotations": dict(tmd.get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "name": md["name"],
+                        "uid": md["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
             },
             "spec": spec,
             "status": {"phase": "Pending", "qosClass": "BestEffort"},

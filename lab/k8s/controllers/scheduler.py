@@ -43,8 +43,10 @@ class Scheduler(Controller):
             labels = md.get("labels") or {}
             if any(labels.get(k) != v for k, v in sel.items()):
                 continue
-            if any(t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
-                   for t in nspec.get("taints") or []):
+            if any(
+                t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
+                for t in nspec.get("taints") or []
+            ):
                 continue
             running = on_node(md["name"])
             load = {md["name"]: len(running)}
@@ -85,11 +87,18 @@ class Scheduler(Controller):
             new = copy.deepcopy(pod)
             conds = [c for c in (new.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
             if node is None:
-                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastProbeTime": None,
-                        "message": "0/%d nodes are available." % len(store.objects.get(NODES, {})),
-                        "lastTransitionTime": now_rfc3339()}
-                old = next((c for c in (pod.get("status") or {}).get("conditions") or []
-                            if c.get("type") == "PodScheduled"), None)
+                cond = {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "lastProbeTime": None,
+                    "message": "0/%d nodes are available." % len(store.objects.get(NODES, {})),
+                    "lastTransitionTime": now_rfc3339(),
+                }
+                old = next(
+                    (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                    None,
+                )
                 if old and old.get("status") == "False" and old.get("message") == cond["message"]:
                     continue
                 new.setdefault("status", {})["conditions"] = conds + [cond]
@@ -97,5 +106,6 @@ class Scheduler(Controller):
                 continue
             new["spec"]["nodeName"] = node
             new.setdefault("status", {})["conditions"] = conds + [
-                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}]
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+            ]
             store.put(rt, new, actor="scheduler", verb="create", subresource="binding")

@@ -39,14 +39,36 @@ class VClusters(Controller):
             if store.get(s_rt, md["namespace"], sname) is None:
                 ctx = f"vcluster_{md['name']}_{md['namespace']}"
                 cfg = yaml.safe_dump(kubeconfig(self.url, ctx, token=f"vc-{uuid.uuid4().hex}"))
-                secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": {
-                    "name": sname, "namespace": md["namespace"],
-                    "labels": {"app": "vcluster", "vcluster-name": md["name"]},
-                    "ownerReferences": [{"apiVersion": vc["apiVersion"], "kind": "VCluster", "name": md["name"],
-                                         "uid": md["uid"], "controller": True}]},
-                    "data": {"config": base64.b64encode(cfg.encode()).decode()}}
+                secret = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {
+                        "name": sname,
+                        "namespace": md["namespace"],
+                        "labels": {"app": "vcluster", "vcluster-name": md["name"]},
+                        "ownerReferences": [
+                            {
+                                "apiVersion": vc["apiVersion"],
+                                "kind": "VCluster",
+                                "name": md["name"],
+                                "uid": md["uid"],
+                                "controller": True,
+                            }
+                        ],
+                    },
+                    "data": {"config": base64.b64encode(cfg.encode()).decode()},
+                }
                 store.put(s_rt, store.new_meta(s_rt, secret), actor="vcluster", verb="create")
             old = vc.get("status") or {}
-            self._status_put(rt, vc, {"ready": True, "initialized": True, "phase": "Deployed",
-                                      "conditions": [self._cond(old, "Ready", True, "Deployed")]},
-                             "vcluster-provider")
+            self._status_put(
+                rt,
+                vc,
+                {
+                    "ready": True,
+                    "initialized": True,
+                    "phase": "Deployed",
+                    "conditions": [self._cond(old, "Ready", True, "Deployed")],
+                },
+                "vcluster-provider",
+            )
