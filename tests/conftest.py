@@ -245,6 +245,31 @@ async def end_disruption_budgets(client) -> None:
 
 
 # ==================================================================================
+# Prometheus: the lab's stub (lab/prometheus.py), one per session, emptied per test
+# ==================================================================================
+
+
+@pytest.fixture(scope="session")
+def prometheus_stub():
+    from lab.prometheus import PrometheusStub
+
+    with PrometheusStub() as stub:
+        yield stub
+
+
+@pytest.fixture
+def prometheus(prometheus_stub):
+    """The stub's admin client, with no answers or series set before and after the test."""
+    from lab.prometheus import PrometheusAdmin
+
+    admin = PrometheusAdmin(prometheus_stub.url)
+    admin.clear()
+    yield admin
+    admin.clear()
+    admin.close()
+
+
+# ==================================================================================
 # TLS: the lab CA (lab/tls.py), for lab servers that answer HTTPS
 # ==================================================================================
 

@@ -3,32 +3,15 @@
 from __future__ import annotations
 
 import httpx
-import pytest
-
-from lab.prometheus import PrometheusAdmin, PrometheusStub
 
 
-@pytest.fixture(scope="module")
-def prom():
-    with PrometheusStub() as stub:
-        yield stub
-
-
-@pytest.fixture
-def admin(prom):
-    a = PrometheusAdmin(prom.url)
-    a.clear()
-    yield a
-    a.close()
-
-
-def test_query_shapes(prom, admin):
-    admin.set('sum(up{job="node"})', 3)
-    admin.set(
+def test_query_shapes(prometheus_stub, prometheus):
+    prometheus.set('sum(up{job="node"})', 3)
+    prometheus.set(
         "gpu_errors",
         result=[{"metric": {"node": "n1"}, "value": 0.5}, {"metric": {"node": "n2"}, "value": [1700000000.0, "2"]}],
     )
-    with httpx.Client(base_url=prom.url) as http:
+    with httpx.Client(base_url=prometheus_stub.url) as http:
         r = http.get("/api/v1/query", params={"query": 'sum(up{job="node"})'})
         body = r.json()
         assert r.status_code == 200 and body["status"] == "success"
@@ -45,9 +28,9 @@ def test_query_shapes(prom, admin):
         }
         r = http.get("/api/v1/query", params={"query": ""})
         assert r.status_code == 400 and r.json()["status"] == "error" and r.json()["errorType"] == "bad_data"
-    admin.set("broken(", error="1:8: parse error: unclosed left parenthesis")
-    admin.set("empty", result=[])
-    with httpx.Client(base_url=prom.url) as http:
+    prometheus.set("broken(", error="1:8: parse error: unclosed left parenthesis")
+    prometheus.set("empty", result=[])
+    with httpx.Client(base_url=prometheus_stub.url) as http:
         r = http.get("/api/v1/query", params={"query": "broken("})
         assert r.status_code == 400
         assert r.json() == {
@@ -56,22 +39,22 @@ def test_query_shapes(prom, admin):
             "error": "1:8: parse error: unclosed left parenthesis",
         }
         assert http.get("/api/v1/query", params={"query": "empty"}).json()["data"]["result"] == []
-    assert [q["query"] for q in admin.requests()][-2:] == ["broken(", "empty"]
+    assert [q["query"] for q in prometheus.requests()][-2:] == ["broken(", "empty"]
 
 
-def test_bad_admin_input(prom, admin):
-    with httpx.Client(base_url=prom.url) as http:
+def test_bad_admin_input(prometheus_stub, prometheus):
+    with httpx.Client(base_url=prometheus_stub.url) as http:
         assert http.post("/_lab/series", json={"value": 1}).status_code == 400
         assert http.post("/_lab/series", json={"query": "x"}).status_code == 400
         assert http.post("/_lab/series", json={"query": "x", "result": [{"metric": {}}]}).status_code == 400
         assert http.post("/_lab/samples", json={"samples": [{"metric": {"gpu": "0"}, "value": 1}]}).status_code == 400
 
 
-def test_selectors_are_evaluated_over_raw_series(prom, admin):
+def test_selectors_are_evaluated_over_raw_series(prometheus_stub, prometheus):
     def xid(node: str, gpu: str, value: float) -> dict:
         return {"metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": node, "gpu": gpu}, "value": value}
 
-    admin.set_samples(
+    prometheus.set_samples(
         [
             xid("n1", "0", 79),
             xid("n1", "1", 0),
@@ -81,7 +64,7 @@ def test_selectors_are_evaluated_over_raw_series(prom, admin):
     )
 
     def ask(query: str) -> list[tuple[str, str, str, str]]:
-        with httpx.Client(base_url=prom.url) as http:
+        with httpx.Client(base_url=prometheus_stub.url) as http:
             body = http.post("/api/v1/query", data={"query": query}).json()
         assert body["status"] == "success", body
         return sorted((s["metric"]["__name__"], s["metric"]["Hostname"], s["metric"]["gpu"], s["value"][1])
@@ -97,8 +80,8 @@ def test_selectors_are_evaluated_over_raw_series(prom, admin):
     assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname!="n1", gpu!~"1"} != 0') == [("DCGM_FI_DEV_XID_ERRORS", "n2", "0", "13")]
     assert ask('DCGM_FI_DEV_XID_ERRORS{Hostname=~"n"}') == []  # anchored, as Prometheus' regexes are
     assert ask("sum(DCGM_FI_DEV_XID_ERRORS)") == []  # not a selector: nothing the stub can evaluate
-    admin.set_samples([{**xid("n2", "0", 0), "value": None}])  # dropped
+    prometheus.set_samples([{**xid("n2", "0", 0), "value": None}])  # dropped
     assert ask("DCGM_FI_DEV_XID_ERRORS > 0") == [("DCGM_FI_DEV_XID_ERRORS", "n1", "0", "79")]
-    with httpx.Client(base_url=prom.url) as http:
+    with httpx.Client(base_url=prometheus_stub.url) as http:
         r = http.post("/api/v1/query", data={"query": 'up{job=~"("}'})
         assert r.status_code == 400 and r.json()["errorType"] == "bad_data"

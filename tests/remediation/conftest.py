@@ -92,26 +92,6 @@ def netbox() -> FakeNetBox:
     return FakeNetBox()
 
 
-@pytest.fixture(scope="session")
-def prometheus_stub():
-    from lab.prometheus import PrometheusStub
-
-    with PrometheusStub() as stub:
-        yield stub
-
-
-@pytest.fixture
-def prometheus(prometheus_stub):
-    """The lab's Prometheus, emptied: the sweep's worker reads GPU faults from it (MILLWRIGHT_PROMETHEUS_URL)."""
-    from lab.prometheus import PrometheusAdmin
-
-    admin = PrometheusAdmin(prometheus_stub.url)
-    admin.clear()
-    yield admin
-    admin.clear()
-    admin.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus):
     """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity and Prometheus

@@ -29,7 +29,6 @@ from activities.kube.models import (
 from activities.kube.stages import stage_job_name
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from lab.fleet import Fleet
-from lab.prometheus import PrometheusAdmin, PrometheusStub
 
 
 def env(**info) -> ActivityEnvironment:
@@ -306,32 +305,27 @@ def test_stage_job_names_are_dns_safe():
     assert len(name) <= 63 and name.endswith("-0123456789") and name.startswith("mw-aaa")
 
 
-@pytest.fixture(scope="module")
-def prometheus():
-    with PrometheusStub() as stub:
-        admin = PrometheusAdmin(stub.url)
-        yield stub, admin
-        admin.close()
-
-
-async def test_query_prometheus(prometheus):
-    stub, admin = prometheus
-    admin.clear()
-    admin.set("sum(gpu_xid_errors)", 2)
-    admin.set("up", result=[{"metric": {"i": "a"}, "value": 1}, {"metric": {"i": "b"}, "value": 0}])
-    admin.set("bad(", error="parse error: unclosed left parenthesis")
+async def test_query_prometheus(prometheus_stub, prometheus):
+    prometheus.set("sum(gpu_xid_errors)", 2)
+    prometheus.set("up", result=[{"metric": {"i": "a"}, "value": 1}, {"metric": {"i": "b"}, "value": 0}])
+    prometheus.set("bad(", error="parse error: unclosed left parenthesis")
     acts = PrometheusActivities()
     e = env()
     try:
-        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="sum(gpu_xid_errors)")) == [2.0]
-        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url + "/", query="up")) == [1.0, 0.0]
-        assert await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="absent_metric")) == []
+        assert await e.run(
+            acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="sum(gpu_xid_errors)")
+        ) == [2.0]
+        assert await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url + "/", query="up")) == [
+            1.0,
+            0.0,
+        ]
+        assert await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="absent_metric")) == []
         with pytest.raises(ApplicationError) as ei:
-            await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="bad("))
+            await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="bad("))
         assert ei.value.non_retryable and "unclosed left parenthesis" in str(ei.value)
-        admin.set("flaky", error="query timed out", status=503, error_type="timeout")
+        prometheus.set("flaky", error="query timed out", status=503, error_type="timeout")
         with pytest.raises(ApplicationError) as ei:
-            await e.run(acts.query_prometheus, PrometheusQuery(url=stub.url, query="flaky"))
+            await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="flaky"))
         assert not ei.value.non_retryable and ei.value.type == "PrometheusUnavailable"
         with pytest.raises(ApplicationError) as ei:  # nothing listens there
             await e.run(acts.query_prometheus, PrometheusQuery(url="http://127.0.0.1:9", query="up", timeout_seconds=2))

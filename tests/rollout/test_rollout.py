@@ -278,30 +278,25 @@ def test_examples_are_valid_specs():
     assert RolloutInput.model_validate(from_json).workflow_id() == "rollout/lab/kernel-tuning-1-2-0"
 
 
-async def test_gate_holds_batches_until_it_passes(client, kube_worker, k8s, core):
-    from lab.prometheus import PrometheusAdmin, PrometheusStub
-
+async def test_gate_holds_batches_until_it_passes(client, kube_worker, k8s, core, prometheus_stub, prometheus):
     await lab_ready(k8s, rollout_fleet({"a": 2}))
     firing = 'ALERTS{alertstate="firing",severity="critical"}'
-    with PrometheusStub() as prometheus:
-        alerts = PrometheusAdmin(prometheus.url)
-        alerts.set(firing, result=[{"metric": {"alertname": "GpuXidStorm"}, "value": [0, "1"]}])
-        gate = {
-            "prometheus": {"url": prometheus.url, "query": firing},
-            "nodeConditions": ["KernelDeadlock"],
-            "interval": "1s",
-        }
-        handle = await start(client, kube_worker, rollout_spec("gated", gate=gate))
-        status = await status_where(
-            handle,
-            lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "gate-failing",
-            "the gate failing",
-        )
-        assert "returned 1 series" in status.compartments["__default__"].note
-        assert status.counts == {"waiting": 2}, "no node is admitted while the gate fails"
-        alerts.set(firing, result=[])
-        assert (await handle.result()).counts == {"complete": 2}
-        alerts.close()
+    prometheus.set(firing, result=[{"metric": {"alertname": "GpuXidStorm"}, "value": [0, "1"]}])
+    gate = {
+        "prometheus": {"url": prometheus_stub.url, "query": firing},
+        "nodeConditions": ["KernelDeadlock"],
+        "interval": "1s",
+    }
+    handle = await start(client, kube_worker, rollout_spec("gated", gate=gate))
+    status = await status_where(
+        handle,
+        lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "gate-failing",
+        "the gate failing",
+    )
+    assert "returned 1 series" in status.compartments["__default__"].note
+    assert status.counts == {"waiting": 2}, "no node is admitted while the gate fails"
+    prometheus.set(firing, result=[])
+    assert (await handle.result()).counts == {"complete": 2}
 
 
 async def test_no_node_is_admitted_outside_the_maintenance_windows(client, kube_worker, k8s):
