@@ -16,14 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from lab.loopback import LOOPBACK, free_port
-from lab.temporal import search_attribute_args
+from lab.temporal import search_attribute_args, task_queue_poller_identities
 
 REPO = Path(__file__).resolve().parents[1]
 # What Temporal answers a caller it throttles: a ResourceExhausted status (too many in-flight updates, rate
@@ -141,18 +138,16 @@ class Workers:
 
     async def polling(self, client: Client, timeout: float = 60) -> None:
         """Until every worker polls the task queue for workflow tasks."""
-        request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=self.task_queue),
-                                           task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)  # fmt: skip
         deadline = time.monotonic() + timeout
         while True:
             for proc, log in zip(self.processes, self.logs):
                 if proc.poll() is not None:
                     raise RuntimeError(f"a worker exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-            pollers = (await client.workflow_service.describe_task_queue(request)).pollers
-            if len({p.identity for p in pollers}) >= len(self.processes):
+            pollers = await task_queue_poller_identities(client, self.task_queue) or []
+            if len(set(pollers)) >= len(self.processes):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{len(pollers)} of {len(self.processes)} workers poll {self.task_queue}")
+                raise RuntimeError(f"{len(set(pollers))} of {len(self.processes)} workers poll {self.task_queue}")
             await asyncio.sleep(0.2)
 
     def cpu_seconds(self) -> float:

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.loopback import LOOPBACK, free_port, write_secret_file
-from lab.temporal import DevServer, LabError, choose_port
+from lab.temporal import DevServer, LabError, choose_port, task_queue_poller_identities
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"
@@ -522,23 +522,15 @@ class Lab:
         return env
 
     async def wait_worker_polling(self, address: str) -> None:
-        from temporalio.api.enums.v1 import TaskQueueType
-        from temporalio.api.taskqueue.v1 import TaskQueue
-        from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
         from temporalio.client import Client
 
         client = await Client.connect(address)
-        request = DescribeTaskQueueRequest(
-            namespace="default",
-            task_queue=TaskQueue(name=self.task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        )
-        worker_pid = self.children["worker"].pid
+        worker_pid = str(self.children["worker"].pid)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             self.check_children()
-            resp = await client.workflow_service.describe_task_queue(request)
-            if any(str(worker_pid) in p.identity for p in resp.pollers):
+            identities = await task_queue_poller_identities(client, self.task_queue) or []
+            if any(worker_pid in identity for identity in identities):
                 return
             await asyncio.sleep(0.2)
         raise LabError(f"the worker did not start polling in {self.timeout:.0f}s; see {self.children['worker'].log}")

@@ -147,6 +147,34 @@ class DevServer:
         )
 
 
+# A single describe can fail with a transient status while the client's connection is replaced or the dev server is
+# overloaded (CI on 2 busy cores once answered "operation was canceled", CANCELLED, and failed a whole test module);
+# a poll loop treats that as "no pollers yet" and asks again until its own deadline.
+_TRANSIENT_RPC = frozenset({"CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+
+
+async def task_queue_poller_identities(client, task_queue: str, queue_type: int | None = None) -> list[str] | None:
+    """The identities polling `task_queue` (workflow tasks unless `queue_type`), or None when this describe hit a
+    transient RPC failure and the caller should ask again."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
+
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW if queue_type is None else queue_type,
+    )
+    try:
+        resp = await client.workflow_service.describe_task_queue(request, retry=True)
+    except RPCError as err:
+        if err.status.name in _TRANSIENT_RPC:
+            return None
+        raise
+    return [p.identity for p in resp.pollers]
+
+
 async def _http_ok(url: str) -> bool:
     import httpx
 

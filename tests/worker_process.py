@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+from lab.temporal import task_queue_poller_identities
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,20 +51,16 @@ async def wait_polling(
     task_queue: str,
     proc: subprocess.Popen,
     log: Path,
-    timeout: float = 20,
+    timeout: float = 60,
     queue_type: int = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
 ) -> None:
     """Wait until a worker polls the task queue (activity-only workers: TASK_QUEUE_TYPE_ACTIVITY); fail with the
-    worker's log if it died."""
-    request = DescribeTaskQueueRequest(
-        namespace=client.namespace,
-        task_queue=TaskQueue(name=task_queue),
-        task_queue_type=queue_type,
-    )
+    worker's log if it died. 60 s: a worker imports and validates every workflow before it polls, which takes far
+    longer on a loaded 2-core CI machine than on a desk."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"worker exited with {proc.returncode}:\n{log.read_text()}"
-        if (await client.workflow_service.describe_task_queue(request)).pollers:
+        if await task_queue_poller_identities(client, task_queue, queue_type):
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"worker never polled {task_queue}:\n{log.read_text()}")
