@@ -19,6 +19,8 @@ ones left out with ``--without NAME,...``:
   ``<state-dir>/ufm/credentials``;
 - ``webhook``: a webhook receiver (`python -m lab.webhook`) on 127.0.0.1:9000 (the examples' address; another port
   when that one is taken), whose deliveries `lab status` lists;
+- ``prometheus``: a Prometheus HTTP API (`python -m lab.prometheus`) holding dcgm-exporter's GPU fault series of
+  the fleet's GPU nodes (`lab.fleet.Fleet.dcgm_series`, all 0), which the remediation sweep reads;
 - ``netbox``: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis, its data kept in the state dir),
   started in the background: its first start builds a venv and migrates a database (minutes, once, cached), and the
   rest of the lab is usable meanwhile. Its address is a `lab.netbox.NetBoxGate` from the first second, answering
@@ -76,18 +78,21 @@ SERVICES = {
     "hosts": "host agents of the powered-on servers",
     "ufm": "UFM emulator (InfiniBand fabric)",
     "webhook": "webhook receiver",
+    "prometheus": "Prometheus (dcgm-exporter's GPU series)",
     "netbox": "NetBox (inventory)",
     "worker": "Millwright worker",
 }
-OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "bmcs": ("hosts",)}  # `--without` names, with what goes along
+# `--without` names, with what goes along
+OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "prometheus": (), "bmcs": ("hosts",)}
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
 MARKERS = {
     "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker",
     "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres", "netbox-migrate": "migrate",
     "bmcs": "lab.redfish", "hosts": "lab.hosts", "ufm": "lab.ufm", "webhook": "lab.webhook",
+    "prometheus": "lab.prometheus",
 }  # fmt: skip
-STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "ufm", "webhook", "temporal", "netbox-migrate", "netbox",
-              "netbox-redis", "netbox-postgres"]  # fmt: skip
+STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "ufm", "webhook", "prometheus", "temporal", "netbox-migrate",
+              "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
 
 
 def say(msg: str) -> None:
@@ -374,6 +379,21 @@ class Lab:
         self.service("webhook", "ready", f"POST {url}/hooks/<anything>", url=url)
         return url
 
+    async def start_prometheus(self, fleet: Any) -> None:
+        """The Prometheus the worker reads GPU faults from, holding dcgm-exporter's series of the fleet's GPU nodes,
+        all clean; `POST <url>/_lab/samples` sets one (docs/lab.md)."""
+        import httpx
+
+        self.service("prometheus", "starting")
+        url = await self.start_server("prometheus", "lab.prometheus", self.state_dir / "prometheus.ready.json",
+                                      ["--host", LOOPBACK, "--port", "0"])  # fmt: skip
+        series = fleet.dcgm_series()
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            (await http.post(f"{url}/_lab/samples", json={"samples": series})).raise_for_status()
+        self.info["prometheus"] = {"url": url}
+        nodes = len({s["metric"]["Hostname"] for s in series})
+        self.service("prometheus", "ready", f"GPU fault series of {nodes} GPU nodes, all 0", url=url)
+
     async def seed_kubernetes(self, url: str, fresh: bool, fleet: Any) -> None:
         """A fresh emulator gets the fleet; every one gets the management cluster's kinds it lacks."""
         import httpx
@@ -519,6 +539,8 @@ class Lab:
             ufm = self.info["ufm"]
             env.update(MILLWRIGHT_UFM_URL=ufm["url"], MILLWRIGHT_UFM_CREDENTIALS=ufm["credentials"],
                        MILLWRIGHT_UFM_CA_BUNDLE=ufm["ca_bundle"])  # fmt: skip
+        if self.info.get("prometheus"):
+            env["MILLWRIGHT_PROMETHEUS_URL"] = self.info["prometheus"]["url"]
         return env
 
     async def wait_worker_polling(self, address: str) -> None:
@@ -616,6 +638,8 @@ class Lab:
         if "ufm" not in self.without:
             await self.start_ufm(fleet)
         webhook = await self.start_webhook(taken, notes) if "webhook" not in self.without else None
+        if "prometheus" not in self.without:
+            await self.start_prometheus(fleet)
         for note in notes:
             say(note)
         netbox_task = None
@@ -696,6 +720,9 @@ class Lab:
                  f"{self.info['ufm']['credentials']})")  # fmt: skip
         if self.info.get("webhook"):
             line("webhook", f"{self.info['webhook']['hooks']} (deliveries: `millwright lab status{where}`)")
+        if self.info.get("prometheus"):
+            line("Prometheus", f"{self.info['prometheus']['url']} (dcgm-exporter's GPU fault series; the "
+                 "remediation sweep reads them)")  # fmt: skip
         if self.info.get("netbox"):
             line("NetBox", f"{self.info['netbox']['url']} (token {self.info['netbox']['token']}): "
                  f"{services['netbox']['state']}, {services['netbox']['note']}")  # fmt: skip
@@ -735,7 +762,7 @@ class Lab:
         """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""
         groups = (
             (["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
-            (["kubernetes", "bmcs", "ufm", "webhook", "temporal"], 15),
+            ([n for n in STOP_ORDER if n not in ("worker", "hosts") and not n.startswith("netbox")], 15),
         )
         for group, timeout in groups:
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]

@@ -134,7 +134,8 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]
-        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts", "ufm", "webhook"}
+        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts", "ufm", "webhook",
+                             "prometheus"}  # fmt: skip
         assert all(map(alive, pids.values()))
         host, port = info["temporal"]["address"].rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) != occupied_port
@@ -154,7 +155,7 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         status = millwright("lab", "status", "--state-dir", str(state))
         assert status.returncode == 0 and info["ui"] in status.stdout
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
-        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:10]}
+        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:11]}
         assert states == {
             "temporal": "ready",
             "kubernetes": "ready",
@@ -162,6 +163,7 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
             "hosts": "ready",
             "ufm": "ready",
             "webhook": "ready",
+            "prometheus": "ready",
             "netbox": "left",
             "worker": "ready",
         }, status.stdout
@@ -184,6 +186,11 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"UFM: {info['ufm']['url']} (credentials {info['ufm']['credentials']}, CA bundle file:" in worker_log
         assert f"BMCs (Redfish): default credentials {info['bmc']['credentials']}, CA bundle file:" in worker_log
         assert "NetBox: not configured: its activities fail with NetBoxNotConfigured" in worker_log
+        assert f"Prometheus: GPU faults from {info['prometheus']['url']}," in worker_log
+        with httpx.Client(trust_env=False, timeout=5) as http:  # dcgm-exporter's series of the 6 GPU nodes, clean
+            query = 'DCGM_FI_DEV_XID_ERRORS{cluster="lab", Hostname=~"gpu-node-.*"}'
+            series = http.get(f"{info['prometheus']['url']}/api/v1/query", params={"query": query}).json()
+        assert len(series["data"]["result"]) == 6 * 8 and {s["value"][1] for s in series["data"]["result"]} == {"0"}
 
         seeded = millwright(
             "lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state)
