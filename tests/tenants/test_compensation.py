@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from activities.capi import OWNER_ANNOTATION, ObjectRef, Ownership
+from activities.capi.models import ObjectRef
+from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
 from tests.tenants.test_tenants import _cause
 from workflows.clusters.clusters import CreateCluster, CreateClusterInput, WorkerPool, cluster_objects

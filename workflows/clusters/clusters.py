@@ -9,7 +9,7 @@ checked and kept only as a reference → a baseline on the new cluster (namespac
 node labels) → optionally the cluster in NetBox, and its machines' devices assigned to it.
 
 A run that fails undoes what it created, whichever attempt wrote it: every object it writes carries its owner
-annotation with this run's ID (activities/capi.py `Ownership`), so compensation reads the clusters for what this
+annotation with this run's ID (activities/capi/ownership.py `Ownership`), so compensation reads the clusters for what this
 run owns (objects whose create answer was lost included) and deletes exactly those, the `Cluster` first (Cluster
 API then removes its Machines and infrastructure), the rest in reverse creation order; what existed before the
 run, or another run or a person owns, stays. The failure keeps its cause's type and lists what was created and
@@ -38,15 +38,12 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ApplicationError
 
-from activities.capi import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-    TENANT_LABEL,
+from activities.capi.activities import ClusterApiActivities
+from activities.capi.models import (
     ApplyRequest,
     ApplyResult,
     CapiClusterRef,
     CapiClusterStatus,
-    ClusterApiActivities,
     DeleteRequest,
     DiscoveryRequest,
     KindRef,
@@ -54,9 +51,9 @@ from activities.capi import (
     MachineNode,
     NodeLabels,
     ObjectRef,
-    Ownership,
     SecretCheck,
 )
+from activities.capi.ownership import MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL, Ownership
 from activities.kube.validators import validate_object_name
 from activities.models import BaseUrl, Host, StrictModel
 from activities.netbox.activities import NetBoxActivities

@@ -32,20 +32,19 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from activities.capi import (
-    TENANT_LABEL,
+from activities.capi.activities import ClusterApiActivities
+from activities.capi.models import (
     ApplyRequest,
     CapacityRequest,
-    ClusterApiActivities,
     DeleteRequest,
     DiscoveryRequest,
     KindRef,
     ListRequest,
     ObjectRef,
-    Ownership,
     VClusterRef,
     WorkloadQuery,
 )
+from activities.capi.ownership import TENANT_LABEL, Ownership
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
