@@ -41,6 +41,8 @@ SANDBOX_PASSTHROUGH = (
     "workflows.budget.breaker",
     "workflows.budget.budget",
     "workflows.budget.leases",
+    "workflows.clusters.manifests",
+    "workflows.clusters.models",
     "workflows.fabric.calls",
     "workflows.fabric.models",
     "workflows.maintenance.drain",

@@ -192,26 +192,13 @@ class ClusterApiActivities:
     async def read_capi_cluster(self, ref: CapiClusterRef) -> CapiClusterStatus:
         """What `clusterctl` checks: phase, status.initialization, v1beta2 conditions, Machines with a nodeRef."""
         res = await self._resources(ref.cluster)
-        c = await request(
-            res.api,
-            "GET",
-            await res.path("cluster.x-k8s.io/v1beta2", "Cluster", ref.name, ref.namespace),
-            f"reading Cluster {ref.name}",
-            missing_ok=True,
-        )
+        c = await res.read("cluster.x-k8s.io/v1beta2", "Cluster", ref.name, ref.namespace)
         if c is None:
             return CapiClusterStatus(exists=False)
         st = c.get("status") or {}
         init = st.get("initialization") or {}
         conds = {x.get("type"): x for x in st.get("conditions") or []}
-        machines = await request(
-            res.api,
-            "GET",
-            await res.path("cluster.x-k8s.io/v1beta2", "Machine", namespace=ref.namespace),
-            "listing Machines",
-            query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"},
-        )
-        items = (machines or {}).get("items") or []
+        items = await self._machines(res, ref)
         return CapiClusterStatus(
             exists=True,
             phase=st.get("phase") or "",
@@ -224,10 +211,8 @@ class ClusterApiActivities:
             message=(conds.get("Available") or {}).get("message") or "",
         )
 
-    @activity.defn
-    async def list_machines(self, ref: CapiClusterRef) -> list[MachineNode]:
-        """The Cluster's Machines and their nodes (`status.nodeRef.name`), sorted by machine name."""
-        res = await self._resources(ref.cluster)
+    async def _machines(self, res: Resources, ref: CapiClusterRef) -> list[dict[str, Any]]:
+        """The Cluster's Machines (by the cluster-name label)."""
         doc = await request(
             res.api,
             "GET",
@@ -235,8 +220,14 @@ class ClusterApiActivities:
             "listing Machines",
             query={"labelSelector": f"cluster.x-k8s.io/cluster-name={ref.name}"},
         )
+        return (doc or {}).get("items") or []
+
+    @activity.defn
+    async def list_machines(self, ref: CapiClusterRef) -> list[MachineNode]:
+        """The Cluster's Machines and their nodes (`status.nodeRef.name`), sorted by machine name."""
+        res = await self._resources(ref.cluster)
         out = []
-        for m in (doc or {}).get("items") or []:
+        for m in await self._machines(res, ref):
             md = m.get("metadata") or {}
             node = ((m.get("status") or {}).get("nodeRef") or {}).get("name") or ""
             out.append(
@@ -270,13 +261,7 @@ class ClusterApiActivities:
     async def read_vcluster(self, ref: VClusterRef) -> VClusterStatus:
         """vCluster readiness: the VCluster object ready (provider status) and its Secret `vc-<name>` present."""
         res = await self._resources(ref.cluster)
-        vc = await request(
-            res.api,
-            "GET",
-            await res.path("infrastructure.cluster.x-k8s.io/v1alpha1", "VCluster", ref.name, ref.namespace),
-            f"reading VCluster {ref.name}",
-            missing_ok=True,
-        )
+        vc = await res.read("infrastructure.cluster.x-k8s.io/v1alpha1", "VCluster", ref.name, ref.namespace)
         if vc is None:
             return VClusterStatus(exists=False)
         st = vc.get("status") or {}

@@ -54,6 +54,11 @@ class Resources:
         base += f"/{plural}"
         return f"{base}/{name}" if name else base
 
+    async def read(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        path = await self.path(api_version, kind, name, namespace)
+        return await request(self.api, "GET", path, f"reading {kind} {name}", missing_ok=True)
+
 
 async def request(
     api: k8s.ApiClient,

@@ -49,7 +49,7 @@ from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantSpec
-from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
+from workflows.clusters.manifests import QUEUE_API, TENANTS_PARENT_QUEUE
 from workflows.common import saga
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
