@@ -41,6 +41,8 @@ SANDBOX_PASSTHROUGH = (
     "workflows.budget.breaker",
     "workflows.budget.budget",
     "workflows.budget.leases",
+    "workflows.clusters.manifests",
+    "workflows.clusters.models",
     "workflows.fabric.calls",
     "workflows.fabric.models",
     "workflows.maintenance.drain",
@@ -82,7 +84,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 
 
 def build(settings: WorkerSettings) -> Registration:
-    from activities.capi import ClusterApiActivities
+    from activities.capi.activities import ClusterApiActivities
     from activities.entities import EntityActivities
     from activities.ironic import IronicActivities
     from activities.kube.activities import KubeActivities

@@ -8,7 +8,8 @@ sandbox imports a run's own module (and what that module imports) for each new r
 from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.burnin.fleet_burnin import FleetBurnIn
 from workflows.burnin.server_burnin import ServerBurnIn
-from workflows.clusters.clusters import CreateCluster, DeleteCluster
+from workflows.clusters.create_cluster import CreateCluster
+from workflows.clusters.delete_cluster import DeleteCluster
 from workflows.fabric.audit import FabricAudit
 from workflows.fabric.fabric import Fabric
 from workflows.fabric.isolation import IsolateTenant

@@ -3,7 +3,7 @@
 Evidence: every request the Kubernetes emulators of this session served (lab/k8s/evidence.py; gathered
 by tests/deploy/conftest.py, which runs this module after every other test). Only the worker's own
 requests count: the activities' clients send User-Agent `millwright-worker` (activities/kube/connector.py
-USER_AGENT, also used by activities/capi.py); the lab's controllers (`lab-controller/...`), kubectl and
+USER_AGENT, also used by activities/capi/client.py); the lab's controllers (`lab-controller/...`), kubectl and
 the tests' own clients (`OpenAPI-Generator/...`) send others, and the `/_lab` admin API is not audited.
 
 (a) Every observed (verb, group, resource[/subresource]) is granted by the ClusterRole

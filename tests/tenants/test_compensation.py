@@ -10,10 +10,13 @@ from datetime import timedelta
 import pytest
 from temporalio.client import WorkflowFailureError
 
-from activities.capi import OWNER_ANNOTATION, ObjectRef, Ownership
+from activities.capi.models import ObjectRef
+from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
 from tests.tenants.test_tenants import _cause
-from workflows.clusters.clusters import CreateCluster, CreateClusterInput, WorkerPool, cluster_objects
+from workflows.clusters.create_cluster import CreateCluster
+from workflows.clusters.manifests import cluster_objects
+from workflows.clusters.models import CreateClusterInput, WorkerPool
 from workflows.tenancy.tenants import OnboardTenant, OnboardTenantInput, QueueQuota, tenant_steps
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]

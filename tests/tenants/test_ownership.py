@@ -1,4 +1,4 @@
-"""The ownership the CAPI/KAI/vCluster activities write and read (activities/capi.py), through ActivityEnvironment
+"""The ownership the CAPI/KAI/vCluster activities write and read (activities/capi/), through ActivityEnvironment
 against the Kubernetes emulator, no Temporal server: a retry after a lost answer knows its own run's write, an
 identical object someone else made is left alone, and deletes by ownership touch only the owner's objects."""
 
@@ -8,16 +8,9 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.capi import (
-    OWNER_ANNOTATION,
-    ApplyRequest,
-    ClusterApiActivities,
-    DeleteRequest,
-    KindRef,
-    ListRequest,
-    ObjectRef,
-    Ownership,
-)
+from activities.capi.activities import ClusterApiActivities
+from activities.capi.models import ApplyRequest, DeleteRequest, KindRef, ListRequest, ObjectRef
+from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from activities.kube.connector import ClusterConnector
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -15,7 +15,9 @@ from temporalio.client import WorkflowFailureError
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
 from tests.maintenance.test_node_maintenance import record_history
-from workflows.clusters.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
+from workflows.clusters.create_cluster import CreateCluster
+from workflows.clusters.delete_cluster import DeleteCluster
+from workflows.clusters.models import CreateClusterInput, DeleteClusterInput, WorkerPool
 from workflows.tenancy.tenants import (
     OffboardTenant,
     OffboardTenantInput,

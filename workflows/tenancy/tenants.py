@@ -32,25 +32,24 @@ from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from activities.capi import (
-    TENANT_LABEL,
+from activities.capi.activities import ClusterApiActivities
+from activities.capi.models import (
     ApplyRequest,
     CapacityRequest,
-    ClusterApiActivities,
     DeleteRequest,
     DiscoveryRequest,
     KindRef,
     ListRequest,
     ObjectRef,
-    Ownership,
     VClusterRef,
     WorkloadQuery,
 )
+from activities.capi.ownership import TENANT_LABEL, Ownership
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantSpec
-from workflows.clusters.clusters import QUEUE_API, TENANTS_PARENT_QUEUE
+from workflows.clusters.manifests import QUEUE_API, TENANTS_PARENT_QUEUE
 from workflows.common import saga
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
