@@ -14,7 +14,9 @@ from activities.capi import OWNER_ANNOTATION, ObjectRef, Ownership
 from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
 from tests.tenants.test_tenants import _cause
 from workflows.clusters.clusters import CreateCluster, CreateClusterInput, WorkerPool, cluster_objects
-from workflows.tenancy.tenants import OnboardTenant, OnboardTenantInput, QueueQuota, tenant_steps
+from workflows.tenancy.models import OnboardTenantInput, QueueQuota
+from workflows.tenancy.objects import tenant_steps
+from workflows.tenancy.onboarding import OnboardTenant
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 

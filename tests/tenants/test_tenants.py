@@ -16,15 +16,10 @@ from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
 from tests.maintenance.test_node_maintenance import record_history
 from workflows.clusters.clusters import CreateCluster, CreateClusterInput, DeleteCluster, DeleteClusterInput, WorkerPool
-from workflows.tenancy.tenants import (
-    OffboardTenant,
-    OffboardTenantInput,
-    OnboardTenant,
-    OnboardTenantInput,
-    QueueQuota,
-    UpdateTenantQuota,
-    UpdateTenantQuotaInput,
-)
+from workflows.tenancy.models import OffboardTenantInput, OnboardTenantInput, QueueQuota, UpdateTenantQuotaInput
+from workflows.tenancy.offboarding import OffboardTenant
+from workflows.tenancy.onboarding import OnboardTenant
+from workflows.tenancy.quota import UpdateTenantQuota
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(600)]
 
