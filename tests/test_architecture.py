@@ -37,7 +37,6 @@ NOT_YET_SPLIT = {
     "activities/ironic.py",
     "workflows/rollout/spec.py",  # the generic dependency graph among eight sections
     "workflows/clusters/clusters.py",
-    "starter/schedules.py",
 }
 
 
