@@ -53,6 +53,9 @@ SANDBOX_PASSTHROUGH = (
     "workflows.rollout.policy",
     "workflows.rollout.spec",
     "workflows.rollout.state",
+    "workflows.tenancy.capacity",
+    "workflows.tenancy.models",
+    "workflows.tenancy.objects",
 )
 
 

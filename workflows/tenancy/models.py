@@ -1,4 +1,8 @@
-"""The tenant workflows' inputs and results: OnboardTenant, OffboardTenant and UpdateTenantQuota.
+"""The tenant workflows' inputs: OnboardTenant, OffboardTenant and UpdateTenantQuota.
+
+Each workflow's result lives beside it (workflows/tenancy/onboarding.py, offboarding.py, quota.py): the results
+carry the InfiniBand children's results, which live beside those workflows; the inputs stay here, where the
+objects onboarding writes (workflows/tenancy/objects.py) are built from them.
 
 Every tenant workflow has the ID `tenant/<cluster>/<tenant>` (TenantRef.workflow_id), so double submissions
 collapse and one tenant's onboarding, quota change and offboarding never run at once.
@@ -19,8 +23,6 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.fabric.calls import validate_fabric_name
-from workflows.fabric.isolation import IsolateTenantInput, IsolateTenantResult
-from workflows.fabric.release import ReleaseTenantResult
 
 
 class QueueQuota(StrictModel):
@@ -98,34 +100,6 @@ class OnboardTenantInput(TenantRef):
     def all_namespaces(self) -> list[str]:
         return self.namespaces or [self.tenant]
 
-    def isolate_input(self) -> IsolateTenantInput:
-        assert self.ib_fabric
-        return IsolateTenantInput(
-            fabric=self.ib_fabric,
-            tenant=self.tenant,
-            tenant_name=self.display_name or None,
-            hosts=self.ib_hosts,
-            netbox=self.record_in_netbox,
-            retry_timeout=self.retry_timeout,
-        )
-
-
-class StepReport(StrictModel):
-    step: str
-    created: list[str] = Field(default_factory=list)
-    updated: list[str] = Field(default_factory=list)
-    unchanged: list[str] = Field(default_factory=list)
-
-
-class OnboardTenantResult(StrictModel):
-    tenant: str
-    cluster: str
-    changed: bool = Field(description="False when the run wrote nothing (already onboarded as asked).")
-    steps: list[StepReport]
-    removed: list[str] = Field(default_factory=list, description="Objects no longer desired, removed.")
-    vcluster_kubeconfig: str | None = Field(None, description="A secret reference, never the kubeconfig.")
-    infiniband: IsolateTenantResult | None = Field(None, description="The tenant's PKey and verified members.")
-
 
 class OffboardTenantInput(TenantRef):
     """Remove everything onboarding created for a tenant and mark it in NetBox."""
@@ -147,27 +121,8 @@ class OffboardTenantInput(TenantRef):
         return validate_fabric_name(v) if v is not None else v
 
 
-class OffboardTenantResult(StrictModel):
-    tenant: str
-    cluster: str
-    removed: list[str]
-    kept: list[str] = Field(
-        default_factory=list,
-        description="Labelled for the tenant but owned by another workflow or a person: left alone.",
-    )
-    evicted: int = 0
-    infiniband: ReleaseTenantResult | None = Field(None, description="The PKey released, when the tenant had one.")
-
-
 class UpdateTenantQuotaInput(TenantRef):
     """Change a tenant's GPU quota (KAI queue and ResourceQuota) in place."""
 
     gpu: QueueQuota
     allow_oversubscription: bool = False
-
-
-class UpdateTenantQuotaResult(StrictModel):
-    tenant: str
-    cluster: str
-    updated: list[str]
-    unchanged: list[str]

@@ -3,6 +3,7 @@ after its workloads end or are evicted; release its InfiniBand PKey; mark it in 
 
 from __future__ import annotations
 
+from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
@@ -15,6 +16,7 @@ from activities.capi import (
     Ownership,
     WorkloadQuery,
 )
+from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantSpec
 from workflows.clusters.clusters import QUEUE_API
@@ -23,10 +25,21 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
 from workflows.fabric.calls import call_fabric
-from workflows.fabric.release import ReleaseTenantResult
-from workflows.tenancy.infiniband import release_ib
-from workflows.tenancy.models import OffboardTenantInput, OffboardTenantResult
+from workflows.fabric.release import ReleaseTenantResult, release_as_child
+from workflows.tenancy.models import OffboardTenantInput
 from workflows.tenancy.objects import IB_FABRIC_ANNOTATION, TENANT_KINDS, delete_order
+
+
+class OffboardTenantResult(StrictModel):
+    tenant: str
+    cluster: str
+    removed: list[str]
+    kept: list[str] = Field(
+        default_factory=list,
+        description="Labelled for the tenant but owned by another workflow or a person: left alone.",
+    )
+    evicted: int = 0
+    infiniband: ReleaseTenantResult | None = Field(None, description="The PKey released, when the tenant had one.")
 
 
 @workflow.defn
@@ -135,4 +148,4 @@ class OffboardTenant:
         if inp.tenant not in (state.get("allocations") or {}):
             return None  # never isolated (or already released)
         self._phases.enter("infiniband", f"releasing the tenant's PKey on {fabric}")
-        return await release_ib(fabric, inp.tenant, inp.record_in_netbox)
+        return await release_as_child(fabric, inp.tenant, inp.record_in_netbox)

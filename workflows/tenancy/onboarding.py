@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
@@ -36,6 +37,7 @@ from activities.capi import (
     Ownership,
     VClusterRef,
 )
+from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantSpec
 from workflows.common import saga
@@ -45,11 +47,42 @@ from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
 from workflows.common.errors import root_cause
 from workflows.fabric.calls import call_fabric
-from workflows.fabric.isolation import IsolateTenant, IsolateTenantResult
+from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
+from workflows.fabric.release import release_as_child
 from workflows.tenancy.capacity import check_gpu_capacity
-from workflows.tenancy.infiniband import release_ib
-from workflows.tenancy.models import OnboardTenantInput, OnboardTenantResult, StepReport
+from workflows.tenancy.models import OnboardTenantInput
 from workflows.tenancy.objects import TENANT_KINDS, delete_order, tenant_steps
+
+
+class StepReport(StrictModel):
+    step: str
+    created: list[str] = Field(default_factory=list)
+    updated: list[str] = Field(default_factory=list)
+    unchanged: list[str] = Field(default_factory=list)
+
+
+class OnboardTenantResult(StrictModel):
+    tenant: str
+    cluster: str
+    changed: bool = Field(description="False when the run wrote nothing (already onboarded as asked).")
+    steps: list[StepReport]
+    removed: list[str] = Field(default_factory=list, description="Objects no longer desired, removed.")
+    vcluster_kubeconfig: str | None = Field(None, description="A secret reference, never the kubeconfig.")
+    infiniband: IsolateTenantResult | None = Field(None, description="The tenant's PKey and verified members.")
+
+
+def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
+    """The IsolateTenant child's input for an onboarding with ib_isolation."""
+    assert inp.ib_fabric
+    return IsolateTenantInput(
+        fabric=inp.ib_fabric,
+        tenant=inp.tenant,
+        tenant_name=inp.display_name or None,
+        hosts=inp.ib_hosts,
+        netbox=inp.record_in_netbox,
+        retry_timeout=inp.retry_timeout,
+    )
+
 
 # Compensation by ownership (read from the cluster), not only by the list of `created` outcomes a run kept.
 OWNED_COMPENSATION = "compensate-what-the-run-owns"
@@ -214,7 +247,7 @@ class OnboardTenant:
         self._phases.enter("infiniband", f"PKey on {inp.ib_fabric} for {', '.join(inp.ib_hosts)}", done)
         before = await call_fabric(inp.ib_fabric, "state")
         self._ib_release = inp.tenant not in (before.get("allocations") or {})
-        child = inp.isolate_input()
+        child = isolation_of(inp)
         try:
             iso: IsolateTenantResult = await workflow.execute_child_workflow(
                 IsolateTenant.run, child, id=child.workflow_id(), static_summary=f"IB isolation of {inp.tenant}"
@@ -262,7 +295,7 @@ class OnboardTenant:
         """The InfiniBand step undone (ReleaseTenant) when this run gave the tenant its PKey."""
         if not (self._ib_release and inp.ib_fabric):
             return []
-        rel = await release_ib(inp.ib_fabric, inp.tenant, inp.record_in_netbox)
+        rel = await release_as_child(inp.ib_fabric, inp.tenant, inp.record_in_netbox)
         if not rel.pkey:
             return []
         what = f"PKey {rel.pkey} on {inp.ib_fabric}"

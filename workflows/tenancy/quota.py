@@ -7,14 +7,22 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from activities.capi import TENANT_LABEL, ApplyRequest, ClusterApiActivities, KindRef, ListRequest, Ownership
+from activities.models import StrictModel
 from workflows.clusters.clusters import QUEUE_API
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import Endpoints, kubernetes_api
 from workflows.tenancy.capacity import check_gpu_capacity
-from workflows.tenancy.models import UpdateTenantQuotaInput, UpdateTenantQuotaResult
+from workflows.tenancy.models import UpdateTenantQuotaInput
 from workflows.tenancy.objects import quantity
+
+
+class UpdateTenantQuotaResult(StrictModel):
+    tenant: str
+    cluster: str
+    updated: list[str]
+    unchanged: list[str]
 
 
 @workflow.defn
