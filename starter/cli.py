@@ -5,7 +5,7 @@ Exit codes: 0 success; 1 failure (run failed, connection error, lab problem);
 
 Longer than 600 lines because it is the one argparse front of every command (start, watch, schema, rollout,
 schedules, inventory, lab): each command's parser sits beside the few lines that run it; what they call lives in
-starter/client.py, starter/schedules.py and lab/runner.py.
+starter/client.py, starter/schedules/ and lab/runner.py.
 """
 
 from __future__ import annotations
@@ -555,11 +555,12 @@ def schedules_apply(
     state_dir: StateDir = Path(".millwright"),
 ) -> None:
     """Create or update Temporal Schedules from FILE (validated first: exit 2 and nothing applied if invalid)."""
-    from starter import schedules
+    from starter.schedules.apply import apply
+    from starter.schedules.file import ScheduleFileError, load
 
     try:
-        model = schedules.load(file)
-    except schedules.ScheduleFileError as e:
+        model = load(file)
+    except ScheduleFileError as e:
         err.print(f"[red]error:[/] invalid schedules file {file}; nothing was applied:")
         for line in e.errors:
             err.print(f"  {line}", markup=False)
@@ -567,7 +568,7 @@ def schedules_apply(
 
     async def run() -> int:
         client = await _connect(address, namespace, state_dir)
-        report = await schedules.apply(client, model, prune=prune, dry_run=dry_run, task_queue=task_queue)
+        report = await apply(client, model, prune=prune, dry_run=dry_run, task_queue=task_queue)
         if as_json:
             out.print_json(json.dumps(report.as_dict()))
         else:
@@ -586,17 +587,17 @@ def schedules_list(
     state_dir: StateDir = Path(".millwright"),
 ) -> None:
     """Every schedule: ID, workflow, spec, paused, next run times, last run's status."""
-    from starter import schedules
+    from starter.schedules.listing import list_schedules, rows_table
 
     async def run() -> int:
         client = await _connect(address, namespace, state_dir)
-        rows = await schedules.list_schedules(client)
+        rows = await list_schedules(client)
         if as_json:
             out.print_json(json.dumps([r.model_dump(mode="json") for r in rows]))
         elif not rows:
             out.print("no schedules")
         else:
-            out.print(schedules.rows_table(rows))
+            out.print(rows_table(rows))
         return 0
 
     raise typer.Exit(asyncio.run(run()))

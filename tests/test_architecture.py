@@ -35,8 +35,6 @@ NOT_YET_SPLIT = {
     "activities/ufm.py",
     "activities/ironic.py",
     "workflows/rollout/spec.py",  # the generic dependency graph among eight sections
-    "workflows/tenancy/tenants.py",
-    "starter/schedules.py",
 }
 
 

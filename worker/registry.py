@@ -55,6 +55,9 @@ SANDBOX_PASSTHROUGH = (
     "workflows.rollout.policy",
     "workflows.rollout.spec",
     "workflows.rollout.state",
+    "workflows.tenancy.capacity",
+    "workflows.tenancy.models",
+    "workflows.tenancy.objects",
 )
 
 

@@ -20,7 +20,9 @@ from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.rollout import Rollout, RolloutBatch
-from workflows.tenancy.tenants import OffboardTenant, OnboardTenant, UpdateTenantQuota
+from workflows.tenancy.offboarding import OffboardTenant
+from workflows.tenancy.onboarding import OnboardTenant
+from workflows.tenancy.quota import UpdateTenantQuota
 
 # What people and services start, by type name (the CLI, the UI, other services).
 STARTABLE: list[type] = [NodeMaintenance, Rollout, InventoryBootstrap, IsolateTenant, ReleaseTenant, FabricAudit]

@@ -1,4 +1,4 @@
-"""`millwright schedules apply|list` (starter/schedules.py) against the session dev server."""
+"""`millwright schedules apply|list` (starter/schedules/) against the session dev server."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import yaml
 from temporalio.client import ScheduleOverlapPolicy, ScheduleUpdate
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter import schedules
-from starter.schedules import MANAGED_MEMO, ScheduleFileError, apply, cron_calendars, load
+from starter.schedules.apply import apply
+from starter.schedules.cron import cron_calendars
+from starter.schedules.file import ScheduleFileError, load
+from starter.schedules.listing import list_schedules
+from starter.schedules.managed import MANAGED_MEMO
 from tests.test_cli import cli
 from tests.worker_process import REPO
 
@@ -271,7 +274,7 @@ async def test_list_shows_the_last_run(client, ids, cleanup):
     await apply(client, {"group": ids["group"], "schedules": [entry(ids["a"])]}, task_queue=f"no-worker-{ids['group']}")
     await client.get_schedule_handle(ids["a"]).trigger()
     for _ in range(100):
-        rows = {r.id: r for r in await schedules.list_schedules(client)}
+        rows = {r.id: r for r in await list_schedules(client)}
         if ids["a"] in rows and rows[ids["a"]].last_run:
             break
         await asyncio.sleep(0.1)

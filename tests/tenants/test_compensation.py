@@ -17,7 +17,9 @@ from tests.tenants.test_tenants import _cause
 from workflows.clusters.create_cluster import CreateCluster
 from workflows.clusters.manifests import cluster_objects
 from workflows.clusters.models import CreateClusterInput, WorkerPool
-from workflows.tenancy.tenants import OnboardTenant, OnboardTenantInput, QueueQuota, tenant_steps
+from workflows.tenancy.models import OnboardTenantInput, QueueQuota
+from workflows.tenancy.objects import tenant_steps
+from workflows.tenancy.onboarding import OnboardTenant
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
 

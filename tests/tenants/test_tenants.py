@@ -18,15 +18,10 @@ from tests.maintenance.test_node_maintenance import record_history
 from workflows.clusters.create_cluster import CreateCluster
 from workflows.clusters.delete_cluster import DeleteCluster
 from workflows.clusters.models import CreateClusterInput, DeleteClusterInput, WorkerPool
-from workflows.tenancy.tenants import (
-    OffboardTenant,
-    OffboardTenantInput,
-    OnboardTenant,
-    OnboardTenantInput,
-    QueueQuota,
-    UpdateTenantQuota,
-    UpdateTenantQuotaInput,
-)
+from workflows.tenancy.models import OffboardTenantInput, OnboardTenantInput, QueueQuota, UpdateTenantQuotaInput
+from workflows.tenancy.offboarding import OffboardTenant
+from workflows.tenancy.onboarding import OnboardTenant
+from workflows.tenancy.quota import UpdateTenantQuota
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(600)]
 

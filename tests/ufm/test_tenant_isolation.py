@@ -12,14 +12,10 @@ from temporalio.client import WorkflowFailureError
 
 from lab.k8s.crds import TENANCY_CRDS
 from tests.maintenance.test_node_maintenance import record_history
-from workflows.tenancy.tenants import (
-    IB_FABRIC_ANNOTATION,
-    OffboardTenant,
-    OffboardTenantInput,
-    OnboardTenant,
-    OnboardTenantInput,
-    QueueQuota,
-)
+from workflows.tenancy.models import OffboardTenantInput, OnboardTenantInput, QueueQuota
+from workflows.tenancy.objects import IB_FABRIC_ANNOTATION
+from workflows.tenancy.offboarding import OffboardTenant
+from workflows.tenancy.onboarding import OnboardTenant
 
 pytestmark = pytest.mark.timeout(300)
 

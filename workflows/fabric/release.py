@@ -130,3 +130,13 @@ class ReleaseTenant:
             already_absent=[g for g in guids if g not in removed], pkey_deleted=pkey_deleted,
             remaining=deleted.remaining,
         )  # fmt: skip
+
+
+async def release_as_child(fabric: str, tenant: str, netbox: bool) -> ReleaseTenantResult:
+    """ReleaseTenant as a tenant workflow's child (OnboardTenant's compensation, OffboardTenant), with the ID it has
+    when started on its own, so a standalone run and a tenant workflow never release the same PKey at once; a no-op
+    when the tenant holds no PKey on the fabric."""
+    child = ReleaseTenantInput(fabric=fabric, tenant=tenant, netbox=netbox)
+    return await workflow.execute_child_workflow(
+        ReleaseTenant.run, child, id=child.workflow_id(), static_summary=f"IB release of {tenant}"
+    )
