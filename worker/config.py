@@ -161,7 +161,7 @@ class WorkerSettings(BaseSettings):
         """The UFM connection (URL + credentials and/or client certificate references), or None when UFM is not
         configured."""
         from activities.support.secrets import SecretRef
-        from activities.ufm import UfmConfig
+        from activities.ufm.client import UfmConfig
 
         auth = {"MILLWRIGHT_UFM_CREDENTIALS": self.ufm_credentials, "MILLWRIGHT_UFM_CLIENT_CERT": self.ufm_client_cert,
                 "MILLWRIGHT_UFM_CLIENT_KEY": self.ufm_client_key}  # fmt: skip

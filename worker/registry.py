@@ -92,7 +92,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
-    from activities.ufm import UfmActivities
+    from activities.ufm.activities import UfmActivities
     from workflows.catalog import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())
