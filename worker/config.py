@@ -184,7 +184,7 @@ class WorkerSettings(BaseSettings):
 
     def ironic_config(self):
         """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
-        from activities.ironic import IronicConfig
+        from activities.ironic.client import IronicConfig
         from activities.support.secrets import SecretRef
 
         if not self.ironic_url and not self.ironic_token:

@@ -84,7 +84,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 def build(settings: WorkerSettings) -> Registration:
     from activities.capi import ClusterApiActivities
     from activities.entities import EntityActivities
-    from activities.ironic import IronicActivities
+    from activities.ironic.activities import IronicActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
     from activities.netbox.activities import NetBoxActivities
