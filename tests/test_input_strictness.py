@@ -455,7 +455,7 @@ def test_the_burn_in_input_lab_up_writes_is_valid(tmp_path):
 
 
 def test_hosts_and_worker_urls_are_validated():
-    from activities.ironic import NetworkPartner
+    from activities.ironic.steps import NetworkPartner
     from worker.config import WorkerSettings
 
     assert NetworkPartner(role="writer", partner="10.0.0.7").partner == "10.0.0.7"

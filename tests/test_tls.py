@@ -14,7 +14,9 @@ from aiohttp import web
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.ironic import IronicActivities, IronicConfig, NodeRef
+from activities.ironic.activities import IronicActivities
+from activities.ironic.client import IronicConfig
+from activities.ironic.models import NodeRef
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from activities.support.tls import TlsFix, Trust
 from tests.conftest import as_localhost

@@ -161,7 +161,7 @@ class WorkerSettings(BaseSettings):
         """The UFM connection (URL + credentials and/or client certificate references), or None when UFM is not
         configured."""
         from activities.support.secrets import SecretRef
-        from activities.ufm import UfmConfig
+        from activities.ufm.client import UfmConfig
 
         auth = {"MILLWRIGHT_UFM_CREDENTIALS": self.ufm_credentials, "MILLWRIGHT_UFM_CLIENT_CERT": self.ufm_client_cert,
                 "MILLWRIGHT_UFM_CLIENT_KEY": self.ufm_client_key}  # fmt: skip
@@ -184,7 +184,7 @@ class WorkerSettings(BaseSettings):
 
     def ironic_config(self):
         """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
-        from activities.ironic import IronicConfig
+        from activities.ironic.client import IronicConfig
         from activities.support.secrets import SecretRef
 
         if not self.ironic_url and not self.ironic_token:

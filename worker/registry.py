@@ -89,7 +89,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 def build(settings: WorkerSettings) -> Registration:
     from activities.capi.activities import ClusterApiActivities
     from activities.entities import EntityActivities
-    from activities.ironic import IronicActivities
+    from activities.ironic.activities import IronicActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
     from activities.netbox.activities import NetBoxActivities
@@ -97,7 +97,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
-    from activities.ufm import UfmActivities
+    from activities.ufm.activities import UfmActivities
     from workflows.catalog import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())

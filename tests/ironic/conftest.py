@@ -57,7 +57,7 @@ def ironic_lab(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ironic_config(ironic_lab):
-    from activities.ironic import IronicConfig
+    from activities.ironic.client import IronicConfig
 
     return IronicConfig(url=ironic_lab.url, poll_seconds=0.1)
 
@@ -103,6 +103,6 @@ class Runner:
 @pytest.fixture
 def ironic(ironic_config):
     """`await ironic("ironic_manage", ManageRequest(...))`; `.heartbeats` holds what the activities reported."""
-    from activities.ironic import IronicActivities
+    from activities.ironic.activities import IronicActivities
 
     return Runner(IronicActivities(ironic_config))

@@ -13,15 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.ironic import (
-    BurnInPlan,
-    CleanStep,
-    DriverInfoUpdate,
-    ManageRequest,
-    NodeRef,
-    StartClean,
-    WaitClean,
-)
+from activities.ironic.models import DriverInfoUpdate, ManageRequest, NodeRef, StartClean, WaitClean
+from activities.ironic.steps import BurnInPlan, CleanStep
 
 FAKE_STEPS = [CleanStep(interface="bios", step="factory_reset"), CleanStep(interface="vendor", step="log_passthrough")]
 

@@ -8,19 +8,11 @@ from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.ironic import (
-    BurnInPlan,
-    BurnInStep,
-    CleanStep,
-    IronicActivities,
-    IronicConfig,
-    NodeRef,
-    StartClean,
-    WaitClean,
-    burnin_driver_info_keys,
-    fault_message,
-    ironic_error,
-)
+from activities.ironic.activities import IronicActivities
+from activities.ironic.client import IronicConfig
+from activities.ironic.errors import fault_message, ironic_error
+from activities.ironic.models import NodeRef, StartClean, WaitClean
+from activities.ironic.steps import BurnInPlan, BurnInStep, CleanStep, burnin_driver_info_keys
 from activities.support.secrets import SecretRef
 from lab.loopback import free_port
 from worker.config import ConfigError, WorkerSettings

@@ -100,7 +100,7 @@ def ufm_secret_file(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ufm_config(ufm_stub, ufm_secret_file):
     from activities.support.secrets import SecretRef
-    from activities.ufm import UfmConfig
+    from activities.ufm.client import UfmConfig
 
     return UfmConfig(url=ufm_stub.url, credentials=SecretRef.parse(f"file:{ufm_secret_file}"))
 
@@ -108,7 +108,7 @@ def ufm_config(ufm_stub, ufm_secret_file):
 async def _worker(client, ufm_config, netbox_cfg, workflows=None):
     """A worker with the UFM (and NetBox) activities and `workflows` (default: every workflow)."""
     from activities.netbox.activities import NetBoxActivities
-    from activities.ufm import UfmActivities
+    from activities.ufm.activities import UfmActivities
     from worker import registry
     from workflows.catalog import WORKFLOWS
 

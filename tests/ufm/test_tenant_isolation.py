@@ -188,7 +188,7 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(
         await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"drop": "after"})
     lost_add = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys$"}, {"drop": "after"})
     # Placed by the audit order, not by counting the reads before it: once the GUID add's answer is lost, the add
-    # is read back in the same attempt (activities/ufm.py `_write`: it lands, so the add is done), and the PKey
+    # is read back in the same attempt (activities/ufm/pkeys.py `_write`: it lands, so the add is done), and the PKey
     # read after that, the run's verification, is refused for good (403: non-retryable).
     await ufm.add_fault(
         {"method": "GET", "path": PKEY_READ}, {"status": 403, "message": "injected: refused"}, after=lost_add, skip=1

@@ -21,16 +21,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
 from activities.support.secrets import SecretRef
-from activities.ufm import (
-    AddGuids,
-    EmptyRequest,
-    EnsurePKey,
-    HostsRequest,
-    PKeyRef,
-    RemoveGuids,
-    UfmActivities,
-    UfmConfig,
-)
+from activities.ufm.activities import UfmActivities
+from activities.ufm.client import UfmConfig
+from activities.ufm.models import AddGuids, EmptyRequest, EnsurePKey, HostsRequest, PKeyRef, RemoveGuids
 from tests.conftest import as_localhost
 from tests.ufm.conftest import CLIENT_SAN
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput

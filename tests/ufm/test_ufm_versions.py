@@ -17,7 +17,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
-from activities.ufm import AddGuids, EnsurePKey, PKeyRef, UfmActivities
+from activities.ufm.activities import UfmActivities
+from activities.ufm.models import AddGuids, EnsurePKey, PKeyRef
 from lab.ufm import fleet_seed
 from tests.ufm.conftest import SUFFIX, _worker, ufm_http
 from workflows.fabric.audit import FabricAudit, FabricAuditInput

@@ -27,7 +27,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import GpuCheckRequest, GpuCheckResult, StressRequest, StressResult, host_task_queue
 from activities.gpu.verdict import gpu_verdict
-from activities.ironic import CleanStep, DriverInfoUpdate, IronicActivities, ManageRequest, StartClean, WaitClean
+from activities.ironic.activities import IronicActivities
+from activities.ironic.models import DriverInfoUpdate, ManageRequest, StartClean, WaitClean
+from activities.ironic.steps import CleanStep
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities

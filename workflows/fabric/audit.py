@@ -12,11 +12,11 @@ from pydantic import Field, field_validator
 from temporalio import workflow
 
 from activities.models import StrictModel
-from activities.ufm import (
+from activities.ufm.activities import UfmActivities
+from activities.ufm.models import (
     AddGuids,
     EmptyRequest,
     EnsurePKey,
-    FabricPosture,
     FabricSnapshot,
     GuidsRequest,
     PKeyList,
@@ -24,9 +24,9 @@ from activities.ufm import (
     PKeyRef,
     PortHosts,
     RemoveGuids,
-    UfmActivities,
     VirtualPort,
 )
+from activities.ufm.posture import FabricPosture
 from workflows.common.base import Progress, WorkflowInput, history_is_long
 from workflows.common.endpoints import UFM, Endpoints, RetryTimeout
 from workflows.fabric.calls import (

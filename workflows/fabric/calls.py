@@ -13,16 +13,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import DeviceIbPorts, IbPortQuery
-from activities.ufm import (
-    EmptyRequest,
-    FabricCall,
-    FabricPosture,
-    HostsRequest,
-    PKeyMembers,
-    PKeyRef,
-    ResolvedHosts,
-    UfmActivities,
-)
+from activities.ufm.activities import UfmActivities
+from activities.ufm.models import EmptyRequest, FabricCall, HostsRequest, PKeyMembers, PKeyRef, ResolvedHosts
+from activities.ufm.posture import FabricPosture
 from workflows.common.endpoints import NETBOX, UFM, Endpoints
 
 # An attempt makes a few requests of up to 10 s each (a read, a write, its read back; a removal in chunks) and
@@ -34,8 +27,8 @@ UFM_CALL: dict[str, Any] = dict(
 )  # fmt: skip
 # The Fabric entity's updates (call_fabric): one update-with-start, no heartbeat.
 FABRIC_CALL: dict[str, Any] = dict(UFM_CALL, start_to_close_timeout=timedelta(seconds=10), heartbeat_timeout=None)
-# Fabric-wide reads (every port, every PKey): their HTTP timeout grows with the fabric (activities/ufm.py), and they
-# heartbeat while they wait.
+# Fabric-wide reads (every port, every PKey): their HTTP timeout grows with the fabric (activities/ufm/client.py),
+# and they heartbeat while they wait.
 UFM_LISTING: dict[str, Any] = dict(
     UFM_CALL, start_to_close_timeout=timedelta(minutes=6), heartbeat_timeout=timedelta(seconds=30),
 )  # fmt: skip

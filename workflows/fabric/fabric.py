@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from temporalio import workflow
 
-from activities.ufm import normalize_guid
+from activities.ufm.models import normalize_guid
 from workflows.common.base import Progress, history_is_long
 from workflows.fabric.models import (
     AllocateRequest,

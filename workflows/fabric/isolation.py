@@ -15,18 +15,9 @@ from temporalio.exceptions import ApplicationError
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantPKeyRecord
-from activities.ufm import (
-    AddGuids,
-    BlockingCode,
-    EmptyRequest,
-    EnsurePKey,
-    FabricPosture,
-    FabricSnapshot,
-    PKeyMembers,
-    PKeyRef,
-    RemoveGuids,
-    UfmActivities,
-)
+from activities.ufm.activities import UfmActivities
+from activities.ufm.models import AddGuids, EmptyRequest, EnsurePKey, FabricSnapshot, PKeyMembers, PKeyRef, RemoveGuids
+from activities.ufm.posture import BlockingCode, FabricPosture
 from workflows.common import saga
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from activities.models import StrictModel
-from activities.ufm import normalize_pkey
+from activities.ufm.models import normalize_pkey
 from workflows.common.base import WorkflowInput
 from workflows.fabric.calls import validate_fabric_name
 

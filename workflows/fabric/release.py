@@ -12,7 +12,8 @@ from temporalio.exceptions import ApplicationError
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantPKeyRecord
-from activities.ufm import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids, UfmActivities
+from activities.ufm.activities import UfmActivities
+from activities.ufm.models import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
