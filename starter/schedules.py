@@ -78,7 +78,7 @@ from starter.client import (
     workflow_specs,
 )
 from workflows.common.base import WorkflowInput
-from workflows.rollout.spec import Duration
+from workflows.rollout.spec_fields import Duration
 
 MANAGED_MEMO = "millwright-managed"
 DEFAULT_GROUP = "default"

@@ -35,7 +35,6 @@ NOT_YET_SPLIT = {
     "activities/ufm.py",
     "activities/capi.py",
     "activities/ironic.py",
-    "workflows/rollout/spec.py",  # the generic dependency graph among eight sections
     "workflows/tenancy/tenants.py",
     "workflows/clusters/clusters.py",
     "starter/schedules.py",

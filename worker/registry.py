@@ -47,11 +47,17 @@ SANDBOX_PASSTHROUGH = (
     "workflows.remediation.models",
     "workflows.remediation.policy",
     "workflows.remediation.sweep_models",
+    "workflows.rollout.admission",
     "workflows.rollout.dependency_graph",
+    "workflows.rollout.deployment_policy",
+    "workflows.rollout.drain_config",
+    "workflows.rollout.label_selector",
     "workflows.rollout.membership",
     "workflows.rollout.models",
+    "workflows.rollout.packages",
     "workflows.rollout.policy",
     "workflows.rollout.spec",
+    "workflows.rollout.spec_fields",
     "workflows.rollout.state",
 )
 

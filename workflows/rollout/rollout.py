@@ -38,6 +38,7 @@ from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long
 from workflows.common.call_options import API_CALL
+from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     ApproveRequest,
@@ -76,7 +77,7 @@ from workflows.rollout.policy import (
     strategy_name,
     window_open,
 )
-from workflows.rollout.spec import MaintenanceWindow, RolloutInput
+from workflows.rollout.spec import RolloutInput
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
