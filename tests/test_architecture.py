@@ -171,3 +171,16 @@ def test_the_checks_see_the_graph():
     assert "workflows.catalog" in GRAPH["worker.registry"]  # an import inside a function counts
     assert all(p.read_text().strip() == "" for m, p in MODULES.items() if p.name == "__init__.py"
                and _layer(m) in {"workflows", "activities"})  # fmt: skip
+
+
+def test_the_phase_search_attribute_is_written_in_one_place():
+    """Every workflow publishes its MillwrightPhase through `workflows.common.base.publish_phase` (issue #16)."""
+    writers = sorted(
+        module
+        for module, path in MODULES.items()
+        if _layer(module) == "workflows"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "value_set"
+        and isinstance(node.value, ast.Attribute) and node.value.attr == "PHASE"
+    )  # fmt: skip
+    assert writers == ["workflows.common.base"], writers

@@ -36,7 +36,7 @@ from workflows.budget.budget import Budget, ceiling
 from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, history_is_long
+from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
@@ -879,7 +879,7 @@ class Rollout:
         """Current details, phase search attribute and metrics, from the state."""
         phase = self._overall_phase()
         if phase != self._upserted:  # each upsert is a history event
-            workflow.upsert_search_attributes([sa.CLUSTER.value_set(self._inp.cluster), sa.PHASE.value_set(phase)])
+            publish_phase(phase, sa.CLUSTER.value_set(self._inp.cluster))
             self._upserted = phase
         workflow.set_current_details(self._summary())
         meter = workflow.metric_meter().with_additional_attributes({"rollout": workflow.info().workflow_id})
