@@ -11,6 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workflows.budget.budget import Budget, ceiling
+from workflows.rollout.admission import MaintenanceWindow
+from workflows.rollout.deployment_policy import (
+    Compartment,
+    DeploymentPolicy,
+    ExponentialStrategy,
+    FixedStrategy,
+    LinearStrategy,
+    PolicyDefault,
+    Strategy,
+)
+from workflows.rollout.label_selector import LabelSelector
+from workflows.rollout.packages import Interrupt, Package
 from workflows.rollout.policy import (
     DEFAULT_COMPARTMENT,
     BatchState,
@@ -32,20 +44,7 @@ from workflows.rollout.policy import (
     success_percent,
     window_open,
 )
-from workflows.rollout.spec import (
-    Compartment,
-    DeploymentPolicy,
-    ExponentialStrategy,
-    FixedStrategy,
-    Interrupt,
-    LabelSelector,
-    LinearStrategy,
-    MaintenanceWindow,
-    Package,
-    PolicyDefault,
-    RolloutInput,
-    Strategy,
-)
+from workflows.rollout.spec import RolloutInput
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

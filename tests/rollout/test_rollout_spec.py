@@ -12,15 +12,12 @@ from pydantic import ValidationError
 from activities.kube.models import DrainSettings
 from activities.support.selectors import parse_label_selector, selector_matches
 from workflows.common import search_attributes as sa
+from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels, topological_order
-from workflows.rollout.spec import (
-    DrainConfig,
-    Interrupt,
-    LabelSelector,
-    MaintenanceWindow,
-    RolloutInput,
-    describe_errors,
-)
+from workflows.rollout.drain_config import DrainConfig
+from workflows.rollout.label_selector import LabelSelector
+from workflows.rollout.packages import Interrupt
+from workflows.rollout.spec import RolloutInput, describe_errors
 
 # Appendix A of the NodeWright reference, as a Millwright rollout.
 APPENDIX_A = {

@@ -124,7 +124,7 @@ from workflows.budget.leases import (
     budget_workflow_id,
 )
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput, history_is_long
+from workflows.common.base import Progress, WorkflowInput, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
 
 DEFAULT_BUDGET = Budget(percent=10)
@@ -610,7 +610,7 @@ class DisruptionBudget:
     def _breaker_changed(self, trip: bool = False) -> None:
         """The breaker's phase in the workflow list, and its gauge; `trip`: it just tripped (counted)."""
         b, cluster = self._book.breaker, {"cluster": self._inp.cluster}
-        workflow.upsert_search_attributes([sa.PHASE.value_set(TRIPPED_PHASE if b.tripped else SERVING_PHASE)])
+        publish_phase(TRIPPED_PHASE if b.tripped else SERVING_PHASE)
         meter = workflow.metric_meter()
         meter.create_gauge(TRIPPED_GAUGE, "1: the cluster's remediation circuit breaker is tripped").set(
             int(b.tripped), cluster

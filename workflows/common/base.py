@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
+from temporalio.common import SearchAttributePair, SearchAttributeUpdate
 
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
@@ -46,10 +48,21 @@ class Progress(StrictModel):
                                           "(workflows.common.endpoints).")  # fmt: skip
 
 
+def publish_phase(phase: str, *also: SearchAttributeUpdate[Any]) -> None:
+    """Write the `MillwrightPhase` search attribute: the one place a running workflow does (its start sets the
+    first value, `WorkflowInput.search_attributes`). `also`: other attributes written in the same upsert.
+
+    Each call is one upsert command and one history event, so the caller decides when: `Phases.enter` and the
+    Rollout publish only a changed phase; NodeMaintenance, IsolateTenant, ReleaseTenant and DisruptionBudget
+    publish on every call, as their running executions' histories expect.
+    """
+    workflow.upsert_search_attributes([*also, sa.PHASE.value_set(phase)])
+
+
 class Phases:
     """A workflow's visible phase: the model its `progress` query returns, the UI's current
-    details and the `MillwrightPhase` search attribute, kept in step; with the calls that keep
-    failing meanwhile (`waiting`, the `shown` of workflows.common.endpoints.Endpoints)."""
+    details and the `MillwrightPhase` search attribute (`publish_phase`), kept in step; with the
+    calls that keep failing meanwhile (`waiting`, the `shown` of workflows.common.endpoints.Endpoints)."""
 
     def __init__(self, finished: tuple[str, ...] = ("completed", "failed")) -> None:
         self.progress = Progress(phase="starting")
@@ -58,7 +71,7 @@ class Phases:
     def enter(self, phase: str, details: str = "", done: int | None = None, total: int | None = None) -> None:
         p = self.progress
         if phase != p.phase:  # each upsert is a history event
-            workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+            publish_phase(phase)
         p.phase, p.details = phase, details
         if done is not None:
             p.done = done

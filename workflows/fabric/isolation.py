@@ -20,7 +20,7 @@ from activities.ufm.models import AddGuids, EmptyRequest, EnsurePKey, FabricSnap
 from activities.ufm.posture import BlockingCode, FabricPosture
 from workflows.common import saga
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput
+from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 from workflows.common.errors import root_cause
 from workflows.fabric.calls import (
@@ -119,7 +119,7 @@ class IsolateTenant:
 
     def _enter(self, phase: str, note: str = "") -> None:
         self._step = Step(phase=phase, note=note)
-        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        publish_phase(phase)
         workflow.set_current_details(f"**{phase}** tenant `{self._inp.tenant}` on `{self._inp.fabric}`"
                                      + (f"\n\n{note}" if note else ""))  # fmt: skip
 

@@ -28,7 +28,7 @@ from workflows.budget.budget import Budget
 from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput
+from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 from workflows.maintenance.drain import Drain, DrainProgress
@@ -312,7 +312,7 @@ class NodeMaintenance:
 
     def _enter(self, phase: Phase) -> None:
         self._status.phase = phase
-        workflow.upsert_search_attributes([sa.PHASE.value_set(phase)])
+        publish_phase(phase)
         self._set_details()
 
     def _summary(self) -> str:

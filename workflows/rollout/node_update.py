@@ -65,7 +65,7 @@ from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_l
 from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.maintenance.drain import Drain
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
-from workflows.rollout.spec import Interrupt
+from workflows.rollout.packages import Interrupt
 
 # Long waits heartbeat; a worker that dies mid-wait is noticed this fast and the wait resumes elsewhere.
 HEARTBEAT = timedelta(seconds=10)

@@ -36,8 +36,9 @@ from workflows.budget.budget import Budget, ceiling
 from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, history_is_long
+from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
+from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     ApproveRequest,
@@ -76,7 +77,7 @@ from workflows.rollout.policy import (
     strategy_name,
     window_open,
 )
-from workflows.rollout.spec import MaintenanceWindow, RolloutInput
+from workflows.rollout.spec import RolloutInput
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
@@ -878,7 +879,7 @@ class Rollout:
         """Current details, phase search attribute and metrics, from the state."""
         phase = self._overall_phase()
         if phase != self._upserted:  # each upsert is a history event
-            workflow.upsert_search_attributes([sa.CLUSTER.value_set(self._inp.cluster), sa.PHASE.value_set(phase)])
+            publish_phase(phase, sa.CLUSTER.value_set(self._inp.cluster))
             self._upserted = phase
         workflow.set_current_details(self._summary())
         meter = workflow.metric_meter().with_additional_attributes({"rollout": workflow.info().workflow_id})
