@@ -29,6 +29,8 @@ CYCLE_FREE_LAYERS = ("starter", "workflows", "activities", "worker")
 MAX_LINES = 600
 # A module longer than MAX_LINES says why in its docstring, after this phrase.
 LONG_MODULE_MARKER = "Longer than 600 lines because"
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
