@@ -1,5 +1,9 @@
 """One emulated BMC (lab/redfish.py serves them): the server spec and its defaults, power and boot, the SEL,
-sessions, and the Redfish documents it answers with, in the DMTF schema shapes the real ``sushy`` client reads."""
+sessions, and the Redfish documents it answers with, in the DMTF schema shapes the real ``sushy`` client reads.
+
+Longer than 600 lines because `Bmc` is one server's state (power and its timers, the boot override, the SEL,
+sessions) and every Redfish document it answers is drawn from or written to that state under one set of rules
+(`get`/`write`); what stands alone, the server spec and the error and collection shapes, sits above it."""
 
 from __future__ import annotations
 

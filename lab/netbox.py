@@ -22,7 +22,7 @@ from Millwright's. `NetBoxLab.start()`:
 `NetBoxGate` answers on NetBox's address while it starts, and `seed_inventory` puts the lab's
 inventory in. Nothing listens beyond 127.0.0.1. ``python -m lab.netbox`` runs one by hand.
 
-One module (about 800 lines): the steps above are one start-up sequence over one state directory, and
+Longer than 600 lines because the steps above are one start-up sequence over one state directory, and
 `NetBoxGate` is the front of that same start-up (it answers until `NetBoxLab` is ready), so splitting them would
 only spread one lifecycle over files.
 """

@@ -35,7 +35,7 @@ saying why and what to install. `<state-dir>/lab.json` records every service's s
 while the lab runs; `status` and `down` read it. `<state-dir>/examples/` holds the examples that need this lab's
 values (a BMC URL, the webhook receiver's address), written at each `up`.
 
-One module (about 1,000 lines) on purpose: `Lab` is one start-up sequence, each step a short method that hands
+Longer than 600 lines because `Lab` is one start-up sequence, each step a short method that hands
 the next one its addresses and secrets, and `down`/`seed`/`status` read the same `lab.json` it writes; every
 service it starts lives in its own module (the list above).
 """

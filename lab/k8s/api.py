@@ -1,7 +1,7 @@
 """HTTP layer: Kubernetes REST paths, discovery and verbs, behind the lab's fault front and audit log
 (lab/faults.py); the /_lab admin API is lab/k8s/labadmin.py.
 
-One module (about 800 lines): routing and the REST verbs (list, watch, create, update, patch, delete), which share
+Longer than 600 lines because routing and the REST verbs (list, watch, create, update, patch, delete) share
 the request helpers, the namespace and field checks and the write tail (`_finish_update`); what stands on its own
 is elsewhere: server-side apply (apply.py), eviction (eviction.py), Table output (tables.py), defaulting
 (defaults.py), the admin API (labadmin.py), the simulated controllers (controllers/)."""

@@ -1,6 +1,6 @@
 """The object store: one lock, one global resourceVersion, watch history, audit log, PDB status math.
 
-One module (about 600 lines): the indexes, the watch history, the timers and the PDB math all change on the same
+Longer than 600 lines because the indexes, the watch history, the timers and the PDB math all change on the same
 `put`/`remove` under the same lock, so they stay next to those two writes."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ too, and kubectl drops them without `-o wide`. Kinds the real server has no prin
 NAME / CREATED AT table. Custom resources get their CRD version's `additionalPrinterColumns` (JSONPath) after NAME,
 or AGE when there are none, as the apiextensions server prints them.
 
-One module (about 700 lines): most of it is the per-kind columns and cells, one short function per kind as
+Longer than 600 lines because most of it is the per-kind columns and cells, one short function per kind as
 printers.go has them, around one `table` entry point; they change together with kubectl's expectations.
 """
 

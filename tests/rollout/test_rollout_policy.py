@@ -1,5 +1,8 @@
 """NodeWright's batch arithmetic, ported: worked examples from the reference, every rule,
-and property tests (hypothesis) for the invariants Millwright relies on."""
+and property tests (hypothesis) for the invariants Millwright relies on.
+
+Longer than 600 lines because it is the one test module of workflows/rollout/policy.py, read side by side with it
+and with NodeWright's worked examples."""
 
 from __future__ import annotations
 
