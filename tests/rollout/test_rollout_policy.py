@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.deployment_policy import (
+    DEFAULT_COMPARTMENT,
     Compartment,
     DeploymentPolicy,
     ExponentialStrategy,
@@ -27,8 +28,6 @@ from workflows.rollout.deployment_policy import (
 from workflows.rollout.label_selector import LabelSelector
 from workflows.rollout.packages import Interrupt, Package
 from workflows.rollout.policy import (
-    DEFAULT_COMPARTMENT,
-    BatchState,
     NodeSnapshot,
     admissible,
     assign_compartments,
@@ -48,6 +47,7 @@ from workflows.rollout.policy import (
     window_open,
 )
 from workflows.rollout.spec import RolloutInput
+from workflows.rollout.state import BatchState
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

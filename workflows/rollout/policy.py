@@ -44,8 +44,6 @@ from workflows.rollout.spec_fields import WEEKDAYS, zone
 from workflows.rollout.state import BatchState
 
 __all__ = [
-    "DEFAULT_COMPARTMENT",
-    "BatchState",
     "CompartmentPlan",
     "NodeSnapshot",
     "Plan",
@@ -55,7 +53,6 @@ __all__ = [
     "assign_compartments",
     "batch_order",
     "choose_compartment",
-    "ceiling",
     "coalesce_interrupts",
     "config_change_interrupt",
     "compartment_budget",
