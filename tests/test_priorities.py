@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.conftest import temporal_binary
+from tests.conftest import DEV_SERVER_STARTUP, temporal_binary
 from tests.kube_helpers import fleet_objects, wait_for
 from tests.maintenance.test_node_maintenance import maintenance
 from tests.maintenance.test_node_maintenance import start as start_maintenance
@@ -130,6 +130,7 @@ async def test_a_backlog_dispatches_remediation_first_and_each_cluster_s_rollout
                      "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]  # fmt: skip
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
+        dev_server_startup_timeout=DEV_SERVER_STARTUP,
         ui=False,
         dev_server_extra_args=["--dynamic-config-value", priorities.FAIRNESS_DYNAMIC_CONFIG, *one_partition],
     ) as env:

@@ -161,6 +161,34 @@ async def test_failure_in_the_ib_step_undoes_the_kubernetes_steps(client, k8s, u
     assert _tenant_objects(await k8s.dump(), tenant) == []
 
 
+async def test_onboarding_on_a_fabric_that_voids_isolation_refuses_unless_the_finding_is_accepted(
+    client, k8s, ufm, fleet, ib_tenant_worker
+):
+    """UFM's own default, a management PKey of full members, makes every partition void: onboarding fails in the
+    IsolateTenant step and undoes its Kubernetes steps; `ib_accept_posture` accepts the finding, named in the
+    result."""
+    from lab.ufm import fleet_seed
+
+    await k8s.seed(TENANCY_CRDS)
+    await ufm.seed({**fleet_seed(fleet), "default_membership": "full"})
+    hosts, tenant = list(fleet.ib_ports())[:2], f"ibp-{uuid.uuid4().hex[:5]}"
+    inp = _onboard(tenant, _fabric(), hosts)
+    err = await _fails(client, ib_tenant_worker, OnboardTenant.run, inp)
+    assert err.type == "OnboardingFailed" and "default-membership-full" in str(err), err
+    assert _tenant_objects(await k8s.dump(), tenant) == []
+
+    accepted = await _run(client, ib_tenant_worker, OnboardTenant.run,
+                          inp.model_copy(update={"ib_accept_posture": ["default-membership-full"]}))  # fmt: skip
+    iso = accepted.infiniband
+    assert iso is not None and [f.split(":")[0] for f in iso.accepted_findings] == ["default-membership-full"]
+    assert await ufm.members(iso.pkey) == {g: "full" for g in _guids(fleet, hosts)}
+
+
+def test_accepting_a_posture_finding_needs_ib_isolation():
+    with pytest.raises(ValueError, match="ib_accept_posture are only for ib_isolation=true"):
+        OnboardTenantInput(tenant="t", cluster="lab", ib_accept_posture=["default-membership-full"])
+
+
 PKEY_READ = r"/resources/pkeys/0x[0-9a-f]+$"  # GET of one PKey (every UFM write is read before and after)
 
 

@@ -18,6 +18,7 @@ from temporalio.common import SearchAttributePair
 
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
+from activities.ufm.posture import BlockingCode
 from workflows.clusters.manifests import TENANTS_PARENT_QUEUE
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
@@ -72,6 +73,11 @@ class OnboardTenantInput(TenantRef):
         description="When ib_isolation: the hosts the tenant's workloads may use (UFM system names = NetBox "
                     "devices); all their HCA ports join the tenant's PKey.",
     )  # fmt: skip
+    ib_accept_posture: list[BlockingCode] = Field(
+        default_factory=list,
+        description="When ib_isolation: isolate although the fabric has these blocking posture findings "
+                    "(IsolateTenant's accept_posture, docs/fabric.md 'Fabric posture'); each is named in the result.",
+    )  # fmt: skip
     allow_oversubscription: bool = Field(False, description="Allow the tenants' GPU quotas to exceed capacity.")
     record_in_netbox: bool = True
     vcluster_ready_timeout: timedelta = timedelta(minutes=10)
@@ -93,8 +99,8 @@ class OnboardTenantInput(TenantRef):
             validate_fabric_name(self.ib_fabric)
             if len(set(self.ib_hosts)) != len(self.ib_hosts) or not all(h.strip() for h in self.ib_hosts):
                 raise ValueError("ib_hosts must be unique, non-empty host names")
-        elif self.ib_fabric or self.ib_hosts:
-            raise ValueError("ib_fabric and ib_hosts are only for ib_isolation=true")
+        elif self.ib_fabric or self.ib_hosts or self.ib_accept_posture:
+            raise ValueError("ib_fabric, ib_hosts and ib_accept_posture are only for ib_isolation=true")
         return self
 
     def all_namespaces(self) -> list[str]:

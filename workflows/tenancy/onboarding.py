@@ -80,6 +80,7 @@ def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
         hosts=inp.ib_hosts,
         netbox=inp.record_in_netbox,
         retry_timeout=inp.retry_timeout,
+        accept_posture=inp.ib_accept_posture,
     )
 
 
