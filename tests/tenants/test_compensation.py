@@ -156,3 +156,21 @@ async def test_cluster_creation_with_lost_create_answers_is_undone(client, k8s, 
     assert report["created"] == ours, report
     cluster = f"Cluster fleet/{inp.name}"
     assert report["removed"] == [cluster] + [r for r in reversed(ours) if r != cluster], report
+
+
+async def test_compensation_waits_out_an_api_visibly_and_gives_up_at_the_bound(client, k8s, tenant_worker):
+    """The undo's own calls are bounded like every other call: a cluster that answers 503 to every delete while
+    onboarding undoes itself fails the run with EndpointUnavailable naming the cluster, after `retry_timeout`; what
+    it could not undo stays, carrying the run's ownership, for a re-run or a person."""
+    tenant = f"stuck-{uuid.uuid4().hex[:5]}"
+    inp = OnboardTenantInput(tenant=tenant, cluster="lab", namespaces=[tenant, f"{tenant}-b"],
+                             gpu=QueueQuota(quota=0, limit=0), record_in_netbox=False,
+                             retry_timeout=timedelta(seconds=4))  # fmt: skip
+    await k8s.seed(TENANCY_CRDS)
+    await k8s.add_fault({"verb": "create", "resource": "namespaces"}, {"status": 403, "message": "injected"}, skip=1)
+    await k8s.add_fault({"verb": "delete"}, {"status": 503, "message": "injected outage"}, count=-1)
+    err = await fail(client, tenant_worker, OnboardTenant.run, inp)
+    assert err.type == "EndpointUnavailable" and "Kubernetes API of cluster lab" in str(err), err
+    assert "injected outage" in str(err) and "retry_timeout is 4s" in str(err), err
+    left = [o for o in await k8s.dump() if o["kind"] == "Namespace" and o["metadata"]["name"] == tenant]
+    assert left and OWNER_ANNOTATION in left[0]["metadata"]["annotations"]

@@ -186,21 +186,23 @@ class CreateCluster:
             created += [f"{r} in {ref}" for r in on_ref]
             if on_ref:
                 order = list(reversed(on_ref))
-                done = await workflow.execute_activity_method(
+                done = await self._calls.execute(
                     ClusterApiActivities.delete_objects,
                     DeleteRequest(cluster=ref, objects=order, owned_by=mine),
                     **LONG_CALL,
+                    endpoint=kubernetes_api(ref),
                 )
                 removed += [f"{r} in {ref}" for r in done.account(order, there)[0]]
         order = ([cluster] if cluster else []) + [r for r in reversed(made) if r is not cluster]
         if order:
             timeout = inp.ready_timeout + timedelta(minutes=10)  # Machines deprovision before the Cluster goes
-            done = await workflow.execute_activity_method(
+            done = await self._calls.execute(
                 ClusterApiActivities.delete_objects,
                 DeleteRequest(cluster=mgmt, objects=order, owned_by=mine, timeout_seconds=timeout.total_seconds()),
                 start_to_close_timeout=timeout + timedelta(minutes=1),
                 heartbeat_timeout=timedelta(seconds=30),
                 retry_policy=API_CALL["retry_policy"],
+                endpoint=kubernetes_api(mgmt),
             )
             removed += [str(r) for r in done.account(order, listed)[0]]
         return saga.failure(f"creating cluster {ref}", err, created, removed)
@@ -208,7 +210,7 @@ class CreateCluster:
     async def _owned(self, cluster: str, objs: list[dict], mine: Ownership) -> tuple[list[ObjectRef], list[ObjectRef]]:
         """What this run created in one cluster, in creation order (the objects carrying its ownership, read from
         the cluster, and those its apply reported created), and the part of it the listing found there."""
-        listed = await workflow.execute_activity_method(
+        listed = await self._calls.execute(
             ClusterApiActivities.list_objects,
             ListRequest(
                 cluster=cluster,
@@ -217,6 +219,7 @@ class CreateCluster:
                 label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
             ),
             **API_CALL,
+            endpoint=kubernetes_api(cluster),
         )
         applied = self._wrote.get(cluster)
         keys = {r.key() for r in listed + (applied.created() if applied else [])}

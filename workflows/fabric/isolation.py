@@ -152,10 +152,11 @@ class IsolateTenant:
             )
         else:  # the tenant's PKey stays: only the ports this run added go, from UFM and the books
             if ports:
-                await workflow.execute_activity_method(
+                await self._calls.execute(
                     UfmActivities.remove_guids,
                     RemoveGuids(pkey=w.pkey, guids=ports),
                     **UFM_CALL,
+                    endpoint=UFM,
                     summary=f"remove the {len(ports)} ports this run added to {w.pkey}",
                 )
             added = [g for g in w.members if g not in w.booked_before]

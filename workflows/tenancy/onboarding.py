@@ -270,12 +270,13 @@ class OnboardTenant:
         removed = list(removed)
         removed += await self._release_ib_step(inp)
         mine = Ownership(workflow=workflow.info().workflow_id, created_by=workflow.info().run_id)
-        owned = await workflow.execute_activity_method(
+        owned = await self._calls.execute(
             ClusterApiActivities.list_objects,
             ListRequest(
                 cluster=inp.cluster, kinds=TENANT_KINDS, label_selector=f"{TENANT_LABEL}={inp.tenant}", owned_by=mine
             ),
             **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
         )
         position = {ObjectRef.of(o).key(): i for i, o in enumerate(every)}
         refs = list({r.key(): r for r in created + owned}.values())
@@ -283,10 +284,11 @@ class OnboardTenant:
         made = [str(r) for r in refs] + made_ib + [p for p in self._ib_created if p not in made_ib]
         if refs:
             order = list(reversed(refs))
-            done = await workflow.execute_activity_method(
+            done = await self._calls.execute(
                 ClusterApiActivities.delete_objects,
                 DeleteRequest(cluster=inp.cluster, objects=order, owned_by=mine),
                 **LONG_CALL,
+                endpoint=kubernetes_api(inp.cluster),
             )
             removed += [str(r) for r in done.account(order, owned)[0]]
         return made, removed
@@ -309,7 +311,10 @@ class OnboardTenant:
         if not created:
             return removed
         order = list(reversed(created))
-        await workflow.execute_activity_method(
-            ClusterApiActivities.delete_objects, DeleteRequest(cluster=inp.cluster, objects=order), **LONG_CALL
+        await self._calls.execute(
+            ClusterApiActivities.delete_objects,
+            DeleteRequest(cluster=inp.cluster, objects=order),
+            **LONG_CALL,
+            endpoint=kubernetes_api(inp.cluster),
         )
         return removed + [str(r) for r in order]
