@@ -99,7 +99,6 @@ class IronicActivities(IronicClient):
             if ops:
                 await self._call(client, "PATCH", f"/nodes/{body['uuid']}", f"setting driver_info on node {req.node}",
                                  json=ops)  # fmt: skip
-                self._after_write(f"driver_info {req.node}")
             return result
 
     @activity.defn
@@ -130,7 +129,6 @@ class IronicActivities(IronicClient):
                             type="IronicManageFailed", non_retryable=True,
                         )  # fmt: skip
                     await self._provision(client, node.uuid, {"target": "manage"}, f"managing node {req.node}")
-                    self._after_write(f"manage {req.node}")
                     changed = True
                 else:  # on its way somewhere (verifying, or a clean heading back to manageable): wait
                     activity.heartbeat({"provision_state": state,
@@ -181,7 +179,6 @@ class IronicActivities(IronicClient):
                 payload["disable_ramdisk"] = req.disable_ramdisk
             steps = ", ".join(f"{s.interface}.{s.step}" for s in req.steps)
             await self._provision(client, node.uuid, payload, f"starting clean ({steps}) on node {req.node}")
-            self._after_write(f"clean {req.node}")
             return CleanStarted(node=await self._node(client, node.uuid), started=True)
 
     async def _ran_since_scheduled(self, client: TrustingClient, node: IronicNode, req: StartClean) -> bool:

@@ -107,6 +107,3 @@ class IronicClient:
     def _poll(self, requested: float | None) -> float:
         assert self._config is not None
         return requested or self._config.poll_seconds
-
-    def _after_write(self, what: str) -> None:
-        """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""

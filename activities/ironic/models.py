@@ -15,7 +15,6 @@ from activities.models import StrictModel
 
 # Provision states (Ironic's ironic/common/states.py).
 MANAGEABLE = "manageable"
-ENROLL = "enroll"
 CLEANING = "cleaning"
 CLEAN_WAIT = "clean wait"
 CLEAN_FAILED = "clean failed"

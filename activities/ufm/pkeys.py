@@ -24,9 +24,6 @@ from activities.ufm.models import PKeyMembers, normalize_guid
 class PKeyClient(UfmClient):
     """The UFM client with PKey reads and read-back writes."""
 
-    def _after_write(self, what: str) -> None:
-        """Called after each write. A no-op; tests override it to crash an attempt mid-activity."""
-
     async def _write(self, client: TrustingClient, method: str, path: str, doing: str, pkey: str,
                      landed: Callable[[PKeyMembers], bool], **kw: Any) -> PKeyMembers:  # fmt: skip
         """One write, then PKey `pkey` read back: the write is done when `landed` says the read shows it.
@@ -43,8 +40,6 @@ class PKeyClient(UfmClient):
             if err.non_retryable:
                 raise
             failed = err
-        else:
-            self._after_write(doing)
         try:
             have = await self._members(client, pkey)
         except ApplicationError:
