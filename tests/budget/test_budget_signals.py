@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from datetime import timedelta
 
@@ -22,7 +23,7 @@ from tests.budget.test_disruption_budget import (
     start_maintenance,
     state_where,
 )
-from tests.budget.test_many_holders import all_runs, history_counts
+from tests.budget.test_many_holders import continued_runs, history_counts
 from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
@@ -109,6 +110,12 @@ async def test_a_paused_rollout_gives_its_place_up_and_asks_again_on_resume(clie
     assert max_out_of_service(await k8s.audit()) == 1
 
 
+def carried_queue(history) -> int:
+    """How many waiting requests a run handed its successor (the book in its continue-as-new input)."""
+    attrs = history.events[-1].workflow_execution_continued_as_new_event_attributes
+    return len(json.loads(attrs.input.payloads[0].data)["book"]["queue"])
+
+
 async def test_the_entity_continues_as_new_losing_no_request(small_history_env, k8s, kubeconfig_path):
     """Every run of the entity is suggested to continue as new after 20 events, while five holders keep
     requesting and releasing by signal: each gets its lease in turn, and no update is ever used."""
@@ -121,8 +128,9 @@ async def test_the_entity_continues_as_new_losing_no_request(small_history_env, 
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 150)
         assert all(r.outcome == "completed" and r.uncordoned for r in results), results
         assert max_out_of_service(await k8s.audit()) == 1
-        runs = await all_runs(client, f"WorkflowId = '{entity.id}'")
-        assert len(runs) > 3, "the entity continued as new while holders waited"
+        runs = await continued_runs(client, entity)
+        waiting = [carried_queue(h) for h in runs[:-1]]  # the holders each continue-as-new handed on, waiting
+        assert any(waiting), f"the entity continued as new while holders waited: {len(runs)} runs, carried {waiting}"
         counts = [history_counts(h) for h in runs]
         assert sum(c.get("workflow_execution_update_accepted_event_attributes", 0) for c in counts) == 0
         await state_where(client.get_workflow_handle(entity.id), lambda s: not s.leases and not s.queue,
