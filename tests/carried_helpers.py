@@ -15,6 +15,19 @@ async def runs_of(client: Any, workflow_id: str) -> list[Any]:
     return sorted(runs, key=lambda e: e.start_time)
 
 
+async def continued_runs(client, started) -> list:
+    """The history of every run of the workflow `started` (a handle from its start) began, from that first run
+    along its continue-as-new chain to the run now open or closed, read from the histories themselves."""
+    histories, run_id = [], started.first_execution_run_id
+    while run_id:
+        history = await client.get_workflow_handle(started.id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        can = last.HasField("workflow_execution_continued_as_new_event_attributes")
+        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id if can else None
+    return histories
+
+
 async def carried_waits(client: Any, workflow_id: str) -> list[str]:
     """The summaries of the `workflow_outcome` waits the runs of `workflow_id` scheduled: children they awaited
     by ID because an earlier run had started them."""

@@ -23,7 +23,8 @@ from tests.budget.test_disruption_budget import (
     start_maintenance,
     state_where,
 )
-from tests.budget.test_many_holders import continued_runs, history_counts
+from tests.budget.test_many_holders import history_counts
+from tests.carried_helpers import continued_runs
 from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec

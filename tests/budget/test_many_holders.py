@@ -16,6 +16,7 @@ from tests.budget.test_disruption_budget import (
     start_budget,
     state_where,
 )
+from tests.carried_helpers import continued_runs
 from tests.kube_helpers import read_node
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
@@ -38,22 +39,9 @@ def history_counts(history) -> dict[str, int]:
 
 async def all_runs(client, query: str) -> list:
     """The history of every run (continue-as-new included) of the workflows the visibility query names (which may
-    lag on a loaded server: exact counts come from `continued_runs`)."""
+    lag on a loaded server: exact counts come from tests/carried_helpers.py `continued_runs`)."""
     return [await client.get_workflow_handle(e.id, run_id=e.run_id).fetch_history()
             async for e in client.list_workflows(query)]  # fmt: skip
-
-
-async def continued_runs(client, started) -> list:
-    """The history of every run of the workflow `started` (a handle from its start) began, from that first run
-    along its continue-as-new chain to the run now open or closed, read from the histories themselves."""
-    histories, run_id = [], started.first_execution_run_id
-    while run_id:
-        history = await client.get_workflow_handle(started.id, run_id=run_id).fetch_history()
-        histories.append(history)
-        last = history.events[-1]
-        can = last.HasField("workflow_execution_continued_as_new_event_attributes")
-        run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id if can else None
-    return histories
 
 
 async def test_fifty_holders_share_one_budget_without_throttling(client, kube_worker, k8s, core, caplog):
