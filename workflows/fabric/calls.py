@@ -16,6 +16,7 @@ from activities.netbox.models import DeviceIbPorts, IbPortQuery
 from activities.ufm.activities import UfmActivities
 from activities.ufm.models import EmptyRequest, FabricCall, HostsRequest, PKeyMembers, PKeyRef, ResolvedHosts
 from activities.ufm.posture import FabricPosture
+from workflows.common.base import publish_phase
 from workflows.common.endpoints import NETBOX, UFM, Endpoints
 
 # An attempt makes a few requests of up to 10 s each (a read, a write, its read back; a removal in chunks) and
@@ -46,6 +47,12 @@ RELEASE_READS_FIRST = "release-tenant-reads-before-removing"
 UNDO_KEEPS_HELD_PKEY = "isolation-undo-keeps-the-held-pkey"
 
 FABRIC_NAME = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+
+
+def show_tenant_step(phase: str, tenant: str, fabric: str, note: str = "") -> None:
+    """An isolation's or release's phase: the `MillwrightPhase` search attribute and the current details."""
+    publish_phase(phase)
+    workflow.set_current_details(f"**{phase}** tenant `{tenant}` on `{fabric}`" + (f"\n\n{note}" if note else ""))
 
 
 def validate_fabric_name(value: str) -> str:

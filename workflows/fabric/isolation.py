@@ -20,7 +20,7 @@ from activities.ufm.models import AddGuids, EmptyRequest, EnsurePKey, FabricSnap
 from activities.ufm.posture import BlockingCode, FabricPosture
 from workflows.common import saga
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput, publish_phase
+from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 from workflows.common.errors import root_cause
 from workflows.fabric.calls import (
@@ -35,6 +35,7 @@ from workflows.fabric.calls import (
     read_pkey,
     refuse_insecure,
     resolve_and_check,
+    show_tenant_step,
     validate_fabric_name,
 )
 from workflows.fabric.models import AllocateRequest, Allocation, FabricState, TenantRequest, WithdrawRequest
@@ -119,9 +120,7 @@ class IsolateTenant:
 
     def _enter(self, phase: str, note: str = "") -> None:
         self._step = Step(phase=phase, note=note)
-        publish_phase(phase)
-        workflow.set_current_details(f"**{phase}** tenant `{self._inp.tenant}` on `{self._inp.fabric}`"
-                                     + (f"\n\n{note}" if note else ""))  # fmt: skip
+        show_tenant_step(phase, self._inp.tenant, self._inp.fabric, note)
 
     @workflow.run
     async def run(self, inp: IsolateTenantInput) -> IsolateTenantResult:

@@ -15,7 +15,7 @@ from activities.netbox.models import TenantPKeyRecord
 from activities.ufm.activities import UfmActivities
 from activities.ufm.models import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput, publish_phase
+from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
 from workflows.fabric.calls import (
     NETBOX_CALL,
@@ -23,6 +23,7 @@ from workflows.fabric.calls import (
     UFM_CALL,
     call_fabric,
     read_pkey,
+    show_tenant_step,
     validate_fabric_name,
 )
 from workflows.fabric.models import Allocation, FinishRelease, TenantRequest
@@ -67,9 +68,7 @@ class ReleaseTenant:
 
     def _enter(self, phase: str, note: str = "") -> None:
         self._phase = phase
-        publish_phase(phase)
-        workflow.set_current_details(f"**{phase}** tenant `{self._inp.tenant}` on `{self._inp.fabric}`"
-                                     + (f"\n\n{note}" if note else ""))  # fmt: skip
+        show_tenant_step(phase, self._inp.tenant, self._inp.fabric, note)
 
     @workflow.run
     async def run(self, inp: ReleaseTenantInput) -> ReleaseTenantResult:
