@@ -3,7 +3,7 @@ models of the Kubernetes activities."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -200,6 +200,10 @@ class NodeAvailability(StrictModel):
     total: int = Field(description="Nodes the selector matches.")
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
+    )
+    read_at: datetime | None = Field(
+        None, description="When the read finished (the worker's clock): the time a decision on it is made at, "
+        "recorded with the result so that a replay decides at the same time.",
     )
 
 

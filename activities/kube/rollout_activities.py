@@ -111,6 +111,7 @@ class RolloutNodeActivities(NodeActivities):
                 activity.heartbeat(len(out.unavailable))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
+                out.read_at = datetime.now(timezone.utc)
                 return out
 
     @activity.defn

@@ -131,6 +131,9 @@ DEFAULT_BUDGET = Budget(percent=10)
 HISTORY_LIMIT = 2000
 IDLE_CLOSE = timedelta(minutes=5)
 TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
+# workflow.patched() id: decisions no longer compare workflow.now() with remembered times (see _tick).
+EVENT_CLOCK_PATCH = "disruption-budget-event-clock"
+MIN_WAIT = timedelta(seconds=1)  # the shortest periodic wait: a timer always stands for "a periodic look is due"
 
 
 # ================================================================== models
@@ -207,6 +210,13 @@ def _key(holder: str, node: str) -> str:
     return f"{holder}|{node}"
 
 
+def _operator(change: BudgetChange) -> str:
+    return f"operator {change.by}: {change.reason}"
+
+
+Received = LeaseRequests | LeaseReleases | BudgetChange | BreakerReset  # what handlers file on EVENT_CLOCK_PATCH
+
+
 # ================================================================== the entity
 
 
@@ -231,6 +241,11 @@ class DisruptionBudget:
         self._queue = inp.task_queue
         self._move_to: str | None = None  # a requester's task queue to continue as new onto
         self._breaker = False  # this run keeps the remediation circuit breaker (BREAKER_PATCH)
+        self._event_clock = False  # EVENT_CLOCK_PATCH: the loop of _serve (below)
+        self._due = False  # the periodic timer fired: check the holders (and re-decide) at the next tick
+        self._inbox: list[Received] = []  # messages handlers received, applied to the book at the next tick
+        self._ticker: asyncio.Task[None] | None = None  # the one periodic timer (_arm)
+        self._ticker_kind = ""
         self._refused: list[Lease] = []  # remediations refused by the breaker, their decisions not yet sent
 
     # ------------------------------------------------------------ queries
@@ -264,6 +279,13 @@ class DisruptionBudget:
     @workflow.signal(name=REQUEST_SIGNAL, description="Ask for leases on nodes; the decisions are signalled to "
                      "reply_to: granted, or queued with its place.")  # fmt: skip
     def request_leases(self, msg: LeaseRequests) -> None:
+        if self._receive(msg):
+            return
+        self._take_requests(msg)
+        self._dirty = True
+        self._changed()
+
+    def _take_requests(self, msg: LeaseRequests) -> None:
         self._adopt_budget(msg.budget, msg.reply_to)
         for req in msg.requests:
             lease = self._find(_key(req.holder, req.node))
@@ -278,14 +300,42 @@ class DisruptionBudget:
             lease.remediation = req.remediation  # asked again: judged by the latest settings
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
-        self._dirty = True
-        self._changed()
 
     @workflow.signal(name=RELEASE_SIGNAL, description="Return leases, or withdraw waiting requests; idempotent.")
     def release_leases(self, msg: LeaseReleases) -> None:
+        if self._receive(msg):
+            return
+        self._take_releases(msg)
+        self._changed()
+
+    def _take_releases(self, msg: LeaseReleases) -> None:
         for rel in msg.releases:
             self._drop(_key(rel.holder, rel.node), f"released: {rel.reason}" if rel.reason else "released")
-        self._changed()
+
+    def _receive(self, msg: Received) -> bool:
+        """On EVENT_CLOCK_PATCH a handler only files its message; the loop applies it (_apply_received). True:
+        filed. A worker can hand a local activity's result to the workflow together with the signals of a later
+        task where a replay hands it over before them, so a book that handlers changed directly was decided on
+        with more requests live than in the replay (a breaker tripped live and not in the replay)."""
+        if not self._event_clock:
+            return False
+        self._inbox.append(msg)
+        return True
+
+    def _apply_received(self) -> None:
+        received, self._inbox = self._inbox, []
+        for msg in received:
+            if isinstance(msg, LeaseRequests):
+                self._take_requests(msg)
+                self._dirty = True
+            elif isinstance(msg, LeaseReleases):
+                self._take_releases(msg)
+            elif isinstance(msg, BudgetChange):
+                self._set_budget(msg)
+            else:
+                self._book.breaker.clear(msg, workflow.now())
+                self._dirty = True
+                self._breaker_changed()
 
     # ------------------------------------------------------------ updates (runs still on the update path)
 
@@ -317,11 +367,17 @@ class DisruptionBudget:
 
     @workflow.update(description="Change the cluster's budget (count or percent of its nodes).")
     def set_budget(self, change: BudgetChange) -> BudgetView:
-        self._book.budget = change.budget
-        self._book.budget_source = f"operator {change.by}: {change.reason}"
-        self._dirty = True  # a larger budget may let waiting requests in
+        if self._receive(change):  # applied at once by the loop; answered as it will be
+            allowed = ceiling(change.budget, self._avail.total) if self._avail else None
+            return self.state().model_copy(update={"budget": change.budget, "budget_source": _operator(change),
+                                                   "allowed": allowed})  # fmt: skip
+        self._set_budget(change)
         self._changed()
         return self.state()
+
+    def _set_budget(self, change: BudgetChange) -> None:
+        self._book.budget, self._book.budget_source = change.budget, _operator(change)
+        self._dirty = True  # a larger budget may let waiting requests in
 
     @set_budget.validator
     def _validate_set_budget(self, change: BudgetChange) -> None:
@@ -332,6 +388,10 @@ class DisruptionBudget:
     @workflow.update(name=RESET_UPDATE, description="Close the remediation circuit breaker (an operator, once the "
                      "cause is found): automated remediation resumes; what it took so far is forgotten.")  # fmt: skip
     def reset_breaker(self, reset: BreakerReset) -> BreakerView:
+        if self._receive(reset):  # applied at once by the loop; answered as it will be
+            closed = self._book.breaker.model_copy(deep=True)
+            closed.clear(reset, workflow.now())
+            return BreakerView(cluster=self._inp.cluster, enabled=self._breaker, **closed.model_dump())
         self._book.breaker.clear(reset, workflow.now())
         self._dirty = True  # look again: an idle entity may close now
         self._breaker_changed()
@@ -351,18 +411,22 @@ class DisruptionBudget:
         self._signals = workflow.patched(SIGNAL_PATCH)
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
         self._breaker = workflow.patched(BREAKER_PATCH)
+        self._event_clock = workflow.patched(EVENT_CLOCK_PATCH)
         if self._signals and inp.book is None and workflow.info().continued_run_id is None:
             await self._take_over()
         if self._breaker:
             self._breaker_changed()
         self._changed()
         limit = self._inp.history_limit
-        while not history_is_long(limit) and self._move_to is None:
+        if self._event_clock:
+            if await self._serve(limit):
+                return self._book
+        while not self._event_clock and not history_is_long(limit) and self._move_to is None:
             if self._dirty or self._wake_in() == timedelta(0):
                 await self._tick()
                 continue
             # A tripped breaker keeps the entity running: visible in the list, and answering the sweep's query.
-            idle = self._signals and not self._book.leases and not self._book.queue and not self._book.breaker.tripped
+            idle = self._signals and self._idle()
             try:
                 await workflow.wait_condition(
                     lambda: self._dirty or history_is_long(limit) or self._move_to is not None,
@@ -370,13 +434,13 @@ class DisruptionBudget:
                     timeout_summary="close while idle" if idle else "recheck the cluster and the holders",
                 )  # fmt: skip
             except asyncio.TimeoutError:
-                if idle and not self._book.leases and not self._book.queue and not self._book.breaker.tripped \
-                        and workflow.all_handlers_finished():  # fmt: skip
+                if idle and self._idle() and workflow.all_handlers_finished():
                     # Nothing to hand over but the settings: the next request starts a run on its own queue.
                     return self._book
         # Handlers waiting for a decision answer "queued" now; the queue and the decisions owed go to the next run.
         self._closing = True
         await workflow.wait_condition(workflow.all_handlers_finished)
+        self._apply_received()  # what arrived since the last tick goes to the next run in the book
         queue = self._move_to or self._queue
         workflow.continue_as_new(
             inp.model_copy(update={"book": self._book, "task_queue": queue}), task_queue=self._move_to
@@ -404,6 +468,53 @@ class DisruptionBudget:
         if self._inp.budget is None and before.budget_source.startswith("operator"):
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
 
+    async def _serve(self, limit: int) -> bool:
+        """The loop of runs on EVENT_CLOCK_PATCH: serve until the history is long or a requester's queue calls;
+        True: close, idle (nothing to hand over but the settings: the next request starts a run on its own queue).
+
+        Which commands the entity issues follows from its history alone: handlers only file messages, applied
+        at the start of a tick; one timer at a time (the ticker) stands for the periodic look and is started or
+        replaced only at the end of a tick or when it fired, never because of the clock; and a decision is made
+        at the cluster read's own time (``read_at``, recorded with its result). ``workflow.now()`` is not
+        history: a worker that resumed a run after its workflow task timed out saw the clock of an earlier task
+        where the replay saw the later one, and "has the interval passed?" started a timer live where the
+        replay read the cluster (docs/disruption-budget.md, "Determinism").
+        """
+        self._arm()
+        while not history_is_long(limit) and self._move_to is None:
+            if self._inbox or self._dirty or self._due:
+                await self._tick()
+                self._arm()
+                continue
+            ticker = self._ticker
+            # `_dirty`: the `acquire` update of requesters from before SIGNAL_PATCH changes the book itself.
+            await workflow.wait_condition(lambda: bool(self._inbox) or self._dirty or history_is_long(limit) or
+                                          (ticker is not None and ticker.done()))  # fmt: skip
+            if ticker is not None and ticker.done():
+                if self._ticker_kind == "idle" and not self._inbox and workflow.all_handlers_finished():
+                    return True
+                self._due = True  # the periodic look (a fired idle timer that cannot close: it is started anew)
+        return False
+
+    def _idle(self) -> bool:
+        """Nothing leased, waiting or tripped: a run may close (a tripped breaker keeps the entity running:
+        visible in the list, and answering the sweep's query)."""
+        return not self._book.leases and not self._book.queue and not self._book.breaker.tripped
+
+    def _arm(self) -> None:
+        """Keep the one periodic timer that fits the book: re-check while requests wait, check the holders
+        while leases are held, close when idle; none while only the tripped breaker keeps the run."""
+        kind = "check" if self._book.queue else "liveness" if self._book.leases else "idle" if self._idle() else ""
+        if self._ticker is not None and not self._ticker.done() and kind == self._ticker_kind:
+            return
+        if self._ticker is not None and not self._ticker.done():
+            self._ticker.cancel()
+        self._ticker, self._ticker_kind = None, kind
+        wake = self._inp.idle_close_after if kind == "idle" else self._wake_in()
+        if wake is not None:
+            summary = "close while idle" if kind == "idle" else "recheck the cluster and the holders"
+            self._ticker = asyncio.ensure_future(workflow.sleep(max(wake, MIN_WAIT), summary=summary))
+
     def _wake_in(self) -> timedelta | None:
         """How long until the next periodic look; None when nothing is held or waiting."""
         now, inp = workflow.now(), self._inp
@@ -416,15 +527,23 @@ class DisruptionBudget:
         return max(min(due) - now, timedelta(0)) if due else None
 
     async def _tick(self) -> None:
+        """Decide what waits, and check the holders when a periodic look is due (on EVENT_CLOCK_PATCH: when
+        the ticker fired; before it: by the clock)."""
+        self._apply_received()
         self._dirty = False
+        periodic, self._due = self._due, False
         now, inp = workflow.now(), self._inp
         if self._book.queue:
             await self._decide()  # tells every requester owed a decision
         elif any(lease.answer for lease in self._everyone()):  # a granted lease asked for again
             await self._notify([])
         waiting = bool(self._book.queue)
-        interval = inp.check_interval if waiting else inp.liveness_interval
-        if (waiting or self._book.leases) and (self._liveness_at is None or now - self._liveness_at >= interval):
+        if self._event_clock:
+            due = periodic or self._liveness_at is None
+        else:  # runs from before EVENT_CLOCK_PATCH replay as they ran
+            interval = inp.check_interval if waiting else inp.liveness_interval
+            due = self._liveness_at is None or now - self._liveness_at >= interval
+        if (waiting or self._book.leases) and due:
             await self._check_holders()
         self._changed()
 
@@ -441,16 +560,17 @@ class DisruptionBudget:
             self._checked_at = workflow.now()
             self._decisions += 1
             return
-        self._checked_at = workflow.now()
+        # The read's own time, recorded with its result, is what the breaker's windows are judged at.
+        self._checked_at = (self._avail.read_at if self._event_clock else None) or workflow.now()
         tripped = self._book.breaker.tripped
-        granted = self._grant(self._avail)
+        granted = self._grant(self._avail, self._checked_at)
         self._decisions += 1
         if self._book.breaker.tripped != tripped:
             self._breaker_changed(trip=True)
         await self._notify([g for g in granted if g.notify])
 
-    def _grant(self, avail: NodeAvailability) -> list[Lease]:
-        book, allowed, now = self._book, self._allowed() or 0, workflow.now()
+    def _grant(self, avail: NodeAvailability, now: datetime) -> list[Lease]:
+        book, allowed = self._book, self._allowed() or 0
         out = set(avail.unavailable) | {lease.node for lease in book.leases.values()}
         granted: list[Lease] = []
         blocked = False
@@ -471,7 +591,7 @@ class DisruptionBudget:
                     self._refuse(lease, refused)
                     continue
             book.queue.remove(lease)
-            lease.state, lease.granted_at, lease.position = "granted", workflow.now(), None
+            lease.state, lease.granted_at, lease.position = "granted", now, None
             lease.note = "" if costs else "the node was already out of service"
             lease.answer = lease.reply_to is not None
             book.leases[_key(lease.holder, lease.node)] = lease
