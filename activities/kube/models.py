@@ -202,7 +202,8 @@ class NodeAvailability(StrictModel):
         default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
     )
     read_at: datetime | None = Field(
-        None, description="When the read finished (the worker's clock): the time a decision on it is made at, "
+        None,
+        description="When the read finished (the worker's clock): the time a decision on it is made at, "
         "recorded with the result so that a replay decides at the same time.",
     )
 
