@@ -523,7 +523,8 @@ class FleetHealthSweep:
                 settings["gpu_model"] = facts.gpu_model or settings["gpu_model"]
                 child = NodeRemediationInput(
                     cluster=candidate.cluster, node=decision.node, reason="; ".join(decision.reasons)[:1024],
-                    checks=inp.checks, bmc=facts.bmc, **{**settings, "netbox": settings["netbox"] or inp.netbox})  # fmt: skip
+                    checks=inp.checks, bmc=facts.bmc, cooldown=inp.cooldown, decided_from=decision.decided_from,
+                    **{**settings, "netbox": settings["netbox"] or inp.netbox})  # fmt: skip
                 try:
                     await workflow.start_child_workflow(
                         NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,
