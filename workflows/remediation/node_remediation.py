@@ -622,13 +622,14 @@ class NodeRemediation:
             lines.append("problems: " + "; ".join(s.problems[:5]))
         if s.note:
             lines.append(s.note)
-        self._phases.progress.details = lines[0]
+        self._phases.progress.details = lines[0] + (f" — {s.note}" if s.note and self._phases.progress.finished else "")
         workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
 
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
         result.outcome = outcome
         result.steps = list(self._status.steps)
         result.note = "; ".join(n for n in (note, self._status.note) if n)
+        self._status.note = result.note  # why the run ended so, in its status, progress and details too
         self._enter(outcome, note)
         return result
 
