@@ -81,7 +81,7 @@ def marks(audit: list[dict], node: str) -> list[str]:
 async def race(client, worker, reads: Reads, bmcs, node: str, first_checks: dict, **sweep_fields):
     """A first run of `node` waits for approval of its power cycle (cordoned by it); a sweep reads the node and is
     held; the first run is approved and ends; then the sweep decides from what it read. The first run's result, the
-    sweep's, and the handle of the remediation the sweep started."""
+    sweep's, and the handles of the sweep and of the remediation it started."""
     bmc = BmcRef(url=bmcs.bmc_urls[node])
     inp = NodeRemediationInput(cluster="lab", node=node, reason="first", bmc=bmc, checks=first_checks,
                                **fast_settings(steps=["power-cycle"], require_approval_for=["power-cycle"],
@@ -98,7 +98,7 @@ async def race(client, worker, reads: Reads, bmcs, node: str, first_checks: dict
     first_result = await first.result()
     reads.release.set()
     swept = await sweep.result()
-    return first, first_result, swept, client.get_workflow_handle_for(NodeRemediation.run, inp.workflow_id())
+    return first, first_result, sweep, swept, client.get_workflow_handle_for(NodeRemediation.run, inp.workflow_id())
 
 
 async def test_a_decision_delayed_past_a_quarantine_is_skipped_and_an_operator_still_remediates(
@@ -109,7 +109,7 @@ async def test_a_decision_delayed_past_a_quarantine_is_skipped_and_an_operator_s
     await hosts.add(node)
 
     # The first run power cycles; the deadlock stays: quarantined.
-    first, first_result, swept, second = await race(client, worker, reads, burnin_bmcs, node, NO_PROBES)
+    first, first_result, sweep, swept, second = await race(client, worker, reads, burnin_bmcs, node, NO_PROBES)
     assert first_result.outcome == "quarantined", first_result
     assert [(e.node, e.status) for e in swept.remediations] == [(node, "started")]  # decided from the old read
     result = await second.result()
@@ -123,8 +123,10 @@ async def test_a_decision_delayed_past_a_quarantine_is_skipped_and_an_operator_s
     assert len(marks(await k8s.audit(), node)) == 1 and '"outcome":"quarantined"' in marks(await k8s.audit(), node)[0]
     n = await read_node(core, node)
     assert n.spec.unschedulable and n.metadata.annotations[CORDONED_BY] == first.id
-    await record_history(first, "node_remediation_fresh_facts_quarantined")
+    first_run = client.get_workflow_handle(first.id, run_id=first.first_execution_run_id)  # not the latest run
+    await record_history(first_run, "node_remediation_fresh_facts_quarantined")
     await record_history(second, "node_remediation_fresh_facts_skipped")
+    await record_history(sweep, "fleet_health_sweep_decision_delayed")
 
     # An operator asks explicitly, after a repair: remediated all the same, and released from quarantine.
     inp = NodeRemediationInput(cluster="lab", node=node, reason="repaired by hand", requested_by="alice",
@@ -150,7 +152,7 @@ async def test_a_decision_older_than_the_nodes_last_remediation_is_skipped_witho
 
     # The first run judges by readiness alone: fixed by its power cycle, uncordoned, not quarantined. The sweep
     # has no cooldown, so only its decision's age can stop a second power cycle.
-    _, first_result, swept, second = await race(client, worker, reads, burnin_bmcs, node, READY_ONLY, cooldown=0)
+    _, first_result, _, swept, second = await race(client, worker, reads, burnin_bmcs, node, READY_ONLY, cooldown=0)
     assert first_result.outcome == "healthy" and first_result.uncordoned, first_result
     assert [(e.node, e.status) for e in swept.remediations] == [(node, "started")]
     result = await second.result()
