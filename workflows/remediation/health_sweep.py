@@ -7,7 +7,8 @@ health, decides with `workflows.remediation.policy.decide` (a node opted out by 
 children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
 says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
 tripped. A start that finds the node's remediation already
-running (another sweep, a manual start) is reported as such, never duplicated. It reads and probes the nodes in
+running (another sweep, a manual start) is reported as such, never duplicated; each child carries the sweep's cooldown
+and what its decision saw of Millwright's marks (`decided_from`), which the child re-checks at its start. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
 history events at 10,000 nodes (the class's docstring counts them).
 
