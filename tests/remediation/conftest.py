@@ -8,6 +8,7 @@ running, so the node-derived workflow IDs (``remediation/lab/<node>``) are free 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -96,6 +97,14 @@ def netbox() -> FakeNetBox:
 async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus):
     """A worker on a fresh queue: every workflow, Kubernetes, node health, Redfish, webhook, entity and Prometheus
     activities (the lab's Prometheus as its MILLWRIGHT_PROMETHEUS_URL), and the NetBox fake."""
+    async with remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus) as worker:
+        yield worker
+
+
+@contextlib.asynccontextmanager
+async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None):
+    """`rem_worker`'s worker; `node_health`: builds the node-health activities from the connector instead of
+    NodeHealthActivities (a test's held reads)."""
     from activities.entities import EntityActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
@@ -113,7 +122,7 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheu
     workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])
     registration = registry.Registration(
         workflows=workflows,
-        activities=KubeActivities(connector).activities() + NodeHealthActivities(connector).activities()
+        activities=KubeActivities(connector).activities() + (node_health or NodeHealthActivities)(connector).activities()
         + RedfishActivities(SecretRef.parse(f"file:{bmc_secret_file}")).activities()
         + NotifyActivities().activities() + EntityActivities().activities()
         + netbox.activities() + prometheus_activities.activities(),

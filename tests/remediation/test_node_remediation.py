@@ -154,10 +154,10 @@ async def test_ladder_exhausted_quarantines_records_and_notifies(client, rem_wor
     # The lease went back: the cordon keeps the node counted as out of service.
     assert not [lease for lease in await leases(client) if lease.node == node]
 
-    # Repaired by hand, remediated again: the quarantine is lifted everywhere.
+    # Repaired by hand, remediated again at an operator's request: the quarantine is lifted everywhere.
     await bmc_admin.set_gpu_faults(node, {})
     netbox.calls.clear()
-    again = await start(client, rem_worker, burnin_bmcs, node, "retry after the repair",
+    again = await start(client, rem_worker, burnin_bmcs, node, "retry after the repair", requested_by="oncall",
                         **fast_settings(netbox=True, steps=["restart-gpu-services"]))  # fmt: skip
     result = await again.result()
     assert result.outcome == "healthy" and result.uncordoned and "quarantine lifted" in result.note

@@ -7,7 +7,8 @@ health, decides with `workflows.remediation.policy.decide` (a node opted out by 
 children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
 says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
 tripped. A start that finds the node's remediation already
-running (another sweep, a manual start) is reported as such, never duplicated. It reads and probes the nodes in
+running (another sweep, a manual start) is reported as such, never duplicated; each child carries the sweep's cooldown
+and what its decision saw of Millwright's marks (`decided_from`), which the child re-checks at its start. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
 history events at 10,000 nodes (the class's docstring counts them).
 
@@ -523,7 +524,8 @@ class FleetHealthSweep:
                 settings["gpu_model"] = facts.gpu_model or settings["gpu_model"]
                 child = NodeRemediationInput(
                     cluster=candidate.cluster, node=decision.node, reason="; ".join(decision.reasons)[:1024],
-                    checks=inp.checks, bmc=facts.bmc, **{**settings, "netbox": settings["netbox"] or inp.netbox})  # fmt: skip
+                    checks=inp.checks, bmc=facts.bmc, cooldown=inp.cooldown, decided_from=decision.decided_from,
+                    **{**settings, "netbox": settings["netbox"] or inp.netbox})  # fmt: skip
                 try:
                     await workflow.start_child_workflow(
                         NodeRemediation.run, child, id=wf_id, task_queue=workflow.info().task_queue,

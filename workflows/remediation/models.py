@@ -21,7 +21,13 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.maintenance.drain import DrainProgress
-from workflows.remediation.policy import HealthChecks, remediation_workflow_id
+from workflows.remediation.policy import (
+    DEFAULT_COOLDOWN,
+    DecidedFrom,
+    HealthChecks,
+    remediation_workflow_id,
+    validate_cooldown,
+)
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
@@ -88,8 +94,17 @@ class NodeRemediationInput(WorkflowInput, RemediationSettings):
     checks: HealthChecks = Field(default_factory=HealthChecks, description="What the success checks look at.")
     bmc: BmcRef | None = Field(None, description="The node's BMC; None: from NetBox (netbox: true), else no "
                                "power cycle.")  # fmt: skip
+    cooldown: timedelta = Field(DEFAULT_COOLDOWN, description="A node remediated less than this long ago (its "
+                                "millwright.dev/last-remediation annotation) is skipped at the start; 0: no "
+                                "cooldown. A sweep passes its own.")  # fmt: skip
+    requested_by: str | None = Field(None, min_length=1, max_length=256, description="The operator who asked for "
+                                     "this run: then a quarantined, cooling-down or opted-out node is remediated "
+                                     "all the same (remediating a quarantined node is how it is released).")  # fmt: skip
+    decided_from: DecidedFrom | None = Field(None, description="Set by a sweep: Millwright's marks on the node when "
+                                             "it decided; a run that finds the node written since is skipped.")  # fmt: skip
 
     _names = field_validator("cluster", "node")(validate_object_name)
+    _cooldown = field_validator("cooldown")(validate_cooldown)
 
     def workflow_id(self) -> str:
         return remediation_workflow_id(self.cluster, self.node)

@@ -11,6 +11,11 @@ twice at once):
   health rollup not critical, within `settle_timeout`), then a short burn-in (GPU check, stress, GPU check,
   `gpu_verdict`) → healthy: uncordon, return the lease.
 
+  At its start it reads the node and ends `skipped`, touching nothing, when the node is quarantined, opted out,
+  remediated less than `cooldown` ago, or written by Millwright since the sweep decided from it (`decided_from`):
+  the policy's `start_refusal`, the rule the sweep decides by. An operator's explicit request (`requested_by`)
+  goes ahead.
+
   A remediation's lease counts towards the cluster's circuit breaker (workflows/budget/breaker.py): while it
   is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing.
   When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
@@ -79,7 +84,7 @@ from workflows.remediation.models import (
     device_facts,
     finding_text,
 )
-from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems
+from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
@@ -89,6 +94,7 @@ NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
                                             maximum_interval=timedelta(seconds=30)))  # fmt: skip
 MARK_REMEDIATED_PATCH = "remediation-mark-remediated"  # the last-remediation annotation at the end of a run
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
+FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start refuses a stale or unwanted run
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -161,8 +167,16 @@ class NodeRemediation:
         cordon = CordonRequest(cluster=inp.cluster, node=inp.node, owner=owner, reason=f"remediation: {inp.reason}")
         self._enter("starting", inp.reason)
         bmc, gpus, model = await self._inventory(inp)
-        # A node quarantined earlier and remediated again (an operator's retry): fixed, its quarantine is lifted.
-        quarantined = (await self._health()).quarantined
+        health = await self._health()
+        if workflow.patched(FRESH_FACTS_PATCH):
+            # The facts the run was started on may be old (a sweep's decision delayed past another run's end).
+            refusal = start_refusal(health, workflow.now(), inp.cooldown, inp.decided_from, inp.requested_by)
+            if refusal is not None:
+                return self._finish(result, "skipped", f"left alone: {refusal}")
+            if inp.requested_by is not None:
+                self._status.note = f"requested by {inp.requested_by}"
+        # A node quarantined earlier and remediated again (an operator's request): fixed, its quarantine is lifted.
+        quarantined = health.quarantined
 
         if inp.disruption_budget:
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
@@ -608,13 +622,14 @@ class NodeRemediation:
             lines.append("problems: " + "; ".join(s.problems[:5]))
         if s.note:
             lines.append(s.note)
-        self._phases.progress.details = lines[0]
+        self._phases.progress.details = lines[0] + (f" — {s.note}" if s.note and self._phases.progress.finished else "")
         workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
 
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
         result.outcome = outcome
         result.steps = list(self._status.steps)
         result.note = "; ".join(n for n in (note, self._status.note) if n)
+        self._status.note = result.note  # why the run ended so, in its status, progress and details too
         self._enter(outcome, note)
         return result
 

@@ -17,6 +17,9 @@ A node Millwright quarantined, or that someone else cordoned (a rollout, an oper
 labelled `millwright.dev/remediation=false` (its owner opted out of automated remediation, NVSentinel's
 `ManagedByNVSentinel=false`) and one remediated less than `cooldown` ago (the `millwright.dev/last-remediation`
 annotation NodeRemediation leaves): a node that fails again at once waits, rather than being power cycled in a loop.
+NodeRemediation asks the same rule (`left_alone`) of the node it reads at its start (`start_refusal`), and also
+refuses a sweep's decision that Millwright's own writes on the node have overtaken (`written_since`), unless an
+operator asked for the run.
 
 A cluster is remediated at all only while at least `min_healthy` of the nodes a sweep looked at are healthy (Node
 Healthcheck's `minHealthy`, default 51 %, a percent rounded up; Cluster API's `unhealthyLessThanOrEqualTo: N%` is
@@ -32,7 +35,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from activities.models import StrictModel
-from activities.node_health import NodeHealth
+from activities.node_health import LastRemediation, NodeHealth
 from activities.prometheus import (
     ECC_DBE_VOLATILE,
     ROW_REMAP_FAILURE,
@@ -55,6 +58,13 @@ DEFAULT_COOLDOWN = timedelta(hours=1)
 # 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP, 140 unrecovered ECC): a reset or
 # more is due. The others (13, 31, 43, 45, ...) are most often an application's fault.
 HARDWARE_XIDS = [48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140]
+
+
+def validate_cooldown(value: timedelta) -> timedelta:
+    """Pydantic validator helper for a `cooldown` (0: none)."""
+    if value < timedelta(0):
+        raise ValueError("must not be negative")
+    return value
 
 
 def remediation_workflow_id(cluster: str, node: str) -> str:
@@ -168,11 +178,23 @@ class BmcObservation(StrictModel):
     detail: str = ""
 
 
+class DecidedFrom(StrictModel):
+    """Millwright's own marks on a node as a sweep read them when it decided to remediate the node: the remediation it
+    starts compares them with the node it reads (`written_since`). Compared as values, not times: the cordon carries
+    no time, and the node's resourceVersion has no order Kubernetes promises."""
+
+    at: datetime = Field(description="When the sweep decided, just after reading the node (its workflow clock).")
+    cordoned_by: str | None = Field(None, description="Who held the node's cordon then (millwright.dev/cordoned-by).")
+    last_remediation: LastRemediation | None = Field(None, description="The node's last-remediation mark then.")
+
+
 class NodeDecision(StrictModel):
     node: str
     action: Action
     reasons: list[str] = Field(default_factory=list, description="The problems found (also for skipped nodes).")
     note: str = Field("", description="Why the node is skipped, or what is unknown about it.")
+    decided_from: DecidedFrom | None = Field(None, description="To remediate: Millwright's marks on the node as the "
+                                             "decision saw them, for the remediation to re-check.")  # fmt: skip
 
     def __str__(self) -> str:
         text = f"{self.node}: {self.action}"
@@ -272,25 +294,57 @@ def decide(
         problems += more
         notes += more_notes
     note = "; ".join(notes)
-    if node.quarantined:
-        return NodeDecision(node=node.name, action="skip", reasons=problems,
-                            note=f"quarantined ({node.quarantined}): waiting for an operator")  # fmt: skip
-    if not problems:
+    if not problems and not node.quarantined:
         return NodeDecision(node=node.name, action="healthy", note=note)
-    if node.labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
-        return NodeDecision(node=node.name, action="skip", reasons=problems,
-                            note=f"opted out of automated remediation ({OPT_OUT_LABEL}={OPT_OUT_VALUE})")  # fmt: skip
-    last = node.last_remediation
-    if last is not None and now - last.at < cooldown:
-        ago, until = human_duration(now - last.at), (last.at + cooldown).isoformat()
-        return NodeDecision(node=node.name, action="skip", reasons=problems,
-                            note=f"cooling down: remediated {ago} ago ({last.outcome}), not again before {until} "
-                                 f"(cooldown {human_duration(cooldown)})")  # fmt: skip
+    left = left_alone(node, now, cooldown)
+    if left is not None:
+        return NodeDecision(node=node.name, action="skip", reasons=problems, note=left)
     ours = remediation_workflow_id(cluster, node.name)
     if node.unschedulable and node.cordoned_by != ours:
         holder = node.cordoned_by or "someone (unmarked cordon)"
         return NodeDecision(node=node.name, action="skip", reasons=problems, note=f"cordoned by {holder}; left to them")
-    return NodeDecision(node=node.name, action="remediate", reasons=problems, note=note)
+    seen = DecidedFrom(at=now, cordoned_by=node.cordoned_by, last_remediation=node.last_remediation)
+    return NodeDecision(node=node.name, action="remediate", reasons=problems, note=note, decided_from=seen)
+
+
+def left_alone(node: NodeHealth, now: datetime, cooldown: timedelta) -> str | None:
+    """Why automated remediation leaves `node` alone: quarantined, opted out, or remediated less than `cooldown` ago;
+    None when it may go ahead. The sweep's decision and NodeRemediation's start both ask it."""
+    if node.quarantined:
+        return f"quarantined ({node.quarantined}): waiting for an operator"
+    if node.labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+        return f"opted out of automated remediation ({OPT_OUT_LABEL}={OPT_OUT_VALUE})"
+    last = node.last_remediation
+    if last is not None and now - last.at < cooldown:
+        ago, until = human_duration(now - last.at), (last.at + cooldown).isoformat()
+        return (f"cooling down: remediated {ago} ago ({last.outcome}), not again before {until} "
+                f"(cooldown {human_duration(cooldown)})")  # fmt: skip
+    return None
+
+
+def written_since(node: NodeHealth, seen: DecidedFrom) -> str | None:
+    """What Millwright wrote on `node` after a sweep decided from `seen` (a last-remediation mark, a remediation's
+    cordon); None when nothing. A quarantine comes with both, and `left_alone` refuses it anyway."""
+    last = node.last_remediation
+    if last is not None and last != seen.last_remediation:
+        return f"marked remediated ({last.outcome}) at {last.at.isoformat()} by {last.by or 'unknown'}"
+    if node.cordoned_by != seen.cordoned_by and (node.cordoned_by or "").startswith("remediation/"):
+        return f"cordoned by {node.cordoned_by}"
+    return None
+
+
+def start_refusal(node: NodeHealth, now: datetime, cooldown: timedelta, decided_from: DecidedFrom | None,
+                  requested_by: str | None) -> str | None:  # fmt: skip
+    """Why a NodeRemediation must not touch `node`, as read at its start; None when it goes ahead. An operator's
+    explicit request (`requested_by`) overrides everything: remediating a quarantined node is how one is released."""
+    if requested_by is not None:
+        return None
+    left = left_alone(node, now, cooldown)
+    if left is not None:
+        return left
+    if decided_from is not None and (written := written_since(node, decided_from)) is not None:
+        return f"decided by a sweep at {decided_from.at.isoformat()} from older facts: since, the node was {written}"
+    return None
 
 
 def human_duration(d: timedelta) -> str:

@@ -15,7 +15,7 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.remediation.models import DeviceFacts, RemediationSettings
-from workflows.remediation.policy import DEFAULT_COOLDOWN, HealthChecks, MinHealthy, NodeDecision
+from workflows.remediation.policy import DEFAULT_COOLDOWN, HealthChecks, MinHealthy, NodeDecision, validate_cooldown
 
 HELD = 250  # nodes to remediate a sweep holds until their cluster is decided: one cluster's starts ≤ 2,250 events
 LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay exact): results stay small
@@ -135,12 +135,7 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
     _selector = field_validator("label_selector")(validate_label_selector)
     _timeout = field_validator("agent_timeout")(validate_positive_duration)
 
-    @field_validator("cooldown")
-    @classmethod
-    def _cooldown(cls, value: timedelta) -> timedelta:
-        if value < timedelta(0):
-            raise ValueError("must not be negative")
-        return value
+    _cooldown = field_validator("cooldown")(validate_cooldown)
 
     @model_validator(mode="before")
     @classmethod
