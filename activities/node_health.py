@@ -71,6 +71,15 @@ class NodeHealth(StrictModel):
     quarantined: str | None = Field(None, description="The quarantine reason, when Millwright quarantined the node.")
     boot_id: str | None = None
     last_remediation: LastRemediation | None = Field(None, description="How the node's last remediation ended.")
+    read_at: datetime | None = Field(
+        None,
+        description="When it was read (the worker's clock): the time a decision on it is made at, recorded with "
+        "the result so that a replay decides at the same time (workflow.now() can differ between the two).",
+    )
+
+    def decided_at(self, fallback: datetime) -> datetime:
+        """The time to judge it at: when it was read; `fallback` (workflow.now()) for results recorded before."""
+        return self.read_at or fallback
 
 
 class NodeHealthQuery(StrictModel):
@@ -192,6 +201,7 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
         },  # fmt: skip
         labels={k: labels[k] for k in label_keys if k in labels},
         quarantined=quarantined or None,
+        read_at=datetime.now(timezone.utc),
         boot_id=(status.get("nodeInfo") or {}).get("bootID") or None,
         last_remediation=_last_remediation(annotations.get(LAST_REMEDIATION_ANNOTATION)),
     )

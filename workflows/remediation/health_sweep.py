@@ -436,14 +436,14 @@ class FleetHealthSweep:
         to remediate."""
         inp = self._inp
         slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
-        now = workflow.now()
+        now = workflow.now()  # for results recorded before NodeHealth.read_at; the read's time decides since
 
         async def look(node: NodeHealth) -> tuple[str, NodeDecision, DeviceFacts]:
             node_facts = facts.get(node.name) or DeviceFacts()
             if node.name in inp.bmcs:
                 node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
             faults = dcgm.get(node.name, []) if dcgm is not None else None
-            first = decide(cluster, node, inp.checks, now, cooldown=inp.cooldown, dcgm=faults)
+            first = decide(cluster, node, inp.checks, node.decided_at(now), cooldown=inp.cooldown, dcgm=faults)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that
                 return cluster, first, node_facts
             async with slots:
@@ -459,7 +459,16 @@ class FleetHealthSweep:
                 sweep.bmc_unknown += 1
             return (
                 cluster,
-                decide(cluster, node, inp.checks, now, agent=agent, bmc=bmc, cooldown=inp.cooldown, dcgm=faults),
+                decide(
+                    cluster,
+                    node,
+                    inp.checks,
+                    node.decided_at(now),
+                    agent=agent,
+                    bmc=bmc,
+                    cooldown=inp.cooldown,
+                    dcgm=faults,
+                ),
                 node_facts,
             )
 

@@ -170,7 +170,9 @@ class NodeRemediation:
         health = await self._health()
         if workflow.patched(FRESH_FACTS_PATCH):
             # The facts the run was started on may be old (a sweep's decision delayed past another run's end).
-            refusal = start_refusal(health, workflow.now(), inp.cooldown, inp.decided_from, inp.requested_by)
+            refusal = start_refusal(
+                health, health.decided_at(workflow.now()), inp.cooldown, inp.decided_from, inp.requested_by
+            )
             if refusal is not None:
                 return self._finish(result, "skipped", f"left alone: {refusal}")
             if inp.requested_by is not None:
@@ -411,7 +413,7 @@ class NodeRemediation:
     async def _problems(self, bmc: BmcRef | None, check: GpuCheckRequest) -> tuple[list[str], GpuCheckResult | None]:
         inp = self._inp
         health = await self._health()
-        problems, _ = node_problems(health, inp.checks, workflow.now())
+        problems, _ = node_problems(health, inp.checks, health.decided_at(workflow.now()))
         if not health.ready and "NotReady" not in " ".join(problems):
             problems.append("NotReady")  # no grace after a fix
         gpu: GpuCheckResult | None = None
