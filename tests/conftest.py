@@ -262,14 +262,12 @@ async def end_disruption_budgets(client) -> None:
 def prometheus(k8s_emulator, tmp_path_factory):
     """The session's Prometheus (`.url`, `.vector(q)`, `.wait_for(q, what=...)`, `.queries()`); a test sets GPU
     readings through the `k8s` fixture (`await k8s.set_gpu(node, {...})`). Skipped where the server is not
-    installed (./dev installs it as root)."""
-    from lab.prometheus import PrometheusServer, PrometheusUnavailable
+    installed (./dev installs it as root); with CI set, failed instead."""
+    from lab.prometheus import PrometheusServer, PrometheusUnavailable, find_prometheus
+    from tests.tiers import require
 
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), emulator_url=k8s_emulator.url)
-    try:
-        server.start()
-    except PrometheusUnavailable as err:
-        pytest.skip(str(err))
+    require(find_prometheus, PrometheusUnavailable, "Prometheus")
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), emulator_url=k8s_emulator.url).start()
     yield server
     server.stop()
 
