@@ -1,5 +1,6 @@
 """Prometheus activities: one instant query, its vector as plain numbers (for rollout health gates); the GPU
-faults NVIDIA's dcgm-exporter reports for a set of nodes (for the remediation sweep), in one query.
+faults NVIDIA's dcgm-exporter reports for a set of nodes (for the remediation sweep), in one query; one page of
+time of GPUs held per tenant and KAI's queue gauges, in three range queries reduced to sums (for TenantUsage).
 
 The client does no retries of its own: Temporal owns retrying, so every attempt is visible.
 A query Prometheus rejects (4xx: bad syntax, bad parameters) fails non-retryably with
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import Field, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -126,6 +128,87 @@ def dcgm_faults_promql(q: DcgmFaultsQuery) -> str:
     return "{" + ", ".join(matchers) + "} > 0"
 
 
+# GPU-hours per tenant (TenantUsage): dcgm-exporter labels each GPU's series with the pod, namespace and container
+# using it (`-k`), so counting a GPU series that carries a pod, by namespace, is the GPUs allocated to each
+# namespace; KAI's queue controller exports each queue's deserved (guaranteed) and allocated GPUs.
+ALLOCATION_METRIC = "DCGM_FI_DEV_GPU_UTIL"  # a default counter: every GPU exports it at every scrape
+MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
+MAX_UNATTRIBUTED = 200  # namespaces outside any tenant a page lists by name; the rest are summed
+
+
+class UsagePageQuery(StrictModel):
+    """One page of time of one cluster, asked of MILLWRIGHT_PROMETHEUS_URL in three range queries."""
+
+    cluster: str
+    start: datetime = Field(description="The page's first evaluation time (UTC).")
+    end: datetime = Field(description="The page's end, exclusive: points at start, start+step, ... before end.")
+    step_seconds: int = Field(ge=1, le=3600)
+    tenants: dict[str, list[str]] = Field(description="Tenant -> its namespaces.")
+    queues: dict[str, str] = Field(default_factory=dict, description="KAI queue -> the tenant it belongs to.")
+    cluster_label: str | None = Field("cluster", pattern=_LABEL)
+    timeout_seconds: float = Field(60, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _within_limits(self) -> UsagePageQuery:
+        points = (self.end - self.start).total_seconds() / self.step_seconds
+        if not 1 <= points <= MAX_POINTS:
+            raise ValueError(f"a page holds 1 to {MAX_POINTS} steps; this one {points:g}")
+        return self
+
+
+class GpuUse(StrictModel):
+    gpu_seconds: float = 0.0
+    peak_gpus: float = Field(0.0, description="The most GPUs held at once, at the page's steps.")
+
+
+class QueueUse(StrictModel):
+    guaranteed_gpus: float | None = Field(None, description="kai_queue_deserved_gpus at the page's last step.")
+    allocated_peak_gpus: float | None = Field(None, description="The highest kai_queue_allocated_gpus.")
+
+
+class UsagePage(StrictModel):
+    configured: bool = Field(description="False: the worker has no MILLWRIGHT_PROMETHEUS_URL; nothing was asked.")
+    tenants: dict[str, GpuUse] = Field(default_factory=dict)
+    queues: dict[str, QueueUse] = Field(default_factory=dict, description="By tenant.")
+    unattributed: dict[str, GpuUse] = Field(default_factory=dict, description="By namespace outside every tenant "
+                                            f"(the {MAX_UNATTRIBUTED} largest; the rest under '(others)').")  # fmt: skip
+
+
+def _matchers(q: UsagePageQuery, *more: str) -> str:
+    found = [f"{q.cluster_label}={promql_string(q.cluster)}"] if q.cluster_label else []
+    return "{" + ", ".join([*found, *more]) + "}"
+
+
+def usage_promql(q: UsagePageQuery) -> tuple[str, str, str]:
+    """GPUs held by namespace; KAI's deserved and allocated GPUs by queue."""
+    return (
+        f"count by (namespace) ({ALLOCATION_METRIC}{_matchers(q, 'pod!=' + promql_string(''))})",
+        f"max by (queue_name) (kai_queue_deserved_gpus{_matchers(q)})",
+        f"max by (queue_name) (kai_queue_allocated_gpus{_matchers(q)})",
+    )
+
+
+def _per_step(result: Any, label: str, query: str) -> dict[str, dict[float, float]]:
+    """label value -> timestamp -> value, from a matrix."""
+    if not isinstance(result, list):
+        raise ApplicationError(f"Prometheus answered {query!r} with no matrix", type="PrometheusBadResponse",
+                               non_retryable=True)  # fmt: skip
+    out: dict[str, dict[float, float]] = {}
+    for series in result:
+        points = out.setdefault((series.get("metric") or {}).get(label, ""), {})
+        for point in series.get("values") or []:
+            points[float(point[0])] = points.get(float(point[0]), 0.0) + _number(point, query)
+    return out
+
+
+def _use(steps: list[dict[float, float]], step: int) -> GpuUse:
+    held: dict[float, float] = {}
+    for points in steps:
+        for ts, gpus in points.items():
+            held[ts] = held.get(ts, 0.0) + gpus
+    return GpuUse(gpu_seconds=sum(held.values()) * step, peak_gpus=max(held.values(), default=0.0))
+
+
 class PrometheusActivities:
     def __init__(self, *, url: str | None = None, ca_bundle: str | None = None, verify_tls: bool = True) -> None:
         """`url`: the server GPU faults are read from (the worker's MILLWRIGHT_PROMETHEUS_URL; None: not
@@ -136,7 +219,7 @@ class PrometheusActivities:
         self._client: TrustingClient | None = None
 
     def activities(self) -> list[Callable]:
-        return [self.query_prometheus, self.dcgm_faults]
+        return [self.query_prometheus, self.dcgm_faults, self.gpu_usage_page]
 
     def _http(self) -> TrustingClient:
         if self._client is None:  # one client for every query, so connections are reused
@@ -194,29 +277,67 @@ class PrometheusActivities:
         return DcgmFaults(configured=True, url=self._url, query=promql[:2000], faults=faults[:MAX_FAULTS],
                           series=len(result), truncated=max(0, len(faults) - MAX_FAULTS))  # fmt: skip
 
+    @activity.defn
+    async def gpu_usage_page(self, q: UsagePageQuery) -> UsagePage:
+        """GPU-seconds and peak GPUs per tenant (its namespaces' pods) and per namespace outside every tenant, and
+        KAI's guaranteed and allocated GPUs per tenant, over one page of time, from MILLWRIGHT_PROMETHEUS_URL.
+        Each step counts the GPUs held at that instant for the whole step. Not configured: `configured: false`."""
+        if not self._url:
+            return UsagePage(configured=False)
+        held_q, deserved_q, allocated_q = usage_promql(q)
+        window = {"start": f"{q.start.timestamp():.3f}", "end": f"{q.end.timestamp() - q.step_seconds / 2:.3f}",
+                  "step": f"{q.step_seconds}s", "timeout": f"{q.timeout_seconds:g}s"}  # fmt: skip
+        answers = []
+        for query in (held_q, deserved_q, allocated_q):
+            _, result = await self._ask(self._url, "query_range", {**window, "query": query}, query, q.timeout_seconds)
+            answers.append(result)
+        held = _per_step(answers[0], "namespace", held_q)
+        owner = {ns: tenant for tenant, namespaces in q.tenants.items() for ns in namespaces}
+        page = UsagePage(configured=True)
+        for tenant, namespaces in q.tenants.items():
+            page.tenants[tenant] = _use([held[ns] for ns in namespaces if ns in held], q.step_seconds)
+        outside = sorted(((ns, _use([points], q.step_seconds)) for ns, points in held.items() if ns not in owner),
+                         key=lambda item: -item[1].gpu_seconds)  # fmt: skip
+        page.unattributed = dict(outside[:MAX_UNATTRIBUTED])
+        if len(outside) > MAX_UNATTRIBUTED:
+            rest = [held[ns] for ns, _ in outside[MAX_UNATTRIBUTED:]]
+            page.unattributed["(others)"] = _use(rest, q.step_seconds)
+        deserved = _per_step(answers[1], "queue_name", deserved_q)
+        allocated = _per_step(answers[2], "queue_name", allocated_q)
+        for queue, tenant in q.queues.items():
+            if queue in deserved or queue in allocated:
+                last = deserved.get(queue) or {}
+                page.queues[tenant] = QueueUse(
+                    guaranteed_gpus=last[max(last)] if last else None,
+                    allocated_peak_gpus=max((allocated.get(queue) or {}).values(), default=None),
+                )
+        return page
+
     async def _instant(self, q: PrometheusQuery) -> tuple[Any, Any]:
         """POST an instant query; (resultType, result) of a successful answer."""
-        url = q.url.rstrip("/") + "/api/v1/query"
+        return await self._ask(q.url, "query", {"query": q.query, "timeout": f"{q.timeout_seconds:g}s"}, q.query,
+                               q.timeout_seconds)  # fmt: skip
+
+    async def _ask(self, url: str, endpoint: str, form: dict[str, str], query: str, timeout: float) -> tuple[Any, Any]:
+        """POST to /api/v1/<endpoint>; (resultType, result) of a successful answer."""
         http = self._http()
         try:
-            response = await http.post(
-                url, data={"query": q.query, "timeout": f"{q.timeout_seconds:g}s"}, timeout=q.timeout_seconds
-            )
+            response = await http.post(url.rstrip("/") + f"/api/v1/{endpoint}", data=form, timeout=timeout)
         except httpx.HTTPError as err:
-            tls_failure = http.trust.failure(err, f"querying Prometheus at {q.url}")
+            tls_failure = http.trust.failure(err, f"querying Prometheus at {url}")
             if tls_failure is not None:
                 raise tls_failure from None
             raise ApplicationError(
-                f"querying Prometheus at {q.url}: {type(err).__name__}: {err}", type="PrometheusUnavailable"
+                f"querying Prometheus at {url}: {type(err).__name__}: {err}", type="PrometheusUnavailable"
             ) from err
         if response.status_code == 429 or response.status_code >= 500:
             raise ApplicationError(
-                f"querying Prometheus at {q.url}: {response.status_code}: {_error_text(response)}",
+                f"querying Prometheus at {url}: {response.status_code}: {_error_text(response)}",
                 type="PrometheusUnavailable",
             )
         if response.status_code >= 400:
             raise ApplicationError(
-                f"Prometheus rejected {q.query!r}: {response.status_code}: {_error_text(response)}",
+                f"Prometheus rejected {query!r}: {response.status_code}: {_error_text(response)}",
                 type="PrometheusRejected",
                 non_retryable=True,
             )
@@ -224,13 +345,13 @@ class PrometheusActivities:
             body = response.json()
         except ValueError as err:
             raise ApplicationError(
-                f"Prometheus at {q.url} answered with something that is not JSON",
+                f"Prometheus at {url} answered with something that is not JSON",
                 type="PrometheusBadResponse",
                 non_retryable=True,
             ) from err
         if not isinstance(body, dict) or body.get("status") != "success":
             raise ApplicationError(
-                f"Prometheus rejected {q.query!r}: {_error_text(response)}",
+                f"Prometheus rejected {query!r}: {_error_text(response)}",
                 type="PrometheusRejected",
                 non_retryable=True,
             )
@@ -238,4 +359,5 @@ class PrometheusActivities:
         return data.get("resultType"), data.get("result")
 
 
-__all__ = ["DcgmFaults", "DcgmFaultsQuery", "GpuFault", "PrometheusActivities", "PrometheusQuery"]
+__all__ = ["DcgmFaults", "DcgmFaultsQuery", "GpuFault", "GpuUse", "PrometheusActivities", "PrometheusQuery",
+           "QueueUse", "UsagePage", "UsagePageQuery"]  # fmt: skip

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -138,22 +138,6 @@ class Fleet(_M):
                     spec["gpu_model"] = n.labels["nvidia.com/gpu.product"].replace("-", " ")
                 out.append(spec)
         return out
-
-    def dcgm_series(self) -> list[dict]:
-        """The GPU fault series dcgm-exporter exports for the GPU nodes, all 0 (clean), for the lab's Prometheus
-        (lab/prometheus.py): one per GPU and fault metric the remediation sweep reads (activities/prometheus.py),
-        with dcgm-exporter's labels (`gpu`, `modelName`, `Hostname`) and the `cluster` label a fleet's Prometheus
-        adds."""
-        from activities.prometheus import DcgmMetric
-
-        return [
-            {"metric": {"__name__": metric, "cluster": self.cluster, "Hostname": n.name, "gpu": str(gpu),
-                        "modelName": n.labels.get("nvidia.com/gpu.product", "NVIDIA H200").replace("-", " ")},
-             "value": 0}
-            for n in self.node_specs() if n.gpus
-            for gpu in range(n.gpus)
-            for metric in get_args(DcgmMetric)
-        ]  # fmt: skip
 
     def ib_ports(self) -> dict[str, list[str]]:
         """host -> its HCA port GUIDs (ib0, ib1, ... in order); empty without an infiniband part."""

@@ -1,305 +1,228 @@
-"""A Prometheus HTTP API stub for the lab: ``python -m lab.prometheus --port 0 --ready-file F``.
+"""The lab's and the tests' Prometheus: Debian's real server (``prometheus`` 2.42, installed by ``./dev``), run on
+127.0.0.1 with a generated config and its own data directory, and stopped afterwards; the package's systemd
+service plays no part.
 
-``GET``/``POST /api/v1/query?query=...`` answers in the real response shape
-(``{"status": "success", "data": {"resultType": "vector", "result": [...]}}``) from what a test set:
+It scrapes, every ``scrape_interval``:
 
-* ``POST /_lab/series {"query": "...", "value": 1.0}`` — one sample, no labels;
-* ``POST /_lab/series {"query": "...", "result": [{"metric": {...}, "value": 1.0}, ...]}`` — any vector
-  (``value`` may also be the real ``[ts, "1"]`` pair);
-* ``POST /_lab/series {"query": "...", "error": "...", "errorType": "bad_data", "status": 400}`` — an error;
-* ``DELETE /_lab/series`` forgets everything; ``GET /_lab/series`` lists what is set;
-  ``GET /_lab/requests`` lists the queries asked (newest last);
-* ``POST /_lab/samples {"samples": [{"metric": {"__name__": "DCGM_FI_DEV_XID_ERRORS", "Hostname": "n1",
-  "gpu": "0"}, "value": 79}, ...]}`` — raw series (what dcgm-exporter would export, as scraped), replacing any
-  with the same labels (``"value": null`` drops one); ``DELETE /_lab/samples`` forgets them.
+* job ``dcgm-exporter``: one target per GPU node of the Kubernetes emulator, found by HTTP service discovery
+  (lab/k8s/dcgm.py serves both the list and each node's exporter), with the ``cluster`` label a fleet's scrape adds;
+* job ``kai-queues``: the emulator's KAI queue metrics (``kai_queue_*{queue_name}``);
+* job ``millwright-worker``: a worker's own ``/metrics``, when it has one.
 
-A query set with ``/_lab/series`` answers by exact string. Any other query that is one vector selector
-(``name{l="v", l!="v", l=~"re", l!~"re"}``, or ``{__name__=~"a|b", ...}``), optionally compared with a number
-(``> 0``, ``!= 0``, ...), is evaluated over the raw series as Prometheus would: regexes fully anchored, a missing
-label matching as the empty string, the metric name kept. Anything else answers an empty vector; an empty query
-is ``bad_data`` 400, as the real server answers.
+Every query the server answers goes to its query log (`queries()`), so a test can count what a worker asked.
+``with PrometheusServer(dir, emulator_url=...) as prom: prom.url``; ``python -m lab.prometheus --ready-file F
+--emulator-url U [--worker-metrics host:port]`` runs one until SIGTERM (the lab runner's shape).
 """
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import json
-import logging
-import operator
-import re
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
-from collections import deque
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from aiohttp import web
+import yaml
 
-from lab.k8s.process import ChildProcess
-from lab.loopback import serve_app, server_arguments
-
-log = logging.getLogger("lab.prometheus")
+from lab.loopback import LOOPBACK, free_port, write_ready_file
 
 
-def _error(status: int, error_type: str, message: str) -> web.Response:
-    return web.json_response({"status": "error", "errorType": error_type, "error": message}, status=status)
+class PrometheusUnavailable(Exception):
+    """The server binary is not installed here; the message is one line saying how to get it."""
 
 
-def _sample(value: Any, ts: float) -> list:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return [float(value[0]), str(value[1])]
-    return [ts, _fmt(value)]
+class PrometheusError(Exception):
+    """Prometheus was expected to start (or reload) but did not; the message names the log to read."""
 
 
-_SELECTOR = re.compile(
-    r"^\s*(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(?P<matchers>.*)\})?\s*"
-    r"(?:(?P<op>==|!=|>=|<=|>|<)\s*(?P<number>[-+]?[0-9.eE+-]+))?\s*$",
-    re.S,
-)
-_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)', re.S)
-_COMPARE = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt, ">=": operator.ge,
-            "<=": operator.le}  # fmt: skip
+def find_prometheus() -> str:
+    """``MILLWRIGHT_PROMETHEUS_BIN``, else ``prometheus`` on PATH. Never downloads."""
+    found = os.environ.get("MILLWRIGHT_PROMETHEUS_BIN") or shutil.which("prometheus")
+    if not found or not Path(found).is_file():
+        raise PrometheusUnavailable(
+            "Prometheus not found (apt-get install prometheus, as ./dev does as root; or set MILLWRIGHT_PROMETHEUS_BIN)"
+        )
+    return found
 
 
-def _unquote(text: str) -> str:
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), text)
-
-
-def parse_selector(query: str) -> tuple[list[tuple[str, str, str]], tuple[str, float] | None] | None:
-    """(matchers, comparison) of a query that is one vector selector, optionally compared with a number; else None.
-    A matcher's regex that does not compile raises re.error."""
-    m = _SELECTOR.match(query)
-    if m is None or (not m.group("name") and m.group("matchers") is None):
-        return None
-    matchers: list[tuple[str, str, str]] = [("__name__", "=", m.group("name"))] if m.group("name") else []
-    body, pos = (m.group("matchers") or "").strip(), 0
-    while pos < len(body):
-        mm = _MATCHER.match(body, pos)
-        if mm is None:
-            return None
-        matchers.append((mm.group(1), mm.group(2), _unquote(mm.group(3))))
-        if mm.group(2) in ("=~", "!~"):
-            re.compile(matchers[-1][2])  # a bad regex is the query's error, as Prometheus parses it
-        pos = mm.end()
-    compare = None
-    if m.group("op"):
-        try:
-            compare = (m.group("op"), float(m.group("number")))
-        except ValueError:
-            return None
-    return matchers, compare
-
-
-def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
-    for label, op, want in matchers:
-        have = labels.get(label, "")
-        if op == "=" and have != want or op == "!=" and have == want:
-            return False
-        if op in ("=~", "!~") and (re.fullmatch(want, have) is not None) != (op == "=~"):
-            return False
-    return True
-
-
-def _fmt(value: Any) -> str:
-    v = float(value)
-    if v != v:
-        return "NaN"
-    if v in (float("inf"), float("-inf")):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+def scrape_config(
+    *, interval: str, emulator_url: str | None, cluster: str, worker_metrics: str | None, query_log: Path
+) -> dict[str, Any]:
+    """The generated prometheus.yml."""
+    jobs: list[dict[str, Any]] = []
+    if emulator_url:
+        emulator = urlsplit(emulator_url)
+        cluster_label = [{"target_label": "cluster", "replacement": cluster}]
+        jobs.append({
+            "job_name": "dcgm-exporter",
+            "scheme": emulator.scheme,
+            "http_sd_configs": [{"url": f"{emulator_url.rstrip('/')}/_lab/dcgm/targets", "refresh_interval": interval}],
+            # the instance is the node, as a DaemonSet's pods would be told apart
+            "relabel_configs": [*cluster_label, {"source_labels": ["node"], "target_label": "instance"}],
+        })  # fmt: skip
+        jobs.append({"job_name": "kai-queues", "scheme": emulator.scheme, "metrics_path": "/_lab/kai/metrics",
+                     "static_configs": [{"targets": [emulator.netloc]}], "relabel_configs": cluster_label})  # fmt: skip
+    if worker_metrics:
+        jobs.append({"job_name": "millwright-worker", "static_configs": [{"targets": [worker_metrics]}]})
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval, "query_log_file": str(query_log)},
+        "scrape_configs": jobs,
+    }
 
 
 class PrometheusServer:
-    def __init__(self) -> None:
-        self.series: dict[str, dict] = {}
-        self.samples: dict[tuple, dict] = {}  # raw series by their sorted labels
-        self.requests: deque = deque(maxlen=10_000)
-        self.app = web.Application()
-        self.app.router.add_route("*", "/api/v1/query", self.query)
-        self.app.router.add_route("*", "/_lab/series", self.admin_series)
-        self.app.router.add_get("/_lab/requests", self.admin_requests)
-        self.app.router.add_route("*", "/_lab/samples", self.admin_samples)
-        self.app.router.add_get("/-/ready", self.ready)
-        self.app.router.add_get("/-/healthy", self.ready)
+    def __init__(
+        self,
+        state_dir: Path | str,
+        *,
+        port: int = 0,
+        scrape_interval: str = "1s",
+        emulator_url: str | None = None,
+        cluster: str = "lab",
+        worker_metrics: str | None = None,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.port = port or free_port()
+        self.scrape_interval = scrape_interval
+        self.emulator_url, self.cluster, self.worker_metrics = emulator_url, cluster, worker_metrics
+        self.process: subprocess.Popen | None = None
 
-    async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(text="Prometheus Server is Ready.\n")
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
 
-    async def query(self, request: web.Request) -> web.Response:
-        if request.method not in ("GET", "POST"):
-            return _error(405, "bad_data", f"method {request.method} not allowed")
-        params = dict(request.query)
-        if request.method == "POST" and request.content_type == "application/x-www-form-urlencoded":
-            params.update(await request.post())
-        q = str(params.get("query") or "")
-        self.requests.append({"time": time.time(), "query": q})
-        if not q.strip():
-            return _error(
-                400,
-                "bad_data",
-                'invalid parameter "query": unknown position: parse error: no expression found in input',
-            )
-        ts = time.time()
-        if params.get("time"):
-            try:
-                ts = float(params["time"])
-            except ValueError:
-                return _error(
-                    400, "bad_data", f'invalid parameter "time": cannot parse "{params["time"]}" to a valid timestamp'
-                )
-        entry = self.series.get(q)
-        if entry is None:
-            try:
-                result = self._evaluate(q, ts)
-            except re.error as err:
-                return _error(400, "bad_data", f"invalid regular expression in {q!r}: {err}")
-        elif "error" in entry:
-            return _error(int(entry.get("status", 400)), entry.get("errorType", "bad_data"), entry["error"])
-        else:
-            result = [
-                {"metric": dict(r.get("metric") or {}), "value": _sample(r["value"], ts)} for r in entry["result"]
-            ]
-        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "prometheus.log"
 
-    def _evaluate(self, query: str, ts: float) -> list:
-        parsed = parse_selector(query)
-        if parsed is None:
-            return []
-        matchers, compare = parsed
-        result = []
-        for sample in self.samples.values():
-            value = float(sample["value"])
-            if not _matches(sample["metric"], matchers):
-                continue
-            if compare is not None and not _COMPARE[compare[0]](value, compare[1]):
-                continue
-            result.append({"metric": dict(sample["metric"]), "value": _sample(value, ts)})
-        return result
+    @property
+    def query_log(self) -> Path:
+        return self.state_dir / "queries.log"
 
-    async def admin_samples(self, request: web.Request) -> web.Response:
-        if request.method == "DELETE":
-            self.samples.clear()
-            return web.json_response({"ok": True})
-        if request.method == "GET":
-            return web.json_response({"samples": list(self.samples.values())})
-        if request.method != "POST":
-            return web.json_response({"error": "method not allowed"}, status=405)
+    def write_config(self) -> Path:
+        path = self.state_dir / "prometheus.yml"
+        config = scrape_config(interval=self.scrape_interval, emulator_url=self.emulator_url, cluster=self.cluster,
+                               worker_metrics=self.worker_metrics, query_log=self.query_log)  # fmt: skip
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def command(self) -> list[str]:
+        return [
+            find_prometheus(),
+            f"--config.file={self.state_dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.state_dir / 'data'}",
+            f"--web.listen-address={LOOPBACK}:{self.port}",
+            "--web.enable-lifecycle",
+            # new targets reach the scrape manager at this pace (hidden flag, default 5 s; discovery adds its own 5 s)
+            f"--scrape.discovery-reload-interval={self.scrape_interval}",
+            "--log.level=warn",
+        ]
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while not self._answers("/-/ready"):
+            if self.process.poll() is not None:
+                raise PrometheusError(f"Prometheus exited with code {self.process.returncode}; see {self.log_file}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PrometheusError(f"Prometheus was not ready in {timeout:.0f}s; see {self.log_file}")
+            time.sleep(0.1)
+        return self
+
+    def _answers(self, path: str) -> bool:
         try:
-            body = await request.json()
-        except json.JSONDecodeError as e:
-            return web.json_response({"error": f"bad JSON: {e}"}, status=400)
-        samples = body.get("samples") if isinstance(body, dict) else None
-        if not isinstance(samples, list):
-            return web.json_response({"error": 'expected {"samples": [{metric, value}, ...]}'}, status=400)
-        for item in samples:
-            metric = item.get("metric") if isinstance(item, dict) else None
-            if not isinstance(metric, dict) or not metric.get("__name__") or "value" not in item:
-                return web.json_response({"error": "each sample needs metric.__name__ and value"}, status=400)
-            key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
-            if item["value"] is None:
-                self.samples.pop(key, None)
-            else:
-                self.samples[key] = {"metric": dict(key), "value": float(item["value"])}
-        return web.json_response({"ok": True, "count": len(self.samples)})
+            with urllib.request.urlopen(self.url + path, timeout=2) as response:  # noqa: S310 (loopback)
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
-    async def admin_series(self, request: web.Request) -> web.Response:
-        if request.method == "DELETE":
-            self.series.clear()
-            return web.json_response({"ok": True})
-        if request.method == "GET":
-            return web.json_response({"series": self.series})
-        if request.method != "POST":
-            return web.json_response({"error": "method not allowed"}, status=405)
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
         try:
-            body = await request.json()
-        except json.JSONDecodeError as e:
-            return web.json_response({"error": f"bad JSON: {e}"}, status=400)
-        items = body if isinstance(body, list) else [body]
-        for item in items:
-            if not isinstance(item, dict) or not isinstance(item.get("query"), str):
-                return web.json_response({"error": "each entry needs a string 'query'"}, status=400)
-            q = item["query"]
-            if "error" in item:
-                self.series[q] = {
-                    "error": str(item["error"]),
-                    "errorType": item.get("errorType", "bad_data"),
-                    "status": int(item.get("status", 400)),
-                }
-            elif "result" in item:
-                result = item["result"]
-                if not isinstance(result, list) or not all(isinstance(r, dict) and "value" in r for r in result):
-                    return web.json_response({"error": "'result' must be a list of {metric, value}"}, status=400)
-                self.series[q] = {"result": result}
-            elif "value" in item:
-                if item["value"] is None:
-                    self.series.pop(q, None)
-                else:
-                    self.series[q] = {"result": [{"metric": dict(item.get("metric") or {}), "value": item["value"]}]}
-            else:
-                return web.json_response({"error": "an entry needs one of value, result, error"}, status=400)
-        return web.json_response({"ok": True, "count": len(self.series)})
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
-    async def admin_requests(self, request: web.Request) -> web.Response:
-        return web.json_response({"requests": list(self.requests)})
-
-
-async def serve(host: str, port: int, ready_file: str | None) -> None:
-    await serve_app("lab.prometheus", PrometheusServer().app, host, port, ready_file)
-
-
-class PrometheusStub(ChildProcess):
-    """``with PrometheusStub() as prom: prom.url`` — the stub as a child process (see ChildProcess)."""
-
-    module = "lab.prometheus"
-    name = "lab-prometheus"
-
-
-class PrometheusAdmin:
-    """Sync helper for tests: set and clear query answers."""
-
-    def __init__(self, url: str, timeout: float = 10.0):
+    async def vector(self, promql: str) -> list[dict]:
+        """An instant query's vector (``[{"metric": {...}, "value": [ts, "v"]}]``); AssertionError on an error."""
         import httpx
 
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            body = (await http.post(f"{self.url}/api/v1/query", data={"query": promql})).json()
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
 
-    def set(
-        self,
-        query: str,
-        value: float | None = None,
-        *,
-        result: list[dict] | None = None,
-        error: str | None = None,
-        status: int = 400,
-        error_type: str = "bad_data",
-    ) -> None:
-        body: dict[str, Any] = {"query": query}
-        if error is not None:
-            body.update(error=error, status=status, errorType=error_type)
-        elif result is not None:
-            body["result"] = result
-        else:
-            body["value"] = value
-        self._http.post("/_lab/series", json=body).raise_for_status()
+    async def wait_for(self, promql: str, *, what: str, timeout: float = 30.0) -> list[dict]:
+        """Until `promql` answers a non-empty vector (a scrape or two, and a new target's discovery: the discovery
+        and scrape managers pass new targets on every 5 s); AssertionError naming `what` after `timeout`."""
+        import asyncio
 
-    def clear(self) -> None:
-        self._http.delete("/_lab/series").raise_for_status()
-        self._http.delete("/_lab/samples").raise_for_status()
+        deadline = time.monotonic() + timeout
+        while not (found := await self.vector(promql)):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Prometheus did not show {what} ({promql}) in {timeout:.0f}s")
+            await asyncio.sleep(0.2)
+        return found
 
-    def set_samples(self, samples: list[dict]) -> None:
-        """Raw series, as scraped: ``[{"metric": {"__name__": ..., label: value}, "value": 79}, ...]``."""
-        self._http.post("/_lab/samples", json={"samples": samples}).raise_for_status()
+    def queries(self) -> list[str]:
+        """The PromQL of every query answered so far, oldest first."""
+        try:
+            lines = self.query_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line)["params"]["query"] for line in lines if line.strip()]
 
-    def requests(self) -> list[dict]:
-        return self._http.get("/_lab/requests").json()["requests"]
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
 
-    def close(self) -> None:
-        self._http.close()
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = server_arguments("python -m lab.prometheus", "Prometheus HTTP API stub").parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr)
-    asyncio.run(serve(a.host, a.port, a.ready_file))
+    p = argparse.ArgumentParser(prog="python -m lab.prometheus", description="Debian's Prometheus for the lab")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ready-file")
+    p.add_argument("--state-dir", help="config, data and logs (default: a temporary directory, removed at the end)")
+    p.add_argument("--scrape-interval", default="5s")
+    p.add_argument("--emulator-url", help="the Kubernetes emulator serving dcgm-exporter and KAI metrics")
+    p.add_argument("--cluster", default="lab", help="the cluster label the scrape adds")
+    p.add_argument("--worker-metrics", help="host:port of a worker's /metrics")
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="lab-prometheus-") as tmp:
+        server = PrometheusServer(a.state_dir or tmp, port=a.port, scrape_interval=a.scrape_interval,
+                                  emulator_url=a.emulator_url, cluster=a.cluster, worker_metrics=a.worker_metrics)  # fmt: skip
+        try:
+            server.start()
+        except (PrometheusUnavailable, PrometheusError) as err:
+            print(f"lab.prometheus: {err}", file=sys.stderr)
+            return 1
+        if a.ready_file:
+            write_ready_file(a.ready_file, server.url)
+        print(f"lab.prometheus: {server.url} (pid {server.process.pid if server.process else '?'})", file=sys.stderr)
+        from lab.venvs import serve_until_signal
+
+        assert server.process is not None
+        process = server.process
+        serve_until_signal(lambda: None if process.poll() is None else f"Prometheus exited ({process.returncode})",
+                           server.stop)  # fmt: skip
     return 0
 
 

@@ -19,8 +19,10 @@ ones left out with ``--without NAME,...``:
   ``<state-dir>/ufm/credentials``;
 - ``webhook``: a webhook receiver (`python -m lab.webhook`) on 127.0.0.1:9000 (the examples' address; another port
   when that one is taken), whose deliveries `lab status` lists;
-- ``prometheus``: a Prometheus HTTP API (`python -m lab.prometheus`) holding dcgm-exporter's GPU fault series of
-  the fleet's GPU nodes (`lab.fleet.Fleet.dcgm_series`, all 0), which the remediation sweep reads;
+- ``prometheus``: Debian's Prometheus server (`python -m lab.prometheus`: a generated config, its data in
+  ``<state-dir>/prometheus``) scraping dcgm-exporter on every GPU node and KAI's queue metrics (both served by the
+  Kubernetes emulator from its nodes, pods and Queues: lab/k8s/dcgm.py) and the worker's ``/metrics``; the
+  remediation sweep reads GPU faults from it;
 - ``netbox``: a real NetBox (`lab.netbox.NetBoxLab`: its own PostgreSQL and Redis, its data kept in the state dir),
   started in the background: its first start builds a venv and migrates a database (minutes, once, cached), and the
   rest of the lab is usable meanwhile. Its address is a `lab.netbox.NetBoxGate` from the first second, answering
@@ -30,7 +32,8 @@ ones left out with ``--without NAME,...``:
 - ``worker``: one Millwright worker (`python -m worker`) configured for all of them, secrets and CA bundles as
   references (``file:<path>``), never values.
 
-A service whose system pieces are missing here (NetBox without PostgreSQL or redis-server) is left out with one line
+A service whose system pieces are missing here (NetBox without PostgreSQL or redis-server, Prometheus without
+its Debian package) is left out with one line
 saying why and what to install. `<state-dir>/lab.json` records every service's state and address and every pid
 while the lab runs; `status` and `down` read it. `<state-dir>/examples/` holds the examples that need this lab's
 values (a BMC URL, the webhook receiver's address), written at each `up`.
@@ -379,20 +382,24 @@ class Lab:
         self.service("webhook", "ready", f"POST {url}/hooks/<anything>", url=url)
         return url
 
-    async def start_prometheus(self, fleet: Any) -> None:
-        """The Prometheus the worker reads GPU faults from, holding dcgm-exporter's series of the fleet's GPU nodes,
-        all clean; `POST <url>/_lab/samples` sets one (docs/lab.md)."""
-        import httpx
+    async def start_prometheus(self, k8s_url: str, cluster: str, worker_metrics: str) -> None:
+        """Debian's Prometheus, scraping the emulator's dcgm-exporter and KAI metrics and the worker; GPU readings
+        are set through the emulator (`POST <kubernetes>/_lab/dcgm`, docs/lab.md). Left out, saying why, where the
+        server is not installed."""
+        from lab.prometheus import PrometheusUnavailable, find_prometheus
 
+        try:
+            find_prometheus()
+        except PrometheusUnavailable as err:
+            self.service("prometheus", "unavailable", str(err))
+            return
         self.service("prometheus", "starting")
         url = await self.start_server("prometheus", "lab.prometheus", self.state_dir / "prometheus.ready.json",
-                                      ["--host", LOOPBACK, "--port", "0"])  # fmt: skip
-        series = fleet.dcgm_series()
-        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
-            (await http.post(f"{url}/_lab/samples", json={"samples": series})).raise_for_status()
-        self.info["prometheus"] = {"url": url}
-        nodes = len({s["metric"]["Hostname"] for s in series})
-        self.service("prometheus", "ready", f"GPU fault series of {nodes} GPU nodes, all 0", url=url)
+                                      ["--state-dir", str(self.state_dir / "prometheus"), "--emulator-url", k8s_url,
+                                       "--cluster", cluster, "--worker-metrics", worker_metrics])  # fmt: skip
+        self.info["prometheus"] = {"url": url, "targets": f"{url}/targets"}
+        self.service("prometheus", "ready", f"scraping dcgm-exporter on each GPU node, KAI queues and the worker; "
+                     f"targets {url}/targets", url=url)  # fmt: skip
 
     async def seed_kubernetes(self, url: str, fresh: bool, fleet: Any) -> None:
         """A fresh emulator gets the fleet; every one gets the management cluster's kinds it lacks."""
@@ -541,6 +548,7 @@ class Lab:
                        MILLWRIGHT_UFM_CA_BUNDLE=ufm["ca_bundle"])  # fmt: skip
         if self.info.get("prometheus"):
             env["MILLWRIGHT_PROMETHEUS_URL"] = self.info["prometheus"]["url"]
+        env["MILLWRIGHT_USAGE_SINK_DIR"] = str((self.state_dir / "usage").resolve())  # TenantUsage's reports
         return env
 
     async def wait_worker_polling(self, address: str) -> None:
@@ -639,7 +647,7 @@ class Lab:
             await self.start_ufm(fleet)
         webhook = await self.start_webhook(taken, notes) if "webhook" not in self.without else None
         if "prometheus" not in self.without:
-            await self.start_prometheus(fleet)
+            await self.start_prometheus(k8s_url, fleet.cluster, f"{LOOPBACK}:{metrics_port}")
         for note in notes:
             say(note)
         netbox_task = None
@@ -721,8 +729,8 @@ class Lab:
         if self.info.get("webhook"):
             line("webhook", f"{self.info['webhook']['hooks']} (deliveries: `millwright lab status{where}`)")
         if self.info.get("prometheus"):
-            line("Prometheus", f"{self.info['prometheus']['url']} (dcgm-exporter's GPU fault series; the "
-                 "remediation sweep reads them)")  # fmt: skip
+            line("Prometheus", f"{self.info['prometheus']['url']} (dcgm-exporter on each GPU node, KAI queues, the "
+                 f"worker; targets {self.info['prometheus']['targets']}; the remediation sweep reads GPU faults)")  # fmt: skip
         if self.info.get("netbox"):
             line("NetBox", f"{self.info['netbox']['url']} (token {self.info['netbox']['token']}): "
                  f"{services['netbox']['state']}, {services['netbox']['note']}")  # fmt: skip

@@ -253,28 +253,23 @@ async def end_disruption_budgets(client) -> None:
 
 
 # ==================================================================================
-# Prometheus: the lab's stub (lab/prometheus.py), one per session, emptied per test
+# Prometheus: Debian's real server (lab/prometheus.py), one per session, scraping the emulator's dcgm-exporter
+# and KAI metrics every second (lab/k8s/dcgm.py); readings are reset with the emulator before each test
 # ==================================================================================
 
 
 @pytest.fixture(scope="session")
-def prometheus_stub():
-    from lab.prometheus import PrometheusStub
+def prometheus(k8s_emulator, tmp_path_factory):
+    """The session's Prometheus (`.url`, `.vector(q)`, `.wait_for(q, what=...)`, `.queries()`); a test sets GPU
+    readings through the `k8s` fixture (`await k8s.set_gpu(node, {...})`). Skipped where the server is not
+    installed (./dev installs it as root); with CI set, failed instead."""
+    from lab.prometheus import PrometheusServer, PrometheusUnavailable, find_prometheus
+    from tests.tiers import require
 
-    with PrometheusStub() as stub:
-        yield stub
-
-
-@pytest.fixture
-def prometheus(prometheus_stub):
-    """The stub's admin client, with no answers or series set before and after the test."""
-    from lab.prometheus import PrometheusAdmin
-
-    admin = PrometheusAdmin(prometheus_stub.url)
-    admin.clear()
-    yield admin
-    admin.clear()
-    admin.close()
+    require(find_prometheus, PrometheusUnavailable, "Prometheus")
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"), emulator_url=k8s_emulator.url).start()
+    yield server
+    server.stop()
 
 
 # ==================================================================================

@@ -164,7 +164,7 @@ async def trigger_schedules(address: str) -> dict[str, str]:
 
     client = await Client.connect(address)
     ended: dict[str, str] = {}
-    for sid in ("fleet-health-sweep/lab", "fabric-audit/lab-ib"):
+    for sid in ("fleet-health-sweep/lab", "fabric-audit/lab-ib", "tenant-usage/lab"):
         schedule = client.get_schedule_handle(sid)
         await schedule.trigger()
         deadline = time.monotonic() + 60

@@ -252,6 +252,7 @@ TYPOS: dict[str, Typo] = {
     "FleetHealthSweep": Typo(example("fleet-health-sweep.json", bmcs={"node-03": {"url": BMC}}), ("bmcs", "node-03"),
                              "verify_ssl"),
     "NodeRemediation": Typo(example("node-remediation.json", node="node-03"), ("webhook",), "tokn"),
+    "TenantUsage": Typo({"cluster": "lab", "period": "PT1H"}, (), "perod"),
 }  # fmt: skip
 
 

@@ -187,10 +187,21 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"BMCs (Redfish): default credentials {info['bmc']['credentials']}, CA bundle file:" in worker_log
         assert "NetBox: not configured: its activities fail with NetBoxNotConfigured" in worker_log
         assert f"Prometheus: GPU faults from {info['prometheus']['url']}," in worker_log
-        with httpx.Client(trust_env=False, timeout=5) as http:  # dcgm-exporter's series of the 6 GPU nodes, clean
-            query = 'DCGM_FI_DEV_XID_ERRORS{cluster="lab", Hostname=~"gpu-node-.*"}'
-            series = http.get(f"{info['prometheus']['url']}/api/v1/query", params={"query": query}).json()
-        assert len(series["data"]["result"]) == 6 * 8 and {s["value"][1] for s in series["data"]["result"]} == {"0"}
+        # The real Prometheus scrapes dcgm-exporter on the 6 GPU nodes (clean), and the worker.
+        query = 'DCGM_FI_DEV_XID_ERRORS{cluster="lab", Hostname=~"gpu-node-.*"}'
+        with httpx.Client(base_url=info["prometheus"]["url"], trust_env=False, timeout=5) as http:
+            deadline = time.monotonic() + 60
+            while len(series := http.get("/api/v1/query", params={"query": query}).json()["data"]["result"]) < 48:
+                assert time.monotonic() < deadline, series
+                time.sleep(0.5)
+            assert len(series) == 6 * 8 and {s["value"][1] for s in series} == {"0"}
+            while not http.get("/api/v1/query", params={"query": 'up{job="millwright-worker"} == 1'}).json()["data"][
+                "result"
+            ]:
+                assert time.monotonic() < deadline, "the worker's /metrics is not scraped"
+                time.sleep(0.5)
+            targets = http.get("/api/v1/targets").json()["data"]["activeTargets"]
+        assert sum(t["labels"]["job"] == "dcgm-exporter" and t["health"] == "up" for t in targets) == 6
 
         seeded = millwright(
             "lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--reset", "--state-dir", str(state)

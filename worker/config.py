@@ -74,6 +74,11 @@ class WorkerSettings(BaseSettings):
         description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
         "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
     )
+    usage_sink_dir: str | None = Field(
+        None,
+        description="Directory TenantUsage writes its GPU-hours reports to, <dir>/<cluster>/<period>.json and "
+        ".csv (none: reports are in the run's result only)",
+    )
     prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
     prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
 

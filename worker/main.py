@@ -163,6 +163,7 @@ def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
             f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
             f"a gate's URL with its query, {trust('prometheus')}",
         ),
+        ("Usage reports", f"to {settings.usage_sink_dir or 'nowhere (MILLWRIGHT_USAGE_SINK_DIR not set)'}"),
     ]
 
 

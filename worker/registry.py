@@ -104,6 +104,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
     from activities.ufm.activities import UfmActivities
+    from activities.usage_report import UsageReportActivities
     from workflows.catalog import WORKFLOWS
 
     connector = ClusterConnector(settings.kubeconfig_paths())
@@ -132,7 +133,8 @@ def build(settings: WorkerSettings) -> Registration:
         + ironic.activities()
         + NodeHealthActivities(connector).activities()
         + NotifyActivities().activities()
-        + EntityActivities().activities(),
+        + EntityActivities().activities()
+        + UsageReportActivities(settings.usage_sink_dir).activities(),
         resources=[connector, netbox, prometheus, ufm, redfish, ironic],
     )
 

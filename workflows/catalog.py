@@ -23,6 +23,7 @@ from workflows.rollout.rollout import Rollout, RolloutBatch
 from workflows.tenancy.offboarding import OffboardTenant
 from workflows.tenancy.onboarding import OnboardTenant
 from workflows.tenancy.quota import UpdateTenantQuota
+from workflows.usage.tenant_usage import TenantUsage
 
 # What people and services start, by type name (the CLI, the UI, other services).
 STARTABLE: list[type] = [NodeMaintenance, Rollout, InventoryBootstrap, IsolateTenant, ReleaseTenant, FabricAudit]
@@ -32,6 +33,8 @@ STARTABLE += [CreateCluster, DeleteCluster, OnboardTenant, OffboardTenant, Updat
 STARTABLE += [ServerBurnIn, FleetBurnIn]
 # Remediation of unhealthy nodes (issue #8): the scheduled sweep, and one remediation per node.
 STARTABLE += [FleetHealthSweep, NodeRemediation]
+# GPU-hours per tenant from Prometheus (issue #29), daily by a Schedule.
+STARTABLE += [TenantUsage]
 # Every workflow the worker registers: the startable ones and the children they run.
 WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric]
 # One per cluster, started on demand by whoever takes a node out of service.

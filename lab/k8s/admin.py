@@ -29,6 +29,10 @@ class EmulatorAdmin(AdminClient):
     async def config(self) -> dict:
         return await self._req("GET", "/_lab/config")
 
+    async def set_gpu(self, node: str, values: dict[str, float | None], gpu: int | None = None) -> None:
+        """dcgm-exporter readings of a node's GPU (every GPU without its own: `gpu` None); lab/k8s/dcgm.py."""
+        await self._req("POST", "/_lab/dcgm", json={"node": node, "gpu": gpu, "values": values})
+
     async def requests(self) -> list[dict]:
         """Every kind of request this emulator process served, resets included (lab/k8s/evidence.py)."""
         return (await self._req("GET", "/_lab/audit/requests"))["requests"]

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from lab import faults
 
-from . import evidence
+from . import dcgm, evidence
 from .seed import seed_objects
 from .store import PDBS, Store, default_jobs_config
 from .util import ApiError, err_resp, jresp
@@ -37,6 +37,10 @@ async def _body(request: web.Request) -> Any:
 async def _route(store: Store, request: web.Request) -> web.Response:
     path = request.path.rstrip("/")
     m = request.method
+    if path.startswith(("/_lab/dcgm", "/_lab/kai/")):
+        served = await dcgm.handle(store, request, path)
+        if served is not None:
+            return served
     if path == "/_lab/reset" and m == "POST":
         async with store.lock:
             store.reset()

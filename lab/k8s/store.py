@@ -167,6 +167,7 @@ class Store:
         self.kick = asyncio.Event()
         self.side: dict[str, dict] = {}  # per-uid simulator bookkeeping (monotonic deadlines)
         self.gc_owners: set[str] = set()  # uids deleted with cascading propagation
+        self.gpu_readings: dict[str, dict[int | None, dict[str, float]]] = {}  # lab/k8s/dcgm.py: node -> GPU -> set
         self._in_pdb = False
         self._init_indexes()
         self._bootstrap()
@@ -201,6 +202,7 @@ class Store:
         self.faults.clear()
         self.side.clear()
         self.gc_owners.clear()
+        self.gpu_readings.clear()
         self.config = copy.deepcopy(self.base_config)
         self._init_indexes()
         self._bootstrap()

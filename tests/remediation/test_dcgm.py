@@ -17,6 +17,7 @@ from activities.prometheus import (
     PrometheusActivities,
     dcgm_faults_promql,
 )
+from lab.k8s.dcgm import gpu_uuid
 from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
@@ -31,43 +32,44 @@ from workflows.remediation.sweep_models import FleetHealthSweepInput
 pytestmark = pytest.mark.timeout(120)
 
 
-def series(metric: str, node: str, gpu: int, value: float, cluster: str = "lab") -> dict:
-    """A series as dcgm-exporter exports it, with the cluster label the scrape adds."""
-    return {"metric": {"__name__": metric, "gpu": str(gpu), "UUID": f"GPU-{node}-{gpu}", "device": f"nvidia{gpu}",
-                       "modelName": "NVIDIA H200", "Hostname": node, "cluster": cluster}, "value": value}  # fmt: skip
+FAULTS = 'count({__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_ECC_DBE_VOL_TOTAL|DCGM_FI_DEV_ROW_REMAP_FAILURE"} > 0)'
 
 
-async def test_one_query_maps_the_slice_s_fault_series_to_its_nodes(prometheus, prometheus_stub):
-    prometheus.set_samples([
-        series("DCGM_FI_DEV_XID_ERRORS", "gpu-a.1", 3, 79),
-        series("DCGM_FI_DEV_XID_ERRORS", "gpu-a.1", 0, 0),  # no XID since the exporter started
-        series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gpu-b", 1, 1),
-        series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gpu-b", 1, 2),  # same labels as the remap failure but the name
-        series("DCGM_FI_DEV_XID_ERRORS", "gpu-c", 0, 48),  # not in the slice
-        series("DCGM_FI_DEV_XID_ERRORS", "gpu-b", 2, 94, cluster="other"),
-        series("DCGM_FI_DEV_GPU_TEMP", "gpu-b", 0, 60),
-        series("DCGM_FI_DEV_XID_ERRORS", "gpu-a-1", 0, 79),  # a `.` in a name is not a regex wildcard
-    ])  # fmt: skip
+async def test_one_query_maps_the_slice_s_fault_series_to_its_nodes(k8s, prometheus):
+    await k8s.seed(fleet(["gpu-a.1", "gpu-b", "gpu-c", "gpu-a-1"]))
+    await k8s.set_gpu("gpu-a.1", {"DCGM_FI_DEV_XID_ERRORS": 79}, gpu=3)
+    await k8s.set_gpu("gpu-b", {"DCGM_FI_DEV_ROW_REMAP_FAILURE": 1, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 2}, gpu=1)
+    await k8s.set_gpu("gpu-b", {"DCGM_FI_DEV_GPU_TEMP": 60})  # not a fault
+    await k8s.set_gpu("gpu-c", {"DCGM_FI_DEV_XID_ERRORS": 48})  # not in the slice
+    await k8s.set_gpu("gpu-a-1", {"DCGM_FI_DEV_XID_ERRORS": 79}, gpu=0)  # a `.` in a name is not a regex wildcard
+    await prometheus.wait_for(f"{FAULTS} == 12", what="the four nodes' faults")  # gpu-c: 8 GPUs
     query = DcgmFaultsQuery(cluster="lab", nodes=["gpu-b", "gpu-a.1"])
-    asked = len(prometheus.requests())
-    acts = PrometheusActivities(url=prometheus_stub.url)
+    asked = len(prometheus.queries())
+    acts = PrometheusActivities(url=prometheus.url)
     try:
         seen = await ActivityEnvironment().run(acts.dcgm_faults, query)
+        elsewhere = await ActivityEnvironment().run(acts.dcgm_faults, elsewhere_query(query))
     finally:
         await acts.close()
-    assert seen.configured and seen.url == prometheus_stub.url and seen.series == 3
+    assert seen.configured and seen.url == prometheus.url and seen.series == 3
     assert [(f.node, f.metric, f.gpu, f.value) for f in seen.faults] == [
         ("gpu-a.1", "DCGM_FI_DEV_XID_ERRORS", "3", 79.0),
         ("gpu-b", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "1", 2.0),
         ("gpu-b", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "1", 1.0),
     ]
-    assert [r["query"] for r in prometheus.requests()[asked:]] == [dcgm_faults_promql(query)]
+    assert seen.faults[0].uuid == gpu_uuid("gpu-a.1", 3)
+    assert elsewhere.faults == [], "the scrape labels these series cluster=lab"
+    assert prometheus.queries()[asked:] == [dcgm_faults_promql(query), dcgm_faults_promql(elsewhere_query(query))]
     assert dcgm_faults_promql(query) == (
         '{__name__=~"DCGM_FI_DEV_XID_ERRORS|DCGM_FI_DEV_ECC_DBE_VOL_TOTAL|DCGM_FI_DEV_ROW_REMAP_FAILURE|'
         'DCGM_FI_DEV_ROW_REMAP_PENDING", cluster="lab", Hostname=~"gpu\\\\-a\\\\.1|gpu\\\\-b"} > 0'
     )
     # No MILLWRIGHT_PROMETHEUS_URL: nothing asked, and the answer says so.
     assert not (await ActivityEnvironment().run(PrometheusActivities().dcgm_faults, query)).configured
+
+
+def elsewhere_query(query: DcgmFaultsQuery) -> DcgmFaultsQuery:
+    return query.model_copy(update={"cluster": "other"})
 
 
 def test_the_decision_acts_on_hardware_xids_ecc_and_row_remaps_only():
@@ -94,15 +96,16 @@ def test_the_decision_acts_on_hardware_xids_ecc_and_row_remaps_only():
 async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s, prometheus, names):
     sick, app_fault, healthy = names[:3]
     await k8s.seed(fleet(names[:3]))
-    prometheus.set_samples([series("DCGM_FI_DEV_XID_ERRORS", sick, 3, 79),
-                            series("DCGM_FI_DEV_XID_ERRORS", app_fault, 0, 13),
-                            series("DCGM_FI_DEV_XID_ERRORS", healthy, 0, 0)])  # fmt: skip
+    await k8s.set_gpu(sick, {"DCGM_FI_DEV_XID_ERRORS": 79}, gpu=3)
+    await k8s.set_gpu(app_fault, {"DCGM_FI_DEV_XID_ERRORS": 13}, gpu=0)  # an application's XID: not acted on
+    await prometheus.wait_for(f'count(DCGM_FI_DEV_XID_ERRORS{{Hostname=~"{sick}|{app_fault}|{healthy}"}}) == 24 '
+                              f'and {FAULTS} == 2', what="the three nodes' GPUs, two with an XID")  # fmt: skip
     # The child waits for an operator at its first step, so the test sees it running and ends it.
     inp = FleetHealthSweepInput(clusters=["lab"], checks={"host_agent": False, "bmc": False}, max_remediations=5,
                                 remediation=fast_settings(require_approval_for=["restart-gpu-services"],
                                                           approval_timeout=3600))  # fmt: skip
     wf_id = f"remediation/lab/{sick}"
-    asked = len(prometheus.requests())
+    asked = len(prometheus.queries())
     try:
         sweep_id = f"sweep-dcgm-{uuid.uuid4().hex[:6]}"
         result = await client.execute_workflow(FleetHealthSweep.run, inp, id=sweep_id,
@@ -111,9 +114,9 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
         assert (c.nodes, c.healthy, c.not_healthy, c.gpu_faults) == (3, 2, 1, 2)
         assert c.dcgm == f"read from {prometheus.url}"
         (decision,) = c.unhealthy
-        assert decision.node == sick and decision.reasons == [f"DCGM: XID 79 on GPU3 (GPU-{sick}-3)"]
+        assert decision.node == sick and decision.reasons == [f"DCGM: XID 79 on GPU3 ({gpu_uuid(sick, 3)})"]
         assert [(e.node, e.status) for e in result.remediations] == [(sick, "started")]
-        assert len(prometheus.requests()) == asked + 1  # one query for the slice, not one a node
+        assert len(prometheus.queries()) == asked + 1  # one query for the slice, not one a node
 
         async def waiting():
             status = await client.get_workflow_handle(wf_id).query(NodeRemediation.status)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from aiohttp import web
 from kubernetes.aio.client import BatchV1Api
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -305,33 +306,61 @@ def test_stage_job_names_are_dns_safe():
     assert len(name) <= 63 and name.endswith("-0123456789") and name.startswith("mw-aaa")
 
 
-async def test_query_prometheus(prometheus_stub, prometheus):
-    prometheus.set("sum(gpu_xid_errors)", 2)
-    prometheus.set("up", result=[{"metric": {"i": "a"}, "value": 1}, {"metric": {"i": "b"}, "value": 0}])
-    prometheus.set("bad(", error="parse error: unclosed left parenthesis")
+async def test_query_prometheus_against_the_real_server(k8s, prometheus):
+    await k8s.seed(Fleet.model_validate({"cluster": "lab", "nodes": [{"name": "q-1"}, {"name": "q-2", "gpus": 4}]})
+                   .to_objects())  # fmt: skip
+    await k8s.set_gpu("q-2", {"DCGM_FI_DEV_GPU_TEMP": 88}, gpu=1)
+    await prometheus.wait_for('DCGM_FI_DEV_GPU_TEMP{Hostname="q-2", gpu="1"} == 88', what="q-2's hot GPU")
+    await prometheus.wait_for('DCGM_FI_DEV_GPU_TEMP{Hostname="q-1"}', what="q-1's GPUs")
     acts = PrometheusActivities()
     e = env()
+
+    async def ask(query: str, url: str = prometheus.url) -> list[float]:
+        return await e.run(acts.query_prometheus, PrometheusQuery(url=url, query=query))
+
     try:
-        assert await e.run(
-            acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="sum(gpu_xid_errors)")
-        ) == [2.0]
-        assert await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url + "/", query="up")) == [
-            1.0,
-            0.0,
-        ]
-        assert await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="absent_metric")) == []
+        assert await ask('count(DCGM_FI_DEV_GPU_TEMP{Hostname=~"q-.*"})') == [12.0]
+        hottest = 'max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{Hostname=~"q-.*"})'
+        assert sorted(await ask(hottest, prometheus.url + "/")) == [34.0, 88.0]
+        assert await ask(f"{hottest} > 85") == [88.0]
+        assert await ask("absent_metric") == []
+        assert await ask("2 * 3") == [6.0]  # a scalar
         with pytest.raises(ApplicationError) as ei:
-            await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="bad("))
-        assert ei.value.non_retryable and "unclosed left parenthesis" in str(ei.value)
-        prometheus.set("flaky", error="query timed out", status=503, error_type="timeout")
+            await ask("sum(rate(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[1m]) > ")
+        assert ei.value.non_retryable and ei.value.type == "PrometheusRejected" and "bad_data" in str(ei.value)
         with pytest.raises(ApplicationError) as ei:
-            await e.run(acts.query_prometheus, PrometheusQuery(url=prometheus_stub.url, query="flaky"))
-        assert not ei.value.non_retryable and ei.value.type == "PrometheusUnavailable"
+            await ask("DCGM_FI_DEV_GPU_TEMP[1m]")  # a range vector: no number to compare
+        assert ei.value.non_retryable and ei.value.type == "PrometheusBadResponse"
         with pytest.raises(ApplicationError) as ei:  # nothing listens there
-            await e.run(acts.query_prometheus, PrometheusQuery(url="http://127.0.0.1:9", query="up", timeout_seconds=2))
+            await ask("up", "http://127.0.0.1:9")
         assert not ei.value.non_retryable
     finally:
         await acts.close()
+
+
+async def test_a_prometheus_that_times_out_is_asked_again():
+    """A server answering 503 as Prometheus does when a query times out: retryable (the real server cannot be made
+    to time out on demand, so this one is a few lines here)."""
+
+    async def timed_out(request: web.Request) -> web.Response:
+        return web.json_response({"status": "error", "errorType": "timeout", "error": "query timed out in "
+                                  "expression evaluation"}, status=503)  # fmt: skip
+
+    app = web.Application()
+    app.router.add_route("*", "/api/v1/query", timed_out)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    acts = PrometheusActivities()
+    try:
+        with pytest.raises(ApplicationError) as ei:
+            await env().run(acts.query_prometheus, PrometheusQuery(url=url, query="up"))
+        assert not ei.value.non_retryable and ei.value.type == "PrometheusUnavailable" and "timed out" in str(ei.value)
+    finally:
+        await acts.close()
+        await runner.cleanup()
 
 
 async def test_activities_are_registered(kubeconfig_path):

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 from kubernetes.aio.client import PolicyV1Api
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError, RetryState
 
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from tests.kube_helpers import read_node, wait_for
@@ -278,25 +279,39 @@ def test_examples_are_valid_specs():
     assert RolloutInput.model_validate(from_json).workflow_id() == "rollout/lab/kernel-tuning-1-2-0"
 
 
-async def test_gate_holds_batches_until_it_passes(client, kube_worker, k8s, core, prometheus_stub, prometheus):
+HOT_GPU_GATE = "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP) > 85"
+
+
+async def test_a_hot_gpu_holds_batches_until_it_cools(client, kube_worker, k8s, prometheus):
     await lab_ready(k8s, rollout_fleet({"a": 2}))
-    firing = 'ALERTS{alertstate="firing",severity="critical"}'
-    prometheus.set(firing, result=[{"metric": {"alertname": "GpuXidStorm"}, "value": [0, "1"]}])
-    gate = {
-        "prometheus": {"url": prometheus_stub.url, "query": firing},
-        "nodeConditions": ["KernelDeadlock"],
-        "interval": "1s",
-    }
+    await k8s.set_gpu("a-02", {"DCGM_FI_DEV_GPU_TEMP": 91}, gpu=5)
+    await prometheus.wait_for(HOT_GPU_GATE, what="a-02's hot GPU")  # before the first gate check
+    gate = {"prometheus": {"url": prometheus.url, "query": HOT_GPU_GATE}, "nodeConditions": ["KernelDeadlock"],
+            "interval": "1s"}  # fmt: skip
     handle = await start(client, kube_worker, rollout_spec("gated", gate=gate))
     status = await status_where(
         handle,
         lambda s: s.compartments.get("__default__") and s.compartments["__default__"].phase == "gate-failing",
         "the gate failing",
     )
-    assert "returned 1 series" in status.compartments["__default__"].note
+    assert f"{HOT_GPU_GATE} returned 1 series" in status.compartments["__default__"].note
     assert status.counts == {"waiting": 2}, "no node is admitted while the gate fails"
-    prometheus.set(firing, result=[])
+    await k8s.set_gpu("a-02", {"DCGM_FI_DEV_GPU_TEMP": 60}, gpu=5)
     assert (await handle.result()).counts == {"complete": 2}
+
+
+async def test_a_gate_prometheus_cannot_parse_fails_the_run(client, kube_worker, k8s, core, prometheus):
+    await lab_ready(k8s, rollout_fleet({"a": 2}))
+    typo = "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP > 85"
+    handle = await start(client, kube_worker, rollout_spec("typo", gate={"prometheus": {"url": prometheus.url,
+                                                                                        "query": typo}}))  # fmt: skip
+    with pytest.raises(WorkflowFailureError) as ei:
+        await handle.result()
+    activity_error, cause = ei.value.cause, ei.value.cause.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "PrometheusRejected" and cause.non_retryable
+    assert "bad_data" in cause.message and typo in cause.message
+    assert activity_error.retry_state == RetryState.NON_RETRYABLE_FAILURE, "asked once: a retry cannot fix a query"
+    assert not any(n.spec.unschedulable for n in (await core.list_node()).items), "no node was cordoned"
 
 
 async def test_no_node_is_admitted_outside_the_maintenance_windows(client, kube_worker, k8s):

@@ -116,7 +116,7 @@ def test_example_file_is_valid_but_for_the_sweep_until_it_exists():
     except ScheduleFileError as e:  # FleetHealthSweep not startable yet: that must be the only problem
         assert len(e.errors) == 1 and "unknown workflow 'FleetHealthSweep'" in e.errors[0], e.errors
         return
-    assert {s.workflow for s in model.schedules} >= {"FleetHealthSweep", "FabricAudit"}
+    assert {s.workflow for s in model.schedules} >= {"FleetHealthSweep", "FabricAudit", "TenantUsage"}
 
 
 # ---------------------------------------------------------------- apply
