@@ -76,11 +76,13 @@ async def test_entity_survives_worker_kills_while_its_cluster_reads_are_slow(
                                      uncordon_after=True, drain={"eviction_retry_interval": 0.5, "timeout": 120})  # fmt: skip
             holders.append(await client.start_workflow(NodeMaintenance.run, m, id=f"{m.workflow_id()}/{uuid.uuid4().hex[:6]}",
                                                        task_queue=task_queue))  # fmt: skip
-        for _ in range(KILLS):
+        for kill in range(KILLS):
             await asyncio.sleep(rng.uniform(2, 9))
             worker.kill()  # SIGKILL, mid-read or mid-task
             worker.wait(10)
-            await asyncio.sleep(rng.uniform(0, 4))
+            # Once down past the sticky queue's 10 s: the entity's timers fire meanwhile, and a fresh worker
+            # takes its next task from the history.
+            await asyncio.sleep(12 if kill == KILLS - 1 else rng.uniform(0, 4))
             worker = spawn_worker(env, log)
             await wait_polling(client, task_queue, worker, log)
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 300)
