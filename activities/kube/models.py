@@ -17,6 +17,7 @@ CORDONED_BY = "millwright.dev/cordoned-by"
 CORDON_REASON = "millwright.dev/cordon-reason"
 
 # Node metadata Millwright writes during a rollout (NodeWright §6.2 keeps the same facts under its prefix).
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"  # the disruption budget spares these (one at a time)
 ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|complete|erroring|blocked|skipped
 ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
 PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
@@ -200,6 +201,10 @@ class NodeAvailability(StrictModel):
     total: int = Field(description="Nodes the selector matches.")
     unavailable: dict[str, str] = Field(
         default_factory=dict, description="Node -> why it is out of service: 'cordoned' and/or 'NotReady', name order."
+    )
+    control_plane: list[str] = Field(
+        default_factory=list,
+        description="Every matched node labelled node-role.kubernetes.io/control-plane, in service or not.",
     )
 
 
