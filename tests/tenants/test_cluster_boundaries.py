@@ -19,7 +19,7 @@ from workflows.clusters.delete_cluster import DeleteCluster
 from workflows.clusters.manifests import CAPI, cluster_objects
 from workflows.clusters.models import CreateClusterInput, DeleteClusterInput, WorkerPool
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 def owned(obj: dict, workflow: str | None) -> dict:
