@@ -37,12 +37,14 @@ from activities.capi.models import (
     DeleteResult,
     DiscoveryRequest,
     DiscoveryResult,
+    ExistingObject,
     GpuCapacity,
     KindRef,
     ListRequest,
     MachineNode,
     NodeLabels,
     ObjectRef,
+    OwnersRequest,
     SecretCheck,
     SecretReference,
     VClusterRef,
@@ -50,7 +52,7 @@ from activities.capi.models import (
     WorkloadCount,
     WorkloadQuery,
 )
-from activities.capi.ownership import TENANT_LABEL
+from activities.capi.ownership import TENANT_LABEL, Ownership
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import api_error
 
@@ -67,6 +69,7 @@ class ClusterApiActivities:
             self.apply_objects,
             self.delete_objects,
             self.list_objects,
+            self.read_owners,
             self.read_tenant_quota_objects,
             self.read_capi_cluster,
             self.list_machines,
@@ -158,6 +161,21 @@ class ClusterApiActivities:
             async for k, o in self._items(req.cluster, req.kinds, req.label_selector)
             if req.owned_by is None or req.owned_by.covers(o)
         ]
+
+    @activity.defn
+    async def read_owners(self, req: OwnersRequest) -> list[ExistingObject]:
+        """Which of these objects exist, and whose each is: what a run checks before its first write. Kinds the
+        cluster does not serve have none; only the owner annotation of each comes back."""
+        res = await self._resources(req.cluster)
+        out = []
+        for ref in req.objects:
+            if await res.lookup(ref.api_version, ref.kind) is None:
+                continue
+            item = await res.path(ref.api_version, ref.kind, ref.name, ref.namespace)
+            live = await request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
+            if live is not None:
+                out.append(ExistingObject(ref=ref, owner=Ownership.of(live)))
+        return out
 
     async def _items(self, cluster: str, kinds: list[KindRef], label_selector: str | None):
         """(kind, object) for every object of these kinds (all namespaces) matching the selector;

@@ -116,6 +116,18 @@ class DeleteResult(StrictModel):
         return removed, [r for r in order if r.key() in kept and r.namespace not in gone_ns]
 
 
+class OwnersRequest(StrictModel):
+    cluster: str
+    objects: list[ObjectRef] = Field(description="The objects a run is about to write or delete.")
+
+
+class ExistingObject(StrictModel):
+    """One of those objects that exists, and whose it is (its owner annotation)."""
+
+    ref: ObjectRef
+    owner: Ownership | None = Field(description="None: not created by Millwright.")
+
+
 class ListRequest(StrictModel):
     cluster: str
     kinds: list[KindRef]

@@ -66,7 +66,10 @@ class Ownership(StrictModel):
 
     def describe(self, obj: dict[str, Any]) -> str:
         """Whose the object is, for an error message."""
-        own = Ownership.of(obj)
+        return self.whose(Ownership.of(obj))
+
+    def whose(self, own: "Ownership | None") -> str:
+        """Whose an object with this ownership is (None: no owner annotation), for an error message."""
         if own is None:
             return "not created by Millwright"
         if own.workflow != self.workflow:

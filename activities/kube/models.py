@@ -17,6 +17,7 @@ CORDONED_BY = "millwright.dev/cordoned-by"
 CORDON_REASON = "millwright.dev/cordon-reason"
 
 # Node metadata Millwright writes during a rollout (NodeWright §6.2 keeps the same facts under its prefix).
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"  # the disruption budget spares these (one at a time)
 ROLLOUT_STATE_LABEL = "millwright.dev/rollout-state"  # waiting|in_progress|complete|erroring|blocked|skipped
 ROLLOUT_ANNOTATION = "millwright.dev/rollout"  # JSON {"rollout", "state", "package", "stage", "reason", "updated"}
 PACKAGES_ANNOTATION = "millwright.dev/packages"  # JSON {"<package>": "<version>"}, installed and complete
@@ -205,6 +206,10 @@ class NodeAvailability(StrictModel):
         None,
         description="When the read finished (the worker's clock): the time a decision on it is made at, "
         "recorded with the result so that a replay decides at the same time.",
+    )
+    control_plane: list[str] = Field(
+        default_factory=list,
+        description="Every matched node labelled node-role.kubernetes.io/control-plane, in service or not.",
     )
 
 

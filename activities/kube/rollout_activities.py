@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
 from activities.kube.models import (
+    CONTROL_PLANE_LABEL,
     INTERRUPTS,
     JOB_ATTEMPT_ANNOTATION,
     JOB_INTERRUPT_LABEL,
@@ -95,8 +96,8 @@ class RolloutNodeActivities(NodeActivities):
 
     @activity.defn
     async def node_availability(self, req: UnavailableRequest) -> NodeAvailability:
-        """How many nodes the selector matches, and which are out of service (cordoned by anyone, or
-        not Ready) and why; read page by page, returning only the unavailable ones by name."""
+        """How many nodes the selector matches, which are out of service (cordoned by anyone, or not Ready)
+        and why, and which are control-plane nodes; read page by page, returning only those by name."""
         out = NodeAvailability(total=0)
         token = None
         while True:
@@ -107,6 +108,8 @@ class RolloutNodeActivities(NodeActivities):
                                          ("NotReady", not node_ready(n))) if down]  # fmt: skip
                 if why:
                     out.unavailable[n["metadata"]["name"]] = ", ".join(why)
+                if CONTROL_PLANE_LABEL in ((n.get("metadata") or {}).get("labels") or {}):
+                    out.control_plane.append(n["metadata"]["name"])
             if not activity.info().is_local:  # the disruption budget reads it as a local activity
                 activity.heartbeat(len(out.unavailable))
             token = (page.get("metadata") or {}).get("continue")

@@ -109,6 +109,7 @@ from workflows.budget.breaker import (
     BreakerView,
 )
 from workflows.budget.budget import Budget, ceiling
+from workflows.budget.control_plane import CONTROL_PLANE_PATCH, DEFAULT_AT_ONCE, control_plane_wait
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -146,6 +147,9 @@ class Released(StrictModel):
 
 class BudgetChange(StrictModel):
     budget: Budget
+    control_plane_at_once: int | None = Field(
+        None, ge=1, description="Control-plane nodes allowed out of service at once (default 1); unset: unchanged."
+    )
     by: str = Field(min_length=1, description="Who changes it.")
     reason: str = Field(min_length=1, description="Why; shown with the budget.")
 
@@ -159,6 +163,9 @@ class BudgetBook(StrictModel):
     queue: list[Lease] = Field(default_factory=list, description="Waiting, first come first served.")
     next_id: int = 1
     breaker: Breaker = Field(default_factory=Breaker, description="The cluster's remediation circuit breaker.")
+    control_plane_at_once: int = Field(
+        DEFAULT_AT_ONCE, ge=1, description="Control-plane nodes allowed out of service at once, whatever the budget."
+    )
 
 
 class DisruptionBudgetInput(WorkflowInput):
@@ -202,6 +209,7 @@ class BudgetView(StrictModel):
     out_of_service: dict[str, str] = Field(default_factory=dict, description="Node -> why (lease, cordon, NotReady).")
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Lease] = Field(default_factory=list)
+    control_plane_at_once: int = Field(DEFAULT_AT_ONCE, description="Control-plane nodes allowed out at once.")
     checked_at: datetime | None = None
     error: str = ""
 
@@ -241,6 +249,7 @@ class DisruptionBudget:
         self._queue = inp.task_queue
         self._move_to: str | None = None  # a requester's task queue to continue as new onto
         self._breaker = False  # this run keeps the remediation circuit breaker (BREAKER_PATCH)
+        self._control_plane = False  # this run spares the control plane (CONTROL_PLANE_PATCH)
         self._event_clock = False  # EVENT_CLOCK_PATCH: the loop of _serve (below)
         self._due = False  # the periodic timer fired: check the holders (and re-decide) at the next tick
         self._inbox: list[Received] = []  # messages handlers received, applied to the book at the next tick
@@ -260,7 +269,7 @@ class DisruptionBudget:
             cluster=self._inp.cluster, budget=self._book.budget, budget_source=self._book.budget_source,
             total_nodes=self._avail.total if self._avail else None, allowed=self._allowed(),
             out_of_service=self._out_of_service(), leases=list(self._book.leases.values()), queue=self._book.queue,
-            checked_at=self._checked_at, error=self._error,
+            control_plane_at_once=self._book.control_plane_at_once, checked_at=self._checked_at, error=self._error,
         )  # fmt: skip
 
     @workflow.query(name=BREAKER_QUERY, description="The remediation circuit breaker: tripped or not, why, and "
@@ -368,15 +377,20 @@ class DisruptionBudget:
     @workflow.update(description="Change the cluster's budget (count or percent of its nodes).")
     def set_budget(self, change: BudgetChange) -> BudgetView:
         if self._receive(change):  # applied at once by the loop; answered as it will be
-            allowed = ceiling(change.budget, self._avail.total) if self._avail else None
-            return self.state().model_copy(update={"budget": change.budget, "budget_source": _operator(change),
-                                                   "allowed": allowed})  # fmt: skip
+            view = self.state()
+            view.budget, view.budget_source = change.budget, _operator(change)
+            view.allowed = ceiling(change.budget, self._avail.total) if self._avail else None
+            if change.control_plane_at_once is not None:
+                view.control_plane_at_once = change.control_plane_at_once
+            return view
         self._set_budget(change)
         self._changed()
         return self.state()
 
     def _set_budget(self, change: BudgetChange) -> None:
         self._book.budget, self._book.budget_source = change.budget, _operator(change)
+        if change.control_plane_at_once is not None:
+            self._book.control_plane_at_once = change.control_plane_at_once
         self._dirty = True  # a larger budget may let waiting requests in
 
     @set_budget.validator
@@ -411,6 +425,7 @@ class DisruptionBudget:
         self._signals = workflow.patched(SIGNAL_PATCH)
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
         self._breaker = workflow.patched(BREAKER_PATCH)
+        self._control_plane = workflow.patched(CONTROL_PLANE_PATCH)
         self._event_clock = workflow.patched(EVENT_CLOCK_PATCH)
         if self._signals and inp.book is None and workflow.info().continued_run_id is None:
             await self._take_over()
@@ -467,6 +482,7 @@ class DisruptionBudget:
         self._book.breaker = before.breaker  # what remediation took within its windows still counts
         if self._inp.budget is None and before.budget_source.startswith("operator"):
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
+            self._book.control_plane_at_once = before.control_plane_at_once
 
     async def _serve(self, limit: int) -> bool:
         """The loop of runs on EVENT_CLOCK_PATCH: serve until the history is long or a requester's queue calls;
@@ -585,6 +601,10 @@ class DisruptionBudget:
                 blocked = True
                 lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
                 continue
+            held = self._held_for_control_plane(lease.node, out, avail) if costs else None
+            if held is not None:  # waits for a control-plane node, not for the budget: later requests may pass
+                lease.note = held
+                continue
             if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
                 refused = book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
                 if refused is not None:
@@ -600,6 +620,11 @@ class DisruptionBudget:
         for i, lease in enumerate(book.queue, 1):
             lease.position = i
         return granted
+
+    def _held_for_control_plane(self, node: str, out: set[str], avail: NodeAvailability) -> str | None:
+        if not self._control_plane:
+            return None
+        return control_plane_wait(node, out, set(avail.control_plane), self._book.control_plane_at_once)
 
     def _refuse(self, lease: Lease, note: str) -> None:
         self._book.queue.remove(lease)
@@ -722,7 +747,8 @@ class DisruptionBudget:
                 f"of {total if total is not None else '?'} nodes: {len(self._out_of_service())} out of service, "
                 f"{len(self._book.leases)} leased, {len(self._book.queue)} waiting")  # fmt: skip
         if self._book.queue:
-            line += f" (next: {self._book.queue[0].node} for {self._book.queue[0].holder})"
+            nxt = self._book.queue[0]
+            line += f" (next: {nxt.node} for {nxt.holder}{f', {nxt.note}' if nxt.note else ''})"
         if self._book.breaker.tripped:
             line = f"**{self._book.breaker.refusal()}**\n\n{line}"
         return line + (f"; {self._error}" if self._error else "")

@@ -1,6 +1,7 @@
 """CreateCluster: a workload cluster through Cluster API v1beta2 (Metal3 infrastructure).
 
-Discovery check → namespace, templates, Cluster, KubeadmControlPlane, MachineDeployments
+Discovery check → who owns what exists of its objects (another workflow's or a person's is refused before the
+first write, workflows/clusters/owners.py) → namespace, templates, Cluster, KubeadmControlPlane, MachineDeployments
 (create-or-compare; a differing object is an error, never adopted) — or, with `topology`, one `Cluster` with
 `spec.topology` against an installed, existing ClusterClass (the topology controller derives the rest) → wait
 the way clusterctl does (status.initialization, ControlPlaneInitialized, Available, phase Provisioned, every
@@ -47,6 +48,7 @@ from activities.capi.models import (
     MachineNode,
     NodeLabels,
     ObjectRef,
+    OwnersRequest,
     SecretCheck,
 )
 from activities.capi.ownership import MANAGED_BY, MANAGED_BY_LABEL, Ownership
@@ -54,6 +56,7 @@ from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import AssignmentResult, ClusterAssignment, ClusterSpec, DeviceLookup
 from workflows.clusters.manifests import CLUSTER_CLASS, GPU_CLASS_LABEL, baseline_objects, cluster_objects
 from workflows.clusters.models import CreateClusterInput, CreateClusterResult, NetBoxRecord
+from workflows.clusters.owners import not_ours
 from workflows.common import saga
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
@@ -63,6 +66,8 @@ from workflows.common.errors import root_cause
 
 # A failed CreateCluster undoes what the run owns (read from the clusters); before, it left everything.
 COMPENSATION = "create-cluster-compensates"
+# Whose the objects it would write are is read before the first write: another's is refused (before: mid-apply).
+OWNERS_FIRST = "create-cluster-checks-owners-first"
 
 
 @workflow.defn
@@ -106,6 +111,8 @@ class CreateCluster:
             )
             if inp.topology is not None:
                 await self._check_cluster_class(inp)
+            if workflow.patched(OWNERS_FIRST):
+                await self._check_owners(inp, objs)
             self._phases.enter("creating", f"{len(objs)} objects")
             self._wrote[mgmt] = None
             applied = await self._calls.execute(
@@ -224,6 +231,24 @@ class CreateCluster:
         applied = self._wrote.get(cluster)
         keys = {r.key() for r in listed + (applied.created() if applied else [])}
         return [r for r in map(ObjectRef.of, objs) if r.key() in keys], listed
+
+    async def _check_owners(self, inp: CreateClusterInput, objs: list[dict]) -> None:
+        """Refuse, before the first write, to adopt or overwrite what another workflow or a person owns."""
+        self._phases.enter("checking-owners", f"{len(objs)} objects in {inp.management_cluster}")
+        existing = await self._calls.execute(
+            ClusterApiActivities.read_owners,
+            OwnersRequest(cluster=inp.management_cluster, objects=[ObjectRef.of(o) for o in objs]),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.management_cluster),
+        )
+        refused = not_ours(existing, workflow.info().workflow_id, inp.management_cluster, inp.field_of)
+        if refused:
+            raise ApplicationError(
+                "; ".join(refused) + ". CreateCluster adopts nothing: choose another name or namespace, or remove "
+                "the object first. Nothing was written",
+                type="ObjectConflict",
+                non_retryable=True,
+            )
 
     async def _check_cluster_class(self, inp: CreateClusterInput) -> None:
         topo = inp.topology

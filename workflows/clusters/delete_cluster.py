@@ -1,6 +1,7 @@
 """DeleteCluster: removes a workload cluster that CreateCluster (workflows/clusters/create_cluster.py) made.
 
-Refuses while tenants are onboarded (unless forced), deletes the Cluster and waits for its
+Refuses a Cluster another workflow or a person owns, before anything else (workflows/clusters/owners.py), and
+while tenants are onboarded (unless forced); deletes the Cluster and waits for its
 finalizer (Cluster API removes Machines, control plane and infrastructure in order), then the templates. It
 deletes only what its cluster's workflows manage (the owner annotation's workflow ID, `cluster/<reference>`):
 a Cluster made by other means is refused (`ClusterNotManaged`), a template a person made is kept and reported.
@@ -20,14 +21,19 @@ from activities.capi.models import (
     KindRef,
     ListRequest,
     ObjectRef,
+    OwnersRequest,
 )
 from activities.capi.ownership import TENANT_LABEL, Ownership
 from workflows.clusters.manifests import CAPI, QUEUE_API, TEMPLATE_KINDS
 from workflows.clusters.models import DeleteClusterInput, DeleteClusterResult
+from workflows.clusters.owners import not_ours
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import Endpoints, kubernetes_api
+
+# The Cluster's owner is read first: another's is refused naming it, before anything else is read or deleted.
+OWNER_FIRST = "delete-cluster-checks-owner-first"
 
 
 @workflow.defn
@@ -46,6 +52,23 @@ class DeleteCluster:
         acts = ClusterApiActivities
         ref, mgmt = inp.ref(), inp.management_cluster
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(ref)])
+        ours = Ownership(workflow=workflow.info().workflow_id)  # CreateCluster's and ours: the same ID
+        target = ObjectRef(api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)
+        if workflow.patched(OWNER_FIRST):
+            self._phases.enter("checking-owner", str(target))
+            existing = await self._calls.execute(
+                acts.read_owners, OwnersRequest(cluster=mgmt, objects=[target]), **API_CALL,
+                endpoint=kubernetes_api(mgmt),
+            )  # fmt: skip
+            refused = not_ours(existing, ours.workflow, mgmt, lambda _: "name")
+            if refused:
+                self._phases.enter("failed", refused[0])
+                raise ApplicationError(
+                    f"{refused[0]}: DeleteCluster deletes only a Cluster that CreateCluster made for this reference; "
+                    "delete it with clusterctl or kubectl. Nothing was deleted",
+                    type="ClusterNotManaged",
+                    non_retryable=True,
+                )
         self._phases.enter("checking-tenants")
         status = await self._calls.execute(
             acts.read_capi_cluster,
@@ -72,8 +95,6 @@ class DeleteCluster:
                 non_retryable=True,
             )
         self._phases.enter("deleting", "Cluster (Machines, control plane, infrastructure follow)")
-        ours = Ownership(workflow=workflow.info().workflow_id)  # CreateCluster's and ours: the same ID
-        target = ObjectRef(api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)
         deleted = await self._calls.execute(
             acts.delete_objects,
             DeleteRequest(cluster=mgmt, objects=[target], owned_by=ours, timeout_seconds=inp.timeout.total_seconds()),

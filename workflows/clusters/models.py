@@ -13,8 +13,10 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from temporalio.common import SearchAttributePair
 
+from activities.capi.models import ObjectRef
 from activities.kube.validators import validate_object_name
 from activities.models import BaseUrl, Host, StrictModel
+from workflows.clusters.owners import validate_cluster_namespace
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
@@ -142,6 +144,7 @@ class CreateClusterInput(ClusterWorkflowInput):
     poll_interval: timedelta = timedelta(seconds=2)
 
     _names = field_validator("namespace", "name")(validate_object_name)
+    _system = field_validator("namespace")(validate_cluster_namespace)
 
     @field_validator("control_plane_replicas")
     @classmethod
@@ -166,6 +169,15 @@ class CreateClusterInput(ClusterWorkflowInput):
             if flat:
                 raise ValueError(f"{flat[0]}: with topology, set topology.version / topology.controlPlane.replicas")
         return self
+
+    def field_of(self, ref: ObjectRef) -> str:
+        """The input field an object's name comes from, for a refusal."""
+        if ref.kind == "Namespace":
+            return "namespace"
+        for i, pool in enumerate(self.worker_pools or []):
+            if ref.name == f"{self.name}-{pool.name}":
+                return f"worker_pools[{i}].name"
+        return "name"
 
     def node_classes(self) -> list[tuple[str, str]]:
         """(MachineDeployment name, GPU node class) of every worker group that gets the class label."""

@@ -98,6 +98,7 @@ class Fabric:
             raise ValueError(f"tenant {req.tenant} is being released; isolate it again after the release")
         if current is not None and current.membership != req.membership:
             raise ValueError(f"tenant {req.tenant} has {current.membership} membership, not {req.membership}")
+        self._refuse_outside_range(current)
         for guid, host in req.members.items():
             owner = self._owner_of(normalize_guid(guid))
             if owner is not None and owner != req.tenant:
@@ -107,6 +108,14 @@ class Fabric:
             first, last = int(self._inp.pkey_first, 16), int(self._inp.pkey_last, 16)
             if all(n in used for n in range(first, last + 1)):
                 raise ValueError(f"no free PKey in {self._inp.pkey_first}-{self._inp.pkey_last}")
+
+    def _refuse_outside_range(self, held: Allocation | None) -> None:
+        """A tenant's PKey this fabric would not hand out (its range changed, or a state given by hand) is never
+        written to: refused before anything is."""
+        why = self._inp.outside_range(held.pkey) if held is not None else None
+        if held is not None and why is not None:
+            raise ValueError(f"tenant {held.tenant} holds {why}: this fabric does not write it; change it in UFM "
+                             "by hand, or widen the range")  # fmt: skip
 
     @workflow.update(description="The tenant's members were added and verified in UFM.")
     def confirm(self, req: TenantRequest) -> Allocation:
@@ -147,6 +156,10 @@ class Fabric:
         a.state = "releasing"
         self._changed()
         return a.model_dump()
+
+    @begin_release.validator
+    def _validate_begin_release(self, req: TenantRequest) -> None:
+        self._refuse_outside_range(self._state.allocations.get(req.tenant))
 
     @workflow.update(description="The tenant's members are gone from UFM: free (or retire) its PKey.")
     def finish_release(self, req: FinishRelease) -> dict:

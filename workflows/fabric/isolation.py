@@ -41,6 +41,9 @@ from workflows.fabric.calls import (
 from workflows.fabric.models import AllocateRequest, Allocation, FabricState, TenantRequest, WithdrawRequest
 from workflows.fabric.release import ReleaseTenant, ReleaseTenantInput
 
+# A host whose ports UFM has in another tenant's (or an unknown) PKey is refused before the allocation.
+PORTS_OF_OTHERS = "isolate-tenant-refuses-ports-of-others"
+
 
 class IsolateTenantInput(WorkflowInput, RetryTimeout):
     fabric: str = Field(description="The InfiniBand fabric (its UFM), e.g. lab-ib.")
@@ -189,6 +192,12 @@ class IsolateTenant:
             UfmActivities.snapshot, EmptyRequest(), **UFM_LISTING, endpoint=UFM, summary="PKeys in UFM"
         )
         state = FabricState.model_validate(await call_fabric(inp.fabric, "state"))
+        taken = state.ports_of_others(inp.tenant, members, snap) if workflow.patched(PORTS_OF_OTHERS) else []
+        if taken:
+            raise ApplicationError(
+                f"hosts: {'; '.join(taken)}. A port belongs to one partition: release it there first. "
+                "Nothing was changed", type="HostOfAnotherTenant", non_retryable=True,
+            )  # fmt: skip
         ours = {a.pkey for a in state.allocations.values()} | set(state.retired)
         exclude = [p.pkey for p in snap.pkeys if p.pkey not in ours]
         held = state.allocations.get(inp.tenant)
