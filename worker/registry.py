@@ -38,6 +38,7 @@ SANDBOX_PASSTHROUGH = (
     "activities",  # the activities' models and classes: a workflow only names them
     "workflows.common",  # shared models, call options and helpers of every family: no workflow in it
     "workflows.burnin.node_guard",
+    "workflows.budget.book",
     "workflows.budget.breaker",
     "workflows.budget.budget",
     "workflows.budget.control_plane",

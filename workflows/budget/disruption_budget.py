@@ -96,6 +96,7 @@ from activities.kube.activities import KubeActivities
 from activities.kube.models import NodeAvailability, UnavailableRequest
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.models import StrictModel
+from workflows.budget.book import BudgetBook, lease_key
 from workflows.budget.breaker import (
     BREAKER_PATCH,
     BREAKER_QUERY,
@@ -104,12 +105,11 @@ from workflows.budget.breaker import (
     TRIPPED_GAUGE,
     TRIPPED_PHASE,
     TRIPS_COUNTER,
-    Breaker,
     BreakerReset,
     BreakerView,
 )
 from workflows.budget.budget import Budget, ceiling
-from workflows.budget.control_plane import CONTROL_PLANE_PATCH, DEFAULT_AT_ONCE, control_plane_wait
+from workflows.budget.control_plane import CONTROL_PLANE_PATCH, DEFAULT_AT_ONCE
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -128,7 +128,6 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
 
-DEFAULT_BUDGET = Budget(percent=10)
 HISTORY_LIMIT = 2000
 IDLE_CLOSE = timedelta(minutes=5)
 TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
@@ -152,20 +151,6 @@ class BudgetChange(StrictModel):
     )
     by: str = Field(min_length=1, description="Who changes it.")
     reason: str = Field(min_length=1, description="Why; shown with the budget.")
-
-
-class BudgetBook(StrictModel):
-    """What the entity remembers, carried across continue-as-new."""
-
-    budget: Budget = Field(default_factory=lambda: DEFAULT_BUDGET.model_copy())
-    budget_source: str = "default"
-    leases: dict[str, Lease] = Field(default_factory=dict, description="Granted, by holder + node.")
-    queue: list[Lease] = Field(default_factory=list, description="Waiting, first come first served.")
-    next_id: int = 1
-    breaker: Breaker = Field(default_factory=Breaker, description="The cluster's remediation circuit breaker.")
-    control_plane_at_once: int = Field(
-        DEFAULT_AT_ONCE, ge=1, description="Control-plane nodes allowed out of service at once, whatever the budget."
-    )
 
 
 class DisruptionBudgetInput(WorkflowInput):
@@ -212,10 +197,6 @@ class BudgetView(StrictModel):
     control_plane_at_once: int = Field(DEFAULT_AT_ONCE, description="Control-plane nodes allowed out at once.")
     checked_at: datetime | None = None
     error: str = ""
-
-
-def _key(holder: str, node: str) -> str:
-    return f"{holder}|{node}"
 
 
 def _operator(change: BudgetChange) -> str:
@@ -295,18 +276,7 @@ class DisruptionBudget:
         self._changed()
 
     def _take_requests(self, msg: LeaseRequests) -> None:
-        self._adopt_budget(msg.budget, msg.reply_to)
-        for req in msg.requests:
-            lease = self._find(_key(req.holder, req.node))
-            if lease is None:
-                lease = self._new_lease(req)
-                self._book.queue.append(lease)
-            elif lease.request_id != req.request_id:
-                # A new request for the same holder and node takes the lease (or the place) over: asking again
-                # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
-                lease.holder_seen = False
-            lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
-            lease.remediation = req.remediation  # asked again: judged by the latest settings
+        self._book.take_requests(msg, self._inp.cluster, workflow.now())
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
 
@@ -319,7 +289,7 @@ class DisruptionBudget:
 
     def _take_releases(self, msg: LeaseReleases) -> None:
         for rel in msg.releases:
-            self._drop(_key(rel.holder, rel.node), f"released: {rel.reason}" if rel.reason else "released")
+            self._drop(lease_key(rel.holder, rel.node), f"released: {rel.reason}" if rel.reason else "released")
 
     def _receive(self, msg: Received) -> bool:
         """On EVENT_CLOCK_PATCH a handler only files its message; the loop applies it (_apply_received). True:
@@ -351,13 +321,13 @@ class DisruptionBudget:
     @workflow.update(description="Ask for a lease on a node; answers once decided: granted, or queued with its place.")
     async def acquire(self, req: LeaseRequest) -> Lease:
         book = self._book
-        self._adopt_budget(req.budget, req.holder)
-        key = _key(req.holder, req.node)
+        self._book.adopt_budget(req.budget, req.holder)
+        key = lease_key(req.holder, req.node)
         if key in book.leases:
             return book.leases[key]
-        lease = self._find(key)
+        lease = self._book.find(key)
         if lease is None:
-            lease = self._new_lease(req)
+            lease = self._book.new_lease(req, self._inp.cluster, workflow.now())
             book.queue.append(lease)
         # Asked again while queued (a holder's periodic re-ask): decide afresh too.
         self._dirty = True
@@ -370,7 +340,7 @@ class DisruptionBudget:
 
     @workflow.update(description="Return a lease (or withdraw a waiting request); idempotent.")
     def release(self, req: LeaseRelease) -> Released:
-        lease = self._drop(_key(req.holder, req.node), f"released: {req.reason}" if req.reason else "released")
+        lease = self._drop(lease_key(req.holder, req.node), f"released: {req.reason}" if req.reason else "released")
         self._changed()
         return Released(released=lease is not None, lease=lease)
 
@@ -579,58 +549,13 @@ class DisruptionBudget:
         # The read's own time, recorded with its result, is what the breaker's windows are judged at.
         self._checked_at = (self._avail.read_at if self._event_clock else None) or workflow.now()
         tripped = self._book.breaker.tripped
-        granted = self._grant(self._avail, self._checked_at)
+        granted, refused = self._book.grant(self._avail, self._checked_at, breaker=self._breaker,
+                                            control_plane=self._control_plane)  # fmt: skip
+        self._refused += refused
         self._decisions += 1
         if self._book.breaker.tripped != tripped:
             self._breaker_changed(trip=True)
         await self._notify([g for g in granted if g.notify])
-
-    def _grant(self, avail: NodeAvailability, now: datetime) -> list[Lease]:
-        book, allowed = self._book, self._allowed() or 0
-        out = set(avail.unavailable) | {lease.node for lease in book.leases.values()}
-        granted: list[Lease] = []
-        blocked = False
-        for lease in list(book.queue):
-            remediation = lease.remediation if self._breaker else None
-            if remediation is not None and book.breaker.tripped:  # refused at once, and holds nobody up
-                self._refuse(lease, book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now) or "")
-                continue
-            costs = lease.node not in out
-            if costs and (blocked or len(out) + 1 > allowed):
-                # First come, first served: nobody who costs a node overtakes a waiting request.
-                blocked = True
-                lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
-                continue
-            held = self._held_for_control_plane(lease.node, out, avail) if costs else None
-            if held is not None:  # waits for a control-plane node, not for the budget: later requests may pass
-                lease.note = held
-                continue
-            if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
-                refused = book.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
-                if refused is not None:
-                    self._refuse(lease, refused)
-                    continue
-            book.queue.remove(lease)
-            lease.state, lease.granted_at, lease.position = "granted", now, None
-            lease.note = "" if costs else "the node was already out of service"
-            lease.answer = lease.reply_to is not None
-            book.leases[_key(lease.holder, lease.node)] = lease
-            out.add(lease.node)
-            granted.append(lease)
-        for i, lease in enumerate(book.queue, 1):
-            lease.position = i
-        return granted
-
-    def _held_for_control_plane(self, node: str, out: set[str], avail: NodeAvailability) -> str | None:
-        if not self._control_plane:
-            return None
-        return control_plane_wait(node, out, set(avail.control_plane), self._book.control_plane_at_once)
-
-    def _refuse(self, lease: Lease, note: str) -> None:
-        self._book.queue.remove(lease)
-        lease.state, lease.position, lease.note = "refused", None, note
-        lease.answer = lease.reply_to is not None
-        self._refused.append(lease)
 
     async def _notify(self, granted: list[Lease]) -> None:
         """Signal the grants of update-path holders, one each, and every decision owed to a signal-path requester,
@@ -667,10 +592,10 @@ class DisruptionBudget:
                                    for to, leases in owed.items()))  # fmt: skip
         for lease in granted:
             if lease.holder in gone:
-                self._drop(_key(lease.holder, lease.node), "recovered: the grant could not be delivered")
+                self._drop(lease_key(lease.holder, lease.node), "recovered: the grant could not be delivered")
         for to in gone & set(owed):
             for lease in owed[to]:
-                self._drop(_key(lease.holder, lease.node), f"recovered: requester {to} no longer runs")
+                self._drop(lease_key(lease.holder, lease.node), f"recovered: requester {to} no longer runs")
 
     async def _check_holders(self) -> None:
         """Recover the leases (and drop the requests) of holders whose runs have closed."""
@@ -689,7 +614,7 @@ class DisruptionBudget:
             elif lease.holder_seen or lease.reply_to in (None, lease.holder) or lease.reply_to in closed:
                 # Asked for by another run (a batch, for the child it starts with the lease): alive while that
                 # run is, until the holder has been seen running.
-                self._drop(_key(lease.holder, lease.node), f"recovered: holder {lease.holder} closed")
+                self._drop(lease_key(lease.holder, lease.node), f"recovered: holder {lease.holder} closed")
 
     async def _activity(self, method: Callable, arg: BaseModel, summary: str) -> Any:
         """A short read: a local activity (one event) on the signal protocol, an activity on runs from before."""
@@ -700,38 +625,18 @@ class DisruptionBudget:
     # ------------------------------------------------------------ the book
 
     def _everyone(self) -> list[Lease]:
-        return list(self._book.leases.values()) + self._book.queue
-
-    def _find(self, key: str) -> Lease | None:
-        return self._book.leases.get(key) or next((q for q in self._book.queue if _key(q.holder, q.node) == key), None)
-
-    def _new_lease(self, req: LeaseRequest) -> Lease:
-        book = self._book
-        lease = Lease(id=f"lease-{book.next_id}", cluster=self._inp.cluster, node=req.node, holder=req.holder,
-                      reason=req.reason, requested_at=workflow.now(), remediation=req.remediation)  # fmt: skip
-        book.next_id += 1
-        return lease
-
-    def _adopt_budget(self, budget: Budget | None, requester: str) -> None:
-        if budget is not None and self._book.budget_source == "default":
-            self._book.budget, self._book.budget_source = budget, f"first requester {requester}"
+        return self._book.everyone()
 
     def _drop(self, key: str, note: str) -> Lease | None:
-        book = self._book
-        lease = book.leases.pop(key, None)
-        if lease is None:
-            lease = next((q for q in book.queue if _key(q.holder, q.node) == key), None)
-            if lease is not None:
-                book.queue.remove(lease)
+        lease = self._book.drop(key, note)
         if lease is not None:
-            lease.state, lease.position, lease.note, lease.answer = "released", None, note, False
             self._dirty = True  # room for whoever waits
         return lease
 
     # ------------------------------------------------------------ visibility
 
     def _allowed(self) -> int | None:
-        return ceiling(self._book.budget, self._avail.total) if self._avail else None
+        return self._book.allowed(self._avail)
 
     def _out_of_service(self) -> dict[str, str]:
         out = dict(sorted((self._avail.unavailable if self._avail else {}).items()))

@@ -1,0 +1,140 @@
+"""The disruption budget's book of leases: who holds which node, who waits in which order, and the grant rule.
+
+Plain data and rules with no Temporal call, so that the rules are tested without a server
+(tests/budget/test_lease_book.py); the ``DisruptionBudget`` entity (workflows/budget/disruption_budget.py) reads
+the cluster, feeds the book what its signals and reads carry, and tells the requesters what it decided.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from activities.kube.models import NodeAvailability
+from activities.models import StrictModel
+from workflows.budget.breaker import Breaker
+from workflows.budget.budget import Budget, ceiling
+from workflows.budget.control_plane import DEFAULT_AT_ONCE, control_plane_wait
+from workflows.budget.leases import Lease, LeaseRequest, LeaseRequests
+
+DEFAULT_BUDGET = Budget(percent=10)
+
+
+def lease_key(holder: str, node: str) -> str:
+    return f"{holder}|{node}"
+
+
+class BudgetBook(StrictModel):
+    """What the entity remembers, carried across continue-as-new."""
+
+    budget: Budget = Field(default_factory=lambda: DEFAULT_BUDGET.model_copy())
+    budget_source: str = "default"
+    leases: dict[str, Lease] = Field(default_factory=dict, description="Granted, by holder + node.")
+    queue: list[Lease] = Field(default_factory=list, description="Waiting, first come first served.")
+    next_id: int = 1
+    breaker: Breaker = Field(default_factory=Breaker, description="The cluster's remediation circuit breaker.")
+    control_plane_at_once: int = Field(
+        DEFAULT_AT_ONCE, ge=1, description="Control-plane nodes allowed out of service at once, whatever the budget."
+    )
+
+    def everyone(self) -> list[Lease]:
+        """Leases granted, then requests waiting, in order."""
+        return list(self.leases.values()) + self.queue
+
+    def find(self, key: str) -> Lease | None:
+        return self.leases.get(key) or next((q for q in self.queue if lease_key(q.holder, q.node) == key), None)
+
+    def allowed(self, avail: NodeAvailability | None) -> int | None:
+        """Nodes allowed out of service at once, at the read `avail` (None: not read yet)."""
+        return ceiling(self.budget, avail.total) if avail else None
+
+    def adopt_budget(self, budget: Budget | None, requester: str) -> None:
+        """The first budget a requester states is the cluster's, until an operator sets one."""
+        if budget is not None and self.budget_source == "default":
+            self.budget, self.budget_source = budget, f"first requester {requester}"
+
+    def take_requests(self, msg: LeaseRequests, cluster: str, now: datetime) -> None:
+        """File a requester's requests: a new one queues last; one asked again keeps its lease or its place."""
+        self.adopt_budget(msg.budget, msg.reply_to)
+        for req in msg.requests:
+            lease = self.find(lease_key(req.holder, req.node))
+            if lease is None:
+                lease = self.new_lease(req, cluster, now)
+                self.queue.append(lease)
+            elif lease.request_id != req.request_id:
+                # A new request for the same holder and node takes the lease (or the place) over: asking again
+                # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
+                lease.holder_seen = False
+            lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
+            lease.remediation = req.remediation  # asked again: judged by the latest settings
+
+    def new_lease(self, req: LeaseRequest, cluster: str, now: datetime) -> Lease:
+        lease = Lease(id=f"lease-{self.next_id}", cluster=cluster, node=req.node, holder=req.holder,
+                      reason=req.reason, requested_at=now, remediation=req.remediation)  # fmt: skip
+        self.next_id += 1
+        return lease
+
+    def drop(self, key: str, note: str) -> Lease | None:
+        """Take a lease back, or a request out of the queue; the one dropped, or None."""
+        lease = self.leases.pop(key, None)
+        if lease is None:
+            lease = next((q for q in self.queue if lease_key(q.holder, q.node) == key), None)
+            if lease is not None:
+                self.queue.remove(lease)
+        if lease is not None:
+            lease.state, lease.position, lease.note, lease.answer = "released", None, note, False
+        return lease
+
+    def grant(
+        self, avail: NodeAvailability, now: datetime, *, breaker: bool, control_plane: bool
+    ) -> tuple[list[Lease], list[Lease]]:
+        """Grant what fits, in FIFO order, at the read `avail` made at `now`: (granted, refused by the breaker).
+
+        A lease is granted while the nodes out of service for any reason (leased, cordoned, NotReady: one count
+        per node) stay within the budget; a node already out costs nothing. Nobody who costs a node overtakes a
+        waiting request, except past a control-plane node that waits for another (`control_plane`). With
+        `breaker`, a remediation's request is counted by the circuit breaker, or refused by it."""
+        allowed = self.allowed(avail) or 0
+        out = set(avail.unavailable) | {lease.node for lease in self.leases.values()}
+        granted: list[Lease] = []
+        refused: list[Lease] = []
+        blocked = False
+        for lease in list(self.queue):
+            remediation = lease.remediation if breaker else None
+            if remediation is not None and self.breaker.tripped:  # refused at once, and holds nobody up
+                refused.append(self._refuse(lease, self.breaker.admit(lease.node, lease.holder, avail.total,
+                                                                      remediation, now) or ""))  # fmt: skip
+                continue
+            costs = lease.node not in out
+            if costs and (blocked or len(out) + 1 > allowed):
+                # First come, first served: nobody who costs a node overtakes a waiting request.
+                blocked = True
+                lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
+                continue
+            held = (control_plane_wait(lease.node, out, set(avail.control_plane), self.control_plane_at_once)
+                    if costs and control_plane else None)  # fmt: skip
+            if held is not None:  # waits for a control-plane node, not for the budget: later requests may pass
+                lease.note = held
+                continue
+            if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
+                why = self.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
+                if why is not None:
+                    refused.append(self._refuse(lease, why))
+                    continue
+            self.queue.remove(lease)
+            lease.state, lease.granted_at, lease.position = "granted", now, None
+            lease.note = "" if costs else "the node was already out of service"
+            lease.answer = lease.reply_to is not None
+            self.leases[lease_key(lease.holder, lease.node)] = lease
+            out.add(lease.node)
+            granted.append(lease)
+        for i, lease in enumerate(self.queue, 1):
+            lease.position = i
+        return granted, refused
+
+    def _refuse(self, lease: Lease, note: str) -> Lease:
+        self.queue.remove(lease)
+        lease.state, lease.position, lease.note = "refused", None, note
+        lease.answer = lease.reply_to is not None
+        return lease
