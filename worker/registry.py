@@ -127,7 +127,7 @@ def build(settings: WorkerSettings) -> Registration:
         + netbox.activities()
         + prometheus.activities()
         + ufm.activities()
-        + ClusterApiActivities(connector).activities()
+        + ClusterApiActivities(connector, settings.reserved_groups).activities()
         + redfish.activities()
         + ironic.activities()
         + NodeHealthActivities(connector).activities()
