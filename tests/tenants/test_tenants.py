@@ -73,7 +73,9 @@ async def workload_cluster(core, name: str, namespace: str = "fleet") -> tuple[d
 def parent_queue(cluster: str = "lab") -> list[dict]:
     """The tenants' parent queue as CreateCluster writes it (its baseline, its ownership): what onboarding onto a
     cluster the tests seed by hand needs."""
-    queue = next(o for o in baseline_objects() if o["kind"] == "Queue" and o["metadata"]["name"] == TENANTS_PARENT_QUEUE)
+    queue = next(
+        o for o in baseline_objects() if o["kind"] == "Queue" and o["metadata"]["name"] == TENANTS_PARENT_QUEUE
+    )
     queue["metadata"]["annotations"] = {OWNER_ANNOTATION: Ownership(workflow=f"cluster/{cluster}").annotation()}
     return [queue]
 
