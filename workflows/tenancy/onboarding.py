@@ -1,7 +1,9 @@
 """OnboardTenant: a team on a shared GPU cluster with its own vCluster, KAI Scheduler queue (GPU quota) and
 guard rails.
 
-Onboarding is a saga of idempotent steps: NetBox tenant → GPU capacity check → the objects of
+Onboarding first plans, writing nothing: every name it would write judged against what exists and whose it is,
+the parent queue, the admin group and the queue tree's GPU guarantees (workflows/tenancy/plan.py); a refusal ends
+the run there. Then a saga of idempotent steps: NetBox tenant → the objects of
 workflows/tenancy/objects.py, step by step → vCluster ready + kubeconfig Secret `vc-<name>`, kept as a reference →
 InfiniBand isolation (when `ib_isolation`: the `IsolateTenant` child workflow puts `ib_hosts` into the tenant's
 PKey on `ib_fabric`; its compensation is the `ReleaseTenant` child). A step that fails for good undoes, in
