@@ -64,6 +64,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.tenancy.capacity",
     "workflows.tenancy.models",
     "workflows.tenancy.objects",
+    "workflows.tenancy.plan",
 )
 
 
