@@ -68,9 +68,7 @@ def test_a_persons_identical_object_is_left_alone_a_differing_one_refused():
 
 def test_a_first_admin_group_on_an_onboarded_tenant_is_a_change_too():
     inp, every = onboarding(admin_group="team-admins")
-    objects = [
-        LiveObject(ref=o.ref, exists=o.ref.kind in ("Namespace", "Queue"), owner=OWNER) for o in absent(every)
-    ]
+    objects = [LiveObject(ref=o.ref, exists=o.ref.kind in ("Namespace", "Queue"), owner=OWNER) for o in absent(every)]
     err = refusal(inp, every, objects)
     assert err.type == "AdminGroupChange" and "administered by no group" in err.message
     moved = inp.model_copy(update={"admin_group_change": AdminGroupChange(by="bob", reason="first admins")})
