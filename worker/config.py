@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from activities.capi.models import DEFAULT_RESERVED_GROUPS
 from activities.models import BaseUrl, Host
 
 _CA_BUNDLE = (
@@ -92,6 +93,12 @@ class WorkerSettings(BaseSettings):
     )
     bmc_verify_tls: bool = Field(
         True, description=_VERIFY_TLS.format(what="every BMC") + "; BmcRef.verify_tls: false does it for one BMC"
+    )
+
+    reserved_groups: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_RESERVED_GROUPS),
+        description="Identity groups no tenant binding may name (besides every system:* group), as a JSON list, "
+        'e.g. \'["kubeadm:cluster-admins", "platform-admins"]\'; default: kubeadm\'s cluster-admins group',
     )
 
     host_name: str | None = Field(

@@ -67,6 +67,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.tenancy.capacity",
     "workflows.tenancy.models",
     "workflows.tenancy.objects",
+    "workflows.tenancy.plan",
 )
 
 
@@ -131,7 +132,7 @@ def build(settings: WorkerSettings) -> Registration:
         + netbox.activities()
         + prometheus.activities()
         + ufm.activities()
-        + ClusterApiActivities(connector).activities()
+        + ClusterApiActivities(connector, settings.reserved_groups).activities()
         + redfish.activities()
         + ironic.activities()
         + NodeHealthActivities(connector).activities()

@@ -28,6 +28,7 @@ from temporalio.exceptions import ApplicationError
 from activities.capi.apply import apply_object
 from activities.capi.client import Resources, request
 from activities.capi.models import (
+    DEFAULT_RESERVED_GROUPS,
     ApplyRequest,
     ApplyResult,
     CapacityRequest,
@@ -45,14 +46,18 @@ from activities.capi.models import (
     NodeLabels,
     ObjectRef,
     OwnersRequest,
+    QueueGuarantee,
     SecretCheck,
     SecretReference,
+    SurveyRequest,
+    SurveyResult,
     VClusterRef,
     VClusterStatus,
     WorkloadCount,
     WorkloadQuery,
 )
 from activities.capi.ownership import TENANT_LABEL, Ownership
+from activities.capi.survey import survey
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import api_error
 
@@ -60,13 +65,15 @@ GPU = "nvidia.com/gpu"
 
 
 class ClusterApiActivities:
-    def __init__(self, clusters: ClusterConnector) -> None:
+    def __init__(self, clusters: ClusterConnector, reserved_groups: list[str] | None = None) -> None:
         self._clusters = clusters
+        self._reserved_groups = list(DEFAULT_RESERVED_GROUPS if reserved_groups is None else reserved_groups)
 
     def activities(self) -> list[Callable]:
         return [
             self.check_kinds_installed,
             self.apply_objects,
+            self.survey_objects,
             self.delete_objects,
             self.list_objects,
             self.read_owners,
@@ -105,6 +112,13 @@ class ClusterApiActivities:
         for raw in req.objects:
             result.outcomes.append(await apply_object(res, raw, req))
         return result
+
+    @activity.defn
+    async def survey_objects(self, req: SurveyRequest) -> SurveyResult:
+        """What exists under each name and whose it is, read only (activities/capi/survey.py), with the groups the
+        operator reserves (the worker's `reserved_groups`)."""
+        objects = await survey(await self._resources(req.cluster), req)
+        return SurveyResult(objects=objects, reserved_groups=self._reserved_groups)
 
     @activity.defn
     async def delete_objects(self, req: DeleteRequest) -> DeleteResult:
@@ -300,7 +314,7 @@ class ClusterApiActivities:
 
     @activity.defn
     async def gpu_capacity(self, req: CapacityRequest) -> GpuCapacity:
-        """Allocatable GPUs over all nodes, and each tenant queue's GPU quota (queues Millwright labels)."""
+        """Allocatable GPUs over all nodes, and every KAI queue (the tree: parent, GPU quota, tenant label)."""
         res = await self._resources(req.cluster)
         nodes = await request(res.api, "GET", "/api/v1/nodes", "listing nodes")
         gpus = 0.0
@@ -310,19 +324,22 @@ class ClusterApiActivities:
             except ValueError:
                 pass
         quotas: dict[str, float] = {}
+        queues: list[QueueGuarantee] = []
         if await res.lookup("scheduling.run.ai/v2", "Queue") is not None:
-            qs = await request(
-                res.api,
-                "GET",
-                await res.path("scheduling.run.ai/v2", "Queue"),
-                "listing queues",
-                query={"labelSelector": TENANT_LABEL},
-            )
+            qs = await request(res.api, "GET", await res.path("scheduling.run.ai/v2", "Queue"), "listing queues")
             for q in (qs or {}).get("items") or []:
-                tenant = q["metadata"]["labels"][TENANT_LABEL]
-                gpu = ((q.get("spec") or {}).get("resources") or {}).get("gpu") or {}
-                quotas[tenant] = quotas.get(tenant, 0.0) + max(0.0, float(gpu.get("quota") or 0))
-        return GpuCapacity(gpus=gpus, quotas=quotas)
+                spec = q.get("spec") or {}
+                gpu = (spec.get("resources") or {}).get("gpu") or {}
+                tenant = (q["metadata"].get("labels") or {}).get(TENANT_LABEL)
+                guarantee = _number(gpu.get("quota"))
+                queues.append(
+                    QueueGuarantee(
+                        name=q["metadata"]["name"], parent=spec.get("parentQueue"), gpu_quota=guarantee, tenant=tenant
+                    )
+                )
+                if tenant is not None:  # what runs that began before the queue tree read
+                    quotas[tenant] = quotas.get(tenant, 0.0) + max(0.0, guarantee)
+        return GpuCapacity(gpus=gpus, quotas=quotas, queues=queues)
 
     @activity.defn
     async def label_nodes(self, req: NodeLabels) -> int:
@@ -381,3 +398,11 @@ class ClusterApiActivities:
                     evicted += 1
                 active += 1
         return WorkloadCount(active=active, evicted=evicted)
+
+
+def _number(value: Any) -> float:
+    """A queue's quota as KAI reads it: a number; absent (or not a number) counts as none guaranteed."""
+    try:
+        return float(value if value is not None else 0)
+    except (TypeError, ValueError):
+        return 0.0

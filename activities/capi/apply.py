@@ -65,7 +65,7 @@ async def _reconcile(
     own = Ownership.of(live) or Ownership(workflow="")
     ours = own.workflow == req.owner
     mine = ours and bool(req.run) and own.created_by == req.run
-    if _matches(live, desired):
+    if matches(live, desired, req.exact):
         wrote = ours and bool(req.run) and own.written_by == req.run
         return ApplyOutcome(
             ref=ref, outcome="created" if mine else "updated" if wrote else "unchanged", uid=lmd.get("uid", "")
@@ -87,7 +87,7 @@ async def _reconcile(
         desired["status"] = live["status"]
     await request(res.api, "PUT", item, f"updating {ref}", body=desired)  # 409 Conflict: retried
     back = await request(res.api, "GET", item, f"reading {ref}", missing_ok=True)
-    if back is None or not _matches(back, desired):
+    if back is None or not matches(back, desired, req.exact):
         raise _not_applied(ref, req.cluster, "updating", back)
     return ApplyOutcome(ref=ref, outcome="created" if mine else "updated", uid=lmd.get("uid", ""))
 
@@ -103,9 +103,15 @@ def _contains(have: Any, want: Any) -> bool:
     return have == want
 
 
-def _matches(live: dict[str, Any], desired: dict[str, Any]) -> bool:
+def matches(live: dict[str, Any], desired: dict[str, Any], exact: list[str] | None = None) -> bool:
     """Does the live object carry the desired one? Millwright's bookkeeping (the managed-by label, the owner
-    annotation) is not content: an identical object someone else made matches, and is left alone, not adopted."""
+    annotation) is not content: an identical object someone else made matches, and is left alone, not adopted.
+    At the `exact` paths (dotted), a key the live object has and the desired one does not is a difference: a
+    ResourceQuota's removed GPU cap, which no server default adds back."""
+    for path in exact or []:
+        want, have = _at(desired, path), _at(live, path)
+        if isinstance(want, dict) and isinstance(have, dict) and set(have) - set(want):
+            return False
     body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata", "status")}
     md = desired.get("metadata") or {}
     lmd = live.get("metadata") or {}
@@ -116,6 +122,12 @@ def _matches(live: dict[str, Any], desired: dict[str, Any]) -> bool:
         and _contains(lmd.get("labels") or {}, labels)
         and _contains(lmd.get("annotations") or {}, notes)
     )
+
+
+def _at(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
 
 
 def _already_exists(err: ApplicationError) -> bool:

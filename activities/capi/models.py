@@ -68,6 +68,11 @@ class ApplyRequest(StrictModel):
     on_difference: Literal["error", "update"] = Field(
         "error", description="What to do with an existing object of ours that differs: fail, or replace it."
     )
+    exact: list[str] = Field(
+        default_factory=list,
+        description="Dotted paths (e.g. spec.hard) whose keys must be exactly the desired ones: a key the desired "
+        "object drops is a difference (elsewhere, extra live fields are server defaults and match).",
+    )
 
 
 class ApplyOutcome(StrictModel):
@@ -198,9 +203,51 @@ class CapacityRequest(StrictModel):
     cluster: str
 
 
+class QueueGuarantee(StrictModel):
+    """One KAI queue as the capacity check counts it."""
+
+    name: str
+    parent: str | None = Field(None, description="spec.parentQueue (None: a top-level queue).")
+    gpu_quota: float = Field(description="spec.resources.gpu.quota, in GPUs (KAI's unit); -1 unlimited.")
+    tenant: str | None = Field(None, description="The tenant label: the queue of a Millwright tenant.")
+
+
 class GpuCapacity(StrictModel):
     gpus: float = Field(description="Sum of allocatable nvidia.com/gpu over the cluster's nodes.")
     quotas: dict[str, float] = Field(default_factory=dict, description="Tenant → its queue's GPU quota.")
+    queues: list[QueueGuarantee] = Field(default_factory=list, description="Every KAI queue: the queue tree.")
+
+
+# Kubernetes' own identities: `system:authenticated`, `system:serviceaccounts`, `system:masters`, ...
+SYSTEM_PREFIX = "system:"
+# Groups a tenant binding never names unless the operator's setting says otherwise (worker/config.py
+# reserved_groups): kubeadm binds this one to cluster-admin.
+DEFAULT_RESERVED_GROUPS = ("kubeadm:cluster-admins",)
+
+
+class SurveyRequest(StrictModel):
+    cluster: str
+    objects: list[dict[str, Any]] = Field(description="Desired objects: each is read and compared.")
+    read: list[ObjectRef] = Field(default_factory=list, description="Further objects only read (a parent queue).")
+    exact: list[str] = Field(default_factory=list, description="As ApplyRequest.exact, for the comparison.")
+
+
+class LiveObject(StrictModel):
+    """What the cluster holds under one name, and whose it is; never an object's content beyond these fields."""
+
+    ref: ObjectRef
+    exists: bool
+    owner: str | None = Field(None, description="The managing workflow its owner annotation names (None: not ours).")
+    tenant: str | None = Field(None, description="Its tenant label.")
+    differs: bool = Field(False, description="Writing the desired object would change it.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    parent_queue: str | None = Field(None, description="A Queue's spec.parentQueue.")
+    groups: list[str] = Field(default_factory=list, description="A RoleBinding's Group subjects.")
+
+
+class SurveyResult(StrictModel):
+    objects: list[LiveObject]
+    reserved_groups: list[str] = Field(description="The groups this cluster's operator reserves (worker setting).")
 
 
 class NodeLabels(StrictModel):

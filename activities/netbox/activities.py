@@ -78,6 +78,7 @@ from activities.netbox.models import (
     ObjectResult,
     SetStatusRequest,
     StatusChange,
+    TenantJournal,
     TenantPKeyRecord,
     TenantSpec,
     UpsertResult,
@@ -103,6 +104,7 @@ class NetBoxActivities(NetBoxClient):
             self.assign_devices_to_cluster,
             self.list_ib_ports,
             self.record_tenant_pkey,
+            self.journal_tenant,
         ]
 
     # ------------------------------------------------------------ bootstrap
@@ -472,3 +474,16 @@ class NetBoxActivities(NetBoxClient):
             return ObjectResult(id=tenant.id, name=req.tenant, created=False, updated=changed)
 
         return await self._in_thread(f"recording the PKey of tenant {req.tenant}", run)
+
+    @activity.defn
+    async def journal_tenant(self, req: TenantJournal) -> int:
+        """Journal this on the tenant (once per activity, retry-safe); returns the entry's ID."""
+
+        def run(api: Any) -> int:
+            tenant = api.tenancy.tenants.get(slug=req.tenant)
+            if tenant is None:
+                raise ApplicationError(f"no tenant {req.tenant!r} in NetBox", type="TenantNotFound",
+                                       non_retryable=True)  # fmt: skip
+            return self._ensure_journal(api, tenant, req.kind, req.text, object_type="tenancy.tenant")[0]
+
+        return await self._in_thread(f"journaling on tenant {req.tenant}", run)

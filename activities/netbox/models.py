@@ -252,6 +252,16 @@ class DeviceIbPorts(StrictModel):
     ports: list[IbPort] = Field(default_factory=list)
 
 
+class TenantJournal(StrictModel):
+    """A journal entry on a tenant (e.g. who moved its administration, and why)."""
+
+    tenant: str = Field(min_length=1, description="Tenant slug.")
+    text: str = Field(min_length=1)
+    kind: Literal["info", "success", "warning", "danger"] = "info"
+
+    _slug_ok = field_validator("tenant")(_slug)
+
+
 class TenantPKeyRecord(StrictModel):
     """A tenant's InfiniBand partition: its PKey (None when released) and members, journaled on the tenant."""
 

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowFailureError
 from activities.capi.models import ObjectRef
 from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
-from tests.tenants.test_tenants import _cause
+from tests.tenants.test_tenants import _cause, parent_queue
 from workflows.clusters.create_cluster import CreateCluster
 from workflows.clusters.manifests import cluster_objects
 from workflows.clusters.models import CreateClusterInput, WorkerPool
@@ -107,7 +107,7 @@ async def test_onboarding_with_lost_create_answers_leaves_nothing(client, k8s, t
         admin_group=f"{tenant}-admins",
         record_in_netbox=False,
     )
-    await k8s.seed(TENANCY_CRDS + _shared_objects(tenant))
+    await k8s.seed(TENANCY_CRDS + parent_queue() + _shared_objects(tenant))
     before = snapshot(await k8s.dump())
     if failure == "after-the-last-step":  # every kind's create answer lost; then pruning is refused for good
         await drop_create_answers(k8s, TENANT_RESOURCES)
@@ -166,7 +166,7 @@ async def test_compensation_waits_out_an_api_visibly_and_gives_up_at_the_bound(c
     inp = OnboardTenantInput(tenant=tenant, cluster="lab", namespaces=[tenant, f"{tenant}-b"],
                              gpu=QueueQuota(quota=0, limit=0), record_in_netbox=False,
                              retry_timeout=timedelta(seconds=4))  # fmt: skip
-    await k8s.seed(TENANCY_CRDS)
+    await k8s.seed(TENANCY_CRDS + parent_queue())
     await k8s.add_fault({"verb": "create", "resource": "namespaces"}, {"status": 403, "message": "injected"}, skip=1)
     await k8s.add_fault({"verb": "delete"}, {"status": 503, "message": "injected outage"}, count=-1)
     err = await fail(client, tenant_worker, OnboardTenant.run, inp)

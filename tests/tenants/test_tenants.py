@@ -12,11 +12,13 @@ import pytest
 import yaml
 from temporalio.client import WorkflowFailureError
 
+from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.crds import CAPI_CRDS
 from tests.maintenance.test_node_maintenance import record_history
 from workflows.clusters.create_cluster import CreateCluster
 from workflows.clusters.delete_cluster import DeleteCluster
+from workflows.clusters.manifests import TENANTS_PARENT_QUEUE, baseline_objects
 from workflows.clusters.models import CreateClusterInput, DeleteClusterInput, WorkerPool
 from workflows.tenancy.models import OffboardTenantInput, OnboardTenantInput, QueueQuota, UpdateTenantQuotaInput
 from workflows.tenancy.offboarding import OffboardTenant
@@ -59,6 +61,23 @@ def _tenant_objects(dump: list[dict], tenant: str | None = None) -> list[str]:
         if t and (tenant is None or t == tenant):
             out.append(f"{o['kind']} {md.get('namespace', '')}/{md['name']}")
     return out
+
+
+async def workload_cluster(core, name: str, namespace: str = "fleet") -> tuple[dict, str, EmulatorAdmin]:
+    """A workload cluster CreateCluster made: its kubeconfig, the Secret's value, and its emulator's admin API."""
+    secret = await core.read_namespaced_secret(f"{name}-kubeconfig", namespace)
+    kcfg = yaml.safe_load(base64.b64decode(secret.data["value"]).decode())
+    return kcfg, secret.data["value"], EmulatorAdmin(kcfg["clusters"][0]["cluster"]["server"])
+
+
+def parent_queue(cluster: str = "lab") -> list[dict]:
+    """The tenants' parent queue as CreateCluster writes it (its baseline, its ownership): what onboarding onto a
+    cluster the tests seed by hand needs."""
+    queue = next(
+        o for o in baseline_objects() if o["kind"] == "Queue" and o["metadata"]["name"] == TENANTS_PARENT_QUEUE
+    )
+    queue["metadata"]["annotations"] = {OWNER_ANNOTATION: Ownership(workflow=f"cluster/{cluster}").annotation()}
+    return [queue]
 
 
 def _keys(dump: list[dict]) -> set[tuple[str, str, str]]:
@@ -110,12 +129,8 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
     )
     assert err.type == "ObjectConflict" and "KubeadmControlPlane fleet/gpu-a-cp" in str(err)
 
-    secret = await core.read_namespaced_secret("gpu-a-kubeconfig", "fleet")
-    kubeconfig_text = base64.b64decode(secret.data["value"]).decode()
-    kcfg = yaml.safe_load(kubeconfig_text)
-    workload_url = kcfg["clusters"][0]["cluster"]["server"]
-    secrets_seen = {kcfg["users"][0]["user"]["token"], secret.data["value"]}
-    wl = EmulatorAdmin(workload_url)
+    kcfg, secret_value, wl = await workload_cluster(core, "gpu-a")
+    secrets_seen = {kcfg["users"][0]["user"]["token"], secret_value}
     try:
         wl_dump = await wl.dump()
         nodes = [o for o in wl_dump if o["kind"] == "Node"]

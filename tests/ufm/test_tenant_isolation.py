@@ -12,6 +12,7 @@ from temporalio.client import WorkflowFailureError
 
 from lab.k8s.crds import TENANCY_CRDS
 from tests.maintenance.test_node_maintenance import record_history
+from tests.tenants.test_tenants import parent_queue
 from workflows.tenancy.models import OffboardTenantInput, OnboardTenantInput, QueueQuota
 from workflows.tenancy.objects import IB_FABRIC_ANNOTATION
 from workflows.tenancy.offboarding import OffboardTenant
@@ -85,7 +86,7 @@ def _guids(fleet, hosts: list[str]) -> set[str]:
 
 
 async def test_onboard_and_offboard_with_ib_isolation(client, k8s, ufm, fleet, ib_tenant_worker):
-    await k8s.seed(TENANCY_CRDS)
+    await k8s.seed(TENANCY_CRDS + parent_queue())
     hosts = list(fleet.ib_ports())[0:2]
     fabric, tenant = _fabric(), f"ibt-{uuid.uuid4().hex[:5]}"
     inp = _onboard(tenant, fabric, hosts)
@@ -120,7 +121,7 @@ async def test_onboard_and_offboard_with_ib_isolation(client, k8s, ufm, fleet, i
 
 
 async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fleet, ib_tenant_worker):
-    await k8s.seed(TENANCY_CRDS)
+    await k8s.seed(TENANCY_CRDS + parent_queue())
     hosts = list(fleet.ib_ports())[2:4]
     fabric, tenant = _fabric(), f"ibf-{uuid.uuid4().hex[:5]}"
     # Pruning (the step after InfiniBand) lists LimitRanges: refused for good.
@@ -149,7 +150,7 @@ async def test_failure_after_the_ib_step_releases_the_pkey(client, k8s, ufm, fle
 
 
 async def test_failure_in_the_ib_step_undoes_the_kubernetes_steps(client, k8s, ufm, ib_tenant_worker):
-    await k8s.seed(TENANCY_CRDS)
+    await k8s.seed(TENANCY_CRDS + parent_queue())
     tenant = f"ibx-{uuid.uuid4().hex[:5]}"
     cursor = await ufm.audit_cursor()
     err = await _fails(client, ib_tenant_worker, OnboardTenant.run, _onboard(tenant, _fabric(), ["no-such-host"]))
@@ -169,7 +170,7 @@ async def test_onboarding_on_a_fabric_that_voids_isolation_refuses_unless_the_fi
     result."""
     from lab.ufm import fleet_seed
 
-    await k8s.seed(TENANCY_CRDS)
+    await k8s.seed(TENANCY_CRDS + parent_queue())
     await ufm.seed({**fleet_seed(fleet), "default_membership": "full"})
     hosts, tenant = list(fleet.ib_ports())[:2], f"ibp-{uuid.uuid4().hex[:5]}"
     inp = _onboard(tenant, _fabric(), hosts)
@@ -223,7 +224,7 @@ async def test_isolation_failing_after_lost_answers_undoes_its_own_writes(
     )
     cursor = await ufm.audit_cursor()
     if case == "in-onboarding":
-        await k8s.seed(TENANCY_CRDS)
+        await k8s.seed(TENANCY_CRDS + parent_queue())
         onboarding = _onboard(tenant, fabric, hosts)
         err = await _fails(client, ib_tenant_worker, OnboardTenant.run, onboarding)
         assert err.type == "OnboardingFailed", err

@@ -12,11 +12,12 @@ from __future__ import annotations
 from activities.capi.models import KindRef, ObjectRef
 from activities.capi.ownership import TENANT_LABEL
 from workflows.clusters.manifests import QUEUE_API
-from workflows.tenancy.models import OnboardTenantInput, TenantRef
+from workflows.tenancy.models import OnboardTenantInput, QueueQuota, TenantRef
 
 QUEUE_LABEL = "kai.scheduler/queue"
 KAI_SCHEDULER = "kai-scheduler"
 VCLUSTER_API = "infrastructure.cluster.x-k8s.io/v1alpha1"
+GPU_CAP = "requests.nvidia.com/gpu"
 IB_FABRIC_ANNOTATION = "millwright.dev/ib-fabric"  # on the tenant's Queue: the fabric holding its PKey
 
 # Every kind onboarding writes, in creation order; offboarding and compensation go in reverse.
@@ -81,13 +82,12 @@ def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
     )
     quotas: list[dict] = []
     for ns in nss:
-        hard = {"requests.nvidia.com/gpu": quantity(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)}
+        hard: dict[str, str] = {}
+        set_gpu_cap(hard, inp.gpu)
         if inp.cpu_quota:
             hard["requests.cpu"] = inp.cpu_quota
         if inp.memory_quota:
             hard["requests.memory"] = inp.memory_quota
-        if inp.gpu.limit < 0 and inp.gpu.quota < 0:
-            hard.pop("requests.nvidia.com/gpu")
         quotas.append(
             {
                 "apiVersion": "v1",
@@ -213,6 +213,15 @@ def tenant_steps(inp: OnboardTenantInput) -> list[tuple[str, list[dict]]]:
         )
     steps.append(("vcluster", vc))
     return steps
+
+
+def set_gpu_cap(hard: dict[str, str], gpu: QueueQuota) -> None:
+    """A namespace's GPU cap (ResourceQuota spec.hard) from the queue's limit, else its guarantee; none only when
+    both are unlimited (an input that asked for it with both overrides: models.GpuQuotaChecks)."""
+    if gpu.limit >= 0 or gpu.quota >= 0:
+        hard[GPU_CAP] = quantity(gpu.limit if gpu.limit >= 0 else gpu.quota)
+    else:
+        hard.pop(GPU_CAP, None)
 
 
 def quantity(v: float) -> str:

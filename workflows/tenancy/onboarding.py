@@ -1,7 +1,9 @@
 """OnboardTenant: a team on a shared GPU cluster with its own vCluster, KAI Scheduler queue (GPU quota) and
 guard rails.
 
-Onboarding is a saga of idempotent steps: NetBox tenant → GPU capacity check → the objects of
+Onboarding first plans, writing nothing: every name it would write judged against what exists and whose it is,
+the parent queue, the admin group and the queue tree's GPU guarantees (workflows/tenancy/plan.py); a refusal ends
+the run there. Then a saga of idempotent steps: NetBox tenant → the objects of
 workflows/tenancy/objects.py, step by step → vCluster ready + kubeconfig Secret `vc-<name>`, kept as a reference →
 InfiniBand isolation (when `ib_isolation`: the `IsolateTenant` child workflow puts `ib_hosts` into the tenant's
 PKey on `ib_fabric`; its compensation is the `ReleaseTenant` child). A step that fails for good undoes, in
@@ -38,7 +40,7 @@ from activities.capi.models import (
 from activities.capi.ownership import TENANT_LABEL, Ownership
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
-from activities.netbox.models import TenantSpec
+from activities.netbox.models import TenantJournal, TenantSpec
 from workflows.common import saga
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
@@ -48,9 +50,10 @@ from workflows.common.errors import root_cause
 from workflows.fabric.calls import call_fabric
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
 from workflows.fabric.release import release_as_child
-from workflows.tenancy.capacity import check_gpu_capacity
+from workflows.tenancy.capacity import check_gpu_capacity, read_capacity
 from workflows.tenancy.models import OnboardTenantInput
 from workflows.tenancy.objects import TENANT_KINDS, delete_order, tenant_steps
+from workflows.tenancy.plan import EXACT, AdminGroupChanged, TenantPlan, plan_onboarding, survey_request
 
 
 class StepReport(StrictModel):
@@ -68,6 +71,8 @@ class OnboardTenantResult(StrictModel):
     removed: list[str] = Field(default_factory=list, description="Objects no longer desired, removed.")
     vcluster_kubeconfig: str | None = Field(None, description="A secret reference, never the kubeconfig.")
     infiniband: IsolateTenantResult | None = Field(None, description="The tenant's PKey and verified members.")
+    plan: TenantPlan | None = Field(None, description="What the run found before its first write, and meant to do.")
+    admin_group_changed: AdminGroupChanged | None = Field(None, description="Who moved the tenant's admin group.")
 
 
 def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
@@ -86,13 +91,16 @@ def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
 
 # Compensation by ownership (read from the cluster), not only by the list of `created` outcomes a run kept.
 OWNED_COMPENSATION = "compensate-what-the-run-owns"
+# Every name judged against what exists and whose it is, the parent queue and the queue tree's guarantees
+# checked, before the first write (workflows/tenancy/plan.py); before it, conflicts surfaced mid-saga.
+PLAN_BEFORE_WRITES = "plan-before-first-write"
 
 
 @workflow.defn
 class OnboardTenant:
     @workflow.init
     def __init__(self, inp: OnboardTenantInput) -> None:
-        self._phases = Phases(finished=("completed", "compensated", "failed"))
+        self._phases = Phases(finished=("completed", "compensated", "failed", "refused"))
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
     @workflow.query(description="Current step, steps done of total.")
@@ -114,6 +122,9 @@ class OnboardTenant:
         self._ib_created: list[str] = []
         self._ib_child: tuple[list[str], list[str]] | None = None  # a failed IsolateTenant's own compensation
         result = OnboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, changed=False, steps=reports)
+        planned = workflow.patched(PLAN_BEFORE_WRITES)
+        if planned:  # a refusal ends the run here, nothing written: no saga to undo
+            result.plan = await self._plan(inp, every)
         try:
             if inp.record_in_netbox:
                 self._phases.enter("netbox", "tenant record")
@@ -134,21 +145,21 @@ class OnboardTenant:
                     )
                 )
                 result.changed |= bool(nb.created or nb.updated)
-            self._phases.enter("checking", "kinds installed, GPU capacity", 1)
-            await self._calls.execute(
-                acts.check_kinds_installed,
-                DiscoveryRequest(cluster=inp.cluster, kinds=KindRef.of_objects(every)),
-                **API_CALL,
-                endpoint=kubernetes_api(inp.cluster),
-            )
-            await check_gpu_capacity(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+            if not planned:  # runs that began before the plan
+                self._phases.enter("checking", "kinds installed, GPU capacity", 1)
+                await self._check_kinds(inp, every)
+                await check_gpu_capacity(
+                    self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription
+                )
             for i, (name, objs) in enumerate(steps):
                 self._phases.enter(name, f"{len(objs)} objects", i + 2)
                 if not objs:
                     continue
                 applied = await self._calls.execute(
                     acts.apply_objects,
-                    ApplyRequest(cluster=inp.cluster, owner=owner, run=run, objects=objs, on_difference="update"),
+                    ApplyRequest(
+                        cluster=inp.cluster, owner=owner, run=run, objects=objs, on_difference="update", exact=EXACT
+                    ),
                     endpoint=kubernetes_api(inp.cluster),
                     summary=f"{name}: {len(objs)} objects",
                     **LONG_CALL,
@@ -212,6 +223,8 @@ class OnboardTenant:
             )
             self._phases.enter("compensated", failure.message)
             raise failure from err
+        if result.plan is not None and result.plan.admin_group_change is not None:
+            result.admin_group_changed = await self._record_admin_change(inp, result.plan.admin_group_change)
         result.steps = reports  # the model copied the list it was given
         self._phases.enter(
             "completed",
@@ -219,6 +232,45 @@ class OnboardTenant:
             self._phases.progress.total,
         )
         return result
+
+    async def _check_kinds(self, inp: OnboardTenantInput, every: list[dict]) -> None:
+        await self._calls.execute(
+            ClusterApiActivities.check_kinds_installed,
+            DiscoveryRequest(cluster=inp.cluster, kinds=KindRef.of_objects(every)),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+        )
+
+    async def _plan(self, inp: OnboardTenantInput, every: list[dict]) -> TenantPlan:
+        """Read what every name holds and the queue tree, and judge them (workflows/tenancy/plan.py); shows the
+        plan, or ends the run refused."""
+        self._phases.enter("planning", f"{len(every)} objects, parent queue {inp.parent_queue}, GPU capacity", 0)
+        await self._check_kinds(inp, every)
+        seen = await self._calls.execute(
+            ClusterApiActivities.survey_objects,
+            survey_request(inp, every),
+            **API_CALL,
+            endpoint=kubernetes_api(inp.cluster),
+        )
+        cap = await read_capacity(self._calls, inp.cluster)
+        try:
+            plan = plan_onboarding(inp, workflow.info().workflow_id, every, seen, cap)
+        except ApplicationError as refusal:
+            self._phases.enter("refused", refusal.message)
+            raise
+        self._phases.enter("planned", plan.summary(), 1)
+        return plan
+
+    async def _record_admin_change(self, inp: OnboardTenantInput, change: AdminGroupChanged) -> AdminGroupChanged:
+        """The admin group moved: journaled on the NetBox tenant, with who and why."""
+        if inp.record_in_netbox:
+            await self._calls.execute(
+                NetBoxActivities.journal_tenant,
+                TenantJournal(tenant=inp.tenant, text=change.journal(), kind="warning"),
+                **API_CALL,
+                endpoint=NETBOX,
+            )
+        return change
 
     async def _wait_vcluster(self, inp: OnboardTenantInput) -> str:
         ref = VClusterRef(cluster=inp.cluster, namespace=inp.all_namespaces()[0], name=inp.tenant)

@@ -1,5 +1,6 @@
 """UpdateTenantQuota: change a tenant's GPU quota (its KAI queue and ResourceQuotas) in place, within the
-cluster's GPU capacity."""
+cluster's GPU capacity. The queue and the namespaces' GPU caps always agree: the cap comes from the new limit,
+else the new guarantee, and goes when both are unlimited (the input's overrides: models.GpuQuotaChecks)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import Endpoints, kubernetes_api
-from workflows.tenancy.capacity import check_gpu_capacity
+from workflows.tenancy.capacity import check_gpu_capacity, check_queue_tree, read_capacity
 from workflows.tenancy.models import UpdateTenantQuotaInput
-from workflows.tenancy.objects import quantity
+from workflows.tenancy.objects import set_gpu_cap
+from workflows.tenancy.plan import EXACT
+
+# The capacity check counts the queue tree's guarantees (an unlimited one as every GPU), after reading the
+# tenant's queue (its parent); before it, tenant queues only, -1 as 0, and the check came first.
+QUEUE_TREE_CAPACITY = "quota-checks-queue-tree"
 
 
 class UpdateTenantQuotaResult(StrictModel):
@@ -43,8 +49,10 @@ class UpdateTenantQuota:
         acts = ClusterApiActivities
         owner = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
-        self._phases.enter("checking", "GPU capacity")
-        await check_gpu_capacity(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+        tree = workflow.patched(QUEUE_TREE_CAPACITY)
+        if not tree:  # runs that began before the queue tree was counted: the check came first
+            self._phases.enter("checking", "GPU capacity")
+            await check_gpu_capacity(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
         objs = await self._calls.execute(
             acts.read_tenant_quota_objects,
             ListRequest(
@@ -55,22 +63,24 @@ class UpdateTenantQuota:
             **API_CALL,
             endpoint=kubernetes_api(inp.cluster),
         )
-        if not any(o["kind"] == "Queue" for o in objs):
+        queue = next((o for o in objs if o["kind"] == "Queue"), None)
+        if queue is None:
             raise ApplicationError(
                 f"tenant {inp.tenant} is not onboarded on {inp.cluster} (no queue)",
                 type="TenantNotFound",
                 non_retryable=True,
             )
+        if tree:
+            self._phases.enter("checking", "GPU capacity: the queue tree's guarantees")
+            cap = await read_capacity(self._calls, inp.cluster)
+            parent = queue["spec"].get("parentQueue") or ""
+            check_queue_tree(cap, inp.cluster, inp.tenant, parent, inp.gpu.quota, inp.allow_oversubscription)
         desired = []
         for o in objs:
             if o["kind"] == "Queue":
                 o["spec"]["resources"]["gpu"] = inp.gpu.kai()
-            else:
-                hard = o["spec"].setdefault("hard", {})
-                if inp.gpu.limit >= 0 or inp.gpu.quota >= 0:
-                    hard["requests.nvidia.com/gpu"] = quantity(inp.gpu.limit if inp.gpu.limit >= 0 else inp.gpu.quota)
-                else:
-                    hard.pop("requests.nvidia.com/gpu", None)
+            else:  # the cap follows the queue, a removed one included (EXACT: the update drops it)
+                set_gpu_cap(o["spec"].setdefault("hard", {}), inp.gpu)
             holder = Ownership.of(o)
             if holder is not None and holder.workflow != owner:
                 raise ApplicationError(
@@ -84,7 +94,12 @@ class UpdateTenantQuota:
         applied = await self._calls.execute(
             acts.apply_objects,
             ApplyRequest(
-                cluster=inp.cluster, owner=owner, run=workflow.info().run_id, objects=desired, on_difference="update"
+                cluster=inp.cluster,
+                owner=owner,
+                run=workflow.info().run_id,
+                objects=desired,
+                on_difference="update",
+                exact=EXACT,
             ),
             **LONG_CALL,
             endpoint=kubernetes_api(inp.cluster),
