@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import typer
+import yaml
 from rich.console import Console
 
 app = typer.Typer(
@@ -111,18 +115,21 @@ def ui_base(ui: str | None, state_dir: Path) -> str:
     return DEFAULT_UI
 
 
-def connect_kwargs(address: str | None, namespace: str | None, state_dir: Path) -> dict[str, Any]:
+def connect_kwargs(
+    address: str | None, namespace: str | None, state_dir: Path, identity: str | None = None
+) -> dict[str, Any]:
     from starter.client import connect_config
 
     lab = running_lab(state_dir)
     lab_address = ((lab or {}).get("temporal") or {}).get("address")
-    return connect_config(default_address=lab_address, target_host=address, namespace=namespace)
+    return connect_config(default_address=lab_address, target_host=address, namespace=namespace, identity=identity)
 
 
-async def connect(address: str | None, namespace: str | None, state_dir: Path):
+async def connect(address: str | None, namespace: str | None, state_dir: Path, identity: str | None = None):
+    """A client; ``identity`` (an operator's --by) is what the server records as the caller of every request."""
     from temporalio.client import Client
 
-    kwargs = connect_kwargs(address, namespace, state_dir)
+    kwargs = connect_kwargs(address, namespace, state_dir, identity)
     try:
         return await Client.connect(**kwargs)
     except Exception as e:
@@ -175,3 +182,43 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     return value
+
+
+# ---------------------------------------------------------------- output, kubectl's way
+
+
+OutputOpt = Annotated[
+    Literal["table", "wide", "json", "yaml"],
+    typer.Option("--output", "-o", help="table (default), wide, json or yaml."),
+]
+
+
+def emit(value: Any, output: str, lines: Callable[[bool], list[str]]) -> None:
+    """``value`` as JSON or YAML for scripts, else the lines for a person (``lines(wide)``)."""
+    if output in ("json", "yaml"):
+        data = jsonable(value)
+        if output == "json":
+            out.print(json.dumps(data, indent=2), markup=False)
+        else:
+            out.print(yaml.safe_dump(data, sort_keys=False).rstrip(), markup=False)
+        return
+    for line in lines(output == "wide"):
+        out.print(line, markup=False)
+
+
+def table(rows: list[list[str]], header: list[str]) -> list[str]:
+    """Columns padded to their widest cell, upper-case headers, three spaces apart: as `kubectl get` prints."""
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+
+
+def age(since: datetime | None, now: datetime | None = None) -> str:
+    """kubectl's age: 45s, 12m, 3h, 5d."""
+    if since is None:
+        return "<unknown>"
+    seconds = int(((now or datetime.now(timezone.utc)) - since).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
