@@ -39,18 +39,10 @@ burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paus
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("millwright")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
-
-
 def _print_version(value: bool) -> None:
     if value:
+        from worker.version import version
+
         print(f"millwright {version()}")
         raise typer.Exit(0)
 
