@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from starter.cli import controls, inventory, lab, rollout, runs, schedules  # noqa: F401  (each registers its commands)
+from starter.cli import controls, inventory, lab, questions, rollout, runs, schedules  # noqa: F401  (each registers its commands)
 from starter.cli.common import app
 
 # ---------------------------------------------------------------- entry point

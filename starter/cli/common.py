@@ -173,6 +173,8 @@ def jsonable(value: Any) -> Any:
 
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
+    if isinstance(value, list):  # `ls`: one document, a list of rows
+        return [jsonable(v) for v in value]
     return value
 
 

@@ -78,3 +78,14 @@ async def rollout_status(lab, predicate, what, timeout=60):
         return status if predicate(status) else None
 
     return await wait_for(probe, what=what, timeout=timeout)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def core_cli(lab):
+    """The official asyncio client on the lab's cluster, as a person with kubectl would touch it."""
+    from kubernetes.aio import client as k8s_client
+    from kubernetes.aio import config as k8s_config
+
+    api = await k8s_config.new_client_from_config(str(lab.kubeconfig), context=CLUSTER)
+    yield k8s_client.CoreV1Api(api)
+    await api.close()
