@@ -1,5 +1,5 @@
 """The operator's questions, as functions: what runs (``list_operations``), where one run stands (``run_status``),
-everything that holds or touches one node (``node_why``)."""
+everything that holds or touches one node (``node_why``), what its stage Jobs printed (``node_logs``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,17 @@ from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.kube.models import CORDON_REASON, CORDONED_BY, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from activities.kube.models import (
+    CORDON_REASON,
+    CORDONED_BY,
+    JOB_NAMESPACE,
+    JOB_NODE_LABEL,
+    JOB_PACKAGE_LABEL,
+    JOB_ROLLOUT_ANNOTATION,
+    JOB_STAGE_LABEL,
+    ROLLOUT_ANNOTATION,
+    ROLLOUT_STATE_LABEL,
+)
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
 from starter.controls import RunNotFound, breaker_show, budget_show
@@ -213,3 +223,31 @@ async def core_api(cluster: str, kubeconfig: str | None = None) -> tuple[Any, An
     settings = WorkerSettings(kubeconfig=kubeconfig) if kubeconfig else WorkerSettings()
     connector = ClusterConnector(settings.kubeconfig_paths())
     return await connector.core(cluster), connector
+
+
+class StageLog(BaseModel):
+    pod: str
+    package: str
+    stage: str
+    rollout: str = Field("", description="The rollout that ran it (the Job's annotation).")
+    phase: str
+    started: datetime | None = None
+    log: str
+
+
+async def node_logs(core: Any, node: str, *, stage: str | None = None) -> list[StageLog]:
+    """The logs of the stage Jobs Millwright ran on ``node`` (as long as Kubernetes keeps their pods, JOB_TTL_SECONDS
+    after they finish), oldest first: each pod's stage container, the one that does the stage's work."""
+    selector = f"{JOB_NODE_LABEL}={node}" + (f",{JOB_STAGE_LABEL}={stage}" if stage else "")
+    pods = (await core.list_namespaced_pod(JOB_NAMESPACE, label_selector=selector)).items
+    pods.sort(key=lambda p: (p.status.start_time or p.metadata.creation_timestamp or datetime.min, p.metadata.name))
+    logs = []
+    for p in pods:
+        labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
+        text = await core.read_namespaced_pod_log(p.metadata.name, JOB_NAMESPACE, container=labels.get(JOB_STAGE_LABEL))
+        logs.append(StageLog(
+            pod=p.metadata.name, package=labels.get(JOB_PACKAGE_LABEL, ""), stage=labels.get(JOB_STAGE_LABEL, ""),
+            rollout=ann.get(JOB_ROLLOUT_ANNOTATION, ""), phase=p.status.phase or "", started=p.status.start_time,
+            log=text or "",
+        ))  # fmt: skip
+    return logs

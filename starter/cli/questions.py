@@ -23,6 +23,7 @@ from starter.cli.common import (
     err,
     node_app,
     one_line,
+    out,
     table,
 )
 from starter.cli.render import breaker_lines, lease_row
@@ -165,3 +166,50 @@ def why_lines(w: Any, wide: bool) -> list[str]:
                        ["EVENT AT", "TYPE", "REASON", "MESSAGE"])  # fmt: skip
     lines += [f"(could not read: {p})" for p in w.problems]
     return lines
+
+
+@node_app.command("logs")
+def node_logs(
+    node: Annotated[str, typer.Argument(metavar="NODE")],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
+    stage: Annotated[
+        Optional[str], typer.Option("--stage", "-s", help="Only this stage (apply, interrupt...).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing what new or running stage Jobs print, until Ctrl-C.")
+    ] = False,
+    interval: Annotated[float, typer.Option("--interval", help="With -f: seconds between looks.")] = 2.0,
+    kubeconfig: Annotated[
+        Optional[str],
+        typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
+    ] = None,
+    output: OutputOpt = "table",
+) -> None:
+    """What the stage Jobs Millwright ran on NODE printed, oldest first (kubectl logs of each, with a header)."""
+    from starter.questions import core_api
+    from starter.questions import node_logs as logs
+
+    async def run() -> int:
+        core, connector = await core_api(cluster, kubeconfig)
+        printed: dict[str, int] = {}  # pod -> characters of its log already printed
+        try:
+            while True:
+                found = await logs(core, node, stage=stage)
+                if output in ("json", "yaml"):
+                    emit(found, output, lambda wide: [])
+                    return 0
+                for s in found:
+                    if s.pod not in printed:
+                        out.print(f"==> {s.pod} ({s.package} {s.stage}, {s.phase}; rollout {s.rollout or '?'}) <==",
+                                  markup=False, style="bold")  # fmt: skip
+                    out.print(s.log[printed.get(s.pod, 0) :], end="", markup=False)
+                    printed[s.pod] = len(s.log)
+                if not follow:
+                    if not found:
+                        err.print(f"no stage Jobs of Millwright's on {node}" + (f" for stage {stage}" if stage else ""))
+                    return 0
+                await asyncio.sleep(interval)
+        finally:
+            await connector.close()
+
+    raise typer.Exit(asyncio.run(run()))

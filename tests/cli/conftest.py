@@ -13,6 +13,8 @@ from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, roll
 
 CLUSTER = "cli"
 FAILING = "a-01"  # its apply stage fails every time: erroring, then retried
+RULES = [{"node": FAILING, "stage": "apply", "outcome": "fail", "seconds": 0.1, "message": "dkms build failed",
+          "log": "building nvidia-dkms 550.54\nerror: dkms build failed"}]  # fmt: skip
 
 
 class Lab:
@@ -38,8 +40,7 @@ async def lab(client, temporal_address, tmp_path_factory):
         path.write_text(yaml.safe_dump(kubeconfig(emu.url, CLUSTER)))
         admin = EmulatorAdmin(emu.url)
         await admin.seed(rollout_fleet({"a": 6}))
-        rules = [{"node": FAILING, "stage": "apply", "outcome": "fail", "message": "dkms build failed"}]
-        await admin.configure(jobs={**JOBS_FAST, "rules": rules}, rebootSeconds=REBOOT_SECONDS)
+        await admin.configure(jobs={**JOBS_FAST, "rules": RULES}, rebootSeconds=REBOOT_SECONDS)
         registration = registry.build(WorkerSettings(kubeconfig=str(path), metrics_port=0))
         async with registry.new_worker(client, registration, f"cli-{uuid.uuid4().hex[:8]}") as worker:
             policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}

@@ -9,10 +9,17 @@ from datetime import timedelta
 
 import pytest
 
-from tests.cli.conftest import CLUSTER, rollout_status
+from tests.cli.conftest import CLUSTER, FAILING, rollout_status
 from tests.kube_helpers import wait_for
 from tests.rollout.helpers import JOBS_FAST
 from tests.test_cli import cli
+
+FIXED = {
+    "node": FAILING,
+    "stage": "apply",
+    "seconds": 60,
+    "log": "building nvidia-dkms 550.54\nDKMS: install completed",
+}
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(240)]
 
@@ -37,6 +44,8 @@ async def test_ls_filters_by_cluster_and_phase_and_status_renders_progress(lab):
     assert lab.rollout_id in by_phase.stdout and "disruption-budget" not in by_phase.stdout, by_phase
     serving = await cli(*lab.args("ls", "--cluster", CLUSTER, "--phase", "serving", "-o", "wide"))
     assert f"disruption-budget/{CLUSTER}" in serving.stdout and lab.rollout_id not in serving.stdout, serving
+    rollouts = json.loads((await cli(*lab.args("ls", "--family", "Rollout", "-o", "json"))).stdout)
+    assert lab.rollout_id in [o["id"] for o in rollouts] and {o["family"] for o in rollouts} == {"Rollout"}
     elsewhere = await cli(*lab.args("ls", "--cluster", "no-such-cluster"))
     assert elsewhere.returncode == 0 and elsewhere.stdout.startswith("no operations running"), elsewhere
 
@@ -56,7 +65,8 @@ async def why(lab, node: str) -> tuple[dict, str]:
 
 
 async def test_node_why_a_node_a_rollout_lease_holds(lab):
-    await lab.admin.configure(jobs={**JOBS_FAST, "defaultSeconds": 60})  # the next batch stays in its stages
+    # The retried node's next apply succeeds, slowly: it holds its lease meanwhile, and prints what it builds.
+    await lab.admin.configure(jobs={**JOBS_FAST, "defaultSeconds": 60, "rules": [FIXED]})
     approved = await cli(*lab.args("rollout", "approve", lab.rollout_id, "--by", "alice", "-r", "second batch"))
     assert approved.returncode == 0, approved
     status = await rollout_status(lab, lambda s: (b := s.compartments["__default__"].current_batch) and b.number == 2
@@ -106,3 +116,18 @@ async def test_node_why_a_node_remediation_quarantined(lab):
     assert f"cordoned by Millwright run {inp.workflow_id()}" in text and "quarantined by" in text
     closed = await cli(*lab.args("remediation", "approve", node, "--cluster", CLUSTER, "--by", "bob", "-r", "late"))
     assert closed.returncode == 1 and "is completed: a closed run takes no controls" in closed.stderr, closed
+
+
+async def test_node_logs_print_what_the_stage_jobs_printed(lab):
+    args = ("node", "logs", FAILING, "--cluster", CLUSTER, "--kubeconfig", str(lab.kubeconfig))
+    shown = await cli(*args, "--stage", "apply")
+    assert shown.returncode == 0, shown
+    assert "==> " in shown.stdout and "kernel-tuning apply" in shown.stdout
+    assert (
+        "lab: apply of kernel-tuning (registry.local/millwright/kernel-tuning:1.2.0) on a-01: started" in shown.stdout
+    )
+    assert "building nvidia-dkms 550.54" in shown.stdout and "DKMS: install completed" in shown.stdout
+    logs = json.loads((await cli(*args, "-o", "json")).stdout)
+    assert {entry["stage"] for entry in logs} >= {"apply"} and all(entry["rollout"] == lab.rollout_id for entry in logs)
+    none = await cli("node", "logs", "a-06", "--cluster", CLUSTER, "--kubeconfig", str(lab.kubeconfig))
+    assert none.returncode == 0 and none.stdout == "" and "no stage Jobs of Millwright's on a-06" in none.stderr
