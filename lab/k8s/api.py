@@ -22,10 +22,10 @@ from aiohttp import web
 from lab.faults import FaultFront
 
 from . import apply, eviction, fieldvalidation, labadmin, managedfields, openapi, schemas, tables
-from .controllers.kubelet import job_pod_log
 from .crds import admit
 from .defaults import default_job, prepare_create
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .podlogs import job_pod_log
 from .resources import Info, ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
 from .store import CRDS, JOBS, NAMESPACES, PODS, Store
@@ -241,12 +241,12 @@ class Api:
                     405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
                 )
             return await eviction.evict(self, request, info, rt)  # lab/k8s/eviction.py
-        if sub == "log":  # what a Job's container printed (lab/k8s/controllers/kubelet.py); never followed
+        if sub == "log":  # what a Job's container printed (lab/k8s/podlogs.py); never followed
             async with self.store.lock:
                 pod = self.store.get(rt, info.namespace, info.name)
                 if pod is None:
                     raise self.store.not_found(rt, info.name)
-                text = job_pod_log(pod, self.store.side.get(pod["metadata"].get("uid", ""), {}))
+                text = job_pod_log(self.store.side.get(pod["metadata"].get("uid", ""), {}))
             return web.Response(text=text, content_type="text/plain")
         if verb == "list":
             return await self.list(request, info, rt)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 
+from ..podlogs import log_line
 from ..store import JOBS, NODES, PODS, controller_ref, node_ready
 from ..util import now_rfc3339, random_suffix
 from .base import Controller
@@ -54,16 +55,6 @@ def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
         return {"outcome": outcome, "seconds": float(rule.get("seconds", default)), "message": msg,
                 "log": str(rule.get("log") or "")}  # fmt: skip
     return {"outcome": "succeed", "seconds": default, "message": "", "log": ""}
-
-
-def job_pod_log(pod: dict, side: dict) -> str:
-    """What a Job's emulated container printed: that it started (its image, stage, node), its rule's `log`, and how
-    it ended. Kept with the pod (the simulator's side table), so it goes when the pod goes, as in Kubernetes."""
-    return "".join(f"{line}\n" for line in side.get("log") or [])
-
-
-def _log(side: dict, line: str) -> None:
-    side.setdefault("log", []).append(f"{now_rfc3339()} {line}")
 
 
 class Kubelet(Controller):
@@ -144,9 +135,10 @@ class Kubelet(Controller):
         if run is None:
             run = side["run"] = {**match_job_rule(store.config.get("jobs") or {}, labels, node_name), "since": now}
             image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "?")
-            _log(side, f"lab: {labels.get(JOB_STAGE_LABEL) or 'job'} of {labels.get(JOB_PACKAGE_LABEL) or '?'} "
+            log_line(side, f"lab: {labels.get(JOB_STAGE_LABEL) or 'job'} of {labels.get(JOB_PACKAGE_LABEL) or '?'} "
                        f"({image}) on {node_name}: started")  # fmt: skip
-            side["log"] += [f"{now_rfc3339()} {line}" for line in run["log"].splitlines()]
+            for line in run["log"].splitlines():
+                log_line(side, line)
         if labels.get(JOB_INTERRUPT_LABEL) == "reboot" and run["outcome"] == "succeed":
             node = store.get(store.registry.types[NODES], None, node_name)
             if node is None:
@@ -158,7 +150,7 @@ class Kubelet(Controller):
                 start_reboot(store, node_name, now)
                 return
             if node_name not in store.rebooting and node_ready(node) and boot != side["boot_before"]:
-                _log(side, "lab: the node is back with a new boot ID: succeeded")
+                log_line(side, "lab: the node is back with a new boot ID: succeeded")
                 terminate(store, pod, True)  # the interrupt completes once the node is back with a new boot ID
             return
         due = run["since"] + run["seconds"]
@@ -166,10 +158,10 @@ class Kubelet(Controller):
             store.schedule_at(due, ok)
             return
         if run["outcome"] == "succeed":
-            _log(side, "lab: succeeded")
+            log_line(side, "lab: succeeded")
             terminate(store, pod, True)
             return
-        _log(side, f"lab: failed: {run['message']}")
+        log_line(side, f"lab: failed: {run['message']}")
         if (pod.get("spec") or {}).get("restartPolicy") == "OnFailure":  # the container restarts in place
             new = copy.deepcopy(pod)
             lst, i = failing_container(new)
