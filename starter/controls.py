@@ -36,10 +36,10 @@ from workflows.budget.budget import Budget
 from workflows.budget.disruption_budget import BudgetChange, BudgetView
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
-from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus
+from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
 from workflows.remediation.models import Approval, NodeRemediationStatus
 from workflows.remediation.policy import remediation_workflow_id
-from workflows.rollout.models import ApproveRequest, NodeRequest, ReasonRequest, RolloutStatus
+from workflows.rollout.models import ApproveRequest, CompartmentRequest, NodeRequest, ReasonRequest, RolloutStatus
 
 
 class ControlError(Exception):
@@ -150,6 +150,14 @@ def _check_skip(s: RolloutStatus, req: NodeRequest) -> tuple[str | None, str]:
     )
 
 
+def _check_reset_batch(s: RolloutStatus, req: CompartmentRequest) -> tuple[str | None, str]:
+    if inactive := _rollout_inactive(s):
+        return inactive, ""
+    if req.compartment not in s.compartments:
+        return f"unknown compartment {req.compartment!r}; known: {sorted(s.compartments)}", ""
+    return None, f"batch state of {req.compartment} now: {s.compartments[req.compartment].batch_state.model_dump()}"
+
+
 def _check_budget(s: BudgetView, req: BudgetChange) -> tuple[str | None, str]:
     if req.budget.count is not None and s.total_nodes is not None and req.budget.count > s.total_nodes:
         return f"count {req.budget.count} is more than the {s.total_nodes} nodes of {s.cluster}", ""
@@ -172,6 +180,12 @@ def _check_maintenance_abort(s: NodeMaintenanceStatus, _req: Any) -> tuple[str |
     if s.phase in ("uncordoning", "completed", "aborted", "failed"):
         return f"nothing to abort: the maintenance is {s.phase}", ""
     return None, "(an abort already under way is refused by the validator; the status query does not show it)"
+
+
+def _check_skip_wait(s: NodeMaintenanceStatus, _req: Any) -> tuple[str | None, str]:
+    if s.phase not in ("starting", "waiting-for-budget", "cordoning", "waiting-for-protected-pods"):
+        return f"no wait to skip: the maintenance is {s.phase}", ""
+    return None, f"the maintenance is {s.phase}"
 
 
 def _check_awaiting(s: NodeRemediationStatus, req: Approval) -> tuple[str | None, str]:
@@ -202,12 +216,15 @@ CONTROLS = {
         _rollout("approve", "approve_batch", ApproveRequest, _check_approve),
         _rollout("retry-node", "retry_node", NodeRequest, _check_retry),
         _rollout("skip-node", "skip_node", NodeRequest, _check_skip),
+        _rollout("reset-batch", "reset_batch_state", CompartmentRequest, _check_reset_batch),
         Control("budget set", "DisruptionBudget", "set_budget", BudgetChange, BudgetView, "state", BudgetView,
                 _check_budget),
         Control("breaker reset", "DisruptionBudget", RESET_UPDATE, BreakerReset, BreakerView, BREAKER_QUERY,
                 BreakerView, _check_breaker_reset),
         Control("maintenance abort", "NodeMaintenance", "abort", AbortRequest, NodeMaintenanceStatus, "status",
                 NodeMaintenanceStatus, _check_maintenance_abort),
+        Control("maintenance skip-wait", "NodeMaintenance", "skip_wait", SkipWaitRequest, NodeMaintenanceStatus,
+                "status", NodeMaintenanceStatus, _check_skip_wait),
         Control("remediation approve", "NodeRemediation", "approve", Approval, NodeRemediationStatus, "status",
                 NodeRemediationStatus, _check_awaiting),
         Control("remediation reject", "NodeRemediation", "reject", Approval, NodeRemediationStatus, "status",
@@ -297,9 +314,12 @@ async def rollout_control(
     client: Client, verb: str, workflow_id: str, *, by: str, reason: str, node: str | None = None,
     compartment: str | None = None, dry_run: bool = False,
 ) -> Outcome:  # fmt: skip
-    """``verb``: pause, resume, abort, approve, retry-node, skip-node (``node`` for the last two)."""
+    """``verb``: pause, resume, abort, approve, retry-node, skip-node (with ``node``), reset-batch (with
+    ``compartment``)."""
     if verb == "approve":
         request: dict[str, Any] = {"approver": by, "compartment": compartment}
+    elif verb == "reset-batch":
+        request = {"compartment": compartment, "reason": _reason(reason, by)}
     elif verb in ("retry-node", "skip-node"):
         request = {"node": node, "reason": _reason(reason, by)}
     else:
@@ -308,9 +328,11 @@ async def rollout_control(
 
 
 async def budget_set(
-    client: Client, cluster: str, budget: Budget, *, by: str, reason: str, dry_run: bool = False
-) -> Outcome:
-    request = {"budget": budget.model_dump(), "by": by, "reason": reason}
+    client: Client, cluster: str, *, count: int | None = None, percent: int | None = None, by: str, reason: str,
+    dry_run: bool = False,
+) -> Outcome:  # fmt: skip
+    """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once."""
+    request = {"budget": {"count": count, "percent": percent}, "by": by, "reason": reason}
     return await apply_control(client, "budget set", budget_workflow_id(cluster), request, dry_run=dry_run)
 
 
@@ -324,6 +346,14 @@ async def maintenance_abort(
 ) -> Outcome:
     request = {"reason": _reason(reason, by), "uncordon": uncordon}
     return await apply_control(client, "maintenance abort", maintenance_id(cluster, node), request, dry_run=dry_run)
+
+
+async def maintenance_skip_wait(
+    client: Client, cluster: str, node: str, *, by: str, reason: str, dry_run: bool = False
+) -> Outcome:
+    """Stop waiting for protected pods (or the budget) and drain now."""
+    request = {"reason": _reason(reason, by)}
+    return await apply_control(client, "maintenance skip-wait", maintenance_id(cluster, node), request, dry_run=dry_run)
 
 
 async def remediation_decide(

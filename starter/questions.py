@@ -29,6 +29,7 @@ from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress
 from workflows.remediation.policy import remediation_workflow_id
+from workflows.rollout.models import RolloutStatus
 
 
 class Operation(BaseModel):
@@ -87,6 +88,8 @@ class RunStatus(BaseModel):
     started: datetime | None = None
     closed: datetime | None = None
     progress: Progress | None = Field(None, description="The run's own progress query; None once closed.")
+    rollout: RolloutStatus | None = Field(None, description="A running rollout's `status` query: compartments, "
+                                          "batches, problem nodes.")  # fmt: skip
 
 
 async def run_status(client: Client, workflow_id: str) -> RunStatus:
@@ -98,11 +101,14 @@ async def run_status(client: Client, workflow_id: str) -> RunStatus:
             raise RunNotFound(f"no run with ID {workflow_id!r} in namespace {client.namespace}") from None
         raise
     running = desc.status == WorkflowExecutionStatus.RUNNING
-    return RunStatus(
+    status = RunStatus(
         id=workflow_id, run_id=desc.run_id, family=desc.workflow_type,
         status=desc.status.name.lower() if desc.status else "unknown", started=desc.start_time,
         closed=desc.close_time, progress=await _progress(client, workflow_id) if running else None,
     )  # fmt: skip
+    if running and desc.workflow_type == "Rollout" and status.progress is not None:
+        status.rollout = await handle.query("status", result_type=RolloutStatus)
+    return status
 
 
 # Kubernetes' own conditions in their healthy state say nothing about why a node is out of service.

@@ -1,14 +1,17 @@
-"""The operator's controls: rollout pause|resume|abort|approve|retry-node|skip-node, budget show|set, breaker
-show|reset, maintenance abort, remediation approve|reject, burn-in continue|abort.
+"""The operator's controls: rollout pause|resume|abort|approve|retry-node|skip-node|reset-batch, budget show|set,
+breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, burn-in continue|abort.
 
 Each is a thin call of starter/controls.py (the workflow's validated update), with --by and --reason, --dry-run
 (see that module: it sends nothing) and -o. Exit 0 done; 1 the run is missing or closed, or it refused (the
 validator's message); 2 a request that does not fit the update's model.
+
+Every control takes the same options after its own (``_command``): one list of parameters, not one per command.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -43,7 +46,36 @@ ClusterOpt = Annotated[
     Optional[str],
     typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster (kubeconfig context)."),
 ]
+NeedCluster = Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")]
 ClusterArg = Annotated[str, typer.Argument(metavar="CLUSTER", help="The cluster (kubeconfig context).")]
+NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="The node.")]
+RolloutArg = Annotated[str, typer.Argument(metavar="NAME", help="The rollout's name (with --cluster), or its full ID.")]
+
+CONNECTION = ("output", "address", "namespace", "state_dir")
+
+
+def _param(name: str, annotation: Any, default: Any = inspect.Parameter.empty) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+
+
+ASKING = [_param("output", OutputOpt, "table"), _param("address", AddressOpt, None),
+          _param("namespace", NamespaceOpt, None), _param("state_dir", StateDir, Path(".millwright"))]  # fmt: skip
+CONTROLLING = [_param("by", ByOpt), _param("reason", ReasonOpt), _param("dry_run", DryRunOpt, False), *ASKING]
+
+
+def _command(
+    group: typer.Typer, verb: str, doc: str, own: list[inspect.Parameter],
+    call: Callable[[Any, dict[str, Any]], Awaitable[Any]], *, control: bool = True,
+) -> None:  # fmt: skip
+    """Register ``group verb``: its ``own`` parameters, then the shared ones; ``call(client, its values)``."""
+
+    def command(**values: Any) -> None:
+        conn = {k: values.pop(k) for k in CONNECTION}
+        _control(lambda client: call(client, values), by=values.get("by"), **conn)
+
+    command.__signature__ = inspect.Signature([*own, *(CONTROLLING if control else ASKING)])  # type: ignore[attr-defined]
+    command.__doc__ = doc
+    group.command(verb)(command)
 
 
 def _control(
@@ -59,7 +91,7 @@ def _control(
         try:
             result = await call(client)
         except InputError as e:
-            err.print(f"[red]error:[/] invalid request for {e.workflow}; nothing was sent:")
+            err.print(f"error: invalid request for {e.workflow}; nothing was sent:", style="red", markup=False)
             for line in e.errors:
                 err.print(f"  {line}", markup=False)
             return 2
@@ -68,12 +100,9 @@ def _control(
             return 1
         if isinstance(result, Outcome):
             if result.dry_run:
-                err.print(
-                    f"dry run: {result.workflow_id} would take `{result.control}`"
-                    + (f": {result.note}" if result.note else "")
-                    + "; nothing was sent",
-                    markup=False,
-                )
+                note = f": {result.note}" if result.note else ""
+                err.print(f"dry run: {result.workflow_id} would take `{result.control}`{note}; nothing was sent",
+                          markup=False)  # fmt: skip
             else:
                 err.print(f"{result.control}: done on {result.workflow_id}", markup=False)
             result = result.state
@@ -81,6 +110,9 @@ def _control(
         return 0
 
     raise typer.Exit(asyncio.run(run()))
+
+
+# ---------------------------------------------------------------- rollout
 
 
 def _rollout_id(name: str, cluster: str | None) -> str:
@@ -92,235 +124,124 @@ def _rollout_id(name: str, cluster: str | None) -> str:
     return rollout_id(cluster or "", name)
 
 
-def _send_rollout(verb: str, name: str, cluster: str | None, by: str, reason: str, node: str | None = None,
-                  compartment: str | None = None, dry_run: bool = False, output: str = "table",
-                  address: str | None = None, namespace: str | None = None,
-                  state_dir: Path = Path(".millwright")) -> None:  # fmt: skip
+def _rollout(verb: str, doc: str, own: list[inspect.Parameter]) -> None:
     from starter.controls import rollout_control
 
-    wf = _rollout_id(name, cluster)
-    _control(
-        lambda client: rollout_control(
-            client, verb, wf, by=by, reason=reason, node=node, compartment=compartment, dry_run=dry_run
-        ),
-        by=by, output=output, address=address, namespace=namespace, state_dir=state_dir,
-    )  # fmt: skip
+    async def call(client: Any, v: dict[str, Any]) -> Any:
+        return await rollout_control(client, verb, _rollout_id(v["name"], v["cluster"]), by=v["by"],
+                                     reason=v["reason"], node=v.get("node"), compartment=v.get("compartment"),
+                                     dry_run=v["dry_run"])  # fmt: skip
+
+    _command(rollout_app, verb, doc, [_param("name", RolloutArg), *own, _param("cluster", ClusterOpt, None)], call)
 
 
-NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The rollout's name (with --cluster), or its full ID.")]
-
-
-def _rollout_command(verb: str, doc: str) -> None:
-    def command(
-        name: NameArg,
-        by: ByOpt,
-        reason: ReasonOpt,
-        cluster: ClusterOpt = None,
-        compartment: Annotated[
-            Optional[str], typer.Option("--compartment", help="approve: this compartment's batch (default: any).")
-        ] = None,
-        dry_run: DryRunOpt = False,
-        output: OutputOpt = "table",
-        address: AddressOpt = None,
-        namespace: NamespaceOpt = None,
-        state_dir: StateDir = Path(".millwright"),
-    ) -> None:
-        _send_rollout(verb, name, cluster, by, reason, None, compartment, dry_run, output, address, namespace,
-                      state_dir)  # fmt: skip
-
-    command.__doc__ = doc
-    rollout_app.command(verb)(command)
-
-
-def _rollout_node_command(verb: str, doc: str) -> None:
-    def command(
-        name: NameArg,
-        node: Annotated[str, typer.Argument(metavar="NODE", help="The node.")],
-        by: ByOpt,
-        reason: ReasonOpt,
-        cluster: ClusterOpt = None,
-        dry_run: DryRunOpt = False,
-        output: OutputOpt = "table",
-        address: AddressOpt = None,
-        namespace: NamespaceOpt = None,
-        state_dir: StateDir = Path(".millwright"),
-    ) -> None:
-        _send_rollout(verb, name, cluster, by, reason, node, None, dry_run, output, address, namespace, state_dir)
-
-    command.__doc__ = doc
-    rollout_app.command(verb)(command)
-
-
-_rollout_command("pause", "Start no more nodes; running nodes hold after their current stage.")
-_rollout_command("resume", "Carry on after a pause (also one a failing gate made).")
-_rollout_command("abort", "Finish the nodes in flight safely; leave every other node untouched.")
-_rollout_command("approve", "Approve the next batch of a compartment waiting for approval (--by is the approver).")
-_rollout_node_command("retry-node", "Put an erroring, blocked or skipped node back in line.")
-_rollout_node_command("skip-node", "Never touch this node in this rollout (it keeps any cordon it has).")
+COMPARTMENT = Annotated[
+    Optional[str],
+    typer.Option("--compartment", help="approve: this compartment's batch (default: any); reset-batch: which."),
+]
+_rollout("pause", "Start no more nodes; running nodes hold after their current stage.", [])
+_rollout("resume", "Carry on after a pause (also one a failing gate made).", [])
+_rollout("abort", "Finish the nodes in flight safely; leave every other node untouched.", [])
+_rollout("approve", "Approve the next batch of a compartment waiting for approval (--by is the approver).",
+         [_param("compartment", COMPARTMENT, None)])  # fmt: skip
+_rollout("retry-node", "Put an erroring, blocked or skipped node back in line.", [_param("node", NodeArg)])
+_rollout("skip-node", "Never touch this node in this rollout (it keeps any cordon it has).", [_param("node", NodeArg)])
+_rollout("reset-batch", "Reset a compartment's batch state (NodeWright's `dp reset`): clears a stop.",
+         [_param("compartment", COMPARTMENT, None)])  # fmt: skip
 
 
 # ---------------------------------------------------------------- budget and breaker
 
 
-@budget_app.command("show")
-def budget_show(
-    cluster: ClusterArg,
-    output: OutputOpt = "table",
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-    state_dir: StateDir = Path(".millwright"),
-) -> None:
-    """The budget, the nodes out of service and why, the leases and who waits."""
-    from starter.controls import budget_show as show
+def _budget_show(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import budget_show
 
-    _control(lambda client: show(client, cluster), by=None, output=output, address=address, namespace=namespace,
-             state_dir=state_dir)  # fmt: skip
+    return budget_show(client, v["cluster"])
 
 
-@budget_app.command("set")
-def budget_set(
-    cluster: ClusterArg,
-    by: ByOpt,
-    reason: ReasonOpt,
-    count: Annotated[Optional[int], typer.Option("--count", help="At most this many nodes out of service.")] = None,
-    percent: Annotated[Optional[int], typer.Option("--percent", help="At most this share of the nodes.")] = None,
-    dry_run: DryRunOpt = False,
-    output: OutputOpt = "table",
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-    state_dir: StateDir = Path(".millwright"),
-) -> None:
-    """Change the cluster's disruption budget (exactly one of --count or --percent)."""
-    import pydantic
+def _budget_set(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import budget_set
 
-    from starter.client import format_validation_error
-    from starter.controls import budget_set as set_budget
-    from workflows.budget.budget import Budget
-
-    try:
-        budget = Budget(count=count, percent=percent)
-    except pydantic.ValidationError as e:
-        err.print("error: invalid budget; nothing was sent:", style="red")
-        for line in format_validation_error(e, Budget):
-            err.print(f"  {line}", markup=False)
-        raise typer.Exit(2) from None
-    _control(
-        lambda client: set_budget(client, cluster, budget, by=by, reason=reason, dry_run=dry_run),
-        by=by, output=output, address=address, namespace=namespace, state_dir=state_dir,
-    )  # fmt: skip
+    return budget_set(client, v["cluster"], count=v["count"], percent=v["percent"], by=v["by"], reason=v["reason"],
+                      dry_run=v["dry_run"])  # fmt: skip
 
 
-@breaker_app.command("show")
-def breaker_show(
-    cluster: ClusterArg,
-    output: OutputOpt = "table",
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-    state_dir: StateDir = Path(".millwright"),
-) -> None:
-    """Tripped or not, why, and the nodes remediation took within the window."""
-    from starter.controls import breaker_show as show
+def _breaker_show(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import breaker_show
 
-    _control(lambda client: show(client, cluster), by=None, output=output, address=address, namespace=namespace,
-             state_dir=state_dir)  # fmt: skip
+    return breaker_show(client, v["cluster"])
 
 
-@breaker_app.command("reset")
-def breaker_reset(
-    cluster: ClusterArg,
-    by: ByOpt,
-    reason: ReasonOpt,
-    dry_run: DryRunOpt = False,
-    output: OutputOpt = "table",
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-    state_dir: StateDir = Path(".millwright"),
-) -> None:
-    """Close the breaker once the cause is found: automated remediation resumes."""
-    from starter.controls import breaker_reset as reset
+def _breaker_reset(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import breaker_reset
 
-    _control(lambda client: reset(client, cluster, by=by, reason=reason, dry_run=dry_run), by=by, output=output,
-             address=address, namespace=namespace, state_dir=state_dir)  # fmt: skip
+    return breaker_reset(client, v["cluster"], by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
+
+
+CLUSTER = [_param("cluster", ClusterArg)]
+_command(budget_app, "show", "The budget, the nodes out of service and why, the leases and who waits.", CLUSTER,
+         _budget_show, control=False)  # fmt: skip
+_command(budget_app, "set", "Change the cluster's disruption budget (exactly one of --count or --percent).", [
+    *CLUSTER,
+    _param("count", Annotated[Optional[int], typer.Option("--count", help="At most this many nodes out of service.")],
+           None),
+    _param("percent", Annotated[Optional[int], typer.Option("--percent", help="At most this share of the nodes.")],
+           None),
+], _budget_set)  # fmt: skip
+_command(breaker_app, "show", "Tripped or not, why, and the nodes remediation took within the window.", CLUSTER,
+         _breaker_show, control=False)  # fmt: skip
+_command(breaker_app, "reset", "Close the breaker once the cause is found: automated remediation resumes.", CLUSTER,
+         _breaker_reset)  # fmt: skip
 
 
 # ---------------------------------------------------------------- the other families
 
 
-@maintenance_app.command("abort")
-def maintenance_abort(
-    node: Annotated[str, typer.Argument(metavar="NODE")],
-    cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
-    by: ByOpt,
-    reason: ReasonOpt,
-    keep_cordon: Annotated[bool, typer.Option("--keep-cordon", help="Leave our cordon in place.")] = False,
-    dry_run: DryRunOpt = False,
-    output: OutputOpt = "table",
-    address: AddressOpt = None,
-    namespace: NamespaceOpt = None,
-    state_dir: StateDir = Path(".millwright"),
-) -> None:
-    """Stop a node's maintenance: no further evictions; our cordon removed unless --keep-cordon."""
-    from starter.controls import maintenance_abort as abort
+def _maintenance_abort(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import maintenance_abort
 
-    _control(
-        lambda client: abort(client, cluster, node, by=by, reason=reason, uncordon=not keep_cordon, dry_run=dry_run),
-        by=by, output=output, address=address, namespace=namespace, state_dir=state_dir,
-    )  # fmt: skip
+    return maintenance_abort(client, v["cluster"], v["node"], by=v["by"], reason=v["reason"],
+                             uncordon=not v["keep_cordon"], dry_run=v["dry_run"])  # fmt: skip
 
 
-def _remediation_command(verb: str, doc: str) -> None:
+def _maintenance_skip_wait(client: Any, v: dict[str, Any]) -> Any:
+    from starter.controls import maintenance_skip_wait
+
+    return maintenance_skip_wait(client, v["cluster"], v["node"], by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
+
+
+NODE = [_param("node", NodeArg), _param("cluster", NeedCluster)]
+KEEP_CORDON = Annotated[bool, typer.Option("--keep-cordon", help="Leave our cordon in place.")]
+_command(maintenance_app, "abort", "Stop a node's maintenance: no further evictions; our cordon removed unless "
+         "--keep-cordon.", [*NODE, _param("keep_cordon", KEEP_CORDON, False)], _maintenance_abort)  # fmt: skip
+_command(maintenance_app, "skip-wait", "Stop waiting for protected pods (or the budget) and drain the node now.", NODE,
+         _maintenance_skip_wait)  # fmt: skip
+
+
+def _remediation(verb: str, doc: str) -> None:
     from starter.controls import remediation_decide
 
-    def command(
-        node: Annotated[str, typer.Argument(metavar="NODE")],
-        cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
-        by: ByOpt,
-        reason: ReasonOpt,
-        step: Annotated[
-            Optional[str], typer.Option("--step", help="The step decided (default: the waiting one).")
-        ] = None,
-        dry_run: DryRunOpt = False,
-        output: OutputOpt = "table",
-        address: AddressOpt = None,
-        namespace: NamespaceOpt = None,
-        state_dir: StateDir = Path(".millwright"),
-    ) -> None:
-        _control(
-            lambda client: remediation_decide(
-                client, verb, cluster, node, by=by, reason=reason, step=step, dry_run=dry_run
-            ),
-            by=by, output=output, address=address, namespace=namespace, state_dir=state_dir,
-        )  # fmt: skip
+    def call(client: Any, v: dict[str, Any]) -> Any:
+        return remediation_decide(client, verb, v["cluster"], v["node"], by=v["by"], reason=v["reason"],
+                                  step=v["step"], dry_run=v["dry_run"])  # fmt: skip
 
-    command.__doc__ = doc
-    remediation_app.command(verb)(command)
+    step = Annotated[Optional[str], typer.Option("--step", help="The step decided (default: the waiting one).")]
+    _command(remediation_app, verb, doc, [*NODE, _param("step", step, None)], call)
 
 
-_remediation_command("approve", "Approve the remediation step that waits for an operator (e.g. a power cycle).")
-_remediation_command("reject", "Reject the step that waits for an operator: the ladder goes on without it.")
+_remediation("approve", "Approve the remediation step that waits for an operator (e.g. a power cycle).")
+_remediation("reject", "Reject the step that waits for an operator: the ladder goes on without it.")
 
 
-def _burnin_command(action: str, doc: str) -> None:
+def _burnin(action: str, doc: str) -> None:
     from starter.controls import fleet_burnin_decide
 
-    def command(
-        name: Annotated[str, typer.Argument(metavar="NAME", help="The fleet burn-in's name, or its full ID.")],
-        by: ByOpt,
-        reason: ReasonOpt,
-        dry_run: DryRunOpt = False,
-        output: OutputOpt = "table",
-        address: AddressOpt = None,
-        namespace: NamespaceOpt = None,
-        state_dir: StateDir = Path(".millwright"),
-    ) -> None:
-        _control(
-            lambda client: fleet_burnin_decide(client, name, action, by=by, reason=reason, dry_run=dry_run),
-            by=by, output=output, address=address, namespace=namespace, state_dir=state_dir,
-        )  # fmt: skip
+    def call(client: Any, v: dict[str, Any]) -> Any:
+        return fleet_burnin_decide(client, v["name"], action, by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
 
-    command.__doc__ = doc
-    burnin_app.command(action)(command)
+    name = Annotated[str, typer.Argument(metavar="NAME", help="The fleet burn-in's name, or its full ID.")]
+    _command(burnin_app, action, doc, [_param("name", name)], call)
 
 
-_burnin_command("continue", "After a pause for too many failures: start the remaining servers.")
-_burnin_command("abort", "After a pause for too many failures: start no more servers (running ones finish).")
+_burnin("continue", "After a pause for too many failures: start the remaining servers.")
+_burnin("abort", "After a pause for too many failures: start no more servers (running ones finish).")

@@ -131,3 +131,13 @@ async def test_controls_of_a_run_that_does_not_exist_exit_1(lab):
     assert missing.returncode == 1 and "disruption-budget/nowhere" in missing.stderr, missing
     no_cluster = await cli(*lab.args("rollout", "pause", "some-rollout", *WHO, "-r", "x"))
     assert no_cluster.returncode == 2 and "give --cluster" in no_cluster.stderr, no_cluster
+
+
+async def test_reset_batch_names_the_compartments_it_knows(lab):
+    unknown = await cli(*lab.args("rollout", "reset-batch", lab.rollout_id, "--compartment", "gpu-b", *WHO, "-r", "x",
+                                  "--dry-run"))  # fmt: skip
+    assert unknown.returncode == 1 and "unknown compartment 'gpu-b'; known: ['__default__']" in unknown.stderr, unknown
+    reset = await cli(*lab.args("rollout", "reset-batch", lab.rollout_id, "--compartment", "__default__", *WHO,
+                                "-r", "failures understood"))  # fmt: skip
+    assert reset.returncode == 0, reset
+    assert [a.input.name for a in await update_events(lab, lab.rollout_id)][-1] == "reset_batch_state"

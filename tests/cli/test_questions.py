@@ -53,6 +53,7 @@ async def test_ls_filters_by_cluster_and_phase_and_status_renders_progress(lab):
     assert shown.returncode == 0 and f"Rollout {lab.rollout_id} (running" in shown.stdout and "/6" in shown.stdout
     as_json = json.loads((await cli(*lab.args("status", lab.rollout_id, "-o", "json"))).stdout)
     assert as_json["family"] == "Rollout" and as_json["progress"]["total"] == 6
+    assert as_json["rollout"]["problems"]["a-06"]["status"] == "skipped" and "COMPARTMENT" in shown.stdout
     missing = await cli(*lab.args("status", "rollout/cli/nothing"))
     assert missing.returncode == 1 and "no run with ID 'rollout/cli/nothing'" in missing.stderr, missing
 
@@ -69,8 +70,8 @@ async def test_node_why_a_node_a_rollout_lease_holds(lab):
     await lab.admin.configure(jobs={**JOBS_FAST, "defaultSeconds": 60, "rules": [FIXED]})
     approved = await cli(*lab.args("rollout", "approve", lab.rollout_id, "--by", "alice", "-r", "second batch"))
     assert approved.returncode == 0, approved
-    status = await rollout_status(lab, lambda s: (b := s.compartments["__default__"].current_batch) and b.number == 2
-                                  and b.order, "the second batch")  # fmt: skip
+    status = await rollout_status(lab, lambda s: (b := s.compartments["__default__"].current_batch)
+                                  and b.finished is None and b.order, "the next batch")  # fmt: skip
     node = status.compartments["__default__"].current_batch.order[0]
     holder = f"{lab.rollout_id}/{node}"
 
