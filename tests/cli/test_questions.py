@@ -83,6 +83,8 @@ async def test_node_why_a_node_a_rollout_lease_holds(lab):
     assert [lease["state"] for lease in found["leases"] if lease["holder"] == holder] == ["granted"]
     assert found["rollout"]["rollout"] == lab.rollout_id
     assert holder in text and "granted" in text
+    # Millwright's Events on the node: its state changes (NodeWright's reason `State`) and stages.
+    assert "State" in {e["reason"] for e in found["events"]} and "EVENT AT" in text, found["events"]
 
 
 async def test_node_why_a_hand_cordon(lab, core_cli):
