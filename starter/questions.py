@@ -220,15 +220,24 @@ async def node_why(client: Client, core: Any, cluster: str, node: str, *, events
     return why
 
 
+CLI_USER_AGENT = "millwright-cli"
+
+
 async def core_api(cluster: str, kubeconfig: str | None = None) -> tuple[Any, Any]:
     """(CoreV1Api on ``cluster``, its connector to close), read as the worker reads clusters: MILLWRIGHT_KUBECONFIG
     or ``kubeconfig`` (os.pathsep-separated), else $KUBECONFIG, else ~/.kube/config; the context named ``cluster``."""
+    from kubernetes.aio import client as k8s
+
     from activities.kube.connector import ClusterConnector
     from worker.config import WorkerSettings
 
     settings = WorkerSettings(kubeconfig=kubeconfig) if kubeconfig else WorkerSettings()
     connector = ClusterConnector(settings.kubeconfig_paths())
-    return await connector.core(cluster), connector
+    api = await connector.api(cluster)
+    # An operator's reads are not the worker's: audit logs (and tests/deploy/test_least_privilege.py, which holds
+    # the worker's RBAC to what `millwright-worker` was seen to do) tell them apart by this.
+    api.user_agent = CLI_USER_AGENT
+    return k8s.CoreV1Api(api), connector
 
 
 class StageLog(BaseModel):

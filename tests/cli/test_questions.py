@@ -132,5 +132,8 @@ async def test_node_logs_print_what_the_stage_jobs_printed(lab):
     assert "building nvidia-dkms 550.54" in shown.stdout and "DKMS: install completed" in shown.stdout
     logs = json.loads((await cli(*args, "-o", "json")).stdout)
     assert {entry["stage"] for entry in logs} >= {"apply"} and all(entry["rollout"] == lab.rollout_id for entry in logs)
+    # The operator's reads say so: the worker's RBAC is held to what `millwright-worker` alone was seen to do.
+    logs_read = [r for r in await lab.admin.requests() if r["subresource"] == "log"]
+    assert logs_read and {r["userAgent"] for r in logs_read} == {"millwright-cli"}, logs_read
     none = await cli("node", "logs", "a-06", "--cluster", CLUSTER, "--kubeconfig", str(lab.kubeconfig))
     assert none.returncode == 0 and none.stdout == "" and "no stage Jobs of Millwright's on a-06" in none.stderr
