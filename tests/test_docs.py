@@ -78,3 +78,50 @@ def test_docs_index_lists_every_page():
     index = (REPO / "docs" / "index.md").read_text()
     missing = [p.name for p in DOCS if p.name != "index.md" and f"({p.name})" not in index]
     assert not missing, f"docs/index.md does not link {missing}"
+
+
+OPERATING = REPO / "docs" / "operating.md"
+
+
+def operating_commands() -> list[list[str]]:
+    """Every `millwright ...` command of docs/operating.md, in its code blocks and its inline code."""
+    import shlex
+
+    text = OPERATING.read_text()
+    blocks = [line for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S) for line in block.splitlines()]
+    inline = re.findall(r"`(millwright [^`]+)`", prose(OPERATING))
+    lines = [line.strip() for line in [*blocks, *inline] if line.strip().startswith("millwright ")]
+    # --install-completion would install it, --version and --help only print: nothing of the command to check.
+    return [shlex.split(line)[1:] for line in lines if not re.search(r"--(install-completion|version|help)\b", line)]
+
+
+@pytest.mark.parametrize("argv", operating_commands(), ids=" ".join)
+def test_operating_commands_parse(argv, monkeypatch):
+    """Each command the runbooks tell an operator to paste names a command the CLI has, with options it takes and
+    every required one (tests/cli/ runs the same commands against the lab)."""
+    import typer
+
+    from starter.cli import app
+
+    monkeypatch.delenv("MILLWRIGHT_OPERATOR", raising=False)
+    cmd = typer.main.get_command(app)
+    ctx = cmd.make_context("millwright", list(argv))
+    while hasattr(cmd, "resolve_command"):  # a group: on to its subcommand
+        name, sub, rest = cmd.resolve_command(ctx, [*ctx._protected_args, *ctx.args])  # the subcommand, its args
+        assert sub is not None, f"no command {name!r}"
+        cmd, ctx = sub, sub.make_context(name or "", rest, parent=ctx)
+    assert not ctx.args, f"left over: {ctx.args}"
+
+
+def test_operating_covers_every_control_and_question():
+    said = {" ".join(a[:2]) if a[0] in GROUPS else a[0] for a in operating_commands()}
+    missing = sorted(EXPECTED - said)
+    assert not missing, f"docs/operating.md shows no command for {missing}"
+
+
+GROUPS = {"rollout", "budget", "breaker", "maintenance", "remediation", "burn-in", "node"}
+EXPECTED = {
+    "ls", "status", "rollout pause", "rollout resume", "rollout approve", "rollout retry-node", "rollout skip-node",
+    "budget show", "budget set", "breaker show", "breaker reset", "maintenance abort", "remediation approve",
+    "burn-in continue", "node why", "node logs",
+}  # fmt: skip

@@ -137,3 +137,17 @@ async def test_missing_kubeconfig_is_one_clear_line(tmp_path, temporal_address):
     assert result.returncode == 1
     assert "kubeconfig not found" in result.stderr and "absent.yaml" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_answer_without_connecting(flag):
+    # No Temporal, no kubeconfig: both answer from the code alone, exit 0.
+    done = subprocess.run([sys.executable, "-m", "worker", flag], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    assert (
+        ("MILLWRIGHT_KUBECONFIG" in done.stdout) if flag == "--help" else done.stdout.startswith("millwright-worker ")
+    )
+    cli = subprocess.run([sys.executable, "-m", "starter", flag], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and (
+        "node" in cli.stdout if flag == "--help" else cli.stdout.startswith("millwright ")
+    ), cli

@@ -26,6 +26,7 @@ from temporalio.envconfig import ClientConfig
 from worker import registry
 from worker.config import ConfigError, WorkerSettings
 from worker.telemetry import build_runtime, setup_logging
+from worker.version import version
 
 log = logging.getLogger("millwright.worker")
 
@@ -190,12 +191,26 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+USAGE = "usage: millwright-worker [--host-agent] [--help] [--version]"
+
+
+def usage() -> str:
+    """--help: what the worker does and every setting it reads (worker/config.py), one line each."""
+    lines = [USAGE, "", (__doc__ or "").strip(), "", "Settings (environment variables; Temporal's own: TEMPORAL_*):"]
+    for name, field in WorkerSettings.model_fields.items():
+        lines.append(f"  MILLWRIGHT_{name.upper()}: {field.description or ''}".rstrip())
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     code = 1
     try:
         args = list(sys.argv[1:] if argv is None else argv)
+        if args and args[0] in ("--help", "-h", "--version"):
+            print(usage() if args[0] != "--version" else f"millwright-worker {version()}")
+            _exit(0)
         if args not in ([], ["--host-agent"]):
-            raise ConfigError(f"unknown arguments: {' '.join(args)} (usage: millwright-worker [--host-agent])")
+            raise ConfigError(f"unknown arguments: {' '.join(args)} ({USAGE})")
         try:
             settings = WorkerSettings()
         except pydantic.ValidationError as err:

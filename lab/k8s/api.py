@@ -25,6 +25,7 @@ from . import apply, eviction, fieldvalidation, labadmin, managedfields, openapi
 from .crds import admit
 from .defaults import default_job, prepare_create
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .podlogs import job_pod_log
 from .resources import Info, ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
 from .store import CRDS, JOBS, NAMESPACES, PODS, Store
@@ -229,7 +230,7 @@ class Api:
         if rt is None:
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         sub = info.subresource
-        if sub and not (sub == "status" and rt.status) and not (sub == "eviction" and rt.key == PODS):
+        if sub and not (sub == "status" and rt.status) and not (sub in ("eviction", "log") and rt.key == PODS):
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         if rt.namespaced and info.name and not info.namespace and info.verb not in ("list", "watch"):
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
@@ -240,6 +241,13 @@ class Api:
                     405, "the server does not allow this method on the requested resource", "MethodNotAllowed"
                 )
             return await eviction.evict(self, request, info, rt)  # lab/k8s/eviction.py
+        if sub == "log":  # what a Job's container printed (lab/k8s/podlogs.py); never followed
+            async with self.store.lock:
+                pod = self.store.get(rt, info.namespace, info.name)
+                if pod is None:
+                    raise self.store.not_found(rt, info.name)
+                text = job_pod_log(self.store.side.get(pod["metadata"].get("uid", ""), {}))
+            return web.Response(text=text, content_type="text/plain")
         if verb == "list":
             return await self.list(request, info, rt)
         if verb == "watch":

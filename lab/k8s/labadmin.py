@@ -78,7 +78,7 @@ async def _route(store: Store, request: web.Request) -> web.Response:
 
 def validate_jobs_config(v: Any) -> dict:
     """The `jobs` config key: {"defaultSeconds": float, "rules": [{node, package, stage, interrupt, outcome,
-    seconds, times, message}]}; every rule field optional."""
+    seconds, times, message, log}]}; every rule field optional."""
     if not isinstance(v, dict):
         raise ApiError(400, "config key 'jobs' must be an object", "BadRequest")
     cfg = {**default_jobs_config(), **copy.deepcopy(v)}
@@ -89,7 +89,7 @@ def validate_jobs_config(v: Any) -> dict:
     rules = cfg.get("rules")
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
         raise ApiError(400, "jobs.rules must be a list of objects", "BadRequest")
-    known = {"node", "package", "stage", "interrupt", "outcome", "seconds", "times", "message"}
+    known = {"node", "package", "stage", "interrupt", "outcome", "seconds", "times", "message", "log"}
     for i, r in enumerate(rules):
         extra = set(r) - known
         if extra:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 
+from ..podlogs import log_line
 from ..store import JOBS, NODES, PODS, controller_ref, node_ready
 from ..util import now_rfc3339, random_suffix
 from .base import Controller
@@ -24,8 +25,9 @@ JOB_INTERRUPT_LABEL = "millwright.dev/interrupt"
 def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
     """The outcome of one run of a Job's pod: the first rule matching the Job's labels with `times` left.
 
-    A rule: {"node", "package", "stage", "interrupt", "outcome": "succeed"|"fail", "seconds", "times", "message"},
-    every field optional. A matching rule with `times` consumes one (the count left is kept in the config).
+    A rule: {"node", "package", "stage", "interrupt", "outcome": "succeed"|"fail", "seconds", "times", "message",
+    "log"}, every field optional; `log` is what the container prints (served at pods/<name>/log). A matching rule
+    with `times` consumes one (the count left is kept in the config).
     """
     default = float(jobs_cfg.get("defaultSeconds", 1.0))
     have = {
@@ -50,8 +52,9 @@ def match_job_rule(jobs_cfg: dict, labels: dict, node: str | None) -> dict:
         msg = rule.get("message") or (
             f"lab: {have['stage'] or 'job'} failed by a job rule" if outcome == "fail" else ""
         )
-        return {"outcome": outcome, "seconds": float(rule.get("seconds", default)), "message": msg}
-    return {"outcome": "succeed", "seconds": default, "message": ""}
+        return {"outcome": outcome, "seconds": float(rule.get("seconds", default)), "message": msg,
+                "log": str(rule.get("log") or "")}  # fmt: skip
+    return {"outcome": "succeed", "seconds": default, "message": "", "log": ""}
 
 
 class Kubelet(Controller):
@@ -131,6 +134,11 @@ class Kubelet(Controller):
         run = side.get("run")
         if run is None:
             run = side["run"] = {**match_job_rule(store.config.get("jobs") or {}, labels, node_name), "since": now}
+            image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "?")
+            log_line(side, f"lab: {labels.get(JOB_STAGE_LABEL) or 'job'} of {labels.get(JOB_PACKAGE_LABEL) or '?'} "
+                       f"({image}) on {node_name}: started")  # fmt: skip
+            for line in run["log"].splitlines():
+                log_line(side, line)
         if labels.get(JOB_INTERRUPT_LABEL) == "reboot" and run["outcome"] == "succeed":
             node = store.get(store.registry.types[NODES], None, node_name)
             if node is None:
@@ -142,6 +150,7 @@ class Kubelet(Controller):
                 start_reboot(store, node_name, now)
                 return
             if node_name not in store.rebooting and node_ready(node) and boot != side["boot_before"]:
+                log_line(side, "lab: the node is back with a new boot ID: succeeded")
                 terminate(store, pod, True)  # the interrupt completes once the node is back with a new boot ID
             return
         due = run["since"] + run["seconds"]
@@ -149,8 +158,10 @@ class Kubelet(Controller):
             store.schedule_at(due, ok)
             return
         if run["outcome"] == "succeed":
+            log_line(side, "lab: succeeded")
             terminate(store, pod, True)
             return
+        log_line(side, f"lab: failed: {run['message']}")
         if (pod.get("spec") or {}).get("restartPolicy") == "OnFailure":  # the container restarts in place
             new = copy.deepcopy(pod)
             lst, i = failing_container(new)

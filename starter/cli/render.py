@@ -1,0 +1,75 @@
+"""Query answers as lines for a person: a rollout's status, a budget, a breaker; anything else as YAML."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from starter.cli.common import jsonable, one_line, table
+
+
+def rollout_lines(s: Any, wide: bool) -> list[str]:
+    lines = [f"phase: {s.phase}" + "".join(f"  {k}={v}" for k, v in sorted(s.counts.items()))]
+    if s.paused_reason:
+        lines.append(f"paused: {s.paused_reason}")
+    if s.aborted:
+        lines.append(f"aborting: {s.aborted}")
+    rows = []
+    for name, c in sorted(s.compartments.items()):
+        b = c.current_batch
+        batch = f"{b.number} ({b.completed}/{len(b.order)} complete)" if b else "-"
+        rows.append([name, c.phase, c.strategy, str(c.members), str(c.ceiling), batch, c.note if wide else ""])
+    if rows:
+        lines += table(rows, ["COMPARTMENT", "PHASE", "STRATEGY", "NODES", "CEILING", "BATCH", "NOTE" if wide else ""])
+    if s.problems:
+        lines += table(
+            [
+                [n, v.status, str(v.retries), one_line(v.reason, 1000 if wide else 100)]
+                for n, v in sorted(s.problems.items())
+            ],
+            ["NODE", "STATUS", "RETRIES", "REASON"],
+        )
+    return lines
+
+
+def budget_lines(s: Any, wide: bool) -> list[str]:
+    budget = f"{s.budget.count} nodes" if s.budget.count is not None else f"{s.budget.percent}%"
+    lines = [
+        f"cluster {s.cluster}: budget {budget} ({s.budget_source}); allowed out of service {s.allowed} "
+        f"of {s.total_nodes} nodes (read {s.checked_at.isoformat() if s.checked_at else 'never'})"
+    ]
+    if s.error:
+        lines.append(f"last read failed: {s.error}")
+    if s.out_of_service:
+        lines += table([[n, why] for n, why in sorted(s.out_of_service.items())], ["NODE", "OUT OF SERVICE BECAUSE"])
+    leases = [*s.leases, *s.queue]
+    if leases:
+        lines += table([lease_row(lease, wide) for lease in leases], ["NODE", "LEASE", "HOLDER", "STATE", "NOTE"])
+    return lines
+
+
+def lease_row(lease: Any, wide: bool) -> list[str]:
+    state = f"{lease.state} (place {lease.position})" if lease.state == "queued" else lease.state
+    return [lease.node, lease.id, lease.holder, state, one_line(lease.note or lease.reason, 1000 if wide else 60)]
+
+
+def breaker_lines(s: Any, wide: bool) -> list[str]:
+    lines = [s.line()]
+    lines.append(f"trips: {s.trips}  refused since the trip: {s.refused}")
+    if s.reset:
+        lines.append(f"last reset: {s.reset}")
+    if s.taken:
+        lines += table([[t.node, t.holder, t.at.isoformat()] for t in s.taken], ["NODE TAKEN", "BY", "AT"])
+    return lines
+
+
+def any_lines(value: Any, wide: bool) -> list[str]:
+    return yaml.safe_dump(jsonable(value), sort_keys=False).rstrip().splitlines()
+
+
+def lines_for(value: Any) -> Any:
+    """The renderer for a query answer's type."""
+    return {"RolloutStatus": rollout_lines, "BudgetView": budget_lines, "BreakerView": breaker_lines}.get(
+        type(value).__name__, any_lines
+    )

@@ -1,0 +1,242 @@
+"""`millwright start`, `watch` and `schema`: start a workflow from JSON, follow a run, describe every input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from starter.cli.common import (
+    AddressOpt,
+    NamespaceOpt,
+    StateDir,
+    UiOpt,
+    app,
+    connect,
+    err,
+    failure_text,
+    jsonable,
+    one_line,
+    out,
+    read_input,
+    spec_or_exit,
+    ui_base,
+)
+
+# ---------------------------------------------------------------- start
+
+
+@app.command()
+def start(
+    workflow: Annotated[str, typer.Argument(help="Workflow type, e.g. NodeMaintenance.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="JSON input file, or - for stdin.")],
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
+    id: Annotated[Optional[str], typer.Option("--id", help="Workflow ID (default: derived from the input).")] = None,
+    watch_: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it closes.")] = False,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    ui: UiOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Validate JSON input against the workflow's model, then start it (or attach to the running one)."""
+    from starter.client import InputError, parse_input, ui_link
+    from starter.client import start as start_workflow
+
+    spec = spec_or_exit(workflow)
+    try:
+        inp = parse_input(spec, read_input(input))
+    except InputError as e:
+        err.print(f"[red]error:[/] invalid input for {spec.name}; nothing was started:")
+        for line in e.errors:
+            err.print(f"  {line}")
+        raise typer.Exit(2) from None
+
+    async def run() -> int:
+        client = await connect(address, namespace, state_dir)
+        started = await start_workflow(client, inp, task_queue=task_queue, id=id, workflow=spec.name)
+        if started.already_running:
+            out.print(
+                f"{spec.name} is already running with this ID: attached to the existing run (nothing new started)"
+            )
+        else:
+            out.print(f"started {spec.name} on task queue {task_queue}")
+        out.print(f"  workflow id: {started.workflow_id}")
+        out.print(f"  run id:      {started.run_id}")
+        out.print(
+            f"  ui:          {ui_link(ui_base(ui, state_dir), client.namespace, started.workflow_id, started.run_id)}"
+        )
+        if not watch_:
+            out.print(f"  watch:       millwright watch {_shell_quote(started.workflow_id)}")
+            return 0
+        return await _watch(client, started.workflow_id, None, 1.0)
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+def _shell_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# ---------------------------------------------------------------- watch
+
+
+@app.command()
+def watch(
+    workflow_id: Annotated[str, typer.Argument(metavar="ID", help="Workflow ID.")],
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="A specific run (default: the latest).")] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between progress polls.")] = 1.0,
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Show live progress until the run closes; print its result (exit 0) or failure (exit 1)."""
+
+    async def run() -> int:
+        client = await connect(address, namespace, state_dir)
+        return await _watch(client, workflow_id, run_id, interval)
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+async def _watch(client, workflow_id: str, run_id: str | None, interval: float) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from starter.client import workflow_specs
+    from workflows.common.base import Progress
+
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            err.print(f"[red]error:[/] no workflow with ID {workflow_id!r} in namespace {client.namespace}")
+            return 1
+        raise
+    spec = workflow_specs().get(desc.workflow_type)
+    said: set[str] = set()  # retry lines already printed: each once, when it first appears
+    last = [""]  # the progress line last printed where no live bar shows it
+
+    def say(bar: Bar, line: str) -> None:
+        if line not in said:
+            said.add(line)
+            bar.console.print(line, markup=False, highlight=False)
+
+    def show(bar: Bar, task, p: Progress) -> None:
+        bar.update(task, total=p.total or None, completed=p.done, phase=p.phase, details=one_line(p.details))
+        line = f"{p.phase}" + (f" {p.done}/{p.total}" if p.total else "") + f" {one_line(p.details)}".rstrip()
+        if not err.is_terminal and line != last[0]:  # piped or logged: each change of the progress is a line
+            last[0] = line
+            bar.console.print(line, markup=False, highlight=False)
+        for w in p.waiting:  # a call that keeps failing: the endpoint, the error, the attempts, since when
+            say(bar, one_line(w.line(), limit=1000))
+
+    with Bar(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[details]}", markup=False),
+        console=err,
+    ) as bar:
+        task = bar.add_task(workflow_id, total=None, phase="…", details="")
+        while True:
+            desc = await handle.describe()
+            if desc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW and run_id is None:
+                handle = client.get_workflow_handle(workflow_id)
+                continue
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                bar.update(task, phase=desc.status.name.lower() if desc.status else "closed")
+                break
+            for line in _retrying_activities(desc):
+                say(bar, line)
+            try:
+                p = await handle.query("progress", result_type=Progress, rpc_timeout=timedelta(seconds=5))
+                show(bar, task, p)
+            except Exception as e:  # no worker polling yet, or the query failed
+                first = str(e).splitlines()[0][:80] if str(e) else type(e).__name__
+                bar.update(task, details=f"(no progress answer: {first})")
+                if not err.is_terminal:
+                    say(bar, f"(no progress answer: {first})")
+            await asyncio.sleep(interval)
+
+    status = desc.status.name if desc.status else "UNKNOWN"
+    result_type = spec.output_model if spec else None
+    result_handle = client.get_workflow_handle(
+        workflow_id, run_id=handle.run_id or desc.run_id, result_type=result_type
+    )
+    try:
+        result = await result_handle.result(follow_runs=run_id is None)
+    except WorkflowFailureError as e:
+        err.print(f"[red]{desc.workflow_type} {workflow_id}: {status}[/]")
+        err.print(failure_text(e))
+        return 1
+    out.print(json.dumps(jsonable(result), indent=2), markup=False)
+    err.print(f"[green]{desc.workflow_type} {workflow_id}: COMPLETED[/]")
+    return 0
+
+
+def _retrying_activities(desc) -> list[str]:
+    """The run's pending activities that failed at least once: each attempt's error as the server last saw it."""
+    lines = []
+    for a in desc.raw_description.pending_activities:
+        if a.attempt > 1 and a.last_failure.message:
+            lines.append(f"retrying {a.activity_type.name} (attempt {a.attempt}): {a.last_failure.message[:500]}")
+    return lines
+
+
+# ---------------------------------------------------------------- schema
+
+
+@app.command()
+def schema(
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")
+    ] = None,
+) -> None:
+    """JSON Schema of every workflow's input and output, for callers in other languages."""
+    from starter.client import DEFAULT_TASK_QUEUE, workflow_specs
+
+    specs = workflow_specs()
+    index: dict[str, Any] = {"task_queue": DEFAULT_TASK_QUEUE, "encoding": "json/plain", "workflows": []}
+    documents: dict[str, Any] = {}
+    for name, spec in sorted(specs.items()):
+        entry = {
+            "name": name,
+            "input": f"{name}.input.schema.json",
+            "output": f"{name}.output.schema.json",
+            "description": _first_line(spec.cls.__doc__ or spec.input_model.__doc__),
+        }
+        index["workflows"].append(entry)
+        documents[entry["input"]] = _schema_doc(spec.input_model, f"{name} input")
+        documents[entry["output"]] = _schema_doc(spec.output_model, f"{name} output")
+    if out_dir is None:
+        out.print(json.dumps({"index": index, "schemas": documents}, indent=2), markup=False)
+        raise typer.Exit(0)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for filename, doc in documents.items():
+        (out_dir / filename).write_text(json.dumps(doc, indent=2) + "\n")
+    (out_dir / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    out.print(f"wrote {len(documents)} schemas and index.json to {out_dir}")
+    raise typer.Exit(0)
+
+
+def _first_line(doc: str | None) -> str:
+    lines = (doc or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _schema_doc(model: type, title: str) -> dict[str, Any]:
+    doc = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
+    doc.update(model.model_json_schema())
+    doc.setdefault("title", title)
+    return doc

@@ -1,0 +1,268 @@
+"""The operator's questions, as functions: what runs (``list_operations``), where one run stands (``run_status``),
+everything that holds or touches one node (``node_why``), what its stage Jobs printed (``node_logs``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube.models import (
+    CORDON_REASON,
+    CORDONED_BY,
+    JOB_NAMESPACE,
+    JOB_NODE_LABEL,
+    JOB_PACKAGE_LABEL,
+    JOB_ROLLOUT_ANNOTATION,
+    JOB_STAGE_LABEL,
+    ROLLOUT_ANNOTATION,
+    ROLLOUT_STATE_LABEL,
+)
+from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
+from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
+from starter.controls import RunNotFound, breaker_show, budget_show
+from workflows.budget.breaker import BreakerView
+from workflows.budget.leases import Lease
+from workflows.common import search_attributes as sa
+from workflows.common.base import Progress
+from workflows.remediation.policy import remediation_workflow_id
+from workflows.rollout.models import RolloutStatus
+
+
+class Operation(BaseModel):
+    id: str
+    family: str
+    cluster: str | None = None
+    node: str | None = None
+    phase: str | None = None
+    status: str
+    started: datetime | None = None
+    progress: str = Field("", description="done/total from the run's progress query (running runs).")
+    task_queue: str = ""
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+async def _progress(client: Client, workflow_id: str) -> Progress | None:
+    try:
+        return await client.get_workflow_handle(workflow_id).query("progress", result_type=Progress)
+    except Exception:  # no worker polling, or a run without the query: the line shows no progress
+        return None
+
+
+async def list_operations(
+    client: Client, *, cluster: str | None = None, family: str | None = None, phase: str | None = None,
+    all: bool = False, limit: int = 200,
+) -> list[Operation]:  # fmt: skip
+    """Runs from the search attributes, newest first: running ones unless ``all``; ``family`` is a workflow type."""
+    terms = [] if all else ["ExecutionStatus = 'Running'"]
+    terms += [f"{sa.CLUSTER.name} = {_quote(cluster)}"] if cluster else []
+    terms += [f"WorkflowType = {_quote(family)}"] if family else []
+    terms += [f"{sa.PHASE.name} = {_quote(phase)}"] if phase else []
+    ops = []
+    async for e in client.list_workflows(" AND ".join(terms) or None, limit=limit):
+        attrs = e.typed_search_attributes
+        op = Operation(
+            id=e.id, family=e.workflow_type, cluster=attrs.get(sa.CLUSTER), node=attrs.get(sa.NODE),
+            phase=attrs.get(sa.PHASE), status=e.status.name.lower() if e.status else "unknown",
+            started=e.start_time, task_queue=e.task_queue,
+        )  # fmt: skip
+        if e.status == WorkflowExecutionStatus.RUNNING:
+            p = await _progress(client, e.id)
+            op.progress = f"{p.done}/{p.total}" if p and p.total else ""
+            op.phase = op.phase or (p.phase if p else None)
+        ops.append(op)
+    return ops
+
+
+class RunStatus(BaseModel):
+    id: str
+    run_id: str
+    family: str
+    status: str
+    started: datetime | None = None
+    closed: datetime | None = None
+    progress: Progress | None = Field(None, description="The run's own progress query; None once closed.")
+    rollout: RolloutStatus | None = Field(None, description="A running rollout's `status` query: compartments, "
+                                          "batches, problem nodes.")  # fmt: skip
+
+
+async def run_status(client: Client, workflow_id: str) -> RunStatus:
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        desc = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise RunNotFound(f"no run with ID {workflow_id!r} in namespace {client.namespace}") from None
+        raise
+    running = desc.status == WorkflowExecutionStatus.RUNNING
+    status = RunStatus(
+        id=workflow_id, run_id=desc.run_id, family=desc.workflow_type,
+        status=desc.status.name.lower() if desc.status else "unknown", started=desc.start_time,
+        closed=desc.close_time, progress=await _progress(client, workflow_id) if running else None,
+    )  # fmt: skip
+    if running and desc.workflow_type == "Rollout" and status.progress is not None:
+        status.rollout = await handle.query("status", result_type=RolloutStatus)
+    return status
+
+
+# Kubernetes' own conditions in their healthy state say nothing about why a node is out of service.
+HEALTHY = {t: (t, "False") for t in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")}
+HEALTHY["Ready"] = ("Ready", "True")
+
+
+class NodeEvent(BaseModel):
+    at: str
+    type: str
+    reason: str
+    message: str
+
+
+class NodeWhy(BaseModel):
+    cluster: str
+    node: str
+    unschedulable: bool
+    ready: bool
+    cordoned_by: str | None = Field(None, description="The run that placed the cordon (Millwright's annotation).")
+    cordon_reason: str | None = None
+    foreign_cordon: bool = Field(False, description="Cordoned, but not by Millwright: someone else's.")
+    rollout_state: str | None = None
+    rollout: dict[str, Any] | None = Field(None, description="The rollout annotation: rollout, stage, reason...")
+    quarantine: dict[str, Any] | None = Field(None, description="Remediation's quarantine: reason, by, at.")
+    last_remediation: dict[str, Any] | None = Field(
+        None, description="When, by whom and how the last remediation ended (the sweep's cooldown counts from it)."
+    )
+    conditions: list[dict[str, str]] = Field(default_factory=list, description="Conditions other than a healthy Ready.")
+    out_of_service: str | None = Field(None, description="Why the disruption budget counts it out of service.")
+    leases: list[Lease] = Field(default_factory=list, description="Its leases and waiting requests.")
+    breaker: BreakerView | None = None
+    runs: list[Operation] = Field(default_factory=list, description="Runs whose MillwrightNode is this node.")
+    remediation: RunStatus | None = Field(None, description="The node's last remediation, running or closed.")
+    events: list[NodeEvent] = Field(default_factory=list, description="Millwright's recent Events on the node.")
+    problems: list[str] = Field(default_factory=list, description="What could not be read, and why.")
+
+
+async def node_why(client: Client, core: Any, cluster: str, node: str, *, events: int = 10) -> NodeWhy:
+    """``core``: a kubernetes CoreV1Api on the cluster (as the worker reads it: starter/nodes.py ``core_api``)."""
+    import json
+
+    from kubernetes.aio.client.exceptions import ApiException
+
+    try:
+        obj = await core.read_node(node)
+    except ApiException as e:
+        if e.status == 404:
+            raise RunNotFound(f"no node {node!r} in cluster {cluster}") from None
+        raise
+    ann, labels = obj.metadata.annotations or {}, obj.metadata.labels or {}
+    conditions = [
+        {"type": c.type, "status": c.status, "reason": c.reason or "", "message": c.message or ""}
+        for c in obj.status.conditions or []
+        if (c.type, c.status) != HEALTHY.get(c.type, ("", ""))
+    ]
+    ready = any(c.type == "Ready" and c.status == "True" for c in obj.status.conditions or [])
+    unschedulable = bool(obj.spec.unschedulable)
+    why = NodeWhy(
+        cluster=cluster, node=node, unschedulable=unschedulable, ready=ready, cordoned_by=ann.get(CORDONED_BY),
+        cordon_reason=ann.get(CORDON_REASON), foreign_cordon=unschedulable and CORDONED_BY not in ann,
+        rollout_state=labels.get(ROLLOUT_STATE_LABEL), conditions=conditions,
+    )  # fmt: skip
+    for name, key in (("rollout", ROLLOUT_ANNOTATION), ("quarantine", QUARANTINE_ANNOTATION),
+                      ("last_remediation", LAST_REMEDIATION_ANNOTATION)):  # fmt: skip
+        if key in ann:
+            try:
+                setattr(why, name, json.loads(ann[key]))
+            except ValueError:
+                why.problems.append(f"the {key} annotation is not JSON: {ann[key][:200]}")
+    try:
+        budget = await budget_show(client, cluster)
+        why.out_of_service = budget.out_of_service.get(node)
+        why.leases = [lease for lease in [*budget.leases, *budget.queue] if lease.node == node]
+        why.breaker = await breaker_show(client, cluster)
+    except RunNotFound:
+        why.problems.append(f"no disruption budget runs for {cluster}: nothing leased there")
+    query = f"{sa.CLUSTER.name} = {_quote(cluster)} AND {sa.NODE.name} = {_quote(node)}"
+    why.runs = [
+        Operation(
+            id=e.id,
+            family=e.workflow_type,
+            cluster=cluster,
+            node=node,
+            phase=e.typed_search_attributes.get(sa.PHASE),
+            status=e.status.name.lower() if e.status else "",
+            started=e.start_time,
+        )  # fmt: skip
+        async for e in client.list_workflows(query, limit=20)
+    ]
+    try:
+        why.remediation = await run_status(client, remediation_workflow_id(cluster, node))
+    except RunNotFound:
+        pass
+    listed = await core.list_namespaced_event(EVENT_NAMESPACE, field_selector=f"involvedObject.name={node}")
+    mine = [
+        e for e in listed.items if e.involved_object.name == node and e.source and e.source.component == EVENT_COMPONENT
+    ]
+    mine.sort(key=lambda e: str(e.last_timestamp or e.first_timestamp or ""))
+    why.events = [
+        NodeEvent(
+            at=str(e.last_timestamp or e.first_timestamp or ""),
+            type=e.type or "",
+            reason=e.reason or "",
+            message=e.message or "",
+        )  # fmt: skip
+        for e in mine[-events:]
+    ]
+    return why
+
+
+CLI_USER_AGENT = "millwright-cli"
+
+
+async def core_api(cluster: str, kubeconfig: str | None = None) -> tuple[Any, Any]:
+    """(CoreV1Api on ``cluster``, its connector to close), read as the worker reads clusters: MILLWRIGHT_KUBECONFIG
+    or ``kubeconfig`` (os.pathsep-separated), else $KUBECONFIG, else ~/.kube/config; the context named ``cluster``."""
+    from kubernetes.aio import client as k8s
+
+    from activities.kube.connector import ClusterConnector
+    from worker.config import WorkerSettings
+
+    settings = WorkerSettings(kubeconfig=kubeconfig) if kubeconfig else WorkerSettings()
+    connector = ClusterConnector(settings.kubeconfig_paths())
+    api = await connector.api(cluster)
+    # An operator's reads are not the worker's: audit logs (and tests/deploy/test_least_privilege.py, which holds
+    # the worker's RBAC to what `millwright-worker` was seen to do) tell them apart by this.
+    api.user_agent = CLI_USER_AGENT
+    return k8s.CoreV1Api(api), connector
+
+
+class StageLog(BaseModel):
+    pod: str
+    package: str
+    stage: str
+    rollout: str = Field("", description="The rollout that ran it (the Job's annotation).")
+    phase: str
+    started: datetime | None = None
+    log: str
+
+
+async def node_logs(core: Any, node: str, *, stage: str | None = None) -> list[StageLog]:
+    """The logs of the stage Jobs Millwright ran on ``node`` (as long as Kubernetes keeps their pods, JOB_TTL_SECONDS
+    after they finish), oldest first: each pod's stage container, the one that does the stage's work."""
+    selector = f"{JOB_NODE_LABEL}={node}" + (f",{JOB_STAGE_LABEL}={stage}" if stage else "")
+    pods = (await core.list_namespaced_pod(JOB_NAMESPACE, label_selector=selector)).items
+    pods.sort(key=lambda p: (p.status.start_time or p.metadata.creation_timestamp or datetime.min, p.metadata.name))
+    logs = []
+    for p in pods:
+        labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
+        text = await core.read_namespaced_pod_log(p.metadata.name, JOB_NAMESPACE, container=labels.get(JOB_STAGE_LABEL))
+        logs.append(StageLog(
+            pod=p.metadata.name, package=labels.get(JOB_PACKAGE_LABEL, ""), stage=labels.get(JOB_STAGE_LABEL, ""),
+            rollout=ann.get(JOB_ROLLOUT_ANNOTATION, ""), phase=p.status.phase or "", started=p.status.start_time,
+            log=text or "",
+        ))  # fmt: skip
+    return logs
