@@ -140,7 +140,7 @@ async def test_missing_kubeconfig_is_one_clear_line(tmp_path, temporal_address):
 
 
 @pytest.mark.parametrize("flag", ["--help", "--version"])
-def test_help_and_version_answer_without_connecting(flag):
+async def test_help_and_version_answer_without_connecting(flag):
     # No Temporal, no kubeconfig: both answer from the code alone, exit 0.
     done = subprocess.run([sys.executable, "-m", "worker", flag], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done
