@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
@@ -56,6 +57,13 @@ async def test_healthy_server_passes_and_boots_back_to_disk(client, burnin_bmcs,
     assert await resets(bmc_admin, name) == ["On", "ForceOff", "On"]
     assert (state["power"], state["booted_from"], state["boot_count"]) == ("On", "Hdd", 2)
     assert lab_hosts.boots_served(name)[:1] == [1]  # the agent ran in the burn-in image's boot
+    # Each BMC call asks only what it was not told: the root and the system collection once, the SEL's path and
+    # the power state carried (docs/burn-in.md counts them).
+    asked = Counter(
+        f"{e['method']} {e['path'].removeprefix('/redfish/v1')}" for e in await bmc_admin.server_audit(name)
+    )
+    assert (asked["GET /"], asked["GET /Systems"], asked["GET /Systems/1/LogServices"]) == (1, 1, 1), asked
+    assert asked.total() <= 25, asked
 
 
 async def test_each_gpu_fault_and_a_firmware_drift_fail_with_evidence(
