@@ -62,7 +62,8 @@ from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 20.0
-_POLL_SECONDS = 0.5  # a power change takes seconds on a real BMC; polling faster only loads it
+_POLL_SECONDS = 0.5  # the first look after a reset; each later one waits twice as long, up to _POLL_MAX_SECONDS
+_POLL_MAX_SECONDS = 4.0  # a power change takes seconds on a real BMC: looking every half second only loads it
 _THREADS = 64  # sushy blocks: BMC calls get threads of their own, not the loop's small default pool
 _MAX_SEL_ENTRIES = 200  # per answer: a noisy log must not bloat a workflow's history
 _MAX_RETRY_AFTER = 300.0  # seconds: the most a BMC's Retry-After delays one attempt
@@ -457,9 +458,10 @@ class RedfishActivities:
 
         async with self._talk(req.bmc) as ask:
             path, changed = await ask(f"powering {req.state.lower()}", act)
-            deadline = time.monotonic() + req.timeout_seconds
+            deadline, pause = time.monotonic() + req.timeout_seconds, _POLL_SECONDS
             while changed:  # a reset never lands at once: look after a pause, one GET of the system per look
-                await asyncio.sleep(_POLL_SECONDS)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX_SECONDS)
                 state = await ask("reading the power state", lambda talk: talk.json(path).get("PowerState"))
                 if state == want.value:
                     break
