@@ -10,8 +10,8 @@ each activity asks only for what it has not been told: the service root and the 
 only when ``BmcRef.system`` is not known yet (`redfish_inventory` answers it, and the SEL's path, for later
 calls to carry); collections are read in one request with ``$expand`` where the service root advertises it;
 a power change whose caller just read the state (``PowerRequest.current``) is sent on the first attempt
-without reading again, and every change is still verified by reading back. A standard burn-in costs about
-20 requests per server (docs/burn-in.md).
+without reading again, and every change is still verified by reading back. A passing burn-in asks a BMC 22
+requests (docs/burn-in.md, "What a burn-in asks a BMC").
 
 Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets
 when the read state differs from the wanted one and then waits until the BMC reports it,
@@ -32,7 +32,8 @@ Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not off
 ``RedfishRejected`` (both non-retryable); a certificate the worker does not trust or one issued
 for another name → ``TlsVerificationFailed`` (non-retryable, naming the setting that fixes it);
 a BMC that does not answer, answers 5xx, or 503/429 for its session or request limit → ``BmcUnavailable``
-(retryable; its ``Retry-After`` becomes the next attempt's delay, and the wait shows in the run's progress); no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
+(retryable; its ``Retry-After`` becomes the next attempt's delay, and the wait shows in the run's progress);
+no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
 ``TlsNotConfigured`` (both non-retryable).
 """
 
