@@ -1,9 +1,17 @@
 """Redfish activities against servers' BMCs, through `sushy`.
 
-Every activity builds a fresh `sushy.Sushy` root and reads a fresh system object: sushy's
-``refresh()`` is unreliable (AttributeError once ``pcie_devices`` was read) and a new object per attempt
-means a retry never acts on a stale view. sushy's own retries are turned down to one try so that
-Temporal's retry policy owns retrying and every attempt is visible in the UI.
+Every attempt opens one connection to the BMC (a `sushy` connector, kept alive for the attempt) and reads a
+fresh system object: sushy's ``refresh()`` is unreliable (AttributeError once ``pcie_devices`` was read) and
+a new object per attempt means a retry never acts on a stale view. sushy's own retries are turned down to one
+try so that Temporal's retry policy owns retrying and every attempt is visible in the UI.
+
+Requests are a BMC's scarce resource (a real one takes 0.2-2 s each and serves a handful of clients), so
+each activity asks only for what it has not been told: the service root and the system collection are read
+only when ``BmcRef.system`` is not known yet (`redfish_inventory` answers it, and the SEL's path, for later
+calls to carry); collections are read in one request with ``$expand`` where the service root advertises it;
+a power change whose caller just read the state (``PowerRequest.current``) is sent on the first attempt
+without reading again, and every change is still verified by reading back. A passing burn-in asks a BMC 22
+requests (docs/burn-in.md, "What a burn-in asks a BMC").
 
 Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets
 when the read state differs from the wanted one and then waits until the BMC reports it,
@@ -12,8 +20,8 @@ before it landed. A power cycle is two such activities (Off, then On): a crash b
 them leaves a history that says exactly which half happened.
 
 Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is
-``user:password``, resolved inside each attempt, sent with HTTP Basic (no BMC session is
-created, so concurrent activities cannot exhaust a BMC's session limit). They never
+``user:password``, resolved inside each attempt, sent with HTTP Basic on the attempt's one connection
+(no BMC session is created: no login and logout requests, and no session slot held if a worker dies). They never
 enter an activity's input, output, heartbeat or error.
 
 TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
@@ -23,23 +31,29 @@ TLS: a BMC's certificate is verified against the default CAs, or the CA bundle o
 Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not offer →
 ``RedfishRejected`` (both non-retryable); a certificate the worker does not trust or one issued
 for another name → ``TlsVerificationFailed`` (non-retryable, naming the setting that fixes it);
-a BMC that does not answer, answers 5xx or 503 for its session limit → ``BmcUnavailable``
-(retryable); no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
+a BMC that does not answer, answers 5xx, or 503/429 for its session or request limit → ``BmcUnavailable``
+(retryable; its ``Retry-After`` becomes the next attempt's delay, and the wait shows in the run's progress);
+no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
 ``TlsNotConfigured`` (both non-retryable).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Literal, TypeVar
 
 import sushy
 from pydantic import Field, field_validator
 from sushy import exceptions as sushy_errors
+from sushy.connector import Connector
+from sushy.resources.base import JsonDataReader, ResourceBase
+from sushy.resources.system.system import System
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -49,9 +63,12 @@ from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
 _CONNECT_TIMEOUT = 5.0
 _READ_TIMEOUT = 20.0
-_POLL_SECONDS = 0.5  # a power change takes seconds on a real BMC; polling faster only loads it
+_POLL_SECONDS = 0.5  # the first look after a reset; each later one waits twice as long, up to _POLL_MAX_SECONDS
+_POLL_MAX_SECONDS = 4.0  # a power change takes seconds on a real BMC: looking every half second only loads it
 _THREADS = 64  # sushy blocks: BMC calls get threads of their own, not the loop's small default pool
 _MAX_SEL_ENTRIES = 200  # per answer: a noisy log must not bloat a workflow's history
+_MAX_RETRY_AFTER = 300.0  # seconds: the most a BMC's Retry-After delays one attempt
+ROOT = "/redfish/v1/"
 
 PowerState = Literal["On", "Off"]
 BootTarget = Literal["Pxe", "Hdd", "Cd", "UefiHttp", "BiosSetup", "None"]
@@ -67,6 +84,12 @@ BMC_TLS_FIX = TlsFix(
 def _text(value: Any) -> str | None:
     """sushy maps Redfish strings to enums; activities answer with the Redfish string."""
     return None if value is None else str(getattr(value, "value", value))
+
+
+def _redfish_path(value: str | None) -> str | None:
+    if value is not None and not value.startswith("/redfish/"):
+        raise ValueError(f"must be a Redfish path starting with /redfish/ (as a BMC answered it), not {value!r}")
+    return value
 
 
 def _credentials_ref(value: str | None) -> str | None:
@@ -101,6 +124,11 @@ class PowerRequest(StrictModel):
     bmc: BmcRef
     state: PowerState
     timeout_seconds: float = Field(300.0, gt=0, description="How long the BMC may take to report the new state.")
+    current: PowerState | None = Field(
+        None, description="The power state a call just read back (PowerResult.state, BootResult.power_state): when "
+        "it differs from `state` and bmc.system is known, the first attempt changes power without reading it again "
+        "(a retry reads first). The change is verified by reading back either way.",
+    )  # fmt: skip
 
 
 class PowerResult(StrictModel):
@@ -119,6 +147,8 @@ class BootResult(StrictModel):
     target: str
     enabled: str
     changed: bool
+    power_state: PowerState | None = Field(None, description="The power state read with the override, for "
+                                           "PowerRequest.current.")  # fmt: skip
 
 
 class RedfishGpu(StrictModel):
@@ -131,6 +161,8 @@ class RedfishGpu(StrictModel):
 
 class RedfishInventory(StrictModel):
     system: str = Field("", description="The system's Redfish path: give it as BmcRef.system to skip the lookup.")
+    sel_entries: str | None = Field(None, description="The SEL's entries path: give it as SelQuery.entries to read "
+                                    "the log in one request.")  # fmt: skip
     manufacturer: str = ""
     model: str = ""
     serial: str = ""
@@ -145,6 +177,10 @@ class RedfishInventory(StrictModel):
 class SelQuery(StrictModel):
     bmc: BmcRef
     after_id: str | None = Field(None, description="Only entries after this one (from an earlier SelReport.last_id).")
+    entries: str | None = Field(None, description="The SEL's entries path (RedfishInventory.sel_entries, "
+                                "SelReport.entries_path); default: looked up from the system.")  # fmt: skip
+
+    _entries_ok = field_validator("entries")(_redfish_path)
 
 
 class SelEntry(StrictModel):
@@ -159,6 +195,7 @@ class SelReport(StrictModel):
     entries: list[SelEntry] = Field(default_factory=list)
     last_id: str | None = Field(None, description="The newest entry's ID (also when entries were capped).")
     truncated: int = Field(0, description="Entries left out of `entries` to keep the answer small.")
+    entries_path: str | None = Field(None, description="Where the entries were read: give it as SelQuery.entries.")
 
     @property
     def critical(self) -> list[SelEntry]:
@@ -174,12 +211,53 @@ class RedfishHealth(StrictModel):
 # ---------------------------------------------------------------- errors
 
 
+class BmcBusy(Exception):
+    """A BMC's 503 or 429 (its session or request limit, or an outage), with the delay it asked for."""
+
+    def __init__(self, status: int, retry_after: float | None, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.retry_after, self.detail = status, retry_after, detail
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (delta-seconds or an HTTP date), bounded so that a wrong clock cannot stall a call."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
+
+
+def refuse_busy(response: Any) -> None:
+    """sushy's response callback: a 503/429 ends the attempt with the BMC's Retry-After, before sushy's own
+    retry (which would come back after a fixed second, ignoring what the BMC asked)."""
+    if response.status_code not in (429, 503):
+        return
+    try:
+        error = response.json().get("error", {})
+        detail = next((i.get("MessageId") for i in error.get("@Message.ExtendedInfo", [])), None) or error["message"]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        detail = response.reason or "busy"
+    raise BmcBusy(response.status_code, _retry_after(response.headers.get("Retry-After")), str(detail))
+
+
 def redfish_error(err: Exception, doing: str, bmc: BmcRef, trust: Trust) -> ApplicationError:
     """Classify an error from sushy or the HTTP client; the message never carries credentials."""
     where = f"{doing} on BMC {bmc}"
     tls_failure = trust.failure(err, where)
     if tls_failure is not None:
         return tls_failure
+    if isinstance(err, BmcBusy):
+        asked = f"; it asked to retry after {err.retry_after:g}s" if err.retry_after is not None else ""
+        return ApplicationError(
+            f"{where}: {err}{asked}", type="BmcUnavailable",
+            next_retry_delay=timedelta(seconds=err.retry_after) if err.retry_after else None,
+        )  # fmt: skip
     if isinstance(err, sushy_errors.AccessError):
         return ApplicationError(f"{where}: the BMC refused the credentials (HTTP {err.status_code})",
                                 type="RedfishAuth", non_retryable=True)  # fmt: skip
@@ -197,6 +275,96 @@ def redfish_error(err: Exception, doing: str, bmc: BmcRef, trust: Trust) -> Appl
     if isinstance(err, sushy_errors.ConnectionError):
         return ApplicationError(f"{where}: the BMC does not answer", type="BmcUnavailable")
     return ApplicationError(f"{where}: {type(err).__name__}: {err}", type="BmcUnavailable")
+
+
+# ---------------------------------------------------------------- one attempt's conversation
+
+
+class _OneRead(JsonDataReader):
+    """sushy's reader, keeping its one answer: sushy reads a system again before a PATCH only for the ETag that
+    answer already carried (a fresh read is a new `ReadSystem`)."""
+
+    answer: Any = None
+
+    def get_data(self) -> Any:
+        if self.answer is None:
+            self.answer = super().get_data()
+        return self.answer
+
+
+class ReadSystem(System):
+    """A sushy system read once."""
+
+    def __init__(self, connector: Connector, path: str) -> None:
+        ResourceBase.__init__(self, connector, path, reader=_OneRead())  # System's own __init__ only forwards
+
+
+class Conversation:
+    """One attempt's talk with one BMC: one connection (kept alive), HTTP Basic on each request, and what it
+    has read so far, so that nothing is asked twice."""
+
+    def __init__(self, bmc: BmcRef, user: str, password: str, trust: Trust) -> None:
+        self.bmc = bmc
+        self.conn = Connector(
+            bmc.url, verify=trust.for_requests(), response_callback=refuse_busy,
+            server_side_retries=1, server_side_retries_delay=1,
+            default_request_timeout=_READ_TIMEOUT, connect_timeout=_CONNECT_TIMEOUT,
+        )  # fmt: skip
+        self.conn.set_http_basic_auth(user, password)
+        self._root: dict | None = None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def json(self, path: str) -> dict:
+        return self.conn.get(path).json()
+
+    @property
+    def root(self) -> dict:
+        if self._root is None:
+            self._root = self.json(ROOT)
+        return self._root
+
+    def link(self, doc: dict, key: str) -> str | None:
+        return (doc.get(key) or {}).get("@odata.id")
+
+    def system_path(self) -> str:
+        """The system's path: as given in BmcRef.system, else the BMC's only system (root and collection)."""
+        if self.bmc.system:
+            return self.bmc.system if self.bmc.system.startswith("/") else f"{ROOT}/Systems/{self.bmc.system}"
+        systems = self.link(self.root, "Systems")
+        if systems is None:
+            raise ApplicationError(f"BMC {self.bmc} lists no Systems", type="RedfishRejected", non_retryable=True)
+        members = sorted(m["@odata.id"] for m in self.json(systems).get("Members", []))
+        if len(members) != 1:
+            raise ApplicationError(
+                f"BMC {self.bmc} has {len(members)} systems; name one in bmc.system ({', '.join(members[:5])})",
+                type="RedfishRejected", non_retryable=True,
+            )  # fmt: skip
+        return members[0]
+
+    def system(self, path: str | None = None) -> System:
+        """A fresh read of the system (one GET)."""
+        return ReadSystem(self.conn, path or self.system_path())
+
+    def members(self, collection: str) -> list[dict]:
+        """A collection's members, read in one request where the service root advertises ``$expand``."""
+        expand = bool(((self.root.get("ProtocolFeaturesSupported") or {}).get("ExpandQuery") or {}).get("NoLinks"))
+        listed = self.json(f"{collection}?$expand=.($levels=1)" if expand else collection).get("Members", [])
+        # A member the answer left as a bare link (no expansion, or a BMC that expands partly) is read by itself.
+        return [self.json(m["@odata.id"]) if set(m) == {"@odata.id"} else m for m in listed]
+
+    def sel_entries(self, system: dict) -> str | None:
+        """The path of the system's SEL entries (else of its first log), from its LogServices."""
+        services = self.link(system, "LogServices")
+        if services is None:
+            raise ApplicationError(f"BMC {self.bmc} has no LogServices", type="RedfishRejected", non_retryable=True)
+        logs = self.members(services)
+        sel = next((log for log in logs if log.get("@odata.id", "").rstrip("/").endswith("SEL")),
+                   logs[0] if logs else None)  # fmt: skip
+        if sel is None:
+            return None
+        return self.link(sel, "Entries") or sel["@odata.id"].rstrip("/") + "/Entries"
 
 
 # ---------------------------------------------------------------- activities
@@ -242,86 +410,83 @@ class RedfishActivities:
         )
         return Trust.resolve(BMC_TLS_FIX, verify=bmc.verify_tls and self.verify_tls, ca_bundle=ca, setting=setting)
 
-    def _root(self, bmc: BmcRef, trust: Trust) -> sushy.Sushy:
-        user, password = self._user_password(bmc)
-        return sushy.Sushy(
-            bmc.url, auth=sushy.auth.BasicAuth(user, password), verify=trust.for_requests(),
-            server_side_retries=1, server_side_retries_delay=1,
-            connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT,
-        )  # fmt: skip
-
-    @staticmethod
-    def _system(root: sushy.Sushy, bmc: BmcRef) -> Any:
-        if bmc.system:
-            path = bmc.system if bmc.system.startswith("/") else f"/redfish/v1/Systems/{bmc.system}"
-            return root.get_system(path)
-        members = sorted(root.get_system_collection().members_identities)
-        if len(members) != 1:
-            raise ApplicationError(
-                f"BMC {bmc} has {len(members)} systems; name one in bmc.system ({', '.join(members[:5])})",
-                type="RedfishRejected", non_retryable=True,
-            )  # fmt: skip
-        return root.get_system(members[0])
-
-    async def _call(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T], root: sushy.Sushy | None = None
-                    ) -> T:  # fmt: skip
-        """Run a blocking sushy conversation in a thread (on `root`, or a fresh one), mapping its errors."""
+    @contextlib.asynccontextmanager
+    async def _talk(self, bmc: BmcRef) -> AsyncIterator[Callable[[str, Callable[[Conversation], T]], Awaitable[T]]]:
+        """One attempt's conversation: `ask(doing, fn)` runs a blocking part of it in a thread, mapping errors."""
         trust = self._trust(bmc)
+        talk = Conversation(bmc, *self._user_password(bmc), trust)
 
-        def run() -> T:
-            return fn(root or self._root(bmc, trust))
+        async def ask(doing: str, fn: Callable[[Conversation], T]) -> T:
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self._threads, fn, talk)
+            except ApplicationError:
+                raise
+            except Exception as err:
+                raise redfish_error(err, doing, bmc, trust) from None
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._threads, run)
-        except ApplicationError:
-            raise
-        except Exception as err:
-            raise redfish_error(err, doing, bmc, trust) from None
+            yield ask
+        finally:
+            talk.close()
 
     @activity.defn
     async def redfish_power(self, req: PowerRequest) -> PowerResult:
         """Bring the server to a power state and wait until the BMC reports it; no reset when it already is."""
         want = sushy.POWER_STATE_ON if req.state == "On" else sushy.POWER_STATE_OFF
+        reset = sushy.RESET_ON if req.state == "On" else sushy.RESET_FORCE_OFF
+        told = req.current is not None and req.current != req.state and req.bmc.system is not None
+        told = told and activity.info().attempt == 1  # a retry reads first: an earlier reset may be landing
 
-        def act(root: sushy.Sushy) -> tuple[sushy.Sushy, str, bool]:
-            system = self._system(root, req.bmc)
+        def act(talk: Conversation) -> tuple[str, bool]:
+            if told:  # the caller just read the other state: reset at the action's standard URI, no read
+                path = talk.system_path()
+                try:
+                    talk.conn.post(f"{path}/Actions/ComputerSystem.Reset", data={"ResetType": reset.value})
+                    return path, True
+                except sushy_errors.HTTPError as err:
+                    if err.status_code not in (400, 409):
+                        raise  # else the state changed since it was read (or another target): read, as a retry does
+            system = talk.system()
             if system.power_state == want:
-                return root, system.path, False
+                return system.path, False
             settling = {
                 sushy.POWER_STATE_POWERING_ON: sushy.POWER_STATE_ON,
                 sushy.POWER_STATE_POWERING_OFF: sushy.POWER_STATE_OFF,
             }.get(system.power_state)
             if settling != want:  # else an earlier attempt's reset is landing: do not send another
-                system.reset_system(sushy.RESET_ON if req.state == "On" else sushy.RESET_FORCE_OFF)
-            return root, system.path, True
+                system.reset_system(reset)
+            return system.path, True
 
-        root, path, changed = await self._call(f"powering {req.state.lower()}", req.bmc, act)
-        deadline = time.monotonic() + req.timeout_seconds
-        while True:  # one connection, one GET of the system per look
-            state = await self._call("reading the power state", req.bmc, lambda r: r.get_system(path).power_state,
-                                     root)  # fmt: skip
-            if state == want:
-                return PowerResult(state=req.state, changed=changed)
-            activity.heartbeat({"power_state": _text(state), "want": req.state})
-            if time.monotonic() > deadline:
-                # Retryable: the next attempt reads again and resets only if still needed.
-                raise ApplicationError(
-                    f"BMC {req.bmc} still reports power {_text(state)!r} {req.timeout_seconds:.0f}s after asking for "
-                    f"{req.state}", type="PowerStateTimeout",
-                )  # fmt: skip
-            await asyncio.sleep(_POLL_SECONDS)
+        async with self._talk(req.bmc) as ask:
+            path, changed = await ask(f"powering {req.state.lower()}", act)
+            deadline, pause = time.monotonic() + req.timeout_seconds, _POLL_SECONDS
+            while changed:  # a reset never lands at once: look after a pause, one GET of the system per look
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _POLL_MAX_SECONDS)
+                state = await ask("reading the power state", lambda talk: talk.json(path).get("PowerState"))
+                if state == want.value:
+                    break
+                activity.heartbeat({"power_state": state, "want": req.state})
+                if time.monotonic() > deadline:
+                    # Retryable: the next attempt reads again and resets only if still needed.
+                    raise ApplicationError(
+                        f"BMC {req.bmc} still reports power {state!r} {req.timeout_seconds:.0f}s after asking "
+                        f"for {req.state}", type="PowerStateTimeout",
+                    )  # fmt: skip
+        return PowerResult(state=req.state, changed=changed)
 
     @activity.defn
     async def redfish_set_boot(self, req: BootRequest) -> BootResult:
         """Set the boot source override, then read it back; no write when it is already set."""
 
-        def run(root: sushy.Sushy) -> BootResult:
-            system = self._system(root, req.bmc)
+        def run(talk: Conversation) -> BootResult:
+            system = talk.system()
             boot = system.boot
             current = (_text(boot.target), _text(boot.enabled)) + ((_text(boot.mode),) if req.mode else ())
             wanted = (req.target, req.enabled) + ((req.mode,) if req.mode else ())
             if current == wanted:
-                return BootResult(target=req.target, enabled=req.enabled, changed=False)
+                return BootResult(target=req.target, enabled=req.enabled, changed=False,
+                                  power_state=_power_state(system))  # fmt: skip
             options: dict[str, Any] = {
                 "target": sushy.BootSource(req.target),
                 "enabled": sushy.BootSourceOverrideEnabled(req.enabled),
@@ -329,22 +494,24 @@ class RedfishActivities:
             if req.mode:
                 options["mode"] = sushy.BootSourceOverrideMode(req.mode)
             system.set_system_boot_options(**options)
-            after = self._system(root, req.bmc).boot
-            if _text(after.target) != req.target:
+            after = talk.system(system.path)
+            if _text(after.boot.target) != req.target:
                 raise ApplicationError(
-                    f"BMC {req.bmc} accepted boot target {req.target} but reads back {_text(after.target)}",
+                    f"BMC {req.bmc} accepted boot target {req.target} but reads back {_text(after.boot.target)}",
                     type="BootOverrideNotApplied",
                 )  # fmt: skip
-            return BootResult(target=req.target, enabled=_text(after.enabled) or req.enabled, changed=True)
+            return BootResult(target=req.target, enabled=_text(after.boot.enabled) or req.enabled, changed=True,
+                              power_state=_power_state(after))  # fmt: skip
 
-        return await self._call(f"setting boot override {req.target}/{req.enabled}", req.bmc, run)
+        async with self._talk(req.bmc) as ask:
+            return await ask(f"setting boot override {req.target}/{req.enabled}", run)
 
     @activity.defn
     async def redfish_inventory(self, bmc: BmcRef) -> RedfishInventory:
-        """Identity, health, firmware inventory and GPUs (processors of type GPU)."""
+        """Identity, health, firmware inventory, GPUs (processors of type GPU), and the paths later calls carry."""
 
-        def run(root: sushy.Sushy) -> RedfishInventory:
-            system = self._system(root, bmc)
+        def run(talk: Conversation) -> RedfishInventory:
+            system = talk.system()
             status = system.status
             inv = RedfishInventory(
                 system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
@@ -352,46 +519,34 @@ class RedfishActivities:
                 health=_text(status.health) if status else None,
                 health_rollup=_text(status.health_rollup) if status else None,
             )  # fmt: skip
-            try:
-                inv.firmware = {
-                    fw.identity: fw.version or "" for fw in root.get_update_service().firmware_inventory.get_members()
-                }
-            except sushy_errors.MissingAttributeError:
-                pass  # a BMC without a firmware inventory: the baseline check says so
-            try:
-                processors = system.processors.get_members()
-            except sushy_errors.MissingAttributeError:
-                processors = []
-            for p in processors:
-                if p.processor_type == sushy.PROCESSOR_TYPE_GPU:
-                    raw = p.json
+            updates = talk.link(talk.root, "UpdateService")
+            firmware = talk.link(talk.json(updates), "FirmwareInventory") if updates else None
+            if firmware:  # else a BMC without a firmware inventory: the baseline check says so
+                inv.firmware = {fw["Id"]: fw.get("Version") or "" for fw in talk.members(firmware)}
+            processors = talk.link(system.json, "Processors")
+            for p in talk.members(processors) if processors else []:
+                if p.get("ProcessorType") == "GPU":
                     inv.gpus.append(RedfishGpu(
-                        id=p.identity, model=p.model or "", serial=raw.get("SerialNumber") or "",
-                        uuid=raw.get("UUID") or "", health=_text(p.status.health) if p.status else None,
+                        id=p["Id"], model=p.get("Model") or "", serial=p.get("SerialNumber") or "",
+                        uuid=p.get("UUID") or "", health=(p.get("Status") or {}).get("Health"),
                     ))  # fmt: skip
+            if talk.link(system.json, "LogServices"):
+                inv.sel_entries = talk.sel_entries(system.json)
             return inv
 
-        return await self._call("reading the inventory", bmc, run)
+        async with self._talk(bmc) as ask:
+            return await ask("reading the inventory", run)
 
     @activity.defn
     async def redfish_sel(self, query: SelQuery) -> SelReport:
-        """The system's SEL entries (after `after_id`), oldest first. sushy has no LogService class,
-        so the log is read as raw JSON through the same authenticated connector."""
+        """The system's SEL entries (after `after_id`), oldest first, read from `query.entries` when given. sushy
+        has no LogService class, so the log is read as raw JSON through the same authenticated connection."""
 
-        def run(root: sushy.Sushy) -> SelReport:
-            system = self._system(root, query.bmc)
-            services = system.json.get("LogServices", {}).get("@odata.id")
-            if not services:
-                raise ApplicationError(f"BMC {query.bmc} has no LogServices", type="RedfishRejected",
-                                       non_retryable=True)  # fmt: skip
-            conn = root._conn
-            members = conn.get(services).json().get("Members", [])
-            sel = next((m["@odata.id"] for m in members if m["@odata.id"].rstrip("/").endswith("SEL")),
-                       members[0]["@odata.id"] if members else None)  # fmt: skip
-            if sel is None:
+        def run(talk: Conversation) -> SelReport:
+            path = query.entries or talk.sel_entries(talk.system().json)
+            if path is None:
                 return SelReport()
-            entries_path = conn.get(sel).json().get("Entries", {}).get("@odata.id", sel.rstrip("/") + "/Entries")
-            raw = conn.get(entries_path).json().get("Members", [])
+            raw = talk.json(path).get("Members", [])
             entries = [SelEntry(id=str(e.get("Id")), created=e.get("Created"), severity=e.get("Severity") or "OK",
                                 message=e.get("Message") or "", message_id=e.get("MessageId") or "")
                        for e in raw]  # fmt: skip
@@ -404,16 +559,23 @@ class RedfishActivities:
             if truncated:  # keep the criticals (the evidence), then the newest, in log order
                 keep = sorted(range(len(entries)), key=lambda i: (entries[i].severity != "Critical", -i))
                 entries = [entries[i] for i in sorted(keep[:_MAX_SEL_ENTRIES])]
-            return SelReport(entries=entries, last_id=last_id, truncated=truncated)
+            return SelReport(entries=entries, last_id=last_id, truncated=truncated, entries_path=path)
 
-        return await self._call("reading the SEL", query.bmc, run)
+        async with self._talk(query.bmc) as ask:
+            return await ask("reading the SEL", run)
 
     @activity.defn
     async def redfish_health(self, bmc: BmcRef) -> RedfishHealth:
-        def run(root: sushy.Sushy) -> RedfishHealth:
-            system = self._system(root, bmc)
+        def run(talk: Conversation) -> RedfishHealth:
+            system = talk.system()
             status = system.status
             return RedfishHealth(power_state=_text(system.power_state), health=_text(status.health) if status else None,
                                  health_rollup=_text(status.health_rollup) if status else None)  # fmt: skip
 
-        return await self._call("reading the health", bmc, run)
+        async with self._talk(bmc) as ask:
+            return await ask("reading the health", run)
+
+
+def _power_state(system: System) -> PowerState | None:
+    state = _text(system.power_state)
+    return "On" if state == "On" else "Off" if state == "Off" else None  # a transition tells no caller anything

@@ -1,16 +1,19 @@
 """Burn-in benchmark: a FleetBurnIn's wall time against its ideal, Redfish requests and history sizes, at scale.
 
     python -m bench.burn_in --servers 50
-    python -m bench.burn_in --servers 1000 --concurrency 50
+    python -m bench.burn_in --servers 1000 --concurrency 50 --bmc-latency 0.5
 
-Starts the lab's BMCs with N servers (plus two for calibration), the lab's hosts (an in-process host
-agent for each server booted into the burn-in image) and a Millwright worker against a fresh dev server. It first runs
+Starts the lab's BMCs with N servers (plus two for calibration), each answering every request after
+`--bmc-latency` seconds (a real BMC's 0.2-2 s) and serving at most its session limit at once (past it: 503
+with Retry-After, counted in the statuses), the lab's hosts (an in-process host agent for each server
+booted into the burn-in image) and a Millwright worker against a fresh dev server. It first runs
 one ServerBurnIn alone as a warm-up and one more alone to measure the per-server time, then one
 FleetBurnIn over the N servers at the given concurrency, and prints, measured in this run: the wall
 time against the ideal (waves of `concurrency` servers × the measured per-server time), Redfish
 requests per server (from the BMCs' audit, read as it grows so that its retention loses nothing,
 and checked against the BMCs' own counters), the largest history of any run and the number of runs,
-and peak resources. The last line is machine-readable. Not a test: nothing here asserts a timing.
+and peak resources, and the load average at the start and the end (the machine may be shared). The last
+line is machine-readable. Not a test: nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -123,7 +126,10 @@ async def progress(handle, every: float = 15.0) -> None:
                 await handle.execute_update(FleetBurnIn.decide, FleetDecision(action="abort", reason="bench: paused"))
 
 
-async def main(servers: int, concurrency: int, stress_seconds: int, power_delay: float, boot_delay: float) -> None:
+async def main(
+    servers: int, concurrency: int, stress_seconds: int, power_delay: float, boot_delay: float, bmc_latency: float
+) -> None:
+    load_before = os.getloadavg()
     password = uuid.uuid4().hex
     names = [f"bench-{i:05d}" for i in range(1, servers + 1)]
     with tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:
@@ -134,6 +140,7 @@ async def main(servers: int, concurrency: int, stress_seconds: int, power_delay:
         with LabBmcs(servers=[*CALIBRATION, *names], user=BMC_USER, password=password, power_delay=power_delay,
                      startup_timeout=120) as bmcs:  # fmt: skip
             admin = BmcAdmin(bmcs.url)
+            bmc_config = await admin.config(request_delay=bmc_latency)
             async with await dev_server() as env:
                 client = env.client
                 registration = registry.build(worker_settings)
@@ -187,7 +194,8 @@ async def main(servers: int, concurrency: int, stress_seconds: int, power_delay:
     ideal = waves * per_server
     r = result.report
     print(f"servers={servers} concurrency={concurrency} stress={stress_seconds}s power_delay={power_delay}s "
-          f"boot_delay={boot_delay}s: {r.passed} passed, {r.failed} failed, {r.errors} errors, {r.skipped} skipped"
+          f"boot_delay={boot_delay}s bmc_latency={bmc_latency}s bmc_session_limit={bmc_config['max_sessions']}: "
+          f"{r.passed} passed, {r.failed} failed, {r.errors} errors, {r.skipped} skipped"
           + (" (aborted)" if result.aborted else ""))  # fmt: skip
     for f in r.failures[:5]:
         print(f"  {f.server} {f.result}: {f.reason}")
@@ -205,8 +213,10 @@ async def main(servers: int, concurrency: int, stress_seconds: int, power_delay:
           f"total_events={sum(lengths)} largest_run={max(lengths)}")  # fmt: skip
     print(f"peaks: host agents running {watch.peak_agents}, open fds {watch.peak_fds}; CPU s / peak RSS MiB: "
           + ", ".join(f"{k} {cpu:.0f}/{rss}" for k, (cpu, rss) in used.items()))  # fmt: skip
+    print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} at the start, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")  # fmt: skip
     print(f"wall_ratio={wall / ideal:.2f} redfish_requests_per_server={fleet_requests / servers:.1f} "
-          f"max_run_events={max(lengths)}")  # fmt: skip
+          f"bmc_busy_answers={watch.statuses[503]} max_run_events={max(lengths)}")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -216,5 +226,8 @@ if __name__ == "__main__":
     parser.add_argument("--stress-seconds", type=int, default=1)
     parser.add_argument("--power-delay", type=float, default=0.1)
     parser.add_argument("--boot-delay", type=float, default=0.2)
+    parser.add_argument("--bmc-latency", type=float, default=0.0, help="seconds each BMC request takes")
     args = parser.parse_args()
-    asyncio.run(main(args.servers, args.concurrency, args.stress_seconds, args.power_delay, args.boot_delay))
+    asyncio.run(
+        main(args.servers, args.concurrency, args.stress_seconds, args.power_delay, args.boot_delay, args.bmc_latency)
+    )

@@ -22,6 +22,8 @@ BASE = "Base.1.15"
 DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "0penBmc"
 DEFAULT_GPU_MODEL = "NVIDIA H200"
+EXPANDS = (".", ".($levels=1)")
+BUSY_RETRY_AFTER = 2  # seconds, in the Retry-After of a 503 for the session or request limit
 DEFAULT_CONFIG = {"power_delay": 0.2, "request_delay": 0.0, "max_sessions": 4, "session_timeout": 1800.0}
 DEFAULT_FIRMWARE = {
     "BMC": "24.09",
@@ -178,6 +180,7 @@ class Bmc:
         self.power_timer: asyncio.TimerHandle | None = None
         self.sel_seq = 0
         self._processors: dict[str, dict] | None = None
+        self.in_flight = 0  # requests being served now (the lab's request limit; a reset does not end them)
         self.restore()
 
     def restore(self) -> None:
@@ -337,6 +340,7 @@ class Bmc:
                 "exceeding the limit of the implementation.",
                 "Reduce the number of other sessions before trying to establish the session or "
                 "increase the limit of simultaneous sessions (if supported).",
+                headers={"Retry-After": str(BUSY_RETRY_AFTER)},
             )
         self.session_seq += 1
         token = secrets.token_hex(16)
@@ -456,7 +460,24 @@ class Bmc:
         }
 
     def get(self, parts: list[str], path: str, query: dict) -> dict:
-        """The resource at /redfish/v1/<parts> (GET)."""
+        """The resource at /redfish/v1/<parts> (GET); ``$expand=.`` (one level, as the root advertises) answers a
+        collection with its members' documents in place of their links."""
+        expand = query.get("$expand")
+        if expand is None:
+            return self._get(parts, path, query)
+        if expand not in EXPANDS:
+            raise RedfishError(501, "QueryNotSupported", f"$expand={expand} is not supported (only '.', one level).")
+        doc = self._get(parts, path, {k: v for k, v in query.items() if k != "$expand"})
+        if isinstance(doc.get("Members"), list):
+            doc["Members"] = [
+                self._get(m["@odata.id"][len(ROOT) + 1 :].split("/"), m["@odata.id"], {})
+                if set(m) == {"@odata.id"}
+                else m
+                for m in doc["Members"]
+            ]
+        return doc
+
+    def _get(self, parts: list[str], path: str, query: dict) -> dict:
         n = len(parts)
         if n == 0:
             return {
@@ -473,6 +494,9 @@ class Bmc:
                     for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
                 },
                 "Links": {"Sessions": {"@odata.id": f"{ROOT}/SessionService/Sessions"}},
+                "ProtocolFeaturesSupported": {
+                    "ExpandQuery": {"ExpandAll": False, "Levels": True, "MaxLevels": 1, "Links": False, "NoLinks": True}
+                },
             }
         head = parts[0]
         if head == "odata" and n == 1:

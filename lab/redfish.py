@@ -29,7 +29,9 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
 * ``UpdateService`` with ``FirmwareInventory/<key>`` (Id = the spec's firmware key: BMC, BIOS, GPU0.., NVSwitch0..).
 * ``SessionService/Sessions``: POST ``{"UserName", "Password"}`` -> 201 with ``X-Auth-Token`` and ``Location``;
   DELETE logs out; at most ``max_sessions`` per BMC (then 503 SessionLimitExceeded); idle sessions expire after
-  ``session_timeout``. Everything else needs HTTP Basic or a session token (401 otherwise).
+  ``session_timeout``. At most ``max_sessions`` requests are served at once per BMC (a request on HTTP Basic holds
+  a session while it is served); past either limit the answer is 503 with ``Retry-After: 2``. Every answer takes
+  ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic or a session token (401 otherwise).
 * errors are Redfish error bodies: ``{"error": {"code": "Base.1.15.GeneralError", "message": ...,
   "@Message.ExtendedInfo": [{"MessageId": "Base.1.15.<Id>", "Message", "Severity", "Resolution"}]}}``.
 
@@ -77,6 +79,7 @@ from aiohttp import web
 from lab import faults as lab_faults
 from lab import tls as lab_tls
 from lab.bmc import (
+    BUSY_RETRY_AFTER,
     DEFAULT_CONFIG,
     DEFAULT_PASSWORD,
     DEFAULT_USER,
@@ -174,6 +177,16 @@ class BmcLab:
                 self.audit.add(entry)
                 return err.response()
             bmc.down_until = None
+        if bmc.in_flight >= int(self.config["max_sessions"]):  # a Basic request holds a slot while it is served
+            entry["status"] = 503
+            self.audit.add(entry)
+            return RedfishError(
+                503,
+                "ServiceTemporarilyUnavailable",
+                f"The service is serving {bmc.in_flight} requests, its limit. Retry in {BUSY_RETRY_AFTER} seconds.",
+                "Wait for the indicated retry duration and retry the operation.",
+                headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+            ).response()
         fault = self.faults.match({"server": bmc.name, "method": method, "path": path})
 
         async def serve() -> web.Response:
@@ -195,7 +208,11 @@ class BmcLab:
                 f["action"].get("message") or "Injected fault.",
             ).response()
 
-        return await self.front.handle(request, entry, fault, serve, refuse)
+        bmc.in_flight += 1
+        try:
+            return await self.front.handle(request, entry, fault, serve, refuse)
+        finally:
+            bmc.in_flight -= 1
 
     async def _redfish(self, bmc: Bmc, request: web.Request, method: str, path: str, entry: dict) -> web.Response:
         if not (path == "/redfish" or path == ROOT or path.startswith(ROOT + "/")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -90,3 +91,27 @@ async def test_fleet_respects_concurrency_per_group_and_continues_after_a_decisi
     site = {n: f"site-{i % 2}" for i, n in enumerate(names)}
     assert all(len({site[n] for n in running}) == len(running) for running in seen_running)
     assert max(len(r) for r in seen_running) <= 2
+
+
+async def test_servers_behind_one_bmc_take_turns(client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker):
+    """Two servers listed with one BMC URL never have burn-ins talking to it at once; a third runs beside them."""
+    shared, own, alias = burnin_bmcs.names[0], burnin_bmcs.names[1], f"alias-{uuid.uuid4().hex[:4]}"
+    inp = fleet_input(burnin_bmcs, [shared, own], max_concurrent=3, pause_when_failed_share=1.0)
+    behind = inp.servers[0].model_copy(update={"name": alias})  # no host agent of its own: it fails its boot
+    inp = inp.model_copy(
+        update={
+            "servers": [inp.servers[0], behind, inp.servers[1]],
+            "settings": inp.settings.model_copy(update={"boot_timeout": timedelta(seconds=3)}),
+        }
+    )
+    handle = await client.start_workflow(FleetBurnIn.run, inp, id=inp.workflow_id(), task_queue=burnin_worker)
+    result = await handle.result()
+    await record_history(handle, "fleet_burn_in_per_bmc")
+    assert (result.report.passed, result.report.failed) == (2, 1), result.outcomes
+    spans = {}
+    for name in (shared, alias, own):
+        d = await client.get_workflow_handle(f"burn-in/{name}").describe()
+        spans[name] = (d.start_time, d.close_time)
+    first, second = sorted([spans[shared], spans[alias]])
+    assert first[1] <= second[0], spans  # one after the other
+    assert spans[own][0] < first[1], spans  # the server with a BMC of its own did not wait

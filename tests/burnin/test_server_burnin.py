@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
@@ -56,6 +57,13 @@ async def test_healthy_server_passes_and_boots_back_to_disk(client, burnin_bmcs,
     assert await resets(bmc_admin, name) == ["On", "ForceOff", "On"]
     assert (state["power"], state["booted_from"], state["boot_count"]) == ("On", "Hdd", 2)
     assert lab_hosts.boots_served(name)[:1] == [1]  # the agent ran in the burn-in image's boot
+    # Each BMC call asks only what it was not told: the root and the system collection once, the SEL's path and
+    # the power state carried (docs/burn-in.md counts them).
+    asked = Counter(
+        f"{e['method']} {e['path'].removeprefix('/redfish/v1')}" for e in await bmc_admin.server_audit(name)
+    )
+    assert (asked["GET /"], asked["GET /Systems"], asked["GET /Systems/1/LogServices"]) == (1, 1, 1), asked
+    assert asked.total() <= 25, asked
 
 
 async def test_each_gpu_fault_and_a_firmware_drift_fail_with_evidence(
@@ -139,3 +147,21 @@ async def test_bmc_password_is_in_no_history(client):
         assert BMC_PASSWORD not in history.to_json()
         found += 1
     assert found >= 5
+
+
+async def test_a_bmc_past_its_limit_is_waited_out_as_it_asks_and_shown(
+        client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker):  # fmt: skip
+    name = burnin_bmcs.names[2]
+    await bmc_admin.config(max_sessions=0)  # every request is past the limit: 503 with Retry-After: 2
+    cursor = await bmc_admin.audit_cursor()
+    handle = await start(client, burnin_worker, burn_in_input(burnin_bmcs, name))
+    deadline = time.monotonic() + 60
+    while not (waiting := (await handle.query(ServerBurnIn.progress)).waiting):
+        assert time.monotonic() < deadline, "the busy BMC never showed in progress"
+        await asyncio.sleep(0.2)
+    assert waiting[0].endpoint.startswith("BMC ") and "asked to retry after 2s" in waiting[0].error, waiting
+    refused = [e["time"] for e in await bmc_admin.server_audit(name, since=cursor) if e["status"] == 503]
+    assert len(refused) >= 3 and all(b - a >= 1.9 for a, b in zip(refused, refused[1:])), refused  # as it asked
+    await bmc_admin.config(max_sessions=4)
+    result: ServerBurnInResult = await handle.result()
+    assert result.result == "passed" and (await handle.query(ServerBurnIn.progress)).waiting == []

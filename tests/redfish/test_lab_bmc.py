@@ -185,11 +185,11 @@ async def test_session_limit_then_recovery_after_logout(lab_bmcs, bmc_admin, red
         redfish(name, auth="session")
     assert exc.value.status_code == 503
     assert exc.value.extended_info[0]["MessageId"] == "Base.1.15.SessionLimitExceeded"
-    rf_error(
-        httpx.post(f"{url}/redfish/v1/SessionService/Sessions", json={"UserName": BMC_USER, "Password": BMC_PASSWORD}),
-        503,
-        "SessionLimitExceeded",
+    refused = httpx.post(
+        f"{url}/redfish/v1/SessionService/Sessions", json={"UserName": BMC_USER, "Password": BMC_PASSWORD}
     )
+    rf_error(refused, 503, "SessionLimitExceeded")
+    assert refused.headers["Retry-After"] == "2"
     fallback = redfish(name, auth="either")  # sushy's default auth falls back to Basic
     assert fallback.get_system(SYSTEM).power_state == sushy.POWER_STATE_OFF
 
@@ -241,6 +241,32 @@ async def test_outage_answers_503_then_recovers(lab_bmcs, bmc_admin, redfish):
         httpx.get(f"{url}{SYSTEM}", auth=AUTH)
     await asyncio.sleep(0.6)
     assert httpx.get(f"{url}{SYSTEM}", auth=AUTH).status_code == 200
+
+
+async def test_requests_past_the_limit_are_refused_with_retry_after(lab_bmcs, bmc_admin):
+    name = lab_bmcs.names[2]
+    url = lab_bmcs.bmc_urls[name]
+    await bmc_admin.config(max_sessions=2, request_delay=0.5)  # two requests served at once, each for 0.5 s
+    async with httpx.AsyncClient(base_url=url, auth=AUTH) as c:
+        answers = await asyncio.gather(*(c.get(SYSTEM) for _ in range(3)))
+        assert sorted(r.status_code for r in answers) == [200, 200, 503]
+        busy = next(r for r in answers if r.status_code == 503)
+        rf_error(busy, 503, "ServiceTemporarilyUnavailable")
+        assert busy.headers["Retry-After"] == "2"
+        assert (await c.get(SYSTEM)).status_code == 200  # the slots are free again once answered
+
+
+async def test_collections_expand_one_level_as_the_root_advertises(lab_bmcs, bmc_admin):
+    url = lab_bmcs.bmc_urls[lab_bmcs.names[0]]
+    with httpx.Client(base_url=url, auth=AUTH) as c:
+        assert c.get("/redfish/v1/").json()["ProtocolFeaturesSupported"]["ExpandQuery"]["NoLinks"] is True
+        inventory = "/redfish/v1/UpdateService/FirmwareInventory"
+        expanded = c.get(inventory, params={"$expand": ".($levels=1)"}).json()["Members"]
+        assert {m["Id"]: m["Version"] for m in expanded} == DEFAULT_FIRMWARE
+        assert all(set(m) == {"@odata.id"} for m in c.get(inventory).json()["Members"])  # links without it
+        gpus = c.get(f"{SYSTEM}/Processors", params={"$expand": "."}).json()["Members"]
+        assert sum(p["ProcessorType"] == "GPU" for p in gpus) == 8
+        rf_error(c.get(inventory, params={"$expand": "*"}), 501, "QueryNotSupported")
 
 
 async def test_audit_counts_requests_and_resets_per_server(lab_bmcs, bmc_admin, redfish):

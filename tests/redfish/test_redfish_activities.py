@@ -63,6 +63,54 @@ async def test_inventory_and_sel(acts, lab_bmcs, bmc_admin):
     assert later.critical and later.last_id != first.last_id
 
 
+async def requests_since(admin, name: str, cursor: int) -> list[str]:
+    return [f"{e['method']} {e['path'].removeprefix('/redfish/v1')}" for e in await admin.server_audit(name, cursor)]
+
+
+async def test_calls_carry_what_they_read_and_ask_nothing_twice(acts, lab_bmcs, bmc_admin):
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 0), lab_bmcs.names[0]
+    cursor = await bmc_admin.audit_cursor()
+    inv = await env.run(acts.redfish_inventory, ref)
+    assert len(inv.gpus) == 8 and len(inv.firmware) == 15
+    assert (inv.system, inv.sel_entries) == ("/redfish/v1/Systems/1", "/redfish/v1/Systems/1/LogServices/SEL/Entries")
+    assert await requests_since(bmc_admin, name, cursor) == [  # collections expanded: one request each
+        "GET /", "GET /Systems", "GET /Systems/1", "GET /UpdateService",
+        "GET /UpdateService/FirmwareInventory", "GET /Systems/1/Processors", "GET /Systems/1/LogServices",
+    ]  # fmt: skip
+    known = ref.model_copy(update={"system": inv.system})
+    cursor = await bmc_admin.audit_cursor()
+    log = await env.run(acts.redfish_sel, SelQuery(bmc=known, entries=inv.sel_entries))
+    assert log.entries_path == inv.sel_entries
+    boot = await env.run(acts.redfish_set_boot, BootRequest(bmc=known, target="Pxe"))
+    assert (boot.changed, boot.power_state) == (True, "Off")
+    on = await env.run(acts.redfish_power, PowerRequest(bmc=known, state="On", current=boot.power_state))
+    assert on.changed and (await bmc_admin.server(name))["booted_from"] == "Pxe"
+    assert await requests_since(bmc_admin, name, cursor) == [
+        "GET /Systems/1/LogServices/SEL/Entries",
+        "GET /Systems/1", "PATCH /Systems/1", "GET /Systems/1",  # read, write, read back
+        "POST /Systems/1/Actions/ComputerSystem.Reset", "GET /Systems/1",  # told it was Off: reset, then verify
+    ]  # fmt: skip
+
+    # Told a state that is no longer true: the BMC's refusal sends it back to reading first.
+    await bmc_admin.add_fault({"server": name, "method": "POST", "path": "ComputerSystem.Reset$"}, {"status": 409})
+    again = await env.run(acts.redfish_power, PowerRequest(bmc=known, state="On", current="Off"))
+    assert again.changed is False and await resets(bmc_admin, name) == ["On"]
+    with pytest.raises(ValueError, match="Redfish path"):
+        SelQuery(bmc=known, entries="https://elsewhere/redfish/v1/x")
+
+
+async def test_a_busy_bmc_is_retried_when_it_asks(acts, lab_bmcs, bmc_admin):
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 1), lab_bmcs.names[1]
+    cursor = await bmc_admin.audit_cursor()
+    await bmc_admin.outage(name, seconds=3)
+    with pytest.raises(ApplicationError) as busy:
+        await env.run(acts.redfish_health, ref.model_copy(update={"system": "1"}))
+    assert busy.value.type == "BmcUnavailable" and not busy.value.non_retryable
+    assert busy.value.next_retry_delay is not None and 2 <= busy.value.next_retry_delay.total_seconds() <= 4
+    assert "asked to retry after" in busy.value.message
+    assert len(await bmc_admin.server_audit(name, cursor)) == 1  # no retry of its own behind the BMC's back
+
+
 async def test_errors_are_classified_and_never_carry_the_password(acts, lab_bmcs, bmc_admin, tmp_path):
     env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 3), lab_bmcs.names[3]
     wrong = tmp_path / "wrong"

@@ -3,7 +3,8 @@
 Servers come as a list or from a NetBox query (role, site, status `planned`). Each runs as a
 `ServerBurnIn` child (`burn-in/<server>`), at most `max_concurrent` at once and at most
 `max_concurrent_per_group` per site or vendor (a rack's power, a vendor's BMC firmware and
-a site's PXE servers have limits of their own). When more than `pause_when_failed_share`
+a site's PXE servers have limits of their own), and one at a time behind one BMC URL
+(`max_concurrent_per_bmc`: a chassis BMC serving several servers serves a handful of clients). When more than `pause_when_failed_share`
 of the finished servers failed, no new server starts until an operator decides through the
 `decide` update: that pattern means a bad image or a bad rack, not bad servers.
 
@@ -53,6 +54,8 @@ from workflows.common.endpoints import Endpoints, RetryTimeout
 HISTORY_LIMIT = 8000
 # Runs from before carried children across continue-as-new (their children end with the run; it drains them first).
 CARRY_CHILDREN_PATCH = "fleet-burn-in-carries-children"
+# Runs from before servers sharing a BMC URL took turns (max_concurrent_per_bmc).
+PER_BMC_PATCH = "fleet-burn-in-per-bmc"
 LISTED = 1000  # servers that did not pass listed with why (counts stay exact)
 
 
@@ -80,6 +83,7 @@ class RunningServer(StrictModel):
     group: str = ""
     workflow_id: str
     run_id: str
+    bmc: str | None = Field(None, description="The server's BMC URL, when the fleet's input gave it.")
 
 
 class FleetDecision(StrictModel):
@@ -100,6 +104,8 @@ class FleetBurnInInput(WorkflowInput, RetryTimeout):
     max_concurrent: int = Field(10, ge=1, le=1000)
     group_by: Literal["site", "vendor"] | None = None
     max_concurrent_per_group: int | None = Field(None, ge=1)
+    max_concurrent_per_bmc: int = Field(1, ge=1, description="Servers burned in at once behind one BMC URL (servers "
+                                        "whose BMC comes from NetBox are not counted).")  # fmt: skip
     pause_when_failed_share: float = Field(0.25, gt=0, le=1, description="Pause when more than this share failed.")
     min_finished_before_pause: int = Field(4, ge=1, description="Judge the share only after this many finished.")
     # Carried across continue-as-new; not for callers.
@@ -162,6 +168,8 @@ class FleetBurnIn:
         self._pending: list[ServerTarget] = []
         self._running: dict[str, str] = {r.server: r.group for r in inp.running}  # server -> group
         self._children: dict[str, RunningServer] = {r.server: r for r in inp.running}
+        self._bmcs: dict[str, str] = {r.server: r.bmc for r in inp.running if r.bmc}  # running server -> BMC URL
+        self._per_bmc = False  # servers sharing a BMC take turns (PER_BMC_PATCH)
         self._decision: FleetDecision | None = None
         self._paused: str | None = None
         self._decisions: list[str] = list(inp.decisions)
@@ -214,6 +222,7 @@ class FleetBurnIn:
     @workflow.run
     async def run(self, inp: FleetBurnInInput) -> FleetBurnInResult:
         self._carry = workflow.patched(CARRY_CHILDREN_PATCH)
+        self._per_bmc = workflow.patched(PER_BMC_PATCH)
         targets = list(inp.servers)
         if inp.netbox_query is not None and not inp.resolved:
             self._phases.enter("listing", "NetBox query")
@@ -243,6 +252,8 @@ class FleetBurnIn:
             assert target is not None
             self._pending.remove(target)
             self._running[target.name] = self._group(target)
+            if target.bmc is not None:
+                self._bmcs[target.name] = target.bmc.url
             tasks.append(asyncio.create_task(self._burn_in(target, inp.settings)))
             started_here += 1
             self._show("running")
@@ -301,10 +312,14 @@ class FleetBurnIn:
         if len(self._running) >= self._inp.max_concurrent:
             return None
         per_group = Counter(self._running.values())
+        per_bmc = Counter(self._bmcs.values()) if self._per_bmc else Counter[str]()
         limit = self._inp.max_concurrent_per_group
         for target in self._pending:
-            if limit is None or per_group[self._group(target)] < limit:
-                return target
+            if limit is not None and per_group[self._group(target)] >= limit:
+                continue
+            if target.bmc is not None and per_bmc[target.bmc.url] >= self._inp.max_concurrent_per_bmc:
+                continue
+            return target
         return None
 
     def _check_failures(self) -> None:
@@ -353,7 +368,8 @@ class FleetBurnIn:
                                       reason="a burn-in of this server is already running"))  # fmt: skip
             return
         self._children[target.name] = RunningServer(server=target.name, group=group, workflow_id=child.workflow_id(),
-                                                    run_id=handle.first_execution_run_id or "")  # fmt: skip
+                                                    run_id=handle.first_execution_run_id or "",
+                                                    bmc=self._bmcs.get(target.name))  # fmt: skip
         self._progressed = True
         try:
             self._record(_outcome(target.name, group, await handle))
@@ -379,6 +395,7 @@ class FleetBurnIn:
         self._count(outcome)
         self._running.pop(outcome.server, None)
         self._children.pop(outcome.server, None)
+        self._bmcs.pop(outcome.server, None)
         self._progressed = True
         self._check_failures()
         self._show("paused" if self._paused else "running")

@@ -17,7 +17,7 @@ without repeating a completed power change. BMC credentials travel as secret ref
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
@@ -51,7 +51,10 @@ from activities.netbox.models import (
 from activities.redfish import (
     BmcRef,
     BootRequest,
+    BootResult,
+    BootTarget,
     PowerRequest,
+    PowerResult,
     RedfishActivities,
     RedfishInventory,
     SelQuery,
@@ -63,6 +66,9 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 
+# Runs from before BMC calls carried the SEL's path and the power state read by the call before (fewer requests).
+CARRY_BMC_FACTS_PATCH = "burn-in-carries-bmc-facts"
+T = TypeVar("T")
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
 
@@ -225,6 +231,8 @@ class ServerBurnIn:
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
         self._findings: list[Finding] = []
         self._gpus: GpuCheckResult | None = None  # the last GPU check, recorded in NetBox
+        self._carry = False  # BMC calls carry what the last one read (CARRY_BMC_FACTS_PATCH); set on the Redfish path
+        self._bmc: BmcRef | None = None  # the BMC with its system's path, once the inventory found it
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
     def progress(self) -> Progress:
@@ -313,22 +321,20 @@ class ServerBurnIn:
         result.firmware = inventory.firmware
         if bmc.system is None and inventory.system:  # later calls skip looking the system up
             bmc = bmc.model_copy(update={"system": inventory.system})
+        self._bmc = bmc
         result.findings += firmware_findings(expected.firmware, inventory.firmware)
 
+        self._carry = workflow.patched(CARRY_BMC_FACTS_PATCH)
         self._enter("reading-sel", "before")
         before_sel: SelReport = await self._calls.execute(
-            RedfishActivities.redfish_sel, SelQuery(bmc=bmc), **BMC_CALL, endpoint=bmc_endpoint(bmc),
-            summary="SEL before")  # fmt: skip
+            RedfishActivities.redfish_sel, SelQuery(bmc=bmc, entries=self._carried(inventory.sel_entries)), **BMC_CALL,
+            endpoint=bmc_endpoint(bmc), summary="SEL before")  # fmt: skip
         if before_sel.critical:
             result.notes.append(f"{len(before_sel.critical)} critical SEL entries before burn-in "
                                 f"(latest: {before_sel.critical[-1].message})")  # fmt: skip
 
         self._enter("booting-burn-in-image", settings.boot_target)
-        await self._calls.execute(
-            RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target=settings.boot_target, enabled="Once"),
-            **BMC_CALL, endpoint=bmc_endpoint(bmc), summary=f"one-time boot {settings.boot_target}")  # fmt: skip
-        await self._power(bmc, "Off")
-        await self._power(bmc, "On")
+        await self._boot_and_cycle(bmc, settings.boot_target)
 
         queue = host_task_queue(target.name)
         self._enter("waiting-for-agent", queue)
@@ -372,8 +378,9 @@ class ServerBurnIn:
 
         self._enter("reading-sel", "after")
         after_sel: SelReport = await self._calls.execute(
-            RedfishActivities.redfish_sel, SelQuery(bmc=bmc, after_id=before_sel.last_id), **BMC_CALL,
-            endpoint=bmc_endpoint(bmc), summary="SEL after")  # fmt: skip
+            RedfishActivities.redfish_sel, SelQuery(bmc=bmc, after_id=before_sel.last_id,
+                                                    entries=self._carried(before_sel.entries_path)),
+            **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="SEL after")  # fmt: skip
 
         self._enter("deciding")
         verdict = gpu_verdict(check, before, after, stress)
@@ -386,22 +393,32 @@ class ServerBurnIn:
         self._gpus = after
         return result
 
-    async def _power(self, bmc: BmcRef, state: Literal["On", "Off"]) -> None:
-        await self._calls.execute(
-            RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state), endpoint=bmc_endpoint(bmc),
-            start_to_close_timeout=timedelta(minutes=6), heartbeat_timeout=timedelta(seconds=30),
-            retry_policy=BMC_RETRY, summary=f"power {state}",
+    def _carried(self, fact: T | None) -> T | None:
+        """A fact an earlier BMC call read, for the next call to skip reading it again (not in older runs)."""
+        return fact if self._carry else None
+
+    async def _boot_and_cycle(self, bmc: BmcRef, target: BootTarget) -> None:
+        """A one-time boot from `target`: the override, then power Off and On, each told what the last one read."""
+        boot: BootResult = await self._calls.execute(
+            RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target=target, enabled="Once"), **BMC_CALL,
+            endpoint=bmc_endpoint(bmc), summary=f"one-time boot {target}")  # fmt: skip
+        off = await self._power(bmc, "Off", self._carried(boot.power_state))
+        await self._power(bmc, "On", self._carried(off.state))
+
+    async def _power(self, bmc: BmcRef, state: Literal["On", "Off"], current: Literal["On", "Off"] | None = None
+                     ) -> PowerResult:  # fmt: skip
+        return await self._calls.execute(
+            RedfishActivities.redfish_power, PowerRequest(bmc=bmc, state=state, current=current),
+            endpoint=bmc_endpoint(bmc), start_to_close_timeout=timedelta(minutes=6),
+            heartbeat_timeout=timedelta(seconds=30), retry_policy=BMC_RETRY, summary=f"power {state}",
         )  # fmt: skip
 
     async def _after(self, bmc: BmcRef, settings: BurnInSettings, result: ServerBurnInResult) -> None:
         """Leave the server the way operators expect: on its disk after a pass, off after a failure."""
+        bmc = self._carried(self._bmc) or bmc  # the system found by the inventory
         if result.result == "passed" and settings.boot_disk_after_pass:
             self._enter("booting-disk")
-            await self._calls.execute(
-                RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target="Hdd", enabled="Once"), **BMC_CALL,
-                endpoint=bmc_endpoint(bmc), summary="one-time boot Hdd")  # fmt: skip
-            await self._power(bmc, "Off")
-            await self._power(bmc, "On")
+            await self._boot_and_cycle(bmc, "Hdd")
         elif result.result == "failed" and settings.power_off_on_failure:
             self._enter("powering-off")
             await self._power(bmc, "Off")
