@@ -786,6 +786,7 @@ class Rollout:
             allow_downgrade=inp.allow_downgrade,
             runtime_required=inp.runtime_required,
             auto_taint_new_nodes=inp.auto_taint_new_nodes,
+            validation=inp.validation,
             drain=inp.drain_config.settings(),
             non_interrupt_selector=(
                 inp.pod_non_interrupt_labels.to_selector_string() if inp.pod_non_interrupt_labels else None
