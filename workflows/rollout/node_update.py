@@ -4,6 +4,7 @@ non-interruptible check → cordon → drain → the uninstall lane (each packag
 the node has: uninstall, then one coalesced uninstall-interrupt) → per package (dependency order):
 apply|upgrade, config (each a Job with its `-check`) → one coalesced interrupt (a
 reboot verified by a new bootID and the node Ready again) → post-interrupt →
+the validation gate when asked (workflows/validation/gate.py: a node that fails stays cordoned, `erroring`) →
 record the packages on the node (the uninstalled ones gone) → uncordon, and with `runtimeRequired` the
 runtime-required taint removed, in the same write.
 
@@ -34,6 +35,9 @@ History events per node (W = a workflow task, 3 events), counted from tests/hist
     evicted adds its eviction (3, and a W unless evictions share one) and the wait for the pods to go 3 + W once:
     one pod, 28. A pause adds the cancellation and a W, and a new stages activity (3 + W) for what is left.
   Its batch adds 3 per node (child initiated, started, completed) and a share of its workflow tasks.
+  With `validation` (VALIDATION, node_update_validated.json): its marker and search attribute 2, the GPU check 3 + W,
+    the verdict on the node 1: 9 more; a load window and a validation Job 3 + W each (that history: 21 more, 37).
+    A node failing its GPU check ends there (node_update_validation_failed.json, 24).
 """
 
 from __future__ import annotations
