@@ -62,10 +62,17 @@ async def validation_events(core, node: str) -> list[str]:
 
 
 async def assert_failed_validation(core, node: str, words: str) -> None:
-    """Cordoned, erroring with the validation's reason, the condition False, the annotation and an Event saying it."""
+    """Erroring with the validation's reason, and cordoned for it."""
     found = await read_node(core, node)
-    assert found.spec.unschedulable and found.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
+    assert found.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
     assert "validation failed" in json.loads(found.metadata.annotations[ROLLOUT_ANNOTATION])["reason"]
+    await assert_cordoned_for_validation(core, node, words)
+
+
+async def assert_cordoned_for_validation(core, node: str, words: str) -> None:
+    """Cordoned, the condition False, the reason annotation and an Event saying `words`."""
+    found = await read_node(core, node)
+    assert found.spec.unschedulable
     assert words in found.metadata.annotations[VALIDATION_ANNOTATION]
     condition = next(c for c in found.status.conditions if c.type == VALIDATED)
     assert condition.status == "False" and condition.reason == "ValidationFailed" and words in condition.message
