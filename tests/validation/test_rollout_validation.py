@@ -91,6 +91,8 @@ async def test_a_node_back_with_a_gpu_missing_stays_cordoned_and_counts_failed(
     assert status.counts == {"erroring": 1, "complete": 1, "waiting": 1}
     assert status.compartments["__default__"].batch_state.consecutive_failures == 1
     assert "gpu_count: 8 GPUs expected, NVML sees 7" in status.problems[bad].reason
+    progress = await handle.query(Rollout.progress)
+    assert f"node `{bad}` erroring: validation failed: gpu_count: 8 GPUs expected, NVML sees 7" in progress.details
     await assert_failed_validation(core, bad, "8 GPUs expected, NVML sees 7")
     # Its healthy neighbour passed the same gate and is back in service.
     ok = await read_node(core, good)
