@@ -30,15 +30,15 @@ from workflows.common.errors import error_text
 from workflows.validation.models import ValidationJob, ValidationResult, ValidationSettings
 
 
-async def validate_node(cluster: str, node: str, settings: ValidationSettings, *, by: str, ordinal: int = 0) \
-        -> ValidationResult:  # fmt: skip
+async def validate_node(cluster: str, node: str, settings: ValidationSettings, *, by: str, ordinal: int = 0,
+                        attempt: int = 1) -> ValidationResult:  # fmt: skip
     """Run the checks `settings` asks for on `node`, show the verdict on it, and return it (never raises for a
-    node that fails: that is the verdict)."""
+    node that fails: that is the verdict). `attempt` numbers the validations of one run: each gets its own Job."""
     findings: list[str] = []
     if settings.gpu_check:
         findings += await _gpu_findings(node, settings)
     if settings.job is not None and not findings:  # a node that failed its GPU check gets no Job on it
-        findings += await _job_findings(cluster, node, settings.job, by=by, ordinal=ordinal)
+        findings += await _job_findings(cluster, node, settings.job, by=by, ordinal=ordinal, attempt=attempt)
     result = ValidationResult(passed=not findings, reason="; ".join(findings)[:1000], findings=findings)
     await workflow.execute_local_activity_method(
         KubeActivities.mark_node_validation,
@@ -75,10 +75,11 @@ async def _agent(method, arg, node: str, settings: ValidationSettings, start_to_
     )  # fmt: skip
 
 
-async def _job_findings(cluster: str, node: str, job: ValidationJob, *, by: str, ordinal: int) -> list[str]:
+async def _job_findings(cluster: str, node: str, job: ValidationJob, *, by: str, ordinal: int, attempt: int) \
+        -> list[str]:  # fmt: skip
     request = StageJobRequest(cluster=cluster, node=node, rollout=by, ordinal=ordinal, package="validation",
                               version=job.version, image=job.image, stage="validate", command=job.command,
-                              timeout_seconds=job.timeout.total_seconds())  # fmt: skip
+                              timeout_seconds=job.timeout.total_seconds(), try_number=attempt)  # fmt: skip
     ran = await workflow.execute_activity_method(
         KubeActivities.run_stage_job, request,
         start_to_close_timeout=job.timeout + timedelta(seconds=JOB_WAIT_SLACK_SECONDS) + timedelta(minutes=1),
