@@ -10,7 +10,7 @@ import uuid
 from kubernetes.aio import client as k8s_client
 
 from activities.kube.models import JOB_NAMESPACE, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
-from activities.kube.node_marks import VALIDATED, VALIDATION_ANNOTATION
+from activities.kube.node_marks import RUNTIME_REQUIRED_TAINT, VALIDATED, VALIDATION_ANNOTATION
 from lab.fleet import Fleet
 from tests.kube_helpers import read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
@@ -161,3 +161,20 @@ async def test_validation_switched_off_explicitly_runs_no_check(client, kube_wor
     found = await read_node(core, node)
     assert not found.spec.unschedulable
     assert not any(c.type == VALIDATED for c in found.status.conditions)
+
+
+async def test_the_runtime_required_taint_stays_on_a_new_node_that_fails_validation(
+    client, kube_worker, k8s, core, bmc_admin, lab_hosts, burnin_bmcs
+):
+    bad, good = burnin_bmcs.names[:2]
+    await lab(k8s, bmc_admin, lab_hosts, [bad, good], faults={bad: {"missing_gpus": 2}})
+    spec = rollout_spec("new-nodes", runtimeRequired=True, autoTaintNewNodes=True, validation={"expectedGpus": 8})
+    result = await (await start(client, kube_worker, spec)).result()
+    assert result.counts == {"erroring": 1, "complete": 1}
+
+    def tainted(node) -> bool:
+        return any(t.key == RUNTIME_REQUIRED_TAINT["key"] for t in node.spec.taints or [])
+
+    assert tainted(await read_node(core, bad))  # NodeWright's new-node gate waits for the validation too
+    assert not tainted(await read_node(core, good))
+    await assert_cordoned_for_validation(core, bad, "8 GPUs expected, NVML sees 6")
