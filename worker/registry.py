@@ -68,6 +68,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.tenancy.models",
     "workflows.tenancy.objects",
     "workflows.tenancy.plan",
+    "workflows.validation",  # the validation gate and its models: no workflow in it
 )
 
 

@@ -89,6 +89,7 @@ class KubeActivities(RolloutNodeActivities):
             self.start_node_update,
             self.run_node_stages,
             self.finish_node_update,
+            self.mark_node_validation,
         ]
 
     # ------------------------------------------------------------ rollouts: a node's update in three calls

@@ -39,7 +39,7 @@ JOB_ROLLOUT_ANNOTATION = "millwright.dev/rollout-id"
 JOB_VERSION_ANNOTATION = "millwright.dev/version"
 JOB_ATTEMPT_ANNOTATION = "millwright.dev/attempt"
 JOB_TRY_ANNOTATION = "millwright.dev/try"
-STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt")
+STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt", "validate")
 INTERRUPTS = ("reboot", "service", "restartAllServices", "noop")
 
 
@@ -223,6 +223,16 @@ class NodeRolloutState(StrictModel):
     reason: str = ""
 
 
+class NodeValidationMark(StrictModel):
+    """A validation's verdict to show on the node (workflows/validation/gate.py)."""
+
+    cluster: str
+    node: str
+    by: str = Field(description="The workflow that validated the node: in the Event's name, so a retry adds none.")
+    passed: bool
+    reason: str = Field("", description="What failed; empty when it passed.")
+
+
 class PackageInstalled(StrictModel):
     cluster: str
     node: str
@@ -241,6 +251,9 @@ class NodeStage(StrictModel):
     services: list[str] = Field(default_factory=list)
     config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
     timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
+    command: list[str] = Field(
+        default_factory=list, description="For stage validate: the container's command (else the image's own)."
+    )
 
 
 class StageJobRequest(NodeStage):

@@ -32,6 +32,7 @@ from activities.kube.models import (
     NodeInfo,
     NodeRef,
     NodeRolloutState,
+    NodeValidationMark,
     PodQuery,
     PodRef,
     SkippedPod,
@@ -421,3 +422,25 @@ class NodeActivities:
         if event and (previous is None or previous.status != "True"):
             await marks.record_event(core, marks.event_body(node, found.metadata.uid or "", marks.DRAIN_BLOCKED, message,
                                                             warning=True, key=(message,)))  # fmt: skip
+
+    @activity.defn
+    async def mark_node_validation(self, req: NodeValidationMark) -> None:
+        """Show a validation's verdict on the node: the `MillwrightValidated` condition, the reason annotation while
+        it fails (removed once it passes), and a Warning Event when it fails. Idempotent: a retry writes the same
+        and the Event's name repeats. Never touches the cordon: a failed node stays as its workflow left it."""
+        found = await self._read_node(req.cluster, req.node)
+        core = await self._clusters.core(req.cluster)
+        previous = marks.condition(found.status.conditions or [], marks.VALIDATED)
+        reason, message = ("ValidationPassed", f"validated by {req.by}") if req.passed else \
+            ("ValidationFailed", f"{req.by}: {req.reason}")  # fmt: skip
+        await api_call(f"recording {marks.VALIDATED} on node {req.node}", core.patch_node_status(
+            req.node, marks.condition_patch(marks.VALIDATED, req.passed, reason, message, previous),
+            _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+        value = None if req.passed else req.reason[:1000]
+        if annotation_of(found, marks.VALIDATION_ANNOTATION) != value:
+            await self._patch_node(req.cluster, req.node, {"metadata": {"annotations": {
+                marks.VALIDATION_ANNOTATION: value}}}, f"recording the validation on node {req.node}",
+                lambda n: annotation_of(n, marks.VALIDATION_ANNOTATION) == value)  # fmt: skip
+        if not req.passed:
+            await marks.record_event(core, marks.event_body(req.node, found.metadata.uid or "", reason, message,
+                                                            warning=True, key=(req.by,)))  # fmt: skip

@@ -29,6 +29,9 @@ from temporalio import activity
 RUNTIME_REQUIRED_TAINT = {"key": "nodewright.nvidia.com", "value": "runtime-required", "effect": "NoSchedule"}
 AUTO_TAINT_ANNOTATION = f"nodewright.nvidia.com/autoTaint_{RUNTIME_REQUIRED_TAINT['key']}"
 DRAIN_BLOCKED = "DrainBlocked"
+# The validation gate's verdict (workflows/validation/gate.py): False keeps the node cordoned until someone looks.
+VALIDATED = "MillwrightValidated"
+VALIDATION_ANNOTATION = "millwright.dev/validation"  # why the node failed validation; gone once it passes
 EVENT_NAMESPACE = "default"
 EVENT_COMPONENT = "millwright"
 _EVENT_TIMEOUT = 5.0
@@ -88,12 +91,17 @@ def condition(conditions: list[Any], ctype: str) -> Any | None:
 
 def drain_blocked_patch(blocked: bool, reason: str, message: str, previous: Any | None) -> dict[str, Any]:
     """A node status patch setting `DrainBlocked` (the conditions list merges by type: the others stay)."""
-    status = "True" if blocked else "False"
+    return condition_patch(DRAIN_BLOCKED, blocked, reason, message, previous)
+
+
+def condition_patch(ctype: str, true: bool, reason: str, message: str, previous: Any | None) -> dict[str, Any]:
+    """A node status patch setting condition `ctype`; its transition time moves only when its status does."""
+    status = "True" if true else "False"
     now = _now()
     since = now
     if previous is not None and previous.status == status and previous.last_transition_time is not None:
         since = previous.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"status": {"conditions": [{"type": DRAIN_BLOCKED, "status": status, "reason": reason,
+    return {"status": {"conditions": [{"type": ctype, "status": status, "reason": reason,
                                        "message": message[:1024], "lastHeartbeatTime": now,
                                        "lastTransitionTime": since}]}}  # fmt: skip
 

@@ -203,7 +203,7 @@ class RolloutNodeActivities(NodeActivities):
             c: dict[str, Any] = {
                 "name": cname,
                 "image": image,
-                "args": [step],
+                **({"command": req.command} if req.command else {"args": [step]}),
                 "env": env,
                 "securityContext": {"privileged": True},
                 "volumeMounts": [{"name": "host-root", "mountPath": "/host"}],
@@ -212,8 +212,9 @@ class RolloutNodeActivities(NodeActivities):
                 c["envFrom"] = [{"configMapRef": {"name": name}}]
             return c
 
-        # NodeWright's order: the stage's work, then its check (not for interrupts); init containers run in order.
-        if interrupt:
+        # NodeWright's order: the stage's work, then its check (not for interrupts, nor a validation, its own
+        # check); init containers run in order.
+        if interrupt or req.stage == "validate":
             init, main = [], [container(req.stage, req.stage)]
         else:
             init, main = [container(req.stage, req.stage)], [container(f"{req.stage}-check", f"{req.stage}-check")]

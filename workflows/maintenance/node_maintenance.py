@@ -3,7 +3,8 @@
 cordon (ownership recorded on the node) → wait for protected pods to finish →
 evict through the eviction API (a PodDisruptionBudget refusal is a visible wait
 state, never an error) → wait until the evicted pods are gone → optionally uncordon,
-never removing a cordon someone else placed.
+never removing a cordon someone else placed; with `validation`, only once the node passes the validation gate
+(workflows/validation/gate.py), else it stays cordoned and the run ends `validation-failed`.
 
 Every step is an idempotent activity and the plan lives in workflow state, so a
 worker killed at any point resumes without repeating a cordon or an eviction.
@@ -15,7 +16,7 @@ import asyncio
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -32,6 +33,11 @@ from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.validation.gate import validate_node
+from workflows.validation.models import ValidationResult, ValidationSettings
+
+# workflow.patched() id of the validation gate before the uncordon.
+VALIDATION = "node-maintenance-validation"
 
 Phase = Literal[
     "starting",
@@ -40,11 +46,14 @@ Phase = Literal[
     "waiting-for-protected-pods",
     "draining",
     "waiting-for-pods-to-terminate",
+    "validating",
     "uncordoning",
     "completed",
     "aborted",
     "failed",
+    "validation-failed",
 ]
+FINISHED = ("completed", "aborted", "failed", "validation-failed")
 
 
 class NodeMaintenanceInput(WorkflowInput, RetryTimeout):
@@ -75,7 +84,17 @@ class NodeMaintenanceInput(WorkflowInput, RetryTimeout):
     _names = field_validator("cluster", "node")(validate_object_name)
     _selector = field_validator("protected_pod_selector")(validate_label_selector)
 
+    validation: ValidationSettings | None = Field(
+        None, description="Checks the node must pass before the uncordon (docs/validation.md); needs uncordon_after."
+    )
+
     _durations = field_validator("protected_pods_timeout", "protected_pods_poll_interval")(validate_positive_duration)
+
+    @model_validator(mode="after")
+    def _validation_gates_the_uncordon(self) -> NodeMaintenanceInput:
+        if self.validation is not None and self.validation.enabled and not self.uncordon_after:
+            raise ValueError("validation: it gates the uncordon; set uncordon_after: true (or leave validation out)")
+        return self
 
     def workflow_id(self) -> str:
         return f"node-maintenance/{self.cluster}/{self.node}"
@@ -91,18 +110,20 @@ class NodeMaintenanceStatus(DrainProgress):
     protected_pods: list[str] = Field(default_factory=list)
     uncordoned: bool = False
     lease: str | None = Field(None, description="The disruption budget lease held for the node.")
+    validation: ValidationResult | None = None
     note: str = ""
 
 
 class NodeMaintenanceResult(StrictModel):
     cluster: str
     node: str
-    outcome: Literal["completed", "aborted"]
+    outcome: Literal["completed", "aborted", "validation-failed"]
     cordoned_by_us: bool
     cordon_holder: str | None = None
     evicted: list[str]
     skipped: list[SkippedPod]
     uncordoned: bool
+    validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when it ran.")
     note: str = ""
 
 
@@ -139,7 +160,7 @@ class NodeMaintenance:
             done=len(s.evicted),
             total=s.to_evict,
             details=self._summary(),
-            finished=s.phase in ("completed", "aborted", "failed"),
+            finished=s.phase in FINISHED,
             waiting=self._calls.waiting(),
         )
 
@@ -153,7 +174,7 @@ class NodeMaintenance:
     def _validate_abort(self, req: AbortRequest) -> None:
         if self._abort is not None:
             raise ValueError(f"already aborting: {self._abort.reason}")
-        if self._status.phase in ("uncordoning", "completed", "aborted", "failed"):
+        if self._status.phase in ("validating", "uncordoning", *FINISHED):
             raise ValueError(f"nothing to abort: the maintenance is {self._status.phase}")
 
     @workflow.update(description="Stop waiting for protected pods and drain now.")
@@ -210,11 +231,19 @@ class NodeMaintenance:
             raise
         if self._abort is not None:
             return await self._finish("aborted", cordon, self._abort.uncordon, f"aborted: {self._abort.reason}")
+        if inp.validation is not None and inp.validation.enabled and inp.uncordon_after and self._status.cordoned_by_us \
+                and workflow.patched(VALIDATION):  # fmt: skip
+            self._enter("validating")
+            verdict = await validate_node(inp.cluster, inp.node, inp.validation, by=owner)
+            self._status.validation = verdict
+            if not verdict.passed:  # left cordoned, its lease kept: it must not take work until someone looks
+                return await self._finish("validation-failed", cordon, False, f"validation failed: {verdict.reason}")
         return await self._finish("completed", cordon, inp.uncordon_after, "")
 
     async def _finish(
-        self, outcome: Literal["completed", "aborted"], cordon: CordonRequest, uncordon: bool, note: str
-    ) -> NodeMaintenanceResult:
+        self, outcome: Literal["completed", "aborted", "validation-failed"], cordon: CordonRequest, uncordon: bool,
+        note: str,
+    ) -> NodeMaintenanceResult:  # fmt: skip
         s = self._status
         if uncordon and s.cordoned_by_us:
             self._enter("uncordoning")
@@ -243,6 +272,7 @@ class NodeMaintenance:
             evicted=s.evicted,
             skipped=s.skipped,
             uncordoned=s.uncordoned,
+            validation=s.validation,
             note=note,
         )
 

@@ -28,6 +28,7 @@ from workflows.remediation.policy import (
     remediation_workflow_id,
     validate_cooldown,
 )
+from workflows.validation.models import ValidationSettings
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
@@ -63,6 +64,8 @@ class RemediationSettings(RetryTimeout):
     dcgm_level: int | None = Field(None, ge=1, le=4, description="dcgmi diag level during burn-in (when installed).")
     expected_gpus: int | None = Field(None, ge=0, le=64, description="GPUs the node must have (None: not checked).")
     gpu_model: str | None = Field(None, description="e.g. NVIDIA H200 (None: not checked).")
+    validation: ValidationSettings | None = Field(None, description="Checks a fixed node must pass too before its "
+                                                  "uncordon (docs/validation.md); failing them, the step did not fix it.")  # fmt: skip
     disruption_budget: bool = Field(True, description="Take a lease from the cluster's disruption budget first.")
     budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
     breaker: BreakerSettings = Field(default_factory=BreakerSettings, description="When the cluster's remediation "

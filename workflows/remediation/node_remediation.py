@@ -9,7 +9,8 @@ twice at once):
   agent; `power-cycle` through Redfish, Off then On, waiting for Ready with a new boot ID), optionally after an
   operator's approval: its success check (node conditions clear, the host agent's GPU check clean, the BMC's
   health rollup not critical, within `settle_timeout`), then a short burn-in (GPU check, stress, GPU check,
-  `gpu_verdict`) → healthy: uncordon, return the lease.
+  `gpu_verdict`), and with `validation` the validation gate (workflows/validation/gate.py) → healthy: uncordon,
+  return the lease.
 
   At its start it reads the node and ends `skipped`, touching nothing, when the node is quarantined, opted out,
   remediated less than `cooldown` ago, or written by Millwright since the sweep decided from it (`decided_from`):
@@ -85,6 +86,7 @@ from workflows.remediation.models import (
     finding_text,
 )
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
+from workflows.validation.gate import validate_node
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
 # AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
@@ -95,6 +97,7 @@ NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
 MARK_REMEDIATED_PATCH = "remediation-mark-remediated"  # the last-remediation annotation at the end of a run
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start refuses a stale or unwanted run
+VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -292,6 +295,17 @@ class NodeRemediation:
             return StepRecord(step=step, outcome="failed", detail=error_text(err), approval=approval)
         try:
             healthy, why = await self._verify(bmc, check)
+            if healthy and inp.validation is not None and inp.validation.enabled and workflow.patched(VALIDATION_PATCH):
+                self._enter("validating")
+                verdict = await validate_node(
+                    inp.cluster,
+                    inp.node,
+                    inp.validation,
+                    by=workflow.info().workflow_id,
+                    attempt=len(self._status.steps) + 1,
+                )
+                if not verdict.passed:  # the ladder goes on, and ends in quarantine if nothing makes it pass
+                    healthy, why = False, f"validation failed: {verdict.reason}"
         except (ActivityError, ApplicationError) as err:
             healthy, why = False, f"check failed: {error_text(err)}"
         return StepRecord(step=step, outcome="fixed" if healthy else "not-fixed",

@@ -20,6 +20,7 @@ from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.packages import Interrupt
 from workflows.rollout.policy import Plan
 from workflows.rollout.state import BatchState, NodeStatus
+from workflows.validation.models import ValidationResult, ValidationSettings
 
 # ---------------------------------------------------------------- NodeUpdate
 
@@ -58,6 +59,7 @@ class NodeUpdateTemplate(StrictModel):
     allow_downgrade: bool = Field(False, description="Install over later versions (else the node is refused).")
     runtime_required: bool = Field(False, description="Remove the runtime-required taint once the node completes.")
     auto_taint_new_nodes: bool = Field(False, description="Taint a new node runtime-required before its update.")
+    validation: ValidationSettings | None = Field(None, description="Checks the node must pass before its uncordon.")
 
     @property
     def out_of_service(self) -> bool:
@@ -79,6 +81,7 @@ class NodeUpdateResult(StrictModel):
     outcome: Outcome
     reason: str = ""
     stages: list[StageRecord] = Field(default_factory=list)
+    validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when it ran.")
     drain_seconds: float | None = None
     reboot_seconds: float | None = None
 

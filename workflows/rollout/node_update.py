@@ -4,6 +4,7 @@ non-interruptible check → cordon → drain → the uninstall lane (each packag
 the node has: uninstall, then one coalesced uninstall-interrupt) → per package (dependency order):
 apply|upgrade, config (each a Job with its `-check`) → one coalesced interrupt (a
 reboot verified by a new bootID and the node Ready again) → post-interrupt →
+the validation gate when asked (workflows/validation/gate.py: a node that fails stays cordoned, `erroring`) →
 record the packages on the node (the uninstalled ones gone) → uncordon, and with `runtimeRequired` the
 runtime-required taint removed, in the same write.
 
@@ -34,6 +35,9 @@ History events per node (W = a workflow task, 3 events), counted from tests/hist
     evicted adds its eviction (3, and a W unless evictions share one) and the wait for the pods to go 3 + W once:
     one pod, 28. A pause adds the cancellation and a W, and a new stages activity (3 + W) for what is left.
   Its batch adds 3 per node (child initiated, started, completed) and a share of its workflow tasks.
+  With `validation` (VALIDATION, node_update_validated.json): its marker and search attribute 2, the GPU check 3 + W,
+    the verdict on the node 1: 9 more; a load window and a validation Job 3 + W each (that history: 21 more, 37).
+    A node failing its GPU check ends there (node_update_validation_failed.json, 24).
 """
 
 from __future__ import annotations
@@ -66,11 +70,20 @@ from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.maintenance.drain import Drain
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
 from workflows.rollout.packages import Interrupt
+from workflows.validation.gate import validate_node
+from workflows.validation.models import ValidationSettings
 
 # Long waits heartbeat; a worker that dies mid-wait is noticed this fast and the wait resumes elsewhere.
 HEARTBEAT = timedelta(seconds=10)
 # workflow.patched() id of the three-call shape (module docstring); runs from before replay `_run_per_call`.
 FOLDED_CALLS = "node-update-folded-calls"
+# workflow.patched() id of the validation gate between the stages and the finish (workflows/validation/gate.py).
+VALIDATION = "node-update-validation"
+
+
+class ValidationFailed(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"validation failed: {reason}")
 
 
 class StageFailed(Exception):
@@ -143,6 +156,8 @@ class NodeUpdate:
             stages = self._uninstall_stages(removing) + self._stages_of(due, installed)
             if stages:
                 await self._run_stages(stages, started.node.boot_id or "", result)
+            if t.validation is not None and t.validation.enabled and workflow.patched(VALIDATION):
+                await self._validate(t.validation, result)
             finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout,
                                       packages={p.name: p.version for p in due}, removed=[p.name for p in removing],
                                       uncordon=t.out_of_service, untaint=t.runtime_required)  # fmt: skip
@@ -152,7 +167,7 @@ class NodeUpdate:
             self._status.stage, self._status.package = "complete", None
             if t.out_of_service:
                 await self._release("uncordoned")
-        except StageFailed as err:
+        except (StageFailed, ValidationFailed) as err:
             return await self._erroring(result, str(err), local=True)
         except (ActivityError, ApplicationError) as err:
             cause = err.cause if isinstance(err, ActivityError) and err.cause else err
@@ -160,6 +175,15 @@ class NodeUpdate:
         finally:
             result.stages = self._status.stages
         return result
+
+    async def _validate(self, settings: ValidationSettings, result: NodeUpdateResult) -> None:
+        """The validation gate before the uncordon; a node that fails it stays cordoned, its lease kept."""
+        await self._hold("validate")
+        t = self._inp.template
+        result.validation = await validate_node(t.cluster, self._inp.node, settings, by=t.rollout,
+                                                ordinal=self._inp.ordinal)  # fmt: skip
+        if not result.validation.passed:
+            raise ValidationFailed(result.validation.reason)
 
     async def _drain(self, plan: DrainPlan | None, result: NodeUpdateResult) -> None:
         t = self._inp.template

@@ -83,6 +83,7 @@ from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, Ro
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
 RECENT_BATCHES = 20
+PROBLEMS_SHOWN = 5  # erroring nodes named in `progress` (every one is in `status`)
 SURVEY_PAGE = 1000
 # workflow.patched() id of batch planning (docs/rollout-batch-planning.md): membership re-read before each batch,
 # erroring nodes retried, the priority order, resetBatchStateOnCompletion. Runs from before keep their fixed members.
@@ -786,6 +787,7 @@ class Rollout:
             allow_downgrade=inp.allow_downgrade,
             runtime_required=inp.runtime_required,
             auto_taint_new_nodes=inp.auto_taint_new_nodes,
+            validation=inp.validation,
             drain=inp.drain_config.settings(),
             non_interrupt_selector=(
                 inp.pod_non_interrupt_labels.to_selector_string() if inp.pod_non_interrupt_labels else None
@@ -910,4 +912,7 @@ class Rollout:
             lines.append(
                 f"- `{view.name}` {view.phase} (batch {view.batch_state.current_batch}, ceiling {view.ceiling}): {view.note}"
             )
+        # Why nodes failed (a stage, the validation gate), so a watcher sees it without the status query.
+        erroring = [n for n, s in self._cp.nodes.items() if s == "erroring"]
+        lines += [f"- node `{n}` erroring: {self._cp.reasons.get(n, '')[:300]}" for n in erroring[:PROBLEMS_SHOWN]]
         return "\n".join(lines)

@@ -51,6 +51,7 @@ from workflows.rollout.label_selector import LabelSelector
 from workflows.rollout.packages import PACKAGE_NAME, Package
 from workflows.rollout.spec_fields import Duration
 from workflows.rollout.state import RolloutCheckpoint
+from workflows.validation.models import ValidationSettings
 
 
 def describe_errors(error: ValidationError) -> list[str]:
@@ -116,6 +117,11 @@ class RolloutInput(WorkflowInput):
         False,
         description="Give each new node (none of Millwright's annotations yet) the runtime-required taint "
         "when the rollout reaches it; needs runtimeRequired.",
+    )
+    validation: ValidationSettings | None = Field(
+        None,
+        description="Checks each node must pass after its packages and before its uncordon (docs/validation.md); "
+        "a node that fails stays cordoned and counts as failed. Omit (or enabled: false) for none.",
     )
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
     checkpoint: RolloutCheckpoint | None = Field(
