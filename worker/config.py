@@ -102,21 +102,24 @@ class WorkerSettings(BaseSettings):
     )
 
     fault_events: bool = Field(
-        False, description="Run the event path to remediation in this worker: a node watch per cluster of "
-        "MILLWRIGHT_FAULT_EVENTS_CLUSTERS and, with MILLWRIGHT_FAULT_EVENTS_TOKEN, the Alertmanager receiver"
+        False,
+        description="Run the event path to remediation in this worker: a node watch per cluster of "
+        "MILLWRIGHT_FAULT_EVENTS_CLUSTERS and, with MILLWRIGHT_FAULT_EVENTS_TOKEN, the Alertmanager receiver",
     )
     fault_events_clusters: list[str] = Field(
-        default_factory=list, description='The clusters (kubeconfig contexts) to watch, as a JSON list, e.g. \'["a"]\''
+        default_factory=list, description="The clusters (kubeconfig contexts) to watch, as a JSON list, e.g. '[\"a\"]'"
     )
     fault_events_token: str | None = Field(
-        None, description="Secret reference to the bearer token Alertmanager sends: env:NAME or file:/path (none: "
-        "no receiver)"
+        None,
+        description="Secret reference to the bearer token Alertmanager sends: env:NAME or file:/path (none: "
+        "no receiver)",
     )
     fault_events_host: Host = Field("0.0.0.0", description="The Alertmanager receiver's bind address")
     fault_events_port: int = Field(9466, ge=0, le=65535, description="The Alertmanager receiver's port")
     fault_events_settings: str | None = Field(
-        None, description="A JSON file of the event path's hold, checks, cooldown, min_healthy and remediation "
-        "settings (worker/fault_events.py FaultEventSettings); default: their defaults"
+        None,
+        description="A JSON file of the event path's hold, checks, cooldown, min_healthy and remediation "
+        "settings (worker/fault_events.py FaultEventSettings); default: their defaults",
     )
 
     host_name: str | None = Field(

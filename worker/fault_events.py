@@ -25,8 +25,9 @@ from pydantic import Field
 from temporalio.client import Client
 from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
+from activities.entities import WorkflowQuery, query_running
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.stages import read_json
 from activities.models import StrictModel
@@ -47,6 +48,7 @@ from workflows.remediation.policy import (
 log = logging.getLogger("millwright.fault_events")
 
 RECENT = 200  # outcomes kept for GET /events
+BREAKER_TIMEOUT = 10.0  # seconds to read a cluster's circuit breaker before refusing, to be safe
 Status = Literal["started", "already-running", "ignored", "refused", "healthy", "flapped", "error"]
 
 
@@ -152,6 +154,9 @@ class FaultEvents:
             await asyncio.sleep(hold.total_seconds())
             try:
                 return await self._act(cluster, node, source, reported)
+            except Exception as err:  # nobody awaits a watch's hold: said here, never lost
+                return self._record(FaultOutcome(cluster=cluster, node=node, source=source, status="error",
+                                                 detail=repr(err)[:1000], at=_now()))  # fmt: skip
             finally:
                 if self._held.get(key) is task:
                     del self._held[key]
@@ -209,15 +214,11 @@ class FaultEvents:
     async def _breaker(self, cluster: str) -> str | None:
         """Why the cluster's circuit breaker forbids remediating (tripped, or unreadable: fail closed), as the
         sweep asks it; None when closed or the cluster's budget does not run yet."""
-        handle = self._client.get_workflow_handle(leases.budget_workflow_id(cluster))
+        query = WorkflowQuery(workflow_id=leases.budget_workflow_id(cluster), query=BREAKER_QUERY)
         try:
-            raw = await handle.query(BREAKER_QUERY)
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return None
-            return f"the circuit breaker of {cluster} could not be read ({err}): no remediation, to be safe"
-        except Exception as err:  # a query the entity failed
-            return f"the circuit breaker of {cluster} could not be read ({err}): no remediation, to be safe"
+            raw = await asyncio.wait_for(query_running(self._client, query), BREAKER_TIMEOUT)
+        except Exception as err:
+            return f"the circuit breaker of {cluster} could not be read ({err!r}): no remediation, to be safe"
         view = BreakerView.model_validate(raw) if raw is not None else None
         return view.line() if view is not None and view.tripped else None
 
