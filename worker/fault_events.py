@@ -93,6 +93,9 @@ class FaultEvents:
         self.counts: collections.Counter[str] = collections.Counter()
         self.recent: collections.deque[FaultOutcome] = collections.deque(maxlen=RECENT)
         self._held: dict[tuple[str, str], asyncio.Task] = {}
+        # Faults the watch acted on (or holds), until it sees the node without one: the remediation's own writes on
+        # a still-faulty node start nothing more.
+        self._acted: set[tuple[str, str]] = set()
 
     @property
     def condition_types(self) -> list[str]:
@@ -115,7 +118,10 @@ class FaultEvents:
         self.book[cluster][node.name] = node
         key = (cluster, node.name)
         faulty = self._faulty(cluster, node)
-        if faulty and key not in self._held:
+        if not faulty:
+            self._acted.discard(key)
+        if faulty and key not in self._held and key not in self._acted:
+            self._acted.add(key)
             self._hold(cluster, node.name, self.settings.hold, "watch", [])
         elif not faulty and key in self._held:
             self._held.pop(key).cancel()
@@ -125,6 +131,7 @@ class FaultEvents:
 
     def gone(self, cluster: str, name: str) -> None:
         self.book[cluster].pop(name, None)
+        self._acted.discard((cluster, name))
         held = self._held.pop((cluster, name), None)
         if held is not None:
             held.cancel()
