@@ -150,8 +150,10 @@ async def main(args: argparse.Namespace) -> None:
     idle_ms = 1000 * idle_cpu / args.nodes / (idle_s / 60)
     print(f"Event-path remediation: {args.nodes} nodes ({listed} listed by the watch), {args.faults} faults within "
           f"{args.spread:.0f}s, hold {HOLD:.0f}s")  # fmt: skip
-    print(f"fault-to-cordon (s): p50 {p50:.2f} p95 {p95:.2f} max {worst:.2f}; cordoned {len(cordoned)} of "
-          f"{args.faults}; by kind " + ", ".join(f"{k} {max(v):.2f} max of {len(v)}" for k, v in by_kind.items() if v))
+    print(
+        f"fault-to-cordon (s): p50 {p50:.2f} p95 {p95:.2f} max {worst:.2f}; cordoned {len(cordoned)} of "
+        f"{args.faults}; by kind " + ", ".join(f"{k} {max(v):.2f} max of {len(v)}" for k, v in by_kind.items() if v)
+    )
     print(f"outcomes {report['counts']}; most nodes cordoned at once {most_out} (budget {budget})")
     print(f"opted-out {opted_out}: {opted['status']} ({opted['detail']})")
     print(f"worker idle CPU: {1000 * idle_cpu:.0f} ms over {idle_s:.0f}s for {args.nodes} nodes "

@@ -187,3 +187,22 @@ async def test_a_condition_flapping_within_the_hold_starts_nothing(client, rem_w
 
 class _Absent:
     status = "absent"
+
+
+def test_the_event_path_settings_are_checked_at_start_up(tmp_path):
+    from worker.config import ConfigError, WorkerSettings
+
+    with pytest.raises(ConfigError, match="MILLWRIGHT_FAULT_EVENTS_CLUSTERS names no cluster"):
+        WorkerSettings(fault_events=True).fault_event_config()
+    with pytest.raises(ConfigError, match="MILLWRIGHT_FAULT_EVENTS_TOKEN"):
+        WorkerSettings(
+            fault_events=True, fault_events_clusters=["lab"], fault_events_token="hunter2"
+        ).fault_event_config()
+    bad = tmp_path / "events.json"
+    bad.write_text('{"hold": 5, "checks": {"ready": true, "not_ready_grase": 1}}')
+    with pytest.raises(ConfigError, match=r"checks\.not_ready_grase: Extra inputs are not permitted"):
+        WorkerSettings(fault_events_clusters=["lab"], fault_events_settings=str(bad)).fault_event_config()
+    bad.write_text('{"hold": 3, "min_healthy": {"count": 2}}')
+    settings, token = WorkerSettings(fault_events_clusters=["lab"], fault_events_settings=str(bad),
+                                     fault_events_token="env:AM_TOKEN").fault_event_config()  # fmt: skip
+    assert settings.hold == timedelta(seconds=3) and settings.min_healthy.count == 2 and str(token) == "env:AM_TOKEN"
