@@ -42,6 +42,7 @@ from workflows.remediation.policy import (
     HealthChecks,
     MinHealthy,
     decide,
+    node_problems,
     too_few_healthy,
 )
 
@@ -117,7 +118,7 @@ class FaultEvents:
         """A node added or changed: a fault starts its hold; a fault gone within the hold is flapping."""
         self.book[cluster][node.name] = node
         key = (cluster, node.name)
-        faulty = self._faulty(cluster, node)
+        faulty = bool(node_problems(node, self._checks, node.decided_at(_now()))[0])  # a quarantine is no new fault
         if not faulty:
             self._acted.discard(key)
         if faulty and key not in self._held and key not in self._acted:
@@ -135,9 +136,6 @@ class FaultEvents:
         held = self._held.pop((cluster, name), None)
         if held is not None:
             held.cancel()
-
-    def _faulty(self, cluster: str, node: NodeHealth) -> bool:
-        return decide(cluster, node, self._checks, node.decided_at(_now())).action != "healthy"
 
     # ------------------------------------------------------------ from an alert
 
@@ -190,7 +188,9 @@ class FaultEvents:
         if decision.action == "skip":
             return outcome("ignored", f"{'; '.join(decision.reasons)}: {decision.note}")
         book = self.book[cluster]
-        healthy = sum(1 for n in book.values() if not self._faulty(cluster, n))
+        healthy = sum(
+            1 for n in book.values() if decide(cluster, n, self._checks, n.decided_at(_now())).action == "healthy"
+        )
         refused = too_few_healthy(healthy, len(book), self.settings.min_healthy) or await self._breaker(cluster)
         if refused:
             return outcome("refused", refused)
