@@ -206,3 +206,40 @@ def test_the_event_path_settings_are_checked_at_start_up(tmp_path):
     settings, token = WorkerSettings(fault_events_clusters=["lab"], fault_events_settings=str(bad),
                                      fault_events_token="env:AM_TOKEN").fault_event_config()  # fmt: skip
     assert settings.hold == timedelta(seconds=3) and settings.min_healthy.count == 2 and str(token) == "env:AM_TOKEN"
+
+
+async def test_the_worker_process_runs_the_event_path_as_deployed(client, temporal_address, k8s, names,
+                                                                  kubeconfig_path, tmp_path):  # fmt: skip
+    import signal
+    import uuid
+
+    from lab.loopback import free_port
+    from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
+
+    await k8s.seed(fleet(names[:4]))
+    port, queue = free_port(), f"events-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = worker_env(tmp_path, temporal_address, kubeconfig_path, MILLWRIGHT_TASK_QUEUE=queue,
+                     MILLWRIGHT_FAULT_EVENTS="true", MILLWRIGHT_FAULT_EVENTS_CLUSTERS='["lab"]',
+                     MILLWRIGHT_FAULT_EVENTS_TOKEN=f"file:{tmp_path / 'token'}",
+                     MILLWRIGHT_FAULT_EVENTS_HOST="127.0.0.1", MILLWRIGHT_FAULT_EVENTS_PORT=str(port))  # fmt: skip
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(env, log)
+    try:
+        await wait_polling(client, queue, proc, log)
+        url = f"http://127.0.0.1:{port}"
+
+        async def listed():
+            async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
+                body = await resp.json()
+            return body if body["nodes"].get("lab") == 4 and body["watches"]["lab"] else None
+
+        await wait_for(listed, what="the worker's watch listing the 4 nodes")
+        assert (await post(url, payload(names[0]), token=None))[0] == 401
+        status, answer = await post(url, payload(names[0], status="resolved"))
+        assert status == 200 and answer["resolved_ignored"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0, log.read_text()
+    finally:
+        stop_worker(proc)
+    assert f"Alertmanager receiver on port {port}" in log.read_text()
