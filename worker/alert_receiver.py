@@ -92,9 +92,16 @@ class AlertReceiver:
         return app
 
     def _authorized(self, request: web.Request) -> bool:
+        """The request carries the token. A token that cannot be read (a Secret being rotated) raises
+        HTTPServiceUnavailable: Alertmanager retries a 5xx."""
         given = request.headers.get("Authorization", "")
         scheme, _, credentials = given.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip(), self._token.resolve().strip())
+        try:
+            token = self._token.resolve().strip()
+        except Exception as err:
+            log.error("the receiver's token %s cannot be read: %s", self._token, err)
+            raise web.HTTPServiceUnavailable(text=f"the receiver's token {self._token} cannot be read") from None
+        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode(), token.encode())
 
     async def alerts(self, request: web.Request) -> web.Response:
         if not self._authorized(request):

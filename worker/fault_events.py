@@ -123,7 +123,7 @@ class FaultEvents:
             self._acted.discard(key)
         if faulty and key not in self._held and key not in self._acted:
             self._acted.add(key)
-            self._hold(cluster, node.name, self.settings.hold, "watch", [])
+            self._hold(cluster, node.name)
         elif not faulty and key in self._held:
             self._held.pop(key).cancel()
             self._record(FaultOutcome(cluster=cluster, node=node.name, source="watch", status="flapped",
@@ -146,21 +146,23 @@ class FaultEvents:
                                              detail=f"cluster {cluster!r} is not one this worker watches "
                                                     f"({', '.join(self.book)}): no min_healthy view of it",
                                              at=_now()))  # fmt: skip
-        if self.settings.alert_hold:
-            return await self._hold(cluster, node, self.settings.alert_hold, source, [problem])
+        # Held in the request (Alertmanager waits for the answer), not among the watch's holds: the node object
+        # showing no fault does not clear an alert.
+        await asyncio.sleep(self.settings.alert_hold.total_seconds())
         return await self._act(cluster, node, source, [problem])
 
     # ------------------------------------------------------------ acting
 
-    def _hold(self, cluster: str, node: str, hold: timedelta, source: str, reported: list[str]) -> asyncio.Task:
+    def _hold(self, cluster: str, node: str) -> None:
+        """The watch's fault on `node`, acted on after the hold unless `seen` cancels it first."""
         key = (cluster, node)
 
         async def held() -> FaultOutcome:
-            await asyncio.sleep(hold.total_seconds())
+            await asyncio.sleep(self.settings.hold.total_seconds())
             try:
-                return await self._act(cluster, node, source, reported)
+                return await self._act(cluster, node, "watch", [])
             except Exception as err:  # nobody awaits a watch's hold: said here, never lost
-                return self._record(FaultOutcome(cluster=cluster, node=node, source=source, status="error",
+                return self._record(FaultOutcome(cluster=cluster, node=node, source="watch", status="error",
                                                  detail=repr(err)[:1000], at=_now()))  # fmt: skip
             finally:
                 if self._held.get(key) is task:
@@ -168,7 +170,6 @@ class FaultEvents:
 
         task = asyncio.create_task(held(), name=f"fault {cluster}/{node}")
         self._held[key] = task
-        return task
 
     async def _act(self, cluster: str, name: str, source: str, reported: list[str]) -> FaultOutcome:
         def outcome(status: Status, detail: str = "", workflow_id: str = "") -> FaultOutcome:
