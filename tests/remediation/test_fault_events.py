@@ -243,3 +243,20 @@ async def test_the_worker_process_runs_the_event_path_as_deployed(client, tempor
     finally:
         stop_worker(proc)
     assert f"Alertmanager receiver on port {port}" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "labels, node",
+    [
+        ({"node": "gpu-1", "Hostname": "other", "instance": "10.0.0.1:9400"}, "gpu-1"),
+        ({"Hostname": "gpu-2", "hostname": "other"}, "gpu-2"),
+        ({"hostname": "gpu-3", "instance": "other:9400"}, "gpu-3"),
+        ({"instance": "gpu-4:9400"}, "gpu-4"),
+        ({"instance": "gpu-5"}, "gpu-5"),
+        ({"alertname": "GpuXid"}, None),
+    ],
+)
+def test_an_alert_names_its_node_by_the_documented_labels_in_order(labels, node):
+    from worker.alert_receiver import Alert, alert_node
+
+    assert alert_node(Alert(status="firing", labels=labels)) == node
