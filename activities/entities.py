@@ -224,18 +224,7 @@ class EntityActivities:
     @activity.defn
     async def query_running(self, req: WorkflowQuery) -> dict[str, Any] | None:
         """The answer of the running execution of ``req.workflow_id`` to ``req.query``; None when none runs."""
-        from temporalio.client import WorkflowExecutionStatus
-        from temporalio.service import RPCError, RPCStatusCode
-
-        handle = activity.client().get_workflow_handle(req.workflow_id, result_type=dict)
-        try:
-            if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
-                return None
-            return await handle.query(req.query, result_type=dict)
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return None
-            raise
+        return await query_running(activity.client(), req)
 
     @activity.defn
     async def closed_workflows(self, req: WorkflowIds) -> list[str]:
@@ -282,3 +271,20 @@ class EntityActivities:
             return RunOutcome(status="not-found", causes=[FailureCause(type="NotFound", message=str(err)[:500])])
         finally:
             waiting.cancel()
+
+
+async def query_running(client: Any, req: WorkflowQuery) -> dict[str, Any] | None:
+    """The answer of the running execution of ``req.workflow_id`` to ``req.query``; None when none runs (a closed
+    run is never queried: that needs a worker of its task queue to replay it, and may wait for one forever)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError, RPCStatusCode
+
+    handle = client.get_workflow_handle(req.workflow_id, result_type=dict)
+    try:
+        if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return None
+        return await handle.query(req.query, result_type=dict)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise

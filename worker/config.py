@@ -101,6 +101,27 @@ class WorkerSettings(BaseSettings):
         'e.g. \'["kubeadm:cluster-admins", "platform-admins"]\'; default: kubeadm\'s cluster-admins group',
     )
 
+    fault_events: bool = Field(
+        False,
+        description="Run the event path to remediation in this worker: a node watch per cluster of "
+        "MILLWRIGHT_FAULT_EVENTS_CLUSTERS and, with MILLWRIGHT_FAULT_EVENTS_TOKEN, the Alertmanager receiver",
+    )
+    fault_events_clusters: list[str] = Field(
+        default_factory=list, description="The clusters (kubeconfig contexts) to watch, as a JSON list, e.g. '[\"a\"]'"
+    )
+    fault_events_token: str | None = Field(
+        None,
+        description="Secret reference to the bearer token Alertmanager sends: env:NAME or file:/path (none: "
+        "no receiver)",
+    )
+    fault_events_host: Host = Field("0.0.0.0", description="The Alertmanager receiver's bind address")
+    fault_events_port: int = Field(9466, ge=0, le=65535, description="The Alertmanager receiver's port")
+    fault_events_settings: str | None = Field(
+        None,
+        description="A JSON file of the event path's hold, checks, cooldown, min_healthy and remediation "
+        "settings (worker/fault_events.py FaultEventSettings); default: their defaults",
+    )
+
     host_name: str | None = Field(
         None, description="Host agent mode (--host-agent): this host's name; default socket.gethostname()"
     )
@@ -222,6 +243,29 @@ class WorkerSettings(BaseSettings):
             return SecretRef.parse(self.bmc_credentials)
         except ValueError as err:
             raise ConfigError(f"MILLWRIGHT_BMC_CREDENTIALS: {err}") from None
+
+    def fault_event_config(self):
+        """(FaultEventSettings, token reference or None), checked; ConfigError naming the setting at fault."""
+        from activities.support.secrets import SecretRef
+        from worker.fault_events import FaultEventSettings
+
+        if not self.fault_events_clusters:
+            raise ConfigError("MILLWRIGHT_FAULT_EVENTS is on but MILLWRIGHT_FAULT_EVENTS_CLUSTERS names no cluster")
+        try:
+            token = SecretRef.parse(self.fault_events_token) if self.fault_events_token else None
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_FAULT_EVENTS_TOKEN: {err}") from None
+        if not self.fault_events_settings:
+            return FaultEventSettings(), token
+        path = Path(self.fault_events_settings).expanduser()
+        try:
+            return FaultEventSettings.model_validate_json(path.read_text()), token
+        except OSError as err:
+            raise ConfigError(f"MILLWRIGHT_FAULT_EVENTS_SETTINGS: {err}") from None
+        except ValueError as err:
+            errors = getattr(err, "errors", lambda: [])()
+            where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors) or str(err)
+            raise ConfigError(f"MILLWRIGHT_FAULT_EVENTS_SETTINGS ({path}): {where}") from None
 
     def ca_bundle(self, integration: str) -> str | None:
         """MILLWRIGHT_<INTEGRATION>_CA_BUNDLE (bmc, netbox, ufm, ironic, prometheus), checked to be a CA bundle

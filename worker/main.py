@@ -10,6 +10,7 @@ connection error (one line on stderr, no traceback), 1 if the worker stops by it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -55,6 +56,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
             registration = registry.build_host_agent(settings.host_name or socket.gethostname(), settings=settings)
         else:
             registration = registry.build(settings)
+            if settings.fault_events:
+                settings.fault_event_config()
     except ConfigError:
         raise
     except Exception as err:
@@ -104,9 +107,12 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
         len(activities),
     )
 
-    run_task = asyncio.create_task(worker.run())
-    stop_task = asyncio.create_task(stop.wait())
-    await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    async with contextlib.AsyncExitStack() as events:
+        if settings.fault_events and not host_agent:
+            await events.enter_async_context(fault_event_path(client, settings, task_queue))
+        run_task = asyncio.create_task(worker.run())
+        stop_task = asyncio.create_task(stop.wait())
+        await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
 
     if not stop.is_set():  # the worker ended by itself: a fatal error (e.g. unknown namespace)
         stop_task.cancel()
@@ -132,6 +138,26 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
         log.warning("closing clients: %s", _one_line(err))
     log.info("worker stopped cleanly")
     return 0
+
+
+@contextlib.asynccontextmanager
+async def fault_event_path(client: Client, settings: WorkerSettings, task_queue: str):
+    """The event path to remediation (worker/fault_events.py), while the worker polls."""
+    from activities.kube.connector import ClusterConnector
+    from worker.alert_receiver import event_path
+    from worker.fault_events import FaultEvents
+
+    config, token = settings.fault_event_config()
+    connector = ClusterConnector(settings.kubeconfig_paths())
+    events = FaultEvents(client, connector, task_queue, config, settings.fault_events_clusters)
+    log.info("fault events: watching the nodes of %s; hold %s; Alertmanager receiver %s",
+             ", ".join(settings.fault_events_clusters), config.hold,
+             f"on port {settings.fault_events_port} (token {token})" if token else "off (no MILLWRIGHT_FAULT_EVENTS_TOKEN)")  # fmt: skip
+    try:
+        async with event_path(events, connector, token, settings.fault_events_host, settings.fault_events_port):
+            yield
+    finally:
+        await connector.close()
 
 
 def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:

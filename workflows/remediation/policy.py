@@ -285,11 +285,13 @@ def decide(
     bmc: BmcObservation | None = None,
     cooldown: timedelta = timedelta(0),
     dcgm: list[GpuFault] | None = None,
+    reported: list[str] | None = None,
 ) -> NodeDecision:
     """Whether `node` needs remediation, with the reasons; or why it is left alone (quarantined, opted out,
     remediated less than `cooldown` ago, cordoned by someone else). A node without problems is healthy, whatever
-    its label or its last remediation."""
+    its label or its last remediation. `reported`: problems an event reported (an alert), taken as found."""
     problems, notes = node_problems(node, checks, now)
+    problems = [*(reported or []), *problems]
     for more, more_notes in (dcgm_problems(dcgm, checks), agent_problems(agent), bmc_problems(bmc, checks)):
         problems += more
         notes += more_notes
