@@ -153,6 +153,25 @@ async def small_history_env():
         yield env
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def replay_histories(request):
+    """Opt in with `pytest.mark.usefixtures("replay_histories")` (crash and chaos tests): at the test's end every
+    run started on the Temporal servers it uses (the session's `client`, `small_history_env`) is replayed with
+    today's workflow code, and the test fails on any nondeterminism (tests/history_replay.py)."""
+    from datetime import UTC, datetime
+
+    from tests.history_replay import check_replay
+
+    clients = [request.getfixturevalue("client")] if "client" in request.fixturenames else []
+    if "small_history_env" in request.fixturenames:
+        clients.append(request.getfixturevalue("small_history_env").client)
+    since = datetime.now(UTC)
+    yield
+    for server in clients:
+        replayed = await check_replay(server, since)
+        print(f"\nreplayed {replayed.runs} runs in {replayed.seconds:.1f}s")
+
+
 # ==================================================================================
 # (end of Temporal session fixtures)
 # ==================================================================================
