@@ -1,16 +1,14 @@
-"""The replay check the crash and chaos tests opt into (tests/history_replay.py, the `replay_histories` fixture)
-fails on a known nondeterminism, and passes the same runs replayed with the code that made them."""
+"""The replay check the crash and chaos tests opt into (worker/replay.py, the `replay_histories` fixture) fails on a
+known nondeterminism, naming the run, and passes the same runs replayed with the code that made them."""
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
 
-import pytest
-
 from tests.changed_shape import After, Before
-from tests.history_replay import check_replay
 from worker.registry import Registration, new_worker
+from worker.replay import replay_since
 
 
 async def test_a_changed_command_sequence_fails_the_check_naming_the_run(client):
@@ -23,7 +21,9 @@ async def test_a_changed_command_sequence_fails_the_check_naming_the_run(client)
         await handle.signal(Before.finish)
         assert await handle.result() == "finished"
 
-    assert (await check_replay(client, since, [Before])).runs == 1
-    with pytest.raises(AssertionError, match="TimerStarted") as failed:
-        await check_replay(client, since, [After])
-    assert f"ChangedShape {handle.id} run {handle.result_run_id}" in str(failed.value)
+    same = await replay_since(client, since, [Before])
+    assert same.runs == 1 and not same.failures, same
+    changed = await replay_since(client, since, [After])
+    assert len(changed.failures) == 1, changed
+    assert changed.failures[0].startswith(f"ChangedShape {handle.id} run {handle.result_run_id}")
+    assert "replay failed" in changed.failures[0] and "TimerStarted" in changed.failures[0]

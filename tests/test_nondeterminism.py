@@ -1,7 +1,7 @@
 """A workflow task failing for nondeterminism, as operators see it: a run of `ChangedShape` started by one worker
 meets a worker whose code dropped a timer (tests/changed_shape.py). The worker logs it at ERROR with the workflow
 ID and run ID (worker/nondeterminism.py), its Prometheus metrics count it per workflow type, and the history
-shows the failed workflow task the replay check (tests/history_replay.py) reports; the reset docs/production.md
+shows the failed workflow task the replay check (worker/replay.py) reports; the reset docs/production.md
 describes brings it back with its signals."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from lab.loopback import free_port
 from tests.changed_shape import NAME, After, Before
-from tests.history_replay import failed_for_nondeterminism
 from tests.kube_helpers import wait_for
 from worker.config import WorkerSettings
 from worker.registry import Registration, new_worker
+from worker.replay import failed_for_nondeterminism
 from worker.telemetry import build_runtime
 
 FAILED_TASKS = "temporal_workflow_task_execution_failed"

@@ -1,9 +1,11 @@
-"""Every workflow history a test produced, replayed with the current code: a crash or chaos test fails on any
-nondeterminism its runs met, however its own assertions went (the `replay_histories` fixture, tests/conftest.py).
+"""Workflow histories replayed with this worker's code: whether runs a server holds would replay, and whether any
+of their workflow tasks failed for nondeterminism while they ran.
 
-What is checked, per run: the history replays with today's workflows (`temporalio.worker.Replayer`, the worker's
-sandbox and converter, as tests/test_replay.py replays committed histories), and no workflow task in it failed
-for nondeterminism while the test ran (a failure the replay would not meet if the code that failed is gone).
+Per run: the history replays with the worker's workflows (`temporalio.worker.Replayer` with the worker's sandbox
+and converter, as tests/test_replay.py replays committed histories), and no workflow task in it failed for
+nondeterminism (a failure the replay would not meet once the code that failed is gone). The crash and chaos tests
+check every run they started (the `replay_histories` fixture, tests/conftest.py), and so does
+`python -m bench.budget_chaos`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
@@ -30,10 +33,19 @@ FETCH_AT_ONCE = 8
 class Replayed:
     runs: int
     seconds: float
-    failures: list[str]  # one line per run that failed, naming it
+    failures: list[str]  # one line per failure, naming its run
+    failing: list[WorkflowHistory]  # the histories of those runs, each once
 
     def __str__(self) -> str:
-        return f"{len(self.failures)} of {self.runs} runs failed replay:\n" + "\n".join(self.failures)
+        return f"{len(self.failing)} of {self.runs} runs failed:\n" + "\n".join(self.failures)
+
+    def save(self, directory: Path) -> list[Path]:
+        """Write the failing histories to `directory` (as `temporal workflow show -o json` does), to replay them."""
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / f"{h.workflow_id.replace('/', '_')}-{h.run_id}.json" for h in self.failing]
+        for path, history in zip(paths, self.failing):
+            path.write_text(history.to_json())
+        return paths
 
 
 async def histories_since(client: Client, since: datetime) -> list[WorkflowHistory]:
@@ -79,27 +91,28 @@ def failed_for_nondeterminism(history: WorkflowHistory) -> list[str]:
 
 
 async def replay(histories: Sequence[WorkflowHistory], workflows: Sequence[type] = WORKFLOWS) -> Replayed:
-    """Replay `histories` with `workflows` (those of other types are left out: a test's own workflows) in one
-    replayer, and check each for workflow tasks failed for nondeterminism."""
+    """Replay `histories` with `workflows` (runs of other types are left out) in one replayer, and check each for
+    workflow tasks failed for nondeterminism."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     names = {_name(w) for w in workflows}
     ours = [h for h in histories if _workflow_type(h) in names]
-    failures = [f"{_describe(h)}: workflow task failed while it ran, {line}"
-                for h in ours for line in failed_for_nondeterminism(h)]  # fmt: skip
+    failed = [(h, f"workflow task failed while it ran, {line}") for h in ours for line in failed_for_nondeterminism(h)]
     if ours:
         replayer = Replayer(workflows=list(workflows), data_converter=pydantic_data_converter,
                             workflow_runner=workflow_runner())  # fmt: skip
         async with replayer.workflow_replay_iterator(_each(ours)) as results:
-            failures += [f"{_describe(r.history)}: replay failed: {r.replay_failure}"
-                         async for r in results if r.replay_failure]  # fmt: skip
-    return Replayed(runs=len(ours), seconds=loop.time() - started, failures=failures)
+            failed += [(r.history, f"replay failed: {r.replay_failure}") async for r in results if r.replay_failure]
+    failing = list({h.run_id: h for h, _ in failed}.values())
+    return Replayed(runs=len(ours), seconds=loop.time() - started,
+                    failures=[f"{_describe(h)}: {line}" for h, line in failed], failing=failing)  # fmt: skip
 
 
-async def check_replay(client: Client, since: datetime, workflows: Sequence[type] = WORKFLOWS) -> Replayed:
-    """Fetch and replay every run started from `since` on; AssertionError naming each run that fails."""
+async def replay_since(client: Client, since: datetime, workflows: Sequence[type] = WORKFLOWS) -> Replayed:
+    """Fetch and replay every run started from `since` on; its `seconds` count the fetching too."""
+    started = asyncio.get_running_loop().time()
     replayed = await replay(await histories_since(client, since), workflows)
-    assert not replayed.failures, str(replayed)
+    replayed.seconds = asyncio.get_running_loop().time() - started
     return replayed
 
 
