@@ -11,6 +11,7 @@ check every run they started (the `replay_histories` fixture, tests/conftest.py)
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,11 +41,13 @@ class Replayed:
         return f"{len(self.failing)} of {self.runs} runs failed:\n" + "\n".join(self.failures)
 
     def save(self, directory: Path) -> list[Path]:
-        """Write the failing histories to `directory` (as `temporal workflow show -o json` does), to replay them."""
+        """Write the failing histories to `directory` as tests/histories/ holds them (the workflow ID and the
+        history), to replay or commit."""
         directory.mkdir(parents=True, exist_ok=True)
         paths = [directory / f"{h.workflow_id.replace('/', '_')}-{h.run_id}.json" for h in self.failing]
         for path, history in zip(paths, self.failing):
-            path.write_text(history.to_json())
+            record = {"workflowId": history.workflow_id, "history": json.loads(history.to_json())}
+            path.write_text(json.dumps(record, indent=1))
         return paths
 
 
