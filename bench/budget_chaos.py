@@ -86,8 +86,10 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
     histories = await histories_since(client, since)
     replayed = await replay(histories)
     causes: Counter[str] = Counter()  # failed workflow tasks by cause, the bench's own terminations left out
+    timed_out = 0  # workflow tasks timed out: the chaos reached the workflows (kills, reads past the task timeout)
     for history in histories:
         for event in history.events:
+            timed_out += event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 cause = event.workflow_task_failed_event_attributes.cause
                 name = WorkflowTaskFailedCause.Name(cause).removeprefix("WORKFLOW_TASK_FAILED_CAUSE_")
@@ -97,9 +99,10 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
         replayed.save(args.save / f"run{n:02d}")
     result = {"run": n, "seconds": time.monotonic() - started, "kills": kills, "finished": finished,
               "stuck": stuck or not finished, "histories": len(histories), "failed_tasks": sum(causes.values()),
-              "causes": causes, "nondeterminism": len(replayed.failing)}  # fmt: skip
+              "causes": causes, "timed_out": timed_out, "nondeterminism": len(replayed.failing)}  # fmt: skip
     print(f"run {n}: {result['seconds']:.0f}s, {kills} kills, requesters "
-          f"{'finished' if finished else 'did NOT finish'}, {len(histories)} runs replayed, "
+          f"{'finished' if finished else 'did NOT finish'}, {len(histories)} runs replayed, {timed_out} workflow "
+          f"tasks timed out, "
           f"{result['failed_tasks']} failed workflow tasks {dict(causes) or ''}, "
           f"{len(replayed.failing)} runs failing replay or failed for nondeterminism", flush=True)  # fmt: skip
     for line in replayed.failures:
@@ -143,7 +146,8 @@ async def main(args: argparse.Namespace) -> None:
     nondeterminism = sum(r["nondeterminism"] for r in results)
     stuck = sum(1 for r in results if r["stuck"])
     print(f"\n{len(results)} runs in {seconds:.0f}s ({seconds / len(results):.0f}s a run), "
-          f"{sum(r['kills'] for r in results)} worker kills, each page of a cluster read held {args.page_seconds}s")  # fmt: skip
+          f"{sum(r['kills'] for r in results)} worker kills, {sum(r['timed_out'] for r in results)} workflow tasks "
+          f"timed out, each page of a cluster read held {args.page_seconds}s")  # fmt: skip
     print(f"runs with a failed workflow task or a history that fails replay: {with_failures} of {len(results)} "
           f"({with_failures / len(results):.0%}); failed workflow tasks by cause: {dict(causes) or 'none'}")  # fmt: skip
     print(f"runs={len(results)} failed_runs={with_failures} failed_tasks={sum(causes.values())} "
