@@ -10,13 +10,15 @@ lease) on `--nodes` nodes, one worker process (`python -m worker`). The entity r
 `node_availability` local activity) in pages of 500 nodes, and the emulator holds each page `--page-seconds`: with
 the default 600 nodes and 6 s, a read takes 12 s, longer than the workflow task timeout (10 s) but within the
 call's 15 s and each request within the client's 10 s, so each read spans workflow-task heartbeats, and a kill
-during one times the task out. The worker is killed and started again every `--kill-min`..`--kill-max` seconds until the
+during one times the task out. The worker is killed and started again every `--kill-min`..`--kill-max` seconds
+(killed much more often than a read lasts, the entity seldom finishes one, and the run does not finish) until the
 requesters finish (or `--run-timeout`, or the entity stops on a failed workflow task). Then every run the run
 started (the entity's continue-as-new chain included) is fetched and replayed with the current code
 (worker/replay.py), and its workflow tasks that failed (WorkflowTaskFailed events) are counted by cause.
 
 Prints one line per run and the totals: runs, runs with a failed workflow task, failed workflow tasks (by cause),
-nondeterminism (histories that fail replay, and tasks failed for it while they ran), stuck runs, seconds. The last
+nondeterminism (histories that fail replay, and tasks failed for it while they ran), stuck runs (the entity
+stopped on a failed workflow task), unfinished runs (requesters not done within `--run-timeout`), seconds. The last
 line is machine-readable. Not a test: never run in the suite.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import tempfile
 import time
@@ -77,6 +80,8 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
             break
     finished = waiting.done() and not any(isinstance(r, BaseException) for r in waiting.result())
     waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
     for handle in [entity, *requesters]:
         try:
             await handle.terminate("chaos run over")
@@ -97,11 +102,12 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
                     causes[name] += 1
     if args.save and replayed.failing:
         replayed.save(args.save / f"run{n:02d}")
-    result = {"run": n, "seconds": time.monotonic() - started, "kills": kills, "finished": finished,
-              "stuck": stuck or not finished, "histories": len(histories), "failed_tasks": sum(causes.values()),
+    result = {"run": n, "seconds": time.monotonic() - started, "kills": kills, "finished": finished, "stuck": stuck,
+              "histories": len(histories), "failed_tasks": sum(causes.values()),
               "causes": causes, "timed_out": timed_out, "nondeterminism": len(replayed.failing)}  # fmt: skip
     print(f"run {n}: {result['seconds']:.0f}s, {kills} kills, requesters "
-          f"{'finished' if finished else 'did NOT finish'}, {len(histories)} runs replayed, {timed_out} workflow "
+          f"{'finished' if finished else 'did NOT finish'}{' (the entity stuck)' if stuck else ''}, "
+          f"{len(histories)} runs replayed, {timed_out} workflow "
           f"tasks timed out, "
           f"{result['failed_tasks']} failed workflow tasks {dict(causes) or ''}, "
           f"{len(replayed.failing)} runs failing replay or failed for nondeterminism", flush=True)  # fmt: skip
@@ -145,13 +151,14 @@ async def main(args: argparse.Namespace) -> None:
     with_failures = sum(1 for r in results if r["failed_tasks"] or r["nondeterminism"])
     nondeterminism = sum(r["nondeterminism"] for r in results)
     stuck = sum(1 for r in results if r["stuck"])
+    unfinished = sum(1 for r in results if not r["finished"])
     print(f"\n{len(results)} runs in {seconds:.0f}s ({seconds / len(results):.0f}s a run), "
           f"{sum(r['kills'] for r in results)} worker kills, {sum(r['timed_out'] for r in results)} workflow tasks "
           f"timed out, each page of a cluster read held {args.page_seconds}s")  # fmt: skip
     print(f"runs with a failed workflow task or a history that fails replay: {with_failures} of {len(results)} "
           f"({with_failures / len(results):.0%}); failed workflow tasks by cause: {dict(causes) or 'none'}")  # fmt: skip
     print(f"runs={len(results)} failed_runs={with_failures} failed_tasks={sum(causes.values())} "
-          f"nondeterminism={nondeterminism} stuck={stuck} seconds={seconds:.0f}")  # fmt: skip
+          f"nondeterminism={nondeterminism} stuck={stuck} unfinished={unfinished} seconds={seconds:.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -161,8 +168,8 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=600, help="nodes in the cluster (at least --requesters)")
     parser.add_argument("--budget", type=int, default=4, help="nodes allowed out of service at once")
     parser.add_argument("--page-seconds", type=float, default=6.0, help="how long each page of a read is held")
-    parser.add_argument("--kill-min", type=float, default=4.0, help="shortest time between worker kills")
-    parser.add_argument("--kill-max", type=float, default=20.0, help="longest time between worker kills")
+    parser.add_argument("--kill-min", type=float, default=10.0, help="shortest time between worker kills")
+    parser.add_argument("--kill-max", type=float, default=40.0, help="longest time between worker kills")
     parser.add_argument("--run-timeout", type=float, default=300.0, help="a run's requesters get this long")
     parser.add_argument("--seed", type=int, default=22, help="the random kill moments")
     parser.add_argument("--save", type=Path, help="write the histories that fail replay here")
