@@ -1,7 +1,7 @@
 """Disruption budget chaos: the `DisruptionBudget` entity under many requesters, its worker SIGKILLed and restarted at
 random moments while its cluster reads outlast a workflow task; then every run's history replayed.
 
-    python -m bench.budget_chaos                          # 20 runs, 8 requesters, a budget of 4, 12 s reads
+    python -m bench.budget_chaos                          # 20 runs, 8 requesters, a budget of 4, 12 s reads, 3 kills
     python -m bench.budget_chaos --runs 5 --seed 7 --save /tmp/chaos   # histories of failing runs kept there
 
 Each run, on one dev server and one Kubernetes emulator (reset between runs): the entity (`disruption-budget/lab`,
@@ -10,9 +10,10 @@ lease) on `--nodes` nodes, one worker process (`python -m worker`). The entity r
 `node_availability` local activity) in pages of 500 nodes, and the emulator holds each page `--page-seconds`: with
 the default 600 nodes and 6 s, a read takes 12 s, longer than the workflow task timeout (10 s) but within the
 call's 15 s and each request within the client's 10 s, so each read spans workflow-task heartbeats, and a kill
-during one times the task out. The worker is killed and started again every `--kill-min`..`--kill-max` seconds
-(killed much more often than a read lasts, the entity seldom finishes one, and the run does not finish) until the
-requesters finish (or `--run-timeout`, or the entity stops on a failed workflow task). Then every run the run
+during one times the task out. The worker is killed `--kills` times a run, each time `--kill-min`..`--kill-max`
+seconds after the worker started since the last kill polls (so each kill meets work in flight, and each worker
+gets going first: kills faster than a read lasts leave the entity no read to finish), and the run goes on until
+the requesters finish (or `--run-timeout`, or the entity stops on a failed workflow task). Then every run the run
 started (the entity's continue-as-new chain included) is fetched and replayed with the current code
 (worker/replay.py), and its workflow tasks that failed (WorkflowTaskFailed events) are counted by cause.
 
@@ -62,6 +63,7 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
     await admin.add_fault(NODE_LISTS, {"delay": args.page_seconds}, count=-1)
     since = datetime.now(UTC)
     started = time.monotonic()
+    pool_starts = polls(pool) - 1  # worker starts before this run's first kill
     entity = await start_entity(client, pool.task_queue, args.budget)
     requesters = [
         await start_requester(client, pool.task_queue, f"node-{i:03d}") for i in range(1, args.requesters + 1)
@@ -69,15 +71,19 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
     waiting = asyncio.gather(*(h.result() for h in requesters), return_exceptions=True)
     kills, stuck = 0, False
     deadline = started + args.run_timeout
-    while not waiting.done() and time.monotonic() < deadline:
-        await asyncio.wait({waiting}, timeout=rng.uniform(args.kill_min, args.kill_max))
-        if waiting.done():
-            break
-        pool.kill_and_restart()
-        kills += 1
-        if failed_for_nondeterminism(await entity.fetch_history()):
-            stuck = True  # it fails every attempt from now on: nobody gets a lease
-            break
+    while not waiting.done() and not stuck and time.monotonic() < deadline:
+        if kills < args.kills and polls(pool) > pool_starts:
+            # The worker started after the last kill polls: kill it at a random moment of what it runs now.
+            await asyncio.wait({waiting}, timeout=rng.uniform(args.kill_min, args.kill_max))
+            if waiting.done():
+                break
+            pool.kill_and_restart()
+            kills += 1
+            pool_starts += 1
+        else:
+            await asyncio.wait({waiting}, timeout=1)
+        # A failed task fails every attempt from then on: nobody gets a lease, the run would only time out.
+        stuck = bool(failed_for_nondeterminism(await entity.fetch_history()))
     finished = waiting.done() and not any(isinstance(r, BaseException) for r in waiting.result())
     waiting.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -114,6 +120,11 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
     for line in replayed.failures:
         print(f"  {line[:400]}", flush=True)
     return result
+
+
+def polls(pool: Workers) -> int:
+    """How many times the worker has started polling (restarts append to its log)."""
+    return pool.logs[0].read_text(errors="replace").count("polling task queue")
 
 
 async def start_entity(client: Client, task_queue: str, budget: int) -> WorkflowHandle:
@@ -168,8 +179,9 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=600, help="nodes in the cluster (at least --requesters)")
     parser.add_argument("--budget", type=int, default=4, help="nodes allowed out of service at once")
     parser.add_argument("--page-seconds", type=float, default=6.0, help="how long each page of a read is held")
-    parser.add_argument("--kill-min", type=float, default=10.0, help="shortest time between worker kills")
-    parser.add_argument("--kill-max", type=float, default=40.0, help="longest time between worker kills")
+    parser.add_argument("--kills", type=int, default=3, help="worker kills a run")
+    parser.add_argument("--kill-min", type=float, default=1.0, help="a kill comes this long after the worker polls")
+    parser.add_argument("--kill-max", type=float, default=14.0, help="or as late as this (a read lasts 12 s)")
     parser.add_argument("--run-timeout", type=float, default=300.0, help="a run's requesters get this long")
     parser.add_argument("--seed", type=int, default=22, help="the random kill moments")
     parser.add_argument("--save", type=Path, help="write the histories that fail replay here")
