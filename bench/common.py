@@ -129,12 +129,21 @@ class Workers:
                    MILLWRIGHT_KUBECONFIG=kubeconfig, MILLWRIGHT_METRICS_PORT="0", MILLWRIGHT_SHUTDOWN_GRACE_SECONDS="5",
                    TEMPORAL_CONFIG_FILE=str(logs / "no-such-temporal.toml"), PYTHONUNBUFFERED="1",
                    **{f"MILLWRIGHT_{k.upper()}": v for k, v in settings.items()})  # fmt: skip
+        self._env = env
         self.logs = [logs / f"worker-{i + 1}.log" for i in range(count)]
-        self.processes: list[subprocess.Popen] = []
-        for log in self.logs:
-            with open(log, "wb") as fh:
-                self.processes.append(subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO,
-                                                       stdout=fh, stderr=subprocess.STDOUT))  # fmt: skip
+        self.processes = [self._spawn(log) for log in self.logs]
+
+    def _spawn(self, log: Path) -> subprocess.Popen:
+        with open(log, "ab") as fh:  # a restarted worker appends to its log
+            return subprocess.Popen([sys.executable, "-m", "worker"], env=self._env, cwd=REPO, stdout=fh,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
+
+    def kill_and_restart(self, index: int = 0) -> None:
+        """SIGKILL worker `index` (no graceful anything: its workflow tasks and local activities are lost) and
+        start it again."""
+        self.processes[index].kill()
+        self.processes[index].wait(10)
+        self.processes[index] = self._spawn(self.logs[index])
 
     async def polling(self, client: Client, timeout: float = 60) -> None:
         """Until every worker polls the task queue for workflow tasks."""

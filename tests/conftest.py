@@ -153,6 +153,38 @@ async def small_history_env():
         yield env
 
 
+REPLAYED_SERVERS = ("client", "small_history_env")  # the Temporal servers a test may use
+
+
+@pytest.fixture
+def replay_histories(request):
+    """Opt in with `pytest.mark.usefixtures("replay_histories")` (crash and chaos tests): at the test's end every
+    run started on the Temporal servers it uses (`REPLAYED_SERVERS`) is replayed with today's workflow code, and
+    the test fails on any nondeterminism (worker/replay.py). Not async: it sets the servers up first, so
+    that they are still there when the check runs (a fixture's teardown runs before those it set up first)."""
+    for name in REPLAYED_SERVERS:
+        if name in request.fixturenames:
+            request.getfixturevalue(name)
+    request.getfixturevalue("_replayed_at_the_end")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def _replayed_at_the_end(request, tmp_path):
+    from datetime import UTC, datetime
+
+    from worker.replay import replay_since
+
+    servers = [request.getfixturevalue(name) for name in REPLAYED_SERVERS if name in request.fixturenames]
+    since = datetime.now(UTC)
+    yield
+    for server in servers:
+        replayed = await replay_since(getattr(server, "client", server), since)
+        print(f"\nreplayed {replayed.runs} runs in {replayed.seconds:.1f}s")
+        if replayed.failing:
+            saved = replayed.save(tmp_path / "failed-replay")
+            raise AssertionError(f"{replayed}\nhistories: {', '.join(map(str, saved))}")
+
+
 # ==================================================================================
 # (end of Temporal session fixtures)
 # ==================================================================================

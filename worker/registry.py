@@ -82,9 +82,12 @@ def workflow_runner() -> Any:
 
 
 def new_worker(client: Any, registration: Registration, task_queue: str, **options: Any) -> Any:
-    """A Worker as Millwright runs one: these workflows and activities, and input that does not
-    fit a workflow's model failing the run. `options` are further `Worker` arguments."""
+    """A Worker as Millwright runs one: these workflows and activities, input that does not fit a workflow's
+    model failing the run, and a workflow task failed for nondeterminism logged at ERROR with the workflow ID
+    (worker/nondeterminism.py). `options` are further `Worker` arguments."""
     from temporalio.worker import Worker
+
+    from worker.nondeterminism import NondeterminismLogged
 
     return Worker(
         client,
@@ -92,7 +95,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
         workflows=registration.workflows,
         activities=registration.activities,
         workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
-        workflow_runner=workflow_runner(),
+        workflow_runner=NondeterminismLogged(workflow_runner()),
         **{**registration.worker_options, **options},
     )
 

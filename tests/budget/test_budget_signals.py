@@ -12,6 +12,7 @@ import json
 import uuid
 from datetime import timedelta
 
+import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.budget.test_disruption_budget import (
@@ -34,6 +35,9 @@ from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance
 from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
 
 PROTECTED = "millwright.dev/protected=true"
+
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import uuid
 
+import pytest
+
 from tests.budget.test_disruption_budget import (
     max_out_of_service,
     results_watching_the_queue,
@@ -27,6 +29,9 @@ from workflows.rollout.rollout import Rollout
 
 BUDGET = 10
 THROTTLED = ("ResourceExhausted", "RESOURCE_EXHAUSTED", "in-flight updates", "update was aborted")
+
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
 
 
 def history_counts(history) -> dict[str, int]:

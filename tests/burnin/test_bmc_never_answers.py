@@ -22,6 +22,9 @@ from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 RETRY_TIMEOUT = 20
 
+# A call that never answers: replay what the run wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
+
 
 def closed_port() -> int:
     """A port on 127.0.0.1 where nothing listens."""

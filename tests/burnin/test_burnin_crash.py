@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from tests.burnin.test_server_burnin import burn_in_input, resets, wait_phase
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 from workflows.burnin.server_burnin import ServerBurnIn
+
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
 
 
 async def test_sigkill_mid_burn_in_does_not_repeat_the_power_cycle(

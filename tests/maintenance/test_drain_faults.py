@@ -52,6 +52,9 @@ PATH_NOT_FOUND = {
     "message": "the server could not find the requested resource",
 }
 
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
+
 
 @dataclass(frozen=True)
 class Case:

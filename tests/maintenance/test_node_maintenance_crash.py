@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections import Counter
 
+import pytest
 from kubernetes.aio.client import PolicyV1Api
 
 from activities.kube.connector import USER_AGENT
@@ -28,6 +29,9 @@ FAULTS = [
     ({"verb": "get", "resource": "pods"}, {"drop": "before"}, 2),
     ({"verb": "list", "resource": "pods"}, {"delay": 1.5}, 1),
 ]
+
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
 
 
 async def test_worker_killed_mid_drain_finishes_without_violating_the_budget(

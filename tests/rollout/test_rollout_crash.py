@@ -13,6 +13,7 @@ import random
 import uuid
 from collections import Counter
 
+import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from activities.kube.connector import USER_AGENT
@@ -24,6 +25,9 @@ from workflows.rollout.rollout import Rollout, RolloutResult
 
 NODES = 50
 POLICY = {"default": {"budget": {"count": 10}, "strategy": {"fixed": {"initialBatch": 10}}}}
+
+# A worker killed or an API failing under the workflows: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
 
 
 async def final_state(core) -> dict[str, tuple]:

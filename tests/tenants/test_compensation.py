@@ -21,7 +21,12 @@ from workflows.tenancy.models import OnboardTenantInput, QueueQuota
 from workflows.tenancy.objects import tenant_steps
 from workflows.tenancy.onboarding import OnboardTenant
 
-pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(300)]
+# Lost answers under the sagas: replay what they wrote (tests/conftest.py).
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="session"),
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("replay_histories"),
+]
 
 TENANT_RESOURCES = [
     ("", "namespaces"),

@@ -28,6 +28,9 @@ from tests.conftest import as_localhost
 from tests.ufm.conftest import CLIENT_SAN
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput
 
+# Lost answers under the isolations: replay what they wrote (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("replay_histories")
+
 
 def https_config(stub, ufm_config, **tls) -> UfmConfig:
     return ufm_config.model_copy(update={"url": stub.url, **tls})
