@@ -496,8 +496,9 @@ class Bmc:
                 "Vendor": "Millwright",
                 **{
                     k: {"@odata.id": f"{ROOT}/{k}"}
-                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "TaskService", "SessionService")
+                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
                 },
+                "Tasks": {"@odata.id": f"{ROOT}/TaskService"},
                 "Links": {"Sessions": {"@odata.id": f"{ROOT}/SessionService/Sessions"}},
             }
         head = parts[0]
@@ -505,8 +506,9 @@ class Bmc:
             return {
                 "value": [
                     {"name": k, "kind": "Singleton", "url": f"{ROOT}/{k}"}
-                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "TaskService", "SessionService")
+                    for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
                 ]
+                + [{"name": "Tasks", "kind": "Singleton", "url": f"{ROOT}/TaskService"}]
             }
         if head == "Systems":
             if n == 1:

@@ -11,8 +11,8 @@ lab/bmc.py.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 
-* ``/`` (anonymous) ServiceRoot with Systems, Managers, Chassis, UpdateService, SessionService and
-  ``Links.Sessions``; ``/redfish`` (anonymous) the version document.
+* ``/`` (anonymous) ServiceRoot with Systems, Managers, Chassis, UpdateService, Tasks (the TaskService),
+  SessionService and ``Links.Sessions``; ``/redfish`` (anonymous) the version document.
 * ``Systems/1``: PowerState (``On``, ``Off``, ``PoweringOn``, ``PoweringOff``), Boot (override target/enabled/mode
   and their AllowableValues; PATCH ``{"Boot": {...}}``), Status with HealthRollup (the worst SEL severity), BiosVersion,
   ProcessorSummary, MemorySummary, BootProgress, ``Actions/ComputerSystem.Reset`` (On, ForceOn, ForceOff,

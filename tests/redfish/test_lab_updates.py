@@ -125,4 +125,4 @@ async def test_simple_update_refuses_what_it_cannot_do(lab_bmcs, bmc_admin, redf
             r = c.post(action, json=body)
             assert r.status_code == 400 and wrong in r.json()["error"]["message"], (body, r.text)
         root = c.get("/redfish/v1/").json()
-        assert c.get(root["TaskService"]["@odata.id"]).json()["Tasks"]["@odata.id"] == "/redfish/v1/TaskService/Tasks"
+        assert c.get(root["Tasks"]["@odata.id"]).json()["Tasks"]["@odata.id"] == "/redfish/v1/TaskService/Tasks"
