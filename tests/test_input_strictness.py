@@ -53,6 +53,10 @@ def burn_in_server() -> dict[str, Any]:
     return {**server, "bmc": {**server["bmc"], "url": BMC}}
 
 
+def firmware_server() -> dict[str, Any]:
+    return {k: v for k, v in burn_in_server().items() if k != "expected"}
+
+
 # ================================================================= every object schema refuses unknown fields
 
 # Where free keys with free values are what the other system takes, and it checks them itself.
@@ -252,6 +256,8 @@ TYPOS: dict[str, Typo] = {
     "FleetHealthSweep": Typo(example("fleet-health-sweep.json", bmcs={"node-03": {"url": BMC}}), ("bmcs", "node-03"),
                              "verify_ssl"),
     "NodeRemediation": Typo(example("node-remediation.json", node="node-03"), ("webhook",), "tokn"),
+    "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
+                           ("bundle", "components", 0), "imageuri"),
 }  # fmt: skip
 
 
