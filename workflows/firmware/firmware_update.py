@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -34,16 +34,19 @@ from activities.firmware.models import (
 )
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceLookup, FirmwareRecord
 from activities.redfish import BmcRef
 from workflows.burnin.node_guard import KubernetesNode, NodeService
+from workflows.burnin.server_burnin import bmc_from_netbox
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.common.call_options import BMC_CALL, BMC_RETRY
-from workflows.common.endpoints import Endpoints, RetryTimeout, bmc_endpoint
+from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
 
 Phase = Literal[
-    "starting", "reading-inventory", "updating", "activating", "verifying",
+    "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
     "uncordoning", "quarantining",
@@ -54,8 +57,8 @@ Phase = Literal[
 class FirmwareTarget(StrictModel):
     """One server: its name (as NetBox and Kubernetes know it), its BMC, and the node it is, if any."""
 
-    name: str = Field(min_length=1, max_length=64, description="The server's name.")
-    bmc: BmcRef
+    name: str = Field(min_length=1, max_length=64, description="The server's name (its NetBox device name).")
+    bmc: BmcRef | None = Field(None, description="Default: from the NetBox device's custom fields.")
     kubernetes: KubernetesNode | None = Field(
         None, description="The Kubernetes node this server is: refused while in service, unless the update takes "
         "it out of service itself (take_out_of_service).",
@@ -76,6 +79,8 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
     server: FirmwareTarget
     bundle: FirmwareBundle
     allow_downgrade: bool = Field(False, description="Install a component older than the one installed.")
+    record_in_netbox: bool = Field(False, description="Look the device up in NetBox (its BMC, unless given) and "
+                                   "record the result: the versions read back and a journal entry.")  # fmt: skip
     task_timeout: timedelta = Field(timedelta(hours=1), description="How long one component's BMC task may run "
                                     "(including a BMC restarting itself).")  # fmt: skip
     activation_timeout: timedelta = Field(timedelta(minutes=15), description="How long after the reset or power "
@@ -84,6 +89,12 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
                                     "again after the reset.")  # fmt: skip
 
     _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
+
+    @model_validator(mode="after")
+    def _bmc_known(self) -> FirmwareUpdateInput:
+        if self.server.bmc is None and not self.record_in_netbox:
+            raise ValueError("server.bmc is required when record_in_netbox is false")
+        return self
 
     def workflow_id(self) -> str:
         return f"firmware-update/{self.server.name}"
@@ -126,7 +137,36 @@ class FirmwareUpdate:
 
     @workflow.run
     async def run(self, inp: FirmwareUpdateInput) -> FirmwareUpdateResult:
+        try:
+            result = await self._run(inp)
+        except (ActivityError, ApplicationError) as err:
+            if inp.record_in_netbox and not gave_up_on(err, NETBOX):
+                await self._record(inp, "failed", {}, str(err.cause if isinstance(err, ActivityError) else err))
+            raise
+        if inp.record_in_netbox:
+            self._enter("recording", result.result)
+            summary = "\n".join(f"- {c.name}: {c.state} {c.version}" for c in result.components)
+            await self._record(inp, result.result, result.versions, summary + "".join(f"\n- {n}" for n in result.notes))
+            self._enter("completed", self._phases.progress.details)
+        return result
+
+    async def _record(self, inp: FirmwareUpdateInput, outcome: Literal["updated", "up-to-date", "failed"],
+                      versions: dict[str, str], summary: str) -> None:  # fmt: skip
+        record = FirmwareRecord(device=DeviceLookup(name=inp.server.name), result=outcome, bundle=inp.bundle.name,
+                                versions=versions, summary=summary[:8000] or outcome)  # fmt: skip
+        await self._calls.execute(NetBoxActivities.record_firmware, record, **NETBOX_CALL,
+                                  summary=f"record firmware {outcome}")  # fmt: skip
+
+    async def _run(self, inp: FirmwareUpdateInput) -> FirmwareUpdateResult:
         target, bmc = inp.server, inp.server.bmc
+        if bmc is None:
+            self._enter("looking-up", f"NetBox device {target.name}")
+            found = await self._calls.execute(NetBoxActivities.find_device, DeviceLookup(name=target.name),
+                                              **NETBOX_CALL, summary=f"find {target.name}")  # fmt: skip
+            if found.device is None:
+                raise ApplicationError(f"no device {target.name!r} in NetBox", type="DeviceNotFound",
+                                       non_retryable=True)  # fmt: skip
+            bmc = bmc_from_netbox(target.name, found.device)
         self._enter("reading-inventory", target.name)
         before = await self._inventory(bmc, "firmware inventory before")
         self._components = plan(inp.bundle, before.versions)
