@@ -13,6 +13,7 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from activities.node_health import QUARANTINE_ANNOTATION
 from lab.bmc import DEFAULT_FIRMWARE
+from tests.burnin.conftest import BMC_PASSWORD
 from tests.burnin.test_burnin_node import follow, node_fleet
 from tests.burnin.test_server_burnin import resets
 from tests.maintenance.test_node_maintenance import record_history
@@ -61,6 +62,7 @@ async def test_a_node_in_service_is_taken_out_updated_verified_and_returned_then
     handle = await start(client, burnin_worker, update_input(burnin_bmcs, name))
     result = await handle.result()
     await record_history(handle, "firmware_update_node")
+    assert BMC_PASSWORD not in (await handle.fetch_history()).to_json()  # a reference travels, never the secret
 
     assert result.result == "updated", result
     states = {c.name: (c.state, c.task_state, c.bmc_restarted) for c in result.components}
