@@ -45,6 +45,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.clusters.models",
     "workflows.fabric.calls",
     "workflows.fabric.models",
+    "workflows.firmware.bundle",
     "workflows.maintenance.drain",
     "workflows.remediation.models",
     "workflows.remediation.policy",
