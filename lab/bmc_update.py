@@ -4,7 +4,8 @@ runs, and ``FirmwareInventory`` (SoftwareInventory members with ``Version``), in
 
 ``POST UpdateService/Actions/UpdateService.SimpleUpdate`` ``{"ImageURI", "TransferProtocol"?, "Targets": [inventory
 URIs], "@Redfish.OperationApplyTime"?}`` answers 202 with ``Location: TaskService/Tasks/<n>/Monitor`` and the Task.
-``Targets`` is required (as in sushy-tools: the lab does not guess which component an image is for). The image is
+``Targets`` is required (as in sushy-tools: the lab does not guess which component an image is for); the apply
+time is checked and kept in the Task's ``Payload``, while when a version activates follows the image's ``apply``. The image is
 looked up in the lab's image catalogue (``PUT /_lab/images``: ``{uri: {"version", "seconds"?, "apply"?, "bad"?}}``);
 the task runs ``seconds`` (default the lab's ``update_seconds``), ``PercentComplete`` rising, then ends by how the
 image applies (``apply``, default by component):
