@@ -1,9 +1,9 @@
 """Firmware activities against a server's BMC: read the firmware inventory, start an update (Redfish
 ``UpdateService.SimpleUpdate``), follow its Task, and activate what waits for a reset or an AC power cycle.
 
-They build on `RedfishActivities` (activities/redfish.py): the same sushy connection per attempt, credentials as a
-secret reference resolved inside the attempt (never in an input, output, heartbeat or error), the same TLS trust
-and error classification. sushy reads the inventory; the update action, its Task and the chassis reset are plain
+They build on `RedfishActivities` (activities/redfish.py): credentials as a secret reference resolved inside the
+attempt (never in an input, output, heartbeat or error), the same TLS trust, threads and error classification; one
+sushy root per BMC conversation (`_converse`), with sushy's own retries turned down so Temporal's policy owns them. sushy reads the inventory; the update action, its Task and the chassis reset are plain
 Redfish through sushy's authenticated connector, because sushy sends no apply time and waits on a Task wrongly
 (it treats the Task URI as a monitor, and a Task answers 200 while it runs).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import sushy
 from sushy import exceptions as sushy_errors
@@ -42,8 +42,10 @@ from activities.firmware.models import (
     UpdateStarted,
 )
 from activities.firmware.versions import is_downgrade
-from activities.redfish import BmcRef, RedfishActivities
+from activities.redfish import BmcRef, RedfishActivities, redfish_error
 
+T = TypeVar("T")
+_CONNECT_TIMEOUT, _READ_TIMEOUT = 5.0, 20.0
 _POLL_SECONDS = 0.5  # tasks take minutes on real BMCs; the lab's take a second
 _ENDED = ("Completed", "Exception", "Killed", "Cancelled")
 _UNREACHABLE = (sushy_errors.ConnectionError, sushy_errors.ServerSideError)
@@ -70,10 +72,38 @@ class FirmwareActivities(RedfishActivities):
         return [self.firmware_inventory, self.start_firmware_update, self.follow_firmware_task,
                 self.activate_firmware]  # fmt: skip
 
+    async def _converse(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T]) -> T:
+        """`fn` on a fresh sushy root of the BMC, in a thread of the Redfish activities, its errors classified."""
+        trust = self._trust(bmc)
+
+        def run() -> T:
+            user, password = self._user_password(bmc)
+            root = sushy.Sushy(bmc.url, auth=sushy.auth.BasicAuth(user, password), verify=trust.for_requests(),
+                               server_side_retries=1, server_side_retries_delay=1,
+                               connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT)  # fmt: skip
+            return fn(root)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._threads, run)
+        except ApplicationError:
+            raise
+        except Exception as err:
+            raise redfish_error(err, doing, bmc, trust) from None
+
+    @staticmethod
+    def _the_system(root: sushy.Sushy, bmc: BmcRef) -> Any:
+        if bmc.system:
+            return root.get_system(bmc.system if bmc.system.startswith("/") else f"/redfish/v1/Systems/{bmc.system}")
+        members = sorted(root.get_system_collection().members_identities)
+        if len(members) != 1:
+            raise ApplicationError(f"BMC {bmc} has {len(members)} systems; name one in bmc.system",
+                                   type="RedfishRejected", non_retryable=True)  # fmt: skip
+        return root.get_system(members[0])
+
     @activity.defn
     async def firmware_inventory(self, bmc: BmcRef) -> FirmwareVersions:
         """Every firmware inventory entry's Version."""
-        return FirmwareVersions(versions=await self._call("reading the firmware inventory", bmc, _versions))
+        return FirmwareVersions(versions=await self._converse("reading the firmware inventory", bmc, _versions))
 
     @activity.defn
     async def start_firmware_update(self, req: UpdateStart) -> UpdateStarted:
@@ -121,7 +151,7 @@ class FirmwareActivities(RedfishActivities):
                                        type="RedfishRejected", non_retryable=True)  # fmt: skip
             return UpdateStarted(outcome="started", task=task, installed=installed)
 
-        return await self._call(f"starting the update of {', '.join(req.targets)} to {req.version}", req.bmc, run)
+        return await self._converse(f"starting the update of {', '.join(req.targets)} to {req.version}", req.bmc, run)
 
     @staticmethod
     def _running_task(root: sushy.Sushy, image_uri: str, targets: list[str]) -> str | None:
@@ -154,7 +184,7 @@ class FirmwareActivities(RedfishActivities):
 
         while True:
             try:
-                kind, seen = await self._call(f"following {req.task}", req.bmc, look)
+                kind, seen = await self._converse(f"following {req.task}", req.bmc, look)
             except ApplicationError as err:
                 if err.type != "BmcUnavailable":
                     raise
@@ -167,7 +197,7 @@ class FirmwareActivities(RedfishActivities):
                     raise ApplicationError(f"{where}: the BMC's task ended {state}: " + "; ".join(_messages(seen)),
                                            type="FirmwareUpdateFailed", non_retryable=True)  # fmt: skip
                 if state == "Completed":
-                    have = await self._call("reading the firmware inventory", req.bmc, _versions)
+                    have = await self._converse("reading the firmware inventory", req.bmc, _versions)
                     return TaskOutcome(state=state, percent=percent, messages=_messages(seen),
                                        active=not _differs(have, want), bmc_restarted=restarted)  # fmt: skip
                 activity.heartbeat({"task": req.task, "state": state, "percent": percent, "bmc_restarted": restarted})
@@ -197,7 +227,7 @@ class FirmwareActivities(RedfishActivities):
         was; a system that was off stays off)."""
 
         def act(root: sushy.Sushy) -> tuple[bool, bool]:
-            system = self._system(root, req.bmc)
+            system = self._the_system(root, req.bmc)
             on = system.power_state != sushy.POWER_STATE_OFF
             if not _differs(_versions(root), req.want):
                 return False, on
@@ -214,15 +244,15 @@ class FirmwareActivities(RedfishActivities):
             return True, on
 
         def settled(root: sushy.Sushy) -> tuple[dict[str, str], str | None]:
-            power = self._system(root, req.bmc).power_state
+            power = self._the_system(root, req.bmc).power_state
             return _versions(root), None if power is None else str(getattr(power, "value", power))
 
         how = "system reset" if req.how == "reset" else "AC power cycle"
-        reset, on = await self._call(f"{how} to activate firmware", req.bmc, act)
+        reset, on = await self._converse(f"{how} to activate firmware", req.bmc, act)
         deadline = time.monotonic() + req.timeout_seconds
         while True:
             try:
-                have, power = await self._call("reading the firmware inventory", req.bmc, settled)
+                have, power = await self._converse("reading the firmware inventory", req.bmc, settled)
             except ApplicationError as err:
                 if err.type != "BmcUnavailable":
                     raise
