@@ -65,7 +65,7 @@ def _message(key: str, message: str, args: list[str], severity: str = "OK", reso
 
 
 def _action_error(status: int, message_id: str, message: str) -> Exception:
-    from lab.bmc import RedfishError
+    from lab.bmc import RedfishError  # lab.bmc imports this module
 
     return RedfishError(status, message_id, message)
 
@@ -89,17 +89,17 @@ class Updates:
 
     # ------------------------------------------------------------------ documents
     def get(self, parts: list[str]) -> dict | None:
+        from lab.bmc import _collection  # lab.bmc imports this module
+
         n = len(parts)
         if parts[0] == "UpdateService":
             if n == 1:
                 return self._update_service()
             if parts[1] == "FirmwareInventory":
                 if n == 2:
-                    members = [{"@odata.id": f"{US}/FirmwareInventory/{k}"} for k in self.bmc.firmware]
-                    return {"@odata.id": f"{US}/FirmwareInventory",
-                            "@odata.type": "#SoftwareInventoryCollection.SoftwareInventoryCollection",
-                            "Name": "Firmware Inventory Collection", "Members@odata.count": len(members),
-                            "Members": members}  # fmt: skip
+                    return _collection(f"{US}/FirmwareInventory", "SoftwareInventoryCollection",
+                                       "Firmware Inventory Collection",
+                                       [f"{US}/FirmwareInventory/{k}" for k in self.bmc.firmware])  # fmt: skip
                 if n == 3 and parts[2] in self.bmc.firmware:
                     return self._software(parts[2])
             return None
@@ -118,9 +118,7 @@ class Updates:
             }
         if parts[1] == "Tasks":
             if n == 2:
-                members = [{"@odata.id": f"{TASKS}/{i}"} for i in self.tasks]
-                return {"@odata.id": TASKS, "@odata.type": "#TaskCollection.TaskCollection", "Name": "Task Collection",
-                        "Members@odata.count": len(members), "Members": members}  # fmt: skip
+                return _collection(TASKS, "TaskCollection", "Task Collection", [f"{TASKS}/{i}" for i in self.tasks])
             if n == 3 and parts[2] in self.tasks:
                 return self._task(self.tasks[parts[2]])
         return None

@@ -46,6 +46,15 @@ async def start(client, queue: str, inp: FirmwareUpdateInput) -> WorkflowHandle:
                                        task_queue=queue)  # fmt: skip
 
 
+async def node_in_service(bmcs, admin, k8s, power_link) -> str:
+    """A lab server that is a Kubernetes node in service, a trainer pod on it, the bundles' images served."""
+    name = bmcs.names[6]
+    await k8s.seed(node_fleet(name))
+    await follow(power_link, admin, name)
+    await admin.set_images(IMAGES)
+    return name
+
+
 async def updates_posted(admin, name: str) -> list[dict]:
     return [e["body"] for e in await admin.server_audit(name, writes=True) if e["path"].endswith("SimpleUpdate")]
 
@@ -53,10 +62,7 @@ async def updates_posted(admin, name: str) -> list[dict]:
 async def test_a_node_in_service_is_taken_out_updated_verified_and_returned_then_a_rerun_changes_nothing(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
-    name = burnin_bmcs.names[6]
-    await k8s.seed(node_fleet(name))
-    await follow(power_link, bmc_admin, name)
-    await bmc_admin.set_images(IMAGES)
+    name = await node_in_service(burnin_bmcs, bmc_admin, k8s, power_link)
     await bmc_admin.config(bmc_restart_seconds=1.5)
     boot_before = (await core.read_node(name)).status.node_info.boot_id
     handle = await start(client, burnin_worker, update_input(burnin_bmcs, name))
@@ -93,10 +99,7 @@ async def test_a_node_in_service_is_taken_out_updated_verified_and_returned_then
 async def test_a_bad_image_stops_the_server_with_the_bmcs_message(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
-    name = burnin_bmcs.names[6]
-    await k8s.seed(node_fleet(name))
-    await follow(power_link, bmc_admin, name)
-    await bmc_admin.set_images(IMAGES)
+    name = await node_in_service(burnin_bmcs, bmc_admin, k8s, power_link)
     bundle = {"name": "bad", "components": [{"name": "BIOS", "image_uri": BAD_IMAGE, "version": "1.9.1"}]}
     handle = await start(client, burnin_worker, update_input(burnin_bmcs, name, bundle))
     with pytest.raises(WorkflowFailureError) as failed:
