@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from lab.bmc_update import Updates
+
 ROOT = "/redfish/v1"
 SYSTEM = f"{ROOT}/Systems/1"
 BASE = "Base.1.15"
@@ -24,7 +26,14 @@ DEFAULT_PASSWORD = "0penBmc"
 DEFAULT_GPU_MODEL = "NVIDIA H200"
 EXPANDS = (".", ".($levels=1)")
 BUSY_RETRY_AFTER = 2  # seconds, in the Retry-After of a 503 for the session or request limit
-DEFAULT_CONFIG = {"power_delay": 0.2, "request_delay": 0.0, "max_sessions": 4, "session_timeout": 1800.0}
+DEFAULT_CONFIG = {
+    "power_delay": 0.2,
+    "request_delay": 0.0,
+    "max_sessions": 4,
+    "session_timeout": 1800.0,
+    "update_seconds": 0.5,
+    "bmc_restart_seconds": 1.0,
+}
 DEFAULT_FIRMWARE = {
     "BMC": "24.09",
     "BIOS": "1.8.2",
@@ -161,9 +170,11 @@ def _collection(oid: str, kind: str, name: str, members: list[str]) -> dict:
 
 
 class BmcHost(Protocol):
-    """What a BMC asks of the lab that hosts it (lab/redfish.py `BmcLab`): its settings and the credentials."""
+    """What a BMC asks of the lab that hosts it (lab/redfish.py `BmcLab`): its settings, the credentials and the
+    catalogue of firmware images its updates fetch (lab/bmc_update.py)."""
 
     config: dict
+    images: dict[str, dict]
 
     def credentials_ok(self, user: str, password: str) -> bool: ...
 
@@ -181,6 +192,7 @@ class Bmc:
         self.sel_seq = 0
         self._processors: dict[str, dict] | None = None
         self.in_flight = 0  # requests being served now (the lab's request limit; a reset does not end them)
+        self.updates = Updates(self)
         self.restore()
 
     def restore(self) -> None:
@@ -208,6 +220,8 @@ class Bmc:
         self.requests = 0
         self.resets = 0
         self._processors = None
+        self.updates.cancel()
+        self.updates = Updates(self)
 
     # ------------------------------------------------------------------ power
     def _cancel_power(self) -> None:
@@ -256,6 +270,7 @@ class Bmc:
         if self.bios_pending:
             self.bios.update(self.bios_pending)
             self.bios_pending = {}
+        self.updates.activate("reset")
         armed, self.armed = self.armed, []
         for a in armed:
             self.schedule_sel(a, float(a.get("delay") or 0))
@@ -267,6 +282,17 @@ class Bmc:
     @property
     def power_state(self) -> str:
         return self.transition or self.power
+
+    # ------------------------------------------------------------------ firmware
+    def set_firmware(self, component: str, version: str) -> None:
+        self.firmware[component] = version
+        self._processors = None  # GPUs show their firmware version
+
+    def restart_bmc(self, seconds: float) -> None:
+        """The BMC reboots into new firmware: no answer for `seconds`, then its sessions and tasks are gone."""
+        self.down_until, self.down_mode = time.time() + seconds, "drop"
+        self.sessions.clear()
+        self.updates.tasks.clear()
 
     # ------------------------------------------------------------------ SEL
     def add_sel(self, body: dict) -> dict:
@@ -493,6 +519,7 @@ class Bmc:
                     k: {"@odata.id": f"{ROOT}/{k}"}
                     for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
                 },
+                "Tasks": {"@odata.id": f"{ROOT}/TaskService"},
                 "Links": {"Sessions": {"@odata.id": f"{ROOT}/SessionService/Sessions"}},
                 "ProtocolFeaturesSupported": {
                     "ExpandQuery": {"ExpandAll": False, "Levels": True, "MaxLevels": 1, "Links": False, "NoLinks": True}
@@ -505,6 +532,7 @@ class Bmc:
                     {"name": k, "kind": "Singleton", "url": f"{ROOT}/{k}"}
                     for k in ("Systems", "Managers", "Chassis", "UpdateService", "SessionService")
                 ]
+                + [{"name": "Tasks", "kind": "Singleton", "url": f"{ROOT}/TaskService"}]
             }
         if head == "Systems":
             if n == 1:
@@ -549,47 +577,17 @@ class Bmc:
                         "ComputerSystems": [{"@odata.id": SYSTEM}],
                         "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}],
                     },
-                }
-        if head == "UpdateService":
-            us = f"{ROOT}/UpdateService"
-            if n == 1:
-                return {
-                    "@odata.id": us,
-                    "@odata.type": "#UpdateService.v1_11_0.UpdateService",
-                    "Id": "UpdateService",
-                    "Name": "Update Service",
-                    "ServiceEnabled": True,
-                    "Status": {"State": "Enabled", "Health": "OK"},
-                    "FirmwareInventory": {"@odata.id": f"{us}/FirmwareInventory"},
                     "Actions": {
-                        "#UpdateService.SimpleUpdate": {
-                            "target": f"{us}/Actions/UpdateService.SimpleUpdate",
-                            "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"],
+                        "#Chassis.Reset": {  # AC power cycle: what a CPLD update waits for
+                            "target": f"{ROOT}/Chassis/1/Actions/Chassis.Reset",
+                            "ResetType@Redfish.AllowableValues": ["PowerCycle"],
                         }
                     },
                 }
-            if parts[1] == "FirmwareInventory":
-                if n == 2:
-                    return _collection(
-                        f"{us}/FirmwareInventory",
-                        "SoftwareInventoryCollection",
-                        "Firmware Inventory Collection",
-                        [f"{us}/FirmwareInventory/{k}" for k in self.firmware],
-                    )
-                if n == 3 and parts[2] in self.firmware:
-                    k = parts[2]
-                    maker = "NVIDIA" if k.startswith(("GPU", "NVSwitch")) else self.spec["manufacturer"]
-                    return {
-                        "@odata.id": f"{us}/FirmwareInventory/{k}",
-                        "@odata.type": "#SoftwareInventory.v1_9_0.SoftwareInventory",
-                        "Id": k,
-                        "Name": f"{k} Firmware",
-                        "Version": self.firmware[k],
-                        "Updateable": True,
-                        "Manufacturer": maker,
-                        "SoftwareId": k,
-                        "Status": {"State": "Enabled", "Health": "OK"},
-                    }
+        if head in ("UpdateService", "TaskService"):
+            doc = self.updates.get(parts)
+            if doc is not None:
+                return doc
         if head == "SessionService":
             ss = f"{ROOT}/SessionService"
             if n == 1:
@@ -739,12 +737,19 @@ class Bmc:
             self.delete_session(parts[2], path)
             return web.Response(status=204)
         if method == "POST" and parts == ["UpdateService", "Actions", "UpdateService.SimpleUpdate"]:
-            raise RedfishError(
-                400,
-                "ActionNotSupported",
-                "The action UpdateService.SimpleUpdate is not supported "
-                "by the resource (lab BMC: use PUT /_lab/servers/{name}/firmware).",
-            )
+            return self.updates.simple_update(body)
+        if method == "POST" and parts == ["Chassis", "1", "Actions", "Chassis.Reset"]:
+            rtype = body.get("ResetType") if isinstance(body, dict) else None
+            if rtype != "PowerCycle":
+                raise RedfishError(
+                    400,
+                    "ActionParameterValueNotInList",
+                    f"The value '{rtype}' for the parameter ResetType in the action Chassis.Reset is not in the "
+                    "list of acceptable values.",
+                )
+            self.resets += 1
+            self.updates.ac_power_cycle()
+            return web.Response(status=204)
         self.get(parts, path, {})  # 404 for an unknown resource, else the method is the problem
         raise RedfishError(405, "OperationNotAllowed", f"The HTTP method {method} is not allowed on {path}.")
 
@@ -803,4 +808,5 @@ class Bmc:
             "firmware": self.firmware,
             "bios": self.bios,
             "spec": self.spec,
+            **self.updates.view(),
         }

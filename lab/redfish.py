@@ -11,8 +11,8 @@ lab/bmc.py.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 
-* ``/`` (anonymous) ServiceRoot with Systems, Managers, Chassis, UpdateService, SessionService and
-  ``Links.Sessions``; ``/redfish`` (anonymous) the version document.
+* ``/`` (anonymous) ServiceRoot with Systems, Managers, Chassis, UpdateService, Tasks (the TaskService),
+  SessionService and ``Links.Sessions``; ``/redfish`` (anonymous) the version document.
 * ``Systems/1``: PowerState (``On``, ``Off``, ``PoweringOn``, ``PoweringOff``), Boot (override target/enabled/mode
   and their AllowableValues; PATCH ``{"Boot": {...}}``), Status with HealthRollup (the worst SEL severity), BiosVersion,
   ProcessorSummary, MemorySummary, BootProgress, ``Actions/ComputerSystem.Reset`` (On, ForceOn, ForceOff,
@@ -26,7 +26,10 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
 * ``Systems/1/Bios`` (Attributes; ``@Redfish.Settings`` -> ``Bios/Settings``, PATCHed attributes apply at next boot).
 * ``Systems/1/LogServices/SEL`` with ``Entries`` (LogEntry: Id, Created, EntryType SEL, Severity OK/Warning/Critical,
   Message, MessageId) and ``Actions/LogService.ClearLog``.
-* ``UpdateService`` with ``FirmwareInventory/<key>`` (Id = the spec's firmware key: BMC, BIOS, GPU0.., NVSwitch0..).
+* ``UpdateService`` with ``FirmwareInventory/<key>`` (Id = the spec's firmware key: BMC, BIOS, GPU0.., NVSwitch0..),
+  ``Actions/UpdateService.SimpleUpdate`` and ``TaskService/Tasks/<n>`` (with ``/Monitor``); ``Chassis/1/Actions/
+  Chassis.Reset`` ``PowerCycle`` (an AC power cycle). What a task does and when a new version activates:
+  lab/bmc_update.py.
 * ``SessionService/Sessions``: POST ``{"UserName", "Password"}`` -> 201 with ``X-Auth-Token`` and ``Location``;
   DELETE logs out; at most ``max_sessions`` per BMC (then 503 SessionLimitExceeded); idle sessions expire after
   ``session_timeout``. At most ``max_sessions`` requests are served at once per BMC (a request on HTTP Basic holds
@@ -44,12 +47,14 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 ``GET /_lab/servers/{name}`` -> view, where a view is ``{"name", "url", "power": "On"|"Off", "power_state",
 "booted_from": "Pxe"|"Hdd"|null, "boot_count", "last_boot", "boot_override": {"target", "enabled", "mode"},
 "gpu_faults", "sel": [LogEntry...], "down_until": float|null, "sessions", "requests", "resets", "firmware", "bios",
-"spec"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
+"spec", "firmware_pending", "update_faults", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
 "delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on;
 ``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"}``; ``PUT /_lab/servers/{name}/gpu-faults``
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
-``{"power_delay", "request_delay", "max_sessions", "session_timeout"}``; ``POST /_lab/reset`` (every server back to
+``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds"}``;
+``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
+``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
 "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"},
 "count": 1, "skip": 0, "after": <fault id>}`` (count -1: until cleared; the fault front and audit log of
@@ -90,6 +95,7 @@ from lab.bmc import (
     normalize_spec,
     not_found,
 )
+from lab.bmc_update import APPLIES
 from lab.faults import AuditLog, FaultFront, FaultTable, drop
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, announce_and_wait
@@ -111,6 +117,7 @@ class BmcLab:
         self._basic = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.base_config = {**DEFAULT_CONFIG, **(config or {})}
         self.config = dict(self.base_config)
+        self.images: dict[str, dict] = {}  # the firmware image server's catalogue (lab/bmc_update.py)
         self.servers: dict[str, Bmc] = {}
         for i, s in enumerate(specs):
             spec = normalize_spec(s, i)
@@ -233,6 +240,8 @@ class BmcLab:
                     "Establish a session before retrying the operation.",
                     headers={"WWW-Authenticate": 'Basic realm="Redfish"'},
                 )
+        if method == "GET" and len(parts) == 4 and parts[:2] == ["TaskService", "Tasks"] and parts[3] == "Monitor":
+            return bmc.updates.monitor(parts[2]) or not_found(request.path).response()
         if method == "GET":
             return web.json_response(bmc.get(parts, request.path, dict(request.query)))
         body: Any = None
@@ -276,8 +285,18 @@ class BmcLab:
                 bmc.restore()
             self.faults.clear()
             self.audit.clear()
+            self.images.clear()
             self.config = dict(self.base_config)
             return ok
+        if p == ["images"] and m in ("GET", "PUT"):
+            for uri, image in (body or {}).items():
+                if not isinstance(image, dict) or not isinstance(image.get("version"), str):
+                    raise ValueError(f"image {uri!r}: give at least its version")
+                unknown = set(image) - {"version", "seconds", "apply", "bad"}
+                if unknown or image.get("apply", "none") not in APPLIES:
+                    raise ValueError(f"image {uri!r}: keys version, seconds, apply (one of {APPLIES}), bad")
+                self.images[uri] = image
+            return web.json_response(self.images)
         if p == ["config"] and m in ("GET", "PUT"):
             for k, v in (body or {}).items():
                 if k not in DEFAULT_CONFIG:
@@ -338,9 +357,12 @@ class BmcLab:
                 raise ValueError("state must be On or Off")
             return web.json_response(bmc.view())
         if op == "firmware" and m == "PUT":
-            bmc.firmware.update({str(k): str(v) for k, v in body.items()})
-            bmc._processors = None
+            for k, v in body.items():
+                bmc.set_firmware(str(k), str(v))
             return web.json_response(bmc.firmware)
+        if op == "update-faults" and m == "PUT":
+            bmc.updates.faults.update({str(k): str(v) for k, v in body.items()})
+            return web.json_response(bmc.updates.faults)
         return web.json_response({"error": f"no admin route {m} /_lab/servers/{'/'.join(p)}"}, status=404)
 
 
@@ -469,8 +491,17 @@ class BmcAdmin(AdminClient):
     async def set_firmware(self, name: str, versions: dict[str, str]) -> dict:
         return await self._req("PUT", f"/_lab/servers/{name}/firmware", json=versions)
 
+    async def set_images(self, images: dict[str, dict]) -> dict:
+        """Add firmware images to the lab's image server: ``{uri: {"version", "seconds", "apply", "bad"}}``."""
+        return await self._req("PUT", "/_lab/images", json=images)
+
+    async def set_update_faults(self, name: str, faults: dict[str, str]) -> dict:
+        """The next update of each component on this server fails with this message (once)."""
+        return await self._req("PUT", f"/_lab/servers/{name}/update-faults", json=faults)
+
     async def config(self, **changes: float) -> dict:
-        """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout."""
+        """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout, update_seconds,
+        bmc_restart_seconds."""
         return await self._req("PUT", "/_lab/config", json=changes)
 
     async def server_audit(self, name: str, since: int = 0, writes: bool = False) -> list[dict]:

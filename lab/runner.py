@@ -69,6 +69,7 @@ DEFAULT_FLEET = Path(__file__).resolve().parent / "fleets" / "demo.json"
 EXAMPLES = REPO_ROOT / "examples"
 EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.json"
 BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
+FIRMWARE_TEMPLATE = EXAMPLES / "firmware-update.json"
 WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
 WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
@@ -327,8 +328,12 @@ class Lab:
              *(self.tls_arguments("bmc") if https else [])],
             env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password},  # never on a command line
         )  # fmt: skip
+        # The firmware example's images, on the lab's image server (lab/bmc_update.py): each installs its version.
+        bundle = json.loads(FIRMWARE_TEMPLATE.read_text())["bundle"]["components"]
+        images = {c["image_uri"]: {"version": c["version"]} for c in bundle}
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
             views = (await http.get(f"{admin}/_lab/servers", params={"fields": "url"})).raise_for_status().json()
+            (await http.put(f"{admin}/_lab/images", json=images)).raise_for_status()
         bmc = {
             "admin": admin,
             "credentials": f"file:{credentials}",  # a reference, never the password
@@ -568,8 +573,8 @@ class Lab:
     # -------------------------------------------------------------- examples with this lab's values
 
     def write_examples(self, bmc: dict[str, Any] | None, webhook: str | None) -> dict[str, Path]:
-        """`<state-dir>/examples/`: the burn-in input for the first GPU node (its real BMC URL, expected hardware;
-        it takes the node out of service itself), and every example that names the webhook receiver, pointed at
+        """`<state-dir>/examples/`: the burn-in and firmware update inputs for the first GPU node (its real BMC URL,
+        expected hardware; they take the node out of service themselves), and every example that names the webhook receiver, pointed at
         this lab's."""
         from lab.bmc import normalize_spec
 
@@ -587,6 +592,10 @@ class Lab:
                 server["bmc"]["ca_bundle"] = bmc["ca_bundle"]
             written["server-burn-in"] = out_dir / "server-burn-in.json"
             written["server-burn-in"].write_text(json.dumps(example, indent=2) + "\n")
+            firmware = json.loads(FIRMWARE_TEMPLATE.read_text())
+            firmware["server"].update(name=spec["name"], bmc=server["bmc"])
+            written["firmware-update"] = out_dir / "firmware-update.json"
+            written["firmware-update"].write_text(json.dumps(firmware, indent=2) + "\n")
         if webhook:
             for path in sorted(EXAMPLES.glob("*.json")):
                 text = path.read_text()
@@ -743,7 +752,9 @@ class Lab:
         if "server-burn-in" in examples:
             line("burn in", f"millwright start ServerBurnIn --input {examples['server-burn-in']}{where} --watch   "
                  "(or paste that file in the UI: Start Workflow, type ServerBurnIn)")  # fmt: skip
-        if webhook_copies := [str(p) for n, p in examples.items() if n != "server-burn-in"]:
+        if "firmware-update" in examples:
+            line("firmware", f"millwright start FirmwareUpdate --input {examples['firmware-update']}{where} --watch")
+        if webhook_copies := [str(p) for n, p in examples.items() if n not in ("server-burn-in", "firmware-update")]:
             if self.info["webhook"]["url"] != WEBHOOK_IN_EXAMPLES:
                 line("webhook", f"port {WEBHOOK_PORT} was taken: run {', '.join(webhook_copies)} instead of the "
                      "examples/ files of the same name")  # fmt: skip

@@ -70,6 +70,16 @@ def burned_in(result: dict) -> list[str]:
     return wrong
 
 
+def firmware_updated(result: dict) -> list[str]:
+    wrong = expect(result="updated")(result)
+    states = {c["name"]: c["state"] for c in result.get("components") or []}
+    if states != {"BMC": "active", "BIOS": "active", "CPLD": "active"}:
+        wrong.append(f"components {states}: want BMC, BIOS and CPLD active")
+    if not any("back in service" in n for n in result.get("notes") or []):
+        wrong.append(f"notes {result.get('notes')}: the node was not put back in service")
+    return wrong
+
+
 def onboarded(result: dict) -> list[str]:
     netbox = [s for s in result.get("steps") or [] if s.get("step") == "netbox"]
     return [] if netbox else [f"steps {[s.get('step') for s in result.get('steps') or []]}: no NetBox record"]
@@ -90,6 +100,7 @@ def planned(output: str) -> list[str]:
 NODES, TENANTS = "nodes", "tenants"
 EXAMPLES: dict[str, Example] = {
     "server-burn-in.json": Example(NODES, burned_in, workflow="ServerBurnIn", lab_copy=True),
+    "firmware-update.json": Example(NODES, firmware_updated, workflow="FirmwareUpdate", lab_copy=True),
     "node-maintenance.json": Example(NODES, expect(outcome="completed", uncordoned=True), workflow="NodeMaintenance"),
     "node-remediation.json": Example(
         NODES, expect(outcome="healthy", uncordoned=True), workflow="NodeRemediation", lab_copy=True

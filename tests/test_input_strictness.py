@@ -53,6 +53,10 @@ def burn_in_server() -> dict[str, Any]:
     return {**server, "bmc": {**server["bmc"], "url": BMC}}
 
 
+def firmware_server() -> dict[str, Any]:
+    return {k: v for k, v in burn_in_server().items() if k != "expected"}
+
+
 # ================================================================= every object schema refuses unknown fields
 
 # Where free keys with free values are what the other system takes, and it checks them itself.
@@ -253,6 +257,8 @@ TYPOS: dict[str, Typo] = {
                              "verify_ssl"),
     "NodeRemediation": Typo(example("node-remediation.json", node="node-03"), ("webhook",), "tokn"),
     "TenantUsage": Typo({"cluster": "lab", "period": "PT1H"}, (), "perod"),
+    "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
+                           ("bundle", "components", 0), "imageuri"),
 }  # fmt: skip
 
 

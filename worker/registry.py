@@ -48,6 +48,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.clusters.owners",
     "workflows.fabric.calls",
     "workflows.fabric.models",
+    "workflows.firmware.bundle",
     "workflows.maintenance.drain",
     "workflows.remediation.models",
     "workflows.remediation.policy",
@@ -103,6 +104,7 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 def build(settings: WorkerSettings) -> Registration:
     from activities.capi.activities import ClusterApiActivities
     from activities.entities import EntityActivities
+    from activities.firmware.activities import FirmwareActivities
     from activities.ironic.activities import IronicActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
@@ -127,9 +129,9 @@ def build(settings: WorkerSettings) -> Registration:
     )
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
-    redfish = RedfishActivities(
-        settings.bmc_credentials_ref(), ca_bundle=settings.ca_bundle("bmc"), verify_tls=settings.bmc_verify_tls
-    )
+    bmc_settings: dict[str, Any] = dict(ca_bundle=settings.ca_bundle("bmc"), verify_tls=settings.bmc_verify_tls)
+    redfish = RedfishActivities(settings.bmc_credentials_ref(), **bmc_settings)
+    firmware = FirmwareActivities(settings.bmc_credentials_ref(), **bmc_settings)
     return Registration(
         workflows=list(WORKFLOWS),
         activities=list(KubeActivities(connector).activities())
@@ -138,12 +140,13 @@ def build(settings: WorkerSettings) -> Registration:
         + ufm.activities()
         + ClusterApiActivities(connector, settings.reserved_groups).activities()
         + redfish.activities()
+        + firmware.activities()
         + ironic.activities()
         + NodeHealthActivities(connector).activities()
         + NotifyActivities().activities()
         + EntityActivities().activities()
         + UsageReportActivities(settings.usage_sink_dir).activities(),
-        resources=[connector, netbox, prometheus, ufm, redfish, ironic],
+        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic],
     )
 
 

@@ -50,6 +50,7 @@ from activities.netbox.models import (
     CF_BURNIN_REPORT,
     CF_BURNIN_RESULT,
     CF_FIRMWARE,
+    CF_FIRMWARE_INSTALLED,
     CF_GPU_UUID,
     CF_IB_PORT_GUID,
     CF_TENANT_PKEY,
@@ -68,8 +69,10 @@ from activities.netbox.models import (
     DevicePage,
     DevicePageQuery,
     DeviceQuery,
+    DeviceRecorded,
     DeviceTags,
     DeviceTagsRequest,
+    FirmwareRecord,
     FoundDevice,
     GpuInventory,
     IbPort,
@@ -97,6 +100,7 @@ class NetBoxActivities(NetBoxClient):
             self.set_device_status,
             self.set_device_tags,
             self.record_burnin,
+            self.record_firmware,
             self.record_gpus,
             self.record_interfaces,
             self.upsert_tenant,
@@ -279,6 +283,28 @@ class NetBoxActivities(NetBoxClient):
             )  # fmt: skip
 
         return await self._in_thread(f"recording the burn-in of {req.device}", run)
+
+    @activity.defn
+    async def record_firmware(self, req: FirmwareRecord) -> DeviceRecorded:
+        """Store the firmware versions a firmware update read back in a custom field, and journal its summary."""
+
+        def run(api: Any) -> DeviceRecorded:
+            device = self._resolve_device(api, req.device)
+            have = record_fields(device).get("custom_fields") or {}
+            if CF_FIRMWARE_INSTALLED not in have:
+                raise not_bootstrapped(f"the custom field {CF_FIRMWARE_INSTALLED}")
+            changed = []
+            if req.versions and not same_custom_field(have.get(CF_FIRMWARE_INSTALLED), req.versions):
+                self._update("firmware field", api.dcim.devices, device,
+                             {"custom_fields": {CF_FIRMWARE_INSTALLED: req.versions}})  # fmt: skip
+                changed.append(CF_FIRMWARE_INSTALLED)
+            kind = {"updated": "success", "up-to-date": "info", "failed": "danger"}[req.result]
+            text = f"Firmware bundle {req.bundle}: **{req.result}**\n\n{req.summary}"
+            entry_id, created = self._ensure_journal(api, device, kind, text)
+            return DeviceRecorded(device=device.name or f"#{device.id}", updated_fields=changed,
+                                  journal_entry_id=entry_id, journal_created=created)  # fmt: skip
+
+        return await self._in_thread(f"recording the firmware of {req.device}", run)
 
     @activity.defn
     async def record_gpus(self, req: GpuInventory) -> UpsertResult:

@@ -19,6 +19,7 @@ from activities.netbox.models import (
     CF_EXPECTED_GPUS,
     CF_FIRMWARE,
     CF_FIRMWARE_BASELINE,
+    CF_FIRMWARE_INSTALLED,
     CF_GPU_MODEL,
     CF_GPU_UUID,
     CF_IB_PORT_GUID,
@@ -117,6 +118,13 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
             ["dcim.device"],
             "Firmware baseline",
             "Firmware inventory name -> the version burn-in expects",
+        ),
+        _cf(
+            CF_FIRMWARE_INSTALLED,
+            "json",
+            ["dcim.device"],
+            "Firmware installed",
+            "Firmware inventory name -> the version Millwright's last firmware update read back",
         ),
     ],  # fmt: skip
     "tags": [

@@ -34,6 +34,8 @@ CF_BMC_CREDENTIALS = "millwright_bmc_credentials"
 CF_EXPECTED_GPUS = "millwright_expected_gpus"
 CF_GPU_MODEL = "millwright_gpu_model"
 CF_FIRMWARE_BASELINE = "millwright_firmware_baseline"
+# What a firmware update read back from the BMC at its end (workflows/firmware/).
+CF_FIRMWARE_INSTALLED = "millwright_firmware_installed"
 BURNIN_CHOICE_SET = "millwright-burnin-results"
 BURNIN_RESULTS = ("passed", "failed", "aborted")
 
@@ -159,11 +161,23 @@ class BurnInRecord(StrictModel):
     summary: str = Field(min_length=1, max_length=8000)
 
 
-class BurnInRecorded(StrictModel):
+class DeviceRecorded(StrictModel):
     device: str
     updated_fields: list[str]
     journal_entry_id: int
     journal_created: bool
+
+
+class BurnInRecorded(DeviceRecorded):
+    """A burn-in's verdict recorded."""
+
+
+class FirmwareRecord(StrictModel):
+    device: DeviceLookup
+    result: Literal["updated", "up-to-date", "failed"]
+    bundle: str = Field(min_length=1)
+    versions: dict[str, str] = Field(default_factory=dict, description="The firmware inventory read back.")
+    summary: str = Field(min_length=1, max_length=8000)
 
 
 class GpuInfo(StrictModel):

@@ -8,6 +8,7 @@ drain (workflows/maintenance/drain.py), all before the first power change. After
 and Ready with a new boot ID, the cordon goes and the lease is returned; after a failure the node stays cordoned,
 quarantined with the burn-in's reason (activities/node_health.py `quarantine_node`: annotation and taint), and the
 lease is returned (the cordon keeps the node counted as out of service). A node someone else cordoned stays theirs.
+A firmware update (workflows/firmware/) takes its node out and back the same way.
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ class BurnInNodeStatus(DrainProgress):
 
 
 class NodeService:
-    """One burn-in's node: `take_out()` before the first power change, `back_in()` after the verdict."""
+    """One burn-in's node: `take_out()` before the first power change, `back_in()` after the verdict.
 
-    def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[NodePhase, str], None]) -> None:
-        self.ref = ref
+    `operation` names what takes the node out (a burn-in, a firmware update) in its cordon, lease and notes."""
+
+    def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[NodePhase, str], None],
+                 operation: str = "burn-in") -> None:  # fmt: skip
+        self.ref, self.operation = ref, operation
         self.status = BurnInNodeStatus(node=ref.node or server, cluster=ref.cluster)
         self._enter = enter
         self._node_ref = NodeRef(cluster=ref.cluster, node=self.status.node)
@@ -83,7 +87,7 @@ class NodeService:
     @property
     def _cordon(self) -> CordonRequest:
         return CordonRequest(cluster=self.ref.cluster, node=self.status.node, owner=workflow.info().workflow_id,
-                             reason=f"burn-in ({workflow.info().workflow_id})")  # fmt: skip
+                             reason=f"{self.operation} ({workflow.info().workflow_id})")  # fmt: skip
 
     async def _inspect(self) -> NodeInfo:
         return await workflow.execute_activity_method(
@@ -105,7 +109,7 @@ class NodeService:
         def waiting(lease: Lease) -> None:
             self._enter("waiting-for-budget", f"{lease.id}: queued #{lease.position}; {lease.note}")
 
-        lease = await acquire_lease(ref.cluster, s.node, reason="burn-in", budget=ref.disruption_budget,
+        lease = await acquire_lease(ref.cluster, s.node, reason=self.operation, budget=ref.disruption_budget,
                                     waiting=waiting)  # fmt: skip
         s.lease = lease.id if lease else None
         self._enter("cordoning", s.node)
@@ -119,13 +123,13 @@ class NodeService:
 
     def _in_service(self, info: NodeInfo) -> ApplicationError:
         s, ref = self.status, self.ref
-        take_out = json.dumps({"cluster": ref.cluster, "node": s.node, "reason": "burn-in",
+        take_out = json.dumps({"cluster": ref.cluster, "node": s.node, "reason": self.operation,
                                "drain": {"delete_emptydir_data": True}})  # fmt: skip
         return ApplicationError(
             f"{s.node} is a Kubernetes node in service in {ref.cluster} ({'Ready' if info.ready else 'NotReady'}, "
-            f"schedulable): a burn-in power-cycles it. Take it out of service first (`millwright start "
+            f"schedulable): a {self.operation} resets it. Take it out of service first (`millwright start "
             f"NodeMaintenance --input - <<<'{take_out}'`), or set server.kubernetes.take_out_of_service: true to have "
-            "the burn-in lease, cordon and drain it itself (and uncordon it after a pass)",
+            f"the {self.operation} lease, cordon and drain it itself (and uncordon it after a pass)",
             type="NodeInService", non_retryable=True,
         )  # fmt: skip
 
@@ -133,8 +137,10 @@ class NodeService:
         """The node's boot ID before the burn-in boots it back to its disk (the reboot to wait for)."""
         return (await self._inspect()).boot_id if self.status.cordoned_by_us else None
 
-    async def back_in(self, passed: bool, reason: str, boot_id: str | None, boot_timeout: timedelta) -> None:
-        """After the verdict: uncordon a passed node once it is back (Ready, new boot ID); quarantine a failed one."""
+    async def back_in(self, passed: bool, reason: str, boot_id: str | None, boot_timeout: timedelta,
+                      rebooted: bool = True) -> None:  # fmt: skip
+        """After the verdict: uncordon a passed node once it is back (Ready, new boot ID; at once when the work did
+        not reboot it, `rebooted` false); quarantine a failed one."""
         s = self.status
         if not s.cordoned_by_us:
             return
@@ -145,23 +151,31 @@ class NodeService:
                 QuarantineRequest(cluster=self.ref.cluster, node=s.node, owner=self._cordon.owner, reason=reason),
                 **API_CALL, summary=f"quarantine {s.node}")  # fmt: skip
             s.note = f"node {s.node} left cordoned and quarantined: {reason}"
-        elif boot_id is not None:
-            self._enter("waiting-for-node", f"{s.node} Ready with a new boot ID")
-            await workflow.execute_activity_method(
-                KubeActivities.wait_node_rebooted,
-                RebootWait(cluster=self.ref.cluster, node=s.node, previous_boot_id=boot_id,
-                           timeout_seconds=boot_timeout.total_seconds()),
-                start_to_close_timeout=boot_timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=API_CALL["retry_policy"], summary=f"wait for {s.node} to be back",
-            )  # fmt: skip
+        elif boot_id is not None or not rebooted:
+            if boot_id is not None:
+                await self._wait_rebooted(boot_id, boot_timeout)
             self._enter("uncordoning", s.node)
             done = await workflow.execute_activity_method(KubeActivities.uncordon_node, self._cordon, **API_CALL,
                                                           summary=f"uncordon {s.node}")  # fmt: skip
             s.note = (
-                f"node {s.node}: drained ({len(s.evicted)} pods evicted) for the burn-in, back in service ({done.note})"
+                f"node {s.node}: drained ({len(s.evicted)} pods evicted) for the {self.operation}, back in service "
+                f"({done.note})"
             )
         else:
-            s.note = f"node {s.node} left cordoned: the burn-in did not boot the server back to its disk"
+            s.note = f"node {s.node} left cordoned: the {self.operation} did not boot the server back to its disk"
         if s.lease is not None:
-            await release_lease(self.ref.cluster, s.node, reason="burn-in " + ("passed" if passed else "failed"))
+            await release_lease(
+                self.ref.cluster, s.node, reason=f"{self.operation} " + ("passed" if passed else "failed")
+            )
             s.lease = None
+
+    async def _wait_rebooted(self, boot_id: str, boot_timeout: timedelta) -> None:
+        s = self.status
+        self._enter("waiting-for-node", f"{s.node} Ready with a new boot ID")
+        await workflow.execute_activity_method(
+            KubeActivities.wait_node_rebooted,
+            RebootWait(cluster=self.ref.cluster, node=s.node, previous_boot_id=boot_id,
+                       timeout_seconds=boot_timeout.total_seconds()),
+            start_to_close_timeout=boot_timeout + timedelta(minutes=1), heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=API_CALL["retry_policy"], summary=f"wait for {s.node} to be back",
+        )  # fmt: skip

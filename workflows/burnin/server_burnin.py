@@ -205,15 +205,21 @@ def sel_findings(report: SelReport) -> list[Finding]:
             for e in report.critical]  # fmt: skip
 
 
+def bmc_from_netbox(name: str, device: DeviceInfo) -> BmcRef:
+    """The device's BMC from its custom fields; say which field is missing."""
+    cf = device.custom_fields
+    if not cf.get(CF_BMC_URL):
+        raise ApplicationError(f"NetBox device {name} has no {CF_BMC_URL}: cannot reach its BMC",
+                               type="InvalidInventory", non_retryable=True)  # fmt: skip
+    return BmcRef(url=cf[CF_BMC_URL], credentials=cf.get(CF_BMC_CREDENTIALS) or None)
+
+
 def target_from_netbox(name: str, device: DeviceInfo, given: ServerTarget) -> ServerTarget:
     """Fill what the caller did not give from the device's custom fields; say which field is missing."""
     cf = device.custom_fields
     bmc = given.bmc
     if bmc is None and given.ironic is None:
-        if not cf.get(CF_BMC_URL):
-            raise ApplicationError(f"NetBox device {name} has no {CF_BMC_URL}: cannot reach its BMC",
-                                   type="InvalidInventory", non_retryable=True)  # fmt: skip
-        bmc = BmcRef(url=cf[CF_BMC_URL], credentials=cf.get(CF_BMC_CREDENTIALS) or None)
+        bmc = bmc_from_netbox(name, device)
     expected = given.expected or ExpectedHardware(
         gpus=cf.get(CF_EXPECTED_GPUS),
         gpu_model=cf.get(CF_GPU_MODEL) or None,

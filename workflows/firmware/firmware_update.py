@@ -1,0 +1,272 @@
+"""FirmwareUpdate: install a firmware bundle on one server through its BMC's Redfish UpdateService.
+
+Inventory first: components already at their version are skipped, and when nothing is left the run changes
+nothing (no lease, no cordon). Otherwise, when the server is a Kubernetes node in service, it is taken out of
+service first exactly as a burn-in takes its node (workflows/burnin/node_guard.py: a lease from the cluster's
+disruption budget, a cordon, a drain), so no reset happens while workload pods run on it. Then each component in
+order: SimpleUpdate, its Task followed to the end (a BMC that restarts itself is waited out), then one activation
+for all of them (an AC power cycle when any component needs one, else a system reset when any needs one), then
+the inventory is read back: every component must show its version. The node returns to service once it is Ready
+with a new boot ID (at once when nothing reset it). A failure (a bad image: the BMC's message) stops the server,
+leaves its node cordoned and quarantined with the reason, and returns the lease.
+
+BMC credentials travel as secret references (`BmcRef.credentials`), resolved in the activities.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from temporalio import workflow
+from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from activities.firmware.activities import FirmwareActivities
+from activities.firmware.models import (
+    Activation,
+    FirmwareVersions,
+    TaskFollow,
+    TaskOutcome,
+    UpdateStart,
+    UpdateStarted,
+)
+from activities.kube.validators import validate_object_name
+from activities.models import StrictModel
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceLookup, FirmwareRecord
+from activities.redfish import BmcRef
+from workflows.burnin.node_guard import KubernetesNode, NodeService
+from workflows.burnin.server_burnin import bmc_from_netbox
+from workflows.common import search_attributes as sa
+from workflows.common.base import Phases, Progress, WorkflowInput
+from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
+from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
+
+Phase = Literal[
+    "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
+    # a Kubernetes node's (workflows/burnin/node_guard.py)
+    "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
+    "uncordoning", "quarantining",
+    "completed", "failed",
+]  # fmt: skip
+
+
+class FirmwareTarget(StrictModel):
+    """One server: its name (as NetBox and Kubernetes know it), its BMC, and the node it is, if any."""
+
+    name: str = Field(min_length=1, max_length=64, description="The server's name (its NetBox device name).")
+    bmc: BmcRef | None = Field(None, description="Default: from the NetBox device's custom fields.")
+    kubernetes: KubernetesNode | None = Field(
+        None, description="The Kubernetes node this server is: refused while in service, unless the update takes "
+        "it out of service itself (take_out_of_service).",
+    )  # fmt: skip
+
+    _name = field_validator("name")(validate_object_name)
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be positive")
+    return value
+
+
+class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
+    """Install a firmware bundle on one server."""
+
+    server: FirmwareTarget
+    bundle: FirmwareBundle
+    allow_downgrade: bool = Field(False, description="Install a component older than the one installed.")
+    record_in_netbox: bool = Field(False, description="Look the device up in NetBox (its BMC, unless given) and "
+                                   "record the result: the versions read back and a journal entry.")  # fmt: skip
+    task_timeout: timedelta = Field(timedelta(hours=1), description="How long one component's BMC task may run "
+                                    "(including a BMC restarting itself).")  # fmt: skip
+    activation_timeout: timedelta = Field(timedelta(minutes=15), description="How long after the reset or power "
+                                          "cycle the new versions may take to show.")  # fmt: skip
+    boot_timeout: timedelta = Field(timedelta(minutes=15), description="How long the node may take to be Ready "
+                                    "again after the reset.")  # fmt: skip
+
+    _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
+
+    @model_validator(mode="after")
+    def _bmc_known(self) -> FirmwareUpdateInput:
+        if self.server.bmc is None and not self.record_in_netbox:
+            raise ValueError("server.bmc is required when record_in_netbox is false")
+        return self
+
+    def workflow_id(self) -> str:
+        return f"firmware-update/{self.server.name}"
+
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.NODE, self.server.name)]
+
+
+class FirmwareUpdateResult(StrictModel):
+    server: str
+    bundle: str
+    result: Literal["updated", "up-to-date"]
+    components: list[ComponentStatus]
+    versions: dict[str, str] = Field(default_factory=dict, description="The inventory read back at the end.")
+    notes: list[str] = Field(default_factory=list)
+
+
+@workflow.defn
+class FirmwareUpdate:
+    @workflow.init
+    def __init__(self, inp: FirmwareUpdateInput) -> None:
+        self._inp = inp
+        self._phases = Phases(finished=("completed", "failed"))
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
+        self._components: list[ComponentStatus] = []
+
+    @workflow.query(description="Short progress for pollers such as `millwright watch`: the component being "
+                    "updated and its task's state; done/total count the components to update.")  # fmt: skip
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    @workflow.query(description="Each component's state, task and task state.")
+    def components(self) -> list[ComponentStatus]:
+        return self._components
+
+    def _enter(self, phase: Phase, details: str = "") -> None:
+        todo = [c for c in self._components if c.state != "at-target"]
+        done = sum(c.state == "active" for c in todo)
+        self._phases.enter(phase, details, done=done, total=len(todo))
+
+    @workflow.run
+    async def run(self, inp: FirmwareUpdateInput) -> FirmwareUpdateResult:
+        try:
+            result = await self._run(inp)
+        except (ActivityError, ApplicationError) as err:
+            if inp.record_in_netbox and not gave_up_on(err, NETBOX):
+                await self._record(inp, "failed", {}, str(err.cause if isinstance(err, ActivityError) else err))
+            raise
+        if inp.record_in_netbox:
+            self._enter("recording", result.result)
+            summary = "\n".join(f"- {c.name}: {c.state} {c.version}" for c in result.components)
+            await self._record(inp, result.result, result.versions, summary + "".join(f"\n- {n}" for n in result.notes))
+            self._enter("completed", self._phases.progress.details)
+        return result
+
+    async def _record(self, inp: FirmwareUpdateInput, outcome: Literal["updated", "up-to-date", "failed"],
+                      versions: dict[str, str], summary: str) -> None:  # fmt: skip
+        record = FirmwareRecord(device=DeviceLookup(name=inp.server.name), result=outcome, bundle=inp.bundle.name,
+                                versions=versions, summary=summary[:8000] or outcome)  # fmt: skip
+        await self._calls.execute(NetBoxActivities.record_firmware, record, **NETBOX_CALL,
+                                  summary=f"record firmware {outcome}")  # fmt: skip
+
+    async def _run(self, inp: FirmwareUpdateInput) -> FirmwareUpdateResult:
+        target, bmc = inp.server, inp.server.bmc
+        if bmc is None:
+            self._enter("looking-up", f"NetBox device {target.name}")
+            found = await self._calls.execute(NetBoxActivities.find_device, DeviceLookup(name=target.name),
+                                              **NETBOX_CALL, summary=f"find {target.name}")  # fmt: skip
+            if found.device is None:
+                raise ApplicationError(f"no device {target.name!r} in NetBox", type="DeviceNotFound",
+                                       non_retryable=True)  # fmt: skip
+            bmc = bmc_from_netbox(target.name, found.device)
+        self._enter("reading-inventory", target.name)
+        before = await self._inventory(bmc, "firmware inventory before")
+        self._components = plan(inp.bundle, before.versions)
+        result = FirmwareUpdateResult(server=target.name, bundle=inp.bundle.name, result="up-to-date",
+                                      components=self._components, versions=before.versions)  # fmt: skip
+        todo = [c for c in self._components if c.state == "pending"]
+        if not todo:
+            self._enter("completed", f"every component of {inp.bundle.name} already installed")
+            return result
+        node = None
+        if target.kubernetes is not None:
+            node = NodeService(target.kubernetes, target.name, self._enter, operation="firmware update")
+            await node.take_out()  # a node in service is refused here, before anything changes
+        try:
+            boot_id = await node.before_disk_boot() if node is not None else None
+            by_name = {c.name: c for c in inp.bundle.components}
+            for status in todo:
+                await self._update(bmc, by_name[status.name], status, inp)
+            reset = await self._activate(bmc, inp)
+            self._enter("verifying", "firmware inventory after")
+            after = await self._inventory(bmc, "firmware inventory after")
+            result.versions = after.versions
+            for status in todo:
+                missing = {t: after.versions.get(t) for t in by_name[status.name].inventory_ids
+                           if after.versions.get(t) != status.version}  # fmt: skip
+                if missing:
+                    status.state, status.message = "failed", f"inventory shows {missing} after activation"
+                    raise ApplicationError(f"{target.name}: {status.name} not at {status.version}: {status.message}",
+                                           type="FirmwareNotActivated", non_retryable=True)  # fmt: skip
+                status.state = "active"
+        except (ActivityError, ApplicationError) as err:
+            cause = err.cause if isinstance(err, ActivityError) and err.cause else err
+            reason = f"firmware update failed: {cause}"
+            self._enter("failed", reason)
+            if node is not None:
+                await node.back_in(False, reason, None, inp.boot_timeout)
+            raise ApplicationError(f"{target.name}: {cause}", type=getattr(cause, "type", None) or "FirmwareUpdateFailed",
+                                   non_retryable=True) from err  # fmt: skip
+        if node is not None:
+            await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
+            result.notes += [node.status.note] if node.status.note else []
+        result.result = "updated"
+        self._enter("completed", ", ".join(f"{c.name} {c.version}" for c in todo))
+        return result
+
+    async def _inventory(self, bmc: BmcRef, summary: str) -> FirmwareVersions:
+        return await self._calls.execute(FirmwareActivities.firmware_inventory, bmc, **BMC_CALL,
+                                         endpoint=bmc_endpoint(bmc), summary=summary)  # fmt: skip
+
+    async def _update(self, bmc: BmcRef, comp: FirmwareComponent, status: ComponentStatus,
+                      inp: FirmwareUpdateInput) -> None:  # fmt: skip
+        self._enter("updating", f"{comp.name} → {comp.version}: starting")
+        status.state = "updating"
+        started: UpdateStarted = await self._calls.execute(
+            FirmwareActivities.start_firmware_update,
+            UpdateStart(bmc=bmc, targets=comp.inventory_ids, image_uri=comp.image_uri, version=comp.version,
+                        transfer_protocol=comp.transfer_protocol, apply_time=comp.apply_time,
+                        allow_downgrade=inp.allow_downgrade),
+            **BMC_CALL, endpoint=bmc_endpoint(bmc), summary=f"start {comp.name} {comp.version}",
+        )  # fmt: skip
+        if started.outcome == "at-target" or started.task is None:
+            status.state = "active"
+            return
+        status.task, status.task_state = started.task, "Running"
+        self._enter("updating", f"{comp.name} → {comp.version}: task {started.task} Running")
+        try:
+            outcome: TaskOutcome = await self._calls.execute(
+                FirmwareActivities.follow_firmware_task,
+                TaskFollow(bmc=bmc, task=started.task, targets=comp.inventory_ids, version=comp.version,
+                           timeout_seconds=inp.task_timeout.total_seconds()),
+                start_to_close_timeout=inp.task_timeout + timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=BMC_RETRY, endpoint=bmc_endpoint(bmc), summary=f"follow {comp.name} task",
+            )  # fmt: skip
+        except ActivityError as err:
+            status.state, status.task_state = "failed", "Exception"
+            status.message = str(err.cause.message if isinstance(err.cause, ApplicationError) else err)
+            raise
+        status.task_state, status.bmc_restarted = outcome.state, outcome.bmc_restarted
+        status.message = "; ".join(outcome.messages)[:500]
+        if outcome.active:
+            status.state = "active"
+        else:
+            status.state = "awaiting-ac-power-cycle" if comp.activation == "ac_power_cycle" else "awaiting-reset"
+        self._enter("updating", f"{comp.name} → {comp.version}: task {outcome.state}")
+
+    async def _activate(self, bmc: BmcRef, inp: FirmwareUpdateInput) -> bool:
+        """One reset or AC power cycle for every component waiting for one; False when none waits."""
+        waiting = [c for c in self._components if c.state in ("awaiting-reset", "awaiting-ac-power-cycle")]
+        if not waiting:
+            return False
+        ac = any(c.state == "awaiting-ac-power-cycle" for c in waiting)
+        by_name = {c.name: c for c in inp.bundle.components}
+        want = {t: c.version for c in waiting for t in by_name[c.name].inventory_ids}
+        how: Literal["reset", "ac_power_cycle"] = "ac_power_cycle" if ac else "reset"
+        self._enter("activating", f"{how.replace('_', ' ')} for " + ", ".join(c.name for c in waiting))
+        await self._calls.execute(
+            FirmwareActivities.activate_firmware,
+            Activation(bmc=bmc, how=how, want=want, timeout_seconds=inp.activation_timeout.total_seconds()),
+            start_to_close_timeout=inp.activation_timeout + timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=60), retry_policy=BMC_RETRY, endpoint=bmc_endpoint(bmc),
+            summary=how.replace("_", " "),
+        )  # fmt: skip
+        return True
