@@ -265,15 +265,20 @@ def _reason(reason: str, by: str) -> str:
     return f"{reason} (by {by})"
 
 
-async def running_handle(client: Client, workflow_id: str, workflow_type: str) -> WorkflowHandle[Any, Any]:
-    """The latest run of ``workflow_id``, which must be a running ``workflow_type``."""
+async def described(client: Client, workflow_id: str) -> tuple[WorkflowHandle[Any, Any], Any]:
+    """The latest run of ``workflow_id`` and its description; ``RunNotFound`` when there is none."""
     handle = client.get_workflow_handle(workflow_id)
     try:
-        desc = await handle.describe()
+        return handle, await handle.describe()
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:
             raise RunNotFound(f"no run with ID {workflow_id!r} in namespace {client.namespace}") from None
         raise
+
+
+async def running_handle(client: Client, workflow_id: str, workflow_type: str) -> WorkflowHandle[Any, Any]:
+    """The latest run of ``workflow_id``, which must be a running ``workflow_type``."""
+    handle, desc = await described(client, workflow_id)
     if desc.workflow_type != workflow_type:
         raise Refused(f"{workflow_id} is a {desc.workflow_type}, not a {workflow_type}")
     if desc.status != WorkflowExecutionStatus.RUNNING:

@@ -8,7 +8,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.models import (
     CORDON_REASON,
@@ -23,7 +22,7 @@ from activities.kube.models import (
 )
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
-from starter.controls import RunNotFound, breaker_show, budget_show
+from starter.controls import RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
 from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
@@ -93,13 +92,7 @@ class RunStatus(BaseModel):
 
 
 async def run_status(client: Client, workflow_id: str) -> RunStatus:
-    handle = client.get_workflow_handle(workflow_id)
-    try:
-        desc = await handle.describe()
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise RunNotFound(f"no run with ID {workflow_id!r} in namespace {client.namespace}") from None
-        raise
+    handle, desc = await described(client, workflow_id)
     running = desc.status == WorkflowExecutionStatus.RUNNING
     status = RunStatus(
         id=workflow_id, run_id=desc.run_id, family=desc.workflow_type,
