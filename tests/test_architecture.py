@@ -170,3 +170,16 @@ def test_the_phase_search_attribute_is_written_in_one_place():
         and isinstance(node.value, ast.Attribute) and node.value.attr == "PHASE"
     )  # fmt: skip
     assert writers == ["workflows.common.base"], writers
+
+
+def test_the_budget_imports_no_other_family():
+    """Every family that takes a node out of service builds on the disruption budget, so the budget imports no
+    workflow family but `common` (a lower family importing a higher one is how cycles and hidden couplings start)."""
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if module.startswith("workflows.budget")
+        for target in targets
+        if target.startswith("workflows.") and not target.startswith(("workflows.budget", "workflows.common"))
+    )
+    assert not wrong, "\n".join(wrong)

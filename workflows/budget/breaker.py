@@ -21,7 +21,7 @@ from pydantic import Field, field_validator
 
 from activities.kube.validators import validate_positive_duration
 from activities.models import StrictModel
-from workflows.remediation.policy import human_duration
+from workflows.common.durations import human_duration
 
 BREAKER_PATCH = "disruption-budget-breaker"  # workflow.patched() id: the entity keeps a breaker
 BREAKER_QUERY = "breaker"

@@ -44,6 +44,7 @@ from activities.prometheus import (
     DcgmMetric,
     GpuFault,
 )
+from workflows.common.durations import human_duration
 
 # Node Problem Detector's default problem conditions (True = problem).
 NPD_CONDITIONS = ["KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart", "FrequentContainerdRestart"]
@@ -347,12 +348,3 @@ def start_refusal(node: NodeHealth, now: datetime, cooldown: timedelta, decided_
     if decided_from is not None and (written := written_since(node, decided_from)) is not None:
         return f"decided by a sweep at {decided_from.at.isoformat()} from older facts: since, the node was {written}"
     return None
-
-
-def human_duration(d: timedelta) -> str:
-    s = int(d.total_seconds())
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    return f"{s // 3600}h"
