@@ -17,10 +17,10 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from lab.bmc_update import Updates
+from lab.redfish_shapes import RedfishError, collection
 
 ROOT = "/redfish/v1"
 SYSTEM = f"{ROOT}/Systems/1"
-BASE = "Base.1.15"
 DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "0penBmc"
 DEFAULT_GPU_MODEL = "NVIDIA H200"
@@ -116,30 +116,6 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-class RedfishError(Exception):
-    """An answer in the Redfish error shape."""
-
-    def __init__(
-        self, status: int, message_id: str, message: str, resolution: str = "None.", headers: dict | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message_id, self.message = status, message_id, message
-        self.resolution, self.headers = resolution, headers
-
-    def response(self) -> web.Response:
-        info = {
-            "@odata.type": "#Message.v1_1_1.Message",
-            "MessageId": f"{BASE}.{self.message_id}",
-            "Message": self.message,
-            "MessageArgs": [],
-            "MessageSeverity": "Critical",
-            "Severity": "Critical",
-            "Resolution": self.resolution,
-        }
-        body = {"error": {"code": f"{BASE}.GeneralError", "message": self.message, "@Message.ExtendedInfo": [info]}}
-        return web.json_response(body, status=self.status, headers=self.headers)
-
-
 def not_found(path: str) -> RedfishError:
     return RedfishError(
         404,
@@ -157,16 +133,6 @@ def _bad_value(prop: str, value: Any) -> RedfishError:
         "Choose a value from the enumeration list that the implementation can support and "
         "resubmit the request if the operation failed.",
     )
-
-
-def _collection(oid: str, kind: str, name: str, members: list[str]) -> dict:
-    return {
-        "@odata.id": oid,
-        "@odata.type": f"#{kind}.{kind}",
-        "Name": name,
-        "Members@odata.count": len(members),
-        "Members": [{"@odata.id": m} for m in members],
-    }
 
 
 class BmcHost(Protocol):
@@ -536,16 +502,12 @@ class Bmc:
             }
         if head == "Systems":
             if n == 1:
-                return _collection(
-                    f"{ROOT}/Systems", "ComputerSystemCollection", "Computer System Collection", [SYSTEM]
-                )
+                return collection(f"{ROOT}/Systems", "ComputerSystemCollection", "Computer System Collection", [SYSTEM])
             if parts[1] == "1":
                 return self._get_system_part(parts[2:], path, query)
         if head == "Managers":
             if n == 1:
-                return _collection(
-                    f"{ROOT}/Managers", "ManagerCollection", "Manager Collection", [f"{ROOT}/Managers/1"]
-                )
+                return collection(f"{ROOT}/Managers", "ManagerCollection", "Manager Collection", [f"{ROOT}/Managers/1"])
             if parts[1:] == ["1"]:
                 return {
                     "@odata.id": f"{ROOT}/Managers/1",
@@ -560,7 +522,7 @@ class Bmc:
                 }
         if head == "Chassis":
             if n == 1:
-                return _collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection", [f"{ROOT}/Chassis/1"])
+                return collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection", [f"{ROOT}/Chassis/1"])
             if parts[1:] == ["1"]:
                 return {
                     "@odata.id": f"{ROOT}/Chassis/1",
@@ -603,7 +565,7 @@ class Bmc:
             if parts[1] == "Sessions":
                 by_id = {s["id"]: s for s in self.sessions.values()}
                 if n == 2:
-                    return _collection(
+                    return collection(
                         f"{ss}/Sessions",
                         "SessionCollection",
                         "Session Collection",
@@ -620,7 +582,7 @@ class Bmc:
         if head == "Processors":
             procs = self.processors()
             if n == 1:
-                return _collection(
+                return collection(
                     f"{SYSTEM}/Processors",
                     "ProcessorCollection",
                     "Processors Collection",
@@ -654,7 +616,7 @@ class Bmc:
         if head == "LogServices":
             ls = f"{SYSTEM}/LogServices"
             if n == 1:
-                return _collection(ls, "LogServiceCollection", "System Log Services", [f"{ls}/SEL"])
+                return collection(ls, "LogServiceCollection", "System Log Services", [f"{ls}/SEL"])
             if rest[1] == "SEL":
                 if n == 2:
                     return {

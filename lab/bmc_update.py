@@ -30,13 +30,28 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from lab.bmc import Bmc
+from lab.redfish_shapes import RedfishError, collection
+
+
+class UpdatedBmc(Protocol):
+    """What the update service asks of its BMC (lab/bmc.py `Bmc`)."""
+
+    firmware: dict[str, str]
+    spec: dict
+    lab: Any
+    power: str
+
+    def set_firmware(self, component: str, version: str) -> None: ...
+
+    def restart_bmc(self, seconds: float) -> None: ...
+
+    def reset(self, reset_type: str) -> None: ...
+
 
 ROOT = "/redfish/v1"
 US = f"{ROOT}/UpdateService"
@@ -65,15 +80,13 @@ def _message(key: str, message: str, args: list[str], severity: str = "OK", reso
 
 
 def _action_error(status: int, message_id: str, message: str) -> Exception:
-    from lab.bmc import RedfishError  # lab.bmc imports this module
-
     return RedfishError(status, message_id, message)
 
 
 class Updates:
     """The update tasks of one BMC, the versions waiting to activate, and the faults armed for its updates."""
 
-    def __init__(self, bmc: Bmc) -> None:
+    def __init__(self, bmc: UpdatedBmc) -> None:
         self.bmc = bmc
         self.tasks: dict[str, dict] = {}
         self.seq = 0
@@ -89,15 +102,13 @@ class Updates:
 
     # ------------------------------------------------------------------ documents
     def get(self, parts: list[str]) -> dict | None:
-        from lab.bmc import _collection  # lab.bmc imports this module
-
         n = len(parts)
         if parts[0] == "UpdateService":
             if n == 1:
                 return self._update_service()
             if parts[1] == "FirmwareInventory":
                 if n == 2:
-                    return _collection(f"{US}/FirmwareInventory", "SoftwareInventoryCollection",
+                    return collection(f"{US}/FirmwareInventory", "SoftwareInventoryCollection",
                                        "Firmware Inventory Collection",
                                        [f"{US}/FirmwareInventory/{k}" for k in self.bmc.firmware])  # fmt: skip
                 if n == 3 and parts[2] in self.bmc.firmware:
@@ -118,7 +129,7 @@ class Updates:
             }
         if parts[1] == "Tasks":
             if n == 2:
-                return _collection(TASKS, "TaskCollection", "Task Collection", [f"{TASKS}/{i}" for i in self.tasks])
+                return collection(TASKS, "TaskCollection", "Task Collection", [f"{TASKS}/{i}" for i in self.tasks])
             if n == 3 and parts[2] in self.tasks:
                 return self._task(self.tasks[parts[2]])
         return None

@@ -91,7 +91,6 @@ from lab.bmc import (
     PUBLIC_GETS,
     ROOT,
     Bmc,
-    RedfishError,
     normalize_spec,
     not_found,
 )
@@ -99,6 +98,7 @@ from lab.bmc_update import APPLIES
 from lab.faults import AuditLog, FaultFront, FaultTable, drop
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, announce_and_wait
+from lab.redfish_shapes import RedfishError
 
 log = logging.getLogger("lab.redfish")
 

@@ -70,5 +70,5 @@ def test_unknown_argument_is_a_one_line_error(tmp_path):
     assert out.returncode == 1
     assert (
         out.stderr.strip() == "millwright-worker: error: unknown arguments: --hots-agent "
-        "(usage: millwright-worker [--host-agent])"
+        "(usage: millwright-worker [--host-agent] [--help] [--version])"
     )
