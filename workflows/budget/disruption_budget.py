@@ -1,82 +1,16 @@
-"""One disruption budget per cluster: the ``DisruptionBudget`` entity workflow and the lease helpers.
+"""One disruption budget per cluster: the ``DisruptionBudget`` entity workflow (``disruption-budget/<cluster>``).
 
-``DisruptionBudget`` (``disruption-budget/<cluster>``, started on demand with signal-with-start) hands out
-"node out of service" leases. Whoever takes a node out of service (a rollout batch for its ``NodeUpdate``
-children, ``NodeMaintenance``, a remediation) holds a lease from before the cordon until after the
-uncordon; a node left cordoned keeps its lease until its holder's run closes, then counts as cordoned.
-
-- The budget (``count`` or ``percent`` of the cluster's nodes, NodeWright's arithmetic) is the first explicit
-  one a requester gives (until then 10%), and an operator changes it with the validated ``set_budget`` update.
-- Every decision re-reads the cluster, once however many requests wait: a lease is granted only while the
-  nodes out of service for any reason (leased, cordoned by anyone, NotReady: one count per node) stay within
-  the budget. A node already out of service costs nothing more, so it is granted at once.
-- Requests wait in FIFO order: nobody who costs a node overtakes an earlier request.
-- Idempotent per (holder workflow ID, node): asking again returns the same lease.
-- A lease whose holder's run has closed is recovered (``liveness_interval``, ``check_interval`` while requests
-  wait). A lease a requester asked for on another run's behalf (a batch for the child it is about to start)
-  lives while the requester runs until its holder has been seen running, then with the holder.
-- It continues-as-new, carrying its leases, queue and the decisions it still owes, before its history grows.
-- It holds the cluster's remediation circuit breaker (workflows/budget/breaker.py): a remediation's request
-  that would take more than the set share of the nodes out of service within the window trips it; from then on
-  every remediation's request is refused until an operator's validated ``reset_breaker`` update. While tripped the
-  entity's ``MillwrightPhase`` is ``breaker-tripped`` (``serving`` otherwise), the gauge
-  ``millwright_remediation_breaker_tripped{cluster}`` is 1, and it never closes while idle; the breaker is carried
-  across continue-as-new and taken over by the next run after an idle close (runs from before ``BREAKER_PATCH``
-  have none).
-
-The protocol: signals, never a Workflow Update per node
---------------------------------------------------------
-Updates are limited to 10 in flight and 2,000 per run, and the ones in flight when a run continues as new
-are aborted: a rollout batch of more than 10 nodes was throttled. So a requester signals (``request_leases``,
-many nodes in one signal; ``release_leases``), with signal-with-start from a local activity (a workflow cannot
-start another that may already run); the entity decides once per cycle and signals each requester every
-decision owed to it in one ``disruption_budget_decisions`` signal (grants, and a waiting request's place, once,
-and again whenever it asks again), also from one local activity. Signal handlers only change the book, so
-continue-as-new drains them (``all_handlers_finished``) and loses nothing; a signal that arrives while the run
-ends makes the server refuse the end, and the handler runs first. A requester asks again every ``REPOLL`` in
-case its entity was terminated. The ``acquire`` and ``release`` updates still serve runs on the update path
-(started before ``SIGNAL_PATCH``); ``workflow.patched(SIGNAL_PATCH)`` picks the path, once per run.
-
-A rollout batch asks for all its nodes (up to its ``max_in_flight``) in one request, as holder each
-``NodeUpdate`` child's workflow ID (liveness and release stay per holder), receives the grants, and starts each
-child with its lease; the child returns it after the uncordon. A batch paused or stopped withdraws what waits.
-
-History events for one node's lease (W = a workflow task, 3 events; counted from tests/histories/)
-  NodeUpdate: before 13 (acquire and release activities, 3 + W each, and the lease patch's marker), +6 when it
-    waited (grant signal, REPOLL timer 2, W): node_update_lease.json has 118 events where node_update_reboot.json,
-    from before the budget, has 95. After: 1, the release's local-activity marker inside a task it has anyway
-    (node_update_batch_lease.json: 96).
-  RolloutBatch, per run: SIGNAL_PATCH's marker and search attribute (2); per request signal (every node that has
-    a slot, up to max_in_flight) 1 marker; per decision signal received 1 + W; a REPOLL timer (2) per wait.
-  NodeMaintenance / NodeRemediation (their own requester): before 12, +6 when waiting; after 10 (2 of them
-    SIGNAL_PATCH's, until it is deprecated: request marker, timer 2, decision signal + W, release marker), +4 when
-    waiting (its place, signalled once, + W).
-  Entity: before, per node 2 updates (accepted + completed each) with a W each, a cluster read per decision
-    (activity 3 + W) and 2 per grant signalled: 13-20. After: per node 1 release signal (+ a W unless it shares
-    one), per request signal 1, per decision cycle a W + 2 markers (cluster read, decisions sent) however many
-    nodes it decides: 2-5 (tests/budget/test_many_holders.py, 50 holders with 6 nodes free and 0.5 s checks,
-    prints about 10 per holder, most of them its periodic checks).
-
-Task queue: the entity lives where its requesters live
-------------------------------------------------------
-A run is bound to its task queue and cannot be moved off a queue nobody polls any more; every run on an old
-queue needs its workers until it closes, and an entity that never closed would need them forever. So (1) a
-request from another task queue than the one its input names (``task_queue``, not ``workflow.info()``, which a
-replay fills with the replayer's own) makes the entity continue as new onto that queue at once, the new run
-deciding it (a request proves its queue is polled; while requests come from two queues it follows the latest,
-one continue-as-new per switch), and (2) an entity with nothing leased or waiting closes after
-``idle_close_after`` and the next request starts a fresh run on the requester's queue, which takes over the
-budget an operator set (and the lease numbering) from the run before. Moving workers all at once while nothing
-is leased therefore strands nothing; moving them while leases are held needs the old workers until the next
-request arrives from the new queue, as every other run on the old queue needs them. A configured queue was the
-alternative: it needs every worker to poll one more queue, and a misconfigured worker strands the entity all
-the same.
-
-Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow.
+Whoever takes a node out of service (a rollout batch for its ``NodeUpdate`` children, ``NodeMaintenance``, a
+remediation, a burn-in, a firmware update) holds a lease from before the cordon until after the uncordon. The
+entity reads the cluster, feeds the lease book (workflows/budget/book.py) what its signals carry, and signals
+each requester its decisions; it holds the cluster's remediation circuit breaker (workflows/budget/breaker.py).
+Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow. The protocol,
+its cost in history events, the task queue it lives on and why its decisions follow its history alone are in
+docs/disruption-budget.md.
 
 Longer than 600 lines because the entity's handlers (requests, releases, decisions, the circuit breaker's
-reset) all change the one book of leases it carries across continue-as-new; the breaker's pure rules live in
-workflows/budget/breaker.py.
+reset) all change the one book of leases it carries across continue-as-new, on two protocols (signals, and the
+updates of runs from before SIGNAL_PATCH) and two loops (before and after EVENT_CLOCK_PATCH).
 """
 
 from __future__ import annotations
