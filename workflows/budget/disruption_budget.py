@@ -206,13 +206,13 @@ class DisruptionBudget:
         if self._receive(msg):
             return
         self._take_requests(msg)
-        self._dirty = True
         self._changed()
 
     def _take_requests(self, msg: LeaseRequests) -> None:
         self._book.take_requests(msg, self._inp.cluster, workflow.now())
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
+        self._dirty = True
 
     @workflow.signal(name=RELEASE_SIGNAL, description="Return leases, or withdraw waiting requests; idempotent.")
     def release_leases(self, msg: LeaseReleases) -> None:
@@ -240,15 +240,12 @@ class DisruptionBudget:
         for msg in received:
             if isinstance(msg, LeaseRequests):
                 self._take_requests(msg)
-                self._dirty = True
             elif isinstance(msg, LeaseReleases):
                 self._take_releases(msg)
             elif isinstance(msg, BudgetChange):
                 self._set_budget(msg)
             else:
-                self._book.breaker.clear(msg, workflow.now())
-                self._dirty = True
-                self._breaker_changed()
+                self._reset_breaker(msg)
 
     # ------------------------------------------------------------ updates (runs still on the update path)
 
@@ -310,11 +307,14 @@ class DisruptionBudget:
             closed = self._book.breaker.model_copy(deep=True)
             closed.clear(reset, workflow.now())
             return BreakerView(cluster=self._inp.cluster, enabled=self._breaker, **closed.model_dump())
+        self._reset_breaker(reset)
+        self._changed()
+        return self.breaker()
+
+    def _reset_breaker(self, reset: BreakerReset) -> None:
         self._book.breaker.clear(reset, workflow.now())
         self._dirty = True  # look again: an idle entity may close now
         self._breaker_changed()
-        self._changed()
-        return self.breaker()
 
     @reset_breaker.validator
     def _validate_reset_breaker(self, reset: BreakerReset) -> None:
