@@ -52,6 +52,8 @@ SANDBOX_PASSTHROUGH = (
     "workflows.maintenance.drain",
     "workflows.remediation.models",
     "workflows.remediation.policy",
+    "workflows.remediation.probes",
+    "workflows.remediation.records",
     "workflows.remediation.sweep_models",
     "workflows.rollout.admission",
     "workflows.rollout.dependency_graph",

@@ -11,9 +11,7 @@ running (another sweep, a manual start) is reported as such, never duplicated; e
 and what its decision saw of Millwright's marks (`decided_from`), which the child re-checks at its start. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
 history events at 10,000 nodes (the class's docstring counts them).
-
-Longer than 600 lines because the sweep and its slices are one workflow type (a slice is a run of the same type,
-so the worker registers nothing new) whose listing, slicing, probing, holding and starting share its state."""
+How a node is probed and decided is in workflows/remediation/probes.py."""
 
 from __future__ import annotations
 
@@ -22,19 +20,15 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     ChildWorkflowError,
-    TimeoutError,
-    TimeoutType,
     WorkflowAlreadyStartedError,
 )
 
 from activities.entities import EntityActivities, RunOutcome, RunRef, WorkflowQuery, failed_outcome
-from activities.gpu.activities import HostAgentActivities
-from activities.gpu.models import GpuCheckRequest, GpuCheckResult, host_task_queue
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import DeviceInfo, DevicePage, DevicePageQuery, DeviceQuery
 from activities.node_health import (
@@ -46,27 +40,24 @@ from activities.node_health import (
     NodesHealth,
     NodesHealthRequest,
 )
-from activities.prometheus import DcgmFaults, DcgmFaultsQuery, GpuFault, PrometheusActivities
-from activities.redfish import BmcRef, RedfishActivities, RedfishHealth
+from activities.prometheus import GpuFault
 from workflows.budget import leases
 from workflows.budget.breaker import BREAKER_QUERY, BreakerView
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, history_is_long
-from workflows.common.call_options import API_CALL, API_RETRY, BMC_RETRY, NETBOX_CALL
+from workflows.common.call_options import API_CALL, API_RETRY, NETBOX_CALL
 from workflows.common.carried import outcome_of
 from workflows.common.endpoints import Endpoints, EndpointWait, kubernetes_api, with_waits
 from workflows.common.errors import error_text
-from workflows.remediation.models import DeviceFacts, NodeRemediationInput, device_facts, finding_text
+from workflows.remediation.models import DeviceFacts, NodeRemediationInput, device_facts
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.policy import (
-    AgentObservation,
-    BmcObservation,
     NodeDecision,
-    decide,
     remediation_workflow_id,
     too_few_healthy,
 )
+from workflows.remediation.probes import NodeProbes
 from workflows.remediation.sweep_models import (
     HELD,
     LISTED,
@@ -96,12 +87,9 @@ NAMES_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=2), h
                   retry_policy=API_RETRY)  # fmt: skip
 READ_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=30),
                  retry_policy=API_RETRY)  # fmt: skip
-# A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none). Prometheus not
-# answering within DCGM_CALL's bound leaves the signal unknown for that slice (said), never the sweep stuck.
+# A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none; workflows/remediation/
+# probes.py bounds the query).
 DCGM_PATCH = "fleet-health-sweep-dcgm"
-DCGM_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=1), schedule_to_close_timeout=timedelta(minutes=3),
-                 retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
-                                          non_retryable_error_types=["PrometheusRejected", "PrometheusBadResponse"]))  # fmt: skip
 
 
 @workflow.defn
@@ -151,6 +139,7 @@ class FleetHealthSweep:
         self._names: list[str] | None = None  # the current cluster's names not given out yet, listed by this run
         self._hold = False  # SWEEP_HOLD_PATCH: remediations start once their cluster is wholly decided
         self._progressed = False  # this run started or merged a slice (so continuing as new moves on)
+        self._probes = NodeProbes(inp)
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
     def progress(self) -> Progress:
@@ -377,35 +366,12 @@ class FleetHealthSweep:
         if not inp.checks.dcgm.enabled:
             sweep.dcgm = "not used: checks.dcgm.enabled is false"
         elif workflow.patched(DCGM_PATCH):
-            dcgm = await self._dcgm_faults(part, sweep)
+            dcgm = await self._probes.dcgm_faults(part, sweep)
         self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
-        found = await self._look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
+        found = await self._probes.look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
         self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
         self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
         return self._result
-
-    async def _dcgm_faults(self, part: SweepSlice, sweep: ClusterSweep) -> dict[str, list[GpuFault]] | None:
-        """The slice's GPU fault series by node, in one query; None (and `sweep.dcgm` says why) when not known."""
-        checks = self._inp.checks.dcgm
-        query = DcgmFaultsQuery(cluster=part.cluster, nodes=part.nodes, node_label=checks.node_label,
-                                cluster_label=checks.cluster_label, metrics=checks.metrics())  # fmt: skip
-        try:
-            seen: DcgmFaults = await workflow.execute_activity_method(
-                PrometheusActivities.dcgm_faults, query, **DCGM_CALL, priority=priorities.remediation(part.cluster),
-                summary=f"GPU faults of {len(part.nodes)} nodes from Prometheus")  # fmt: skip
-        except ActivityError as err:
-            sweep.dcgm = f"not read: {error_text(err)}"[:500]
-            return None
-        if not seen.configured:
-            sweep.dcgm = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
-            return None
-        sweep.gpu_faults = len(seen.faults) + seen.truncated
-        sweep.dcgm = f"read from {seen.url}" + (f"; {seen.truncated} fault series past the first {len(seen.faults)} "
-                                                f"not used" if seen.truncated else "")  # fmt: skip
-        by_node: dict[str, list[GpuFault]] = {n: [] for n in part.nodes}
-        for fault in seen.faults:
-            by_node[fault.node].append(fault)
-        return by_node
 
     async def _netbox_facts_of(self, names: list[str]) -> dict[str, DeviceFacts]:
         facts: dict[str, DeviceFacts] = {}
@@ -418,98 +384,6 @@ class FleetHealthSweep:
             facts |= {d.name: device_facts(d) for d in page.devices if d.name}
             after = page.next_after_id
         return facts
-
-    # ------------------------------------------------------------ looking at nodes
-
-    async def _look_all(
-        self,
-        cluster: str,
-        nodes: list[NodeHealth],
-        facts: dict[str, DeviceFacts],
-        sweep: ClusterSweep,
-        *,
-        together: bool,
-        dcgm: dict[str, list[GpuFault]] | None = None,
-    ) -> list[tuple[str, NodeDecision, DeviceFacts]]:
-        """Decide every node, probing its host agent and BMC (`together`: both at once) where the node object
-        and its GPU fault series (`dcgm`, None: not read) alone do not settle it; counts into `sweep`; the nodes
-        to remediate."""
-        inp = self._inp
-        slots = asyncio.Semaphore(max(1, inp.concurrency // inp.slices_at_once) if together else inp.concurrency)
-        now = workflow.now()  # for results recorded before NodeHealth.read_at; the read's time decides since
-
-        async def look(node: NodeHealth) -> tuple[str, NodeDecision, DeviceFacts]:
-            node_facts = facts.get(node.name) or DeviceFacts()
-            if node.name in inp.bmcs:
-                node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
-            faults = dcgm.get(node.name, []) if dcgm is not None else None
-            first = decide(cluster, node, inp.checks, node.decided_at(now), cooldown=inp.cooldown, dcgm=faults)
-            if first.action == "skip":  # quarantined or someone else's: no probe changes that
-                return cluster, first, node_facts
-            async with slots:
-                agent_probe = self._probe_agent(node.name, node_facts) if inp.checks.host_agent else _nothing()
-                bmc_probe = self._probe_bmc(node_facts.bmc) if inp.checks.bmc else _nothing()
-                if together:
-                    agent, bmc = await asyncio.gather(agent_probe, bmc_probe)
-                else:
-                    agent, bmc = await agent_probe, await bmc_probe
-            if agent is not None and agent.status in ("unavailable", "error"):
-                sweep.agents_unavailable += 1
-            if inp.checks.bmc and (bmc is None or bmc.status != "ok"):
-                sweep.bmc_unknown += 1
-            return (
-                cluster,
-                decide(
-                    cluster,
-                    node,
-                    inp.checks,
-                    node.decided_at(now),
-                    agent=agent,
-                    bmc=bmc,
-                    cooldown=inp.cooldown,
-                    dcgm=faults,
-                ),
-                node_facts,
-            )
-
-        looked = await asyncio.gather(*(look(n) for n in nodes))
-        for _, decision, _ in looked:
-            if decision.action == "healthy":
-                sweep.healthy += 1
-            else:
-                sweep.not_healthy += 1
-                sweep.unhealthy.append(decision)
-        return [x for x in looked if x[1].action == "remediate"]
-
-    async def _probe_agent(self, node: str, facts: DeviceFacts) -> AgentObservation:
-        inp = self._inp
-        check = GpuCheckRequest(expected_count=facts.gpus if facts.gpus is not None else inp.remediation.expected_gpus,
-                                expected_model=facts.gpu_model or inp.remediation.gpu_model,
-                                report_unavailable=True)  # fmt: skip
-        try:
-            result: GpuCheckResult = await workflow.execute_activity_method(
-                HostAgentActivities.host_gpu_check, check, task_queue=host_task_queue(node),
-                schedule_to_start_timeout=inp.agent_timeout, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=2), priority=priorities.remediation(inp.clusters[0]),
-                summary=f"GPU check on {node}")  # fmt: skip
-        except ActivityError as err:
-            if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
-                return AgentObservation(status="unavailable", detail=f"no host agent within {inp.agent_timeout}")
-            return AgentObservation(status="error", detail=error_text(err)[:300])
-        failed = [finding_text(f) for f in result.findings if f.severity == "fail"]
-        return AgentObservation(status="findings" if failed else "ok", findings=failed)
-
-    async def _probe_bmc(self, bmc: BmcRef | None) -> BmcObservation | None:
-        if bmc is None:
-            return None
-        try:
-            seen: RedfishHealth = await workflow.execute_activity_method(
-                RedfishActivities.redfish_health, bmc, start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_close_timeout=timedelta(minutes=2), retry_policy=BMC_RETRY,
-                priority=priorities.remediation(self._inp.clusters[0]), summary=f"BMC health {bmc.url}")  # fmt: skip
-        except ActivityError as err:
-            return BmcObservation(status="unavailable", detail=error_text(err)[:300])
-        return BmcObservation(**seen.model_dump())
 
     # ------------------------------------------------------------ starting remediations
 
@@ -604,7 +478,7 @@ class FleetHealthSweep:
             if not token:
                 break
         sweep.nodes = len(nodes)
-        return await self._look_all(cluster, nodes, facts, sweep, together=False)
+        return await self._probes.look_all(cluster, nodes, facts, sweep, together=False)
 
     async def _netbox_facts(self) -> dict[str, DeviceFacts]:
         devices: list[DeviceInfo] = await self._calls.execute(
@@ -656,10 +530,6 @@ class FleetHealthSweep:
         for s in r.remediations[:50]:
             lines.append(f"- {s.status}: `{s.workflow_id}`" + (f" ({s.detail})" if s.detail else ""))
         workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
-
-
-async def _nothing() -> None:
-    return None
 
 
 def _outcome_error(outcome: RunOutcome) -> str:

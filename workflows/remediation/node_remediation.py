@@ -27,8 +27,8 @@ twice at once):
   `millwright-quarantine` tag; the lease is returned (the quarantined node, cordoned and tainted, still counts
   against the budget as a node out of service); a webhook notification.
 
-Longer than 600 lines because the ladder's steps, their success checks, quarantine and the outcome share the
-run's one status and lease; the models are in workflows/remediation/models.py, the decisions in its policy.
+The models are in workflows/remediation/models.py, the decisions in its policy, the outcome's records (NetBox,
+the node's mark, the webhook) in workflows/remediation/records.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from activities.gpu.activities import HostAgentActivities
@@ -55,15 +54,13 @@ from activities.gpu.verdict import gpu_verdict
 from activities.kube.activities import KubeActivities
 from activities.kube.models import CordonRequest, NodeRef, RebootWait
 from activities.netbox.activities import NetBoxActivities
-from activities.netbox.models import TAG_QUARANTINE, DeviceLookup, DeviceTagsRequest, SetStatusRequest
+from activities.netbox.models import DeviceLookup
 from activities.node_health import (
     NodeHealth,
     NodeHealthActivities,
     NodeHealthRequest,
     QuarantineRequest,
-    RemediatedMark,
 )
-from activities.notify import NotifyActivities, WebhookDelivery, WebhookNotification
 from activities.redfish import BmcRef, PowerRequest, RedfishActivities, RedfishHealth
 from workflows.budget import leases
 from workflows.common import priorities
@@ -86,15 +83,13 @@ from workflows.remediation.models import (
     finding_text,
 )
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
+from workflows.remediation.records import OutcomeRecords
 from workflows.validation.gate import validate_node
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
-# AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout, and
-# the outcome is recorded before the webhook is notified (NOTIFY_AFTER_OUTCOME_PATCH).
-NOTIFY_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(seconds=30),
-                   retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), backoff_coefficient=2.0,
-                                            maximum_interval=timedelta(seconds=30)))  # fmt: skip
-MARK_REMEDIATED_PATCH = "remediation-mark-remediated"  # the last-remediation annotation at the end of a run
+# AGENT_RETRY); every call to an endpoint is bounded by retry_timeout, a webhook's by notify_timeout
+# (workflows/remediation/records.py), and the outcome is recorded before the webhook is notified
+# (NOTIFY_AFTER_OUTCOME_PATCH).
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start refuses a stale or unwanted run
 VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
@@ -119,6 +114,7 @@ class NodeRemediation:
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
+        self._records = OutcomeRecords(inp, self._calls, self._status, self._details)
 
     # ------------------------------------------------------------ queries and updates
 
@@ -260,7 +256,8 @@ class NodeRemediation:
             if record.outcome == "fixed":
                 result.fixed_by = step
                 if quarantined:
-                    await self._lift_quarantine(result, owner, f"fixed by {step}")
+                    self._enter("lifting-quarantine", f"fixed by {step}")
+                    await self._records.lift_quarantine(result, owner, f"fixed by {step}")
                 self._enter("uncordoning", f"fixed by {step}")
                 done = await self._calls.execute(
                     KubeActivities.uncordon_node,
@@ -271,7 +268,7 @@ class NodeRemediation:
                 )
                 result.uncordoned = done.uncordoned
                 await self._return_lease(f"fixed by {step}")
-                await self._mark_remediated("healthy")
+                await self._records.mark_remediated("healthy")
                 return self._finish(result, "healthy", f"fixed by {step}")
         return await self._quarantine(result, owner, bmc)
 
@@ -475,7 +472,7 @@ class NodeRemediation:
             **API_CALL, endpoint=kubernetes_api(inp.cluster), summary=f"quarantine {inp.node}")  # fmt: skip
         result.quarantined = True
         if inp.netbox:
-            result.netbox = await self._record_in_netbox(why)
+            result.netbox = await self._records.quarantine_in_netbox(why)
         # The node stays cordoned, so the budget keeps counting it as out of service without our lease.
         return await self._conclude(result, "quarantined", why, event="node-quarantined",
                                     lease="quarantined; the node stays cordoned")  # fmt: skip
@@ -485,111 +482,20 @@ class NodeRemediation:
         """Return the lease and record the outcome, then notify the webhook: one that does not answer delays the
         run's end by at most notify_timeout and never changes its outcome."""
         if mark:
-            await self._mark_remediated(outcome)
+            await self._records.mark_remediated(outcome)
         if self._inp.webhook is not None and not workflow.patched(NOTIFY_AFTER_OUTCOME_PATCH):
             # A history from before: the webhook first (after a failed drain, before the lease), then the outcome.
             if lease_first:
                 await self._return_lease(lease)
             self._enter("notifying", event)
-            await self._notify(event, result, note)
+            await self._records.notify(event, result, note)
             if not lease_first:
                 await self._return_lease(lease)
             return self._finish(result, outcome, note)
         await self._return_lease(lease)
         self._finish(result, outcome, note)
-        await self._notify(event, result, note)
+        await self._records.notify(event, result, note)
         return result
-
-    async def _lift_quarantine(self, result: NodeRemediationResult, owner: str, why: str) -> None:
-        inp = self._inp
-        self._enter("lifting-quarantine", why)
-        await self._calls.execute(
-            NodeHealthActivities.release_quarantine, QuarantineRequest(cluster=inp.cluster, node=inp.node, owner=owner,
-                                                                       reason=why),
-            **API_CALL, endpoint=kubernetes_api(inp.cluster), summary=f"lift the quarantine of {inp.node}")  # fmt: skip
-        if inp.netbox:
-            device = DeviceLookup(name=inp.node)
-            try:
-                await self._calls.execute(
-                    NetBoxActivities.set_device_status,
-                    SetStatusRequest(device=device, status="active", kind="success",
-                                     reason=f"Quarantine lifted by remediation `{owner}`: {why}"),
-                    **NETBOX_CALL, summary="NetBox: status active")  # fmt: skip
-                await self._calls.execute(
-                    NetBoxActivities.set_device_tags, DeviceTagsRequest(device=device, remove=[TAG_QUARANTINE]),
-                    **NETBOX_CALL, summary=f"NetBox: untag {TAG_QUARANTINE}")  # fmt: skip
-                result.netbox = f"status active, tag {TAG_QUARANTINE} removed"
-            except (ActivityError, ApplicationError) as err:
-                self._status.note = f"NetBox not updated: {error_text(err)}"
-        self._status.note = "; ".join(n for n in (self._status.note, "quarantine lifted") if n)
-
-    async def _record_in_netbox(self, why: str) -> str:
-        device = DeviceLookup(name=self._inp.node)
-        try:
-            change = await self._calls.execute(
-                NetBoxActivities.set_device_status,
-                SetStatusRequest(device=device, status="failed", kind="danger",
-                                 reason=f"Quarantined by remediation `{workflow.info().workflow_id}`: {why}"),
-                **NETBOX_CALL, summary="NetBox: status failed")  # fmt: skip
-            await self._calls.execute(
-                NetBoxActivities.set_device_tags, DeviceTagsRequest(device=device, add=[TAG_QUARANTINE]),
-                **NETBOX_CALL, summary=f"NetBox: tag {TAG_QUARANTINE}")  # fmt: skip
-        except (ActivityError, ApplicationError) as err:  # quarantined either way; say what NetBox did not get
-            self._status.note = f"NetBox not updated: {error_text(err)}"
-            return self._status.note
-        return f"status {change.previous} → failed, journal entry #{change.journal_entry_id}, tag {TAG_QUARANTINE}"
-
-    async def _notify(self, event: str, result: NodeRemediationResult, why: str) -> None:
-        """POST the event to the webhook, retried within notify_timeout; what became of it goes in the result."""
-        inp = self._inp
-        if inp.webhook is None:
-            return
-        info = workflow.info()
-        payload = {
-            "cluster": inp.cluster, "node": inp.node, "reason": why, "workflow_id": info.workflow_id,
-            "run_id": info.run_id, "steps": [s.model_dump() for s in self._status.steps],
-            "quarantined": result.quarantined, "netbox": result.netbox,
-        }  # fmt: skip
-        try:
-            delivery: WebhookDelivery = await self._calls.execute(
-                NotifyActivities.notify_webhook,
-                WebhookNotification(target=inp.webhook, event=event, payload=payload,
-                                    idempotency_key=f"{info.workflow_id}/{info.run_id}/{event}"),
-                **NOTIFY_CALL, endpoint=f"webhook {inp.webhook.url}", retry_timeout=inp.notify_timeout,
-                setting="notify_timeout", summary=f"notify {event}")  # fmt: skip
-        except (ActivityError, ApplicationError) as err:
-            gave_up = err.details[0] if isinstance(err, ApplicationError) and err.type == "EndpointUnavailable" \
-                else None  # fmt: skip
-            tries = f" after {gave_up['attempts']} attempts" if gave_up else ""
-            result.notification = f"{event}: failed{tries}: {gave_up['error'] if gave_up else error_text(err)}"
-            self._status.note = "; ".join(
-                n for n in (self._status.note, f"webhook not notified: {error_text(err)}") if n
-            )
-        else:
-            result.notified = True
-            result.notification = f"{event}: delivered (HTTP {delivery.status}, attempt {delivery.attempt})"
-        result.note = "; ".join(n for n in (result.note, None if result.notified else "webhook not notified") if n)
-        self._details()
-
-    async def _mark_remediated(self, outcome: Outcome) -> None:
-        """Annotate how this remediation ended, for the sweep's cooldown; a failure to is noted, never the outcome."""
-        if not workflow.patched(MARK_REMEDIATED_PATCH):
-            return
-        inp = self._inp
-        mark = RemediatedMark(cluster=inp.cluster, node=inp.node, owner=workflow.info().workflow_id, outcome=outcome,
-                              at=workflow.now())  # fmt: skip
-        try:
-            await self._calls.execute(
-                NodeHealthActivities.mark_remediated,
-                mark,
-                **API_CALL,
-                endpoint=kubernetes_api(inp.cluster),
-                summary=f"mark {inp.node} remediated",
-            )
-        except (ActivityError, ApplicationError) as err:
-            self._status.note = "; ".join(
-                n for n in (self._status.note, f"not marked remediated: {error_text(err)}") if n
-            )
 
     async def _return_lease(self, reason: str = "") -> None:
         if self._lease is not None:
