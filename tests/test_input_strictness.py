@@ -257,6 +257,8 @@ TYPOS: dict[str, Typo] = {
                              "verify_ssl"),
     "NodeRemediation": Typo(example("node-remediation.json", node="node-03"), ("webhook",), "tokn"),
     "TenantUsage": Typo({"cluster": "lab", "period": "PT1H"}, (), "perod"),
+    "NodeRma": Typo({"cluster": "lab", "node": "node-03", "ticket": {"url": "http://127.0.0.1:9/hooks/rma"}},
+                    ("ticket",), "tokn"),
     "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
                            ("bundle", "components", 0), "imageuri"),
 }  # fmt: skip
@@ -361,6 +363,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "Rollout": TYPOS["Rollout"].valid,
     "FleetBurnIn": TYPOS["FleetBurnIn"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
+    "NodeRma": TYPOS["NodeRma"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},
 }

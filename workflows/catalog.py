@@ -19,6 +19,7 @@ from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.rma import NodeRma
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.rollout import Rollout, RolloutBatch
 from workflows.tenancy.offboarding import OffboardTenant
@@ -34,6 +35,8 @@ STARTABLE += [CreateCluster, DeleteCluster, OnboardTenant, OffboardTenant, Updat
 STARTABLE += [ServerBurnIn, FleetBurnIn]
 # Remediation of unhealthy nodes (issue #8): the scheduled sweep, and one remediation per node.
 STARTABLE += [FleetHealthSweep, NodeRemediation]
+# A quarantined node's return to its vendor and back to service (issue #25).
+STARTABLE += [NodeRma]
 # GPU-hours per tenant from Prometheus (issue #29), daily by a Schedule.
 STARTABLE += [TenantUsage]
 # Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
