@@ -75,6 +75,11 @@ class WorkerSettings(BaseSettings):
         description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
         "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
     )
+    otlp_endpoint: BaseUrl | None = Field(
+        None,
+        description="OpenTelemetry collector's OTLP/HTTP base URL, e.g. http://otel-collector:4318: the worker "
+        "exports a span per workflow, activity, signal, query and update to <url>/v1/traces (none: no tracing)",
+    )
     usage_sink_dir: str | None = Field(
         None,
         description="Directory TenantUsage writes its GPU-hours reports to, <dir>/<cluster>/<period>.json and "

@@ -72,6 +72,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.tenancy.objects",
     "workflows.tenancy.plan",
     "workflows.validation",  # the validation gate and its models: no workflow in it
+    "opentelemetry",  # the tracing interceptor's spans, when tracing is on (worker/tracing.py)
 )
 
 
@@ -117,8 +118,10 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.redfish import RedfishActivities
     from activities.ufm.activities import UfmActivities
     from activities.usage_report import UsageReportActivities
+    from worker.tracing import Tracing
     from workflows.catalog import WORKFLOWS
 
+    tracing = Tracing(settings)  # first: a tracing setting that cannot work stops the start before any client opens
     connector = ClusterConnector(settings.kubeconfig_paths())
     # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
     netbox = NetBoxActivities(settings.netbox_config())
@@ -148,7 +151,8 @@ def build(settings: WorkerSettings) -> Registration:
         + NotifyActivities().activities()
         + EntityActivities().activities()
         + UsageReportActivities(settings.usage_sink_dir).activities(),
-        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic],
+        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic, tracing],
+        worker_options={"interceptors": tracing.interceptors} if tracing.interceptors else {},
     )
 
 

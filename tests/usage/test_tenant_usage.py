@@ -123,4 +123,7 @@ async def test_gpu_hours_per_tenant_match_the_pods_lifetimes(client, usage_worke
     assert [(r["tenant"], float(r["gpu_hours"])) for r in table] == [
         (t, pytest.approx(r.gpu_hours, abs=1e-6)) for t, r in rows.items()]  # fmt: skip
     assert str(usage_worker.sink) in result.report.csv_path
+    # This worker has no NetBox: each tenant's journal entry is reported as not written (tests/netbox writes them).
+    assert set(result.netbox_journal) == set(QUOTAS)
+    assert all(why.startswith("not written: NetBox is not configured") for why in result.netbox_journal.values())
     await record_history(handle, "tenant_usage")

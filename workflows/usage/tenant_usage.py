@@ -4,6 +4,7 @@ tenant's guaranteed and allocated GPUs from KAI; GPU-hours of pods outside every
 
   tenants' namespaces and queues (Kubernetes) → pages of time (Prometheus range queries, one activity each) →
   the table (result, `usage` query, `progress`) → gauge per tenant → report files (the worker's sink directory)
+  → a NetBox journal entry on each tenant (tenants NetBox does not hold, or no NetBox, are named in the result)
 
 Paging: each page is a few range queries of `page / step` points (Prometheus refuses more than 11,000 per series)
 whose answer the activity reduces to sums per tenant and namespace, so what comes back to the workflow is a few KB
@@ -17,19 +18,23 @@ from datetime import datetime, timedelta, timezone
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
 from temporalio.common import SearchAttributePair
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from activities.capi.activities import ClusterApiActivities
 from activities.capi.models import KindRef, ListRequest
 from activities.capi.ownership import TENANT_LABEL
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import TenantJournal
 from activities.prometheus import GpuUse, PrometheusActivities, UsagePage, UsagePageQuery
 from activities.usage_report import ReportFiles, TenantUsageRow, UsageReport, UsageReportActivities
 from workflows.clusters.manifests import QUEUE_API
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import API_CALL
-from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api
+from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, gave_up_on, kubernetes_api
 
 PROMETHEUS = "prometheus"
+_NO_NETBOX = "NetBoxNotConfigured"  # the worker's answer when it has no NetBox: no tenant's entry is written
 UNATTRIBUTED = "(unattributed) "
 
 
@@ -44,6 +49,7 @@ class TenantUsageInput(WorkflowInput, RetryTimeout):
     page: timedelta = Field(timedelta(hours=6), description="Time asked of Prometheus per activity.")
     cluster_label: str | None = Field("cluster", description="The series' label holding the cluster's name; None: "
                                       "the server holds this cluster's series only.")  # fmt: skip
+    record_in_netbox: bool = Field(True, description="Journal each tenant's GPU-hours on its NetBox tenant.")
 
     @field_validator("step")
     @classmethod
@@ -73,6 +79,8 @@ class TenantUsageResult(UsageReport):
     pages: int = 0
     report: ReportFiles | None = Field(None, description="Where the report was written (the worker's sink).")
     prometheus: str = Field("", description="`not used: ...` when the worker has no MILLWRIGHT_PROMETHEUS_URL.")
+    netbox_journal: dict[str, str] = Field(default_factory=dict, description="Tenant -> `entry <id>`, or why its "
+                                           "NetBox journal entry was not written (no such tenant, no NetBox).")  # fmt: skip
 
 
 def _utc(t: datetime) -> datetime:
@@ -149,8 +157,38 @@ class TenantUsage:
             **API_CALL, summary="usage report to the sink",
         )  # fmt: skip
         self._table = table
+        if inp.record_in_netbox and workflow.patched("usage-tenant-journal"):
+            self._phases.enter("journaling", self._summary(table), done=len(pages), total=len(pages))
+            table.netbox_journal = await self._journal(table)
         self._phases.enter("completed", self._summary(table), done=len(pages), total=len(pages))
         return table
+
+    async def _journal(self, table: TenantUsageResult) -> dict[str, str]:
+        """One entry per tenant row. A tenant NetBox lacks (onboarded without NetBox), a worker without NetBox or a
+        NetBox down past the retry bound is said in the result rather than failing a report already written."""
+        tenants = [row for row in table.rows if not row.tenant.startswith(UNATTRIBUTED)]
+        written: dict[str, str] = {}
+        for row in tenants:
+            text = (
+                f"GPU-hours on {table.cluster} from {table.start:%Y-%m-%d %H:%M} to {table.end:%Y-%m-%d %H:%M} "
+                f"UTC: {row.gpu_hours:.2f} (peak {row.peak_gpus:g} GPUs; namespaces {', '.join(row.namespaces)})"
+            )
+            try:
+                entry = await self._calls.execute(
+                    NetBoxActivities.journal_tenant, TenantJournal(tenant=row.tenant, text=text), **API_CALL,
+                    endpoint=NETBOX, summary=f"NetBox journal of {row.tenant}",
+                )  # fmt: skip
+            except (ActivityError, ApplicationError) as err:
+                cause = err.cause if isinstance(err, ActivityError) else err
+                if gave_up_on(err, NETBOX) or (isinstance(cause, ApplicationError) and cause.type == _NO_NETBOX):
+                    why = f"not written: {cause.message if isinstance(cause, ApplicationError) else cause}"
+                    return written | {r.tenant: why for r in tenants if r.tenant not in written}  # same for the rest
+                if not isinstance(cause, ApplicationError) or cause.type != "TenantNotFound":
+                    raise
+                written[row.tenant] = f"not written: {cause.message}"
+                continue
+            written[row.tenant] = f"entry {entry}"
+        return written
 
     async def _tenants(self, inp: TenantUsageInput) -> tuple[dict[str, list[str]], dict[str, str]]:
         """Tenant -> its namespaces (those holding the tenant's ResourceQuota), and KAI queue -> tenant."""
