@@ -172,6 +172,34 @@ def advertised(per_gpu: dict[str, int] | None, gpus: int, product: str, strategy
     return Advertised(resources, labels)
 
 
+@dataclass(frozen=True)
+class Device:
+    """A device the device plugin serves and dcgm-exporter watches: a whole GPU (`profile` None) or a GPU instance
+    of a MIG-enabled GPU (`instance`: the lab numbers them from 1 per GPU in layout order)."""
+
+    gpu: int
+    resource: str
+    profile: str | None = None
+    instance: int | None = None
+
+
+def devices(node: dict, strategy: str) -> list[Device]:
+    """The node's devices under the layout its GPUs have now (a MIG GPU without instances has none)."""
+    hw = hardware(node)
+    try:
+        per_gpu = layout(str(hw["applied"]), model_of(hw["product"]), hw["product"])
+    except MigConfigError:
+        per_gpu = None
+    if per_gpu is None:
+        return [Device(gpu, GPU) for gpu in range(hw["gpus"])]
+    out = []
+    for gpu in range(hw["gpus"]):
+        instances = [p for p, n in sorted(per_gpu.items()) for _ in range(n)]
+        out += [Device(gpu, GPU if strategy == "single" else resource_name(p), p, i + 1) for i, p in
+                enumerate(instances)]  # fmt: skip
+    return out
+
+
 def is_gfd_label(key: str) -> bool:
     """A label `advertised` may write (so a stale one from the previous layout is removed)."""
     return key.startswith(MIG_RESOURCE_PREFIX) or key in (

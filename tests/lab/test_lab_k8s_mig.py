@@ -6,10 +6,12 @@ real kubectl driving it."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from lab.k8s import mig
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.controllers.migmanager import POD_FAILURE_REASON
+from lab.k8s.server import load_config_file
 from labtest_helpers import node, running_pod, wait_for
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -170,6 +172,12 @@ def test_failure_set_for_a_node(mlab, core):
     assert core.read_namespaced_pod("trainer", "default").status.phase == "Running"
 
     mlab.post("/_lab/mig", {"node": "g1", "fail": None})
+    relabel(core, "g1", "all-1g.10gb")  # the same value again is no change: mig-manager does not retry
+    relabel(core, "g1", None)  # removed and set again: a new change, tried again
+    wait_for(lambda: mig.hardware(core.read_node("g1").to_dict())["observed"] is None, what="label removal seen")
+    relabel(core, "g1", "all-1g.10gb")
+    settled(core, "g1", "all-1g.10gb")
+    assert states(mlab, "g1") == ["pending", "failed", "pending", "success"]
     relabel(core, "g1", "all-7g.80gb")
     n = settled(core, "g1", "all-7g.80gb")
     assert mig.FAILURE_ANNOTATION not in (n["metadata"]["annotations"] or {})
@@ -280,6 +288,16 @@ def test_config_keys_are_checked(mlab):
     assert mlab.configure(migNodes={"g1": {"reboot": False}})["migNodes"] == {"g1": {"reboot": False}}
 
 
+def test_fleet_file_carries_mig_settings(tmp_path):
+    f = tmp_path / "fleet.yaml"
+    f.write_text(yaml.safe_dump({"nodes": [{"prefix": "n", "count": 1}], "mig": {"strategy": "single",
+                                                                                   "reboot": True}}))  # fmt: skip
+    assert load_config_file(str(f)) == {"migStrategy": "single", "migPendingSeconds": 0.2, "migReboot": True}
+    f.write_text(yaml.safe_dump({"nodes": [], "mig": {"strategy": "none"}}))
+    with pytest.raises(ValueError, match="strategy"):
+        load_config_file(str(f))
+
+
 async def test_admin_client_mig_calls(emulator, lab):
     admin = EmulatorAdmin(emulator.url)
     try:
@@ -309,3 +327,19 @@ async def _wait_async(admin: EmulatorAdmin, pred, timeout: float = 10.0) -> dict
             return view
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out: {view}")
+
+
+def test_dcgm_exporter_shows_gpu_instances_and_who_holds_them(mlab, core):
+    mlab.seed([gpu_node(gpus=2), gpu_pod("infer", resource="nvidia.com/mig-3g.40gb", count="3")])
+    relabel(core, "g1", "all-balanced")
+    settled(core, "g1", "all-balanced")
+    mlab.seed([gpu_pod("infer", resource="nvidia.com/mig-3g.40gb", count="1"),  # failed by the change: again
+               gpu_pod("small", resource="nvidia.com/mig-1g.10gb", count="3")])  # fmt: skip
+    temps = [line for line in mlab.http.get("/_lab/dcgm/nodes/g1/metrics").text.splitlines()
+             if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]  # fmt: skip
+    assert len(temps) == 8  # 2 GPUs x (2 x 1g.10gb + 2g.20gb + 3g.40gb)
+    held = sorted((t.split('gpu="')[1][0], t.split('GPU_I_PROFILE="')[1].split('"')[0], t.split('pod="')[1][:5])
+                  for t in temps if 'pod="' in t)  # fmt: skip
+    assert held == [("0", "1g.10gb", "small"), ("0", "1g.10gb", "small"), ("0", "3g.40gb", "infer"),
+                    ("1", "1g.10gb", "small")]  # fmt: skip
+    assert all('GPU_I_ID="' in t for t in temps)

@@ -42,6 +42,9 @@ class MigManager(Controller):
             return
         if want is None or hw["gpus"] <= 0:
             side.pop("mig", None)
+            if want is None and hw.get("observed") is not None:  # a label set again later is a new change
+                hw["observed"] = None
+                self._label(node, {}, "nvidia-mig-manager", {mig.HARDWARE_ANNOTATION: json.dumps(hw)})
             return
         if run is None or run["config"] != want:
             if run is None and hw["observed"] == want:
