@@ -119,9 +119,11 @@ class MigSettings(_M):
     strategy: Literal["single", "mixed"] = Field("mixed", description="The device plugin's MIG strategy.")
     pendingSeconds: float = Field(0.2, ge=0, le=3600, description="How long a reconfiguration stays `pending`.")
     reboot: bool = Field(False, description="Reboot the node when the MIG mode changes (mig-manager's WITH_REBOOT).")
+    dra: bool = Field(False, description="NVIDIA's DRA driver publishes each GPU node's ResourceSlice.")
 
     def config(self) -> dict[str, Any]:
-        return {"migStrategy": self.strategy, "migPendingSeconds": self.pendingSeconds, "migReboot": self.reboot}
+        return {"migStrategy": self.strategy, "migPendingSeconds": self.pendingSeconds, "migReboot": self.reboot,
+                "migDra": self.dra}  # fmt: skip
 
 
 class Fleet(_M):

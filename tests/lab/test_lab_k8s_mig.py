@@ -5,6 +5,8 @@ real kubectl driving it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import yaml
 
@@ -113,6 +115,21 @@ def test_reboot_set_per_node(mlab, core):
     settled(core, "g2", "all-balanced")
     assert states(mlab, "g1") == ["pending", "success"]
     assert states(mlab, "g2") == ["pending", "rebooting", "success"]
+
+
+def test_a_node_without_mig_manager_and_one_slow_to_apply(mlab, core):
+    mlab.seed([gpu_node("g1"), gpu_node("g2")])
+    mlab.post("/_lab/mig", {"node": "g1", "absent": True})
+    mlab.post("/_lab/mig", {"node": "g2", "pendingSeconds": 1.0})
+    relabel(core, "g1", "all-1g.10gb")
+    relabel(core, "g2", "all-1g.10gb")
+    wait_for(lambda: core.read_node("g2").metadata.labels.get(mig.STATE_LABEL) == "pending", what="g2 pending")
+    time.sleep(0.5)
+    assert core.read_node("g2").metadata.labels[mig.STATE_LABEL] == "pending"
+    settled(core, "g2", "all-1g.10gb")
+    assert mig.STATE_LABEL not in core.read_node("g1").metadata.labels
+    mlab.post("/_lab/mig", {"node": "g1", "absent": None})  # mig-manager starts there: it acts on the label
+    settled(core, "g1", "all-1g.10gb")
 
 
 @pytest.mark.parametrize(
@@ -273,6 +290,8 @@ def test_dcgm_exporter_still_sees_a_partitioned_node(mlab, core):
         ({"node": "g1", "fail": ""}, "body.fail: a non-empty reason"),
         ({"node": "g1", "reboot": "yes"}, "body.reboot: true, false or null"),
         ({"node": "g1", "times": 2}, "unknown fields ['times']"),
+        ({"node": "g1", "pendingSeconds": -1}, "body.pendingSeconds: seconds (0 or more)"),
+        ({"node": "g1", "absent": 1}, "body.absent: true, false or null"),
     ],
 )
 def test_admin_refuses_a_bad_node_setting(mlab, body, message):
@@ -292,7 +311,8 @@ def test_fleet_file_carries_mig_settings(tmp_path):
     f = tmp_path / "fleet.yaml"
     f.write_text(yaml.safe_dump({"nodes": [{"prefix": "n", "count": 1}], "mig": {"strategy": "single",
                                                                                    "reboot": True}}))  # fmt: skip
-    assert load_config_file(str(f)) == {"migStrategy": "single", "migPendingSeconds": 0.2, "migReboot": True}
+    assert load_config_file(str(f)) == {"migStrategy": "single", "migPendingSeconds": 0.2, "migReboot": True,
+                                        "migDra": False}  # fmt: skip
     f.write_text(yaml.safe_dump({"nodes": [], "mig": {"strategy": "none"}}))
     with pytest.raises(ValueError, match="strategy"):
         load_config_file(str(f))
@@ -343,3 +363,36 @@ def test_dcgm_exporter_shows_gpu_instances_and_who_holds_them(mlab, core):
     assert held == [("0", "1g.10gb", "small"), ("0", "1g.10gb", "small"), ("0", "3g.40gb", "infer"),
                     ("1", "1g.10gb", "small")]  # fmt: skip
     assert all('GPU_I_ID="' in t for t in temps)
+
+
+def test_dra_driver_publishes_the_layout_as_a_resource_slice(mlab, core, api_client):
+    from kubernetes import client
+
+    mlab.configure(migDra=True)
+    mlab.seed([gpu_node(gpus=2), gpu_node("g2", gpus=1)])
+    relabel(core, "g1", "all-balanced")
+    relabel(core, "g2", "all-disabled")
+    settled(core, "g1", "all-balanced")
+    settled(core, "g2", "all-disabled")
+    dra = client.ResourceV1beta1Api(api_client)
+
+    def slice_of(node_name: str):
+        (s,) = dra.list_resource_slice(field_selector=f"spec.nodeName={node_name}").items
+        return s
+
+    s = slice_of("g1")
+    assert (s.spec.driver, s.spec.pool.name, s.spec.pool.generation, s.spec.pool.resource_slice_count) == (
+        "gpu.nvidia.com", "g1", 1, 1)  # fmt: skip
+    assert s.metadata.owner_references[0].kind == "Node" and s.metadata.owner_references[0].name == "g1"
+    assert sorted(d.name for d in s.spec.devices) == sorted(
+        f"gpu-{i}-mig-{m}" for i in (0, 1) for m in ("9-4-4", "14-2-2", "19-1-1", "19-0-1"))  # fmt: skip
+    profiles = sorted(d.basic.attributes["profile"].string for d in s.spec.devices)
+    assert profiles == ["1g.10gb"] * 4 + ["2g.20gb"] * 2 + ["3g.40gb"] * 2
+    assert all(d.basic.attributes["type"].string == "mig" for d in s.spec.devices)
+    assert [d.name for d in slice_of("g2").spec.devices] == ["gpu-0"]
+
+    relabel(core, "g1", "all-disabled")
+    settled(core, "g1", "all-disabled")
+    s = slice_of("g1")
+    assert s.spec.pool.generation == 2 and [d.name for d in s.spec.devices] == ["gpu-0", "gpu-1"]
+    assert s.spec.devices[0].basic.attributes["type"].string == "gpu"
