@@ -31,8 +31,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, W
 from temporalio.service import RPCError, RPCStatusCode
 
 from starter.client import InputError, format_validation_error
+from workflows.budget.book import budget_text
 from workflows.budget.breaker import BREAKER_QUERY, RESET_UPDATE, BreakerReset, BreakerView
-from workflows.budget.budget import Budget
 from workflows.budget.disruption_budget import BudgetChange, BudgetView
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
@@ -161,7 +161,7 @@ def _check_reset_batch(s: RolloutStatus, req: CompartmentRequest) -> tuple[str |
 def _check_budget(s: BudgetView, req: BudgetChange) -> tuple[str | None, str]:
     if req.budget.count is not None and s.total_nodes is not None and req.budget.count > s.total_nodes:
         return f"count {req.budget.count} is more than the {s.total_nodes} nodes of {s.cluster}", ""
-    return None, f"budget {_budget_text(s.budget)} -> {_budget_text(req.budget)}"
+    return None, f"budget {budget_text(s.budget)} -> {budget_text(req.budget)}"
 
 
 def _check_breaker_reset(s: BreakerView, _req: Any) -> tuple[str | None, str]:
@@ -393,7 +393,3 @@ async def budget_show(client: Client, cluster: str) -> BudgetView:
 
 async def breaker_show(client: Client, cluster: str) -> BreakerView:
     return await query_state(client, budget_workflow_id(cluster), "DisruptionBudget", BREAKER_QUERY, BreakerView)
-
-
-def _budget_text(b: Budget) -> str:
-    return f"{b.count} nodes" if b.count is not None else f"{b.percent}%"
