@@ -28,12 +28,13 @@ from typing import Any
 
 import pydantic
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter.client import InputError, format_validation_error
+from starter.client import DEFAULT_TASK_QUEUE, InputError, format_validation_error
 from workflows.budget.book import budget_text
 from workflows.budget.breaker import BREAKER_QUERY, RESET_UPDATE, BreakerReset, BreakerView
-from workflows.budget.disruption_budget import BudgetChange, BudgetView
+from workflows.budget.disruption_budget import BudgetChange, BudgetView, DisruptionBudget, DisruptionBudgetInput
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
@@ -334,10 +335,17 @@ async def rollout_control(
 
 async def budget_set(
     client: Client, cluster: str, *, count: int | None = None, percent: int | None = None, by: str, reason: str,
-    dry_run: bool = False,
+    dry_run: bool = False, task_queue: str = DEFAULT_TASK_QUEUE,
 ) -> Outcome:  # fmt: skip
-    """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once."""
+    """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once: the
+    cluster's budget, whoever asks for leases. With no entity running (none yet, or closed while idle) one is
+    started on ``task_queue`` to hold it; the first requester moves it onto its own queue."""
     request = {"budget": {"count": count, "percent": percent}, "by": by, "reason": reason}
+    if not dry_run:
+        _request(CONTROLS["budget set"], request)  # refused before anything starts
+        inp = DisruptionBudgetInput(cluster=cluster, task_queue=task_queue)
+        await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue,
+                                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)  # fmt: skip
     return await apply_control(client, "budget set", budget_workflow_id(cluster), request, dry_run=dry_run)
 
 

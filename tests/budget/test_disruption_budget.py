@@ -204,6 +204,18 @@ async def test_only_the_operator_sets_the_clusters_budget_whatever_its_requester
     await record_history(entity, "disruption_budget_operator_budget")
 
 
+async def test_the_operator_declares_the_budget_before_any_requester_asks(client, kube_worker, k8s):
+    from starter.controls import budget_set
+
+    await k8s.seed(small_fleet())
+    outcome = await budget_set(client, "lab", percent=40, by="sre", reason="weekend",
+                               task_queue=kube_worker.task_queue)  # fmt: skip
+    # No entity ran: `budget set` started one to hold it, as the operator's (who and why), not as its input.
+    assert (outcome.state.budget, outcome.state.budget_source) == (Budget(percent=40), "operator sre: weekend")
+    state = await budget_state(client.get_workflow_handle("disruption-budget/lab"))
+    assert (state.budget, state.budget_source) == (Budget(percent=40), "operator sre: weekend")
+
+
 async def test_a_lease_held_by_a_terminated_run_is_recovered(client, kube_worker, k8s, core):
     await k8s.seed(small_fleet(protected_on="node-01"))
     entity = await start_budget(client, kube_worker, {"count": 1})

@@ -397,7 +397,9 @@ class DisruptionBudget:
             return
         self._book.next_id = max(self._book.next_id, before.next_id)
         self._book.breaker = before.breaker  # what remediation took within its windows still counts
-        if self._inp.budget is None and before.budget_source.startswith("operator"):
+        # An operator's change made since this run started (`millwright budget set` starts it) is the newer one.
+        newer = self._own_budgets and self._book.budget_source.startswith("operator")
+        if self._inp.budget is None and before.budget_source.startswith("operator") and not newer:
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
             self._book.control_plane_at_once = before.control_plane_at_once
 
