@@ -194,7 +194,9 @@ def test_no_hand_list_of_activities_or_of_passed_through_modules():
         for node in ast.walk(ast.parse(MODULES[module].read_text())):
             if isinstance(node, ast.FunctionDef) and node.name == "activities":
                 lists.append(f"{module}: def activities (the @activity.defn marks say it)")
-            named = isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("workflows.")
+            named = (
+                isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("workflows.")
+            )
             if named and node.value != "workflows.catalog":  # the one module never shared, named for that
                 lists.append(f"{module}: names {node.value!r} (worker/passthrough.py finds them)")
     assert not lists, "\n".join(lists)
