@@ -596,9 +596,10 @@ class DisruptionBudget:
 
     def _summary(self) -> str:
         total = self._avail.total if self._avail else None
-        line = (f"budget {budget_text(self._book.budget)} ({self._book.budget_source}) = {self._allowed() if total is not None else '?'} "
-                f"of {total if total is not None else '?'} nodes: {len(self._out_of_service())} out of service, "
-                f"{len(self._book.leases)} leased, {len(self._book.queue)} waiting")  # fmt: skip
+        line = (f"budget {budget_text(self._book.budget)} ({self._book.budget_source}) = "
+                f"{self._allowed() if total is not None else '?'} of {total if total is not None else '?'} nodes: "
+                f"{len(self._out_of_service())} out of service, {len(self._book.leases)} leased, "
+                f"{len(self._book.queue)} waiting")  # fmt: skip
         if self._book.queue:
             nxt = self._book.queue[0]
             line += f" (next: {nxt.node} for {nxt.holder}{f', {nxt.note}' if nxt.note else ''})"
