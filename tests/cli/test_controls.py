@@ -84,12 +84,11 @@ async def test_budget_and_breaker(lab):
     from workflows.budget.breaker import BreakerSettings
     from workflows.budget.disruption_budget import DisruptionBudget, LeaseRequest
 
-    entity = f"disruption-budget/{CLUSTER}"  # started by the rollout's first lease request
+    entity = f"disruption-budget/{CLUSTER}"
     shown = await cli(*lab.args("budget", "show", CLUSTER, "-o", "json"))
     assert shown.returncode == 0, shown
-    # The rollout's own budget (2) is its own: the cluster's stays the default until an operator sets one.
-    view = json.loads(shown.stdout)
-    assert view["budget"] == {"percent": 10, "count": None} and view["budget_source"] == "default"
+    view = json.loads(shown.stdout)  # as the lab's operator started it
+    assert view["budget"] == {"percent": None, "count": 2} and view["budget_source"] == "input"
     assert view["total_nodes"] == 6
 
     too_many = await cli(*lab.args("budget", "set", CLUSTER, "--count", "99", *WHO, "-r", "more"))
@@ -97,7 +96,7 @@ async def test_budget_and_breaker(lab):
     neither = await cli(*lab.args("budget", "set", CLUSTER, *WHO, "-r", "nothing"))
     assert neither.returncode == 2 and "nothing was sent" in neither.stderr, neither
     dry = await cli(*lab.args("budget", "set", CLUSTER, "--count", "3", *WHO, "-r", "change window", "--dry-run"))
-    assert dry.returncode == 0 and "budget 10% -> 3 nodes" in dry.stderr, dry
+    assert dry.returncode == 0 and "budget 2 nodes -> 3 nodes" in dry.stderr, dry
     assert await update_events(lab, entity) == []
     done = await cli(*lab.args("budget", "set", CLUSTER, "--count", "3", *WHO, "-r", "change window"))
     assert done.returncode == 0, done
