@@ -27,7 +27,6 @@ activities do it with the Temporal client the worker already holds (``activity.c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field
@@ -165,10 +164,6 @@ async def update_with_start(call: EntityUpdate) -> Any:
 
 class EntityActivities:
     """Activities that reach other workflows through the worker's own Temporal client."""
-
-    def activities(self) -> list[Callable]:
-        return [self.update_entity, self.signal_workflows, self.closed_workflows, self.previous_result,
-                self.workflow_outcome, self.query_running]  # fmt: skip
 
     @activity.defn
     async def update_entity(self, call: EntityUpdate) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -210,10 +209,6 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
 class NodeHealthActivities:
     def __init__(self, connector: ClusterConnector) -> None:
         self._clusters = connector
-
-    def activities(self) -> list[Callable]:
-        return [self.list_node_health, self.list_node_names, self.read_nodes_health, self.read_node_health,
-                self.quarantine_node, self.release_quarantine, self.mark_remediated]  # fmt: skip
 
     @activity.defn
     async def list_node_health(self, req: NodeHealthQuery) -> NodeHealthPage:

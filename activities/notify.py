@@ -18,7 +18,6 @@ an unreadable CA bundle is `TlsNotConfigured` (activities/support/tls.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -74,9 +73,6 @@ class WebhookDelivery(StrictModel):
 
 
 class NotifyActivities:
-    def activities(self) -> list[Callable]:
-        return [self.notify_webhook]
-
     async def close(self) -> None:  # a Registration resource; clients are per attempt
         return None
 

@@ -22,7 +22,6 @@ and labelled as it exports them (etc/default-counters.csv of NVIDIA/dcgm-exporte
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -217,9 +216,6 @@ class PrometheusActivities:
         self._url = url
         self._ca_bundle, self._verify_tls = ca_bundle, verify_tls
         self._client: TrustingClient | None = None
-
-    def activities(self) -> list[Callable]:
-        return [self.query_prometheus, self.dcgm_faults, self.gpu_usage_page]
 
     def _http(self) -> TrustingClient:
         if self._client is None:  # one client for every query, so connections are reused

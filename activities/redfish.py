@@ -379,10 +379,6 @@ class RedfishActivities:
         self.ca_bundle, self.verify_tls = ca_bundle, verify_tls
         self._threads = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="redfish")
 
-    def activities(self) -> list[Callable]:
-        return [self.redfish_power, self.redfish_set_boot, self.redfish_inventory, self.redfish_sel,
-                self.redfish_health]  # fmt: skip
-
     async def close(self) -> None:  # a Registration resource; connections are per attempt
         self._threads.shutdown(wait=False, cancel_futures=True)
 

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -74,9 +73,6 @@ class UsageReportActivities:
     def __init__(self, sink_dir: str | None = None) -> None:
         """`sink_dir`: the worker's MILLWRIGHT_USAGE_SINK_DIR (None: reports are not written)."""
         self._sink = Path(sink_dir) if sink_dir else None
-
-    def activities(self) -> list[Callable]:
-        return [self.write_usage_report]
 
     @activity.defn
     async def write_usage_report(self, report: UsageReport) -> ReportFiles:

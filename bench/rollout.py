@@ -6,7 +6,8 @@
 
 Seeds the Kubernetes emulator with N GPU nodes, starts the Temporal dev server and `--workers` worker processes
 (`python -m worker`, configured by environment as a deployment configures it), runs one Rollout of one package with
-a reboot interrupt under a fixed batch size (the cluster's disruption budget entity in the path, as always), and
+a reboot interrupt under a fixed batch size (the cluster's disruption budget entity in the path, as always, its
+budget declared as the batch size), and
 prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
 their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
 children and continued runs included), the CPU time the workers and the dev server spent during the rollout, each
@@ -31,6 +32,7 @@ from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throt
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
+from starter.controls import budget_set
 from workflows.rollout.rollout import Rollout
 from workflows.rollout.spec import RolloutInput
 
@@ -77,6 +79,9 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                            max_concurrent_activities=str(ACTIVITY_SLOTS), log_level="WARNING")  # fmt: skip
             try:
                 await pool.polling(server.client)
+                # The cluster's budget is the operator's (the rollout's own only caps the rollout): one batch at once.
+                await budget_set(server.client, "lab", count=batch, by="bench", reason="one batch at once",
+                                 task_queue=pool.task_queue)  # fmt: skip
                 spec = rollout_spec(f"bench-{uuid.uuid4().hex[:6]}", batch)
                 cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
                 started = time.monotonic()

@@ -28,12 +28,13 @@ from typing import Any
 
 import pydantic
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from starter.client import InputError, format_validation_error
+from starter.client import DEFAULT_TASK_QUEUE, InputError, format_validation_error
+from workflows.budget.book import budget_text
 from workflows.budget.breaker import BREAKER_QUERY, RESET_UPDATE, BreakerReset, BreakerView
-from workflows.budget.budget import Budget
-from workflows.budget.disruption_budget import BudgetChange, BudgetView
+from workflows.budget.disruption_budget import BudgetChange, BudgetView, DisruptionBudget, DisruptionBudgetInput
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
@@ -161,7 +162,7 @@ def _check_reset_batch(s: RolloutStatus, req: CompartmentRequest) -> tuple[str |
 def _check_budget(s: BudgetView, req: BudgetChange) -> tuple[str | None, str]:
     if req.budget.count is not None and s.total_nodes is not None and req.budget.count > s.total_nodes:
         return f"count {req.budget.count} is more than the {s.total_nodes} nodes of {s.cluster}", ""
-    return None, f"budget {_budget_text(s.budget)} -> {_budget_text(req.budget)}"
+    return None, f"budget {budget_text(s.budget)} -> {budget_text(req.budget)}"
 
 
 def _check_breaker_reset(s: BreakerView, _req: Any) -> tuple[str | None, str]:
@@ -334,10 +335,17 @@ async def rollout_control(
 
 async def budget_set(
     client: Client, cluster: str, *, count: int | None = None, percent: int | None = None, by: str, reason: str,
-    dry_run: bool = False,
+    dry_run: bool = False, task_queue: str = DEFAULT_TASK_QUEUE,
 ) -> Outcome:  # fmt: skip
-    """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once."""
+    """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once: the
+    cluster's budget, whoever asks for leases. With no entity running (none yet, or closed while idle) one is
+    started on ``task_queue`` to hold it; the first requester moves it onto its own queue."""
     request = {"budget": {"count": count, "percent": percent}, "by": by, "reason": reason}
+    if not dry_run:
+        _request(CONTROLS["budget set"], request)  # refused before anything starts
+        inp = DisruptionBudgetInput(cluster=cluster, task_queue=task_queue)
+        await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue,
+                                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)  # fmt: skip
     return await apply_control(client, "budget set", budget_workflow_id(cluster), request, dry_run=dry_run)
 
 
@@ -393,7 +401,3 @@ async def budget_show(client: Client, cluster: str) -> BudgetView:
 
 async def breaker_show(client: Client, cluster: str) -> BreakerView:
     return await query_state(client, budget_workflow_id(cluster), "DisruptionBudget", BREAKER_QUERY, BreakerView)
-
-
-def _budget_text(b: Budget) -> str:
-    return f"{b.count} nodes" if b.count is not None else f"{b.percent}%"

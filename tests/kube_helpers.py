@@ -89,3 +89,18 @@ async def current_details(handle) -> str:
     """What the UI shows as the run's current details (`workflow.set_current_details`)."""
     metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     return metadata.current_details
+
+
+async def declare_lab_budget(client, task_queue: str, budget: dict | None = None, cluster: str = "lab") -> None:
+    """The cluster's disruption budget, declared as the lab's operator would before a test's rollouts (a requester's
+    own budget never sets it; 10% of a small fleet is one node): by default every node, so that each run is held by
+    its own budget. An entity already running (a test's own, with its budget) is left as it is."""
+    from temporalio.common import WorkflowIDConflictPolicy
+
+    from workflows.budget.budget import Budget
+    from workflows.budget.disruption_budget import DisruptionBudget, DisruptionBudgetInput
+
+    declared = Budget.model_validate(budget or {"percent": 100})
+    inp = DisruptionBudgetInput(cluster=cluster, budget=declared, task_queue=task_queue)
+    await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue,
+                                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)  # fmt: skip

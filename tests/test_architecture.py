@@ -183,3 +183,48 @@ def test_the_budget_imports_no_other_family():
         if target.startswith("workflows.") and not target.startswith(("workflows.budget", "workflows.common"))
     )
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_hand_list_of_activities_or_of_passed_through_modules():
+    """Registration is computed (issue #24): an activity is registered by its `@activity.defn` mark
+    (activities/registration.py), a module is passed through the sandbox by defining no workflow
+    (worker/passthrough.py). A list kept by hand is one a new module or activity can be forgotten in."""
+    lists = []
+    for module in (m for m in MODULES if m.split(".")[0] in ("activities", "worker")):
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == "activities":
+                lists.append(f"{module}: def activities (the @activity.defn marks say it)")
+            named = (
+                isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("workflows.")
+            )
+            if named and node.value != "workflows.catalog":  # the one module never shared, named for that
+                lists.append(f"{module}: names {node.value!r} (worker/passthrough.py finds them)")
+    assert not lists, "\n".join(lists)
+
+
+async def test_every_activity_marked_is_registered(tmp_path):
+    """Every method marked `@activity.defn` on a class under activities/ is registered by the worker or the host
+    agent, once: a new activity needs only its mark."""
+    import importlib
+    import inspect
+
+    from temporalio import activity
+
+    from worker import registry
+    from worker.config import WorkerSettings
+
+    marked = set()
+    for module in (m for m in MODULES if m.startswith("activities")):
+        for cls in vars(importlib.import_module(module)).values():
+            if inspect.isclass(cls) and cls.__module__ == module:
+                marked |= {d.name for f in vars(cls).values() if (d := activity._Definition.from_callable(f))}
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    worker = registry.build(WorkerSettings(kubeconfig=str(tmp_path / "kubeconfig"), metrics_port=0))
+    agent = registry.build_host_agent("node-01")
+    try:
+        registered = [activity._Definition.must_from_callable(a).name for a in worker.activities + agent.activities]
+    finally:
+        await worker.close()
+        await agent.close()
+    assert len(registered) == len(set(registered)), "an activity registered twice"
+    assert marked and marked <= set(registered), f"marked but not registered: {sorted(marked - set(registered))}"

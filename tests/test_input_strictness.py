@@ -31,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.workflow import _Definition
 from typer.testing import CliRunner
 
+from activities.registration import activity_methods
 from starter.cli import app
 from starter.client import InputError, parse_input, workflow_specs
 from tests.kube_helpers import fleet_objects
@@ -382,7 +383,7 @@ async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on
     # that a first workflow task runs (the disruption budget reads its predecessor's settings): nothing else runs.
     from activities.entities import EntityActivities
 
-    registration = registry.Registration(workflows=list(WORKFLOWS), activities=EntityActivities().activities())
+    registration = registry.Registration(workflows=list(WORKFLOWS), activities=activity_methods(EntityActivities()))
     async with registry.new_worker(client, registration, queue):
         handles = {name: await client.start_workflow(name, data, id=f"typo-update-{name}-{tag}", task_queue=queue)
                    for name, data in RUNNING.items()}  # fmt: skip

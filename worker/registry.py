@@ -9,6 +9,7 @@ from typing import Any
 import pydantic
 
 from worker.config import WorkerSettings
+from worker.passthrough import workflow_free_modules
 
 # A workflow started with input that does not fit its model (e.g. JSON typed into the
 # UI) fails at once with pydantic's message naming the field, instead of retrying its
@@ -30,50 +31,12 @@ class Registration:
 
 
 # What the sandbox shares between workflow runs instead of importing it afresh for each new run: every module that
-# defines no workflow (models, pure arithmetic, helpers that only call `temporalio.workflow`), with the libraries
-# under them; a package's name passes all its modules. A module that defines a workflow is never passed through, so
-# the sandbox's isolation and checks apply to it: tests/test_sandbox.py keeps the two apart and measures what a new
-# run costs.
-SANDBOX_PASSTHROUGH = (
-    "activities",  # the activities' models and classes: a workflow only names them
-    "workflows.common",  # shared models, call options and helpers of every family: no workflow in it
-    "workflows.burnin.node_guard",
-    "workflows.budget.book",
-    "workflows.budget.breaker",
-    "workflows.budget.budget",
-    "workflows.budget.control_plane",
-    "workflows.budget.leases",
-    "workflows.clusters.manifests",
-    "workflows.clusters.models",
-    "workflows.clusters.owners",
-    "workflows.fabric.calls",
-    "workflows.fabric.models",
-    "workflows.firmware.bundle",
-    "workflows.maintenance.drain",
-    "workflows.remediation.models",
-    "workflows.remediation.policy",
-    "workflows.remediation.probes",
-    "workflows.remediation.records",
-    "workflows.remediation.sweep_models",
-    "workflows.rollout.admission",
-    "workflows.rollout.dependency_graph",
-    "workflows.rollout.deployment_policy",
-    "workflows.rollout.drain_config",
-    "workflows.rollout.label_selector",
-    "workflows.rollout.membership",
-    "workflows.rollout.models",
-    "workflows.rollout.packages",
-    "workflows.rollout.policy",
-    "workflows.rollout.spec",
-    "workflows.rollout.spec_fields",
-    "workflows.rollout.state",
-    "workflows.tenancy.capacity",
-    "workflows.tenancy.models",
-    "workflows.tenancy.objects",
-    "workflows.tenancy.plan",
-    "workflows.validation",  # the validation gate and its models: no workflow in it
-    "opentelemetry",  # the tracing interceptor's spans, when tracing is on (worker/tracing.py)
-)
+# defines no workflow (models, pure arithmetic, helpers that only call `temporalio.workflow`), found, not listed
+# (worker/passthrough.py), and the activities (a workflow only names their models and methods). A module that
+# defines a workflow is never passed through, so the sandbox's isolation and checks apply to it:
+# tests/test_sandbox.py keeps the two apart and measures what a new run costs.
+# "opentelemetry": the tracing interceptor's spans, when tracing is on (worker/tracing.py).
+SANDBOX_PASSTHROUGH = ("activities", "opentelemetry", *workflow_free_modules())
 
 
 def workflow_runner() -> Any:
@@ -116,6 +79,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
+    from activities.registration import activities_of
     from activities.ufm.activities import UfmActivities
     from activities.usage_report import UsageReportActivities
     from worker.tracing import Tracing
@@ -139,18 +103,21 @@ def build(settings: WorkerSettings) -> Registration:
     firmware = FirmwareActivities(settings.bmc_credentials_ref(), **bmc_settings)
     return Registration(
         workflows=list(WORKFLOWS),
-        activities=list(KubeActivities(connector).activities())
-        + netbox.activities()
-        + prometheus.activities()
-        + ufm.activities()
-        + ClusterApiActivities(connector, settings.reserved_groups).activities()
-        + redfish.activities()
-        + firmware.activities()
-        + ironic.activities()
-        + NodeHealthActivities(connector).activities()
-        + NotifyActivities().activities()
-        + EntityActivities().activities()
-        + UsageReportActivities(settings.usage_sink_dir).activities(),
+        # Every method marked @activity.defn of these objects (activities/registration.py).
+        activities=activities_of(
+            KubeActivities(connector),
+            netbox,
+            prometheus,
+            ufm,
+            ClusterApiActivities(connector, settings.reserved_groups),
+            redfish,
+            firmware,
+            ironic,
+            NodeHealthActivities(connector),
+            NotifyActivities(),
+            EntityActivities(),
+            UsageReportActivities(settings.usage_sink_dir),
+        ),
         resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic, tracing],
         worker_options={"interceptors": tracing.interceptors} if tracing.interceptors else {},
     )
@@ -165,6 +132,7 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     from activities.gpu.activities import HostAgentActivities
     from activities.gpu.models import host_task_queue
     from activities.gpu.nvml import NvmlProbe
+    from activities.registration import activity_methods
 
     if probe is None:
         command = settings.gpu_stress_command if settings else None
@@ -174,7 +142,7 @@ def build_host_agent(host_name: str, probe: Any = None, settings: WorkerSettings
     # of five pollers each would exhaust a namespace's poller limit (1,200 on a default self-hosted server).
     return Registration(
         workflows=[],
-        activities=agent.activities(),
+        activities=activity_methods(agent),
         resources=[agent],
         task_queue=host_task_queue(host_name),
         worker_options={"max_concurrent_activity_task_polls": 1},

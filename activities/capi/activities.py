@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes.aio import client as k8s
@@ -68,24 +67,6 @@ class ClusterApiActivities:
     def __init__(self, clusters: ClusterConnector, reserved_groups: list[str] | None = None) -> None:
         self._clusters = clusters
         self._reserved_groups = list(DEFAULT_RESERVED_GROUPS if reserved_groups is None else reserved_groups)
-
-    def activities(self) -> list[Callable]:
-        return [
-            self.check_kinds_installed,
-            self.apply_objects,
-            self.survey_objects,
-            self.delete_objects,
-            self.list_objects,
-            self.read_owners,
-            self.read_tenant_quota_objects,
-            self.read_capi_cluster,
-            self.list_machines,
-            self.check_secret,
-            self.read_vcluster,
-            self.gpu_capacity,
-            self.label_nodes,
-            self.tenant_workloads,
-        ]
 
     async def _resources(self, cluster: str) -> Resources:
         return Resources(await self._clusters.api(cluster), cluster)

@@ -68,10 +68,6 @@ def _differs(have: dict[str, str], want: dict[str, str]) -> dict[str, str]:
 
 
 class FirmwareActivities(RedfishActivities):
-    def activities(self) -> list[Callable]:
-        return [self.firmware_inventory, self.start_firmware_update, self.follow_firmware_task,
-                self.activate_firmware]  # fmt: skip
-
     async def _converse(self, doing: str, bmc: BmcRef, fn: Callable[[sushy.Sushy], T]) -> T:
         """`fn` on a fresh sushy root of the BMC, in a thread of the Redfish activities, its errors classified."""
         trust = self._trust(bmc)

@@ -131,10 +131,6 @@ class HostAgentActivities:
         self.host = host_name
         self.heartbeat_seconds = heartbeat_seconds
 
-    def activities(self) -> list[Callable]:
-        return [self.host_info, self.host_gpu_check, self.host_gpu_stress, self.host_restart_gpu_services,
-                self.host_reset_gpu]  # fmt: skip
-
     async def close(self) -> None:  # a Registration resource
         close = getattr(self.probe, "close", None)
         if close is not None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -61,10 +60,6 @@ def _pointer(key: str) -> str:
 
 class IronicActivities(IronicClient):
     """Ironic node activities. With no config every activity fails with IronicNotConfigured."""
-
-    def activities(self) -> list[Callable]:
-        return [self.ironic_get_node, self.ironic_set_driver_info, self.ironic_manage, self.ironic_start_clean,
-                self.ironic_wait_clean]  # fmt: skip
 
     # ------------------------------------------------------------ reads
 

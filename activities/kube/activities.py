@@ -69,29 +69,6 @@ class KubeActivities(RolloutNodeActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
     (activities/kube/rollout_activities.py) and, here, a node's update in three calls and the condition gates."""
 
-    def activities(self) -> list[Callable]:
-        return [
-            self.inspect_node,
-            self.cordon_node,
-            self.uncordon_node,
-            self.list_unfinished_pods,
-            self.plan_drain,
-            self.evict_pod,
-            self.wait_pods_gone,
-            self.list_nodes_page,
-            self.list_unavailable_nodes,
-            self.node_availability,
-            self.set_node_rollout_state,
-            self.record_package_installed,
-            self.run_stage_job,
-            self.wait_node_rebooted,
-            self.check_node_conditions,
-            self.start_node_update,
-            self.run_node_stages,
-            self.finish_node_update,
-            self.mark_node_validation,
-        ]
-
     # ------------------------------------------------------------ rollouts: a node's update in three calls
 
     @activity.defn

@@ -29,7 +29,6 @@ pynetbox is synchronous: calls run in a thread (`asyncio.to_thread`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
@@ -90,26 +89,6 @@ from activities.netbox.models import (
 
 class NetBoxActivities(NetBoxClient):
     """NetBox inventory activities. With no config every activity fails with NetBoxNotConfigured."""
-
-    def activities(self) -> list[Callable]:
-        return [
-            self.bootstrap_section,
-            self.find_device,
-            self.list_devices,
-            self.list_devices_page,
-            self.set_device_status,
-            self.set_device_tags,
-            self.record_burnin,
-            self.record_firmware,
-            self.record_gpus,
-            self.record_interfaces,
-            self.upsert_tenant,
-            self.upsert_cluster,
-            self.assign_devices_to_cluster,
-            self.list_ib_ports,
-            self.record_tenant_pkey,
-            self.journal_tenant,
-        ]
 
     # ------------------------------------------------------------ bootstrap
 

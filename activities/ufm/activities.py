@@ -27,7 +27,6 @@ are listed in activities/ufm/errors.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
@@ -65,11 +64,6 @@ _REMOVE_CHUNK = 500  # GUIDs per remove_guids_from_pkey request: bounds each req
 
 class UfmActivities(PKeyClient):
     """UFM PKey activities. With no config every activity fails with UfmNotConfigured."""
-
-    def activities(self) -> list[Callable]:
-        return [self.resolve_hosts, self.ensure_pkey, self.add_guids, self.remove_guids, self.get_pkey,
-                self.delete_pkey_if_empty, self.snapshot, self.list_pkeys, self.port_hosts, self.fabric_posture,
-                self.call_fabric]  # fmt: skip
 
     # ------------------------------------------------------------ reads
 

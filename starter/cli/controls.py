@@ -163,7 +163,7 @@ def _budget_set(client: Any, v: dict[str, Any]) -> Any:
     from starter.controls import budget_set
 
     return budget_set(client, v["cluster"], count=v["count"], percent=v["percent"], by=v["by"], reason=v["reason"],
-                      dry_run=v["dry_run"])  # fmt: skip
+                      dry_run=v["dry_run"], task_queue=v["task_queue"])  # fmt: skip
 
 
 def _breaker_show(client: Any, v: dict[str, Any]) -> Any:
@@ -181,12 +181,16 @@ def _breaker_reset(client: Any, v: dict[str, Any]) -> Any:
 CLUSTER = [_param("cluster", ClusterArg)]
 _command(budget_app, "show", "The budget, the nodes out of service and why, the leases and who waits.", CLUSTER,
          _budget_show, control=False)  # fmt: skip
-_command(budget_app, "set", "Change the cluster's disruption budget (exactly one of --count or --percent).", [
+_command(budget_app, "set", "Declare the cluster's disruption budget (exactly one of --count or --percent); "
+         "requesters never change it.", [
     *CLUSTER,
     _param("count", Annotated[Optional[int], typer.Option("--count", help="At most this many nodes out of service.")],
            None),
     _param("percent", Annotated[Optional[int], typer.Option("--percent", help="At most this share of the nodes.")],
            None),
+    _param("task_queue", Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE",
+                                                     help="Where to start the budget's entity if none runs.")],
+           "millwright"),
 ], _budget_set)  # fmt: skip
 _command(breaker_app, "show", "Tripped or not, why, and the nodes remediation took within the window.", CLUSTER,
          _breaker_show, control=False)  # fmt: skip

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from starter.cli.common import jsonable, one_line, table
+from workflows.budget.book import budget_text
 
 
 def rollout_lines(s: Any, wide: bool) -> list[str]:
@@ -34,11 +35,11 @@ def rollout_lines(s: Any, wide: bool) -> list[str]:
 
 
 def budget_lines(s: Any, wide: bool) -> list[str]:
-    budget = f"{s.budget.count} nodes" if s.budget.count is not None else f"{s.budget.percent}%"
     lines = [
-        f"cluster {s.cluster}: budget {budget} ({s.budget_source}); allowed out of service {s.allowed} "
-        f"of {s.total_nodes} nodes (read {s.checked_at.isoformat() if s.checked_at else 'never'})"
+        f"cluster {s.cluster}: budget {budget_text(s.budget)} ({s.budget_source}); allowed out of service "
+        f"{s.allowed} of {s.total_nodes} nodes (read {s.checked_at.isoformat() if s.checked_at else 'never'})"
     ]
+    lines += [f"requester {who}: {line}" for who, line in s.own_budgets.items()]
     if s.error:
         lines.append(f"last read failed: {s.error}")
     if s.out_of_service:

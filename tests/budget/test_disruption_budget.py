@@ -172,6 +172,50 @@ async def test_a_node_not_ready_for_other_reasons_consumes_the_budget(client, ku
     assert state.budget_source == "operator sre: ok" and state.leases == []
 
 
+async def test_only_the_operator_sets_the_clusters_budget_whatever_its_requesters_state(client, kube_worker, k8s):
+    from starter.controls import budget_set
+
+    await k8s.seed(small_fleet(protected_on="node-01"))
+    inp = DisruptionBudgetInput(cluster="lab", check_interval=timedelta(seconds=0.5),
+                                liveness_interval=timedelta(seconds=1), task_queue=kube_worker.task_queue)  # fmt: skip
+    entity = await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(),
+                                         task_queue=kube_worker.task_queue)  # fmt: skip
+    first = await start_maintenance(client, kube_worker, "node-01", disruption_budget=Budget(count=3),
+                                    protected_pod_selector="millwright.dev/protected=true")  # fmt: skip
+    await wait_for(lambda: maintenance_phase(first, "waiting-for-protected-pods"), what="node-01 held")
+    second = await start_maintenance(client, kube_worker, "node-02", uncordon_after=True,
+                                     disruption_budget=Budget(count=2))  # fmt: skip
+    await wait_for(lambda: maintenance_phase(second, "waiting-for-budget"), what="node-02 waiting")
+    # Neither the first requester's budget (3) nor the second's (2) is the cluster's: 10% of 5 nodes is 1.
+    state = await state_where(entity, lambda s: s.queue, "node-02 queued")
+    assert (state.budget, state.budget_source, state.allowed) == (Budget(percent=10), "default", 1)
+    assert "1 of 1 allowed" in state.queue[0].note
+    assert state.own_budgets == {first.id: "its own budget 3 nodes = 3: 1 leased, 0 waiting",
+                                 second.id: "its own budget 2 nodes = 2: 0 leased, 1 waiting"}  # fmt: skip
+
+    outcome = await budget_set(client, "lab", count=2, by="sre", reason="two at once")  # `millwright budget set`
+    assert outcome.state.budget == Budget(count=2)
+    result = await asyncio.wait_for(second.result(), 60)
+    assert result.outcome == "completed" and result.uncordoned
+    assert max_out_of_service(await k8s.audit()) == 2
+    state = await budget_state(entity)
+    assert (state.budget, state.budget_source) == (Budget(count=2), "operator sre: two at once")
+    await first.terminate("test over")
+    await record_history(entity, "disruption_budget_operator_budget")
+
+
+async def test_the_operator_declares_the_budget_before_any_requester_asks(client, kube_worker, k8s):
+    from starter.controls import budget_set
+
+    await k8s.seed(small_fleet())
+    outcome = await budget_set(client, "lab", percent=40, by="sre", reason="weekend",
+                               task_queue=kube_worker.task_queue)  # fmt: skip
+    # No entity ran: `budget set` started one to hold it, as the operator's (who and why), not as its input.
+    assert (outcome.state.budget, outcome.state.budget_source) == (Budget(percent=40), "operator sre: weekend")
+    state = await budget_state(client.get_workflow_handle("disruption-budget/lab"))
+    assert (state.budget, state.budget_source) == (Budget(percent=40), "operator sre: weekend")
+
+
 async def test_a_lease_held_by_a_terminated_run_is_recovered(client, kube_worker, k8s, core):
     await k8s.seed(small_fleet(protected_on="node-01"))
     entity = await start_budget(client, kube_worker, {"count": 1})

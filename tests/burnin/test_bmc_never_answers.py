@@ -14,6 +14,7 @@ from temporalio import activity
 from temporalio.client import WorkflowFailureError
 
 from activities.netbox.models import BurnInRecord, BurnInRecorded, DeviceInfo
+from activities.registration import activities_of
 from tests.kube_helpers import current_details, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.conftest import FakeNetBox
@@ -36,9 +37,6 @@ def closed_port() -> int:
 class BurnInNetBox(FakeNetBox):
     """The recording NetBox fake, with the burn-in's record."""
 
-    def activities(self) -> list:
-        return super().activities() + [self.record_burnin]
-
     @activity.defn(name="record_burnin")
     async def record_burnin(self, req: BurnInRecord) -> BurnInRecorded:
         self.calls.append(("record_burnin", req))
@@ -55,8 +53,8 @@ async def dead_bmc_worker(client, bmc_secret_file):
 
     netbox = BurnInNetBox()
     redfish = RedfishActivities(SecretRef.parse(f"file:{bmc_secret_file}"))
-    registration = registry.Registration(workflows=[ServerBurnIn], activities=redfish.activities()
-                                         + netbox.activities(), resources=[redfish])  # fmt: skip
+    registration = registry.Registration(workflows=[ServerBurnIn], activities=activities_of(redfish, netbox),
+                                         resources=[redfish])  # fmt: skip
     queue = f"dead-bmc-{uuid.uuid4().hex[:8]}"
     async with registry.new_worker(client, registration, queue):
         yield queue, netbox

@@ -8,7 +8,7 @@ import uuid
 import pytest_asyncio
 import yaml
 
-from tests.kube_helpers import wait_for
+from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 
 CLUSTER = "cli"
@@ -44,6 +44,8 @@ async def lab(client, temporal_address, tmp_path_factory):
         registration = registry.build(WorkerSettings(kubeconfig=str(path), metrics_port=0))
         async with registry.new_worker(client, registration, f"cli-{uuid.uuid4().hex[:8]}") as worker:
             policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
+            # The cluster's budget, as its operator declares it (the rollout's own only caps the rollout).
+            await declare_lab_budget(client, worker.task_queue, {"count": 2}, cluster=CLUSTER)
             spec = rollout_spec(f"ops-{uuid.uuid4().hex[:6]}", policy=policy, approval="batch", cluster=CLUSTER)
             handle = await client.start_workflow(
                 Rollout.run, spec, id=spec.workflow_id(), task_queue=worker.task_queue,

@@ -20,6 +20,7 @@ import pytest_asyncio
 
 from activities.kube.models import DrainSettings
 from lab.fleet import Fleet
+from tests.kube_helpers import declare_lab_budget
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import (
     JOBS_FAST,
@@ -198,6 +199,7 @@ async def test_fault_matrix(call, client, queue, k8s, core):
         if case.action is not None:
             match, skip = target(call, node, pods[node], case)
             await k8s.add_fault(match, case.action, count=case.count, skip=skip)
+    await declare_lab_budget(client, queue)  # every node of the call at once
     rollout = f"matrix-{uuid.uuid4().hex[:6]}"
     handles = [
         await client.start_workflow(
@@ -251,6 +253,7 @@ async def test_rollout_under_eviction_conflicts_errors_and_lost_answers_reboots_
     await k8s.add_fault(eviction, {"drop": "before"})
     policy = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
     spec = rollout_spec("evictions-under-faults", policy=policy)
+    await declare_lab_budget(client, queue)
     handle = await client.start_workflow(
         Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}", task_queue=queue
     )

@@ -15,6 +15,8 @@ import uuid
 import pytest
 import pytest_asyncio
 
+from activities.registration import activity_methods
+
 # The first session start may build the venv and migrate (minutes): it is paid by whichever
 # test of the tier runs first, inside that test's timeout.
 TIER_TIMEOUT = 900
@@ -90,7 +92,7 @@ async def netbox_worker(client, netbox_config, netbox_task_queue):
     from workflows.catalog import WORKFLOWS
 
     activities = CrashingNetBoxActivities(netbox_config)
-    registration = registry.Registration(workflows=[*WORKFLOWS, CallNetBox], activities=activities.activities())
+    registration = registry.Registration(workflows=[*WORKFLOWS, CallNetBox], activities=activity_methods(activities))
     async with registry.new_worker(client, registration, netbox_task_queue) as worker:
         worker.netbox_activities = activities  # type: ignore[attr-defined]
         yield worker

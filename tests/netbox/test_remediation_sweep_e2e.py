@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from activities.redfish import BmcRef
 from tests.burnin import conftest as burnin_tier
+from tests.kube_helpers import declare_lab_budget
 from tests.remediation import conftest as remediation_tier
 from tests.remediation.helpers import fast_settings, fleet
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_spec
@@ -65,6 +66,7 @@ async def test_sweep_remediates_and_quarantines_within_the_budget_while_a_rollou
         f"r-{uuid.uuid4().hex[:6]}",
         policy={"default": {"budget": {"count": BUDGET}, "strategy": {"fixed": {"initialBatch": BUDGET}}}},
     )
+    await declare_lab_budget(client, e2e_worker, {"count": BUDGET})  # the lab's operator's, as the rollout's own
     rollout = await client.start_workflow(Rollout.run, spec, id=spec.workflow_id(), task_queue=e2e_worker)
     sweep_input = FleetHealthSweepInput(
         clusters=["lab"], bmcs={n: BmcRef(url=burnin_bmcs.bmc_urls[n]) for n in names}, agent_timeout=2,

@@ -65,9 +65,6 @@ class FakeNetBox:
         self.calls: list[tuple[str, Any]] = []
         self.devices: dict[str, DeviceInfo] = {}
 
-    def activities(self) -> list:
-        return [self.set_device_status, self.set_device_tags, self.find_device, self.list_devices]
-
     @activity.defn(name="set_device_status")
     async def set_device_status(self, req: SetStatusRequest) -> StatusChange:
         self.calls.append(("set_device_status", req))
@@ -112,6 +109,7 @@ async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, p
     from activities.notify import NotifyActivities
     from activities.prometheus import PrometheusActivities
     from activities.redfish import RedfishActivities
+    from activities.registration import activities_of
     from activities.support.secrets import SecretRef
     from worker import registry
     from workflows.budget.disruption_budget import DisruptionBudget
@@ -122,10 +120,9 @@ async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, p
     workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])
     registration = registry.Registration(
         workflows=workflows,
-        activities=KubeActivities(connector).activities() + (node_health or NodeHealthActivities)(connector).activities()
-        + RedfishActivities(SecretRef.parse(f"file:{bmc_secret_file}")).activities()
-        + NotifyActivities().activities() + EntityActivities().activities()
-        + netbox.activities() + prometheus_activities.activities(),
+        activities=activities_of(KubeActivities(connector), (node_health or NodeHealthActivities)(connector),
+                                 RedfishActivities(SecretRef.parse(f"file:{bmc_secret_file}")), NotifyActivities(),
+                                 EntityActivities(), netbox, prometheus_activities),
         resources=[connector, prometheus_activities],
     )  # fmt: skip
     async with registry.new_worker(client, registration, f"rem-{uuid.uuid4().hex[:8]}") as worker:

@@ -147,13 +147,14 @@ async def test_an_xid_in_prometheus_starts_a_remediation(client, rem_worker, k8s
 async def test_without_a_prometheus_url_the_sweep_says_the_signal_is_not_used(client, k8s, names, kubeconfig_path):
     from activities.kube.connector import ClusterConnector
     from activities.node_health import NodeHealthActivities
+    from activities.registration import activities_of
     from worker import registry
 
     await k8s.seed(fleet(names[:2]))
     connector = ClusterConnector([str(kubeconfig_path)])
     registration = registry.Registration(
         workflows=[FleetHealthSweep, NodeRemediation],
-        activities=NodeHealthActivities(connector).activities() + PrometheusActivities().activities(),
+        activities=activities_of(NodeHealthActivities(connector), PrometheusActivities()),
         resources=[connector])  # fmt: skip
     async with registry.new_worker(client, registration, f"rem-{uuid.uuid4().hex[:8]}") as worker:
         result = await client.execute_workflow(

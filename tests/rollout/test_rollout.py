@@ -17,7 +17,7 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError, RetryState
 
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
-from tests.kube_helpers import read_node, wait_for
+from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
 from workflows.rollout.node_update import NodeUpdate, NodeUpdateResult
@@ -26,6 +26,7 @@ from workflows.rollout.spec import RolloutInput
 
 
 async def start(client, worker, spec):
+    await declare_lab_budget(client, worker.task_queue)
     return await client.start_workflow(
         Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}", task_queue=worker.task_queue
     )

@@ -18,7 +18,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from activities.kube.connector import USER_AGENT
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_STATE_LABEL
-from tests.kube_helpers import wait_for
+from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 from workflows.rollout.rollout import Rollout, RolloutResult
@@ -50,6 +50,7 @@ async def run_rollout(client, k8s, env, log, name: str, kills: int, rng: random.
     try:
         await wait_polling(client, env["MILLWRIGHT_TASK_QUEUE"], worker, log)
         spec = rollout_spec(name, policy=POLICY)
+        await declare_lab_budget(client, env["MILLWRIGHT_TASK_QUEUE"])
         handle = await client.start_workflow(
             Rollout.run,
             spec,

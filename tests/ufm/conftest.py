@@ -108,13 +108,14 @@ def ufm_config(ufm_stub, ufm_secret_file):
 async def _worker(client, ufm_config, netbox_cfg, workflows=None):
     """A worker with the UFM (and NetBox) activities and `workflows` (default: every workflow)."""
     from activities.netbox.activities import NetBoxActivities
+    from activities.registration import activities_of
     from activities.ufm.activities import UfmActivities
     from worker import registry
     from workflows.catalog import WORKFLOWS
 
     registration = registry.Registration(
         workflows=list(workflows or WORKFLOWS),
-        activities=UfmActivities(ufm_config).activities() + NetBoxActivities(netbox_cfg).activities(),
+        activities=activities_of(UfmActivities(ufm_config), NetBoxActivities(netbox_cfg)),
     )
     return registry.new_worker(client, registration, f"ufm-test-{uuid.uuid4().hex[:8]}")
 

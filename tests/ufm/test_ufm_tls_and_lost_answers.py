@@ -20,6 +20,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment
 
+from activities.registration import activity_methods
 from activities.support.secrets import SecretRef
 from activities.ufm.activities import UfmActivities
 from activities.ufm.client import UfmConfig
@@ -88,7 +89,7 @@ async def test_an_isolation_behind_an_untrusted_certificate_ends_at_once(client,
 
     registration = registry.Registration(
         workflows=[IsolateTenant, Fabric],
-        activities=UfmActivities(https_config(https_ufm_stub, ufm_config)).activities(),
+        activities=activity_methods(UfmActivities(https_config(https_ufm_stub, ufm_config))),
     )
     inp = IsolateTenantInput(
         fabric=f"ib-{uuid.uuid4().hex[:6]}", tenant="tls", hosts=list(fleet.ib_ports())[:2], netbox=False

@@ -12,7 +12,7 @@ from kubernetes.aio import client as k8s_client
 from activities.kube.models import JOB_NAMESPACE, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from activities.kube.node_marks import RUNTIME_REQUIRED_TAINT, VALIDATED, VALIDATION_ANNOTATION
 from lab.fleet import Fleet
-from tests.kube_helpers import read_node, wait_for
+from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_spec
 from workflows.rollout.node_update import NodeUpdateResult
@@ -43,6 +43,7 @@ async def lab(k8s, bmc_admin, lab_hosts, names, *, faults=None, rules=()):
 
 
 async def start(client, worker, spec):
+    await declare_lab_budget(client, worker.task_queue)
     return await client.start_workflow(
         Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}", task_queue=worker.task_queue
     )

@@ -7,6 +7,7 @@ the cluster, feeds the book what its signals and reads carry, and tells the requ
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 
 from pydantic import Field
@@ -23,6 +24,15 @@ DEFAULT_BUDGET = Budget(percent=10)
 
 def lease_key(holder: str, node: str) -> str:
     return f"{holder}|{node}"
+
+
+def budget_text(budget: Budget) -> str:
+    return f"{budget.count} nodes" if budget.count is not None else f"{budget.percent}%"
+
+
+def requester(lease: Lease) -> str:
+    """Who asked: the run told the decisions (a batch, for its children), else the holder (the update path)."""
+    return lease.reply_to or lease.holder
 
 
 class BudgetBook(StrictModel):
@@ -49,14 +59,40 @@ class BudgetBook(StrictModel):
         """Nodes allowed out of service at once, at the read `avail` (None: not read yet)."""
         return ceiling(self.budget, avail.total) if avail else None
 
+    def own_budgets(self, avail: NodeAvailability | None) -> dict[str, str]:
+        """Each requester that stated its own budget: its leases and waiting requests within it (for `state`)."""
+        mine: dict[str, list[Lease]] = {}
+        for lease in self.everyone():
+            if lease.own_budget is not None:
+                mine.setdefault(requester(lease), []).append(lease)
+        lines = {}
+        for who, leases in sorted(mine.items()):
+            own = leases[-1].own_budget
+            assert own is not None
+            allows = f" = {ceiling(own, avail.total)}" if avail else ""
+            held = sum(1 for lease in leases if lease.state == "granted")
+            lines[who] = f"its own budget {budget_text(own)}{allows}: {held} leased, {len(leases) - held} waiting"
+        return lines
+
     def adopt_budget(self, budget: Budget | None, requester: str) -> None:
-        """The first budget a requester states is the cluster's, until an operator sets one."""
+        """Runs from before OPERATOR_BUDGET_PATCH only: the first budget a requester states is the cluster's,
+        until an operator sets one."""
         if budget is not None and self.budget_source == "default":
             self.budget, self.budget_source = budget, f"first requester {requester}"
 
-    def take_requests(self, msg: LeaseRequests, cluster: str, now: datetime) -> None:
-        """File a requester's requests: a new one queues last; one asked again keeps its lease or its place."""
-        self.adopt_budget(msg.budget, msg.reply_to)
+    def forget_requester_budget(self) -> None:
+        """A budget the first requester set (runs from before OPERATOR_BUDGET_PATCH) is no cluster's setting:
+        the default again, until an operator declares one."""
+        if self.budget_source.startswith("first requester"):
+            self.budget, self.budget_source = DEFAULT_BUDGET.model_copy(), "default"
+
+    def take_requests(self, msg: LeaseRequests, cluster: str, now: datetime, *, own_budgets: bool = True) -> None:
+        """File a requester's requests: a new one queues last; one asked again keeps its lease or its place.
+
+        `own_budgets` (OPERATOR_BUDGET_PATCH): the budget the requester states caps its own leases; without,
+        the first one stated becomes the cluster's."""
+        if not own_budgets:
+            self.adopt_budget(msg.budget, msg.reply_to)
         for req in msg.requests:
             lease = self.find(lease_key(req.holder, req.node))
             if lease is None:
@@ -68,6 +104,7 @@ class BudgetBook(StrictModel):
                 lease.holder_seen = False
             lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
             lease.remediation = req.remediation  # asked again: judged by the latest settings
+            lease.own_budget = msg.budget if own_budgets else None
 
     def new_lease(self, req: LeaseRequest, cluster: str, now: datetime) -> Lease:
         lease = Lease(id=f"lease-{self.next_id}", cluster=cluster, node=req.node, holder=req.holder,
@@ -93,10 +130,12 @@ class BudgetBook(StrictModel):
 
         A lease is granted while the nodes out of service for any reason (leased, cordoned, NotReady: one count
         per node) stay within the budget; a node already out costs nothing. Nobody who costs a node overtakes a
-        waiting request, except past a control-plane node that waits for another (`control_plane`). With
-        `breaker`, a remediation's request is counted by the circuit breaker, or refused by it."""
+        waiting request, except past a control-plane node that waits for another (`control_plane`), or past a
+        request its requester's own budget holds (`Lease.own_budget`: its leases, whether or not they cost a node,
+        stay within it). With `breaker`, a remediation's request is counted by the circuit breaker, or refused."""
         allowed = self.allowed(avail) or 0
         out = set(avail.unavailable) | {lease.node for lease in self.leases.values()}
+        holding = Counter(requester(lease) for lease in self.leases.values())
         granted: list[Lease] = []
         refused: list[Lease] = []
         blocked = False
@@ -105,6 +144,11 @@ class BudgetBook(StrictModel):
             if remediation is not None and self.breaker.tripped:  # refused at once, and holds nobody up
                 refused.append(self._refuse(lease, self.breaker.admit(lease.node, lease.holder, avail.total,
                                                                       remediation, now) or ""))  # fmt: skip
+                continue
+            who = requester(lease)
+            if lease.own_budget is not None and holding[who] >= ceiling(lease.own_budget, avail.total):
+                # Held by its requester's own budget, not the cluster's: it holds nobody else up.
+                lease.note = f"waiting: its requester {who} holds {holding[who]} leases, all its own budget allows"
                 continue
             costs = lease.node not in out
             if costs and (blocked or len(out) + 1 > allowed):
@@ -128,6 +172,7 @@ class BudgetBook(StrictModel):
             lease.answer = lease.reply_to is not None
             self.leases[lease_key(lease.holder, lease.node)] = lease
             out.add(lease.node)
+            holding[who] += 1
             granted.append(lease)
         for i, lease in enumerate(self.queue, 1):
             lease.position = i

@@ -30,7 +30,7 @@ from activities.kube.activities import KubeActivities
 from activities.kube.models import NodeAvailability, UnavailableRequest
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.models import StrictModel
-from workflows.budget.book import BudgetBook, lease_key
+from workflows.budget.book import BudgetBook, budget_text, lease_key
 from workflows.budget.breaker import (
     BREAKER_PATCH,
     BREAKER_QUERY,
@@ -67,6 +67,8 @@ IDLE_CLOSE = timedelta(minutes=5)
 TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
 # workflow.patched() id: decisions no longer compare workflow.now() with remembered times (see _tick).
 EVENT_CLOCK_PATCH = "disruption-budget-event-clock"
+# workflow.patched() id: only an operator sets the cluster's budget; a requester's caps its own leases (book.grant).
+OPERATOR_BUDGET_PATCH = "disruption-budget-operator-budget"
 MIN_WAIT = timedelta(seconds=1)  # the shortest periodic wait: a timer always stands for "a periodic look is due"
 
 
@@ -89,7 +91,9 @@ class BudgetChange(StrictModel):
 
 class DisruptionBudgetInput(WorkflowInput):
     cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
-    budget: Budget | None = Field(None, description="The budget; unset: the first requester's, else 10%.")
+    budget: Budget | None = Field(
+        None, description="The budget, as an operator declares it; unset: the one an operator set before, else 10%."
+    )
     check_interval: timedelta = Field(
         timedelta(seconds=20), description="While requests wait: re-read the cluster and check holders this often."
     )
@@ -129,6 +133,9 @@ class BudgetView(StrictModel):
     leases: list[Lease] = Field(default_factory=list)
     queue: list[Lease] = Field(default_factory=list)
     control_plane_at_once: int = Field(DEFAULT_AT_ONCE, description="Control-plane nodes allowed out at once.")
+    own_budgets: dict[str, str] = Field(
+        default_factory=dict, description="Requester -> the budget it stated for itself, and its leases within it."
+    )
     checked_at: datetime | None = None
     error: str = ""
 
@@ -151,6 +158,10 @@ class DisruptionBudget:
         self._book = inp.book.model_copy(deep=True) if inp.book else BudgetBook()
         if inp.book is None and inp.budget is not None:
             self._book.budget, self._book.budget_source = inp.budget, "input"
+        # Read here, before any handler runs: the first request may arrive in the run's first task.
+        self._own_budgets = workflow.patched(OPERATOR_BUDGET_PATCH)
+        if self._own_budgets:
+            self._book.forget_requester_budget()
         self._avail: NodeAvailability | None = None
         self._checked_at: datetime | None = None
         self._liveness_at: datetime | None = None
@@ -184,7 +195,8 @@ class DisruptionBudget:
             cluster=self._inp.cluster, budget=self._book.budget, budget_source=self._book.budget_source,
             total_nodes=self._avail.total if self._avail else None, allowed=self._allowed(),
             out_of_service=self._out_of_service(), leases=list(self._book.leases.values()), queue=self._book.queue,
-            control_plane_at_once=self._book.control_plane_at_once, checked_at=self._checked_at, error=self._error,
+            control_plane_at_once=self._book.control_plane_at_once, own_budgets=self._book.own_budgets(self._avail),
+            checked_at=self._checked_at, error=self._error,
         )  # fmt: skip
 
     @workflow.query(name=BREAKER_QUERY, description="The remediation circuit breaker: tripped or not, why, and "
@@ -209,7 +221,7 @@ class DisruptionBudget:
         self._changed()
 
     def _take_requests(self, msg: LeaseRequests) -> None:
-        self._book.take_requests(msg, self._inp.cluster, workflow.now())
+        self._book.take_requests(msg, self._inp.cluster, workflow.now(), own_budgets=self._own_budgets)
         if msg.task_queue != self._queue:
             self._move_to = msg.task_queue  # it is polled: a worker there just sent this
         self._dirty = True
@@ -252,7 +264,8 @@ class DisruptionBudget:
     @workflow.update(description="Ask for a lease on a node; answers once decided: granted, or queued with its place.")
     async def acquire(self, req: LeaseRequest) -> Lease:
         book = self._book
-        self._book.adopt_budget(req.budget, req.holder)
+        if not self._own_budgets:
+            self._book.adopt_budget(req.budget, req.holder)
         key = lease_key(req.holder, req.node)
         if key in book.leases:
             return book.leases[key]
@@ -384,7 +397,9 @@ class DisruptionBudget:
             return
         self._book.next_id = max(self._book.next_id, before.next_id)
         self._book.breaker = before.breaker  # what remediation took within its windows still counts
-        if self._inp.budget is None and before.budget_source.startswith("operator"):
+        # An operator's change made since this run started (`millwright budget set` starts it) is the newer one.
+        newer = self._own_budgets and self._book.budget_source.startswith("operator")
+        if self._inp.budget is None and before.budget_source.startswith("operator") and not newer:
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
             self._book.control_plane_at_once = before.control_plane_at_once
 
@@ -580,11 +595,11 @@ class DisruptionBudget:
         return out
 
     def _summary(self) -> str:
-        b, total = self._book.budget, self._avail.total if self._avail else None
-        budget = f"{b.count} nodes" if b.count is not None else f"{b.percent}%"
-        line = (f"budget {budget} ({self._book.budget_source}) = {self._allowed() if total is not None else '?'} "
-                f"of {total if total is not None else '?'} nodes: {len(self._out_of_service())} out of service, "
-                f"{len(self._book.leases)} leased, {len(self._book.queue)} waiting")  # fmt: skip
+        total = self._avail.total if self._avail else None
+        line = (f"budget {budget_text(self._book.budget)} ({self._book.budget_source}) = "
+                f"{self._allowed() if total is not None else '?'} of {total if total is not None else '?'} nodes: "
+                f"{len(self._out_of_service())} out of service, {len(self._book.leases)} leased, "
+                f"{len(self._book.queue)} waiting")  # fmt: skip
         if self._book.queue:
             nxt = self._book.queue[0]
             line += f" (next: {nxt.node} for {nxt.holder}{f', {nxt.note}' if nxt.note else ''})"

@@ -77,13 +77,16 @@ class Lease(StrictModel):
     remediation: BreakerSettings | None = Field(
         None, description="Asked for by automated remediation: the circuit breaker's settings it is judged by."
     )
+    own_budget: Budget | None = Field(
+        None, description="The budget its requester stated: its leases stay within it, inside the cluster's."
+    )
 
 
 class LeaseRequest(StrictModel):
     node: str
     holder: str = Field(min_length=1, description="The workflow ID that will hold the lease.")
     reason: str = ""
-    budget: Budget | None = Field(None, description="The budget to set if the cluster has none but the default.")
+    budget: Budget | None = Field(None, description="Update path: the requester's own budget (see LeaseRequests).")
     request_id: str = Field("", description="Signal path: set by the requester, new for each time it asks afresh.")
     remediation: BreakerSettings | None = Field(
         None,
@@ -99,7 +102,11 @@ class LeaseRequests(StrictModel):
 
     reply_to: str = Field(min_length=1, description="The requester's workflow ID: decisions are signalled there.")
     task_queue: str = Field(min_length=1, description="The requester's task queue: the entity follows it.")
-    budget: Budget | None = Field(None, description="The budget to set if the cluster has none but the default.")
+    budget: Budget | None = Field(
+        None,
+        description="The requester's own budget: its leases stay within it, inside the cluster's, which only an "
+        "operator sets (entity runs from before OPERATOR_BUDGET_PATCH took it as the cluster's if it had none).",
+    )
     requests: list[LeaseRequest] = Field(min_length=1)
 
 
@@ -278,7 +285,8 @@ async def acquire_lease(
 
     `holder` defaults to this run's workflow ID; another ID (a child this run will start with the lease) holds
     it while this run asks and hears the decisions. Asking again with the same holder and node returns the same
-    lease. `budget` sets the cluster's budget if it has none but the default. `waiting(lease)` is called each
+    lease. `budget` is this run's own: its leases stay within it (the cluster's budget is the operator's).
+    `waiting(lease)` is called each
     time the request is (still) queued, with its place. When `cancelled()` turns true while waiting, the request
     is withdrawn and None returned; while `paused()` is true it is withdrawn and asked afresh on resume (a paused
     run holds no place). Runs on the update path (started before SIGNAL_PATCH) ignore `paused`.

@@ -52,7 +52,7 @@ class KubernetesNode(StrictModel):
     )  # fmt: skip
     drain: DrainSettings = Field(default_factory=DrainSettings)
     disruption_budget: Budget | None = Field(
-        None, description="The cluster's disruption budget, if it has none set yet (default 10% of its nodes)."
+        None, description="This run's own budget: its leases stay within it, inside the cluster's (an operator's)."
     )
 
     _cluster = field_validator("cluster")(validate_object_name)

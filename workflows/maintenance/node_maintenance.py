@@ -77,8 +77,8 @@ class NodeMaintenanceInput(WorkflowInput, RetryTimeout):
     uncordon_after: bool = Field(False, description="Uncordon when the drain is done (a cordon we placed only).")
     disruption_budget: Budget | None = Field(
         None,
-        description="The cluster's disruption budget, if it has none set yet (default 10% of its nodes). "
-        "The node is taken out only when the budget allows, counting every node out of service.",
+        description="This run's own budget, inside the cluster's (which only an operator sets; 10% of its nodes until "
+        "then). The node is taken out only when the cluster's budget allows, counting every node out of service.",
     )
 
     _names = field_validator("cluster", "node")(validate_object_name)

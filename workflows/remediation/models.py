@@ -67,7 +67,7 @@ class RemediationSettings(RetryTimeout):
     validation: ValidationSettings | None = Field(None, description="Checks a fixed node must pass too before its "
                                                   "uncordon (docs/validation.md); failing them, the step did not fix it.")  # fmt: skip
     disruption_budget: bool = Field(True, description="Take a lease from the cluster's disruption budget first.")
-    budget: Budget | None = Field(None, description="The cluster's budget, if it has none yet but the default (10%).")
+    budget: Budget | None = Field(None, description="This run's own budget, inside the cluster's (set by an operator).")
     breaker: BreakerSettings = Field(default_factory=BreakerSettings, description="When the cluster's remediation "
                                      "circuit breaker trips (with disruption_budget: the entity holds it).")  # fmt: skip
     netbox: bool = Field(False, description="Record a quarantine in NetBox; look the BMC and GPUs up there.")

@@ -48,7 +48,7 @@ class NodeUpdateTemplate(StrictModel):
     stage_retries: int = 3
     reboot_timeout: timedelta = timedelta(minutes=30)
     disruption_budget: Budget | None = Field(
-        None, description="The cluster's disruption budget if it has none set yet: the rollout's own worst case."
+        None, description="The rollout's own budget: its leases stay within it, inside the cluster's (its worst case)."
     )
     uninstall: list[PackageStep] = Field(
         default_factory=list, description="Packages to uninstall where installed (uninstall.apply), dependents first."

@@ -794,7 +794,7 @@ class Rollout:
             ),
             stage_retries=inp.stage_retries,
             reboot_timeout=inp.reboot_timeout,
-            # The cluster's disruption budget, if it has none yet: what this rollout alone may take out at once.
+            # The rollout's own budget, inside the cluster's: what this rollout alone may take out at once.
             disruption_budget=Budget(
                 count=max(
                     1,
