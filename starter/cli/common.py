@@ -159,7 +159,7 @@ def one_line(markdown: str, limit: int = 120) -> str:
 
 def failure_text(e: BaseException) -> str:
     lines = []
-    cur: BaseException | None = e.cause if getattr(e, "cause", None) else e
+    cur: BaseException | None = getattr(e, "cause", None) or e
     while cur is not None:
         msg = getattr(cur, "message", None) or str(cur)
         kind = getattr(cur, "type", None) or type(cur).__name__
