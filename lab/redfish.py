@@ -109,7 +109,7 @@ class BmcLab:
 
     def __init__(
         self,
-        specs: list[dict | str],
+        specs: Sequence[dict | str],
         user: str = DEFAULT_USER,
         password: str = DEFAULT_PASSWORD,
         config: dict | None = None,
