@@ -149,7 +149,6 @@ async def main(args: argparse.Namespace) -> None:
         path = Path(tmp) / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
         async with DevServer() as server:
-            assert server.client is not None
             pool = Workers(1, server.address, f"chaos-{uuid.uuid4().hex[:6]}", str(path), Path(tmp))
             try:
                 await pool.polling(server.client)

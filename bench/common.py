@@ -71,7 +71,12 @@ class DevServer:
         self._dir = tempfile.TemporaryDirectory(prefix="millwright-bench-")
         self.log = Path(self._dir.name) / "temporal.log"
         self.process: subprocess.Popen | None = None
-        self.client: Client | None = None
+        self._client: Client | None = None
+
+    @property
+    def client(self) -> Client:
+        assert self._client is not None, "the dev server is used inside `async with`"
+        return self._client
 
     @property
     def pid(self) -> int:
@@ -90,8 +95,8 @@ class DevServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the dev server exited with {self.process.returncode}: {self.log.read_text()}")
             try:
-                self.client = await Client.connect(self.address, data_converter=pydantic_data_converter)
-                if await self.client.service_client.check_health():
+                self._client = await Client.connect(self.address, data_converter=pydantic_data_converter)
+                if await self._client.service_client.check_health():
                     return self
             except Exception:
                 if time.monotonic() > deadline:

@@ -84,7 +84,7 @@ def _derived_hex(*parts: str) -> str:
 
 def normalize_spec(spec: dict | str, index: int = 0) -> dict:
     """A server spec with every default filled in (identifiers derive from the name)."""
-    s = {"name": spec} if isinstance(spec, str) else dict(spec)
+    s: dict[str, Any] = {"name": spec} if isinstance(spec, str) else dict(spec)
     name = s.setdefault("name", f"gpu-node-{index + 1:03d}")
     gpus = int(s.setdefault("gpus", 8))
     s.setdefault("gpu_model", DEFAULT_GPU_MODEL)

@@ -212,15 +212,15 @@ class FaultFront:
             return drop(request)
         elif "drop" in action:
             drop_after = True
-        elif "status" in action:
+        elif fault and "status" in action:
             code = int(action["status"])
             if self.serve_2xx and 200 <= code < 300:
                 answer_code = code
             else:
-                resp = refuse(fault)
-                entry[self.code_key] = resp.status
+                refused = refuse(fault)
+                entry[self.code_key] = refused.status
                 self.record(entry)
-                return resp
+                return refused
         resp = await serve()
         if not isinstance(resp, web.Response):  # a stream (a watch) logs itself
             return resp

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -533,8 +534,8 @@ class Fleet(_M):
 
     def _bare(self, w: Workload, nodes: list[NodeSpec], counter: list[int]) -> list[dict]:
         if w.replicas <= 1:
-            return [self._pod(w, w.name, w.node or (w.nodes or [None])[0], None, counter)]
-        targets = w.nodes or ([w.node] if w.node else [None])
+            return [self._pod(w, w.name, w.node or (w.nodes[0] if w.nodes else None), None, counter)]
+        targets: Sequence[str | None] = w.nodes or ([w.node] if w.node else [None])
         return [self._pod(w, f"{w.name}-{i}", targets[i % len(targets)], None, counter) for i in range(w.replicas)]
 
 

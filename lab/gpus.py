@@ -83,7 +83,8 @@ class SimulatedGpuProbe:
         spec = dict(spec or {})
         self.name = str(spec.get("name") or "sim-host")
         self.model = str(spec.get("gpu_model") or DEFAULT_MODEL)
-        self.total = int(spec.get("gpus") if spec.get("gpus") is not None else DEFAULT_GPUS)
+        gpus = spec.get("gpus")
+        self.total = int(gpus) if gpus is not None else DEFAULT_GPUS
         self.seed = str(spec.get("uuid") or spec.get("serial") or self.name)
         self.uuids = [str(u) for u in spec.get("gpu_uuids") or []]  # the BMC's GPU UUIDs, so both views agree
         self.serials = [str(s) for s in spec.get("gpu_serials") or []]
@@ -205,7 +206,7 @@ class SimulatedGpuProbe:
 class _SimulatedLoad:
     def __init__(self, probe: SimulatedGpuProbe, seconds: float, dcgm_level: int | None) -> None:
         self.probe, self.seconds, self.dcgm_level = probe, seconds, dcgm_level
-        self.tool = f"simulated dcgmi diag -r {dcgm_level}" if dcgm_level else "simulated"
+        self.tool: str | None = f"simulated dcgmi diag -r {dcgm_level}" if dcgm_level else "simulated"
         self.notes: list[str] = []
         self.started = time.monotonic()
         self.event_at = min(0.5, seconds / 3)

@@ -196,6 +196,7 @@ class LabHosts:
         for resource in registration.resources:
             if hasattr(resource, "heartbeat_seconds"):
                 resource.heartbeat_seconds = self.heartbeat_seconds
+        assert registration.task_queue is not None, "the host agent's registration names its queue"
         worker = registry.new_worker(self.client, registration, registration.task_queue)
         task = asyncio.create_task(worker.run(), name=f"host-agent-{name}")
         server.agent = _Agent(boot_count=boots, worker=worker, task=task, registration=registration)

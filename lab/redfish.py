@@ -76,6 +76,7 @@ import secrets
 import ssl
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ class BmcLab:
 
     def __init__(
         self,
-        specs: list[dict | str],
+        specs: Sequence[dict | str],
         user: str = DEFAULT_USER,
         password: str = DEFAULT_PASSWORD,
         config: dict | None = None,
@@ -404,7 +405,7 @@ class LabBmcs(ChildProcess):
     def __init__(
         self,
         *,
-        servers: list[dict | str] | None = None,
+        servers: Sequence[dict | str] | None = None,
         count: int = 4,
         prefix: str = "gpu-node-",
         user: str = DEFAULT_USER,

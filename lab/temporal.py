@@ -11,9 +11,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lab.loopback import LOOPBACK, free_port
 from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
+
+if TYPE_CHECKING:  # for an annotation; the function imports Temporal's API modules when it runs
+    from temporalio.api.enums.v1 import TaskQueueType
 
 
 class LabError(Exception):
@@ -153,7 +157,9 @@ class DevServer:
 _TRANSIENT_RPC = frozenset({"CANCELLED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 
-async def task_queue_poller_identities(client, task_queue: str, queue_type: int | None = None) -> list[str] | None:
+async def task_queue_poller_identities(
+    client, task_queue: str, queue_type: TaskQueueType.ValueType | None = None
+) -> list[str] | None:
     """The identities polling `task_queue` (workflow tasks unless `queue_type`), or None when this describe hit a
     transient RPC failure and the caller should ask again."""
     from temporalio.api.enums.v1 import TaskQueueType

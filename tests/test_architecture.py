@@ -102,6 +102,27 @@ def test_only_the_cli_and_the_lab_import_the_lab():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_starter_reaches_the_lab_through_one_function():
+    """The worker image leaves lab/ out (deploy/Dockerfile, tests/deploy/test_image.py) yet installs the starter:
+    its one way to the lab is `lab_runner()`, which imports it when a command asks and says when it is absent."""
+    importers = sorted(
+        m for m, targets in GRAPH.items() if _layer(m) == "starter" and any(_layer(t) == "lab" for t in targets)
+    )
+    assert importers == ["starter.cli.common"], importers
+    tree = ast.parse(MODULES["starter.cli.common"].read_text())
+
+    def lab_imports(node: ast.AST) -> set[int]:
+        return {
+            n.lineno
+            for n in ast.walk(node)
+            if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "lab"
+            or isinstance(n, ast.Import) and any(a.name.split(".")[0] == "lab" for a in n.names)
+        }  # fmt: skip
+
+    [runner] = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "lab_runner"]
+    assert lab_imports(tree) == lab_imports(runner) != set()
+
+
 def test_no_import_cycles():
     """Tarjan's strongly connected components over the project's module graph: every component is one module."""
     index: dict[str, int] = {}

@@ -136,13 +136,18 @@ class Outcome:
         )
 
 
+def _text(output: str | bytes | None) -> str:
+    """A timed-out command's captured output as text: TimeoutExpired holds bytes even with text=True."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 def millwright(state: Path, *args: str) -> Outcome:
     command = [sys.executable, "-m", "starter", *args, "--state-dir", str(state)]
     started = time.monotonic()
     try:
         done = subprocess.run(command, env=cli_env(), cwd=REPO, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
     except subprocess.TimeoutExpired as err:
-        return Outcome(command, None, str(err.stdout or ""), f"timed out after {COMMAND_TIMEOUT}s\n{err.stderr or ''}",
+        return Outcome(command, None, _text(err.stdout), f"timed out after {COMMAND_TIMEOUT}s\n{_text(err.stderr)}",
                        time.monotonic() - started, ["did not finish"])  # fmt: skip
     return Outcome(command, done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
@@ -170,7 +175,7 @@ def run_example(name: str, spec: Example, state: Path) -> Outcome:
 async def trigger_schedules(address: str) -> dict[str, str]:
     """Run each schedule of examples/schedules.yaml once now; schedule ID -> what its run ended as. Then delete
     them, so nothing fires later."""
-    from temporalio.client import Client
+    from temporalio.client import Client, ScheduleActionExecutionStartWorkflow
     from temporalio.service import RPCError
 
     client = await Client.connect(address)
@@ -183,6 +188,7 @@ async def trigger_schedules(address: str) -> dict[str, str]:
             assert time.monotonic() < deadline, f"schedule {sid} started nothing"
             await asyncio.sleep(0.5)
         run = recent[-1].action
+        assert isinstance(run, ScheduleActionExecutionStartWorkflow), f"schedule {sid} started {run!r}"
         handle = client.get_workflow_handle(run.workflow_id, run_id=run.first_execution_run_id)
         try:
             await asyncio.wait_for(handle.result(), 180)

@@ -27,6 +27,7 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.workflow import _Definition
 from typer.testing import CliRunner
@@ -229,7 +230,7 @@ class Typo:
 
     def bad(self) -> dict[str, Any]:
         data = copy.deepcopy(self.valid)
-        target = data
+        target: Any = data
         for part in self.at:
             target = target[part]
         target[self.field] = True
@@ -336,6 +337,7 @@ async def test_a_typo_stops_at_every_edge_before_anything_runs(client, kube_work
         with pytest.raises(WorkflowFailureError) as failed:
             await asyncio.wait_for(handle.result(), 30)
         cause = failed.value.cause
+        assert isinstance(cause, ApplicationError), (name, cause)
         assert cause.type == "ValidationError" and typo.path in cause.message, (name, cause)
         assert "Extra inputs are not permitted" in cause.message, (name, cause.message)
         events = [EventType.Name(e.event_type) for e in (await handle.fetch_history()).events]

@@ -39,8 +39,8 @@ async def scheduled(client: Client, workflow_id: str) -> dict[str, tuple[int, st
             a = event.activity_task_scheduled_event_attributes
             seen[a.activity_type.name] = (a.priority.priority_key, a.priority.fairness_key)
         elif event.event_type == CHILD:
-            a = event.start_child_workflow_execution_initiated_event_attributes
-            seen[f"child {a.workflow_type.name}"] = (a.priority.priority_key, a.priority.fairness_key)
+            child = event.start_child_workflow_execution_initiated_event_attributes
+            seen[f"child {child.workflow_type.name}"] = (child.priority.priority_key, child.priority.fairness_key)
     return seen
 
 

@@ -43,7 +43,7 @@ async def https_server(lab_ca):
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
-    yield f"https://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    yield f"https://127.0.0.1:{runner.addresses[0][1]}"
     await runner.cleanup()
 
 

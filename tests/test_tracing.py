@@ -33,7 +33,7 @@ async def test_workflow_and_activity_spans_reach_the_collector(client, kubeconfi
     await runner.setup()
     site = web.TCPSite(runner, LOOPBACK, 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     try:
         settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
                                   otlp_endpoint=f"http://{LOOPBACK}:{port}")  # fmt: skip

@@ -52,7 +52,7 @@ async def wait_polling(
     proc: subprocess.Popen,
     log: Path,
     timeout: float = 60,
-    queue_type: int = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    queue_type: TaskQueueType.ValueType = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
 ) -> None:
     """Wait until a worker polls the task queue (activity-only workers: TASK_QUEUE_TYPE_ACTIVITY); fail with the
     worker's log if it died. 60 s: a worker imports and validates every workflow before it polls, which takes far

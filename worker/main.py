@@ -116,9 +116,9 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
 
     if not stop.is_set():  # the worker ended by itself: a fatal error (e.g. unknown namespace)
         stop_task.cancel()
-        err = run_task.exception()
-        if err is not None:
-            raise ConfigError(f"worker stopped: {_one_line(err)}") from err
+        failure = run_task.exception()
+        if failure is not None:
+            raise ConfigError(f"worker stopped: {_one_line(failure)}") from failure
         log.error("worker stopped unexpectedly")
         return 1
 

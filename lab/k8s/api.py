@@ -51,6 +51,9 @@ KNOWN_PATCH_TYPES = (
     "application/apply-patch+yaml",
 )
 
+# An object's metadata.managedFields; named here because `list` inside Api is its LIST handler.
+ManagedFields = list[dict]
+
 
 class Api:
     def __init__(self, store: Store):
@@ -397,7 +400,7 @@ class Api:
         await resp.prepare(request)
 
         as_table = tables.wanted_version(request.headers.get("Accept"))  # kubectl get -w (lab/k8s/tables.py)
-        headers_sent = []
+        headers_sent: list[bool] = []
 
         async def send(etype: str, obj: dict) -> None:
             if as_table and etype in ("ADDED", "MODIFIED", "DELETED"):
@@ -582,7 +585,7 @@ class Api:
         )
 
     def create_locked(
-        self, request: web.Request, info: Info, rt: ResourceType, body: dict, managed: list[dict] | None = None
+        self, request: web.Request, info: Info, rt: ResourceType, body: dict, managed: ManagedFields | None = None
     ) -> web.Response:
         """Create `body` (lock held); `managed`: its managedFields when a server-side apply creates it."""
         md = body["metadata"]
@@ -643,7 +646,7 @@ class Api:
         old: dict,
         new: dict,
         sub: str,
-        managed: list[dict] | None = None,
+        managed: ManagedFields | None = None,
     ) -> web.Response:
         """Common tail of PUT and PATCH: immutables, status split, generation, write, finalizer removal.
         `managed`: the managedFields a server-side apply computed (lab/k8s/apply.py)."""

@@ -73,12 +73,12 @@ def merge(live: Any, config: Any, node: dict | None) -> Any:
         if kind == "map" and all(isinstance(i, dict) for i in config + live):
             item_node = schemas.items(node)
             applied = {_key(i, keys): i for i in config}
-            out = [
+            merged = [
                 merge(i, applied[_key(i, keys)], item_node) if _key(i, keys) in applied else copy.deepcopy(i)
                 for i in live
             ]
             seen = {_key(i, keys) for i in live}
-            return out + [copy.deepcopy(i) for i in config if _key(i, keys) not in seen]
+            return merged + [copy.deepcopy(i) for i in config if _key(i, keys) not in seen]
         if kind == "set":
             return copy.deepcopy(live) + [copy.deepcopy(i) for i in config if i not in live]
     return copy.deepcopy(config)

@@ -174,7 +174,7 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
         ns_ = new_pdb.setdefault("status", {})
         ns_["disruptionsAllowed"] = allowed - 1
         ns_.setdefault("disruptedPods", {})[info.name] = now_rfc3339()
-        store.side[f"disrupted/{pod['metadata'].get('uid')}"] = time.time()
+        store.side.setdefault(pod["metadata"].get("uid", ""), {})["disrupted_at"] = time.time()
         store.put(pdb_rt, new_pdb, actor="lab-apiserver/eviction", verb="update", subresource="status")
         return do_delete("evicted")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import openapi_proto, schemas
@@ -383,7 +384,9 @@ def _gvs(store: "Store") -> list[tuple[str, str]]:
 def v3_index(store: "Store", version_info: dict) -> dict:
     paths = {}
     for g, v in _gvs(store):
-        _, h = _encode(v3_document(store, g, v, version_info))
+        doc = v3_document(store, g, v, version_info)
+        assert doc is not None, f"{g}/{v} is listed from its kinds"
+        _, h = _encode(doc)
         paths[gv_path(g, v)] = {"serverRelativeURL": f"/openapi/v3/{gv_path(g, v)}?hash={h}"}
     return {"paths": paths}
 
@@ -394,15 +397,15 @@ def _accepts(accept: str, *types: str) -> bool:
     return any(t in offered for t in types)
 
 
-def serve(store: "Store", parts: list[str], query: dict, accept: str, version_info: dict):
+def serve(store: "Store", parts: list[str], query: Mapping[str, str], accept: str, version_info: dict):
     """(status, body bytes, content type, headers) for a GET under /openapi, or raises ApiError."""
     try:
         if parts == ["openapi", "v2"]:
-            doc = v2_document(store, version_info)
+            v2 = v2_document(store, version_info)
             if _accepts(accept, V2_PROTOBUF, V2_PROTOBUF_SENT):
-                return 200, openapi_proto.document(doc), V2_PROTOBUF_SENT, {}
+                return 200, openapi_proto.document(v2), V2_PROTOBUF_SENT, {}
             if _accepts(accept, "application/json", "*/*", "application/*"):
-                return 200, _encode(doc)[0], "application/json", {}
+                return 200, _encode(v2)[0], "application/json", {}
             raise ApiError(
                 406, f"only the following media types are accepted: application/json, {V2_PROTOBUF}", "NotAcceptable"
             )

@@ -153,11 +153,11 @@ class Registry:
     def __init__(self) -> None:
         self.types: dict[tuple[str, str], ResourceType] = {}
         self.crd_owned: dict[str, list[tuple[str, str]]] = {}  # crd name -> keys
-        for rt in BUILTINS:
-            self.types[rt.key] = rt
+        self.reset()
 
     def reset(self) -> None:
-        self.__init__()
+        self.types = {rt.key: rt for rt in BUILTINS}
+        self.crd_owned = {}
 
     def get(self, group: str, version: str, plural: str) -> ResourceType | None:
         rt = self.types.get((group, plural))

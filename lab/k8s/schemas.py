@@ -267,4 +267,4 @@ def is_atomic_map(field_node: dict | None) -> bool:
 def is_granular_map(field_node: dict | None) -> bool:
     """A map (additionalProperties) whose keys are owned one by one, like labels."""
     n = resolve(field_node)
-    return bool(n) and isinstance(n.get("additionalProperties"), dict) and not is_atomic_map(field_node)
+    return n is not None and isinstance(n.get("additionalProperties"), dict) and not is_atomic_map(field_node)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import copy
+import dataclasses
 import heapq
 import math
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from lab.faults import AuditLog, FaultTable
@@ -88,7 +89,7 @@ class Watcher:
     namespace: str | None
     label: Callable[[dict], bool]
     field: Callable[[dict], bool]
-    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=50_000))
+    queue: asyncio.Queue = dataclasses.field(default_factory=lambda: asyncio.Queue(maxsize=50_000))
     closed: bool = False
 
     def matches(self, obj: dict | None) -> bool:
@@ -535,7 +536,7 @@ class Store:
             # A Job pinned to a node (a package stage) and what ran on that node when it was created.
             job = self.get(self.registry.types[JOBS], entry.get("namespace"), entry.get("name") or "")
             spec = (((job or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-            if spec.get("nodeName"):
+            if job is not None and spec.get("nodeName"):
                 entry["jobAfter"] = {
                     "node": spec["nodeName"],
                     "labels": dict(job["metadata"].get("labels") or {}),
@@ -618,7 +619,7 @@ class Store:
             p = live.get(name)
             if p is None or p["metadata"].get("deletionTimestamp"):
                 continue
-            t = self.side.get(f"disrupted/{p['metadata'].get('uid')}")
+            t = self.side.get(p["metadata"].get("uid", ""), {}).get("disrupted_at")
             if t is not None and now - t > DISRUPTED_POD_TIMEOUT_S:
                 continue
             disrupted[name] = ts
@@ -654,7 +655,7 @@ class Store:
                     ref["kind"]
                 ]
                 owner = self.objects.get(("apps", plural), {}).get(
-                    (p["metadata"].get("namespace") or "", ref.get("name"))
+                    (p["metadata"].get("namespace") or "", ref.get("name") or "")
                 )
                 if owner is not None:
                     total += int((owner.get("spec") or {}).get("replicas", 1))

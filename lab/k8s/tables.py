@@ -341,7 +341,7 @@ def _cond(conds: list | None, typ: str) -> dict | None:
 
 
 def _restartable_init(c: dict | None) -> bool:
-    return bool(c) and c.get("restartPolicy") == "Always"
+    return c is not None and c.get("restartPolicy") == "Always"
 
 
 def pod_cells(pod: dict) -> list:
@@ -532,7 +532,7 @@ def job_cells(job: dict) -> list:
 
     def has(typ: str) -> bool:
         c = _cond(st.get("conditions"), typ)
-        return bool(c) and c.get("status") == "True"
+        return c is not None and c.get("status") == "True"
 
     if has("Complete"):
         status = "Complete"
@@ -591,7 +591,8 @@ def event_cells(ev: dict) -> list:
 def _quota_cells(q: dict) -> list:
     st = q.get("status") or {}
     hard, used = st.get("hard") or {}, st.get("used") or {}
-    req, lim = [], []
+    req: list[str] = []
+    lim: list[str] = []
     for r in sorted(hard):
         (lim if r.split(".")[0] == "limits" and "." in r else req).append(f"{r}: {used.get(r, '0')}/{hard[r]}")
     return [q["metadata"].get("name"), ", ".join(req), ", ".join(lim), since(q["metadata"].get("creationTimestamp"))]
@@ -601,7 +602,8 @@ def _endpoints(ep: dict) -> str:
     subsets = ep.get("subsets") or []
     if not subsets:
         return "<none>"
-    out, count = [], 0
+    out: list[str] = []
+    count = 0
     for ss in subsets:
         addrs = ss.get("addresses") or []
         ports = ss.get("ports") or [None]
@@ -806,7 +808,7 @@ def _custom_cell(typ: str, v: Any) -> Any:
 
 def _crd_columns(store: "Store", rt: "ResourceType", version: str) -> list[dict]:
     crd = schemas.crd_object(store, rt) or {}
-    ver = next((v for v in (crd.get("spec") or {}).get("versions") or [] if v.get("name") == version), {})
+    ver: dict = next((v for v in (crd.get("spec") or {}).get("versions") or [] if v.get("name") == version), {})
     cols = ver.get("additionalPrinterColumns") or [
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     ]

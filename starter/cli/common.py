@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, Literal, Optional
 
 import typer
@@ -91,11 +92,23 @@ UiOpt = Annotated[
 # ---------------------------------------------------------------- helpers
 
 
-def running_lab(state_dir: Path) -> dict[str, Any] | None:
-    """The running lab's addresses, so `start` and `watch` find it without flags."""
-    from lab.runner import running_lab as lab_info
+def lab_runner() -> ModuleType | None:
+    """lab/runner.py, or None where this install has no lab: the worker image leaves lab/ out (deploy/Dockerfile).
+    The one place outside lab/ that imports it, and only when a command asks (tests/test_architecture.py)."""
+    try:
+        from lab import runner
+    except ModuleNotFoundError as missing:
+        if missing.name != "lab":
+            raise
+        return None
+    return runner
 
-    return lab_info(state_dir)
+
+def running_lab(state_dir: Path) -> dict[str, Any] | None:
+    """The running lab's addresses, so `start` and `watch` find it without flags (none where the lab is not
+    installed)."""
+    runner = lab_runner()
+    return runner.running_lab(state_dir) if runner else None
 
 
 def ui_base(ui: str | None, state_dir: Path) -> str:
@@ -159,7 +172,7 @@ def one_line(markdown: str, limit: int = 120) -> str:
 
 def failure_text(e: BaseException) -> str:
     lines = []
-    cur: BaseException | None = e.cause if getattr(e, "cause", None) else e
+    cur: BaseException | None = getattr(e, "cause", None) or e
     while cur is not None:
         msg = getattr(cur, "message", None) or str(cur)
         kind = getattr(cur, "type", None) or type(cur).__name__

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Optional
 
 import typer
 
-from starter.cli.common import StateDir, lab_app
+from starter.cli.common import StateDir, err, lab_app, lab_runner
 
 # ---------------------------------------------------------------- lab
+
+
+def _runner() -> ModuleType:
+    runner = lab_runner()
+    if runner is None:
+        err.print("[red]error:[/] no lab in this install (the worker image leaves lab/ out): run it from a checkout")
+        raise typer.Exit(2)
+    return runner
 
 
 @lab_app.command("up")
@@ -36,8 +45,7 @@ def lab_up(
     ] = False,
 ) -> None:
     """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
-    from lab import runner
-
+    runner = _runner()
     raise typer.Exit(
         runner.up(
             state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout,
@@ -52,8 +60,7 @@ def lab_down(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait before SIGKILL.")] = 30.0,
 ) -> None:
     """Stop every process the running lab started."""
-    from lab import runner
-
+    runner = _runner()
     raise typer.Exit(runner.down(state_dir=state_dir, timeout=timeout))
 
 
@@ -64,14 +71,12 @@ def lab_seed(
     state_dir: StateDir = Path(".millwright"),
 ) -> None:
     """Load a fleet into the running lab's Kubernetes emulator."""
-    from lab import runner
-
+    runner = _runner()
     raise typer.Exit(runner.seed(state_dir=state_dir, fleet=fleet, reset=reset))
 
 
 @lab_app.command("status")
 def lab_status(state_dir: StateDir = Path(".millwright")) -> None:
     """Addresses and liveness of the lab's processes (exit 1 if no lab is running)."""
-    from lab import runner
-
+    runner = _runner()
     raise typer.Exit(runner.status(state_dir=state_dir))

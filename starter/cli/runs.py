@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import BaseModel
 
 from starter.cli.common import (
     AddressOpt,
@@ -235,7 +236,7 @@ def _first_line(doc: str | None) -> str:
     return lines[0].strip() if lines else ""
 
 
-def _schema_doc(model: type, title: str) -> dict[str, Any]:
+def _schema_doc(model: type[BaseModel], title: str) -> dict[str, Any]:
     doc = {"$schema": "https://json-schema.org/draft/2020-12/schema"}
     doc.update(model.model_json_schema())
     doc.setdefault("title", title)

@@ -22,9 +22,10 @@ _MACROS = {
 }
 _MONTHS = {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())}
 _DAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
+_NO_NAMES: dict[str, int] = {}
 # name, low, high, names
-_CRON_FIELDS = (("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day-of-month", 1, 31, {}), ("month", 1, 12, _MONTHS),
-                ("day-of-week", 0, 7, _DAYS))  # fmt: skip
+_CRON_FIELDS = (("minute", 0, 59, _NO_NAMES), ("hour", 0, 23, _NO_NAMES), ("day-of-month", 1, 31, _NO_NAMES),
+                ("month", 1, 12, _MONTHS), ("day-of-week", 0, 7, _DAYS))  # fmt: skip
 _ITEM = re.compile(r"^(?:(\*)|([a-z0-9]+)(?:-([a-z0-9]+))?)(?:/(\d+))?$")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from temporalio.client import Client, ScheduleActionStartWorkflow
+from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleActionStartWorkflow
 from temporalio.service import RPCError
 
 from activities.models import StrictModel
@@ -44,8 +44,9 @@ async def list_schedules(client: Client, *, next_runs: int = 3) -> list[Schedule
         s = desc.schedule
         action = s.action
         last = None
-        if desc.info.recent_actions:
-            recent = desc.info.recent_actions[-1]
+        recent = desc.info.recent_actions[-1] if desc.info.recent_actions else None
+        # Millwright's schedules only start workflows; any other action has no run to show.
+        if recent is not None and isinstance(recent.action, ScheduleActionExecutionStartWorkflow):
             wid, rid = recent.action.workflow_id, recent.action.first_execution_run_id
             try:
                 status = (await client.get_workflow_handle(wid, run_id=rid).describe()).status

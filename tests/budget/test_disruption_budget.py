@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Set
 from datetime import timedelta
 
 import pytest
@@ -109,7 +110,7 @@ def cordon_spans(audit: list[dict]) -> dict[str, list[tuple[int, int | None]]]:
     return spans
 
 
-def max_out_of_service(audit: list[dict], already: set[str] = frozenset()) -> int:
+def max_out_of_service(audit: list[dict], already: Set[str] = frozenset()) -> int:
     """The most nodes out of service at once after any node write, counting `already` (NotReady nodes the
     seed made, never written) until a write says otherwise."""
     worst = 0

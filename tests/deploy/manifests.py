@@ -22,7 +22,9 @@ def kubectl() -> str | None:
 
 @functools.cache
 def _render(target: str) -> tuple[dict[str, Any], ...]:
-    out = subprocess.run([kubectl(), "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=60)
+    binary = kubectl()
+    assert binary is not None, "rendering the manifests needs kubectl (the tests that call this skip without it)"
+    out = subprocess.run([binary, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
 
@@ -85,7 +87,7 @@ def host_agent(objs) -> tuple[dict[str, Any], dict[str, Any]]:
 def resolved_env(objs, container: dict[str, Any]) -> dict[str, Any]:
     """Each env var as the kubelet resolves it: a literal or ConfigMap value (an optional key that is
     absent leaves the variable unset), ("secret", name, key) or ("field", path)."""
-    env = container_env(objs, {"envFrom": container.get("envFrom") or []})
+    env: dict[str, Any] = container_env(objs, {"envFrom": container.get("envFrom") or []})
     for item in container.get("env") or []:
         ref = item.get("valueFrom") or {}
         if "value" in item:

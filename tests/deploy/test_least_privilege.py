@@ -96,12 +96,14 @@ def justifications(text: str) -> dict[tuple[str, str], list[str | None]]:
             continue
         lines = chunk.splitlines()
         start = next(i for i, line in enumerate(lines) if re.match(r"^rules:\s*$", line))
-        indent = re.match(r"^(\s*)-", next(line for line in lines[start + 1 :] if line.strip().startswith("-")))[1]
+        first_rule = next(line for line in lines[start + 1 :] if line.strip().startswith("-"))
+        indent = first_rule[: len(first_rule) - len(first_rule.lstrip())]
         found: list[str | None] = []
         for i in range(start + 1, len(lines)):
             if not lines[i].startswith(f"{indent}- "):
                 continue
-            j, comment = i - 1, []
+            j = i - 1
+            comment: list[str] = []
             while j > start and lines[j].strip().startswith("#"):
                 comment.insert(0, lines[j].strip().lstrip("#").strip())
                 j -= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -55,7 +56,7 @@ class Lab:
 
 
 @pytest.fixture
-def lab(emulator) -> Lab:
+def lab(emulator) -> Iterator[Lab]:
     lab = Lab(emulator.url)
     lab.reset()
     yield lab

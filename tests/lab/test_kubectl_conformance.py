@@ -9,6 +9,8 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,7 +19,7 @@ from kubernetes import client
 import lab.k8s.crds
 from lab.k8s.admin import kubeconfig
 from lab.k8s.crds import CAPI_CRDS
-from labtest_helpers import node, pdb, running_pod, wait_for
+from tests.lab.labtest_helpers import node, pdb, running_pod, wait_for
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl binary not found on PATH")
@@ -27,16 +29,18 @@ DS_UID = "aaaaaaaa-bbbb-cccc-dddd-000000000002"
 POD_UID = "aaaaaaaa-bbbb-cccc-dddd-000000000003"
 
 
-@pytest.fixture
-def kubectl(emulator, tmp_path):
-    kc = tmp_path / "kubeconfig"
-    kc.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
-    env = {**os.environ, "KUBECONFIG": str(kc), "KUBECACHEDIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+@dataclass
+class Kubectl:
+    """kubectl with its own kubeconfig for the emulator and its own cache (`env`, `cache` for a long-running one)."""
 
-    def run(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    binary: str
+    env: dict[str, str]
+    cache: str
+
+    def __call__(self, *args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
         p = subprocess.run(
-            [KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args],
-            env=env,
+            [self.binary, "--cache-dir", self.cache, *args],
+            env=self.env,
             text=True,
             capture_output=True,
             timeout=timeout,
@@ -45,9 +49,14 @@ def kubectl(emulator, tmp_path):
             raise AssertionError(f"kubectl {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
         return p
 
-    run.env = env  # type: ignore[attr-defined]
-    run.cache = str(tmp_path / "cache")  # type: ignore[attr-defined]
-    return run
+
+@pytest.fixture
+def kubectl(emulator, tmp_path: Path) -> Kubectl:
+    assert KUBECTL is not None  # the module is skipped without it
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
+    env = {**os.environ, "KUBECONFIG": str(kc), "KUBECACHEDIR": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    return Kubectl(KUBECTL, env, str(tmp_path / "cache"))
 
 
 def seed_drain_scenario(lab):

@@ -9,10 +9,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from labtest_helpers import node, running_pod, wait_for
+from tests.lab.labtest_helpers import node, running_pod, wait_for
 
 
 def status_of(e: ApiException) -> dict:
+    assert e.body is not None, f"the {e.status} answer has no body"
     body = json.loads(e.body)
     assert body["kind"] == "Status" and body["apiVersion"] == "v1" and body["status"] == "Failure"
     assert body["code"] == e.status

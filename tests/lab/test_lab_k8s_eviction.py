@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from labtest_helpers import node, pdb, running_pod, wait_for
+from tests.lab.labtest_helpers import node, pdb, running_pod, wait_for
 
 RS_UID = "11111111-2222-3333-4444-555555555555"
 

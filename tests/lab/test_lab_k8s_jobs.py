@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from lab.k8s.server import load_config_file
-from labtest_helpers import node, wait_for
+from tests.lab.labtest_helpers import node, wait_for
 
 NS = "millwright-system"
 

@@ -14,7 +14,7 @@ from lab.k8s import mig
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.controllers.migmanager import POD_FAILURE_REASON
 from lab.k8s.server import load_config_file
-from labtest_helpers import node, running_pod, wait_for
+from tests.lab.labtest_helpers import node, running_pod, wait_for
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100_40 = "NVIDIA-A100-SXM4-40GB"

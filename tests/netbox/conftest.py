@@ -11,9 +11,12 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from temporalio.client import Client, WorkflowHandle
 
 from activities.registration import activity_methods
 
@@ -84,47 +87,63 @@ def netbox_task_queue() -> str:
     return f"netbox-test-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture(scope="session")
+def netbox_activities(netbox_config):
+    """The NetBox activities the worker runs, crash-injectable."""
+    from tests.netbox.helpers import CrashingNetBoxActivities
+
+    return CrashingNetBoxActivities(netbox_config)
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def netbox_worker(client, netbox_config, netbox_task_queue):
+async def netbox_worker(client, netbox_activities, netbox_task_queue):
     """A real worker on a random task queue: the inventory workflows and (crash-injectable) NetBox activities."""
-    from tests.netbox.helpers import CallNetBox, CrashingNetBoxActivities
+    from tests.netbox.helpers import CallNetBox
     from worker import registry
     from workflows.catalog import WORKFLOWS
 
-    activities = CrashingNetBoxActivities(netbox_config)
-    registration = registry.Registration(workflows=[*WORKFLOWS, CallNetBox], activities=activity_methods(activities))
+    registration = registry.Registration(
+        workflows=[*WORKFLOWS, CallNetBox], activities=activity_methods(netbox_activities)
+    )
     async with registry.new_worker(client, registration, netbox_task_queue) as worker:
-        worker.netbox_activities = activities  # type: ignore[attr-defined]
         yield worker
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def netbox_faults(netbox_worker):
-    """Arm crashes for one test; disarmed afterwards."""
-    acts = netbox_worker.netbox_activities
+async def netbox_faults(netbox_worker, netbox_activities):
+    """Arm crashes for one test (on the running worker's activities); disarmed afterwards."""
+    acts = netbox_activities
     acts.crash_after.clear()
     acts.crashes.clear()
     yield acts
     acts.crash_after.clear()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def call(client, netbox_worker):
-    """`await call("activity_name", {...})` runs one NetBox activity through a workflow; returns its result."""
-    from tests.netbox.helpers import CallInput, CallNetBox
+@dataclass
+class NetBoxCall:
+    """`await call("activity_name", {...})` runs one NetBox activity through a workflow and returns its result;
+    `handles` holds each run it started, the latest last."""
 
-    async def run(activity: str, arg: dict, *, maximum_attempts: int = 5):
-        handle = await client.start_workflow(
+    client: Client
+    task_queue: str
+    handles: list[WorkflowHandle] = field(default_factory=list)
+
+    async def __call__(self, activity: str, arg: dict, *, maximum_attempts: int = 5) -> Any:
+        from tests.netbox.helpers import CallInput, CallNetBox
+
+        handle = await self.client.start_workflow(
             CallNetBox.run,
             CallInput(activity=activity, arg=arg, maximum_attempts=maximum_attempts),
             id=f"netbox-test/{activity}/{uuid.uuid4().hex[:8]}",
-            task_queue=netbox_worker.task_queue,
+            task_queue=self.task_queue,
         )
-        run.handles.append(handle)
+        self.handles.append(handle)
         return (await handle.result()).result
 
-    run.handles = []
-    return run
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def call(client, netbox_worker) -> NetBoxCall:
+    return NetBoxCall(client, netbox_worker.task_queue)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

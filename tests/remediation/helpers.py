@@ -38,7 +38,7 @@ def fleet(
                 {"lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z", **c}
             )
         obj["metadata"]["labels"].update((labels or {}).get(name, {}))
-        if name in (cordoned or {}):
+        if cordoned and name in cordoned:
             obj["spec"]["unschedulable"] = True
             obj["metadata"]["annotations"]["millwright.dev/cordoned-by"] = cordoned[name]
     return objects

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(180)
 SICK = [{"type": "KernelDeadlock", "status": "True", "reason": "DockerHung"}]
 NO_PROBES = {"host_agent": False, "bmc": False}
 # A run that only looks at readiness: back Ready after its power cycle, the node is healthy.
-READY_ONLY = {**NO_PROBES, "problem_conditions": [], "gpu_conditions": [], "gpu_health_label": None}
+READY_ONLY: dict[str, object] = {**NO_PROBES, "problem_conditions": [], "gpu_conditions": [], "gpu_health_label": None}
 
 
 class HeldReads(NodeHealthActivities):

@@ -352,7 +352,7 @@ async def test_a_prometheus_that_times_out_is_asked_again():
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     acts = PrometheusActivities()
     try:
         with pytest.raises(ApplicationError) as ei:

@@ -205,6 +205,7 @@ async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube
 
     async def condition(status: str):
         node = await read_node(core, "a-01")
+        assert node.status is not None
         return next((c for c in node.status.conditions or [] if c.type == DRAIN_BLOCKED and c.status == status), None)
 
     cond = await wait_for(lambda: condition("True"), what="DrainBlocked for a pod held by its finalizer")

@@ -38,6 +38,5 @@ async def tenant_worker(client, kubeconfig_path, tenant_netbox):
         extra = {"netbox_url": tenant_netbox[0], "netbox_token": f"file:{tenant_netbox[1]}"}
     registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, **extra))
     async with registry.new_worker(client, registration, f"tenants-{uuid.uuid4().hex[:8]}") as worker:
-        worker.netbox = tenant_netbox  # type: ignore[attr-defined]
         yield worker
     await registration.close()

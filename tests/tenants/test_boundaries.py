@@ -73,9 +73,9 @@ def test_system_groups_are_refused_at_the_edge(group):
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_onboarding_refuses_before_any_write(client, k8s, core, tenant_worker):
+async def test_onboarding_refuses_before_any_write(client, k8s, core, tenant_worker, tenant_netbox):
     tq = tenant_worker.task_queue
-    netbox = tenant_worker.netbox
+    netbox = tenant_netbox
 
     async def run(wf, inp, *, record: str | None = None):
         h = await client.start_workflow(wf, inp, id=inp.workflow_id(), task_queue=tq)

@@ -81,9 +81,9 @@ def _seed_devices(netbox, names: list[str]) -> None:
 
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.timeout(300)
-async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker):
+async def test_topology_cluster_recorded_in_netbox(client, k8s, tenant_worker, tenant_netbox):
     tq = tenant_worker.task_queue
-    netbox = tenant_worker.netbox
+    netbox = tenant_netbox
     name = "gpu-t"
     inp = CreateClusterInput.model_validate(
         {

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import yaml
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError, TemporalError
 
 from activities.capi.ownership import OWNER_ANNOTATION, Ownership
 from lab.k8s.admin import EmulatorAdmin
@@ -43,12 +44,11 @@ CAPI_KINDS = {
 }
 
 
-def _cause(err: BaseException) -> BaseException:
+def _cause(err: BaseException) -> ApplicationError:
     """The first ApplicationError in the chain (the workflow's or an activity's own)."""
-    from temporalio.exceptions import ApplicationError
-
-    while not isinstance(err, ApplicationError) and getattr(err, "cause", None) is not None:
+    while not isinstance(err, ApplicationError) and isinstance(err, TemporalError) and err.cause is not None:
         err = err.cause
+    assert isinstance(err, ApplicationError), f"no ApplicationError in the failure's chain: {err!r}"
     return err
 
 
@@ -86,9 +86,9 @@ def _keys(dump: list[dict]) -> set[tuple[str, str, str]]:
     }
 
 
-async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker):
+async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker, tenant_netbox):
     tq = tenant_worker.task_queue
-    netbox = tenant_worker.netbox
+    netbox = tenant_netbox
     handles = []
 
     async def run(wf, inp, *, fail: bool = False, record: str | None = None):

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, TemporalError
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 from temporalio.testing import ActivityEnvironment
 
@@ -75,7 +75,7 @@ def accepted(version: str) -> list[str]:
 
 
 def root_cause(err: BaseException) -> BaseException:
-    while getattr(err, "cause", None) is not None:
+    while isinstance(err, TemporalError) and err.cause is not None:
         err = err.cause
     return err
 

@@ -44,7 +44,6 @@ async def usage_worker(client, kubeconfig_path, prometheus, tmp_path):
                               usage_sink_dir=str(tmp_path / "usage"))  # fmt: skip
     registration = registry.build(settings)
     async with registry.new_worker(client, registration, f"usage-{uuid.uuid4().hex[:8]}") as worker:
-        worker.sink = tmp_path / "usage"  # type: ignore[attr-defined]
         yield worker
     await registration.close()
 
@@ -63,7 +62,7 @@ def tenant_objects() -> list[dict]:
     return objects + [namespace("scratch")]
 
 
-async def test_gpu_hours_per_tenant_match_the_pods_lifetimes(client, usage_worker, k8s, core, prometheus):
+async def test_gpu_hours_per_tenant_match_the_pods_lifetimes(client, usage_worker, k8s, core, prometheus, tmp_path):
     nodes = [{"name": "u-1", "gpus": 8}, {"name": "u-2", "gpus": 8}]
     await k8s.seed(TENANCY_CRDS)
     await k8s.seed(Fleet.model_validate({"cluster": "lab", "nodes": nodes}).to_objects() + tenant_objects())
@@ -122,7 +121,7 @@ async def test_gpu_hours_per_tenant_match_the_pods_lifetimes(client, usage_worke
         table = list(csv.DictReader(f))
     assert [(r["tenant"], float(r["gpu_hours"])) for r in table] == [
         (t, pytest.approx(r.gpu_hours, abs=1e-6)) for t, r in rows.items()]  # fmt: skip
-    assert str(usage_worker.sink) in result.report.csv_path
+    assert str(tmp_path / "usage") in result.report.csv_path  # the usage_worker's usage_sink_dir
     # This worker has no NetBox: each tenant's journal entry is reported as not written (tests/netbox writes them).
     assert set(result.netbox_journal) == set(QUOTAS)
     assert all(why.startswith("not written: NetBox is not configured") for why in result.netbox_journal.values())

@@ -64,19 +64,22 @@ async def validation_events(core, node: str) -> list[str]:
 
 async def assert_failed_validation(core, node: str, words: str) -> None:
     """Erroring with the validation's reason, and cordoned for it."""
-    found = await read_node(core, node)
-    assert found.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
-    assert "validation failed" in json.loads(found.metadata.annotations[ROLLOUT_ANNOTATION])["reason"]
+    md = (await read_node(core, node)).metadata
+    assert md is not None and md.labels is not None and md.annotations is not None
+    assert md.labels[ROLLOUT_STATE_LABEL] == "erroring"
+    assert "validation failed" in json.loads(md.annotations[ROLLOUT_ANNOTATION])["reason"]
     await assert_cordoned_for_validation(core, node, words)
 
 
 async def assert_cordoned_for_validation(core, node: str, words: str) -> None:
     """Cordoned, the condition False, the reason annotation and an Event saying `words`."""
     found = await read_node(core, node)
-    assert found.spec.unschedulable
+    assert found.spec is not None and found.spec.unschedulable
+    assert found.metadata is not None and found.metadata.annotations is not None
     assert words in found.metadata.annotations[VALIDATION_ANNOTATION]
-    condition = next(c for c in found.status.conditions if c.type == VALIDATED)
-    assert condition.status == "False" and condition.reason == "ValidationFailed" and words in condition.message
+    assert found.status is not None
+    condition = next(c for c in found.status.conditions or [] if c.type == VALIDATED)
+    assert condition.status == "False" and condition.reason == "ValidationFailed" and words in (condition.message or "")
     assert any(words in m for m in await validation_events(core, node))
 
 

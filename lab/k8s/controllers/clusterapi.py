@@ -145,7 +145,7 @@ class ClusterApi(Controller):
                 "blockOwnerDeletion": True,
             }
         ]
-        want = [
+        want: list[tuple[tuple[str, str], str, str, dict, dict]] = [
             (
                 KCPS,
                 "KubeadmControlPlane",
@@ -214,7 +214,7 @@ class ClusterApi(Controller):
             task = asyncio.get_running_loop().create_task(self._start_workload(uid))
             self._bg.add(task)
             task.add_done_callback(self._bg.discard)
-        url = side.get("url")
+        url: str = side.get("url") or ""
         if stage >= 2 and not url:
             stage = 1  # the workload API server is still starting; its start kicks us again
         spec = cluster.get("spec") or {}

@@ -123,7 +123,7 @@ class Jobs(Controller):
             kind, target, reason, message = verdict
             for p in active:
                 if reason == "BackoffLimitExceeded":  # OnFailure: the restarting pod ends Failed (kept for its logs)
-                    last = {}
+                    last: dict[str, Any] = {}
                     for lst in ("initContainerStatuses", "containerStatuses"):
                         for cs in (p.get("status") or {}).get(lst) or []:
                             last = (cs.get("lastState") or {}).get("terminated") or last

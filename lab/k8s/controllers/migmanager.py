@@ -68,13 +68,14 @@ class MigManager(Controller):
     def _begin(self, node: dict, hw: dict, want: str, now: float) -> None:
         pending = self._set_for(node["metadata"]["name"]).get("pendingSeconds")
         pending = float(self.store.config["migPendingSeconds"] if pending is None else pending)
-        run = {"config": want, "phase": "pending", "due": now + pending}
+        due = now + pending
+        run = {"config": want, "phase": "pending", "due": due}
         if want == hw["applied"]:  # mig-parted's assert passes: nothing to do
             self._finish(node, run)
             return
         self.store.side[node["metadata"].get("uid", "")]["mig"] = run
         self._label(node, {mig.STATE_LABEL: "pending"}, "nvidia-mig-manager")
-        self.store.schedule_at(run["due"], (NODES, ("", node["metadata"]["name"])))
+        self.store.schedule_at(due, (NODES, ("", node["metadata"]["name"])))
 
     def _apply(self, node: dict, hw: dict, run: dict, now: float) -> None:
         name, cfg = node["metadata"]["name"], self.store.config

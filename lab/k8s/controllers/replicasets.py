@@ -71,7 +71,7 @@ class ReplicaSets(Controller):
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("restartPolicy", "Always")
-        pod = {
+        pod: dict = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {

@@ -14,7 +14,7 @@ from .pods import is_active
 SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
 
 
-def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
+def _tolerated(taint: dict, tolerations: list[dict] | None) -> bool:
     for t in tolerations or []:
         if t.get("effect") and t.get("effect") != taint.get("effect"):
             continue
