@@ -24,7 +24,8 @@ from activities.models import StrictModel
 class TenantUsageRow(StrictModel):
     tenant: str = Field(description="A tenant, or `(unattributed) <namespace>` for pods outside every tenant.")
     namespaces: list[str] = Field(default_factory=list)
-    gpu_hours: float = 0.0
+    gpu_hours: float = Field(0.0, description="In whole-GPU units: a MIG instance counts as its share of its GPU.")
+    mig_gpu_hours: float = Field(0.0, description="The part of `gpu_hours` held as MIG instances.")
     peak_gpus: float = Field(0.0, description="The most GPUs held at once (at the report's step, within a page).")
     guaranteed_gpus: float | None = Field(None, description="KAI's deserved GPUs of the tenant's queue, at the end.")
     allocated_peak_gpus: float | None = Field(None, description="The highest KAI allocated GPUs of its queue.")
@@ -38,6 +39,8 @@ class UsageReport(StrictModel):
     rows: list[TenantUsageRow] = Field(description="Tenants by name, then unattributed namespaces by GPU-hours.")
     unattributed_gpu_hours: float = Field(0.0, description="GPU-hours of pods outside every tenant's namespaces.")
     total_gpu_hours: float = 0.0
+    unweighted_mig_models: list[str] = Field(default_factory=list, description="GPU models of unknown compute "
+                                             "slices: their MIG instances counted as whole GPUs.")  # fmt: skip
 
 
 class ReportFiles(StrictModel):
@@ -53,12 +56,12 @@ def _stamp(t: datetime) -> str:
 def report_csv(report: UsageReport) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["cluster", "start", "end", "tenant", "namespaces", "gpu_hours", "peak_gpus", "guaranteed_gpus",
-                     "allocated_peak_gpus"])  # fmt: skip
+    writer.writerow(["cluster", "start", "end", "tenant", "namespaces", "gpu_hours", "mig_gpu_hours", "peak_gpus",
+                     "guaranteed_gpus", "allocated_peak_gpus"])  # fmt: skip
     for row in report.rows:
         writer.writerow([report.cluster, report.start.isoformat(), report.end.isoformat(), row.tenant,
-                         " ".join(row.namespaces), f"{row.gpu_hours:.6f}", f"{row.peak_gpus:g}",
-                         "" if row.guaranteed_gpus is None else f"{row.guaranteed_gpus:g}",
+                         " ".join(row.namespaces), f"{row.gpu_hours:.6f}", f"{row.mig_gpu_hours:.6f}",
+                         f"{row.peak_gpus:g}", "" if row.guaranteed_gpus is None else f"{row.guaranteed_gpus:g}",
                          "" if row.allocated_peak_gpus is None else f"{row.allocated_peak_gpus:g}"])  # fmt: skip
     return out.getvalue()
 
