@@ -4,6 +4,7 @@ nodes, scraped by the real Prometheus; GPU-hours match the pods' lifetimes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import json
 import math
@@ -20,6 +21,7 @@ from lab.fleet import Fleet
 from lab.k8s.crds import TENANCY_CRDS
 from tests.lab.test_lab_prometheus import namespace, pod, queue
 from tests.maintenance.test_node_maintenance import record_history
+from tests.usage.test_usage_sink import get
 from workflows.usage.tenant_usage import UNATTRIBUTED, TenantUsage, TenantUsageInput
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,19 +37,34 @@ PODS = {
 QUOTAS = {"acme": 4, "beta": 2, "gamma": 8}
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def usage_worker(client, kubeconfig_path, prometheus, tmp_path):
-    """A worker built like production, reading the session's Prometheus and writing reports under tmp_path."""
+@contextlib.asynccontextmanager
+async def worker_of(client, kubeconfig_path, prometheus, **sink: str):
+    """A worker built like production, reading the session's Prometheus and writing reports to `sink`."""
     from worker import registry
     from worker.config import WorkerSettings
 
-    settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, prometheus_url=prometheus.url,
-                              usage_sink_dir=str(tmp_path / "usage"))  # fmt: skip
+    settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0, prometheus_url=prometheus.url, **sink)
     registration = registry.build(settings)
     async with registry.new_worker(client, registration, f"usage-{uuid.uuid4().hex[:8]}") as worker:
-        worker.sink = tmp_path / "usage"  # type: ignore[attr-defined]
         yield worker
     await registration.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def usage_worker(client, kubeconfig_path, prometheus, tmp_path):
+    """Reports under tmp_path."""
+    async with worker_of(client, kubeconfig_path, prometheus, usage_sink_dir=str(tmp_path / "usage")) as worker:
+        worker.sink = tmp_path / "usage"  # type: ignore[attr-defined]
+        yield worker
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def s3_usage_worker(client, kubeconfig_path, prometheus, s3, monkeypatch):
+    """Reports to the test S3 server's bucket, under `lab-usage/`, its keys in an environment variable."""
+    monkeypatch.setenv("USAGE_S3_KEYS", f"{s3.access_key_id}:{s3.secret_access_key}")
+    async with worker_of(client, kubeconfig_path, prometheus, usage_sink=f"s3://{s3.bucket}/lab-usage",
+                         usage_sink_endpoint=s3.url, usage_sink_credentials="env:USAGE_S3_KEYS") as worker:  # fmt: skip
+        yield worker
 
 
 def tenant_objects() -> list[dict]:
@@ -161,7 +178,7 @@ def mig_pod(name: str, namespace: str, node: str, profile: str, count: int) -> d
     return obj
 
 
-async def test_mig_instances_count_as_their_share_of_a_gpu(client, usage_worker, k8s, core, prometheus):
+async def test_mig_instances_count_as_their_share_of_a_gpu(client, s3_usage_worker, k8s, core, prometheus, s3):
     # m-1's two H100s are moved to all-balanced by the lab's mig-manager: per GPU 2 x 1g.10gb, 2g.20gb, 3g.40gb.
     nodes = [{"name": "m-1", "gpus": 2, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
                                                    "nvidia.com/mig.config": "all-balanced"}},
@@ -178,7 +195,7 @@ async def test_mig_instances_count_as_their_share_of_a_gpu(client, usage_worker,
         (None, mig_pod("loose-small", "scratch", "m-1", "1g.10gb", 1), 1 / 7, 0, 2),
     ]
     first, lived = await live_through(k8s, core, schedule)
-    _, result = await usage_since(client, usage_worker, first)
+    handle, result = await usage_since(client, s3_usage_worker, first)
 
     rows = {r.tenant: r for r in result.rows}
     assert list(rows) == ["acme", "beta", "gamma", "(unattributed) scratch"]
@@ -188,6 +205,16 @@ async def test_mig_instances_count_as_their_share_of_a_gpu(client, usage_worker,
     assert rows["beta"].gpu_hours == rows["beta"].mig_gpu_hours and rows["gamma"].gpu_hours == 0
     assert rows["acme"].peak_gpus == pytest.approx(1 + 3 / 7) and rows["beta"].peak_gpus == pytest.approx(6 / 7)
     assert result.unweighted_mig_models == []
+
+    # The report in the object store; its keys never in the run's history.
+    assert result.report is not None and result.report.json_path is not None
+    assert result.report.json_path.startswith(f"s3://{s3.bucket}/lab-usage/lab/")
+    written = json.loads(get(s3, result.report.json_path.removeprefix(f"s3://{s3.bucket}/")).text)
+    assert {r["tenant"]: r["mig_gpu_hours"] for r in written["rows"]} == {
+        r.tenant: r.mig_gpu_hours for r in rows.values()
+    }
+    history = (await handle.fetch_history()).to_json()
+    assert s3.secret_access_key not in history and s3.access_key_id not in history
 
 
 @pytest.mark.parametrize(

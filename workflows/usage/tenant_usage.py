@@ -4,7 +4,8 @@ tenant's guaranteed and allocated GPUs from KAI; GPU-hours of pods outside every
 A MIG instance counts as its compute slices' share of its GPU, so GPU-hours stay in whole-GPU units.
 
   tenants' namespaces and queues (Kubernetes) → pages of time (Prometheus range queries, one activity each) →
-  the table (result, `usage` query, `progress`) → gauge per tenant → report files (the worker's sink directory)
+  the table (result, `usage` query, `progress`) → gauge per tenant → report files (the worker's sink: a directory
+  or an object store)
   → a NetBox journal entry on each tenant (tenants NetBox does not hold, or no NetBox, are named in the result)
 
 Paging: each page is a few range queries of `page / step` points (Prometheus refuses more than 11,000 per series)
@@ -35,6 +36,7 @@ from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, gave_up_on, kubernetes_api
 
 PROMETHEUS = "prometheus"
+USAGE_SINK = "usage sink"
 _NO_NETBOX = "NetBoxNotConfigured"  # the worker's answer when it has no NetBox: no tenant's entry is written
 UNATTRIBUTED = "(unattributed) "
 
@@ -154,10 +156,10 @@ class TenantUsage:
         for row in table.rows:
             if not row.tenant.startswith(UNATTRIBUTED):
                 gauge.set(row.gpu_hours, {"tenant": row.tenant, "cluster": inp.cluster})
-        table.report = await workflow.execute_activity_method(
+        table.report = await self._calls.execute(  # a sink down past retry_timeout fails the run: no report
             UsageReportActivities.write_usage_report,
             UsageReport.model_validate(table.model_dump(include=set(UsageReport.model_fields))),
-            **API_CALL, summary="usage report to the sink",
+            **API_CALL, endpoint=USAGE_SINK, summary="usage report to the sink",
         )  # fmt: skip
         self._table = table
         if inp.record_in_netbox and workflow.patched("usage-tenant-journal"):
