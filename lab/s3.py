@@ -2,10 +2,10 @@
 every request's AWS Signature Version 4 with botocore once authentication is on.
 
 moto runs from its own cached venv (lab/venvs.py: ``${MILLWRIGHT_CACHE_DIR:-~/.cache/millwright}/moto-<v>/venv``,
-pip from PyPI once, about a minute). `S3Server.start()` starts ``moto_server`` on a free port, then, with moto's own
-boto3, makes an IAM user allowed every S3 action, its access key and the bucket; then turns authentication on
-(``/moto-api/reset-auth``), so from then on an unknown key is refused (403 InvalidAccessKeyId), a wrong secret too
-(403 SignatureDoesNotMatch), and a missing bucket is 404 NoSuchBucket, as AWS answers.
+pip from PyPI once, about two minutes on 2 cores). `S3Server.start()` starts ``moto_server`` on a free port, then,
+with moto's own boto3, makes an IAM user allowed every S3 action, its access key and the bucket; then turns
+authentication on (``/moto-api/reset-auth``), so from then on an unknown key is refused (403 InvalidAccessKeyId),
+a wrong secret too (403 SignatureDoesNotMatch), and a missing bucket is 404 NoSuchBucket, as AWS answers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import httpx
 
 from lab.loopback import LOOPBACK, free_port
 from lab.venvs import cache_dir, cached_venv, run
+from lab.venvs import venv_ready as _venv_ready
 
 MOTO_VERSION = "5.2.5"
 MOTO_REQUIREMENT = f"moto[server]=={MOTO_VERSION}"
@@ -61,6 +62,22 @@ def check_available() -> None:
         raise S3Unavailable(f"S3 tier skipped: this Python has no venv module ({err})") from None
 
 
+def _venv() -> Path:
+    return cache_dir(f"moto-{MOTO_VERSION}") / "venv"
+
+
+def venv_ready() -> bool:
+    """Whether moto's cached venv is built (then starting takes a second or two, not a pip install)."""
+    return _venv_ready(_venv(), MOTO_REQUIREMENT, "moto_server")
+
+
+def ensure_venv(timeout: float = 900) -> Path:
+    """moto's cached venv, made once from this interpreter's base Python (pip from PyPI, about two minutes)."""
+    return cached_venv(_venv(), MOTO_REQUIREMENT, getattr(sys, "_base_executable", "") or sys.executable,
+                       binary="moto_server", label="moto", about="about two minutes on 2 cores", say=say,
+                       timeout=timeout, error=S3Error)  # fmt: skip
+
+
 class S3Server:
     """`.url` (the endpoint), `.bucket`, `.access_key_id`, `.secret_access_key` once started."""
 
@@ -72,9 +89,7 @@ class S3Server:
         self._proc: subprocess.Popen | None = None
 
     def start(self) -> S3Server:
-        venv = cached_venv(cache_dir(f"moto-{MOTO_VERSION}") / "venv", MOTO_REQUIREMENT,
-                           getattr(sys, "_base_executable", "") or sys.executable, binary="moto_server",
-                           label="moto", about="about a minute", say=say, timeout=self.timeout, error=S3Error)  # fmt: skip
+        venv = ensure_venv(self.timeout)
         self.root.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.url = f"http://{LOOPBACK}:{port}"
@@ -118,7 +133,5 @@ class S3Server:
 
 
 if __name__ == "__main__":
-    if "--build" in sys.argv:
-        cached_venv(cache_dir(f"moto-{MOTO_VERSION}") / "venv", MOTO_REQUIREMENT,
-                    getattr(sys, "_base_executable", "") or sys.executable, binary="moto_server", label="moto",
-                    about="about a minute", say=say, timeout=900, error=S3Error)  # fmt: skip
+    if "--build" in sys.argv:  # only the venv, e.g. ahead of a CI run
+        ensure_venv()

@@ -15,3 +15,13 @@ def s3(tmp_path_factory):
     server = S3Server(tmp_path_factory.mktemp("s3")).start()
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a machine without moto's venv, the first test using `s3` builds it (pip, about two minutes)."""
+    from lab.s3 import venv_ready
+
+    if not venv_ready():
+        for item in items:
+            if "s3" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.timeout(900))

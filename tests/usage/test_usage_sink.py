@@ -42,7 +42,8 @@ def get(s3, key: str) -> httpx.Response:
     path = f"/{s3.bucket}/{key}"
     host = s3.url.removeprefix("http://")
     headers = sign("GET", host, path, {}, hashlib.sha256(b"").hexdigest(), region="us-east-1",
-                   access_key_id=s3.access_key_id, secret=s3.secret_access_key, now=datetime.now(timezone.utc))  # fmt: skip
+                   access_key_id=s3.access_key_id, secret=s3.secret_access_key,
+                   now=datetime.now(timezone.utc))  # fmt: skip
     return httpx.get(s3.url + path, headers=headers, timeout=10)
 
 
@@ -108,7 +109,8 @@ def test_worker_settings_name_a_directory_or_an_object_store():
     directory, none = WorkerSettings(usage_sink_dir="/var/lib/usage").usage_sink_config()
     assert (directory, none) == ("/var/lib/usage", None)
     _, s3 = WorkerSettings(usage_sink="s3://usage-reports/gpu/", usage_sink_credentials="file:/etc/s3/keys",
-                           usage_sink_endpoint="http://minio:9000", usage_sink_region="eu-west-1").usage_sink_config()  # fmt: skip
+                           usage_sink_endpoint="http://minio:9000",
+                           usage_sink_region="eu-west-1").usage_sink_config()  # fmt: skip
     assert s3 is not None
     assert (s3.bucket, s3.prefix, s3.endpoint, s3.region, str(s3.credentials)) == (
         "usage-reports", "gpu", "http://minio:9000", "eu-west-1", "file:/etc/s3/keys")  # fmt: skip
