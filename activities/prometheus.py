@@ -22,6 +22,7 @@ and labelled as it exports them (etc/default-counters.csv of NVIDIA/dcgm-exporte
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -131,6 +132,10 @@ def dcgm_faults_promql(q: DcgmFaultsQuery) -> str:
 # using it (`-k`), so counting a GPU series that carries a pod, by namespace, is the GPUs allocated to each
 # namespace; KAI's queue controller exports each queue's deserved (guaranteed) and allocated GPUs.
 ALLOCATION_METRIC = "DCGM_FI_DEV_GPU_UTIL"  # a default counter: every GPU exports it at every scrape
+# A MIG-enabled GPU's series are one per GPU instance (`GPU_I_PROFILE` such as `3g.40gb`); an instance is its compute
+# slices (the profile's `<N>g`) over its GPU's. Compute slices per GPU, by the model in `modelName`: every model of the
+# GPU operator's profile table (A100-40GB, A100-80GB, H100-80GB, H200-141GB) has 7 (its whole-GPU profile is 7g).
+MIG_COMPUTE_SLICES = {"A100": 7, "H100": 7, "H200": 7}
 MAX_POINTS = 11_000  # Prometheus refuses a range query with more points per series
 MAX_UNATTRIBUTED = 200  # namespaces outside any tenant a page lists by name; the rest are summed
 
@@ -156,8 +161,9 @@ class UsagePageQuery(StrictModel):
 
 
 class GpuUse(StrictModel):
-    gpu_seconds: float = 0.0
+    gpu_seconds: float = Field(0.0, description="Whole-GPU seconds: a MIG instance counts as its share of its GPU.")
     peak_gpus: float = Field(0.0, description="The most GPUs held at once, at the page's steps.")
+    mig_gpu_seconds: float = Field(0.0, description="The part of `gpu_seconds` held as MIG instances.")
 
 
 class QueueUse(StrictModel):
@@ -171,6 +177,9 @@ class UsagePage(StrictModel):
     queues: dict[str, QueueUse] = Field(default_factory=dict, description="By tenant.")
     unattributed: dict[str, GpuUse] = Field(default_factory=dict, description="By namespace outside every tenant "
                                             f"(the {MAX_UNATTRIBUTED} largest; the rest under '(others)').")  # fmt: skip
+    unweighted_mig_models: list[str] = Field(
+        default_factory=list, description="Models not in MIG_COMPUTE_SLICES: their MIG instances counted as whole GPUs."
+    )
 
 
 def _matchers(q: UsagePageQuery, *more: str) -> str:
@@ -181,31 +190,44 @@ def _matchers(q: UsagePageQuery, *more: str) -> str:
 def usage_promql(q: UsagePageQuery) -> tuple[str, str, str]:
     """GPUs held by namespace; KAI's deserved and allocated GPUs by queue."""
     return (
-        f"count by (namespace) ({ALLOCATION_METRIC}{_matchers(q, 'pod!=' + promql_string(''))})",
+        f"count by (namespace, GPU_I_PROFILE, modelName) "
+        f"({ALLOCATION_METRIC}{_matchers(q, 'pod!=' + promql_string(''))})",
         f"max by (queue_name) (kai_queue_deserved_gpus{_matchers(q)})",
         f"max by (queue_name) (kai_queue_allocated_gpus{_matchers(q)})",
     )
 
 
-def _per_step(result: Any, label: str, query: str) -> dict[str, dict[float, float]]:
-    """label value -> timestamp -> value, from a matrix."""
+def mig_share(profile: str, model: str) -> float | None:
+    """The part of its GPU a MIG instance is (`3g.40gb` of an H100: 3/7); None: a model MIG_COMPUTE_SLICES lacks."""
+    slices = next((n for name, n in MIG_COMPUTE_SLICES.items() if name in model.upper()), None)
+    compute = re.match(r"(\d+)g\.", profile)
+    if slices is None or compute is None:
+        return None
+    return int(compute[1]) / slices
+
+
+def _per_step(result: Any, label: str, query: str,
+              weight: Callable[[dict[str, str]], float] = lambda _: 1.0) -> dict[str, dict[float, float]]:  # fmt: skip
+    """label value -> timestamp -> value (times the series' `weight`), from a matrix."""
     if not isinstance(result, list):
         raise ApplicationError(f"Prometheus answered {query!r} with no matrix", type="PrometheusBadResponse",
                                non_retryable=True)  # fmt: skip
     out: dict[str, dict[float, float]] = {}
     for series in result:
-        points = out.setdefault((series.get("metric") or {}).get(label, ""), {})
+        labels = series.get("metric") or {}
+        points, w = out.setdefault(labels.get(label, ""), {}), weight(labels)
         for point in series.get("values") or []:
-            points[float(point[0])] = points.get(float(point[0]), 0.0) + _number(point, query)
+            points[float(point[0])] = points.get(float(point[0]), 0.0) + _number(point, query) * w
     return out
 
 
-def _use(steps: list[dict[float, float]], step: int) -> GpuUse:
+def _use(steps: list[dict[float, float]], on_mig: list[dict[float, float]], step: int) -> GpuUse:
     held: dict[float, float] = {}
     for points in steps:
         for ts, gpus in points.items():
             held[ts] = held.get(ts, 0.0) + gpus
-    return GpuUse(gpu_seconds=sum(held.values()) * step, peak_gpus=max(held.values(), default=0.0))
+    return GpuUse(gpu_seconds=sum(held.values()) * step, peak_gpus=max(held.values(), default=0.0),
+                  mig_gpu_seconds=sum(sum(points.values()) for points in on_mig) * step)  # fmt: skip
 
 
 class PrometheusActivities:
@@ -287,17 +309,31 @@ class PrometheusActivities:
         for query in (held_q, deserved_q, allocated_q):
             _, result = await self._ask(self._url, "query_range", {**window, "query": query}, query, q.timeout_seconds)
             answers.append(result)
-        held = _per_step(answers[0], "namespace", held_q)
+        unweighted: set[str] = set()
+
+        def share(labels: dict[str, str]) -> float:
+            if not labels.get("GPU_I_PROFILE"):
+                return 1.0
+            part = mig_share(labels["GPU_I_PROFILE"], labels.get("modelName", ""))
+            if part is None:
+                unweighted.add(labels.get("modelName") or "(no modelName)")
+            return 1.0 if part is None else part
+
+        held = _per_step(answers[0], "namespace", held_q, share)
+        on_mig = _per_step(answers[0], "namespace", held_q, lambda m: share(m) if m.get("GPU_I_PROFILE") else 0.0)
+
+        def use(namespaces: list[str]) -> GpuUse:
+            return _use([held[ns] for ns in namespaces if ns in held], [on_mig[ns] for ns in namespaces
+                                                                        if ns in on_mig], q.step_seconds)  # fmt: skip
+
         owner = {ns: tenant for tenant, namespaces in q.tenants.items() for ns in namespaces}
-        page = UsagePage(configured=True)
+        page = UsagePage(configured=True, unweighted_mig_models=sorted(unweighted))
         for tenant, namespaces in q.tenants.items():
-            page.tenants[tenant] = _use([held[ns] for ns in namespaces if ns in held], q.step_seconds)
-        outside = sorted(((ns, _use([points], q.step_seconds)) for ns, points in held.items() if ns not in owner),
-                         key=lambda item: -item[1].gpu_seconds)  # fmt: skip
+            page.tenants[tenant] = use(namespaces)
+        outside = sorted(((ns, use([ns])) for ns in held if ns not in owner), key=lambda item: -item[1].gpu_seconds)
         page.unattributed = dict(outside[:MAX_UNATTRIBUTED])
         if len(outside) > MAX_UNATTRIBUTED:
-            rest = [held[ns] for ns, _ in outside[MAX_UNATTRIBUTED:]]
-            page.unattributed["(others)"] = _use(rest, q.step_seconds)
+            page.unattributed["(others)"] = use([ns for ns, _ in outside[MAX_UNATTRIBUTED:]])
         deserved = _per_step(answers[1], "queue_name", deserved_q)
         allocated = _per_step(answers[2], "queue_name", allocated_q)
         for queue, tenant in q.queues.items():
@@ -356,4 +392,4 @@ class PrometheusActivities:
 
 
 __all__ = ["DcgmFaults", "DcgmFaultsQuery", "GpuFault", "GpuUse", "PrometheusActivities", "PrometheusQuery",
-           "QueueUse", "UsagePage", "UsagePageQuery"]  # fmt: skip
+           "QueueUse", "UsagePage", "UsagePageQuery", "mig_share"]  # fmt: skip

@@ -1,7 +1,9 @@
-"""The GPU-hours report (TenantUsage) written to the worker's sink directory, ``MILLWRIGHT_USAGE_SINK_DIR``: one
-JSON and one CSV file per cluster and period, ``<dir>/<cluster>/<start>--<end>.{json,csv}`` (UTC, ISO 8601 with
-``-`` for ``:``). Writing again replaces both (written to a temporary file, then renamed), so a retried or re-run
-report leaves one copy. No directory configured: nothing is written and the answer says so."""
+"""The GPU-hours report (TenantUsage) written to the worker's sink, ``MILLWRIGHT_USAGE_SINK``: one JSON and one CSV
+file per cluster and period, ``<cluster>/<start>--<end>.{json,csv}`` (UTC, ISO 8601 with ``-`` for ``:``), under a
+directory or, for ``s3://bucket/prefix``, under that prefix of an S3-compatible object store
+(activities/object_store.py). Writing again replaces both (a directory's files are written to a temporary file,
+then renamed; an object is PUT whole), so a retried or re-run report leaves one copy. No sink configured: nothing
+is written and the answer says so."""
 
 from __future__ import annotations
 
@@ -13,17 +15,21 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+import httpx
 from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import object_store
 from activities.models import StrictModel
+from activities.object_store import ObjectStore
 
 
 class TenantUsageRow(StrictModel):
     tenant: str = Field(description="A tenant, or `(unattributed) <namespace>` for pods outside every tenant.")
     namespaces: list[str] = Field(default_factory=list)
-    gpu_hours: float = 0.0
+    gpu_hours: float = Field(0.0, description="In whole-GPU units: a MIG instance counts as its share of its GPU.")
+    mig_gpu_hours: float = Field(0.0, description="The part of `gpu_hours` held as MIG instances.")
     peak_gpus: float = Field(0.0, description="The most GPUs held at once (at the report's step, within a page).")
     guaranteed_gpus: float | None = Field(None, description="KAI's deserved GPUs of the tenant's queue, at the end.")
     allocated_peak_gpus: float | None = Field(None, description="The highest KAI allocated GPUs of its queue.")
@@ -37,12 +43,14 @@ class UsageReport(StrictModel):
     rows: list[TenantUsageRow] = Field(description="Tenants by name, then unattributed namespaces by GPU-hours.")
     unattributed_gpu_hours: float = Field(0.0, description="GPU-hours of pods outside every tenant's namespaces.")
     total_gpu_hours: float = 0.0
+    unweighted_mig_models: list[str] = Field(default_factory=list, description="GPU models of unknown compute "
+                                             "slices: their MIG instances counted as whole GPUs.")  # fmt: skip
 
 
 class ReportFiles(StrictModel):
-    written: bool = Field(description="False: the worker has no MILLWRIGHT_USAGE_SINK_DIR; nothing was written.")
-    json_path: str | None = None
-    csv_path: str | None = None
+    written: bool = Field(description="False: the worker has no MILLWRIGHT_USAGE_SINK; nothing was written.")
+    json_path: str | None = Field(None, description="A file's path, or an object's s3:// URL.")
+    csv_path: str | None = Field(None, description="A file's path, or an object's s3:// URL.")
 
 
 def _stamp(t: datetime) -> str:
@@ -52,12 +60,12 @@ def _stamp(t: datetime) -> str:
 def report_csv(report: UsageReport) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["cluster", "start", "end", "tenant", "namespaces", "gpu_hours", "peak_gpus", "guaranteed_gpus",
-                     "allocated_peak_gpus"])  # fmt: skip
+    writer.writerow(["cluster", "start", "end", "tenant", "namespaces", "gpu_hours", "mig_gpu_hours", "peak_gpus",
+                     "guaranteed_gpus", "allocated_peak_gpus"])  # fmt: skip
     for row in report.rows:
         writer.writerow([report.cluster, report.start.isoformat(), report.end.isoformat(), row.tenant,
-                         " ".join(row.namespaces), f"{row.gpu_hours:.6f}", f"{row.peak_gpus:g}",
-                         "" if row.guaranteed_gpus is None else f"{row.guaranteed_gpus:g}",
+                         " ".join(row.namespaces), f"{row.gpu_hours:.6f}", f"{row.mig_gpu_hours:.6f}",
+                         f"{row.peak_gpus:g}", "" if row.guaranteed_gpus is None else f"{row.guaranteed_gpus:g}",
                          "" if row.allocated_peak_gpus is None else f"{row.allocated_peak_gpus:g}"])  # fmt: skip
     return out.getvalue()
 
@@ -70,20 +78,39 @@ def _replace(path: Path, text: str) -> None:
 
 
 class UsageReportActivities:
-    def __init__(self, sink_dir: str | None = None) -> None:
-        """`sink_dir`: the worker's MILLWRIGHT_USAGE_SINK_DIR (None: reports are not written)."""
+    def __init__(self, sink_dir: str | None = None, store: ObjectStore | None = None) -> None:
+        """The worker's MILLWRIGHT_USAGE_SINK: `sink_dir`, a directory, or `store`, an object store (neither:
+        reports are not written)."""
         self._sink = Path(sink_dir) if sink_dir else None
+        self._store = store
+        self._http: httpx.AsyncClient | None = None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     @activity.defn
     async def write_usage_report(self, report: UsageReport) -> ReportFiles:
-        """The report as JSON and CSV under the sink directory, replacing an earlier copy of the same period."""
+        """The report as JSON and CSV in the sink, replacing an earlier copy of the same period."""
+        name = f"{report.cluster}/{_stamp(report.start)}--{_stamp(report.end)}"
+        as_json = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+        if self._store is not None:
+            if self._http is None:  # one client for every report, so connections are reused
+                self._http = object_store.client()
+            return ReportFiles(
+                written=True,
+                json_path=await object_store.put_object(self._store, self._http, f"{name}.json", as_json.encode(),
+                                                        "application/json"),
+                csv_path=await object_store.put_object(self._store, self._http, f"{name}.csv",
+                                                       report_csv(report).encode(), "text/csv"),
+            )  # fmt: skip
         if self._sink is None:
             return ReportFiles(written=False)
-        folder = self._sink / report.cluster
-        base = folder / f"{_stamp(report.start)}--{_stamp(report.end)}"
+        base = self._sink / name
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            _replace(base.with_suffix(".json"), json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
+            base.parent.mkdir(parents=True, exist_ok=True)
+            _replace(base.with_suffix(".json"), as_json)
             _replace(base.with_suffix(".csv"), report_csv(report))
         except PermissionError as err:
             raise ApplicationError(f"cannot write the usage report under {self._sink}: {err}",

@@ -553,7 +553,7 @@ class Lab:
                        MILLWRIGHT_UFM_CA_BUNDLE=ufm["ca_bundle"])  # fmt: skip
         if self.info.get("prometheus"):
             env["MILLWRIGHT_PROMETHEUS_URL"] = self.info["prometheus"]["url"]
-        env["MILLWRIGHT_USAGE_SINK_DIR"] = str((self.state_dir / "usage").resolve())  # TenantUsage's reports
+        env["MILLWRIGHT_USAGE_SINK"] = str((self.state_dir / "usage").resolve())  # TenantUsage's reports
         return env
 
     async def wait_worker_polling(self, address: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.capi.models import DEFAULT_RESERVED_GROUPS
@@ -80,11 +80,21 @@ class WorkerSettings(BaseSettings):
         description="OpenTelemetry collector's OTLP/HTTP base URL, e.g. http://otel-collector:4318: the worker "
         "exports a span per workflow, activity, signal, query and update to <url>/v1/traces (none: no tracing)",
     )
-    usage_sink_dir: str | None = Field(
+    usage_sink: str | None = Field(
         None,
-        description="Directory TenantUsage writes its GPU-hours reports to, <dir>/<cluster>/<period>.json and "
-        ".csv (none: reports are in the run's result only)",
+        description="Where TenantUsage writes its GPU-hours reports, <cluster>/<period>.json and .csv: a directory, "
+        "or s3://bucket/prefix in an S3-compatible object store (none: reports are in the run's result only)",
     )
+    usage_sink_dir: str | None = Field(None, description="A directory for usage reports (MILLWRIGHT_USAGE_SINK's "
+                                       "earlier name, still read)")  # fmt: skip
+    usage_sink_endpoint: BaseUrl | None = Field(
+        None, description="The object store's URL for an s3:// sink not on AWS (MinIO, Ceph RGW); none: AWS S3's"
+    )
+    usage_sink_region: str = Field("us-east-1", description="The s3:// sink's region (signed into each request)")
+    usage_sink_credentials: str | None = Field(
+        None, description="Secret reference (env:NAME or file:/path) to '<access key id>:<secret access key>' of "
+        "the s3:// sink (never the keys themselves)",
+    )  # fmt: skip
     prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
     prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
 
@@ -177,6 +187,35 @@ class WorkerSettings(BaseSettings):
                 "set MILLWRIGHT_KUBECONFIG to one or more files separated by " + repr(os.pathsep)
             )
         return found
+
+    def usage_sink_config(self):
+        """(directory, object store) of MILLWRIGHT_USAGE_SINK (or MILLWRIGHT_USAGE_SINK_DIR), at most one set."""
+        from activities.object_store import ObjectStore
+        from activities.support.secrets import SecretRef
+
+        if self.usage_sink and self.usage_sink_dir:
+            raise ConfigError("MILLWRIGHT_USAGE_SINK and MILLWRIGHT_USAGE_SINK_DIR are both set: keep one")
+        sink = self.usage_sink or self.usage_sink_dir
+        if not sink or "://" not in sink:
+            if self.usage_sink_credentials or self.usage_sink_endpoint:
+                raise ConfigError("MILLWRIGHT_USAGE_SINK_CREDENTIALS and _ENDPOINT are for an s3:// sink; the sink is "
+                                  f"{'a directory' if sink else 'not set'}")  # fmt: skip
+            return sink, None
+        if not self.usage_sink_credentials:
+            raise ConfigError(f"MILLWRIGHT_USAGE_SINK is {sink}: MILLWRIGHT_USAGE_SINK_CREDENTIALS is not set")
+        try:
+            credentials = SecretRef.parse(self.usage_sink_credentials)
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_USAGE_SINK_CREDENTIALS: {err}") from None
+        try:
+            return None, ObjectStore.from_url(sink, endpoint=self.usage_sink_endpoint, region=self.usage_sink_region,
+                                              credentials=credentials)  # fmt: skip
+        except ValidationError as err:
+            raise ConfigError(
+                f"MILLWRIGHT_USAGE_SINK: {err.errors()[0]['msg'].removeprefix('Value error, ')}"
+            ) from None
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_USAGE_SINK: {err}") from None
 
     def netbox_config(self):
         """The NetBox connection (URL + token reference), or None when NetBox is not configured."""

@@ -190,7 +190,15 @@ def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
             f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
             f"a gate's URL with its query, {trust('prometheus')}",
         ),
-        ("Usage reports", f"to {settings.usage_sink_dir or 'nowhere (MILLWRIGHT_USAGE_SINK_DIR not set)'}"),
+        (
+            "Usage reports",
+            f"to {settings.usage_sink or settings.usage_sink_dir or 'nowhere (MILLWRIGHT_USAGE_SINK not set)'}"
+            + (
+                f" at {settings.usage_sink_endpoint or 'AWS S3'}, credentials {settings.usage_sink_credentials}"
+                if (settings.usage_sink or "").startswith("s3://")
+                else ""
+            ),
+        ),
     ]
 
 

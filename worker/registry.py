@@ -96,6 +96,8 @@ def build(settings: WorkerSettings) -> Registration:
         ca_bundle=settings.ca_bundle("prometheus"),
         verify_tls=settings.prometheus_verify_tls,
     )
+    sink_dir, store = settings.usage_sink_config()
+    usage = UsageReportActivities(sink_dir, store)
     ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
     ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
     bmc_settings: dict[str, Any] = dict(ca_bundle=settings.ca_bundle("bmc"), verify_tls=settings.bmc_verify_tls)
@@ -116,9 +118,9 @@ def build(settings: WorkerSettings) -> Registration:
             NodeHealthActivities(connector),
             NotifyActivities(),
             EntityActivities(),
-            UsageReportActivities(settings.usage_sink_dir),
+            usage,
         ),
-        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic, tracing],
+        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic, usage, tracing],
         worker_options={"interceptors": tracing.interceptors} if tracing.interceptors else {},
     )
 

@@ -1,9 +1,11 @@
 """TenantUsage: GPU-hours per tenant of one cluster over one period, from dcgm-exporter's allocation series in
 Prometheus joined to the tenants' namespaces (the ResourceQuotas onboarding labels with the tenant), beside each
 tenant's guaranteed and allocated GPUs from KAI; GPU-hours of pods outside every tenant are reported, not dropped.
+A MIG instance counts as its compute slices' share of its GPU, so GPU-hours stay in whole-GPU units.
 
   tenants' namespaces and queues (Kubernetes) → pages of time (Prometheus range queries, one activity each) →
-  the table (result, `usage` query, `progress`) → gauge per tenant → report files (the worker's sink directory)
+  the table (result, `usage` query, `progress`) → gauge per tenant → report files (the worker's sink: a directory
+  or an object store)
   → a NetBox journal entry on each tenant (tenants NetBox does not hold, or no NetBox, are named in the result)
 
 Paging: each page is a few range queries of `page / step` points (Prometheus refuses more than 11,000 per series)
@@ -34,6 +36,7 @@ from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, gave_up_on, kubernetes_api
 
 PROMETHEUS = "prometheus"
+USAGE_SINK = "usage sink"
 _NO_NETBOX = "NetBoxNotConfigured"  # the worker's answer when it has no NetBox: no tenant's entry is written
 UNATTRIBUTED = "(unattributed) "
 
@@ -89,6 +92,7 @@ def _utc(t: datetime) -> datetime:
 
 def _add(total: GpuUse, page: GpuUse) -> None:
     total.gpu_seconds += page.gpu_seconds
+    total.mig_gpu_seconds += page.mig_gpu_seconds
     total.peak_gpus = max(total.peak_gpus, page.peak_gpus)
 
 
@@ -133,6 +137,7 @@ class TenantUsage:
             if not page.configured:
                 table.prometheus = "not used: the worker has no MILLWRIGHT_PROMETHEUS_URL"
                 break
+            table.unweighted_mig_models = sorted(set(table.unweighted_mig_models) | set(page.unweighted_mig_models))
             for tenant, use in page.tenants.items():
                 _add(used[tenant], use)
             for namespace, use in page.unattributed.items():
@@ -151,10 +156,10 @@ class TenantUsage:
         for row in table.rows:
             if not row.tenant.startswith(UNATTRIBUTED):
                 gauge.set(row.gpu_hours, {"tenant": row.tenant, "cluster": inp.cluster})
-        table.report = await workflow.execute_activity_method(
+        table.report = await self._calls.execute(  # a sink down past retry_timeout fails the run: no report
             UsageReportActivities.write_usage_report,
             UsageReport.model_validate(table.model_dump(include=set(UsageReport.model_fields))),
-            **API_CALL, summary="usage report to the sink",
+            **API_CALL, endpoint=USAGE_SINK, summary="usage report to the sink",
         )  # fmt: skip
         self._table = table
         if inp.record_in_netbox and workflow.patched("usage-tenant-journal"):
@@ -216,11 +221,13 @@ class TenantUsage:
                   outside: dict[str, GpuUse], guaranteed: dict[str, float | None],
                   allocated: dict[str, float | None], pages: int) -> TenantUsageResult:  # fmt: skip
         rows = [TenantUsageRow(tenant=t, namespaces=namespaces, gpu_hours=used[t].gpu_seconds / 3600,
-                               peak_gpus=used[t].peak_gpus, guaranteed_gpus=guaranteed.get(t),
-                               allocated_peak_gpus=allocated.get(t)) for t, namespaces in tenants.items()]  # fmt: skip
+                               mig_gpu_hours=used[t].mig_gpu_seconds / 3600, peak_gpus=used[t].peak_gpus,
+                               guaranteed_gpus=guaranteed.get(t), allocated_peak_gpus=allocated.get(t))
+                for t, namespaces in tenants.items()]  # fmt: skip
         loose = sorted(outside.items(), key=lambda item: (-item[1].gpu_seconds, item[0]))
         rows += [TenantUsageRow(tenant=UNATTRIBUTED + ns, namespaces=[ns], gpu_hours=use.gpu_seconds / 3600,
-                                peak_gpus=use.peak_gpus) for ns, use in loose]  # fmt: skip
+                                mig_gpu_hours=use.mig_gpu_seconds / 3600, peak_gpus=use.peak_gpus)
+                 for ns, use in loose]  # fmt: skip
         unattributed = sum(use.gpu_seconds for use in outside.values()) / 3600
         return table.model_copy(update={"rows": rows, "pages": pages, "unattributed_gpu_hours": unattributed,
                                         "total_gpu_hours": sum(r.gpu_hours for r in rows)})  # fmt: skip
