@@ -50,6 +50,9 @@ SANDBOX_PASSTHROUGH = (
     "workflows.fabric.models",
     "workflows.firmware.bundle",
     "workflows.maintenance.drain",
+    "workflows.partitioning.layouts",
+    "workflows.partitioning.models",
+    "workflows.partitioning.plan",
     "workflows.remediation.models",
     "workflows.remediation.policy",
     "workflows.remediation.sweep_models",
@@ -108,6 +111,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.ironic.activities import IronicActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
+    from activities.kube.mig import MigActivities
     from activities.netbox.activities import NetBoxActivities
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
@@ -135,6 +139,7 @@ def build(settings: WorkerSettings) -> Registration:
     return Registration(
         workflows=list(WORKFLOWS),
         activities=list(KubeActivities(connector).activities())
+        + MigActivities(connector).activities()
         + netbox.activities()
         + prometheus.activities()
         + ufm.activities()

@@ -58,6 +58,9 @@ class DrainSettings(StrictModel):
         None, ge=0, description="Override each pod's terminationGracePeriodSeconds; unset keeps the pod's own."
     )
     pod_selector: str | None = Field(None, description="Only drain pods matching this label selector.")
+    gpu_pods_only: bool = Field(
+        False, description="Only drain pods that use GPUs (`nvidia.com/gpu` or `nvidia.com/mig-*`); the rest stay."
+    )
     timeout: timedelta = Field(
         timedelta(minutes=30), description="Give up the drain after this long (ISO 8601 duration or seconds)."
     )
