@@ -20,13 +20,18 @@ async def test_only_gpu_pods_are_drained_and_no_label_is_set_under_them(k8s, kub
     plan = await env.run(kube.plan_drain, DrainPlanRequest(cluster="lab", node="gpu-01",
                                                            settings=DrainSettings(gpu_pods_only=True)))  # fmt: skip
     assert [p.namespace for p in plan.evict] == ["training"]
-    assert {(s.pod.namespace, s.reason) for s in plan.skipped} == {("apps", "uses no GPU"), ("gpu-operator", "uses no GPU")}
+    assert {(s.pod.namespace, s.reason) for s in plan.skipped} == {
+        ("apps", "uses no GPU"),
+        ("gpu-operator", "uses no GPU"),
+    }
 
     await core.patch_node("gpu-01", {"metadata": {"labels": {STATE_LABEL: "success"}}})
     write = MigConfigWrite(cluster="lab", node="gpu-01", config="all-1g.10gb", by="test")
     with pytest.raises(ApplicationError) as err:
         await env.run(mig.set_mig_config, write)
-    assert err.value.type == "MigGpuPodsRunning" and err.value.non_retryable and "training/trainer-" in err.value.message
+    assert (
+        err.value.type == "MigGpuPodsRunning" and err.value.non_retryable and "training/trainer-" in err.value.message
+    )
     assert CONFIG_LABEL not in (await read_node(core, "gpu-01")).metadata.labels
 
     await core.patch_node("gpu-01", {"spec": {"unschedulable": True}})  # its replacement lands elsewhere, or nowhere
