@@ -17,6 +17,7 @@ from workflows.fabric.release import ReleaseTenant
 from workflows.firmware.firmware_update import FirmwareUpdate
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.partitioning.node_mig import NodeMigReconfigure
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.rollout.node_update import NodeUpdate
@@ -39,6 +40,6 @@ STARTABLE += [TenantUsage]
 # Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
 STARTABLE += [FirmwareUpdate]
 # Every workflow the worker registers: the startable ones and the children they run.
-WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric]
+WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.
 WORKFLOWS += [DisruptionBudget]
