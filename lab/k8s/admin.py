@@ -6,6 +6,8 @@ from typing import Any
 
 from lab.loopback import AdminClient
 
+from . import mig
+
 
 class EmulatorAdmin(AdminClient):
     """The Kubernetes emulator's admin API: seed, dump and tune it, on top of faults and the audit log.
@@ -32,6 +34,21 @@ class EmulatorAdmin(AdminClient):
     async def set_gpu(self, node: str, values: dict[str, float | None], gpu: int | None = None) -> None:
         """dcgm-exporter readings of a node's GPU (every GPU without its own: `gpu` None); lab/k8s/dcgm.py."""
         await self._req("POST", "/_lab/dcgm", json={"node": node, "gpu": gpu, "values": values})
+
+    async def set_mig_node(self, node: str, fail: str | None = None, reboot: bool | None = None) -> dict:
+        """mig-manager on `node` from now on: its reconfigurations fail with reason `fail` (None: succeed), and
+        reboot when the MIG mode changes or not (None: as the `migReboot` setting says). lab/k8s/controllers/
+        migmanager.py."""
+        return await self._req("POST", "/_lab/mig", json={"node": node, "fail": fail, "reboot": reboot})
+
+    async def mig(self) -> dict:
+        """The MIG settings and every GPU node's config, state, failure reason and emulated hardware."""
+        return await self._req("GET", "/_lab/mig")
+
+    async def mig_config_changes(self, since: int = 0) -> list[dict]:
+        """Every change of a node's `nvidia.com/mig.config` label in the audit log, with the GPU pods still on the
+        node at that moment (lab/k8s/mig.py `config_changes`)."""
+        return mig.config_changes(await self.audit(since, writes=True))
 
     async def requests(self) -> list[dict]:
         """Every kind of request this emulator process served, resets included (lab/k8s/evidence.py)."""

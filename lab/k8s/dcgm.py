@@ -2,7 +2,7 @@
 made from the emulator's own Nodes, Pods and Queues at each scrape.
 
 * ``GET /_lab/dcgm/targets``: Prometheus HTTP service discovery, one target per GPU node (a node with
-  ``nvidia.com/gpu`` capacity), as a dcgm-exporter DaemonSet has one pod per GPU node;
+  ``nvidia.com/gpu`` capacity, or MIG-partitioned GPUs: lab/k8s/mig.py), as a dcgm-exporter DaemonSet has one pod per GPU node;
 * ``GET /_lab/dcgm/nodes/<node>/metrics``: that node's exporter, in dcgm-exporter's text format and label set
   (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; and
   ``pod``/``namespace``/``container`` on a GPU allocated to a pod, as ``-k`` maps them). A bound, unfinished pod
@@ -25,12 +25,12 @@ from typing import Any
 
 from aiohttp import web
 
+from . import mig
 from .controllers.pods import gpu_request, is_active
 from .crds import QUEUES
 from .store import NAMESPACES, NODES, PODS, Store
 from .util import ApiError, jresp
 
-GPU = "nvidia.com/gpu"
 QUEUE_LABEL = "kai.scheduler/queue"
 DRIVER_VERSION = "550.54.15"
 FB_TOTAL_MIB = 81_559  # an 80 GB board as NVML counts it
@@ -61,12 +61,8 @@ def gpu_uuid(node: str, gpu: int) -> str:
 
 
 def _gpu_count(node: dict) -> int:
-    status = node.get("status") or {}
-    raw = (status.get("capacity") or {}).get(GPU) or (status.get("allocatable") or {}).get(GPU) or 0
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return 0
+    """Whole GPUs, MIG-partitioned or not (a partitioned node advertises no `nvidia.com/gpu` under `mixed`)."""
+    return mig.physical_gpus(node)
 
 
 def _quote(value: str) -> str:
@@ -100,7 +96,8 @@ def node_metrics(store: Store, node_name: str) -> str:
     if node is None:
         raise ApiError(404, f"no node {node_name!r}", "NotFound")
     gpus = _gpu_count(node)
-    model = ((node["metadata"].get("labels") or {}).get("nvidia.com/gpu.product") or "NVIDIA H200").replace("-", " ")
+    product = mig.base_product((node["metadata"].get("labels") or {}).get(mig.PRODUCT_LABEL) or "NVIDIA H200")
+    model = product.replace("-", " ")
     held = _allocations(store, node_name, gpus)
     readings = store.gpu_readings.get(node_name, {})
     lines: list[str] = []

@@ -1,5 +1,5 @@
-"""The emulator's own ``/_lab`` admin API (the client is lab/k8s/admin.py): reset, seed, dump, config, and the
-faults and audit log of lab/faults.py."""
+"""The emulator's own ``/_lab`` admin API (the client is lab/k8s/admin.py): reset, seed, dump, config, what
+mig-manager does per node (``/_lab/mig``), and the faults and audit log of lab/faults.py."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from aiohttp import web
 
 from lab import faults
 
-from . import dcgm, evidence
+from . import dcgm, evidence, mig
 from .seed import seed_objects
-from .store import PDBS, Store, default_jobs_config
+from .store import NODES, PDBS, Store, default_jobs_config
 from .util import ApiError, err_resp, jresp
 
 
@@ -64,11 +64,25 @@ async def _route(store: Store, request: web.Request) -> web.Response:
                     if k == "jobs":
                         store.config[k] = validate_jobs_config(v)
                         continue
+                    if k == "migNodes":
+                        store.config[k] = validate_mig_nodes(v)
+                        continue
+                    if k == "migStrategy" and v not in mig.STRATEGIES:
+                        raise ApiError(400, f"migStrategy: one of {', '.join(mig.STRATEGIES)}", "BadRequest")
                     store.config[k] = type(store.config[k])(v)
                 for ns in {o["metadata"]["namespace"] for o in store.all(PDBS)}:
                     store.recompute_pdbs(ns)
                 store.kick.set()
         return jresp(dict(store.config))
+    if path == "/_lab/mig":
+        if m == "POST":
+            body = await _body(request)
+            async with store.lock:
+                store.config["migNodes"] = set_mig_node(store.config["migNodes"], body)
+                store.dirty.add((NODES, ("", body["node"])))  # a failure or reboot set now applies to a run pending
+                store.kick.set()
+        async with store.lock:
+            return jresp(mig_view(store))
     if path == "/_lab/audit/requests" and m == "GET":  # lab/k8s/evidence.py: every request kind, ever
         return jresp(evidence.snapshot(f"{request.scheme}://{request.host}"))
     if path == "/_lab/healthz":
@@ -97,6 +111,52 @@ def validate_jobs_config(v: Any) -> dict:
         if str(r.get("outcome") or "succeed").lower() not in ("succeed", "success", "fail", "failed", "failure"):
             raise ApiError(400, f"jobs.rules[{i}].outcome must be 'succeed' or 'fail'", "BadRequest")
     return cfg
+
+
+def validate_mig_nodes(v: Any) -> dict:
+    """The `migNodes` config key: {node: {"fail": reason, "reboot": bool}}, each field optional."""
+    if not isinstance(v, dict):
+        raise ApiError(400, "config key 'migNodes' must be an object {node: {fail, reboot}}", "BadRequest")
+    out: dict = {}
+    for node, how in v.items():
+        if not isinstance(how, dict):
+            raise ApiError(400, f"migNodes.{node}: an object {{fail, reboot}}", "BadRequest")
+        out = set_mig_node(out, {**how, "node": node}, f"migNodes.{node}")
+    return out
+
+
+def set_mig_node(nodes: dict, body: Any, where: str = "body") -> dict:
+    """`POST /_lab/mig {"node", "fail": reason | null, "reboot": bool | null}`: the node's next reconfigurations
+    fail with that reason (null: succeed) and reboot or not (null: as `migReboot` says)."""
+    if not isinstance(body, dict) or not isinstance(body.get("node"), str):
+        raise ApiError(400, f'{where}: expected {{"node": "...", "fail": "reason" | null, "reboot": true | false | null}}',
+                       "BadRequest")  # fmt: skip
+    extra = set(body) - {"node", "fail", "reboot"}
+    if extra:
+        raise ApiError(400, f"{where}: unknown fields {sorted(extra)}", "BadRequest")
+    if body.get("fail") is not None and (not isinstance(body["fail"], str) or not body["fail"]):
+        raise ApiError(400, f"{where}.fail: a non-empty reason, or null", "BadRequest")
+    if body.get("reboot") is not None and not isinstance(body["reboot"], bool):
+        raise ApiError(400, f"{where}.reboot: true, false or null", "BadRequest")
+    how = {k: body[k] for k in ("fail", "reboot") if body.get(k) is not None}
+    rest = {n: h for n, h in nodes.items() if n != body["node"]}
+    return {**rest, body["node"]: how} if how else rest
+
+
+def mig_view(store: Store) -> dict:
+    """`GET /_lab/mig`: the settings, and each GPU node's config label, state, failure reason and hardware."""
+    nodes = {}
+    for node in store.all(NODES):
+        md = node["metadata"]
+        hw = mig.hardware(node)
+        if hw["gpus"] <= 0:
+            continue
+        labels, ann = md.get("labels") or {}, md.get("annotations") or {}
+        nodes[md["name"]] = {"config": labels.get(mig.CONFIG_LABEL), "state": labels.get(mig.STATE_LABEL),
+                             "failure": ann.get(mig.FAILURE_ANNOTATION), "hardware": hw}  # fmt: skip
+    cfg = store.config
+    return {"strategy": cfg["migStrategy"], "pendingSeconds": cfg["migPendingSeconds"], "reboot": cfg["migReboot"],
+            "overrides": cfg["migNodes"], "nodes": nodes}  # fmt: skip
 
 
 def dump_objects(store: Store) -> list[dict]:

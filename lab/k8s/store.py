@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from lab.faults import AuditLog, FaultTable
 
-from . import evidence
+from . import evidence, mig
 from .resources import Registry, ResourceType
 from .selectors import match_selector_obj, selector_obj_empty
 from .util import ApiError, diff, now_rfc3339
@@ -61,6 +61,12 @@ def default_config() -> dict:
         "bookmarkSeconds": 5.0,
         "rebootSeconds": 2.0,
         "jobs": default_jobs_config(),
+        # lab/k8s/controllers/migmanager.py: the device plugin's strategy, how long a reconfiguration stays
+        # `pending`, whether it reboots the node, and per-node overrides {node: {"fail": reason, "reboot": bool}}
+        "migStrategy": "mixed",
+        "migPendingSeconds": 0.2,
+        "migReboot": False,
+        "migNodes": {},
     }
 
 
@@ -501,6 +507,7 @@ class Store:
                     "uid": md.get("uid"),
                     "controller": (controller_ref(pod) or {}).get("kind"),
                     "deleting": bool(md.get("deletionTimestamp")),
+                    "gpus": mig.uses_gpus(pod),
                 }
             )
         return out
@@ -518,6 +525,10 @@ class Store:
                     "ready": node_ready(node),
                     "pods": self.pods_on_node(node["metadata"]["name"]),
                 }
+                change = next((c for c in entry.get("changes") or () if c.get("path") == mig.CONFIG_CHANGE_PATH), None)
+                if change is not None:  # whether GPU pods still ran when mig-manager was told to change the layout
+                    gpu_pods = [p["pod"] for p in entry["nodeAfter"]["pods"] if p["gpus"]]
+                    entry["migConfigChange"] = {"from": change["old"], "to": change["new"], "gpuPods": gpu_pods}
         elif ok and entry.get("resource") == "jobs" and entry.get("verb") == "create":
             # A Job pinned to a node (a package stage) and what ran on that node when it was created.
             job = self.get(self.registry.types[JOBS], entry.get("namespace"), entry.get("name") or "")

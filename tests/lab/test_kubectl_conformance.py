@@ -1,4 +1,5 @@
-"""Real kubectl against the emulator: discovery, get, cordon, drain (429 then success), uncordon; apply
+"""Real kubectl against the emulator: discovery, get, cordon, drain (429 then success), uncordon; a MIG relabel
+that mig-manager takes to success or failed; apply
 (client-side and server-side) of a manifest with a CRD kind, get -o wide/-o yaml, describe and delete."""
 
 from __future__ import annotations
@@ -106,6 +107,25 @@ def test_kubectl_get_nodes(kubectl, lab):
     table = kubectl("get", "nodes").stdout
     assert "n1" in table and "n2" in table
     assert "web" not in kubectl("get", "pods", "-A").stdout
+
+
+def test_kubectl_relabels_a_node_for_mig_manager(kubectl, lab):
+    lab.configure(migPendingSeconds=0.1)
+    lab.seed([node("n1", labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})])
+    out = kubectl("label", "node", "n1", "nvidia.com/mig.config=all-1g.10gb", "--overwrite").stdout
+    assert out.strip() == "node/n1 labeled"
+
+    def state() -> str:
+        return kubectl("get", "node", "n1", "-o", r"jsonpath={.metadata.labels.nvidia\.com/mig\.config\.state}").stdout
+
+    assert wait_for(lambda: state() == "success", timeout=15, what="mig.config.state success")
+    capacity = kubectl("get", "node", "n1", "-o", r"jsonpath={.status.capacity.nvidia\.com/mig-1g\.10gb}").stdout
+    assert capacity == "56"
+    kubectl("label", "node", "n1", "nvidia.com/mig.config=all-3g.bogus", "--overwrite")
+    assert wait_for(lambda: state() == "failed", timeout=15, what="mig.config.state failed")
+    reason = kubectl("get", "node", "n1", "-o",
+                     r"jsonpath={.metadata.annotations.lab\.millwright\.dev/mig\.config\.failure}").stdout  # fmt: skip
+    assert "'all-3g.bogus' has no entry" in reason
 
 
 def test_kubectl_cordon_drain_uncordon(kubectl, lab, api_client, core):

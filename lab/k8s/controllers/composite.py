@@ -17,6 +17,7 @@ from .garbage import GarbageCollector
 from .jobs import Jobs
 from .kai import KaiQueues
 from .kubelet import Kubelet
+from .migmanager import MigManager
 from .namespaces import NamespaceLifecycle
 from .reboots import Reboots
 from .replicasets import ReplicaSets
@@ -44,6 +45,7 @@ class Controllers:
             Scheduler(api),
             Jobs(api),
             self.reboots,
+            MigManager(api),
             Kubelet(api),
             self.cluster_api,
             KaiQueues(api),

@@ -1,14 +1,15 @@
 """The default scheduler: binds a ReplicaSet's or Job's pending pod to the least-loaded Ready node that fits its
-node selector, tolerations and GPU request; an unschedulable pod is tried again every `SCHEDULE_RETRY_SECONDS`."""
+node selector, tolerations and GPU requests (whole GPUs or MIG devices); an unschedulable pod is tried again every `SCHEDULE_RETRY_SECONDS`."""
 
 from __future__ import annotations
 
 import copy
 
+from ..mig import gpu_resources
 from ..store import NODES, PODS, controller_ref, node_ready
 from ..util import now_rfc3339
 from .base import Controller
-from .pods import gpu_request, is_active
+from .pods import is_active
 
 SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
 
@@ -24,12 +25,29 @@ def _tolerated(taint: dict, tolerations: list[dict]) -> bool:
     return False
 
 
+def _fits(need: dict[str, float], running: list[dict], allocatable: dict) -> bool:
+    """The node's device plugin resources (`nvidia.com/gpu`, `nvidia.com/mig-*`) cover what the running pods hold
+    plus `need`."""
+    used: dict[str, float] = {}
+    for p in running:
+        for k, v in gpu_resources(p).items():
+            used[k] = used.get(k, 0.0) + v
+    for k, v in need.items():
+        try:
+            alloc = float(allocatable.get(k, 0))
+        except (TypeError, ValueError):
+            alloc = 0.0
+        if used.get(k, 0.0) + v > alloc:
+            return False
+    return True
+
+
 class Scheduler(Controller):
     def pick_node(self, pod: dict) -> str | None:
         store = self.store
         spec = pod.get("spec") or {}
         sel = spec.get("nodeSelector") or {}
-        need_gpu = gpu_request(pod)
+        need = gpu_resources(pod)
         pods = store.objects.get(PODS, {})
 
         def on_node(name: str) -> list[dict]:
@@ -49,17 +67,9 @@ class Scheduler(Controller):
             ):
                 continue
             running = on_node(md["name"])
-            load = {md["name"]: len(running)}
-            gpus_used = {md["name"]: sum(gpu_request(p) for p in running)}
-            if need_gpu:
-                alloc = ((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0)
-                try:
-                    alloc = float(alloc)
-                except (TypeError, ValueError):
-                    alloc = 0.0
-                if gpus_used.get(md["name"], 0.0) + need_gpu > alloc:
-                    continue
-            candidates.append((load.get(md["name"], 0), md["name"]))
+            if need and not _fits(need, running, (node.get("status") or {}).get("allocatable") or {}):
+                continue
+            candidates.append((len(running), md["name"]))
         return min(candidates)[1] if candidates else None
 
     def reconcile(self, work: set, now: float) -> None:
