@@ -30,8 +30,9 @@ CONFIG_LABEL = "nvidia.com/mig.config"
 STATE_LABEL = "nvidia.com/mig.config.state"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 COUNT_LABEL = "nvidia.com/gpu.count"
-# Where the lab's mig-manager says why a reconfiguration failed (the real one only logs it).
-REASON_ANNOTATION = "nvidia.com/mig.config.state.reason"
+# mig-manager has no reason label (it logs why it failed); the lab's emulator writes the reason on this annotation,
+# and a site's own mig-manager wrapper may too. Without it, `failed` is reported with no reason but the state.
+REASON_ANNOTATION = "lab.millwright.dev/mig.config.failure"
 BY_ANNOTATION = "millwright.dev/mig-config-by"
 
 

@@ -1,0 +1,57 @@
+"""NodeMigReconfigure on the emulator's mig-manager: one node moved to a MIG layout (only its GPU pods drained, the
+label set once they are gone, the layout advertised, back in service), a re-run that writes nothing, and a node
+mig-manager fails, left cordoned and erroring with mig-manager's reason."""
+
+from __future__ import annotations
+
+import uuid
+
+from activities.kube.mig import CONFIG_LABEL, STATE_LABEL
+from activities.kube.models import ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
+from tests.kube_helpers import pods_on, read_node
+from tests.partitioning.helpers import evictions_past_their_budget, mig_lab
+from workflows.partitioning.models import MigChange, NodeMigInput
+from workflows.partitioning.node_mig import NodeMigReconfigure
+
+
+async def move(client, worker, node: str, config: str = "all-1g.10gb", run: str = ""):
+    by = f"gpu-partitioning/lab/{run or uuid.uuid4().hex[:6]}"
+    inp = NodeMigInput(node=node, by=by, change=MigChange(cluster="lab", config=config))
+    return await client.execute_workflow(NodeMigReconfigure.run, inp, id=f"{by}/{node}", task_queue=worker.task_queue)
+
+
+async def test_a_node_moves_to_its_layout_with_only_its_gpu_pods_drained(client, kube_worker, k8s, core):
+    await mig_lab(k8s, 2)
+    web_before = {p.metadata.name for p in await pods_on(core, "gpu-01") if p.metadata.namespace == "apps"}
+
+    result = await move(client, kube_worker, "gpu-01")
+
+    assert result.outcome == "reconfigured", result.reason
+    assert [e.split("/")[0] for e in result.evicted] == ["training"] and result.mig_state == "success"
+    assert result.resources == {"nvidia.com/mig-1g.10gb": 56}
+    node = await read_node(core, "gpu-01")
+    assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    assert node.status.capacity["nvidia.com/mig-1g.10gb"] == "56" and node.status.capacity["nvidia.com/gpu"] == "0"
+    assert {p.metadata.name for p in await pods_on(core, "gpu-01") if p.metadata.namespace == "apps"} == web_before
+    [change] = await k8s.mig_config_changes()
+    assert (change["node"], change["to"], change["gpuPods"]) == ("gpu-01", "all-1g.10gb", [])
+    assert not evictions_past_their_budget(await k8s.audit())
+
+    since = (await k8s.audit())[-1]["seq"]
+    again = await move(client, kube_worker, "gpu-01")
+    assert again.outcome == "at-target" and again.evicted == []
+    assert not [e for e in await k8s.audit(since=since, writes=True) if e["resource"] == "nodes"]
+
+
+async def test_a_node_mig_manager_fails_stays_cordoned_erroring_with_its_reason(client, kube_worker, k8s, core):
+    await mig_lab(k8s, 2)
+    await k8s.set_mig_node("gpu-02", fail="nvidia-smi mig -cgi failed: Insufficient Resources")
+
+    result = await move(client, kube_worker, "gpu-02")
+
+    assert result.outcome == "erroring" and result.mig_state == "failed"
+    assert "Insufficient Resources" in result.reason and result.reason.startswith("mig-manager failed to apply")
+    node = await read_node(core, "gpu-02")
+    assert node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
+    assert "Insufficient Resources" in node.metadata.annotations[ROLLOUT_ANNOTATION]
+    assert node.metadata.labels[CONFIG_LABEL] == "all-1g.10gb" and node.metadata.labels[STATE_LABEL] == "failed"
