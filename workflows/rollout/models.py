@@ -16,9 +16,9 @@ from activities.models import StrictModel
 from workflows.budget.budget import Budget
 from workflows.budget.leases import Lease
 from workflows.maintenance.drain import DrainProgress
-from workflows.rollout.admission import MaintenanceWindow
-from workflows.rollout.packages import Interrupt
-from workflows.rollout.policy import Plan
+from workflows.rollout.batching import Plan
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.packages import Interrupt
 from workflows.rollout.state import BatchState, NodeStatus
 from workflows.validation.models import ValidationResult, ValidationSettings
 

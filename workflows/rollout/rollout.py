@@ -4,7 +4,7 @@ Rollout (one per change, `rollout/<cluster>/<name>`)
   ├─ surveys the targeted nodes once and splits them into compartments;
   ├─ per compartment, concurrently: gates (pause, maintenance window, approval, batch gate)
   │   → budget check against the live cluster → one RolloutBatch child → evaluation
-  │   (NodeWright's arithmetic, `workflows.rollout.policy`) → soak;
+  │   (NodeWright's arithmetic, `workflows.rollout.batching`) → soak;
   └─ continues as new between batches before its history grows large.
 RolloutBatch (one per batch) runs a NodeUpdate child per node, `maxInFlight` at a time,
 and continues as new between chunks of a very large batch. It asks the cluster's disruption
@@ -38,7 +38,23 @@ from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
-from workflows.rollout.admission import MaintenanceWindow
+from workflows.rollout.batching import (
+    NODE_PRIORITY_LABEL,
+    NodeSnapshot,
+    admissible,
+    assign_compartments,
+    batch_order,
+    coalesce_interrupts,
+    compartment_budget,
+    compartment_strategy,
+    evaluate_batch,
+    next_batch_size,
+    next_window_open,
+    package_order,
+    plan,
+    strategy_name,
+    window_open,
+)
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     ApproveRequest,
@@ -60,24 +76,8 @@ from workflows.rollout.models import (
     StageRecord,
 )
 from workflows.rollout.node_update import NodeUpdate
-from workflows.rollout.policy import (
-    NODE_PRIORITY_LABEL,
-    NodeSnapshot,
-    admissible,
-    assign_compartments,
-    batch_order,
-    coalesce_interrupts,
-    compartment_budget,
-    compartment_strategy,
-    evaluate_batch,
-    next_batch_size,
-    next_window_open,
-    package_order,
-    plan,
-    strategy_name,
-    window_open,
-)
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
