@@ -54,7 +54,10 @@ SANDBOX_PASSTHROUGH = (
     "workflows.remediation.policy",
     "workflows.remediation.sweep_models",
     "workflows.rollout.batching",
+    "workflows.rollout.cluster_reads",
+    "workflows.rollout.compartments",  # the fleet engine
     "workflows.rollout.dependency_graph",
+    "workflows.rollout.fleet_controls",
     "workflows.rollout.membership",
     "workflows.rollout.models",
     "workflows.rollout.spec",  # the input and its sections

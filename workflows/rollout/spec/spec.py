@@ -26,7 +26,7 @@ Where NodeWright is unsafe, Millwright is safe by default:
 * dependency cycles are rejected (NodeWright's check is incomplete);
 * the budget is a hard cap on each batch (see `workflows.rollout.batching.admissible`).
 
-The sections live in their own modules under workflows/rollout/: packages.py, label_selector.py,
+The sections live in their own modules under workflows/rollout/spec/: packages.py, label_selector.py,
 drain_config.py, deployment_policy.py and admission.py (windows and gates), on the field types of
 spec_fields.py. All are pure (stdlib + pydantic) and passed through the workflow sandbox (worker/registry.py).
 """
