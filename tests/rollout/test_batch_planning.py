@@ -12,9 +12,9 @@ from tests.kube_helpers import read_node
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import max_unavailable, rollout_fleet, rollout_spec
 from tests.rollout.test_rollout import lab_ready, start, status_where
+from workflows.rollout.batching import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
 from workflows.rollout.membership import reconcile
 from workflows.rollout.models import ApproveRequest, ReasonRequest
-from workflows.rollout.policy import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
 from workflows.rollout.rollout import Rollout
 from workflows.rollout.state import BatchState, CompartmentState, RolloutCheckpoint
 
