@@ -17,6 +17,7 @@ from workflows.fabric.release import ReleaseTenant
 from workflows.firmware.firmware_update import FirmwareUpdate
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.node_mig import NodeMigReconfigure
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
@@ -39,6 +40,8 @@ STARTABLE += [FleetHealthSweep, NodeRemediation]
 STARTABLE += [TenantUsage]
 # Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
 STARTABLE += [FirmwareUpdate]
+# MIG layouts across a fleet (issue #26), on the rollout's engine: one NodeMigReconfigure child per node.
+STARTABLE += [GpuPartitioning]
 # Every workflow the worker registers: the startable ones and the children they run.
 WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.

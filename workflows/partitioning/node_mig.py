@@ -90,18 +90,18 @@ class NodeMigReconfigure:
         result = NodeMigResult(node=node, outcome="erroring")
         if seen is None:
             result.reason = f"node {node} not found in {c.cluster}"
-            return result
+            return await self._untouched(result)
         result.previous, result.mig_state, result.resources = seen.config, seen.state, seen.resources
         model = model_of(seen.product)
         layout = layout_of(c.config, model) if model is not None else None
         if layout is None:  # the fleet run refuses this before any write; a child started alone reports it
             result.reason = f"GPU {seen.product or '(no nvidia.com/gpu.product label)'} has no MIG config {c.config}"
-            return result
+            return await self._untouched(result)
         expected = layout.resources(seen.gpus)
         if seen.config == c.config and seen.state == "success" and seen.resources == expected:
             result.outcome = "at-target"
             self._step("at-target", f"{node} already has {c.config}")
-            return result
+            return await self._untouched(result)
         await workflow.wait_condition(lambda: not self._status.paused)
         await self._lease()
         self._step("cordoning", node)
@@ -156,6 +156,12 @@ class NodeMigReconfigure:
             self._status.lease = None
         result.outcome = "reconfigured"
         self._step("reconfigured", f"{node}: {c.config}")
+        return result
+
+    async def _untouched(self, result: NodeMigResult) -> NodeMigResult:
+        """The node was never taken out of service: the lease its batch took for it goes back."""
+        if self._inp.lease is not None:
+            await release_lease(self._inp.change.cluster, self._inp.node, reason=result.reason or result.outcome)
         return result
 
     async def _lease(self) -> Lease:
