@@ -263,6 +263,7 @@ TYPOS: dict[str, Typo] = {
     "TenantUsage": Typo({"cluster": "lab", "period": "PT1H"}, (), "perod"),
     "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
                            ("bundle", "components", 0), "imageuri"),
+    "GpuPartitioning": Typo(example("gpu-partitioning.json", nodes=["node-04"]), ("drain",), "gpu_only"),
 }  # fmt: skip
 
 
@@ -363,6 +364,7 @@ def misspelt(field: str) -> str:
 RUNNING: dict[str, dict[str, Any]] = {
     "NodeMaintenance": TYPOS["NodeMaintenance"].valid,
     "Rollout": TYPOS["Rollout"].valid,
+    "GpuPartitioning": TYPOS["GpuPartitioning"].valid,
     "FleetBurnIn": TYPOS["FleetBurnIn"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "Fabric": {"fabric": "lab-ib"},
