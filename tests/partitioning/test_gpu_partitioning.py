@@ -19,9 +19,9 @@ from tests.kube_helpers import pods_on, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.partitioning.helpers import evictions_past_their_budget, mig_lab
 from tests.rollout.helpers import max_unavailable
+from tests.test_cli import cli
 from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.models import GpuPartitioningInput
-from workflows.rollout.models import ReasonRequest
 
 MEMBERS = {f"gpu-{i:02d}" for i in range(1, 5)}
 BUDGET_2 = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
@@ -70,7 +70,7 @@ async def test_the_fleet_moves_to_1g_slices_two_nodes_at_a_time(client, kube_wor
 
 
 async def test_a_failing_node_stops_the_run_at_its_threshold_and_an_abort_leaves_nodes_accounted_for(
-    client, kube_worker, k8s, core
+    client, kube_worker, k8s, core, temporal_address
 ):
     await mig_lab(k8s)
     await k8s.set_mig_node("gpu-01", fail="nvidia-smi mig -cgi failed: In use by another client")
@@ -84,7 +84,11 @@ async def test_a_failing_node_stops_the_run_at_its_threshold_and_an_abort_leaves
     progress = await wait_for(stopped, what="the failure threshold", timeout=60)
     assert "node `gpu-01` erroring: mig-manager failed to apply all-1g.10gb" in progress.details
     assert "In use by another client" in progress.details
-    await handle.execute_update(GpuPartitioning.abort, ReasonRequest(reason="bad layout on gpu-01"))
+    # The operator's control, as for a rollout: `millwright mig abort`.
+    aborted = await cli(
+        "mig", "abort", handle.id, "--by", "sre", "--reason", "bad layout", "--address", temporal_address
+    )
+    assert aborted.returncode == 0, aborted.stderr
     result = await handle.result()
     assert result.outcome == "aborted" and result.counts == {"erroring": 1, "waiting": 3}
     failed = await read_node(core, "gpu-01")
