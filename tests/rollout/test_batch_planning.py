@@ -138,6 +138,11 @@ async def test_an_erroring_node_is_retried_and_completes_in_a_later_batch(client
     node = await read_node(core, "a-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     await record_history(handle, "rollout_planning_retry")
+    # The shape after the fleet engine: batches take a NodeWork and return their children's results as JSON.
+    await record_history(handle, "rollout_fleet_engine")
+    async for batch in client.list_workflows(f"WorkflowId STARTS_WITH '{handle.id}/__default__/batch'"):
+        await record_history(client.get_workflow_handle(batch.id, run_id=batch.run_id), "rollout_batch_work")
+        break
 
 
 async def test_retries_are_bounded_and_count_against_the_stop_rule(client, kube_worker, k8s, core):
