@@ -113,6 +113,19 @@ class BmcSettings(_M):
     )
 
 
+class MigSettings(_M):
+    """The emulator's mig-manager (lab/k8s/controllers/migmanager.py), as `POST /_lab/config` sets it."""
+
+    strategy: Literal["single", "mixed"] = Field("mixed", description="The device plugin's MIG strategy.")
+    pendingSeconds: float = Field(0.2, ge=0, le=3600, description="How long a reconfiguration stays `pending`.")
+    reboot: bool = Field(False, description="Reboot the node when the MIG mode changes (mig-manager's WITH_REBOOT).")
+    dra: bool = Field(False, description="NVIDIA's DRA driver publishes each GPU node's ResourceSlice.")
+
+    def config(self) -> dict[str, Any]:
+        return {"migStrategy": self.strategy, "migPendingSeconds": self.pendingSeconds, "migReboot": self.reboot,
+                "migDra": self.dra}  # fmt: skip
+
+
 class Fleet(_M):
     cluster: str = "lab"
     nodes: list[NodeSpec | NodeGenerator] = Field(default_factory=list)
@@ -122,6 +135,7 @@ class Fleet(_M):
     # emulator settings, not objects (read by lab.k8s.server.load_config_file)
     jobs: dict[str, Any] | None = Field(None, description="Job outcome rules, as POST /_lab/config {'jobs': ...}.")
     rebootSeconds: float | None = None
+    mig: MigSettings | None = None
     infiniband: InfiniBandSpec | None = None
     bmc: BmcSettings = Field(default_factory=BmcSettings)
 

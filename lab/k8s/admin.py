@@ -35,11 +35,13 @@ class EmulatorAdmin(AdminClient):
         """dcgm-exporter readings of a node's GPU (every GPU without its own: `gpu` None); lab/k8s/dcgm.py."""
         await self._req("POST", "/_lab/dcgm", json={"node": node, "gpu": gpu, "values": values})
 
-    async def set_mig_node(self, node: str, fail: str | None = None, reboot: bool | None = None) -> dict:
-        """mig-manager on `node` from now on: its reconfigurations fail with reason `fail` (None: succeed), and
-        reboot when the MIG mode changes or not (None: as the `migReboot` setting says). lab/k8s/controllers/
-        migmanager.py."""
-        return await self._req("POST", "/_lab/mig", json={"node": node, "fail": fail, "reboot": reboot})
+    async def set_mig_node(self, node: str, fail: str | None = None, reboot: bool | None = None,
+                           pending_seconds: float | None = None, absent: bool | None = None) -> dict:  # fmt: skip
+        """mig-manager on `node` from now on: its reconfigurations fail with reason `fail`, reboot when the MIG mode
+        changes or not, stay `pending` that long; `absent`: none runs there (the label is never acted on). None:
+        as the settings say (lab/k8s/controllers/migmanager.py)."""
+        body = {"node": node, "fail": fail, "reboot": reboot, "pendingSeconds": pending_seconds, "absent": absent}
+        return await self._req("POST", "/_lab/mig", json=body)
 
     async def mig(self) -> dict:
         """The MIG settings and every GPU node's config, state, failure reason and emulated hardware."""

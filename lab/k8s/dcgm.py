@@ -6,7 +6,9 @@ made from the emulator's own Nodes, Pods and Queues at each scrape.
 * ``GET /_lab/dcgm/nodes/<node>/metrics``: that node's exporter, in dcgm-exporter's text format and label set
   (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``, ``DCGM_FI_DRIVER_VERSION``; and
   ``pod``/``namespace``/``container`` on a GPU allocated to a pod, as ``-k`` maps them). A bound, unfinished pod
-  holds as many GPUs as its containers ask ``nvidia.com/gpu`` for, given out in pod-name order from GPU 0;
+  holds as many GPUs as its containers ask ``nvidia.com/gpu`` for, given out in pod-name order from GPU 0. A
+  MIG-enabled GPU shows one series per GPU instance instead (its parent's labels plus ``GPU_I_PROFILE`` and
+  ``GPU_I_ID``, as ``-d f`` watches them), held by the pods asking for its resource (lab/k8s/mig.py `devices`);
 * ``GET /_lab/kai/metrics``: KAI's queue-controller gauges per Queue (``queue_name``): ``kai_queue_info``,
   ``kai_queue_deserved_gpus`` (``spec.resources.gpu.quota``), ``kai_queue_allocated_gpus`` (the GPUs of the
   unfinished pods labelled ``kai.scheduler/queue: <queue>``, or in a namespace so labelled);
@@ -73,21 +75,20 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def _allocations(store: Store, node: str, gpus: int) -> dict[int, dict[str, str]]:
-    """GPU index -> the pod labels of the pod holding it (pods in name order, GPUs from 0)."""
-    out: dict[int, dict[str, str]] = {}
+def _allocations(store: Store, node: str, devices: list[mig.Device]) -> list[dict[str, str]]:
+    """Per device, the pod labels of the pod holding it: pods in name order take the first free devices of each
+    resource they ask for (`nvidia.com/gpu`, `nvidia.com/mig-*`)."""
+    out: list[dict[str, str]] = [{} for _ in devices]
     pods_rt = store.registry.types[PODS]
-    nxt = 0
     for ns, name in sorted(store.pods_by_node.get(node, ())):
         pod = store.get(pods_rt, ns, name)
         if pod is None or not is_active(pod):
             continue
         container = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name", "")
-        for _ in range(int(gpu_request(pod))):
-            if nxt >= gpus:
-                return out
-            out[nxt] = {"pod": name, "namespace": ns, "container": container}
-            nxt += 1
+        for resource, n in sorted(mig.gpu_resources(pod).items()):
+            free = [i for i, d in enumerate(devices) if d.resource == resource and not out[i]]
+            for i in free[: int(n)]:
+                out[i] = {"pod": name, "namespace": ns, "container": container}
     return out
 
 
@@ -95,18 +96,21 @@ def node_metrics(store: Store, node_name: str) -> str:
     node = store.get(store.registry.types[NODES], None, node_name)
     if node is None:
         raise ApiError(404, f"no node {node_name!r}", "NotFound")
-    gpus = _gpu_count(node)
+    devices = mig.devices(node, str(store.config["migStrategy"]))
     product = mig.base_product((node["metadata"].get("labels") or {}).get(mig.PRODUCT_LABEL) or "NVIDIA H200")
     model = product.replace("-", " ")
-    held = _allocations(store, node_name, gpus)
+    held = _allocations(store, node_name, devices)
     readings = store.gpu_readings.get(node_name, {})
     lines: list[str] = []
     for metric, (kind, help_text, default) in COUNTERS.items():
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}"]
-        for gpu in range(gpus):
+        for d, pod in zip(devices, held):
+            gpu = d.gpu
             labels = {"gpu": str(gpu), "UUID": gpu_uuid(node_name, gpu), "pci_bus_id": f"00000000:{0x18 + gpu:02X}:00.0",
-                      "device": f"nvidia{gpu}", "modelName": model, "Hostname": node_name,
-                      "DCGM_FI_DRIVER_VERSION": DRIVER_VERSION, **held.get(gpu, {})}  # fmt: skip
+                      "device": f"nvidia{gpu}", "modelName": model}  # fmt: skip
+            if d.profile is not None:  # a GPU instance: its parent's labels and its own
+                labels.update(GPU_I_PROFILE=d.profile, GPU_I_ID=str(d.instance))
+            labels.update(Hostname=node_name, DCGM_FI_DRIVER_VERSION=DRIVER_VERSION, **pod)
             value = readings.get(gpu, {}).get(metric, readings.get(None, {}).get(metric, default))
             body = ",".join(f"{k}={_quote(v)}" for k, v in labels.items())
             lines.append(f"{metric}{{{body}}} {_number(value)}")

@@ -114,31 +114,36 @@ def validate_jobs_config(v: Any) -> dict:
 
 
 def validate_mig_nodes(v: Any) -> dict:
-    """The `migNodes` config key: {node: {"fail": reason, "reboot": bool}}, each field optional."""
+    """The `migNodes` config key: {node: {"fail", "reboot", "pendingSeconds", "absent"}}, each field optional."""
     if not isinstance(v, dict):
         raise ApiError(400, "config key 'migNodes' must be an object {node: {fail, reboot}}", "BadRequest")
     out: dict = {}
     for node, how in v.items():
         if not isinstance(how, dict):
-            raise ApiError(400, f"migNodes.{node}: an object {{fail, reboot}}", "BadRequest")
+            raise ApiError(400, f"migNodes.{node}: an object {{fail, reboot, pendingSeconds, absent}}", "BadRequest")
         out = set_mig_node(out, {**how, "node": node}, f"migNodes.{node}")
     return out
 
 
 def set_mig_node(nodes: dict, body: Any, where: str = "body") -> dict:
-    """`POST /_lab/mig {"node", "fail": reason | null, "reboot": bool | null}`: the node's next reconfigurations
-    fail with that reason (null: succeed) and reboot or not (null: as `migReboot` says)."""
+    """`POST /_lab/mig {"node", "fail": reason, "reboot": bool, "pendingSeconds": s, "absent": bool}` (each null:
+    as the settings say): the node's next reconfigurations fail with that reason, reboot or not, stay `pending`
+    that long; `absent`: no mig-manager runs there, the label is never acted on."""
     if not isinstance(body, dict) or not isinstance(body.get("node"), str):
-        raise ApiError(400, f'{where}: expected {{"node": "...", "fail": "reason" | null, "reboot": true | false | null}}',
-                       "BadRequest")  # fmt: skip
-    extra = set(body) - {"node", "fail", "reboot"}
+        raise ApiError(400, f'{where}: expected {{"node": "...", "fail": "reason" | null, "reboot": true | false | null, '
+                       '"pendingSeconds": s | null, "absent": true | false | null}', "BadRequest")  # fmt: skip
+    extra = set(body) - {"node", "fail", "reboot", "pendingSeconds", "absent"}
     if extra:
         raise ApiError(400, f"{where}: unknown fields {sorted(extra)}", "BadRequest")
     if body.get("fail") is not None and (not isinstance(body["fail"], str) or not body["fail"]):
         raise ApiError(400, f"{where}.fail: a non-empty reason, or null", "BadRequest")
-    if body.get("reboot") is not None and not isinstance(body["reboot"], bool):
-        raise ApiError(400, f"{where}.reboot: true, false or null", "BadRequest")
-    how = {k: body[k] for k in ("fail", "reboot") if body.get(k) is not None}
+    for k in ("reboot", "absent"):
+        if body.get(k) is not None and not isinstance(body[k], bool):
+            raise ApiError(400, f"{where}.{k}: true, false or null", "BadRequest")
+    pending = body.get("pendingSeconds")
+    if pending is not None and (isinstance(pending, bool) or not isinstance(pending, (int, float)) or pending < 0):
+        raise ApiError(400, f"{where}.pendingSeconds: seconds (0 or more), or null", "BadRequest")
+    how = {k: body[k] for k in ("fail", "reboot", "pendingSeconds", "absent") if body.get(k) is not None}
     rest = {n: h for n, h in nodes.items() if n != body["node"]}
     return {**rest, body["node"]: how} if how else rest
 
@@ -156,7 +161,7 @@ def mig_view(store: Store) -> dict:
                              "failure": ann.get(mig.FAILURE_ANNOTATION), "hardware": hw}  # fmt: skip
     cfg = store.config
     return {"strategy": cfg["migStrategy"], "pendingSeconds": cfg["migPendingSeconds"], "reboot": cfg["migReboot"],
-            "overrides": cfg["migNodes"], "nodes": nodes}  # fmt: skip
+            "dra": cfg["migDra"], "overrides": cfg["migNodes"], "nodes": nodes}  # fmt: skip
 
 
 def dump_objects(store: Store) -> list[dict]:

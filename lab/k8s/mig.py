@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 # mig-manager's protocol: the desired config name, and its progress (pending, rebooting, success, failed).
 CONFIG_LABEL = "nvidia.com/mig.config"
@@ -170,6 +171,83 @@ def advertised(per_gpu: dict[str, int] | None, gpus: int, product: str, strategy
                        f"{res}.replicas": "1", f"{res}.slices.gi": _slices(profile),
                        f"{res}.slices.ci": _slices(profile)})  # fmt: skip
     return Advertised(resources, labels)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device the device plugin serves and dcgm-exporter watches: a whole GPU (`profile` None) or a GPU instance
+    of a MIG-enabled GPU (`instance`: the lab numbers them from 1 per GPU in layout order)."""
+
+    gpu: int
+    resource: str
+    profile: str | None = None
+    instance: int | None = None
+
+
+def devices(node: dict, strategy: str) -> list[Device]:
+    """The node's devices under the layout its GPUs have now (a MIG GPU without instances has none)."""
+    hw = hardware(node)
+    try:
+        per_gpu = layout(str(hw["applied"]), model_of(hw["product"]), hw["product"])
+    except MigConfigError:
+        per_gpu = None
+    if per_gpu is None:
+        return [Device(gpu, GPU) for gpu in range(hw["gpus"])]
+    out = []
+    for gpu in range(hw["gpus"]):
+        instances = [p for p, n in sorted(per_gpu.items()) for _ in range(n)]
+        out += [Device(gpu, GPU if strategy == "single" else resource_name(p), p, i + 1) for i, p in
+                enumerate(instances)]  # fmt: skip
+    return out
+
+
+DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver (k8s-dra-driver-gpu)
+MEMORY_SLICES = 8  # every GPU of the profile table has 8 memory slices (7 compute)
+
+
+def _instance_shape(profile: str, model: GpuModel) -> tuple[int, int, range]:
+    """A GPU instance profile's NVML id, its size in memory slices and where it may start (MIG User Guide)."""
+    slices = int(_slices(profile))
+    if profile.endswith("+me"):
+        return 20, 1, range(0, 7)
+    if slices == 1:
+        return (19, 1, range(0, 7)) if model.profiles[profile] == 7 else (15, 2, range(0, 8, 2))
+    return {2: (14, 2, range(0, 6, 2)), 3: (9, 4, range(0, 8, 4)), 4: (5, 4, range(0, 1)),
+            7: (0, 8, range(0, 1))}[slices]  # fmt: skip
+
+
+def placements(per_gpu: dict[str, int], model: GpuModel) -> list[tuple[str, int, int, int]]:
+    """Where each instance of a GPU's layout sits: (profile, NVML profile id, start, size), largest first, each at
+    the highest start left free (which fits every built-in layout)."""
+    taken: set[int] = set()
+    out = []
+    for profile in sorted(per_gpu, key=lambda p: (-_instance_shape(p, model)[1], p)):
+        gi, size, starts = _instance_shape(profile, model)
+        for _ in range(per_gpu[profile]):
+            start = next(s for s in reversed(starts) if not taken & set(range(s, s + size)))
+            taken |= set(range(start, start + size))
+            out.append((profile, gi, start, size))
+    return out
+
+
+def dra_devices(per_gpu: dict[str, int] | None, model: GpuModel | None, gpus: int, product: str,
+                gpu_uuid: Callable[[int], str]) -> list[dict]:  # fmt: skip
+    """The devices NVIDIA's DRA driver publishes in the node's ResourceSlice (resource.k8s.io/v1beta1): whole GPUs
+    `gpu-<i>`, or the MIG devices `gpu-<i>-mig-<profile id>-<start>-<size>` of MIG-enabled ones."""
+    name = {"productName": {"string": product.replace("-", " ")}}
+    if per_gpu is None or model is None:
+        return [{"name": f"gpu-{i}", "basic": {"attributes": {"type": {"string": "gpu"},
+                 "uuid": {"string": gpu_uuid(i)}, **name}}} for i in range(gpus)]  # fmt: skip
+    out = []
+    for i in range(gpus):
+        for profile, gi, start, size in placements(per_gpu, model):
+            dev = f"gpu-{i}-mig-{gi}-{start}-{size}"
+            attrs = {"type": {"string": "mig"}, "profile": {"string": profile}, "parentUUID": {"string": gpu_uuid(i)},
+                     "uuid": {"string": f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{gpu_uuid(i)}/{dev}')}"},
+                     **name}  # fmt: skip
+            capacity = {f"memorySlice{j}": {"value": "1"} for j in range(start, start + size)}
+            out.append({"name": dev, "basic": {"attributes": attrs, "capacity": capacity}})
+    return out
 
 
 def is_gfd_label(key: str) -> bool:

@@ -121,6 +121,7 @@ BUILTINS: list[ResourceType] = [
     _b("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, short_names=["netpol"]),
     _b("batch", "v1", "jobs", "Job", True, status=True, categories=["all"]),
     _b("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, short_names=["pc"], generation=False),
+    _b("resource.k8s.io", "v1beta1", "resourceslices", "ResourceSlice", False),  # DRA, as v1.32 serves it
     _b(
         "apiextensions.k8s.io",
         "v1",
@@ -141,6 +142,7 @@ GROUP_ORDER = [
     "rbac.authorization.k8s.io",
     "networking.k8s.io",
     "scheduling.k8s.io",
+    "resource.k8s.io",
     "apiextensions.k8s.io",
 ]
 

@@ -61,6 +61,7 @@ EXTRA_FIELDS: dict[tuple[str, str], set[str]] = {
     ("apps", "replicasets"): {"status.replicas"},
     ("batch", "v1"): {"status.successful"},
     ("batch", "jobs"): {"status.successful"},
+    ("resource.k8s.io", "resourceslices"): {"spec.nodeName", "spec.driver"},
 }
 
 

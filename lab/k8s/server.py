@@ -117,7 +117,7 @@ def load_objects_file(path: str) -> list[dict]:
 
 def load_config_file(path: str) -> dict:
     """Emulator settings a seed or fleet file may carry next to its objects: `jobs` (outcome rules) and
-    `rebootSeconds`."""
+    `rebootSeconds` and `mig` (lab/fleet.py MigSettings)."""
     import yaml
 
     with open(path) as f:
@@ -129,4 +129,8 @@ def load_config_file(path: str) -> dict:
         out["jobs"] = validate_jobs_config(docs[0]["jobs"])
     if docs[0].get("rebootSeconds") is not None:
         out["rebootSeconds"] = float(docs[0]["rebootSeconds"])
+    if isinstance(docs[0].get("mig"), dict):
+        from lab.fleet import MigSettings
+
+        out.update(MigSettings.model_validate(docs[0]["mig"]).config())
     return out

@@ -62,11 +62,13 @@ def default_config() -> dict:
         "rebootSeconds": 2.0,
         "jobs": default_jobs_config(),
         # lab/k8s/controllers/migmanager.py: the device plugin's strategy, how long a reconfiguration stays
-        # `pending`, whether it reboots the node, and per-node overrides {node: {"fail": reason, "reboot": bool}}
+        # `pending`, whether it reboots the node, per-node overrides {node: {"fail": reason, "reboot": bool}}, and
+        # whether NVIDIA's DRA driver publishes the node's ResourceSlice
         "migStrategy": "mixed",
         "migPendingSeconds": 0.2,
         "migReboot": False,
         "migNodes": {},
+        "migDra": False,
     }
 
 

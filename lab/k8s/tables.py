@@ -306,6 +306,13 @@ def _columns(key: tuple[str, str]) -> list[dict] | None:
             AGE(),
             c("PreemptionPolicy", doc=("io.k8s.api.scheduling.v1.PriorityClass", "preemptionPolicy")),
         ],
+        ("resource.k8s.io", "resourceslices"): lambda: [
+            NAME(),
+            c("Node", doc=("io.k8s.api.resource.v1beta1.ResourceSliceSpec", "nodeName")),
+            c("Driver", doc=("io.k8s.api.resource.v1beta1.ResourceSliceSpec", "driver")),
+            c("Pool", doc=("io.k8s.api.resource.v1beta1.ResourcePool", "name")),
+            AGE(),
+        ],
         ("coordination.k8s.io", "leases"): lambda: [
             NAME(),
             c("Holder", doc=("io.k8s.api.coordination.v1.LeaseSpec", "holderIdentity")),
@@ -720,6 +727,8 @@ def _cells(key: tuple[str, str], o: dict) -> list:
         return [name, int(o.get("value") or 0), bool(o.get("globalDefault")), age, o.get("preemptionPolicy", "")]
     if key == ("coordination.k8s.io", "leases"):
         return [name, spec.get("holderIdentity", ""), age]
+    if key == ("resource.k8s.io", "resourceslices"):
+        return [name, spec.get("nodeName", ""), spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""), age]
     raise KeyError(key)
 
 

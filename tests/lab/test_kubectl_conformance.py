@@ -126,6 +126,12 @@ def test_kubectl_relabels_a_node_for_mig_manager(kubectl, lab):
     reason = kubectl("get", "node", "n1", "-o",
                      r"jsonpath={.metadata.annotations.lab\.millwright\.dev/mig\.config\.failure}").stdout  # fmt: skip
     assert "'all-3g.bogus' has no entry" in reason
+    lab.configure(migDra=True)
+    kubectl("label", "node", "n1", "nvidia.com/mig.config=all-disabled", "--overwrite")
+    assert wait_for(lambda: state() == "success", timeout=15, what="mig.config.state success")
+    rows = parse_table(kubectl("get", "resourceslices").stdout)
+    assert [(r["NAME"], r["NODE"], r["DRIVER"], r["POOL"]) for r in rows] == [("n1-gpu.nvidia.com", "n1",
+                                                                               "gpu.nvidia.com", "n1")]  # fmt: skip
 
 
 def test_kubectl_cordon_drain_uncordon(kubectl, lab, api_client, core):

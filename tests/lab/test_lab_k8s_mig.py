@@ -5,11 +5,15 @@ real kubectl driving it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import yaml
 
 from lab.k8s import mig
 from lab.k8s.admin import EmulatorAdmin
 from lab.k8s.controllers.migmanager import POD_FAILURE_REASON
+from lab.k8s.server import load_config_file
 from labtest_helpers import node, running_pod, wait_for
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -113,6 +117,21 @@ def test_reboot_set_per_node(mlab, core):
     assert states(mlab, "g2") == ["pending", "rebooting", "success"]
 
 
+def test_a_node_without_mig_manager_and_one_slow_to_apply(mlab, core):
+    mlab.seed([gpu_node("g1"), gpu_node("g2")])
+    mlab.post("/_lab/mig", {"node": "g1", "absent": True})
+    mlab.post("/_lab/mig", {"node": "g2", "pendingSeconds": 1.0})
+    relabel(core, "g1", "all-1g.10gb")
+    relabel(core, "g2", "all-1g.10gb")
+    wait_for(lambda: core.read_node("g2").metadata.labels.get(mig.STATE_LABEL) == "pending", what="g2 pending")
+    time.sleep(0.5)
+    assert core.read_node("g2").metadata.labels[mig.STATE_LABEL] == "pending"
+    settled(core, "g2", "all-1g.10gb")
+    assert mig.STATE_LABEL not in core.read_node("g1").metadata.labels
+    mlab.post("/_lab/mig", {"node": "g1", "absent": None})  # mig-manager starts there: it acts on the label
+    settled(core, "g1", "all-1g.10gb")
+
+
 @pytest.mark.parametrize(
     "product,config,expected",
     [
@@ -170,6 +189,12 @@ def test_failure_set_for_a_node(mlab, core):
     assert core.read_namespaced_pod("trainer", "default").status.phase == "Running"
 
     mlab.post("/_lab/mig", {"node": "g1", "fail": None})
+    relabel(core, "g1", "all-1g.10gb")  # the same value again is no change: mig-manager does not retry
+    relabel(core, "g1", None)  # removed and set again: a new change, tried again
+    wait_for(lambda: mig.hardware(core.read_node("g1").to_dict())["observed"] is None, what="label removal seen")
+    relabel(core, "g1", "all-1g.10gb")
+    settled(core, "g1", "all-1g.10gb")
+    assert states(mlab, "g1") == ["pending", "failed", "pending", "success"]
     relabel(core, "g1", "all-7g.80gb")
     n = settled(core, "g1", "all-7g.80gb")
     assert mig.FAILURE_ANNOTATION not in (n["metadata"]["annotations"] or {})
@@ -265,6 +290,8 @@ def test_dcgm_exporter_still_sees_a_partitioned_node(mlab, core):
         ({"node": "g1", "fail": ""}, "body.fail: a non-empty reason"),
         ({"node": "g1", "reboot": "yes"}, "body.reboot: true, false or null"),
         ({"node": "g1", "times": 2}, "unknown fields ['times']"),
+        ({"node": "g1", "pendingSeconds": -1}, "body.pendingSeconds: seconds (0 or more)"),
+        ({"node": "g1", "absent": 1}, "body.absent: true, false or null"),
     ],
 )
 def test_admin_refuses_a_bad_node_setting(mlab, body, message):
@@ -278,6 +305,17 @@ def test_config_keys_are_checked(mlab):
     r = mlab.http.post("/_lab/config", json={"migNodes": {"g1": {"fail": 3}}})
     assert r.status_code == 400 and "migNodes.g1.fail" in r.json()["message"]
     assert mlab.configure(migNodes={"g1": {"reboot": False}})["migNodes"] == {"g1": {"reboot": False}}
+
+
+def test_fleet_file_carries_mig_settings(tmp_path):
+    f = tmp_path / "fleet.yaml"
+    f.write_text(yaml.safe_dump({"nodes": [{"prefix": "n", "count": 1}], "mig": {"strategy": "single",
+                                                                                   "reboot": True}}))  # fmt: skip
+    assert load_config_file(str(f)) == {"migStrategy": "single", "migPendingSeconds": 0.2, "migReboot": True,
+                                        "migDra": False}  # fmt: skip
+    f.write_text(yaml.safe_dump({"nodes": [], "mig": {"strategy": "none"}}))
+    with pytest.raises(ValueError, match="strategy"):
+        load_config_file(str(f))
 
 
 async def test_admin_client_mig_calls(emulator, lab):
@@ -309,3 +347,52 @@ async def _wait_async(admin: EmulatorAdmin, pred, timeout: float = 10.0) -> dict
             return view
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out: {view}")
+
+
+def test_dcgm_exporter_shows_gpu_instances_and_who_holds_them(mlab, core):
+    mlab.seed([gpu_node(gpus=2), gpu_pod("infer", resource="nvidia.com/mig-3g.40gb", count="3")])
+    relabel(core, "g1", "all-balanced")
+    settled(core, "g1", "all-balanced")
+    mlab.seed([gpu_pod("infer", resource="nvidia.com/mig-3g.40gb", count="1"),  # failed by the change: again
+               gpu_pod("small", resource="nvidia.com/mig-1g.10gb", count="3")])  # fmt: skip
+    temps = [line for line in mlab.http.get("/_lab/dcgm/nodes/g1/metrics").text.splitlines()
+             if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]  # fmt: skip
+    assert len(temps) == 8  # 2 GPUs x (2 x 1g.10gb + 2g.20gb + 3g.40gb)
+    held = sorted((t.split('gpu="')[1][0], t.split('GPU_I_PROFILE="')[1].split('"')[0], t.split('pod="')[1][:5])
+                  for t in temps if 'pod="' in t)  # fmt: skip
+    assert held == [("0", "1g.10gb", "small"), ("0", "1g.10gb", "small"), ("0", "3g.40gb", "infer"),
+                    ("1", "1g.10gb", "small")]  # fmt: skip
+    assert all('GPU_I_ID="' in t for t in temps)
+
+
+def test_dra_driver_publishes_the_layout_as_a_resource_slice(mlab, core, api_client):
+    from kubernetes import client
+
+    mlab.configure(migDra=True)
+    mlab.seed([gpu_node(gpus=2), gpu_node("g2", gpus=1)])
+    relabel(core, "g1", "all-balanced")
+    relabel(core, "g2", "all-disabled")
+    settled(core, "g1", "all-balanced")
+    settled(core, "g2", "all-disabled")
+    dra = client.ResourceV1beta1Api(api_client)
+
+    def slice_of(node_name: str):
+        (s,) = dra.list_resource_slice(field_selector=f"spec.nodeName={node_name}").items
+        return s
+
+    s = slice_of("g1")
+    assert (s.spec.driver, s.spec.pool.name, s.spec.pool.generation, s.spec.pool.resource_slice_count) == (
+        "gpu.nvidia.com", "g1", 1, 1)  # fmt: skip
+    assert s.metadata.owner_references[0].kind == "Node" and s.metadata.owner_references[0].name == "g1"
+    assert sorted(d.name for d in s.spec.devices) == sorted(
+        f"gpu-{i}-mig-{m}" for i in (0, 1) for m in ("9-4-4", "14-2-2", "19-1-1", "19-0-1"))  # fmt: skip
+    profiles = sorted(d.basic.attributes["profile"].string for d in s.spec.devices)
+    assert profiles == ["1g.10gb"] * 4 + ["2g.20gb"] * 2 + ["3g.40gb"] * 2
+    assert all(d.basic.attributes["type"].string == "mig" for d in s.spec.devices)
+    assert [d.name for d in slice_of("g2").spec.devices] == ["gpu-0"]
+
+    relabel(core, "g1", "all-disabled")
+    settled(core, "g1", "all-disabled")
+    s = slice_of("g1")
+    assert s.spec.pool.generation == 2 and [d.name for d in s.spec.devices] == ["gpu-0", "gpu-1"]
+    assert s.spec.devices[0].basic.attributes["type"].string == "gpu"

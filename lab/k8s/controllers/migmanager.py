@@ -7,7 +7,7 @@ advertises the layout's resources and GFD relabels the node (lab/k8s/mig.py, str
 already applied goes straight to `success`. Applying a layout fails the GPU pods still on the node, as a kubelet
 restarted without their devices does. `failed` carries its reason on the FAILURE_ANNOTATION; an unknown config, a
 profile the GPU lacks, or a failure set for the node (`migNodes`, `POST /_lab/mig`) fails before the GPUs are
-touched."""
+touched. With `migDra` on, NVIDIA's DRA driver also publishes the node's devices as a ResourceSlice."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import copy
 import json
 
 from .. import mig
+from ..dcgm import gpu_uuid
 from ..store import NODES, PODS, node_ready
 from .base import Controller
 from .pods import terminate
 from .reboots import start_reboot
 
+RESOURCE_SLICES = ("resource.k8s.io", "resourceslices")
 POD_FAILURE_REASON = "UnexpectedAdmissionError"  # the kubelet's, when a running pod's devices are gone
 
 
@@ -40,8 +42,14 @@ class MigManager(Controller):
             if md["name"] not in self.store.rebooting and node_ready(node):
                 self._finish(node, run)
             return
+        if self._set_for(md["name"]).get("absent"):
+            side.pop("mig", None)  # no mig-manager there: nothing acts on the label
+            return
         if want is None or hw["gpus"] <= 0:
             side.pop("mig", None)
+            if want is None and hw.get("observed") is not None:  # a label set again later is a new change
+                hw["observed"] = None
+                self._label(node, {}, "nvidia-mig-manager", {mig.HARDWARE_ANNOTATION: json.dumps(hw)})
             return
         if run is None or run["config"] != want:
             if run is None and hw["observed"] == want:
@@ -53,8 +61,14 @@ class MigManager(Controller):
             return
         self._apply(node, hw, run, now)
 
+    def _set_for(self, node_name: str) -> dict:
+        """What a test set for the node (`migNodes`): fail, reboot, pendingSeconds, absent."""
+        return (self.store.config.get("migNodes") or {}).get(node_name) or {}
+
     def _begin(self, node: dict, hw: dict, want: str, now: float) -> None:
-        run = {"config": want, "phase": "pending", "due": now + float(self.store.config["migPendingSeconds"])}
+        pending = self._set_for(node["metadata"]["name"]).get("pendingSeconds")
+        pending = float(self.store.config["migPendingSeconds"] if pending is None else pending)
+        run = {"config": want, "phase": "pending", "due": now + pending}
         if want == hw["applied"]:  # mig-parted's assert passes: nothing to do
             self._finish(node, run)
             return
@@ -64,7 +78,7 @@ class MigManager(Controller):
 
     def _apply(self, node: dict, hw: dict, run: dict, now: float) -> None:
         name, cfg = node["metadata"]["name"], self.store.config
-        override = (cfg.get("migNodes") or {}).get(name) or {}
+        override = self._set_for(name)
         try:
             per_gpu = mig.layout(run["config"], mig.model_of(hw["product"]), hw["product"])
         except mig.MigConfigError as e:
@@ -91,16 +105,18 @@ class MigManager(Controller):
         store.side.get(node["metadata"].get("uid", ""), {}).pop("mig", None)
         hw = mig.hardware(node)
         if failure is None and run["phase"] == "rebooting":
-            failure = ((store.config.get("migNodes") or {}).get(name) or {}).get("fail")
+            failure = self._set_for(name).get("fail")
         if failure:
             hw["observed"] = run["config"]
             self._label(node, {mig.STATE_LABEL: "failed"}, "nvidia-mig-manager",
                         {mig.FAILURE_ANNOTATION: str(failure), mig.HARDWARE_ANNOTATION: json.dumps(hw)})  # fmt: skip
             return
         model = mig.model_of(hw["product"])
-        shown = mig.advertised(mig.layout(run["config"], model, hw["product"]), hw["gpus"], hw["product"],
-                               str(store.config["migStrategy"]), model is not None)  # fmt: skip
+        per_gpu = mig.layout(run["config"], model, hw["product"])
+        shown = mig.advertised(per_gpu, hw["gpus"], hw["product"], str(store.config["migStrategy"]), model is not None)
         node = self._advertise(node, shown.resources)
+        if store.config["migDra"]:
+            self._publish_slice(node, hw, per_gpu, model)
         stale = {k: None for k in node["metadata"].get("labels") or {} if mig.is_gfd_label(k)}
         node = self._label(node, {**stale, **shown.labels}, "gpu-feature-discovery")
         hw.update(applied=run["config"], observed=run["config"])
@@ -118,6 +134,28 @@ class MigManager(Controller):
             return node
         return self.store.put(self.store.registry.types[NODES], new, actor="kubelet", verb="update",
                               subresource="status")  # fmt: skip
+
+    def _publish_slice(self, node: dict, hw: dict, per_gpu: dict[str, int] | None, model: mig.GpuModel | None) -> None:
+        """NVIDIA's DRA driver publishes the node's devices as one ResourceSlice, owned by the Node, its pool's
+        generation moving on with each change."""
+        store, md = self.store, node["metadata"]
+        rt = store.registry.types[RESOURCE_SLICES]
+        devices = mig.dra_devices(per_gpu, model, hw["gpus"], hw["product"], lambda i: gpu_uuid(md["name"], i))
+        name = f"{md['name']}-{mig.DRA_DRIVER}"
+        old = store.get(rt, None, name)
+        generation = int((((old or {}).get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        if old is not None and old["spec"].get("devices") == devices:
+            return
+        obj = {"metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": md["name"],
+                                                                "uid": md.get("uid"), "controller": True}]},
+               "spec": {"driver": mig.DRA_DRIVER, "nodeName": md["name"], "devices": devices,
+                        "pool": {"name": md["name"], "generation": generation + 1, "resourceSliceCount": 1}}}  # fmt: skip
+        if old is None:
+            store.put(rt, store.new_meta(rt, obj), actor="gpu-kubelet-plugin", verb="create")
+            return
+        obj["metadata"] = {**copy.deepcopy(old["metadata"]), **obj["metadata"]}
+        obj["metadata"]["generation"] = int(old["metadata"].get("generation") or 1) + 1
+        store.put(rt, obj, actor="gpu-kubelet-plugin", verb="update")
 
     def _label(self, node: dict, labels: dict, actor: str, annotations: dict | None = None) -> dict:
         """Set (a value) or remove (None) labels and annotations in one node write, if any changes."""
