@@ -1,6 +1,7 @@
 """MIG through NVIDIA's mig-manager: read what the GPU nodes advertise, set a node's `nvidia.com/mig.config`, and
-wait for mig-manager's `nvidia.com/mig.config.state` (pending → rebooting → success | failed) and for the device
-plugin to advertise the layout.
+wait for mig-manager's `nvidia.com/mig.config.state` (pending → rebooting → success | failed) and for the layout to be
+advertised: by NVIDIA's DRA driver where it publishes the node's ResourceSlice (its devices counted by type and
+profile), else by the device plugin (the node's `nvidia.com/gpu` and `nvidia.com/mig-<profile>` capacity).
 
 mig-manager neither cordons nor drains, so `set_mig_config` refuses (MigGpuPodsRunning) while a pod that uses GPUs
 still runs on the node: a label is never changed under running GPU work, whatever the caller did before. The write
@@ -15,13 +16,21 @@ from collections.abc import Callable
 from typing import Literal
 
 from kubernetes.aio import client as k8s
+from kubernetes.aio.client.exceptions import ApiException
 from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
-from activities.kube.drain import GPU_RESOURCE, is_gpu_resource, pod_finished, pod_ref_of, uses_gpu
+from activities.kube.drain import (
+    GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
+    is_gpu_resource,
+    pod_finished,
+    pod_ref_of,
+    uses_gpu,
+)
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, next_poll
 from activities.kube.node_activities import LIST_CHUNK, NodeActivities
 from activities.models import StrictModel
@@ -34,6 +43,8 @@ COUNT_LABEL = "nvidia.com/gpu.count"
 # and a site's own mig-manager wrapper may too. Without it, `failed` is reported with no reason but the state.
 REASON_ANNOTATION = "lab.millwright.dev/mig.config.failure"
 BY_ANNOTATION = "millwright.dev/mig-config-by"
+DRA_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver (k8s-dra-driver-gpu)
+SLICES = ("resource.k8s.io", "v1beta1", "resourceslices")
 
 
 class MigNodesRequest(StrictModel):
@@ -52,7 +63,11 @@ class MigNode(StrictModel):
     config: str | None = None
     state: str | None = None
     reason: str = ""
-    resources: dict[str, int] = Field(default_factory=dict, description="GPU resources in its capacity, non-zero.")
+    resources: dict[str, int] = Field(
+        default_factory=dict, description="GPU devices advertised (as resource names), none zero: its DRA driver's "
+        "ResourceSlice where it has one, else its capacity.",
+    )  # fmt: skip
+    advertised_by: Literal["device-plugin", "dra"] = "device-plugin"
     unschedulable: bool = False
 
 
@@ -107,9 +122,25 @@ def _advertised(node: k8s.V1Node) -> dict[str, int]:
     return counts
 
 
-def mig_node(node: k8s.V1Node, selected: bool) -> MigNode:
+def _dra_counts(devices: list[dict]) -> dict[str, int]:
+    """A DRA driver's devices as the device plugin's resource names: whole GPUs, MIG devices by profile."""
+    counts: dict[str, int] = {}
+    for d in devices:
+        attrs = (d.get("basic") or {}).get("attributes") or {}
+        kind = (attrs.get("type") or {}).get("string")
+        profile = (attrs.get("profile") or {}).get("string") or ""
+        name = (
+            GPU_RESOURCE if kind == "gpu" else MIG_RESOURCE_PREFIX + profile.replace("+", ".") if kind == "mig" else ""
+        )
+        if name:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def mig_node(node: k8s.V1Node, selected: bool, dra: list[dict] | None = None) -> MigNode:
+    """`dra`: the devices of the node's ResourceSlice from NVIDIA's DRA driver; None: it has none."""
     labels = node.metadata.labels or {}
-    resources = _advertised(node)
+    resources = _advertised(node) if dra is None else _dra_counts(dra)
     try:
         gpus = int(labels.get(COUNT_LABEL, ""))
     except ValueError:
@@ -117,6 +148,7 @@ def mig_node(node: k8s.V1Node, selected: bool) -> MigNode:
     return MigNode(name=node.metadata.name, selected=selected, product=labels.get(PRODUCT_LABEL, ""), gpus=gpus,
                    config=labels.get(CONFIG_LABEL), state=labels.get(STATE_LABEL),
                    reason=(node.metadata.annotations or {}).get(REASON_ANNOTATION, ""), resources=resources,
+                   advertised_by="device-plugin" if dra is None else "dra",
                    unschedulable=bool(node.spec and node.spec.unschedulable))  # fmt: skip
 
 
@@ -141,6 +173,24 @@ class MigActivities(NodeActivities):
             if not token:
                 return nodes
 
+    async def _dra_devices(self, cluster: str, node: str | None = None) -> dict[str, list[dict]]:
+        """Node → the devices of its ResourceSlices from NVIDIA's DRA driver (`node`: that node's only); empty where
+        the cluster serves no resource.k8s.io/v1beta1."""
+        api = k8s.CustomObjectsApi(await self._clusters.api(cluster))
+        selector = f"spec.driver={DRA_DRIVER}" + (f",spec.nodeName={node}" if node else "")
+        try:
+            found = await api_call("listing ResourceSlices", api.list_cluster_custom_object(
+                *SLICES, field_selector=selector, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+        except ApplicationError as err:
+            if isinstance(err.__cause__, ApiException) and err.__cause__.status == 404:
+                return {}  # no DRA on this cluster
+            raise
+        devices: dict[str, list[dict]] = {}
+        for item in (found or {}).get("items") or []:
+            spec = item.get("spec") or {}
+            devices.setdefault(spec.get("nodeName") or "", []).extend(spec.get("devices") or [])
+        return devices
+
     @activity.defn
     async def mig_nodes(self, req: MigNodesRequest) -> MigNodes:
         """Every GPU node (a GPU resource or a GPU product label) with its MIG labels and GPU capacity; a node is
@@ -149,7 +199,8 @@ class MigActivities(NodeActivities):
         chosen = {n.metadata.name for n in await self._list_nodes(req.cluster, req.selector)} if req.selector else set()
         chosen |= set(req.nodes)
         found = {n.metadata.name for n in every}
-        nodes = [mig_node(n, n.metadata.name in chosen) for n in every
+        dra = await self._dra_devices(req.cluster)
+        nodes = [mig_node(n, n.metadata.name in chosen, dra.get(n.metadata.name or "")) for n in every
                  if n.metadata.name in chosen or _advertised(n) or PRODUCT_LABEL in (n.metadata.labels or {})]  # fmt: skip
         return MigNodes(nodes=nodes, missing=sorted(set(req.nodes) - found))
 
@@ -196,7 +247,8 @@ class MigActivities(NodeActivities):
         """`await_mig_config` from `start`; the state label has read `last` since `since` (epoch seconds)."""
         poll = FIRST_POLL_SECONDS
         while True:
-            seen = mig_node(await self._read_node(req.cluster, req.node), True)
+            node = await self._read_node(req.cluster, req.node)
+            seen = mig_node(node, True, (await self._dra_devices(req.cluster, req.node)).get(req.node))
             now = time.time()
             result = MigConfigResult(outcome="timed-out", state=seen.state, reason=seen.reason,
                                      resources=seen.resources, seconds=round(now - start, 3))  # fmt: skip

@@ -1,10 +1,12 @@
 """NodeMigReconfigure on the emulator's mig-manager: one node moved to a MIG layout (only its GPU pods drained, the
 label set once they are gone, the layout advertised, back in service), a re-run that writes nothing, and a node
-mig-manager fails, left cordoned and erroring with mig-manager's reason."""
+mig-manager fails, left cordoned and erroring with mig-manager's reason; with DRA, the layout read from the node's
+ResourceSlice; a state stuck in `pending` past its bound, reported."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from activities.kube.mig import CONFIG_LABEL, STATE_LABEL
 from activities.kube.models import ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
@@ -14,9 +16,9 @@ from workflows.partitioning.models import MigChange, NodeMigInput
 from workflows.partitioning.node_mig import NodeMigReconfigure
 
 
-async def move(client, worker, node: str, config: str = "all-1g.10gb", run: str = ""):
-    by = f"gpu-partitioning/lab/{run or uuid.uuid4().hex[:6]}"
-    inp = NodeMigInput(node=node, by=by, change=MigChange(cluster="lab", config=config))
+async def move(client, worker, node: str, config: str = "all-1g.10gb", **change):
+    by = f"gpu-partitioning/lab/{uuid.uuid4().hex[:6]}"
+    inp = NodeMigInput(node=node, by=by, change=MigChange(cluster="lab", config=config, **change))
     return await client.execute_workflow(NodeMigReconfigure.run, inp, id=f"{by}/{node}", task_queue=worker.task_queue)
 
 
@@ -55,3 +57,26 @@ async def test_a_node_mig_manager_fails_stays_cordoned_erroring_with_its_reason(
     assert node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
     assert "Insufficient Resources" in node.metadata.annotations[ROLLOUT_ANNOTATION]
     assert node.metadata.labels[CONFIG_LABEL] == "all-1g.10gb" and node.metadata.labels[STATE_LABEL] == "failed"
+
+
+async def test_with_dra_the_layout_is_checked_in_the_nodes_resource_slice(client, kube_worker, k8s):
+    await mig_lab(k8s, 1)
+    await k8s.configure(migDra=True)
+
+    result = await move(client, kube_worker, "gpu-01", "all-balanced")
+
+    assert result.outcome == "reconfigured", result.reason
+    assert result.resources == {"nvidia.com/mig-1g.10gb": 16, "nvidia.com/mig-2g.20gb": 8, "nvidia.com/mig-3g.40gb": 8}
+    [slice_] = [o for o in await k8s.dump() if o["kind"] == "ResourceSlice"]
+    assert slice_["spec"]["nodeName"] == "gpu-01" and len(slice_["spec"]["devices"]) == 32
+
+
+async def test_a_state_that_stays_pending_past_its_bound_is_reported(client, kube_worker, k8s, core):
+    await mig_lab(k8s, 1)
+    await k8s.set_mig_node("gpu-01", pending_seconds=60)
+
+    result = await move(client, kube_worker, "gpu-01", pending_timeout=timedelta(seconds=1))
+
+    assert result.outcome == "erroring" and result.mig_state == "pending"
+    assert result.reason == "nvidia.com/mig.config.state stayed pending for 0:00:01 after setting all-1g.10gb"
+    assert (await read_node(core, "gpu-01")).spec.unschedulable  # cordoned, with the reason on the node
