@@ -6,6 +6,7 @@ tenant's guaranteed quota refused before any write, naming the tenant."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -84,7 +85,10 @@ async def test_a_failing_node_stops_the_run_at_its_threshold_and_an_abort_leaves
     progress = await wait_for(stopped, what="the failure threshold", timeout=60)
     assert "node `gpu-01` erroring: mig-manager failed to apply all-1g.10gb" in progress.details
     assert "In use by another client" in progress.details
-    # The operator's control, as for a rollout: `millwright mig abort`.
+    # The operator's view and control, as a rollout's: `millwright status`, `millwright mig abort`.
+    shown = await cli("status", handle.id, "-o", "json", "--address", temporal_address)
+    problem = json.loads(shown.stdout)["rollout"]["problems"]["gpu-01"]
+    assert problem["status"] == "erroring" and "In use by another client" in problem["reason"], shown.stdout
     aborted = await cli(
         "mig", "abort", handle.id, "--by", "sre", "--reason", "bad layout", "--address", temporal_address
     )
