@@ -12,10 +12,11 @@ never set before the drain finished. A node mig-manager fails, or whose state st
 bound, or whose resources do not match, stays cordoned and `erroring` with the reason on the node
 (`millwright.dev/rollout` annotation), keeping its lease as a rollout's erroring node does.
 
-History events (W = a workflow task, 3 events): started 1 and W; the read 1 (local); the start 1 (local); the wait
-for mig-manager 3 + W; the finish 1 (local); the lease's release 1; completed 1: 15 with no pod to evict. Each pod
+History events (W = a workflow task, 3 events): started 1 and W; the read 1 (local); the start 1 (local); the relabel
+1 (local); the wait for mig-manager 3 + W; the finish 1 (local); the lease's release 1; completed 1: 16 with no pod to
+evict (node_mig_reconfigure.json: 39, with one pod evicted after its PodDisruptionBudget refused once). Each pod
 evicted adds its eviction (3, and a W unless evictions share one) and the wait for the pods to go 3 + W once; a node
-already at its layout costs 6.
+already at its layout costs 6, and 1 more to return the lease its batch took.
 """
 
 from __future__ import annotations
