@@ -1,7 +1,7 @@
 """NodeMigReconfigure on the emulator's mig-manager: one node moved to a MIG layout (only its GPU pods drained, the
 label set once they are gone, the layout advertised, back in service), a re-run that writes nothing, and a node
 mig-manager fails, left cordoned and erroring with mig-manager's reason; with DRA, the layout read from the node's
-ResourceSlice; a state stuck in `pending` past its bound, reported."""
+ResourceSlice; a state stuck in `pending` past its bound, reported; a node failing the validation gate kept cordoned."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tests.kube_helpers import pods_on, read_node
 from tests.partitioning.helpers import evictions_past_their_budget, mig_lab
 from workflows.partitioning.models import MigChange, NodeMigInput
 from workflows.partitioning.node_mig import NodeMigReconfigure
+from workflows.validation.models import ValidationSettings
 
 
 async def move(client, worker, node: str, config: str = "all-1g.10gb", **change):
@@ -80,3 +81,17 @@ async def test_a_state_that_stays_pending_past_its_bound_is_reported(client, kub
     assert result.outcome == "erroring" and result.mig_state == "pending"
     assert result.reason == "nvidia.com/mig.config.state stayed pending for 0:00:01 after setting all-1g.10gb"
     assert (await read_node(core, "gpu-01")).spec.unschedulable  # cordoned, with the reason on the node
+
+
+async def test_the_validation_gate_keeps_a_node_that_fails_it_cordoned(client, kube_worker, k8s, core):
+    await mig_lab(k8s, 1)  # no host agent runs for gpu-01: its GPU check cannot pass
+
+    result = await move(
+        client, kube_worker, "gpu-01", validation=ValidationSettings(agent_timeout=timedelta(seconds=1))
+    )
+
+    assert result.outcome == "erroring" and result.mig_state == "success" and result.validation is not None
+    assert result.reason == "validation failed: no host agent on gpu-01 answered within 0:00:01"
+    node = await read_node(core, "gpu-01")
+    assert node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "erroring"
+    assert [c.status for c in node.status.conditions if c.type == "MillwrightValidated"] == ["False"]
