@@ -13,6 +13,9 @@ their ratio, the largest history of any run of the rollout and its history event
 children and continued runs included), the CPU time the workers and the dev server spent during the rollout, each
 read from its own process and divided by the nodes, and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
+With `--operation mig` the same fleet (H100 nodes) is moved to `all-1g.10gb` by a GpuPartitioning instead (the
+emulator's mig-manager taking `--mig-seconds` per node), on the same engine and budget; `--operation both` runs the
+rollout, then the partitioning, and the last line gives both `events_per_node` side by side.
 Not a test: nothing here asserts a timing.
 """
 
@@ -33,8 +36,10 @@ from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from starter.controls import budget_set
+from workflows.partitioning.gpu_partitioning import GpuPartitioning
+from workflows.partitioning.models import GpuPartitioningInput
 from workflows.rollout.rollout import Rollout
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.spec.spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
 # (stage seconds, reboot seconds) per profile.
@@ -63,60 +68,93 @@ def rollout_spec(name: str, batch: int) -> RolloutInput:
     )
 
 
-async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float, workers: int) -> None:
+def partitioning_spec(name: str, batch: int) -> GpuPartitioningInput:
+    return GpuPartitioningInput.model_validate(
+        {
+            "cluster": "lab",
+            "name": name,
+            "config": "all-1g.10gb",
+            "nodeSelectors": {"matchLabels": {"bench": "true"}},
+            "deploymentPolicy": {
+                "default": {"budget": {"count": batch}, "strategy": {"fixed": {"initialBatch": batch}}}
+            },
+            "maxInFlight": batch,
+        }
+    )
+
+
+async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float, workers: int, operation: str,
+               mig_seconds: float) -> None:  # fmt: skip
     with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator, \
             tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:  # fmt: skip
         admin = EmulatorAdmin(emulator.url)
+        labels = {"bench": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
         fleet = Fleet.model_validate(
-            {"cluster": "lab", "nodes": [{"prefix": "gpu-", "count": nodes, "digits": 5, "labels": {"bench": "true"}}]}
+            {"cluster": "lab", "nodes": [{"prefix": "gpu-", "count": nodes, "digits": 5, "labels": labels}]}
         )
         await admin.seed(fleet.to_objects())
-        await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds)
+        await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds,
+                              migPendingSeconds=mig_seconds)  # fmt: skip
         path = Path(tmp) / "kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
+        figures: dict[str, dict[str, float]] = {}
         async with DevServer() as server:
             pool = Workers(workers, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(path), Path(tmp),
                            max_concurrent_activities=str(ACTIVITY_SLOTS), log_level="WARNING")  # fmt: skip
             try:
                 await pool.polling(server.client)
-                # The cluster's budget is the operator's (the rollout's own only caps the rollout): one batch at once.
+                # The cluster's budget is the operator's (a run's own only caps the run): one batch at once.
                 await budget_set(server.client, "lab", count=batch, by="bench", reason="one batch at once",
                                  task_queue=pool.task_queue)  # fmt: skip
-                spec = rollout_spec(f"bench-{uuid.uuid4().hex[:6]}", batch)
-                cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
-                started = time.monotonic()
-                result = await server.client.execute_workflow(
-                    Rollout.run, spec, id=spec.workflow_id(), task_queue=pool.task_queue
-                )
-                makespan = time.monotonic() - started
-                cpu_after = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
+                for op in ("rollout", "mig") if operation == "both" else (operation,):
+                    name = f"bench-{uuid.uuid4().hex[:6]}"
+                    spec = rollout_spec(name, batch) if op == "rollout" else partitioning_spec(name, batch)
+                    run = Rollout.run if op == "rollout" else GpuPartitioning.run
+                    cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
+                    started = time.monotonic()
+                    result = await server.client.execute_workflow(
+                        run,  # type: ignore[misc]  # one of two workflow types, each with its own input model
+                        spec,
+                        id=spec.workflow_id(),
+                        task_queue=pool.task_queue,
+                    )
+                    makespan = time.monotonic() - started
+                    cpu_after = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
+                    lengths = await history_lengths(server.client, spec.workflow_id())
+                    worker_cpu, server_cpu, emulator_cpu = (a - b for b, a in zip(cpu_before, cpu_after))
+                    print(f"{op}: nodes={nodes} batch={batch} workers={workers} outcome={result.outcome} "
+                          f"counts={result.counts} makespan={makespan:.1f}s")  # fmt: skip
+                    print(f"{op}: runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
+                    print(f"{op}: cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, "
+                          f"Kubernetes emulator {emulator_cpu:.1f}s")  # fmt: skip
+                    figures[op] = {"makespan": makespan, "max_run_events": max(lengths),
+                                   "events_per_node": sum(lengths) / nodes,
+                                   "worker_cpu_ms_per_node": worker_cpu * 1000 / nodes,
+                                   "server_cpu_ms_per_node": server_cpu * 1000 / nodes}  # fmt: skip
             finally:
                 pool.stop()
-            lengths = await history_lengths(server.client, spec.workflow_id())
             throttled = throttled_lines(server.log, *pool.logs)
             warnings = warnings_in(*pool.logs)
         await admin.aclose()
-    worker_cpu, server_cpu, emulator_cpu = (after - before for before, after in zip(cpu_before, cpu_after))
-    batches = math.ceil(nodes / batch)
-    # Per node, as the issue counts it: apply, config, the reboot's Job, post-interrupt (each a Job of
-    # stage_seconds after its pod starts) and the reboot itself. (The emulator's reboot Job lasts the reboot only.)
-    per_node = 4 * (stage_seconds + POD_START) + reboot_seconds
-    ideal = batches * per_node
-    print(
-        f"nodes={nodes} batch={batch} batches={batches} workers={workers} outcome={result.outcome} counts={result.counts}"
-    )
-    print(f"makespan={makespan:.1f}s ideal={ideal:.1f}s (batches x per-node {per_node:.2f}s)")
-    print(f"runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
-    print(f"cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, Kubernetes emulator {emulator_cpu:.1f}s")
     print(
         f"worker warnings and errors: {sum(warnings.values())}"
         + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5))
     )
-    print(
-        f"makespan_ratio={makespan / ideal:.2f} max_run_events={max(lengths)} "
-        f"events_per_node={sum(lengths) / nodes:.1f} worker_cpu_ms_per_node={worker_cpu * 1000 / nodes:.0f} "
-        f"server_cpu_ms_per_node={server_cpu * 1000 / nodes:.0f} throttled={throttled}"
-    )
+    last = []
+    if "rollout" in figures:
+        # Per node, as the issue counts it: apply, config, the reboot's Job, post-interrupt (each a Job of
+        # stage_seconds after its pod starts) and the reboot itself. (The emulator's reboot Job lasts the reboot.)
+        ideal = math.ceil(nodes / batch) * (4 * (stage_seconds + POD_START) + reboot_seconds)
+        rollout = figures["rollout"]
+        last.append(f"makespan_ratio={rollout['makespan'] / ideal:.2f} max_run_events={rollout['max_run_events']} "
+                    f"events_per_node={rollout['events_per_node']:.1f} "
+                    f"worker_cpu_ms_per_node={rollout['worker_cpu_ms_per_node']:.0f} "
+                    f"server_cpu_ms_per_node={rollout['server_cpu_ms_per_node']:.0f}")  # fmt: skip
+    if "mig" in figures:
+        mig = figures["mig"]
+        last.append(f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
+                    f"mig_worker_cpu_ms_per_node={mig['worker_cpu_ms_per_node']:.0f}")  # fmt: skip
+    print(" ".join(last) + f" throttled={throttled}")
 
 
 if __name__ == "__main__":
@@ -132,6 +170,9 @@ if __name__ == "__main__":
     parser.add_argument("--stage-seconds", type=float, help="override the profile's stage time")
     parser.add_argument("--reboot-seconds", type=float, help="override the profile's reboot time")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (python -m worker)")
+    parser.add_argument("--operation", choices=("rollout", "mig", "both"), default="rollout",
+                        help="a Rollout, a GpuPartitioning to all-1g.10gb, or one then the other")  # fmt: skip
+    parser.add_argument("--mig-seconds", type=float, default=0.5, help="mig-manager's pending time per node")
     args = parser.parse_args()
     stage, reboot = PROFILES[args.profile]
     asyncio.run(
@@ -141,5 +182,7 @@ if __name__ == "__main__":
             args.stage_seconds if args.stage_seconds is not None else stage,
             args.reboot_seconds if args.reboot_seconds is not None else reboot,
             args.workers,
+            args.operation,
+            args.mig_seconds,
         )
     )

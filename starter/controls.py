@@ -204,20 +204,25 @@ def _check_fleet_paused(s: FleetReport, _req: Any) -> tuple[str | None, str]:
     return None, f"paused: {s.paused}"
 
 
-def _rollout(name: str, update: str, request: type[pydantic.BaseModel], check: Check) -> Control:
-    return Control(f"rollout {name}", "Rollout", update, request, RolloutStatus, "status", RolloutStatus, check)
+# The fleet engine's controls (workflows/rollout/fleet_controls.py), by the group and workflow type that take them.
+FLEETS = {"rollout": "Rollout", "mig": "GpuPartitioning"}
+
+
+def _fleet(name: str, update: str, request: type[pydantic.BaseModel], check: Check) -> list[Control]:
+    return [Control(f"{group} {name}", workflow, update, request, RolloutStatus, "status", RolloutStatus, check)
+            for group, workflow in FLEETS.items()]  # fmt: skip
 
 
 CONTROLS = {
     c.name: c
     for c in [
-        _rollout("pause", "pause", ReasonRequest, _check_pause),
-        _rollout("resume", "resume", ReasonRequest, _check_resume),
-        _rollout("abort", "abort", ReasonRequest, _check_rollout_active),
-        _rollout("approve", "approve_batch", ApproveRequest, _check_approve),
-        _rollout("retry-node", "retry_node", NodeRequest, _check_retry),
-        _rollout("skip-node", "skip_node", NodeRequest, _check_skip),
-        _rollout("reset-batch", "reset_batch_state", CompartmentRequest, _check_reset_batch),
+        *_fleet("pause", "pause", ReasonRequest, _check_pause),
+        *_fleet("resume", "resume", ReasonRequest, _check_resume),
+        *_fleet("abort", "abort", ReasonRequest, _check_rollout_active),
+        *_fleet("approve", "approve_batch", ApproveRequest, _check_approve),
+        *_fleet("retry-node", "retry_node", NodeRequest, _check_retry),
+        *_fleet("skip-node", "skip_node", NodeRequest, _check_skip),
+        *_fleet("reset-batch", "reset_batch_state", CompartmentRequest, _check_reset_batch),
         Control("budget set", "DisruptionBudget", "set_budget", BudgetChange, BudgetView, "state", BudgetView,
                 _check_budget),
         Control("breaker reset", "DisruptionBudget", RESET_UPDATE, BreakerReset, BreakerView, BREAKER_QUERY,
@@ -240,8 +245,13 @@ CONTROLS = {
 
 
 def rollout_id(cluster: str, name: str) -> str:
-    """A rollout's workflow ID (workflows/rollout/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
+    """A rollout's workflow ID (workflows/rollout/spec/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
     return name if name.startswith("rollout/") else f"rollout/{cluster}/{name}"
+
+
+def gpu_partitioning_id(cluster: str, name: str) -> str:
+    """workflows/partitioning/models.py GpuPartitioningInput.workflow_id; a full ID passes unchanged."""
+    return name if name.startswith("gpu-partitioning/") else f"gpu-partitioning/{cluster}/{name}"
 
 
 def maintenance_id(cluster: str, node: str) -> str:
@@ -318,10 +328,10 @@ async def apply_control(
 
 async def rollout_control(
     client: Client, verb: str, workflow_id: str, *, by: str, reason: str, node: str | None = None,
-    compartment: str | None = None, dry_run: bool = False,
+    compartment: str | None = None, dry_run: bool = False, group: str = "rollout",
 ) -> Outcome:  # fmt: skip
     """``verb``: pause, resume, abort, approve, retry-node, skip-node (with ``node``), reset-batch (with
-    ``compartment``)."""
+    ``compartment``), of the fleet run `group` names (FLEETS)."""
     if verb == "approve":
         request: dict[str, Any] = {"approver": by, "compartment": compartment}
     elif verb == "reset-batch":
@@ -330,7 +340,7 @@ async def rollout_control(
         request = {"node": node, "reason": _reason(reason, by)}
     else:
         request = {"reason": _reason(reason, by)}
-    return await apply_control(client, f"rollout {verb}", workflow_id, request, dry_run=dry_run)
+    return await apply_control(client, f"{group} {verb}", workflow_id, request, dry_run=dry_run)
 
 
 async def budget_set(

@@ -22,7 +22,7 @@ from activities.kube.models import (
 )
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
-from starter.controls import RunNotFound, breaker_show, budget_show, described
+from starter.controls import FLEETS, RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
 from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
@@ -87,8 +87,8 @@ class RunStatus(BaseModel):
     started: datetime | None = None
     closed: datetime | None = None
     progress: Progress | None = Field(None, description="The run's own progress query; None once closed.")
-    rollout: RolloutStatus | None = Field(None, description="A running rollout's `status` query: compartments, "
-                                          "batches, problem nodes.")  # fmt: skip
+    rollout: RolloutStatus | None = Field(None, description="A running fleet run's `status` query (a rollout, a GPU "
+                                          "partitioning): compartments, batches, problem nodes.")  # fmt: skip
 
 
 async def run_status(client: Client, workflow_id: str) -> RunStatus:
@@ -99,7 +99,7 @@ async def run_status(client: Client, workflow_id: str) -> RunStatus:
         status=desc.status.name.lower() if desc.status else "unknown", started=desc.start_time,
         closed=desc.close_time, progress=await _progress(client, workflow_id) if running else None,
     )  # fmt: skip
-    if running and desc.workflow_type == "Rollout" and status.progress is not None:
+    if running and desc.workflow_type in FLEETS.values() and status.progress is not None:
         status.rollout = await handle.query("status", result_type=RolloutStatus)
     return status
 

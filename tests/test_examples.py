@@ -109,6 +109,10 @@ EXAMPLES: dict[str, Example] = {
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
     "schedules.yaml": Example(NODES, applied, cli=("schedules", "apply", "{file}")),
+    # Last of its lane: gpu-node-06 keeps its MIG layout, and the trainer it evicted waits for whole GPUs.
+    "gpu-partitioning.json": Example(
+        NODES, expect(outcome="completed", counts={"complete": 1}), workflow="GpuPartitioning"
+    ),
     "tenant-cluster.json": Example(TENANTS, expect(cluster="lab:fleet/gpu-a", machines=3), workflow="CreateCluster"),
     "tenant-nlp.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),
     "tenant-vision.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),

@@ -74,6 +74,7 @@ def build(settings: WorkerSettings) -> Registration:
     from activities.ironic.activities import IronicActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
+    from activities.kube.mig import MigActivities
     from activities.netbox.activities import NetBoxActivities
     from activities.node_health import NodeHealthActivities
     from activities.notify import NotifyActivities
@@ -108,6 +109,7 @@ def build(settings: WorkerSettings) -> Registration:
         # Every method marked @activity.defn of these objects (activities/registration.py).
         activities=activities_of(
             KubeActivities(connector),
+            MigActivities(connector),
             netbox,
             prometheus,
             ufm,

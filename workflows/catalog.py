@@ -17,6 +17,8 @@ from workflows.fabric.release import ReleaseTenant
 from workflows.firmware.firmware_update import FirmwareUpdate
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
+from workflows.partitioning.gpu_partitioning import GpuPartitioning
+from workflows.partitioning.node_mig import NodeMigReconfigure
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.rma import NodeRma
@@ -41,7 +43,9 @@ STARTABLE += [NodeRma]
 STARTABLE += [TenantUsage]
 # Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
 STARTABLE += [FirmwareUpdate]
+# MIG layouts across a fleet (issue #26), on the rollout's engine: one NodeMigReconfigure child per node.
+STARTABLE += [GpuPartitioning]
 # Every workflow the worker registers: the startable ones and the children they run.
-WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric]
+WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.
 WORKFLOWS += [DisruptionBudget]

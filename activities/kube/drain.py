@@ -26,6 +26,26 @@ def pod_finished(pod: k8s.V1Pod) -> bool:
     return bool(pod.status and pod.status.phase in ("Succeeded", "Failed"))
 
 
+# Extended resources that are GPUs: whole ones, and MIG instances under the device plugin's `mixed` strategy.
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def uses_gpu(pod: k8s.V1Pod) -> bool:
+    """Any container (init containers too) requests or limits a GPU resource."""
+    spec = pod.spec
+    for c in [*(spec.containers or []), *(spec.init_containers or [])] if spec else []:
+        res = c.resources
+        for amounts in (res.requests, res.limits) if res else ():
+            if any(is_gpu_resource(k) and str(v) not in ("0", "") for k, v in (amounts or {}).items()):
+                return True
+    return False
+
+
 def pod_ref_of(pod: k8s.V1Pod) -> PodRef:
     return PodRef(namespace=pod.metadata.namespace, name=pod.metadata.name, uid=pod.metadata.uid)
 

@@ -18,7 +18,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
-from activities.kube.drain import controller_of, eviction_refused, eviction_unsettled, pod_finished, pod_ref_of
+from activities.kube.drain import (
+    controller_of,
+    eviction_refused,
+    eviction_unsettled,
+    pod_finished,
+    pod_ref_of,
+    uses_gpu,
+)
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, next_poll
 from activities.kube.models import (
     CORDON_REASON,
@@ -231,6 +238,9 @@ class NodeActivities:
             annotations = pod.metadata.annotations or {}
             if "kubernetes.io/config.mirror" in annotations:
                 plan.skipped.append(SkippedPod(pod=ref, reason="mirror pod"))
+                continue
+            if settings.gpu_pods_only and not uses_gpu(pod):
+                plan.skipped.append(SkippedPod(pod=ref, reason="uses no GPU"))
                 continue
             owner = controller_of(pod)
             if owner is not None and owner.kind == "DaemonSet" and not finished:

@@ -36,6 +36,7 @@ budget_app = _group("budget", "A cluster's disruption budget: how many nodes may
 breaker_app = _group("breaker", "A cluster's remediation circuit breaker.")
 maintenance_app = _group("maintenance", "Controls of a running NodeMaintenance.")
 remediation_app = _group("remediation", "Controls of a running NodeRemediation (its operator-approved steps).")
+mig_app = _group("mig", "Controls of a running GpuPartitioning (MIG layouts across a fleet), as a rollout's.")
 burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paused for too many failures).")
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
 

@@ -30,6 +30,7 @@ from starter.cli.common import (
     emit,
     err,
     maintenance_app,
+    mig_app,
     remediation_app,
     rollout_app,
 )
@@ -49,7 +50,7 @@ ClusterOpt = Annotated[
 NeedCluster = Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")]
 ClusterArg = Annotated[str, typer.Argument(metavar="CLUSTER", help="The cluster (kubeconfig context).")]
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="The node.")]
-RolloutArg = Annotated[str, typer.Argument(metavar="NAME", help="The rollout's name (with --cluster), or its full ID.")]
+RolloutArg = Annotated[str, typer.Argument(metavar="NAME", help="The run's name (with --cluster), or its full ID.")]
 
 CONNECTION = ("output", "address", "namespace", "state_dir")
 
@@ -115,24 +116,28 @@ def _control(
 # ---------------------------------------------------------------- rollout
 
 
-def _rollout_id(name: str, cluster: str | None) -> str:
-    from starter.controls import rollout_id
+def _fleet_id(group: str, name: str, cluster: str | None) -> str:
+    from starter.controls import gpu_partitioning_id, rollout_id
 
-    if cluster is None and not name.startswith("rollout/"):
-        err.print(f"error: give --cluster, or the rollout's full ID rollout/<cluster>/{name}", style="red")
+    make, kind = (rollout_id, "rollout") if group == "rollout" else (gpu_partitioning_id, "gpu-partitioning")
+    if cluster is None and not name.startswith(f"{kind}/"):
+        err.print(f"error: give --cluster, or the run's full ID {kind}/<cluster>/{name}", style="red")
         raise typer.Exit(2)
-    return rollout_id(cluster or "", name)
+    return make(cluster or "", name)
 
 
 def _rollout(verb: str, doc: str, own: list[inspect.Parameter]) -> None:
+    """``rollout <verb>`` and, the same control of the same engine, ``mig <verb>``."""
     from starter.controls import rollout_control
 
-    async def call(client: Any, v: dict[str, Any]) -> Any:
-        return await rollout_control(client, verb, _rollout_id(v["name"], v["cluster"]), by=v["by"],
-                                     reason=v["reason"], node=v.get("node"), compartment=v.get("compartment"),
-                                     dry_run=v["dry_run"])  # fmt: skip
+    for group, app in (("rollout", rollout_app), ("mig", mig_app)):
 
-    _command(rollout_app, verb, doc, [_param("name", RolloutArg), *own, _param("cluster", ClusterOpt, None)], call)
+        async def call(client: Any, v: dict[str, Any], group: str = group) -> Any:
+            return await rollout_control(client, verb, _fleet_id(group, v["name"], v["cluster"]), by=v["by"],
+                                         reason=v["reason"], node=v.get("node"), compartment=v.get("compartment"),
+                                         dry_run=v["dry_run"], group=group)  # fmt: skip
+
+        _command(app, verb, doc, [_param("name", RolloutArg), *own, _param("cluster", ClusterOpt, None)], call)
 
 
 COMPARTMENT = Annotated[

@@ -32,6 +32,11 @@ def guaranteed_gpus(cap: GpuCapacity, tenant: str, parent: str, gpu_quota: float
     """The GPUs the queue tree guarantees once `tenant`'s queue (under `parent`) guarantees `gpu_quota`."""
     queues = [q for q in cap.queues if q.name != tenant]
     queues.append(QueueGuarantee(name=tenant, parent=parent, gpu_quota=gpu_quota, tenant=tenant))
+    return tree_guarantee(queues, cap.gpus)
+
+
+def tree_guarantee(queues: list[QueueGuarantee], gpus: float) -> float:
+    """The GPUs a KAI queue tree guarantees on a cluster of `gpus` GPUs."""
     names = {q.name for q in queues}
     children: dict[str, list[QueueGuarantee]] = {}
     for q in queues:
@@ -43,7 +48,7 @@ def guaranteed_gpus(cap: GpuCapacity, tenant: str, parent: str, gpu_quota: float
             return 0.0
         kids = sum(reserved(c, seen | {q.name}) for c in children.get(q.name, []))
         if q.gpu_quota == UNLIMITED:
-            return cap.gpus if q.tenant is not None else kids
+            return gpus if q.tenant is not None else kids
         return max(max(q.gpu_quota, 0.0), kids)
 
     # A queue whose parent does not exist is a root as far as the guarantee goes (KAI marks it Orphan).

@@ -34,6 +34,7 @@ class ValidationSettings(_Settings):
     expected_gpus: int | None = Field(None, ge=0, description="GPUs the node must show; None: not checked.")
     gpu_model: str | None = Field(None, description="Case-insensitive part of the GPU name, e.g. 'H200'.")
     min_pcie_gen: int | None = Field(None, ge=1)
+    expected_mig: bool | None = Field(False, description="MIG mode the GPUs must be in; None: not checked.")
     min_pcie_width: int | None = Field(None, ge=1, description="e.g. 16: a link trained at x8 fails.")
     load_seconds: float = Field(
         0, ge=0, le=3600, description="A load window judged for Xids, ECC growth and throttling; 0: none."
@@ -47,7 +48,7 @@ class ValidationSettings(_Settings):
     def gpu_request(self) -> GpuCheckRequest:
         return GpuCheckRequest(expected_count=self.expected_gpus, expected_model=self.gpu_model,
                                min_pcie_gen=self.min_pcie_gen, min_pcie_width=self.min_pcie_width,
-                               report_unavailable=True)  # fmt: skip
+                               expected_mig=self.expected_mig, report_unavailable=True)  # fmt: skip
 
 
 class ValidationResult(StrictModel):
