@@ -47,7 +47,8 @@ from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from worker.replay import failed_for_nondeterminism, histories_since, replay
 from workflows.budget.budget import Budget
-from workflows.budget.disruption_budget import DisruptionBudget, DisruptionBudgetInput
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.models import DisruptionBudgetInput
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 NODE_LISTS = {"verb": "list", "resource": "nodes"}  # the entity's cluster read; nothing else lists nodes here

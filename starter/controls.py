@@ -34,8 +34,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from starter.client import DEFAULT_TASK_QUEUE, InputError, format_validation_error
 from workflows.budget.book import budget_text
 from workflows.budget.breaker import BREAKER_QUERY, RESET_UPDATE, BreakerReset, BreakerView
-from workflows.budget.disruption_budget import BudgetChange, BudgetView, DisruptionBudget, DisruptionBudgetInput
+from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.budget.leases import budget_workflow_id
+from workflows.budget.models import BudgetChange, BudgetView, DisruptionBudgetInput
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
 from workflows.remediation.models import Approval, NodeRemediationStatus

@@ -98,7 +98,8 @@ async def declare_lab_budget(client, task_queue: str, budget: dict | None = None
     from temporalio.common import WorkflowIDConflictPolicy
 
     from workflows.budget.budget import Budget
-    from workflows.budget.disruption_budget import DisruptionBudget, DisruptionBudgetInput
+    from workflows.budget.disruption_budget import DisruptionBudget
+    from workflows.budget.models import DisruptionBudgetInput
 
     declared = Budget.model_validate(budget or {"percent": 100})
     inp = DisruptionBudgetInput(cluster=cluster, budget=declared, task_queue=task_queue)

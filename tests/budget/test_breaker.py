@@ -18,7 +18,8 @@ from tests.budget.test_disruption_budget import small_fleet, start_budget
 from tests.kube_helpers import current_details, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from workflows.budget.breaker import BreakerReset, BreakerSettings
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, LeaseRequest
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import LeaseRelease, LeaseRequest
 
 pytestmark = pytest.mark.timeout(180)
 REMEDIATION = BreakerSettings()  # NVSentinel's 50 % within 5 minutes

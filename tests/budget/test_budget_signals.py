@@ -30,7 +30,9 @@ from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from workflows.budget.budget import Budget
-from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import budget_workflow_id
+from workflows.budget.models import BudgetChange
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
 from workflows.rollout.models import ReasonRequest
 from workflows.rollout.rollout import Rollout, RolloutBatch

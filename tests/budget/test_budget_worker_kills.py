@@ -21,7 +21,8 @@ from tests.budget.test_disruption_budget import max_out_of_service, small_fleet
 from tests.maintenance.test_node_maintenance import record_history
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 from workflows.budget.budget import Budget
-from workflows.budget.disruption_budget import DisruptionBudget, DisruptionBudgetInput
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.models import DisruptionBudgetInput
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
 
 SLOW_READ = 11.0  # seconds: longer than the 10 s workflow-task timeout

@@ -16,7 +16,8 @@ from tests.rollout.helpers import max_unavailable, rollout_spec
 from tests.rollout.test_rollout import lab_ready, start
 from workflows.budget.budget import Budget
 from workflows.budget.control_plane import control_plane_wait
-from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.models import BudgetChange
 
 pytestmark = pytest.mark.timeout(300)
 CP = {"cp-01", "cp-02", "cp-03"}

@@ -18,7 +18,8 @@ from lab.fleet import Fleet
 from tests.burnin.test_server_burnin import burn_in_input, resets, start, wait_phase
 from tests.kube_helpers import pods_on
 from tests.maintenance.test_node_maintenance import record_history
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.server_burnin import ServerBurnInInput
 
 

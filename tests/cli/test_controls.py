@@ -82,7 +82,8 @@ async def test_rollout_controls_in_order(lab):
 
 async def test_budget_and_breaker(lab):
     from workflows.budget.breaker import BreakerSettings
-    from workflows.budget.disruption_budget import DisruptionBudget, LeaseRequest
+    from workflows.budget.disruption_budget import DisruptionBudget
+    from workflows.budget.leases import LeaseRequest
 
     entity = f"disruption-budget/{CLUSTER}"
     shown = await cli(*lab.args("budget", "show", CLUSTER, "-o", "json"))

@@ -18,7 +18,8 @@ from tests.burnin.test_burnin_node import follow, node_fleet
 from tests.burnin.test_server_burnin import resets
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import nodes_down_with_workload
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import budget_workflow_id
 from workflows.firmware.firmware_update import FirmwareUpdate, FirmwareUpdateInput
 
 BMC_IMAGE = "http://images.lab/bmc-25.03.bin"

@@ -22,7 +22,8 @@ from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
 from tests.test_priorities import children, scheduled
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import LeaseRelease, budget_workflow_id
 from workflows.common import priorities
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation

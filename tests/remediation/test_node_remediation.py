@@ -13,7 +13,8 @@ from activities.redfish import BmcRef
 from tests.kube_helpers import current_details, pods_on, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import budget_workflow_id
 from workflows.remediation.models import Approval, NodeRemediationInput
 from workflows.remediation.node_remediation import NodeRemediation
 

@@ -17,7 +17,8 @@ from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
 from tests.rollout.helpers import availability_timeline
 from workflows.budget.breaker import BreakerReset
-from workflows.budget.disruption_budget import DisruptionBudget, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import budget_workflow_id
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.models import NodeRemediationInput
 from workflows.remediation.node_remediation import NodeRemediation

@@ -12,7 +12,8 @@ import pytest
 from activities.redfish import BmcRef
 from tests.kube_helpers import current_details, wait_for
 from tests.remediation.helpers import fast_settings, fleet
-from workflows.budget.disruption_budget import DisruptionBudget, LeaseRelease, budget_workflow_id
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import LeaseRelease, budget_workflow_id
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.sweep_models import FleetHealthSweepInput

@@ -20,16 +20,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
 from temporalio.exceptions import ActivityError
 
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
 from activities.kube.activities import KubeActivities
 from activities.kube.models import NodeAvailability, UnavailableRequest
-from activities.kube.validators import validate_object_name, validate_positive_duration
-from activities.models import StrictModel
 from workflows.budget.book import BudgetBook, budget_text, lease_key
 from workflows.budget.breaker import (
     BREAKER_PATCH,
@@ -42,8 +39,8 @@ from workflows.budget.breaker import (
     BreakerReset,
     BreakerView,
 )
-from workflows.budget.budget import Budget, ceiling
-from workflows.budget.control_plane import CONTROL_PLANE_PATCH, DEFAULT_AT_ONCE
+from workflows.budget.budget import ceiling
+from workflows.budget.control_plane import CONTROL_PLANE_PATCH
 from workflows.budget.leases import (
     DECISIONS_SIGNAL,
     GRANTED_SIGNAL,
@@ -56,92 +53,24 @@ from workflows.budget.leases import (
     LeaseReleases,
     LeaseRequest,
     LeaseRequests,
-    budget_workflow_id,
+)
+from workflows.budget.models import (
+    BudgetChange,
+    BudgetView,
+    DisruptionBudgetInput,
+    Released,
+    operator_note,
 )
 from workflows.common import search_attributes as sa
-from workflows.common.base import Progress, WorkflowInput, history_is_long, publish_phase
+from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
 
-HISTORY_LIMIT = 2000
-IDLE_CLOSE = timedelta(minutes=5)
 TAKE_OVER_TIMEOUT = timedelta(minutes=1)  # a fresh run looks this long for the settings of the run before
 # workflow.patched() id: decisions no longer compare workflow.now() with remembered times (see _tick).
 EVENT_CLOCK_PATCH = "disruption-budget-event-clock"
 # workflow.patched() id: only an operator sets the cluster's budget; a requester's caps its own leases (book.grant).
 OPERATOR_BUDGET_PATCH = "disruption-budget-operator-budget"
 MIN_WAIT = timedelta(seconds=1)  # the shortest periodic wait: a timer always stands for "a periodic look is due"
-
-
-# ================================================================== models
-
-
-class Released(StrictModel):
-    released: bool
-    lease: Lease | None = None
-
-
-class BudgetChange(StrictModel):
-    budget: Budget
-    control_plane_at_once: int | None = Field(
-        None, ge=1, description="Control-plane nodes allowed out of service at once (default 1); unset: unchanged."
-    )
-    by: str = Field(min_length=1, description="Who changes it.")
-    reason: str = Field(min_length=1, description="Why; shown with the budget.")
-
-
-class DisruptionBudgetInput(WorkflowInput):
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
-    budget: Budget | None = Field(
-        None, description="The budget, as an operator declares it; unset: the one an operator set before, else 10%."
-    )
-    check_interval: timedelta = Field(
-        timedelta(seconds=20), description="While requests wait: re-read the cluster and check holders this often."
-    )
-    liveness_interval: timedelta = Field(
-        timedelta(seconds=60), description="While leases are held: check their holders' runs this often."
-    )
-    task_queue: str | None = Field(
-        None,
-        description="The task queue this run is on (requesters set it; by hand, say so). Unknown: the entity "
-        "continues as new onto its first requester's queue.",
-    )
-    idle_close_after: timedelta = Field(
-        IDLE_CLOSE, description="With nothing leased or waiting this long, close; the next request starts a new run."
-    )
-    history_limit: int = Field(HISTORY_LIMIT, ge=50, description="Continue-as-new past this many history events.")
-    book: BudgetBook | None = Field(None, description="Carried across continue-as-new.")
-
-    _cluster = field_validator("cluster")(validate_object_name)
-    _durations = field_validator("check_interval", "liveness_interval", "idle_close_after")(validate_positive_duration)
-
-    def workflow_id(self) -> str:
-        return budget_workflow_id(self.cluster)
-
-    def search_attributes(self) -> list[SearchAttributePair]:
-        return [SearchAttributePair(sa.CLUSTER, self.cluster)]
-
-
-class BudgetView(StrictModel):
-    """The `state` query: the budget, what is out of service and why, leases and the queue."""
-
-    cluster: str
-    budget: Budget
-    budget_source: str
-    total_nodes: int | None = Field(None, description="At the last read of the cluster.")
-    allowed: int | None = Field(None, description="Nodes allowed out of service at once, at the last read.")
-    out_of_service: dict[str, str] = Field(default_factory=dict, description="Node -> why (lease, cordon, NotReady).")
-    leases: list[Lease] = Field(default_factory=list)
-    queue: list[Lease] = Field(default_factory=list)
-    control_plane_at_once: int = Field(DEFAULT_AT_ONCE, description="Control-plane nodes allowed out at once.")
-    own_budgets: dict[str, str] = Field(
-        default_factory=dict, description="Requester -> the budget it stated for itself, and its leases within it."
-    )
-    checked_at: datetime | None = None
-    error: str = ""
-
-
-def _operator(change: BudgetChange) -> str:
-    return f"operator {change.by}: {change.reason}"
 
 
 Received = LeaseRequests | LeaseReleases | BudgetChange | BreakerReset  # what handlers file on EVENT_CLOCK_PATCH
@@ -292,7 +221,7 @@ class DisruptionBudget:
     def set_budget(self, change: BudgetChange) -> BudgetView:
         if self._receive(change):  # applied at once by the loop; answered as it will be
             view = self.state()
-            view.budget, view.budget_source = change.budget, _operator(change)
+            view.budget, view.budget_source = change.budget, operator_note(change)
             view.allowed = ceiling(change.budget, self._avail.total) if self._avail else None
             if change.control_plane_at_once is not None:
                 view.control_plane_at_once = change.control_plane_at_once
@@ -302,7 +231,7 @@ class DisruptionBudget:
         return self.state()
 
     def _set_budget(self, change: BudgetChange) -> None:
-        self._book.budget, self._book.budget_source = change.budget, _operator(change)
+        self._book.budget, self._book.budget_source = change.budget, operator_note(change)
         if change.control_plane_at_once is not None:
             self._book.control_plane_at_once = change.control_plane_at_once
         self._dirty = True  # a larger budget may let waiting requests in
