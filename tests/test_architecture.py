@@ -27,8 +27,10 @@ MAY_IMPORT = {
 # on their own branch (issue #16); add "lab" here once they are gone.
 CYCLE_FREE_LAYERS = ("starter", "workflows", "activities", "worker")
 MAX_LINES = 600
-# A module longer than MAX_LINES says why in its docstring, after this phrase.
+# A module longer than MAX_LINES says why in its docstring, after this phrase; none may in the orchestration and
+# side-effect layers, where a long module is a change hard to see (issue #24).
 LONG_MODULE_MARKER = "Longer than 600 lines because"
+NO_LONG_MODULES = ("workflows", "activities")
 
 
 def _module_name(path: Path) -> str:
@@ -167,9 +169,10 @@ def test_no_module_over_600_lines_without_a_reason(layer):
         lines = len(path.read_text().splitlines())
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
         where = str(path.relative_to(REPO))
-        if lines > MAX_LINES and LONG_MODULE_MARKER not in doc:
+        if lines > MAX_LINES and (layer in NO_LONG_MODULES or LONG_MODULE_MARKER not in doc):
             long.append(f"{where}: {lines} lines")
-    assert not long, f"split these, or say why in the docstring ({LONG_MODULE_MARKER!r} ...):\n" + "\n".join(long)
+    why = "" if layer in NO_LONG_MODULES else f", or say why in the docstring ({LONG_MODULE_MARKER!r} ...)"
+    assert not long, f"split these{why}:\n" + "\n".join(long)
 
 
 def test_the_checks_see_the_graph():

@@ -6,11 +6,7 @@ entity reads the cluster, feeds the lease book (workflows/budget/book.py) what i
 each requester its decisions; it holds the cluster's remediation circuit breaker (workflows/budget/breaker.py).
 Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow. The protocol,
 its cost in history events, the task queue it lives on and why its decisions follow its history alone are in
-docs/disruption-budget.md.
-
-Longer than 600 lines because the entity's handlers (requests, releases, decisions, the circuit breaker's
-reset) all change the one book of leases it carries across continue-as-new, on two protocols (signals, and the
-updates of runs from before SIGNAL_PATCH) and two loops (before and after EVENT_CLOCK_PATCH).
+docs/disruption-budget.md; its models are in workflows/budget/models.py.
 """
 
 from __future__ import annotations
