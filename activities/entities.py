@@ -34,6 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
+from activities.support.integration import Integration, NoSettings, Parts
 
 
 class EntityUpdate(StrictModel):
@@ -283,3 +284,14 @@ async def query_running(client: Any, req: WorkflowQuery) -> dict[str, Any] | Non
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+class Entities(Integration[NoSettings]):
+    """The worker's own Temporal client: nothing to set."""
+
+    name = "Entities"
+    settings = NoSettings
+    packages = ("activities.entities",)
+
+    def build(self, settings: NoSettings) -> Parts:
+        return Parts([EntityActivities()])

@@ -18,6 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
+from activities.support.integration import Integration, Parts, SystemSettings
 
 
 class TenantUsageRow(StrictModel):
@@ -91,3 +92,23 @@ class UsageReportActivities:
         return ReportFiles(
             written=True, json_path=str(base.with_suffix(".json")), csv_path=str(base.with_suffix(".csv"))
         )
+
+
+class UsageReportSettings(SystemSettings):
+    usage_sink_dir: str | None = Field(
+        None,
+        description="Directory TenantUsage writes its GPU-hours reports to, <dir>/<cluster>/<period>.json and "
+        ".csv (none: reports are in the run's result only)",
+    )
+
+
+class UsageReports(Integration[UsageReportSettings]):
+    name = "Usage reports"
+    settings = UsageReportSettings
+    packages = ("activities.usage_report",)
+
+    def build(self, settings: UsageReportSettings) -> Parts:
+        return Parts([UsageReportActivities(settings.usage_sink_dir)])
+
+    def describe(self, settings: UsageReportSettings) -> str:
+        return f"to {settings.usage_sink_dir or 'nowhere (MILLWRIGHT_USAGE_SINK_DIR not set)'}"

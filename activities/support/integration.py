@@ -1,0 +1,121 @@
+"""One object per external system: the settings it reads, the activities objects it builds from them, the clients
+to close when the worker stops, and its line in the worker's start-up log.
+
+The worker iterates the list of them (activities/integrations.py) instead of wiring each system by hand, so a new
+system is its own package with an ``integration.py``, one line in that list, and its docs (docs/architecture.md).
+A system's settings are a mixin of the worker's settings (worker/config.py ``WorkerSettings``): its fields are named
+after the system (``netbox_url`` is ``MILLWRIGHT_NETBOX_URL``), so each environment variable is the one it always was.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+CA_BUNDLE = (
+    "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
+)
+VERIFY_TLS = "false: accept any certificate from {what} (the connection is then not authenticated)"
+
+
+class ConfigError(Exception):
+    """A configuration problem, reported as one line without a traceback."""
+
+
+@dataclass
+class Parts:
+    """What an integration builds from its settings."""
+
+    activities: list[Any]  # objects whose methods marked @activity.defn the worker registers
+    resources: list[Any] = field(default_factory=list)  # objects with ``async close()``, closed when the worker stops
+
+
+S = TypeVar("S", bound="SystemSettings")
+
+
+class Integration(ABC, Generic[S]):
+    """An external system as the worker sees it. `settings` is the model of the fields it reads (a mixin of the
+    worker's settings, so `build` and `describe` receive the worker's settings object); `packages` are the
+    activities modules whose activities it registers (tests/test_architecture.py checks each system has one)."""
+
+    name: ClassVar[str]  # as the start-up log names it
+    settings: ClassVar[type[SystemSettings]]
+    packages: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def build(self, settings: S) -> Parts:
+        """The activities objects (and the clients to close), from the settings; ConfigError for settings that
+        cannot work, naming the variable."""
+
+    def describe(self, settings: S) -> str | None:
+        """What it is configured as, in one line for the start-up log (references, never secrets); None: no line."""
+        return None
+
+    @classmethod
+    def environment(cls, **values: str) -> dict[str, str]:
+        """The environment variables that set these fields of its settings (for the lab, which writes a worker's
+        environment); a field it does not have is refused."""
+        unknown = set(values) - set(cls.settings.model_fields)
+        if unknown:
+            raise ValueError(f"{cls.name} has no setting {', '.join(sorted(unknown))}")
+        return {f"MILLWRIGHT_{name.upper()}": value for name, value in values.items()}
+
+
+class SystemSettings(BaseModel):
+    """The base of a system's settings: its fields are named ``<system>_<setting>``."""
+
+    def ca_bundle(self, system: str) -> str | None:
+        """MILLWRIGHT_<SYSTEM>_CA_BUNDLE, checked to be a CA bundle reference; the file itself is read by the
+        activities, at each attempt."""
+        from activities.support.tls import ca_bundle_path
+
+        value = getattr(self, f"{system}_ca_bundle")
+        if value is not None:
+            try:
+                ca_bundle_path(value)
+            except ValueError as err:
+                raise ConfigError(f"MILLWRIGHT_{system.upper()}_CA_BUNDLE: {err}") from None
+        return value
+
+
+class NoSettings(SystemSettings):
+    """The settings of a system that reads none."""
+
+
+def ca_bundle_field(what: str, more: str = "") -> Any:
+    """A ``<system>_ca_bundle`` field: the reference `what`'s certificates are verified against."""
+    return Field(None, description=CA_BUNDLE.format(what=what) + more)
+
+
+def verify_tls_field(what: str, more: str = "") -> Any:
+    """A ``<system>_verify_tls`` field: false accepts any certificate from `what`."""
+    return Field(True, description=VERIFY_TLS.format(what=what) + more)
+
+
+def trust(verify_tls: bool, ca_bundle: str | None) -> str:
+    """What a system's certificates are verified against, for the start-up log."""
+    if not verify_tls:
+        return "TLS verification OFF"
+    return f"CA bundle {ca_bundle}" if ca_bundle else "default CAs"
+
+
+def secret_ref(value: str, variable: str) -> Any:
+    """A secret reference setting parsed (``env:NAME`` or ``file:/path``); ConfigError naming `variable`."""
+    from activities.support.secrets import SecretRef
+
+    try:
+        return SecretRef.parse(value)
+    except ValueError as err:
+        raise ConfigError(f"{variable}: {err}") from None
+
+
+def service_line(not_configured: str, system: str, url: str | None, secret: str | None, what: str, tls: str) -> str:
+    """The start-up line of a service reached at a URL with a secret (NetBox, UFM, Ironic): where and with which
+    reference, or, unset, the error its activities fail with and the variables that set it."""
+    if not url:
+        return (f"not configured: its activities fail with {not_configured} (set MILLWRIGHT_{system}_URL and "
+                f"MILLWRIGHT_{system}_{what.upper()})")  # fmt: skip
+    return f"{url} ({what} {secret or 'none'}, {tls})"
