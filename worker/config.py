@@ -1,4 +1,5 @@
-"""Worker settings, read from ``MILLWRIGHT_*`` environment variables.
+"""Worker settings, read from ``MILLWRIGHT_*`` environment variables: the worker's own, here, and each external
+system's, in its integration (activities/integrations.py), so a new system's settings stay in its package.
 
 The Temporal connection itself (address, namespace, API key, TLS) is not here: it comes
 from Temporal's own environment configuration (``TEMPORAL_*`` variables and TOML
