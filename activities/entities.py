@@ -34,7 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
-from activities.support.integration import Integration, NoSettings, Parts
+from activities.support.integration import Plain
 
 
 class EntityUpdate(StrictModel):
@@ -286,12 +286,9 @@ async def query_running(client: Any, req: WorkflowQuery) -> dict[str, Any] | Non
         raise
 
 
-class Entities(Integration[NoSettings]):
+class Entities(Plain):
     """The worker's own Temporal client: nothing to set."""
 
     name = "Entities"
-    settings = NoSettings
     packages = ("activities.entities",)
-
-    def build(self, settings: NoSettings) -> Parts:
-        return Parts([EntityActivities()])
+    activities_class = EntityActivities

@@ -27,7 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
-from activities.support.integration import Integration, NoSettings, Parts
+from activities.support.integration import Plain
 from activities.support.secrets import SecretError, SecretRef
 from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
@@ -113,12 +113,9 @@ class NotifyActivities:
         raise ApplicationError(text, type="WebhookRejected", non_retryable=True)
 
 
-class Notify(Integration[NoSettings]):
+class Notify(Plain):
     """Webhooks: each target carries its own URL, secret and TLS settings."""
 
     name = "Notify"
-    settings = NoSettings
     packages = ("activities.notify",)
-
-    def build(self, settings: NoSettings) -> Parts:
-        return Parts([NotifyActivities()])
+    activities_class = NotifyActivities

@@ -270,12 +270,17 @@ def _marks_activities(module: str) -> bool:
 
 
 def _integration_classes() -> set[str]:
-    """Every class under activities/ that subclasses `Integration`, by module and name."""
+    """Every integration class under activities/ (the bases in activities/support/ aside), by module and name."""
+    import importlib
+    import inspect
+
+    from activities.support.integration import Integration
+
     found = set()
-    for module in (m for m in MODULES if m.startswith("activities.")):
-        for node in ast.walk(ast.parse(MODULES[module].read_text())):
-            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).startswith("Integration[") for b in node.bases):
-                found.add(f"{module}.{node.name}")
+    for module in (m for m in MODULES if m.startswith("activities.") and not m.startswith("activities.support")):
+        for cls in vars(importlib.import_module(module)).values():
+            if inspect.isclass(cls) and issubclass(cls, Integration) and cls.__module__ == module:
+                found.add(f"{module}.{cls.__name__}")
     return found
 
 

@@ -9,13 +9,11 @@ from pydantic import Field
 from activities.models import BaseUrl
 from activities.support.integration import (
     ConfigError,
-    Integration,
     Parts,
+    Service,
     SystemSettings,
     ca_bundle_field,
     secret_ref,
-    service_line,
-    trust,
     verify_tls_field,
 )
 
@@ -47,18 +45,15 @@ class IronicSettings(SystemSettings):
                             verify_tls=self.ironic_verify_tls)  # fmt: skip
 
 
-class Ironic(Integration[IronicSettings]):
+class Ironic(Service[IronicSettings]):
     name = "Ironic"
     settings = IronicSettings
     packages = ("activities.ironic",)
+    system, secret, not_configured = "ironic", "token", "IronicNotConfigured"
+    no_secret = "none: noauth"
 
     def build(self, settings: IronicSettings) -> Parts:
         from activities.ironic.activities import IronicActivities
 
         ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
         return Parts([ironic], [ironic])
-
-    def describe(self, settings: IronicSettings) -> str:
-        tls = trust(settings.ironic_verify_tls, settings.ironic_ca_bundle)
-        token = settings.ironic_token or "none: noauth"
-        return service_line("IronicNotConfigured", "IRONIC", settings.ironic_url, token, "token", tls)

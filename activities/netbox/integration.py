@@ -9,13 +9,11 @@ from pydantic import Field
 from activities.models import BaseUrl
 from activities.support.integration import (
     ConfigError,
-    Integration,
     Parts,
+    Service,
     SystemSettings,
     ca_bundle_field,
     secret_ref,
-    service_line,
-    trust,
     verify_tls_field,
 )
 
@@ -46,10 +44,11 @@ class NetBoxSettings(SystemSettings):
                             verify_tls=self.netbox_verify_tls)  # fmt: skip
 
 
-class NetBox(Integration[NetBoxSettings]):
+class NetBox(Service[NetBoxSettings]):
     name = "NetBox"
     settings = NetBoxSettings
     packages = ("activities.netbox",)
+    system, secret, not_configured = "netbox", "token", "NetBoxNotConfigured"
 
     def build(self, settings: NetBoxSettings) -> Parts:
         from activities.netbox.activities import NetBoxActivities
@@ -57,7 +56,3 @@ class NetBox(Integration[NetBoxSettings]):
         # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
         netbox = NetBoxActivities(settings.netbox_config())
         return Parts([netbox], [netbox])
-
-    def describe(self, settings: NetBoxSettings) -> str:
-        tls = trust(settings.netbox_verify_tls, settings.netbox_ca_bundle)
-        return service_line("NetBoxNotConfigured", "NETBOX", settings.netbox_url, settings.netbox_token, "token", tls)

@@ -85,6 +85,35 @@ class NoSettings(SystemSettings):
     """The settings of a system that reads none."""
 
 
+class Plain(Integration[NoSettings]):
+    """A system that reads no settings: one activities object, built without arguments."""
+
+    settings = NoSettings
+    activities_class: ClassVar[type]
+
+    def build(self, settings: NoSettings) -> Parts:
+        return Parts([self.activities_class()])
+
+
+class Service(Integration[S]):
+    """A service reached at ``<system>_url`` with a secret reference (NetBox, UFM, Ironic), whose activities fail with
+    `not_configured` while it is unset."""
+
+    system: ClassVar[str]  # its settings' prefix: netbox_url, NETBOX_URL
+    secret: ClassVar[str]  # the secret's setting, after the prefix: netbox_token
+    no_secret: ClassVar[str] = "none"  # what the log says of an unset secret
+    not_configured: ClassVar[str]  # the error type of its activities while unset
+
+    def describe(self, settings: S) -> str:
+        url, secret = getattr(settings, f"{self.system}_url"), getattr(settings, f"{self.system}_{self.secret}")
+        if not url:
+            variable = f"MILLWRIGHT_{self.system.upper()}"
+            return (f"not configured: its activities fail with {self.not_configured} (set {variable}_URL and "
+                    f"{variable}_{self.secret.upper()})")  # fmt: skip
+        tls = trust(getattr(settings, f"{self.system}_verify_tls"), getattr(settings, f"{self.system}_ca_bundle"))
+        return f"{url} ({self.secret} {secret or self.no_secret}, {tls})"
+
+
 def ca_bundle_field(what: str, more: str = "") -> Any:
     """A ``<system>_ca_bundle`` field: the reference `what`'s certificates are verified against."""
     return Field(None, description=CA_BUNDLE.format(what=what) + more)
@@ -110,12 +139,3 @@ def secret_ref(value: str, variable: str) -> Any:
         return SecretRef.parse(value)
     except ValueError as err:
         raise ConfigError(f"{variable}: {err}") from None
-
-
-def service_line(not_configured: str, system: str, url: str | None, secret: str | None, what: str, tls: str) -> str:
-    """The start-up line of a service reached at a URL with a secret (NetBox, UFM, Ironic): where and with which
-    reference, or, unset, the error its activities fail with and the variables that set it."""
-    if not url:
-        return (f"not configured: its activities fail with {not_configured} (set MILLWRIGHT_{system}_URL and "
-                f"MILLWRIGHT_{system}_{what.upper()})")  # fmt: skip
-    return f"{url} ({what} {secret or 'none'}, {tls})"

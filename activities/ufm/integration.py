@@ -9,13 +9,11 @@ from pydantic import Field
 from activities.models import BaseUrl
 from activities.support.integration import (
     ConfigError,
-    Integration,
     Parts,
+    Service,
     SystemSettings,
     ca_bundle_field,
     secret_ref,
-    service_line,
-    trust,
     verify_tls_field,
 )
 
@@ -58,17 +56,14 @@ class UfmSettings(SystemSettings):
                          ca_bundle=ca_bundle, verify_tls=self.ufm_verify_tls)  # fmt: skip
 
 
-class Ufm(Integration[UfmSettings]):
+class Ufm(Service[UfmSettings]):
     name = "UFM"
     settings = UfmSettings
     packages = ("activities.ufm",)
+    system, secret, not_configured = "ufm", "credentials", "UfmNotConfigured"
 
     def build(self, settings: UfmSettings) -> Parts:
         from activities.ufm.activities import UfmActivities
 
         ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
         return Parts([ufm], [ufm])
-
-    def describe(self, settings: UfmSettings) -> str:
-        tls = trust(settings.ufm_verify_tls, settings.ufm_ca_bundle)
-        return service_line("UfmNotConfigured", "UFM", settings.ufm_url, settings.ufm_credentials, "credentials", tls)
