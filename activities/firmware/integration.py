@@ -3,7 +3,7 @@ boot, inventory: activities/redfish.py; firmware updates, built on those: this p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -17,6 +17,9 @@ from activities.support.integration import (
     verify_tls_field,
 )
 
+if TYPE_CHECKING:
+    from activities.support.secrets import SecretRef
+
 
 class BmcSettings(SystemSettings):
     bmc_credentials: str | None = Field(
@@ -27,7 +30,7 @@ class BmcSettings(SystemSettings):
     bmc_ca_bundle: str | None = ca_bundle_field("BMCs'", "; a server's own BmcRef.ca_bundle takes precedence")
     bmc_verify_tls: bool = verify_tls_field("every BMC", "; BmcRef.verify_tls: false does it for one BMC")
 
-    def bmc_credentials_ref(self) -> Any:
+    def bmc_credentials_ref(self) -> SecretRef | None:
         """The default BMC credentials reference, or None (then every server must name its own)."""
         return secret_ref(self.bmc_credentials, "MILLWRIGHT_BMC_CREDENTIALS") if self.bmc_credentials else None
 

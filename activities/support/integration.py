@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from activities.support.secrets import SecretRef
 
 CA_BUNDLE = (
     "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
@@ -131,7 +134,7 @@ def trust(verify_tls: bool, ca_bundle: str | None) -> str:
     return f"CA bundle {ca_bundle}" if ca_bundle else "default CAs"
 
 
-def secret_ref(value: str, variable: str) -> Any:
+def secret_ref(value: str, variable: str) -> SecretRef:
     """A secret reference setting parsed (``env:NAME`` or ``file:/path``); ConfigError naming `variable`."""
     from activities.support.secrets import SecretRef
 
