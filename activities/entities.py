@@ -34,6 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import StrictModel
+from activities.support.integration import Plain
 
 
 class EntityUpdate(StrictModel):
@@ -283,3 +284,11 @@ async def query_running(client: Any, req: WorkflowQuery) -> dict[str, Any] | Non
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+class Entities(Plain):
+    """The worker's own Temporal client: nothing to set."""
+
+    name = "Entities"
+    packages = ("activities.entities",)
+    activities_class = EntityActivities

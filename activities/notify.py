@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
+from activities.support.integration import Plain
 from activities.support.secrets import SecretError, SecretRef
 from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
@@ -110,3 +111,11 @@ class NotifyActivities:
                 next_delay = None
             raise ApplicationError(text, type="WebhookUnavailable", next_retry_delay=next_delay)
         raise ApplicationError(text, type="WebhookRejected", non_retryable=True)
+
+
+class Notify(Plain):
+    """Webhooks: each target carries its own URL, secret and TLS settings."""
+
+    name = "Notify"
+    packages = ("activities.notify",)
+    activities_class = NotifyActivities

@@ -32,6 +32,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
+from activities.support.integration import (
+    Integration,
+    Parts,
+    SystemSettings,
+    ca_bundle_field,
+    trust,
+    verify_tls_field,
+)
 from activities.support.tls import TlsFix, Trust, TrustingClient
 
 USER_AGENT = "millwright-worker"
@@ -393,3 +401,35 @@ class PrometheusActivities:
 
 __all__ = ["DcgmFaults", "DcgmFaultsQuery", "GpuFault", "GpuUse", "PrometheusActivities", "PrometheusQuery",
            "QueueUse", "UsagePage", "UsagePageQuery", "mig_share"]  # fmt: skip
+
+
+class PrometheusSettings(SystemSettings):
+    prometheus_url: BaseUrl | None = Field(
+        None,
+        description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
+        "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
+    )
+    prometheus_ca_bundle: str | None = ca_bundle_field("Prometheus servers'")
+    prometheus_verify_tls: bool = verify_tls_field("Prometheus servers")
+
+
+class Prometheus(Integration[PrometheusSettings]):
+    name = "Prometheus"
+    settings = PrometheusSettings
+    packages = ("activities.prometheus",)
+
+    def build(self, settings: PrometheusSettings) -> Parts:
+        # A gate's server URL comes with its query; GPU faults come from MILLWRIGHT_PROMETHEUS_URL (none: not used).
+        # What a certificate is verified against is the worker's.
+        prometheus = PrometheusActivities(
+            url=settings.prometheus_url,
+            ca_bundle=settings.ca_bundle("prometheus"),
+            verify_tls=settings.prometheus_verify_tls,
+        )
+        return Parts([prometheus], [prometheus])
+
+    def describe(self, settings: PrometheusSettings) -> str:
+        return (
+            f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
+            f"a gate's URL with its query, {trust(settings.prometheus_verify_tls, settings.prometheus_ca_bundle)}"
+        )

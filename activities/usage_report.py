@@ -16,13 +16,14 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
-from pydantic import Field
+from pydantic import Field, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import object_store
-from activities.models import StrictModel
+from activities.models import BaseUrl, StrictModel
 from activities.object_store import ObjectStore
+from activities.support.integration import ConfigError, Integration, Parts, SystemSettings, secret_ref
 
 
 class TenantUsageRow(StrictModel):
@@ -118,3 +119,60 @@ class UsageReportActivities:
         return ReportFiles(
             written=True, json_path=str(base.with_suffix(".json")), csv_path=str(base.with_suffix(".csv"))
         )
+
+
+class UsageReportSettings(SystemSettings):
+    usage_sink: str | None = Field(
+        None,
+        description="Where TenantUsage writes its GPU-hours reports, <cluster>/<period>.json and .csv: a directory, "
+        "or s3://bucket/prefix in an S3-compatible object store (none: reports are in the run's result only)",
+    )
+    usage_sink_dir: str | None = Field(None, description="A directory for usage reports (MILLWRIGHT_USAGE_SINK's "
+                                       "earlier name, still read)")  # fmt: skip
+    usage_sink_endpoint: BaseUrl | None = Field(
+        None, description="The object store's URL for an s3:// sink not on AWS (MinIO, Ceph RGW); none: AWS S3's"
+    )
+    usage_sink_region: str = Field("us-east-1", description="The s3:// sink's region (signed into each request)")
+    usage_sink_credentials: str | None = Field(
+        None, description="Secret reference (env:NAME or file:/path) to '<access key id>:<secret access key>' of "
+        "the s3:// sink (never the keys themselves)",
+    )  # fmt: skip
+
+    def usage_sink_config(self) -> tuple[str | None, ObjectStore | None]:
+        """(directory, object store) of MILLWRIGHT_USAGE_SINK (or MILLWRIGHT_USAGE_SINK_DIR), at most one set."""
+        if self.usage_sink and self.usage_sink_dir:
+            raise ConfigError("MILLWRIGHT_USAGE_SINK and MILLWRIGHT_USAGE_SINK_DIR are both set: keep one")
+        sink = self.usage_sink or self.usage_sink_dir
+        if not sink or "://" not in sink:
+            if self.usage_sink_credentials or self.usage_sink_endpoint:
+                raise ConfigError("MILLWRIGHT_USAGE_SINK_CREDENTIALS and _ENDPOINT are for an s3:// sink; the sink is "
+                                  f"{'a directory' if sink else 'not set'}")  # fmt: skip
+            return sink, None
+        if not self.usage_sink_credentials:
+            raise ConfigError(f"MILLWRIGHT_USAGE_SINK is {sink}: MILLWRIGHT_USAGE_SINK_CREDENTIALS is not set")
+        credentials = secret_ref(self.usage_sink_credentials, "MILLWRIGHT_USAGE_SINK_CREDENTIALS")
+        try:
+            return None, ObjectStore.from_url(sink, endpoint=self.usage_sink_endpoint, region=self.usage_sink_region,
+                                              credentials=credentials)  # fmt: skip
+        except ValidationError as err:
+            raise ConfigError(
+                f"MILLWRIGHT_USAGE_SINK: {err.errors()[0]['msg'].removeprefix('Value error, ')}"
+            ) from None
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_USAGE_SINK: {err}") from None
+
+
+class UsageReports(Integration[UsageReportSettings]):
+    name = "Usage reports"
+    settings = UsageReportSettings
+    packages = ("activities.usage_report",)
+
+    def build(self, settings: UsageReportSettings) -> Parts:
+        usage = UsageReportActivities(*settings.usage_sink_config())
+        return Parts([usage], [usage])
+
+    def describe(self, settings: UsageReportSettings) -> str:
+        sink = settings.usage_sink or settings.usage_sink_dir or "nowhere (MILLWRIGHT_USAGE_SINK not set)"
+        if (settings.usage_sink or "").startswith("s3://"):
+            return f"to {sink} at {settings.usage_sink_endpoint or 'AWS S3'}, credentials {settings.usage_sink_credentials}"
+        return f"to {sink}"

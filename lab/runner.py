@@ -523,7 +523,14 @@ class Lab:
     # -------------------------------------------------------------- the worker
 
     def worker_env(self, address: str, kubeconfig: Path, metrics_port: int) -> dict[str, str]:
-        """The worker's environment: the lab's integrations, and nothing of a production configuration."""
+        """The worker's environment: the lab's integrations, each set through the integration it serves (so a
+        renamed setting fails here), and nothing of a production configuration."""
+        from activities.firmware.integration import Bmcs
+        from activities.kube.integration import Kubernetes
+        from activities.netbox.integration import NetBox
+        from activities.prometheus import Prometheus
+        from activities.ufm.integration import Ufm
+        from activities.usage_report import UsageReports
         from worker.config import WorkerSettings
 
         toml = self.state_dir / "temporal.toml"
@@ -534,26 +541,27 @@ class Lab:
             TEMPORAL_CONFIG_FILE=str(toml),
             TEMPORAL_ADDRESS=address,
             TEMPORAL_NAMESPACE="default",
-            MILLWRIGHT_KUBECONFIG=str(kubeconfig),
             MILLWRIGHT_TASK_QUEUE=self.task_queue,
             MILLWRIGHT_METRICS_HOST=LOOPBACK,
             MILLWRIGHT_METRICS_PORT=str(metrics_port),
             MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
         )
+        env.update(Kubernetes.environment(kubeconfig=str(kubeconfig)))
         if self.info.get("netbox"):
             netbox = self.info["netbox"]
-            env.update(MILLWRIGHT_NETBOX_URL=netbox["url"], MILLWRIGHT_NETBOX_TOKEN=netbox["token"])
-        if self.info.get("bmc"):
-            env["MILLWRIGHT_BMC_CREDENTIALS"] = self.info["bmc"]["credentials"]
-            if self.info["bmc"].get("ca_bundle"):
-                env["MILLWRIGHT_BMC_CA_BUNDLE"] = self.info["bmc"]["ca_bundle"]
+            env.update(NetBox.environment(netbox_url=netbox["url"], netbox_token=netbox["token"]))
+        if bmc := self.info.get("bmc"):
+            env.update(Bmcs.environment(bmc_credentials=bmc["credentials"]))
+            if bmc.get("ca_bundle"):
+                env.update(Bmcs.environment(bmc_ca_bundle=bmc["ca_bundle"]))
         if self.info.get("ufm"):
             ufm = self.info["ufm"]
-            env.update(MILLWRIGHT_UFM_URL=ufm["url"], MILLWRIGHT_UFM_CREDENTIALS=ufm["credentials"],
-                       MILLWRIGHT_UFM_CA_BUNDLE=ufm["ca_bundle"])  # fmt: skip
+            env.update(Ufm.environment(ufm_url=ufm["url"], ufm_credentials=ufm["credentials"],
+                                       ufm_ca_bundle=ufm["ca_bundle"]))  # fmt: skip
         if self.info.get("prometheus"):
-            env["MILLWRIGHT_PROMETHEUS_URL"] = self.info["prometheus"]["url"]
-        env["MILLWRIGHT_USAGE_SINK"] = str((self.state_dir / "usage").resolve())  # TenantUsage's reports
+            env.update(Prometheus.environment(prometheus_url=self.info["prometheus"]["url"]))
+        # TenantUsage's reports
+        env.update(UsageReports.environment(usage_sink=str((self.state_dir / "usage").resolve())))
         return env
 
     async def wait_worker_polling(self, address: str) -> None:

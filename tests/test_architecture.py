@@ -252,3 +252,61 @@ async def test_every_activity_marked_is_registered(tmp_path):
         await agent.close()
     assert len(registered) == len(set(registered)), "an activity registered twice"
     assert marked and marked <= set(registered), f"marked but not registered: {sorted(marked - set(registered))}"
+
+
+HOST_AGENT_SYSTEMS = {"activities.gpu"}  # registered by the host agent alone (worker/registry.py build_host_agent)
+
+
+def _system(module: str) -> str:
+    """The external system an activities module belongs to: its package under activities/, or itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _marks_activities(module: str) -> bool:
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if ast.unparse(target) == "activity.defn":
+                    return True
+    return False
+
+
+def _integration_classes() -> set[str]:
+    """Every integration class under activities/ (the bases in activities/support/ aside), by module and name."""
+    import importlib
+    import inspect
+
+    from activities.support.integration import Integration
+
+    found = set()
+    for module in (m for m in MODULES if m.startswith("activities.") and not m.startswith("activities.support")):
+        for cls in vars(importlib.import_module(module)).values():
+            if inspect.isclass(cls) and issubclass(cls, Integration) and cls.__module__ == module:
+                found.add(f"{module}.{cls.__name__}")
+    return found
+
+
+def _systems_without_integration(integrations) -> set[str]:
+    covered = {package for integration in integrations for package in integration.packages}
+    systems = {_system(m) for m in MODULES if m.startswith("activities.") and _marks_activities(m)}
+    return systems - covered - HOST_AGENT_SYSTEMS
+
+
+def test_every_system_with_activities_has_its_integration():
+    """A new external system is its package with an integration, listed once in activities/integrations.py: the
+    worker builds, logs and closes each system from that list, so a system with activities but no entry there would
+    never be registered. Its settings are among `IntegrationSettings`' bases, so the worker reads them."""
+    from activities.integrations import INTEGRATIONS, IntegrationSettings
+    from activities.support.integration import NoSettings
+
+    assert not _systems_without_integration(INTEGRATIONS), "activities with no integration"
+    # The check sees a system left out: without NetBox's entry, NetBox is reported.
+    assert _systems_without_integration([i for i in INTEGRATIONS if i.name != "NetBox"]) == {"activities.netbox"}
+    packages = [package for integration in INTEGRATIONS for package in integration.packages]
+    assert len(packages) == len(set(packages)), "a package in two integrations"
+    assert all(p in MODULES for p in packages), "an integration names a module that does not exist"
+    listed = {f"{type(i).__module__}.{type(i).__name__}" for i in INTEGRATIONS}
+    assert _integration_classes() == listed, "an integration defined but not listed in activities/integrations.py"
+    settings = {integration.settings for integration in INTEGRATIONS} - {NoSettings}
+    assert set(IntegrationSettings.__bases__) == settings, "an integration's settings not read by the worker"

@@ -151,3 +151,43 @@ async def test_help_and_version_answer_without_connecting(flag):
     assert cli.returncode == 0 and (
         "node" in cli.stdout if flag == "--help" else cli.stdout.startswith("millwright ")
     ), cli
+
+
+def test_each_integration_says_at_start_what_it_is_configured_as(tmp_path):
+    """One start-up line per integration, in the list's order, naming references, never secrets; a system without
+    settings (webhooks, entities) has none."""
+    from worker.config import WorkerSettings
+    from worker.main import integrations
+
+    kubeconfig = bogus_kubeconfig(tmp_path)
+    settings = WorkerSettings(kubeconfig=str(kubeconfig), netbox_url="https://netbox.example", netbox_token="file:/t",
+                              ironic_url="http://ironic:6385", bmc_credentials="env:BMC", bmc_verify_tls=False,
+                              prometheus_ca_bundle="file:/ca.pem")  # fmt: skip
+    lines = integrations(settings)
+    assert lines[:-1] == [
+        ("kubeconfig", str(kubeconfig)),
+        ("NetBox", "https://netbox.example (token file:/t, default CAs)"),
+        (
+            "UFM",
+            "not configured: its activities fail with UfmNotConfigured (set MILLWRIGHT_UFM_URL and "
+            "MILLWRIGHT_UFM_CREDENTIALS)",
+        ),
+        ("Ironic", "http://ironic:6385 (token none: noauth, default CAs)"),
+        ("BMCs (Redfish)", "default credentials env:BMC, TLS verification OFF"),
+        (
+            "Prometheus",
+            "GPU faults from nowhere (MILLWRIGHT_PROMETHEUS_URL not set), a gate's URL with its query, "
+            "CA bundle file:/ca.pem",
+        ),
+    ]
+    assert lines[-1][0] == "Usage reports" and lines[-1][1].startswith("to nowhere")
+
+
+def test_an_integrations_environment_is_set_by_its_own_field_names():
+    """The lab writes a worker's settings through the integration each serves (lab/runner.py): a name the
+    integration does not have is refused there, not silently ignored by the worker."""
+    from activities.netbox.integration import NetBox
+
+    assert NetBox.environment(netbox_url="https://n") == {"MILLWRIGHT_NETBOX_URL": "https://n"}
+    with pytest.raises(ValueError, match="NetBox has no setting netbox_uri"):
+        NetBox.environment(netbox_uri="https://n")

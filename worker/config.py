@@ -1,4 +1,5 @@
-"""Worker settings, read from ``MILLWRIGHT_*`` environment variables.
+"""Worker settings, read from ``MILLWRIGHT_*`` environment variables: the worker's own, here, and each external
+system's, in its integration (activities/integrations.py), so a new system's settings stay in its package.
 
 The Temporal connection itself (address, namespace, API key, TLS) is not here: it comes
 from Temporal's own environment configuration (``TEMPORAL_*`` variables and TOML
@@ -12,110 +13,34 @@ Kubernetes takes its CA from the kubeconfig, webhooks from each target (activiti
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from activities.capi.models import DEFAULT_RESERVED_GROUPS
+from activities.integrations import IntegrationSettings
 from activities.models import BaseUrl, Host
+from activities.support.integration import ConfigError
 
-_CA_BUNDLE = (
-    "CA bundle reference (file:/path/to/ca.pem) {what} certificates are verified against; default: the default CAs"
-)
-_VERIFY_TLS = "false: accept any certificate from {what} (the connection is then not authenticated)"
+__all__ = ["ConfigError", "WorkerSettings"]
 
 
-class ConfigError(Exception):
-    """A configuration problem, reported as one line without a traceback."""
+class WorkerSettings(IntegrationSettings, BaseSettings):
+    """The worker's own settings, and every integration's (activities/integrations.py)."""
 
-
-class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MILLWRIGHT_", extra="ignore")
 
     task_queue: str = "millwright"
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus port; 0 turns metrics off")
     metrics_host: Host = Field("0.0.0.0", description="Prometheus bind address")
-    kubeconfig: str | None = Field(
-        None, description="os.pathsep-separated kubeconfig files; default $KUBECONFIG, then ~/.kube/config"
-    )
     shutdown_grace_seconds: float = Field(60.0, ge=0)
     max_concurrent_activities: int | None = Field(None, ge=1)
     log_level: str = "INFO"
-    netbox_url: BaseUrl | None = Field(None, description="NetBox base URL, e.g. https://netbox.example.com")
-    netbox_token: str | None = Field(
-        None, description="Secret reference to the NetBox API token: env:NAME or file:/path (never the token itself)"
-    )
-    netbox_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="NetBox's"))
-    netbox_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="NetBox"))
-
-    ufm_url: BaseUrl | None = Field(None, description="NVIDIA UFM base URL, e.g. https://ufm.example.com")
-    ufm_credentials: str | None = Field(
-        None, description="Secret reference to UFM's user:password or access token: env:NAME or file:/path"
-    )
-    ufm_client_cert: str | None = Field(
-        None,
-        description="Secret reference to a PEM client certificate UFM authenticates (mutual TLS): file:/path "
-        "or env:NAME holding the PEM; with MILLWRIGHT_UFM_CLIENT_KEY",
-    )
-    ufm_client_key: str | None = Field(None, description="Secret reference to the client certificate's PEM key")
-    ufm_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="UFM's"))
-    ufm_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="UFM"))
-    ironic_url: BaseUrl | None = Field(
-        None, description="OpenStack Ironic root URL, e.g. http://ironic.example.com:6385"
-    )
-    ironic_token: str | None = Field(
-        None, description="Secret reference to a Keystone token for Ironic: env:NAME or file:/path (none: noauth)"
-    )
-    ironic_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Ironic's"))
-    ironic_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Ironic"))
-    prometheus_url: BaseUrl | None = Field(
-        None,
-        description="Prometheus base URL the remediation sweep reads dcgm-exporter's GPU fault series from, "
-        "e.g. http://prometheus:9090 (none: the sweep does not use that signal, and says so)",
-    )
     otlp_endpoint: BaseUrl | None = Field(
         None,
         description="OpenTelemetry collector's OTLP/HTTP base URL, e.g. http://otel-collector:4318: the worker "
         "exports a span per workflow, activity, signal, query and update to <url>/v1/traces (none: no tracing)",
     )
-    usage_sink: str | None = Field(
-        None,
-        description="Where TenantUsage writes its GPU-hours reports, <cluster>/<period>.json and .csv: a directory, "
-        "or s3://bucket/prefix in an S3-compatible object store (none: reports are in the run's result only)",
-    )
-    usage_sink_dir: str | None = Field(None, description="A directory for usage reports (MILLWRIGHT_USAGE_SINK's "
-                                       "earlier name, still read)")  # fmt: skip
-    usage_sink_endpoint: BaseUrl | None = Field(
-        None, description="The object store's URL for an s3:// sink not on AWS (MinIO, Ceph RGW); none: AWS S3's"
-    )
-    usage_sink_region: str = Field("us-east-1", description="The s3:// sink's region (signed into each request)")
-    usage_sink_credentials: str | None = Field(
-        None, description="Secret reference (env:NAME or file:/path) to '<access key id>:<secret access key>' of "
-        "the s3:// sink (never the keys themselves)",
-    )  # fmt: skip
-    prometheus_ca_bundle: str | None = Field(None, description=_CA_BUNDLE.format(what="Prometheus servers'"))
-    prometheus_verify_tls: bool = Field(True, description=_VERIFY_TLS.format(what="Prometheus servers"))
-
-    bmc_credentials: str | None = Field(
-        None,
-        description="Secret reference to BMCs' default user:password (env:NAME or file:/path); a server's own "
-        "reference (e.g. from NetBox) takes precedence",
-    )
-    bmc_ca_bundle: str | None = Field(
-        None, description=_CA_BUNDLE.format(what="BMCs'") + "; a server's own BmcRef.ca_bundle takes precedence"
-    )
-    bmc_verify_tls: bool = Field(
-        True, description=_VERIFY_TLS.format(what="every BMC") + "; BmcRef.verify_tls: false does it for one BMC"
-    )
-
-    reserved_groups: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_RESERVED_GROUPS),
-        description="Identity groups no tenant binding may name (besides every system:* group), as a JSON list, "
-        'e.g. \'["kubeadm:cluster-admins", "platform-admins"]\'; default: kubeadm\'s cluster-admins group',
-    )
-
     fault_events: bool = Field(
         False,
         description="Run the event path to remediation in this worker: a node watch per cluster of "
@@ -161,133 +86,6 @@ class WorkerSettings(BaseSettings):
             host = f"[{host}]"
         return f"http://{host}:{self.metrics_port}/metrics"
 
-    def kubeconfig_paths(self) -> list[str]:
-        """The kubeconfig files to load, in order; raises ConfigError when there are none.
-
-        Files named in MILLWRIGHT_KUBECONFIG must all exist. Like kubectl, entries of
-        $KUBECONFIG that do not exist are skipped.
-        """
-        if self.kubeconfig:
-            paths = [p for p in self.kubeconfig.split(os.pathsep) if p]
-            missing = [p for p in paths if not Path(p).expanduser().is_file()]
-            if missing:
-                raise ConfigError(f"kubeconfig not found: {', '.join(missing)} (from MILLWRIGHT_KUBECONFIG)")
-            return [str(Path(p).expanduser()) for p in paths]
-        env = os.environ.get("KUBECONFIG")
-        if env:
-            candidates = [p for p in env.split(os.pathsep) if p]
-            source = "KUBECONFIG"
-        else:
-            candidates = ["~/.kube/config"]
-            source = "the default location"
-        found = [str(Path(p).expanduser()) for p in candidates if Path(p).expanduser().is_file()]
-        if not found:
-            raise ConfigError(
-                f"no kubeconfig found at {', '.join(candidates)} ({source}); "
-                "set MILLWRIGHT_KUBECONFIG to one or more files separated by " + repr(os.pathsep)
-            )
-        return found
-
-    def usage_sink_config(self):
-        """(directory, object store) of MILLWRIGHT_USAGE_SINK (or MILLWRIGHT_USAGE_SINK_DIR), at most one set."""
-        from activities.object_store import ObjectStore
-        from activities.support.secrets import SecretRef
-
-        if self.usage_sink and self.usage_sink_dir:
-            raise ConfigError("MILLWRIGHT_USAGE_SINK and MILLWRIGHT_USAGE_SINK_DIR are both set: keep one")
-        sink = self.usage_sink or self.usage_sink_dir
-        if not sink or "://" not in sink:
-            if self.usage_sink_credentials or self.usage_sink_endpoint:
-                raise ConfigError("MILLWRIGHT_USAGE_SINK_CREDENTIALS and _ENDPOINT are for an s3:// sink; the sink is "
-                                  f"{'a directory' if sink else 'not set'}")  # fmt: skip
-            return sink, None
-        if not self.usage_sink_credentials:
-            raise ConfigError(f"MILLWRIGHT_USAGE_SINK is {sink}: MILLWRIGHT_USAGE_SINK_CREDENTIALS is not set")
-        try:
-            credentials = SecretRef.parse(self.usage_sink_credentials)
-        except ValueError as err:
-            raise ConfigError(f"MILLWRIGHT_USAGE_SINK_CREDENTIALS: {err}") from None
-        try:
-            return None, ObjectStore.from_url(sink, endpoint=self.usage_sink_endpoint, region=self.usage_sink_region,
-                                              credentials=credentials)  # fmt: skip
-        except ValidationError as err:
-            raise ConfigError(
-                f"MILLWRIGHT_USAGE_SINK: {err.errors()[0]['msg'].removeprefix('Value error, ')}"
-            ) from None
-        except ValueError as err:
-            raise ConfigError(f"MILLWRIGHT_USAGE_SINK: {err}") from None
-
-    def netbox_config(self):
-        """The NetBox connection (URL + token reference), or None when NetBox is not configured."""
-        from activities.netbox.client import NetBoxConfig
-        from activities.support.secrets import SecretRef
-
-        if not self.netbox_url and not self.netbox_token:
-            return None
-        if not self.netbox_url or not self.netbox_token:
-            missing = "MILLWRIGHT_NETBOX_URL" if not self.netbox_url else "MILLWRIGHT_NETBOX_TOKEN"
-            raise ConfigError(f"NetBox is half configured: {missing} is not set")
-        try:
-            token = SecretRef.parse(self.netbox_token)
-        except ValueError as err:
-            raise ConfigError(f"MILLWRIGHT_NETBOX_TOKEN: {err}") from None
-        return NetBoxConfig(url=self.netbox_url.rstrip("/"), token=token, ca_bundle=self.ca_bundle("netbox"),
-                            verify_tls=self.netbox_verify_tls)  # fmt: skip
-
-    def ufm_config(self):
-        """The UFM connection (URL + credentials and/or client certificate references), or None when UFM is not
-        configured."""
-        from activities.support.secrets import SecretRef
-        from activities.ufm.client import UfmConfig
-
-        auth = {"MILLWRIGHT_UFM_CREDENTIALS": self.ufm_credentials, "MILLWRIGHT_UFM_CLIENT_CERT": self.ufm_client_cert,
-                "MILLWRIGHT_UFM_CLIENT_KEY": self.ufm_client_key}  # fmt: skip
-        if not self.ufm_url and not any(auth.values()):
-            return None
-        if not self.ufm_url or not (self.ufm_credentials or self.ufm_client_cert):
-            missing = "MILLWRIGHT_UFM_URL" if not self.ufm_url else "MILLWRIGHT_UFM_CREDENTIALS (or _CLIENT_CERT)"
-            raise ConfigError(f"UFM is half configured: {missing} is not set")
-        if bool(self.ufm_client_cert) != bool(self.ufm_client_key):
-            raise ConfigError("MILLWRIGHT_UFM_CLIENT_CERT and MILLWRIGHT_UFM_CLIENT_KEY go together")
-        refs = {}
-        for name, value in auth.items():
-            try:
-                refs[name] = SecretRef.parse(value) if value else None
-            except ValueError as err:
-                raise ConfigError(f"{name}: {err}") from None
-        return UfmConfig(url=self.ufm_url.rstrip("/"), credentials=refs["MILLWRIGHT_UFM_CREDENTIALS"],
-                         client_cert=refs["MILLWRIGHT_UFM_CLIENT_CERT"], client_key=refs["MILLWRIGHT_UFM_CLIENT_KEY"],
-                         ca_bundle=self.ca_bundle("ufm"), verify_tls=self.ufm_verify_tls)  # fmt: skip
-
-    def ironic_config(self):
-        """The Ironic connection (URL + optional token reference), or None when Ironic is not configured."""
-        from activities.ironic.client import IronicConfig
-        from activities.support.secrets import SecretRef
-
-        if not self.ironic_url and not self.ironic_token:
-            return None
-        if not self.ironic_url:
-            raise ConfigError("Ironic is half configured: MILLWRIGHT_IRONIC_URL is not set")
-        token = None
-        if self.ironic_token:
-            try:
-                token = SecretRef.parse(self.ironic_token)
-            except ValueError as err:
-                raise ConfigError(f"MILLWRIGHT_IRONIC_TOKEN: {err}") from None
-        return IronicConfig(url=self.ironic_url.rstrip("/"), token=token, ca_bundle=self.ca_bundle("ironic"),
-                            verify_tls=self.ironic_verify_tls)  # fmt: skip
-
-    def bmc_credentials_ref(self):
-        """The default BMC credentials reference, or None (then every server must name its own)."""
-        from activities.support.secrets import SecretRef
-
-        if not self.bmc_credentials:
-            return None
-        try:
-            return SecretRef.parse(self.bmc_credentials)
-        except ValueError as err:
-            raise ConfigError(f"MILLWRIGHT_BMC_CREDENTIALS: {err}") from None
-
     def fault_event_config(self):
         """(FaultEventSettings, token reference or None), checked; ConfigError naming the setting at fault."""
         from activities.support.secrets import SecretRef
@@ -310,16 +108,3 @@ class WorkerSettings(BaseSettings):
             errors = getattr(err, "errors", lambda: [])()
             where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors) or str(err)
             raise ConfigError(f"MILLWRIGHT_FAULT_EVENTS_SETTINGS ({path}): {where}") from None
-
-    def ca_bundle(self, integration: str) -> str | None:
-        """MILLWRIGHT_<INTEGRATION>_CA_BUNDLE (bmc, netbox, ufm, ironic, prometheus), checked to be a CA bundle
-        reference; the file itself is read by the activities, at each attempt."""
-        from activities.support.tls import ca_bundle_path
-
-        value = getattr(self, f"{integration}_ca_bundle")
-        if value is not None:
-            try:
-                ca_bundle_path(value)
-            except ValueError as err:
-                raise ConfigError(f"MILLWRIGHT_{integration.upper()}_CA_BUNDLE: {err}") from None
-        return value

@@ -97,7 +97,6 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
     log.info("polling task queue %r%s", task_queue, " (host agent)" if host_agent else "")
     log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
     if not host_agent:
-        log.info("kubeconfig: %s", os.pathsep.join(settings.kubeconfig_paths()))
         for name, state in integrations(settings):
             log.info("%s: %s", name, state)
     log.info(
@@ -162,44 +161,10 @@ async def fault_event_path(client: Client, settings: WorkerSettings, task_queue:
 
 def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
     """What each integration is configured as, one line each (references, never secrets), for the start-up log."""
+    from activities.integrations import INTEGRATIONS
 
-    def trust(name: str) -> str:
-        if not getattr(settings, f"{name}_verify_tls"):
-            return "TLS verification OFF"
-        bundle = getattr(settings, f"{name}_ca_bundle")
-        return f"CA bundle {bundle}" if bundle else "default CAs"
-
-    def service(name: str, env: str, url: str | None, secret: str | None, what: str) -> str:
-        if not url:
-            return (f"not configured: its activities fail with {name}NotConfigured (set MILLWRIGHT_{env}_URL and "
-                    f"MILLWRIGHT_{env}_{what.upper()})")  # fmt: skip
-        return f"{url} ({what} {secret or 'none'}, {trust(env.lower())})"
-
-    bmc_default = (
-        f"default credentials {settings.bmc_credentials}"
-        if settings.bmc_credentials
-        else "no default credentials (each server names its own)"
-    )
-    return [
-        ("NetBox", service("NetBox", "NETBOX", settings.netbox_url, settings.netbox_token, "token")),
-        ("UFM", service("Ufm", "UFM", settings.ufm_url, settings.ufm_credentials, "credentials")),
-        ("Ironic", service("Ironic", "IRONIC", settings.ironic_url, settings.ironic_token or "none: noauth", "token")),
-        ("BMCs (Redfish)", f"{bmc_default}, {trust('bmc')}"),
-        (
-            "Prometheus",
-            f"GPU faults from {settings.prometheus_url or 'nowhere (MILLWRIGHT_PROMETHEUS_URL not set)'}, "
-            f"a gate's URL with its query, {trust('prometheus')}",
-        ),
-        (
-            "Usage reports",
-            f"to {settings.usage_sink or settings.usage_sink_dir or 'nowhere (MILLWRIGHT_USAGE_SINK not set)'}"
-            + (
-                f" at {settings.usage_sink_endpoint or 'AWS S3'}, credentials {settings.usage_sink_credentials}"
-                if (settings.usage_sink or "").startswith("s3://")
-                else ""
-            ),
-        ),
-    ]
+    lines = [(integration.name, integration.describe(settings)) for integration in INTEGRATIONS]
+    return [(name, line) for name, line in lines if line is not None]
 
 
 def _workflow_name(cls: type) -> str:

@@ -68,61 +68,18 @@ def new_worker(client: Any, registration: Registration, task_queue: str, **optio
 
 
 def build(settings: WorkerSettings) -> Registration:
-    from activities.capi.activities import ClusterApiActivities
-    from activities.entities import EntityActivities
-    from activities.firmware.activities import FirmwareActivities
-    from activities.ironic.activities import IronicActivities
-    from activities.kube.activities import KubeActivities
-    from activities.kube.connector import ClusterConnector
-    from activities.kube.mig import MigActivities
-    from activities.netbox.activities import NetBoxActivities
-    from activities.node_health import NodeHealthActivities
-    from activities.notify import NotifyActivities
-    from activities.prometheus import PrometheusActivities
-    from activities.redfish import RedfishActivities
+    from activities.integrations import INTEGRATIONS
     from activities.registration import activities_of
-    from activities.ufm.activities import UfmActivities
-    from activities.usage_report import UsageReportActivities
     from worker.tracing import Tracing
     from workflows.catalog import WORKFLOWS
 
     tracing = Tracing(settings)  # first: a tracing setting that cannot work stops the start before any client opens
-    connector = ClusterConnector(settings.kubeconfig_paths())
-    # Always registered: without NetBox settings each one fails with a non-retryable NetBoxNotConfigured.
-    netbox = NetBoxActivities(settings.netbox_config())
-    # A gate's server URL comes with its query; GPU faults come from MILLWRIGHT_PROMETHEUS_URL (none: not used).
-    # What a certificate is verified against is the worker's.
-    prometheus = PrometheusActivities(
-        url=settings.prometheus_url,
-        ca_bundle=settings.ca_bundle("prometheus"),
-        verify_tls=settings.prometheus_verify_tls,
-    )
-    sink_dir, store = settings.usage_sink_config()
-    usage = UsageReportActivities(sink_dir, store)
-    ufm = UfmActivities(settings.ufm_config())  # without UFM settings: UfmNotConfigured, non-retryable
-    ironic = IronicActivities(settings.ironic_config())  # without Ironic settings: IronicNotConfigured
-    bmc_settings: dict[str, Any] = dict(ca_bundle=settings.ca_bundle("bmc"), verify_tls=settings.bmc_verify_tls)
-    redfish = RedfishActivities(settings.bmc_credentials_ref(), **bmc_settings)
-    firmware = FirmwareActivities(settings.bmc_credentials_ref(), **bmc_settings)
+    parts = [integration.build(settings) for integration in INTEGRATIONS]
     return Registration(
         workflows=list(WORKFLOWS),
-        # Every method marked @activity.defn of these objects (activities/registration.py).
-        activities=activities_of(
-            KubeActivities(connector),
-            MigActivities(connector),
-            netbox,
-            prometheus,
-            ufm,
-            ClusterApiActivities(connector, settings.reserved_groups),
-            redfish,
-            firmware,
-            ironic,
-            NodeHealthActivities(connector),
-            NotifyActivities(),
-            EntityActivities(),
-            usage,
-        ),
-        resources=[connector, netbox, prometheus, ufm, redfish, firmware, ironic, usage, tracing],
+        # Every method marked @activity.defn of each integration's objects (activities/registration.py).
+        activities=activities_of(*(obj for part in parts for obj in part.activities)),
+        resources=[*(resource for part in parts for resource in part.resources), tracing],
         worker_options={"interceptors": tracing.interceptors} if tracing.interceptors else {},
     )
 

@@ -220,8 +220,8 @@ class GpuCapacity(StrictModel):
 
 # Kubernetes' own identities: `system:authenticated`, `system:serviceaccounts`, `system:masters`, ...
 SYSTEM_PREFIX = "system:"
-# Groups a tenant binding never names unless the operator's setting says otherwise (worker/config.py
-# reserved_groups): kubeadm binds this one to cluster-admin.
+# Groups a tenant binding never names unless the operator's setting says otherwise
+# (MILLWRIGHT_RESERVED_GROUPS, activities/kube/integration.py): kubeadm binds this one to cluster-admin.
 DEFAULT_RESERVED_GROUPS = ("kubeadm:cluster-admins",)
 
 
