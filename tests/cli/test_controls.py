@@ -1,5 +1,6 @@
-"""The operator's controls, as a person types them (`millwright` in a subprocess), on one rollout in the lab:
-refusals exit 1 naming why, dry runs send nothing, and every control that is taken records who and why."""
+"""The operator's controls, as a person types them (`millwright`, run in-process: tests/cli_in_process.py), on one
+rollout in the lab: refusals exit 1 naming why, dry runs send nothing, and every control that is taken records who
+and why."""
 
 from __future__ import annotations
 
