@@ -11,7 +11,7 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 
 from tests.cli.conftest import CLUSTER, FAILING, rollout_status
-from tests.test_cli import cli
+from tests.cli_in_process import cli
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(240)]
 
