@@ -1,4 +1,5 @@
-"""The `millwright` CLI, run as users run it (a subprocess) against the session dev server."""
+"""The `millwright` CLI against the session dev server: as users run it (a subprocess) for a bad input's exit and
+one run watched to its end, in-process (tests/cli_in_process.py) for the rest."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_in_process import cli, command_environment
 from tests.conftest import end_disruption_budgets
 from tests.worker_process import REPO, spawn_worker, worker_env
 
@@ -23,10 +25,11 @@ EXAMPLE = REPO / "examples" / "node-maintenance.json"
 def millwright(
     *args: str, stdin: str | None = None, cwd: Path = REPO, timeout: float = 60
 ) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+    """The installed entry point in a subprocess (`python -m starter`: the real exit, os._exit); the other tests
+    run the same commands in-process (`cli`)."""
+    env = command_environment(dict(os.environ))
     env["TEMPORAL_CONFIG_FILE"] = str(cwd / "no-such-temporal.toml")
     env["MILLWRIGHT_STATE_DIR"] = str(cwd / ".no-lab")
-    env["COLUMNS"] = "200"
     return subprocess.run(
         [sys.executable, "-m", "starter", *args],
         input=stdin,
@@ -38,7 +41,7 @@ def millwright(
     )
 
 
-async def cli(*args: str, **kw) -> subprocess.CompletedProcess:
+async def cli_process(*args: str, **kw) -> subprocess.CompletedProcess:
     return await asyncio.to_thread(millwright, *args, **kw)
 
 
@@ -57,7 +60,7 @@ async def test_example_input_is_valid():
 async def test_start_with_a_bad_field_exits_2_and_starts_nothing(client, temporal_address):
     task_queue = f"cli-bad-{uuid.uuid4().hex[:8]}"
     bad = {"cluster": "lab", "node": "Not_A_Node!", "reason": "kernel update", "uncordon_after": "maybe"}
-    result = await cli(
+    result = await cli_process(
         "start", "NodeMaintenance", "--input", "-", "--address", temporal_address, "--task-queue", task_queue,
         stdin=json.dumps(bad),
     )  # fmt: skip
@@ -155,7 +158,7 @@ def lab_worker(temporal_address, tmp_path_factory):
 async def test_start_watch_end_to_end(lab_worker, temporal_address, client):
     await end_disruption_budgets(client)  # this emulator's cluster "lab": none bound to an earlier test's queue
     wf_id = f"cli-e2e-{uuid.uuid4().hex[:8]}"
-    result = await cli(
+    result = await cli_process(
         "start", "NodeMaintenance", "--input", str(EXAMPLE), "--id", wf_id, "--task-queue", lab_worker,
         "--address", temporal_address, "--watch",
         timeout=120,

@@ -35,8 +35,8 @@ from typer.testing import CliRunner
 from activities.registration import activity_methods
 from starter.cli import app
 from starter.client import InputError, parse_input, workflow_specs
+from tests.cli_in_process import cli
 from tests.kube_helpers import fleet_objects
-from tests.test_cli import cli
 from workflows.catalog import WORKFLOWS
 
 in_session_loop = pytest.mark.asyncio(loop_scope="session")

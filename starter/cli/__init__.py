@@ -19,23 +19,28 @@ from starter.cli.common import app
 # ---------------------------------------------------------------- entry point
 
 
-def main() -> None:
-    code = 0
+def run(args: list[str] | None = None) -> int:
+    """Run one command (``args``, else the process's own) and return its exit code; what it prints goes to
+    sys.stdout and sys.stderr. ``main`` is this and the process's exit; tests call it in-process."""
     try:
-        app(prog_name="millwright")
+        app(args=args, prog_name="millwright")
     except SystemExit as e:
         if isinstance(e.code, int):
-            code = e.code
-        elif e.code is None:
-            code = 0
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
+            return e.code
+        if e.code is None:
+            return 0
+        print(e.code, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        code = 130
+        return 130
     except Exception as e:  # one line, not a traceback wall
         print(f"millwright: error: {type(e).__name__}: {e}", file=sys.stderr)
-        code = 1
+        return 1
+    return 0
+
+
+def main() -> None:
+    code = run()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -15,10 +15,10 @@ from temporalio.client import WorkflowFailureError
 
 from activities.netbox.models import BurnInRecord, BurnInRecorded, DeviceInfo
 from activities.registration import activities_of
+from tests.cli_in_process import cli
 from tests.kube_helpers import current_details, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.conftest import FakeNetBox
-from tests.test_cli import cli
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
 RETRY_TIMEOUT = 20

@@ -1,5 +1,6 @@
-"""The operator's controls, as a person types them (`millwright` in a subprocess), on one rollout in the lab:
-refusals exit 1 naming why, dry runs send nothing, and every control that is taken records who and why."""
+"""The operator's controls, as a person types them (`millwright`, run in-process: tests/cli_in_process.py), on one
+rollout in the lab: refusals exit 1 naming why, dry runs send nothing, and every control that is taken records who
+and why."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 
 from tests.cli.conftest import CLUSTER, FAILING, rollout_status
-from tests.test_cli import cli
+from tests.cli_in_process import cli
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(240)]
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from tests.cli.conftest import CLUSTER, FAILING, rollout_status
+from tests.cli_in_process import cli
 from tests.kube_helpers import wait_for
 from tests.rollout.helpers import JOBS_FAST
-from tests.test_cli import cli
 
 FIXED = {
     "node": FAILING,

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 from activities.netbox.bootstrap import BOOTSTRAP_SECTIONS
 from activities.netbox.models import CF_BURNIN_RESULT, CF_IB_PORT_GUID, DEVICE_STATUSES, TAG_QUARANTINE
+from tests.cli_in_process import cli
 from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput
 
 ALL_LABELS = {o.label for objs in BOOTSTRAP_SECTIONS.values() for o in objs} | {
     f"device status {s}" for s in DEVICE_STATUSES
 }
-
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-async def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
-    env.update(TEMPORAL_CONFIG_FILE=str(REPO / "no-such-temporal.toml"), MILLWRIGHT_STATE_DIR=str(REPO / ".no-lab"))
-    return await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "starter", *args], env=env, cwd=REPO, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
 
 
 async def bootstrap(client, worker):
@@ -62,7 +46,8 @@ async def test_bootstrap_twice_second_changes_nothing(client, netbox_worker, nb,
     assert set(second.existing) == ALL_LABELS
 
     # The CLI, as operators run it, against the same worker: a third run, still no change.
-    done = await cli("inventory", "bootstrap", "--address", temporal_address, "--task-queue", netbox_worker.task_queue)
+    done = await cli("inventory", "bootstrap", "--address", temporal_address, "--task-queue", netbox_worker.task_queue,
+                     timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "created (0):" in done.stdout and "nothing changed" in done.stdout
     assert f"custom field {CF_BURNIN_RESULT}" in done.stdout

@@ -16,11 +16,11 @@ from temporalio.client import WorkflowFailureError
 from activities.capi.ownership import TENANT_LABEL
 from activities.kube.models import ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from lab.k8s.crds import TENANCY_CRDS
+from tests.cli_in_process import cli
 from tests.kube_helpers import pods_on, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.partitioning.helpers import evictions_past_their_budget, mig_lab
 from tests.rollout.helpers import max_unavailable
-from tests.test_cli import cli
 from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.models import GpuPartitioningInput
 

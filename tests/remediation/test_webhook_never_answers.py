@@ -10,11 +10,11 @@ import socket
 import pytest
 
 from activities.node_health import QUARANTINE_ANNOTATION
+from tests.cli_in_process import cli
 from tests.kube_helpers import read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.remediation.helpers import fast_settings, fleet
 from tests.remediation.test_node_remediation import start
-from tests.test_cli import cli
 from workflows.remediation.node_remediation import NodeRemediation
 
 # A call that never answers: replay what the run wrote (tests/conftest.py).

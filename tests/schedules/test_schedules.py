@@ -16,7 +16,7 @@ from starter.schedules.cron import cron_calendars
 from starter.schedules.file import ScheduleFileError, load
 from starter.schedules.listing import list_schedules
 from starter.schedules.managed import MANAGED_MEMO
-from tests.test_cli import cli
+from tests.cli_in_process import cli
 from tests.worker_process import REPO
 
 pytestmark = pytest.mark.timeout(120)
