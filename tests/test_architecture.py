@@ -183,3 +183,21 @@ def test_the_budget_imports_no_other_family():
         if target.startswith("workflows.") and not target.startswith(("workflows.budget", "workflows.common"))
     )
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_entities_move_to_a_new_build_before_they_end():
+    """Under Worker Versioning a run stays on the build that started it (the worker's default, PINNED) unless its
+    workflow declares AUTO_UPGRADE: exactly the entities (workflows/catalog.py ENTITIES), which never end, do. A
+    bounded run that auto-upgraded would replay on code it did not start with; an entity left pinned would hold its
+    build, which could then never be retired (docs/production.md, Upgrades)."""
+    from temporalio.common import VersioningBehavior
+    from temporalio.workflow import _Definition
+
+    from worker.registry import deployment_config
+    from workflows.catalog import ENTITIES, WORKFLOWS
+
+    assert deployment_config(None).default_versioning_behavior == VersioningBehavior.PINNED
+    upgrading = {cls.__name__ for cls in WORKFLOWS
+                 if _Definition.must_from_class(cls).versioning_behavior == VersioningBehavior.AUTO_UPGRADE}  # fmt: skip
+    assert upgrading == {cls.__name__ for cls in ENTITIES}
+    assert set(ENTITIES) <= set(WORKFLOWS)

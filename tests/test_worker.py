@@ -151,3 +151,12 @@ async def test_help_and_version_answer_without_connecting(flag):
     assert cli.returncode == 0 and (
         "node" in cli.stdout if flag == "--help" else cli.stdout.startswith("millwright ")
     ), cli
+
+
+async def test_half_configured_versioning_is_one_clear_line(tmp_path, temporal_address):
+    env = worker_env(tmp_path, temporal_address, bogus_kubeconfig(tmp_path))
+    env["MILLWRIGHT_DEPLOYMENT_NAME"] = "millwright"
+    result = await asyncio.to_thread(run_worker, env)
+    assert result.returncode == 1
+    assert "Worker Versioning is half configured: MILLWRIGHT_BUILD_ID is not set" in result.stderr
+    assert "Traceback" not in result.stderr

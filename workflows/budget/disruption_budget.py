@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
+from temporalio.common import SearchAttributePair, VersioningBehavior
 from temporalio.exceptions import ActivityError
 
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
@@ -143,7 +143,7 @@ Received = LeaseRequests | LeaseReleases | BudgetChange | BreakerReset  # what h
 # ================================================================== the entity
 
 
-@workflow.defn
+@workflow.defn(versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class DisruptionBudget:
     @workflow.init
     def __init__(self, inp: DisruptionBudgetInput) -> None:
