@@ -82,7 +82,6 @@ class KubeActivities(RolloutNodeActivities):
             self.list_unavailable_nodes,
             self.node_availability,
             self.set_node_rollout_state,
-            self.record_package_installed,
             self.run_stage_job,
             self.wait_node_rebooted,
             self.check_node_conditions,
