@@ -82,38 +82,29 @@ def workflow_runner() -> Any:
     )
 
 
-def deployment_config(version: Any) -> Any:
-    """Worker Versioning for `version` (a WorkerDeploymentVersion). A workflow that declares no behavior is pinned:
-    a bounded run finishes on the build that started it, so a change to its code needs no `workflow.patched`; the
-    entities, which run for ever, declare AUTO_UPGRADE (workflows/catalog.py ENTITIES, checked by
-    tests/test_architecture.py)."""
-    from temporalio.common import VersioningBehavior
-    from temporalio.worker import WorkerDeploymentConfig
-
-    return WorkerDeploymentConfig(
-        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
-    )
-
-
 def new_worker(client: Any, registration: Registration, task_queue: str, *, version: Any = None,
                **options: Any) -> Any:  # fmt: skip
     """A Worker as Millwright runs one: these workflows and activities, input that does not fit a workflow's
     model failing the run, and a workflow task failed for nondeterminism logged at ERROR with the workflow ID
     (worker/nondeterminism.py). With `version` (a WorkerDeploymentVersion) it polls as that version of its
-    Worker Deployment. `options` are further `Worker` arguments."""
+    Worker Deployment, else unversioned (worker/versioning.py). `options` are further `Worker` arguments."""
     from temporalio.worker import Worker
 
     from worker.nondeterminism import NondeterminismLogged
+    from worker.versioning import Unversioned, deployment_config
 
+    runner = NondeterminismLogged(workflow_runner())
     if version is not None:
         options["deployment_config"] = deployment_config(version)
+    else:
+        runner = Unversioned(runner)
     return Worker(
         client,
         task_queue=task_queue,
         workflows=registration.workflows,
         activities=registration.activities,
         workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
-        workflow_runner=NondeterminismLogged(workflow_runner()),
+        workflow_runner=runner,
         **{**registration.worker_options, **options},
     )
 
