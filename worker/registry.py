@@ -90,14 +90,14 @@ def new_worker(client: Any, registration: Registration, task_queue: str, *, vers
     Worker Deployment, else unversioned (worker/versioning.py). `options` are further `Worker` arguments."""
     from temporalio.worker import Worker
 
-    from worker.nondeterminism import NondeterminismLogged
-    from worker.versioning import Unversioned, deployment_config
+    from worker.nondeterminism import nondeterminism_logged
+    from worker.versioning import deployment_config, unversioned
 
-    runner = NondeterminismLogged(workflow_runner())
+    runner = nondeterminism_logged(workflow_runner())
     if version is not None:
         options["deployment_config"] = deployment_config(version)
     else:
-        runner = Unversioned(runner)
+        runner = unversioned(runner)
     return Worker(
         client,
         task_queue=task_queue,

@@ -10,13 +10,12 @@ not run there.
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
-from temporalio.worker import WorkerDeploymentConfig, WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
-from temporalio.workflow import Info, _Definition
+from temporalio.worker import WorkerDeploymentConfig, WorkflowRunner
+
+from worker.runners import Delegating, Wrapping
 
 
 def deployment_config(version: WorkerDeploymentVersion) -> WorkerDeploymentConfig:
@@ -25,40 +24,14 @@ def deployment_config(version: WorkerDeploymentVersion) -> WorkerDeploymentConfi
     )
 
 
-class Unversioned(WorkflowRunner):
+def unversioned(runner: WorkflowRunner) -> WorkflowRunner:
     """`runner`, its instances' completions carrying no versioning behavior."""
-
-    def __init__(self, runner: WorkflowRunner) -> None:
-        self._runner = runner
-
-    def prepare_workflow(self, defn: _Definition) -> None:
-        self._runner.prepare_workflow(defn)
-
-    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _Unversioned(self._runner.create_instance(det))
-
-    def set_worker_level_failure_exception_types(self, types: Any) -> None:
-        self._runner.set_worker_level_failure_exception_types(types)
+    return Wrapping(runner, _Unversioned)
 
 
-class _Unversioned(WorkflowInstance):
-    def __init__(self, instance: WorkflowInstance) -> None:
-        self._instance = instance
-
+class _Unversioned(Delegating):
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         completion = self._instance.activate(act)
         if completion.HasField("successful"):
             completion.successful.ClearField("versioning_behavior")
         return completion
-
-    def get_serialization_context(self, command_info: Any) -> Any:
-        return self._instance.get_serialization_context(command_info)
-
-    def get_external_store_context(self, command_info: Any) -> Any:
-        return self._instance.get_external_store_context(command_info)
-
-    def get_info(self) -> Info:
-        return self._instance.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._instance.get_thread_id()
