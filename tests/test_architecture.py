@@ -310,3 +310,21 @@ def test_every_system_with_activities_has_its_integration():
     assert _integration_classes() == listed, "an integration defined but not listed in activities/integrations.py"
     settings = {integration.settings for integration in INTEGRATIONS} - {NoSettings}
     assert set(IntegrationSettings.__bases__) == settings, "an integration's settings not read by the worker"
+
+
+def test_only_the_entities_move_to_a_new_build_before_they_end():
+    """Under Worker Versioning a run stays on the build that started it (the worker's default, PINNED) unless its
+    workflow declares AUTO_UPGRADE: exactly the entities (workflows/catalog.py ENTITIES), which never end, do. A
+    bounded run that auto-upgraded would replay on code it did not start with; an entity left pinned would hold its
+    build, which could then never be retired (docs/production.md, Upgrades)."""
+    from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+    from temporalio.workflow import _Definition
+
+    from worker.versioning import deployment_config
+    from workflows.catalog import ENTITIES, WORKFLOWS
+
+    assert deployment_config(WorkerDeploymentVersion("d", "b")).default_versioning_behavior == VersioningBehavior.PINNED
+    upgrading = {cls.__name__ for cls in WORKFLOWS
+                 if _Definition.must_from_class(cls).versioning_behavior == VersioningBehavior.AUTO_UPGRADE}  # fmt: skip
+    assert upgrading == {cls.__name__ for cls in ENTITIES}
+    assert set(ENTITIES) <= set(WORKFLOWS)

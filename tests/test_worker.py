@@ -191,3 +191,12 @@ def test_an_integrations_environment_is_set_by_its_own_field_names():
     assert NetBox.environment(netbox_url="https://n") == {"MILLWRIGHT_NETBOX_URL": "https://n"}
     with pytest.raises(ValueError, match="NetBox has no setting netbox_uri"):
         NetBox.environment(netbox_uri="https://n")
+
+
+async def test_half_configured_versioning_is_one_clear_line(tmp_path, temporal_address):
+    env = worker_env(tmp_path, temporal_address, bogus_kubeconfig(tmp_path))
+    env["MILLWRIGHT_DEPLOYMENT_NAME"] = "millwright"
+    result = await asyncio.to_thread(run_worker, env)
+    assert result.returncode == 1
+    assert "Worker Versioning is half configured: MILLWRIGHT_BUILD_ID is not set" in result.stderr
+    assert "Traceback" not in result.stderr

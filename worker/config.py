@@ -31,6 +31,15 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MILLWRIGHT_", extra="ignore")
 
     task_queue: str = "millwright"
+    deployment_name: str | None = Field(
+        None,
+        pattern=r"^[^.]+$",
+        description="Worker Versioning: the Worker Deployment this worker belongs to (no '.'), with "
+        "MILLWRIGHT_BUILD_ID; unset: the worker is unversioned (docs/production.md, Upgrades)",
+    )
+    build_id: str | None = Field(
+        None, min_length=1, description="Worker Versioning: this image's build ID, with MILLWRIGHT_DEPLOYMENT_NAME"
+    )
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus port; 0 turns metrics off")
     metrics_host: Host = Field("0.0.0.0", description="Prometheus bind address")
     shutdown_grace_seconds: float = Field(60.0, ge=0)
@@ -85,6 +94,19 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.metrics_port}/metrics"
+
+    def deployment_version(self):
+        """This worker's Worker Deployment Version, or None when it runs unversioned; ConfigError when only one of
+        the two settings is set. Unversioned is the default so a lab or test worker gets tasks without anyone
+        making its version current on the server first."""
+        from temporalio.common import WorkerDeploymentVersion
+
+        if not self.deployment_name and not self.build_id:
+            return None
+        if not self.deployment_name or not self.build_id:
+            missing = "MILLWRIGHT_DEPLOYMENT_NAME" if not self.deployment_name else "MILLWRIGHT_BUILD_ID"
+            raise ConfigError(f"Worker Versioning is half configured: {missing} is not set")
+        return WorkerDeploymentVersion(deployment_name=self.deployment_name, build_id=self.build_id)
 
     def fault_event_config(self):
         """(FaultEventSettings, token reference or None), checked; ConfigError naming the setting at fault."""

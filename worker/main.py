@@ -52,10 +52,13 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
 
     # Everything that can be checked locally is checked before touching the network.
     try:
+        # The host agent runs activities only, on its host's own queue: it stays unversioned.
+        version = None
         if host_agent:
             registration = registry.build_host_agent(settings.host_name or socket.gethostname(), settings=settings)
         else:
             registration = registry.build(settings)
+            version = settings.deployment_version()
             if settings.fault_events:
                 settings.fault_event_config()
     except ConfigError:
@@ -75,6 +78,7 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
         client,
         registration,
         task_queue,
+        version=version,
         max_concurrent_activities=settings.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
@@ -95,6 +99,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
 
     log.info("connected to Temporal at %s, namespace %s", address, namespace)
     log.info("polling task queue %r%s", task_queue, " (host agent)" if host_agent else "")
+    log.info("worker versioning: %s", f"{version.to_canonical_string()} (deployment {version.deployment_name}, "
+             f"build {version.build_id})" if version else "off (unversioned)")  # fmt: skip
     log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
     if not host_agent:
         for name, state in integrations(settings):

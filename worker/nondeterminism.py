@@ -12,38 +12,24 @@ run ID. The count per workflow type is the SDK's own counter:
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from temporalio.bridge.proto.workflow_activation import RemoveFromCache, WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
-from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
-from temporalio.workflow import Info, _Definition
+from temporalio.worker import WorkflowRunner
+
+from worker.runners import Delegating, Wrapping
 
 log = logging.getLogger("millwright.worker.nondeterminism")
 
 NONDETERMINISM = RemoveFromCache.EvictionReason.NONDETERMINISM
 
 
-class NondeterminismLogged(WorkflowRunner):
+def nondeterminism_logged(runner: WorkflowRunner) -> WorkflowRunner:
     """`runner`, its instances logging an eviction for nondeterminism at ERROR."""
-
-    def __init__(self, runner: WorkflowRunner) -> None:
-        self._runner = runner
-
-    def prepare_workflow(self, defn: _Definition) -> None:
-        self._runner.prepare_workflow(defn)
-
-    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _Logged(self._runner.create_instance(det))
-
-    def set_worker_level_failure_exception_types(self, types: Any) -> None:
-        self._runner.set_worker_level_failure_exception_types(types)
+    return Wrapping(runner, _Logged)
 
 
-class _Logged(WorkflowInstance):
-    def __init__(self, instance: WorkflowInstance) -> None:
-        self._instance = instance
-
+class _Logged(Delegating):
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         for job in act.jobs:
             if job.HasField("remove_from_cache") and job.remove_from_cache.reason == NONDETERMINISM:
@@ -55,15 +41,3 @@ class _Logged(WorkflowInstance):
                            "run_id": act.run_id},
                 )  # fmt: skip
         return self._instance.activate(act)
-
-    def get_serialization_context(self, command_info: Any) -> Any:
-        return self._instance.get_serialization_context(command_info)
-
-    def get_external_store_context(self, command_info: Any) -> Any:
-        return self._instance.get_external_store_context(command_info)
-
-    def get_info(self) -> Info:
-        return self._instance.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._instance.get_thread_id()

@@ -58,21 +58,29 @@ def workflow_runner() -> Any:
 _PREPARED: set[type] = set()  # the workflow classes the sandbox above has taken in
 
 
-def new_worker(client: Any, registration: Registration, task_queue: str, **options: Any) -> Any:
+def new_worker(client: Any, registration: Registration, task_queue: str, *, version: Any = None,
+               **options: Any) -> Any:  # fmt: skip
     """A Worker as Millwright runs one: these workflows and activities, input that does not fit a workflow's
     model failing the run, and a workflow task failed for nondeterminism logged at ERROR with the workflow ID
-    (worker/nondeterminism.py). `options` are further `Worker` arguments."""
+    (worker/nondeterminism.py). With `version` (a WorkerDeploymentVersion) it polls as that version of its
+    Worker Deployment, else unversioned (worker/versioning.py). `options` are further `Worker` arguments."""
     from temporalio.worker import Worker
 
-    from worker.nondeterminism import NondeterminismLogged
+    from worker.nondeterminism import nondeterminism_logged
+    from worker.versioning import deployment_config, unversioned
 
+    runner = nondeterminism_logged(workflow_runner())
+    if version is not None:
+        options["deployment_config"] = deployment_config(version)
+    else:
+        runner = unversioned(runner)
     return Worker(
         client,
         task_queue=task_queue,
         workflows=registration.workflows,
         activities=registration.activities,
         workflow_failure_exception_types=WORKFLOW_FAILURE_EXCEPTION_TYPES,
-        workflow_runner=NondeterminismLogged(workflow_runner()),
+        workflow_runner=runner,
         **{**registration.worker_options, **options},
     )
 

@@ -49,3 +49,6 @@ STARTABLE += [GpuPartitioning]
 WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.
 WORKFLOWS += [DisruptionBudget]
+# The entities: one per cluster or fabric, continuing as new for ever. Under Worker Versioning they move to the
+# current build (AUTO_UPGRADE) where every other workflow, a bounded run, finishes on the build that started it.
+ENTITIES: list[type] = [DisruptionBudget, Fabric]

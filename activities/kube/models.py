@@ -290,13 +290,6 @@ class NodeValidationMark(StrictModel):
     reason: str = Field("", description="What failed; empty when it passed.")
 
 
-class PackageInstalled(StrictModel):
-    cluster: str
-    node: str
-    package: str
-    version: str
-
-
 class NodeStage(StrictModel):
     """One stage of one package, as its Job runs it."""
 

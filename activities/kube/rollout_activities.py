@@ -5,7 +5,6 @@ stage (NodeWright's execution substrate) and reboot verification by boot ID. Kub
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable
@@ -36,12 +35,10 @@ from activities.kube.models import (
     JOB_TTL_SECONDS,
     JOB_VERSION_ANNOTATION,
     JOB_WAIT_SLACK_SECONDS,
-    PACKAGES_ANNOTATION,
     NodeAvailability,
     NodePage,
     NodePageRequest,
     NodeRolloutState,
-    PackageInstalled,
     RebootWait,
     Stage,
     StageJobRequest,
@@ -50,12 +47,10 @@ from activities.kube.models import (
 )
 from activities.kube.node_activities import LIST_CHUNK, NodeActivities
 from activities.kube.stages import (
-    annotation_of,
     call_json,
     label_value,
     node_ready,
     node_summary,
-    packages_of,
     read_json,
     reboot_unverifiable,
     send_json,
@@ -124,27 +119,6 @@ class RolloutNodeActivities(NodeActivities):
         Writes nothing when both already say the same (the `updated` time aside).
         """
         await self._record_state(await self._read_node(req.cluster, req.node), req)
-
-    @activity.defn
-    async def record_package_installed(self, req: PackageInstalled) -> None:
-        """Add `package: version` to the node's packages annotation (conditional on the node's
-        resourceVersion, so a concurrent writer's entry is never lost: its 409 is retried)."""
-        node = await self._read_node(req.cluster, req.node)
-        packages = packages_of(node.metadata.annotations or {}, req.node)
-        if packages.get(req.package) == req.version:
-            return
-        packages[req.package] = req.version
-        value = json.dumps(dict(sorted(packages.items())), separators=(",", ":"))
-        patch = {
-            "metadata": {"resourceVersion": node.metadata.resource_version, "annotations": {PACKAGES_ANNOTATION: value}}
-        }
-        await self._patch_node(
-            req.cluster,
-            req.node,
-            patch,
-            f"recording package {req.package} {req.version} on node {req.node}",
-            lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value,
-        )
 
     # ------------------------------------------------------------ rollouts: package Jobs
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from temporalio.common import WorkerDeploymentVersion
 
 from lab.loopback import free_port
 from tests.deploy.manifests import (
@@ -33,6 +34,7 @@ from tests.deploy.manifests import (
     worker_container,
     worker_deployment,
 )
+from tests.deploy.test_upgrade import set_current
 from tests.kube_helpers import fleet_objects, read_node
 from tests.worker_process import REPO, wait_polling
 from workflows.maintenance.node_maintenance import NodeMaintenance, NodeMaintenanceInput
@@ -84,6 +86,7 @@ async def test_worker_as_deployed_runs_node_maintenance(client, temporal_address
     command, pod_env = lay_out_pod(objs, tmp_path / "pod", k8s_emulator.url)
     port = free_port()
     task_queue = f"deploy-{uuid.uuid4().hex[:8]}"
+    build_id = f"as-deployed-{uuid.uuid4().hex[:6]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_", "KUBECONFIG"))}
     env.update({k: v for k, v in pod_env.items() if not k.startswith("TEMPORAL_TLS_")})
     env.update(
@@ -93,6 +96,7 @@ async def test_worker_as_deployed_runs_node_maintenance(client, temporal_address
         MILLWRIGHT_TASK_QUEUE=task_queue,
         MILLWRIGHT_METRICS_HOST="127.0.0.1",
         MILLWRIGHT_METRICS_PORT=str(port),
+        MILLWRIGHT_BUILD_ID=build_id,  # as deploy/Dockerfile sets it in the image
         PYTHONUNBUFFERED="1",
     )
     executable = Path(sys.executable).parent / command[0]
@@ -104,6 +108,8 @@ async def test_worker_as_deployed_runs_node_maintenance(client, temporal_address
         )
     try:
         await wait_polling(client, task_queue, proc, log)
+        # The deploy step that gives a new build its work (docs/production.md, "Upgrades").
+        await set_current(temporal_address, WorkerDeploymentVersion(pod_env["MILLWRIGHT_DEPLOYMENT_NAME"], build_id))
         # The probes' target answers.
         async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
             assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200

@@ -193,6 +193,8 @@ def test_image_matches_the_pod_security_context_and_port():
     assert re.search(rf"^USER {pod['securityContext']['runAsUser']}:", docker, re.M)
     assert re.search(r"^EXPOSE 9464$", docker, re.M)
     assert 'ENTRYPOINT ["millwright-worker"]' in docker
+    # Each image is one build of the Worker Deployment the ConfigMap names (docs/production.md, Upgrades).
+    assert re.search(r"^ARG BUILD_ID$", docker, re.M) and "MILLWRIGHT_BUILD_ID=$BUILD_ID" in docker
 
 
 def test_search_attribute_job_registers_every_attribute():

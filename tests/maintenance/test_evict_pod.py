@@ -24,7 +24,7 @@ from activities.kube.models import (
     EvictOutcome,
     EvictRequest,
     NodeRolloutState,
-    PackageInstalled,
+    NodeUpdateFinish,
     PodRef,
     RebootWait,
     StageJobRequest,
@@ -258,11 +258,6 @@ async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not
             patch,
         ),
         (
-            kube.record_package_installed,
-            PackageInstalled(cluster="lab", node="node-01", package="p", version="1"),
-            patch,
-        ),
-        (
             kube.run_stage_job,
             StageJobRequest(
                 cluster="lab",
@@ -275,6 +270,11 @@ async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not
                 timeout_seconds=60,
             ),
             {"verb": "create", "resource": "jobs"},
+        ),
+        (
+            kube.finish_node_update,
+            NodeUpdateFinish(cluster="lab", node="node-01", rollout="r1", packages={"p": "1"}, uncordon=False),
+            patch,
         ),
     ]
     for method, arg, match in calls:
@@ -295,7 +295,7 @@ async def test_node_records_and_stage_jobs_after_a_lost_answer_are_read_back_not
         ]
         assert len(writes) == 1, f"{method.__name__} wrote twice: {writes}"
     node = await core.read_node("node-01")
-    assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "in_progress"
+    assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     assert json.loads(node.metadata.annotations[PACKAGES_ANNOTATION]) == {"p": "1"}
 
 

@@ -265,6 +265,11 @@ async def test_finish_records_packages_and_state_and_uncordons_in_one_write(k8s,
     await env().run(kube.finish_node_update, finish.model_copy(update={"node": "node-02"}))
     node = await read_node(core, "node-02")
     assert node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    # A packages annotation that is not a JSON object is not overwritten: a retry cannot fix it, a person can.
+    await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: "not json"}}})
+    with pytest.raises(ApplicationError) as ei:
+        await env().run(kube.finish_node_update, finish)
+    assert ei.value.type == "MalformedNodeAnnotation" and ei.value.non_retryable
 
 
 async def test_the_api_client_reads_the_proxy_environment_once(tmp_path, monkeypatch):

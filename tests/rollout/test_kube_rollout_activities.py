@@ -15,14 +15,12 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.kube.models import (
     JOB_NAMESPACE,
-    PACKAGES_ANNOTATION,
     ROLLOUT_ANNOTATION,
     ROLLOUT_STATE_LABEL,
     ConditionGate,
     NodePageRequest,
     NodeRef,
     NodeRolloutState,
-    PackageInstalled,
     RebootWait,
     StageJobRequest,
     UnavailableRequest,
@@ -119,23 +117,6 @@ async def test_rollout_state_is_written_once(k8s, kube):
     with pytest.raises(ApplicationError) as ei:
         await e.run(kube.set_node_rollout_state, req.model_copy(update={"state": "done"}))
     assert ei.value.type == "InvalidRolloutState" and ei.value.non_retryable
-
-
-async def test_record_package_installed_merges_once(k8s, kube, core):
-    await k8s.seed(nodes(1))
-    await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: '{"dcgm":"3.1.0"}'}}})
-    e = env()
-    since = await k8s.audit_cursor()
-    req = PackageInstalled(cluster="lab", node="node-01", package="kernel", version="6.8.1")
-    await e.run(kube.record_package_installed, req)
-    await e.run(kube.record_package_installed, req)
-    assert len(await writes_to_node(k8s, since, "node-01")) == 1
-    info = await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))
-    assert info.packages == {"dcgm": "3.1.0", "kernel": "6.8.1"}
-    await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: "not json"}}})
-    with pytest.raises(ApplicationError) as ei:
-        await e.run(kube.record_package_installed, req)
-    assert ei.value.type == "MalformedNodeAnnotation" and ei.value.non_retryable
 
 
 def stage(**kw) -> StageJobRequest:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 from temporalio.exceptions import ActivityError
 
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
@@ -75,7 +76,7 @@ Received = LeaseRequests | LeaseReleases | BudgetChange | BreakerReset  # what h
 # ================================================================== the entity
 
 
-@workflow.defn
+@workflow.defn(versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class DisruptionBudget:
     @workflow.init
     def __init__(self, inp: DisruptionBudgetInput) -> None:

@@ -64,9 +64,9 @@ from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
 from workflows.common.errors import root_cause
 
-# A failed CreateCluster undoes what the run owns (read from the clusters); before, it left everything.
+# Retired patches (docs/patch-policy.md), recorded deprecated: a failed CreateCluster undoes what the run owns (read
+# from the clusters); whose the objects it would write are is read before the first write, another's refused.
 COMPENSATION = "create-cluster-compensates"
-# Whose the objects it would write are is read before the first write: another's is refused (before: mid-apply).
 OWNERS_FIRST = "create-cluster-checks-owners-first"
 
 
@@ -111,8 +111,8 @@ class CreateCluster:
             )
             if inp.topology is not None:
                 await self._check_cluster_class(inp)
-            if workflow.patched(OWNERS_FIRST):
-                await self._check_owners(inp, objs)
+            workflow.deprecate_patch(OWNERS_FIRST)
+            await self._check_owners(inp, objs)
             self._phases.enter("creating", f"{len(objs)} objects")
             self._wrote[mgmt] = None
             applied = await self._calls.execute(
@@ -158,9 +158,10 @@ class CreateCluster:
                 )
             netbox = await self._record_in_netbox(inp, status) if inp.record_in_netbox else None
         except Exception as err:
-            if not self._wrote or not workflow.patched(COMPENSATION):  # nothing written, or an older run
+            if not self._wrote:  # nothing written
                 self._phases.enter("failed", str(err))
                 raise
+            workflow.deprecate_patch(COMPENSATION)
             failure = await self._compensate(inp, objs, base, err)
             self._phases.enter("failed", failure.message)
             raise failure from err

@@ -32,7 +32,8 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import Endpoints, kubernetes_api
 
-# The Cluster's owner is read first: another's is refused naming it, before anything else is read or deleted.
+# The Cluster's owner is read first: another's is refused naming it, before anything else is read or deleted. A
+# retired patch (docs/patch-policy.md), recorded deprecated.
 OWNER_FIRST = "delete-cluster-checks-owner-first"
 
 
@@ -54,21 +55,21 @@ class DeleteCluster:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(ref)])
         ours = Ownership(workflow=workflow.info().workflow_id)  # CreateCluster's and ours: the same ID
         target = ObjectRef(api_version=CAPI, kind="Cluster", name=inp.name, namespace=inp.namespace)
-        if workflow.patched(OWNER_FIRST):
-            self._phases.enter("checking-owner", str(target))
-            existing = await self._calls.execute(
-                acts.read_owners, OwnersRequest(cluster=mgmt, objects=[target]), **API_CALL,
-                endpoint=kubernetes_api(mgmt),
-            )  # fmt: skip
-            refused = not_ours(existing, ours.workflow, mgmt, lambda _: "name")
-            if refused:
-                self._phases.enter("failed", refused[0])
-                raise ApplicationError(
-                    f"{refused[0]}: DeleteCluster deletes only a Cluster that CreateCluster made for this reference; "
-                    "delete it with clusterctl or kubectl. Nothing was deleted",
-                    type="ClusterNotManaged",
-                    non_retryable=True,
-                )
+        workflow.deprecate_patch(OWNER_FIRST)
+        self._phases.enter("checking-owner", str(target))
+        existing = await self._calls.execute(
+            acts.read_owners, OwnersRequest(cluster=mgmt, objects=[target]), **API_CALL,
+            endpoint=kubernetes_api(mgmt),
+        )  # fmt: skip
+        refused = not_ours(existing, ours.workflow, mgmt, lambda _: "name")
+        if refused:
+            self._phases.enter("failed", refused[0])
+            raise ApplicationError(
+                f"{refused[0]}: DeleteCluster deletes only a Cluster that CreateCluster made for this reference; "
+                "delete it with clusterctl or kubectl. Nothing was deleted",
+                type="ClusterNotManaged",
+                non_retryable=True,
+            )
         self._phases.enter("checking-tenants")
         status = await self._calls.execute(
             acts.read_capi_cluster,

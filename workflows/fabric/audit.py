@@ -5,7 +5,6 @@ See workflows/fabric/fabric.py for the family."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -17,7 +16,6 @@ from activities.ufm.models import (
     AddGuids,
     EmptyRequest,
     EnsurePKey,
-    FabricSnapshot,
     GuidsRequest,
     PKeyList,
     PKeyMembers,
@@ -166,11 +164,12 @@ class FabricAudit:
 
     @workflow.run
     async def run(self, inp: FabricAuditInput) -> FabricAuditResult:
-        if inp.carried is None and not workflow.patched(AUDIT_BY_PKEY_PATCH):
-            return await self._audit_whole(inp)
+        if inp.carried is None:
+            workflow.deprecate_patch(AUDIT_BY_PKEY_PATCH)
         cursor = self._cursor
         self._phase = "reading"
-        if inp.carried is None and workflow.patched(POSTURE_PATCH):
+        if inp.carried is None:
+            workflow.deprecate_patch(POSTURE_PATCH)
             cursor.posture = await fabric_posture(self._calls)
         state = FabricState.model_validate(await call_fabric(inp.fabric, "state"))
         allocations = list(state.allocations.values())
@@ -287,60 +286,9 @@ class FabricAudit:
         lines += [d.line() for d in c.drift[:50]] + [f"repaired: {x}" for x in c.repaired[:50]]
         workflow.set_current_details("\n\n".join(lines))
 
-    # ------------------------------------------------------------ audits started before the PKey reads
-
-    async def _audit_whole(self, inp: FabricAuditInput) -> FabricAuditResult:
-        """The whole fabric in one snapshot (an audit from before `AUDIT_BY_PKEY_PATCH`, replayed)."""
-        self._phase = "reading"
-        posture = await fabric_posture(self._calls) if workflow.patched(POSTURE_PATCH) else None
-        state = FabricState.model_validate(await call_fabric(inp.fabric, "state"))
-        allocations = list(state.allocations.values())
-        snap: FabricSnapshot = await self._calls.execute(
-            UfmActivities.snapshot, EmptyRequest(), **UFM_LISTING, endpoint=UFM, summary="PKeys in UFM"
-        )
-        drift, recognised = audit(allocations, snap)
-        self._cursor.drift = drift
-        managed = {a.pkey for a in allocations if a.state != "releasing"}
-        result = FabricAuditResult(
-            fabric=inp.fabric, checked_pkeys=sorted(managed), drift=drift, drift_total=len(drift),
-            drift_counts=dict(Counter(d.kind for d in drift)), clean=not drift, virtual_members=recognised,
-            virtual_members_total=len(recognised),
-            unmanaged_pkeys=[p.pkey for p in snap.pkeys if p.pkey not in managed and p.pkey not in state.retired],
-            posture=posture, insecure=bool(posture and posture.blocking()),
-        )  # fmt: skip
-        self._phase = "drift" if drift else "clean"
-        self._finish(result)
-        if drift and inp.repair:
-            by_pkey = {a.pkey: a for a in allocations}
-            for pkey in sorted({d.pkey for d in drift if d.kind == "missing-pkey"}):
-                await self._calls.execute(UfmActivities.ensure_pkey, EnsurePKey(pkey=pkey), **UFM_CALL,
-                                          endpoint=UFM, summary=f"recreate {pkey}")  # fmt: skip
-                result.repaired.append(f"created PKey {pkey}")
-            for pkey in sorted({d.pkey for d in drift}):
-                result.repaired += await self._fix_members(by_pkey.get(pkey), pkey, drift, chunk=None)
-            result.repaired_total = len(result.repaired)
-            self._phase = "repaired"
-            self._show(f"{len(drift)} drift items in {len(result.checked_pkeys)} PKeys", result)
-        return result
-
 
 def _chunks(items: list[str], size: int | None) -> list[list[str]]:
     return [items] if size is None else [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def audit(allocations: list[Allocation], snap: FabricSnapshot) -> tuple[list[Drift], list[str]]:
-    """Drift between the desired state (allocations) and a whole-fabric snapshot, one item per GUID and place; and
-    the virtual GUIDs recognised in their own tenant's PKey."""
-    in_ufm = {p.pkey: p for p in snap.pkeys}
-    owner = {g: a for a in allocations for g in a.members}
-    live = [a for a in allocations if a.state != "releasing"]
-    drift: list[Drift] = []
-    recognised: list[str] = []
-    for a in sorted(live, key=lambda a: a.pkey):
-        found, known = pkey_drift(a, in_ufm.get(a.pkey), owner, snap.hosts_by_guid, snap.virtual)
-        drift += found
-        recognised += known
-    return drift, recognised
 
 
 def pkey_drift(a: Allocation, p: PKeyMembers | None, owner: dict[str, Allocation], host: dict[str, str],

@@ -32,6 +32,7 @@ FabricAudit in audit.py; the calls and the entity's models they share in calls.p
 from __future__ import annotations
 
 from temporalio import workflow
+from temporalio.common import VersioningBehavior
 
 from activities.ufm.models import normalize_guid
 from workflows.common.base import Progress, history_is_long
@@ -48,7 +49,7 @@ from workflows.fabric.models import (
 # ================================================================== the Fabric entity
 
 
-@workflow.defn
+@workflow.defn(versioning_behavior=VersioningBehavior.AUTO_UPGRADE)
 class Fabric:
     @workflow.init
     def __init__(self, inp: FabricInput) -> None:

@@ -131,9 +131,10 @@ class IsolateTenant:
         try:
             return await self._run(inp)
         except Exception as err:
-            if self._writes is None or not workflow.patched(ISOLATION_UNDO):  # nothing written, or an older run
+            if self._writes is None:  # nothing written
                 self._enter("failed", str(root_cause(err)))
                 raise
+            workflow.deprecate_patch(ISOLATION_UNDO)
             self._enter("compensating", str(root_cause(err)))
             created, removed = await self._undo(inp, self._writes)
             failure = saga.failure(f"isolating tenant {inp.tenant} on {inp.fabric}", err, created, removed)
@@ -165,8 +166,8 @@ class IsolateTenant:
             if added:
                 await call_fabric(inp.fabric, "withdraw", WithdrawRequest(tenant=inp.tenant, guids=added))
         after = await read_pkey(self._calls, w.pkey, f"read back {w.pkey} after the undo")
-        if not w.allocated and w.pkey_before is not None and not after.exists \
-                and workflow.patched(UNDO_KEEPS_HELD_PKEY):  # fmt: skip
+        if not w.allocated and w.pkey_before is not None and not after.exists:
+            workflow.deprecate_patch(UNDO_KEEPS_HELD_PKEY)
             # The PKey was there, empty of these ports, before the run: UFM deleted it with the last port the
             # undo removed. It is the tenant's and stays, as it was.
             await self._calls.execute(
@@ -178,11 +179,10 @@ class IsolateTenant:
         return created, [line for line in reversed(created) if line not in still]
 
     async def _run(self, inp: IsolateTenantInput) -> IsolateTenantResult:
-        posture, accepted = None, []
-        if workflow.patched(POSTURE_PATCH):
-            self._enter("checking-posture", f"fabric {inp.fabric}")
-            posture = await fabric_posture(self._calls)
-            accepted = refuse_insecure(inp.fabric, posture, list(inp.accept_posture))
+        workflow.deprecate_patch(POSTURE_PATCH)
+        self._enter("checking-posture", f"fabric {inp.fabric}")
+        posture = await fabric_posture(self._calls)
+        accepted = refuse_insecure(inp.fabric, posture, list(inp.accept_posture))
         self._enter("resolving", f"hosts {', '.join(inp.hosts)}")
         by_host = await resolve_and_check(self._calls, inp.hosts, inp.netbox)
         members = {g: h for h, gs in by_host.items() for g in gs}
@@ -192,7 +192,8 @@ class IsolateTenant:
             UfmActivities.snapshot, EmptyRequest(), **UFM_LISTING, endpoint=UFM, summary="PKeys in UFM"
         )
         state = FabricState.model_validate(await call_fabric(inp.fabric, "state"))
-        taken = state.ports_of_others(inp.tenant, members, snap) if workflow.patched(PORTS_OF_OTHERS) else []
+        workflow.deprecate_patch(PORTS_OF_OTHERS)
+        taken = state.ports_of_others(inp.tenant, members, snap)
         if taken:
             raise ApplicationError(
                 f"hosts: {'; '.join(taken)}. A port belongs to one partition: release it there first. "

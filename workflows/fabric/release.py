@@ -13,7 +13,7 @@ from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import TenantPKeyRecord
 from activities.ufm.activities import UfmActivities
-from activities.ufm.models import DeletedPKey, MembershipChange, PKeyRef, RemoveGuids
+from activities.ufm.models import DeletedPKey, PKeyRef, RemoveGuids
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput
 from workflows.common.endpoints import NETBOX, UFM, Endpoints, RetryTimeout
@@ -80,15 +80,13 @@ class ReleaseTenant:
         alloc = Allocation.model_validate(raw)
         guids = sorted(alloc.members)
         self._enter("removing", f"PKey {alloc.pkey}: {len(guids)} ports")
-        before = (
-            await read_pkey(self._calls, alloc.pkey, f"read {alloc.pkey} before the removal")
-            if workflow.patched(RELEASE_READS_FIRST)
-            else None
-        )
-        change: MembershipChange = await self._calls.execute(
-            UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
-            endpoint=UFM, summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
-        ) if guids else MembershipChange(pkey=alloc.pkey)  # fmt: skip
+        workflow.deprecate_patch(RELEASE_READS_FIRST)
+        before = await read_pkey(self._calls, alloc.pkey, f"read {alloc.pkey} before the removal")
+        if guids:  # what it removed is read from UFM before and after, not taken from the answer
+            await self._calls.execute(
+                UfmActivities.remove_guids, RemoveGuids(pkey=alloc.pkey, guids=guids), **UFM_CALL,
+                endpoint=UFM, summary=f"remove {len(guids)} GUIDs from {alloc.pkey}",
+            )  # fmt: skip
         self._enter("verifying")
         read = await read_pkey(self._calls, alloc.pkey, f"read back {alloc.pkey}")
         left = [g for g in guids if g in read.members]
@@ -111,7 +109,7 @@ class ReleaseTenant:
         await call_fabric(inp.fabric, "finish_release", FinishRelease(tenant=inp.tenant, remaining=deleted.remaining))
         # Read from UFM, not the answers: after a lost one, the retry finds its own removal or deletion done
         # ("absent"). UFM deletes a PKey with its last member: there before the removal, gone after it.
-        by_ufm = not read.exists and (before.exists if before is not None else change.pkey_deleted)
+        by_ufm = not read.exists and before.exists
         by_us = deleted.deleted or (read.exists and not deleted.existed)
         pkey_deleted = by_us or by_ufm
         note = f"PKey {alloc.pkey} " + (
@@ -124,7 +122,7 @@ class ReleaseTenant:
             else f"kept with {len(deleted.remaining)} other members (retired)"
         )
         self._enter("released", note)
-        removed = [g for g in guids if g in before.members] if before else change.changed
+        removed = [g for g in guids if g in before.members]
         return ReleaseTenantResult(
             fabric=inp.fabric, tenant=inp.tenant, pkey=alloc.pkey, removed=removed,
             already_absent=[g for g in guids if g not in removed], pkey_deleted=pkey_deleted,

@@ -36,8 +36,8 @@ from workflows.common.call_options import API_CALL, API_RETRY
 
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
-# Runs before this waited only for pods whose eviction was accepted, trusting a "gone" from the eviction's
-# answer; since, the final wait covers every pod of the plan (issue 14).
+# The final wait covers every pod of the plan, never trusting a "gone" from an eviction's answer: a retired patch
+# (docs/patch-policy.md), recorded deprecated by the callers whose runs asked it.
 WAIT_FOR_EVERY_PLANNED_POD = "drain-waits-for-every-planned-pod"
 
 
@@ -71,8 +71,8 @@ class Drain:
         every_planned_pod: bool = False,
         priority: Priority = Priority.default,
     ) -> None:
-        """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none asks
-        `workflow.patched` (a marker and a search attribute per run). `priority`: every call's
+        """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none records its
+        marker (a marker and a search attribute per run). `priority`: every call's
         (workflows/common/priorities.py; the default: the workflow's own)."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
         self._priority = priority
@@ -99,13 +99,15 @@ class Drain:
         self._changed()
         slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
 
-        async def evict(pod: PodRef) -> PodRef | None:
+        async def evict(pod: PodRef) -> None:
             async with slots:
-                return await self._evict_until_done(pod, deadline)
+                await self._evict_until_done(pod, deadline)
 
-        evicted = [p for p in await asyncio.gather(*(evict(p) for p in plan.evict)) if p is not None]
+        await asyncio.gather(*(evict(p) for p in plan.evict))
         # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
-        waited = plan.evict if self._every_planned_pod or workflow.patched(WAIT_FOR_EVERY_PLANNED_POD) else evicted
+        if not self._every_planned_pod:
+            workflow.deprecate_patch(WAIT_FOR_EVERY_PLANNED_POD)
+        waited = plan.evict
         if not waited or self._stopping():
             return
         self._terminating()
@@ -128,8 +130,8 @@ class Drain:
                 non_retryable=True,
             ) from err
 
-    async def _evict_until_done(self, pod: PodRef, deadline: datetime) -> PodRef | None:
-        """Evict one pod, waiting out PDB refusals; returns the pod when an eviction was accepted."""
+    async def _evict_until_done(self, pod: PodRef, deadline: datetime) -> None:
+        """Evict one pod, waiting out PDB refusals."""
         key, progress, interval = str(pod), self._progress, self._settings.eviction_retry_interval
         attempts = 0
         while not self._stopping():
@@ -171,7 +173,7 @@ class Drain:
                 progress.blocked.pop(key, None)
                 progress.evicted.append(key)
                 self._changed()
-                return pod if outcome.status == "evicted" else None
+                return
             self._was_blocked = True
             progress.blocked[key] = BlockedEviction(
                 pod=key, budget=outcome.budget, message=outcome.message, attempts=attempts

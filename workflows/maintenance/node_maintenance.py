@@ -36,7 +36,7 @@ from workflows.maintenance.drain import Drain, DrainProgress
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
 
-# workflow.patched() id of the validation gate before the uncordon.
+# The validation gate before the uncordon: a retired patch (docs/patch-policy.md), recorded deprecated.
 VALIDATION = "node-maintenance-validation"
 
 Phase = Literal[
@@ -231,8 +231,8 @@ class NodeMaintenance:
             raise
         if self._abort is not None:
             return await self._finish("aborted", cordon, self._abort.uncordon, f"aborted: {self._abort.reason}")
-        if inp.validation is not None and inp.validation.enabled and inp.uncordon_after and self._status.cordoned_by_us \
-                and workflow.patched(VALIDATION):  # fmt: skip
+        if inp.validation is not None and inp.validation.enabled and inp.uncordon_after and self._status.cordoned_by_us:
+            workflow.deprecate_patch(VALIDATION)
             self._enter("validating")
             verdict = await validate_node(inp.cluster, inp.node, inp.validation, by=owner)
             self._status.validation = verdict

@@ -69,17 +69,3 @@ def check_queue_tree(cap: GpuCapacity, cluster: str, tenant: str, parent: str, g
             type="QuotaExceedsCapacity",
             non_retryable=True,
         )
-
-
-async def check_gpu_capacity(calls: Endpoints, cluster: str, tenant: str, gpu_quota: float, allow: bool) -> None:
-    """The check of runs that began before the queue tree was counted (tenant queues only, -1 as 0)."""
-    cap = await read_capacity(calls, cluster)
-    others = sum(q for t, q in cap.quotas.items() if t != tenant)
-    total = others + max(0.0, gpu_quota)
-    if total > cap.gpus and not allow:
-        raise ApplicationError(
-            f"GPU quotas would total {total:g} on cluster {cluster} (other tenants {others:g} + {tenant} "
-            f"{gpu_quota:g}) but it has {cap.gpus:g} GPUs; lower the quota or set allow_oversubscription",
-            type="QuotaExceedsCapacity",
-            non_retryable=True,
-        )

@@ -50,7 +50,7 @@ from workflows.common.errors import root_cause
 from workflows.fabric.calls import call_fabric
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
 from workflows.fabric.release import release_as_child
-from workflows.tenancy.capacity import check_gpu_capacity, read_capacity
+from workflows.tenancy.capacity import read_capacity
 from workflows.tenancy.models import OnboardTenantInput
 from workflows.tenancy.objects import TENANT_KINDS, delete_order, tenant_steps
 from workflows.tenancy.plan import EXACT, AdminGroupChanged, TenantPlan, plan_onboarding, survey_request
@@ -89,10 +89,9 @@ def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
     )
 
 
-# Compensation by ownership (read from the cluster), not only by the list of `created` outcomes a run kept.
+# Retired patches (docs/patch-policy.md), recorded deprecated: compensation by ownership (read from the cluster);
+# the plan before the first write (workflows/tenancy/plan.py).
 OWNED_COMPENSATION = "compensate-what-the-run-owns"
-# Every name judged against what exists and whose it is, the parent queue and the queue tree's guarantees
-# checked, before the first write (workflows/tenancy/plan.py); before it, conflicts surfaced mid-saga.
 PLAN_BEFORE_WRITES = "plan-before-first-write"
 
 
@@ -122,9 +121,8 @@ class OnboardTenant:
         self._ib_created: list[str] = []
         self._ib_child: tuple[list[str], list[str]] | None = None  # a failed IsolateTenant's own compensation
         result = OnboardTenantResult(tenant=inp.tenant, cluster=inp.cluster, changed=False, steps=reports)
-        planned = workflow.patched(PLAN_BEFORE_WRITES)
-        if planned:  # a refusal ends the run here, nothing written: no saga to undo
-            result.plan = await self._plan(inp, every)
+        workflow.deprecate_patch(PLAN_BEFORE_WRITES)
+        result.plan = await self._plan(inp, every)  # a refusal ends the run here, nothing written: no saga to undo
         try:
             if inp.record_in_netbox:
                 self._phases.enter("netbox", "tenant record")
@@ -145,12 +143,6 @@ class OnboardTenant:
                     )
                 )
                 result.changed |= bool(nb.created or nb.updated)
-            if not planned:  # runs that began before the plan
-                self._phases.enter("checking", "kinds installed, GPU capacity", 1)
-                await self._check_kinds(inp, every)
-                await check_gpu_capacity(
-                    self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription
-                )
             for i, (name, objs) in enumerate(steps):
                 self._phases.enter(name, f"{len(objs)} objects", i + 2)
                 if not objs:
@@ -213,11 +205,8 @@ class OnboardTenant:
         except (ActivityError, ApplicationError, ChildWorkflowError) as err:
             why = str(root_cause(err))
             self._phases.enter("compensating", why)
-            if workflow.patched(OWNED_COMPENSATION):
-                made, removed = await self._compensate_owned(inp, created, every)
-            else:  # runs that began before compensation by ownership
-                removed = await self._compensate(inp, created)
-                made = [str(r) for r in created] + self._ib_created
+            workflow.deprecate_patch(OWNED_COMPENSATION)
+            made, removed = await self._compensate_owned(inp, created, every)
             failure = saga.failure(
                 f"onboarding {inp.tenant} on {inp.cluster}", err, made, removed, type="OnboardingFailed"
             )
@@ -356,17 +345,3 @@ class OnboardTenant:
         if what not in self._ib_created:  # IsolateTenant failed after allocating it
             self._ib_created.append(what)
         return [what]
-
-    async def _compensate(self, inp: OnboardTenantInput, created: list[ObjectRef]) -> list[str]:
-        """The compensation of runs that began before OWNED_COMPENSATION: the kept list only."""
-        removed = await self._release_ib_step(inp)  # the last step: undone first
-        if not created:
-            return removed
-        order = list(reversed(created))
-        await self._calls.execute(
-            ClusterApiActivities.delete_objects,
-            DeleteRequest(cluster=inp.cluster, objects=order),
-            **LONG_CALL,
-            endpoint=kubernetes_api(inp.cluster),
-        )
-        return removed + [str(r) for r in order]

@@ -16,13 +16,13 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import Endpoints, kubernetes_api
-from workflows.tenancy.capacity import check_gpu_capacity, check_queue_tree, read_capacity
+from workflows.tenancy.capacity import check_queue_tree, read_capacity
 from workflows.tenancy.models import UpdateTenantQuotaInput
 from workflows.tenancy.objects import set_gpu_cap
 from workflows.tenancy.plan import EXACT
 
-# The capacity check counts the queue tree's guarantees (an unlimited one as every GPU), after reading the
-# tenant's queue (its parent); before it, tenant queues only, -1 as 0, and the check came first.
+# The capacity check counts the queue tree's guarantees (an unlimited one as every GPU), after reading the tenant's
+# queue (its parent): a retired patch (docs/patch-policy.md), recorded deprecated.
 QUEUE_TREE_CAPACITY = "quota-checks-queue-tree"
 
 
@@ -49,10 +49,7 @@ class UpdateTenantQuota:
         acts = ClusterApiActivities
         owner = workflow.info().workflow_id
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.TENANT.value_set(inp.tenant)])
-        tree = workflow.patched(QUEUE_TREE_CAPACITY)
-        if not tree:  # runs that began before the queue tree was counted: the check came first
-            self._phases.enter("checking", "GPU capacity")
-            await check_gpu_capacity(self._calls, inp.cluster, inp.tenant, inp.gpu.quota, inp.allow_oversubscription)
+        workflow.deprecate_patch(QUEUE_TREE_CAPACITY)
         objs = await self._calls.execute(
             acts.read_tenant_quota_objects,
             ListRequest(
@@ -70,11 +67,10 @@ class UpdateTenantQuota:
                 type="TenantNotFound",
                 non_retryable=True,
             )
-        if tree:
-            self._phases.enter("checking", "GPU capacity: the queue tree's guarantees")
-            cap = await read_capacity(self._calls, inp.cluster)
-            parent = queue["spec"].get("parentQueue") or ""
-            check_queue_tree(cap, inp.cluster, inp.tenant, parent, inp.gpu.quota, inp.allow_oversubscription)
+        self._phases.enter("checking", "GPU capacity: the queue tree's guarantees")
+        cap = await read_capacity(self._calls, inp.cluster)
+        parent = queue["spec"].get("parentQueue") or ""
+        check_queue_tree(cap, inp.cluster, inp.tenant, parent, inp.gpu.quota, inp.allow_oversubscription)
         desired = []
         for o in objs:
             if o["kind"] == "Queue":
