@@ -49,6 +49,7 @@ SANDBOX_PASSTHROUGH = (
     "workflows.fabric.calls",
     "workflows.fabric.models",
     "workflows.firmware.bundle",
+    "workflows.firmware.waves",
     "workflows.maintenance.drain",
     "workflows.remediation.models",
     "workflows.remediation.policy",

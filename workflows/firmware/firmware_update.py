@@ -73,10 +73,9 @@ def _positive(value: timedelta) -> timedelta:
     return value
 
 
-class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
-    """Install a firmware bundle on one server."""
+class FirmwareSettings(StrictModel):
+    """What to install and how: one server's update, and every server's of a fleet (workflows/firmware/fleet.py)."""
 
-    server: FirmwareTarget
     bundle: FirmwareBundle
     allow_downgrade: bool = Field(False, description="Install a component older than the one installed.")
     record_in_netbox: bool = Field(False, description="Look the device up in NetBox (its BMC, unless given) and "
@@ -89,6 +88,16 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
                                     "again after the reset.")  # fmt: skip
 
     _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
+
+    def settings(self) -> dict[str, object]:
+        """These fields' values, for a server's own input."""
+        return {name: getattr(self, name) for name in FirmwareSettings.model_fields}
+
+
+class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
+    """Install a firmware bundle on one server."""
+
+    server: FirmwareTarget
 
     @model_validator(mode="after")
     def _bmc_known(self) -> FirmwareUpdateInput:
