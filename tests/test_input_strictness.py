@@ -259,6 +259,8 @@ TYPOS: dict[str, Typo] = {
     "TenantUsage": Typo({"cluster": "lab", "period": "PT1H"}, (), "perod"),
     "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
                            ("bundle", "components", 0), "imageuri"),
+    "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
+                                ("waves",), "batch_size"),
 }  # fmt: skip
 
 
@@ -360,6 +362,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "NodeMaintenance": TYPOS["NodeMaintenance"].valid,
     "Rollout": TYPOS["Rollout"].valid,
     "FleetBurnIn": TYPOS["FleetBurnIn"].valid,
+    "FleetFirmwareUpdate": TYPOS["FleetFirmwareUpdate"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},

@@ -6,17 +6,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
 from temporalio.client import WorkflowHandle
 
 from lab.fleet import Fleet
+from starter.controls import Refused, firmware_control, firmware_status
 from tests.burnin.test_burnin_node import follow
 from tests.firmware.test_firmware_update import BIOS_IMAGE, BUNDLE, IMAGES, updates_posted
 from tests.kube_helpers import wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import max_unavailable, nodes_down_with_workload
-from workflows.firmware.fleet import FleetFirmwareInput, FleetFirmwareStatus, FleetFirmwareUpdate
+from workflows.firmware.fleet import FleetFirmwareInput, FleetFirmwareStatus, FleetFirmwareUpdate, ServerFirmware
 from workflows.firmware.waves import FirmwareWaves, WaveBook
-from workflows.rollout.models import ReasonRequest
 
 DRAIN = {"delete_emptydir_data": True, "eviction_retry_interval": 0.5}
 BIOS_ONLY = {"name": "bios-1.9.0", "components": [{"name": "BIOS", "image_uri": BIOS_IMAGE, "version": "1.9.0"}]}
@@ -55,6 +56,11 @@ def most_at_once(windows: dict[str, tuple[float, float]]) -> int:
         at_once += step
         most = max(most, at_once)
     return most
+
+
+async def _running_with_a_task(client, name: str) -> ServerFirmware | None:
+    status = await firmware_status(client, name)
+    return next((s for s in status.servers if s.state == "running" and any(c.task_state for c in s.components)), None)
 
 
 async def status_where(handle, predicate, what: str) -> FleetFirmwareStatus:
@@ -135,7 +141,8 @@ async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_
     await bmc_admin.set_images(IMAGES)
     await bmc_admin.set_update_faults(servers[1], {"BIOS": "flash write failed at block 42"})
     waves = {"canary": 1, "batch_sizes": [1], "failure_threshold": 1}
-    handle = await start(client, burnin_worker, fleet_input(burnin_bmcs, servers, set(), BIOS_ONLY, waves=waves))
+    inp = fleet_input(burnin_bmcs, servers, set(), BIOS_ONLY, waves=waves)
+    handle = await start(client, burnin_worker, inp)
 
     stopped = await status_where(handle, lambda s: s.paused is not None and not any(
         x.state == "running" for x in s.servers), "the fleet stopped at its threshold")  # fmt: skip
@@ -145,14 +152,24 @@ async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_
     assert progress.phase == "paused" and "stopped: 1 server(s) failed (threshold 1)" in progress.details
     assert "flash write failed at block 42" in progress.details
 
-    await handle.execute_update(FleetFirmwareUpdate.resume, ReasonRequest(reason="bad flash part on one server"))
-    await handle.execute_update(FleetFirmwareUpdate.pause, ReasonRequest(reason="change freeze"))
+    name = inp.name  # the operator's controls, as the CLI sends them (starter/controls.py)
+    await firmware_control(client, "resume", name, by="sre", reason="bad flash part on one server")
+    await firmware_control(client, "pause", name, by="sre", reason="change freeze")
+    running = await wait_for(lambda: _running_with_a_task(client, name), what="a running server's task state")
+    assert running.server == servers[2] and [c.name for c in running.components] == ["BIOS"], running
     paused = await status_where(handle, lambda s: s.servers[2].state == "updated", "the running server finished")
     await asyncio.sleep(1)  # a paused fleet starts nothing
     assert (await handle.query(FleetFirmwareUpdate.status)).servers[3].state == "pending", paused
-    await handle.execute_update(FleetFirmwareUpdate.abort, ReasonRequest(reason="postponed"))
+    with pytest.raises(Refused, match="already paused"):
+        await firmware_control(client, "pause", name, by="sre", reason="twice")
+    await firmware_control(client, "abort", name, by="sre", reason="postponed")
     result = await handle.result()
-    assert result.aborted == "postponed" and result.counts == {"updated": 2, "failed": 1, "skipped": 1}
-    assert result.servers[3].reason == "fleet aborted: postponed" and await updates_posted(bmc_admin, servers[3]) == []
+    await record_history(handle, "fleet_firmware_update_stop_abort")
+    assert result.aborted == "postponed (by sre)" and result.counts == {"updated": 2, "failed": 1, "skipped": 1}
+    assert (
+        result.servers[3].reason == "fleet aborted: postponed (by sre)"
+        and await updates_posted(bmc_admin, servers[3]) == []
+    )
     status = await handle.query(FleetFirmwareUpdate.status)
-    assert status.decisions == ["resume: bad flash part on one server", "pause: change freeze", "abort: postponed"]
+    assert status.decisions == ["resume: bad flash part on one server (by sre)", "pause: change freeze (by sre)",
+                                "abort: postponed (by sre)"]  # fmt: skip
