@@ -4,11 +4,13 @@ cluster's disruption budget, the failure threshold, pause/resume/abort, and serv
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
 from temporalio.client import WorkflowHandle
 
+from activities.node_health import QUARANTINE_ANNOTATION
 from lab.fleet import Fleet
 from starter.controls import Refused, firmware_control, firmware_status
 from tests.burnin.test_burnin_node import follow
@@ -173,3 +175,31 @@ async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_
     status = await handle.query(FleetFirmwareUpdate.status)
     assert status.decisions == ["resume: bad flash part on one server (by sre)", "pause: change freeze (by sre)",
                                 "abort: postponed (by sre)"]  # fmt: skip
+
+
+async def test_a_server_failing_validation_after_its_firmware_stays_out_of_service_and_counts_failed(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    good, bad = burnin_bmcs.names[6:8]
+    await k8s.seed(Fleet.model_validate({"cluster": "lab", "nodes": [{"name": n, "gpus": 8} for n in (good, bad)],
+                                         "workloads": []}).to_objects())  # fmt: skip
+    await bmc_admin.set_gpu_faults(bad, {"missing_gpus": 1})  # a GPU off the bus once it boots
+    for name in (good, bad):
+        await follow(power_link, bmc_admin, name)
+    await bmc_admin.set_images(IMAGES)
+    waves = {"canary": 1, "batch_sizes": [1]}
+    inp = fleet_input(burnin_bmcs, [good, bad], {good, bad}, BIOS_ONLY, waves=waves, validation={"expected_gpus": 8})
+    handle = await start(client, burnin_worker, inp)
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update_validation_failed")
+
+    by_name = {s.server: s for s in result.servers}
+    assert (by_name[good].state, by_name[bad].state) == ("updated", "failed"), result
+    assert by_name[bad].reason.startswith("validation failed: ") and "count" in by_name[bad].reason, by_name[bad]
+    assert (await bmc_admin.server(bad))["firmware"]["BIOS"] == "1.9.0"  # installed; the node is what failed
+    status = await handle.query(FleetFirmwareUpdate.status)
+    assert status.paused is not None and "1 server(s) failed (threshold 1)" in status.paused
+    node = await core.read_node(bad)
+    quarantine = json.loads(node.metadata.annotations[QUARANTINE_ANNOTATION])
+    assert node.spec.unschedulable and "validation failed after firmware bios-1.9.0" in quarantine["reason"]
+    assert not (await core.read_node(good)).spec.unschedulable  # validated, then back in service

@@ -153,7 +153,7 @@ class NodeService:
             s.note = f"node {s.node} left cordoned and quarantined: {reason}"
         elif boot_id is not None or not rebooted:
             if boot_id is not None:
-                await self._wait_rebooted(boot_id, boot_timeout)
+                await self.wait_rebooted(boot_id, boot_timeout)
             self._enter("uncordoning", s.node)
             done = await workflow.execute_activity_method(KubeActivities.uncordon_node, self._cordon, **API_CALL,
                                                           summary=f"uncordon {s.node}")  # fmt: skip
@@ -169,7 +169,8 @@ class NodeService:
             )
             s.lease = None
 
-    async def _wait_rebooted(self, boot_id: str, boot_timeout: timedelta) -> None:
+    async def wait_rebooted(self, boot_id: str, boot_timeout: timedelta) -> None:
+        """Until the node is Ready with a boot ID other than `boot_id` (back from the reset)."""
         s = self.status
         self._enter("waiting-for-node", f"{s.node} Ready with a new boot ID")
         await workflow.execute_activity_method(

@@ -44,13 +44,22 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
+from workflows.validation.gate import validate_node
+from workflows.validation.models import ValidationResult, ValidationSettings
+
+# workflow.patched() id of the validation gate before the uncordon (read only when the input asks for validation).
+VALIDATION_PATCH = "firmware-update-validation"
+# A result as NetBox records it: firmware installed on a node that failed validation is a failed update there.
+RECORDED: dict[str, Literal["updated", "up-to-date", "failed"]] = {
+    "updated": "updated", "up-to-date": "up-to-date", "validation-failed": "failed",
+}  # fmt: skip
 
 Phase = Literal[
     "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
-    "uncordoning", "quarantining",
-    "completed", "failed",
+    "uncordoning", "quarantining", "validating",
+    "completed", "failed", "validation-failed",
 ]  # fmt: skip
 
 
@@ -87,7 +96,18 @@ class FirmwareSettings(StrictModel):
     boot_timeout: timedelta = Field(timedelta(minutes=15), description="How long the node may take to be Ready "
                                     "again after the reset.")  # fmt: skip
 
+    validation: ValidationSettings | None = Field(
+        None, description="Checks a node taken out of service must pass before it returns to service "
+        "(docs/validation.md); one that fails stays cordoned and quarantined with the reason.",
+    )  # fmt: skip
+
     _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
+
+    def validation_refused(self, node: KubernetesNode | None, where: str) -> str | None:
+        """Why `validation` cannot apply to a server that is `node` (the input's field `where`), or None."""
+        if self.validation is None or not self.validation.enabled or (node is not None and node.take_out_of_service):
+            return None
+        return f"validation gates a node's return to service: {where} needs take_out_of_service (or no validation)"
 
     def settings(self) -> dict[str, object]:
         """These fields' values, for a server's own input."""
@@ -103,6 +123,8 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
     def _bmc_known(self) -> FirmwareUpdateInput:
         if self.server.bmc is None and not self.record_in_netbox:
             raise ValueError("server.bmc is required when record_in_netbox is false")
+        if refused := self.validation_refused(self.server.kubernetes, "server.kubernetes"):
+            raise ValueError(refused)
         return self
 
     def workflow_id(self) -> str:
@@ -115,10 +137,11 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
 class FirmwareUpdateResult(StrictModel):
     server: str
     bundle: str
-    result: Literal["updated", "up-to-date"]
+    result: Literal["updated", "up-to-date", "validation-failed"]
     components: list[ComponentStatus]
     versions: dict[str, str] = Field(default_factory=dict, description="The inventory read back at the end.")
     notes: list[str] = Field(default_factory=list)
+    validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when asked for.")
 
 
 @workflow.defn
@@ -126,7 +149,7 @@ class FirmwareUpdate:
     @workflow.init
     def __init__(self, inp: FirmwareUpdateInput) -> None:
         self._inp = inp
-        self._phases = Phases(finished=("completed", "failed"))
+        self._phases = Phases(finished=("completed", "failed", "validation-failed"))
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
         self._components: list[ComponentStatus] = []
 
@@ -153,10 +176,12 @@ class FirmwareUpdate:
                 await self._record(inp, "failed", {}, str(err.cause if isinstance(err, ActivityError) else err))
             raise
         if inp.record_in_netbox:
+            details = self._phases.progress.details
             self._enter("recording", result.result)
             summary = "\n".join(f"- {c.name}: {c.state} {c.version}" for c in result.components)
-            await self._record(inp, result.result, result.versions, summary + "".join(f"\n- {n}" for n in result.notes))
-            self._enter("completed", self._phases.progress.details)
+            await self._record(inp, RECORDED[result.result], result.versions,
+                               summary + "".join(f"\n- {n}" for n in result.notes))  # fmt: skip
+            self._enter("validation-failed" if result.result == "validation-failed" else "completed", details)
         return result
 
     async def _record(self, inp: FirmwareUpdateInput, outcome: Literal["updated", "up-to-date", "failed"],
@@ -214,12 +239,38 @@ class FirmwareUpdate:
                 await node.back_in(False, reason, None, inp.boot_timeout)
             raise ApplicationError(f"{target.name}: {cause}", type=getattr(cause, "type", None) or "FirmwareUpdateFailed",
                                    non_retryable=True) from err  # fmt: skip
+        result.result = "updated"
         if node is not None:
+            if self._validates(inp, node):
+                if reset and boot_id is not None:
+                    await node.wait_rebooted(boot_id, inp.boot_timeout)
+                reset = False  # back from the reset already: the uncordon waits no more
+                if not await self._validated(inp, node, result):
+                    return result
             await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
             result.notes += [node.status.note] if node.status.note else []
-        result.result = "updated"
         self._enter("completed", ", ".join(f"{c.name} {c.version}" for c in todo))
         return result
+
+    def _validates(self, inp: FirmwareUpdateInput, node: NodeService) -> bool:
+        return (inp.validation is not None and inp.validation.enabled and node.status.cordoned_by_us
+                and workflow.patched(VALIDATION_PATCH))  # fmt: skip
+
+    async def _validated(self, inp: FirmwareUpdateInput, node: NodeService, result: FirmwareUpdateResult) -> bool:
+        """The validation gate on the node, back from its reset; a node that fails stays cordoned and quarantined
+        with the reason (result `validation-failed`)."""
+        assert inp.validation is not None
+        self._enter("validating", node.status.node)
+        verdict = await validate_node(node.ref.cluster, node.status.node, inp.validation,
+                                      by=workflow.info().workflow_id)  # fmt: skip
+        result.validation = verdict
+        if verdict.passed:
+            return True
+        reason = f"validation failed after firmware {inp.bundle.name}: {verdict.reason}"
+        await node.back_in(False, reason, None, inp.boot_timeout)
+        result.result, result.notes = "validation-failed", [*result.notes, node.status.note]
+        self._enter("validation-failed", reason)
+        return False
 
     async def _inventory(self, bmc: BmcRef, summary: str) -> FirmwareVersions:
         return await self._calls.execute(FirmwareActivities.firmware_inventory, bmc, **BMC_CALL,

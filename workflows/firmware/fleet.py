@@ -91,6 +91,10 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         for i, s in enumerate(self.servers):
             if s.bmc is None and not self.record_in_netbox:
                 raise ValueError(f"servers[{i}].bmc is required when record_in_netbox is false")
+            if refused := self.validation_refused(s.kubernetes, f"servers[{i}].kubernetes"):
+                raise ValueError(refused)
+        if self.netbox_query is not None and (refused := self.validation_refused(self.kubernetes, "kubernetes")):
+            raise ValueError(refused)
         dupes = sorted(n for n, c in Counter(s.name for s in self.servers).items() if c > 1)
         if dupes:
             raise ValueError(f"servers listed twice: {', '.join(dupes)}")
@@ -280,8 +284,12 @@ class FleetFirmwareUpdate:
                 static_summary=f"firmware {inp.bundle.name} on {target.name} (wave {wave})",
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             )  # fmt: skip
-            record.state, record.components = result.result, result.components
-            changed = result.result == "updated"
+            record.components = result.components
+            if result.result == "validation-failed":  # installed, but the node is not fit: left out of service
+                record.state, failed = "failed", True
+                record.reason = f"validation failed: {result.validation.reason if result.validation else ''}"
+            else:
+                record.state, changed = result.result, result.result == "updated"
         except WorkflowAlreadyStartedError:
             record.state, record.reason = "skipped", "a firmware update of this server is already running"
         except ChildWorkflowError as err:
