@@ -73,6 +73,7 @@ class KubeActivities(RolloutNodeActivities):
         return [
             self.inspect_node,
             self.cordon_node,
+            self.hand_over_cordon,
             self.uncordon_node,
             self.list_unfinished_pods,
             self.plan_drain,

@@ -177,7 +177,7 @@ async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_
                                 "abort: postponed (by sre)"]  # fmt: skip
 
 
-async def test_a_server_failing_validation_after_its_firmware_stays_out_of_service_and_counts_failed(
+async def test_a_server_failing_validation_after_its_firmware_goes_to_remediation_and_counts_failed(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
     good, bad = burnin_bmcs.names[6:8]
@@ -188,18 +188,30 @@ async def test_a_server_failing_validation_after_its_firmware_stays_out_of_servi
         await follow(power_link, bmc_admin, name)
     await bmc_admin.set_images(IMAGES)
     waves = {"canary": 1, "batch_sizes": [1]}
-    inp = fleet_input(burnin_bmcs, [good, bad], {good, bad}, BIOS_ONLY, waves=waves, validation={"expected_gpus": 8})
+    remediation = {"steps": ["restart-gpu-services"], "settle_timeout": 5, "burn_in_seconds": 1}
+    inp = fleet_input(burnin_bmcs, [good, bad], {good, bad}, BIOS_ONLY, waves=waves, validation={"expected_gpus": 8},
+                      remediation=remediation)  # fmt: skip
     handle = await start(client, burnin_worker, inp)
     result = await handle.result()
     await record_history(handle, "fleet_firmware_update_validation_failed")
+    await record_history(client.get_workflow_handle(f"firmware-update/{bad}"), "firmware_update_validation_remediation")
 
     by_name = {s.server: s for s in result.servers}
     assert (by_name[good].state, by_name[bad].state) == ("updated", "failed"), result
     assert by_name[bad].reason.startswith("validation failed: ") and "count" in by_name[bad].reason, by_name[bad]
+    assert by_name[bad].reason.endswith(f"; handed to remediation/lab/{bad}")
+    # Remediation took the node on, still cordoned: its ladder could not bring the GPU back, so it quarantined it.
+    remedied = await client.get_workflow_handle(f"remediation/lab/{bad}").result()
+    assert (remedied["outcome"], [s["outcome"] for s in remedied["steps"]]) == ("quarantined", ["not-fixed"]), remedied
+    assert remedied["reason"].startswith("validation failed after firmware bios-1.9.0")
     assert (await bmc_admin.server(bad))["firmware"]["BIOS"] == "1.9.0"  # installed; the node is what failed
     status = await handle.query(FleetFirmwareUpdate.status)
     assert status.paused is not None and "1 server(s) failed (threshold 1)" in status.paused
     node = await core.read_node(bad)
     quarantine = json.loads(node.metadata.annotations[QUARANTINE_ANNOTATION])
-    assert node.spec.unschedulable and "validation failed after firmware bios-1.9.0" in quarantine["reason"]
+    assert (
+        node.spec.unschedulable and node.metadata.annotations["millwright.dev/cordoned-by"] == f"remediation/lab/{bad}"
+    )
+    assert quarantine["by"] == f"remediation/lab/{bad}" and "remediation exhausted" in quarantine["reason"]
+    assert "requested by firmware-update/" in remedied["note"]
     assert not (await core.read_node(good)).spec.unschedulable  # validated, then back in service

@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import SearchAttributePair, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 from activities.firmware.activities import FirmwareActivities
 from activities.firmware.models import (
@@ -44,6 +44,8 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
+from workflows.remediation.models import NodeRemediationInput, RemediationSettings
+from workflows.remediation.policy import remediation_workflow_id
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
 
@@ -58,7 +60,7 @@ Phase = Literal[
     "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
-    "uncordoning", "quarantining", "validating",
+    "uncordoning", "quarantining", "validating", "handing-to-remediation",
     "completed", "failed", "validation-failed",
 ]  # fmt: skip
 
@@ -99,6 +101,11 @@ class FirmwareSettings(StrictModel):
     validation: ValidationSettings | None = Field(
         None, description="Checks a node taken out of service must pass before it returns to service "
         "(docs/validation.md); one that fails stays cordoned and quarantined with the reason.",
+    )  # fmt: skip
+
+    remediation: RemediationSettings | None = Field(
+        None, description="Hand a node that fails validation to NodeRemediation with these settings (its ladder "
+        "of fixes; its validation, unless set, this one) instead of quarantining it.",
     )  # fmt: skip
 
     _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
@@ -142,6 +149,7 @@ class FirmwareUpdateResult(StrictModel):
     versions: dict[str, str] = Field(default_factory=dict, description="The inventory read back at the end.")
     notes: list[str] = Field(default_factory=list)
     validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when asked for.")
+    remediation: str | None = Field(None, description="The NodeRemediation a node failing validation went to.")
 
 
 @workflow.defn
@@ -245,7 +253,7 @@ class FirmwareUpdate:
                 if reset and boot_id is not None:
                     await node.wait_rebooted(boot_id, inp.boot_timeout)
                 reset = False  # back from the reset already: the uncordon waits no more
-                if not await self._validated(inp, node, result):
+                if not await self._validated(inp, node, bmc, result):
                     return result
             await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
             result.notes += [node.status.note] if node.status.note else []
@@ -256,9 +264,10 @@ class FirmwareUpdate:
         return (inp.validation is not None and inp.validation.enabled and node.status.cordoned_by_us
                 and workflow.patched(VALIDATION_PATCH))  # fmt: skip
 
-    async def _validated(self, inp: FirmwareUpdateInput, node: NodeService, result: FirmwareUpdateResult) -> bool:
-        """The validation gate on the node, back from its reset; a node that fails stays cordoned and quarantined
-        with the reason (result `validation-failed`)."""
+    async def _validated(self, inp: FirmwareUpdateInput, node: NodeService, bmc: BmcRef,
+                         result: FirmwareUpdateResult) -> bool:  # fmt: skip
+        """The validation gate on the node, back from its reset. A node that fails (result `validation-failed`) is
+        handed, still cordoned, to remediation when the input asks, else stays cordoned and quarantined."""
         assert inp.validation is not None
         self._enter("validating", node.status.node)
         verdict = await validate_node(node.ref.cluster, node.status.node, inp.validation,
@@ -267,10 +276,34 @@ class FirmwareUpdate:
         if verdict.passed:
             return True
         reason = f"validation failed after firmware {inp.bundle.name}: {verdict.reason}"
-        await node.back_in(False, reason, None, inp.boot_timeout)
+        if inp.remediation is not None and await self._remediate(inp, node, bmc, reason):
+            result.remediation = remediation_workflow_id(node.ref.cluster, node.status.node)
+        else:
+            await node.back_in(False, reason, None, inp.boot_timeout)
         result.result, result.notes = "validation-failed", [*result.notes, node.status.note]
         self._enter("validation-failed", reason)
         return False
+
+    async def _remediate(self, inp: FirmwareUpdateInput, node: NodeService, bmc: BmcRef, reason: str) -> bool:
+        """Pass the node's cordon to its NodeRemediation and start that run (it outlives this one); False when the
+        cordon was not ours to pass."""
+        assert inp.remediation is not None
+        cluster, name = node.ref.cluster, node.status.node
+        to = remediation_workflow_id(cluster, name)
+        self._enter("handing-to-remediation", to)
+        if not await node.hand_over(to, reason):
+            return False
+        settings = inp.remediation.model_copy(update={"validation": inp.remediation.validation or inp.validation})
+        child = NodeRemediationInput(cluster=cluster, node=name, reason=reason[:1024], bmc=bmc,
+                                     requested_by=workflow.info().workflow_id, **dict(settings))  # fmt: skip
+        try:
+            await workflow.start_child_workflow(
+                "NodeRemediation", child, id=to, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON, static_summary=f"remediate {name}: {reason}",
+            )  # fmt: skip
+        except WorkflowAlreadyStartedError:
+            node.status.note += f" ({to} was already running)"
+        return True
 
     async def _inventory(self, bmc: BmcRef, summary: str) -> FirmwareVersions:
         return await self._calls.execute(FirmwareActivities.firmware_inventory, bmc, **BMC_CALL,

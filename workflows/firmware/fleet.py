@@ -287,7 +287,9 @@ class FleetFirmwareUpdate:
             record.components = result.components
             if result.result == "validation-failed":  # installed, but the node is not fit: left out of service
                 record.state, failed = "failed", True
-                record.reason = f"validation failed: {result.validation.reason if result.validation else ''}"
+                record.reason = f"validation failed: {result.validation.reason if result.validation else ''}" + (
+                    f"; handed to {result.remediation}" if result.remediation else ""
+                )
             else:
                 record.state, changed = result.result, result.result == "updated"
         except WorkflowAlreadyStartedError:
