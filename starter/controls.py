@@ -274,7 +274,7 @@ CONTROLS = {
 
 
 def rollout_id(cluster: str, name: str) -> str:
-    """A rollout's workflow ID (workflows/rollout/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
+    """A rollout's workflow ID (workflows/rollout/spec/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
     return name if name.startswith("rollout/") else f"rollout/{cluster}/{name}"
 
 

@@ -63,6 +63,10 @@ def firmware_server() -> dict[str, Any]:
 FREE_OBJECTS = {
     "CleanStep.properties.args": "an Ironic clean step's own arguments, passed as given; Ironic refuses the ones "
                                  "the step does not declare (its argsinfo)",
+    "NodeWork.properties.input": "a fleet batch's per-node child input, passed on as given; the child's own model "
+                                 "refuses unknown fields when it starts",
+    "properties.outputs": "RolloutBatch's per-node children's results carried across continue-as-new, as the "
+                          "children returned them",
 }  # fmt: skip
 _DATA_KEYWORDS = {"default", "examples", "const", "enum", "title", "description", "pattern", "format"}
 _SCHEMA_MAPS = {"properties", "$defs", "patternProperties", "dependentSchemas"}
