@@ -39,8 +39,8 @@ from workflows.common.errors import error_text
 from workflows.firmware.bundle import ComponentStatus
 from workflows.firmware.firmware_update import FirmwareSettings, FirmwareTarget, FirmwareUpdate, FirmwareUpdateInput
 from workflows.firmware.waves import FirmwareWaves, WaveBook
+from workflows.rollout.batching import next_window_open, window_open
 from workflows.rollout.models import ReasonRequest
-from workflows.rollout.policy import next_window_open, window_open
 
 MAX_SERVERS = 2000
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from activities.models import StrictModel
-from workflows.rollout.admission import MaintenanceWindow
+from workflows.rollout.spec.admission import MaintenanceWindow
 
 
 class FirmwareWaves(StrictModel):
