@@ -317,13 +317,13 @@ class FirmwareUpdate:
             FirmwareActivities.start_firmware_update,
             UpdateStart(bmc=bmc, targets=comp.inventory_ids, image_uri=comp.image_uri, version=comp.version,
                         transfer_protocol=comp.transfer_protocol, apply_time=comp.apply_time,
-                        allow_downgrade=inp.allow_downgrade),
+                        allow_downgrade=inp.allow_downgrade, push=comp.push),
             **BMC_CALL, endpoint=bmc_endpoint(bmc), summary=f"start {comp.name} {comp.version}",
         )  # fmt: skip
         if started.outcome == "at-target" or started.task is None:
             status.state = "active"
             return
-        status.task, status.task_state = started.task, "Running"
+        status.task, status.task_state, status.pushed = started.task, "Running", started.pushed
         self._enter("updating", f"{comp.name} → {comp.version}: task {started.task} Running")
         try:
             outcome: TaskOutcome = await self._calls.execute(
