@@ -71,6 +71,7 @@ EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.js
 BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
 FIRMWARE_TEMPLATE = EXAMPLES / "firmware-update.json"
 FLEET_FIRMWARE_TEMPLATE = EXAMPLES / "fleet-firmware-update.json"
+BMC_EXAMPLES = ("server-burn-in", "firmware-update", "fleet-firmware-update")  # the copies with the BMCs' URLs
 WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
 WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
@@ -762,7 +763,10 @@ class Lab:
                  "(or paste that file in the UI: Start Workflow, type ServerBurnIn)")  # fmt: skip
         if "firmware-update" in examples:
             line("firmware", f"millwright start FirmwareUpdate --input {examples['firmware-update']}{where} --watch")
-        if webhook_copies := [str(p) for n, p in examples.items() if n not in ("server-burn-in", "firmware-update")]:
+        if "fleet-firmware-update" in examples:
+            line("fleet", f"millwright start FleetFirmwareUpdate --input {examples['fleet-firmware-update']}{where} "
+                 "--watch")  # fmt: skip
+        if webhook_copies := [str(p) for n, p in examples.items() if n not in BMC_EXAMPLES]:
             if self.info["webhook"]["url"] != WEBHOOK_IN_EXAMPLES:
                 line("webhook", f"port {WEBHOOK_PORT} was taken: run {', '.join(webhook_copies)} instead of the "
                      "examples/ files of the same name")  # fmt: skip

@@ -42,6 +42,7 @@ from workflows.budget.budget import Budget
 from workflows.budget.disruption_budget import BudgetChange, BudgetView
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
+from workflows.common.base import Progress
 from workflows.firmware.bundle import ComponentStatus
 from workflows.firmware.fleet import FleetFirmwareStatus
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
@@ -427,17 +428,18 @@ async def firmware_control(
 
 
 async def firmware_status(client: Client, name: str) -> FleetFirmwareStatus:
-    """A fleet firmware update's servers, each running one with its components and task states now (its
-    FirmwareUpdate's `components` query: the fleet's own history carries only the finished servers' results)."""
+    """A fleet firmware update's servers, each running one with its components, task states and phase now (its
+    FirmwareUpdate's `components` and `progress` queries: the fleet's history carries only finished results)."""
     status: FleetFirmwareStatus = await client.get_workflow_handle(fleet_firmware_id(name)).query(
         "status", result_type=FleetFirmwareStatus
     )
     for server in status.servers:
         if server.state == "running" and server.workflow_id:
+            child = client.get_workflow_handle(server.workflow_id)
             try:
-                server.components = await client.get_workflow_handle(server.workflow_id).query(
-                    "components", result_type=list[ComponentStatus]
-                )
+                server.components = await child.query("components", result_type=list[ComponentStatus])
+                progress = await child.query("progress", result_type=Progress)
+                server.now = f"{progress.phase}: {progress.details}"
             except (RPCError, WorkflowQueryFailedError) as e:  # no worker answered: say so, show the rest
                 server.reason = f"(components not read: {e})"
     return status

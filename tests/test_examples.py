@@ -109,13 +109,14 @@ NODES, TENANTS = "nodes", "tenants"
 EXAMPLES: dict[str, Example] = {
     "server-burn-in.json": Example(NODES, burned_in, workflow="ServerBurnIn", lab_copy=True),
     "firmware-update.json": Example(NODES, firmware_updated, workflow="FirmwareUpdate", lab_copy=True),
-    "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "node-maintenance.json": Example(NODES, expect(outcome="completed", uncordoned=True), workflow="NodeMaintenance"),
     "node-remediation.json": Example(
         NODES, expect(outcome="healthy", uncordoned=True), workflow="NodeRemediation", lab_copy=True
     ),
     "rollout.yaml": Example(NODES, planned, cli=("rollout", "plan", "{file}")),
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
+    # After the rollout, which waits for gpu-node-02's protected pod to finish: a drain refuses that bare pod.
+    "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
     "schedules.yaml": Example(NODES, applied, cli=("schedules", "apply", "{file}")),
     "tenant-cluster.json": Example(TENANTS, expect(cluster="lab:fleet/gpu-a", machines=3), workflow="CreateCluster"),

@@ -159,6 +159,7 @@ async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_
     await firmware_control(client, "pause", name, by="sre", reason="change freeze")
     running = await wait_for(lambda: _running_with_a_task(client, name), what="a running server's task state")
     assert running.server == servers[2] and [c.name for c in running.components] == ["BIOS"], running
+    assert running.now.startswith(("updating: BIOS", "activating", "verifying")), running.now
     paused = await status_where(handle, lambda s: s.servers[2].state == "updated", "the running server finished")
     await asyncio.sleep(1)  # a paused fleet starts nothing
     assert (await handle.query(FleetFirmwareUpdate.status)).servers[3].state == "pending", paused

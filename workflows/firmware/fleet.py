@@ -57,6 +57,8 @@ class ServerFirmware(StrictModel):
     workflow_id: str | None = Field(None, description="Its FirmwareUpdate run (`components` query while running).")
     reason: str = Field("", description="Why it failed or was skipped.")
     components: list[ComponentStatus] = Field(default_factory=list, description="Its result's components.")
+    now: str = Field("", description="A running server's phase and details, from its run's progress (filled by "
+                     "`millwright firmware status`, not by the fleet).")  # fmt: skip
 
 
 class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
