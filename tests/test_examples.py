@@ -80,6 +80,14 @@ def firmware_updated(result: dict) -> list[str]:
     return wrong
 
 
+def fleet_updated(result: dict) -> list[str]:
+    states = {s["server"]: s["state"] for s in result.get("servers") or []}
+    wrong = expect(aborted=None)(result)
+    if len(states) != 6 or set(states.values()) - {"updated", "up-to-date"}:
+        wrong.append(f"servers {states}: want the 6 GPU nodes updated or already up to date")
+    return wrong
+
+
 def onboarded(result: dict) -> list[str]:
     netbox = [s for s in result.get("steps") or [] if s.get("step") == "netbox"]
     return [] if netbox else [f"steps {[s.get('step') for s in result.get('steps') or []]}: no NetBox record"]
@@ -107,6 +115,8 @@ EXAMPLES: dict[str, Example] = {
     ),
     "rollout.yaml": Example(NODES, planned, cli=("rollout", "plan", "{file}")),
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
+    # After the rollout, which waits for gpu-node-02's protected pod to finish: a drain refuses that bare pod.
+    "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
     "schedules.yaml": Example(NODES, applied, cli=("schedules", "apply", "{file}")),
     # Last of its lane: gpu-node-06 keeps its MIG layout, and the trainer it evicted waits for whole GPUs.

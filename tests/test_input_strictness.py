@@ -268,6 +268,8 @@ TYPOS: dict[str, Typo] = {
     "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
                            ("bundle", "components", 0), "imageuri"),
     "GpuPartitioning": Typo(example("gpu-partitioning.json", nodes=["node-04"]), ("drain",), "gpu_only"),
+    "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
+                                ("waves",), "batch_size"),
 }  # fmt: skip
 
 
@@ -371,6 +373,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "Rollout": TYPOS["Rollout"].valid,
     "GpuPartitioning": TYPOS["GpuPartitioning"].valid,
     "FleetBurnIn": TYPOS["FleetBurnIn"].valid,
+    "FleetFirmwareUpdate": TYPOS["FleetFirmwareUpdate"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "NodeRma": TYPOS["NodeRma"].valid,
     "Fabric": {"fabric": "lab-ib"},

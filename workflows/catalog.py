@@ -15,6 +15,7 @@ from workflows.fabric.fabric import Fabric
 from workflows.fabric.isolation import IsolateTenant
 from workflows.fabric.release import ReleaseTenant
 from workflows.firmware.firmware_update import FirmwareUpdate
+from workflows.firmware.fleet import FleetFirmwareUpdate
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
 from workflows.partitioning.gpu_partitioning import GpuPartitioning
@@ -41,8 +42,9 @@ STARTABLE += [FleetHealthSweep, NodeRemediation]
 STARTABLE += [NodeRma]
 # GPU-hours per tenant from Prometheus (issue #29), daily by a Schedule.
 STARTABLE += [TenantUsage]
-# Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
-STARTABLE += [FirmwareUpdate]
+# Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first; a fleet in
+# waves.
+STARTABLE += [FirmwareUpdate, FleetFirmwareUpdate]
 # MIG layouts across a fleet (issue #26), on the rollout's engine: one NodeMigReconfigure child per node.
 STARTABLE += [GpuPartitioning]
 # Every workflow the worker registers: the startable ones and the children they run.

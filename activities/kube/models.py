@@ -153,6 +153,13 @@ class CordonResult(StrictModel):
     holder: str | None = Field(None, description="Who placed the cordon when it is not ours ('unknown' if unmarked).")
 
 
+class CordonHandOver(CordonRequest):
+    """`owner` passes its cordon to `to` (another run's workflow ID), with `reason`: the node never schedulable
+    between the two."""
+
+    to: str = Field(min_length=1, description="The workflow ID that holds the cordon after.")
+
+
 class UncordonResult(StrictModel):
     uncordoned: bool
     note: str

@@ -38,6 +38,7 @@ maintenance_app = _group("maintenance", "Controls of a running NodeMaintenance."
 remediation_app = _group("remediation", "Controls of a running NodeRemediation (its operator-approved steps).")
 mig_app = _group("mig", "Controls of a running GpuPartitioning (MIG layouts across a fleet), as a rollout's.")
 burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paused for too many failures).")
+firmware_app = _group("firmware", "A running FleetFirmwareUpdate: its servers' state, and pause, resume, abort.")
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
 
 
