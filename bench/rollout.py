@@ -34,7 +34,7 @@ from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from starter.controls import budget_set
 from workflows.rollout.rollout import Rollout
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.spec.spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
 # (stage seconds, reboot seconds) per profile.

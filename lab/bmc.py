@@ -33,6 +33,7 @@ DEFAULT_CONFIG = {
     "session_timeout": 1800.0,
     "update_seconds": 0.5,
     "bmc_restart_seconds": 1.0,
+    "multipart_push": 1.0,  # 0: the UpdateService offers no MultipartHttpPushUri (SimpleUpdate only)
 }
 DEFAULT_FIRMWARE = {
     "BMC": "24.09",

@@ -23,6 +23,12 @@ A task ends ``Exception`` (``TaskStatus`` Critical, the version unchanged) when 
 fault is armed for the component on this server (``PUT /_lab/servers/{name}/update-faults`` ``{component: why}``,
 used once: ``Update.1.0.ApplyFailed``). ``GET`` on the monitor answers 202 (with ``Retry-After``) while the task
 runs, then 200 with the Task.
+
+``POST UpdateService/update-multipart`` (``MultipartHttpPushUri``, offered unless the lab's ``multipart_push`` is 0;
+DSP0266 §12.6.2.2): parts ``UpdateParameters`` (JSON: ``Targets``, ``@Redfish.OperationApplyTime``) and
+``UpdateFile`` (the image, with its ``filename``); 411 without a ``Content-Length``, 412 past
+``MaxImageSizeBytes``. The pushed image is the catalogue's entry whose URI ends in its filename, and its task runs
+as a SimpleUpdate's.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ ROOT = "/redfish/v1"
 US = f"{ROOT}/UpdateService"
 TASKS = f"{ROOT}/TaskService/Tasks"
 SIMPLE_UPDATE = f"{US}/Actions/UpdateService.SimpleUpdate"
+MULTIPART = f"{US}/update-multipart"  # where NVIDIA's bmcweb has it
+MULTIPART_PARTS = MULTIPART.removeprefix(f"{ROOT}/").split("/")
+MAX_IMAGE_BYTES = 64 * 1024 * 1024
 PROTOCOLS = ("HTTP", "HTTPS")
 APPLY_TIMES = ("Immediate", "OnReset")
 APPLIES = ("none", "reset", "ac_power_cycle", "bmc_restart")
@@ -77,6 +86,10 @@ def _now_iso(at: float | None = None) -> str:
 def _message(key: str, message: str, args: list[str], severity: str = "OK", resolution: str = "None.") -> dict:
     return {"MessageId": f"Update.1.0.{key}", "Message": message, "MessageArgs": args, "MessageSeverity": severity,
             "Resolution": resolution}  # fmt: skip
+
+
+def _apply_time_support() -> dict:
+    return {"@odata.type": "#Settings.v1_3_5.OperationApplyTimeSupport", "SupportedValues": list(APPLY_TIMES)}
 
 
 def _action_error(status: int, message_id: str, message: str) -> Exception:
@@ -152,14 +165,20 @@ class Updates:
             "ServiceEnabled": True,
             "Status": {"State": "Enabled", "Health": "OK"},
             "FirmwareInventory": {"@odata.id": f"{US}/FirmwareInventory"},
+            **(
+                {
+                    "MultipartHttpPushUri": MULTIPART,
+                    "MaxImageSizeBytes": MAX_IMAGE_BYTES,
+                    "MultipartHttpPushUri@Redfish.OperationApplyTimeSupport": _apply_time_support(),
+                }
+                if self.bmc.lab.config["multipart_push"]
+                else {}
+            ),
             "Actions": {
                 "#UpdateService.SimpleUpdate": {
                     "target": SIMPLE_UPDATE,
                     "TransferProtocol@Redfish.AllowableValues": list(PROTOCOLS),
-                    "@Redfish.OperationApplyTimeSupport": {
-                        "@odata.type": "#Settings.v1_3_5.OperationApplyTimeSupport",
-                        "SupportedValues": list(APPLY_TIMES),
-                    },
+                    "@Redfish.OperationApplyTimeSupport": _apply_time_support(),
                 }
             },
         }
@@ -191,7 +210,7 @@ class Updates:
             "Messages": list(t["messages"]),
             "Payload": {
                 "HttpOperation": "POST",
-                "TargetUri": SIMPLE_UPDATE,
+                "TargetUri": t["target_uri"],
                 "JsonBody": json.dumps(t["body"]),
                 "HttpHeaders": [],
             },  # fmt: skip
@@ -221,28 +240,65 @@ class Updates:
             raise _action_error(400, "ActionParameterValueNotInList", f"The value '{protocol}' for the parameter "
                                 "TransferProtocol in the action UpdateService.SimpleUpdate is not in the list of "
                                 "acceptable values.")  # fmt: skip
+        components = self._parameters(body, "the action UpdateService.SimpleUpdate")
+        return self._start(uri, components, self.bmc.lab.images.get(uri), body, SIMPLE_UPDATE)
+
+    def _parameters(self, body: dict, where: str) -> list[str]:
+        """The components `body`'s Targets name, its apply time checked."""
         apply_time = body.get("@Redfish.OperationApplyTime", "Immediate")
         if apply_time not in APPLY_TIMES:
             raise _action_error(400, "ActionParameterValueNotInList", f"The value '{apply_time}' for the parameter "
-                                "@Redfish.OperationApplyTime in the action UpdateService.SimpleUpdate is not in the "
-                                "list of acceptable values.")  # fmt: skip
+                                f"@Redfish.OperationApplyTime in {where} is not in the list of acceptable "
+                                "values.")  # fmt: skip
         targets = body.get("Targets")
         if not isinstance(targets, list) or not targets:
-            raise _action_error(400, "ActionParameterMissing", "The action UpdateService.SimpleUpdate requires the "
+            raise _action_error(400, "ActionParameterMissing", f"{where[0].upper()}{where[1:]} requires the "
                                 "parameter Targets to be present in the request body.")  # fmt: skip
         components = []
         for target in targets:
             k = str(target).rstrip("/").rsplit("/", 1)[-1]
             if str(target).rstrip("/") != f"{US}/FirmwareInventory/{k}" or k not in self.bmc.firmware:
                 raise _action_error(400, "ActionParameterValueNotInList", f"The value '{target}' for the parameter "
-                                    "Targets in the action UpdateService.SimpleUpdate is not in the list of "
-                                    "acceptable values.")  # fmt: skip
+                                    f"Targets in {where} is not in the list of acceptable values.")  # fmt: skip
             components.append(k)
-        image = self.bmc.lab.images.get(uri)
+        return components
+
+    async def multipart_push(self, request: web.Request, entry: dict) -> web.Response:
+        """``MultipartHttpPushUri``: the image in the request, its parameters beside it."""
+        if not self.bmc.lab.config["multipart_push"]:
+            raise RedfishError(404, "ResourceNotFound", f"The requested resource of type URI named '{MULTIPART}' "
+                               "was not found.")  # fmt: skip
+        if request.content_length is None:
+            raise RedfishError(411, "LengthRequired", "The request requires a Content-Length header.")
+        if request.content_length > MAX_IMAGE_BYTES:
+            raise RedfishError(412, "PreconditionFailed", f"The image is larger than MaxImageSizeBytes "
+                               f"({MAX_IMAGE_BYTES}).")  # fmt: skip
+        where = "the multipart HTTP push"
+        params: Any = None
+        filename, size = None, 0
+        try:
+            reader = await request.multipart()
+            async for part in reader:
+                if part.name == "UpdateParameters":
+                    params = json.loads(await part.text())
+                elif part.name == "UpdateFile":
+                    filename, size = part.filename, len(await part.read())
+        except (ValueError, AssertionError):
+            raise _action_error(400, "MalformedJSON", f"The body of {where} is not multipart/form-data with JSON "
+                                "UpdateParameters.") from None  # fmt: skip
+        if not isinstance(params, dict) or not filename or not size:
+            raise _action_error(400, "ActionParameterMissing", f"The {where} requires the parts UpdateParameters "
+                                "and UpdateFile (with a filename).")  # fmt: skip
+        entry["body"] = {"UpdateParameters": params, "UpdateFile": {"filename": filename, "bytes": size}}
+        components = self._parameters(params, where)
+        image = next((v for u, v in self.bmc.lab.images.items() if u.rsplit("/", 1)[-1] == filename), None)
+        return self._start(filename, components, image, entry["body"], MULTIPART)
+
+    def _start(self, uri: str, components: list[str], image: dict | None, body: dict, target_uri: str) -> web.Response:
         self.seq += 1
         task = {"id": str(self.seq), "state": "Running", "start": time.time(), "end": None, "percent": 0,
                 "seconds": float((image or {}).get("seconds") or self.bmc.lab.config["update_seconds"]),
-                "body": body, "uri": uri, "components": components, "image": image,
+                "body": body, "uri": uri, "components": components, "image": image, "target_uri": target_uri,
                 "messages": [_message("TransferringToComponent", f"Image '{uri}' is being transferred to "
                                       f"'{', '.join(components)}'.", [uri, ", ".join(components)])]}  # fmt: skip
         self.tasks[task["id"]] = task

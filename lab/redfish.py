@@ -52,7 +52,8 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 ``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"}``; ``PUT /_lab/servers/{name}/gpu-faults``
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
-``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds"}``;
+``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
+"multipart_push"}``;
 ``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
 ``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
@@ -95,7 +96,7 @@ from lab.bmc import (
     normalize_spec,
     not_found,
 )
-from lab.bmc_update import APPLIES
+from lab.bmc_update import APPLIES, MULTIPART_PARTS
 from lab.faults import AuditLog, FaultFront, FaultTable, drop
 from lab.k8s.process import ChildProcess
 from lab.loopback import AdminClient, announce_and_wait
@@ -245,6 +246,8 @@ class BmcLab:
             return bmc.updates.monitor(parts[2]) or not_found(request.path).response()
         if method == "GET":
             return web.json_response(bmc.get(parts, request.path, dict(request.query)))
+        if method == "POST" and parts == MULTIPART_PARTS:
+            return await bmc.updates.multipart_push(request, entry)
         body: Any = None
         if request.can_read_body:
             try:
@@ -502,7 +505,7 @@ class BmcAdmin(AdminClient):
 
     async def config(self, **changes: float) -> dict:
         """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout, update_seconds,
-        bmc_restart_seconds."""
+        bmc_restart_seconds, multipart_push."""
         return await self._req("PUT", "/_lab/config", json=changes)
 
     async def server_audit(self, name: str, since: int = 0, writes: bool = False) -> list[dict]:

@@ -70,6 +70,7 @@ EXAMPLES = REPO_ROOT / "examples"
 EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.json"
 BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
 FIRMWARE_TEMPLATE = EXAMPLES / "firmware-update.json"
+FLEET_FIRMWARE_TEMPLATE = EXAMPLES / "fleet-firmware-update.json"
 WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
 WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
@@ -574,7 +575,7 @@ class Lab:
 
     def write_examples(self, bmc: dict[str, Any] | None, webhook: str | None) -> dict[str, Path]:
         """`<state-dir>/examples/`: the burn-in and firmware update inputs for the first GPU node (its real BMC URL,
-        expected hardware; they take the node out of service themselves), and every example that names the webhook receiver, pointed at
+        expected hardware; they take the node out of service themselves), the fleet firmware update's for every GPU node, and every example that names the webhook receiver, pointed at
         this lab's."""
         from lab.bmc import normalize_spec
 
@@ -596,6 +597,13 @@ class Lab:
             firmware["server"].update(name=spec["name"], bmc=server["bmc"])
             written["firmware-update"] = out_dir / "firmware-update.json"
             written["firmware-update"].write_text(json.dumps(firmware, indent=2) + "\n")
+            fleet = json.loads(FLEET_FIRMWARE_TEMPLATE.read_text())  # every GPU node, the same bundle
+            fleet.update(bundle=firmware["bundle"], servers=[
+                {**fleet["servers"][0], "name": s["name"], "bmc": {**server["bmc"], "url": bmc["servers"][s["name"]]}}
+                for s in map(normalize_spec, bmc["specs"])
+            ])  # fmt: skip
+            written["fleet-firmware-update"] = out_dir / "fleet-firmware-update.json"
+            written["fleet-firmware-update"].write_text(json.dumps(fleet, indent=2) + "\n")
         if webhook:
             for path in sorted(EXAMPLES.glob("*.json")):
                 text = path.read_text()

@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -37,6 +43,8 @@ from workflows.budget.breaker import BREAKER_QUERY, RESET_UPDATE, BreakerReset, 
 from workflows.budget.disruption_budget import BudgetChange, BudgetView, DisruptionBudget, DisruptionBudgetInput
 from workflows.budget.leases import budget_workflow_id
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
+from workflows.firmware.bundle import ComponentStatus
+from workflows.firmware.fleet import FleetFirmwareStatus
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
 from workflows.remediation.models import Approval, NodeRemediationStatus
 from workflows.remediation.policy import remediation_workflow_id
@@ -204,6 +212,30 @@ def _check_fleet_paused(s: FleetReport, _req: Any) -> tuple[str | None, str]:
     return None, f"paused: {s.paused}"
 
 
+def _firmware_inactive(s: FleetFirmwareStatus) -> str | None:
+    if s.aborted is not None:
+        return f"the fleet firmware update is aborting: {s.aborted}"
+    return f"the fleet firmware update is {s.phase}" if s.phase in ("completed", "aborted") else None
+
+
+def _check_firmware_pause(s: FleetFirmwareStatus, _req: Any) -> tuple[str | None, str]:
+    return _firmware_inactive(s) or (f"already paused ({s.paused})" if s.paused else None), ""
+
+
+def _check_firmware_resume(s: FleetFirmwareStatus, _req: Any) -> tuple[str | None, str]:
+    return _firmware_inactive(s) or (None if s.paused else "the fleet firmware update is not paused"), ""
+
+
+def _check_firmware_abort(s: FleetFirmwareStatus, _req: Any) -> tuple[str | None, str]:
+    pending = sum(x.state == "pending" for x in s.servers)
+    return _firmware_inactive(s), f"{pending} server(s) not started would be skipped"
+
+
+def _firmware(verb: str, check: Check) -> Control:
+    return Control(f"firmware {verb}", "FleetFirmwareUpdate", verb, ReasonRequest, FleetFirmwareStatus, "status",
+                   FleetFirmwareStatus, check)  # fmt: skip
+
+
 def _rollout(name: str, update: str, request: type[pydantic.BaseModel], check: Check) -> Control:
     return Control(f"rollout {name}", "Rollout", update, request, RolloutStatus, "status", RolloutStatus, check)
 
@@ -232,6 +264,9 @@ CONTROLS = {
                 NodeRemediationStatus, _check_awaiting),
         Control("burn-in decide", "FleetBurnIn", "decide", FleetDecision, FleetReport, "report", FleetReport,
                 _check_fleet_paused),
+        _firmware("pause", _check_firmware_pause),
+        _firmware("resume", _check_firmware_resume),
+        _firmware("abort", _check_firmware_abort),
     ]
 }  # fmt: skip
 
@@ -240,7 +275,7 @@ CONTROLS = {
 
 
 def rollout_id(cluster: str, name: str) -> str:
-    """A rollout's workflow ID (workflows/rollout/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
+    """A rollout's workflow ID (workflows/rollout/spec/spec.py RolloutInput.workflow_id); a full ID passes unchanged."""
     return name if name.startswith("rollout/") else f"rollout/{cluster}/{name}"
 
 
@@ -250,6 +285,10 @@ def maintenance_id(cluster: str, node: str) -> str:
 
 def fleet_burnin_id(name: str) -> str:
     return name if name.startswith("fleet-burn-in/") else f"fleet-burn-in/{name}"  # workflows/burnin/fleet_burnin.py
+
+
+def fleet_firmware_id(name: str) -> str:
+    return name if name.startswith("fleet-firmware-update/") else f"fleet-firmware-update/{name}"  # workflows/firmware
 
 
 # ---------------------------------------------------------------- sending
@@ -385,6 +424,31 @@ async def fleet_burnin_decide(
     """``action``: continue or abort a fleet burn-in paused for too many failures."""
     request = {"action": action, "reason": _reason(reason, by)}
     return await apply_control(client, "burn-in decide", fleet_burnin_id(name), request, dry_run=dry_run)
+
+
+async def firmware_control(
+    client: Client, verb: str, name: str, *, by: str, reason: str, dry_run: bool = False
+) -> Outcome:
+    """``verb``: pause, resume (also after a stop at the failure threshold) or abort a fleet firmware update."""
+    request = {"reason": _reason(reason, by)}
+    return await apply_control(client, f"firmware {verb}", fleet_firmware_id(name), request, dry_run=dry_run)
+
+
+async def firmware_status(client: Client, name: str) -> FleetFirmwareStatus:
+    """A fleet firmware update's servers, each running one with its components and task states now (its
+    FirmwareUpdate's `components` query: the fleet's own history carries only the finished servers' results)."""
+    status: FleetFirmwareStatus = await client.get_workflow_handle(fleet_firmware_id(name)).query(
+        "status", result_type=FleetFirmwareStatus
+    )
+    for server in status.servers:
+        if server.state == "running" and server.workflow_id:
+            try:
+                server.components = await client.get_workflow_handle(server.workflow_id).query(
+                    "components", result_type=list[ComponentStatus]
+                )
+            except (RPCError, WorkflowQueryFailedError) as e:  # no worker answered: say so, show the rest
+                server.reason = f"(components not read: {e})"
+    return status
 
 
 async def query_state(

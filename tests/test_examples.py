@@ -80,6 +80,14 @@ def firmware_updated(result: dict) -> list[str]:
     return wrong
 
 
+def fleet_updated(result: dict) -> list[str]:
+    states = {s["server"]: s["state"] for s in result.get("servers") or []}
+    wrong = expect(aborted=None)(result)
+    if len(states) != 6 or set(states.values()) - {"updated", "up-to-date"}:
+        wrong.append(f"servers {states}: want the 6 GPU nodes updated or already up to date")
+    return wrong
+
+
 def onboarded(result: dict) -> list[str]:
     netbox = [s for s in result.get("steps") or [] if s.get("step") == "netbox"]
     return [] if netbox else [f"steps {[s.get('step') for s in result.get('steps') or []]}: no NetBox record"]
@@ -101,6 +109,7 @@ NODES, TENANTS = "nodes", "tenants"
 EXAMPLES: dict[str, Example] = {
     "server-burn-in.json": Example(NODES, burned_in, workflow="ServerBurnIn", lab_copy=True),
     "firmware-update.json": Example(NODES, firmware_updated, workflow="FirmwareUpdate", lab_copy=True),
+    "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "node-maintenance.json": Example(NODES, expect(outcome="completed", uncordoned=True), workflow="NodeMaintenance"),
     "node-remediation.json": Example(
         NODES, expect(outcome="healthy", uncordoned=True), workflow="NodeRemediation", lab_copy=True

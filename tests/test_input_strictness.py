@@ -65,6 +65,10 @@ def firmware_server() -> dict[str, Any]:
 FREE_OBJECTS = {
     "CleanStep.properties.args": "an Ironic clean step's own arguments, passed as given; Ironic refuses the ones "
                                  "the step does not declare (its argsinfo)",
+    "NodeWork.properties.input": "a fleet batch's per-node child input, passed on as given; the child's own model "
+                                 "refuses unknown fields when it starts",
+    "properties.outputs": "RolloutBatch's per-node children's results carried across continue-as-new, as the "
+                          "children returned them",
 }  # fmt: skip
 _DATA_KEYWORDS = {"default", "examples", "const", "enum", "title", "description", "pattern", "format"}
 _SCHEMA_MAPS = {"properties", "$defs", "patternProperties", "dependentSchemas"}
@@ -263,6 +267,8 @@ TYPOS: dict[str, Typo] = {
                     ("ticket",), "tokn"),
     "FirmwareUpdate": Typo({**example("firmware-update.json"), "server": firmware_server()},
                            ("bundle", "components", 0), "imageuri"),
+    "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
+                                ("waves",), "batch_size"),
 }  # fmt: skip
 
 
@@ -365,6 +371,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "NodeMaintenance": TYPOS["NodeMaintenance"].valid,
     "Rollout": TYPOS["Rollout"].valid,
     "FleetBurnIn": TYPOS["FleetBurnIn"].valid,
+    "FleetFirmwareUpdate": TYPOS["FleetFirmwareUpdate"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "NodeRma": TYPOS["NodeRma"].valid,
     "Fabric": {"fabric": "lab-ib"},

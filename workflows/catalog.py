@@ -15,6 +15,7 @@ from workflows.fabric.fabric import Fabric
 from workflows.fabric.isolation import IsolateTenant
 from workflows.fabric.release import ReleaseTenant
 from workflows.firmware.firmware_update import FirmwareUpdate
+from workflows.firmware.fleet import FleetFirmwareUpdate
 from workflows.inventory.bootstrap import InventoryBootstrap
 from workflows.maintenance.node_maintenance import NodeMaintenance
 from workflows.remediation.health_sweep import FleetHealthSweep
@@ -39,8 +40,9 @@ STARTABLE += [FleetHealthSweep, NodeRemediation]
 STARTABLE += [NodeRma]
 # GPU-hours per tenant from Prometheus (issue #29), daily by a Schedule.
 STARTABLE += [TenantUsage]
-# Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first.
-STARTABLE += [FirmwareUpdate]
+# Firmware through Redfish UpdateService (issue #25): one server, its node taken out of service first; a fleet in
+# waves.
+STARTABLE += [FirmwareUpdate, FleetFirmwareUpdate]
 # Every workflow the worker registers: the startable ones and the children they run.
 WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric]
 # One per cluster, started on demand by whoever takes a node out of service.

@@ -1,5 +1,6 @@
 """Firmware activities against a server's BMC: read the firmware inventory, start an update (Redfish
-``UpdateService.SimpleUpdate``), follow its Task, and activate what waits for a reset or an AC power cycle.
+``UpdateService.SimpleUpdate``, or with `push` the image fetched here and sent in a ``MultipartHttpPushUri`` push
+where the BMC offers one), follow its Task, and activate what waits for a reset or an AC power cycle.
 
 They build on `RedfishActivities` (activities/redfish.py): credentials as a secret reference resolved inside the
 attempt (never in an input, output, heartbeat or error), the same TLS trust, threads and error classification; one
@@ -16,17 +17,21 @@ A BMC that restarts itself to activate its own firmware stops answering, then an
 (../shared/reference/lifecycle-apis.md §1.6, §1.8): following the task waits that out, then decides from the
 inventory's ``Version``. Errors a retry cannot fix are non-retryable: ``FirmwareUpdateFailed`` (the task ended in
 Exception, Killed or Cancelled; the message is the BMC's), ``FirmwareDowngradeRefused``, ``FirmwareComponentUnknown``,
-``FirmwareTaskLost``, ``FirmwareTaskTimeout`` (the task ran past `timeout_seconds`, default an hour) and
+``FirmwareImageTooLarge`` and ``FirmwareImageUnavailable`` (a push's image; a 5xx is retried), ``FirmwareTaskLost``,
+``FirmwareTaskTimeout`` (the task ran past `timeout_seconds`, default an hour) and
 ``FirmwareNotActivated`` (the versions did not become active within `timeout_seconds` of the reset).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urljoin, urlparse
 
+import httpx
 import sushy
 from sushy import exceptions as sushy_errors
 from temporalio import activity
@@ -46,6 +51,7 @@ from activities.redfish import BmcRef, RedfishActivities, redfish_error
 
 T = TypeVar("T")
 _CONNECT_TIMEOUT, _READ_TIMEOUT = 5.0, 20.0
+_IMAGE_READ_TIMEOUT = 300.0  # an image of some hundred MB, fetched and pushed
 _POLL_SECONDS = 0.5  # tasks take minutes on real BMCs; the lab's take a second
 _ENDED = ("Completed", "Exception", "Killed", "Cancelled")
 _UNREACHABLE = (sushy_errors.ConnectionError, sushy_errors.ServerSideError)
@@ -61,6 +67,10 @@ def _inventory_paths(root: sushy.Sushy) -> dict[str, str]:
 
 def _messages(task: dict) -> list[str]:
     return [str(m.get("Message") or m.get("MessageId")) for m in task.get("Messages") or []]
+
+
+def _filename(uri: str) -> str:
+    return urlparse(uri).path.rsplit("/", 1)[-1] or "image.bin"
 
 
 def _differs(have: dict[str, str], want: dict[str, str]) -> dict[str, str]:
@@ -127,10 +137,14 @@ class FirmwareActivities(RedfishActivities):
                 )  # fmt: skip
             paths = _inventory_paths(root)
             targets = [paths[t] for t in req.targets]
-            running = self._running_task(root, req.image_uri, targets)
-            if running is not None:  # an earlier attempt started it: follow that one
-                return UpdateStarted(outcome="started", task=running, installed=installed)
             service = root.get_update_service()
+            push = service.json.get("MultipartHttpPushUri") if req.push else None
+            # A pushed image's task names its file, a pulled one's its URI.
+            running = self._running_task(root, _filename(req.image_uri) if push else req.image_uri, targets)
+            if running is not None:  # an earlier attempt started it: follow that one
+                return UpdateStarted(outcome="started", task=running, installed=installed, pushed=bool(push))
+            if push:
+                return self._push(root, service.json, push, req, targets, installed)
             action = (service.json.get("Actions") or {}).get("#UpdateService.SimpleUpdate", {}).get("target")
             if not action:
                 raise ApplicationError(f"BMC {req.bmc} offers no UpdateService.SimpleUpdate",
@@ -148,6 +162,34 @@ class FirmwareActivities(RedfishActivities):
             return UpdateStarted(outcome="started", task=task, installed=installed)
 
         return await self._converse(f"starting the update of {', '.join(req.targets)} to {req.version}", req.bmc, run)
+
+    def _push(self, root: sushy.Sushy, service: dict, push: str, req: UpdateStart, targets: list[str],
+              installed: dict[str, str]) -> UpdateStarted:  # fmt: skip
+        """The multipart push (DSP0266 §12.6.2.2): the image, fetched from its URI here, and its parameters."""
+        where = f"{', '.join(req.targets)} on BMC {req.bmc}"
+        fetched = httpx.get(req.image_uri, timeout=httpx.Timeout(_IMAGE_READ_TIMEOUT, connect=_CONNECT_TIMEOUT))
+        if fetched.status_code != 200:
+            raise ApplicationError(f"{where}: the image server answered HTTP {fetched.status_code} for "
+                                   f"{req.image_uri}", type="FirmwareImageUnavailable",
+                                   non_retryable=fetched.status_code in (401, 403, 404, 410))  # fmt: skip
+        limit = service.get("MaxImageSizeBytes")
+        if isinstance(limit, int) and len(fetched.content) > limit:
+            raise ApplicationError(f"{where}: {req.image_uri} is {len(fetched.content)} bytes, more than the BMC's "
+                                   f"MaxImageSizeBytes {limit}", type="FirmwareImageTooLarge", non_retryable=True)  # fmt: skip
+        params = {"Targets": targets, "@Redfish.OperationApplyTime": req.apply_time}
+        conn = root._conn
+        url = urljoin(req.bmc.url, push)
+        rsp = conn._session.post(url, timeout=(_CONNECT_TIMEOUT, _IMAGE_READ_TIMEOUT), files={
+            "UpdateParameters": (None, json.dumps(params), "application/json"),
+            "UpdateFile": (_filename(req.image_uri), fetched.content, "application/octet-stream"),
+        })  # fmt: skip
+        if rsp.status_code >= 400:
+            sushy_errors.raise_for_response("POST", url, rsp)
+        task = (rsp.json() if rsp.content else {}).get("@odata.id") or rsp.headers.get("Location", "")
+        if not task:
+            raise ApplicationError(f"{where}: the BMC answered the push HTTP {rsp.status_code} without a task to "
+                                   "follow", type="RedfishRejected", non_retryable=True)  # fmt: skip
+        return UpdateStarted(outcome="started", task=task.removesuffix("/Monitor"), installed=installed, pushed=True)
 
     @staticmethod
     def _running_task(root: sushy.Sushy, image_uri: str, targets: list[str]) -> str | None:

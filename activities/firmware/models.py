@@ -29,11 +29,14 @@ class UpdateStart(StrictModel):
     transfer_protocol: TransferProtocol | None = None
     apply_time: ApplyTime = "Immediate"
     allow_downgrade: bool = False
+    push: bool = Field(False, description="Fetch the image here and push it (MultipartHttpPushUri) where the BMC "
+                       "offers it.")  # fmt: skip
 
 
 class UpdateStarted(StrictModel):
     outcome: Literal["started", "at-target"]
     task: str | None = Field(None, description="The BMC's Task URI, followed by follow_firmware_task.")
+    pushed: bool = Field(False, description="The image went to the BMC in a multipart push, not by SimpleUpdate.")
     installed: dict[str, str] = Field(default_factory=dict, description="Versions read before starting.")
 
 

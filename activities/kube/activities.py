@@ -45,6 +45,7 @@ from activities.kube.models import (
     NodeUpdateStart,
     NodeUpdateStarted,
     RebootWait,
+    Stage,
     StageJobRequest,
     StageRecord,
 )
@@ -160,6 +161,9 @@ class KubeActivities(RolloutNodeActivities):
         details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
         so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
         """
+        unknown = sorted({st.stage for st in req.stages if Stage.named(st.stage) is None})
+        if unknown:  # refused before any of its stages runs
+            raise ApplicationError(f"unknown stages {unknown}", type="InvalidStage", non_retryable=True)
         if not req.boot_id and any(is_reboot(st) for st in req.stages):
             raise reboot_unverifiable(req.node)
         stop = asyncio.Event()
@@ -215,7 +219,7 @@ class KubeActivities(RolloutNodeActivities):
             )
             what = f"{stage.package} {stage.version} {stage.stage}"
             core = await self._clusters.core(req.cluster)
-            reason = marks.stage_reason(stage.stage)
+            reason = Stage(stage.stage).event_reason
             await marks.record_event(
                 core,
                 marks.event_body(

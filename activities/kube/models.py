@@ -4,7 +4,8 @@ models of the Kubernetes activities."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
+from enum import StrEnum
+from typing import Literal, NamedTuple
 
 from pydantic import Field, field_validator
 
@@ -39,8 +40,61 @@ JOB_ROLLOUT_ANNOTATION = "millwright.dev/rollout-id"
 JOB_VERSION_ANNOTATION = "millwright.dev/version"
 JOB_ATTEMPT_ANNOTATION = "millwright.dev/attempt"
 JOB_TRY_ANNOTATION = "millwright.dev/try"
-STAGES = ("apply", "upgrade", "config", "interrupt", "post-interrupt", "uninstall", "uninstall-interrupt", "validate")
 INTERRUPTS = ("reboot", "service", "restartAllServices", "noop")
+
+
+class Stage(StrEnum):
+    """A stage of a package on a node, by NodeWright's name (each runs as a Job); `STAGE_TRAITS` says what it is."""
+
+    APPLY = "apply"
+    UPGRADE = "upgrade"
+    CONFIG = "config"
+    INTERRUPT = "interrupt"
+    POST_INTERRUPT = "post-interrupt"
+    UNINSTALL = "uninstall"
+    UNINSTALL_INTERRUPT = "uninstall-interrupt"
+    VALIDATE = "validate"
+
+    @classmethod
+    def named(cls, name: str) -> Stage | None:
+        """The stage of that name; None for a name no stage has (a request to refuse)."""
+        return cls._value2member_map_.get(name)  # type: ignore[return-value]
+
+    @property
+    def is_interrupt(self) -> bool:
+        """It runs the package's interrupt (a reboot, services restarted): the node is out of service for it."""
+        return STAGE_TRAITS[self].interrupt
+
+    @property
+    def checked(self) -> bool:
+        """Its Job runs the stage's work, then its `<stage>-check` container (NodeWright's order)."""
+        return STAGE_TRAITS[self].checked
+
+    def needs_reboot(self, interrupt: str | None) -> bool:
+        """The node reboots in this stage, given the interrupt it runs: its boot ID must change."""
+        return self.is_interrupt and interrupt == "reboot"
+
+    @property
+    def event_reason(self) -> str:
+        """The reason of the node Events it writes (NodeWright's vocabulary)."""
+        return "Interrupt" if self.is_interrupt else "Apply"
+
+
+class StageTraits(NamedTuple):
+    interrupt: bool
+    checked: bool  # an interrupt checks itself by the node coming back; a validation is a check
+
+
+STAGE_TRAITS = {
+    Stage.APPLY: StageTraits(interrupt=False, checked=True),
+    Stage.UPGRADE: StageTraits(interrupt=False, checked=True),
+    Stage.CONFIG: StageTraits(interrupt=False, checked=True),
+    Stage.INTERRUPT: StageTraits(interrupt=True, checked=False),
+    Stage.POST_INTERRUPT: StageTraits(interrupt=False, checked=True),
+    Stage.UNINSTALL: StageTraits(interrupt=False, checked=True),
+    Stage.UNINSTALL_INTERRUPT: StageTraits(interrupt=True, checked=False),
+    Stage.VALIDATE: StageTraits(interrupt=False, checked=False),
+}
 
 
 # ---------------------------------------------------------------- models
@@ -94,6 +148,13 @@ class CordonRequest(StrictModel):
 class CordonResult(StrictModel):
     owned: bool = Field(description="True when this owner placed (or already held) the cordon.")
     holder: str | None = Field(None, description="Who placed the cordon when it is not ours ('unknown' if unmarked).")
+
+
+class CordonHandOver(CordonRequest):
+    """`owner` passes its cordon to `to` (another run's workflow ID), with `reason`: the node never schedulable
+    between the two."""
+
+    to: str = Field(min_length=1, description="The workflow ID that holds the cordon after.")
 
 
 class UncordonResult(StrictModel):
@@ -246,7 +307,7 @@ class NodeStage(StrictModel):
     package: str
     version: str
     image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
-    stage: str = Field(description="apply|upgrade|config|interrupt|post-interrupt")
+    stage: str = Field(description="A `Stage`'s name: apply|upgrade|config|interrupt|post-interrupt|uninstall|...")
     interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
     services: list[str] = Field(default_factory=list)
     config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")

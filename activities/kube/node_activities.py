@@ -23,6 +23,7 @@ from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, next_
 from activities.kube.models import (
     CORDON_REASON,
     CORDONED_BY,
+    CordonHandOver,
     CordonRequest,
     CordonResult,
     DrainPlan,
@@ -125,6 +126,23 @@ class NodeActivities:
         await marks.record_event(await self._clusters.core(state.cluster), marks.event_body(
             state.node, node.metadata.uid or "", "State", message, warning=state.state in ("erroring", "blocked"),
             key=(state.state, state.stage, state.package)))  # fmt: skip
+
+    @activity.defn
+    async def hand_over_cordon(self, req: CordonHandOver) -> CordonResult:
+        """Pass our cordon to another run (`owned`: `req.to` holds it now, also when an earlier attempt passed it);
+        a cordon someone else holds, or none, is left as it is and reported."""
+        node = await self._read_node(req.cluster, req.node)
+        holder = (node.metadata.annotations or {}).get(CORDONED_BY)
+        if node.spec.unschedulable and holder == req.to:
+            return CordonResult(owned=True)
+        if not node.spec.unschedulable or holder != req.owner:
+            return CordonResult(owned=False, holder=holder if node.spec.unschedulable else None)
+        metadata = {"resourceVersion": node.metadata.resource_version,
+                    "annotations": {CORDONED_BY: req.to, CORDON_REASON: req.reason[:1024]}}  # fmt: skip
+        await self._patch_node(req.cluster, req.node, {"metadata": metadata}, f"handing node {req.node}'s cordon over",
+                               lambda n: bool(n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) == req.to)  # fmt: skip
+        activity.logger.info("node %s: cordon of %s handed over to %s", req.node, req.owner, req.to)
+        return CordonResult(owned=True)
 
     @activity.defn
     async def uncordon_node(self, req: CordonRequest) -> UncordonResult:

@@ -36,13 +36,6 @@ EVENT_NAMESPACE = "default"
 EVENT_COMPONENT = "millwright"
 _EVENT_TIMEOUT = 5.0
 
-# Event reason per stage (NodeWright's vocabulary): the package stages `Apply`, the interrupts `Interrupt`.
-STAGE_REASONS = {"interrupt": "Interrupt", "uninstall-interrupt": "Interrupt"}
-
-
-def stage_reason(stage: str) -> str:
-    return STAGE_REASONS.get(stage, "Apply")
-
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

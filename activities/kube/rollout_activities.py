@@ -37,13 +37,13 @@ from activities.kube.models import (
     JOB_VERSION_ANNOTATION,
     JOB_WAIT_SLACK_SECONDS,
     PACKAGES_ANNOTATION,
-    STAGES,
     NodeAvailability,
     NodePage,
     NodePageRequest,
     NodeRolloutState,
     PackageInstalled,
     RebootWait,
+    Stage,
     StageJobRequest,
     StageJobResult,
     UnavailableRequest,
@@ -171,7 +171,8 @@ class RolloutNodeActivities(NodeActivities):
 
     @staticmethod
     def _stage_job(req: StageJobRequest, name: str, attempt: int) -> dict[str, Any]:
-        interrupt = req.stage in ("interrupt", "uninstall-interrupt")
+        stage = Stage(req.stage)
+        interrupt = stage.is_interrupt
         labels = {
             JOB_NODE_LABEL: label_value(req.node),
             JOB_PACKAGE_LABEL: label_value(req.package),
@@ -212,12 +213,11 @@ class RolloutNodeActivities(NodeActivities):
                 c["envFrom"] = [{"configMapRef": {"name": name}}]
             return c
 
-        # NodeWright's order: the stage's work, then its check (not for interrupts, nor a validation, its own
-        # check); init containers run in order.
-        if interrupt or req.stage == "validate":
-            init, main = [], [container(req.stage, req.stage)]
-        else:
+        # NodeWright's order: the stage's work, then its check; init containers run in order.
+        if stage.checked:
             init, main = [container(req.stage, req.stage)], [container(f"{req.stage}-check", f"{req.stage}-check")]
+        else:
+            init, main = [], [container(req.stage, req.stage)]
         pod_spec: dict[str, Any] = {
             "nodeName": req.node,
             "restartPolicy": "OnFailure" if interrupt else "Never",
@@ -308,9 +308,10 @@ class RolloutNodeActivities(NodeActivities):
     async def _run_job(self, req: StageJobRequest, previous: Any, beat: Callable[[dict[str, Any]], None]) \
             -> StageJobResult:  # fmt: skip
         """`run_stage_job`: `previous` is what an earlier attempt heartbeat about this Job, `beat` heartbeats it."""
-        if req.stage not in STAGES:
+        stage = Stage.named(req.stage)
+        if stage is None:
             raise ApplicationError(f"unknown stage {req.stage!r}", type="InvalidStage", non_retryable=True)
-        if req.stage in ("interrupt", "uninstall-interrupt") and (req.interrupt or "noop") not in INTERRUPTS:
+        if stage.is_interrupt and (req.interrupt or "noop") not in INTERRUPTS:
             raise ApplicationError(f"unknown interrupt {req.interrupt!r}", type="InvalidStage", non_retryable=True)
         info = activity.info()
         key = short_hash(

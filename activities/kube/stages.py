@@ -29,6 +29,7 @@ from activities.kube.models import (
     NodeRolloutState,
     NodeStage,
     NodeSummary,
+    Stage,
 )
 from activities.support.semver import is_downgrade
 
@@ -112,7 +113,8 @@ def packages_of(annotations: dict[str, str], node: str | None, strict: bool = Tr
 
 
 def is_reboot(stage: NodeStage) -> bool:
-    return stage.stage in ("interrupt", "uninstall-interrupt") and stage.interrupt == "reboot"
+    named = Stage.named(stage.stage)
+    return named is not None and named.needs_reboot(stage.interrupt)
 
 
 def downgrades(node: k8s.V1Node, name: str, wanted: dict[str, str]) -> str:

@@ -1,6 +1,6 @@
 """Semantic version precedence (semver.org 2.0.0 §11), to tell an upgrade from a downgrade.
 
-The spec checks the syntax (workflows/rollout/packages.py); this only orders versions already checked. A version
+The spec checks the syntax (workflows/rollout/spec/packages.py); this only orders versions already checked. A version
 that does not parse orders as unknown: `is_downgrade` then says no, and the update proceeds as before.
 """
 

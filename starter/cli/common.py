@@ -37,6 +37,7 @@ breaker_app = _group("breaker", "A cluster's remediation circuit breaker.")
 maintenance_app = _group("maintenance", "Controls of a running NodeMaintenance.")
 remediation_app = _group("remediation", "Controls of a running NodeRemediation (its operator-approved steps).")
 burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paused for too many failures).")
+firmware_app = _group("firmware", "A running FleetFirmwareUpdate: its servers' state, and pause, resume, abort.")
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
 
 

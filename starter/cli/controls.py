@@ -1,5 +1,6 @@
 """The operator's controls: rollout pause|resume|abort|approve|retry-node|skip-node|reset-batch, budget show|set,
-breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, burn-in continue|abort.
+breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, burn-in continue|abort, firmware
+status|pause|resume|abort.
 
 Each is a thin call of starter/controls.py (the workflow's validated update), with --by and --reason, --dry-run
 (see that module: it sends nothing) and -o. Exit 0 done; 1 the run is missing or closed, or it refused (the
@@ -29,6 +30,7 @@ from starter.cli.common import (
     connect,
     emit,
     err,
+    firmware_app,
     maintenance_app,
     remediation_app,
     rollout_app,
@@ -249,3 +251,21 @@ def _burnin(action: str, doc: str) -> None:
 
 _burnin("continue", "After a pause for too many failures: start the remaining servers.")
 _burnin("abort", "After a pause for too many failures: start no more servers (running ones finish).")
+
+
+def _firmware(verb: str, doc: str) -> None:
+    from starter.controls import firmware_control, firmware_status
+
+    def call(client: Any, v: dict[str, Any]) -> Any:
+        if verb == "status":
+            return firmware_status(client, v["name"])
+        return firmware_control(client, verb, v["name"], by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
+
+    name = Annotated[str, typer.Argument(metavar="NAME", help="The fleet firmware update's name, or its full ID.")]
+    _command(firmware_app, verb, doc, [_param("name", name)], call, control=verb != "status")
+
+
+_firmware("status", "Every server: its wave and state; a running one's components and BMC task states.")
+_firmware("pause", "Start no new server; running ones finish.")
+_firmware("resume", "Carry on after a pause or a stop at the failure threshold (past the failures so far).")
+_firmware("abort", "Start no new server (the rest are skipped); running ones finish.")

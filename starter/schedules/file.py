@@ -42,7 +42,7 @@ from activities.models import StrictModel
 from starter.client import InputError, WorkflowSpec, parse_input, workflow_specs
 from starter.schedules.cron import cron_calendars
 from workflows.common.base import WorkflowInput
-from workflows.rollout.spec_fields import Duration
+from workflows.rollout.spec.spec_fields import Duration
 
 DEFAULT_GROUP = "default"
 

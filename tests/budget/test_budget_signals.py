@@ -32,7 +32,8 @@ from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, roll
 from workflows.budget.budget import Budget
 from workflows.budget.disruption_budget import BudgetChange, DisruptionBudget, budget_workflow_id
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, SkipWaitRequest
-from workflows.rollout.rollout import ReasonRequest, Rollout, RolloutBatch
+from workflows.rollout.models import ReasonRequest
+from workflows.rollout.rollout import Rollout, RolloutBatch
 
 PROTECTED = "millwright.dev/protected=true"
 

@@ -9,6 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
+from aiohttp import web
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from activities.node_health import QUARANTINE_ANNOTATION
@@ -141,3 +143,51 @@ def test_the_example_input_is_valid():
     example["server"]["bmc"]["url"] = "https://127.0.0.1:1"  # what `lab up` writes in
     inp = FirmwareUpdateInput.model_validate(example)
     assert inp.server.kubernetes is not None and inp.server.kubernetes.take_out_of_service
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def image_server():
+    """An image server the worker reaches (a pushed image is fetched by the worker, not the BMC): path -> bytes."""
+    images: dict[str, bytes] = {}
+
+    async def serve(request: web.Request) -> web.Response:
+        found = images.get(request.path)
+        return web.Response(body=found, content_type="application/octet-stream") if found else web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", serve)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", images  # type: ignore[union-attr]
+    await runner.cleanup()
+
+
+async def test_an_image_is_pushed_where_the_bmc_offers_multipart_and_pulled_where_it_does_not(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, image_server
+):
+    url, images = image_server
+    images["/bios-1.9.0.bin"] = b"\x7fBIOS" * 1000
+    await bmc_admin.set_images({f"{url}/bios-1.9.0.bin": {"version": "1.9.0", "seconds": 0.3}})
+    bundle = {"name": "pushed", "components": [{"name": "BIOS", "image_uri": f"{url}/bios-1.9.0.bin",
+                                                 "version": "1.9.0", "push": True}]}  # fmt: skip
+    pushed_to, pulled_by = burnin_bmcs.names[3], burnin_bmcs.names[4]
+
+    def bare(name: str) -> FirmwareUpdateInput:
+        data = update_input(burnin_bmcs, name, bundle).model_dump(mode="json")
+        data["server"]["kubernetes"] = None
+        return FirmwareUpdateInput.model_validate(data)
+
+    result = await (await start(client, burnin_worker, bare(pushed_to))).result()
+    assert result.versions["BIOS"] == "1.9.0" and [c.pushed for c in result.components] == [True], result
+    writes = await bmc_admin.server_audit(pushed_to, writes=True)
+    [push] = [e for e in writes if e["path"].endswith("/UpdateService/update-multipart")]
+    assert push["body"]["UpdateParameters"]["Targets"] == ["/redfish/v1/UpdateService/FirmwareInventory/BIOS"]
+    assert push["body"]["UpdateFile"] == {"filename": "bios-1.9.0.bin", "bytes": 5000}
+    assert await updates_posted(bmc_admin, pushed_to) == []  # no SimpleUpdate
+
+    await bmc_admin.config(multipart_push=0)  # a BMC without MultipartHttpPushUri: it pulls the URI itself
+    result = await (await start(client, burnin_worker, bare(pulled_by))).result()
+    assert result.versions["BIOS"] == "1.9.0" and [c.pushed for c in result.components] == [False], result
+    assert [b["ImageURI"] for b in await updates_posted(bmc_admin, pulled_by)] == [f"{url}/bios-1.9.0.bin"]

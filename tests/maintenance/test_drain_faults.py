@@ -36,8 +36,8 @@ from tests.workers import settings_worker
 from workflows.budget.budget import Budget
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateTemplate, PackageStep
 from workflows.rollout.node_update import NodeUpdate
-from workflows.rollout.packages import Interrupt
 from workflows.rollout.rollout import Rollout
+from workflows.rollout.spec.packages import Interrupt
 
 PRECONDITION = "Precondition failed: UID in precondition: 0000, UID in object meta: 1111"
 NAMESPACE_TERMINATING = [

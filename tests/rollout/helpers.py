@@ -7,7 +7,7 @@ from typing import Any
 from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_NAMESPACE
 from lab.fleet import Fleet
 from tests.kube_helpers import single_pod_workload
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.spec.spec import RolloutInput
 
 JOBS_FAST = {"defaultSeconds": 0.1, "rules": []}
 REBOOT_SECONDS = 0.3

@@ -12,9 +12,9 @@ from tests.kube_helpers import read_node
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import max_unavailable, rollout_fleet, rollout_spec
 from tests.rollout.test_rollout import lab_ready, start, status_where
+from workflows.rollout.batching import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
 from workflows.rollout.membership import reconcile
 from workflows.rollout.models import ApproveRequest, ReasonRequest
-from workflows.rollout.policy import NODE_PRIORITY_LABEL, NodeSnapshot, batch_order, plan
 from workflows.rollout.rollout import Rollout
 from workflows.rollout.state import BatchState, CompartmentState, RolloutCheckpoint
 
@@ -138,6 +138,11 @@ async def test_an_erroring_node_is_retried_and_completes_in_a_later_batch(client
     node = await read_node(core, "a-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     await record_history(handle, "rollout_planning_retry")
+    # The shape after the fleet engine: batches take a NodeWork and return their children's results as JSON.
+    await record_history(handle, "rollout_fleet_engine")
+    async for batch in client.list_workflows(f"WorkflowId STARTS_WITH '{handle.id}/__default__/batch'"):
+        await record_history(client.get_workflow_handle(batch.id, run_id=batch.run_id), "rollout_batch_work")
+        break
 
 
 async def test_retries_are_bounded_and_count_against_the_stop_rule(client, kube_worker, k8s, core):

@@ -235,6 +235,16 @@ async def test_a_reboot_that_cannot_be_verified_runs_no_stage(k8s, kube):
     assert await job_creates(k8s, since) == []
 
 
+async def test_an_unknown_stage_is_refused_before_any_stage_runs(k8s, kube, core):
+    await k8s.seed(fleet())
+    since = await k8s.audit_cursor()
+    with pytest.raises(ApplicationError) as err:
+        await env().run(kube.run_node_stages, stages("boot-1", "apply", "reimage"))
+    assert err.value.type == "InvalidStage" and err.value.non_retryable and "reimage" in str(err.value)
+    assert await job_creates(k8s, since) == []
+    assert ROLLOUT_ANNOTATION not in ((await read_node(core, "node-01")).metadata.annotations or {})
+
+
 async def test_finish_records_packages_and_state_and_uncordons_in_one_write(k8s, kube, core):
     await k8s.seed(fleet())
     await core.patch_node("node-01", {"metadata": {"annotations": {PACKAGES_ANNOTATION: '{"dcgm":"3.1.0"}'}}})

@@ -301,6 +301,16 @@ async def test_check_node_conditions(k8s, kube, core):
     assert await e.run(kube.check_node_conditions, gate.model_copy(update={"label_selector": "pool=b"})) == []
 
 
+def test_every_stage_has_its_traits_and_only_interrupts_reboot():
+    from activities.kube.models import STAGE_TRAITS, Stage
+
+    assert set(STAGE_TRAITS) == set(Stage)
+    assert {s for s in Stage if s.is_interrupt} == {Stage.INTERRUPT, Stage.UNINSTALL_INTERRUPT}
+    assert [s for s in Stage if s.needs_reboot("reboot")] == [Stage.INTERRUPT, Stage.UNINSTALL_INTERRUPT]
+    assert not Stage.INTERRUPT.needs_reboot("service") and Stage.named("reimage") is None
+    assert Stage.named("uninstall-interrupt").event_reason == "Interrupt" and Stage.CONFIG.event_reason == "Apply"
+
+
 def test_stage_job_names_are_dns_safe():
     name = stage_job_name("a" * 43, "post-interrupt", "0123456789")
     assert len(name) <= 63 and name.endswith("-0123456789") and name.startswith("mw-aaa")

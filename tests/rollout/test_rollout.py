@@ -20,9 +20,10 @@ from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLL
 from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
+from workflows.rollout.models import ApproveRequest, ReasonRequest
 from workflows.rollout.node_update import NodeUpdate, NodeUpdateResult
-from workflows.rollout.rollout import ApproveRequest, ReasonRequest, Rollout
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.rollout import Rollout
+from workflows.rollout.spec.spec import RolloutInput
 
 
 async def start(client, worker, spec):

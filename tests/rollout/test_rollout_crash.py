@@ -21,7 +21,8 @@ from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_STATE_LABEL
 from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
-from workflows.rollout.rollout import Rollout, RolloutResult
+from workflows.rollout.models import RolloutResult
+from workflows.rollout.rollout import Rollout
 
 NODES = 50
 POLICY = {"default": {"budget": {"count": 10}, "strategy": {"fixed": {"initialBatch": 10}}}}

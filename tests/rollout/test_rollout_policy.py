@@ -1,7 +1,7 @@
 """NodeWright's batch arithmetic, ported: worked examples from the reference, every rule,
 and property tests (hypothesis) for the invariants Millwright relies on.
 
-Longer than 600 lines because it is the one test module of workflows/rollout/policy.py, read side by side with it
+Longer than 600 lines because it is the one test module of workflows/rollout/batching.py, read side by side with it
 and with NodeWright's worked examples."""
 
 from __future__ import annotations
@@ -14,20 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workflows.budget.budget import Budget, ceiling
-from workflows.rollout.admission import MaintenanceWindow
-from workflows.rollout.deployment_policy import (
-    DEFAULT_COMPARTMENT,
-    Compartment,
-    DeploymentPolicy,
-    ExponentialStrategy,
-    FixedStrategy,
-    LinearStrategy,
-    PolicyDefault,
-    Strategy,
-)
-from workflows.rollout.label_selector import LabelSelector
-from workflows.rollout.packages import Interrupt, Package
-from workflows.rollout.policy import (
+from workflows.rollout.batching import (
     NodeSnapshot,
     admissible,
     assign_compartments,
@@ -46,7 +33,20 @@ from workflows.rollout.policy import (
     success_percent,
     window_open,
 )
-from workflows.rollout.spec import RolloutInput
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.deployment_policy import (
+    DEFAULT_COMPARTMENT,
+    Compartment,
+    DeploymentPolicy,
+    ExponentialStrategy,
+    FixedStrategy,
+    LinearStrategy,
+    PolicyDefault,
+    Strategy,
+)
+from workflows.rollout.spec.label_selector import LabelSelector
+from workflows.rollout.spec.packages import Interrupt, Package
+from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

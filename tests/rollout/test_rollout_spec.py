@@ -1,7 +1,7 @@
 """The rollout spec: NodeWright's names, Millwright's safe defaults, every bad input rejected
 with its field path in the message.
 
-Longer than 600 lines because every section of the spec (workflows/rollout/spec.py and the modules it names) has
+Longer than 600 lines because every section of the spec (workflows/rollout/spec/spec.py and the modules it names) has
 its accepted and refused inputs here, all built from one valid spec (`spec`, `pkg`, `policy`) by small changes."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pydantic import ValidationError
 from activities.kube.models import DrainSettings
 from activities.support.selectors import parse_label_selector, selector_matches
 from workflows.common import search_attributes as sa
-from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels, topological_order
-from workflows.rollout.drain_config import DrainConfig
-from workflows.rollout.label_selector import LabelSelector
-from workflows.rollout.packages import Interrupt
-from workflows.rollout.spec import RolloutInput, describe_errors
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.drain_config import DrainConfig
+from workflows.rollout.spec.label_selector import LabelSelector
+from workflows.rollout.spec.packages import Interrupt
+from workflows.rollout.spec.spec import RolloutInput, describe_errors
 
 # Appendix A of the NodeWright reference, as a Millwright rollout.
 APPENDIX_A = {

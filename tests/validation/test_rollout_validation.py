@@ -15,8 +15,9 @@ from lab.fleet import Fleet
 from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.maintenance.test_node_maintenance import record_history
 from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_spec
+from workflows.rollout.models import ReasonRequest
 from workflows.rollout.node_update import NodeUpdateResult
-from workflows.rollout.rollout import ReasonRequest, Rollout
+from workflows.rollout.rollout import Rollout
 
 NCCL = {
     "image": "registry.local/nccl-tests",

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.rollout.helpers import rollout_spec
-from workflows.rollout.spec import RolloutInput, describe_errors
+from workflows.rollout.spec.spec import RolloutInput, describe_errors
 from workflows.validation.models import ValidationSettings
 
 

@@ -30,7 +30,7 @@ class Budget(StrictModel):
 
 def ceiling(budget: Budget, matched: int) -> int:
     """NodeWright's `CalculateCeiling`: `count`, or `max(1, floor(matched * percent / 100))`;
-    0 for a percent budget over no nodes. Exact integer arithmetic (DEPARTURE 3 of workflows/rollout/policy.py)."""
+    0 for a percent budget over no nodes. Exact integer arithmetic (DEPARTURE 3 of workflows/rollout/batching.py)."""
     if budget.count is not None:
         return budget.count
     assert budget.percent is not None

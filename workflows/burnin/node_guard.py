@@ -23,7 +23,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.activities import KubeActivities
-from activities.kube.models import CordonRequest, DrainSettings, NodeInfo, NodeRef, RebootWait
+from activities.kube.models import CordonHandOver, CordonRequest, DrainSettings, NodeInfo, NodeRef, RebootWait
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.node_health import NodeHealthActivities, QuarantineRequest
@@ -153,7 +153,7 @@ class NodeService:
             s.note = f"node {s.node} left cordoned and quarantined: {reason}"
         elif boot_id is not None or not rebooted:
             if boot_id is not None:
-                await self._wait_rebooted(boot_id, boot_timeout)
+                await self.wait_rebooted(boot_id, boot_timeout)
             self._enter("uncordoning", s.node)
             done = await workflow.execute_activity_method(KubeActivities.uncordon_node, self._cordon, **API_CALL,
                                                           summary=f"uncordon {s.node}")  # fmt: skip
@@ -169,7 +169,23 @@ class NodeService:
             )
             s.lease = None
 
-    async def _wait_rebooted(self, boot_id: str, boot_timeout: timedelta) -> None:
+    async def hand_over(self, to: str, reason: str) -> bool:
+        """After a failure: pass our cordon to the run `to` (it takes the node on from here) and return the lease;
+        False when the cordon is not ours to pass."""
+        s = self.status
+        passed = CordonHandOver(cluster=self.ref.cluster, node=s.node, owner=self._cordon.owner, reason=reason, to=to)
+        held = await workflow.execute_activity_method(KubeActivities.hand_over_cordon, passed, **API_CALL,
+                                                      summary=f"hand {s.node}'s cordon to {to}")  # fmt: skip
+        if not held.owned:
+            return False
+        s.cordoned_by_us, s.cordon_holder, s.note = False, to, f"node {s.node} handed to {to}: {reason}"
+        if s.lease is not None:
+            await release_lease(self.ref.cluster, s.node, reason=f"{self.operation} handed the node to {to}")
+            s.lease = None
+        return True
+
+    async def wait_rebooted(self, boot_id: str, boot_timeout: timedelta) -> None:
+        """Until the node is Ready with a boot ID other than `boot_id` (back from the reset)."""
         s = self.status
         self._enter("waiting-for-node", f"{s.node} Ready with a new boot ID")
         await workflow.execute_activity_method(

@@ -25,6 +25,10 @@ class FirmwareComponent(StrictModel):
     version: str = Field(min_length=1, max_length=64, description="The version the image installs.")
     transfer_protocol: TransferProtocol | None = Field(None, description="Default: the image URI's scheme.")
     apply_time: ApplyTime = "Immediate"
+    push: bool = Field(
+        False, description="The worker fetches the image and pushes it to the BMC (UpdateService "
+        "MultipartHttpPushUri) where the BMC offers that; else the BMC pulls image_uri (SimpleUpdate).",
+    )  # fmt: skip
     order: int = Field(0, description="Lower first; equal orders keep the bundle's order.")
     activation: Activation = Field(
         "reset", description="What makes the new version active: nothing (it is active when its task completes; a "
@@ -74,6 +78,7 @@ class ComponentStatus(StrictModel):
     task: str | None = Field(None, description="The BMC's Task URI.")
     task_state: str | None = Field(None, description="The Task's TaskState when last read.")
     bmc_restarted: bool = False
+    pushed: bool = Field(False, description="Its image went to the BMC in a multipart push (else SimpleUpdate).")
     message: str = ""
 
 

@@ -20,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
-from temporalio.common import SearchAttributePair
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import SearchAttributePair, WorkflowIDReusePolicy
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 
 from activities.firmware.activities import FirmwareActivities
 from activities.firmware.models import (
@@ -44,13 +44,24 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
+from workflows.remediation.models import NodeRemediationInput, RemediationSettings
+from workflows.remediation.policy import remediation_workflow_id
+from workflows.validation.gate import validate_node
+from workflows.validation.models import ValidationResult, ValidationSettings
+
+# workflow.patched() id of the validation gate before the uncordon (read only when the input asks for validation).
+VALIDATION_PATCH = "firmware-update-validation"
+# A result as NetBox records it: firmware installed on a node that failed validation is a failed update there.
+RECORDED: dict[str, Literal["updated", "up-to-date", "failed"]] = {
+    "updated": "updated", "up-to-date": "up-to-date", "validation-failed": "failed",
+}  # fmt: skip
 
 Phase = Literal[
     "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
-    "uncordoning", "quarantining",
-    "completed", "failed",
+    "uncordoning", "quarantining", "validating", "handing-to-remediation",
+    "completed", "failed", "validation-failed",
 ]  # fmt: skip
 
 
@@ -73,10 +84,9 @@ def _positive(value: timedelta) -> timedelta:
     return value
 
 
-class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
-    """Install a firmware bundle on one server."""
+class FirmwareSettings(StrictModel):
+    """What to install and how: one server's update, and every server's of a fleet (workflows/firmware/fleet.py)."""
 
-    server: FirmwareTarget
     bundle: FirmwareBundle
     allow_downgrade: bool = Field(False, description="Install a component older than the one installed.")
     record_in_netbox: bool = Field(False, description="Look the device up in NetBox (its BMC, unless given) and "
@@ -88,12 +98,40 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
     boot_timeout: timedelta = Field(timedelta(minutes=15), description="How long the node may take to be Ready "
                                     "again after the reset.")  # fmt: skip
 
+    validation: ValidationSettings | None = Field(
+        None, description="Checks a node taken out of service must pass before it returns to service "
+        "(docs/validation.md); one that fails stays cordoned and quarantined with the reason.",
+    )  # fmt: skip
+
+    remediation: RemediationSettings | None = Field(
+        None, description="Hand a node that fails validation to NodeRemediation with these settings (its ladder "
+        "of fixes; its validation, unless set, this one) instead of quarantining it.",
+    )  # fmt: skip
+
     _timeouts = field_validator("task_timeout", "activation_timeout", "boot_timeout")(_positive)
+
+    def validation_refused(self, node: KubernetesNode | None, where: str) -> str | None:
+        """Why `validation` cannot apply to a server that is `node` (the input's field `where`), or None."""
+        if self.validation is None or not self.validation.enabled or (node is not None and node.take_out_of_service):
+            return None
+        return f"validation gates a node's return to service: {where} needs take_out_of_service (or no validation)"
+
+    def settings(self) -> dict[str, object]:
+        """These fields' values, for a server's own input."""
+        return {name: getattr(self, name) for name in FirmwareSettings.model_fields}
+
+
+class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
+    """Install a firmware bundle on one server."""
+
+    server: FirmwareTarget
 
     @model_validator(mode="after")
     def _bmc_known(self) -> FirmwareUpdateInput:
         if self.server.bmc is None and not self.record_in_netbox:
             raise ValueError("server.bmc is required when record_in_netbox is false")
+        if refused := self.validation_refused(self.server.kubernetes, "server.kubernetes"):
+            raise ValueError(refused)
         return self
 
     def workflow_id(self) -> str:
@@ -106,10 +144,12 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout):
 class FirmwareUpdateResult(StrictModel):
     server: str
     bundle: str
-    result: Literal["updated", "up-to-date"]
+    result: Literal["updated", "up-to-date", "validation-failed"]
     components: list[ComponentStatus]
     versions: dict[str, str] = Field(default_factory=dict, description="The inventory read back at the end.")
     notes: list[str] = Field(default_factory=list)
+    validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when asked for.")
+    remediation: str | None = Field(None, description="The NodeRemediation a node failing validation went to.")
 
 
 @workflow.defn
@@ -117,7 +157,7 @@ class FirmwareUpdate:
     @workflow.init
     def __init__(self, inp: FirmwareUpdateInput) -> None:
         self._inp = inp
-        self._phases = Phases(finished=("completed", "failed"))
+        self._phases = Phases(finished=("completed", "failed", "validation-failed"))
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
         self._components: list[ComponentStatus] = []
 
@@ -144,10 +184,12 @@ class FirmwareUpdate:
                 await self._record(inp, "failed", {}, str(err.cause if isinstance(err, ActivityError) else err))
             raise
         if inp.record_in_netbox:
+            details = self._phases.progress.details
             self._enter("recording", result.result)
             summary = "\n".join(f"- {c.name}: {c.state} {c.version}" for c in result.components)
-            await self._record(inp, result.result, result.versions, summary + "".join(f"\n- {n}" for n in result.notes))
-            self._enter("completed", self._phases.progress.details)
+            await self._record(inp, RECORDED[result.result], result.versions,
+                               summary + "".join(f"\n- {n}" for n in result.notes))  # fmt: skip
+            self._enter("validation-failed" if result.result == "validation-failed" else "completed", details)
         return result
 
     async def _record(self, inp: FirmwareUpdateInput, outcome: Literal["updated", "up-to-date", "failed"],
@@ -205,12 +247,63 @@ class FirmwareUpdate:
                 await node.back_in(False, reason, None, inp.boot_timeout)
             raise ApplicationError(f"{target.name}: {cause}", type=getattr(cause, "type", None) or "FirmwareUpdateFailed",
                                    non_retryable=True) from err  # fmt: skip
+        result.result = "updated"
         if node is not None:
+            if self._validates(inp, node):
+                if reset and boot_id is not None:
+                    await node.wait_rebooted(boot_id, inp.boot_timeout)
+                reset = False  # back from the reset already: the uncordon waits no more
+                if not await self._validated(inp, node, bmc, result):
+                    return result
             await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
             result.notes += [node.status.note] if node.status.note else []
-        result.result = "updated"
         self._enter("completed", ", ".join(f"{c.name} {c.version}" for c in todo))
         return result
+
+    def _validates(self, inp: FirmwareUpdateInput, node: NodeService) -> bool:
+        return (inp.validation is not None and inp.validation.enabled and node.status.cordoned_by_us
+                and workflow.patched(VALIDATION_PATCH))  # fmt: skip
+
+    async def _validated(self, inp: FirmwareUpdateInput, node: NodeService, bmc: BmcRef,
+                         result: FirmwareUpdateResult) -> bool:  # fmt: skip
+        """The validation gate on the node, back from its reset. A node that fails (result `validation-failed`) is
+        handed, still cordoned, to remediation when the input asks, else stays cordoned and quarantined."""
+        assert inp.validation is not None
+        self._enter("validating", node.status.node)
+        verdict = await validate_node(node.ref.cluster, node.status.node, inp.validation,
+                                      by=workflow.info().workflow_id)  # fmt: skip
+        result.validation = verdict
+        if verdict.passed:
+            return True
+        reason = f"validation failed after firmware {inp.bundle.name}: {verdict.reason}"
+        if inp.remediation is not None and await self._remediate(inp, node, bmc, reason):
+            result.remediation = remediation_workflow_id(node.ref.cluster, node.status.node)
+        else:
+            await node.back_in(False, reason, None, inp.boot_timeout)
+        result.result, result.notes = "validation-failed", [*result.notes, node.status.note]
+        self._enter("validation-failed", reason)
+        return False
+
+    async def _remediate(self, inp: FirmwareUpdateInput, node: NodeService, bmc: BmcRef, reason: str) -> bool:
+        """Pass the node's cordon to its NodeRemediation and start that run (it outlives this one); False when the
+        cordon was not ours to pass."""
+        assert inp.remediation is not None
+        cluster, name = node.ref.cluster, node.status.node
+        to = remediation_workflow_id(cluster, name)
+        self._enter("handing-to-remediation", to)
+        if not await node.hand_over(to, reason):
+            return False
+        settings = inp.remediation.model_copy(update={"validation": inp.remediation.validation or inp.validation})
+        child = NodeRemediationInput(cluster=cluster, node=name, reason=reason[:1024], bmc=bmc,
+                                     requested_by=workflow.info().workflow_id, **dict(settings))  # fmt: skip
+        try:
+            await workflow.start_child_workflow(
+                "NodeRemediation", child, id=to, id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON, static_summary=f"remediate {name}: {reason}",
+            )  # fmt: skip
+        except WorkflowAlreadyStartedError:
+            node.status.note += f" ({to} was already running)"
+        return True
 
     async def _inventory(self, bmc: BmcRef, summary: str) -> FirmwareVersions:
         return await self._calls.execute(FirmwareActivities.firmware_inventory, bmc, **BMC_CALL,
@@ -224,13 +317,13 @@ class FirmwareUpdate:
             FirmwareActivities.start_firmware_update,
             UpdateStart(bmc=bmc, targets=comp.inventory_ids, image_uri=comp.image_uri, version=comp.version,
                         transfer_protocol=comp.transfer_protocol, apply_time=comp.apply_time,
-                        allow_downgrade=inp.allow_downgrade),
+                        allow_downgrade=inp.allow_downgrade, push=comp.push),
             **BMC_CALL, endpoint=bmc_endpoint(bmc), summary=f"start {comp.name} {comp.version}",
         )  # fmt: skip
         if started.outcome == "at-target" or started.task is None:
             status.state = "active"
             return
-        status.task, status.task_state = started.task, "Running"
+        status.task, status.task_state, status.pushed = started.task, "Running", started.pushed
         self._enter("updating", f"{comp.name} → {comp.version}: task {started.task} Running")
         try:
             outcome: TaskOutcome = await self._calls.execute(

@@ -1,5 +1,5 @@
 """A dependency graph in waves (Kahn's topological sort) and its cycles: the one ordering function, which spec
-validation uses to reject cycles and `workflows.rollout.policy.package_order` to order the packages. Pure."""
+validation uses to reject cycles and `workflows.rollout.batching.package_order` to order the packages. Pure."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ import bisect
 from collections.abc import Sequence
 
 from activities.models import StrictModel
-from workflows.rollout.deployment_policy import DeploymentPolicy
-from workflows.rollout.policy import NodeSnapshot, choose_compartment
+from workflows.rollout.batching import NodeSnapshot, choose_compartment
+from workflows.rollout.spec.deployment_policy import DeploymentPolicy
 from workflows.rollout.state import CompartmentState, NodeStatus, RolloutCheckpoint
 
 

@@ -7,18 +7,18 @@ Pure data, kept out of the workflow modules: the worker passes this module throu
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from activities.kube.models import DrainSettings, StageRecord
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
 from workflows.budget.leases import Lease
 from workflows.maintenance.drain import DrainProgress
-from workflows.rollout.admission import MaintenanceWindow
-from workflows.rollout.packages import Interrupt
-from workflows.rollout.policy import Plan
+from workflows.rollout.batching import Plan
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.packages import Interrupt
 from workflows.rollout.state import BatchState, NodeStatus
 from workflows.validation.models import ValidationResult, ValidationSettings
 
@@ -108,19 +108,68 @@ class BatchNode(StrictModel):
     ordinal: int
 
 
+class NodeWork(StrictModel):
+    """The per-node child a RolloutBatch starts for each of its nodes: a rollout's NodeUpdate, or any other fleet
+    run's node operation (workflows/rollout/compartments.py). The child's ID, and the holder of the node's lease,
+    is `<id_prefix>/<node>`."""
+
+    workflow: str = Field(description="The child workflow's type, e.g. 'NodeUpdate'.")
+    cluster: str
+    id_prefix: str = Field(description="The fleet run's workflow ID.")
+    input: dict[str, Any] = Field(
+        description="The child's input as JSON, the same for every node but the fields below."
+    )
+    node_field: str = Field("node", description="The input field that gets the node's name.")
+    ordinal_field: str | None = Field(None, description="The input field that gets the node's order in the run.")
+    lease_field: str | None = Field(
+        None, description="The input field that gets the node's disruption budget lease, which the batch takes "
+        "before starting the child; None: the batch takes none (the child leaves the node in service).",
+    )  # fmt: skip
+    budget: Budget | None = Field(None, description="The budget the leases state (workflows/budget/leases.py).")
+    lease_reason: str = Field("", description="Why the nodes are leased, as the budget shows it.")
+    pause_signal: str | None = Field(None, description="The child's signal to hold; None: a pause only stops starts.")
+    resume_signal: str | None = Field(None, description="The child's signal to carry on after `pause_signal`.")
+
+
+class NodeOutcome(StrictModel):
+    """What a fleet run reads from a per-node child's result (the fleet's own `read` function makes it)."""
+
+    outcome: Outcome
+    reason: str = ""
+    stages: list[StageRecord] = Field(default_factory=list, description="Shown in the run's status for the node.")
+
+
 class BatchInput(StrictModel):
     compartment: str
     number: int
     nodes: list[BatchNode]
-    template: NodeUpdateTemplate
+    work: NodeWork | None = Field(None, description="The per-node child; absent in batches started before it.")
+    template: NodeUpdateTemplate | None = Field(None, description="Batches started before `work`: NodeUpdate's.")
     windows: list[MaintenanceWindow] = Field(default_factory=list)
-    max_in_flight: int = Field(200, description="NodeUpdate children running at once.")
-    results: dict[str, NodeUpdateResult] = Field(default_factory=dict, description="Carried across continue-as-new.")
+    max_in_flight: int = Field(200, description="Per-node children running at once.")
+    results: dict[str, NodeUpdateResult] = Field(
+        default_factory=dict, description="Carried across continue-as-new by batches started before `work`."
+    )
+    outputs: dict[str, Any] = Field(default_factory=dict, description="Children's results (JSON), carried across "
+                                    "continue-as-new.")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _names_its_work(self) -> BatchInput:
+        if self.work is None and self.template is None:
+            raise ValueError("work: a batch needs its per-node work")
+        return self
 
 
 class BatchResult(StrictModel):
-    results: dict[str, NodeUpdateResult]
+    results: dict[str, NodeUpdateResult] = Field(
+        default_factory=dict, description="Node -> its NodeUpdate's result, from batches started before `work`."
+    )
+    outputs: dict[str, Any] = Field(default_factory=dict, description="Node -> its child's result (JSON).")
     not_started: list[str] = Field(default_factory=list, description="Left untouched because the rollout was aborted.")
+
+    def raw(self) -> dict[str, Any]:
+        """Every node's result as JSON, whichever field it came in."""
+        return {n: r.model_dump(mode="json") for n, r in self.results.items()} | self.outputs
 
 
 # ---------------------------------------------------------------- Rollout

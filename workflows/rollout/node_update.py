@@ -69,7 +69,7 @@ from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_l
 from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.maintenance.drain import Drain
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
-from workflows.rollout.packages import Interrupt
+from workflows.rollout.spec.packages import Interrupt
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationSettings
 

@@ -24,7 +24,7 @@ from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import StressRequest, StressResult, host_task_queue
 from activities.gpu.verdict import gpu_verdict
 from activities.kube.activities import KubeActivities
-from activities.kube.models import JOB_WAIT_SLACK_SECONDS, NodeValidationMark, StageJobRequest
+from activities.kube.models import JOB_WAIT_SLACK_SECONDS, NodeValidationMark, Stage, StageJobRequest
 from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY
 from workflows.common.errors import error_text
 from workflows.validation.models import ValidationJob, ValidationResult, ValidationSettings
@@ -78,7 +78,7 @@ async def _agent(method, arg, node: str, settings: ValidationSettings, start_to_
 async def _job_findings(cluster: str, node: str, job: ValidationJob, *, by: str, ordinal: int, attempt: int) \
         -> list[str]:  # fmt: skip
     request = StageJobRequest(cluster=cluster, node=node, rollout=by, ordinal=ordinal, package="validation",
-                              version=job.version, image=job.image, stage="validate", command=job.command,
+                              version=job.version, image=job.image, stage=Stage.VALIDATE, command=job.command,
                               timeout_seconds=job.timeout.total_seconds(), try_number=attempt)  # fmt: skip
     ran = await workflow.execute_activity_method(
         KubeActivities.run_stage_job, request,

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from activities.kube.models import DrainSettings
 from activities.kube.validators import validate_label_selector
-from workflows.rollout.spec_fields import Duration, SpecModel
+from workflows.rollout.spec.spec_fields import Duration, SpecModel
 
 
 class DrainConfig(SpecModel):

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from activities.support.selectors import Requirement, SelectorError, parse_label_selector, selector_matches
-from workflows.rollout.spec_fields import SpecModel
+from workflows.rollout.spec.spec_fields import SpecModel
 
 
 class LabelSelectorRequirement(SpecModel):

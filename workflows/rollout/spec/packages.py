@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from workflows.rollout.spec_fields import Duration, SpecModel
+from workflows.rollout.spec.spec_fields import Duration, SpecModel
 
 # semver.org 2.0.0, strict: no leading "v", no leading zeros.
 _SEMVER = re.compile(

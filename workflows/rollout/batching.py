@@ -35,12 +35,12 @@ from pydantic.alias_generators import to_camel
 from activities.models import StrictModel
 from activities.support.selectors import Requirement, selector_matches
 from workflows.budget.budget import Budget, ceiling
-from workflows.rollout.admission import MaintenanceWindow
 from workflows.rollout.dependency_graph import dependency_levels, topological_order
-from workflows.rollout.deployment_policy import DEFAULT_COMPARTMENT, Compartment, DeploymentPolicy, Strategy
-from workflows.rollout.packages import Interrupt, Package
-from workflows.rollout.spec import RolloutInput
-from workflows.rollout.spec_fields import WEEKDAYS, zone
+from workflows.rollout.spec.admission import MaintenanceWindow
+from workflows.rollout.spec.deployment_policy import DEFAULT_COMPARTMENT, Compartment, DeploymentPolicy, Strategy
+from workflows.rollout.spec.packages import Interrupt, Package
+from workflows.rollout.spec.spec import RolloutInput
+from workflows.rollout.spec.spec_fields import WEEKDAYS, zone
 from workflows.rollout.state import BatchState
 
 __all__ = [

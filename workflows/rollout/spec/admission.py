@@ -1,6 +1,6 @@
 """When the rollout spec lets a batch start: maintenance windows and the gate checked before each batch.
 
-workflows/rollout/policy.py decides whether a window is open. Pure: stdlib + pydantic.
+workflows/rollout/batching.py decides whether a window is open. Pure: stdlib + pydantic.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfoNotFoundError
 from pydantic import Field, field_validator, model_validator
 
 from activities.models import BaseUrl
-from workflows.rollout.spec_fields import WEEKDAYS, Duration, SpecModel, Weekday, zone
+from workflows.rollout.spec.spec_fields import WEEKDAYS, Duration, SpecModel, Weekday, zone
 
 
 class MaintenanceWindow(SpecModel):

@@ -1,7 +1,7 @@
 """The rollout spec's `deploymentPolicy`: compartments (a selector, a budget, a strategy each), the default for
 nodes matching none, and this rollout's overrides of the policy's settings.
 
-The arithmetic that applies it is workflows/rollout/policy.py. Pure: stdlib + pydantic.
+The arithmetic that applies it is workflows/rollout/batching.py. Pure: stdlib + pydantic.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pydantic import Field, field_validator, model_validator
 
 from activities.support.selectors import Requirement
 from workflows.budget.budget import Budget
-from workflows.rollout.label_selector import LabelSelector
-from workflows.rollout.spec_fields import SpecModel
+from workflows.rollout.spec.label_selector import LabelSelector
+from workflows.rollout.spec.spec_fields import SpecModel
 
 DEFAULT_COMPARTMENT = "__default__"
 

@@ -24,9 +24,9 @@ Where NodeWright is unsafe, Millwright is safe by default:
 * a `dependsOn` version that differs from the dependency's version in the spec is
   rejected (in NodeWright it is never satisfied and the package never runs);
 * dependency cycles are rejected (NodeWright's check is incomplete);
-* the budget is a hard cap on each batch (see `workflows.rollout.policy.admissible`).
+* the budget is a hard cap on each batch (see `workflows.rollout.batching.admissible`).
 
-The sections live in their own modules under workflows/rollout/: packages.py, label_selector.py,
+The sections live in their own modules under workflows/rollout/spec/: packages.py, label_selector.py,
 drain_config.py, deployment_policy.py and admission.py (windows and gates), on the field types of
 spec_fields.py. All are pure (stdlib + pydantic) and passed through the workflow sandbox (worker/registry.py).
 """
@@ -43,13 +43,13 @@ from temporalio.common import SearchAttributePair
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
-from workflows.rollout.admission import BatchGate, MaintenanceWindow
 from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels
-from workflows.rollout.deployment_policy import DeploymentPolicy, DeploymentPolicyOptions
-from workflows.rollout.drain_config import DrainConfig
-from workflows.rollout.label_selector import LabelSelector
-from workflows.rollout.packages import PACKAGE_NAME, Package
-from workflows.rollout.spec_fields import Duration
+from workflows.rollout.spec.admission import BatchGate, MaintenanceWindow
+from workflows.rollout.spec.deployment_policy import DeploymentPolicy, DeploymentPolicyOptions
+from workflows.rollout.spec.drain_config import DrainConfig
+from workflows.rollout.spec.label_selector import LabelSelector
+from workflows.rollout.spec.packages import PACKAGE_NAME, Package
+from workflows.rollout.spec.spec_fields import Duration
 from workflows.rollout.state import RolloutCheckpoint
 from workflows.validation.models import ValidationSettings
 

@@ -1,0 +1,302 @@
+"""FleetFirmwareUpdate: one firmware bundle over many servers, in waves, as one run an operator can pause, resume,
+abort and watch.
+
+Servers come as a list or from a NetBox query (as a fleet burn-in's do). Each runs the per-server `FirmwareUpdate`
+as a child (`firmware-update/<server>`), which takes a Kubernetes node out of service through the cluster's
+disruption budget itself, so the budget holds across the fleet and every other operation. The waves
+(workflows/firmware/waves.py) decide when a server starts: the canary first, then the batch sizes, at most
+`max_concurrent_bmcs` at once, only inside a maintenance window; `failure_threshold` failures stop the fleet until
+an operator resumes or aborts. A server already at the bundle's versions is recorded `up-to-date` and takes no
+place in its wave. Children outlive the fleet's run (`ParentClosePolicy.ABANDON`): a flash is never cut short.
+
+`status` lists every server (its wave, state, child workflow, reason, and its components once finished); a running
+server's components and task states are its child's `components` query (`millwright` shows both). History: ~9
+events a server (a child's start, close and two workflow tasks) and one per control, so one run holds
+`MAX_SERVERS` servers well under Temporal's history limits; larger fleets run as several fleets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from temporalio import workflow
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
+
+from activities.kube.validators import validate_object_name
+from activities.models import StrictModel
+from activities.netbox.activities import NetBoxActivities
+from activities.netbox.models import DeviceQuery
+from workflows.burnin.node_guard import KubernetesNode
+from workflows.common.base import Phases, Progress, WorkflowInput
+from workflows.common.call_options import NETBOX_CALL
+from workflows.common.endpoints import Endpoints, RetryTimeout
+from workflows.common.errors import error_text
+from workflows.firmware.bundle import ComponentStatus
+from workflows.firmware.firmware_update import FirmwareSettings, FirmwareTarget, FirmwareUpdate, FirmwareUpdateInput
+from workflows.firmware.waves import FirmwareWaves, WaveBook
+from workflows.rollout.batching import next_window_open, window_open
+from workflows.rollout.models import ReasonRequest
+
+MAX_SERVERS = 2000
+
+ServerState = Literal["pending", "running", "updated", "up-to-date", "failed", "skipped"]
+FINISHED = ("completed", "aborted")
+
+
+class ServerFirmware(StrictModel):
+    """One server in the fleet."""
+
+    server: str
+    state: ServerState = "pending"
+    wave: int | None = Field(None, description="The wave it ran in (0: the canary).")
+    workflow_id: str | None = Field(None, description="Its FirmwareUpdate run (`components` query while running).")
+    reason: str = Field("", description="Why it failed or was skipped.")
+    components: list[ComponentStatus] = Field(default_factory=list, description="Its result's components.")
+
+
+class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
+    """Install a firmware bundle on a list of servers and/or the NetBox devices a query finds."""
+
+    name: str = Field(min_length=1, max_length=63, description="Names this fleet run (its workflow ID).")
+    servers: list[FirmwareTarget] = Field(default_factory=list, max_length=MAX_SERVERS)
+    netbox_query: DeviceQuery | None = Field(
+        None, description="Add NetBox's devices matching this query (their BMCs from NetBox); needs record_in_netbox."
+    )
+    kubernetes: KubernetesNode | None = Field(
+        None, description="The cluster the NetBox query's servers are nodes of (each its own name as node name).",
+    )  # fmt: skip
+    waves: FirmwareWaves = Field(default_factory=FirmwareWaves)
+    max_concurrent_bmcs: int = Field(
+        2, ge=1, le=1000, description="Servers whose BMCs update at once (the image server and the management "
+        "network carry this many transfers); a larger wave runs in turns.",
+    )  # fmt: skip
+
+    _name = field_validator("name")(validate_object_name)
+
+    @model_validator(mode="after")
+    def _servers(self) -> FleetFirmwareInput:
+        if not self.servers and self.netbox_query is None:
+            raise ValueError("give servers, a netbox_query, or both")
+        if self.netbox_query is not None and not self.record_in_netbox:
+            raise ValueError("netbox_query needs record_in_netbox (the servers' BMCs come from NetBox)")
+        if self.netbox_query is not None and self.netbox_query.limit > MAX_SERVERS:
+            raise ValueError(f"netbox_query.limit: at most {MAX_SERVERS} servers a fleet run")
+        if self.kubernetes is not None and self.kubernetes.node is not None:
+            raise ValueError("kubernetes.node: leave it out (each server is the node of its own name)")
+        for i, s in enumerate(self.servers):
+            if s.bmc is None and not self.record_in_netbox:
+                raise ValueError(f"servers[{i}].bmc is required when record_in_netbox is false")
+            if refused := self.validation_refused(s.kubernetes, f"servers[{i}].kubernetes"):
+                raise ValueError(refused)
+        if self.netbox_query is not None and (refused := self.validation_refused(self.kubernetes, "kubernetes")):
+            raise ValueError(refused)
+        dupes = sorted(n for n, c in Counter(s.name for s in self.servers).items() if c > 1)
+        if dupes:
+            raise ValueError(f"servers listed twice: {', '.join(dupes)}")
+        return self
+
+    def workflow_id(self) -> str:
+        return f"fleet-firmware-update/{self.name}"
+
+
+class FleetFirmwareStatus(StrictModel):
+    phase: str
+    bundle: str
+    wave: int = Field(description="The current wave (0: the canary).")
+    wave_size: int
+    paused: str | None = Field(None, description="Why no new server starts (an operator, or the failure threshold).")
+    aborted: str | None = None
+    counts: dict[str, int] = Field(description="Servers by state.")
+    decisions: list[str] = Field(default_factory=list, description="Operators' pauses, resumes and aborts.")
+    servers: list[ServerFirmware]
+
+
+class FleetFirmwareResult(StrictModel):
+    bundle: str
+    aborted: str | None = None
+    counts: dict[str, int]
+    servers: list[ServerFirmware]
+
+
+@workflow.defn
+class FleetFirmwareUpdate:
+    @workflow.init
+    def __init__(self, inp: FleetFirmwareInput) -> None:
+        self._inp = inp
+        self._book = WaveBook(inp.waves, inp.max_concurrent_bmcs)
+        self._servers: dict[str, ServerFirmware] = {}
+        self._pending: list[FirmwareTarget] = []
+        self._paused: str | None = None
+        self._aborted: str | None = None
+        self._decisions: list[str] = []
+        self._phases = Phases(finished=FINISHED)
+        self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
+
+    # ------------------------------------------------------------ operator controls and views
+
+    @workflow.update(description="Start no new server; running ones finish.")
+    def pause(self, req: ReasonRequest) -> FleetFirmwareStatus:
+        self._paused = f"paused: {req.reason}"
+        return self._decided(f"pause: {req.reason}")
+
+    @pause.validator
+    def _pause_ok(self, req: ReasonRequest) -> None:
+        self._require_active()
+        if self._paused is not None:
+            raise ValueError(f"already paused ({self._paused})")
+
+    @workflow.update(description="Carry on after a pause or a stop at the failure threshold (past its failures).")
+    def resume(self, req: ReasonRequest) -> FleetFirmwareStatus:
+        self._paused = None
+        self._book.resume()
+        return self._decided(f"resume: {req.reason}")
+
+    @resume.validator
+    def _resume_ok(self, req: ReasonRequest) -> None:
+        self._require_active()
+        if self._paused is None:
+            raise ValueError("the fleet firmware update is not paused")
+
+    @workflow.update(description="Start no new server (the rest are skipped); running ones finish.")
+    def abort(self, req: ReasonRequest) -> FleetFirmwareStatus:
+        self._aborted = req.reason
+        return self._decided(f"abort: {req.reason}")
+
+    @abort.validator
+    def _abort_ok(self, req: ReasonRequest) -> None:
+        self._require_active()
+
+    def _require_active(self) -> None:
+        if self._aborted is not None:
+            raise ValueError(f"the fleet firmware update is aborting: {self._aborted}")
+        if self._phases.progress.phase in FINISHED:
+            raise ValueError(f"the fleet firmware update is {self._phases.progress.phase}")
+
+    def _decided(self, decision: str) -> FleetFirmwareStatus:
+        self._decisions.append(decision)
+        self._show()
+        return self.status()
+
+    @workflow.query(description="Every server: its wave, state, FirmwareUpdate run, reason and components.")
+    def status(self) -> FleetFirmwareStatus:
+        return FleetFirmwareStatus(
+            phase=self._phases.progress.phase, bundle=self._inp.bundle.name, wave=self._book.state.wave,
+            wave_size=self._book.size, paused=self._paused, aborted=self._aborted, counts=self._counts(),
+            decisions=self._decisions, servers=list(self._servers.values()),
+        )  # fmt: skip
+
+    @workflow.query(description="Short progress for pollers such as `millwright watch`.")
+    def progress(self) -> Progress:
+        return self._phases.progress
+
+    def _counts(self) -> dict[str, int]:
+        return dict(Counter(s.state for s in self._servers.values()))
+
+    def _show(self, phase: str | None = None) -> None:
+        if phase is None:
+            phase = "aborting" if self._aborted else "paused" if self._paused else "running"
+        counts, book = self._counts(), self._book
+        running = sorted(book.running)
+        details = (
+            f"wave {book.state.wave} ({'canary, ' if book.state.wave == 0 else ''}{book.state.changed}/{book.size} "
+            f"changed), running: {', '.join(running) or 'none'}; "
+            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if state != "running")
+        )
+        if self._paused or self._aborted:
+            details = f"{self._paused or 'aborting: ' + (self._aborted or '')} — {details}"
+        done = sum(n for state, n in counts.items() if state not in ("pending", "running"))
+        self._phases.enter(phase, details, done=done, total=len(self._servers))
+
+    # ------------------------------------------------------------ the run
+
+    @workflow.run
+    async def run(self, inp: FleetFirmwareInput) -> FleetFirmwareResult:
+        targets = list(inp.servers)
+        if inp.netbox_query is not None:
+            self._phases.enter("listing", "NetBox query")
+            devices = await self._calls.execute(NetBoxActivities.list_devices, inp.netbox_query, **NETBOX_CALL,
+                                                summary="servers from NetBox")  # fmt: skip
+            listed = {t.name for t in targets}
+            targets += [FirmwareTarget(name=d.name, kubernetes=inp.kubernetes) for d in devices
+                        if d.name and d.name not in listed]  # fmt: skip
+        if len(targets) > MAX_SERVERS:
+            raise ApplicationError(f"{len(targets)} servers: at most {MAX_SERVERS} a fleet run",
+                                   type="TooManyServers", non_retryable=True)  # fmt: skip
+        self._servers = {t.name: ServerFirmware(server=t.name) for t in targets}
+        self._pending = targets
+        tasks: list[asyncio.Task[None]] = []
+        self._show()
+        while self._pending and self._aborted is None:
+            if self._paused is not None:
+                await workflow.wait_condition(lambda: self._paused is None or self._aborted is not None)
+                continue
+            if not await self._window_open():
+                continue
+            if self._book.next_wave():
+                self._show()
+            if self._book.startable():
+                target = self._pending.pop(0)
+                tasks.append(asyncio.create_task(self._update(target, self._book.start(target.name))))
+                continue
+            await workflow.wait_condition(
+                lambda: self._book.startable() or not self._book.running or self._paused is not None
+                or self._aborted is not None
+            )  # fmt: skip
+        for target in self._pending:  # an abort: the rest are left as they are
+            self._servers[target.name].state = "skipped"
+            self._servers[target.name].reason = f"fleet aborted: {self._aborted}"
+        self._pending = []
+        self._show()
+        await asyncio.gather(*tasks)
+        self._show("aborted" if self._aborted else "completed")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return FleetFirmwareResult(bundle=inp.bundle.name, aborted=self._aborted, counts=self._counts(),
+                                   servers=list(self._servers.values()))  # fmt: skip
+
+    async def _window_open(self) -> bool:
+        """True inside a maintenance window; else waits until one opens (or an operator acts) and returns False."""
+        windows, now = self._inp.waves.maintenance_windows, workflow.now()
+        if window_open(windows, now):
+            return True
+        opens = next_window_open(windows, now)
+        self._phases.enter("waiting-for-window", f"next maintenance window opens {opens:%Y-%m-%d %H:%M %Z}")
+        try:
+            await workflow.wait_condition(lambda: self._paused is not None or self._aborted is not None,
+                                          timeout=(opens - now) if opens else timedelta(days=1))  # fmt: skip
+        except asyncio.TimeoutError:
+            pass
+        return False
+
+    async def _update(self, target: FirmwareTarget, wave: int) -> None:
+        inp, record = self._inp, self._servers[target.name]
+        child = FirmwareUpdateInput(server=target, retry_timeout=inp.retry_timeout, **inp.settings())
+        record.state, record.wave, record.workflow_id = "running", wave, child.workflow_id()
+        self._show()
+        changed = failed = False
+        try:
+            result = await workflow.execute_child_workflow(
+                FirmwareUpdate.run, child, id=child.workflow_id(), id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=f"firmware {inp.bundle.name} on {target.name} (wave {wave})",
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            )  # fmt: skip
+            record.components = result.components
+            if result.result == "validation-failed":  # installed, but the node is not fit: left out of service
+                record.state, failed = "failed", True
+                record.reason = f"validation failed: {result.validation.reason if result.validation else ''}" + (
+                    f"; handed to {result.remediation}" if result.remediation else ""
+                )
+            else:
+                record.state, changed = result.result, result.result == "updated"
+        except WorkflowAlreadyStartedError:
+            record.state, record.reason = "skipped", "a firmware update of this server is already running"
+        except ChildWorkflowError as err:
+            record.state, record.reason, failed = "failed", error_text(err), True
+        stop = self._book.finished(target.name, changed, failed)
+        if stop is not None and self._paused is None and self._aborted is None:
+            self._paused = f"stopped: {stop}: {record.reason}"
+        self._show()
