@@ -139,14 +139,19 @@ def test_the_example_input_takes_its_node_out_of_service():
     assert kubernetes is not None and kubernetes.take_out_of_service and kubernetes.drain.delete_emptydir_data
 
 
+async def validated_node(bmcs, admin, k8s, link, name: str) -> ServerBurnInInput:
+    """A node in service and the input of a burn-in that takes it out and validates it before its return."""
+    await k8s.seed(node_fleet(name))
+    await follow(link, admin, name)
+    return as_node(burn_in_input(bmcs, name, stress_seconds=2, validation={"expected_gpus": 8}),
+                   take_out_of_service=True, drain={"delete_emptydir_data": True})  # fmt: skip
+
+
 async def test_a_passed_node_failing_validation_on_its_disk_stays_cordoned(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
     name = burnin_bmcs.names[7]
-    await k8s.seed(node_fleet(name))
-    await follow(power_link, bmc_admin, name)
-    inp = as_node(burn_in_input(burnin_bmcs, name, stress_seconds=2, validation={"expected_gpus": 8}),
-                  take_out_of_service=True, drain={"delete_emptydir_data": True})  # fmt: skip
+    inp = await validated_node(burnin_bmcs, bmc_admin, k8s, power_link, name)
     handle = await start(client, burnin_worker, inp)
     await wait_phase(handle, "booting-disk")  # the burn-in passed; a GPU falls off the bus in the disk's boot
     await bmc_admin.set_gpu_faults(name, {"missing_gpus": 1})
@@ -166,10 +171,7 @@ async def test_a_passed_node_passing_validation_is_uncordoned(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
     name = burnin_bmcs.names[7]
-    await k8s.seed(node_fleet(name))
-    await follow(power_link, bmc_admin, name)
-    inp = as_node(burn_in_input(burnin_bmcs, name, stress_seconds=2, validation={"expected_gpus": 8}),
-                  take_out_of_service=True, drain={"delete_emptydir_data": True})  # fmt: skip
+    inp = await validated_node(burnin_bmcs, bmc_admin, k8s, power_link, name)
     result = await (await start(client, burnin_worker, inp)).result()
 
     assert result.result == "passed" and result.validation is not None and result.validation.passed, result.summary()
