@@ -65,6 +65,7 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
+from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
 
@@ -72,6 +73,7 @@ from workflows.validation.models import ValidationResult, ValidationSettings
 CARRY_BMC_FACTS_PATCH = "burn-in-carries-bmc-facts"
 # The validation gate before a passed node's uncordon, NetBox told after it (read only when validation is asked for).
 VALIDATION_PATCH = "burn-in-validation"
+VALIDATION_DEFAULT_PATCH = "burn-in-validation-default"  # the cluster's default for a node taken out, when none given
 T = TypeVar("T")
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
@@ -276,7 +278,10 @@ class ServerBurnIn:
         if target.kubernetes is not None and workflow.patched(NODE_GUARD_PATCH):
             node = NodeService(target.kubernetes, target.name, self._enter)
         try:
-            if node is not None:  # before anything changes: a node in service is refused here
+            if node is not None:  # before anything changes: a node in service (or a bad default) is refused here
+                if node.ref.take_out_of_service:  # the only node the burn-in returns to service: the gate's
+                    default = await validation_for(node.ref.cluster, settings.validation, VALIDATION_DEFAULT_PATCH)
+                    settings = settings.model_copy(update={"validation": default})
                 await node.take_out()
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
