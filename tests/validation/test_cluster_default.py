@@ -10,9 +10,18 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from activities.kube.models import JOB_NAMESPACE, VALIDATION_DEFAULT_CONFIGMAP
+from tests.burnin.test_burnin_node import validated_node
+from tests.burnin.test_server_burnin import start as start_burn_in
+from tests.burnin.test_server_burnin import wait_phase
+from tests.firmware.test_firmware_update import node_in_service, update_input
+from tests.firmware.test_firmware_update import start as start_update
 from tests.kube_helpers import read_node
 from tests.maintenance.test_node_maintenance import maintenance, record_history, start
-from tests.validation.test_rollout_validation import assert_cordoned_for_validation, lab
+from tests.rollout.helpers import rollout_spec
+from tests.validation.test_rollout_validation import STOP_AT_ONE, assert_cordoned_for_validation, lab, stopped
+from tests.validation.test_rollout_validation import start as start_rollout
+from workflows.rollout.models import ReasonRequest
+from workflows.rollout.rollout import Rollout
 
 X8 = {"pcie_width": {"gpu": 3, "width": 8}}  # a link trained at x8: fails a default asking for x16
 
@@ -76,3 +85,46 @@ async def test_a_bad_cluster_default_fails_the_run_before_the_node_is_touched(
     assert cause.type == "InvalidValidationDefault", cause
     assert f"ConfigMap {JOB_NAMESPACE}/{VALIDATION_DEFAULT_CONFIGMAP} in lab" in cause.message and says in cause.message
     assert not (await read_node(core, node)).spec.unschedulable  # refused before the cordon
+
+
+async def test_the_cluster_default_validates_a_burned_in_node(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    name = burnin_bmcs.names[7]
+    inp = await validated_node(burnin_bmcs, bmc_admin, k8s, power_link, name)
+    inp.settings.validation = None  # the cluster's default instead
+    await declare(core, {"expectedGpus": 8})
+    handle = await start_burn_in(client, burnin_worker, inp)
+    await wait_phase(handle, "booting-disk")
+    await bmc_admin.set_gpu_faults(name, {"missing_gpus": 1})  # off the bus in the disk's boot
+    result = await handle.result()
+
+    assert result.result == "failed" and result.validation is not None and not result.validation.passed
+    assert (await read_node(core, name)).spec.unschedulable
+
+
+async def test_the_cluster_default_validates_a_node_after_its_firmware(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    name = await node_in_service(burnin_bmcs, bmc_admin, k8s, power_link)
+    await bmc_admin.set_gpu_faults(name, {"missing_gpus": 1})  # a GPU off the bus once it boots
+    await declare(core, {"expectedGpus": 8})
+    result = await (await start_update(client, burnin_worker, update_input(burnin_bmcs, name))).result()
+
+    assert result.result == "validation-failed" and result.validation is not None, result
+    assert (await read_node(core, name)).spec.unschedulable
+
+
+async def test_the_cluster_default_validates_a_rollouts_nodes(
+    client, kube_worker, k8s, core, bmc_admin, lab_hosts, burnin_bmcs
+):
+    bad, good, later = burnin_bmcs.names[:3]
+    await lab(k8s, bmc_admin, lab_hosts, [bad, good, later], faults={bad: {"missing_gpus": 1}})
+    await declare(core, {"expectedGpus": 8})
+    handle = await start_rollout(client, kube_worker, rollout_spec("default-gate", policy=STOP_AT_ONE))
+
+    status = await stopped(handle)
+    assert status.counts == {"erroring": 1, "complete": 1, "waiting": 1}
+    assert "gpu_count: 8 GPUs expected, NVML sees 7" in status.problems[bad].reason
+    await handle.execute_update(Rollout.abort, ReasonRequest(reason="a GPU fell off the bus"))
+    await record_history(handle, "rollout_cluster_validation_default")
