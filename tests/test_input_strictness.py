@@ -382,7 +382,7 @@ RUNNING: dict[str, dict[str, Any]] = {
 
 
 @in_session_loop
-async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on(client):
+async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on(client, kubeconfig_path):
     from worker import registry
     from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance
 
@@ -390,11 +390,16 @@ async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on
     updates = {defn.name: defn.updates for defn in map(_Definition.must_from_class, with_updates)}
     assert set(updates) == set(RUNNING), "give RUNNING an input for each workflow with updates"
     queue, tag = f"typo-updates-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:6]
-    # Every workflow (their children start on this queue) and, of the activities, only the entities' local ones
-    # that a first workflow task runs (the disruption budget reads its predecessor's settings): nothing else runs.
+    # Every workflow (their children start on this queue) and, of the activities, only the local ones that a first
+    # workflow task runs (the disruption budget reads its predecessor's settings, a rollout its cluster's validation
+    # default: the emulator has none): nothing else runs.
     from activities.entities import EntityActivities
+    from activities.kube.activities import KubeActivities
+    from activities.kube.connector import ClusterConnector
 
-    registration = registry.Registration(workflows=list(WORKFLOWS), activities=activity_methods(EntityActivities()))
+    connector = ClusterConnector([str(kubeconfig_path)])
+    local = [*activity_methods(EntityActivities()), KubeActivities(connector).read_validation_default]
+    registration = registry.Registration(workflows=list(WORKFLOWS), activities=local)
     async with registry.new_worker(client, registration, queue):
         handles = {name: await client.start_workflow(name, data, id=f"typo-update-{name}-{tag}", task_queue=queue)
                    for name, data in RUNNING.items()}  # fmt: skip
@@ -421,6 +426,7 @@ async def test_a_misspelt_update_field_is_rejected_naming_it_and_the_run_goes_on
         finally:
             for handle in handles.values():
                 await handle.terminate("test over")
+    await connector.close()
 
 
 # ================================================================= URLs

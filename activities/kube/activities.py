@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import yaml
 from kubernetes.aio import client as k8s
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -26,13 +27,19 @@ from temporalio.exceptions import ApplicationError
 from activities.kube import node_marks as marks
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
+from activities.kube.errors import api_read
 from activities.kube.models import (
     BEAT_SECONDS,
     CORDON_REASON,
     CORDONED_BY,
+    JOB_NAMESPACE,
     NON_INTERRUPTIBLE_RUNNING,
     PACKAGES_ANNOTATION,
     ROLLOUT_ANNOTATION,
+    VALIDATION_DEFAULT_CONFIGMAP,
+    VALIDATION_DEFAULT_KEY,
+    ClusterDefault,
+    ClusterDefaultRequest,
     ConditionGate,
     CordonRequest,
     DrainPlanRequest,
@@ -69,6 +76,33 @@ _VIOLATIONS_MAX = 50  # check_node_conditions reports at most this many, then a 
 class KubeActivities(RolloutNodeActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
     (activities/kube/rollout_activities.py) and, here, a node's update in three calls and the condition gates."""
+
+    @activity.defn
+    async def read_validation_default(self, req: ClusterDefaultRequest) -> ClusterDefault:
+        """The cluster's validation default: the ConfigMap millwright-system/millwright-validation's `validation`
+        key, YAML or JSON (docs/validation.md). No ConfigMap: not found (no default). A ConfigMap without the key,
+        or one whose key is not a YAML mapping, is refused (non-retryable `InvalidValidationDefault`): an operator
+        meant a default, and a run must not go on as if there were none. A read only: retried as any API call."""
+        source = f"ConfigMap {JOB_NAMESPACE}/{VALIDATION_DEFAULT_CONFIGMAP} in {req.cluster}"
+        core = await self._clusters.core(req.cluster)
+        found = await api_read(f"reading {source}", core.read_namespaced_config_map(
+            VALIDATION_DEFAULT_CONFIGMAP, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+        if found is None:
+            return ClusterDefault(source=source, found=False)
+        text = (found.data or {}).get(VALIDATION_DEFAULT_KEY)
+        if text is None:
+            raise ApplicationError(f"{source} has no key {VALIDATION_DEFAULT_KEY!r} (the validation settings)",
+                                   type="InvalidValidationDefault", non_retryable=True)  # fmt: skip
+        try:
+            settings = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ApplicationError(f"{source}: {VALIDATION_DEFAULT_KEY} is not YAML: {err}",
+                                   type="InvalidValidationDefault", non_retryable=True) from err  # fmt: skip
+        if not isinstance(settings, dict):
+            raise ApplicationError(f"{source}: {VALIDATION_DEFAULT_KEY} must be a mapping of the validation "
+                                   f"settings, not {type(settings).__name__}",
+                                   type="InvalidValidationDefault", non_retryable=True)  # fmt: skip
+        return ClusterDefault(source=source, found=True, settings=settings)
 
     # ------------------------------------------------------------ rollouts: a node's update in three calls
 

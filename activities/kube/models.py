@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, field_validator
 
@@ -295,6 +295,24 @@ class NodeValidationMark(StrictModel):
     by: str = Field(description="The workflow that validated the node: in the Event's name, so a retry adds none.")
     passed: bool
     reason: str = Field("", description="What failed; empty when it passed.")
+
+
+# The cluster's validation default (docs/validation.md): the settings, as YAML or JSON, under this key of this
+# ConfigMap in JOB_NAMESPACE.
+VALIDATION_DEFAULT_CONFIGMAP = "millwright-validation"
+VALIDATION_DEFAULT_KEY = "validation"
+
+
+class ClusterDefaultRequest(StrictModel):
+    cluster: str
+
+
+class ClusterDefault(StrictModel):
+    """What the cluster's ConfigMap holds, parsed but not yet judged (the workflow judges it with its model)."""
+
+    source: str = Field(description="Where it was read: 'ConfigMap <namespace>/<name> in <cluster>'.")
+    found: bool = Field(description="False: no such ConfigMap (no default).")
+    settings: dict[str, Any] | None = Field(None, description="The key's document; None when not found.")
 
 
 class NodeStage(StrictModel):

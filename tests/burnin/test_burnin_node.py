@@ -20,7 +20,8 @@ from tests.kube_helpers import pods_on
 from tests.maintenance.test_node_maintenance import record_history
 from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.budget.leases import budget_workflow_id
-from workflows.burnin.server_burnin import ServerBurnInInput
+from workflows.burnin.server_burnin import BurnInSettings, ServerBurnInInput
+from workflows.validation.models import ValidationSettings
 
 
 def node_fleet(name: str, *, cordoned_by: str | None = None) -> list[dict]:
@@ -137,3 +138,48 @@ def test_the_example_input_takes_its_node_out_of_service():
     example["server"]["bmc"]["url"] = "https://127.0.0.1:1"  # what `lab up` writes in
     kubernetes = ServerBurnInInput.model_validate(example).server.kubernetes
     assert kubernetes is not None and kubernetes.take_out_of_service and kubernetes.drain.delete_emptydir_data
+
+
+async def validated_node(bmcs, admin, k8s, link, name: str) -> ServerBurnInInput:
+    """A node in service and the input of a burn-in that takes it out and validates it before its return."""
+    await k8s.seed(node_fleet(name))
+    await follow(link, admin, name)
+    return as_node(burn_in_input(bmcs, name, stress_seconds=2, validation={"expected_gpus": 8}),
+                   take_out_of_service=True, drain={"delete_emptydir_data": True})  # fmt: skip
+
+
+async def test_a_passed_node_failing_validation_on_its_disk_stays_cordoned(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    name = burnin_bmcs.names[7]
+    inp = await validated_node(burnin_bmcs, bmc_admin, k8s, power_link, name)
+    handle = await start(client, burnin_worker, inp)
+    await wait_phase(handle, "booting-disk")  # the burn-in passed; a GPU falls off the bus in the disk's boot
+    await bmc_admin.set_gpu_faults(name, {"missing_gpus": 1})
+    result = await handle.result()
+
+    assert result.result == "failed" and result.validation is not None and not result.validation.passed
+    assert [f.check for f in result.findings if f.severity == "fail"] == ["validation"], result.summary()
+    node = await core.read_node(name)
+    assert node.spec.unschedulable and node.metadata.annotations["millwright.dev/cordoned-by"] == handle.id
+    reason = json.loads(node.metadata.annotations[QUARANTINE_ANNOTATION])["reason"]
+    assert reason.startswith("burn-in failed: validation") and "7" in reason, reason
+    assert await client.get_workflow_handle(budget_workflow_id("lab")).query(DisruptionBudget.leases) == []
+    await record_history(handle, "server_burn_in_node_validation_failed")
+
+
+async def test_a_passed_node_passing_validation_is_uncordoned(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    name = burnin_bmcs.names[7]
+    inp = await validated_node(burnin_bmcs, bmc_admin, k8s, power_link, name)
+    result = await (await start(client, burnin_worker, inp)).result()
+
+    assert result.result == "passed" and result.validation is not None and result.validation.passed, result.summary()
+    assert not (await core.read_node(name)).spec.unschedulable
+
+
+def test_validation_without_the_disk_boot_is_refused_at_the_edge():
+    with pytest.raises(ValueError, match="validation gates a node's return to service from its disk"):
+        BurnInSettings(boot_disk_after_pass=False, validation=ValidationSettings())
+    BurnInSettings(boot_disk_after_pass=False, validation=ValidationSettings(enabled=False))

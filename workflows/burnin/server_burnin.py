@@ -65,9 +65,15 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
+from workflows.validation.defaults import validation_for
+from workflows.validation.gate import validate_node
+from workflows.validation.models import ValidationResult, ValidationSettings
 
 # Runs from before BMC calls carried the SEL's path and the power state read by the call before (fewer requests).
 CARRY_BMC_FACTS_PATCH = "burn-in-carries-bmc-facts"
+# The validation gate before a passed node's uncordon, NetBox told after it (read only when validation is asked for).
+VALIDATION_PATCH = "burn-in-validation"
+VALIDATION_DEFAULT_PATCH = "burn-in-validation-default"  # the cluster's default for a node taken out, when none given
 T = TypeVar("T")
 TAG_BURNIN_PASSED = "millwright-burnin-passed"
 TAG_BURNIN_FAILED = "millwright-burnin-failed"
@@ -77,7 +83,7 @@ Phase = Literal[
     "starting", "looking-up", "staging", "checking-firmware", "reading-sel", "booting-burn-in-image",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
-    "uncordoning", "quarantining",
+    "uncordoning", "quarantining", "validating",
     "waiting-for-agent", "checking-gpus", "stressing", "re-checking-gpus", "cleaning", "deciding", "recording",
     "booting-disk", "powering-off", "completed", "failed",
 ]  # fmt: skip
@@ -129,6 +135,10 @@ class BurnInSettings(StrictModel):
     record_in_netbox: bool = Field(True, description="Look up and record in NetBox (statuses, journal, tags).")
     power_off_on_failure: bool = True
     boot_disk_after_pass: bool = Field(True, description="Boot the server back to its disk after a pass.")
+    validation: ValidationSettings | None = Field(
+        None, description="The validation gate a passed Kubernetes node the burn-in took out of service must pass "
+        "on its disk before its uncordon (docs/validation.md); one that fails stays cordoned and quarantined.",
+    )  # fmt: skip
 
     @field_validator("boot_timeout")
     @classmethod
@@ -136,6 +146,13 @@ class BurnInSettings(StrictModel):
         if v <= timedelta(0):
             raise ValueError("must be positive")
         return v
+
+    @model_validator(mode="after")
+    def _validation_needs_the_disk(self) -> BurnInSettings:
+        if self.validation is not None and self.validation.enabled and not self.boot_disk_after_pass:
+            raise ValueError("validation gates a node's return to service from its disk: it needs "
+                             "boot_disk_after_pass (or no validation)")  # fmt: skip
+        return self
 
 
 class ServerBurnInInput(WorkflowInput, RetryTimeout):
@@ -175,6 +192,7 @@ class ServerBurnInResult(StrictModel):
     firmware: dict[str, str] = Field(default_factory=dict)
     gpus: int = 0
     stress_seconds: int = 0
+    validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when it ran.")
 
     def reason(self) -> str:
         """Why the server failed, in one line: its first failing finding."""
@@ -260,7 +278,10 @@ class ServerBurnIn:
         if target.kubernetes is not None and workflow.patched(NODE_GUARD_PATCH):
             node = NodeService(target.kubernetes, target.name, self._enter)
         try:
-            if node is not None:  # before anything changes: a node in service is refused here
+            if node is not None:  # before anything changes: a node in service (or a bad default) is refused here
+                if node.ref.take_out_of_service:  # the only node the burn-in returns to service: the gate's
+                    default = await validation_for(node.ref.cluster, settings.validation, VALIDATION_DEFAULT_PATCH)
+                    settings = settings.model_copy(update={"validation": default})
                 await node.take_out()
             if settings.record_in_netbox:
                 self._enter("looking-up", f"NetBox device {target.name}")
@@ -290,7 +311,9 @@ class ServerBurnIn:
                     **NETBOX_CALL, summary="record burn-in aborted")  # fmt: skip
             raise
         self._findings = result.findings
-        if settings.record_in_netbox:
+        # A node that is validated is recorded after the gate, so NetBox never shows `active` a node kept out.
+        validating = self._validates(settings, node, target, result)
+        if settings.record_in_netbox and not validating:
             self._enter("recording", result.result)
             try:
                 await self._record(lookup, result)
@@ -306,12 +329,41 @@ class ServerBurnIn:
             if node is not None and result.result == "passed" and settings.boot_disk_after_pass:
                 boot_id = await node.before_disk_boot()
             await self._after(target.bmc, settings, result)
+        if validating:
+            assert node is not None and boot_id is not None
+            await self._validate(node, boot_id, settings, result)
+            boot_id = None  # back on its disk already: the uncordon waits no more
+            if settings.record_in_netbox:
+                self._enter("recording", result.result)
+                await self._record(lookup, result)
         if node is not None:
-            await node.back_in(result.result == "passed", result.reason(), boot_id, settings.boot_timeout)
+            await node.back_in(result.result == "passed", result.reason(), boot_id, settings.boot_timeout,
+                               rebooted=not validating)  # fmt: skip
             result.notes += [node.status.note] if node.status.note else []
         self._enter("completed", f"**{result.result}**" + (f": {result.findings[0].evidence}"
                                                            if result.findings else ""))  # fmt: skip
         return result
+
+    def _validates(self, settings: BurnInSettings, node: NodeService | None, target: ServerTarget,
+                   result: ServerBurnInResult) -> bool:  # fmt: skip
+        """The gate applies to a passed node this run took out of service and boots back to its disk."""
+        return (settings.validation is not None and settings.validation.enabled and result.result == "passed"
+                and node is not None and node.status.cordoned_by_us and target.ironic is None
+                and target.bmc is not None and settings.boot_disk_after_pass
+                and workflow.patched(VALIDATION_PATCH))  # fmt: skip
+
+    async def _validate(self, node: NodeService, boot_id: str, settings: BurnInSettings,
+                        result: ServerBurnInResult) -> None:  # fmt: skip
+        """The gate on the node back on its disk (Ready, a new boot ID); a node that fails it fails the burn-in."""
+        assert settings.validation is not None
+        await node.wait_rebooted(boot_id, settings.boot_timeout)
+        self._enter("validating", node.status.node)
+        verdict = await validate_node(node.ref.cluster, node.status.node, settings.validation,
+                                      by=workflow.info().workflow_id)  # fmt: skip
+        result.validation = verdict
+        if not verdict.passed:
+            result.findings.append(Finding(check="validation", subject=node.status.node, evidence=verdict.reason))
+            result.result = "failed"
 
     # ------------------------------------------------------------ the Redfish path
 

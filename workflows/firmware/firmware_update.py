@@ -46,11 +46,14 @@ from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endp
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
 from workflows.remediation.models import NodeRemediationInput, RemediationSettings
 from workflows.remediation.policy import remediation_workflow_id
+from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
 
 # workflow.patched() id of the validation gate before the uncordon (read only when the input asks for validation).
 VALIDATION_PATCH = "firmware-update-validation"
+# The cluster's validation default for a node the update takes out, when the input gives no validation.
+VALIDATION_DEFAULT_PATCH = "firmware-update-validation-default"
 # A result as NetBox records it: firmware installed on a node that failed validation is a failed update there.
 RECORDED: dict[str, Literal["updated", "up-to-date", "failed"]] = {
     "updated": "updated", "up-to-date": "up-to-date", "validation-failed": "failed",
@@ -221,6 +224,9 @@ class FirmwareUpdate:
         node = None
         if target.kubernetes is not None:
             node = NodeService(target.kubernetes, target.name, self._enter, operation="firmware update")
+            if target.kubernetes.take_out_of_service:  # before the node is touched: a bad default fails here
+                default = await validation_for(target.kubernetes.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
+                inp = inp.model_copy(update={"validation": default})
             await node.take_out()  # a node in service is refused here, before anything changes
         try:
             boot_id = await node.before_disk_boot() if node is not None else None

@@ -33,11 +33,14 @@ from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
 
 # The validation gate before the uncordon: a retired patch (docs/patch-policy.md), recorded deprecated.
 VALIDATION = "node-maintenance-validation"
+# workflow.patched() id of the cluster's validation default, read when the input has no `validation`.
+VALIDATION_DEFAULT = "node-maintenance-validation-default"
 
 Phase = Literal[
     "starting",
@@ -204,6 +207,9 @@ class NodeMaintenance:
                 endpoint=kubernetes_api(inp.cluster),
                 summary=f"inspect node {inp.node}",
             )
+            # Before the node is touched: a bad default fails the run here. It gates the uncordon only.
+            validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT) \
+                if inp.uncordon_after else inp.validation  # fmt: skip
             if workflow.patched(LEASE_PATCH) and not await self._lease(inp):
                 why = self._abort.reason if self._abort else ""
                 return await self._finish(
@@ -231,10 +237,10 @@ class NodeMaintenance:
             raise
         if self._abort is not None:
             return await self._finish("aborted", cordon, self._abort.uncordon, f"aborted: {self._abort.reason}")
-        if inp.validation is not None and inp.validation.enabled and inp.uncordon_after and self._status.cordoned_by_us:
+        if validation is not None and validation.enabled and inp.uncordon_after and self._status.cordoned_by_us:
             workflow.deprecate_patch(VALIDATION)
             self._enter("validating")
-            verdict = await validate_node(inp.cluster, inp.node, inp.validation, by=owner)
+            verdict = await validate_node(inp.cluster, inp.node, validation, by=owner)
             self._status.validation = verdict
             if not verdict.passed:  # left cordoned, its lease kept: it must not take work until someone looks
                 return await self._finish("validation-failed", cordon, False, f"validation failed: {verdict.reason}")

@@ -84,6 +84,7 @@ from workflows.remediation.models import (
 )
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
 from workflows.remediation.records import OutcomeRecords
+from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 
 # BMC, NetBox and host-agent calls are made as burn-in makes them (workflows.burnin.server_burnin: BMC_CALL, NETBOX_CALL,
@@ -93,6 +94,7 @@ from workflows.validation.gate import validate_node
 NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start refuses a stale or unwanted run
 VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
+VALIDATION_DEFAULT_PATCH = "remediation-validation-default"  # the cluster's default when the input has none
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -115,6 +117,7 @@ class NodeRemediation:
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
         self._records = OutcomeRecords(inp, self._calls, self._status, self._details)
+        self._validation = inp.validation  # or the cluster's default, read before the node is touched
 
     # ------------------------------------------------------------ queries and updates
 
@@ -178,6 +181,7 @@ class NodeRemediation:
                 self._status.note = f"requested by {inp.requested_by}"
         # A node quarantined earlier and remediated again (an operator's request): fixed, its quarantine is lifted.
         quarantined = health.quarantined
+        self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
 
         if inp.disruption_budget:
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
@@ -292,12 +296,13 @@ class NodeRemediation:
             return StepRecord(step=step, outcome="failed", detail=error_text(err), approval=approval)
         try:
             healthy, why = await self._verify(bmc, check)
-            if healthy and inp.validation is not None and inp.validation.enabled and workflow.patched(VALIDATION_PATCH):
+            validation = self._validation
+            if healthy and validation is not None and validation.enabled and workflow.patched(VALIDATION_PATCH):
                 self._enter("validating")
                 verdict = await validate_node(
                     inp.cluster,
                     inp.node,
-                    inp.validation,
+                    validation,
                     by=workflow.info().workflow_id,
                     attempt=len(self._status.steps) + 1,
                 )

@@ -45,10 +45,13 @@ from workflows.rollout.models import (
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
+from workflows.validation.defaults import validation_for
 
 # workflow.patched() id of batch planning (docs/rollout-batch-planning.md): membership re-read before each batch,
 # erroring nodes retried, the priority order, resetBatchStateOnCompletion. Runs from before keep their fixed members.
 PLANNING_PATCH = "rollout-batch-planning"
+# The cluster's validation default, read once per rollout (its first run) when the spec gives no validation.
+VALIDATION_DEFAULT_PATCH = "rollout-validation-default"
 
 
 # ---------------------------------------------------------------- RolloutBatch
@@ -234,6 +237,10 @@ class Rollout(FleetControls):
             return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp))
         fleet.planning = workflow.patched(PLANNING_PATCH)
         if inp.checkpoint is None:
+            # Once per rollout, before any node: carried in the input through continue-as-new, so never read again.
+            validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
+            if validation is not inp.validation:
+                self._inp = inp = inp.model_copy(update={"validation": validation})
             await fleet.start()
         if fleet.planning:
             self._reset_on_version_change()
