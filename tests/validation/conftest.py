@@ -9,4 +9,4 @@ from tests.burnin import conftest as _burnin
 burnin_bmcs = _burnin.burnin_bmcs
 bmc_admin = _burnin.bmc_admin
 lab_hosts = _burnin.lab_hosts
-__all__ = ["burnin_bmcs", "bmc_admin", "lab_hosts"]
+__all__ = ["bmc_admin", "burnin_bmcs", "lab_hosts"]
