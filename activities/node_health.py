@@ -20,8 +20,9 @@ left to the workflow's retry policy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -177,10 +178,8 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
     ready = conds.get("Ready") or {}
     quarantined = annotations.get(QUARANTINE_ANNOTATION)
     if quarantined:
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             quarantined = str(json.loads(quarantined).get("reason") or quarantined)
-        except (ValueError, AttributeError):
-            pass
     return NodeHealth(
         name=meta["name"],
         ready=ready.get("status") == "True",
@@ -197,10 +196,10 @@ def node_health(node: dict[str, Any], condition_types: list[str], label_keys: li
             )
             for t in condition_types
             if (c := conds.get(t)) is not None
-        },  # fmt: skip
+        },
         labels={k: labels[k] for k in label_keys if k in labels},
         quarantined=quarantined or None,
-        read_at=datetime.now(timezone.utc),
+        read_at=datetime.now(UTC),
         boot_id=(status.get("nodeInfo") or {}).get("bootID") or None,
         last_remediation=_last_remediation(annotations.get(LAST_REMEDIATION_ANNOTATION)),
     )
@@ -300,7 +299,7 @@ class NodeHealthActivities:
             return QuarantineResult(changed=False, cordoned_by=holder)
         new_annotations: dict[str, Any] = {QUARANTINE_ANNOTATION: json.dumps({
             "reason": req.reason[:1024], "by": req.owner,
-            "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}, separators=(",", ":"))}  # fmt: skip
+            "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}, separators=(",", ":"))}  # fmt: skip
         if not spec.get("unschedulable"):
             new_annotations |= {CORDONED_BY: req.owner, CORDON_REASON: f"quarantined: {req.reason}"[:1024]}
             holder = req.owner
@@ -339,7 +338,7 @@ class NodeHealthActivities:
     async def mark_remediated(self, req: RemediatedMark) -> None:
         """Annotate how the node's remediation ended (`millwright.dev/last-remediation`); one merge patch of the
         annotation alone, the same on every retry."""
-        value = json.dumps({"at": req.at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "by": req.owner,
+        value = json.dumps({"at": req.at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "by": req.owner,
                             "outcome": req.outcome}, separators=(",", ":"))  # fmt: skip
         core = await self._clusters.core(req.cluster)
         await api_call(f"marking node {req.node} remediated",

@@ -44,7 +44,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, TypeVar
 
@@ -227,7 +227,7 @@ def _retry_after(value: str | None) -> float | None:
         seconds = float(value)
     except ValueError:
         try:
-            seconds = (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds()
+            seconds = (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
         except (TypeError, ValueError):
             return None
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER)

@@ -90,10 +90,8 @@ async def one_run(n: int, args: argparse.Namespace, rng: random.Random, client: 
     with contextlib.suppress(asyncio.CancelledError):
         await waiting
     for handle in [entity, *requesters]:
-        try:
+        with contextlib.suppress(RPCError):  # closed already
             await handle.terminate("chaos run over")
-        except RPCError:
-            pass  # closed already
     await admin.clear_faults()
     histories = await histories_since(client, since)
     replayed = await replay(histories)

@@ -29,7 +29,7 @@ import random
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -71,7 +71,7 @@ async def kubelet_reports(core_url: str, names: list[str], seconds: float, http:
     started = time.monotonic()
     for i, node in enumerate(names):
         await asyncio.sleep(max(0.0, started + seconds * i / len(names) - time.monotonic()))
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {"status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": now}]}}
         async with http.patch(f"{core_url}/api/v1/nodes/{node}/status", json=body,
                               headers={"Content-Type": "application/strategic-merge-patch+json"}) as resp:  # fmt: skip
@@ -81,7 +81,7 @@ async def kubelet_reports(core_url: str, names: list[str], seconds: float, http:
 
 async def set_condition(core_url: str, node: str, ctype: str, status: str, http: aiohttp.ClientSession) -> None:
     """A node condition written as a kubelet or Node Problem Detector writes it (strategic merge by type)."""
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {"status": {"conditions": [{"type": ctype, "status": status, "reason": "Bench", "message": "bench fault",
                                        "lastTransitionTime": now, "lastHeartbeatTime": now}]}}  # fmt: skip
     async with http.patch(f"{core_url}/api/v1/nodes/{node}/status", json=body,

@@ -30,7 +30,8 @@ import asyncio
 import json
 import re
 from collections import deque
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 

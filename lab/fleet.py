@@ -61,7 +61,7 @@ class PDBSpec(_M):
     maxUnavailable: int | str | None = None
 
     @model_validator(mode="after")
-    def _one(self) -> "PDBSpec":
+    def _one(self) -> PDBSpec:
         if (self.minAvailable is None) == (self.maxUnavailable is None):
             raise ValueError("pdb needs exactly one of minAvailable, maxUnavailable")
         return self
@@ -488,7 +488,7 @@ class Fleet(_M):
             node = eligible[i % len(eligible)] if eligible else None
             name = f"{w.name}-{_suffix(self.cluster, w.namespace, w.name, str(i))}"
             pods.append(self._pod(w, name, node, owner, counter, gen_name=f"{w.name}-"))
-        return [rs] + pods
+        return [rs, *pods]
 
     def _daemonset(self, w: Workload, nodes: list[NodeSpec], counter: list[int]) -> list[dict]:
         uid = _uid(self.cluster, "ds", w.namespace, w.name)
@@ -530,7 +530,7 @@ class Fleet(_M):
             )
             for n in targets
         ]
-        return [ds] + pods
+        return [ds, *pods]
 
     def _bare(self, w: Workload, nodes: list[NodeSpec], counter: list[int]) -> list[dict]:
         if w.replicas <= 1:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger("lab.node_power")
@@ -89,7 +89,7 @@ class NodePowerLink:
 
     async def _patch(self, name: str, *, ready: bool, boot_id: str | None) -> None:
         node = await self.core.read_node_status(name)
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         conditions = [self.core.api_client.sanitize_for_serialization(c) for c in node.status.conditions or []]
         for c in conditions:
             if c.get("type") == "Ready" and (c.get("status") == "True") != ready:

@@ -43,7 +43,7 @@ def fake_systems(systems: int | list[dict | str], prefix: str = "fake-node-") ->
         s.setdefault("power_state", "Off")
         s.setdefault("external_notifier", False)
         s.setdefault(
-            "nics", [{"mac": "52:54:00:%02x:%02x:%02x" % (i >> 16 & 255, i >> 8 & 255, i & 255), "ip": "127.0.0.1"}]
+            "nics", [{"mac": f"52:54:00:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}", "ip": "127.0.0.1"}]
         )
         out.append(s)
     return out

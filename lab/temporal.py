@@ -116,13 +116,10 @@ class DevServer:
 
     def start(self) -> subprocess.Popen:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_file, "ab")
-        try:
+        with open(self.log_file, "ab") as log:  # the child keeps its own descriptor
             self.process = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        finally:
-            log.close()
         return self.process
 
     async def wait_healthy(self, timeout: float = 30.0) -> None:

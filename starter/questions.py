@@ -3,6 +3,7 @@ everything that holds or touches one node (``node_why``), what its stage Jobs pr
 
 from __future__ import annotations
 
+import contextlib
 from datetime import datetime
 from typing import Any
 
@@ -189,13 +190,11 @@ async def node_why(client: Client, core: Any, cluster: str, node: str, *, events
             phase=e.typed_search_attributes.get(sa.PHASE),
             status=e.status.name.lower() if e.status else "",
             started=e.start_time,
-        )  # fmt: skip
+        )
         async for e in client.list_workflows(query, limit=20)
     ]
-    try:
+    with contextlib.suppress(RunNotFound):
         why.remediation = await run_status(client, remediation_workflow_id(cluster, node))
-    except RunNotFound:
-        pass
     listed = await core.list_namespaced_event(EVENT_NAMESPACE, field_selector=f"involvedObject.name={node}")
     mine = [
         e for e in listed.items if e.involved_object.name == node and e.source and e.source.component == EVENT_COMPONENT
@@ -207,7 +206,7 @@ async def node_why(client: Client, core: Any, cluster: str, node: str, *, events
             type=e.type or "",
             reason=e.reason or "",
             message=e.message or "",
-        )  # fmt: skip
+        )
         for e in mine[-events:]
     ]
     return why

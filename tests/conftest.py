@@ -5,6 +5,7 @@ Sections are owned by different parts of the code base; keep each in its marked 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -116,7 +117,7 @@ async def temporal_env():
             "frontend.WorkflowTimeSkippingEnabled=true",
             "--dynamic-config-value",
             FAIRNESS_DYNAMIC_CONFIG,
-        ],  # fmt: skip
+        ],
     )
     async with env:
         yield env
@@ -273,10 +274,8 @@ async def end_disruption_budgets(client) -> None:
     async for execution in client.list_workflows("WorkflowType = 'DisruptionBudget' AND ExecutionStatus = 'Running'"):
         ids.add(execution.id)
     for workflow_id in sorted(ids):
-        try:
+        with contextlib.suppress(RPCError):  # not running
             await client.get_workflow_handle(workflow_id).terminate("reset between tests")
-        except RPCError:
-            pass  # not running
 
 
 # ==================================================================================

@@ -5,6 +5,7 @@ fairness key (remediation at 2: tests/remediation/test_dcgm.py); and what a back
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from datetime import timedelta
 
@@ -150,7 +151,7 @@ async def test_a_backlog_dispatches_remediation_first_and_each_cluster_s_rollout
     assert ORDER[0] == "remediation", ORDER
     # Fairness: the two clusters' rollouts take turns (in order of scheduling, all eight of a's would come in a row).
     longest = run = 1
-    for before, label in zip(ORDER[1:], ORDER[2:]):
+    for before, label in itertools.pairwise(ORDER):
         run = run + 1 if label[0] == before[0] else 1
         longest = max(longest, run)
     assert longest <= 4, ORDER

@@ -110,5 +110,5 @@ def test_worker_settings(monkeypatch, lab_ca):
     assert settings.ufm_config().verify_tls is False and settings.ufm_config().ca_bundle is None
     assert settings.bmc_verify_tls and settings.ca_bundle("bmc") is None
     monkeypatch.setenv("MILLWRIGHT_BMC_CA_BUNDLE", str(lab_ca.ca_file))  # a path, not a reference
-    with pytest.raises(ConfigError, match="MILLWRIGHT_BMC_CA_BUNDLE: .* 'file:/path/to/ca.pem'"):
+    with pytest.raises(ConfigError, match=r"MILLWRIGHT_BMC_CA_BUNDLE: .* 'file:/path/to/ca\.pem'"):
         WorkerSettings().ca_bundle("bmc")

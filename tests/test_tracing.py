@@ -4,7 +4,7 @@ the run, to an OTLP/HTTP receiver (a collector's `/v1/traces`, here a loopback s
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -38,7 +38,7 @@ async def test_workflow_and_activity_spans_reach_the_collector(client, kubeconfi
         settings = WorkerSettings(kubeconfig=str(kubeconfig_path), metrics_port=0,
                                   otlp_endpoint=f"http://{LOOPBACK}:{port}")  # fmt: skip
         registration = registry.build(settings)
-        end = datetime.now(timezone.utc).replace(microsecond=0)
+        end = datetime.now(UTC).replace(microsecond=0)
         inp = TenantUsageInput(cluster="lab", start=end - timedelta(seconds=4), end=end, step=timedelta(seconds=1),
                                page=timedelta(seconds=4), record_in_netbox=False)  # fmt: skip
         try:

@@ -17,7 +17,7 @@ import contextlib
 import hmac
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 from aiohttp import web
@@ -127,7 +127,7 @@ class AlertReceiver:
         if node is None or not cluster:
             missing = f"none of the labels {', '.join(NODE_LABELS)}" if node is None else f"no {CLUSTER_LABEL} label"
             return FaultOutcome(cluster=cluster, node=node or "", source=source, status="ignored",
-                                detail=f"{missing}: no node to act on", at=datetime.now(timezone.utc))  # fmt: skip
+                                detail=f"{missing}: no node to act on", at=datetime.now(UTC))  # fmt: skip
         return await self._events.alert(cluster, node, source, alert_problem(alert))
 
     async def healthz(self, request: web.Request) -> web.Response:

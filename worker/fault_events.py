@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import Field
@@ -252,4 +252,4 @@ def _reason(source: str, problems: list[str]) -> str:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
@@ -104,4 +104,4 @@ def _event(cluster: str, events: FaultEvents, event: dict[str, Any]) -> str | No
 
 
 def _heard(events: FaultEvents, cluster: str) -> None:
-    events.heard[cluster] = datetime.now(timezone.utc)
+    events.heard[cluster] = datetime.now(UTC)

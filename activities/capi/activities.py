@@ -16,6 +16,7 @@ or Secret data is ever returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -300,10 +301,8 @@ class ClusterApiActivities:
         nodes = await request(res.api, "GET", "/api/v1/nodes", "listing nodes")
         gpus = 0.0
         for n in (nodes or {}).get("items") or []:
-            try:
+            with contextlib.suppress(ValueError):
                 gpus += float(((n.get("status") or {}).get("allocatable") or {}).get(GPU) or 0)
-            except ValueError:
-                pass
         quotas: dict[str, float] = {}
         queues: list[QueueGuarantee] = []
         if await res.lookup("scheduling.run.ai/v2", "Queue") is not None:

@@ -7,7 +7,6 @@ create a `Namespace`, a KAI `Queue` or a Cluster API `Cluster`. Each call uses t
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -86,7 +85,7 @@ async def request(
         )
         resp = await api.call_api(m, url, header_params=h, body=b, _request_timeout=REQUEST_TIMEOUT)
         data = await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
     if 200 <= resp.status < 300:
         return json.loads(data) if data else {}

@@ -20,7 +20,7 @@ class KindRef(StrictModel):
         return f"{self.api_version}/{self.kind}"
 
     @classmethod
-    def of_objects(cls, objs: list[dict[str, Any]]) -> list["KindRef"]:
+    def of_objects(cls, objs: list[dict[str, Any]]) -> list[KindRef]:
         """The distinct kinds of these objects, in first-seen order."""
         seen: dict[str, KindRef] = {}
         for o in objs:
@@ -39,7 +39,7 @@ class ObjectRef(StrictModel):
         return f"{self.kind} {where}{self.name}"
 
     @classmethod
-    def of(cls, obj: dict[str, Any]) -> "ObjectRef":
+    def of(cls, obj: dict[str, Any]) -> ObjectRef:
         md = obj.get("metadata") or {}
         return cls(api_version=obj["apiVersion"], kind=obj["kind"], name=md["name"], namespace=md.get("namespace"))
 

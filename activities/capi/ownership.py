@@ -40,7 +40,7 @@ class Ownership(StrictModel):
         )
 
     @classmethod
-    def of(cls, obj: dict[str, Any]) -> "Ownership | None":
+    def of(cls, obj: dict[str, Any]) -> Ownership | None:
         value = ((obj.get("metadata") or {}).get("annotations") or {}).get(OWNER_ANNOTATION)
         if not value:
             return None
@@ -68,7 +68,7 @@ class Ownership(StrictModel):
         """Whose the object is, for an error message."""
         return self.whose(Ownership.of(obj))
 
-    def whose(self, own: "Ownership | None") -> str:
+    def whose(self, own: Ownership | None) -> str:
         """Whose an object with this ownership is (None: no owner annotation), for an error message."""
         if own is None:
             return "not created by Millwright"

@@ -247,9 +247,8 @@ class NvmlProbe:
 
     async def host_facts(self) -> dict[str, str]:
         facts = {"kernel": os.uname().release}
-        with contextlib.suppress(OSError):
-            with open("/proc/sys/kernel/random/boot_id") as f:
-                facts["boot_id"] = f.read().strip()
+        with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
+            facts["boot_id"] = f.read().strip()
         return facts
 
     async def restart_services(self) -> ServiceRestartResult:
@@ -287,7 +286,7 @@ async def _run(cmd: list[str], timeout: float = _SUBPROCESS_TIMEOUT) -> tuple[in
                                                 stderr=asyncio.subprocess.STDOUT)  # fmt: skip
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
+    except (TimeoutError, asyncio.CancelledError):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
@@ -386,7 +385,7 @@ class _NvmlLoad:
                     self.proc.terminate()
                 try:
                     await asyncio.wait_for(asyncio.shield(self._output), 15)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     with contextlib.suppress(ProcessLookupError):
                         self.proc.kill()
             out, err = await self._output

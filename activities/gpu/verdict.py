@@ -57,7 +57,7 @@ def gpu_verdict(
     return GpuVerdict(passed=not any(f.severity == "fail" for f in ordered), findings=ordered)
 
 
-def _state_findings(expected: GpuCheckRequest, snap: HostGpuSnapshot, *, judge_ecc: bool) -> list[Finding]:
+def _state_findings(expected: GpuCheckRequest, snap: HostGpuSnapshot, *, judge_ecc: bool) -> list[Finding]:  # noqa: C901 (one check per NVML state the verdict judges, in the order the docs list them)
     out: list[Finding] = []
     if expected.expected_count is not None and snap.gpu_count != expected.expected_count:
         out.append(

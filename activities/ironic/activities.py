@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -184,7 +184,7 @@ class IronicActivities(IronicClient):
             return False  # no history (disabled, or an older Ironic): clean again rather than skip a clean
         since = activity.info().scheduled_time
         if since.tzinfo is None:
-            since = since.replace(tzinfo=timezone.utc)
+            since = since.replace(tzinfo=UTC)
         wanted = [f"'step': '{s.step}'" for s in req.steps]
         for event in history.get("history") or []:
             text = str(event.get("event") or "")

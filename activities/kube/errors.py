@@ -4,7 +4,6 @@ for the workflow's retry policy. And how often a wait looks again."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
 from typing import Any
@@ -65,7 +64,7 @@ async def api_call(doing: str, coro):
         return await coro
     except ApiException as err:
         raise api_error(err, doing) from err
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
 
 

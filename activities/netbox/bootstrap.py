@@ -70,7 +70,7 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
                 "extra_choices": [[v, v.capitalize()] for v in BURNIN_RESULTS],
                 "description": "Outcome of a Millwright burn-in",
             },
-        ),  # fmt: skip
+        ),
     ],
     "custom-fields": [
         _cf(
@@ -126,7 +126,7 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
             "Firmware installed",
             "Firmware inventory name -> the version Millwright's last firmware update read back",
         ),
-    ],  # fmt: skip
+    ],
     "tags": [
         BootstrapObject(
             endpoint="extras.tags", key={"slug": slug}, fields={"name": slug, "color": color, "description": d}
@@ -153,7 +153,7 @@ BOOTSTRAP_SECTIONS: dict[str, list[BootstrapObject]] = {
             key={"slug": CLUSTER_TYPE},
             fields={"name": "Millwright GPU cluster"},
         ),
-    ],  # fmt: skip
+    ],
     # Statuses are NetBox choices (extended only through FIELD_CHOICES in its configuration):
     # the bootstrap checks that the ones Millwright uses are offered.
     "statuses": [],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import contextlib
 import copy
 import json
 import logging
@@ -228,7 +229,7 @@ class Api:
         """The object as served (lab/k8s/resources.py `ResourceType.served`)."""
         return rt.served(obj, version, shallow)
 
-    async def resource(self, request: web.Request, info: Info) -> web.StreamResponse:
+    async def resource(self, request: web.Request, info: Info) -> web.StreamResponse:  # noqa: C901 (one branch per verb and subresource on a path, as kube-apiserver routes them)
         rt = info.rt
         if rt is None:
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
@@ -356,7 +357,7 @@ class Api:
         api_version = f"{rt.group}/{info.version}" if rt.group else info.version
         return jresp({"kind": f"{rt.kind}List", "apiVersion": api_version, "metadata": meta, "items": items})
 
-    async def watch(self, request: web.Request, info: Info, rt: ResourceType) -> web.StreamResponse:
+    async def watch(self, request: web.Request, info: Info, rt: ResourceType) -> web.StreamResponse:  # noqa: C901 (each watch parameter (resourceVersion, bookmarks, timeout, selectors) shapes the stream)
         from .store import Watcher
 
         label, field = self._selectors(request, rt)
@@ -436,7 +437,7 @@ class Api:
                     break
                 try:
                     item = await asyncio.wait_for(w.queue.get(), min(left, bm_every if bookmarks else left))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if bookmarks and time.monotonic() < deadline:
                         await send(
                             "BOOKMARK",
@@ -456,10 +457,8 @@ class Api:
         finally:
             self.store.watchers.discard(w)
             w.closed = True
-        try:
+        with contextlib.suppress(Exception):
             await resp.write_eof()
-        except Exception:
-            pass
         return resp
 
     # ------------------------------------------------------------------ create
@@ -638,7 +637,7 @@ class Api:
         b = {k: v for k, v in new.items() if k not in skip}
         return a != b
 
-    def _finish_update(
+    def _finish_update(  # noqa: C901 (one branch per update precondition the API server checks, in its order)
         self,
         request: web.Request,
         info: Info,

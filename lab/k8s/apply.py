@@ -29,22 +29,22 @@ if TYPE_CHECKING:
 class Writes(Protocol):
     """What an apply asks of the API server (lab/k8s/api.py `Api`): its store and its create and update tails."""
 
-    store: "Store"
+    store: Store
 
     def create_locked(
-        self, request: "web.Request", info: "Info", rt: "ResourceType", body: dict, managed: list[dict] | None = None
-    ) -> "web.Response": ...
+        self, request: web.Request, info: Info, rt: ResourceType, body: dict, managed: list[dict] | None = None
+    ) -> web.Response: ...
 
     def _finish_update(
         self,
-        request: "web.Request",
-        info: "Info",
-        rt: "ResourceType",
+        request: web.Request,
+        info: Info,
+        rt: ResourceType,
         old: dict,
         new: dict,
         sub: str,
         managed: list[dict] | None = None,
-    ) -> "web.Response": ...
+    ) -> web.Response: ...
 
 
 def parse(raw: bytes) -> dict:
@@ -170,7 +170,7 @@ def _conflict_error(conflicts: list[tuple[Entry, Path]]) -> ApiError:
     return ApiError(409, msg, "Conflict", {"causes": causes})
 
 
-def _options(request: "web.Request") -> tuple[str, bool]:
+def _options(request: web.Request) -> tuple[str, bool]:
     q = request.query
     manager = q.get("fieldManager") or ""
     if not manager:
@@ -185,7 +185,7 @@ def _options(request: "web.Request") -> tuple[str, bool]:
 
 def applied(
     api: Writes,
-    rt: "ResourceType",
+    rt: ResourceType,
     version: str,
     live: dict | None,
     config: dict,
@@ -220,10 +220,10 @@ def applied(
         for p in sorted(previous.fields - still_owned, key=len, reverse=True):
             _remove(merged, p)
             _drop_emptied(merged, p)
-    return merged, managedfields.encode(others + [me])
+    return merged, managedfields.encode([*others, me])
 
 
-async def handle(api: Writes, request: "web.Request", info: "Info", rt: "ResourceType") -> "web.Response":
+async def handle(api: Writes, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
     manager, force = _options(request)
     config = parse(await request.read())
     md = config.setdefault("metadata", {})

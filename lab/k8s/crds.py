@@ -209,12 +209,12 @@ TENANCY_CRDS: list[dict] = [
 ]
 
 
-def _denied(webhook: str, rt: "ResourceType", name: str, why: str) -> ApiError:
+def _denied(webhook: str, rt: ResourceType, name: str, why: str) -> ApiError:
     details = {"name": name, "kind": rt.plural, "group": rt.group}
     return ApiError(400, f'admission webhook "{webhook}" denied the request: {why}', "BadRequest", details)
 
 
-def admit(store: "Store", rt: "ResourceType", verb: str, obj: dict) -> None:
+def admit(store: Store, rt: ResourceType, verb: str, obj: dict) -> None:
     """The validating webhooks of KAI (queues). Lock held; raises ApiError to deny."""
     if rt.key != QUEUES:
         return

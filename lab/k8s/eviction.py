@@ -34,7 +34,7 @@ class Verbs(Protocol):
     def delete_object(self, rt: ResourceType, obj: dict, opts: dict, actor: str | None = None) -> dict: ...
 
 
-async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
+async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) -> web.Response:  # noqa: C901 (the Eviction API's rules in the order the API server applies them)
     """pods/eviction as pkg/registry/core/pod/storage/eviction.go answers it (reference §4.2, §8.4)."""
     body = await api.body_json(request) or {}
     entry = request["audit"]

@@ -15,6 +15,7 @@ session, and children inherit it), ``python -m lab.k8s`` also writes them to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import tempfile
@@ -32,7 +33,7 @@ def note(entry: dict) -> None:
     """Count one audit entry (called by Store.audit_add for every request and controller write)."""
     global _version
     if entry.get("resource"):
-        key = tuple(str(entry.get(f) or "") for f in KEY_FIELDS[:-1]) + ("",)
+        key = (*tuple(str(entry.get(f) or "") for f in KEY_FIELDS[:-1]), "")
     else:  # discovery (/api, /apis/<group>/<version>, /version, ...) or an unknown path
         path = str(entry.get("path") or "").split("?", 1)[0]
         key = (str(entry.get("userAgent") or ""), str(entry.get("verb") or ""), "", "", "", "", path)
@@ -81,7 +82,7 @@ class Writer:
             self.flush()
             await asyncio.sleep(self.interval)
 
-    def start(self) -> "Writer":
+    def start(self) -> Writer:
         if self.path is not None:
             self.flush()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="lab-k8s-evidence")
@@ -90,10 +91,8 @@ class Writer:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         self.flush()
 
 

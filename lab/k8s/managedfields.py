@@ -52,19 +52,19 @@ def _walk(value: Any, node: dict | None, path: Path, out: dict, granular_members
         if granular_members and path and schemas.is_granular_map(node):
             out[path] = MEMBER
         for k, v in value.items():
-            _walk(v, schemas.child(node, k)[0], path + (f"f:{k}",), out, granular_members)
+            _walk(v, schemas.child(node, k)[0], (*path, f"f:{k}"), out, granular_members)
     elif isinstance(value, list) and value:
         kind, keys = schemas.list_semantics(node)
         if kind == "map" and all(isinstance(i, dict) for i in value):
             item_node = schemas.items(node)
             for item in value:
-                ipath = path + (_pe_key(item, keys),)
+                ipath = (*path, _pe_key(item, keys))
                 out[ipath] = MEMBER if item else item
                 for k, v in item.items():
-                    _walk(v, schemas.child(item_node, k)[0], ipath + (f"f:{k}",), out, granular_members)
+                    _walk(v, schemas.child(item_node, k)[0], (*ipath, f"f:{k}"), out, granular_members)
         elif kind == "set" and not any(isinstance(i, (dict, list)) for i in value):
             for item in value:
-                out[path + (_pe_value(item),)] = item
+                out[(*path, _pe_value(item))] = item
         else:
             out[path] = value
     else:
@@ -121,7 +121,7 @@ def from_fields_v1(tree: Any, prefix: Path = ()) -> set[Path]:
         if k == ".":
             out.add(prefix)
         else:
-            out |= from_fields_v1(v, prefix + (k,))
+            out |= from_fields_v1(v, (*prefix, k))
     return out
 
 
@@ -184,7 +184,7 @@ class Entry:
 def decode(managed: Any) -> list[Entry]:
     out = []
     for m in managed or []:
-        if not isinstance(m, dict) or not m.get("manager") and not m.get("fieldsV1"):
+        if not isinstance(m, dict) or (not m.get("manager") and not m.get("fieldsV1")):
             continue
         out.append(
             Entry(
@@ -237,4 +237,4 @@ def record_update(
         e.fields -= changed | removed
         kept.append(e)
     mine.fields = (mine.fields | changed) - removed
-    md["managedFields"] = encode(kept + [mine])
+    md["managedFields"] = encode([*kept, mine])

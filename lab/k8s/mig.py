@@ -5,11 +5,12 @@ lab/k8s/controllers/migmanager.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 # mig-manager's protocol: the desired config name, and its progress (pending, rebooting, success, failed).
 CONFIG_LABEL = "nvidia.com/mig.config"
@@ -272,10 +273,8 @@ def gpu_resources(pod: dict) -> dict[str, float]:
         for name, v in asked.items():
             if not is_gpu_resource(name):
                 continue
-            try:
+            with contextlib.suppress(TypeError, ValueError):
                 out[name] = out.get(name, 0.0) + float(v)
-            except (TypeError, ValueError):
-                pass
     return {k: v for k, v in out.items() if v}
 
 

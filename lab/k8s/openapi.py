@@ -74,7 +74,7 @@ def gv_path(group: str, version: str) -> str:
     return f"apis/{group}/{version}" if group else f"api/{version}"
 
 
-def _schema_names(store: "Store", rt: "ResourceType", version: str) -> tuple[str | None, str | None]:
+def _schema_names(store: Store, rt: ResourceType, version: str) -> tuple[str | None, str | None]:
     if rt.builtin:
         return (
             schemas.builtin_name(rt.group, version, rt.kind),
@@ -98,7 +98,7 @@ def _ref(name: str | None) -> dict:
     return {"$ref": schemas.REF + name} if name else {"type": "object"}
 
 
-def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def: str | None) -> dict[str, dict]:
+def _operations(rt: ResourceType, version: str, obj_def: str | None, list_def: str | None) -> dict[str, dict]:
     """Path -> path item for one kind, as the real server lays them out."""
     gvk = {"group": rt.group, "kind": rt.kind, "version": version}
     base = "/" + gv_path(rt.group, version)
@@ -165,7 +165,7 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
     coll_params = path_params[1:]
     verbs = set(rt.verbs)
     out: dict[str, dict] = {}
-    c: dict[str, Any] = {"parameters": coll_params + [_query("pretty")]}
+    c: dict[str, Any] = {"parameters": [*coll_params, _query("pretty")]}
     if "list" in verbs:
         c["get"] = op("list", "list", rt.kind, resp=list_def)
     if "create" in verbs:
@@ -180,11 +180,11 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
             params=[_query("dryRun")],
         )
     out[coll] = c
-    one: dict[str, Any] = {"parameters": path_params + [_query("pretty")]}
+    one: dict[str, Any] = {"parameters": [*path_params, _query("pretty")]}
     one["get"] = op("read", "get", rt.kind)
     one["put"] = op("replace", "put", rt.kind, body=_ref(obj_def), params=write, codes=("200", "201"))
     one["patch"] = op(
-        "patch", "patch", rt.kind, body=_ref(META + "Patch"), params=write + [_query("force")], codes=("200", "201")
+        "patch", "patch", rt.kind, body=_ref(META + "Patch"), params=[*write, _query("force")], codes=("200", "201")
     )
     one["patch"]["consumes"] = list(consumes)
     one["delete"] = op(
@@ -198,7 +198,7 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
     )
     out[f"{coll}/{{name}}"] = one
     if rt.status:
-        st: dict[str, Any] = {"parameters": path_params + [_query("pretty")]}
+        st: dict[str, Any] = {"parameters": [*path_params, _query("pretty")]}
         st["get"] = op("read", "get", f"{rt.kind}Status")
         st["put"] = op("replace", "put", f"{rt.kind}Status", body=_ref(obj_def), params=write, codes=("200", "201"))
         st["patch"] = op(
@@ -206,7 +206,7 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
             "patch",
             f"{rt.kind}Status",
             body=_ref(META + "Patch"),
-            params=write + [_query("force")],
+            params=[*write, _query("force")],
             codes=("200", "201"),
         )
         st["patch"]["consumes"] = list(consumes)
@@ -218,7 +218,7 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
         }
     if rt.key == ("", "pods"):
         out[f"{coll}/{{name}}/eviction"] = {
-            "parameters": path_params + [_query("pretty")],
+            "parameters": [*path_params, _query("pretty")],
             "post": op(
                 "create",
                 "post",
@@ -233,14 +233,14 @@ def _operations(rt: "ResourceType", version: str, obj_def: str | None, list_def:
 
 
 # ---------------------------------------------------------------- documents
-def _kinds(store: "Store", group: str | None = None, version: str | None = None):
+def _kinds(store: Store, group: str | None = None, version: str | None = None):
     for rt in sorted(store.registry.types.values(), key=lambda r: (r.group, r.plural)):
         for v in rt.versions:
             if (group is None or rt.group == group) and (version is None or v == version):
                 yield rt, v
 
 
-def _paths_and_definitions(store: "Store", kinds) -> tuple[dict, dict]:
+def _paths_and_definitions(store: Store, kinds) -> tuple[dict, dict]:
     paths: dict[str, dict] = {}
     roots = [META + n for n in ("Patch", "DeleteOptions", "Status", "APIResourceList")]
     crd_defs: dict[str, dict] = {}
@@ -263,7 +263,7 @@ def _paths_and_definitions(store: "Store", kinds) -> tuple[dict, dict]:
     return paths, out
 
 
-def v2_document(store: "Store", version_info: dict) -> dict:
+def v2_document(store: Store, version_info: dict) -> dict:
     paths, defs = _paths_and_definitions(store, list(_kinds(store)))
     return {
         "swagger": "2.0",
@@ -324,7 +324,7 @@ def _v3_operation(op: dict) -> dict:
     return o
 
 
-def v3_document(store: "Store", group: str, version: str, version_info: dict) -> dict | None:
+def v3_document(store: Store, group: str, version: str, version_info: dict) -> dict | None:
     kinds = list(_kinds(store, group, version))
     if not kinds:
         return None
@@ -336,7 +336,7 @@ def v3_document(store: "Store", group: str, version: str, version_info: dict) ->
 _BUILTIN_V3: dict[tuple, dict] = {}
 
 
-def _builtin_v3(store: "Store", group: str, version: str, git_version: str) -> dict:
+def _builtin_v3(store: Store, group: str, version: str, git_version: str) -> dict:
     """Built-in group versions never change while the process runs: build each once."""
     kinds = list(_kinds(store, group, version))
     key = (group, version, git_version, tuple(rt.key for rt, _ in kinds))
@@ -345,7 +345,7 @@ def _builtin_v3(store: "Store", group: str, version: str, git_version: str) -> d
     return _BUILTIN_V3[key]
 
 
-def _v3(store: "Store", kinds, git_version: str) -> dict:
+def _v3(store: Store, kinds, git_version: str) -> dict:
     paths, defs = _paths_and_definitions(store, kinds)
     v3_paths = {}
     for p, item in paths.items():
@@ -377,11 +377,11 @@ def _encode(doc: dict) -> tuple[bytes, str]:
     return body, hashlib.sha512(body).hexdigest().upper()
 
 
-def _gvs(store: "Store") -> list[tuple[str, str]]:
+def _gvs(store: Store) -> list[tuple[str, str]]:
     return sorted({(rt.group, v) for rt, v in _kinds(store)})
 
 
-def v3_index(store: "Store", version_info: dict) -> dict:
+def v3_index(store: Store, version_info: dict) -> dict:
     paths = {}
     for g, v in _gvs(store):
         doc = v3_document(store, g, v, version_info)
@@ -397,7 +397,7 @@ def _accepts(accept: str, *types: str) -> bool:
     return any(t in offered for t in types)
 
 
-def serve(store: "Store", parts: list[str], query: Mapping[str, str], accept: str, version_info: dict):
+def serve(store: Store, parts: list[str], query: Mapping[str, str], accept: str, version_info: dict):
     """(status, body bytes, content type, headers) for a GET under /openapi, or raises ApiError."""
     try:
         if parts == ["openapi", "v2"]:

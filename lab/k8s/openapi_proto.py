@@ -7,7 +7,8 @@ YAML, as gnostic writes them.
 from __future__ import annotations
 
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 

@@ -201,12 +201,12 @@ def strategic_merge_patch(target: Any, patch: Any, kind: str, path: tuple[str, .
         if isinstance(v, list):
             key = merge_key(k, path, kind)
             if key is not None and all(isinstance(x, dict) for x in v) and isinstance(result.get(k), list):
-                result[k] = _merge_list(result[k], v, key, kind, path + (k,))
+                result[k] = _merge_list(result[k], v, key, kind, (*path, k))
             else:
                 result[k] = [x for x in (copy.deepcopy(v)) if not (isinstance(x, dict) and x.get("$patch"))]
             continue
         if isinstance(v, dict):
-            merged = strategic_merge_patch(result.get(k), v, kind, path + (k,))
+            merged = strategic_merge_patch(result.get(k), v, kind, (*path, k))
             if merged is None:
                 result.pop(k, None)
             else:

@@ -105,7 +105,7 @@ def crd_name(group: str, version: str, kind: str) -> str:
     return ".".join(reversed(group.split("."))) + f".{version}.{kind}"
 
 
-def crd_object(store: "Store", rt: "ResourceType") -> dict | None:
+def crd_object(store: Store, rt: ResourceType) -> dict | None:
     from .store import CRDS
 
     return store.get(store.registry.types[CRDS], None, f"{rt.plural}.{rt.group}")
@@ -158,7 +158,7 @@ def crd_definitions(crd: dict, version: str) -> dict[str, dict]:
     return {name: obj, crd_name(group, version, spec["names"].get("listKind") or f"{kind}List"): lst}
 
 
-def resource_schema(store: "Store", rt: "ResourceType", version: str | None = None) -> dict | None:
+def resource_schema(store: Store, rt: ResourceType, version: str | None = None) -> dict | None:
     """The root schema of a kind's objects (refs resolve in definitions()), or None when unknown."""
     version = version or rt.version
     if rt.builtin:

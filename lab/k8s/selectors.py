@@ -7,7 +7,8 @@ exactly one grammar.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from activities.support.selectors import SelectorError, requirements_of, selector_matches
 from activities.support.selectors import parse_label_selector as parse_requirements
@@ -104,10 +105,7 @@ def parse_field_selector(s: str | None, key: tuple[str, str]) -> Callable[[dict]
         reqs.append((f, op != "!=", v))
 
     def match(obj: dict) -> bool:
-        for f, eq, v in reqs:
-            if (_field_value(obj, f) == v) != eq:
-                return False
-        return True
+        return all((_field_value(obj, f) == v) == eq for f, eq, v in reqs)
 
     return match
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import copy
 import dataclasses
 import heapq
@@ -14,8 +15,9 @@ import math
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lab.faults import AuditLog, FaultTable
 
@@ -156,7 +158,7 @@ def scaled(value: Any, total: int, round_up: bool = True) -> int:
     if isinstance(value, str) and value.endswith("%"):
         pct = float(value[:-1] or 0)
         v = pct * total / 100.0
-        return int(math.ceil(v)) if round_up else int(math.floor(v))
+        return math.ceil(v) if round_up else math.floor(v)
     return int(value)
 
 
@@ -490,10 +492,8 @@ class Store:
     def close_watcher(self, w: Watcher) -> None:
         w.closed = True
         self.watchers.discard(w)
-        try:
+        with contextlib.suppress(asyncio.QueueFull):
             w.queue.put_nowait(None)
-        except asyncio.QueueFull:
-            pass
 
     # ------------------------------------------------------------------ audit
     def pods_on_node(self, node: str) -> list[dict]:

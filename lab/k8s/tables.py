@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from . import schemas
 
@@ -82,8 +83,8 @@ def since(ts: Any) -> str:
     if t is None:
         return "<unknown>"
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return human_duration((datetime.now(timezone.utc) - t).total_seconds())
+        t = t.replace(tzinfo=UTC)
+    return human_duration((datetime.now(UTC) - t).total_seconds())
 
 
 def format_labels(labels: dict | None) -> str:
@@ -344,7 +345,7 @@ def _restartable_init(c: dict | None) -> bool:
     return c is not None and c.get("restartPolicy") == "Always"
 
 
-def pod_cells(pod: dict) -> list:
+def pod_cells(pod: dict) -> list:  # noqa: C901 (one branch per column, as kubectl's pod printer computes them)
     """printPod: READY, STATUS (the reason kubectl shows), RESTARTS, and the wide cells."""
     spec, st, md = pod.get("spec") or {}, pod.get("status") or {}, pod.get("metadata") or {}
     total = len(spec.get("containers") or [])
@@ -633,7 +634,7 @@ def _binding_cells(b: dict) -> list:
     ]
 
 
-def _cells(key: tuple[str, str], o: dict) -> list:
+def _cells(key: tuple[str, str], o: dict) -> list:  # noqa: C901 (one branch per resource kind's columns, as kubectl's printers)
     md, spec, st = o.get("metadata") or {}, o.get("spec") or {}, o.get("status") or {}
     name, age = md.get("name"), since(md.get("creationTimestamp"))
     if key == ("", "pods"):
@@ -806,7 +807,7 @@ def _custom_cell(typ: str, v: Any) -> Any:
     return None
 
 
-def _crd_columns(store: "Store", rt: "ResourceType", version: str) -> list[dict]:
+def _crd_columns(store: Store, rt: ResourceType, version: str) -> list[dict]:
     crd = schemas.crd_object(store, rt) or {}
     ver: dict = next((v for v in (crd.get("spec") or {}).get("versions") or [] if v.get("name") == version), {})
     cols = ver.get("additionalPrinterColumns") or [
@@ -825,8 +826,8 @@ def _row_object(o: dict, include: str) -> dict | None:
 
 
 def table(
-    store: "Store",
-    rt: "ResourceType",
+    store: Store,
+    rt: ResourceType,
     version: str,
     objs: list[dict],
     list_meta: dict,

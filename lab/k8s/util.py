@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
@@ -32,7 +32,7 @@ NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of k8s.io/apimachiner
 
 
 def now_rfc3339(offset_s: float = 0.0) -> str:
-    t = datetime.now(timezone.utc) + timedelta(seconds=offset_s)
+    t = datetime.now(UTC) + timedelta(seconds=offset_s)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -118,7 +118,7 @@ def diff(old: Any, new: Any, limit: int = 40) -> list[dict]:
             return
         if isinstance(a, dict) and isinstance(b, dict):
             for k in list(a.keys()) + [k for k in b if k not in a]:
-                walk(a.get(k, _MISSING), b.get(k, _MISSING), path + (k,))
+                walk(a.get(k, _MISSING), b.get(k, _MISSING), (*path, k))
             return
         if a is _MISSING and b is _MISSING:
             return

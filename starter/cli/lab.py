@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,14 +25,14 @@ def _runner() -> ModuleType:
 def lab_up(
     state_dir: StateDir = Path(".millwright"),
     fleet: Annotated[
-        Optional[Path], typer.Option("--fleet", help="Fleet file to seed a fresh lab (default lab/fleets/demo.json).")
+        Path | None, typer.Option("--fleet", help="Fleet file to seed a fresh lab (default lab/fleets/demo.json).")
     ] = None,
     port: Annotated[int, typer.Option("--port", help="Temporal gRPC port (0 = any free port).")] = 7233,
     ui_port: Annotated[int, typer.Option("--ui-port", help="Temporal Web UI port (0 = any free port).")] = 8233,
     task_queue: Annotated[str, typer.Option("--task-queue")] = "millwright",
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for everything to come up.")] = 60.0,
     without: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--without",
             metavar="SERVICE[,SERVICE]",

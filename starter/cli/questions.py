@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -50,9 +50,9 @@ def _ask(
 
 @app.command("ls")
 def ls(
-    cluster: Annotated[Optional[str], typer.Option("--cluster", "-c", help="Only this cluster's.")] = None,
-    family: Annotated[Optional[str], typer.Option("--family", "-f", help="Only this workflow type.")] = None,
-    phase: Annotated[Optional[str], typer.Option("--phase", "-p", help="Only runs in this MillwrightPhase.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c", help="Only this cluster's.")] = None,
+    family: Annotated[str | None, typer.Option("--family", "-f", help="Only this workflow type.")] = None,
+    phase: Annotated[str | None, typer.Option("--phase", "-p", help="Only runs in this MillwrightPhase.")] = None,
     all: Annotated[bool, typer.Option("--all", "-A", help="Closed runs too (recent first).")] = False,
     output: OutputOpt = "table",
     address: AddressOpt = None,
@@ -108,7 +108,7 @@ def node_why(
     node: Annotated[str, typer.Argument(metavar="NODE")],
     cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
     kubeconfig: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
     ] = None,
     output: OutputOpt = "table",
@@ -172,15 +172,13 @@ def why_lines(w: Any, wide: bool) -> list[str]:
 def node_logs(
     node: Annotated[str, typer.Argument(metavar="NODE")],
     cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
-    stage: Annotated[
-        Optional[str], typer.Option("--stage", "-s", help="Only this stage (apply, interrupt...).")
-    ] = None,
+    stage: Annotated[str | None, typer.Option("--stage", "-s", help="Only this stage (apply, interrupt...).")] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing what new or running stage Jobs print, until Ctrl-C.")
     ] = False,
     interval: Annotated[float, typer.Option("--interval", help="With -f: seconds between looks.")] = 2.0,
     kubeconfig: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
     ] = None,
     output: OutputOpt = "table",

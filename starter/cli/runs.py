@@ -6,7 +6,7 @@ import asyncio
 import json
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
@@ -36,7 +36,7 @@ def start(
     workflow: Annotated[str, typer.Argument(help="Workflow type, e.g. NodeMaintenance.")],
     input: Annotated[str, typer.Option("--input", "-i", help="JSON input file, or - for stdin.")],
     task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
-    id: Annotated[Optional[str], typer.Option("--id", help="Workflow ID (default: derived from the input).")] = None,
+    id: Annotated[str | None, typer.Option("--id", help="Workflow ID (default: derived from the input).")] = None,
     watch_: Annotated[bool, typer.Option("--watch", "-w", help="Then watch it until it closes.")] = False,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -90,7 +90,7 @@ def _shell_quote(s: str) -> str:
 @app.command()
 def watch(
     workflow_id: Annotated[str, typer.Argument(metavar="ID", help="Workflow ID.")],
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="A specific run (default: the latest).")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="A specific run (default: the latest).")] = None,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between progress polls.")] = 1.0,
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -201,7 +201,7 @@ def _retrying_activities(desc) -> list[str]:
 @app.command()
 def schema(
     out_dir: Annotated[
-        Optional[Path], typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")
+        Path | None, typer.Option("--out", help="Write <Workflow>.input/output.schema.json + index.json here.")
     ] = None,
 ) -> None:
     """JSON Schema of every workflow's input and output, for callers in other languages."""

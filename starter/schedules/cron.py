@@ -20,8 +20,10 @@ _MACROS = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_MONTHS = {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())}
-_DAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
+_MONTHS = {
+    m: i + 1 for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])
+}
+_DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
 _NO_NAMES: dict[str, int] = {}
 # name, low, high, names
 _CRON_FIELDS = (("minute", 0, 59, _NO_NAMES), ("hour", 0, 23, _NO_NAMES), ("day-of-month", 1, 31, _NO_NAMES),

@@ -152,7 +152,7 @@ OWN = st.one_of(st.none(), st.integers(1, 4))
     own=st.fixed_dictionaries({"a": OWN, "b": OWN, "c": OWN}),
     asks=st.lists(
         st.tuples(st.sampled_from("abc"), st.sampled_from(NODES)), min_size=1, max_size=10, unique_by=lambda t: t[1]
-    ),  # fmt: skip
+    ),
 )
 def test_no_requester_holds_more_than_its_own_budget_nor_the_cluster_more_than_its(cluster_budget, down, own, asks):
     book = BudgetBook(budget=Budget(count=cluster_budget), budget_source="operator sre: test")

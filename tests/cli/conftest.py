@@ -3,6 +3,7 @@ budget is no other test's), a worker in this process, and one rollout the tests 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest_asyncio
@@ -67,10 +68,8 @@ async def terminate_all(client, *ids: str) -> None:
     from temporalio.service import RPCError
 
     for wf in (*ids, f"disruption-budget/{CLUSTER}"):
-        try:
+        with contextlib.suppress(RPCError):  # closed already
             await client.get_workflow_handle(wf).terminate("test over")
-        except RPCError:
-            pass  # closed already
 
 
 async def rollout_status(lab, predicate, what, timeout=60):

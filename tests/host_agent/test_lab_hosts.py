@@ -41,7 +41,7 @@ async def check(client, call_queue, name: str) -> GpuCheckResult:
 
 
 async def test_agent_follows_power_and_serves_faults(client, call_queue, admin, bmcs):
-    a, b = bmcs.names
+    a, _b = bmcs.names
     async with LabHosts(client, bmcs.url, boot_delay=0.3, poll_interval=0.1) as hosts:
         await hosts.poll_once()
         assert hosts.running() == []

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -94,7 +94,7 @@ class Runner:
     async def __call__(self, name: str, arg, *, attempt: int = 1, scheduled: datetime | None = None):
         env = ActivityEnvironment()
         env.info = dataclasses.replace(
-            env.info, attempt=attempt, activity_type=name, scheduled_time=scheduled or datetime.now(timezone.utc)
+            env.info, attempt=attempt, activity_type=name, scheduled_time=scheduled or datetime.now(UTC)
         )
         env.on_heartbeat = lambda *details: self.heartbeats.append(details[0] if details else None)
         return await env.run(getattr(self.acts, name), arg)

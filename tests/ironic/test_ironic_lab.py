@@ -8,7 +8,7 @@ vendor_delay = 1 s) but not IPA's burnin_* steps: cleaning with those fails in I
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -115,7 +115,7 @@ async def test_ipa_burnin_step_fails_with_ironics_last_error(ironic, enroll, iro
 async def test_start_clean_retries_never_restart_a_clean(ironic, enroll, ironic_http):
     node = enroll()
     await ironic("ironic_manage", ManageRequest(node=node))
-    scheduled = datetime.now(timezone.utc) - timedelta(seconds=1)
+    scheduled = datetime.now(UTC) - timedelta(seconds=1)
     steps = [CleanStep(interface="vendor", step="log_passthrough")]
     first = await ironic("ironic_start_clean", StartClean(node=node, steps=steps), scheduled=scheduled)
     assert first.started

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):

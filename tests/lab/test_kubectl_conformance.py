@@ -246,9 +246,9 @@ def parse_table(text: str) -> list[dict]:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     header = lines[0]
     starts = [m.start() for m in re.finditer(r"(?:(?<=^)|(?<=\s{2}))\S", header)]
-    names = [header[a:b].strip() for a, b in zip(starts, starts[1:] + [None])]
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
     return [
-        {n: ln[a:b].strip() if b else ln[a:].strip() for n, a, b in zip(names, starts, starts[1:] + [None])}
+        {n: ln[a:b].strip() if b else ln[a:].strip() for n, a, b in zip(names, starts, [*starts[1:], None])}
         for ln in lines[1:]
     ]
 

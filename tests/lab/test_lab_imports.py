@@ -25,7 +25,7 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = (
-                ".".join(package[: len(package) - node.level + 1] + [node.module or ""])
+                ".".join([*package[: len(package) - node.level + 1], node.module or ""])
                 if node.level
                 else node.module or ""
             )
@@ -50,7 +50,7 @@ def test_lab_has_no_import_cycles():
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycles.append(path[path.index(n) :] + [n])
+                cycles.append([*path[path.index(n) :], n])
             elif n not in state:
                 visit(n)
         path.pop()
@@ -60,4 +60,4 @@ def test_lab_has_no_import_cycles():
         if m not in state:
             visit(m)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
-    assert "lab.k8s.controllers.composite" in graph and graph["lab.k8s.controllers.composite"], "the walk saw imports"
+    assert graph.get("lab.k8s.controllers.composite"), "the walk saw imports"

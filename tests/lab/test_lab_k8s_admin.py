@@ -54,15 +54,13 @@ def test_fault_delay_and_drops(lab, emulator):
         assert http.get("/api/v1/namespaces/default/configmaps").status_code == 200
         assert time.monotonic() - t0 >= 0.45
     lab.fault({"verb": "create", "resource": "configmaps"}, {"drop": "before"})
-    with httpx.Client(base_url=emulator.url, timeout=10) as http:
-        with pytest.raises(httpx.TransportError):
-            http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "before"}})
+    with httpx.Client(base_url=emulator.url, timeout=10) as http, pytest.raises(httpx.TransportError):
+        http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "before"}})
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
         assert http.get("/api/v1/namespaces/default/configmaps/before").status_code == 404
     lab.fault({"verb": "create", "resource": "configmaps"}, {"drop": "after"})
-    with httpx.Client(base_url=emulator.url, timeout=10) as http:
-        with pytest.raises(httpx.TransportError):
-            http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "after"}})
+    with httpx.Client(base_url=emulator.url, timeout=10) as http, pytest.raises(httpx.TransportError):
+        http.post("/api/v1/namespaces/default/configmaps", json={"metadata": {"name": "after"}})
     with httpx.Client(base_url=emulator.url, timeout=10) as http:
         assert http.get("/api/v1/namespaces/default/configmaps/after").status_code == 200
     entries = [e for e in lab.audit() if e.get("fault")]
@@ -169,10 +167,9 @@ def test_state_file_round_trip_and_cli(tmp_path):
         http.close()
         rc = emu.stop()
     assert rc == 0 and state.exists()
-    with EmulatorProcess(state_file=str(state)) as emu:
-        with httpx.Client(base_url=emu.url) as http:
-            got = http.get("/api/v1/namespaces/default/configmaps/kept").json()
-            assert got["data"] == {"a": "1"} and got["metadata"]["uid"] == uid
+    with EmulatorProcess(state_file=str(state)) as emu, httpx.Client(base_url=emu.url) as http:
+        got = http.get("/api/v1/namespaces/default/configmaps/kept").json()
+        assert got["data"] == {"a": "1"} and got["metadata"]["uid"] == uid
 
 
 def test_process_prints_listening_line_and_exits_zero(tmp_path):

@@ -199,7 +199,7 @@ def test_label_field_selectors_and_pagination(core, lab):
                 }
             },
         )
-    names = lambda r: [i.metadata.name for i in r.items]  # noqa: E731
+    names = lambda r: [i.metadata.name for i in r.items]
     assert names(core.list_namespaced_config_map("default", label_selector="tier=a")) == ["c0", "c1", "c2"]
     assert names(core.list_namespaced_config_map("default", label_selector="tier!=a,canary")) == ["c3", "c5"]
     assert names(core.list_namespaced_config_map("default", label_selector="tier in (b),!canary")) == ["c4", "c6"]
@@ -291,7 +291,7 @@ def test_kubelet_starts_and_finishes_pods(core, lab):
         lambda: (lambda p: p if p.status.phase == "Succeeded" else None)(core.read_namespaced_pod("job", "default")),
         what="Succeeded",
     )
-    ready = [c for c in p.status.conditions if c.type == "Ready"][0]
+    ready = next(c for c in p.status.conditions if c.type == "Ready")
     assert ready.status == "False"
 
 
@@ -320,7 +320,7 @@ def test_crd_registration_discovery_and_cluster_scoped_cr(api_client, emulator, 
     groups = http.get("/apis").json()
     assert any(g["name"] == "scheduling.run.ai" for g in groups["groups"])
     rl = http.get("/apis/scheduling.run.ai/v2").json()
-    q = [r for r in rl["resources"] if r["name"] == "queues"][0]
+    q = next(r for r in rl["resources"] if r["name"] == "queues")
     assert q["namespaced"] is False and q["kind"] == "Queue" and q["singularName"] == "queue"
     assert any(r["name"] == "queues/status" for r in rl["resources"])
     http.close()
@@ -370,7 +370,7 @@ def test_core_discovery(emulator, lab):
     assert http.get("/api").json()["versions"] == ["v1"]
     v1 = http.get("/api/v1").json()
     assert v1["groupVersion"] == "v1"
-    ev = [r for r in v1["resources"] if r["name"] == "pods/eviction"][0]
+    ev = next(r for r in v1["resources"] if r["name"] == "pods/eviction")
     assert ev == {
         "name": "pods/eviction",
         "singularName": "",

@@ -300,34 +300,32 @@ def test_state_file_keeps_job_rules_and_finishes_a_reboot(tmp_path):
 
     state = tmp_path / "state.json"
     rules = {"defaultSeconds": 0.3, "rules": [{"node": "n1", "outcome": "fail", "times": 2}]}
-    with EmulatorProcess(state_file=str(state)) as emu:
-        with httpx.Client(base_url=emu.url) as http:
-            http.post("/_lab/seed", json={"objects": [node("n1")]}).raise_for_status()
-            http.post("/_lab/config", json={"jobs": rules, "rebootSeconds": 3600}).raise_for_status()
-            # a node caught mid-reboot when the emulator stops
-            http.patch(
-                "/api/v1/nodes/n1/status",
-                headers={"Content-Type": "application/merge-patch+json"},
-                json={
-                    "status": {
-                        "conditions": [
-                            {
-                                "type": "Ready",
-                                "status": "False",
-                                "reason": "KubeletNotReady",
-                                "message": "lab: node is rebooting",
-                            }
-                        ]
-                    }
-                },
-            ).raise_for_status()
-    with EmulatorProcess(state_file=str(state)) as emu:
-        with httpx.Client(base_url=emu.url) as http:
-            assert http.get("/_lab/config").json()["jobs"] == rules
+    with EmulatorProcess(state_file=str(state)) as emu, httpx.Client(base_url=emu.url) as http:
+        http.post("/_lab/seed", json={"objects": [node("n1")]}).raise_for_status()
+        http.post("/_lab/config", json={"jobs": rules, "rebootSeconds": 3600}).raise_for_status()
+        # a node caught mid-reboot when the emulator stops
+        http.patch(
+            "/api/v1/nodes/n1/status",
+            headers={"Content-Type": "application/merge-patch+json"},
+            json={
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "False",
+                            "reason": "KubeletNotReady",
+                            "message": "lab: node is rebooting",
+                        }
+                    ]
+                }
+            },
+        ).raise_for_status()
+    with EmulatorProcess(state_file=str(state)) as emu, httpx.Client(base_url=emu.url) as http:
+        assert http.get("/_lab/config").json()["jobs"] == rules
 
-            def back():
-                n = http.get("/api/v1/nodes/n1").json()
-                ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
-                return ready["status"] == "True" and n["status"]["nodeInfo"]["bootID"] != "boot-n1"
+        def back():
+            n = http.get("/api/v1/nodes/n1").json()
+            ready = next(c for c in n["status"]["conditions"] if c["type"] == "Ready")
+            return ready["status"] == "True" and n["status"]["nodeInfo"]["bootID"] != "boot-n1"
 
-            wait_for(back, timeout=10, what="the interrupted reboot finished after the restart")
+        wait_for(back, timeout=10, what="the interrupted reboot finished after the restart")

@@ -32,8 +32,7 @@ def queue(name: str, quota: int) -> dict:
 async def test_dcgm_exporter_per_gpu_node_with_the_pods_holding_its_gpus(k8s, k8s_emulator, prometheus):
     nodes = [{"name": "g-1", "gpus": 4, "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
              {"name": "cpu-1", "gpus": 0}]  # fmt: skip
-    await k8s.seed(Fleet.model_validate({"cluster": "lab", "nodes": nodes}).to_objects()
-                   + [namespace("team-a"), pod("b-job", "team-a", "g-1", 1), pod("a-job", "team-a", "g-1", 2)])  # fmt: skip
+    await k8s.seed([*Fleet.model_validate({"cluster": "lab", "nodes": nodes}).to_objects(), namespace("team-a"), pod("b-job", "team-a", "g-1", 1), pod("a-job", "team-a", "g-1", 2)])  # fmt: skip
     await k8s.set_gpu("g-1", {"DCGM_FI_DEV_GPU_UTIL": 97})
     await k8s.set_gpu("g-1", {"DCGM_FI_DEV_GPU_UTIL": 12, "DCGM_FI_DEV_XID_ERRORS": 79}, gpu=3)
     with httpx.Client(base_url=k8s_emulator.url) as http:

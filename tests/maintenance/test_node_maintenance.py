@@ -178,7 +178,7 @@ def test_bad_input_names_the_field():
     text = str(err.value)
     for field in ("protected_pod_selector", "drain.timeout", "drain.grace_period_seconds"):
         assert field in text
-    with pytest.raises(ValidationError, match="unexpected|extra"):
+    with pytest.raises(ValidationError, match=r"unexpected|extra"):
         NodeMaintenanceInput.model_validate({"cluster": "lab", "node": "n", "reason": "x", "uncordon": True})
 
 

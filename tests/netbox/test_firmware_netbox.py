@@ -11,7 +11,7 @@ from temporalio.client import WorkflowFailureError
 from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_FIRMWARE_INSTALLED
 from tests.burnin import conftest as burnin_tier
 from tests.firmware.test_firmware_update import BAD_IMAGE, BUNDLE, IMAGES
-from tests.netbox.test_burnin_netbox import burnin_netbox_worker, journal  # noqa: F401 (a fixture)
+from tests.netbox.test_burnin_netbox import journal
 from workflows.firmware.firmware_update import FirmwareUpdate, FirmwareUpdateInput
 
 burnin_bmcs, bmc_admin, lab_hosts = burnin_tier.burnin_bmcs, burnin_tier.bmc_admin, burnin_tier.lab_hosts
@@ -39,7 +39,7 @@ async def run(client, queue: str, name: str, bundle: dict):
                                          task_queue=queue)  # fmt: skip
 
 
-async def test_the_result_lands_in_netbox(client, nb, device, bmc_admin, burnin_netbox_worker):  # noqa: F811
+async def test_the_result_lands_in_netbox(client, nb, device, bmc_admin, burnin_netbox_worker):
     await bmc_admin.set_images(IMAGES)
     result = await run(client, burnin_netbox_worker, device.name, BUNDLE)
     assert result.result == "updated"

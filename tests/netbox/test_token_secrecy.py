@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 
 import pytest
@@ -15,10 +16,8 @@ def _strings(node):
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "data" and isinstance(value, str):
-                try:
+                with contextlib.suppress(ValueError):
                     yield base64.b64decode(value).decode("utf-8", errors="replace")
-                except ValueError:
-                    pass
             yield from _strings(value)
     elif isinstance(node, list):
         for value in node:

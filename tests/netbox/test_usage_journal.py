@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from activities.capi.ownership import TENANT_LABEL
 from lab.k8s.crds import TENANCY_CRDS
@@ -37,7 +37,7 @@ async def test_each_tenant_journaled_on_its_netbox_tenant(client, nb, netbox_lab
                               netbox_url=netbox_lab.url, netbox_token=f"file:{netbox_token_file}",
                               usage_sink_dir=str(tmp_path / "usage"))  # fmt: skip
     registration = registry.build(settings)
-    end = datetime.fromtimestamp(int(time.time()), timezone.utc)
+    end = datetime.fromtimestamp(int(time.time()), UTC)
     inp = TenantUsageInput(cluster="lab", start=end - timedelta(seconds=4), end=end, step=timedelta(seconds=1),
                            page=timedelta(seconds=4))  # fmt: skip
     try:

@@ -21,6 +21,7 @@ Reusable by other tiers (e.g. burn-in workflow tests): import them from here, as
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -90,10 +91,8 @@ def redfish(lab_bmcs):
 
     yield connect
     for root in made:
-        try:
+        with contextlib.suppress(Exception):  # the lab may have been reset meanwhile (the session is gone)
             root._auth.close()
-        except Exception:  # the lab may have been reset meanwhile (the session is gone)
-            pass
 
 
 @pytest.fixture(scope="session")

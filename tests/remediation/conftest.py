@@ -34,7 +34,7 @@ burnin_bmcs = _burnin.burnin_bmcs
 bmc_secret_file = _burnin.bmc_secret_file
 bmc_admin = _burnin.bmc_admin
 lab_hosts = _burnin.lab_hosts
-__all__ = ["burnin_bmcs", "bmc_secret_file", "bmc_admin", "lab_hosts"]
+__all__ = ["bmc_admin", "bmc_secret_file", "burnin_bmcs", "lab_hosts"]
 
 
 @pytest.fixture(scope="session")

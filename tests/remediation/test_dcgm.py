@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from temporalio.testing import ActivityEnvironment
@@ -74,7 +74,7 @@ def elsewhere_query(query: DcgmFaultsQuery) -> DcgmFaultsQuery:
 
 
 def test_the_decision_acts_on_hardware_xids_ecc_and_row_remaps_only():
-    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     node = NodeHealth(name="n1", ready=True)
     checks = HealthChecks(host_agent=False, bmc=False)
 

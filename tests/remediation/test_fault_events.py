@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
@@ -89,7 +89,7 @@ async def not_started(client, node: str) -> bool:
 async def set_condition(core, node: str, ctype: str, status: str) -> None:
     """A node condition set as a kubelet or Node Problem Detector writes it (added when absent)."""
     current = await core.read_node_status(node)
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     conditions = [core.api_client.sanitize_for_serialization(c) for c in current.status.conditions or []]
     found = next((c for c in conditions if c["type"] == ctype), None)
     if found is None:
@@ -105,7 +105,7 @@ async def test_an_alert_starts_the_nodes_remediation_within_seconds(client, rem_
     node = names[0]
     await k8s.seed(fleet(names[:4]))
     await hosts.add(node)
-    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (events, url):
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (_events, url):
         sent = time.time()
         status, answer = await post(url, payload(node))
         assert status == 200, answer
@@ -155,7 +155,7 @@ async def test_a_node_the_watch_sees_go_not_ready_is_remediated(client, rem_work
     node = names[3]
     await k8s.seed(fleet(names[:4]))
     await hosts.add(node)
-    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=1.0) as (events, url):
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=1.0) as (events, _url):
         went = time.time()
         await set_condition(core, node, "Ready", "False")
         cordoned = await wait_for(lambda: cordoned_at(k8s, node), what=f"{node} cordoned", timeout=15)
@@ -172,7 +172,7 @@ async def test_a_condition_flapping_within_the_hold_starts_nothing(client, rem_w
                                                                    kubeconfig_path, monkeypatch):  # fmt: skip
     node = names[4]  # no other test of this server remediates it
     await k8s.seed(fleet(names[:5]))
-    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=3.0) as (events, url):
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=3.0) as (events, _url):
         for _ in range(2):
             await set_condition(core, node, "KernelDeadlock", "True")
             await wait_for(lambda: settled((events.book["lab"][node].conditions.get("KernelDeadlock") or

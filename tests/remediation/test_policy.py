@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from activities.node_health import ConditionState, NodeHealth, node_health
 from workflows.remediation.policy import AgentObservation, BmcObservation, HealthChecks, decide, remediation_workflow_id
 
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 CHECKS = HealthChecks()
 
 
@@ -148,7 +148,7 @@ def test_node_objects_are_summarised_with_only_what_was_asked_for():
         },
     }
     h = node_health(obj, CHECKS.condition_types(), CHECKS.label_keys())
-    assert h.ready is False and h.ready_since == datetime(2026, 11, 29, 11, 0, tzinfo=timezone.utc)
+    assert h.ready is False and h.ready_since == datetime(2026, 11, 29, 11, 0, tzinfo=UTC)
     assert set(h.conditions) == {"Ready", "KernelDeadlock"}
     assert h.labels == {"nvidia.com/gpu.health": "unhealthy"}
     assert h.quarantined == "needs RMA" and h.cordoned_by == "remediation/lab/gpu-07" and h.boot_id == "b-1"

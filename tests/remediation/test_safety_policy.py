@@ -3,7 +3,7 @@ book, the per-node cooldown and the opt-out label; with property tests (hypothes
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -16,7 +16,7 @@ from workflows.remediation.models import RemediationSettings
 from workflows.remediation.policy import OPT_OUT_LABEL, HealthChecks, MinHealthy, decide, too_few_healthy
 from workflows.remediation.sweep_models import FleetHealthSweepInput
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CHECKS = HealthChecks()
 SICK = {"KernelDeadlock": {"status": "True"}}
 

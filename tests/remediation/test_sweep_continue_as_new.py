@@ -51,7 +51,7 @@ async def test_sweep_continues_as_new_mid_fleet_and_loses_no_node(small_history_
     (c,) = result.clusters
     assert (c.nodes, c.slices, c.healthy + c.not_healthy, c.vanished, c.error) == (21, 7, 21, 0, None)
     found = [d.node for d in c.unhealthy]
-    assert sorted(found) == sorted(remediate + [theirs]) and c.not_healthy == len(found)
+    assert sorted(found) == sorted([*remediate, theirs]) and c.not_healthy == len(found)
     assert next(d for d in c.unhealthy if d.node == theirs).note == "cordoned by rollout/lab/r-9; left to them"
     assert c.agents_unavailable == 20  # the cordoned node is not probed
     # Each node to remediate considered once across the runs: two started (max_remediations is per sweep).

@@ -188,7 +188,7 @@ async def test_drain_blocked_condition_appears_and_clears(client, kube_worker, k
     assert status.stage == "complete"
 
 
-async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube, core):  # noqa: F811 (the fixture)
+async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube, core):
     await k8s.seed(rollout_fleet({"a": 1}))
     [pod] = (await core.list_namespaced_pod("apps", label_selector="app=web")).items
     await core.patch_namespaced_pod(pod.metadata.name, "apps", {"metadata": {"finalizers": ["example.com/hold"]}})
@@ -218,7 +218,7 @@ async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube
     assert (kind, reason) == ("Warning", DRAIN_BLOCKED)
 
 
-async def test_two_reboots_on_one_node_each_need_a_new_boot_id(k8s, kube, core):  # noqa: F811 (the fixture)
+async def test_two_reboots_on_one_node_each_need_a_new_boot_id(k8s, kube, core):
     """An uninstall's reboot, then the install's: the second must change the boot ID the first one left."""
     await lab_ready(k8s, rollout_fleet({"a": 1}))
     boot = (await read_node(core, "a-01")).status.node_info.boot_id

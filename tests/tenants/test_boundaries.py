@@ -7,6 +7,7 @@ change with who and why) work and are recorded; offboarding still returns the cl
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def test_non_finite_and_negative_quotas_are_refused_at_the_edge():
     # -1 (KAI's unlimited guarantee) only with both overrides, in onboarding and in a quota change alike.
     for model, base in ((OnboardTenantInput, nlp), (UpdateTenantQuotaInput, {"tenant": "nlp", "cluster": "c"})):
         for flags in ({}, {"allow_oversubscription": True}, {"unlimited_gpu_guarantee": True}):
-            with pytest.raises(ValidationError, match="gpu.quota -1 is an unlimited guarantee"):
+            with pytest.raises(ValidationError, match=re.escape("gpu.quota -1 is an unlimited guarantee")):
                 model.model_validate({**base, "gpu": {"quota": -1}, **flags})
         both = {"allow_oversubscription": True, "unlimited_gpu_guarantee": True}
         assert model.model_validate({**base, "gpu": {"quota": -1}, **both}).gpu.quota == -1

@@ -68,7 +68,7 @@ async def test_create_cluster_adopts_nothing_and_refuses_before_its_first_write(
             await record_history(client.get_workflow_handle(inp.workflow_id()), "create_cluster_refused_owner")
     # A person's namespace holds the cluster (the Namespace is shared, not adopted).
     await k8s.reset()
-    await k8s.seed(CAPI_CRDS + [owned(objs["Namespace"], None)])
+    await k8s.seed([*CAPI_CRDS, owned(objs["Namespace"], None)])
     h = await client.start_workflow(CreateCluster.run, inp, id=inp.workflow_id(), task_queue=tenant_worker.task_queue)
     await h.result()
 
@@ -78,8 +78,7 @@ async def test_delete_cluster_refuses_a_cluster_it_did_not_make_before_anything(
     theirs = {"apiVersion": CAPI, "kind": "Cluster", "metadata": {"name": name, "namespace": "fleet"}, "spec": {}}
     for workflow, whose in ((None, "not created by Millwright"), ("tenant/lab/x", "managed by tenant/lab/x")):
         await k8s.reset()
-        await k8s.seed(CAPI_CRDS + [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}},
-                                    owned(theirs, workflow)])  # fmt: skip
+        await k8s.seed([*CAPI_CRDS, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}}, owned(theirs, workflow)])  # fmt: skip
         before, cursor = snapshot(await k8s.dump()), await k8s.audit_cursor()
         err = await fail(client, tenant_worker, DeleteCluster.run, DeleteClusterInput(name=name, force=True))
         assert err.type == "ClusterNotManaged" and err.non_retryable, err

@@ -60,7 +60,7 @@ def test_input_is_flat_or_topology_exactly():
         CreateClusterInput(name="t")
     with pytest.raises(ValidationError, match="control_plane_replicas: with topology"):
         CreateClusterInput(name="t", topology=TOPOLOGY, control_plane_replicas=5)
-    with pytest.raises(ValidationError, match="topology.controlPlane.replicas|must be odd"):
+    with pytest.raises(ValidationError, match=r"topology\.controlPlane\.replicas|must be odd"):
         CreateClusterInput.model_validate({"name": "t", "topology": {**TOPOLOGY, "controlPlane": {"replicas": 2}}})
     with pytest.raises(ValidationError, match="class"):
         CreateClusterInput.model_validate({"name": "t", "topology": {"version": "v1.34.1"}})

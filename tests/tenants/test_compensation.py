@@ -138,7 +138,7 @@ async def test_cluster_creation_with_lost_create_answers_is_undone(client, k8s, 
     """The Cluster's and a template's create answers lost, then the wait for the cluster refused for good (its
     Machines cannot be listed): the run removes all it created (the Cluster first, Cluster API deprovisioning
     its Machines, then the rest in reverse order), and the namespace a person made stays."""
-    await k8s.seed(CAPI_CRDS + [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}}])
+    await k8s.seed([*CAPI_CRDS, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fleet"}}])
     before = snapshot(await k8s.dump())
     # Two, not all: the creates share one activity, whose retry backoff doubles with each lost answer.
     await drop_create_answers(k8s, [r for r in CLUSTER_RESOURCES if r[1] in ("metal3machinetemplates", "clusters")])

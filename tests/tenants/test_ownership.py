@@ -55,7 +55,7 @@ async def test_a_retry_after_lost_answers_reports_its_own_writes(k8s, capi):
     # The same for an update: run-3's retry knows its own write. (aiohttp resends a PUT whose kept-alive
     # connection dropped; the resend meets the new resourceVersion: 409, retryable like the drop itself.)
     await k8s.add_fault({"verb": "update", "resource": "resourcequotas"}, {"drop": "after"})
-    with pytest.raises(ApplicationError, match="connection failed|409 Conflict") as lost:
+    with pytest.raises(ApplicationError, match=r"connection failed|409 Conflict") as lost:
         await apply(capi, "run-3", quota("q", "2"))
     assert not lost.value.non_retryable
     assert await apply(capi, "run-3", quota("q", "2")) == ["updated"]

@@ -15,7 +15,7 @@ netbox_lab = _netbox.netbox_lab
 netbox_token_file = _netbox.netbox_token_file
 netbox_config = _netbox.netbox_config
 nb = _netbox.nb
-__all__ = ["netbox_lab", "netbox_token_file", "netbox_config", "nb"]
+__all__ = ["nb", "netbox_config", "netbox_lab", "netbox_token_file"]
 
 PASSWORD = f"ufm-pw-{uuid.uuid4().hex}"
 TOKEN = f"ufmtok{uuid.uuid4().hex}"
@@ -128,14 +128,14 @@ async def ufm_worker(client, ufm_config):
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def ufm_nb_worker(client, ufm_config, netbox_config):  # noqa: F811
+async def ufm_nb_worker(client, ufm_config, netbox_config):
     """The same with the real NetBox."""
     async with await _worker(client, ufm_config, netbox_config) as worker:
         yield worker
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def nb_fleet(client, ufm_nb_worker, nb, fleet):  # noqa: F811
+async def nb_fleet(client, ufm_nb_worker, nb, fleet):
     """NetBox bootstrapped and holding the fleet's hosts with their IB interfaces and port GUIDs."""
     from activities.netbox.models import CF_IB_PORT_GUID
     from workflows.inventory.bootstrap import InventoryBootstrap, InventoryBootstrapInput

@@ -87,7 +87,7 @@ async def test_audit_continues_as_new_between_pkeys_and_reports_every_drift_once
     tenants = {f"t{i}": (f"0x{0x101 + i:x}", h[i]) for i in range(5)}  # h[5] belongs to no tenant
     state = FabricState(allocations={t: Allocation(tenant=t, pkey=p, members={x: host for x in g[host]},
                                                    state="isolated") for t, (p, host) in tenants.items()})  # fmt: skip
-    full = lambda *guids: {x: "full" for x in guids}  # noqa: E731
+    full = lambda *guids: {x: "full" for x in guids}
     await ufm.seed({**fleet_seed(fleet), "pkeys": {
         "0x101": {"guids": full(g[h[0]][0])},                              # missing-member g[h0][1]
         "0x102": {"guids": full(*g[h[1]], g[h[5]][0])},                    # unknown-member g[h5][0]

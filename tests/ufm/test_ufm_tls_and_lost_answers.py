@@ -66,7 +66,7 @@ async def test_an_untrusted_certificate_fails_at_once_naming_the_fix(https_ufm_s
 
 
 async def test_the_ca_bundle_or_verify_tls_false_makes_it_work(https_ufm_stub, https_ufm, ufm_config, lab_ca, fleet):
-    host = list(fleet.ib_ports())[0]
+    host = next(iter(fleet.ib_ports()))
     for tls in ({"ca_bundle": lab_ca.reference}, {"verify_tls": False}):
         resolved = await resolve(https_config(https_ufm_stub, ufm_config, **tls), [host])
         assert resolved.hosts[0].guids == sorted(fleet.ib_ports()[host]), tls

@@ -10,6 +10,7 @@ queues). No workflow is defined here: the worker passes this module through the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -158,6 +159,7 @@ class _Requester:
         self.outbox: list[tuple[str, str, BaseModel, Budget | None]] = []  # (cluster, signal, item, budget)
         self.posted = self.sent = 0
         self.sending = False
+        self.sender: asyncio.Task | None = None
 
     def grant_signalled(self, lease: Lease) -> None:
         self.granted[lease.id] = lease
@@ -187,7 +189,7 @@ class _Requester:
         self.posted += 1
         if not self.sending:
             self.sending = True
-            asyncio.create_task(self._send())
+            self.sender = asyncio.create_task(self._send())  # kept: the loop holds tasks only weakly
         return self.posted
 
     def _waiting(self) -> bool:
@@ -202,7 +204,7 @@ class _Requester:
                     try:
                         await workflow.wait_condition(lambda: bool(self.outbox) or not self._waiting(), timeout=REPOLL,
                                                       timeout_summary="ask the disruption budget again")  # fmt: skip
-                    except asyncio.TimeoutError:  # in case the entity was terminated: it is started afresh
+                    except TimeoutError:  # in case the entity was terminated: it is started afresh
                         for ask in self.asks.values():
                             if not ask.granted:
                                 self._post(ask.cluster, REQUEST_SIGNAL, ask.request, ask.budget)
@@ -333,13 +335,11 @@ async def _acquire_by_update(
         if waiting is not None:
             waiting(lease)
         wanted = lease.id
-        try:
+        with contextlib.suppress(TimeoutError):  # a re-poll, not a failure
             await workflow.wait_condition(
                 lambda: wanted in requester.granted or cancelled(), timeout=REPOLL,
                 timeout_summary=f"waiting for the disruption budget of {cluster} ({request.node})",
             )  # fmt: skip
-        except asyncio.TimeoutError:
-            pass
         if cancelled():
             await release_lease(cluster, request.node, request.holder, "withdrawn while waiting")
             return None

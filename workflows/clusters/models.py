@@ -96,7 +96,7 @@ class ClusterTopology(_Topo):
     _class = field_validator("class_")(validate_object_name)
 
     @model_validator(mode="after")
-    def _unique(self) -> "ClusterTopology":
+    def _unique(self) -> ClusterTopology:
         names = [m.name for m in self.workers.machine_deployments]
         if len(names) != len(set(names)):
             raise ValueError("workers.machineDeployments: names must be unique")
@@ -154,7 +154,7 @@ class CreateClusterInput(ClusterWorkflowInput):
         return v
 
     @model_validator(mode="after")
-    def _one_shape(self) -> "CreateClusterInput":
+    def _one_shape(self) -> CreateClusterInput:
         if self.topology is not None and self.worker_pools is not None:
             raise ValueError("topology: give either worker_pools (flat objects) or topology (ClusterClass), not both")
         if self.topology is None and not self.worker_pools:

@@ -56,7 +56,7 @@ class FabricInput(WorkflowInput):
     _p = field_validator("pkey_first", "pkey_last")(normalize_pkey)
 
     @model_validator(mode="after")
-    def _range(self) -> "FabricInput":
+    def _range(self) -> FabricInput:
         if int(self.pkey_first, 16) > int(self.pkey_last, 16):
             raise ValueError(f"pkey_first: {self.pkey_first} is above pkey_last {self.pkey_last}")
         return self

@@ -33,12 +33,12 @@ the node's mark, the webhook) in workflows/remediation/records.py.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from activities.gpu.activities import HostAgentActivities
 from activities.gpu.models import (
@@ -326,7 +326,7 @@ class NodeRemediation:
                                           timeout_summary=f"approval of {step}")  # fmt: skip
             decision, req = self._decisions[step]
             who = f"{req.by}" + (f": {req.comment}" if req.comment else "")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             decision, who = inp.default_on_timeout, f"default on timeout ({inp.approval_timeout})"
         finally:
             self._status.awaiting_approval = None
@@ -388,7 +388,7 @@ class NodeRemediation:
                 retry_policy=AGENT_RETRY, priority=priorities.remediation(self._inp.cluster),
                 summary=summary)  # fmt: skip
         except ActivityError as err:
-            if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
+            if isinstance(err.cause, ActivityTimeout) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
                 raise _Unavailable(f"no host agent picked up '{summary}' within {self._inp.agent_timeout}") from None
             raise
 

@@ -16,7 +16,6 @@ Its phase is the `MillwrightPhase` search attribute, so the UI lists RMAs by pha
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Literal
 
@@ -192,7 +191,7 @@ class NodeRma:
         try:
             await workflow.wait_condition(lambda: self._replacement is not None, timeout=inp.replacement_timeout,
                                           timeout_summary="the replacement is awaited")  # fmt: skip
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._end("not-replaced", f"no `replaced` within {inp.replacement_timeout}; the node stays "
                              "quarantined")  # fmt: skip
         replacement = result.replacement = self._replacement

@@ -26,7 +26,7 @@ Where Millwright deliberately departs from NodeWright (each is marked "DEPARTURE
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import ConfigDict, Field
@@ -44,19 +44,19 @@ from workflows.rollout.spec.spec_fields import WEEKDAYS, zone
 from workflows.rollout.state import BatchState
 
 __all__ = [
+    "NODE_PRIORITY_LABEL",
     "CompartmentPlan",
     "NodeSnapshot",
     "Plan",
     "PlannedBatch",
-    "NODE_PRIORITY_LABEL",
     "admissible",
     "assign_compartments",
     "batch_order",
     "choose_compartment",
     "coalesce_interrupts",
-    "config_change_interrupt",
     "compartment_budget",
     "compartment_strategy",
+    "config_change_interrupt",
     "evaluate_batch",
     "next_batch_size",
     "next_window_open",
@@ -381,7 +381,7 @@ def next_window_open(windows: Sequence[MaintenanceWindow], at: datetime) -> date
     if window_open(windows, at):
         return at
     step = timedelta(minutes=15)
-    utc = at.astimezone(timezone.utc)
+    utc = at.astimezone(UTC)
     t = utc.replace(second=0, microsecond=0) - timedelta(minutes=utc.minute % 15) + step
     for _ in range(8 * 24 * 4):
         if window_open(windows, t):

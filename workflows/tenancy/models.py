@@ -169,12 +169,12 @@ class OnboardTenantInput(TenantRef, GpuQuotaChecks):
         return validate_group(v) if v is not None else v
 
     @model_validator(mode="after")
-    def _unlimited(self) -> "OnboardTenantInput":
+    def _unlimited(self) -> OnboardTenantInput:
         self._check_unlimited(self.gpu)
         return self
 
     @model_validator(mode="after")
-    def _ib(self) -> "OnboardTenantInput":
+    def _ib(self) -> OnboardTenantInput:
         if self.ib_isolation:
             if not self.ib_fabric or not self.ib_hosts:
                 raise ValueError("ib_isolation needs ib_fabric and ib_hosts (the hosts the tenant's workloads use)")
@@ -215,6 +215,6 @@ class UpdateTenantQuotaInput(TenantRef, GpuQuotaChecks):
     gpu: QueueQuota
 
     @model_validator(mode="after")
-    def _unlimited(self) -> "UpdateTenantQuotaInput":
+    def _unlimited(self) -> UpdateTenantQuotaInput:
         self._check_unlimited(self.gpu)
         return self

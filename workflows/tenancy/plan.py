@@ -102,10 +102,10 @@ def plan_onboarding(
         if o.exists and o.owner != owner and (o.differs or o.owner is not None)
     ]
     if conflicts:
-        raise _refuse("ObjectConflict", conflicts + ["nothing was written"])
+        raise _refuse("ObjectConflict", [*conflicts, "nothing was written"])
     problems = _parent_problems(inp, parent) + _binding_problems(every, seen.reserved_groups)
     if problems:
-        raise _refuse("InvalidTenantInput", problems + ["nothing was written"])
+        raise _refuse("InvalidTenantInput", [*problems, "nothing was written"])
     current = sorted({g for o in desired if o.exists and o.ref.kind == "RoleBinding" for g in o.groups})
     plan = TenantPlan(
         create=[str(o.ref) for o in desired if not o.exists],

@@ -16,7 +16,7 @@ class Controller:
     """One simulated controller. `reconcile(work, now)` runs once per pass of the composite loop
     (lab/k8s/controllers/composite.py), lock held: `work` is what changed or came due since the last pass."""
 
-    def __init__(self, api: "Api") -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api  # delete semantics (Api.delete_object) are the API server's, shared with DELETE
         self.store = api.store
 

@@ -18,7 +18,8 @@ import asyncio
 import base64
 import copy
 import uuid
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import yaml
 
@@ -39,7 +40,7 @@ class WorkloadEmulator(Protocol):
     """What the controller needs of a workload cluster's API server (lab/k8s/server.py `Emulator`)."""
 
     url: str
-    store: "Store"
+    store: Store
 
     async def start(self, seeds: list[list[dict]] | None = None) -> str: ...
 
@@ -47,7 +48,7 @@ class WorkloadEmulator(Protocol):
 
 
 class ClusterApi(Controller):
-    def __init__(self, api: "Api", new_emulator: Callable[[], WorkloadEmulator]) -> None:
+    def __init__(self, api: Api, new_emulator: Callable[[], WorkloadEmulator]) -> None:
         super().__init__(api)
         self.new_emulator = new_emulator
         self.workload: dict[str, WorkloadEmulator] = {}  # CAPI Cluster uid -> the emulator serving it
@@ -193,7 +194,7 @@ class ClusterApi(Controller):
                 new["spec"]["replicas"] = spec["replicas"]
                 store.put(rt, new, actor="capi-topology-controller", verb="update")
 
-    def sync_cluster(self, ok: tuple, cluster: dict, now: float) -> None:
+    def sync_cluster(self, ok: tuple, cluster: dict, now: float) -> None:  # noqa: C901 (one reconcile pass over a Cluster's phases, as Cluster API's controller walks them)
         store = self.store
         rt = self._rt(ok[0])
         md = cluster["metadata"]

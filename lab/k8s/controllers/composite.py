@@ -8,9 +8,11 @@ every timer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .clusterapi import ClusterApi, WorkloadEmulator
 from .garbage import GarbageCollector
@@ -33,7 +35,7 @@ log = logging.getLogger("lab.k8s.controllers")
 class Controllers:
     """`new_emulator` makes the API server of a Cluster API workload cluster (lab/k8s/server.py `Emulator`)."""
 
-    def __init__(self, api: "Api", new_emulator: Callable[[], WorkloadEmulator]) -> None:
+    def __init__(self, api: Api, new_emulator: Callable[[], WorkloadEmulator]) -> None:
         self.store = api.store
         self.reboots = Reboots(api)
         self.cluster_api = ClusterApi(api, new_emulator)
@@ -63,10 +65,8 @@ class Controllers:
         await self.cluster_api.stop()
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
 
     async def _run(self) -> None:
         store = self.store
@@ -78,10 +78,8 @@ class Controllers:
                 except Exception:  # a controller bug must not kill the server
                     log.exception("controller reconcile failed")
                     nxt = 1.0
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(store.kick.wait(), max(0.01, min(nxt, 1.0)))
-            except asyncio.TimeoutError:
-                pass
 
     def reconcile(self) -> float:
         """One pass (lock held); the seconds until the next timer is due (at most 1)."""

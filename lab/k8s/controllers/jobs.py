@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..defaults import prepare_create
@@ -20,7 +20,7 @@ def parse_ts(ts: str | None) -> float | None:
     if not ts:
         return None
     try:
-        return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
 
@@ -44,7 +44,7 @@ class Jobs(Controller):
             "message": message,
         }
 
-    def sync(self, ok: tuple, job: dict, now: float) -> None:
+    def sync(self, ok: tuple, job: dict, now: float) -> None:  # noqa: C901 (one reconcile pass over a Job's pods, as the Job controller makes it)
         """One Job, one pod at a time (parallelism/completions 1, as NodeWright's Jobs): create the pod,
         count outcomes against backoffLimit and activeDeadlineSeconds, write the status, expire after the TTL."""
         store, api = self.store, self.api

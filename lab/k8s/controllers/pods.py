@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 from ..store import PODS, Store
@@ -22,10 +23,8 @@ def gpu_request(pod: dict) -> float:
         res = c.get("resources") or {}
         v = (res.get("limits") or {}).get("nvidia.com/gpu") or (res.get("requests") or {}).get("nvidia.com/gpu")
         if v is not None:
-            try:
+            with contextlib.suppress(TypeError, ValueError):
                 total += float(v)
-            except (TypeError, ValueError):
-                pass
     return total
 
 

@@ -102,7 +102,7 @@ class Scheduler(Controller):
                     "status": "False",
                     "reason": "Unschedulable",
                     "lastProbeTime": None,
-                    "message": "0/%d nodes are available." % len(store.objects.get(NODES, {})),
+                    "message": f"0/{len(store.objects.get(NODES, {}))} nodes are available.",
                     "lastTransitionTime": now_rfc3339(),
                 }
                 old = next(
@@ -111,11 +111,12 @@ class Scheduler(Controller):
                 )
                 if old and old.get("status") == "False" and old.get("message") == cond["message"]:
                     continue
-                new.setdefault("status", {})["conditions"] = conds + [cond]
+                new.setdefault("status", {})["conditions"] = [*conds, cond]
                 store.put(rt, new, actor="scheduler", verb="update", subresource="status")
                 continue
             new["spec"]["nodeName"] = node
-            new.setdefault("status", {})["conditions"] = conds + [
-                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()}
+            new.setdefault("status", {})["conditions"] = [
+                *conds,
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": now_rfc3339()},
             ]
             store.put(rt, new, actor="scheduler", verb="create", subresource="binding")
