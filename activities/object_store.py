@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import httpx
@@ -73,7 +73,7 @@ def sign(method: str, host: str, path: str, headers: dict[str, str], payload_sha
     """The headers of a SigV4-signed S3 request (AWS General Reference, "Signature Version 4"): `headers` plus
     `x-amz-date`, `x-amz-content-sha256` and `Authorization`, every one of them signed. `path` is already
     URI-encoded (S3 signs it as sent, without encoding it twice); no query string."""
-    amz_date = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    amz_date = now.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     scope = f"{amz_date[:8]}/{region}/s3/aws4_request"
     out = {**headers, "host": host, "x-amz-date": amz_date, "x-amz-content-sha256": payload_sha256}
     names = sorted(k.lower() for k in out)
@@ -111,7 +111,7 @@ async def put_object(store: ObjectStore, http: httpx.AsyncClient, name: str, bod
     request = http.build_request("PUT", store.endpoint + path, content=body, timeout=timeout)
     request.headers.update(sign("PUT", request.headers["host"], path, {"content-type": content_type},
                                 hashlib.sha256(body).hexdigest(), region=store.region, access_key_id=access_key_id,
-                                secret=secret, now=datetime.now(timezone.utc)))  # fmt: skip
+                                secret=secret, now=datetime.now(UTC)))  # fmt: skip
     where = store.url_of(name)
     try:
         response = await http.send(request)

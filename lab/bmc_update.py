@@ -213,7 +213,7 @@ class Updates:
                 "TargetUri": t["target_uri"],
                 "JsonBody": json.dumps(t["body"]),
                 "HttpHeaders": [],
-            },  # fmt: skip
+            },
         }
         if t["state"] in TERMINAL:
             doc["EndTime"] = _now_iso(t["end"])
@@ -372,5 +372,5 @@ class Updates:
             "tasks": [
                 {"id": t["id"], "state": t["state"], "components": t["components"], "uri": t["uri"]}
                 for t in self.tasks.values()
-            ],  # fmt: skip
+            ],
         }

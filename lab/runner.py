@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -643,7 +643,7 @@ class Lab:
         fresh_k8s = not (self.state_dir / "k8s-state.json").exists()
         self.info = {
             "state_dir": str(self.state_dir.resolve()),
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "temporal": {"address": server.address, "namespace": "default", "db": str(server.db_file.resolve())},
             "ui": server.ui_url,
             "task_queue": self.task_queue,
@@ -726,9 +726,9 @@ class Lab:
 
         api = await k8s_config.new_client_from_config(str(kubeconfig), context=cluster)
         try:
-            async with BmcAdmin(bmc["admin"]) as admin:
-                async with NodePowerLink(admin, k8s_client.CoreV1Api(api), list(bmc["servers"]), poll_interval=0.5):
-                    yield
+            async with BmcAdmin(bmc["admin"]) as admin, \
+                    NodePowerLink(admin, k8s_client.CoreV1Api(api), list(bmc["servers"]), poll_interval=0.5):  # fmt: skip
+                yield
         finally:
             await api.close()
 
@@ -774,9 +774,9 @@ class Lab:
         if "fleet-firmware-update" in examples:
             line("fleet", f"millwright start FleetFirmwareUpdate --input {examples['fleet-firmware-update']}{where} "
                  "--watch")  # fmt: skip
-        if webhook_copies := [str(p) for n, p in examples.items() if n not in BMC_EXAMPLES]:
-            if self.info["webhook"]["url"] != WEBHOOK_IN_EXAMPLES:
-                line("webhook", f"port {WEBHOOK_PORT} was taken: run {', '.join(webhook_copies)} instead of the "
+        webhook_copies = [str(p) for n, p in examples.items() if n not in BMC_EXAMPLES]
+        if webhook_copies and self.info["webhook"]["url"] != WEBHOOK_IN_EXAMPLES:
+            line("webhook", f"port {WEBHOOK_PORT} was taken: run {', '.join(webhook_copies)} instead of the "
                      "examples/ files of the same name")  # fmt: skip
         line("status", f"millwright lab status{where}")
         line("stop", f"Ctrl-C, or `millwright lab down{where}`")
@@ -831,7 +831,7 @@ async def _in_daemon_thread(fn: Any) -> Any:
     def target() -> None:
         try:
             result = fn()
-        except BaseException as err:  # noqa: BLE001 - handed to the awaiting task
+        except BaseException as err:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, None, err)
             return
@@ -857,7 +857,7 @@ def _child_env() -> dict[str, str]:
 @contextlib.contextmanager
 def _lock(state_dir: Path):
     """Held for the whole life of `lab up`: a second `lab up` on the same state dir cannot start twins."""
-    fh = open(state_dir / "lab.lock", "a+")
+    fh = open(state_dir / "lab.lock", "a+")  # noqa: SIM115 (held open, and locked, for the lab's whole life)
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1070,6 +1070,6 @@ def print_deliveries(url: str, last: int = 10) -> None:
           f"{url}/hooks/<anything>")  # fmt: skip
     for event in events[-last:]:
         body = event.get("body") if isinstance(event.get("body"), dict) else {}
-        at = datetime.fromtimestamp(event.get("received_at") or 0, timezone.utc).strftime("%H:%M:%SZ")
+        at = datetime.fromtimestamp(event.get("received_at") or 0, UTC).strftime("%H:%M:%SZ")
         what = " ".join(f"{k}={body[k]}" for k in ("event", "cluster", "node", "reason") if body.get(k))
         print(f"    {at} POST {event.get('path')} {what or json.dumps(body)[:120]}")

@@ -117,8 +117,8 @@ def test_the_starter_reaches_the_lab_through_one_function():
         return {
             n.lineno
             for n in ast.walk(node)
-            if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "lab"
-            or isinstance(n, ast.Import) and any(a.name.split(".")[0] == "lab" for a in n.names)
+            if (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "lab")
+            or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "lab" for a in n.names))
         }  # fmt: skip
 
     [runner] = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "lab_runner"]

@@ -13,6 +13,7 @@ its outcome must be; an example file it does not list fails `test_every_example_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -207,12 +208,10 @@ async def trigger_schedules(address: str) -> dict[str, str]:
         try:
             await asyncio.wait_for(handle.result(), 180)
             ended[sid] = "completed"
-        except Exception as err:  # noqa: BLE001 - reported as the outcome
+        except Exception as err:
             ended[sid] = f"{type(err).__name__}: {getattr(err, 'cause', None) or err}"
-        try:
+        with contextlib.suppress(RPCError):
             await schedule.delete()
-        except RPCError:
-            pass
     return ended
 
 

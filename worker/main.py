@@ -46,7 +46,7 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
-async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:
+async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:  # noqa: C901 (the worker's life in order: settings, registration, connect, signals, run, shutdown)
     config = connect_config()
     address, namespace = config["target_host"], config["namespace"]
 
@@ -189,10 +189,8 @@ def _exit(code: int) -> None:
     """Flush and leave without interpreter finalization (temporalio/sdk-python#300)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     os._exit(code)
 
 

@@ -48,7 +48,7 @@ STARTABLE += [FirmwareUpdate, FleetFirmwareUpdate]
 # MIG layouts across a fleet (issue #26), on the rollout's engine: one NodeMigReconfigure child per node.
 STARTABLE += [GpuPartitioning]
 # Every workflow the worker registers: the startable ones and the children they run.
-WORKFLOWS: list[type] = STARTABLE + [RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
+WORKFLOWS: list[type] = [*STARTABLE, RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.
 WORKFLOWS += [DisruptionBudget]
 # The entities: one per cluster or fabric, continuing as new for ever. Under Worker Versioning they move to the

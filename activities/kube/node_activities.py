@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -272,12 +272,10 @@ class NodeActivities:
                 else:
                     errors.setdefault("DaemonSet-managed Pods (use ignore_daemonsets to ignore)", []).append(str(ref))
                     continue
-            if not finished and any(v.empty_dir is not None for v in (pod.spec.volumes or [])):
-                if not settings.delete_emptydir_data:
-                    errors.setdefault("Pods with local storage (use delete_emptydir_data to override)", []).append(
-                        str(ref)
-                    )
-                    continue
+            local_storage = any(v.empty_dir is not None for v in (pod.spec.volumes or []))
+            if not finished and local_storage and not settings.delete_emptydir_data:
+                errors.setdefault("Pods with local storage (use delete_emptydir_data to override)", []).append(str(ref))
+                continue
             if owner is None and not finished and not settings.force:
                 errors.setdefault("Pods that declare no controller (use force to override)", []).append(str(ref))
                 continue
@@ -357,7 +355,7 @@ class NodeActivities:
             if refused is not None:
                 return refused
             unsettled: ApplicationError | EvictOutcome = eviction_unsettled(err, pod_ref)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientError) as err:
             unsettled = ApplicationError(
                 f"{doing}: connection failed, the eviction may or may not have happened: {err!r}",
                 type="KubernetesUnavailable",
@@ -394,7 +392,7 @@ class NodeActivities:
                     if (
                         stuck is None
                         and due is not None
-                        and (datetime.now(timezone.utc) - due).total_seconds() > req.not_leaving_after_seconds
+                        and (datetime.now(UTC) - due).total_seconds() > req.not_leaving_after_seconds
                     ):
                         stuck = pod_ref
             remaining = still

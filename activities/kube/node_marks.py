@@ -16,9 +16,8 @@ there), and a later NodeUpdate of the same node (another run) gets events of its
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -38,7 +37,7 @@ _EVENT_TIMEOUT = 5.0
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def event_body(node: str, uid: str, reason: str, message: str, *, warning: bool = False,
@@ -73,7 +72,7 @@ async def record_event(core: k8s.CoreV1Api, body: dict[str, Any]) -> None:
         if err.status != 409:  # 409: this report was made already (a retry)
             activity.logger.warning("event %s on node %s not recorded: %s %s", body["reason"],
                                     body["involvedObject"]["name"], err.status, err.reason)  # fmt: skip
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError) as err:
         activity.logger.warning("event %s on node %s not recorded: %r", body["reason"],
                                 body["involvedObject"]["name"], err)  # fmt: skip
 

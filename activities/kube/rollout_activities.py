@@ -8,7 +8,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -109,7 +109,7 @@ class RolloutNodeActivities(NodeActivities):
                 activity.heartbeat(len(out.unavailable))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                out.read_at = datetime.now(timezone.utc)
+                out.read_at = datetime.now(UTC)
                 return out
 
     @activity.defn
@@ -138,7 +138,7 @@ class RolloutNodeActivities(NodeActivities):
         except ApiException as err:
             if err.status != 409:
                 raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientError) as err:
             raise ApplicationError(
                 f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}", type="KubernetesUnavailable"
             ) from err
@@ -247,7 +247,7 @@ class RolloutNodeActivities(NodeActivities):
         )
         for pod in sorted(
             pods.items,
-            key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
+            key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC),
             reverse=True,
         ):
             statuses = list((pod.status.init_container_statuses if pod.status else None) or []) + list(
@@ -299,7 +299,7 @@ class RolloutNodeActivities(NodeActivities):
         core = await self._clusters.core(req.cluster)
         # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
         # all) cost more than the call itself.
-        read = lambda: batch.read_namespaced_job_without_preload_content(  # noqa: E731
+        read = lambda: batch.read_namespaced_job_without_preload_content(
             name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT
         )
         # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
@@ -347,7 +347,7 @@ class RolloutNodeActivities(NodeActivities):
             except ApiException as err:
                 if err.status != 409:
                     raise api_error(err, f"creating ConfigMap {name}") from err
-            except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            except (TimeoutError, aiohttp.ClientError) as err:
                 raise ApplicationError(
                     f"creating ConfigMap {name}: connection failed: {err!r}", type="KubernetesUnavailable"
                 ) from err

@@ -3,11 +3,10 @@ packages, Job names within Kubernetes' limits, the proxy the API client honours,
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -51,7 +50,7 @@ async def call_json(doing: str, coro) -> dict[str, Any]:
             data = await resp.read()
         finally:
             resp.release()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError) as err:
         raise ApplicationError(f"{doing}: connection failed: {err!r}", type="KubernetesUnavailable") from err
     if not 200 <= resp.status <= 299:
         failure = ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
@@ -232,4 +231,4 @@ def reboot_unverifiable(node: str) -> ApplicationError:
 
 
 def _iso_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -10,6 +10,7 @@ Exit codes: 0 success; 1 failure (a run failed or refused a control, not found, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -42,10 +43,8 @@ def run(args: list[str] | None = None) -> int:
 def main() -> None:
     code = run()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:
-            pass
     os._exit(code)  # temporalio/sdk-python#300: skip interpreter finalization
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 import typer
 import yaml
@@ -72,17 +72,17 @@ StateDir = Annotated[
     typer.Option("--state-dir", envvar="MILLWRIGHT_STATE_DIR", help="Lab state directory (lab.json, logs, databases)."),
 ]
 AddressOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--address",
         help="Temporal frontend host:port. Default: TEMPORAL_ADDRESS / TEMPORAL_PROFILE, else the running lab, else localhost:7233.",
     ),
 ]
 NamespaceOpt = Annotated[
-    Optional[str], typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")
+    str | None, typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")
 ]
 UiOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--ui",
         envvar="MILLWRIGHT_UI_URL",
@@ -226,7 +226,7 @@ def age(since: datetime | None, now: datetime | None = None) -> str:
     """kubectl's age: 45s, 12m, 3h, 5d."""
     if since is None:
         return "<unknown>"
-    seconds = int(((now or datetime.now(timezone.utc)) - since).total_seconds())
+    seconds = int(((now or datetime.now(UTC)) - since).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

@@ -15,7 +15,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -46,7 +46,7 @@ DryRunOpt = Annotated[
     bool, typer.Option("--dry-run", help="Check that the run would take it; send nothing, change nothing.")
 ]
 ClusterOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster (kubeconfig context)."),
 ]
 NeedCluster = Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")]
@@ -143,7 +143,7 @@ def _rollout(verb: str, doc: str, own: list[inspect.Parameter]) -> None:
 
 
 COMPARTMENT = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--compartment", help="approve: this compartment's batch (default: any); reset-batch: which."),
 ]
 _rollout("pause", "Start no more nodes; running nodes hold after their current stage.", [])
@@ -191,9 +191,9 @@ _command(budget_app, "show", "The budget, the nodes out of service and why, the 
 _command(budget_app, "set", "Declare the cluster's disruption budget (exactly one of --count or --percent); "
          "requesters never change it.", [
     *CLUSTER,
-    _param("count", Annotated[Optional[int], typer.Option("--count", help="At most this many nodes out of service.")],
+    _param("count", Annotated[int | None, typer.Option("--count", help="At most this many nodes out of service.")],
            None),
-    _param("percent", Annotated[Optional[int], typer.Option("--percent", help="At most this share of the nodes.")],
+    _param("percent", Annotated[int | None, typer.Option("--percent", help="At most this share of the nodes.")],
            None),
     _param("task_queue", Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE",
                                                      help="Where to start the budget's entity if none runs.")],
@@ -236,7 +236,7 @@ def _remediation(verb: str, doc: str) -> None:
         return remediation_decide(client, verb, v["cluster"], v["node"], by=v["by"], reason=v["reason"],
                                   step=v["step"], dry_run=v["dry_run"])  # fmt: skip
 
-    step = Annotated[Optional[str], typer.Option("--step", help="The step decided (default: the waiting one).")]
+    step = Annotated[str | None, typer.Option("--step", help="The step decided (default: the waiting one).")]
     _command(remediation_app, verb, doc, [*NODE, _param("step", step, None)], call)
 
 

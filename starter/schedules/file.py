@@ -166,7 +166,7 @@ def _msg(error: Any) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def load(source: str | Path | dict[str, Any] | SchedulesFile, *, name: str | None = None) -> SchedulesFile:
+def load(source: str | Path | dict[str, Any] | SchedulesFile, *, name: str | None = None) -> SchedulesFile:  # noqa: C901 (one check per way a schedules file can be given or be wrong, each with its message)
     """Read and validate a schedules file (path, parsed dict or model); ScheduleFileError lists every problem."""
     if isinstance(source, SchedulesFile):
         data: Any = source.model_dump(mode="json", exclude_none=True)

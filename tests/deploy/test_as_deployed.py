@@ -51,7 +51,7 @@ def lay_out_pod(objs, tmp: Path, emulator_url: str) -> tuple[list[str], dict[str
     deployment = worker_deployment(objs)
     container = worker_container(objs)
     env = container_env(objs, container)
-    root = lambda path: str(tmp / path.lstrip("/"))  # noqa: E731
+    root = lambda path: str(tmp / path.lstrip("/"))
     for mount_path, volume in mounts(objs, deployment["spec"]["template"]["spec"], container).items():
         target = Path(root(mount_path))
         target.mkdir(parents=True, exist_ok=True)

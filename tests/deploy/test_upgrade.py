@@ -77,11 +77,7 @@ async def test_a_running_rollout_finishes_on_its_build_while_a_new_one_starts_on
         first = await start(client, worker, rollout_spec("on-build-a", policy=two_batches, approval="batch",
                                                          nodeSelectors={"matchLabels": {"pool": "a"}}))  # fmt: skip
         waiting = lambda s: (
-            s.compartments.get("__default__")
-            and s.compartments["__default__"].phase
-            == (  # noqa: E731
-                "waiting-for-approval"
-            )
+            s.compartments.get("__default__") and s.compartments["__default__"].phase == ("waiting-for-approval")
         )
         await status_where(first, waiting, "the first approval")
         await first.execute_update(Rollout.approve_batch, ApproveRequest(approver="sre"))

@@ -78,7 +78,7 @@ async def seeded(k8s, core, **kw) -> PodRef:
 async def replace_pod(k8s, core, ref: PodRef) -> None:
     """The pod's controller recreated it under the same name (a StatefulSet would): a new UID."""
     await core.delete_namespaced_pod(ref.name, ref.namespace, grace_period_seconds=0)
-    fresh = [o for o in objects() if o["kind"] == "Pod"][0]
+    fresh = next(o for o in objects() if o["kind"] == "Pod")
     fresh["metadata"].pop("uid", None)
     await k8s.seed([fresh])
 

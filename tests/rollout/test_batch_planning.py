@@ -41,7 +41,7 @@ def test_policy_settings_take_nodewright_names_and_defaults():
         with pytest.raises(ValidationError) as err:
             rollout_spec("bad", policy={**POLICY, **bad})
         assert path in str(err.value)
-    with pytest.raises(ValidationError, match="deploymentPolicyOptions.resetBatch"):
+    with pytest.raises(ValidationError, match=r"deploymentPolicyOptions\.resetBatch"):
         rollout_spec("bad", deploymentPolicyOptions={"resetBatch": True})
 
 

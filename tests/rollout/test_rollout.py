@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes.aio.client import PolicyV1Api
@@ -318,7 +318,7 @@ async def test_a_gate_prometheus_cannot_parse_fails_the_run(client, kube_worker,
 
 async def test_no_node_is_admitted_outside_the_maintenance_windows(client, kube_worker, k8s):
     await lab_ready(k8s, rollout_fleet({"a": 2}))
-    today = datetime.now(timezone.utc).strftime("%a").lower()
+    today = datetime.now(UTC).strftime("%a").lower()
     other_days = [d for d in ("mon", "tue", "wed", "thu", "fri", "sat", "sun") if d != today]
     # Open every hour of every day but today (UTC), and today the window is already closed.
     windows = [{"days": other_days, "startHour": 0, "endHour": 24}]

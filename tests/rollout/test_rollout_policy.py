@@ -6,7 +6,9 @@ and with NodeWright's worked examples."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import functools
+import operator
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -417,8 +419,8 @@ def test_window_open_and_wrapping_past_midnight():
     assert not window_open([w], datetime(2026, 1, 10, 4, 0, tzinfo=PARIS))
     assert not window_open([w], datetime(2026, 1, 10, 22, 30, tzinfo=PARIS))  # Saturday evening
     # Time zones are honoured: 21:30 UTC is 22:30 in Paris in winter.
-    assert window_open([w], datetime(2026, 1, 9, 21, 30, tzinfo=timezone.utc))
-    assert window_open([], datetime(2026, 1, 9, 12, 0, tzinfo=timezone.utc))  # no windows: always
+    assert window_open([w], datetime(2026, 1, 9, 21, 30, tzinfo=UTC))
+    assert window_open([], datetime(2026, 1, 9, 12, 0, tzinfo=UTC))  # no windows: always
     with pytest.raises(ValueError):
         window_open([w], datetime(2026, 1, 9, 22, 0))
 
@@ -426,27 +428,27 @@ def test_window_open_and_wrapping_past_midnight():
 def test_end_hour_24_and_0_mean_midnight():
     for end in (0, 24):
         w = MaintenanceWindow(start_hour=20, end_hour=end)
-        assert window_open([w], datetime(2026, 1, 9, 23, 59, tzinfo=timezone.utc))
-        assert not window_open([w], datetime(2026, 1, 10, 0, 0, tzinfo=timezone.utc))
+        assert window_open([w], datetime(2026, 1, 9, 23, 59, tzinfo=UTC))
+        assert not window_open([w], datetime(2026, 1, 10, 0, 0, tzinfo=UTC))
 
 
 def test_next_window_open():
     w = MaintenanceWindow(days=["sat", "sun"], start_hour=2, end_hour=5, time_zone="Europe/Paris")
-    at = datetime(2026, 1, 7, 10, 7, tzinfo=timezone.utc)  # Wednesday
+    at = datetime(2026, 1, 7, 10, 7, tzinfo=UTC)  # Wednesday
     nxt = next_window_open([w], at)
     assert nxt.astimezone(PARIS) == datetime(2026, 1, 10, 2, 0, tzinfo=PARIS)
     assert next_window_open([w], nxt) == nxt
     # Half-hour offsets: 02:00 in Kolkata is 20:30 UTC the day before.
     k = MaintenanceWindow(start_hour=2, end_hour=4, time_zone="Asia/Kolkata")
-    nxt = next_window_open([k], datetime(2026, 1, 7, 0, 0, tzinfo=timezone.utc))
-    assert nxt == datetime(2026, 1, 7, 20, 30, tzinfo=timezone.utc)
+    nxt = next_window_open([k], datetime(2026, 1, 7, 0, 0, tzinfo=UTC))
+    assert nxt == datetime(2026, 1, 7, 20, 30, tzinfo=UTC)
 
 
 def test_next_window_open_across_a_dst_change():
     # Paris springs forward on 2026-03-29 at 02:00 → 03:00; a 02:00-04:00 window opens at 03:00.
     w = MaintenanceWindow(days=["sun"], start_hour=2, end_hour=4, time_zone="Europe/Paris")
-    nxt = next_window_open([w], datetime(2026, 3, 28, 12, 0, tzinfo=timezone.utc))
-    assert nxt == datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc)
+    nxt = next_window_open([w], datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
+    assert nxt == datetime(2026, 3, 29, 1, 0, tzinfo=UTC)
     assert nxt.astimezone(PARIS).hour == 3
 
 
@@ -510,7 +512,7 @@ def test_plan_worked_example():
     assert [b.strategy_size for b in default.batches] == [1, 2, 4, 6, 2]
     assert [len(b.nodes) for b in default.batches] == [1, 2, 4, 4, 2]
     assert default.worst_case_out_of_service == 6
-    assert sum((b.nodes for b in default.batches), []) == default.members
+    assert functools.reduce(operator.iadd, (b.nodes for b in default.batches), []) == default.members
     assert p.worst_case_out_of_service == 9
     assert p.package_order == ["driver", "tuned"]
     assert p.interrupt == Interrupt(type="reboot")
@@ -744,7 +746,7 @@ def windows_st(draw) -> MaintenanceWindow:
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(windows_st(), min_size=1, max_size=2),
-    st.datetimes(min_value=datetime(2026, 1, 1), max_value=datetime(2027, 1, 1), timezones=st.just(timezone.utc)),
+    st.datetimes(min_value=datetime(2026, 1, 1), max_value=datetime(2027, 1, 1), timezones=st.just(UTC)),
 )
 def test_next_window_open_is_open_and_the_first(windows, at):
     nxt = next_window_open(windows, at)

@@ -10,7 +10,8 @@ import json
 import math
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -78,7 +79,7 @@ def tenant_objects() -> list[dict]:
             objects.append({"apiVersion": "v1", "kind": "ResourceQuota",
                             "metadata": {"name": f"{tenant}-quota", "namespace": ns, "labels": {TENANT_LABEL: tenant}},
                             "spec": {"hard": {"requests.nvidia.com/gpu": str(quota)}}})  # fmt: skip
-    return objects + [namespace("scratch")]
+    return [*objects, namespace("scratch")]
 
 
 Schedule = list[tuple[str | None, dict, float, float, float]]  # (tenant, pod, GPUs it holds, starts at, lives)
@@ -110,8 +111,8 @@ async def live_through(
 
 async def usage_since(client, usage_worker, first: float):
     """A TenantUsage run over the whole seconds from just before `first` to now, at 1 s steps and 4 s pages."""
-    start = datetime.fromtimestamp(math.floor(first) - 2, timezone.utc)
-    end = datetime.fromtimestamp(math.ceil(time.time()), timezone.utc)
+    start = datetime.fromtimestamp(math.floor(first) - 2, UTC)
+    end = datetime.fromtimestamp(math.ceil(time.time()), UTC)
     inp = TenantUsageInput(cluster="lab", start=start, end=end, step=timedelta(seconds=1),
                            page=timedelta(seconds=4))  # fmt: skip
     handle = await client.start_workflow(TenantUsage.run, inp, id=f"{inp.workflow_id()}-{uuid.uuid4().hex[:6]}",
@@ -158,7 +159,7 @@ async def test_gpu_hours_per_tenant_match_the_pods_lifetimes(client, usage_worke
     progress = await handle.query(TenantUsage.progress)
     assert progress.phase == "completed" and f"acme {rows['acme'].gpu_hours:.2f}" in progress.details
     assert result.report is not None and result.report.written
-    written = json.loads(open(result.report.json_path).read())
+    written = json.loads(Path(result.report.json_path).read_text())
     assert [r["tenant"] for r in written["rows"]] == list(rows) and written["cluster"] == "lab"
     with open(result.report.csv_path) as f:
         table = list(csv.DictReader(f))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -21,8 +21,8 @@ from worker.config import ConfigError, WorkerSettings
 
 pytestmark = pytest.mark.timeout(120)
 
-START = datetime(2026, 12, 1, tzinfo=timezone.utc)
-END = datetime(2026, 12, 2, tzinfo=timezone.utc)
+START = datetime(2026, 12, 1, tzinfo=UTC)
+END = datetime(2026, 12, 2, tzinfo=UTC)
 
 
 def report(acme_hours: float) -> UsageReport:
@@ -43,7 +43,7 @@ def get(s3, key: str) -> httpx.Response:
     host = s3.url.removeprefix("http://")
     headers = sign("GET", host, path, {}, hashlib.sha256(b"").hexdigest(), region="us-east-1",
                    access_key_id=s3.access_key_id, secret=s3.secret_access_key,
-                   now=datetime.now(timezone.utc))  # fmt: skip
+                   now=datetime.now(UTC))  # fmt: skip
     return httpx.get(s3.url + path, headers=headers, timeout=10)
 
 

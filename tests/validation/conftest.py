@@ -14,4 +14,4 @@ lab_hosts = _burnin.lab_hosts
 bmc_secret_file = _burnin.bmc_secret_file
 burnin_worker = _burnin.burnin_worker
 power_link = _node.power_link
-__all__ = ["burnin_bmcs", "bmc_admin", "lab_hosts", "bmc_secret_file", "burnin_worker", "power_link"]
+__all__ = ["bmc_admin", "bmc_secret_file", "burnin_bmcs", "burnin_worker", "lab_hosts", "power_link"]

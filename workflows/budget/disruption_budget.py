@@ -276,9 +276,8 @@ class DisruptionBudget:
             self._breaker_changed()
         self._changed()
         limit = self._inp.history_limit
-        if self._event_clock:
-            if await self._serve(limit):
-                return self._book
+        if self._event_clock and await self._serve(limit):
+            return self._book
         while not self._event_clock and not history_is_long(limit) and self._move_to is None:
             if self._dirty or self._wake_in() == timedelta(0):
                 await self._tick()
@@ -291,7 +290,7 @@ class DisruptionBudget:
                     timeout=inp.idle_close_after if idle else self._wake_in(),
                     timeout_summary="close while idle" if idle else "recheck the cluster and the holders",
                 )  # fmt: skip
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if idle and self._idle() and workflow.all_handlers_finished():
                     # Nothing to hand over but the settings: the next request starts a run on its own queue.
                     return self._book

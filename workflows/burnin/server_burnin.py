@@ -270,7 +270,7 @@ class ServerBurnIn:
         self._phases.enter(phase, details)
 
     @workflow.run
-    async def run(self, inp: ServerBurnInInput) -> ServerBurnInResult:
+    async def run(self, inp: ServerBurnInInput) -> ServerBurnInResult:  # noqa: C901 (the burn-in's steps in order, each a branch on its own outcome; split, they would hide the sequence)
         target, settings = inp.server, inp.settings
         lookup = DeviceLookup(name=target.name)
         staged = False

@@ -18,6 +18,7 @@ events a server (a child's start, close and two workflow tasks) and one per cont
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from datetime import timedelta
 from typing import Literal
@@ -267,11 +268,9 @@ class FleetFirmwareUpdate:
             return True
         opens = next_window_open(windows, now)
         self._phases.enter("waiting-for-window", f"next maintenance window opens {opens:%Y-%m-%d %H:%M %Z}")
-        try:
+        with contextlib.suppress(TimeoutError):  # the window opened
             await workflow.wait_condition(lambda: self._paused is not None or self._aborted is not None,
                                           timeout=(opens - now) if opens else timedelta(days=1))  # fmt: skip
-        except asyncio.TimeoutError:
-            pass
         return False
 
     async def _update(self, target: FirmwareTarget, wave: int) -> None:

@@ -12,6 +12,7 @@ While an eviction is refused, or a pod outlives its grace period, the node's `Dr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -184,12 +185,10 @@ class Drain:
             wait = max(interval, min(interval * 2 ** (attempts - 1), MAX_BLOCKED_BACKOFF))
             if outcome.retry_after_seconds:
                 wait = max(wait, timedelta(seconds=outcome.retry_after_seconds))
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await workflow.wait_condition(
                     self._stopping,
                     timeout=min(wait, max(deadline - workflow.now(), timedelta(seconds=1))),
                     timeout_summary=f"eviction of {key} blocked by {outcome.budget or 'the API'}",
                 )
-            except asyncio.TimeoutError:
-                pass
         return None

@@ -13,6 +13,7 @@ worker killed at any point resumes without repeating a cordon or an eviction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Literal
 
@@ -318,14 +319,12 @@ class NodeMaintenance:
                     type="ProtectedPodsTimeout",
                     non_retryable=True,
                 )
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await workflow.wait_condition(
                     lambda: self._stopping() or self._skip_wait is not None,
                     timeout=min(inp.protected_pods_poll_interval, remaining),
                     timeout_summary="protected pods still running",
                 )
-            except asyncio.TimeoutError:
-                pass
         self._status.protected_pods = []
 
     async def _drain(self, inp: NodeMaintenanceInput) -> None:

@@ -8,6 +8,7 @@ knows nothing of packages. `FleetControls` gives such a workflow the operator's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -372,7 +373,7 @@ class Compartments:
         if succeeded + failed:
             batch_view.success_percent = succeeded * 100 // (succeeded + failed)
         view.current_batch = None
-        self._recent = (self._recent + [batch_view])[-RECENT_BATCHES:]
+        self._recent = ([*self._recent, batch_view])[-RECENT_BATCHES:]
         self.refresh()
 
     # ------------------------------------------------------------ the operator's controls
@@ -452,12 +453,10 @@ class Compartments:
         return self.aborted is not None or self.continuing
 
     async def _sleep(self, duration: timedelta, summary: str) -> None:
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await workflow.wait_condition(
                 lambda: self._woken() or self.paused_reason is not None, timeout=duration, timeout_summary=summary
             )
-        except asyncio.TimeoutError:
-            pass
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -555,9 +554,7 @@ class Compartments:
 async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> None:
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
-    try:
+    with contextlib.suppress(asyncio.TimeoutError):
         await workflow.wait_condition(
             wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed"
         )
-    except asyncio.TimeoutError:
-        pass

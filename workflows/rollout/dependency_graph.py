@@ -58,6 +58,6 @@ def _find_cycle(graph: Mapping[str, list[str]]) -> list[str]:
     while True:
         node = next(d for d in graph[node] if d in graph)
         if node in seen:
-            return path[seen[node] :] + [node]
+            return [*path[seen[node] :], node]
         seen[node] = len(path)
         path.append(node)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from activities.models import StrictModel
 from workflows.rollout.batching import NodeSnapshot, choose_compartment
 from workflows.rollout.spec.deployment_policy import DeploymentPolicy
@@ -27,9 +29,9 @@ from workflows.rollout.state import CompartmentState, NodeStatus, RolloutCheckpo
 
 
 class MembershipChange(StrictModel):
-    joined: dict[str, str] = {}
-    left: dict[str, NodeStatus] = {}
-    moved: dict[str, str] = {}
+    joined: dict[str, str] = Field(default_factory=dict)
+    left: dict[str, NodeStatus] = Field(default_factory=dict)
+    moved: dict[str, str] = Field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.joined or self.left or self.moved)

@@ -15,7 +15,7 @@ per page however many GPUs the fleet has: a month at 60 s steps and 6 h pages is
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pydantic import Field, field_validator, model_validator
 from temporalio import workflow
@@ -87,7 +87,7 @@ class TenantUsageResult(UsageReport):
 
 
 def _utc(t: datetime) -> datetime:
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def _add(total: GpuUse, page: GpuUse) -> None:
