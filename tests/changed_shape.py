@@ -1,5 +1,5 @@
 """One workflow type, two definitions whose commands differ: a run of the first replayed with the second is a
-known nondeterminism (tests/test_history_replay.py, tests/test_nondeterminism.py). Test-only; in a module of its
+known nondeterminism (tests/test_history_replay.py, tests/worker/test_nondeterminism.py). Test-only; in a module of its
 own so that the sandbox imports nothing else."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`millwright` run in the test process (`starter.cli.run`): the same parsing, client calls and printing as the
 installed command, without a Python start-up per command (over a second each on CI's two cores). What the command
-sees is what the subprocess of tests/test_cli.py sees: its own stdin, stdout and stderr, and an environment without
+sees is what the subprocess of tests/starter/test_cli.py sees: its own stdin, stdout and stderr, and an environment without
 TEMPORAL_* and MILLWRIGHT_* settings, with no Temporal profile and no running lab to find."""
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def operating_commands() -> list[list[str]]:
 @pytest.mark.parametrize("argv", operating_commands(), ids=" ".join)
 def test_operating_commands_parse(argv, monkeypatch):
     """Each command the runbooks tell an operator to paste names a command the CLI has, with options it takes and
-    every required one (tests/cli/ runs the same commands against the lab)."""
+    every required one (tests/starter/cli/ runs the same commands against the lab)."""
     import typer
 
     from starter.cli import app

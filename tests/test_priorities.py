@@ -1,6 +1,6 @@
 """Task priority and fairness (workflows/common/priorities.py), read back from the histories: an operator's
 NodeMaintenance and the budget entity at 1, a rollout's own calls, batches and node updates at 4 with the cluster's
-fairness key (remediation at 2: tests/remediation/test_dcgm.py); and what a backlogged queue dispatches first."""
+fairness key (remediation at 2: tests/workflows/remediation/test_dcgm.py); and what a backlogged queue dispatches first."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from temporalio.worker import Worker
 
 from tests.conftest import DEV_SERVER_STARTUP, temporal_binary
 from tests.kube_helpers import fleet_objects, wait_for
-from tests.maintenance.test_node_maintenance import maintenance
-from tests.maintenance.test_node_maintenance import start as start_maintenance
-from tests.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from tests.workflows.maintenance.test_node_maintenance import maintenance
+from tests.workflows.maintenance.test_node_maintenance import start as start_maintenance
+from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
 from workflows.budget.leases import budget_workflow_id
 from workflows.common import priorities
 from workflows.rollout.rollout import Rollout

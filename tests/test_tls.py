@@ -1,8 +1,8 @@
 """TLS settings shared by every integration (activities/support/tls.py): Ironic and Prometheus against a small HTTPS server
 with a lab certificate, CA bundle references, and the worker's MILLWRIGHT_*_CA_BUNDLE / *_VERIFY_TLS settings.
-The other integrations are tested against their lab servers: tests/redfish/test_redfish_tls.py,
-tests/ufm/test_ufm_tls_and_lost_answers.py, tests/netbox/test_netbox_client_stub.py, tests/remediation/test_notify.py
-(webhooks), tests/kube/test_kube_tls.py."""
+The other integrations are tested against their lab servers: tests/activities/redfish/test_redfish_tls.py,
+tests/workflows/fabric/test_ufm_tls_and_lost_answers.py, tests/activities/netbox/test_netbox_client_stub.py, tests/workflows/remediation/test_notify.py
+(webhooks), tests/activities/kube/test_kube_tls.py."""
 
 from __future__ import annotations
 

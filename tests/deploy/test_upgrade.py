@@ -16,8 +16,8 @@ from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 
 from tests.conftest import temporal_binary
 from tests.kube_helpers import wait_for
-from tests.rollout.helpers import rollout_fleet, rollout_spec
-from tests.rollout.test_rollout import lab_ready, start, status_where
+from tests.workflows.rollout.helpers import rollout_fleet, rollout_spec
+from tests.workflows.rollout.test_rollout import lab_ready, start, status_where
 from worker import registry
 from worker.config import WorkerSettings
 from workflows.rollout.models import ApproveRequest

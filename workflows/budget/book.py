@@ -1,7 +1,7 @@
 """The disruption budget's book of leases: who holds which node, who waits in which order, and the grant rule.
 
 Plain data and rules with no Temporal call, so that the rules are tested without a server
-(tests/budget/test_lease_book.py); the ``DisruptionBudget`` entity (workflows/budget/disruption_budget.py) reads
+(tests/workflows/budget/test_lease_book.py); the ``DisruptionBudget`` entity (workflows/budget/disruption_budget.py) reads
 the cluster, feeds the book what its signals and reads carry, and tells the requesters what it decided.
 """
 

@@ -1,0 +1,82 @@
+"""The firmware activities (activities/firmware/) against the lab BMCs: what a retried attempt does, a BMC that
+restarts while its task is followed, and version ordering."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.firmware.activities import FirmwareActivities
+from activities.firmware.models import Activation, TaskFollow, UpdateStart
+from activities.firmware.versions import is_downgrade
+from activities.support.secrets import SecretRef
+from lab.bmc import DEFAULT_FIRMWARE
+from tests.activities.redfish.conftest import BMC_PASSWORD
+from tests.activities.redfish.test_redfish_activities import bmc, resets
+
+BIOS = "http://images.lab/bios-1.9.0.bin"
+
+
+@pytest.fixture
+def acts(bmc_secret_file) -> FirmwareActivities:
+    return FirmwareActivities(SecretRef.parse(f"file:{bmc_secret_file}"))
+
+
+async def test_a_retried_start_follows_the_running_task_and_a_retried_activation_does_not_reset_again(
+    acts, lab_bmcs, bmc_admin
+):
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 0), lab_bmcs.names[0]
+    await bmc_admin.set_images({BIOS: {"version": "1.9.0", "seconds": 1.0}})
+    start = UpdateStart(bmc=ref, targets=["BIOS"], image_uri=BIOS, version="1.9.0")
+    first = await env.run(acts.start_firmware_update, start)
+    again = await env.run(acts.start_firmware_update, start)  # an attempt whose answer was lost, retried
+    assert first.outcome == again.outcome == "started" and first.task == again.task and first.task
+    assert first.installed == {"BIOS": DEFAULT_FIRMWARE["BIOS"]}
+    outcome = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=first.task, targets=["BIOS"],
+                                                                  version="1.9.0"))  # fmt: skip
+    assert (outcome.state, outcome.active, outcome.bmc_restarted) == ("Completed", False, False)
+    activate = Activation(bmc=ref, how="reset", want={"BIOS": "1.9.0"})
+    assert (await env.run(acts.activate_firmware, activate)).reset is True
+    assert (await env.run(acts.activate_firmware, activate)).reset is False
+    assert await resets(bmc_admin, name) == ["On"]  # the server was off: one power-on boots the new BIOS
+    assert (await env.run(acts.start_firmware_update, start)).outcome == "at-target"
+
+
+async def test_following_a_task_waits_out_the_bmc_restart_and_failures_carry_the_bmcs_message(
+    acts, lab_bmcs, bmc_admin
+):
+    env, ref = ActivityEnvironment(), bmc(lab_bmcs, 1)
+    beats: list = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    await bmc_admin.config(bmc_restart_seconds=1.5)
+    await bmc_admin.set_images({"http://images.lab/bmc.bin": {"version": "25.03", "seconds": 0.3},
+                                "http://images.lab/bad.bin": {"version": "1.9.9", "bad": "corrupt header"}})  # fmt: skip
+    started = await env.run(acts.start_firmware_update, UpdateStart(
+        bmc=ref, targets=["BMC"], image_uri="http://images.lab/bmc.bin", version="25.03"))  # fmt: skip
+    outcome = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=started.task, targets=["BMC"],
+                                                                  version="25.03"))  # fmt: skip
+    assert (outcome.state, outcome.active, outcome.bmc_restarted) == ("Completed", True, True)
+    assert any(b.get("state") == "BmcRestarting" for b in beats), beats
+    assert all(BMC_PASSWORD not in str(b) for b in beats)
+
+    bad = await env.run(acts.start_firmware_update, UpdateStart(
+        bmc=ref, targets=["BIOS"], image_uri="http://images.lab/bad.bin", version="1.9.9"))  # fmt: skip
+    with pytest.raises(ApplicationError) as failed:
+        await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=bad.task, targets=["BIOS"],
+                                                            version="1.9.9"))  # fmt: skip
+    assert failed.value.type == "FirmwareUpdateFailed" and failed.value.non_retryable
+    assert "corrupt header" in failed.value.message and BMC_PASSWORD not in failed.value.message
+    with pytest.raises(ApplicationError) as unknown:
+        await env.run(acts.start_firmware_update, UpdateStart(
+            bmc=ref, targets=["NIC9"], image_uri="http://images.lab/bad.bin", version="1"))  # fmt: skip
+    assert unknown.value.type == "FirmwareComponentUnknown" and unknown.value.non_retryable
+
+
+@pytest.mark.parametrize(("installed", "wanted", "downgrade"), [
+    ("24.09", "25.03", False), ("25.03", "24.09", True), ("1.8.2", "1.8.10", False), ("1.8.2", "1.8", True),
+    ("96.00.A5.00.01", "96.00.B0.00.01", False), ("96.00.B0.00.01", "96.00.A5.00.01", True),
+    ("0.2.1.9", "0.2.1.9", False),
+])  # fmt: skip
+def test_versions_order_by_parts(installed: str, wanted: str, downgrade: bool) -> None:
+    assert is_downgrade(installed, wanted) is downgrade

@@ -1,0 +1,218 @@
+"""FleetFirmwareUpdate over the lab's servers (workflows/firmware/fleet.py): waves, the BMC concurrency limit, the
+cluster's disruption budget, the failure threshold, pause/resume/abort, and servers already current."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from temporalio.client import WorkflowHandle
+
+from activities.node_health import QUARANTINE_ANNOTATION
+from lab.fleet import Fleet
+from starter.controls import Refused, firmware_control, firmware_status
+from tests.kube_helpers import wait_for
+from tests.workflows.burnin.test_burnin_node import follow
+from tests.workflows.firmware.test_firmware_update import BIOS_IMAGE, BUNDLE, IMAGES, updates_posted
+from tests.workflows.maintenance.test_node_maintenance import record_history
+from tests.workflows.rollout.helpers import max_unavailable, nodes_down_with_workload
+from workflows.firmware.fleet import FleetFirmwareInput, FleetFirmwareStatus, FleetFirmwareUpdate, ServerFirmware
+from workflows.firmware.waves import FirmwareWaves, WaveBook
+
+DRAIN = {"delete_emptydir_data": True, "eviction_retry_interval": 0.5}
+BIOS_ONLY = {"name": "bios-1.9.0", "components": [{"name": "BIOS", "image_uri": BIOS_IMAGE, "version": "1.9.0"}]}
+
+
+def fleet_input(bmcs, servers: list[str], nodes: set[str], bundle: dict = BUNDLE, **fields) -> FleetFirmwareInput:
+    """`servers` in order; those in `nodes` are Kubernetes nodes in service (budget 2), the rest bare servers."""
+    kubernetes = {"cluster": "lab", "take_out_of_service": True, "disruption_budget": {"count": 2}, "drain": DRAIN}
+    return FleetFirmwareInput.model_validate({
+        "name": f"fw-{uuid.uuid4().hex[:6]}", "bundle": bundle,
+        "servers": [{"name": n, "bmc": {"url": bmcs.bmc_urls[n]}, "kubernetes": kubernetes if n in nodes else None}
+                    for n in servers],
+        **fields,
+    })  # fmt: skip
+
+
+async def start(client, queue: str, inp: FleetFirmwareInput) -> WorkflowHandle:
+    return await client.start_workflow(FleetFirmwareUpdate.run, inp, id=inp.workflow_id(), task_queue=queue)
+
+
+async def update_windows(admin, servers: list[str]) -> dict[str, tuple[float, float]]:
+    """Each server's time on its BMC's UpdateService: its first SimpleUpdate to its last write (the reset)."""
+    windows = {}
+    for name in servers:
+        writes = await admin.server_audit(name, writes=True)
+        posted = [e["time"] for e in writes if e["path"].endswith("SimpleUpdate")]
+        if posted:
+            windows[name] = (posted[0], writes[-1]["time"])
+    return windows
+
+
+def most_at_once(windows: dict[str, tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in windows.values()] + [(end, -1) for _, end in windows.values()])
+    at_once = most = 0
+    for _, step in edges:
+        at_once += step
+        most = max(most, at_once)
+    return most
+
+
+async def _running_with_a_task(client, name: str) -> ServerFirmware | None:
+    status = await firmware_status(client, name)
+    return next((s for s in status.servers if s.state == "running" and any(c.task_state for c in s.components)), None)
+
+
+async def status_where(handle, predicate, what: str) -> FleetFirmwareStatus:
+    async def probe():
+        s = await handle.query(FleetFirmwareUpdate.status)
+        return s if predicate(s) else None
+
+    return await wait_for(probe, what=what, timeout=60)
+
+
+def test_waves_count_changed_servers_and_stop_at_the_threshold():
+    book = WaveBook(FirmwareWaves(canary=1, batch_sizes=[3, 2], failure_threshold=2), max_concurrent=2)
+    assert book.startable() and book.start("a") == 0 and not book.startable()  # the canary runs alone
+    assert book.finished("a", changed=False, failed=False) is None and book.startable()  # already current: no place
+    book.start("b")
+    assert book.finished("b", changed=True, failed=False) is None and not book.startable() and book.next_wave()
+    assert book.size == 3 and [book.start(s) for s in "cd"] == [1, 1] and not book.startable()  # BMC limit 2
+    assert book.finished("c", changed=False, failed=True) is None  # one failure, threshold 2
+    book.start("e")
+    assert book.finished("d", changed=True, failed=False) is None and not book.startable()  # 3 of 3 changed or running
+    assert book.finished("e", changed=False, failed=True) == "2 server(s) failed (threshold 2), the last e"
+    book.resume()
+    assert book.next_wave() and book.size == 2 and book.next_wave() is False
+    assert WaveBook(FirmwareWaves(), 1).finished("x", changed=False, failed=True) == "the canary failed (x)"
+
+
+async def test_a_fleet_updates_in_waves_under_the_budget_and_the_bmc_limit_then_a_rerun_changes_nothing(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, power_link
+):
+    servers = burnin_bmcs.names[:6]
+    bare, current = servers[4], servers[1]  # a server no cluster knows; one already at the bundle's versions
+    nodes = set(servers) - {bare}
+    await k8s.seed(Fleet.model_validate({
+        "cluster": "lab", "nodes": [{"name": n, "gpus": 8} for n in sorted(nodes)],
+        "workloads": [{"name": f"trainer-{i}", "namespace": "training", "replicas": 1, "gpus": 8, "nodes": [n],
+                       "emptyDir": True, "terminationGracePeriodSeconds": 1} for i, n in enumerate(sorted(nodes))],
+    }).to_objects())  # fmt: skip
+    for name in sorted(nodes):
+        await follow(power_link, bmc_admin, name)
+    await bmc_admin.set_images(IMAGES)
+    await bmc_admin.set_firmware(current, {"BMC": "25.03", "BIOS": "1.9.0"})
+    await bmc_admin.config(bmc_restart_seconds=0.5)
+    waves = {"canary": 1, "batch_sizes": [3]}
+    handle = await start(client, burnin_worker, fleet_input(burnin_bmcs, servers, nodes, waves=waves,
+                                                            max_concurrent_bmcs=2))  # fmt: skip
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update")
+
+    assert result.counts == {"updated": 5, "up-to-date": 1} and result.aborted is None, result
+    by_name = {s.server: s for s in result.servers}
+    # The canary alone; the server already current took no place in wave 1, so it held three changed servers.
+    assert {n: by_name[n].wave for n in servers} == {servers[0]: 0, current: 1, servers[2]: 1, servers[3]: 1,
+                                                     bare: 1, servers[5]: 2}  # fmt: skip
+    assert {c.state for c in by_name[current].components} == {"at-target"}
+    assert {(c.name, c.state) for c in by_name[servers[5]].components} == {("BMC", "active"), ("BIOS", "active")}
+    windows = await update_windows(bmc_admin, servers)
+    assert set(windows) == set(servers) - {current}
+    assert most_at_once(windows) <= 2  # the BMC limit, though wave 1 had three servers (one no lease held back)
+    wave1 = [windows[n] for n in (servers[2], servers[3], bare)]
+    assert windows[servers[0]][1] < min(start for start, _ in wave1)  # each wave after the one before finished
+    assert max(end for _, end in wave1) < windows[servers[5]][0]
+    audit = await k8s.audit()
+    assert max_unavailable(audit, nodes) <= 2 and nodes_down_with_workload(audit) == []
+    progress = await handle.query(FleetFirmwareUpdate.progress)
+    assert (progress.phase, progress.done, progress.total) == ("completed", 6, 6)
+
+    cursor = await k8s.audit_cursor()
+    again = await (await start(client, burnin_worker, fleet_input(burnin_bmcs, servers, nodes))).result()
+    assert again.counts == {"up-to-date": 6}
+    assert [len(await updates_posted(bmc_admin, n)) for n in servers] == [2, 0, 2, 2, 2, 2]
+    assert [e for e in await k8s.audit(since=cursor, writes=True) if e.get("resource") == "nodes"] == []
+
+
+async def test_a_failure_stops_the_fleet_at_its_threshold_then_resume_pause_and_abort(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker
+):
+    servers = burnin_bmcs.names[:4]
+    await bmc_admin.set_images(IMAGES)
+    await bmc_admin.set_update_faults(servers[1], {"BIOS": "flash write failed at block 42"})
+    waves = {"canary": 1, "batch_sizes": [1], "failure_threshold": 1}
+    inp = fleet_input(burnin_bmcs, servers, set(), BIOS_ONLY, waves=waves)
+    handle = await start(client, burnin_worker, inp)
+
+    stopped = await status_where(handle, lambda s: s.paused is not None and not any(
+        x.state == "running" for x in s.servers), "the fleet stopped at its threshold")  # fmt: skip
+    assert [x.state for x in stopped.servers] == ["updated", "failed", "pending", "pending"]
+    assert "flash write failed at block 42" in stopped.servers[1].reason
+    progress = await handle.query(FleetFirmwareUpdate.progress)
+    assert progress.phase == "paused" and "stopped: 1 server(s) failed (threshold 1)" in progress.details
+    assert "flash write failed at block 42" in progress.details
+
+    name = inp.name  # the operator's controls, as the CLI sends them (starter/controls.py)
+    await firmware_control(client, "resume", name, by="sre", reason="bad flash part on one server")
+    await firmware_control(client, "pause", name, by="sre", reason="change freeze")
+    running = await wait_for(lambda: _running_with_a_task(client, name), what="a running server's task state")
+    assert running.server == servers[2] and [c.name for c in running.components] == ["BIOS"], running
+    assert running.now.startswith(("updating: BIOS", "activating", "verifying")), running.now
+    paused = await status_where(handle, lambda s: s.servers[2].state == "updated", "the running server finished")
+    await asyncio.sleep(1)  # a paused fleet starts nothing
+    assert (await handle.query(FleetFirmwareUpdate.status)).servers[3].state == "pending", paused
+    with pytest.raises(Refused, match="already paused"):
+        await firmware_control(client, "pause", name, by="sre", reason="twice")
+    await firmware_control(client, "abort", name, by="sre", reason="postponed")
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update_stop_abort")
+    assert result.aborted == "postponed (by sre)" and result.counts == {"updated": 2, "failed": 1, "skipped": 1}
+    assert (
+        result.servers[3].reason == "fleet aborted: postponed (by sre)"
+        and await updates_posted(bmc_admin, servers[3]) == []
+    )
+    status = await handle.query(FleetFirmwareUpdate.status)
+    assert status.decisions == ["resume: bad flash part on one server (by sre)", "pause: change freeze (by sre)",
+                                "abort: postponed (by sre)"]  # fmt: skip
+
+
+async def test_a_server_failing_validation_after_its_firmware_goes_to_remediation_and_counts_failed(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    good, bad = burnin_bmcs.names[6:8]
+    await k8s.seed(Fleet.model_validate({"cluster": "lab", "nodes": [{"name": n, "gpus": 8} for n in (good, bad)],
+                                         "workloads": []}).to_objects())  # fmt: skip
+    await bmc_admin.set_gpu_faults(bad, {"missing_gpus": 1})  # a GPU off the bus once it boots
+    for name in (good, bad):
+        await follow(power_link, bmc_admin, name)
+    await bmc_admin.set_images(IMAGES)
+    waves = {"canary": 1, "batch_sizes": [1]}
+    remediation = {"steps": ["restart-gpu-services"], "settle_timeout": 5, "burn_in_seconds": 1}
+    inp = fleet_input(burnin_bmcs, [good, bad], {good, bad}, BIOS_ONLY, waves=waves, validation={"expected_gpus": 8},
+                      remediation=remediation)  # fmt: skip
+    handle = await start(client, burnin_worker, inp)
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update_validation_failed")
+    await record_history(client.get_workflow_handle(f"firmware-update/{bad}"), "firmware_update_validation_remediation")
+
+    by_name = {s.server: s for s in result.servers}
+    assert (by_name[good].state, by_name[bad].state) == ("updated", "failed"), result
+    assert by_name[bad].reason.startswith("validation failed: ") and "count" in by_name[bad].reason, by_name[bad]
+    assert by_name[bad].reason.endswith(f"; handed to remediation/lab/{bad}")
+    # Remediation took the node on, still cordoned: its ladder could not bring the GPU back, so it quarantined it.
+    remedied = await client.get_workflow_handle(f"remediation/lab/{bad}").result()
+    assert (remedied["outcome"], [s["outcome"] for s in remedied["steps"]]) == ("quarantined", ["not-fixed"]), remedied
+    assert remedied["reason"].startswith("validation failed after firmware bios-1.9.0")
+    assert (await bmc_admin.server(bad))["firmware"]["BIOS"] == "1.9.0"  # installed; the node is what failed
+    status = await handle.query(FleetFirmwareUpdate.status)
+    assert status.paused is not None and "1 server(s) failed (threshold 1)" in status.paused
+    node = await core.read_node(bad)
+    quarantine = json.loads(node.metadata.annotations[QUARANTINE_ANNOTATION])
+    assert (
+        node.spec.unschedulable and node.metadata.annotations["millwright.dev/cordoned-by"] == f"remediation/lab/{bad}"
+    )
+    assert quarantine["by"] == f"remediation/lab/{bad}" and "remediation exhausted" in quarantine["reason"]
+    assert "requested by firmware-update/" in remedied["note"]
+    assert not (await core.read_node(good)).spec.unschedulable  # validated, then back in service

@@ -1,0 +1,262 @@
+"""The event path (worker/fault_events.py): Alertmanager's webhook and the node watch start a NodeRemediation within
+seconds, through the sweep's rules; a flapping condition starts nothing. The real receiver and watch against the
+Kubernetes emulator, the remediation on the remediation tier's worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.kube.connector import ClusterConnector
+from activities.support.secrets import SecretRef
+from tests.kube_helpers import read_node, wait_for
+from tests.workflows.remediation.helpers import fast_settings, fleet
+from worker.alert_receiver import event_path
+from worker.fault_events import FaultEvents, FaultEventSettings
+from workflows.remediation.models import RemediationSettings
+from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.policy import OPT_OUT_LABEL, HealthChecks, remediation_workflow_id
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "s3cret-alertmanager-token"
+
+
+@contextlib.asynccontextmanager
+async def running_event_path(client, worker, kubeconfig_path, monkeypatch, hold: float = 2.0):
+    """The event path as the worker runs it, on an ephemeral port; yields (events, receiver URL)."""
+    monkeypatch.setenv("TEST_AM_TOKEN", TOKEN)
+    connector = ClusterConnector([str(kubeconfig_path)])
+    settings = FaultEventSettings(
+        hold=timedelta(seconds=hold), checks=HealthChecks(bmc=False),
+        remediation=RemediationSettings(**{k: v for k, v in fast_settings().items()}),
+    )  # fmt: skip
+    events = FaultEvents(client, connector, worker.task_queue, settings, ["lab"])
+    try:
+        async with event_path(events, connector, SecretRef.parse("env:TEST_AM_TOKEN"), "127.0.0.1", 0) as port:
+            await wait_for(lambda: settled(events.heard["lab"]), what="the watch's first list")
+            yield events, f"http://127.0.0.1:{port}"
+    finally:
+        await connector.close()
+
+
+async def settled(value):
+    """`value`, awaitable: for `wait_for` over what the test already holds."""
+    return value
+
+
+def payload(node: str, *, alertname: str = "GpuXid79", status: str = "firing") -> dict:
+    alert = {"status": status, "labels": {"alertname": alertname, "Hostname": node, "cluster": "lab"},
+             "annotations": {"summary": "XID 79: GPU fell off the bus"}, "startsAt": "2026-12-01T00:00:00Z",
+             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prometheus/graph", "fingerprint": "a1b2"}  # fmt: skip
+    return {"version": "4", "groupKey": '{}:{alertname="GpuXid79"}', "truncatedAlerts": 0, "status": status,
+            "receiver": "millwright", "groupLabels": {"alertname": alertname}, "commonLabels": alert["labels"],
+            "commonAnnotations": alert["annotations"], "externalURL": "http://alertmanager:9093",
+            "alerts": [alert]}  # fmt: skip
+
+
+async def post(url: str, body: dict, token: str | None = TOKEN) -> tuple[int, dict]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/alerts", json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def cordoned_at(k8s, node: str) -> float | None:
+    """When the audit log first shows `node` cordoned (the write that left it unschedulable), or None."""
+    for entry in await k8s.audit(writes=True):
+        if (
+            entry.get("resource") == "nodes"
+            and entry.get("name") == node
+            and entry.get("nodeAfter", {}).get("unschedulable")
+        ):
+            return entry["time"]
+    return None
+
+
+async def not_started(client, node: str) -> bool:
+    try:
+        await client.get_workflow_handle(remediation_workflow_id("lab", node)).describe()
+    except RPCError as err:
+        return err.status == RPCStatusCode.NOT_FOUND
+    return False
+
+
+async def set_condition(core, node: str, ctype: str, status: str) -> None:
+    """A node condition set as a kubelet or Node Problem Detector writes it (added when absent)."""
+    current = await core.read_node_status(node)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions = [core.api_client.sanitize_for_serialization(c) for c in current.status.conditions or []]
+    found = next((c for c in conditions if c["type"] == ctype), None)
+    if found is None:
+        found = {"type": ctype, "reason": "Lab", "message": "lab"}
+        conditions.append(found)
+    found.update(status=status, lastTransitionTime=now, lastHeartbeatTime=now)
+    body = {"metadata": {"resourceVersion": current.metadata.resource_version}, "status": {"conditions": conditions}}
+    await core.patch_node_status(node, body)
+
+
+async def test_an_alert_starts_the_nodes_remediation_within_seconds(client, rem_worker, k8s, core, hosts, names,
+                                                                     kubeconfig_path, monkeypatch):  # fmt: skip
+    node = names[0]
+    await k8s.seed(fleet(names[:4]))
+    await hosts.add(node)
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (_events, url):
+        sent = time.time()
+        status, answer = await post(url, payload(node))
+        assert status == 200, answer
+        (outcome,) = answer["outcomes"]
+        assert outcome["status"] == "started" and outcome["workflow_id"] == f"remediation/lab/{node}", outcome
+        assert outcome["detail"] == "alert GpuXid79: XID 79: GPU fell off the bus", outcome
+        cordoned = await wait_for(lambda: cordoned_at(k8s, node), what=f"{node} cordoned", timeout=15)
+        assert cordoned - sent < 10, f"cordoned {cordoned - sent:.1f}s after the alert"
+        # The same alert again (Alertmanager's repeat) while it runs: never a second remediation.
+        status, answer = await post(url, payload(node))
+        assert answer["outcomes"][0]["status"] in ("already-running", "ignored"), answer
+        result = await client.get_workflow_handle_for(NodeRemediation.run, outcome["workflow_id"]).result()
+    assert result.outcome == "healthy", result
+    assert not (await read_node(core, node)).spec.unschedulable
+
+
+async def test_an_alert_for_an_opted_out_node_is_ignored_and_reported(client, rem_worker, k8s, names, kubeconfig_path,
+                                                                       monkeypatch):  # fmt: skip
+    node = names[1]
+    await k8s.seed(fleet(names[:4], labels={node: {OPT_OUT_LABEL: "false"}}))
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (events, url):
+        status, answer = await post(url, payload(node))
+        assert status == 200
+        (outcome,) = answer["outcomes"]
+        assert outcome["status"] == "ignored" and "opted out" in outcome["detail"], outcome
+        assert events.counts["ignored"] == 1 and events.recent[-1].node == node
+        # Resolved alerts are ignored, not acted on.
+        status, answer = await post(url, payload(names[2], status="resolved"))
+        assert status == 200 and answer == {"outcomes": [], "resolved_ignored": 1}
+    assert await not_started(client, node) and await not_started(client, names[2])
+
+
+async def test_a_request_without_the_token_is_refused(client, rem_worker, k8s, names, kubeconfig_path, monkeypatch):
+    node = names[2]
+    await k8s.seed(fleet(names[:4]))
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (events, url):
+        assert (await post(url, payload(node), token=None))[0] == 401
+        assert (await post(url, payload(node), token="guessed"))[0] == 401
+        status, answer = await post(url, {"version": "3", "alerts": []})
+        assert status == 400 and any(p.startswith("version:") for p in answer["problems"]), answer
+    assert await not_started(client, node)
+    assert not events.counts
+
+
+async def test_a_node_the_watch_sees_go_not_ready_is_remediated(client, rem_worker, k8s, core, hosts, names,
+                                                                 kubeconfig_path, monkeypatch):  # fmt: skip
+    node = names[3]
+    await k8s.seed(fleet(names[:4]))
+    await hosts.add(node)
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=1.0) as (events, _url):
+        went = time.time()
+        await set_condition(core, node, "Ready", "False")
+        cordoned = await wait_for(lambda: cordoned_at(k8s, node), what=f"{node} cordoned", timeout=15)
+        assert 1.0 <= cordoned - went < 10, f"cordoned {cordoned - went:.1f}s after NotReady (hold 1 s)"
+        assert events.recent[-1].status == "started" and "NotReady" in events.recent[-1].detail
+        await set_condition(core, node, "Ready", "True")  # the kubelet is back: the first step's check passes
+        result = await client.get_workflow_handle_for(
+            NodeRemediation.run, remediation_workflow_id("lab", node)
+        ).result()
+    assert result.outcome == "healthy", result
+
+
+async def test_a_condition_flapping_within_the_hold_starts_nothing(client, rem_worker, k8s, core, names,
+                                                                   kubeconfig_path, monkeypatch):  # fmt: skip
+    node = names[4]  # no other test of this server remediates it
+    await k8s.seed(fleet(names[:5]))
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=3.0) as (events, _url):
+        for _ in range(2):
+            await set_condition(core, node, "KernelDeadlock", "True")
+            await wait_for(lambda: settled((events.book["lab"][node].conditions.get("KernelDeadlock") or
+                                           _Absent).status == "True"), what="the watch seeing the condition")  # fmt: skip
+            await set_condition(core, node, "KernelDeadlock", "False")
+        await wait_for(lambda: settled(events.counts["flapped"] == 2), what="two flaps counted")
+        await asyncio.sleep(4.0)  # past the hold: nothing was left held
+    assert await not_started(client, node)
+    assert await cordoned_at(k8s, node) is None
+    assert set(events.counts) == {"flapped"}
+
+
+class _Absent:
+    status = "absent"
+
+
+def test_the_event_path_settings_are_checked_at_start_up(tmp_path):
+    from worker.config import ConfigError, WorkerSettings
+
+    with pytest.raises(ConfigError, match="MILLWRIGHT_FAULT_EVENTS_CLUSTERS names no cluster"):
+        WorkerSettings(fault_events=True).fault_event_config()
+    with pytest.raises(ConfigError, match="MILLWRIGHT_FAULT_EVENTS_TOKEN"):
+        WorkerSettings(
+            fault_events=True, fault_events_clusters=["lab"], fault_events_token="hunter2"
+        ).fault_event_config()
+    bad = tmp_path / "events.json"
+    bad.write_text('{"hold": 5, "checks": {"ready": true, "not_ready_grase": 1}}')
+    with pytest.raises(ConfigError, match=r"checks\.not_ready_grase: Extra inputs are not permitted"):
+        WorkerSettings(fault_events_clusters=["lab"], fault_events_settings=str(bad)).fault_event_config()
+    bad.write_text('{"hold": 3, "min_healthy": {"count": 2}}')
+    settings, token = WorkerSettings(fault_events_clusters=["lab"], fault_events_settings=str(bad),
+                                     fault_events_token="env:AM_TOKEN").fault_event_config()  # fmt: skip
+    assert settings.hold == timedelta(seconds=3) and settings.min_healthy.count == 2 and str(token) == "env:AM_TOKEN"
+
+
+async def test_the_worker_process_runs_the_event_path_as_deployed(client, temporal_address, k8s, names,
+                                                                  kubeconfig_path, tmp_path):  # fmt: skip
+    import signal
+    import uuid
+
+    from lab.loopback import free_port
+    from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
+
+    await k8s.seed(fleet(names[:4]))
+    port, queue = free_port(), f"events-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = worker_env(tmp_path, temporal_address, kubeconfig_path, MILLWRIGHT_TASK_QUEUE=queue,
+                     MILLWRIGHT_FAULT_EVENTS="true", MILLWRIGHT_FAULT_EVENTS_CLUSTERS='["lab"]',
+                     MILLWRIGHT_FAULT_EVENTS_TOKEN=f"file:{tmp_path / 'token'}",
+                     MILLWRIGHT_FAULT_EVENTS_HOST="127.0.0.1", MILLWRIGHT_FAULT_EVENTS_PORT=str(port))  # fmt: skip
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(env, log)
+    try:
+        await wait_polling(client, queue, proc, log)
+        url = f"http://127.0.0.1:{port}"
+
+        async def listed():
+            async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as resp:
+                body = await resp.json()
+            return body if body["nodes"].get("lab") == 4 and body["watches"]["lab"] else None
+
+        await wait_for(listed, what="the worker's watch listing the 4 nodes")
+        assert (await post(url, payload(names[0]), token=None))[0] == 401
+        status, answer = await post(url, payload(names[0], status="resolved"))
+        assert status == 200 and answer["resolved_ignored"] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0, log.read_text()
+    finally:
+        stop_worker(proc)
+    assert f"Alertmanager receiver on port {port}" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    "labels, node",
+    [
+        ({"node": "gpu-1", "Hostname": "other", "instance": "10.0.0.1:9400"}, "gpu-1"),
+        ({"Hostname": "gpu-2", "hostname": "other"}, "gpu-2"),
+        ({"hostname": "gpu-3", "instance": "other:9400"}, "gpu-3"),
+        ({"instance": "gpu-4:9400"}, "gpu-4"),
+        ({"instance": "gpu-5"}, "gpu-5"),
+        ({"alertname": "GpuXid"}, None),
+    ],
+)
+def test_an_alert_names_its_node_by_the_documented_labels_in_order(labels, node):
+    from worker.alert_receiver import Alert, alert_node
+
+    assert alert_node(Alert(status="firing", labels=labels)) == node
