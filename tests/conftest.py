@@ -29,7 +29,7 @@ from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 
 # Tests that need a NetBox: the NetBox tier's fixture, or a marked test (the examples' lab starts one).
 NEEDS_NETBOX = "needs_netbox"
-_netbox_warming: list = []
+_warming: list = []
 
 
 def _needs_netbox(item) -> bool:
@@ -51,8 +51,32 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [i for i in items if i.module not in late] + [i for i in items if i.module in late]
 
 
+# Tiers whose third-party service runs from a venv built once per machine (lab/venvs.py, under a lock): the tier's
+# fixture -> the lab module whose `--build` makes it. On a fresh machine the build (moto about two minutes, Ironic
+# about 40 s) starts at collection beside the first tests; the fixture waits on the same lock if it comes first.
+_CACHED_VENVS = {"s3": "lab.s3", "ironic_lab": "lab.ironic"}
+
+
+def _warm(session, module: str, args: list[str], state: Path) -> None:
+    import subprocess
+
+    log = open(state / f"{module}.log", "w")  # noqa: SIM115 (closed with the process at the session's end)
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    _warming.append((proc, log, state))
+
+
 def pytest_collection_finish(session):
-    if not any(_needs_netbox(i) for i in session.items) or session.config.option.collectonly:
+    if session.config.option.collectonly:
+        return
+    import importlib
+    import tempfile
+
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    for fixture, module in _CACHED_VENVS.items():
+        if fixture in used and not importlib.import_module(module).venv_ready():
+            _warm(session, module, ["--build"], Path(tempfile.mkdtemp(prefix="venv-warm-")))
+    if not any(_needs_netbox(i) for i in session.items):
         return
     from lab.netbox import NetBoxUnavailable, check_available
 
@@ -60,19 +84,13 @@ def pytest_collection_finish(session):
         check_available()
     except NetBoxUnavailable:
         return  # the tier says why (tests/tiers.py)
-    import subprocess
-    import tempfile
-
-    state = Path(tempfile.mkdtemp(prefix="netbox-warm-"))
-    log = open(state / "warm.log", "w")  # noqa: SIM115 (closed with the process at the session's end)
     # The warm-up and the tier's fixture take the same cache locks (lab/netbox.py): the fixture waits for it.
-    proc = subprocess.Popen([sys.executable, "-m", "lab.netbox", "--warm", "--state-dir", str(state / "netbox")],
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
-    _netbox_warming.append((proc, log, state))
+    state = Path(tempfile.mkdtemp(prefix="netbox-warm-"))
+    _warm(session, "lab.netbox", ["--warm", "--state-dir", str(state / "netbox")], state)
 
 
 def pytest_sessionfinish(session):
-    for proc, log, state in _netbox_warming:
+    for proc, log, state in _warming:
         if proc.poll() is None:
             proc.terminate()
             try:
