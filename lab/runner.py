@@ -77,6 +77,9 @@ WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
 UFM_USER = "admin"
 WORKER_GRACE_SECONDS = 10
+# The lab cluster's disruption budget, declared by the lab as its operator: two nodes at once, what the examples'
+# rollout asks for itself (docs/disruption-budget.md: the operator's 10% default would allow one).
+LAB_BUDGET_NODES = 2
 SERVICES = {
     "temporal": "Temporal dev server and Web UI",
     "kubernetes": "Kubernetes emulator (management cluster)",
@@ -580,6 +583,31 @@ class Lab:
             await asyncio.sleep(0.2)
         raise LabError(f"the worker did not start polling in {self.timeout:.0f}s; see {self.children['worker'].log}")
 
+    async def declare_budget(self, address: str, cluster: str) -> None:
+        """The lab's operator declares its cluster's disruption budget with the CLI, as one would in a factory
+        (docs/disruption-budget.md: no requester sets it); an already declared one (a restarted lab) is set again."""
+        command = [
+            sys.executable,
+            "-m",
+            "starter",
+            "budget",
+            "set",
+            cluster,
+            "--count",
+            str(LAB_BUDGET_NODES),
+            "--by",
+            "millwright lab",
+            "--reason",
+            "the lab's declared budget",
+            "--task-queue",
+            self.task_queue,
+        ]
+        env = {**os.environ, "TEMPORAL_ADDRESS": address}
+        done = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise LabError(f"declaring the lab's disruption budget failed: {(done.stderr or done.stdout).strip()}")
+        self.info["budget"] = f"{LAB_BUDGET_NODES} nodes of {cluster} out of service at once"
+
     # -------------------------------------------------------------- examples with this lab's values
 
     def write_examples(self, bmc: dict[str, Any] | None, webhook: str | None) -> dict[str, Path]:
@@ -691,6 +719,7 @@ class Lab:
             await self.start_hosts(server.address, bmc["admin"])
         self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
         await self.wait_worker_polling(server.address)
+        await self.declare_budget(server.address, fleet.cluster)
         self.service("worker", "ready", f"task queue {self.task_queue}, metrics {self.info['worker']['metrics']}")
         examples = self.write_examples(bmc, webhook)
 

@@ -154,6 +154,9 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
 
         status = millwright("lab", "status", "--state-dir", str(state))
         assert status.returncode == 0 and info["ui"] in status.stdout
+        # The lab declared its cluster's budget as an operator would (no requester sets it).
+        budget = millwright("budget", "show", "lab", "--state-dir", str(state))
+        assert budget.returncode == 0 and "millwright lab" in budget.stdout, budget
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
         states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:11]}
         assert states == {
