@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from activities.node_health import LAST_REMEDIATION_ANNOTATION
-from tests.kube_helpers import current_details, wait_for
+from tests.kube_helpers import current_details, declare_lab_budget, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.helpers import fast_settings, fleet
 from tests.workflows.rollout.helpers import availability_timeline
@@ -50,6 +50,7 @@ async def test_a_remediation_storm_trips_the_breaker_and_a_reset_resumes(client,
     # Children wait for an operator at their first step, so the nodes they took stay out of service; a budget
     # of the whole cluster leaves the breaker (50 % within 5 minutes, the default) the only limit.
     settings = fast_settings(require_approval_for=EVERY_STEP, approval_timeout=3600, budget={"count": 6})
+    await declare_lab_budget(client, rem_worker.task_queue, {"count": 6})  # the operator's: whole cluster, too
     storm = dict(max_remediations=10, min_healthy={"percent": 0}, remediation=settings)
     ids = [f"remediation/lab/{n}" for n in failing]
     try:
