@@ -9,13 +9,14 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from activities.netbox.models import CF_BMC_CREDENTIALS, CF_BMC_URL, CF_FIRMWARE_INSTALLED
-from tests.activities.netbox.test_burnin_netbox import journal
+from tests.activities.netbox import test_burnin_netbox as burnin_netbox
 from tests.workflows.burnin import conftest as burnin_tier
 from tests.workflows.firmware.test_firmware_update import BAD_IMAGE, BUNDLE, IMAGES
 from workflows.firmware.firmware_update import FirmwareUpdate, FirmwareUpdateInput
 
 burnin_bmcs, bmc_admin, lab_hosts = burnin_tier.burnin_bmcs, burnin_tier.bmc_admin, burnin_tier.lab_hosts
 bmc_secret_file = burnin_tier.bmc_secret_file
+burnin_netbox_worker, journal = burnin_netbox.burnin_netbox_worker, burnin_netbox.journal  # a fixture, a helper
 
 
 @pytest.fixture(scope="module")
