@@ -92,9 +92,9 @@ async def test_a_rollout_s_calls_batches_and_nodes_run_below_with_its_cluster_s_
     seen = await scheduled(client, handle.id)
     assert seen["list_nodes_page"] == want and seen["child RolloutBatch"] == want
     batch = (await children(client, handle.id, "RolloutBatch"))[0]
-    assert (await scheduled(client, batch))["child NodeUpdate"] == want
-    # A node update's stages and drain carry no priority of their own: they inherit its start's.
-    assert await started_priority(client, f"{handle.id}/a-01") == want
+    # A node's stages and drain, which its batch runs, carry no priority of their own: they inherit the batch's.
+    assert (await scheduled(client, batch))["run_node_stages"] == (0, "")
+    assert await started_priority(client, batch) == want
 
 
 # ---------------------------------------------------------------- dispatch order on a backlogged queue

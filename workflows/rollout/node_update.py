@@ -77,38 +77,63 @@ class StageFailed(Exception):
 
 @workflow.defn
 class NodeUpdate:
+    """One node's update as a workflow of its own: a node updated by hand, or by a batch from before INLINE_PATCH
+    (workflows/rollout/rollout.py); a batch now runs each node's `NodeSequence` itself."""
+
     @workflow.init
     def __init__(self, inp: NodeUpdateInput) -> None:
-        self._inp = inp
-        self._status = NodeUpdateStatus()
-        self._paused = False
-        self._stages_run: workflow.ActivityHandle[NodeStagesResult] | None = None
+        self._node = NodeSequence(inp, own_run=True)
 
     @workflow.signal(description="Finish the current stage, then hold (never inside an interrupt).")
     def pause(self) -> None:
-        self._paused = True
-        self._status.paused = True
-        if self._stages_run is not None:
-            self._stages_run.cancel()  # the stages activity stops before its next stage
+        self._node.pause()
 
     @workflow.signal(description="Carry on after a pause.")
     def resume(self) -> None:
-        self._paused = False
-        self._status.paused = False
+        self._node.resume()
 
     @workflow.query(description="Current stage and package, drain progress, stages done.")
     def status(self) -> NodeUpdateStatus:
-        return self._status
+        return self._node.status
 
     @workflow.run
     async def run(self, inp: NodeUpdateInput) -> NodeUpdateResult:
-        workflow.deprecate_patch(FOLDED_CALLS)
+        return await self._node.run()
+
+
+class NodeSequence:
+    """One node's update, workflow code without a workflow (as workflows/maintenance/drain.py's `Drain`): run by
+    its batch, beside the batch's other nodes, or by a NodeUpdate. `own_run`: the run is the node's own, which
+    records the retired patches where runs from older builds had them."""
+
+    def __init__(self, inp: NodeUpdateInput, *, own_run: bool = False) -> None:
+        self._inp = inp
+        self._own_run = own_run
+        self.status = NodeUpdateStatus()
+        self._paused = False
+        self._stages_run: workflow.ActivityHandle[NodeStagesResult] | None = None
+
+    def pause(self) -> None:
+        """Finish the current stage, then hold (never inside an interrupt)."""
+        self._paused = True
+        self.status.paused = True
+        if self._stages_run is not None:
+            self._stages_run.cancel()  # the stages activity stops before its next stage
+
+    def resume(self) -> None:
+        self._paused = False
+        self.status.paused = False
+
+    async def run(self) -> NodeUpdateResult:
+        inp = self._inp
+        if self._own_run:
+            workflow.deprecate_patch(FOLDED_CALLS)
         t, node = inp.template, inp.node
         result = NodeUpdateResult(node=node, outcome="complete")
         try:
             if t.out_of_service:
                 if inp.lease is not None:  # granted to its batch, which asked for all its nodes at once
-                    self._status.lease = inp.lease.id
+                    self.status.lease = inp.lease.id
                 else:  # started on its own: it asks, before the cordon
                     await self._lease()
             start = NodeUpdateStart(
@@ -139,7 +164,8 @@ class NodeUpdate:
             if stages:
                 await self._run_stages(stages, started.node.boot_id or "", result)
             if t.validation is not None and t.validation.enabled:
-                workflow.deprecate_patch(VALIDATION)
+                if self._own_run:
+                    workflow.deprecate_patch(VALIDATION)
                 await self._validate(t.validation, result)
             finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout,
                                       packages={p.name: p.version for p in due}, removed=[p.name for p in removing],
@@ -147,7 +173,7 @@ class NodeUpdate:
             await self._call(KubeActivities.finish_node_update, finish, f"record {len(due)} packages on {node}"
                              + (f", {len(removing)} uninstalled" if removing else "")
                              + (", uncordon it" if finish.uncordon else ""))  # fmt: skip
-            self._status.stage, self._status.package = "complete", None
+            self.status.stage, self.status.package = "complete", None
             if t.out_of_service:
                 await self._release("uncordoned")
         except (StageFailed, ValidationFailed) as err:
@@ -156,7 +182,7 @@ class NodeUpdate:
             cause = err.cause if isinstance(err, ActivityError) and err.cause else err
             return await self._erroring(result, str(cause))
         finally:
-            result.stages = self._status.stages
+            result.stages = self.status.stages
         return result
 
     async def _validate(self, settings: ValidationSettings, result: NodeUpdateResult) -> None:
@@ -172,7 +198,7 @@ class NodeUpdate:
         t = self._inp.template
         await self._hold("drain")
         started = workflow.now()
-        await Drain(t.cluster, self._inp.node, t.drain, self._status, stopping=lambda: False, changed=lambda: None,
+        await Drain(t.cluster, self._inp.node, t.drain, self.status, stopping=lambda: False, changed=lambda: None,
                     every_planned_pod=True).run(plan)  # fmt: skip
         result.drain_seconds = (workflow.now() - started).total_seconds()
         _record_duration("millwright_drain_duration_seconds", "Time to drain a node in a rollout", result.drain_seconds)
@@ -200,7 +226,7 @@ class NodeUpdate:
         t = self._inp.template
         while stages:
             await self._hold(stages[0].stage, stages[0].package)
-            self._status.running = [f"{s.package} {s.stage}" for s in stages]
+            self.status.running = [f"{s.package} {s.stage}" for s in stages]
             tries = t.stage_retries + 1
             self._stages_run = workflow.start_activity_method(
                 KubeActivities.run_node_stages,
@@ -214,7 +240,7 @@ class NodeUpdate:
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=API_RETRY,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=", ".join(self._status.running),
+                summary=", ".join(self.status.running),
             )  # fmt: skip
             try:
                 ran = await self._stages_run
@@ -223,10 +249,10 @@ class NodeUpdate:
                     raise
                 ran = NodeStagesResult(stages=[], held=True)  # paused before it started
             finally:
-                self._stages_run, self._status.running = None, []
-            self._status.stages += ran.stages
+                self._stages_run, self.status.running = None, []
+            self.status.stages += ran.stages
             if ran.stages:
-                self._status.stage, self._status.package = ran.stages[-1].stage, ran.stages[-1].package
+                self.status.stage, self.status.package = ran.stages[-1].stage, ran.stages[-1].package
             if ran.reboot_seconds is not None:
                 result.reboot_seconds = ran.reboot_seconds
                 _record_duration("millwright_reboot_duration_seconds", "Time for a node to reboot and be Ready",
@@ -239,29 +265,29 @@ class NodeUpdate:
     async def _hold(self, stage: str, package: str | None = None) -> None:
         """Hold here while paused, then record where the node is."""
         await workflow.wait_condition(lambda: not self._paused)
-        self._status.stage, self._status.package = stage, package
+        self.status.stage, self.status.package = stage, package
 
     async def _lease(self) -> Lease:
         """Wait for the cluster's disruption budget to let the node out of service (before the cordon)."""
         t = self._inp.template
 
         def waiting(lease: Lease) -> None:
-            self._status.stage = "waiting-for-budget"
-            self._status.waiting_for = f"{lease.id}: queued #{lease.position}; {lease.note}"
+            self.status.stage = "waiting-for-budget"
+            self.status.waiting_for = f"{lease.id}: queued #{lease.position}; {lease.note}"
 
         # A node asks itself when started without its lease (by hand, or by a batch from before SIGNAL_PATCH).
         # Paused, the node gives its place up.
         lease = await acquire_lease(t.cluster, self._inp.node, reason=f"rollout {t.rollout}",
                                     budget=t.disruption_budget, paused=lambda: self._paused, waiting=waiting)  # fmt: skip
         assert lease is not None  # never cancelled
-        self._status.lease, self._status.waiting_for = lease.id, ""
+        self.status.lease, self.status.waiting_for = lease.id, ""
         return lease
 
     async def _release(self, reason: str) -> None:
         """Return the lease once the node is back in service; a node left cordoned keeps it."""
-        if self._status.lease is not None:
+        if self.status.lease is not None:
             await release_lease(self._inp.template.cluster, self._inp.node, reason=reason)
-            self._status.lease = None
+            self.status.lease = None
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -271,7 +297,7 @@ class NodeUpdate:
 
     async def _erroring(self, result: NodeUpdateResult, reason: str) -> NodeUpdateResult:
         # The node keeps its cordon: it must not take work until someone looks.
-        t, status = self._inp.template, self._status
+        t, status = self._inp.template, self.status
         state = NodeRolloutState(cluster=t.cluster, node=self._inp.node, rollout=t.rollout, state="erroring",
                                  package=status.package, stage=status.stage, reason=reason[:1000])  # fmt: skip
         await self._call(KubeActivities.set_node_rollout_state, state, f"mark {self._inp.node} erroring")

@@ -36,12 +36,15 @@ from workflows.rollout.models import (
     BatchNode,
     BatchResult,
     NodeOutcome,
+    NodeUpdateInput,
     NodeUpdateResult,
+    NodeUpdateStatus,
     NodeUpdateTemplate,
     NodeWork,
     PackageStep,
     RolloutResult,
 )
+from workflows.rollout.node_update import NodeSequence
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
@@ -52,6 +55,10 @@ from workflows.validation.defaults import validation_for
 PLANNING_PATCH = "rollout-batch-planning"
 # The cluster's validation default, read once per rollout (its first run) when the spec gives no validation.
 VALIDATION_DEFAULT_PATCH = "rollout-validation-default"
+# A batch runs each node's update itself (NodeSequence) instead of a NodeUpdate child per node: a node costs its
+# calls and no workflow of its own (docs/rollouts.md counts the events). Batches from before start children.
+INLINE_PATCH = "rollout-batch-inline-nodes"
+INLINE_WORK = "NodeUpdate"  # the per-node work a batch runs inline
 
 
 # ---------------------------------------------------------------- RolloutBatch
@@ -65,16 +72,21 @@ class RolloutBatch:
         self._paused = False
         self._stopped = False
         self._running: dict[str, workflow.ChildWorkflowHandle] = {}
+        self._inline: dict[str, NodeSequence] = {}  # nodes this batch updates itself
         self._waiting: dict[str, str] = {}  # node -> its place at the disruption budget
 
     @workflow.signal(description="Start no more nodes; running nodes hold after their current stage.")
     async def pause(self) -> None:
         self._paused = True
+        for node in self._inline.values():
+            node.pause()
         await self._forward(self._work.pause_signal)
 
     @workflow.signal(description="Carry on after a pause.")
     async def resume(self) -> None:
         self._paused = False
+        for node in self._inline.values():
+            node.resume()
         await self._forward(self._work.resume_signal)
 
     @workflow.signal(description="Start no more nodes; running nodes finish.")
@@ -83,7 +95,12 @@ class RolloutBatch:
 
     @workflow.query
     def running(self) -> list[str]:
-        return sorted(self._running)
+        return sorted([*self._running, *self._inline])
+
+    @workflow.query(description="Each node this batch updates itself now: its stage and package, drain progress, "
+                    "stages done (a node run as a child answers its own `status`).")  # fmt: skip
+    def nodes(self) -> dict[str, NodeUpdateStatus]:
+        return {name: node.status for name, node in sorted(self._inline.items())}
 
     @workflow.query(description="Nodes waiting for the cluster's disruption budget, with their place.")
     def waiting_for_budget(self) -> dict[str, str]:
@@ -98,6 +115,7 @@ class RolloutBatch:
         not_started: list[str] = []
         # Runs from before SIGNAL_PATCH start their nodes without a lease: each NodeUpdate asks for its own.
         leased = work.lease_field is not None and workflow.patched(SIGNAL_PATCH)
+        inline = work.workflow == INLINE_WORK and workflow.patched(INLINE_PATCH)
 
         async def one(n: BatchNode) -> None:
             async with slots:
@@ -109,9 +127,12 @@ class RolloutBatch:
                         return
                     if not leased:
                         break
-                    lease = await self._lease(inp.windows, n.node)
+                    lease = await self._lease(inp.windows, n.node, inline)
                     if lease is not None:
                         break
+                if inline:
+                    results[n.node] = await self._run_inline(n, lease)
+                    return
                 handle = await workflow.start_child_workflow(
                     work.workflow,
                     _child_input(work, n, lease),
@@ -141,10 +162,23 @@ class RolloutBatch:
         not_started += [n.node for n in todo]
         return BatchResult(outputs=results, not_started=not_started)
 
-    async def _lease(self, windows: list[MaintenanceWindow], node: str) -> Lease | None:
-        """The node's lease, held by its child-to-be; None when the batch is paused or stopped meanwhile (the
-        request is withdrawn: a paused batch holds no place) or the grant comes outside the windows (returned)."""
-        w, holder = self._work, f"{self._work.id_prefix}/{node}"
+    async def _run_inline(self, n: BatchNode, lease: Lease | None) -> dict[str, Any]:
+        """The node's update, run by this batch; its result as a child's would be (JSON)."""
+        node = self._inline[n.node] = NodeSequence(NodeUpdateInput.model_validate(_child_input(self._work, n, lease)))
+        self._details()
+        if self._paused:
+            node.pause()
+        result = await node.run()
+        del self._inline[n.node]
+        self._details()
+        return result.model_dump(mode="json")
+
+    async def _lease(self, windows: list[MaintenanceWindow], node: str, inline: bool) -> Lease | None:
+        """The node's lease, held by this batch for a node it updates itself, else by the node's child-to-be; None
+        when the batch is paused or stopped meanwhile (the request is withdrawn: a paused batch holds no place) or
+        the grant comes outside the windows (returned)."""
+        w = self._work
+        holder = workflow.info().workflow_id if inline else f"{w.id_prefix}/{node}"
 
         def waiting(lease: Lease) -> None:
             self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
@@ -161,7 +195,8 @@ class RolloutBatch:
 
     def _details(self) -> None:
         workflow.set_current_details(
-            f"{len(self._running)} nodes running, {len(self._waiting)} waiting for the disruption budget"
+            f"{len(self._running) + len(self._inline)} nodes running, "
+            f"{len(self._waiting)} waiting for the disruption budget"
         )
 
     async def _admit(self, windows: list[MaintenanceWindow]) -> None:

@@ -322,7 +322,6 @@ async def test_a_rollout_and_a_maintenance_together_never_exceed_the_budget(clie
     assert max_out_of_service(await k8s.audit()) == 2
     state = await budget_state(entity)
     assert state.leases == [] and state.budget == Budget(count=2) and state.budget_source == "input"
-    await record_history(client.get_workflow_handle(f"{rollout.id}/a-01"), "node_update_batch_lease")
     async for batch in client.list_workflows(
         f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout.id}/'"
     ):

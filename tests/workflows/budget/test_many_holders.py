@@ -99,12 +99,10 @@ async def test_fifty_holders_share_one_budget_without_throttling(client, kube_wo
     await record_history(remediations[0], "node_remediation_quarantine_lease")
 
     # What the budget cost, for the record (no assertion: the counts depend on how the holders interleave).
-    children = await all_runs(client, f"WorkflowType = 'NodeUpdate' AND WorkflowId STARTS_WITH '{rollout.id}/'")
     batches = await all_runs(client, f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout.id}/'")
     entity_events = sum(len(h.events) for h in entity_runs)
     print(f"\nentity: {entity_events} events in {len(entity_runs)} runs, {entity_events / 50:.1f} per holder: "
-          f"{_total(entity_counts)}\nNodeUpdate: {sum(len(h.events) for h in children) / len(children):.1f} events "
-          f"per node; batch: {sum(len(h.events) for h in batches)} events for 40 nodes; NodeMaintenance: "
+          f"{_total(entity_counts)}\nbatches: {sum(len(h.events) for h in batches)} events for 40 nodes; NodeMaintenance: "
           f"{len((await maintenances[0].fetch_history()).events)} events; longest queue {longest_queue}")  # fmt: skip
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
+
 from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_NAMESPACE
 from lab.fleet import Fleet
 from tests.kube_helpers import single_pod_workload
+from workflows.rollout.models import BatchResult, NodeUpdateResult, NodeUpdateStatus
+from workflows.rollout.rollout import RolloutBatch
 from workflows.rollout.spec.spec import RolloutInput
 
 JOBS_FAST = {"defaultSeconds": 0.1, "rules": []}
@@ -121,3 +126,38 @@ def accepted_evictions(audit: list[dict]) -> dict[str, int]:
             key = f"{e['namespace']}/{e['name']}"
             out[key] = out.get(key, 0) + 1
     return out
+
+
+def _batches(rollout_id: str, running: bool = False) -> str:
+    query = f"WorkflowType = 'RolloutBatch' AND WorkflowId STARTS_WITH '{rollout_id}/'"
+    return query + (" AND ExecutionStatus = 'Running'" if running else "")
+
+
+async def node_status(client: Client, rollout_id: str, node: str) -> NodeUpdateStatus | None:
+    """The node's status as its batch shows it while the batch updates it (None: no batch runs it now)."""
+    async for batch in client.list_workflows(_batches(rollout_id, running=True)):
+        try:
+            nodes = await client.get_workflow_handle(batch.id).query(RolloutBatch.nodes)
+        except RPCError:  # the batch closed meanwhile
+            continue
+        if node in nodes:
+            return nodes[node]
+    return None
+
+
+async def node_result(client: Client, rollout_id: str, node: str) -> NodeUpdateResult:
+    """The node's update result, from the batch that updated it."""
+    async for batch in client.list_workflows(_batches(rollout_id)):
+        outputs = (await client.get_workflow_handle(batch.id, result_type=BatchResult).result()).raw()
+        if node in outputs:
+            return NodeUpdateResult.model_validate(outputs[node])
+    raise AssertionError(f"no batch of {rollout_id} updated {node}")
+
+
+async def batch_handle(client: Client, rollout_id: str, node: str) -> WorkflowHandle:
+    """The run of the batch that updated the node (for its history)."""
+    async for batch in client.list_workflows(_batches(rollout_id)):
+        handle = client.get_workflow_handle(batch.id, run_id=batch.run_id, result_type=BatchResult)
+        if batch.status == WorkflowExecutionStatus.COMPLETED and node in (await handle.result()).raw():
+            return handle
+    raise AssertionError(f"no batch of {rollout_id} updated {node}")

@@ -19,9 +19,17 @@ from temporalio.exceptions import ApplicationError, RetryState
 from activities.kube.models import PACKAGES_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
-from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, max_unavailable, rollout_fleet, rollout_spec
+from tests.workflows.rollout.helpers import (
+    JOBS_FAST,
+    REBOOT_SECONDS,
+    batch_handle,
+    max_unavailable,
+    node_result,
+    node_status,
+    rollout_fleet,
+    rollout_spec,
+)
 from workflows.rollout.models import ApproveRequest, ReasonRequest
-from workflows.rollout.node_update import NodeUpdate, NodeUpdateResult
 from workflows.rollout.rollout import Rollout
 from workflows.rollout.spec.spec import RolloutInput
 
@@ -144,13 +152,14 @@ async def test_pause_holds_a_running_node_after_its_current_stage(client, kube_w
     # timeout): the apply stage outlasts that.
     await lab_ready(k8s, rollout_fleet({"a": 2}), [{"stage": "apply", "seconds": 12.0}])
     handle = await start(client, kube_worker, rollout_spec("pause-in-flight"))
-    child = client.get_workflow_handle(f"{handle.id}/a-01")
-    await wait_for(lambda: _child_stage(child, "apply"), what="a node applying")
+    await wait_for(lambda: _node_stage(client, handle.id, "apply"), what="a node applying")
     await handle.execute_update(Rollout.pause, ReasonRequest(reason="hold"))
-    held = await wait_for(lambda: _child_paused_after(child, "apply"), what="the node holding after apply", timeout=20)
+    held = await wait_for(lambda: _node_paused_after(client, handle.id, "apply"), what="the node holding after apply",
+                          timeout=20)  # fmt: skip
     assert held.stage == "apply" and held.paused
     await asyncio.sleep(1)
-    assert (await child.query(NodeUpdate.status)).stage == "apply", "a paused node starts no new stage"
+    status = await node_status(client, handle.id, "a-01")
+    assert status is not None and status.stage == "apply", "a paused node starts no new stage"
     await handle.execute_update(Rollout.resume, ReasonRequest(reason="go"))
     assert (await handle.result()).counts == {"complete": 2}
 
@@ -182,14 +191,10 @@ async def test_pdb_block_is_a_wait_state(client, kube_worker, k8s, core):
         kube_worker,
         rollout_spec("pdb", policy={"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}),
     )
-    child = client.get_workflow_handle(f"{handle.id}/a-01")
 
     async def blocked():
-        try:
-            status = await child.query(NodeUpdate.status)
-        except Exception:
-            return None
-        return status if status.blocked else None
+        status = await node_status(client, handle.id, "a-01")
+        return status if status is not None and status.blocked else None
 
     status = await wait_for(blocked, what="an eviction blocked by the web budget")
     assert next(iter(status.blocked.values())).budget == "apps/web"
@@ -204,7 +209,7 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
     before = (await read_node(core, "a-01")).status.node_info.boot_id
     handle = await start(client, kube_worker, rollout_spec("reboot"))
     assert (await handle.result()).counts == {"complete": 1}
-    child = await client.get_workflow_handle(f"{handle.id}/a-01", result_type=NodeUpdateResult).result()
+    child = await node_result(client, handle.id, "a-01")
     after = (await read_node(core, "a-01")).status.node_info.boot_id
     assert after != before and child.reboot_seconds >= REBOOT_SECONDS
     assert [(s.package, s.stage) for s in child.stages] == [
@@ -213,7 +218,7 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
         ("kernel-tuning", "interrupt"),
         ("kernel-tuning", "post-interrupt"),
     ]
-    await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_folded")
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_inline")
 
 
 async def test_dry_run_plans_without_writing(client, kube_worker, k8s):
@@ -255,16 +260,13 @@ async def test_invalid_spec_fails_the_run_at_once(client, kube_worker):
     assert "packages.kernel-tuning.version" in text and "deploymentPolicy.default.budget" in text
 
 
-async def _child_stage(child, stage):
-    try:
-        status = await child.query(NodeUpdate.status)
-    except Exception:
-        return None
-    return status if status.stage == stage else None
+async def _node_stage(client, rollout_id, stage):
+    status = await node_status(client, rollout_id, "a-01")
+    return status if status is not None and status.stage == stage else None
 
 
-async def _child_paused_after(child, stage):
-    status = await _child_stage(child, stage)
+async def _node_paused_after(client, rollout_id, stage):
+    status = await _node_stage(client, rollout_id, stage)
     if status and status.paused and any(s.stage == stage and s.succeeded for s in status.stages):
         return status
     return None

@@ -27,11 +27,9 @@ from activities.kube.models import (
 from activities.kube.node_marks import AUTO_TAINT_ANNOTATION, DRAIN_BLOCKED, RUNTIME_REQUIRED_TAINT
 from tests.kube_helpers import read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
-from tests.workflows.rollout.helpers import rollout_fleet, rollout_spec
+from tests.workflows.rollout.helpers import batch_handle, node_result, rollout_fleet, rollout_spec
 from tests.workflows.rollout.test_kube_rollout_activities import env
 from tests.workflows.rollout.test_rollout import lab_ready, start
-from workflows.rollout.models import NodeUpdateResult
-from workflows.rollout.node_update import NodeUpdate
 
 BOTH_AT_ONCE = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
 AGENT = {
@@ -78,7 +76,7 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
     assert "downgrade refused: kernel-tuning 1.10.0 is installed, the rollout has 1.2.0" in result.problems["a-02"]
 
     # a-01: the uninstall lane only (kernel-tuning is current), with the old version's scripts and its reboot.
-    child = await client.get_workflow_handle(f"{handle.id}/a-01", result_type=NodeUpdateResult).result()
+    child = await node_result(client, handle.id, "a-01")
     assert [(s.package, s.stage) for s in child.stages] == [
         ("old-agent", "uninstall"),
         ("old-agent", "uninstall-interrupt"),
@@ -109,7 +107,7 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
     )
     [(kind, reason, message)] = await node_events(core, "a-02")
     assert (kind, reason) == ("Warning", "State") and "downgrade refused" in message
-    await record_history(client.get_workflow_handle(f"{handle.id}/a-01"), "node_update_uninstall")
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_inline_uninstall")
 
     # With allowDowngrade the same node takes the earlier version.
     again = rollout_spec(
@@ -184,8 +182,7 @@ async def test_drain_blocked_condition_appears_and_clears(client, kube_worker, k
     [cond] = [c for c in node.status.conditions if c.type == DRAIN_BLOCKED]
     assert cond.status == "False"
     assert [r for _, r, _ in await node_events(core, "a-01")][:3] == ["State", "Drain", "DrainBlocked"]
-    status = await client.get_workflow_handle(f"{handle.id}/a-01").query(NodeUpdate.status)
-    assert status.stage == "complete"
+    assert (await node_result(client, handle.id, "a-01")).outcome == "complete"
 
 
 async def test_a_pod_not_leaving_shows_the_drain_blocked_until_it_goes(k8s, kube, core):
