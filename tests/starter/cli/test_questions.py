@@ -73,14 +73,17 @@ async def test_node_why_a_node_a_rollout_lease_holds(lab):
     status = await rollout_status(lab, lambda s: (b := s.compartments["__default__"].current_batch)
                                   and b.finished is None and b.order, "the next batch")  # fmt: skip
     node = status.compartments["__default__"].current_batch.order[0]
-    holder = f"{lab.rollout_id}/{node}"
+    batch = f"{lab.rollout_id}/__default__/batch-"  # the batch that updates the node holds its lease
 
     async def leased():
         found, text = await why(lab, node)
-        return (found, text) if any(lease["holder"] == holder for lease in found["leases"]) else None
+        return (found, text) if any(lease["holder"].startswith(batch) for lease in found["leases"]) else None
 
     found, text = await wait_for(leased, what=f"{node}'s lease", timeout=60)
-    assert [lease["state"] for lease in found["leases"] if lease["holder"] == holder] == ["granted"]
+    # (A node retried from an earlier batch may show that closed batch's lease too, until the budget recovers it.)
+    holders = [lease["holder"] for lease in found["leases"] if lease["state"] == "granted"]
+    assert holders and all(h.startswith(batch) for h in holders)
+    holder = holders[-1]
     assert found["rollout"]["rollout"] == lab.rollout_id
     assert holder in text and "granted" in text
     # Millwright's Events on the node: its state changes (NodeWright's reason `State`) and stages.

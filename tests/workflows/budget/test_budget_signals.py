@@ -91,10 +91,11 @@ async def test_a_paused_rollout_gives_its_place_up_and_asks_again_on_resume(clie
     rollout = await client.start_workflow(Rollout.run, spec, id=f"{spec.workflow_id()}-{uuid.uuid4().hex[:6]}",
                                           task_queue=kube_worker.task_queue)  # fmt: skip
 
-    # The batch asks for both nodes in one request; both wait behind b-01.
+    # The batch asks for both nodes in one request, to hold them itself; both wait behind b-01.
     state = await state_where(entity, lambda s: len(s.queue) == 2, "the batch's two nodes queued")
-    assert {lease.holder for lease in state.queue} == {f"{rollout.id}/a-01", f"{rollout.id}/a-02"}
-    assert len({lease.reply_to for lease in state.queue}) == 1  # the batch hears both decisions
+    assert {lease.node for lease in state.queue} == {"a-01", "a-02"}
+    assert {(lease.holder, lease.reply_to) for lease in state.queue} == {(state.queue[0].reply_to,) * 2}
+    assert state.queue[0].reply_to.startswith(f"{rollout.id}/")  # the batch hears both decisions
     batch = client.get_workflow_handle(state.queue[0].reply_to)
 
     async def both_waiting():

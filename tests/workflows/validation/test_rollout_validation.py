@@ -14,9 +14,8 @@ from activities.kube.node_marks import RUNTIME_REQUIRED_TAINT, VALIDATED, VALIDA
 from lab.fleet import Fleet
 from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
-from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_spec
+from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, batch_handle, node_result, rollout_spec
 from workflows.rollout.models import ReasonRequest
-from workflows.rollout.node_update import NodeUpdateResult
 from workflows.rollout.rollout import Rollout
 
 NCCL = {
@@ -103,9 +102,9 @@ async def test_a_node_back_with_a_gpu_missing_stays_cordoned_and_counts_failed(
     ok = await read_node(core, good)
     assert not ok.spec.unschedulable and VALIDATION_ANNOTATION not in (ok.metadata.annotations or {})
     assert next(c for c in ok.status.conditions if c.type == VALIDATED).status == "True"
-    child = await client.get_workflow_handle(f"{handle.id}/{bad}", result_type=NodeUpdateResult).result()
+    child = await node_result(client, handle.id, bad)
     assert child.outcome == "erroring" and child.validation is not None and not child.validation.passed
-    await record_history(client.get_workflow_handle(f"{handle.id}/{bad}"), "node_update_validation_failed")
+    await record_history(await batch_handle(client, handle.id, bad), "rollout_batch_inline_validation_failed")
     await handle.execute_update(Rollout.abort, ReasonRequest(reason="a GPU fell off the bus"))
     assert (await handle.result()).outcome == "aborted"
 
@@ -149,11 +148,11 @@ async def test_a_passing_validation_returns_the_node_to_service(
     assert VALIDATION_ANNOTATION not in (found.metadata.annotations or {})
     assert next(c for c in found.status.conditions if c.type == VALIDATED).status == "True"
     assert not await validation_events(core, node)
-    child = await client.get_workflow_handle(f"{handle.id}/{node}", result_type=NodeUpdateResult).result()
+    child = await node_result(client, handle.id, node)
     assert child.validation is not None and child.validation.passed and not child.validation.findings
     # The load window ran on the node's own simulated GPUs.
     assert lab_hosts.probe(node).loads == loads + 1
-    await record_history(client.get_workflow_handle(f"{handle.id}/{node}"), "node_update_validated")
+    await record_history(await batch_handle(client, handle.id, node), "rollout_batch_inline_validated")
 
 
 async def test_validation_switched_off_explicitly_runs_no_check(client, kube_worker, k8s, core, bmc_admin, lab_hosts,
