@@ -29,7 +29,7 @@ from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress
 from workflows.remediation.policy import remediation_workflow_id
-from workflows.rollout.models import RolloutStatus
+from workflows.rollout.models import NodeUpdateStatus, RolloutStatus
 
 
 class Operation(BaseModel):
@@ -90,6 +90,10 @@ class RunStatus(BaseModel):
     progress: Progress | None = Field(None, description="The run's own progress query; None once closed.")
     rollout: RolloutStatus | None = Field(None, description="A running fleet run's `status` query (a rollout, a GPU "
                                           "partitioning): compartments, batches, problem nodes.")  # fmt: skip
+    nodes: dict[str, NodeUpdateStatus] = Field(
+        default_factory=dict, description="A running rollout's nodes being updated now, as their batches show them "
+        "(the `nodes` query): stage, stages running and done, drain, lease.",
+    )  # fmt: skip
 
 
 async def run_status(client: Client, workflow_id: str) -> RunStatus:
@@ -102,7 +106,19 @@ async def run_status(client: Client, workflow_id: str) -> RunStatus:
     )  # fmt: skip
     if running and desc.workflow_type in FLEETS.values() and status.progress is not None:
         status.rollout = await handle.query("status", result_type=RolloutStatus)
+        status.nodes = await _batch_nodes(client, workflow_id)
     return status
+
+
+async def _batch_nodes(client: Client, workflow_id: str) -> dict[str, NodeUpdateStatus]:
+    """The nodes the run's running batches update themselves (a rollout's; other fleets' nodes are child runs)."""
+    nodes: dict[str, NodeUpdateStatus] = {}
+    query = (f"WorkflowType = 'RolloutBatch' AND ExecutionStatus = 'Running' AND "
+             f"WorkflowId STARTS_WITH {_quote(workflow_id + '/')}")  # fmt: skip
+    async for batch in client.list_workflows(query):
+        with contextlib.suppress(Exception):  # closed meanwhile, or a batch from before it had the query
+            nodes |= await client.get_workflow_handle(batch.id).query("nodes", result_type=dict[str, NodeUpdateStatus])
+    return dict(sorted(nodes.items()))
 
 
 # Kubernetes' own conditions in their healthy state say nothing about why a node is out of service.

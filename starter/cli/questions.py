@@ -26,7 +26,7 @@ from starter.cli.common import (
     out,
     table,
 )
-from starter.cli.render import breaker_lines, lease_row, rollout_lines
+from starter.cli.render import breaker_lines, lease_row, node_lines, rollout_lines
 
 
 def _ask(
@@ -98,7 +98,7 @@ def status(
         head.append(f"phase: {p.phase}" + (f"   {p.done}/{p.total}" if p.total else ""))
         head += [line.replace("**", "").replace("`", "") for line in p.details.splitlines() if line.strip()]
         head += [one_line(w.line(), 1000) for w in p.waiting]
-        return head + (rollout_lines(s.rollout, wide) if s.rollout else [])
+        return head + (rollout_lines(s.rollout, wide) if s.rollout else []) + node_lines(s.nodes, wide)
 
     _ask(lambda c: run_status(c, workflow_id), lines, output, address, namespace, state_dir)
 

@@ -34,6 +34,17 @@ def rollout_lines(s: Any, wide: bool) -> list[str]:
     return lines
 
 
+def node_lines(nodes: dict[str, Any], wide: bool) -> list[str]:
+    """A rollout's nodes being updated now: where each stands (stage, what it runs, its drain, paused)."""
+    rows = []
+    for name, n in nodes.items():
+        drain = f"{len(n.evicted)}/{n.to_evict} evicted" + (f", {len(n.blocked)} blocked" if n.blocked else "")
+        running = ", ".join(n.running) or "-"
+        rows.append([name, n.stage + (" (paused)" if n.paused else ""), n.package or "-",
+                     one_line(running, 1000 if wide else 60), drain if n.to_evict else "-"])  # fmt: skip
+    return table(rows, ["NODE", "STAGE", "PACKAGE", "RUNNING", "DRAIN"]) if rows else []
+
+
 def budget_lines(s: Any, wide: bool) -> list[str]:
     lines = [
         f"cluster {s.cluster}: budget {budget_text(s.budget)} ({s.budget_source}); allowed out of service "

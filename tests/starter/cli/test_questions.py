@@ -89,6 +89,16 @@ async def test_node_why_a_node_a_rollout_lease_holds(lab):
     # Millwright's Events on the node: its state changes (NodeWright's reason `State`) and stages.
     assert "State" in {e["reason"] for e in found["events"]} and "EVENT AT" in text, found["events"]
 
+    # `status` shows where the node stands in its batch: its 60 s apply stage under way.
+    async def applying():
+        shown = json.loads((await cli(*lab.args("status", lab.rollout_id, "-o", "json"))).stdout)
+        return shown if shown["nodes"].get(node, {}).get("running") else None
+
+    shown = await wait_for(applying, what=f"{node}'s stages in status", timeout=30)
+    assert shown["nodes"][node]["running"][0] == "kernel-tuning apply"
+    text = (await cli(*lab.args("status", lab.rollout_id))).stdout
+    assert "RUNNING" in text and f"{node} " in text and "kernel-tuning apply" in text, text
+
 
 async def test_node_why_a_hand_cordon(lab, core_cli):
     await core_cli.patch_node("a-06", {"spec": {"unschedulable": True}})
