@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
@@ -183,3 +184,22 @@ async def history_lengths(client: Client, *prefixes: str) -> list[int]:
     """The history length of every run (continued-as-new runs each count) whose workflow ID starts with a prefix."""
     query = " OR ".join(f"WorkflowId STARTS_WITH '{p}'" for p in prefixes)
     return [execution.history_length async for execution in client.list_workflows(query)]
+
+
+async def event_kinds(client: Client, *prefixes: str) -> Counter[str]:
+    """History events by kind (workflow tasks counted as one kind of three events, local activities and patches by
+    their marker), over every run whose workflow ID starts with a prefix: where a design spends its events."""
+    query = " OR ".join(f"WorkflowId STARTS_WITH '{p}'" for p in prefixes)
+    kinds: Counter[str] = Counter()
+    async for execution in client.list_workflows(query):
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        async for event in handle.fetch_history_events():
+            kind = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_").lower()
+            if kind.startswith("workflow_task_"):
+                kind = "workflow_task"
+            elif kind == "marker_recorded":
+                kind = event.marker_recorded_event_attributes.marker_name.removeprefix("core_")
+            elif kind.startswith("activity_task_"):
+                kind = "activity"
+            kinds[kind] += 1
+    return kinds

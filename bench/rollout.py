@@ -10,7 +10,8 @@ a reboot interrupt under a fixed batch size (the cluster's disruption budget ent
 budget declared as the batch size), and
 prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
 their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
-children and continued runs included), the CPU time the workers and the dev server spent during the rollout, each
+children and continued runs included) and where they go (by kind: workflow tasks, activities, local activities
+markers, signals...), the CPU time the workers and the dev server spent during the rollout, each
 read from its own process and divided by the nodes, and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
 With `--operation mig` the same fleet (H100 nodes) is moved to `all-1g.10gb` by a GpuPartitioning instead (the
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import DevServer, Workers, cpu_seconds, history_lengths, throttled_lines, warnings_in
+from bench.common import DevServer, Workers, cpu_seconds, event_kinds, history_lengths, throttled_lines, warnings_in
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
@@ -125,6 +126,9 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     print(f"{op}: nodes={nodes} batch={batch} workers={workers} outcome={result.outcome} "
                           f"counts={result.counts} makespan={makespan:.1f}s")  # fmt: skip
                     print(f"{op}: runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
+                    kinds = (await event_kinds(server.client, spec.workflow_id())).most_common()
+                    print(f"{op}: events per node by kind: "
+                          + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in kinds))  # fmt: skip
                     print(f"{op}: cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, "
                           f"Kubernetes emulator {emulator_cpu:.1f}s")  # fmt: skip
                     figures[op] = {"makespan": makespan, "max_run_events": max(lengths),

@@ -1,4 +1,4 @@
-"""NodeUpdate: one node's part of a rollout, NodeWright's node sequence as a child workflow.
+"""One node's part of a rollout, NodeWright's node sequence: `NodeSequence`, and `NodeUpdate`, a workflow of its own.
 
 non-interruptible check → cordon → drain → the uninstall lane (each package whose `uninstall.apply` is set and
 the node has: uninstall, then one coalesced uninstall-interrupt) → per package (dependency order):
@@ -25,8 +25,9 @@ runs every stage's Job and waits for each (and for the reboot) itself: `run_node
 activity, which stops before its next stage, never inside one; on resume the stages left run as a new one. The
 stage under way is on the node (the millwright.dev/rollout annotation); `status` shows the stages running.
 
-History events per node (docs/rollouts.md): 16 with no pod to evict, 28 with one; with `validation`, 9 more for the
-GPU check alone.
+`NodeSequence` is that sequence as workflow code: a RolloutBatch runs one per node beside its other nodes (a node
+then costs its batch only its calls: about 6 history events, docs/rollouts.md), a `NodeUpdate` workflow one for a
+node updated on its own.
 """
 
 from __future__ import annotations
