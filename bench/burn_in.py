@@ -108,6 +108,14 @@ def peak_rss_mib(pid: int) -> int:
     return int(next(line for line in lines if line.startswith("VmHWM:")).split()[1]) // 1024
 
 
+async def burn_in_seconds(client, names: list[str]) -> list[float]:
+    """How long each of these servers' burn-ins took, from its run's start to its close, shortest first."""
+    fleet = {f"burn-in/{n}" for n in names}
+    runs = client.list_workflows("WorkflowId STARTS_WITH 'burn-in/' AND ExecutionStatus = 'Completed'")
+    return sorted([(e.close_time - e.start_time).total_seconds() async for e in runs
+                   if e.id in fleet and e.close_time and e.start_time])  # fmt: skip
+
+
 async def progress(handle, every: float = 15.0) -> None:
     """Report progress on stderr; abort a fleet that pauses for failures (no operator here)."""
     while True:
@@ -190,6 +198,7 @@ async def main(
                     pool.stop()
                 fleet_runs = await history_lengths(client, inp.workflow_id())
                 lengths = await history_lengths(client, inp.workflow_id(), "burn-in/")
+                took = await burn_in_seconds(client, names)
             await admin.aclose()
 
     fleet_requests = sum(watch.requests[n] for n in names)
@@ -207,6 +216,8 @@ async def main(
     print(f"per-server time {per_server:.2f}s, measured from one ServerBurnIn run alone at the start of this run "
           f"(after a warm-up run)")  # fmt: skip
     print(f"wall={wall:.1f}s ideal={ideal:.1f}s ({waves} waves of {concurrency} x {per_server:.2f}s)")
+    print(f"a server's burn-in inside the fleet took {sum(took) / len(took):.2f}s on average (median "
+          f"{took[len(took) // 2]:.2f}s, longest {took[-1]:.2f}s), {sum(took) / len(took) / per_server:.2f} x alone")  # fmt: skip
     print(f"redfish: {fleet_requests} requests to {servers} BMCs in the audit ({watch.lost} lost to its retention; "
           f"the BMCs' own counters say {counted}); per server min {min(per)} max {max(per)}, one run alone "
           f"{single_requests}; statuses {dict(sorted(watch.statuses.items()))}")  # fmt: skip
