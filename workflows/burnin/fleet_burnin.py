@@ -11,7 +11,8 @@ of the finished servers failed, no new server starts until an operator decides t
 At fleet scale (10,000 servers) the run continues as new before its history grows large, without idling the
 fleet: children are started with `ParentClosePolicy.ABANDON`, the run carries the running ones by workflow ID and
 run ID (so it continues only once each child it asked to start has been answered), and the next run waits for them
-(`EntityActivities.workflow_outcome`, workflows/common/carried.py) while it starts new servers up to `max_concurrent`. Results are summarized, not carried whole: counts of every outcome, and the
+(`EntityActivities.workflow_outcome`, workflows/common/carried.py) while it starts new servers up to
+`max_concurrent`. Results are summarized, not carried whole: counts of every outcome, and the
 servers that did not pass with why (the first 1,000).
 
 History events per server: the child's start (initiated, started), its close (one event) and two workflow tasks
