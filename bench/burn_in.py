@@ -207,10 +207,11 @@ async def main(
     waves = math.ceil(servers / concurrency)
     ideal = waves * per_server
     r = result.report
+    unaccounted = servers - (r.passed + r.failed + r.errors + r.skipped)  # the fleet's outcomes should count each
     print(f"servers={servers} concurrency={concurrency} stress={stress_seconds}s power_delay={power_delay}s "
           f"boot_delay={boot_delay}s bmc_latency={bmc_latency}s bmc_session_limit={bmc_config['max_sessions']}: "
           f"{r.passed} passed, {r.failed} failed, {r.errors} errors, {r.skipped} skipped"
-          + (" (aborted)" if result.aborted else ""))  # fmt: skip
+          + (" (aborted)" if result.aborted else "") + (f", {unaccounted} NOT ACCOUNTED FOR" if unaccounted else ""))  # fmt: skip
     for f in r.failures[:5]:
         print(f"  {f.server} {f.result}: {f.reason}")
     print(f"per-server time {per_server:.2f}s, measured from one ServerBurnIn run alone at the start of this run "
@@ -235,7 +236,8 @@ async def main(
           + f"); {cores} cores over the ideal wall offer {cores * ideal:.0f} CPU-seconds")  # fmt: skip
     print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")  # fmt: skip
-    print(f"wall_ratio={wall / ideal:.2f} redfish_requests_per_server={fleet_requests / servers:.1f} "
+    print(f"wall_ratio={wall / ideal:.2f} servers_unaccounted={unaccounted} "
+          f"redfish_requests_per_server={fleet_requests / servers:.1f} "
           f"bmc_busy_answers={watch.statuses[503]} max_run_events={max(lengths)} "
           f"events_per_server={sum(lengths) / servers:.1f} "
           + " ".join(f"{k.replace(' ', '_')}_cpu_ms_per_server={v * 1000 / servers:.0f}" for k, v in cpu.items())
