@@ -10,7 +10,7 @@ each activity asks only for what it has not been told: the service root and the 
 only when ``BmcRef.system`` is not known yet (`redfish_inventory` answers it, and the SEL's path, for later
 calls to carry); collections are read in one request with ``$expand`` where the service root advertises it;
 a power change whose caller just read the state (``PowerRequest.current``) is sent on the first attempt
-without reading again, and every change is still verified by reading back. A passing burn-in asks a BMC 22
+without reading again, and every change is still verified by reading back. A passing burn-in asks a BMC 21
 requests (docs/burn-in.md, "What a burn-in asks a BMC").
 
 Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets
@@ -151,6 +151,25 @@ class BootResult(StrictModel):
                                            "PowerRequest.current.")  # fmt: skip
 
 
+class SelEntry(StrictModel):
+    id: str
+    created: datetime | None = None
+    severity: str = "OK"
+    message: str = ""
+    message_id: str = ""
+
+
+class SelReport(StrictModel):
+    entries: list[SelEntry] = Field(default_factory=list)
+    last_id: str | None = Field(None, description="The newest entry's ID (also when entries were capped).")
+    truncated: int = Field(0, description="Entries left out of `entries` to keep the answer small.")
+    entries_path: str | None = Field(None, description="Where the entries were read: give it as SelQuery.entries.")
+
+    @property
+    def critical(self) -> list[SelEntry]:
+        return [e for e in self.entries if e.severity == "Critical"]
+
+
 class RedfishGpu(StrictModel):
     id: str
     model: str = ""
@@ -172,6 +191,8 @@ class RedfishInventory(StrictModel):
     health_rollup: str | None = None
     firmware: dict[str, str] = Field(default_factory=dict, description="Firmware inventory: component ID -> version.")
     gpus: list[RedfishGpu] = Field(default_factory=list)
+    sel: SelReport | None = Field(None, description="The SEL read with the inventory (`redfish_inventory_and_sel`), "
+                                  "when the system has one.")  # fmt: skip
 
 
 class SelQuery(StrictModel):
@@ -181,25 +202,6 @@ class SelQuery(StrictModel):
                                 "SelReport.entries_path); default: looked up from the system.")  # fmt: skip
 
     _entries_ok = field_validator("entries")(_redfish_path)
-
-
-class SelEntry(StrictModel):
-    id: str
-    created: datetime | None = None
-    severity: str = "OK"
-    message: str = ""
-    message_id: str = ""
-
-
-class SelReport(StrictModel):
-    entries: list[SelEntry] = Field(default_factory=list)
-    last_id: str | None = Field(None, description="The newest entry's ID (also when entries were capped).")
-    truncated: int = Field(0, description="Entries left out of `entries` to keep the answer small.")
-    entries_path: str | None = Field(None, description="Where the entries were read: give it as SelQuery.entries.")
-
-    @property
-    def critical(self) -> list[SelEntry]:
-        return [e for e in self.entries if e.severity == "Critical"]
 
 
 class RedfishHealth(StrictModel):
@@ -505,33 +507,22 @@ class RedfishActivities:
     @activity.defn
     async def redfish_inventory(self, bmc: BmcRef) -> RedfishInventory:
         """Identity, health, firmware inventory, GPUs (processors of type GPU), and the paths later calls carry."""
+        async with self._talk(bmc) as ask:
+            return await ask("reading the inventory", _inventory)
+
+    @activity.defn
+    async def redfish_inventory_and_sel(self, bmc: BmcRef) -> RedfishInventory:
+        """The inventory and the SEL's entries in one attempt on one connection (`sel`): what a burn-in reads
+        before it touches the server, one activity instead of two."""
 
         def run(talk: Conversation) -> RedfishInventory:
-            system = talk.system()
-            status = system.status
-            inv = RedfishInventory(
-                system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
-                serial=system.serial_number or "", uuid=system.uuid or "", power_state=_text(system.power_state),
-                health=_text(status.health) if status else None,
-                health_rollup=_text(status.health_rollup) if status else None,
-            )  # fmt: skip
-            updates = talk.link(talk.root, "UpdateService")
-            firmware = talk.link(talk.json(updates), "FirmwareInventory") if updates else None
-            if firmware:  # else a BMC without a firmware inventory: the baseline check says so
-                inv.firmware = {fw["Id"]: fw.get("Version") or "" for fw in talk.members(firmware)}
-            processors = talk.link(system.json, "Processors")
-            for p in talk.members(processors) if processors else []:
-                if p.get("ProcessorType") == "GPU":
-                    inv.gpus.append(RedfishGpu(
-                        id=p["Id"], model=p.get("Model") or "", serial=p.get("SerialNumber") or "",
-                        uuid=p.get("UUID") or "", health=(p.get("Status") or {}).get("Health"),
-                    ))  # fmt: skip
-            if talk.link(system.json, "LogServices"):
-                inv.sel_entries = talk.sel_entries(system.json)
+            inv = _inventory(talk)
+            if inv.sel_entries is not None:
+                inv.sel = _sel(talk, inv.sel_entries)
             return inv
 
         async with self._talk(bmc) as ask:
-            return await ask("reading the inventory", run)
+            return await ask("reading the inventory and the SEL", run)
 
     @activity.defn
     async def redfish_sel(self, query: SelQuery) -> SelReport:
@@ -540,22 +531,7 @@ class RedfishActivities:
 
         def run(talk: Conversation) -> SelReport:
             path = query.entries or talk.sel_entries(talk.system().json)
-            if path is None:
-                return SelReport()
-            raw = talk.json(path).get("Members", [])
-            entries = [SelEntry(id=str(e.get("Id")), created=e.get("Created"), severity=e.get("Severity") or "OK",
-                                message=e.get("Message") or "", message_id=e.get("MessageId") or "")
-                       for e in raw]  # fmt: skip
-            last_id = entries[-1].id if entries else query.after_id
-            if query.after_id is not None:
-                ids = [e.id for e in entries]
-                # An ID no longer in the log means it was cleared: everything there now is new.
-                entries = entries[ids.index(query.after_id) + 1 :] if query.after_id in ids else entries
-            truncated = max(0, len(entries) - _MAX_SEL_ENTRIES)
-            if truncated:  # keep the criticals (the evidence), then the newest, in log order
-                keep = sorted(range(len(entries)), key=lambda i: (entries[i].severity != "Critical", -i))
-                entries = [entries[i] for i in sorted(keep[:_MAX_SEL_ENTRIES])]
-            return SelReport(entries=entries, last_id=last_id, truncated=truncated, entries_path=path)
+            return SelReport() if path is None else _sel(talk, path, query.after_id)
 
         async with self._talk(query.bmc) as ask:
             return await ask("reading the SEL", run)
@@ -570,6 +546,50 @@ class RedfishActivities:
 
         async with self._talk(bmc) as ask:
             return await ask("reading the health", run)
+
+
+def _inventory(talk: Conversation) -> RedfishInventory:
+    """Identity, health, firmware, GPUs and the SEL's path, read on one connection."""
+    system = talk.system()
+    status = system.status
+    inv = RedfishInventory(
+        system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
+        serial=system.serial_number or "", uuid=system.uuid or "", power_state=_text(system.power_state),
+        health=_text(status.health) if status else None,
+        health_rollup=_text(status.health_rollup) if status else None,
+    )  # fmt: skip
+    updates = talk.link(talk.root, "UpdateService")
+    firmware = talk.link(talk.json(updates), "FirmwareInventory") if updates else None
+    if firmware:  # else a BMC without a firmware inventory: the baseline check says so
+        inv.firmware = {fw["Id"]: fw.get("Version") or "" for fw in talk.members(firmware)}
+    processors = talk.link(system.json, "Processors")
+    for p in talk.members(processors) if processors else []:
+        if p.get("ProcessorType") == "GPU":
+            inv.gpus.append(RedfishGpu(
+                id=p["Id"], model=p.get("Model") or "", serial=p.get("SerialNumber") or "",
+                uuid=p.get("UUID") or "", health=(p.get("Status") or {}).get("Health"),
+            ))  # fmt: skip
+    if talk.link(system.json, "LogServices"):
+        inv.sel_entries = talk.sel_entries(system.json)
+    return inv
+
+
+def _sel(talk: Conversation, path: str, after_id: str | None = None) -> SelReport:
+    """The SEL's entries at `path` (after `after_id`), oldest first, at most _MAX_SEL_ENTRIES kept."""
+    raw = talk.json(path).get("Members", [])
+    entries = [SelEntry(id=str(e.get("Id")), created=e.get("Created"), severity=e.get("Severity") or "OK",
+                        message=e.get("Message") or "", message_id=e.get("MessageId") or "")
+               for e in raw]  # fmt: skip
+    last_id = entries[-1].id if entries else after_id
+    if after_id is not None:
+        ids = [e.id for e in entries]
+        # An ID no longer in the log means it was cleared: everything there now is new.
+        entries = entries[ids.index(after_id) + 1 :] if after_id in ids else entries
+    truncated = max(0, len(entries) - _MAX_SEL_ENTRIES)
+    if truncated:  # keep the criticals (the evidence), then the newest, in log order
+        keep = sorted(range(len(entries)), key=lambda i: (entries[i].severity != "Critical", -i))
+        entries = [entries[i] for i in sorted(keep[:_MAX_SEL_ENTRIES])]
+    return SelReport(entries=entries, last_id=last_id, truncated=truncated, entries_path=path)
 
 
 def _power_state(system: System) -> PowerState | None:

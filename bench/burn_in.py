@@ -6,14 +6,17 @@
 Starts the lab's BMCs with N servers (plus two for calibration), each answering every request after
 `--bmc-latency` seconds (a real BMC's 0.2-2 s) and serving at most its session limit at once (past it: 503
 with Retry-After, counted in the statuses), the lab's hosts (an in-process host agent for each server
-booted into the burn-in image) and a Millwright worker against a fresh dev server. It first runs
+booted into the burn-in image, in this process) and a Millwright worker (`python -m worker`, a process of its own
+as deployed) against a fresh dev server. It first runs
 one ServerBurnIn alone as a warm-up and one more alone to measure the per-server time, then one
 FleetBurnIn over the N servers at the given concurrency, and prints, measured in this run: the wall
 time against the ideal (waves of `concurrency` servers × the measured per-server time), Redfish
 requests per server (from the BMCs' audit, read as it grows so that its retention loses nothing,
 and checked against the BMCs' own counters), the largest history of any run and the number of runs,
-and peak resources, and the load average at the start and the end (the machine may be shared). The last
-line is machine-readable. Not a test: nothing here asserts a timing.
+the CPU each process spent during the fleet's run per server (the worker, the dev server, the lab's BMCs and its
+hosts) and all of it against what the machine's cores offer over the ideal wall time, peak resources, and the
+load average at the start and the end (the machine may be shared). The last line is machine-readable. Not a test:
+nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -32,14 +35,12 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import dev_server, history_lengths
+from bench.common import DevServer, Workers, cpu_seconds, history_lengths
 from lab.bmc import DEFAULT_FIRMWARE
 from lab.hosts import LabHosts
 from lab.k8s.admin import kubeconfig
 from lab.loopback import write_secret_file
 from lab.redfish import BmcAdmin, LabBmcs
-from worker import registry
-from worker.config import WorkerSettings
 from workflows.burnin.fleet_burnin import FleetBurnIn, FleetBurnInInput, FleetDecision
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput
 
@@ -97,20 +98,22 @@ class Watch:
             await asyncio.sleep(0.5)
 
 
-def resources() -> dict[str, tuple[float, int]]:
-    """CPU seconds and peak resident MiB of this process and each of its children (the BMCs, the dev server)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in ["self", *filter(str.isdigit, os.listdir("/proc"))]:
-        with contextlib.suppress(OSError, KeyError, ValueError):
-            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-            fields = dict(line.split(":", 1) for line in lines if ":" in line)
-            if pid == "self" or int(fields["PPid"]) == os.getpid():
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
-                name = "bench" if pid == "self" else fields["Name"].strip()
-                out[name] = (cpu, int(fields["VmHWM"].split()[0]) // 1024)
-    return out
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each process has used so far."""
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def peak_rss_mib(pid: int) -> int:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith("VmHWM:")).split()[1]) // 1024
+
+
+async def burn_in_seconds(client, names: list[str]) -> list[float]:
+    """How long each of these servers' burn-ins took, from its run's start to its close, shortest first."""
+    fleet = {f"burn-in/{n}" for n in names}
+    runs = client.list_workflows("WorkflowId STARTS_WITH 'burn-in/' AND ExecutionStatus = 'Completed'")
+    return sorted([(e.close_time - e.start_time).total_seconds() async for e in runs
+                   if e.id in fleet and e.close_time and e.start_time])  # fmt: skip
 
 
 async def progress(handle, every: float = 15.0) -> None:
@@ -134,57 +137,68 @@ async def main(
     names = [f"bench-{i:05d}" for i in range(1, servers + 1)]
     with tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:
         secret = write_secret_file(Path(tmp, "bmc-credentials"), f"{BMC_USER}:{password}")
-        kube = Path(tmp, "kubeconfig")  # registry.build wants one; nothing here talks to Kubernetes
+        kube = Path(tmp, "kubeconfig")  # the worker wants one; nothing here talks to Kubernetes
         kube.write_text(yaml.safe_dump(kubeconfig("http://127.0.0.1:9", "none")))
-        worker_settings = WorkerSettings(kubeconfig=str(kube), metrics_port=0, bmc_credentials=f"file:{secret}")
         with LabBmcs(servers=[*CALIBRATION, *names], user=BMC_USER, password=password, power_delay=power_delay,
                      startup_timeout=120) as bmcs:  # fmt: skip
             admin = BmcAdmin(bmcs.url)
             bmc_config = await admin.config(request_delay=bmc_latency)
-            async with await dev_server() as env:
-                client = env.client
-                registration = registry.build(worker_settings)
-                queue = f"bench-{uuid.uuid4().hex[:6]}"
-                async with (
+            async with DevServer() as server:
+                client = server.client
+                pool = Workers(1, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(kube), Path(tmp),
+                               bmc_credentials=f"file:{secret}", log_level="WARNING",
+                               max_concurrent_activities=str(max(100, 2 * concurrency)))  # fmt: skip
+                queue = pool.task_queue
+                assert bmcs.pid is not None
+                pids = {
+                    "worker": pool.processes[0].pid,
+                    "dev server": server.pid,
+                    "lab BMCs": bmcs.pid,
+                    "lab hosts": os.getpid(),
+                }  # the host agents run here, beside the bench's own reading
+                try:
+                    await pool.polling(client)
                     # Agents only in the burn-in image's boots, not after the boot back to disk: at most
-                    # `concurrency` at once (each is a worker with its own pollers in this one process).
-                    LabHosts(client, bmcs.url, boot_delay=boot_delay, booted_from={"Pxe"}) as hosts,
-                    registry.new_worker(client, registration, queue,
-                                        max_concurrent_activities=max(100, 2 * concurrency)),
-                ):  # fmt: skip
-                    watch = Watch(admin, hosts)
-                    per_server = 0.0
-                    for name in CALIBRATION:  # the first warms up the worker and the workflow sandbox
-                        one = ServerBurnInInput.model_validate({"server": target(bmcs, name),
-                                                                "settings": settings(stress_seconds)})  # fmt: skip
-                        begin = time.monotonic()
-                        alone = await client.execute_workflow(ServerBurnIn.run, one, id=one.workflow_id(),
-                                                              task_queue=queue)  # fmt: skip
-                        per_server = time.monotonic() - begin
-                        assert alone.result == "passed", alone.summary()
-                    single_requests = (await admin.servers(["requests"]))[CALIBRATION[1]]["requests"]
-                    await watch.start_counting()
-                    watching = asyncio.create_task(watch.run())
-                    inp = FleetBurnInInput.model_validate({
-                        "name": f"bench-{uuid.uuid4().hex[:6]}", "servers": [target(bmcs, n) for n in names],
-                        "settings": settings(stress_seconds), "max_concurrent": concurrency,
-                    })  # fmt: skip
-                    started = time.monotonic()
-                    handle = await client.start_workflow(FleetBurnIn.run, inp, id=inp.workflow_id(), task_queue=queue)
-                    reporting = asyncio.create_task(progress(handle))
-                    result = await handle.result()
-                    wall = time.monotonic() - started
-                    for task in (reporting, watching):
-                        task.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
-                    await watch.read_audit()
-                    watch.sample()
-                    counters = await admin.servers(["requests"])
-                    used = resources()
-                await registration.close()
+                    # `concurrency` at once (each is a worker with its own poller, in this process).
+                    async with LabHosts(client, bmcs.url, boot_delay=boot_delay, booted_from={"Pxe"}) as hosts:
+                        watch = Watch(admin, hosts)
+                        per_server = 0.0
+                        for name in CALIBRATION:  # the first warms up the worker and the workflow sandbox
+                            one = ServerBurnInInput.model_validate({"server": target(bmcs, name),
+                                                                    "settings": settings(stress_seconds)})  # fmt: skip
+                            begin = time.monotonic()
+                            alone = await client.execute_workflow(ServerBurnIn.run, one, id=one.workflow_id(),
+                                                                  task_queue=queue)  # fmt: skip
+                            per_server = time.monotonic() - begin
+                            assert alone.result == "passed", alone.summary()
+                        single_requests = (await admin.servers(["requests"]))[CALIBRATION[1]]["requests"]
+                        await watch.start_counting()
+                        watching = asyncio.create_task(watch.run())
+                        inp = FleetBurnInInput.model_validate({
+                            "name": f"bench-{uuid.uuid4().hex[:6]}", "servers": [target(bmcs, n) for n in names],
+                            "settings": settings(stress_seconds), "max_concurrent": concurrency,
+                        })  # fmt: skip
+                        cpu_before = cpu_of(pids)
+                        started = time.monotonic()
+                        handle = await client.start_workflow(FleetBurnIn.run, inp, id=inp.workflow_id(),
+                                                             task_queue=queue)  # fmt: skip
+                        reporting = asyncio.create_task(progress(handle))
+                        result = await handle.result()
+                        wall = time.monotonic() - started
+                        cpu = {k: v - cpu_before[k] for k, v in cpu_of(pids).items()}
+                        for task in (reporting, watching):
+                            task.cancel()
+                            with contextlib.suppress(asyncio.CancelledError):
+                                await task
+                        await watch.read_audit()
+                        watch.sample()
+                        counters = await admin.servers(["requests"])
+                        rss = {k: peak_rss_mib(pid) for k, pid in pids.items()}
+                finally:
+                    pool.stop()
                 fleet_runs = await history_lengths(client, inp.workflow_id())
                 lengths = await history_lengths(client, inp.workflow_id(), "burn-in/")
+                took = await burn_in_seconds(client, names)
             await admin.aclose()
 
     fleet_requests = sum(watch.requests[n] for n in names)
@@ -193,15 +207,18 @@ async def main(
     waves = math.ceil(servers / concurrency)
     ideal = waves * per_server
     r = result.report
+    unaccounted = servers - (r.passed + r.failed + r.errors + r.skipped)  # the fleet's outcomes should count each
     print(f"servers={servers} concurrency={concurrency} stress={stress_seconds}s power_delay={power_delay}s "
           f"boot_delay={boot_delay}s bmc_latency={bmc_latency}s bmc_session_limit={bmc_config['max_sessions']}: "
           f"{r.passed} passed, {r.failed} failed, {r.errors} errors, {r.skipped} skipped"
-          + (" (aborted)" if result.aborted else ""))  # fmt: skip
+          + (" (aborted)" if result.aborted else "") + (f", {unaccounted} NOT ACCOUNTED FOR" if unaccounted else ""))  # fmt: skip
     for f in r.failures[:5]:
         print(f"  {f.server} {f.result}: {f.reason}")
     print(f"per-server time {per_server:.2f}s, measured from one ServerBurnIn run alone at the start of this run "
           f"(after a warm-up run)")  # fmt: skip
     print(f"wall={wall:.1f}s ideal={ideal:.1f}s ({waves} waves of {concurrency} x {per_server:.2f}s)")
+    print(f"a server's burn-in inside the fleet took {sum(took) / len(took):.2f}s on average (median "
+          f"{took[len(took) // 2]:.2f}s, longest {took[-1]:.2f}s), {sum(took) / len(took) / per_server:.2f} x alone")  # fmt: skip
     print(f"redfish: {fleet_requests} requests to {servers} BMCs in the audit ({watch.lost} lost to its retention; "
           f"the BMCs' own counters say {counted}); per server min {min(per)} max {max(per)}, one run alone "
           f"{single_requests}; statuses {dict(sorted(watch.statuses.items()))}")  # fmt: skip
@@ -211,12 +228,20 @@ async def main(
     )
     print(f"histories: runs={len(lengths)} (fleet runs {len(fleet_runs)}, largest {max(fleet_runs)}) "
           f"total_events={sum(lengths)} largest_run={max(lengths)}")  # fmt: skip
-    print(f"peaks: host agents running {watch.peak_agents}, open fds {watch.peak_fds}; CPU s / peak RSS MiB: "
-          + ", ".join(f"{k} {cpu:.0f}/{rss}" for k, (cpu, rss) in used.items()))  # fmt: skip
+    print(f"peaks: host agents running {watch.peak_agents}, open fds {watch.peak_fds}; peak RSS MiB: "
+          + ", ".join(f"{k} {mib}" for k, mib in rss.items()))  # fmt: skip
+    cores = os.cpu_count() or 1
+    print(f"CPU during the fleet's run: {sum(cpu.values()):.0f} s, {sum(cpu.values()) * 1000 / servers:.0f} ms a "
+          f"server (" + ", ".join(f"{k} {v:.0f} s, {v * 1000 / servers:.0f} ms" for k, v in cpu.items())
+          + f"); {cores} cores over the ideal wall offer {cores * ideal:.0f} CPU-seconds")  # fmt: skip
     print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in load_before)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")  # fmt: skip
-    print(f"wall_ratio={wall / ideal:.2f} redfish_requests_per_server={fleet_requests / servers:.1f} "
-          f"bmc_busy_answers={watch.statuses[503]} max_run_events={max(lengths)}")  # fmt: skip
+    print(f"wall_ratio={wall / ideal:.2f} servers_unaccounted={unaccounted} "
+          f"redfish_requests_per_server={fleet_requests / servers:.1f} "
+          f"bmc_busy_answers={watch.statuses[503]} max_run_events={max(lengths)} "
+          f"events_per_server={sum(lengths) / servers:.1f} "
+          + " ".join(f"{k.replace(' ', '_')}_cpu_ms_per_server={v * 1000 / servers:.0f}" for k, v in cpu.items())
+          + f" cpu_over_ideal={sum(cpu.values()) / (cores * ideal):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import compileall
+import contextlib
 import os
 import re
 import shutil
@@ -40,6 +41,22 @@ def cpu_seconds(pid: int) -> float:
     """CPU time (user + system) the process has used so far, all its threads, from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def resources() -> dict[str, tuple[float, int]]:
+    """CPU seconds and peak resident MiB of this process and each of its children (the BMCs, the dev server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in ["self", *filter(str.isdigit, os.listdir("/proc"))]:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            fields = dict(line.split(":", 1) for line in lines if ":" in line)
+            if pid == "self" or int(fields["PPid"]) == os.getpid():
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+                name = "bench" if pid == "self" else fields["Name"].strip()
+                out[name] = (cpu, int(fields["VmHWM"].split()[0]) // 1024)
+    return out
 
 
 def warnings_in(*logs: Path) -> Counter[str]:

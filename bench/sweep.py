@@ -35,8 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.burn_in import resources
-from bench.common import dev_server, history_lengths
+from bench.common import dev_server, history_lengths, resources
 from lab.fleet import Fleet, InfiniBandSpec, NodeGenerator
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess

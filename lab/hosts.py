@@ -35,7 +35,8 @@ from lab.gpus import SimulatedGpuProbe
 
 log = logging.getLogger("lab.hosts")
 
-VIEW_FIELDS = "power,boot_count,booted_from,gpu_faults,spec"
+# What every poll reads of every server; a server's spec (the bulk of its view) only when its probe is made.
+VIEW_FIELDS = "power,boot_count,booted_from,gpu_faults"
 
 
 @dataclass
@@ -170,7 +171,7 @@ class LabHosts:
             await self._stop(name)
         if server.boot_count != boots or server.up_at is None:
             server.boot_count, server.up_at = boots, now + self.boot_delay
-        canonical = json.dumps(faults, sort_keys=True)
+        canonical = json.dumps(faults, sort_keys=True) if faults else "{}"  # most servers, each poll
         if server.agent is not None:
             if canonical != server.faults and server.probe is not None:
                 server.probe.set_faults(faults)
@@ -178,8 +179,8 @@ class LabHosts:
             return
         if now < server.up_at:
             return
-        spec = {**(view.get("spec") or {}), "name": name, "boot_count": boots, "booted_from": view.get("booted_from")}
         if server.probe is None:
+            spec = {**await self._spec(name), "name": name, "boot_count": boots, "booted_from": view.get("booted_from")}
             server.probe = SimulatedGpuProbe(spec, faults)
         else:
             server.probe.boot(boot_count=boots, booted_from=view.get("booted_from"))
@@ -187,6 +188,12 @@ class LabHosts:
                 server.probe.set_faults(faults)
         server.faults = canonical
         await self._start(name, server, boots)
+
+    async def _spec(self, name: str) -> dict:
+        assert self._http is not None
+        response = await self._http.get(f"/_lab/servers/{name}")
+        response.raise_for_status()
+        return response.json().get("spec") or {}
 
     async def _start(self, name: str, server: _Server, boots: int) -> None:
         from worker import registry

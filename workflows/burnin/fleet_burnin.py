@@ -10,8 +10,9 @@ of the finished servers failed, no new server starts until an operator decides t
 
 At fleet scale (10,000 servers) the run continues as new before its history grows large, without idling the
 fleet: children are started with `ParentClosePolicy.ABANDON`, the run carries the running ones by workflow ID and
-run ID, and the next run waits for them (`EntityActivities.workflow_outcome`, workflows/common/carried.py) while it starts
-new servers up to `max_concurrent`. Results are summarized, not carried whole: counts of every outcome, and the
+run ID (so it continues only once each child it asked to start has been answered), and the next run waits for them
+(`EntityActivities.workflow_outcome`, workflows/common/carried.py) while it starts new servers up to
+`max_concurrent`. Results are summarized, not carried whole: counts of every outcome, and the
 servers that did not pass with why (the first 1,000).
 
 History events per server: the child's start (initiated, started), its close (one event) and two workflow tasks
@@ -56,6 +57,9 @@ HISTORY_LIMIT = 8000
 CARRY_CHILDREN_PATCH = "fleet-burn-in-carries-children"
 # Runs from before servers sharing a BMC URL took turns (max_concurrent_per_bmc).
 PER_BMC_PATCH = "fleet-burn-in-per-bmc"
+# Runs from before a run waited for its children's starts to be answered before it continued as new: a child whose
+# start was still in flight was carried by neither run, and the server, its parent closed, never started it.
+SETTLED_STARTS_PATCH = "fleet-burn-in-settles-starts"
 LISTED = 1000  # servers that did not pass listed with why (counts stay exact)
 
 
@@ -168,6 +172,7 @@ class FleetBurnIn:
         self._pending: list[ServerTarget] = []
         self._running: dict[str, str] = {r.server: r.group for r in inp.running}  # server -> group
         self._children: dict[str, RunningServer] = {r.server: r for r in inp.running}
+        self._starting: set[str] = set()  # servers whose child this run asked to start, not yet acknowledged
         self._bmcs: dict[str, str] = {r.server: r.bmc for r in inp.running if r.bmc}  # running server -> BMC URL
         self._per_bmc = False  # servers sharing a BMC take turns (PER_BMC_PATCH)
         self._decision: FleetDecision | None = None
@@ -254,6 +259,7 @@ class FleetBurnIn:
             self._running[target.name] = self._group(target)
             if target.bmc is not None:
                 self._bmcs[target.name] = target.bmc.url
+            self._starting.add(target.name)
             tasks.append(asyncio.create_task(self._burn_in(target, inp.settings)))
             started_here += 1
             self._show("running")
@@ -269,6 +275,8 @@ class FleetBurnIn:
             await workflow.wait_condition(lambda: not self._running or self._time_to_continue())
             continuing = bool(self._running)
         if continuing:  # the children still running are carried by ID; the next run waits for them
+            if self._starting and workflow.patched(SETTLED_STARTS_PATCH):  # a start not yet answered has no run ID
+                await workflow.wait_condition(lambda: not self._starting)
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(inp.model_copy(update={
                 "servers": self._pending, "netbox_query": None, "resolved": True, "outcomes": self._outcomes,
@@ -367,6 +375,8 @@ class FleetBurnIn:
             self._record(FleetOutcome(server=target.name, result="skipped", group=group,
                                       reason="a burn-in of this server is already running"))  # fmt: skip
             return
+        finally:
+            self._starting.discard(target.name)
         self._children[target.name] = RunningServer(server=target.name, group=group, workflow_id=child.workflow_id(),
                                                     run_id=handle.first_execution_run_id or "",
                                                     bmc=self._bmcs.get(target.name))  # fmt: skip

@@ -71,6 +71,9 @@ from workflows.validation.models import ValidationResult, ValidationSettings
 
 # Runs from before BMC calls carried the SEL's path and the power state read by the call before (fewer requests).
 CARRY_BMC_FACTS_PATCH = "burn-in-carries-bmc-facts"
+# Runs from before the SEL was read with the inventory (one activity) and a server the boot override's read found
+# Off was powered on without an Off call first (fewer activities, events and requests).
+FEWER_BMC_CALLS_PATCH = "burn-in-fewer-bmc-calls"
 # The validation gate before a passed node's uncordon, NetBox told after it (read only when validation is asked for).
 VALIDATION_PATCH = "burn-in-validation"
 VALIDATION_DEFAULT_PATCH = "burn-in-validation-default"  # the cluster's default for a node taken out, when none given
@@ -373,26 +376,31 @@ class ServerBurnIn:
         result = ServerBurnInResult(server=target.name, result="passed", stress_seconds=settings.stress_seconds)
 
         self._enter("checking-firmware")
+        fewer = workflow.patched(FEWER_BMC_CALLS_PATCH)
         inventory: RedfishInventory = await self._calls.execute(
-            RedfishActivities.redfish_inventory, bmc, **BMC_CALL, endpoint=bmc_endpoint(bmc),
-            summary="firmware and GPU inventory")  # fmt: skip
+            RedfishActivities.redfish_inventory_and_sel if fewer else RedfishActivities.redfish_inventory, bmc,
+            **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="firmware and GPU inventory" + (" and SEL" if fewer else ""),
+        )  # fmt: skip
         result.firmware = inventory.firmware
         if bmc.system is None and inventory.system:  # later calls skip looking the system up
             bmc = bmc.model_copy(update={"system": inventory.system})
         self._bmc = bmc
         result.findings += firmware_findings(expected.firmware, inventory.firmware)
 
-        self._carry = workflow.patched(CARRY_BMC_FACTS_PATCH)
-        self._enter("reading-sel", "before")
-        before_sel: SelReport = await self._calls.execute(
-            RedfishActivities.redfish_sel, SelQuery(bmc=bmc, entries=self._carried(inventory.sel_entries)), **BMC_CALL,
-            endpoint=bmc_endpoint(bmc), summary="SEL before")  # fmt: skip
+        # A run with the later patch carries too, without the earlier one's marker (two history events).
+        self._carry = fewer or workflow.patched(CARRY_BMC_FACTS_PATCH)
+        before_sel = inventory.sel
+        if before_sel is None:  # an older run, or a system without a SEL (that read says so)
+            self._enter("reading-sel", "before")
+            before_sel = await self._calls.execute(
+                RedfishActivities.redfish_sel, SelQuery(bmc=bmc, entries=self._carried(inventory.sel_entries)),
+                **BMC_CALL, endpoint=bmc_endpoint(bmc), summary="SEL before")  # fmt: skip
         if before_sel.critical:
             result.notes.append(f"{len(before_sel.critical)} critical SEL entries before burn-in "
                                 f"(latest: {before_sel.critical[-1].message})")  # fmt: skip
 
         self._enter("booting-burn-in-image", settings.boot_target)
-        await self._boot_and_cycle(bmc, settings.boot_target)
+        await self._boot_and_cycle(bmc, settings.boot_target, fewer)
 
         queue = host_task_queue(target.name)
         self._enter("waiting-for-agent", queue)
@@ -455,13 +463,16 @@ class ServerBurnIn:
         """A fact an earlier BMC call read, for the next call to skip reading it again (not in older runs)."""
         return fact if self._carry else None
 
-    async def _boot_and_cycle(self, bmc: BmcRef, target: BootTarget) -> None:
-        """A one-time boot from `target`: the override, then power Off and On, each told what the last one read."""
+    async def _boot_and_cycle(self, bmc: BmcRef, target: BootTarget, fewer: bool = False) -> None:
+        """A one-time boot from `target`: the override, then power Off and On, each told what the last one read.
+        With `fewer`, a server the override's read found Off is not asked again: power On alone boots it."""
         boot: BootResult = await self._calls.execute(
             RedfishActivities.redfish_set_boot, BootRequest(bmc=bmc, target=target, enabled="Once"), **BMC_CALL,
             endpoint=bmc_endpoint(bmc), summary=f"one-time boot {target}")  # fmt: skip
-        off = await self._power(bmc, "Off", self._carried(boot.power_state))
-        await self._power(bmc, "On", self._carried(off.state))
+        state = boot.power_state
+        if not (fewer and state == "Off"):
+            state = (await self._power(bmc, "Off", self._carried(state))).state
+        await self._power(bmc, "On", self._carried(state))
 
     async def _power(self, bmc: BmcRef, state: Literal["On", "Off"], current: Literal["On", "Off"] | None = None
                      ) -> PowerResult:  # fmt: skip

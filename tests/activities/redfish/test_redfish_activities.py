@@ -99,6 +99,20 @@ async def test_calls_carry_what_they_read_and_ask_nothing_twice(acts, lab_bmcs, 
         SelQuery(bmc=known, entries="https://elsewhere/redfish/v1/x")
 
 
+async def test_inventory_and_sel_in_one_call_ask_what_both_did(acts, lab_bmcs, bmc_admin):
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 2), lab_bmcs.names[2]
+    await bmc_admin.add_sel(name, severity="Critical", message="PSU 2 lost input", message_id="Vendor.1.0.Psu")
+    cursor = await bmc_admin.audit_cursor()
+    inv = await env.run(acts.redfish_inventory_and_sel, ref)
+    assert await requests_since(bmc_admin, name, cursor) == [  # the inventory's seven, then the entries
+        "GET /", "GET /Systems", "GET /Systems/1", "GET /UpdateService", "GET /UpdateService/FirmwareInventory",
+        "GET /Systems/1/Processors", "GET /Systems/1/LogServices", "GET /Systems/1/LogServices/SEL/Entries",
+    ]  # fmt: skip
+    assert inv.sel is not None and [e.message for e in inv.sel.critical] == ["PSU 2 lost input"]
+    assert inv.model_copy(update={"sel": None}) == await env.run(acts.redfish_inventory, ref)
+    assert inv.sel == await env.run(acts.redfish_sel, SelQuery(bmc=ref, entries=inv.sel_entries))
+
+
 async def test_a_busy_bmc_is_retried_when_it_asks(acts, lab_bmcs, bmc_admin):
     env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 1), lab_bmcs.names[1]
     cursor = await bmc_admin.audit_cursor()

@@ -80,11 +80,12 @@ async def test_a_bmc_that_never_answers_is_shown_then_given_up(client, temporal_
         return waiting[0] if waiting else None
 
     wait = await wait_for(failing, what="the BMC's failure in progress", timeout=60)
-    assert (wait.endpoint, wait.call, wait.setting) == (f"BMC {bmc}", "firmware and GPU inventory", "retry_timeout")
+    assert (wait.endpoint, wait.setting) == (f"BMC {bmc}", "retry_timeout")
+    assert wait.call == "firmware and GPU inventory and SEL"
     assert "the BMC does not answer" in wait.error and bmc in wait.error and wait.attempts >= 3
     assert (wait.gives_up_at - wait.since).total_seconds() == RETRY_TIMEOUT
     details = await current_details(handle)
-    assert f"**retrying** BMC {bmc} (firmware and GPU inventory)" in details and "does not answer" in details
+    assert f"**retrying** BMC {bmc} (firmware and GPU inventory and SEL)" in details and "does not answer" in details
 
     with pytest.raises(WorkflowFailureError) as failed:
         await handle.result()
@@ -108,6 +109,6 @@ async def test_a_bmc_that_never_answers_is_shown_then_given_up(client, temporal_
 
     out = await watched
     assert out.returncode == 1, out
-    assert f"retrying BMC {bmc} (firmware and GPU inventory)" in out.stderr and "does not answer" in out.stderr
-    assert "retrying redfish_inventory (attempt " in out.stderr  # the pending activity's last failure
+    assert f"retrying BMC {bmc} (firmware and GPU inventory and SEL)" in out.stderr and "does not answer" in out.stderr
+    assert "retrying redfish_inventory_and_sel (attempt " in out.stderr  # the pending activity's last failure
     assert "EndpointUnavailable" in out.stderr and out.stdout == ""
