@@ -147,6 +147,17 @@ class HostAgentActivities:
         snap = await self.probe.snapshot()
         return snap.model_copy(update={"host": self.host})
 
+    async def _heartbeating(self, work: Awaitable[HostGpuSnapshot]) -> HostGpuSnapshot:
+        """`work`, heartbeating every `heartbeat_seconds` while it runs: a caller's heartbeat timeout then tells a
+        slow NVML read (a GPU off the bus can hold one for many seconds) from an agent that died with its host."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not (await asyncio.wait({task}, timeout=self.heartbeat_seconds))[0]:
+                activity.heartbeat()
+            return task.result()
+        finally:
+            task.cancel()
+
     @activity.defn
     async def host_info(self, _: EmptyRequest) -> HostInfo:
         """What this host is and has. Never fails for lack of NVML: says so instead."""
@@ -167,9 +178,9 @@ class HostAgentActivities:
         """A snapshot of every GPU, judged against what the host should have (gpu_verdict without a load).
 
         NVML unavailable: retryable ApplicationError NvmlUnavailable, or with `report_unavailable` a failed result
-        with the finding `nvml_unavailable`."""
+        with the finding `nvml_unavailable`. Heartbeats while NVML answers."""
         try:
-            snap = await self._snapshot()
+            snap = await self._heartbeating(self._snapshot())
         except NvmlUnavailableError as err:
             if not req.report_unavailable:
                 raise self._unavailable(err) from None

@@ -63,7 +63,7 @@ from activities.redfish import (
 from workflows.burnin.node_guard import NODE_GUARD_PATCH, KubernetesNode, NodeService
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.common.call_options import AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
+from workflows.common.call_options import AGENT_HEARTBEAT, AGENT_RETRY, BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import IRONIC, NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
@@ -410,7 +410,7 @@ class ServerBurnIn:
                 HostAgentActivities.host_gpu_check, check, task_queue=queue,
                 # No worker polls the queue until the image has booted: that wait is the boot timeout.
                 schedule_to_start_timeout=settings.boot_timeout, start_to_close_timeout=timedelta(minutes=5),
-                retry_policy=AGENT_RETRY, summary="GPU checks before stress",
+                heartbeat_timeout=AGENT_HEARTBEAT, retry_policy=AGENT_RETRY, summary="GPU checks before stress",
             )  # fmt: skip
         except ActivityError as err:
             if isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
@@ -434,12 +434,13 @@ class ServerBurnIn:
             HostAgentActivities.host_gpu_stress,
             StressRequest(seconds=settings.stress_seconds, dcgm_level=settings.dcgm_level), task_queue=queue,
             start_to_close_timeout=timedelta(seconds=settings.stress_seconds * 2 + 600),
-            heartbeat_timeout=timedelta(seconds=60), retry_policy=AGENT_RETRY, summary="GPU stress window",
+            heartbeat_timeout=AGENT_HEARTBEAT, retry_policy=AGENT_RETRY, summary="GPU stress window",
         )  # fmt: skip
         self._enter("re-checking-gpus")
         after: GpuCheckResult = await workflow.execute_activity_method(
             HostAgentActivities.host_gpu_check, check, task_queue=queue,
-            start_to_close_timeout=timedelta(minutes=5), retry_policy=AGENT_RETRY, summary="GPU checks after stress",
+            start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=AGENT_HEARTBEAT, retry_policy=AGENT_RETRY,
+            summary="GPU checks after stress",
         )  # fmt: skip
 
         self._enter("reading-sel", "after")

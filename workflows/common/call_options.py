@@ -36,3 +36,6 @@ NETBOX_CALL: dict[str, Any] = dict(
 # The host agent on the server itself: a few tries, then the caller decides (the agent may not be up yet).
 AGENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=30),
                           maximum_attempts=5)  # fmt: skip
+# Its GPU check heartbeats while NVML answers and its stress window every tick: an agent that died with its host (a
+# power cycle, a crash) after taking one is noticed this fast and the call tried again, not at its start-to-close.
+AGENT_HEARTBEAT = timedelta(seconds=30)

@@ -25,7 +25,7 @@ from activities.gpu.models import StressRequest, StressResult, host_task_queue
 from activities.gpu.verdict import gpu_verdict
 from activities.kube.activities import KubeActivities
 from activities.kube.models import JOB_WAIT_SLACK_SECONDS, NodeValidationMark, Stage, StageJobRequest
-from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY
+from workflows.common.call_options import AGENT_HEARTBEAT, AGENT_RETRY, API_CALL, API_RETRY
 from workflows.common.errors import error_text
 from workflows.validation.models import ValidationJob, ValidationResult, ValidationSettings
 
@@ -70,8 +70,7 @@ async def _agent(method, arg, node: str, settings: ValidationSettings, start_to_
     return await workflow.execute_activity_method(
         method, arg, task_queue=host_task_queue(node), schedule_to_start_timeout=settings.agent_timeout,
         start_to_close_timeout=start_to_close, retry_policy=AGENT_RETRY,
-        heartbeat_timeout=timedelta(minutes=2) if start_to_close > timedelta(minutes=2) else None,
-        summary=f"validate {node}: {method.__name__}",
+        heartbeat_timeout=AGENT_HEARTBEAT, summary=f"validate {node}: {method.__name__}",
     )  # fmt: skip
 
 

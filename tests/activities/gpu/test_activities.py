@@ -3,6 +3,8 @@ probe (the load window: heartbeats, Xids, counters, DCGM; the soft fixes)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -93,6 +95,21 @@ async def test_stress_window_heartbeats_and_sees_xid_79_and_ecc():
     assert info.value.type == "GpuResetFailed" and info.value.non_retryable
     probe.boot(boot_count=2)
     assert (await env.run(acts.host_gpu_check, H200)).passed
+
+
+async def test_a_slow_check_heartbeats_while_nvml_answers():
+    # A caller's heartbeat timeout tells this from an agent that died with its host (workflows/common/call_options.py).
+    class SlowProbe(SimulatedGpuProbe):
+        async def snapshot(self):
+            await asyncio.sleep(0.7)
+            return await super().snapshot()
+
+    acts = HostAgentActivities(SlowProbe({"name": "n1"}, {}), "n1", heartbeat_seconds=0.2)
+    env = ActivityEnvironment()
+    beats: list = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    assert (await env.run(acts.host_gpu_check, H200)).passed
+    assert 2 <= len(beats) <= 4
 
 
 async def test_soft_fixes_on_the_simulated_host():
