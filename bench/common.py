@@ -45,15 +45,13 @@ def cpu_seconds(pid: int) -> float:
 
 def resources() -> dict[str, tuple[float, int]]:
     """CPU seconds and peak resident MiB of this process and each of its children (the BMCs, the dev server)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in ["self", *filter(str.isdigit, os.listdir("/proc"))]:
         with contextlib.suppress(OSError, KeyError, ValueError):
             lines = Path(f"/proc/{pid}/status").read_text().splitlines()
             fields = dict(line.split(":", 1) for line in lines if ":" in line)
             if pid == "self" or int(fields["PPid"]) == os.getpid():
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+                cpu = cpu_seconds(os.getpid() if pid == "self" else int(pid))
                 name = "bench" if pid == "self" else fields["Name"].strip()
                 out[name] = (cpu, int(fields["VmHWM"].split()[0]) // 1024)
     return out
@@ -197,18 +195,21 @@ class Workers:
                 proc.wait(5)
 
 
+def _started_with(prefixes: tuple[str, ...]) -> str:
+    """The visibility query for every run whose workflow ID starts with one of the prefixes."""
+    return " OR ".join(f"WorkflowId STARTS_WITH '{p}'" for p in prefixes)
+
+
 async def history_lengths(client: Client, *prefixes: str) -> list[int]:
     """The history length of every run (continued-as-new runs each count) whose workflow ID starts with a prefix."""
-    query = " OR ".join(f"WorkflowId STARTS_WITH '{p}'" for p in prefixes)
-    return [execution.history_length async for execution in client.list_workflows(query)]
+    return [execution.history_length async for execution in client.list_workflows(_started_with(prefixes))]
 
 
 async def event_kinds(client: Client, *prefixes: str) -> Counter[str]:
     """History events by kind (workflow tasks counted as one kind of three events, local activities and patches by
     their marker), over every run whose workflow ID starts with a prefix: where a design spends its events."""
-    query = " OR ".join(f"WorkflowId STARTS_WITH '{p}'" for p in prefixes)
     kinds: Counter[str] = Counter()
-    async for execution in client.list_workflows(query):
+    async for execution in client.list_workflows(_started_with(prefixes)):
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
         async for event in handle.fetch_history_events():
             kind = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_").lower()
