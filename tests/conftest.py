@@ -267,7 +267,9 @@ async def kube(kubeconfig_path):
     from activities.kube.connector import ClusterConnector
 
     connector = ClusterConnector([str(kubeconfig_path)])
-    yield KubeActivities(connector)
+    kube = KubeActivities(connector)
+    yield kube
+    await kube.close()
     await connector.close()
 
 

@@ -10,13 +10,13 @@ history of its own (docs/remediation.md says why it is not a workflow).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.stages import call_json
+from activities.kube.watch_stream import Expired, watch_events
 from activities.node_health import node_health
 from worker.fault_events import FaultEvents
 
@@ -25,10 +25,6 @@ log = logging.getLogger("millwright.node_watch")
 WATCH_SECONDS = 300  # one watch request's server-side timeout; the watch then resumes from its resourceVersion
 LIST_CHUNK = 500
 BACKOFF = (1.0, 30.0)  # seconds: first and longest wait after a failure
-
-
-class Expired(Exception):
-    """The resourceVersion is too old (410 Gone): list again."""
 
 
 async def watch_nodes(connector: ClusterConnector, cluster: str, events: FaultEvents) -> None:
@@ -72,29 +68,13 @@ async def _watch(connector: ClusterConnector, cluster: str, events: FaultEvents,
     resp = await core.list_node_without_preload_content(
         watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
         _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT)  # fmt: skip
-    try:
-        if resp.status == 410:
-            raise Expired()
-        if resp.status != 200:
-            raise RuntimeError(f"watching the nodes of {cluster}: HTTP {resp.status}")
-        buffer = b""
-        async for chunk in resp.content.iter_any():  # lines can pass aiohttp's readline limit (64 KiB)
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    version = _event(cluster, events, json.loads(line)) or version
-    finally:
-        resp.release()
+    async for event in watch_events(resp, f"watching the nodes of {cluster}"):
+        version = _event(cluster, events, event) or version
     return version
 
 
 def _event(cluster: str, events: FaultEvents, event: dict[str, Any]) -> str | None:
     kind, obj = event.get("type"), event.get("object") or {}
-    if kind == "ERROR":
-        if obj.get("code") == 410:
-            raise Expired()
-        raise RuntimeError(f"watch error: {obj.get('message') or obj}")
     _heard(events, cluster)
     if kind == "ADDED" or kind == "MODIFIED":
         events.seen(cluster, node_health(obj, events.condition_types, events.label_keys))

@@ -64,13 +64,14 @@ class Kubernetes(Integration[KubernetesSettings]):
         from activities.node_health import NodeHealthActivities
 
         connector = ClusterConnector(settings.kubeconfig_paths())
+        kube = KubeActivities(connector)
         objects = [
-            KubeActivities(connector),
+            kube,
             MigActivities(connector),
             ClusterApiActivities(connector, settings.reserved_groups),
             NodeHealthActivities(connector),
         ]
-        return Parts(objects, [connector])
+        return Parts(objects, [kube, connector])  # the Jobs' watches stop before their clients close
 
     def describe(self, settings: KubernetesSettings) -> str:
         return os.pathsep.join(settings.kubeconfig_paths())

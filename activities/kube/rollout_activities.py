@@ -17,9 +17,11 @@ from kubernetes.aio.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.connector import REQUEST_TIMEOUT
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
+from activities.kube.job_watch import QUIET, READ, Follow, JobWatches
 from activities.kube.models import (
+    BEAT_SECONDS,
     CONTROL_PLANE_LABEL,
     INTERRUPTS,
     JOB_ATTEMPT_ANNOTATION,
@@ -28,6 +30,7 @@ from activities.kube.models import (
     JOB_NODE_LABEL,
     JOB_PACKAGE_LABEL,
     JOB_POLL_SECONDS,
+    JOB_RECHECK_SECONDS,
     JOB_ROLLOUT_ANNOTATION,
     JOB_ROLLOUT_LABEL,
     JOB_STAGE_LABEL,
@@ -61,6 +64,14 @@ from activities.kube.stages import (
 
 
 class RolloutNodeActivities(NodeActivities):
+    def __init__(self, connector: ClusterConnector) -> None:
+        super().__init__(connector)
+        self._job_watches = JobWatches(connector)
+
+    async def close(self) -> None:
+        """Stop the stage Jobs' watches (before the connector closes their clients)."""
+        await self._job_watches.close()
+
     # ------------------------------------------------------------ rollouts: nodes
 
     async def _node_page(self, cluster: str, label_selector: str, limit: int, token: str | None) -> dict[str, Any]:
@@ -272,7 +283,8 @@ class RolloutNodeActivities(NodeActivities):
         again, or a new run for the node, gets a new Job. A failed Job is a result, not an
         error: `succeeded=False` with the reason and the failing container's message. So is a Job
         that vanished after an attempt saw it: it is never created again under the same try.
-        The verdict is only ever the Job's own Complete/Failed condition, from a fresh read.
+        The verdict is only ever the Job's own Complete/Failed condition, as the API server gives it: a read, or
+        the cluster's watch on stage Jobs (activities/kube/job_watch.py).
         """
         info = activity.info()
         return await self._run_job(
@@ -294,16 +306,24 @@ class RolloutNodeActivities(NodeActivities):
         name = stage_job_name(req.package, req.stage, key)
         started = float(previous["started"]) if isinstance(previous, dict) and previous.get("started") else time.time()
         attempt = int(previous.get("attempt", info.attempt)) if isinstance(previous, dict) else info.attempt
-        body = self._stage_job(req, name, attempt)
         batch = k8s.BatchV1Api(await self._clusters.api(req.cluster))
-        core = await self._clusters.core(req.cluster)
         # Read and written as plain JSON: many Jobs run at once, and the typed client's models (managedFields and
         # all) cost more than the call itself.
         read = lambda: batch.read_namespaced_job_without_preload_content(
             name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT
         )
+        # Followed through the cluster's watch from before the first read, so every later change reaches the wait.
+        with self._job_watches.follow(req.cluster, name) as follow:
+            return await self._wait_job(req, name, started, attempt, previous, follow, read, beat)
+
+    async def _wait_job(self, req: StageJobRequest, name: str, started: float, attempt: int, previous: Any,
+                        follow: Follow, read: Callable, beat: Callable[[dict[str, Any]], None]) -> StageJobResult:  # fmt: skip
+        """`_run_job` from its first read of the Job to the verdict, the Job's changes learnt from `follow`."""
+        info = activity.info()
+        body = self._stage_job(req, name, attempt)
         # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
         # first and creates only what is missing.
+        read_sent = time.monotonic()
         existing = None if info.attempt == 1 and not previous else await read_json(f"reading Job {name}", read())
         if existing is None and isinstance(previous, dict) and previous.get("uid"):
             # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
@@ -322,38 +342,10 @@ class RolloutNodeActivities(NodeActivities):
         uid = existing["metadata"]["uid"]
         beat({"job": name, "uid": uid, "started": started, "attempt": attempt})
         if req.config:
-            cm = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": name,
-                    "namespace": JOB_NAMESPACE,
-                    "labels": dict(body["metadata"]["labels"]),
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": name,
-                            "uid": uid,
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "data": dict(req.config),
-            }
-            try:
-                await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
-            except ApiException as err:
-                if err.status != 409:
-                    raise api_error(err, f"creating ConfigMap {name}") from err
-            except (TimeoutError, aiohttp.ClientError) as err:
-                raise ApplicationError(
-                    f"creating ConfigMap {name}: connection failed: {err!r}", type="KubernetesUnavailable"
-                ) from err
+            await self._create_job_config(req, name, uid, body["metadata"]["labels"])
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
         job: dict[str, Any] | None
-        job, waiting = existing, time.time()
+        job, waiting, poll_at = existing, time.time(), read_sent
         while True:
             if job is None or job["metadata"].get("uid") != uid:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt, message=vanished(name))
@@ -378,9 +370,50 @@ class RolloutNodeActivities(NodeActivities):
                     f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)",
                 )
             beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
-            # Looked at every tenth of the time waited so far (a verdict is seen at most ~10% late), within bounds.
-            await asyncio.sleep(min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10)))
-            job = await read_json(f"reading Job {name}", read())
+            if follow.covers(read_sent):  # woken by the stream, at least every BEAT_SECONDS to heartbeat
+                recheck = poll_at + JOB_RECHECK_SECONDS - time.monotonic()
+                seconds = max(0.0, min(BEAT_SECONDS, give_up - time.time(), recheck))
+            else:  # no stream to vouch for it: looked at every tenth of the time waited (a verdict ~10% late at most)
+                seconds = min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10))
+            news = await follow.next(seconds, read_sent)
+            if news == READ or (news == QUIET and time.monotonic() >= poll_at + JOB_RECHECK_SECONDS):
+                read_sent = poll_at = time.monotonic()
+                job = await read_json(f"reading Job {name}", read())
+            elif isinstance(news, dict):
+                job = news
+
+    async def _create_job_config(self, req: StageJobRequest, name: str, uid: str, labels: dict[str, str]) -> None:
+        """The Job's ConfigMap (`req.config`, read by its containers), owned by the Job; one that exists is kept."""
+        core = await self._clusters.core(req.cluster)
+        cm = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": JOB_NAMESPACE,
+                "labels": dict(labels),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "data": dict(req.config),
+        }
+        try:
+            await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
+        except ApiException as err:
+            if err.status != 409:
+                raise api_error(err, f"creating ConfigMap {name}") from err
+        except (TimeoutError, aiohttp.ClientError) as err:
+            raise ApplicationError(
+                f"creating ConfigMap {name}: connection failed: {err!r}", type="KubernetesUnavailable"
+            ) from err
 
     async def _create_job(self, cluster: str, name: str, body: dict[str, Any], read: Callable) -> dict[str, Any]:
         """Create the Job (its namespace first, once per cluster and whenever it went missing); an existing one

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -368,3 +369,62 @@ async def test_activities_are_registered(kubeconfig_path):
         "check_node_conditions",
         "query_prometheus",
     } <= names
+
+
+async def job_requests(k8s, since: int) -> dict[str, int]:
+    """The requests for Jobs since `since`, by verb."""
+    counts: dict[str, int] = {}
+    for x in await k8s.audit(since=since):
+        if x["resource"] == "jobs" and x["userAgent"].startswith("millwright"):
+            counts[x["verb"]] = counts.get(x["verb"], 0) + 1
+    return counts
+
+
+async def test_stage_job_waits_learn_their_verdicts_from_one_watch(k8s, kube):
+    """Twenty stages waiting together read their Jobs about once each: the verdicts come on the cluster's one
+    watch (a wait that read every tenth of the time waited made about ten reads each here)."""
+    await k8s.seed(nodes(20))
+    await k8s.configure(jobs={"defaultSeconds": 2.0, "rules": []})
+    since = await k8s.audit_cursor()
+    results = await asyncio.gather(
+        *(env().run(kube.run_stage_job, stage(node=f"node-{i:02d}", config={})) for i in range(1, 21))
+    )
+    assert all(r.succeeded for r in results)
+    counts = await job_requests(k8s, since)
+    assert counts["create"] == 20 and counts["watch"] == 1 and counts["list"] == 1
+    assert counts.get("get", 0) <= 20  # the waits that began before the watch did read once when it began
+
+
+async def test_stage_job_waits_outlast_a_watch_that_fails(k8s, kube):
+    """No watch to vouch for a Job: the wait reads it on its own schedule and still gets its verdict."""
+    await k8s.seed(nodes(1))
+    await k8s.configure(jobs={"defaultSeconds": 1.5, "rules": []})
+    await k8s.add_fault({"verb": "watch", "resource": "jobs"}, {"status": 500}, count=-1)
+    since = await k8s.audit_cursor()
+    result = await env().run(kube.run_stage_job, stage(config={}))
+    assert result.succeeded
+    counts = await job_requests(k8s, since)
+    assert counts["get"] >= 3 and counts["watch"] >= 1  # read while the watch failed (backing off between tries)
+    # Expired (410) then served: the watch lists again, the waits read once more, the verdict comes on the stream.
+    await k8s.clear_faults()
+    await k8s.add_fault({"verb": "watch", "resource": "jobs"}, {"status": 410}, count=2)
+    since = await k8s.audit_cursor()
+    result = await env().run(kube.run_stage_job, stage(config={}, try_number=2))
+    assert result.succeeded
+    assert (await job_requests(k8s, since))["list"] >= 2
+
+
+async def test_a_stage_job_deleted_under_its_wait_is_seen_at_once(k8s, kube, core):
+    await k8s.seed(nodes(1))
+    await k8s.configure(jobs={"defaultSeconds": 60.0, "rules": []})
+    waiting = asyncio.ensure_future(env().run(kube.run_stage_job, stage(config={})))
+    batch = BatchV1Api(core.api_client)
+    for _ in range(100):
+        jobs = (await batch.list_namespaced_job(JOB_NAMESPACE)).items
+        if jobs:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the wait follows it on the watch by now
+    await batch.delete_namespaced_job(jobs[0].metadata.name, JOB_NAMESPACE, propagation_policy="Background")
+    result = await asyncio.wait_for(waiting, 5)  # long before the 30 s backstop read
+    assert not result.succeeded and "disappeared" in result.message
