@@ -11,7 +11,7 @@ budget declared as the batch size), and
 prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
 their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
 children and continued runs included) and where they go (by kind: workflow tasks, activities, local activities
-markers, signals...), the CPU time the workers and the dev server spent during the rollout, each
+markers, signals...), the workers' requests of the Kubernetes API per node (by verb and resource), the CPU time the workers and the dev server spent during the rollout, each
 read from its own process and divided by the nodes, and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
 With `--operation mig` the same fleet (H100 nodes) is moved to `all-1g.10gb` by a GpuPartitioning instead (the
@@ -28,6 +28,7 @@ import math
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -84,6 +85,15 @@ def partitioning_spec(name: str, batch: int) -> GpuPartitioningInput:
     )
 
 
+async def api_requests(admin: EmulatorAdmin) -> Counter[str]:
+    """What the workers asked of the Kubernetes emulator so far, by verb and resource ("get jobs")."""
+    counts: Counter[str] = Counter()
+    for kind in await admin.requests():
+        if kind["userAgent"].startswith("millwright"):
+            counts[" ".join(filter(None, (kind["verb"], kind["resource"], kind["subresource"])))] += kind["count"]
+    return counts
+
+
 async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float, workers: int, operation: str,
                mig_seconds: float) -> None:  # fmt: skip
     with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator, \
@@ -112,6 +122,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     spec = rollout_spec(name, batch) if op == "rollout" else partitioning_spec(name, batch)
                     run = Rollout.run if op == "rollout" else GpuPartitioning.run
                     cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
+                    requests_before = await api_requests(admin)
                     started = time.monotonic()
                     result = await server.client.execute_workflow(
                         run,  # type: ignore[misc]  # one of two workflow types, each with its own input model
@@ -129,6 +140,9 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     kinds = (await event_kinds(server.client, spec.workflow_id())).most_common()
                     print(f"{op}: events per node by kind: "
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in kinds))  # fmt: skip
+                    asked = await api_requests(admin) - requests_before
+                    print(f"{op}: API requests per node by kind: "
+                          + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in asked.most_common(8)))  # fmt: skip
                     print(f"{op}: cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, "
                           f"Kubernetes emulator {emulator_cpu:.1f}s")  # fmt: skip
                     figures[op] = {"makespan": makespan, "max_run_events": max(lengths),
