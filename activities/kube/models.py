@@ -29,7 +29,6 @@ NON_INTERRUPTIBLE_RUNNING = "non-interruptible pods running"
 JOB_NAMESPACE = "millwright-system"
 JOB_TTL_SECONDS = 600  # ttlSecondsAfterFinished: finished Jobs (and their pods' logs) stay this long
 JOB_POLL_SECONDS = 5.0  # the longest wait between two looks at a running Job
-JOB_RECHECK_SECONDS = 30.0  # the longest between two reads of a Job the Jobs watch vouches for (job_watch.py)
 BEAT_SECONDS = 2.0  # a node's stages heartbeat at least this often, and at once when where they stand changes
 JOB_WAIT_SLACK_SECONDS = 60.0  # how long past activeDeadlineSeconds the activity still waits for a verdict
 JOB_NODE_LABEL = "millwright.dev/node"

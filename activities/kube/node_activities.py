@@ -50,6 +50,7 @@ from activities.kube.models import (
 from activities.kube.stages import (
     annotation_of,
     node_info,
+    node_not_found,
     state_change,
 )
 
@@ -65,9 +66,7 @@ class NodeActivities:
         core = await self._clusters.core(cluster)
         found = await api_read(f"reading node {node}", core.read_node(node, _request_timeout=REQUEST_TIMEOUT))
         if found is None:
-            raise ApplicationError(
-                f"node {node!r} not found in cluster {cluster!r}", type="NodeNotFound", non_retryable=True
-            )
+            raise node_not_found(node, cluster)
         return found
 
     @activity.defn

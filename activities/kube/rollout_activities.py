@@ -4,7 +4,6 @@ stage (NodeWright's execution substrate) and reboot verification by boot ID. Kub
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -19,7 +18,6 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
-from activities.kube.job_watch import QUIET, READ, Follow, JobWatches
 from activities.kube.models import (
     BEAT_SECONDS,
     CONTROL_PLANE_LABEL,
@@ -30,7 +28,6 @@ from activities.kube.models import (
     JOB_NODE_LABEL,
     JOB_PACKAGE_LABEL,
     JOB_POLL_SECONDS,
-    JOB_RECHECK_SECONDS,
     JOB_ROLLOUT_ANNOTATION,
     JOB_ROLLOUT_LABEL,
     JOB_STAGE_LABEL,
@@ -49,9 +46,11 @@ from activities.kube.models import (
     UnavailableRequest,
 )
 from activities.kube.node_activities import LIST_CHUNK, NodeActivities
+from activities.kube.shared_watch import NODES, READ, STAGE_JOBS, Follow, SharedWatches
 from activities.kube.stages import (
     call_json,
     label_value,
+    node_not_found,
     node_ready,
     node_summary,
     read_json,
@@ -66,11 +65,11 @@ from activities.kube.stages import (
 class RolloutNodeActivities(NodeActivities):
     def __init__(self, connector: ClusterConnector) -> None:
         super().__init__(connector)
-        self._job_watches = JobWatches(connector)
+        self._watches = SharedWatches(connector)
 
     async def close(self) -> None:
-        """Stop the stage Jobs' watches (before the connector closes their clients)."""
-        await self._job_watches.close()
+        """Stop the shared watches (before the connector closes their clients)."""
+        await self._watches.close()
 
     # ------------------------------------------------------------ rollouts: nodes
 
@@ -284,7 +283,7 @@ class RolloutNodeActivities(NodeActivities):
         error: `succeeded=False` with the reason and the failing container's message. So is a Job
         that vanished after an attempt saw it: it is never created again under the same try.
         The verdict is only ever the Job's own Complete/Failed condition, as the API server gives it: a read, or
-        the cluster's watch on stage Jobs (activities/kube/job_watch.py).
+        the cluster's shared watch of stage Jobs (activities/kube/shared_watch.py).
         """
         info = activity.info()
         return await self._run_job(
@@ -313,7 +312,7 @@ class RolloutNodeActivities(NodeActivities):
             name, JOB_NAMESPACE, _request_timeout=REQUEST_TIMEOUT
         )
         # Followed through the cluster's watch from before the first read, so every later change reaches the wait.
-        with self._job_watches.follow(req.cluster, name) as follow:
+        with self._watches.follow(req.cluster, STAGE_JOBS, name) as follow:
             return await self._wait_job(req, name, started, attempt, previous, follow, read, beat)
 
     async def _wait_job(self, req: StageJobRequest, name: str, started: float, attempt: int, previous: Any,
@@ -323,7 +322,7 @@ class RolloutNodeActivities(NodeActivities):
         body = self._stage_job(req, name, attempt)
         # A first attempt creates it at once; a retry (an earlier attempt may have made it, its answer lost) reads
         # first and creates only what is missing.
-        read_sent = time.monotonic()
+        follow.reading()
         existing = None if info.attempt == 1 and not previous else await read_json(f"reading Job {name}", read())
         if existing is None and isinstance(previous, dict) and previous.get("uid"):
             # An earlier attempt created (or adopted) it: the stage may have run. Creating it again would
@@ -345,7 +344,7 @@ class RolloutNodeActivities(NodeActivities):
             await self._create_job_config(req, name, uid, body["metadata"]["labels"])
         give_up = started + req.timeout_seconds + JOB_WAIT_SLACK_SECONDS
         job: dict[str, Any] | None
-        job, waiting, poll_at = existing, time.time(), read_sent
+        job, waiting = existing, time.time()
         while True:
             if job is None or job["metadata"].get("uid") != uid:
                 return StageJobResult(job=name, succeeded=False, attempt=attempt, message=vanished(name))
@@ -370,14 +369,11 @@ class RolloutNodeActivities(NodeActivities):
                     f"(+{JOB_WAIT_SLACK_SECONDS:.0f}s)",
                 )
             beat({"job": name, "uid": uid, "started": started, "attempt": attempt, "active": status.get("active") or 0})
-            if follow.covers(read_sent):  # woken by the stream, at least every BEAT_SECONDS to heartbeat
-                recheck = poll_at + JOB_RECHECK_SECONDS - time.monotonic()
-                seconds = max(0.0, min(BEAT_SECONDS, give_up - time.time(), recheck))
-            else:  # no stream to vouch for it: looked at every tenth of the time waited (a verdict ~10% late at most)
-                seconds = min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10))
-            news = await follow.next(seconds, read_sent)
-            if news == READ or (news == QUIET and time.monotonic() >= poll_at + JOB_RECHECK_SECONDS):
-                read_sent = poll_at = time.monotonic()
+            # Without a stream to vouch for it, looked at every tenth of the time waited (a verdict ~10% late at most).
+            poll = min(JOB_POLL_SECONDS, max(FIRST_POLL_SECONDS, (time.time() - waiting) / 10))
+            news = await follow.next(poll, within=min(BEAT_SECONDS, give_up - time.time()))
+            if news == READ:
+                follow.reading()
                 job = await read_json(f"reading Job {name}", read())
             elif isinstance(news, dict):
                 job = news
@@ -459,22 +455,36 @@ class RolloutNodeActivities(NodeActivities):
         return await self._wait_rebooted(req, deadline, activity.heartbeat)
 
     async def _wait_rebooted(self, req: RebootWait, deadline: float, beat: Callable[[dict[str, Any]], None]) -> str:
-        """`wait_node_rebooted` until `deadline` (epoch seconds); `beat` heartbeats where it stands."""
+        """`wait_node_rebooted` until `deadline` (epoch seconds); `beat` heartbeats where it stands. The node's
+        changes come from the cluster's shared watch of nodes; without it, it is read every `poll_seconds` at most."""
+        core = await self._clusters.core(req.cluster)
+        read = lambda: core.read_node_without_preload_content(req.node, _request_timeout=REQUEST_TIMEOUT)
         poll = FIRST_POLL_SECONDS
-        while True:
-            node = await self._read_node(req.cluster, req.node)
-            boot = node.status.node_info.boot_id if node.status and node.status.node_info else ""
-            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-            if boot and boot != req.previous_boot_id and ready:
-                activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
-                return boot
-            beat({"deadline": deadline, "boot_id": boot, "ready": ready})
-            if time.time() >= deadline:
-                state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
-                raise ApplicationError(
-                    f"node {req.node} did not come back from its reboot within {req.timeout_seconds:.0f}s: it {state}",
-                    type="RebootTimeout",
-                    non_retryable=True,
-                )
-            await asyncio.sleep(max(0.05, min(poll, deadline - time.time())))
-            poll = next_poll(poll, req.poll_seconds)
+        with self._watches.follow(req.cluster, NODES, req.node) as follow:
+            follow.reading()
+            node = await read_json(f"reading node {req.node}", read())
+            while True:
+                if node is None:
+                    raise node_not_found(req.node, req.cluster)
+                boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or ""
+                ready = node_ready(node)
+                if boot and boot != req.previous_boot_id and ready:
+                    activity.logger.info("node %s rebooted: boot ID %s", req.node, boot)
+                    return boot
+                beat({"deadline": deadline, "boot_id": boot, "ready": ready})
+                if time.time() >= deadline:
+                    state = "still has the old boot ID" if boot == req.previous_boot_id else "is not Ready"
+                    raise ApplicationError(
+                        f"node {req.node} did not come back from its reboot within {req.timeout_seconds:.0f}s: "
+                        f"it {state}",
+                        type="RebootTimeout",
+                        non_retryable=True,
+                    )
+                left = max(0.05, deadline - time.time())
+                news = await follow.next(min(poll, left), within=min(BEAT_SECONDS, left))
+                poll = next_poll(poll, req.poll_seconds)
+                if news == READ:
+                    follow.reading()
+                    node = await read_json(f"reading node {req.node}", read())
+                elif isinstance(news, dict):
+                    node = news

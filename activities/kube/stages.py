@@ -221,6 +221,10 @@ async def send_json(api: k8s.ApiClient, method: str, path: str, body: dict[str, 
     return (await api.call_api(*params, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)).response
 
 
+def node_not_found(node: str, cluster: str) -> ApplicationError:
+    return ApplicationError(f"node {node!r} not found in cluster {cluster!r}", type="NodeNotFound", non_retryable=True)
+
+
 def reboot_unverifiable(node: str) -> ApplicationError:
     return ApplicationError(
         f"node {node}: no boot ID was recorded before the reboot, so a reboot cannot be told from no "

@@ -1,5 +1,5 @@
-"""One Kubernetes watch response read as its events: the node watch (worker/node_watch.py) and the stage Jobs' watch
-(activities/kube/job_watch.py) both read their streams with it."""
+"""One Kubernetes watch response read as its events: the event path's node watch (worker/node_watch.py) and the
+waits' shared watches (activities/kube/shared_watch.py) both read their streams with it."""
 
 from __future__ import annotations
 

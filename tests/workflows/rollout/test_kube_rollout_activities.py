@@ -428,3 +428,25 @@ async def test_a_stage_job_deleted_under_its_wait_is_seen_at_once(k8s, kube, cor
     await batch.delete_namespaced_job(jobs[0].metadata.name, JOB_NAMESPACE, propagation_policy="Background")
     result = await asyncio.wait_for(waiting, 5)  # long before the 30 s backstop read
     assert not result.succeeded and "disappeared" in result.message
+
+
+async def test_a_rebooting_node_is_followed_on_the_nodes_watch(k8s, kube):
+    """The wait reads the node when it begins and once the watch starts, then learns the new boot ID from the
+    stream (read every 0.25 s to 2 s, it made about six reads here)."""
+    await k8s.seed(nodes(1))
+    await k8s.configure(jobs={"defaultSeconds": 0.1, "rules": []}, rebootSeconds=3.0)
+    e = env()
+    before = (await e.run(kube.inspect_node, NodeRef(cluster="lab", node="node-01"))).boot_id
+    since = await k8s.audit_cursor()
+    waiting = asyncio.ensure_future(env().run(
+        kube.wait_node_rebooted,
+        RebootWait(cluster="lab", node="node-01", previous_boot_id=before, timeout_seconds=20, poll_seconds=2.0),
+    ))  # fmt: skip
+    assert (await e.run(kube.run_stage_job, stage(stage="interrupt", interrupt="reboot", config={}))).succeeded
+    assert await waiting != before
+    reads = [
+        x["verb"]
+        for x in await k8s.audit(since=since)
+        if x["resource"] == "nodes" and x["userAgent"].startswith("millwright") and x["verb"] in ("get", "watch")
+    ]
+    assert reads.count("watch") == 1 and reads.count("get") <= 2

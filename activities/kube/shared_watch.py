@@ -1,0 +1,220 @@
+"""One watch per cluster and kind of object (the stage Jobs, the nodes) that this worker's waits share.
+
+Why: a wait that reads its object again and again (a stage's Job every tenth of the time waited, a rebooting node
+every 2 s) makes, with 250 nodes in a batch, hundreds of reads a second of the API server, and sees the change it
+waits for late; a list instead scans every object the cluster keeps (docs/testing.md has the figures). With the
+watch, a wait reads its object when it starts and whenever the watch cannot vouch for it, learns of every other
+change from the stream as it happens, and reads again every RECHECK_SECONDS as the backstop.
+
+Why it is exact: a wait follows its object (`follow`) before it first reads it, so every change the stream brings
+after that read reaches it. The watch starts from a list's resourceVersion (one item: only the version is wanted)
+and notes when it sent that list; a read sent after that moment is covered while the stream stays unbroken. An
+expired resourceVersion or a dropped stream tells every follower to read again, and until the stream is back each
+wait reads on its own schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.aio import client as k8s
+
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.models import JOB_NAMESPACE, JOB_STAGE_LABEL
+from activities.kube.stages import call_json
+from activities.kube.watch_stream import Expired, watch_events
+
+log = logging.getLogger("millwright.shared_watch")
+
+WATCH_SECONDS = 300  # one watch request's server-side timeout; the watch then resumes from its resourceVersion
+LINGER_SECONDS = 30.0  # a watch nobody follows stops after this long (the next batch's waits often come sooner)
+BACKOFF = (1.0, 30.0)  # seconds: first and longest wait after a failed watch
+RECHECK_SECONDS = 30.0  # the longest a wait trusts the stream alone: then it reads its object again
+
+READ = "read"  # what `Follow.next` answers when the wait must read its object itself (`Follow.reading` first)
+QUIET = "quiet"  # ... when the watch vouches that the object has not changed
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A kind of object the waits follow: `lister` gives the client's list call for it (`watch=True` makes it a
+    watch), `selector` narrows it to the objects the waits can follow."""
+
+    what: str
+    lister: Callable[[k8s.ApiClient], Callable[..., Awaitable[Any]]]
+    selector: str | None = None
+
+
+STAGE_JOBS = Watched(  # every Job `run_stage_job` makes carries the stage label
+    "stage Jobs",
+    lambda api: functools.partial(k8s.BatchV1Api(api).list_namespaced_job_without_preload_content, JOB_NAMESPACE),
+    JOB_STAGE_LABEL,
+)
+NODES = Watched("nodes", lambda api: k8s.CoreV1Api(api).list_node_without_preload_content)
+
+
+class Follow:
+    """One wait's view of its object through the watch."""
+
+    def __init__(self, watch: SharedWatch) -> None:
+        self._watch = watch
+        self.changed = asyncio.Event()
+        self.latest: dict[str, Any] | None = None  # the newest version the stream brought since the last `next`
+        self.stale = False  # the stream broke or (re)started, or the object was deleted: read it
+        self._read_sent = -1.0  # when the wait's latest read was sent (time.monotonic())
+
+    def reading(self) -> None:
+        """Say that the wait reads its object now (call it just before the read is sent)."""
+        self._read_sent = time.monotonic()
+
+    def covered(self) -> bool:
+        """Whether the stream brings every change since the wait's latest read."""
+        since = self._watch.since
+        return since is not None and since <= self._read_sent
+
+    async def next(self, fallback: float, within: float) -> dict[str, Any] | str:
+        """The object as the stream brought it, READ or QUIET. Covered, it waits up to `within` seconds (and
+        answers READ once RECHECK_SECONDS passed since the last read); not covered, `fallback` seconds, then READ."""
+        seconds = min(within, self._read_sent + RECHECK_SECONDS - time.monotonic()) if self.covered() else fallback
+        if not self.changed.is_set() and seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), seconds)
+        self.changed.clear()
+        latest, stale = self.latest, self.stale
+        self.latest, self.stale = None, False
+        if stale or not self.covered() or time.monotonic() >= self._read_sent + RECHECK_SECONDS:
+            return READ
+        return latest if latest is not None else QUIET
+
+
+class SharedWatch:
+    """One kind of object's watch on one cluster: runs while someone follows an object, and LINGER_SECONDS after."""
+
+    def __init__(self, connector: ClusterConnector, cluster: str, watched: Watched) -> None:
+        self._connector, self._cluster, self._watched = connector, cluster, watched
+        self._what = f"{watched.what} of {cluster}"
+        self._followers: dict[str, set[Follow]] = {}
+        self._task: asyncio.Task | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self.since: float | None = None  # when the unbroken stream's starting list was sent; None: no stream
+
+    @contextlib.contextmanager
+    def follow(self, name: str) -> Iterator[Follow]:
+        follow = Follow(self)
+        self._followers.setdefault(name, set()).add(follow)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"watch of the {self._what}")
+        try:
+            yield follow
+        finally:
+            followers = self._followers[name]
+            followers.discard(follow)
+            if not followers:
+                del self._followers[name]
+            if not self._followers and self._task is not None:
+                self._linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, self._stop)
+
+    def _stop(self) -> None:
+        self._linger = None
+        if not self._followers and self._task is not None:
+            self._task.cancel()
+            self._task = None
+            self.since = None
+
+    async def close(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
+        self.since = None
+
+    def _tell_all(self) -> None:
+        """The stream can no longer vouch for anything read so far: every follower reads its object again."""
+        for followers in self._followers.values():
+            for follow in followers:
+                follow.stale = True
+                follow.changed.set()
+
+    async def _run(self) -> None:
+        wait = BACKOFF[0]
+        while True:
+            try:
+                version = await self._start()
+                wait = BACKOFF[0]
+                while True:
+                    version = await self._watch(version)
+            except Expired:
+                log.info("watch of the %s: resourceVersion expired, listing again", self._what)
+                self.since = None
+                self._tell_all()
+            except Exception as err:  # the waits read on their own schedule meanwhile
+                self.since = None
+                self._tell_all()
+                log.warning("watch of the %s failed (%s); again in %.0fs", self._what, err, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, BACKOFF[1])
+
+    async def _list(self) -> Callable[..., Awaitable[Any]]:
+        return self._watched.lister(await self._connector.api(self._cluster))
+
+    async def _start(self) -> str:
+        """The list the stream starts from; every follower reads its object once it is sent."""
+        lister = await self._list()
+        sent = time.monotonic()
+        page = await call_json(
+            f"listing the {self._what}",
+            lister(label_selector=self._watched.selector, limit=1, _request_timeout=REQUEST_TIMEOUT),
+        )
+        self.since = sent
+        self._tell_all()
+        return page["metadata"]["resourceVersion"]
+
+    async def _watch(self, version: str) -> str:
+        """One watch request, to its timeout; the resourceVersion to resume from."""
+        lister = await self._list()
+        resp = await lister(label_selector=self._watched.selector, watch=True, resource_version=version,
+                            allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
+                            _request_timeout=WATCH_SECONDS + REQUEST_TIMEOUT)  # fmt: skip
+        async for event in watch_events(resp, f"watching the {self._what}"):
+            obj = event.get("object") or {}
+            metadata = obj.get("metadata") or {}
+            version = metadata.get("resourceVersion") or version
+            for follow in self._followers.get(metadata.get("name") or "", ()):
+                if event.get("type") == "DELETED":
+                    follow.stale = True
+                elif event.get("type") in ("ADDED", "MODIFIED"):
+                    follow.latest = obj
+                follow.changed.set()
+        return version
+
+
+class SharedWatches:
+    """This worker's shared watches, one per cluster and kind of object, made when a wait first follows one."""
+
+    def __init__(self, connector: ClusterConnector) -> None:
+        self._connector = connector
+        self._watches: dict[tuple[str, str], SharedWatch] = {}
+
+    def follow(self, cluster: str, watched: Watched, name: str) -> contextlib.AbstractContextManager[Follow]:
+        watch = self._watches.get((cluster, watched.what))
+        if watch is None:
+            watch = self._watches[cluster, watched.what] = SharedWatch(self._connector, cluster, watched)
+        return watch.follow(name)
+
+    async def close(self) -> None:
+        for watch in self._watches.values():
+            await watch.close()
+        self._watches.clear()
