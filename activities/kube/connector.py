@@ -70,6 +70,7 @@ class ClusterConnector:
         self._clients: dict[str, k8s.ApiClient] = {}
         self._workload: dict[str, tuple[str, k8s.ApiClient]] = {}  # ref -> (Secret uid/resourceVersion, client)
         self._lock = asyncio.Lock()
+        self.closed = False  # its clients closed with the worker (activities/kube/shared_watch.py stops then)
 
     def _contexts(self) -> dict[str, dict[str, Any]]:
         """Merge the kubeconfig files, first file wins, as kubectl does with KUBECONFIG."""
@@ -168,6 +169,7 @@ class ClusterConnector:
         return k8s.CoreV1Api(await self.api(cluster))
 
     async def close(self) -> None:
+        self.closed = True
         for api in self._clients.values():
             await api.close()
         self._clients.clear()

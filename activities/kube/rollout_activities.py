@@ -20,7 +20,6 @@ from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
 from activities.kube.models import (
     BEAT_SECONDS,
-    CONTROL_PLANE_LABEL,
     INTERRUPTS,
     JOB_ATTEMPT_ANNOTATION,
     JOB_INTERRUPT_LABEL,
@@ -56,6 +55,7 @@ from activities.kube.stages import (
     read_json,
     reboot_unverifiable,
     send_json,
+    service_state,
     short_hash,
     stage_job_name,
     vanished,
@@ -102,25 +102,34 @@ class RolloutNodeActivities(NodeActivities):
     @activity.defn
     async def node_availability(self, req: UnavailableRequest) -> NodeAvailability:
         """How many nodes the selector matches, which are out of service (cordoned by anyone, or not Ready)
-        and why, and which are control-plane nodes; read page by page, returning only those by name."""
-        out = NodeAvailability(total=0)
+        and why, and which are control-plane nodes, returning only those by name; read page by page, or for the whole
+        cluster from what the shared watch of nodes keeps."""
+        # The whole cluster's (the disruption budget's read): from the shared watch of nodes while it vouches for
+        # what it keeps (activities/kube/shared_watch.py), as current as a list and without its pages.
+        kept = None if req.label_selector else self._watches.kept(req.cluster, NODES)
+        if kept is not None:
+            return self._availability(sorted(kept.items()))
+        states: list[tuple[str, tuple[str, bool]]] = []
         token = None
         while True:
             page = await self._node_page(req.cluster, req.label_selector, LIST_CHUNK, token)
-            for n in page.get("items") or []:
-                out.total += 1
-                why = [w for w, down in (("cordoned", (n.get("spec") or {}).get("unschedulable")),
-                                         ("NotReady", not node_ready(n))) if down]  # fmt: skip
-                if why:
-                    out.unavailable[n["metadata"]["name"]] = ", ".join(why)
-                if CONTROL_PLANE_LABEL in ((n.get("metadata") or {}).get("labels") or {}):
-                    out.control_plane.append(n["metadata"]["name"])
+            states += [(n["metadata"]["name"], service_state(n)) for n in page.get("items") or []]
             if not activity.info().is_local:  # the disruption budget reads it as a local activity
-                activity.heartbeat(len(out.unavailable))
+                activity.heartbeat(len(states))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                out.read_at = datetime.now(UTC)
-                return out
+                return self._availability(states)
+
+    @staticmethod
+    def _availability(states: list[tuple[str, tuple[str, bool]]]) -> NodeAvailability:
+        """`node_availability` from each node's `service_state`, in name order."""
+        out = NodeAvailability(total=len(states), read_at=datetime.now(UTC))
+        for name, (why, control_plane) in states:
+            if why:
+                out.unavailable[name] = why
+            if control_plane:
+                out.control_plane.append(name)
+        return out
 
     @activity.defn
     async def set_node_rollout_state(self, req: NodeRolloutState) -> None:

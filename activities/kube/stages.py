@@ -17,6 +17,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.connector import REQUEST_TIMEOUT
 from activities.kube.errors import api_error, none_if_not_found
 from activities.kube.models import (
+    CONTROL_PLANE_LABEL,
     CORDONED_BY,
     JOB_NAMESPACE,
     JOB_TTL_SECONDS,
@@ -72,6 +73,14 @@ def node_ready(node: dict[str, Any]) -> bool:
         if c.get("type") == "Ready":
             return c.get("status") == "True"
     return False
+
+
+def service_state(node: dict[str, Any]) -> tuple[str, bool]:
+    """Why the node is out of service ("cordoned", "NotReady", or both; "" when in service), and whether it is a
+    control-plane node."""
+    why = [w for w, down in (("cordoned", (node.get("spec") or {}).get("unschedulable")),
+                             ("NotReady", not node_ready(node))) if down]  # fmt: skip
+    return ", ".join(why), CONTROL_PLANE_LABEL in ((node.get("metadata") or {}).get("labels") or {})
 
 
 def node_summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:

@@ -208,7 +208,10 @@ class Store:
         for w in list(self.watchers):
             self.close_watcher(w)
         self.history.clear()
-        self.history_floor = self.rv  # older resourceVersions are gone
+        # Older resourceVersions are gone: a watch resumed from one is told 410 Expired and lists again, as it would
+        # be by a real API server, instead of carrying on with objects the reset removed without a DELETED event.
+        self.rv += 1
+        self.history_floor = self.rv
         self.audit.clear()
         self.faults.clear()
         self.side.clear()

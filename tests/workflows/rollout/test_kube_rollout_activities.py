@@ -450,3 +450,33 @@ async def test_a_rebooting_node_is_followed_on_the_nodes_watch(k8s, kube):
         if x["resource"] == "nodes" and x["userAgent"].startswith("millwright") and x["verb"] in ("get", "watch")
     ]
     assert reads.count("watch") == 1 and reads.count("get") <= 2
+
+
+async def test_the_whole_clusters_availability_comes_from_the_nodes_watch(k8s, kube, core):
+    """The disruption budget's read (every node, no selector): listed page by page the first time, then from what
+    the shared watch of nodes keeps, as each change arrives on its stream; a selector's read is always listed."""
+    await k8s.seed(nodes(6, labels={"pool": "a"}))
+    req = UnavailableRequest(cluster="lab")
+
+    async def node_lists(since: int) -> int:
+        return sum(
+            1
+            for x in await k8s.audit(since=since)
+            if x["resource"] == "nodes" and x["verb"] == "list" and x["userAgent"].startswith("millwright")
+        )
+
+    first = await env().run(kube.node_availability, req)
+    assert first.total == 6 and first.unavailable == {}
+    await asyncio.sleep(0.5)  # the watch lists and starts its stream meanwhile
+    since = await k8s.audit_cursor()
+    await core.patch_node("node-02", {"spec": {"unschedulable": True}})
+    await core.patch_node_status(
+        "node-05", {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}}
+    )
+    await core.delete_node("node-06")
+    await asyncio.sleep(0.3)
+    got = await env().run(kube.node_availability, req)
+    assert got.total == 5 and got.unavailable == {"node-02": "cordoned", "node-05": "NotReady"}
+    assert await node_lists(since) == 0
+    selected = await env().run(kube.node_availability, UnavailableRequest(cluster="lab", label_selector="pool=a"))
+    assert selected.unavailable == got.unavailable and await node_lists(since) == 1
