@@ -73,6 +73,16 @@ async def api_read(doing: str, coro):
     return await none_if_not_found(api_call(doing, coro))
 
 
+async def create(doing: str, coro) -> None:
+    """Await a create call, mapped as `api_call` maps it; an object that exists already (409) is as good (a retry's,
+    or another worker's)."""
+    try:
+        await api_call(doing, coro)
+    except ApplicationError as err:
+        if not (isinstance(err.__cause__, ApiException) and err.__cause__.status == 409):
+            raise
+
+
 async def none_if_not_found(call):
     try:
         return await call

@@ -10,14 +10,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from kubernetes.aio import client as k8s
 from kubernetes.aio.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
-from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_error, api_read, next_poll
+from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, create, next_poll
 from activities.kube.models import (
     BEAT_SECONDS,
     INTERRUPTS,
@@ -152,15 +151,8 @@ class RolloutNodeActivities(NodeActivities):
             "kind": "Namespace",
             "metadata": {"name": JOB_NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "millwright"}},
         }
-        try:
-            await core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
-        except ApiException as err:
-            if err.status != 409:
-                raise api_error(err, f"creating namespace {JOB_NAMESPACE}") from err
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise ApplicationError(
-                f"creating namespace {JOB_NAMESPACE}: connection failed: {err!r}", type="KubernetesUnavailable"
-            ) from err
+        creating = core.create_namespace(body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
+        await create(f"creating namespace {JOB_NAMESPACE}", creating)
 
     @staticmethod
     def _stage_job(req: StageJobRequest, name: str, attempt: int) -> dict[str, Any]:
@@ -410,15 +402,8 @@ class RolloutNodeActivities(NodeActivities):
             },
             "data": dict(req.config),
         }
-        try:
-            await core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
-        except ApiException as err:
-            if err.status != 409:
-                raise api_error(err, f"creating ConfigMap {name}") from err
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise ApplicationError(
-                f"creating ConfigMap {name}: connection failed: {err!r}", type="KubernetesUnavailable"
-            ) from err
+        creating = core.create_namespaced_config_map(JOB_NAMESPACE, cm, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]  # a dict body is sent as it is
+        await create(f"creating ConfigMap {name}", creating)
 
     async def _create_job(self, cluster: str, name: str, body: dict[str, Any], read: Callable) -> dict[str, Any]:
         """Create the Job (its namespace first, once per cluster and whenever it went missing); an existing one
