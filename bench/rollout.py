@@ -11,8 +11,9 @@ budget declared as the batch size), and
 prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
 their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
 children and continued runs included) and where they go (by kind: workflow tasks, activities, local activities
-markers, signals...), the workers' requests of the Kubernetes API per node (by verb and resource), the CPU time the workers and the dev server spent during the rollout, each
-read from its own process and divided by the nodes, and `throttled`: the lines of the workers' and the server's
+markers, signals...), the workers' requests of the Kubernetes API per node (by verb and resource), the CPU time
+the workers and the dev server spent during the rollout, each read from its own process and divided by the nodes,
+and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
 With `--operation mig` the same fleet (H100 nodes) is moved to `all-1g.10gb` by a GpuPartitioning instead (the
 emulator's mig-manager taking `--mig-seconds` per node), on the same engine and budget; `--operation both` runs the

@@ -15,16 +15,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.node_activities import LIST_CHUNK
 from activities.kube.stages import call_json
-from activities.kube.watch_stream import Expired, watch_events
+from activities.kube.watch_stream import BACKOFF, WATCH_SECONDS, Expired, watch_events
 from activities.node_health import node_health
 from worker.fault_events import FaultEvents
 
 log = logging.getLogger("millwright.node_watch")
-
-WATCH_SECONDS = 300  # one watch request's server-side timeout; the watch then resumes from its resourceVersion
-LIST_CHUNK = 500
-BACKOFF = (1.0, 30.0)  # seconds: first and longest wait after a failure
 
 
 async def watch_nodes(connector: ClusterConnector, cluster: str, events: FaultEvents) -> None:

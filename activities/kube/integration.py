@@ -71,7 +71,7 @@ class Kubernetes(Integration[KubernetesSettings]):
             ClusterApiActivities(connector, settings.reserved_groups),
             NodeHealthActivities(connector),
         ]
-        return Parts(objects, [kube, connector])  # the Jobs' watches stop before their clients close
+        return Parts(objects, [kube, connector])  # its shared watches stop before their clients close
 
     def describe(self, settings: KubernetesSettings) -> str:
         return os.pathsep.join(settings.kubeconfig_paths())

@@ -30,13 +30,11 @@ from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.models import JOB_NAMESPACE, JOB_STAGE_LABEL
 from activities.kube.node_activities import LIST_CHUNK
 from activities.kube.stages import call_json, service_state
-from activities.kube.watch_stream import Expired, watch_events
+from activities.kube.watch_stream import BACKOFF, WATCH_SECONDS, Expired, watch_events
 
 log = logging.getLogger("millwright.shared_watch")
 
-WATCH_SECONDS = 300  # one watch request's server-side timeout; the watch then resumes from its resourceVersion
 LINGER_SECONDS = 30.0  # a watch nobody follows stops after this long (the next batch's waits often come sooner)
-BACKOFF = (1.0, 30.0)  # seconds: first and longest wait after a failed watch
 RECHECK_SECONDS = 30.0  # the longest a wait trusts the stream alone: then it reads its object again
 # What is kept counts only while the stream was heard from this recently (an event, or a bookmark: the emulator sends
 # one every 5 s, a real API server about every minute); older, the reader lists as it would without the watch.
@@ -151,20 +149,24 @@ class SharedWatch:
 
     def _stop(self) -> None:
         self._linger = None
-        if not self._followers and self._task is not None:
-            self._task.cancel()
-            self._task = None
-            self.since, self._kept = None, {}
+        if not self._followers:
+            self._end()
+
+    def _end(self) -> asyncio.Task | None:
+        """Cancel the watch (its task, returned to await) and forget what it vouched for."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        self.since, self._kept = None, {}
+        return task
 
     async def close(self) -> None:
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
-        task, self._task = self._task, None
+        task = self._end()
         if task is not None:
-            task.cancel()
             await asyncio.wait([task])
-        self.since = None
 
     def _tell_all(self) -> None:
         """The stream can no longer vouch for anything read so far: every follower reads its object again."""

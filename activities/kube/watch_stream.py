@@ -7,6 +7,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+WATCH_SECONDS = 300  # one watch request's server-side timeout; the watch then resumes from its resourceVersion
+BACKOFF = (1.0, 30.0)  # seconds: first and longest wait after a failed list or watch
+
 
 class Expired(Exception):
     """The resourceVersion is too old (410 Gone): list again."""
