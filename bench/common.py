@@ -205,6 +205,21 @@ async def history_lengths(client: Client, *prefixes: str) -> list[int]:
     return [execution.history_length async for execution in client.list_workflows(_started_with(prefixes))]
 
 
+async def batch_timeline(client: Client, workflow_type: str, *prefixes: str) -> tuple[list[float], list[float]]:
+    """Each batch's wall time (a `workflow_type` child, start to close) and the gaps between one batch's close and
+    the next one's start, in start order: where a fleet's time goes, inside its batches or between them."""
+    spans = sorted(
+        [
+            (execution.start_time, execution.close_time)
+            async for execution in client.list_workflows(_started_with(prefixes))
+            if execution.workflow_type == workflow_type and execution.close_time is not None
+        ]
+    )
+    durations = [(close - start).total_seconds() for start, close in spans]
+    gaps = [(start - spans[i][1]).total_seconds() for i, (start, _) in enumerate(spans[1:])]
+    return durations, gaps
+
+
 async def event_kinds(client: Client, *prefixes: str) -> Counter[str]:
     """History events by kind (workflow tasks counted as one kind of three events, local activities and patches by
     their marker), over every run whose workflow ID starts with a prefix: where a design spends its events."""

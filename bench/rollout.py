@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import statistics
 import tempfile
 import time
 import uuid
@@ -34,13 +35,14 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import DevServer, Workers, cpu_seconds, event_kinds, history_lengths, throttled_lines, warnings_in
+from bench.common import DevServer, Workers, batch_timeline, cpu_seconds, event_kinds, history_lengths, throttled_lines, warnings_in
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from starter.controls import budget_set
 from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.models import GpuPartitioningInput
+from workflows.rollout.compartments import BATCH_WORKFLOW
 from workflows.rollout.rollout import Rollout
 from workflows.rollout.spec.spec import RolloutInput
 
@@ -141,6 +143,11 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     kinds = (await event_kinds(server.client, spec.workflow_id())).most_common()
                     print(f"{op}: events per node by kind: "
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in kinds))  # fmt: skip
+                    durations, gaps = await batch_timeline(server.client, BATCH_WORKFLOW, spec.workflow_id())
+                    if durations:
+                        print(f"{op}: {len(durations)} batches: each {statistics.mean(durations):.1f}s on average "
+                              f"(max {max(durations):.1f}s), between two batches {statistics.mean(gaps or [0]):.1f}s "
+                              f"(max {max(gaps or [0]):.1f}s)")  # fmt: skip
                     asked = await api_requests(admin) - requests_before
                     print(f"{op}: API requests per node by kind: "
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in asked.most_common(8)))  # fmt: skip
