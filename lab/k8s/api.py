@@ -12,7 +12,6 @@ import asyncio
 import base64
 import bisect
 import contextlib
-import copy
 import json
 import logging
 import time
@@ -30,7 +29,19 @@ from .podlogs import job_pod_log
 from .resources import Info, ResourceType
 from .selectors import SelectorError, node_name_selector, parse_field_selector, parse_label_selector
 from .store import CRDS, JOBS, NAMESPACES, PODS, Store
-from .util import JSON_CT, REASONS, ApiError, diff, err_resp, jresp, now_rfc3339, random_suffix, status_body, truthy
+from .util import (
+    JSON_CT,
+    REASONS,
+    ApiError,
+    clone,
+    diff,
+    err_resp,
+    jresp,
+    now_rfc3339,
+    random_suffix,
+    status_body,
+    truthy,
+)
 
 log = logging.getLogger("lab.k8s")
 
@@ -651,7 +662,7 @@ class Api:
         `managed`: the managedFields a server-side apply computed (lab/k8s/apply.py)."""
         omd, nmd = old["metadata"], new.setdefault("metadata", {})
         if sub == "status":
-            merged = copy.deepcopy(old)
+            merged = clone(old)
             if "status" in new:
                 merged["status"] = new["status"]
             else:
@@ -674,7 +685,7 @@ class Api:
                     nmd.pop(k, None)
             if rt.status:
                 if "status" in old:
-                    new["status"] = copy.deepcopy(old["status"])
+                    new["status"] = clone(old["status"])
                 else:
                     new.pop("status", None)
             if rt.key == NAMESPACES:
@@ -863,7 +874,7 @@ class Api:
         if rt.key == NAMESPACES:
             if md.get("deletionTimestamp"):
                 return obj
-            new = copy.deepcopy(obj)
+            new = clone(obj)
             new["metadata"]["deletionTimestamp"] = now_rfc3339()
             new.setdefault("status", {})["phase"] = "Terminating"
             return store.put(rt, new, actor=actor, verb="delete")
@@ -886,7 +897,7 @@ class Api:
                 side["delete_at"] = time.monotonic()
                 return store.remove(rt, obj, actor=actor)
             side["delete_at"] = due
-            new = copy.deepcopy(obj)
+            new = clone(obj)
             new["metadata"]["deletionTimestamp"] = md.get("deletionTimestamp") or now_rfc3339(grace)
             new["metadata"]["deletionGracePeriodSeconds"] = grace
             if md.get("deletionTimestamp") and grace < (md.get("deletionGracePeriodSeconds") or 0):
@@ -895,7 +906,7 @@ class Api:
         if md.get("finalizers"):
             if md.get("deletionTimestamp"):
                 return obj
-            new = copy.deepcopy(obj)
+            new = clone(obj)
             new["metadata"]["deletionTimestamp"] = now_rfc3339()
             new["metadata"]["deletionGracePeriodSeconds"] = 0
             return store.put(rt, new, actor=actor, verb="delete")
@@ -909,7 +920,7 @@ class Api:
             o, rt = store.lookup(ok), store.registry.types.get(ok[0])
             if o is None or rt is None:
                 continue
-            new = copy.deepcopy(o)
+            new = clone(o)
             refs = [r for r in new["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
             if refs:
                 new["metadata"]["ownerReferences"] = refs

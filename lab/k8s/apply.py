@@ -9,7 +9,6 @@ when it does not exist. Ownership bookkeeping is lab/k8s/managedfields.py's.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +16,7 @@ import yaml
 
 from . import fieldvalidation, managedfields, schemas
 from .managedfields import MEMBER, Entry, Path
-from .util import ApiError, now_rfc3339
+from .util import ApiError, clone, now_rfc3339
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -64,9 +63,9 @@ def _key(item: Any, keys: list[str]) -> str | None:
 
 def merge(live: Any, config: Any, node: dict | None) -> Any:
     if isinstance(config, dict) and isinstance(live, dict) and not schemas.is_atomic_map(node):
-        out = copy.deepcopy(live)
+        out = clone(live)
         for k, v in config.items():
-            out[k] = merge(live[k], v, schemas.child(node, k)[0]) if k in live else copy.deepcopy(v)
+            out[k] = merge(live[k], v, schemas.child(node, k)[0]) if k in live else clone(v)
         return out
     if isinstance(config, list) and isinstance(live, list):
         kind, keys = schemas.list_semantics(node)
@@ -74,14 +73,13 @@ def merge(live: Any, config: Any, node: dict | None) -> Any:
             item_node = schemas.items(node)
             applied = {_key(i, keys): i for i in config}
             merged = [
-                merge(i, applied[_key(i, keys)], item_node) if _key(i, keys) in applied else copy.deepcopy(i)
-                for i in live
+                merge(i, applied[_key(i, keys)], item_node) if _key(i, keys) in applied else clone(i) for i in live
             ]
             seen = {_key(i, keys) for i in live}
-            return merged + [copy.deepcopy(i) for i in config if _key(i, keys) not in seen]
+            return merged + [clone(i) for i in config if _key(i, keys) not in seen]
         if kind == "set":
-            return copy.deepcopy(live) + [copy.deepcopy(i) for i in config if i not in live]
-    return copy.deepcopy(config)
+            return clone(live) + [clone(i) for i in config if i not in live]
+    return clone(config)
 
 
 def _remove(obj: Any, path: Path) -> None:
@@ -200,7 +198,7 @@ def applied(
         manager, "Apply", f"{rt.group}/{version}" if rt.group else version, set(config_set), now_rfc3339(), subresource
     )
     if live is None:
-        return copy.deepcopy(config), managedfields.encode([me])
+        return clone(config), managedfields.encode([me])
     entries = managedfields.decode(live["metadata"].get("managedFields"))
     live_set = managedfields.field_set(live, root, subresource)
     previous = next((e for e in entries if e.key == me.key), None)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import random
 
 from .resources import ResourceType
 from .store import CRDS, NAMESPACES, NODES, PODS
-from .util import now_rfc3339
+from .util import clone, now_rfc3339
 
 # non-omitempty status fields of built-ins (the typed Python client requires them)
 INITIAL_STATUS = {
@@ -85,7 +84,7 @@ def prepare_create(rt: ResourceType, obj: dict) -> None:
     elif rt.status:
         obj.pop("status", None)
         if rt.builtin:
-            obj["status"] = copy.deepcopy(INITIAL_STATUS.get(rt.key, {}))
+            obj["status"] = clone(INITIAL_STATUS.get(rt.key, {}))
     if rt.key == ("apps", "replicasets"):
         obj["spec"].setdefault("replicas", 1)
 

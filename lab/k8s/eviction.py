@@ -5,7 +5,6 @@ checks read it."""
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any, Protocol
 
@@ -13,7 +12,7 @@ from aiohttp import web
 
 from .resources import Info, ResourceType
 from .store import PDBS, Store, is_pod_ready
-from .util import REASONS, ApiError, diff, jresp, now_rfc3339
+from .util import REASONS, ApiError, clone, diff, jresp, now_rfc3339
 
 EVICTION_RETRY_STEPS = 20  # EvictionsRetry in eviction.go: a budget write that conflicts is tried 20 times
 
@@ -78,7 +77,7 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
                 raise
             ev["outcome"] = outcome
             if not dry:
-                before = copy.deepcopy(pod)
+                before = clone(pod)
                 after = api.delete_object(rt, pod, opts)
                 entry["changes"] = diff(before, after if store.get(rt, info.namespace, info.name) else None)
             return jresp(success, 201)
@@ -170,7 +169,7 @@ async def evict(api: Verbs, request: web.Request, info: Info, rt: ResourceType) 
             ev["outcome"] = "evicted"
             return jresp(success, 201)
         _budget_status_write(store, request, pdb, ev)
-        new_pdb = copy.deepcopy(pdb)
+        new_pdb = clone(pdb)
         ns_ = new_pdb.setdefault("status", {})
         ns_["disruptionsAllowed"] = allowed - 1
         ns_.setdefault("disruptedPods", {})[info.name] = now_rfc3339()

@@ -3,7 +3,6 @@ mig-manager does per node (``/_lab/mig``), and the faults and audit log of lab/f
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -14,7 +13,7 @@ from lab import faults
 from . import dcgm, evidence, mig
 from .seed import seed_objects
 from .store import NODES, PDBS, Store, default_jobs_config
-from .util import ApiError, err_resp, jresp
+from .util import ApiError, clone, err_resp, jresp
 
 
 async def handle(store: Store, request: web.Request) -> web.Response:
@@ -95,7 +94,7 @@ def validate_jobs_config(v: Any) -> dict:
     seconds, times, message, log}]}; every rule field optional."""
     if not isinstance(v, dict):
         raise ApiError(400, "config key 'jobs' must be an object", "BadRequest")
-    cfg = {**default_jobs_config(), **copy.deepcopy(v)}
+    cfg = {**default_jobs_config(), **clone(v)}
     try:
         cfg["defaultSeconds"] = float(cfg["defaultSeconds"])
     except (TypeError, ValueError):
@@ -170,5 +169,5 @@ def dump_objects(store: Store) -> list[dict]:
     for key in sorted(store.objects):
         rt = store.registry.types.get(key)
         for _, o in sorted(store.objects[key].items()):
-            out.append(rt.served(o) if rt else copy.deepcopy(o))
+            out.append(rt.served(o) if rt else clone(o))
     return out

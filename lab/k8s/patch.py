@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
+
+from .util import clone
 
 
 class PatchError(Exception):
@@ -16,8 +17,8 @@ class PatchError(Exception):
 # ---------------------------------------------------------------- RFC 7386
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return clone(patch)
+    result = clone(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
             result.pop(k, None)
@@ -112,26 +113,26 @@ def _remove(doc: Any, path: str) -> Any:
 def json_patch(doc: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise PatchError(400, "json: cannot unmarshal object into Go value of type jsonpatch.Patch")
-    doc = copy.deepcopy(doc)
+    doc = clone(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op:
             raise PatchError(400, "Unexpected kind: missing op")
         kind, path = op["op"], op.get("path", "")
         if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op.get("value")))
+            doc = _add(doc, path, clone(op.get("value")))
         elif kind == "remove":
             doc = _remove(doc, path)
         elif kind == "replace":
             _get(doc, path)
             if _parse_pointer(path):
                 doc = _remove(doc, path)
-            doc = _add(doc, path, copy.deepcopy(op.get("value")))
+            doc = _add(doc, path, clone(op.get("value")))
         elif kind == "move":
             val = _get(doc, op["from"])
             doc = _remove(doc, op["from"])
             doc = _add(doc, path, val)
         elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op["from"])))
+            doc = _add(doc, path, clone(_get(doc, op["from"])))
         elif kind == "test":
             try:
                 cur = _get(doc, path)
@@ -181,12 +182,12 @@ def merge_key(field: str, path: tuple[str, ...], kind: str) -> str | None:
 
 def strategic_merge_patch(target: Any, patch: Any, kind: str, path: tuple[str, ...] = ()) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     if patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     if patch.get("$patch") == "delete":
         return None
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    result = clone(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if k.startswith("$setElementOrder/") or k == "$retainKeys" or k == "$patch":
             continue
@@ -203,7 +204,7 @@ def strategic_merge_patch(target: Any, patch: Any, kind: str, path: tuple[str, .
             if key is not None and all(isinstance(x, dict) for x in v) and isinstance(result.get(k), list):
                 result[k] = _merge_list(result[k], v, key, kind, (*path, k))
             else:
-                result[k] = [x for x in (copy.deepcopy(v)) if not (isinstance(x, dict) and x.get("$patch"))]
+                result[k] = [x for x in (clone(v)) if not (isinstance(x, dict) and x.get("$patch"))]
             continue
         if isinstance(v, dict):
             merged = strategic_merge_patch(result.get(k), v, kind, (*path, k))
@@ -217,7 +218,7 @@ def strategic_merge_patch(target: Any, patch: Any, kind: str, path: tuple[str, .
 
 
 def _merge_list(orig: list, patch: list, key: str, kind: str, path: tuple[str, ...]) -> list:
-    out = copy.deepcopy(orig)
+    out = clone(orig)
     for item in patch:
         if item.get("$patch") == "replace":
             return [dict((kk, vv) for kk, vv in i.items() if kk != "$patch") for i in patch if i is not item]

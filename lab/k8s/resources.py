@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
+
+from .util import clone
 
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 NO_COLLECTION = ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -47,7 +48,7 @@ class ResourceType:
     def served(self, obj: dict, version: str | None = None, shallow: bool = False) -> dict:
         """The object as served at `version` (default: the storage version). `shallow` only where it is
         serialized before the next await."""
-        o = dict(obj) if shallow else copy.deepcopy(obj)
+        o = dict(obj) if shallow else clone(obj)
         v = version or self.version
         o["apiVersion"] = f"{self.group}/{v}" if self.group else v
         o["kind"] = self.kind

@@ -9,11 +9,12 @@ The built-in definitions are kubernetes-validate's copy of the release's publish
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import os
 from typing import TYPE_CHECKING, Any
+
+from .util import clone
 
 if TYPE_CHECKING:
     from .resources import ResourceType
@@ -114,7 +115,7 @@ def crd_object(store: Store, rt: ResourceType) -> dict | None:
 def crd_version_schema(crd: dict, version: str) -> dict:
     for v in (crd.get("spec") or {}).get("versions") or []:
         if v.get("name") == version:
-            return copy.deepcopy(
+            return clone(
                 ((v.get("schema") or {}).get("openAPIV3Schema"))
                 or {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
             )
@@ -130,8 +131,8 @@ def crd_definitions(crd: dict, version: str) -> dict[str, dict]:
     obj.setdefault("type", "object")
     props = obj.setdefault("properties", {})
     tm = definitions()["io.k8s.api.core.v1.Pod"]["properties"]
-    props["apiVersion"] = copy.deepcopy(tm["apiVersion"])
-    props["kind"] = copy.deepcopy(tm["kind"])
+    props["apiVersion"] = clone(tm["apiVersion"])
+    props["kind"] = clone(tm["kind"])
     props["metadata"] = {"$ref": REF + OBJECT_META, "description": tm["metadata"]["description"]}
     obj["x-kubernetes-group-version-kind"] = gvk
     name = crd_name(group, version, kind)
@@ -140,7 +141,7 @@ def crd_definitions(crd: dict, version: str) -> dict[str, dict]:
         "type": "object",
         "required": ["items"],
         "properties": {
-            "apiVersion": copy.deepcopy(tm["apiVersion"]),
+            "apiVersion": clone(tm["apiVersion"]),
             "items": {
                 "type": "array",
                 "items": {"$ref": REF + name},
@@ -148,7 +149,7 @@ def crd_definitions(crd: dict, version: str) -> dict[str, dict]:
                 "https://git.k8s.io/community/contributors/devel/"
                 "sig-architecture/api-conventions.md",
             },
-            "kind": copy.deepcopy(tm["kind"]),
+            "kind": clone(tm["kind"]),
             "metadata": {"$ref": REF + LIST_META},
         },
         "x-kubernetes-group-version-kind": [

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import time
 
 from .defaults import prepare_create
 from .store import CRDS, NAMESPACES, PODS, Store
+from .util import clone
 
 
 def _order(o: dict) -> int:
@@ -28,7 +28,7 @@ def seed_objects(store: Store, objects: list[dict]) -> dict:
     errors: list[str] = []
     kinds: dict[str, int] = {}
     for raw in sorted((o for o in objects if isinstance(o, dict)), key=_order):
-        obj = copy.deepcopy(raw)
+        obj = clone(raw)
         rt = store.registry.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
         md = obj.get("metadata") or {}
         if rt is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import copy
 import dataclasses
 import heapq
 import math
@@ -24,7 +23,7 @@ from lab.faults import AuditLog, FaultTable
 from . import evidence, mig
 from .resources import Registry, ResourceType
 from .selectors import match_selector_obj, selector_obj_empty
-from .util import ApiError, diff, now_rfc3339
+from .util import ApiError, clone, diff, now_rfc3339
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DISRUPTED_POD_TIMEOUT_S = 120.0
@@ -165,7 +164,7 @@ def scaled(value: Any, total: int, round_up: bool = True) -> int:
 class Store:
     def __init__(self, config: dict | None = None) -> None:
         self.base_config = {**default_config(), **(config or {})}
-        self.config = copy.deepcopy(self.base_config)
+        self.config = clone(self.base_config)
         self.lock = asyncio.Lock()
         self.registry = Registry()
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict]] = {}
@@ -217,7 +216,7 @@ class Store:
         self.side.clear()
         self.gc_owners.clear()
         self.gpu_readings.clear()
-        self.config = copy.deepcopy(self.base_config)
+        self.config = clone(self.base_config)
         self._init_indexes()
         self._bootstrap()
 
@@ -430,7 +429,7 @@ class Store:
         if old is None:
             return obj
         self._index_remove(rt.key, k, old)
-        final = copy.deepcopy(old)
+        final = clone(old)
         self.rv += 1
         final["metadata"]["resourceVersion"] = str(self.rv)
         self._emit(rt, "DELETED", final, old)
@@ -458,7 +457,7 @@ class Store:
         self._emit_raw(rt.key, etype, obj, old)
 
     def _emit_raw(self, key: tuple[str, str], etype: str, obj: dict, old: dict | None) -> None:
-        ev = (self.rv, key, etype, copy.deepcopy(obj), old)
+        ev = (self.rv, key, etype, clone(obj), old)
         self.history.append(ev)
         limit = max(1, int(self.config.get("watchHistorySize") or 10_000))
         while len(self.history) > limit:
@@ -703,7 +702,7 @@ class Store:
                 if m["disruptedPods"]:
                     status["disruptedPods"] = m["disruptedPods"]
                 if status != old_status:
-                    new = copy.deepcopy(pdb)
+                    new = clone(pdb)
                     new["status"] = status
                     self.put(rt, new, actor="disruption-controller", verb="update", subresource="status")
         finally:

@@ -31,6 +31,19 @@ JSON_CT = "application/json"
 NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of k8s.io/apimachinery/pkg/util/rand
 
 
+def clone(value: Any) -> Any:
+    """A deep copy of a JSON value (what the store holds: dicts, lists and scalars), several times faster than
+    `copy.deepcopy`, which the emulator otherwise spends most of its time in at 10,000 nodes (docs/testing.md)."""
+    kind = type(value)
+    if kind is dict:
+        return {k: clone(v) for k, v in value.items()}
+    if kind is list:
+        return [clone(v) for v in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
 def now_rfc3339(offset_s: float = 0.0) -> str:
     t = datetime.now(UTC) + timedelta(seconds=offset_s)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -98,7 +111,7 @@ def _short(v: Any, limit: int = 160) -> Any:
         s = json.dumps(v, sort_keys=True, separators=(",", ":"))
         if len(s) > limit:
             return s[: limit - 3] + "..."
-        return copy.deepcopy(v)
+        return clone(v)
     if isinstance(v, str) and len(v) > limit:
         return v[: limit - 3] + "..."
     return v

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING
 
 from ..store import PODS
-from ..util import now_rfc3339
+from ..util import clone, now_rfc3339
 
 if TYPE_CHECKING:
     from ..api import Api
@@ -32,7 +31,7 @@ class Controller:
     def _status_put(self, rt, obj: dict, status: dict, actor: str) -> dict:
         if (obj.get("status") or {}) == status:
             return obj
-        new = copy.deepcopy(obj)
+        new = clone(obj)
         new["status"] = status
         return self.store.put(rt, new, actor=actor, verb="update", subresource="status")
 

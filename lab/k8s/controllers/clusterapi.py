@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
@@ -26,6 +25,7 @@ import yaml
 from ..admin import kubeconfig
 from ..crds import CLUSTERS, KCPS, MACHINE_DEPLOYMENTS, MACHINES, METAL3_CLUSTERS, TENANCY_CRDS
 from ..seed import seed_objects
+from ..util import clone
 from .base import Controller
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class ClusterApi(Controller):
                 }
                 store.put(rt, store.new_meta(rt, obj), actor="capi-topology-controller", verb="create")
             elif (live.get("spec") or {}).get("replicas") != spec["replicas"]:
-                new = copy.deepcopy(live)
+                new = clone(live)
                 new["spec"]["replicas"] = spec["replicas"]
                 store.put(rt, new, actor="capi-topology-controller", verb="update")
 
@@ -204,7 +204,7 @@ class ClusterApi(Controller):
             self._delete_cluster(ok, cluster, now, step)
             return
         if CAPI_FINALIZER not in (md.get("finalizers") or []):
-            new = copy.deepcopy(cluster)
+            new = clone(cluster)
             new["metadata"]["finalizers"] = [*(md.get("finalizers") or []), CAPI_FINALIZER]
             cluster = store.put(rt, new, actor="capi-controller", verb="update")
         side = store.side.setdefault(uid, {})
@@ -456,7 +456,7 @@ class ClusterApi(Controller):
                 return
         rt = self._rt(ok[0])
         self._stop_workload(md["uid"])
-        new = copy.deepcopy(cluster)
+        new = clone(cluster)
         new["metadata"]["finalizers"] = [f for f in md.get("finalizers") or [] if f != CAPI_FINALIZER]
         if new["metadata"]["finalizers"]:
             store.put(rt, new, actor="capi-controller", verb="update")

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from ..defaults import prepare_create
 from ..store import JOBS, PODS, is_pod_ready
-from ..util import now_rfc3339, random_suffix
+from ..util import clone, now_rfc3339, random_suffix
 from .base import Controller
 from .pods import is_active, terminate
 
@@ -54,7 +53,7 @@ class Jobs(Controller):
             return
         side = store.side.setdefault(md.get("uid", ""), {})
         old_status = job.get("status") or {}
-        status = copy.deepcopy(old_status)
+        status = clone(old_status)
         conds = status.get("conditions") or []
         pods = store.owned(job, PODS)
         ts = now_rfc3339()
@@ -148,14 +147,14 @@ class Jobs(Controller):
         status["terminating"] = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
         status["uncountedTerminatedPods"] = {}
         if status != old_status:
-            new = copy.deepcopy(job)
+            new = clone(job)
             new["status"] = status
             store.put(jrt, new, actor="job-controller", verb="update", subresource="status")
 
     def _create_job_pod(self, job: dict) -> None:
         store, rt = self.store, self.pod_rt()
         md = job["metadata"]
-        tmpl = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+        tmpl = clone((job.get("spec") or {}).get("template") or {})
         tmd = tmpl.get("metadata") or {}
         spec = tmpl.get("spec") or {"containers": [{"name": "main", "image": "busybox"}], "restartPolicy": "Never"}
         node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import copy
 import time
 
 from ..podlogs import log_line
 from ..store import JOBS, NODES, PODS, controller_ref, node_ready
-from ..util import now_rfc3339, random_suffix
+from ..util import clone, now_rfc3339, random_suffix
 from .base import Controller
 from .pods import failing_container, set_ready, terminate
 from .reboots import start_reboot
@@ -82,7 +81,7 @@ class Kubelet(Controller):
                 if not md.get("finalizers"):
                     store.remove(rt, pod, actor="kubelet")
                 elif phase not in ("Succeeded", "Failed"):
-                    new = copy.deepcopy(pod)
+                    new = clone(pod)
                     new["status"]["phase"] = "Failed" if phase == "Running" else "Succeeded"
                     set_ready(new, False, "PodCompleted")
                     store.put(rt, new, actor="kubelet", verb="update", subresource="status")
@@ -163,7 +162,7 @@ class Kubelet(Controller):
             return
         log_line(side, f"lab: failed: {run['message']}")
         if (pod.get("spec") or {}).get("restartPolicy") == "OnFailure":  # the container restarts in place
-            new = copy.deepcopy(pod)
+            new = clone(pod)
             lst, i = failing_container(new)
             statuses = new["status"].get(lst) or []
             if i < len(statuses):
@@ -186,7 +185,7 @@ class Kubelet(Controller):
     def _start(self, pod: dict, node_name: str) -> None:
         store, rt = self.store, self.pod_rt()
         node = store.get(store.registry.types[NODES], None, node_name)
-        new = copy.deepcopy(pod)
+        new = clone(pod)
         st = new.setdefault("status", {})
         ts = now_rfc3339()
         st["phase"] = "Running"

@@ -11,12 +11,12 @@ touched. With `migDra` on, NVIDIA's DRA driver also publishes the node's devices
 
 from __future__ import annotations
 
-import copy
 import json
 
 from .. import mig
 from ..dcgm import gpu_uuid
 from ..store import NODES, PODS, node_ready
+from ..util import clone
 from .base import Controller
 from .pods import terminate
 from .reboots import start_reboot
@@ -126,7 +126,7 @@ class MigManager(Controller):
 
     def _advertise(self, node: dict, resources: dict[str, int]) -> dict:
         """The kubelet's node status once the device plugin registered the layout's resources."""
-        new = copy.deepcopy(node)
+        new = clone(node)
         st = new.setdefault("status", {})
         for field in ("capacity", "allocatable"):
             have = {k: v for k, v in (st.get(field) or {}).items() if not mig.is_gpu_resource(k)}
@@ -154,13 +154,13 @@ class MigManager(Controller):
         if old is None:
             store.put(rt, store.new_meta(rt, obj), actor="gpu-kubelet-plugin", verb="create")
             return
-        obj["metadata"] = {**copy.deepcopy(old["metadata"]), **obj["metadata"]}
+        obj["metadata"] = {**clone(old["metadata"]), **obj["metadata"]}
         obj["metadata"]["generation"] = int(old["metadata"].get("generation") or 1) + 1
         store.put(rt, obj, actor="gpu-kubelet-plugin", verb="update")
 
     def _label(self, node: dict, labels: dict, actor: str, annotations: dict | None = None) -> dict:
         """Set (a value) or remove (None) labels and annotations in one node write, if any changes."""
-        new = copy.deepcopy(node)
+        new = clone(node)
         md = new["metadata"]
         for field, changes in (("labels", labels), ("annotations", annotations or {})):
             have = md.setdefault(field, {})
@@ -184,7 +184,7 @@ class MigManager(Controller):
             if not asked:
                 continue
             res, n = sorted(asked.items())[0]
-            new = copy.deepcopy(pod)
+            new = clone(pod)
             new.setdefault("status", {}).update(
                 reason=POD_FAILURE_REASON,
                 message=f"Allocate failed due to requested number of devices unavailable for {res}. "

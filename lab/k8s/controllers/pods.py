@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 
 from ..store import PODS, Store
-from ..util import now_rfc3339
+from ..util import clone, now_rfc3339
 
 
 def is_active(pod: dict) -> bool:
@@ -56,7 +55,7 @@ def set_ready(pod: dict, ready: bool, reason: str | None = None) -> None:
 
 def terminate(store: Store, pod: dict, succeeded: bool, message: str = "") -> None:
     """Pod finished: Succeeded, or Failed with `message` in the failing container's termination state."""
-    new = copy.deepcopy(pod)
+    new = clone(pod)
     st = new.setdefault("status", {})
     st["phase"] = "Succeeded" if succeeded else "Failed"
     set_ready(new, False, "PodCompleted" if succeeded else "PodFailed")

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 
 from ..store import NODES, PODS, Store
-from ..util import now_rfc3339
+from ..util import clone, now_rfc3339
 from .base import Controller
 
 REBOOT_MESSAGE = "lab: node is rebooting"
@@ -33,7 +32,7 @@ def start_reboot(store: Store, node_name: str, now: float) -> None:
     node = store.get(nrt, None, node_name)
     if node is None or node_name in store.rebooting:
         return
-    new = copy.deepcopy(node)
+    new = clone(node)
     set_node_ready(new, False, "KubeletNotReady", REBOOT_MESSAGE)
     store.put(nrt, new, actor="kubelet", verb="update", subresource="status")
     due = now + float(store.config.get("rebootSeconds", 2.0))
@@ -61,7 +60,7 @@ class Reboots(Controller):
             node = store.get(nrt, None, name)
             if node is None:
                 continue
-            new = copy.deepcopy(node)
+            new = clone(node)
             set_node_ready(new, True, "KubeletReady", "kubelet is posting ready status")
             new.setdefault("status", {}).setdefault("nodeInfo", {})["bootID"] = str(uuid.uuid4())
             store.put(nrt, new, actor="kubelet", verb="update", subresource="status")

@@ -3,10 +3,8 @@ down), and the status counts."""
 
 from __future__ import annotations
 
-import copy
-
 from ..store import PODS, REPLICASETS, is_pod_ready
-from ..util import random_suffix
+from ..util import clone, random_suffix
 from .base import Controller
 from .pods import is_active
 
@@ -53,14 +51,14 @@ class ReplicaSets(Controller):
                 "observedGeneration": md.get("generation", 1),
             }
             if (rs.get("status") or {}) != status:
-                new = copy.deepcopy(rs)
+                new = clone(rs)
                 new["status"] = status
                 store.put(rs_rt, new, actor="replicaset-controller", verb="update", subresource="status")
 
     def _create_pod(self, rs: dict) -> None:
         store, rt = self.store, self.pod_rt()
         md = rs["metadata"]
-        tmpl = copy.deepcopy((rs.get("spec") or {}).get("template") or {})
+        tmpl = clone((rs.get("spec") or {}).get("template") or {})
         tmd = tmpl.get("metadata") or {}
         for _ in range(10):
             name = f"{md['name']}-{random_suffix()}"

@@ -3,11 +3,9 @@ node selector, tolerations and GPU requests (whole GPUs or MIG devices); an unsc
 
 from __future__ import annotations
 
-import copy
-
 from ..mig import gpu_resources
 from ..store import NODES, PODS, controller_ref, node_ready
-from ..util import now_rfc3339
+from ..util import clone, now_rfc3339
 from .base import Controller
 from .pods import is_active
 
@@ -94,7 +92,7 @@ class Scheduler(Controller):
             if node is None:
                 side["schedule_retry_at"] = now + SCHEDULE_RETRY_SECONDS
                 store.schedule_at(side["schedule_retry_at"], (PODS, k))
-            new = copy.deepcopy(pod)
+            new = clone(pod)
             conds = [c for c in (new.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"]
             if node is None:
                 cond = {
