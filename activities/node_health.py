@@ -29,10 +29,9 @@ from pydantic import Field, field_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.errors import api_call
 from activities.kube.models import CORDON_REASON, CORDONED_BY
-from activities.kube.node_activities import LIST_CHUNK
 from activities.kube.stages import call_json, read_json
 from activities.kube.validators import validate_label_selector
 from activities.models import StrictModel

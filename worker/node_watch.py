@@ -14,8 +14,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
-from activities.kube.node_activities import LIST_CHUNK
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.stages import call_json
 from activities.kube.watch_stream import BACKOFF, WATCH_SECONDS, Expired, watch_events
 from activities.node_health import node_health

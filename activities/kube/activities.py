@@ -25,7 +25,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
-from activities.kube.connector import REQUEST_TIMEOUT
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
 from activities.kube.errors import api_read
 from activities.kube.models import (
@@ -56,7 +56,6 @@ from activities.kube.models import (
     StageJobRequest,
     StageRecord,
 )
-from activities.kube.node_activities import LIST_CHUNK
 from activities.kube.rollout_activities import RolloutNodeActivities
 from activities.kube.stages import (
     annotation_of,

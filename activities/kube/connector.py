@@ -22,6 +22,7 @@ from activities.support.tls import TlsFix, verification_failed
 
 USER_AGENT = "millwright-worker"
 REQUEST_TIMEOUT = 10.0
+LIST_CHUNK = 500  # objects a list request asks for at once: kubectl drain's default chunk size
 
 
 # ---------------------------------------------------------------- cluster access

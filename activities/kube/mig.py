@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.drain import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
@@ -32,7 +32,7 @@ from activities.kube.drain import (
     uses_gpu,
 )
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, next_poll
-from activities.kube.node_activities import LIST_CHUNK, NodeActivities
+from activities.kube.node_activities import NodeActivities
 from activities.models import StrictModel
 
 CONFIG_LABEL = "nvidia.com/mig.config"

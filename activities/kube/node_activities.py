@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.drain import (
     controller_of,
     eviction_refused,
@@ -47,6 +47,7 @@ from activities.kube.models import (
     UncordonResult,
     WaitPodsGoneRequest,
 )
+from activities.kube.shared_watch import NODES, SharedWatches
 from activities.kube.stages import (
     annotation_of,
     node_info,
@@ -54,13 +55,16 @@ from activities.kube.stages import (
     state_change,
 )
 
-LIST_CHUNK = 500  # kubectl drain's default chunk size
-
 
 class NodeActivities:
     def __init__(self, connector: ClusterConnector) -> None:
         self._clusters = connector
         self._job_namespaces: set[str] = set()  # clusters whose Job namespace this worker has seen
+        self._watches = SharedWatches(connector)
+
+    async def close(self) -> None:
+        """Stop the shared watches (before the connector closes their clients)."""
+        await self._watches.close()
 
     async def _read_node(self, cluster: str, node: str) -> k8s.V1Node:
         core = await self._clusters.core(cluster)
@@ -201,6 +205,7 @@ class NodeActivities:
                 "the change; reading it again",
                 type="KubernetesUnavailable",
             )
+        self._watches.wrote(cluster, NODES, node, stored.metadata.resource_version)
 
     async def _pods_on_node(self, cluster: str, node: str, label_selector: str | None) -> list[k8s.V1Pod]:
         core = await self._clusters.core(cluster)

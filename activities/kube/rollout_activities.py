@@ -4,6 +4,7 @@ stage (NodeWright's execution substrate) and reboot verification by boot ID. Kub
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, create, next_poll
 from activities.kube.models import (
     BEAT_SECONDS,
@@ -37,14 +38,15 @@ from activities.kube.models import (
     NodePage,
     NodePageRequest,
     NodeRolloutState,
+    NodeSummary,
     RebootWait,
     Stage,
     StageJobRequest,
     StageJobResult,
     UnavailableRequest,
 )
-from activities.kube.node_activities import LIST_CHUNK, NodeActivities
-from activities.kube.shared_watch import NODES, READ, STAGE_JOBS, Follow, SharedWatches
+from activities.kube.node_activities import NodeActivities
+from activities.kube.shared_watch import NODES, READ, STAGE_JOBS, Follow
 from activities.kube.stages import (
     call_json,
     label_value,
@@ -59,17 +61,13 @@ from activities.kube.stages import (
     stage_job_name,
     vanished,
 )
+from activities.support.selectors import parse_label_selector, selector_matches
+
+# A continue token of a page answered from what the shared watch of nodes keeps: the last node name it gave.
+KEPT_PAGE = "kept-after:"
 
 
 class RolloutNodeActivities(NodeActivities):
-    def __init__(self, connector: ClusterConnector) -> None:
-        super().__init__(connector)
-        self._watches = SharedWatches(connector)
-
-    async def close(self) -> None:
-        """Stop the shared watches (before the connector closes their clients)."""
-        await self._watches.close()
-
     # ------------------------------------------------------------ rollouts: nodes
 
     async def _node_page(self, cluster: str, label_selector: str, limit: int, token: str | None) -> dict[str, Any]:
@@ -86,12 +84,52 @@ class RolloutNodeActivities(NodeActivities):
 
     @activity.defn
     async def list_nodes_page(self, req: NodePageRequest) -> NodePage:
-        """One page of the node list (limit/continue), summarised, for fleets of 10,000+ nodes."""
-        page = await self._node_page(req.cluster, req.label_selector, req.limit, req.continue_token)
+        """One page of the node list (limit/continue), summarised, for fleets of 10,000+ nodes: from what the shared
+        watch of nodes keeps while it vouches for it (a page's token then says so), else from the API server."""
+        token = req.continue_token
+        after = token.removeprefix(KEPT_PAGE) if token and token.startswith(KEPT_PAGE) else None
+        if token is None or after is not None:
+            kept = await self._watches.kept(req.cluster, NODES)
+            if kept is not None:
+                return self._kept_page(sorted(kept.items()), req, after or "")
+        if after is not None:  # the watch stopped vouching between two pages: the rest of the list, from the API
+            listed = await self._listed_nodes(req.cluster, req.label_selector)
+            return self._kept_page([(n.name, n) for n in listed if n.name > after], req, after)
+        page = await self._node_page(req.cluster, req.label_selector, req.limit, token)
         return NodePage(
             nodes=[node_summary(n, req.label_keys) for n in page.get("items") or []],
             continue_token=(page.get("metadata") or {}).get("continue") or None,
         )
+
+    @staticmethod
+    def _kept_page(nodes: list[tuple[str, NodeSummary]], req: NodePageRequest, after: str) -> NodePage:
+        """The page after the node named `after` (in name order, as the API server lists) of the nodes matching the
+        request's selector, with the token for the next one."""
+        selector = parse_label_selector(req.label_selector)
+        matching = (n for name, n in nodes if name > after and selector_matches(selector, n.labels))
+        page = list(itertools.islice(matching, req.limit + 1))
+        more = len(page) > req.limit
+        page = page[: req.limit]
+        keys = set(req.label_keys)
+        if keys:
+            page = [n.model_copy(update={"labels": {k: v for k, v in n.labels.items() if k in keys}}) for n in page]
+        return NodePage(
+            nodes=page,
+            continue_token=f"{KEPT_PAGE}{page[-1].name}" if more else None,
+        )
+
+    async def _listed_nodes(self, cluster: str, label_selector: str) -> list[NodeSummary]:
+        """Every node the selector matches, from the API server page by page, summarised."""
+        nodes: list[NodeSummary] = []
+        token = None
+        while True:
+            page = await self._node_page(cluster, label_selector, LIST_CHUNK, token)
+            nodes += [node_summary(n, []) for n in page.get("items") or []]
+            if not activity.info().is_local:  # the disruption budget reads it as a local activity
+                activity.heartbeat(len(nodes))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return nodes
 
     @activity.defn
     async def list_unavailable_nodes(self, req: UnavailableRequest) -> list[str]:
@@ -105,25 +143,16 @@ class RolloutNodeActivities(NodeActivities):
         cluster from what the shared watch of nodes keeps."""
         # The whole cluster's (the disruption budget's read): from the shared watch of nodes while it vouches for
         # what it keeps (activities/kube/shared_watch.py), as current as a list and without its pages.
-        kept = None if req.label_selector else self._watches.kept(req.cluster, NODES)
+        kept = None if req.label_selector else await self._watches.kept(req.cluster, NODES)
         if kept is not None:
-            return self._availability(sorted(kept.items()))
-        states: list[tuple[str, tuple[str, bool]]] = []
-        token = None
-        while True:
-            page = await self._node_page(req.cluster, req.label_selector, LIST_CHUNK, token)
-            states += [(n["metadata"]["name"], service_state(n)) for n in page.get("items") or []]
-            if not activity.info().is_local:  # the disruption budget reads it as a local activity
-                activity.heartbeat(len(states))
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return self._availability(states)
+            return self._availability(sorted(kept.values(), key=lambda n: n.name))
+        return self._availability(await self._listed_nodes(req.cluster, req.label_selector))
 
     @staticmethod
-    def _availability(states: list[tuple[str, tuple[str, bool]]]) -> NodeAvailability:
+    def _availability(nodes: list[NodeSummary]) -> NodeAvailability:
         """`node_availability` from each node's `service_state`, in name order."""
-        out = NodeAvailability(total=len(states), read_at=datetime.now(UTC))
-        for name, (why, control_plane) in states:
+        out = NodeAvailability(total=len(nodes), read_at=datetime.now(UTC))
+        for name, (why, control_plane) in ((n.name, service_state(n)) for n in nodes):
             if why:
                 out.unavailable[name] = why
             if control_plane:

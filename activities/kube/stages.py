@@ -75,12 +75,11 @@ def node_ready(node: dict[str, Any]) -> bool:
     return False
 
 
-def service_state(node: dict[str, Any]) -> tuple[str, bool]:
+def service_state(node: NodeSummary) -> tuple[str, bool]:
     """Why the node is out of service ("cordoned", "NotReady", or both; "" when in service), and whether it is a
     control-plane node."""
-    why = [w for w, down in (("cordoned", (node.get("spec") or {}).get("unschedulable")),
-                             ("NotReady", not node_ready(node))) if down]  # fmt: skip
-    return ", ".join(why), CONTROL_PLANE_LABEL in ((node.get("metadata") or {}).get("labels") or {})
+    why = [w for w, down in (("cordoned", node.unschedulable), ("NotReady", not node.ready)) if down]
+    return ", ".join(why), CONTROL_PLANE_LABEL in node.labels
 
 
 def node_summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:

@@ -19,6 +19,7 @@ from activities.kube.models import (
     ROLLOUT_ANNOTATION,
     ROLLOUT_STATE_LABEL,
     ConditionGate,
+    CordonRequest,
     NodePageRequest,
     NodeRef,
     NodeRolloutState,
@@ -457,14 +458,6 @@ async def test_the_whole_clusters_availability_comes_from_the_nodes_watch(k8s, k
     the shared watch of nodes keeps, as each change arrives on its stream; a selector's read is always listed."""
     await k8s.seed(nodes(6, labels={"pool": "a"}))
     req = UnavailableRequest(cluster="lab")
-
-    async def node_lists(since: int) -> int:
-        return sum(
-            1
-            for x in await k8s.audit(since=since)
-            if x["resource"] == "nodes" and x["verb"] == "list" and x["userAgent"].startswith("millwright")
-        )
-
     first = await env().run(kube.node_availability, req)
     assert first.total == 6 and first.unavailable == {}
     await asyncio.sleep(0.5)  # the watch lists and starts its stream meanwhile
@@ -477,6 +470,88 @@ async def test_the_whole_clusters_availability_comes_from_the_nodes_watch(k8s, k
     await asyncio.sleep(0.3)
     got = await env().run(kube.node_availability, req)
     assert got.total == 5 and got.unavailable == {"node-02": "cordoned", "node-05": "NotReady"}
-    assert await node_lists(since) == 0
+    assert await node_lists(k8s, since) == 0
     selected = await env().run(kube.node_availability, UnavailableRequest(cluster="lab", label_selector="pool=a"))
-    assert selected.unavailable == got.unavailable and await node_lists(since) == 1
+    assert selected.unavailable == got.unavailable and await node_lists(k8s, since) == 1
+
+
+async def node_lists(k8s, since: int) -> int:
+    """The node lists this worker sent since `since`."""
+    return sum(
+        1
+        for x in await k8s.audit(since=since)
+        if x["resource"] == "nodes" and x["verb"] == "list" and x["userAgent"].startswith("millwright")
+    )
+
+
+async def survey(kube, limit: int) -> tuple[list, int]:
+    """A rollout's re-read of its targeted nodes (pool=a), page by page: the nodes and how many pages."""
+    e, found, pages, token = env(), [], 0, None
+    while True:
+        page = await e.run(kube.list_nodes_page, NodePageRequest(
+            cluster="lab", label_selector="pool=a", label_keys=["pool"], limit=limit, continue_token=token))  # fmt: skip
+        found += page.nodes
+        pages += 1
+        token = page.continue_token
+        if not token:
+            return found, pages
+
+
+async def test_a_rollouts_reread_comes_from_the_nodes_watch_and_sees_its_own_writes(k8s, kube, core):
+    """The re-read before each batch: its pages come from what the shared watch of nodes keeps (in name order,
+    the selector and label keys applied), and it shows this worker's own cordon written just before it."""
+    await k8s.seed(nodes(25, labels={"pool": "a"}) + nodes(3, prefix="other-"))
+    listed, _ = await survey(kube, 10)  # the first one lists: the watch starts meanwhile
+    assert [n.name for n in listed] == [f"node-{i:02d}" for i in range(1, 26)]
+    await asyncio.sleep(0.5)
+    await core.patch_node("node-07", {"spec": {"unschedulable": True}})  # someone else's cordon
+    await asyncio.sleep(0.3)
+    since = await k8s.audit_cursor()
+    await env().run(kube.cordon_node, CordonRequest(cluster="lab", node="node-03", owner="run-1", reason="test"))
+    kept, pages = await survey(kube, 10)
+    assert pages == 3 and [n.name for n in kept] == [n.name for n in listed]
+    assert {n.name for n in kept if n.unschedulable} == {"node-03", "node-07"}
+    assert all(n.labels == {"pool": "a"} and n.ready and n.created for n in kept)
+    assert await node_lists(k8s, since) == 0
+
+
+async def test_a_reread_whose_watch_stops_between_pages_lists_the_rest(k8s, kube):
+    await k8s.seed(nodes(25, labels={"pool": "a"}))
+    await survey(kube, 10)
+    await asyncio.sleep(0.5)
+    e = env()
+    first = await e.run(kube.list_nodes_page, NodePageRequest(cluster="lab", label_selector="pool=a", limit=10))
+    assert first.continue_token and first.continue_token.startswith("kept-after:")
+    await kube.close()  # the shared watches stop (a worker shutting down, a stream that broke)
+    since = await k8s.audit_cursor()
+    rest, token = [], first.continue_token
+    while token:
+        page = await e.run(
+            kube.list_nodes_page,
+            NodePageRequest(cluster="lab", label_selector="pool=a", limit=10, continue_token=token),
+        )
+        rest += [n.name for n in page.nodes]
+        token = page.continue_token
+    assert [n.name for n in first.nodes] + rest == [f"node-{i:02d}" for i in range(1, 26)]
+    assert await node_lists(k8s, since) >= 1
+
+
+@pytest.mark.parametrize("lag", [1.0, 3.0])
+async def test_a_read_of_the_kept_nodes_waits_for_the_stream_to_bring_this_workers_write(k8s, kube, lag):
+    """The watch's stream lags (its request held up): a read just after this worker's cordon waits for the stream
+    to bring it rather than answer from what the watch kept before it; a stream more than 2 s behind, and the read
+    lists (and the watch lists again)."""
+    await k8s.seed(nodes(6))
+    req = UnavailableRequest(cluster="lab")
+    await env().run(kube.node_availability, req)
+    await asyncio.sleep(0.5)
+    await kube.close()
+    await k8s.add_fault({"verb": "watch", "resource": "nodes"}, {"delay": lag})
+    await env().run(kube.node_availability, req)  # lists; the watch lists, then its stream waits a second
+    await asyncio.sleep(0.3)
+    since = await k8s.audit_cursor()
+    await env().run(kube.cordon_node, CordonRequest(cluster="lab", node="node-02", owner="run-1", reason="test"))
+    got = await env().run(kube.node_availability, req)
+    assert got.unavailable == {"node-02": "cordoned"}
+    # From the watch once its stream brought the cordon; else listed (and the watch starts over).
+    assert (await node_lists(k8s, since) == 0) == (lag < 2)
