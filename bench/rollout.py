@@ -35,7 +35,16 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import DevServer, Workers, batch_timeline, cpu_seconds, event_kinds, history_lengths, throttled_lines, warnings_in
+from bench.common import (
+    DevServer,
+    Workers,
+    batch_timeline,
+    cpu_seconds,
+    event_kinds,
+    history_lengths,
+    throttled_lines,
+    warnings_in,
+)
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess

@@ -57,6 +57,7 @@ from activities.kube.models import (
     StageRecord,
 )
 from activities.kube.rollout_activities import RolloutNodeActivities
+from activities.kube.shared_watch import NODES
 from activities.kube.stages import (
     annotation_of,
     call_json,
@@ -298,6 +299,7 @@ class KubeActivities(RolloutNodeActivities):
         if not change.shown_in(metadata.get("labels") or {}, metadata.get("annotations") or {}):
             raise ApplicationError(f"{doing}: the API server answered, but the node it returned does not show the "
                                    "change; writing it again", type="KubernetesUnavailable")  # fmt: skip
+        self._watches.wrote(state.cluster, NODES, state.node, metadata.get("resourceVersion"))
         return metadata.get("uid") or ""
 
     async def _stage_tries(self, req: NodeStages, stage: NodeStage, resumed: dict[str, Any],
