@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import compileall
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -216,7 +217,7 @@ async def batch_timeline(client: Client, workflow_type: str, *prefixes: str) -> 
         ]
     )
     durations = [(close - start).total_seconds() for start, close in spans]
-    gaps = [(start - spans[i][1]).total_seconds() for i, (start, _) in enumerate(spans[1:])]
+    gaps = [(later[0] - earlier[1]).total_seconds() for earlier, later in itertools.pairwise(spans)]
     return durations, gaps
 
 

@@ -53,6 +53,7 @@ from activities.kube.stages import (
     node_not_found,
     node_ready,
     node_summary,
+    only_labels,
     read_json,
     reboot_unverifiable,
     send_json,
@@ -110,9 +111,8 @@ class RolloutNodeActivities(NodeActivities):
         page = list(itertools.islice(matching, req.limit + 1))
         more = len(page) > req.limit
         page = page[: req.limit]
-        keys = set(req.label_keys)
-        if keys:
-            page = [n.model_copy(update={"labels": {k: v for k, v in n.labels.items() if k in keys}}) for n in page]
+        if req.label_keys:
+            page = [n.model_copy(update={"labels": only_labels(n.labels, req.label_keys)}) for n in page]
         return NodePage(
             nodes=page,
             continue_token=f"{KEPT_PAGE}{page[-1].name}" if more else None,

@@ -82,13 +82,15 @@ def service_state(node: NodeSummary) -> tuple[str, bool]:
     return ", ".join(why), CONTROL_PLANE_LABEL in node.labels
 
 
+def only_labels(labels: dict[str, str], label_keys: list[str]) -> dict[str, str]:
+    """The labels named in `label_keys`; all of them when it is empty."""
+    return {k: labels[k] for k in label_keys if k in labels} if label_keys else labels
+
+
 def node_summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if label_keys:
-        labels = {k: labels[k] for k in label_keys if k in labels}
     return NodeSummary(
         name=node["metadata"]["name"],
-        labels=labels,
+        labels=only_labels((node.get("metadata") or {}).get("labels") or {}, label_keys),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
         ready=node_ready(node),
         created=(node.get("metadata") or {}).get("creationTimestamp"),

@@ -32,8 +32,9 @@ NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of k8s.io/apimachiner
 
 
 def clone(value: Any) -> Any:
-    """A deep copy of a JSON value (what the store holds: dicts, lists and scalars), several times faster than
-    `copy.deepcopy`, which the emulator otherwise spends most of its time in at 10,000 nodes (docs/testing.md)."""
+    """A deep copy of a JSON value (what the store holds: dicts, lists and scalars), about 2.6 times faster than
+    `copy.deepcopy` for a node; a profile at 10,000 nodes found the emulator spending 45 % of its CPU in
+    `copy.deepcopy` (docs/testing.md)."""
     kind = type(value)
     if kind is dict:
         return {k: clone(v) for k, v in value.items()}
