@@ -157,6 +157,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                         print(f"{op}: {len(durations)} batches: each {statistics.mean(durations):.1f}s on average "
                               f"(max {max(durations):.1f}s), between two batches {statistics.mean(gaps or [0]):.1f}s "
                               f"(max {max(gaps or [0]):.1f}s)")  # fmt: skip
+                        print(f"{op}: each batch in order (s): " + " ".join(f"{d:.0f}" for d in durations))
                     asked = await api_requests(admin) - requests_before
                     print(f"{op}: API requests per node by kind: "
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in asked.most_common(8)))  # fmt: skip
