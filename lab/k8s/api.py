@@ -462,7 +462,7 @@ class Api:
                 if item is None:
                     break
                 etype, obj = item
-                await send(etype, self.out(rt, obj, info.version))
+                await send(etype, self.out(rt, obj, info.version, shallow=True))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
@@ -631,7 +631,7 @@ class Api:
                 raise self._invalid(rt, name, "spec.group", "conflicts with a built-in resource")
         if dry:
             obj["metadata"].pop("resourceVersion", None)
-            return jresp(self.out(rt, obj, info.version), 201)
+            return jresp(self.out(rt, obj, info.version, shallow=True), 201)
         if rt.key == CRDS:
             self.store.registry.register_crd(obj)
         self.store.put(rt, obj)
@@ -639,7 +639,7 @@ class Api:
         request["audit"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
         if not info.name:
             request["audit"]["name"] = name
-        return jresp(self.out(rt, obj, info.version), 201)
+        return jresp(self.out(rt, obj, info.version, shallow=True), 201)
 
     # ------------------------------------------------------------------ update / patch
     def _spec_changed(self, rt: ResourceType, old: dict, new: dict) -> bool:
@@ -695,7 +695,7 @@ class Api:
         if rt.generation and self._spec_changed(rt, old, new):
             nmd["generation"] = int(omd.get("generation", 1)) + 1
         if new == old:
-            return jresp(self.out(rt, old, info.version))
+            return jresp(self.out(rt, old, info.version, shallow=True))
         if rt.key == PODS and sub != "status":
             self._check_pod_update(rt, old, new)
         if sub != "status":
@@ -705,17 +705,17 @@ class Api:
         else:
             nmd["managedFields"] = managed
         if self._query_dry_run(request):
-            return jresp(self.out(rt, new, info.version))
+            return jresp(self.out(rt, new, info.version, shallow=True))
         if nmd.get("deletionTimestamp") and not nmd.get("finalizers") and self._removable(rt, new):
             final = self.store.remove(rt, new)
             request["audit"]["changes"] = diff(old, None)
-            return jresp(self.out(rt, final, info.version))
+            return jresp(self.out(rt, final, info.version, shallow=True))
         self.store.put(rt, new)
         if rt.key == CRDS:
             self.store.registry.register_crd(new)
         request["audit"]["changes"] = diff(old, new)
         request["audit"]["resourceVersion"] = nmd["resourceVersion"]
-        return jresp(self.out(rt, new, info.version))
+        return jresp(self.out(rt, new, info.version, shallow=True))
 
     def _check_pod_update(self, rt: ResourceType, old: dict, new: dict) -> None:
         os_, ns_ = old.get("spec") or {}, new.get("spec") or {}
@@ -937,12 +937,12 @@ class Api:
             self.check_preconditions(rt, obj, opts)
             admit(self.store, rt, "delete", obj)  # simulated validating webhooks (lab/k8s/crds.py)
             if "All" in (opts.get("dryRun") or []):
-                return jresp(self.out(rt, obj, info.version))
+                return jresp(self.out(rt, obj, info.version, shallow=True))
             result = self.delete_object(rt, obj, opts)
             request["audit"]["changes"] = diff(
                 obj, result if result is not obj and self.store.get(rt, info.namespace, info.name) else None
             )
-            return jresp(self.out(rt, result, info.version))
+            return jresp(self.out(rt, result, info.version, shallow=True))
 
     async def delete_collection(self, request: web.Request, info: Info, rt: ResourceType) -> web.Response:
         label, field = self._selectors(request, rt)

@@ -45,6 +45,13 @@ def clone(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def with_status(obj: dict, status: dict) -> dict:
+    """`obj` with a new status, for a status write: the rest is shared with `obj`, not copied, because a stored
+    object is never changed in place (every writer copies first); metadata is copied since the store's write sets
+    its resourceVersion. A Job's copy was 12 % of the emulator's CPU at 10,000 nodes (docs/testing.md)."""
+    return {**obj, "metadata": dict(obj["metadata"]), "status": status}
+
+
 def now_rfc3339(offset_s: float = 0.0) -> str:
     t = datetime.now(UTC) + timedelta(seconds=offset_s)
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")

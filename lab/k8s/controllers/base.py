@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..store import PODS
-from ..util import clone, now_rfc3339
+from ..util import now_rfc3339, with_status
 
 if TYPE_CHECKING:
     from ..api import Api
@@ -31,9 +31,7 @@ class Controller:
     def _status_put(self, rt, obj: dict, status: dict, actor: str) -> dict:
         if (obj.get("status") or {}) == status:
             return obj
-        new = clone(obj)
-        new["status"] = status
-        return self.store.put(rt, new, actor=actor, verb="update", subresource="status")
+        return self.store.put(rt, with_status(obj, status), actor=actor, verb="update", subresource="status")
 
     @staticmethod
     def _cond(old: dict, ctype: str, ok: bool, reason: str, message: str = "") -> dict:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..defaults import prepare_create
 from ..store import JOBS, PODS, is_pod_ready
-from ..util import clone, now_rfc3339, random_suffix
+from ..util import clone, now_rfc3339, random_suffix, with_status
 from .base import Controller
 from .pods import is_active, terminate
 
@@ -147,9 +147,7 @@ class Jobs(Controller):
         status["terminating"] = sum(1 for p in pods if p["metadata"].get("deletionTimestamp"))
         status["uncountedTerminatedPods"] = {}
         if status != old_status:
-            new = clone(job)
-            new["status"] = status
-            store.put(jrt, new, actor="job-controller", verb="update", subresource="status")
+            store.put(jrt, with_status(job, status), actor="job-controller", verb="update", subresource="status")
 
     def _create_job_pod(self, job: dict) -> None:
         store, rt = self.store, self.pod_rt()
