@@ -218,10 +218,11 @@ GRACE_SCALE = 0.02  # a 30 s grace period lasts 0.6 s
 
 
 @pytest.fixture(scope="session")
-def k8s_emulator():
-    from lab.k8s.process import EmulatorProcess
+def k8s_emulator(tmp_path_factory):
+    from tests.kube_helpers import checked_emulator
 
-    with EmulatorProcess(pod_start_seconds=POD_START_SECONDS, grace_scale=GRACE_SCALE) as emulator:
+    with checked_emulator(tmp_path_factory.mktemp("k8s"), pod_start_seconds=POD_START_SECONDS,
+                          grace_scale=GRACE_SCALE) as emulator:  # fmt: skip
         yield emulator
 
 

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes.aio.client import CoreV1Api, V1Node, V1Pod
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from lab.fleet import Fleet
+from lab.k8s.process import EmulatorProcess
+from lab.k8s.store import UNCHANGED_CHECK_ENV
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def checked_emulator(folder: Path, **options: Any) -> Iterator[EmulatorProcess]:
+    """The Kubernetes emulator as a subprocess that checks every stored object stays as it was stored (its watch
+    history holds them, not copies: lab/k8s/store.py); at its end, none may have been changed in place."""
+    log = folder / "changed-in-place.log"
+    with EmulatorProcess(env={UNCHANGED_CHECK_ENV: str(log)}, **options) as emulator:
+        yield emulator
+    assert not log.exists(), f"the emulator changed stored objects in place:\n{log.read_text()[:4000]}"
 
 
 def fleet_objects(

@@ -10,15 +10,15 @@ import pytest
 from kubernetes import client, config
 
 from lab.k8s.admin import kubeconfig
-from lab.k8s.process import EmulatorProcess
+from tests.kube_helpers import checked_emulator
 
 POD_START = 0.1
 GRACE_SCALE = 0.02
 
 
 @pytest.fixture(scope="session")
-def emulator():
-    with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=GRACE_SCALE) as emu:
+def emulator(tmp_path_factory):
+    with checked_emulator(tmp_path_factory.mktemp("k8s"), pod_start_seconds=POD_START, grace_scale=GRACE_SCALE) as emu:
         yield emu
 
 

@@ -11,6 +11,8 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from lab.k8s.store import NODES, UNCHANGED_CHECK_ENV, Store
+
 
 def test_watch_initial_and_live_events(core, lab):
     core.create_namespaced_config_map("default", {"metadata": {"name": "pre", "labels": {"w": "1"}}})
@@ -91,3 +93,24 @@ def test_watch_bookmarks_and_field_selector(emulator, lab):
     assert evs[0]["type"] == "ADDED" and evs[0]["object"]["metadata"]["name"] == "b"
     assert all(e["object"]["metadata"].get("name") in (None, "b") for e in evs)
     assert any(e["type"] == "BOOKMARK" and e["object"]["metadata"]["resourceVersion"] for e in evs)
+
+
+def test_the_stored_object_check_reports_a_change_in_place(tmp_path, monkeypatch):
+    """The watch history holds the stored versions themselves, so the tests' emulators check none is changed in
+    place (tests/kube_helpers.py `checked_emulator`); the check must see both ways of doing it."""
+    log = tmp_path / "changed.log"
+    monkeypatch.setenv(UNCHANGED_CHECK_ENV, str(log))
+    store = Store()
+    rt = store.registry.types[NODES]
+    node = store.put(rt, store.new_meta(rt, {"metadata": {"name": "gpu-01"}}))
+    store.put(rt, {**node, "metadata": dict(node["metadata"])})  # a copy first: as every writer does
+    assert not log.exists()
+    stored = store.get(rt, None, "gpu-01")
+    stored["metadata"]["labels"] = {"pool": "a"}
+    store.put(rt, {**stored, "metadata": dict(stored["metadata"])})
+    stored = store.get(rt, None, "gpu-01")
+    stored["spec"] = {"unschedulable": True}
+    store.put(rt, stored)
+    report = log.read_text()
+    assert "nodes gpu-01 changed in place after it was stored: [{'path': '.metadata.labels'" in report
+    assert "nodes gpu-01 written again after being changed in place" in report
