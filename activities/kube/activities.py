@@ -241,26 +241,19 @@ class KubeActivities(RolloutNodeActivities):
                     activity.heartbeat({**at, **done})
                     sent[:] = [where, time.monotonic()]
 
-            uid = await self._mark(
-                NodeRolloutState(
-                    cluster=req.cluster,
-                    node=req.node,
-                    rollout=req.rollout,
-                    state="in_progress",
-                    package=stage.package,
-                    stage=stage.stage,
-                )
-            )
             what = f"{stage.package} {stage.version} {stage.stage}"
             core = await self._clusters.core(req.cluster)
             reason = Stage(stage.stage).event_reason
-            await marks.record_event(
-                core,
-                marks.event_body(
-                    req.node, uid, reason, f"{what} started (rollout {req.rollout})", key=(stage.package, stage.stage)
-                ),
-            )
-            record = await self._stage_tries(req, stage, resumed, beat)
+            # The start's mark and Event go beside the Job's creation, not before it: at a stage change a whole
+            # batch writes at once, and two round trips ahead of each Job were two queues for the batch's last node.
+            marking = asyncio.ensure_future(self._stage_started(req, stage, what, reason))
+            try:
+                record = await self._stage_tries(req, stage, resumed, beat)
+            except BaseException:  # an error or a cancellation: the retry marks the stage again
+                marking.cancel()
+                await asyncio.gather(marking, return_exceptions=True)
+                raise
+            uid = await marking
             if record.succeeded and is_reboot(stage):
                 record, rebooted = await self._rebooted(req, record, resumed, beat, boot_id)
                 if record.succeeded:
@@ -277,6 +270,15 @@ class KubeActivities(RolloutNodeActivities):
                     warning=True, key=(stage.package, stage.stage, "failed")))  # fmt: skip
                 break
         return result
+
+    async def _stage_started(self, req: NodeStages, stage: NodeStage, what: str, reason: str) -> str:
+        """The stage's start on the node: its state mark, then an Event; the node's UID returned."""
+        uid = await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
+                                                state="in_progress", package=stage.package, stage=stage.stage))  # fmt: skip
+        core = await self._clusters.core(req.cluster)
+        await marks.record_event(core, marks.event_body(req.node, uid, reason, f"{what} started (rollout {req.rollout})",
+                                                        key=(stage.package, stage.stage)))  # fmt: skip
+        return uid
 
     @staticmethod
     def _stages_done(result: NodeStagesResult, boot_id: str) -> dict[str, Any]:

@@ -187,6 +187,35 @@ async def test_run_node_stages_runs_each_stage_once_and_shows_it_on_the_node(k8s
     assert len(await job_creates(k8s, since)) == 4
 
 
+async def test_a_stages_start_mark_goes_beside_its_job_and_one_that_fails_never_runs_the_stage_twice(k8s, kube, core):
+    await k8s.seed(fleet())
+    await k8s.configure(jobs={"defaultSeconds": 0.5, "rules": []})
+    # The mark held up for a second: the Job is made meanwhile, not after it.
+    await k8s.add_fault({"verb": "patch", "resource": "nodes"}, {"delay": 1.0}, count=1)
+    since = await k8s.audit_cursor()
+    result = await env().run(kube.run_node_stages, stages("boot-1", "apply"))
+    assert [(r.stage, r.succeeded) for r in result.stages] == [("apply", True)]
+    [job] = await job_creates(k8s, since)
+    [mark] = await writes_to_node(k8s, since, "node-01")
+    assert job["seq"] < mark["seq"], "the Job was created while the stage's mark was held up"
+    # The mark refused: the stage's Job still runs to its verdict, then the activity fails; its retry from the
+    # heartbeat details marks the stage again and adopts the Job, never making a second one.
+    await k8s.add_fault({"verb": "patch", "resource": "nodes"}, {"status": 500}, count=1)
+    since = await k8s.audit_cursor()
+    beats: list = []
+    first = env()
+    first.on_heartbeat = lambda *d: beats.append(d[0])
+    with pytest.raises(ApplicationError) as err:
+        await first.run(kube.run_node_stages, stages("boot-1", "config"))
+    assert not err.value.non_retryable and "recording rollout state of node node-01" in str(err.value)
+    assert len(await job_creates(k8s, since)) == 1
+    retried = env(attempt=2, heartbeat_details=[beats[-1]])
+    again = await retried.run(kube.run_node_stages, stages("boot-1", "config"))
+    assert [(r.stage, r.succeeded) for r in again.stages] == [("config", True)]
+    assert len(await job_creates(k8s, since)) == 1
+    assert rollout_record(await read_node(core, "node-01"))["stage"] == "config"
+
+
 async def test_the_first_stage_that_fails_its_tries_ends_the_stages(k8s, kube):
     await k8s.seed(fleet())
     await k8s.configure(
