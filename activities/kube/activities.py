@@ -246,7 +246,7 @@ class KubeActivities(RolloutNodeActivities):
             reason = Stage(stage.stage).event_reason
             # The start's mark and Event go beside the Job's creation, not before it: at a stage change a whole
             # batch writes at once, and two round trips ahead of each Job were two queues for the batch's last node.
-            marking = asyncio.ensure_future(self._stage_started(req, stage, what, reason))
+            marking = asyncio.ensure_future(self._stage_started(core, req, stage, what, reason))
             try:
                 record = await self._stage_tries(req, stage, resumed, beat)
             except BaseException:  # an error or a cancellation: the retry marks the stage again
@@ -271,11 +271,11 @@ class KubeActivities(RolloutNodeActivities):
                 break
         return result
 
-    async def _stage_started(self, req: NodeStages, stage: NodeStage, what: str, reason: str) -> str:
+    async def _stage_started(self, core: k8s.CoreV1Api, req: NodeStages, stage: NodeStage, what: str,
+                             reason: str) -> str:  # fmt: skip
         """The stage's start on the node: its state mark, then an Event; the node's UID returned."""
         uid = await self._mark(NodeRolloutState(cluster=req.cluster, node=req.node, rollout=req.rollout,
                                                 state="in_progress", package=stage.package, stage=stage.stage))  # fmt: skip
-        core = await self._clusters.core(req.cluster)
         await marks.record_event(core, marks.event_body(req.node, uid, reason, f"{what} started (rollout {req.rollout})",
                                                         key=(stage.package, stage.stage)))  # fmt: skip
         return uid

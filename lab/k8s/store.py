@@ -31,7 +31,7 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 DISRUPTED_POD_TIMEOUT_S = 120.0
 AUDIT_MAX = 200_000
 # A file: every write checks that the object it replaces is as it was stored (`Store._check_unchanged`), and
-# reports here what was changed in place. The tests' emulators set it (tests/conftest.py).
+# reports here what was changed in place. The tests' emulators set it (tests/kube_helpers.py `checked_emulator`).
 UNCHANGED_CHECK_ENV = "LAB_K8S_UNCHANGED_CHECK"
 FAULT_MATCH_KEYS = (
     "verb",
@@ -412,8 +412,7 @@ class Store:
         k = (md.get("namespace") or "", md["name"])
         bucket = self.bucket(rt)
         old = bucket.get(k)
-        if self._unchanged_log:
-            self._check_unchanged(rt, k, old, obj)
+        self._check_unchanged(rt, k, old, obj)
         if rt.key == NODES:
             normalize_node(obj)
         self.rv += 1
@@ -437,8 +436,7 @@ class Store:
         old = bucket.pop(k, None)
         if old is None:
             return obj
-        if self._unchanged_log:
-            self._check_unchanged(rt, k, old, None)
+        self._check_unchanged(rt, k, old, None)
         self._index_remove(rt.key, k, old)
         self.rv += 1
         final = {**old, "metadata": {**old["metadata"], "resourceVersion": str(self.rv)}}
@@ -482,8 +480,8 @@ class Store:
                 self.deliver(w, ev)
 
     def _check_unchanged(self, rt: ResourceType, k: tuple[str, str], old: dict | None, obj: dict | None) -> None:
-        """Report to the check's file a write of the stored object itself, or a stored object that was changed in
-        place since it was stored (the watch history holds stored versions: `_emit_raw`)."""
+        """With the check on, report to its file a write of the stored object itself, or a stored object that was
+        changed in place since it was stored (the watch history holds stored versions: `_emit_raw`)."""
         if old is None or not self._unchanged_log:
             return
         kept = self._as_stored.pop(id(old), None)
