@@ -194,6 +194,9 @@ class KubeActivities(RolloutNodeActivities):
         operator's pause or reset of the activity) ends it at once, and the retry resumes where the heartbeat
         details say; the Jobs already made are adopted (names derive from stage and try, never from the attempt),
         so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
+
+        With `finish`, once every stage has succeeded it hands the node back as `finish_node_update` does, `finished`
+        (also when asked to stop meanwhile: the write ends the node's update, it starts nothing).
         """
         unknown = sorted({st.stage for st in req.stages if Stage.named(st.stage) is None})
         if unknown:  # refused before any of its stages runs
@@ -269,6 +272,11 @@ class KubeActivities(RolloutNodeActivities):
                     req.node, uid, reason, f"{what} failed after {record.attempts} tries: {record.message}",
                     warning=True, key=(stage.package, stage.stage, "failed")))  # fmt: skip
                 break
+        if req.finish is not None and len(result.stages) == len(req.stages) and result.stages[-1].succeeded:
+            # Handed back here rather than by a call of its own: a batch's nodes then leave as their Jobs end, not in
+            # waves of its workflow tasks. A retry from the last beat writes it again: nothing, as it is all there.
+            await self.finish_node_update(req.finish)
+            result.finished = True
         return result
 
     async def _stage_started(self, core: k8s.CoreV1Api, req: NodeStages, stage: NodeStage, what: str,

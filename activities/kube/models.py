@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
@@ -396,6 +396,16 @@ class NodeUpdateStarted(StrictModel):
     refused: str = Field("", description="Why the node was left untouched but `erroring` (a downgrade not allowed).")
 
 
+class NodeUpdateFinish(StrictModel):
+    cluster: str
+    node: str
+    rollout: str
+    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
+    removed: list[str] = Field(default_factory=list, description="Packages uninstalled: their entries go.")
+    uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
+    untaint: bool = Field(False, description="Remove the runtime-required taint: the node's packages are complete.")
+
+
 class NodeStages(StrictModel):
     """Stages to run on one node, in order, each as its Job (NodeWright's node sequence after the drain)."""
 
@@ -408,22 +418,22 @@ class NodeStages(StrictModel):
     boot_id: str = Field("", description="The node's boot ID before the stages: a reboot must change it.")
     reboot_timeout_seconds: float = Field(1800, gt=0, description="How long a rebooted node may take to be back.")
     reboot_poll_seconds: float = 2.0
+    finish: NodeUpdateFinish | None = Field(None, description="Once every stage has succeeded, hand the node back "
+                                            "(finish_node_update's one write) before returning.")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _finish_is_this_nodes(self) -> NodeStages:
+        if self.finish is not None and (self.finish.cluster, self.finish.node, self.finish.rollout) != (
+            self.cluster, self.node, self.rollout):  # fmt: skip
+            raise ValueError("finish: names another cluster, node or rollout than the stages'")
+        return self
 
 
 class NodeStagesResult(StrictModel):
     stages: list[StageRecord] = Field(description="The stages run, in order; a failed one is the last.")
     held: bool = Field(False, description="It stopped before the next stage because its workflow asked (a pause).")
     reboot_seconds: float | None = Field(None, description="From the reboot Job's start to the node back, new boot ID.")
-
-
-class NodeUpdateFinish(StrictModel):
-    cluster: str
-    node: str
-    rollout: str
-    packages: dict[str, str] = Field(default_factory=dict, description="Package -> version now installed.")
-    removed: list[str] = Field(default_factory=list, description="Packages uninstalled: their entries go.")
-    uncordon: bool = Field(description="Remove the rollout's own cordon (never one someone else placed).")
-    untaint: bool = Field(False, description="Remove the runtime-required taint: the node's packages are complete.")
+    finished: bool = Field(False, description="The node was handed back (the request's `finish` written).")
 
 
 class ConditionGate(StrictModel):

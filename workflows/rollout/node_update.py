@@ -21,7 +21,9 @@ fails stays cordoned with the reason on the node, and comes back `erroring`.
 Three calls per node: `start_node_update` (its state, the non-interruptible check, the cordon,
 the check again, the drain's plan) and `finish_node_update` (packages recorded, state, uncordon: one write) are
 local activities, short and idempotent; between them the drain's evictions, and one heartbeating activity that
-runs every stage's Job and waits for each (and for the reboot) itself: `run_node_stages`. A pause cancels that
+runs every stage's Job and waits for each (and for the reboot) itself: `run_node_stages`. When no validation gate
+comes between, that activity makes the finish's write itself once its last stage has succeeded (STAGES_HAND_BACK),
+so the node leaves as its last Job ends and costs no call of its own for it. A pause cancels that
 activity, which stops before its next stage, never inside one; on resume the stages left run as a new one. The
 stage under way is on the node (the millwright.dev/rollout annotation); `status` shows the stages running.
 
@@ -63,6 +65,8 @@ HEARTBEAT = timedelta(seconds=10)
 # `workflow.patched` replays here; the branches for runs from before them are gone.
 FOLDED_CALLS = "node-update-folded-calls"  # the three calls (the module docstring)
 VALIDATION = "node-update-validation"  # the validation gate between the stages and the finish
+# workflow.patched() id: with no validation gate, the stages' activity hands the node back (no finish call of its own).
+STAGES_HAND_BACK = "node-update-stages-hand-back"
 
 
 class ValidationFailed(Exception):
@@ -162,18 +166,23 @@ class NodeSequence:
             # What it uninstalls runs the scripts of the version the node has.
             removing = [p.model_copy(update={"version": installed[p.name]}) for p in t.uninstall if p.name in installed]
             stages = self._uninstall_stages(removing) + self._stages_of(due, installed)
-            if stages:
-                await self._run_stages(stages, started.node.boot_id or "", result)
-            if t.validation is not None and t.validation.enabled:
-                if self._own_run:
-                    workflow.deprecate_patch(VALIDATION)
-                await self._validate(t.validation, result)
             finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout,
                                       packages={p.name: p.version for p in due}, removed=[p.name for p in removing],
                                       uncordon=t.out_of_service, untaint=t.runtime_required)  # fmt: skip
-            await self._call(KubeActivities.finish_node_update, finish, f"record {len(due)} packages on {node}"
-                             + (f", {len(removing)} uninstalled" if removing else "")
-                             + (", uncordon it" if finish.uncordon else ""))  # fmt: skip
+            validation = t.validation if t.validation is not None and t.validation.enabled else None
+            handed_back = False
+            if stages:
+                # Nothing between the stages and the finish: the stages' activity hands the node back itself.
+                carried = finish if validation is None and workflow.patched(STAGES_HAND_BACK) else None
+                handed_back = await self._run_stages(stages, started.node.boot_id or "", result, carried)
+            if validation is not None:
+                if self._own_run:
+                    workflow.deprecate_patch(VALIDATION)
+                await self._validate(validation, result)
+            if not handed_back:
+                await self._call(KubeActivities.finish_node_update, finish, f"record {len(due)} packages on {node}"
+                                 + (f", {len(removing)} uninstalled" if removing else "")
+                                 + (", uncordon it" if finish.uncordon else ""))  # fmt: skip
             self.status.stage, self.status.package = "complete", None
             if t.out_of_service:
                 await self._release("uncordoned")
@@ -222,9 +231,12 @@ class NodeSequence:
             stages.append(_stage(owner, "uninstall-interrupt", interrupt))
         return stages
 
-    async def _run_stages(self, stages: list[NodeStage], boot_id: str, result: NodeUpdateResult) -> None:
-        """The stages as one activity; a pause holds the node between two of them, and the rest runs on resume."""
+    async def _run_stages(self, stages: list[NodeStage], boot_id: str, result: NodeUpdateResult,
+                          finish: NodeUpdateFinish | None) -> bool:  # fmt: skip
+        """The stages as one activity; a pause holds the node between two of them, and the rest runs on resume.
+        With `finish`, the activity that runs the last stage hands the node back too: True when it did."""
         t = self._inp.template
+        finished = False
         while stages:
             await self._hold(stages[0].stage, stages[0].package)
             self.status.running = [f"{s.package} {s.stage}" for s in stages]
@@ -233,7 +245,7 @@ class NodeSequence:
                 KubeActivities.run_node_stages,
                 NodeStages(cluster=t.cluster, node=self._inp.node, rollout=t.rollout, ordinal=self._inp.ordinal,
                            stages=stages, tries=tries, boot_id=boot_id,
-                           reboot_timeout_seconds=t.reboot_timeout.total_seconds()),
+                           reboot_timeout_seconds=t.reboot_timeout.total_seconds(), finish=finish),
                 # Each Job's own deadline bounds its stage; the activity waits a little longer for each verdict.
                 start_to_close_timeout=t.reboot_timeout + sum(
                     (timedelta(seconds=s.timeout_seconds + JOB_WAIT_SLACK_SECONDS) * tries for s in stages),
@@ -261,7 +273,8 @@ class NodeSequence:
             failed = next((r for r in ran.stages if not r.succeeded), None)
             if failed is not None:
                 raise StageFailed(failed)
-            stages = stages[len(ran.stages) :]
+            stages, finished = stages[len(ran.stages) :], ran.finished
+        return finished
 
     async def _hold(self, stage: str, package: str | None = None) -> None:
         """Hold here while paused, then record where the node is."""

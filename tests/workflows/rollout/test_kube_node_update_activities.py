@@ -255,6 +255,44 @@ async def test_a_pause_stops_the_stages_before_the_next_one_never_inside_one(k8s
         await running
 
 
+async def test_the_stages_hand_the_node_back_once_the_last_has_succeeded(k8s, kube, core):
+    await k8s.seed(fleet())
+    await k8s.configure(jobs={"defaultSeconds": 0.5, "rules": [
+        {"node": "node-02", "stage": "config", "outcome": "fail", "message": "bad config"}]})  # fmt: skip
+    for node in ("node-01", "node-02"):
+        await env().run(kube.start_node_update, start(node=node, non_interrupt_selector=""))
+    finish = NodeUpdateFinish(cluster="lab", node="node-01", rollout=ROLLOUT, packages={"kernel": "6.8.1"},
+                              uncordon=True)  # fmt: skip
+    since = await k8s.audit_cursor()
+    beats: list = []
+    e = env()
+    e.on_heartbeat = lambda *d: beats.append(d[0])
+    running = asyncio.ensure_future(e.run(kube.run_node_stages, stages("boot-1", "apply", "config", finish=finish)))
+    while not any(b.get("index") == 1 and b.get("job") for b in beats):
+        await asyncio.sleep(0.05)
+    e.cancel()  # a pause during the last stage: the stage ends, and the hand-back starts nothing
+    result = await running
+    assert result.finished and not result.held and [r.stage for r in result.stages] == ["apply", "config"]
+    node = await read_node(core, "node-01")
+    assert not node.spec.unschedulable and CORDONED_BY not in (node.metadata.annotations or {})
+    assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    assert json.loads(node.metadata.annotations[PACKAGES_ANNOTATION]) == {"kernel": "6.8.1"}
+    # Its retry from the last beat (every stage done) writes nothing and makes no Job.
+    since = await k8s.audit_cursor()
+    again = await env(attempt=2, heartbeat_details=[beats[-1]]).run(
+        kube.run_node_stages, stages("boot-1", "apply", "config", finish=finish)
+    )
+    assert again.finished and await writes_to_node(k8s, since, "node-01") == [] and await job_creates(k8s, since) == []
+    # A stage that fails leaves the node cordoned, erroring for its workflow to record.
+    failing = stages("boot-1", "apply", "config", node="node-02", tries=1,
+                     finish=finish.model_copy(update={"node": "node-02"}))  # fmt: skip
+    failed = await env().run(kube.run_node_stages, failing)
+    assert not failed.finished and not failed.stages[-1].succeeded
+    assert (await read_node(core, "node-02")).spec.unschedulable
+    with pytest.raises(ValueError, match="finish: names another"):
+        stages("boot-1", "apply", finish=finish.model_copy(update={"node": "node-02"}))
+
+
 async def test_a_reboot_that_cannot_be_verified_runs_no_stage(k8s, kube):
     await k8s.seed(fleet())
     since = await k8s.audit_cursor()

@@ -107,7 +107,7 @@ async def test_uninstall_runs_its_lane_and_a_downgrade_is_refused(client, kube_w
     )
     [(kind, reason, message)] = await node_events(core, "a-02")
     assert (kind, reason) == ("Warning", "State") and "downgrade refused" in message
-    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_inline_uninstall")
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_hand_back_uninstall")
 
     # With allowDowngrade the same node takes the earlier version.
     again = rollout_spec(
