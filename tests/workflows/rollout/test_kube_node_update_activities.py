@@ -23,7 +23,7 @@ from activities.kube.models import (
     NodeUpdateStart,
 )
 from lab.fleet import Fleet
-from tests.kube_helpers import read_node, single_pod_workload
+from tests.kube_helpers import read_node, single_pod_workload, wait_for
 from tests.workflows.rollout.test_kube_rollout_activities import env, writes_to_node
 
 ROLLOUT = "rollout/lab/kernel"
@@ -263,13 +263,15 @@ async def test_the_stages_hand_the_node_back_once_the_last_has_succeeded(k8s, ku
         await env().run(kube.start_node_update, start(node=node, non_interrupt_selector=""))
     finish = NodeUpdateFinish(cluster="lab", node="node-01", rollout=ROLLOUT, packages={"kernel": "6.8.1"},
                               uncordon=True)  # fmt: skip
-    since = await k8s.audit_cursor()
     beats: list = []
     e = env()
     e.on_heartbeat = lambda *d: beats.append(d[0])
     running = asyncio.ensure_future(e.run(kube.run_node_stages, stages("boot-1", "apply", "config", finish=finish)))
-    while not any(b.get("index") == 1 and b.get("job") for b in beats):
-        await asyncio.sleep(0.05)
+
+    async def config_job_made() -> bool:
+        return any(b.get("index") == 1 and b.get("job") for b in beats)
+
+    await wait_for(config_job_made, what="the config stage's Job", interval=0.05)
     e.cancel()  # a pause during the last stage: the stage ends, and the hand-back starts nothing
     result = await running
     assert result.finished and not result.held and [r.stage for r in result.stages] == ["apply", "config"]
