@@ -6,6 +6,7 @@ Sections are owned by different parts of the code base; keep each in its marked 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -202,6 +203,31 @@ async def _replayed_at_the_end(request, tmp_path):
         if replayed.failing:
             saved = replayed.save(tmp_path / "failed-replay")
             raise AssertionError(f"{replayed}\nhistories: {', '.join(map(str, saved))}")
+
+
+class _MisplacedPatches(logging.Handler):
+    """The ERROR lines worker/patch_placement.py logs: a patch decided first right after a local activity."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+_misplaced = _MisplacedPatches()
+logging.getLogger("millwright.worker.patch_placement").addHandler(_misplaced)
+
+
+@pytest.fixture(autouse=True)
+def misplaced_patches():
+    """Every test fails when a workflow run by one of its in-process workers decided a patch first where a local
+    activity's result came in (a run that may not replay; worker/patch_placement.py). A test that makes one on
+    purpose reads and clears the list this yields."""
+    _misplaced.lines.clear()
+    yield _misplaced.lines
+    assert not _misplaced.lines, "\n".join(["patches decided right after a local activity:", *_misplaced.lines])
 
 
 # ==================================================================================

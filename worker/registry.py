@@ -62,14 +62,16 @@ def new_worker(client: Any, registration: Registration, task_queue: str, *, vers
                **options: Any) -> Any:  # fmt: skip
     """A Worker as Millwright runs one: these workflows and activities, input that does not fit a workflow's
     model failing the run, and a workflow task failed for nondeterminism logged at ERROR with the workflow ID
-    (worker/nondeterminism.py). With `version` (a WorkerDeploymentVersion) it polls as that version of its
+    (worker/nondeterminism.py), as is a patch decided where a local activity's result came in
+    (worker/patch_placement.py). With `version` (a WorkerDeploymentVersion) it polls as that version of its
     Worker Deployment, else unversioned (worker/versioning.py). `options` are further `Worker` arguments."""
     from temporalio.worker import Worker
 
     from worker.nondeterminism import nondeterminism_logged
+    from worker.patch_placement import patch_placement_checked
     from worker.versioning import deployment_config, unversioned
 
-    runner = nondeterminism_logged(workflow_runner())
+    runner = patch_placement_checked(nondeterminism_logged(workflow_runner()))
     if version is not None:
         options["deployment_config"] = deployment_config(version)
     else:
