@@ -27,12 +27,13 @@ from activities.kube.models import CordonRequest, DrainSettings, NodeRef, PodQue
 from activities.kube.validators import validate_label_selector, validate_object_name, validate_positive_duration
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
-from workflows.budget.leases import LEASE_PATCH, Lease, acquire_lease, release_lease
+from workflows.budget.leases import LEASE_PATCH, SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
+from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain, DrainProgress
 from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
@@ -208,7 +209,9 @@ class NodeMaintenance:
                 endpoint=kubernetes_api(inp.cluster),
                 summary=f"inspect node {inp.node}",
             )
-            # Before the node is touched: a bad default fails the run here. It gates the uncordon only.
+            # Before the node is touched: a bad default fails the run here. It gates the uncordon only. The lease
+            # comes right after the default's local activity: its patches are decided before it.
+            decide_early(LEASE_PATCH, SIGNAL_PATCH)
             validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT) \
                 if inp.uncordon_after else inp.validation  # fmt: skip
             if workflow.patched(LEASE_PATCH) and not await self._lease(inp):

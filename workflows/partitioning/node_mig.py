@@ -29,8 +29,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from activities.kube.activities import KubeActivities
 from activities.kube.mig import MigActivities, MigConfigResult, MigConfigWait, MigConfigWrite, MigNodesRequest
 from activities.kube.models import NodeRolloutState, NodeUpdateFinish, NodeUpdateStart
-from workflows.budget.leases import Lease, acquire_lease, release_lease
+from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.partitioning.layouts import layout_of, model_of
 from workflows.partitioning.models import NodeMigInput, NodeMigResult, NodeMigStatus
@@ -83,6 +84,7 @@ class NodeMigReconfigure:
     @workflow.run
     async def run(self, inp: NodeMigInput) -> NodeMigResult:
         c, node = inp.change, inp.node
+        decide_early(SIGNAL_PATCH)  # the lease is asked for right after the read's local activity
         self._step("reading", f"{node}'s MIG labels and GPU resources")
         found = await workflow.execute_local_activity_method(
             MigActivities.mig_nodes, MigNodesRequest(cluster=c.cluster, nodes=[node]), **API_CALL,

@@ -69,6 +69,7 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
 from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, kubernetes_api, with_waits
 from workflows.common.errors import error_text
+from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.remediation.models import (
     Approval,
@@ -83,7 +84,7 @@ from workflows.remediation.models import (
     finding_text,
 )
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
-from workflows.remediation.records import OutcomeRecords
+from workflows.remediation.records import MARK_REMEDIATED_PATCH, OutcomeRecords
 from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 
@@ -181,6 +182,9 @@ class NodeRemediation:
                 self._status.note = f"requested by {inp.requested_by}"
         # A node quarantined earlier and remediated again (an operator's request): fixed, its quarantine is lifted.
         quarantined = health.quarantined
+        # The lease is asked for right after the default's local activity, the outcome marked right after the
+        # validation gate's or a returned lease's: their patches are decided here.
+        decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH)
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
 
         if inp.disruption_budget:

@@ -53,6 +53,7 @@ from activities.kube.models import (
 )
 from workflows.budget.leases import Lease, acquire_lease, release_lease
 from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
 from workflows.rollout.spec.packages import Interrupt
@@ -133,6 +134,7 @@ class NodeSequence:
         inp = self._inp
         if self._own_run:
             workflow.deprecate_patch(FOLDED_CALLS)
+            decide_early(STAGES_HAND_BACK)  # else decided right after the start's local activity (no drain)
         t, node = inp.template, inp.node
         result = NodeUpdateResult(node=node, outcome="complete")
         try:

@@ -28,6 +28,7 @@ from workflows.budget.budget import Budget, ceiling
 from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_lease
 from workflows.common import priorities
 from workflows.common.base import history_is_long
+from workflows.common.patches import decide_early
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.compartments import HISTORY_LIMIT, Compartments, sleep_until_window
 from workflows.rollout.fleet_controls import FleetControls
@@ -44,7 +45,7 @@ from workflows.rollout.models import (
     PackageStep,
     RolloutResult,
 )
-from workflows.rollout.node_update import NodeSequence
+from workflows.rollout.node_update import STAGES_HAND_BACK, NodeSequence
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
@@ -116,6 +117,8 @@ class RolloutBatch:
         # Runs from before SIGNAL_PATCH start their nodes without a lease: each NodeUpdate asks for its own.
         leased = work.lease_field is not None and workflow.patched(SIGNAL_PATCH)
         inline = work.workflow == INLINE_WORK and workflow.patched(INLINE_PATCH)
+        if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
+            decide_early(STAGES_HAND_BACK)
 
         async def one(n: BatchNode) -> None:
             async with slots:

@@ -247,7 +247,7 @@ async def test_a_lease_held_by_a_terminated_run_is_recovered(client, kube_worker
     assert result.outcome == "completed" and result.uncordoned
     assert max_out_of_service(await k8s.audit()) == 1
     await record_history(entity, "disruption_budget_signal_recovery")
-    await record_history(waiter, "node_maintenance_lease_signals")
+    await record_history(waiter, "node_maintenance_lease_decided_early")
 
 
 async def test_acquire_is_idempotent_and_first_come_first_served(client, kube_worker, k8s):

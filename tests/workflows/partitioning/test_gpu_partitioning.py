@@ -62,7 +62,9 @@ async def test_the_fleet_moves_to_1g_slices_two_nodes_at_a_time(client, kube_wor
     assert {p.metadata.name for n in MEMBERS for p in await pods_on(core, n) if p.metadata.namespace == "apps"} == web
     await record_history(handle, "gpu_partitioning")
     async for child in client.list_workflows(f"WorkflowId = '{handle.id}/gpu-01'"):
-        await record_history(client.get_workflow_handle(child.id, run_id=child.run_id), "node_mig_reconfigure")
+        await record_history(
+            client.get_workflow_handle(child.id, run_id=child.run_id), "node_mig_reconfigure_decided_early"
+        )
 
     since = audit[-1]["seq"]
     again = await (await start(client, kube_worker, partitioning("slices-again"))).result()

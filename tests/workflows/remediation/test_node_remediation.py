@@ -61,7 +61,7 @@ async def test_soft_fix_works_and_the_node_is_uncordoned(client, rem_worker, k8s
 
     handle = await start(client, rem_worker, burnin_bmcs, node, "GPU check: remap_pending GPU3", **fast_settings())
     result = await handle.result()
-    await record_history(handle, "node_remediation_soft_fix")
+    await record_history(handle, "node_remediation_soft_fix_decided_early")
 
     assert result.outcome == "healthy", result
     assert result.fixed_by == "reset-gpu"

@@ -218,7 +218,7 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
         ("kernel-tuning", "interrupt"),
         ("kernel-tuning", "post-interrupt"),
     ]
-    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_hand_back")
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_hand_back_decided_early")
 
 
 async def test_dry_run_plans_without_writing(client, kube_worker, k8s):
