@@ -17,11 +17,14 @@ from worker.registry import workflow_runner
 from workflows.catalog import WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
-# Histories written by code that decided on something not in its history: they cannot replay, and must keep
-# failing the same way (the fix is for runs that start after it; tests/histories/README.md).
+# Histories that cannot replay, written by code that decided on something not in its history or decided a patch
+# right after a local activity: they must keep failing the same way (the fix is for runs that start after it;
+# tests/histories/README.md).
 KNOWN_BAD = {
     "disruption_budget_stale_clock": "No command scheduled for event HistoryEvent(id: 117, TimerStarted)",
     "disruption_budget_stale_clock_2": "No command scheduled for event HistoryEvent(id: 98, UpsertWorkflowSearch",
+    # A query came in during the local activity before the lease (worker/patch_placement.py).
+    "node_remediation_query_during_local_activity": "patch marker encountered for change disruption-budget-signals",
 }
 
 
