@@ -17,7 +17,7 @@ TIMEOUT = timedelta(seconds=10)
 @workflow.defn(name="DecidedAfter")
 class DecidedAfter:
     """An activity, a local activity reading a setting, then a patch first decided: the activation that hands
-    back the setting decides it."""
+    back the setting decides it. The run ends there, so that it needs no replay to finish."""
 
     @workflow.query
     def phase(self) -> str:
@@ -27,15 +27,12 @@ class DecidedAfter:
     async def run(self) -> bool:
         await workflow.execute_activity("inspect_node", start_to_close_timeout=TIMEOUT)
         await workflow.execute_local_activity("read_setting", start_to_close_timeout=TIMEOUT)
-        cordoned = workflow.patched(PATCH)
-        if cordoned:
-            await workflow.execute_activity("inspect_node", start_to_close_timeout=TIMEOUT)
-        return cordoned
+        return workflow.patched(PATCH)
 
 
 @workflow.defn(name="DecidedEarly")
 class DecidedEarly(DecidedAfter):
-    """The same, the patch decided before the local activity."""
+    """The patch decided before the local activity, and an activity after it (a workflow task to replay)."""
 
     @workflow.run
     async def run(self) -> bool:

@@ -81,7 +81,7 @@ async def test_a_patch_decided_after_a_local_activity_is_logged_and_one_decided_
         misplaced_patches.clear()  # made on purpose
         early = await queried_runs(client, queue, DecidedEarly)
 
-    assert len(logged) == RUNS, logged
+    assert logged and all("DecidedAfter workflow ID" in line for line in logged), logged
     for history in after:
         assert any(f"patch {PATCH} " in line and f"DecidedAfter workflow ID {history.workflow_id} " in line
                    for line in logged), (history.workflow_id, logged)  # fmt: skip
