@@ -90,7 +90,8 @@ class PrometheusServer:
         cluster: str = "lab",
         worker_metrics: str | None = None,
     ) -> None:
-        self.state_dir = Path(state_dir)
+        # absolute: Prometheus resolves the config's relative paths (query_log_file) against the config's folder
+        self.state_dir = Path(state_dir).absolute()
         self.port = port or free_port()
         self.scrape_interval = scrape_interval
         self.emulator_url, self.cluster, self.worker_metrics = emulator_url, cluster, worker_metrics

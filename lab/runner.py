@@ -217,6 +217,11 @@ class Lab:
     started: float = field(default_factory=time.monotonic)
     _netbox_shown: tuple[str, float] = ("", 0.0)  # the stage kind last printed, and when
 
+    def __post_init__(self) -> None:
+        # Every path handed to a server is absolute: children run from the repository root, and Prometheus resolves
+        # relative paths in its config against the config's folder (a relative .millwright broke `lab up`)
+        self.state_dir = self.state_dir.absolute()
+
     def save(self) -> None:
         pids = {n: c.pid for n, c in self.children.items()}
         if self.netbox_lab is not None:  # while it starts, its processes so far
@@ -262,6 +267,7 @@ class Lab:
         if dead:
             raise LabError(
                 f"the {dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}; see {dead.log}"
+                + "".join(f"\n  {line}" for line in log_tail(dead.log))
             )
 
     # -------------------------------------------------------------- steps
@@ -763,7 +769,7 @@ class Lab:
 
     def print_addresses(self, server: DevServer, kubeconfig: Path, examples: dict[str, Path]) -> None:
         services = self.info["services"]
-        where = "" if self.state_dir == Path(".millwright") else f" --state-dir {self.state_dir}"
+        where = "" if self.state_dir == Path(".millwright").absolute() else f" --state-dir {self.state_dir}"
 
         def line(label: str, text: str) -> None:
             print(f"  {label + ':':<15}{text}", flush=True)
@@ -1038,8 +1044,42 @@ def seed(*, state_dir: Path, fleet: Path, reset: bool = False) -> int:
     return 0
 
 
+def log_tail(path: Path, lines: int = 8) -> list[str]:
+    """The last `lines` lines of a log, each cut to 300 characters (a log may be gone, or still empty)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line[:300] for line in text.splitlines()[-lines:]]
+
+
+def service_logs(info: dict[str, Any], state_dir: Path, name: str) -> list[Path]:
+    """A service's logs: the one its process writes, and the server's own under its folder (Prometheus, NetBox)."""
+    root = Path(info.get("state_dir") or state_dir)
+    logged = (info.get("logs") or {}).get(name)
+    candidates = [Path(logged) if logged else root / f"{name}.log", root / name / f"{name}.log"]
+    return [path for path in candidates if path.is_file()]
+
+
+def down_services(info: dict[str, Any], alive: dict[str, int]) -> dict[str, str]:
+    """The services that failed, or whose process has exited: name -> why."""
+    pids = info.get("pids") or {}
+    down = {}
+    for name, entry in (info.get("services") or {}).items():
+        state = entry.get("state")
+        if state == "failed":
+            down[name] = f"failed: {entry.get('note') or 'no reason recorded'}"
+        elif state in ("ready", "starting") and pids.get(name) is not None and name not in alive:
+            down[name] = f"its process (pid {pids[name]}) has exited"
+    return down
+
+
 def status(*, state_dir: Path) -> int:
-    """Every service with its state, address and note; the webhook receiver's deliveries; each pid's liveness."""
+    """Every service with its state, address and note; the webhook receiver's deliveries; each pid's liveness.
+    Non-zero when the lab is not running or a service is down, naming each with the last lines of its logs."""
     info = read_info(state_dir)
     if not info:
         say(f"no lab running from {state_dir}")
@@ -1081,7 +1121,18 @@ def status(*, state_dir: Path) -> int:
     if info.get("webhook") and "webhook" in alive:
         print_deliveries(info["webhook"]["url"])
     print("  pids:          " + ", ".join(f"{n} {p}{'' if n in alive else ' (GONE)'}" for n, p in pids.items()))
-    return 0 if running else 1
+    down = down_services(info, alive)
+    say_down(info, state_dir, down)
+    return 0 if running and not down else 1
+
+
+def say_down(info: dict[str, Any], state_dir: Path, down: dict[str, str]) -> None:
+    for name, why in down.items():
+        say(f"{SERVICES.get(name, name)} ({name}) is down: {why}")
+        for log in service_logs(info, state_dir, name):
+            say(f"  last lines of {log}:")
+            for line in log_tail(log):
+                say(f"    {line}")
 
 
 def print_deliveries(url: str, last: int = 10) -> None:

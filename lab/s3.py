@@ -82,7 +82,7 @@ class S3Server:
     """`.url` (the endpoint), `.bucket`, `.access_key_id`, `.secret_access_key` once started."""
 
     def __init__(self, root: Path, bucket: str = "usage-reports", timeout: float = 900) -> None:
-        self.root, self.bucket, self.timeout = Path(root), bucket, timeout
+        self.root, self.bucket, self.timeout = Path(root).absolute(), bucket, timeout
         self.log = self.root / "moto.log"
         self.url = ""
         self.access_key_id = self.secret_access_key = ""

@@ -79,6 +79,9 @@ class DevServer:
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
 
+    def __post_init__(self) -> None:
+        self.state_dir = self.state_dir.absolute()  # the server's --db-filename, whatever the caller's folder
+
     @property
     def address(self) -> str:
         return f"{LOOPBACK}:{self.port}"

@@ -101,7 +101,7 @@ class LabCa:
     """A CA on disk in `directory`; see the module docstring."""
 
     def __init__(self, directory: Path | str, name: str = "Millwright lab CA") -> None:
-        self.directory = Path(directory)
+        self.directory = Path(directory).absolute()  # handed to servers as their certificate's path
         self.name = name
 
     @property
