@@ -68,7 +68,8 @@ def _warm(session, module: str, args: list[str], state: Path) -> None:
 
 
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    # Under pytest-xdist every process collects the whole suite: the first alone warms (the locks make twins wait)
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     import importlib
     import tempfile

@@ -11,9 +11,11 @@ that what was observed is granted.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,7 +112,44 @@ def _current() -> Evidence:
     return evidence(_config)
 
 
+# Under pytest-xdist (./dev test) each process runs its own emulators into the one directory (the workers inherit
+# LAB_K8S_EVIDENCE_DIR from the controller's pytest_configure), and the process that runs the least-privilege
+# module waits for every other one to finish: this module comes last in the collection, so once it is handed out the
+# others are told to stop after the tests they hold (xdist's load scheduling), and say so with their failures.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+OTHERS_TIMEOUT = 1200.0  # the longest a test file of this suite takes, with room
+
+
+def _finished_file(directory: str, worker: str) -> Path:
+    return Path(directory) / f"finished-{worker}.json"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    ev = session.config.stash.get(EVIDENCE, None)
+    if WORKER and ev is not None:  # after its fixtures' teardown: its emulators have written their evidence
+        _finished_file(ev.directory, WORKER).write_text(json.dumps({"failed": ev.failed}))
+
+
+def _wait_for_other_processes(ev: Evidence) -> None:
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    others = [f"gw{i}" for i in range(count) if f"gw{i}" != WORKER]
+    deadline = time.monotonic() + OTHERS_TIMEOUT
+    while (waiting := [w for w in others if not _finished_file(ev.directory, w).exists()]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    for worker in others:
+        if worker in waiting:
+            ev.failed.append(f"{worker} (its tests did not finish in {OTHERS_TIMEOUT:.0f}s)")
+        else:
+            ev.failed += json.loads(_finished_file(ev.directory, worker).read_text())["failed"]
+
+
 @pytest.fixture(scope="session")
 def k8s_evidence(pytestconfig: pytest.Config) -> Evidence:
     """This session's evidence: the directory every emulator writes to, and why it may be partial."""
-    return evidence(pytestconfig)
+    ev = evidence(pytestconfig)
+    if WORKER:
+        _wait_for_other_processes(ev)
+    return ev

@@ -29,6 +29,8 @@ from activities.kube.models import JOB_NAMESPACE
 from lab.k8s.evidence import collect
 from tests.deploy.manifests import DEPLOY, one, render
 
+# Under pytest-xdist the evidence fixture first waits for the suite's other processes (tests/deploy/conftest.py)
+pytestmark = pytest.mark.timeout(1500)
 HOST_AGENT_USER_AGENT = "millwright-host-agent"
 HOST_AGENT = "millwright-host-agent"  # its ServiceAccount and DaemonSet
 # Kubernetes' bootstrap `system:discovery` ClusterRole (bound to system:authenticated).
