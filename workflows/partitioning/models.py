@@ -182,5 +182,6 @@ class GpuPartitioningResult(StrictModel):
     outcome: Literal["completed", "aborted", "planned"]
     counts: dict[str, int] = Field(default_factory=dict, description="Nodes by state at the end.")
     problems: dict[str, str] = Field(default_factory=dict, description="Nodes that did not complete, with why.")
+    warnings: list[str] = Field(default_factory=list, description="What the counts do not say: no node matched.")
     quota_check: QuotaCheck | None = Field(None, description="The tenants' GPU guarantees against the new layout.")
     plan: GpuPartitioningPlan | None = Field(None, description="With dryRun: what the run would do.")

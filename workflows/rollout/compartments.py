@@ -58,6 +58,7 @@ RECENT_BATCHES = 20
 PROBLEMS_SHOWN = 5  # erroring nodes named in `progress` (every one is in `status`)
 BATCH_WORKFLOW = "RolloutBatch"  # workflows/rollout/rollout.py: leases and starts one batch's per-node children
 PROBLEM_STATES = ("erroring", "blocked", "skipped")
+MATCHED_NO_NODE = "the node selectors matched no node"  # a finished run's, as a plan's "match no node"
 # workflow.patched() id: a batch takes a node already out of service (an erroring node due for its retry) whatever
 # the ceiling's room, as it costs nothing more (batching.admit).
 OUT_OF_SERVICE_PATCH = "fleet-out-of-service-costs-nothing"
@@ -141,6 +142,10 @@ class Compartments:
 
     async def survey(self) -> list[NodeSnapshot]:
         return await survey(self.spec)
+
+    def matched_no_node(self) -> bool:
+        """The run completed without any node ever in it (one that left is in `cp.left`)."""
+        return self.phase == "completed" and not self.cp.nodes and not self.cp.left
 
     async def _run_compartments(self) -> None:
         """Every compartment with work, concurrently; one that gains nodes mid-run starts when it does, and
@@ -545,6 +550,8 @@ class Compartments:
             f"{counts.get('complete', 0)}/{len(self.cp.nodes)} complete, {counts.get('in_progress', 0)} in progress, "
             f"{counts.get('erroring', 0)} erroring, {counts.get('blocked', 0)} blocked"
         ]
+        if self.matched_no_node():  # else an empty count reads as a success
+            lines.append(MATCHED_NO_NODE)
         if self.paused_reason:
             lines.append(f"paused: {self.paused_reason}")
         if self.aborted:

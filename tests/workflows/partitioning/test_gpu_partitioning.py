@@ -3,7 +3,7 @@ most 2 out of service, no eviction past a PodDisruptionBudget, no relabel under 
 after), a re-run that writes nothing, a node mig-manager fails stopping the run at its threshold with the reason in
 `progress` and an abort leaving every node in service or cordoned with a reason, and a layout that would break a
 tenant's guaranteed quota refused before any write, naming the tenant; a node that failed, alone under a ceiling of 1,
-retried (its retry costs nothing more) and moved."""
+retried (its retry costs nothing more) and moved; a selector matching no node, said so."""
 
 from __future__ import annotations
 
@@ -141,6 +141,18 @@ async def test_a_node_left_cordoned_by_its_own_failure_is_retried_under_a_ceilin
     node = await read_node(core, "gpu-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     assert node.status.capacity["nvidia.com/mig-1g.10gb"] == "56"
+
+
+async def test_a_selector_that_matches_no_node_is_said_so_not_reported_as_an_empty_success(client, kube_worker, k8s):
+    await mig_lab(k8s, 1)
+    handle = await start(client, kube_worker, partitioning("none", nodeSelectors={"matchLabels": {"mig": "nowhere"}}))
+
+    result = await handle.result()
+
+    assert result.outcome == "completed" and result.counts == {}
+    assert result.warnings == ["the node selectors matched no node"]
+    progress = await handle.query(GpuPartitioning.progress)
+    assert progress.finished and "the node selectors matched no node" in progress.details, progress.details
 
 
 async def test_a_layout_breaking_a_tenants_guarantee_is_refused_before_any_write(client, kube_worker, k8s):
