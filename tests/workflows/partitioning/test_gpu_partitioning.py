@@ -141,6 +141,7 @@ async def test_a_node_left_cordoned_by_its_own_failure_is_retried_under_a_ceilin
     node = await read_node(core, "gpu-01")
     assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
     assert node.status.capacity["nvidia.com/mig-1g.10gb"] == "56"
+    await record_history(handle, "gpu_partitioning_retry_out_of_service")
 
 
 async def test_a_selector_that_matches_no_node_is_said_so_not_reported_as_an_empty_success(client, kube_worker, k8s):
