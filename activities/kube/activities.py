@@ -73,6 +73,51 @@ from activities.kube.stages import (
 _VIOLATIONS_MAX = 50  # check_node_conditions reports at most this many, then a count
 
 
+# A stage a retry reports from the node, not from its Job: an earlier attempt's record of it was lost.
+HANDED_BACK = "succeeded: an earlier attempt handed the node back"
+
+
+def hand_back_patch(node: k8s.V1Node, state: NodeRolloutState, *, packages: dict[str, str], uncordon: bool,
+                    removed: list[str] | None = None, untaint: bool = False,
+                    ) -> tuple[dict[str, Any], list[Callable[[k8s.V1Node], bool]], list[str]]:  # fmt: skip
+    """What hands `node` back (`_hand_back`): the conditional patch, the checks a node read back shows it by (none:
+    the node shows it all, nothing to write), and what it does, for the log."""
+    annotations = node.metadata.annotations or {}
+    labels: dict[str, Any] = {}
+    changes: dict[str, Any] = {}
+    shows: list[Callable[[k8s.V1Node], bool]] = []
+    spec: dict[str, Any] = {}
+    done: list[str] = []
+    installed = packages_of(annotations, state.node)
+    gone = [name for name in removed or [] if name in installed]
+    if gone or any(installed.get(name) != version for name, version in packages.items()):
+        kept = {k: v for k, v in {**installed, **packages}.items() if k not in gone}
+        value = json.dumps(dict(sorted(kept.items())), separators=(",", ":"))
+        changes[PACKAGES_ANNOTATION] = value
+        shows.append(lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value)
+        done += [f"{name} uninstalled" for name in gone]
+    change = state_change(node, state)
+    if change is not None:
+        labels.update(change.labels)
+        changes.update(change.annotations)
+        shows.append(change.shown_by)
+    if uncordon and annotations.get(CORDONED_BY) == state.rollout:
+        changes.update({CORDONED_BY: None, CORDON_REASON: None})
+        spec["unschedulable"] = False
+        shows.append(lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None)
+        done.append("uncordoned")
+    if untaint and marks.has_runtime_taint(node):
+        spec["taints"] = marks.taints_without_runtime_required(node)
+        changes[marks.AUTO_TAINT_ANNOTATION] = None
+        shows.append(lambda n: not marks.has_runtime_taint(n))
+        done.append("runtime-required taint removed")
+    patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
+                                          "labels": labels, "annotations": changes}}  # fmt: skip
+    if spec:
+        patch["spec"] = spec
+    return patch, shows, done
+
+
 class KubeActivities(RolloutNodeActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
     (activities/kube/rollout_activities.py) and, here, a node's update in three calls and the condition gates."""
@@ -196,7 +241,8 @@ class KubeActivities(RolloutNodeActivities):
         so a stage never runs twice. Details a crash left behind by a few seconds only repeat looks, never Jobs.
 
         With `finish`, once every stage has succeeded it hands the node back as `finish_node_update` does, `finished`
-        (also when asked to stop meanwhile: the write ends the node's update, it starts nothing).
+        (also when asked to stop meanwhile: the write ends the node's update, it starts nothing). A retry that finds
+        the node handed back already (an earlier attempt's result lost) writes nothing and reports the rest done.
         """
         unknown = sorted({st.stage for st in req.stages if Stage.named(st.stage) is None})
         if unknown:  # refused before any of its stages runs
@@ -223,6 +269,12 @@ class KubeActivities(RolloutNodeActivities):
         details = details if isinstance(details, dict) else {}
         result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
                                   reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
+        if req.finish is not None and info.attempt > 1 and await self._handed_back(req.finish):
+            # An earlier attempt ran every stage and handed the node back, its result lost (the server down): walking
+            # the stages again would mark a finished, schedulable node `in_progress`. Nothing is written.
+            rest = [StageRecord(package=st.package, stage=st.stage, succeeded=True, attempts=1, message=HANDED_BACK)
+                    for st in req.stages[len(result.stages):]]  # fmt: skip
+            return result.model_copy(update={"stages": result.stages + rest, "finished": True})
         # A second reboot (an uninstall's, then the install's) must change the boot ID the first one left.
         boot_id = details.get("boot_id") or req.boot_id
         for index in range(len(result.stages), len(req.stages)):
@@ -361,46 +413,23 @@ class KubeActivities(RolloutNodeActivities):
                          uncordon: bool, removed: list[str] | None = None, untaint: bool = False) -> None:  # fmt: skip
         """One conditional write: `packages` recorded (`removed` ones dropped), `state`, the cordon of
         `state.rollout` removed, and with `untaint` the runtime-required taint."""
-        annotations = node.metadata.annotations or {}
-        labels: dict[str, Any] = {}
-        changes: dict[str, Any] = {}
-        shows: list[Callable[[k8s.V1Node], bool]] = []
-        spec: dict[str, Any] = {}
-        done: list[str] = []
-        installed = packages_of(annotations, state.node)
-        gone = [name for name in removed or [] if name in installed]
-        if gone or any(installed.get(name) != version for name, version in packages.items()):
-            kept = {k: v for k, v in {**installed, **packages}.items() if k not in gone}
-            value = json.dumps(dict(sorted(kept.items())), separators=(",", ":"))
-            changes[PACKAGES_ANNOTATION] = value
-            shows.append(lambda n: annotation_of(n, PACKAGES_ANNOTATION) == value)
-            done += [f"{name} uninstalled" for name in gone]
-        change = state_change(node, state)
-        if change is not None:
-            labels.update(change.labels)
-            changes.update(change.annotations)
-            shows.append(change.shown_by)
-        if uncordon and annotations.get(CORDONED_BY) == state.rollout:
-            changes.update({CORDONED_BY: None, CORDON_REASON: None})
-            spec["unschedulable"] = False
-            shows.append(lambda n: not (n.spec and n.spec.unschedulable) and annotation_of(n, CORDONED_BY) is None)
-            done.append("uncordoned")
-        if untaint and marks.has_runtime_taint(node):
-            spec["taints"] = marks.taints_without_runtime_required(node)
-            changes[marks.AUTO_TAINT_ANNOTATION] = None
-            shows.append(lambda n: not marks.has_runtime_taint(n))
-            done.append("runtime-required taint removed")
+        patch, shows, done = hand_back_patch(node, state, packages=packages, uncordon=uncordon, removed=removed,
+                                             untaint=untaint)  # fmt: skip
         if not shows:
             return
-        patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version,
-                                              "labels": labels, "annotations": changes}}  # fmt: skip
-        if spec:
-            patch["spec"] = spec
         await self._patch_node(state.cluster, state.node, patch, f"recording {state.state} on node {state.node}",
                                lambda n: all(show(n) for show in shows))  # fmt: skip
         if done:
             activity.logger.info("node %s for %s: %s", state.node, state.rollout, ", ".join(done))
         await self._state_event(node, state, *done)
+
+    async def _handed_back(self, finish: NodeUpdateFinish) -> bool:
+        """The node shows `finish` written already (complete for this rollout, its packages, no cordon of its)."""
+        node = await self._read_node(finish.cluster, finish.node)
+        state = NodeRolloutState(cluster=finish.cluster, node=finish.node, rollout=finish.rollout, state="complete")
+        _, shows, _ = hand_back_patch(node, state, packages=finish.packages, uncordon=finish.uncordon,
+                                      removed=finish.removed, untaint=finish.untaint)  # fmt: skip
+        return not shows
 
     @activity.defn
     async def check_node_conditions(self, req: ConditionGate) -> list[str]:

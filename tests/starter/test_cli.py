@@ -79,6 +79,16 @@ async def test_start_rejects_non_json_and_unknown_workflow():
     assert "unknown workflow 'NoSuchWorkflow'" in result.stderr and "NodeMaintenance" in result.stderr
 
 
+async def test_a_mig_config_the_profile_table_lacks_is_refused_as_ours_not_mig_parteds():
+    # all-1g.12gb is mig-parted's (H100 NVL); what lacks it is Millwright's table, which has no H100 NVL row.
+    inp = {"cluster": "lab", "name": "nvl", "config": "all-1g.12gb", "nodeSelectors": {"matchLabels": {"mig": "true"}}}
+    result = await cli("start", "GpuPartitioning", "--input", "-", stdin=json.dumps(inp))
+    assert result.returncode == 2 and "nothing was started" in result.stderr
+    said = " ".join(result.stderr.split())
+    assert "'all-1g.12gb' is no config of a GPU model in Millwright's MIG profile table" in said, result.stderr
+    assert "built-in" not in said
+
+
 async def test_start_twice_attaches_to_the_running_run(client, temporal_address):
     # No worker polls this queue: the run stays RUNNING, so the second submission must collapse into it.
     task_queue = f"cli-dup-{uuid.uuid4().hex[:8]}"

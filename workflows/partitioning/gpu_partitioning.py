@@ -28,7 +28,7 @@ from workflows.partitioning.models import (
 )
 from workflows.partitioning.plan import NodePlan, QuotaCheck, check_quotas, plan_nodes
 from workflows.rollout.batching import assign_compartments, compartment_budget, compartment_strategy, strategy_name
-from workflows.rollout.compartments import Compartments
+from workflows.rollout.compartments import MATCHED_NO_NODE, Compartments
 from workflows.rollout.fleet_controls import FleetControls
 from workflows.rollout.models import NodeOutcome, NodeWork
 from workflows.tenancy.capacity import read_capacity
@@ -81,6 +81,8 @@ class GpuPartitioning(FleetControls):
         await workflow.wait_condition(workflow.all_handlers_finished)
         result.outcome = "aborted" if fleet.aborted else "completed"
         result.counts, result.quota_check = fleet.counts(), quota
+        if fleet.matched_no_node():
+            result.warnings.append(MATCHED_NO_NODE)
         return result
 
     async def _check(self, inp: GpuPartitioningInput) -> tuple[list[NodePlan], QuotaCheck]:

@@ -18,7 +18,7 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
 from workflows.maintenance.drain import DrainProgress
-from workflows.partitioning.layouts import known_configs
+from workflows.partitioning.layouts import MODELS, known_configs
 from workflows.partitioning.plan import NodePlan, QuotaCheck
 from workflows.rollout.spec.admission import BatchGate, MaintenanceWindow
 from workflows.rollout.spec.deployment_policy import DeploymentPolicy
@@ -30,8 +30,13 @@ from workflows.validation.models import ValidationResult, ValidationSettings
 
 
 def validate_config(value: str) -> str:
+    # Our table, not mig-parted's list: mig-parted has built-ins for models it lacks (H100 NVL's all-1g.12gb).
     if value not in known_configs():
-        raise ValueError(f"{value!r} is not a mig-parted built-in config; one of: {', '.join(known_configs())}")
+        raise ValueError(
+            f"{value!r} is no config of a GPU model in Millwright's MIG profile table "
+            f"({', '.join(m.name for m in MODELS)}): a model it lacks needs its row there first; "
+            f"one of: {', '.join(known_configs())}"
+        )
     return value
 
 
@@ -182,5 +187,6 @@ class GpuPartitioningResult(StrictModel):
     outcome: Literal["completed", "aborted", "planned"]
     counts: dict[str, int] = Field(default_factory=dict, description="Nodes by state at the end.")
     problems: dict[str, str] = Field(default_factory=dict, description="Nodes that did not complete, with why.")
+    warnings: list[str] = Field(default_factory=list, description="What the counts do not say: no node matched.")
     quota_check: QuotaCheck | None = Field(None, description="The tenants' GPU guarantees against the new layout.")
     plan: GpuPartitioningPlan | None = Field(None, description="With dryRun: what the run would do.")

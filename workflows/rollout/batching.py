@@ -13,6 +13,7 @@ Where Millwright deliberately departs from NodeWright (each is marked "DEPARTURE
    `admissible(batch, ceiling, unavailable_now)` on top of the strategy: no batch puts
    more nodes out of service than the ceiling minus the compartment's nodes already
    unavailable for any reason (cordoned by anyone, NotReady, left cordoned by a failure).
+   A node already out of service costs nothing more to take (`admit`).
 2. **`safetyLimit` defaults to 100** (in the spec), so `failureThreshold` keeps stopping
    the rollout after the halfway point. The stop rule itself is NodeWright's.
 3. **Ceiling in exact integers.** NodeWright computes `int(float64(matched) * (percent/100))`,
@@ -50,6 +51,7 @@ __all__ = [
     "Plan",
     "PlannedBatch",
     "admissible",
+    "admit",
     "assign_compartments",
     "batch_order",
     "choose_compartment",
@@ -256,6 +258,22 @@ def admissible(batch_size: int, budget_ceiling: int, unavailable_now: int) -> in
     out of service now, given the compartment's ceiling and its nodes already unavailable
     for any reason. `max(0, min(batch_size, ceiling - unavailable_now))`; 0 means wait."""
     return max(0, min(batch_size, budget_ceiling - unavailable_now))
+
+
+def admit(order: Sequence[str], unavailable: set[str], batch_size: int, budget_ceiling: int) -> list[str]:
+    """The nodes of `order` a batch of `batch_size` takes (DEPARTURE 1, as the disruption budget grants): one
+    already out of service costs nothing more, so it is taken whatever the room left (an erroring node left
+    cordoned, due for its retry, fills no more of the ceiling than it already does); any other only while the
+    ceiling minus the unavailable nodes leaves room. Empty means wait."""
+    room = max(0, budget_ceiling - len(unavailable))
+    chosen: list[str] = []
+    for node in order:
+        if len(chosen) == batch_size:
+            break
+        if node in unavailable or room > 0:
+            room -= node not in unavailable
+            chosen.append(node)
+    return chosen
 
 
 def success_percent(succeeded: int, failed: int) -> int:

@@ -23,6 +23,7 @@ from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.rollout.batching import (
     NodeSnapshot,
     admissible,
+    admit,
     assign_compartments,
     batch_order,
     compartment_budget,
@@ -57,6 +58,10 @@ RECENT_BATCHES = 20
 PROBLEMS_SHOWN = 5  # erroring nodes named in `progress` (every one is in `status`)
 BATCH_WORKFLOW = "RolloutBatch"  # workflows/rollout/rollout.py: leases and starts one batch's per-node children
 PROBLEM_STATES = ("erroring", "blocked", "skipped")
+MATCHED_NO_NODE = "the node selectors matched no node"  # a finished run's, as a plan's "match no node"
+# workflow.patched() id: a batch takes a node already out of service (an erroring node due for its retry) whatever
+# the ceiling's room, as it costs nothing more (batching.admit).
+OUT_OF_SERVICE_PATCH = "fleet-out-of-service-costs-nothing"
 
 
 class Compartments:
@@ -137,6 +142,10 @@ class Compartments:
 
     async def survey(self) -> list[NodeSnapshot]:
         return await survey(self.spec)
+
+    def matched_no_node(self) -> bool:
+        """The run completed without any node ever in it (one that left is in `cp.left`)."""
+        return self.phase == "completed" and not self.cp.nodes and not self.cp.left
 
     async def _run_compartments(self) -> None:
         """Every compartment with work, concurrently; one that gains nodes mid-run starts when it does, and
@@ -222,13 +231,12 @@ class Compartments:
             retries_due = sum(1 for n in pending if self.cp.nodes[n] == "erroring")
             state = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - retries_due)})
             size = next_batch_size(compartment_strategy(spec.deployment_policy, name), state, active, cap)
-            admit = admissible(size, cap, len(unavailable))
-            if admit == 0:
+            chosen = self._choose(pending, unavailable, size, cap)
+            if not chosen:
                 note = f"{len(unavailable)} of {cap} allowed nodes already out of service"
                 self._enter(view, "waiting-for-budget", note)
                 await self._sleep(BUDGET_POLL, "budget exhausted by unavailable nodes")
                 continue
-            chosen = self._choose(pending, unavailable, admit)
             retried = [n for n in chosen if self.cp.nodes[n] == "erroring"]
             for node in retried:
                 self.cp.retries[node] = self.cp.retries.get(node, 0) + 1
@@ -272,13 +280,20 @@ class Compartments:
         unavailable = await unavailable_nodes(self.spec, name)
         return pending, set(unavailable) & set(cs.members), MembershipChange()
 
-    def _choose(self, pending: list[str], unavailable: set[str], admit: int) -> list[str]:
+    def _choose(self, pending: list[str], unavailable: set[str], size: int, cap: int) -> list[str]:
+        """The next batch's nodes, at most `size`, under the ceiling `cap`; empty: wait for the budget."""
         if self.planning:
-            return batch_order(pending, self._live, self.cp.nodes, unavailable)[:admit]
-        # Before batch planning: nodes already out of service cost nothing more to take: they go first, then
-        # waiting nodes before blocked ones, each in name order.
-        ordered = sorted(pending, key=lambda n: (n not in unavailable, self.cp.nodes[n] == "blocked", n))
-        return sorted(ordered[:admit])
+            order = batch_order(pending, self._live, self.cp.nodes, unavailable)
+        else:
+            # Before batch planning: nodes already out of service cost nothing more to take: they go first, then
+            # waiting nodes before blocked ones, each in name order.
+            order = sorted(pending, key=lambda n: (n not in unavailable, self.cp.nodes[n] == "blocked", n))
+        # Decided only where the rules differ (a node due is out of service), after the survey's activity.
+        if unavailable.intersection(pending) and workflow.patched(OUT_OF_SERVICE_PATCH):
+            chosen = admit(order, unavailable, size, cap)
+        else:  # runs from before: such a node filled the ceiling as a new one would, so one could stall the run
+            chosen = order[: admissible(size, cap, len(unavailable))]
+        return chosen if self.planning else sorted(chosen)
 
     async def _gates(self, name: str, view: CompartmentView) -> bool:
         """Pause, maintenance window, approval, batch gate; True when all pass now."""
@@ -535,6 +550,8 @@ class Compartments:
             f"{counts.get('complete', 0)}/{len(self.cp.nodes)} complete, {counts.get('in_progress', 0)} in progress, "
             f"{counts.get('erroring', 0)} erroring, {counts.get('blocked', 0)} blocked"
         ]
+        if self.matched_no_node():  # else an empty count reads as a success
+            lines.append(MATCHED_NO_NODE)
         if self.paused_reason:
             lines.append(f"paused: {self.paused_reason}")
         if self.aborted:

@@ -2,7 +2,8 @@
 most 2 out of service, no eviction past a PodDisruptionBudget, no relabel under a GPU pod, the layout advertised
 after), a re-run that writes nothing, a node mig-manager fails stopping the run at its threshold with the reason in
 `progress` and an abort leaving every node in service or cordoned with a reason, and a layout that would break a
-tenant's guaranteed quota refused before any write, naming the tenant."""
+tenant's guaranteed quota refused before any write, naming the tenant; a node that failed, alone under a ceiling of 1,
+retried (its retry costs nothing more) and moved; a selector matching no node, said so."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 
 from activities.capi.ownership import TENANT_LABEL
+from activities.kube.mig import CONFIG_LABEL
 from activities.kube.models import ROLLOUT_ANNOTATION, ROLLOUT_STATE_LABEL
 from lab.k8s.crds import TENANCY_CRDS
 from tests.cli_in_process import cli
@@ -23,6 +25,7 @@ from tests.workflows.partitioning.helpers import evictions_past_their_budget, mi
 from tests.workflows.rollout.helpers import max_unavailable
 from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.models import GpuPartitioningInput
+from workflows.rollout.models import ApproveRequest
 
 MEMBERS = {f"gpu-{i:02d}" for i in range(1, 5)}
 BUDGET_2 = {"default": {"budget": {"count": 2}, "strategy": {"fixed": {"initialBatch": 2}}}}
@@ -103,6 +106,54 @@ async def test_a_failing_node_stops_the_run_at_its_threshold_and_an_abort_leaves
     for name in sorted(MEMBERS - {"gpu-01"}):  # never touched
         node = await read_node(core, name)
         assert not node.spec.unschedulable and "nvidia.com/mig.config" not in node.metadata.labels, name
+
+
+async def test_a_node_left_cordoned_by_its_own_failure_is_retried_under_a_ceiling_of_1(client, kube_worker, k8s, core):
+    # Issue 43: the retry was counted among the nodes out of service, filled the ceiling, and the run waited forever.
+    await mig_lab(k8s, 1)
+    await k8s.set_mig_node("gpu-01", fail="nvidia-smi mig -cgi failed: In use by another client")
+    policy = {"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}  # retryErroringNodes: 1
+    handle = await start(client, kube_worker, partitioning("retry", deploymentPolicy=policy, approval="batch"))
+
+    async def awaiting_approval(batch: int):
+        progress = await handle.query(GpuPartitioning.progress)
+        return progress if f"waiting-for-approval (batch {batch}," in progress.details else None
+
+    await wait_for(lambda: awaiting_approval(1), what="batch 1's approval")
+    await handle.execute_update(GpuPartitioning.approve_batch, ApproveRequest(approver="sre"))
+    progress = await wait_for(lambda: awaiting_approval(2), what="batch 2's approval", timeout=60)
+    assert "node `gpu-01` erroring: mig-manager failed" in progress.details
+    # The operator mends the node: mig-manager's fault gone, its config label removed so the retry sets it again.
+    await k8s.set_mig_node("gpu-01")
+    await core.patch_node("gpu-01", {"metadata": {"labels": {CONFIG_LABEL: None}}})
+    await handle.execute_update(GpuPartitioning.approve_batch, ApproveRequest(approver="sre"))
+
+    async def finished():
+        progress = await handle.query(GpuPartitioning.progress)
+        assert "waiting-for-budget" not in progress.details, progress.details
+        return progress if progress.finished else None
+
+    await wait_for(finished, what="the retry of gpu-01", timeout=60)
+    result = await handle.result()
+    assert result.outcome == "completed" and result.counts == {"complete": 1}, result.problems
+    status = await handle.query(GpuPartitioning.status)
+    assert [b.retried for b in status.recent_batches] == [[], ["gpu-01"]]
+    node = await read_node(core, "gpu-01")
+    assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    assert node.status.capacity["nvidia.com/mig-1g.10gb"] == "56"
+    await record_history(handle, "gpu_partitioning_retry_out_of_service")
+
+
+async def test_a_selector_that_matches_no_node_is_said_so_not_reported_as_an_empty_success(client, kube_worker, k8s):
+    await mig_lab(k8s, 1)
+    handle = await start(client, kube_worker, partitioning("none", nodeSelectors={"matchLabels": {"mig": "nowhere"}}))
+
+    result = await handle.result()
+
+    assert result.outcome == "completed" and result.counts == {}
+    assert result.warnings == ["the node selectors matched no node"]
+    progress = await handle.query(GpuPartitioning.progress)
+    assert progress.finished and "the node selectors matched no node" in progress.details, progress.details
 
 
 async def test_a_layout_breaking_a_tenants_guarantee_is_refused_before_any_write(client, kube_worker, k8s):

@@ -295,6 +295,30 @@ async def test_the_stages_hand_the_node_back_once_the_last_has_succeeded(k8s, ku
         stages("boot-1", "apply", finish=finish.model_copy(update={"node": "node-02"}))
 
 
+async def test_a_retry_after_the_hand_back_writes_nothing_whatever_beat_it_resumes_from(k8s, kube, core):
+    # Issue 43: the server down as the stages' activity ended, its retry resumed from an earlier beat, marked the
+    # handed-back (uncordoned) node `in_progress` again, walked its stages and wrote `complete` once more.
+    await k8s.seed(fleet())
+    await k8s.configure(jobs={"defaultSeconds": 0.2})
+    await env().run(kube.start_node_update, start(non_interrupt_selector=""))
+    finish = NodeUpdateFinish(cluster="lab", node="node-01", rollout=ROLLOUT, packages={"kernel": "6.8.1"},
+                              uncordon=True)  # fmt: skip
+    beats: list = []
+    e = env()
+    e.on_heartbeat = lambda *d: beats.append(d[0])
+    assert (await e.run(kube.run_node_stages, stages("boot-1", "apply", "config", finish=finish))).finished
+    since = await k8s.audit_cursor()
+    for details in ([], [beats[0]]):  # no beat reached the server, or only one from the first stage
+        again = await env(attempt=2, heartbeat_details=details).run(
+            kube.run_node_stages, stages("boot-1", "apply", "config", finish=finish)
+        )
+        assert again.finished and [(r.stage, r.succeeded) for r in again.stages] == [("apply", True), ("config", True)]
+    written = [e for e in await k8s.audit(since=since, writes=True) if e["userAgent"].startswith("millwright")]
+    assert written == []
+    node = await read_node(core, "node-01")
+    assert node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete" and not node.spec.unschedulable
+
+
 async def test_a_reboot_that_cannot_be_verified_runs_no_stage(k8s, kube):
     await k8s.seed(fleet())
     since = await k8s.audit_cursor()

@@ -19,6 +19,7 @@ from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.batching import (
     NodeSnapshot,
     admissible,
+    admit,
     assign_compartments,
     choose_compartment,
     coalesce_interrupts,
@@ -233,6 +234,25 @@ def test_clamped_to_remaining():
 )
 def test_admissible(batch, cap, unavailable, expected):
     assert admissible(batch, cap, unavailable) == expected
+
+
+@pytest.mark.parametrize(
+    "order, unavailable, batch, cap, expected",
+    [
+        # Issue 43: one node, ceiling 1, left cordoned by its own failure: its retry costs nothing more.
+        (["a"], {"a"}, 1, 1, ["a"]),
+        # No room: the waiting nodes wait, the retry out of service goes.
+        (["b", "c", "a"], {"a"}, 1, 1, ["a"]),
+        # Room for one new node: taken in order; the retry takes no room.
+        (["b", "c", "a"], {"a"}, 3, 2, ["b", "a"]),
+        (["b", "c", "a"], {"a"}, 1, 2, ["b"]),
+        # Out of service though not due (not in the order): fills the ceiling, nothing new goes.
+        (["b"], {"x"}, 1, 1, []),
+        (["b", "c"], set(), 5, 1, ["b"]),
+    ],
+)
+def test_a_node_already_out_of_service_costs_nothing_more(order, unavailable, batch, cap, expected):
+    assert admit(order, unavailable, batch, cap) == expected
 
 
 def test_budget_caps_an_exponential_strategy():
@@ -654,6 +674,21 @@ def test_admissible_never_exceeds_ceiling_minus_unavailable(batch, cap, unavaila
     assert 0 <= a <= batch
     assert a <= max(0, cap - unavailable)
     assert a == batch or a == max(0, cap - unavailable)
+
+
+@PROPS
+@given(st.data())
+def test_admit_puts_no_more_out_of_service_than_the_ceiling_allows(data):
+    order = data.draw(st.lists(st.sampled_from("abcdefgh"), unique=True))
+    unavailable = data.draw(st.sets(st.sampled_from("abcdefghxyz")))
+    batch, cap = data.draw(st.integers(0, 10)), data.draw(st.integers(0, 10))
+    chosen = admit(order, unavailable, batch, cap)
+    new = [n for n in chosen if n not in unavailable]
+    assert len(chosen) <= batch and chosen == [n for n in order if n in chosen]
+    assert len(new) <= max(0, cap - len(unavailable))
+    # Never fewer than the count rule admits, and never empty while a node due is out of service.
+    assert len(chosen) >= min(len(order), admissible(batch, cap, len(unavailable)))
+    assert chosen or batch == 0 or not set(order) & unavailable
 
 
 @PROPS
