@@ -47,7 +47,8 @@ from activities.firmware.models import (
     UpdateStart,
     UpdateStarted,
 )
-from activities.firmware.versions import is_downgrade
+from activities.firmware.versions import refused
+from activities.models import SystemIdentity
 from activities.redfish import BmcRef, RedfishActivities, redfish_error
 
 T = TypeVar("T")
@@ -109,8 +110,16 @@ class FirmwareActivities(RedfishActivities):
 
     @activity.defn
     async def firmware_inventory(self, bmc: BmcRef) -> FirmwareVersions:
-        """Every firmware inventory entry's Version."""
-        return FirmwareVersions(versions=await self._converse("reading the firmware inventory", bmc, _versions))
+        """Every firmware inventory entry's Version, and the system's identity (checked against the node it is said
+        to be before anything is written)."""
+
+        def run(root: sushy.Sushy) -> FirmwareVersions:
+            several = not bmc.system and len(root.get_system_collection().members_identities) != 1
+            system = None if several else self._the_system(root, bmc)
+            return FirmwareVersions(versions=_versions(root), system=None if system is None else SystemIdentity(
+                uuid=system.uuid or "", serial=system.serial_number or ""))  # fmt: skip
+
+        return await self._converse("reading the firmware inventory", bmc, run)
 
     @activity.defn
     async def start_firmware_update(self, req: UpdateStart) -> UpdateStarted:
@@ -120,22 +129,14 @@ class FirmwareActivities(RedfishActivities):
 
         def run(root: sushy.Sushy) -> UpdateStarted:
             have = _versions(root)
-            unknown = [t for t in req.targets if t not in have]
-            if unknown:
-                raise ApplicationError(
-                    f"BMC {req.bmc} has no firmware inventory entry {', '.join(unknown)} (it has "
-                    f"{', '.join(sorted(have)[:20])})", type="FirmwareComponentUnknown", non_retryable=True,
-                )  # fmt: skip
+            kind, why = refused(req.targets, req.version, have, req.allow_downgrade)
+            if kind == "FirmwareComponentUnknown":
+                raise ApplicationError(f"BMC {req.bmc}: {why}", type=kind, non_retryable=True)
             installed = {t: have[t] for t in req.targets}
             if all(v == req.version for v in installed.values()):
                 return UpdateStarted(outcome="at-target", installed=installed)
-            older = {t: v for t, v in installed.items() if is_downgrade(v, req.version)}
-            if older and not req.allow_downgrade:
-                raise ApplicationError(
-                    f"{where}: {req.version} is older than the installed "
-                    + ", ".join(f"{t} {v}" for t, v in older.items())
-                    + "; set allow_downgrade to install it", type="FirmwareDowngradeRefused", non_retryable=True,
-                )  # fmt: skip
+            if kind:
+                raise ApplicationError(f"{where}: {why}", type=kind, non_retryable=True)
             paths = _inventory_paths(root)
             targets = [paths[t] for t in req.targets]
             service = root.get_update_service()
