@@ -110,3 +110,15 @@ Host = Annotated[
     WithJsonSchema({"type": "string", "pattern": r"^[^\s<>{}/@]+$"}),
 ]
 """A DNS name or an IP address (no scheme, no port)."""
+
+
+class SystemIdentity(StrictModel):
+    """Who the BMC's ComputerSystem says it is: its SMBIOS UUID (what a Linux host, and so its Kubernetes node's
+    ``status.nodeInfo.systemUUID``, reports) and serial number."""
+
+    uuid: str = ""
+    serial: str = ""
+
+    def same_uuid(self, other: str) -> bool:
+        """`other` is this system's UUID (written in either case); never true for an unknown one."""
+        return bool(self.uuid) and self.uuid.strip().lower() == other.strip().lower()

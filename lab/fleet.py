@@ -336,7 +336,8 @@ class Fleet(_M):
                 "nodeInfo": {
                     "bootID": _uid(self.cluster, "boot", n.name, "0"),
                     "machineID": hashlib.md5(n.name.encode()).hexdigest(),
-                    "systemUUID": _uid(self.cluster, "sys", n.name),
+                    # The SMBIOS UUID, as the lab BMC of a server of that name reports it (lab/bmc.py).
+                    "systemUUID": _uid(n.name, "system"),
                     "kernelVersion": "6.8.0-49-generic",
                     "osImage": "Ubuntu 24.04.1 LTS",
                     "containerRuntimeVersion": "containerd://1.7.22",

@@ -9,9 +9,10 @@ Redfish through sushy's authenticated connector, because sushy sends no apply ti
 (it treats the Task URI as a monitor, and a Task answers 200 while it runs).
 
 Idempotency: `start_firmware_update` reads the inventory first (every target already at the version: nothing to
-do; an older version wanted: refused unless allowed) and finds a task of its own already running for the same image
-and targets before starting another. `follow_firmware_task` only reads. `activate_firmware` resets only while the
-versions are not active and no power change is landing, so a retry does not reset twice.
+do; an older version wanted: refused unless allowed) and finds a task an earlier attempt started for the same image
+and targets (still running, or completed with the image staged awaiting activation) before starting another.
+`follow_firmware_task` only reads. `activate_firmware` resets only while the versions are not active and no power
+change is landing, so a retry does not reset twice.
 
 A BMC that restarts itself to activate its own firmware stops answering, then answers again with its tasks gone
 (../shared/reference/lifecycle-apis.md §1.6, §1.8): following the task waits that out, then decides from the
@@ -46,7 +47,8 @@ from activities.firmware.models import (
     UpdateStart,
     UpdateStarted,
 )
-from activities.firmware.versions import is_downgrade
+from activities.firmware.versions import refused
+from activities.models import SystemIdentity
 from activities.redfish import BmcRef, RedfishActivities, redfish_error
 
 T = TypeVar("T")
@@ -108,8 +110,16 @@ class FirmwareActivities(RedfishActivities):
 
     @activity.defn
     async def firmware_inventory(self, bmc: BmcRef) -> FirmwareVersions:
-        """Every firmware inventory entry's Version."""
-        return FirmwareVersions(versions=await self._converse("reading the firmware inventory", bmc, _versions))
+        """Every firmware inventory entry's Version, and the system's identity (checked against the node it is said
+        to be before anything is written)."""
+
+        def run(root: sushy.Sushy) -> FirmwareVersions:
+            several = not bmc.system and len(root.get_system_collection().members_identities) != 1
+            system = None if several else self._the_system(root, bmc)
+            return FirmwareVersions(versions=_versions(root), system=None if system is None else SystemIdentity(
+                uuid=system.uuid or "", serial=system.serial_number or ""))  # fmt: skip
+
+        return await self._converse("reading the firmware inventory", bmc, run)
 
     @activity.defn
     async def start_firmware_update(self, req: UpdateStart) -> UpdateStarted:
@@ -119,30 +129,22 @@ class FirmwareActivities(RedfishActivities):
 
         def run(root: sushy.Sushy) -> UpdateStarted:
             have = _versions(root)
-            unknown = [t for t in req.targets if t not in have]
-            if unknown:
-                raise ApplicationError(
-                    f"BMC {req.bmc} has no firmware inventory entry {', '.join(unknown)} (it has "
-                    f"{', '.join(sorted(have)[:20])})", type="FirmwareComponentUnknown", non_retryable=True,
-                )  # fmt: skip
+            kind, why = refused(req.targets, req.version, have, req.allow_downgrade)
+            if kind == "FirmwareComponentUnknown":
+                raise ApplicationError(f"BMC {req.bmc}: {why}", type=kind, non_retryable=True)
             installed = {t: have[t] for t in req.targets}
             if all(v == req.version for v in installed.values()):
                 return UpdateStarted(outcome="at-target", installed=installed)
-            older = {t: v for t, v in installed.items() if is_downgrade(v, req.version)}
-            if older and not req.allow_downgrade:
-                raise ApplicationError(
-                    f"{where}: {req.version} is older than the installed "
-                    + ", ".join(f"{t} {v}" for t, v in older.items())
-                    + "; set allow_downgrade to install it", type="FirmwareDowngradeRefused", non_retryable=True,
-                )  # fmt: skip
+            if kind:
+                raise ApplicationError(f"{where}: {why}", type=kind, non_retryable=True)
             paths = _inventory_paths(root)
             targets = [paths[t] for t in req.targets]
             service = root.get_update_service()
             push = service.json.get("MultipartHttpPushUri") if req.push else None
             # A pushed image's task names its file, a pulled one's its URI.
-            running = self._running_task(root, _filename(req.image_uri) if push else req.image_uri, targets)
-            if running is not None:  # an earlier attempt started it: follow that one
-                return UpdateStarted(outcome="started", task=running, installed=installed, pushed=bool(push))
+            earlier = self._earlier_task(root, _filename(req.image_uri) if push else req.image_uri, targets)
+            if earlier is not None:  # an earlier attempt started it: follow that one, never flash twice
+                return UpdateStarted(outcome="started", task=earlier, installed=installed, pushed=bool(push))
             if push:
                 return self._push(root, service.json, push, req, targets, installed)
             action = (service.json.get("Actions") or {}).get("#UpdateService.SimpleUpdate", {}).get("target")
@@ -192,19 +194,33 @@ class FirmwareActivities(RedfishActivities):
         return UpdateStarted(outcome="started", task=task.removesuffix("/Monitor"), installed=installed, pushed=True)
 
     @staticmethod
-    def _running_task(root: sushy.Sushy, image_uri: str, targets: list[str]) -> str | None:
-        """A task of this BMC still running an update of this image to these targets."""
+    def _earlier_task(root: sushy.Sushy, image_uri: str, targets: list[str]) -> str | None:
+        """The task an earlier attempt started for this image and these targets: still running, or Completed with
+        the image staged until a reset or power cycle (``Update.1.0.AwaitToActivate``; the inventory shows the old
+        version until then). Only the newest task touching any of the targets counts: a later image replaced what
+        an older task staged."""
         service = root.json.get("Tasks", {}).get("@odata.id")
         if not service:
             return None
         conn = root._conn
         tasks = conn.get(service).json().get("Tasks", {}).get("@odata.id")
-        for member in conn.get(tasks).json().get("Members", []) if tasks else []:
+        quoted = [json.dumps(t) for t in targets]  # as the task's JsonBody has them: GPU1 is not GPU10
+        touching = []
+        for i, member in enumerate(conn.get(tasks).json().get("Members", []) if tasks else []):
             task = conn.get(member["@odata.id"]).json()
             body = (task.get("Payload") or {}).get("JsonBody") or ""
-            if task.get("TaskState") not in _ENDED and image_uri in body and all(t in body for t in targets):
-                return member["@odata.id"]
-        return None
+            if any(t in body for t in quoted):
+                touching.append((task.get("StartTime") or "", i, member["@odata.id"], task, body))
+        if not touching:
+            return None
+        _, _, uri, task, body = max(touching, key=lambda found: found[:2])
+        if image_uri not in body or not all(t in body for t in quoted):
+            return None
+        state = task.get("TaskState")
+        staged = state == "Completed" and any(
+            str(m.get("MessageId", "")).endswith("AwaitToActivate") for m in task.get("Messages") or []
+        )
+        return uri if state not in _ENDED or staged else None
 
     @activity.defn
     async def follow_firmware_task(self, req: TaskFollow) -> TaskOutcome:

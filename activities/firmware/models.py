@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from activities.models import BaseUrl, StrictModel
+from activities.models import BaseUrl, StrictModel, SystemIdentity
 from activities.redfish import BmcRef
 
 TransferProtocol = Literal["HTTP", "HTTPS", "CIFS", "FTP", "SFTP", "NFS", "SCP", "TFTP"]
@@ -17,6 +17,8 @@ TaskState = Literal["New", "Starting", "Running", "Suspended", "Interrupted", "P
 
 class FirmwareVersions(StrictModel):
     versions: dict[str, str] = Field(default_factory=dict, description="Firmware inventory ID -> Version.")
+    system: SystemIdentity | None = Field(None, description="The ComputerSystem's identity, read with the inventory "
+                                          "(None: the BMC has several systems and bmc.system names none).")  # fmt: skip
 
 
 class UpdateStart(StrictModel):

@@ -27,3 +27,19 @@ def is_downgrade(installed: str, wanted: str) -> bool:
     have = [_key(p) for p in _SEPARATORS.split(installed.strip()) if p]
     want = [_key(p) for p in _SEPARATORS.split(wanted.strip()) if p]
     return want < have
+
+
+def refused(targets: list[str], version: str, inventory: dict[str, str], allow_downgrade: bool) -> tuple[str, str]:
+    """Why installing `version` on `targets` is refused, from the firmware `inventory` alone: (error type, reason),
+    or ("", "") when it is not. The workflow asks before it takes the node out, the activity again before it
+    writes."""
+    unknown = [t for t in targets if t not in inventory]
+    if unknown:
+        return "FirmwareComponentUnknown", (f"no firmware inventory entry {', '.join(unknown)} (it has "
+                                            f"{', '.join(sorted(inventory)[:20])})")  # fmt: skip
+    older = {t: inventory[t] for t in targets if is_downgrade(inventory[t], version)}
+    if older and not allow_downgrade:
+        return "FirmwareDowngradeRefused", (f"{version} is older than the installed "
+                                            + ", ".join(f"{t} {v}" for t, v in older.items())
+                                            + "; set allow_downgrade to install it")  # fmt: skip
+    return "", ""

@@ -137,6 +137,7 @@ class NodeInfo(StrictModel):
     cordoned_by: str | None = None
     ready: bool
     boot_id: str | None = None
+    system_uuid: str = Field("", description="status.nodeInfo.systemUUID: the machine's SMBIOS UUID.")
     packages: dict[str, str] = Field(default_factory=dict, description="From the packages annotation.")
     rollout_state: str | None = Field(None, description="The rollout-state label.")
 

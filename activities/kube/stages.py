@@ -144,6 +144,7 @@ def node_info(node: k8s.V1Node) -> NodeInfo:
         cordoned_by=annotations.get(CORDONED_BY),
         ready=any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or [])),
         boot_id=node.status.node_info.boot_id if node.status and node.status.node_info else None,
+        system_uuid=(node.status.node_info.system_uuid or "") if node.status and node.status.node_info else "",
         packages=packages_of(annotations, node.metadata.name, strict=False),
         rollout_state=(node.metadata.labels or {}).get(ROLLOUT_STATE_LABEL),
     )

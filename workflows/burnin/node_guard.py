@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.activities import KubeActivities
 from activities.kube.models import CordonHandOver, CordonRequest, DrainSettings, NodeInfo, NodeRef, RebootWait
 from activities.kube.validators import validate_object_name
-from activities.models import StrictModel
+from activities.models import StrictModel, SystemIdentity
 from activities.node_health import NodeHealthActivities, QuarantineRequest
 from workflows.budget.budget import Budget
 from workflows.budget.leases import Lease, acquire_lease, release_lease
@@ -79,7 +79,7 @@ class NodeService:
 
     def __init__(self, ref: KubernetesNode, server: str, enter: Callable[[NodePhase, str], None],
                  operation: str = "burn-in") -> None:  # fmt: skip
-        self.ref, self.operation = ref, operation
+        self.ref, self.operation, self.server = ref, operation, server
         self.status = BurnInNodeStatus(node=ref.node or server, cluster=ref.cluster)
         self._enter = enter
         self._node_ref = NodeRef(cluster=ref.cluster, node=self.status.node)
@@ -94,10 +94,14 @@ class NodeService:
             KubeActivities.inspect_node, self._node_ref, **API_CALL, summary=f"inspect node {self.status.node}"
         )
 
-    async def take_out(self) -> None:
+    async def take_out(self, system: SystemIdentity | None = None) -> None:
+        """Out of service before the first write; with `system` (the BMC's ComputerSystem), first refused unless
+        the node is that machine."""
         s, ref = self.status, self.ref
         self._enter("checking-node", f"Kubernetes node {s.node} in {ref.cluster}")
         info = await self._inspect()
+        if system is not None and not system.same_uuid(info.system_uuid):
+            raise self._other_machine(info, system)
         if not ref.take_out_of_service:
             if not info.unschedulable:
                 raise self._in_service(info)
@@ -120,6 +124,17 @@ class NodeService:
         await Drain(ref.cluster, s.node, ref.drain, s, stopping=lambda: False,
                     changed=lambda: self._enter("draining", f"{len(s.evicted)}/{s.to_evict} pods evicted"),
                     terminating=lambda: self._enter("waiting-for-pods-to-terminate", s.node)).run()  # fmt: skip
+
+    def _other_machine(self, info: NodeInfo, system: SystemIdentity) -> ApplicationError:
+        s = self.status
+        return ApplicationError(
+            f"server {self.server}'s BMC reports system UUID {system.uuid or '(none)'} (serial "
+            f"{system.serial or '(none)'}), but Kubernetes node {s.node} in {self.ref.cluster} reports systemUUID "
+            f"{info.system_uuid or '(none)'}: they are not the same machine, so the {self.operation} would reset "
+            f"one server while another node is taken out of service. Refused before any change; correct the "
+            f"input's server.bmc or server.kubernetes.node",
+            type="ServerIdentityMismatch", non_retryable=True,
+        )  # fmt: skip
 
     def _in_service(self, info: NodeInfo) -> ApplicationError:
         s, ref = self.status, self.ref

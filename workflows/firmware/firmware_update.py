@@ -32,10 +32,11 @@ from activities.firmware.models import (
     UpdateStart,
     UpdateStarted,
 )
+from activities.firmware.versions import refused
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
-from activities.netbox.models import DeviceLookup, FirmwareRecord
+from activities.netbox.models import CF_BMC_URL, DeviceInfo, DeviceLookup, FirmwareRecord
 from activities.redfish import BmcRef
 from workflows.burnin.node_guard import KubernetesNode, NodeService
 from workflows.burnin.server_burnin import bmc_from_netbox
@@ -54,6 +55,9 @@ from workflows.validation.models import ValidationResult, ValidationSettings
 VALIDATION_PATCH = "firmware-update-validation"
 # The cluster's validation default for a node the update takes out, when the input gives no validation.
 VALIDATION_DEFAULT_PATCH = "firmware-update-validation-default"
+# Refusals the inventory alone decides (a downgrade, an unknown component, a BMC that is not the node's machine)
+# before the node is touched; runs from before refused a downgrade only once the node was out of service.
+CHECKS_FIRST_PATCH = "firmware-update-refuses-before-writes"
 # A result as NetBox records it: firmware installed on a node that failed validation is a failed update there.
 RECORDED: dict[str, Literal["updated", "up-to-date", "failed"]] = {
     "updated": "updated", "up-to-date": "up-to-date", "validation-failed": "failed",
@@ -203,15 +207,9 @@ class FirmwareUpdate:
                                   summary=f"record firmware {outcome}")  # fmt: skip
 
     async def _run(self, inp: FirmwareUpdateInput) -> FirmwareUpdateResult:
-        target, bmc = inp.server, inp.server.bmc
-        if bmc is None:
-            self._enter("looking-up", f"NetBox device {target.name}")
-            found = await self._calls.execute(NetBoxActivities.find_device, DeviceLookup(name=target.name),
-                                              **NETBOX_CALL, summary=f"find {target.name}")  # fmt: skip
-            if found.device is None:
-                raise ApplicationError(f"no device {target.name!r} in NetBox", type="DeviceNotFound",
-                                       non_retryable=True)  # fmt: skip
-            bmc = bmc_from_netbox(target.name, found.device)
+        checks_first = workflow.patched(CHECKS_FIRST_PATCH)  # at the start: no local activity has just returned
+        target = inp.server
+        bmc, device = (target.bmc, None) if target.bmc is not None else await self._bmc_from_netbox(target.name)
         self._enter("reading-inventory", target.name)
         before = await self._inventory(bmc, "firmware inventory before")
         self._components = plan(inp.bundle, before.versions)
@@ -221,13 +219,16 @@ class FirmwareUpdate:
         if not todo:
             self._enter("completed", f"every component of {inp.bundle.name} already installed")
             return result
+        if checks_first:
+            self._refuse_early(inp, todo, before, device)
         node = None
         if target.kubernetes is not None:
             node = NodeService(target.kubernetes, target.name, self._enter, operation="firmware update")
             if target.kubernetes.take_out_of_service:  # before the node is touched: a bad default fails here
                 default = await validation_for(target.kubernetes.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
                 inp = inp.model_copy(update={"validation": default})
-            await node.take_out()  # a node in service is refused here, before anything changes
+            # A node in service, or another machine than the BMC's, is refused here, before anything changes.
+            await node.take_out(before.system if checks_first else None)
         try:
             boot_id = await node.before_disk_boot() if node is not None else None
             by_name = {c.name: c for c in inp.bundle.components}
@@ -265,6 +266,39 @@ class FirmwareUpdate:
             result.notes += [node.status.note] if node.status.note else []
         self._enter("completed", ", ".join(f"{c.name} {c.version}" for c in todo))
         return result
+
+    async def _bmc_from_netbox(self, name: str) -> tuple[BmcRef, DeviceInfo]:
+        self._enter("looking-up", f"NetBox device {name}")
+        found = await self._calls.execute(NetBoxActivities.find_device, DeviceLookup(name=name), **NETBOX_CALL,
+                                          summary=f"find {name}")  # fmt: skip
+        if found.device is None:
+            raise ApplicationError(f"no device {name!r} in NetBox", type="DeviceNotFound", non_retryable=True)
+        return bmc_from_netbox(name, found.device), found.device
+
+    def _refuse_early(self, inp: FirmwareUpdateInput, todo: list[ComponentStatus], before: FirmwareVersions,
+                      device: DeviceInfo | None) -> None:  # fmt: skip
+        """Refuse what the inventory read before any write decides: a component the BMC does not have, a downgrade
+        not allowed, a BMC whose system is not the NetBox device (serial) or that names no one system for its node."""
+        name, system = inp.server.name, before.system
+        by_name = {c.name: c for c in inp.bundle.components}
+        for status in todo:
+            kind, why = refused(by_name[status.name].inventory_ids, status.version, before.versions,
+                                inp.allow_downgrade)  # fmt: skip
+            if kind:
+                status.state, status.message = "failed", why
+                self._enter("failed", f"{status.name}: {why}")
+                raise ApplicationError(f"{name}: {status.name}: {why} (nothing was changed)", type=kind,
+                                       non_retryable=True)  # fmt: skip
+        if system is None and inp.server.kubernetes is not None:
+            raise ApplicationError(f"{name}: its BMC has several systems; name the node's in bmc.system",
+                                   type="RedfishRejected", non_retryable=True)  # fmt: skip
+        if (device is not None and device.serial and system is not None and system.serial
+                and device.serial.strip().lower() != system.serial.strip().lower()):  # fmt: skip
+            raise ApplicationError(
+                f"server {name}: NetBox records serial {device.serial}, but the BMC it names reports system serial "
+                f"{system.serial} (UUID {system.uuid or '(none)'}): not the same machine. Refused before any change; "
+                f"correct the device's {CF_BMC_URL} in NetBox", type="ServerIdentityMismatch", non_retryable=True,
+            )  # fmt: skip
 
     def _validates(self, inp: FirmwareUpdateInput, node: NodeService) -> bool:
         return (inp.validation is not None and inp.validation.enabled and node.status.cordoned_by_us

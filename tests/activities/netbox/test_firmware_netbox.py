@@ -53,3 +53,20 @@ async def test_the_result_lands_in_netbox(client, nb, device, bmc_admin, burnin_
         await run(client, burnin_netbox_worker, device.name, bad)
     failed = [e for e in journal(nb, device.id) if "**failed**" in e]
     assert failed and "image signature does not verify" in failed[0], journal(nb, device.id)
+
+
+async def test_a_bmc_whose_serial_is_not_the_devices_is_refused_before_any_write(
+    client, nb, device, bmc_admin, burnin_netbox_worker
+):
+    await bmc_admin.set_images(IMAGES)
+    writes = len(await bmc_admin.server_audit(device.name, writes=True))
+    nb.dcim.devices.get(device.id).update({"serial": "S-ANOTHER-SERVER"})  # its BMC URL is another server's
+    try:
+        bad = {"name": "bad", "components": [{"name": "BIOS", "image_uri": BAD_IMAGE, "version": "1.9.1"}]}
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run(client, burnin_netbox_worker, device.name, bad)
+    finally:
+        nb.dcim.devices.get(device.id).update({"serial": ""})
+    cause = failed.value.cause
+    assert cause.type == "ServerIdentityMismatch" and "S-ANOTHER-SERVER" in cause.message, cause
+    assert len(await bmc_admin.server_audit(device.name, writes=True)) == writes  # nothing written to the BMC

@@ -43,6 +43,30 @@ async def test_a_retried_start_follows_the_running_task_and_a_retried_activation
     assert (await env.run(acts.start_firmware_update, start)).outcome == "at-target"
 
 
+async def test_a_start_retried_after_its_task_completed_awaiting_activation_follows_it_and_flashes_once(
+    acts, lab_bmcs, bmc_admin
+):
+    """The worker died right after the BMC accepted the SimpleUpdate; its task then completed with the image staged
+    (the inventory still shows the old version): the retried start follows that task to activation."""
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 0), lab_bmcs.names[0]
+    image = "http://images.lab/bios-1.9.5-retried.bin"
+    await bmc_admin.set_images({image: {"version": "1.9.5", "seconds": 0.3}})
+    start = UpdateStart(bmc=ref, targets=["BIOS"], image_uri=image, version="1.9.5")
+    first = await env.run(acts.start_firmware_update, start)
+    assert first.task
+    outcome = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=first.task, targets=["BIOS"],
+                                                                  version="1.9.5"))  # fmt: skip
+    assert (outcome.state, outcome.active) == ("Completed", False)  # staged, awaiting a reset
+
+    again = await env.run(acts.start_firmware_update, start)  # the start's answer was lost: retried
+    assert (again.outcome, again.task) == ("started", first.task)
+    posted = [e for e in await bmc_admin.server_audit(name, writes=True)
+              if e["path"].endswith("SimpleUpdate") and e["body"]["ImageURI"] == image]  # fmt: skip
+    assert len(posted) == 1, posted
+    await env.run(acts.activate_firmware, Activation(bmc=ref, how="reset", want={"BIOS": "1.9.5"}))
+    assert (await env.run(acts.start_firmware_update, start)).outcome == "at-target"
+
+
 async def test_following_a_task_waits_out_the_bmc_restart_and_failures_carry_the_bmcs_message(
     acts, lab_bmcs, bmc_admin
 ):

@@ -14,7 +14,7 @@ from aiohttp import web
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 
 from activities.node_health import QUARANTINE_ANNOTATION
-from lab.bmc import DEFAULT_FIRMWARE
+from lab.bmc import DEFAULT_FIRMWARE, normalize_spec
 from tests.workflows.burnin.conftest import BMC_PASSWORD
 from tests.workflows.burnin.test_burnin_node import follow, node_fleet
 from tests.workflows.burnin.test_server_burnin import resets
@@ -137,6 +137,62 @@ async def test_a_downgrade_is_refused_unless_allowed_and_cpld_waits_for_an_ac_po
     data["bundle"]["components"][0].update(image_uri="http://images.lab/cpld.bin", version="0.2.2.0")
     result = await (await start(client, burnin_worker, FirmwareUpdateInput.model_validate(data))).result()
     assert result.versions["CPLD"] == "0.2.2.0" and (await bmc_admin.server(name))["ac_cycles"] == 1
+
+
+async def requested(handle: WorkflowHandle) -> list[str]:
+    """What the run asked of activities and other workflows (a lease, a cordon, a BMC write), in order."""
+    asked = []
+    for e in (await handle.fetch_history()).events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            asked.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+        elif e.HasField("signal_external_workflow_execution_initiated_event_attributes"):
+            asked.append("signal " + e.signal_external_workflow_execution_initiated_event_attributes.signal_name)
+        elif e.HasField("start_child_workflow_execution_initiated_event_attributes"):
+            asked.append("child " + e.start_child_workflow_execution_initiated_event_attributes.workflow_type.name)
+    return asked
+
+
+async def test_a_downgrade_is_refused_before_the_node_is_leased_or_cordoned(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    name = await node_in_service(burnin_bmcs, bmc_admin, k8s, power_link)
+    await bmc_admin.set_images({"http://images.lab/cpld-old.bin": {"version": "0.2.1.0"}})
+    old = {"name": "old", "components": [{"name": "CPLD", "image_uri": "http://images.lab/cpld-old.bin",
+                                          "version": "0.2.1.0", "activation": "ac_power_cycle"}]}  # fmt: skip
+    cursor = await k8s.audit_cursor()
+    handle = await start(client, burnin_worker, update_input(burnin_bmcs, name, old))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    await record_history(handle, "firmware_update_downgrade_refused")
+    assert failed.value.cause.type == "FirmwareDowngradeRefused" and "allow_downgrade" in failed.value.cause.message
+    assert await requested(handle) == ["firmware_inventory"]  # no lease asked, nothing written
+    assert [e for e in await k8s.audit(since=cursor, writes=True) if e.get("resource") == "nodes"] == []
+    node = await core.read_node(name)
+    assert not node.spec.unschedulable and QUARANTINE_ANNOTATION not in (node.metadata.annotations or {})
+    assert await updates_posted(bmc_admin, name) == []
+
+
+async def test_a_bmc_that_is_not_the_nodes_machine_is_refused_before_any_write(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    """The input names one server's BMC and another server's node: the BMC's system UUID is not the node's."""
+    name = await node_in_service(burnin_bmcs, bmc_admin, k8s, power_link)
+    data = update_input(burnin_bmcs, name).model_dump(mode="json")
+    data["server"]["kubernetes"]["node"] = "spare"
+    writes_before = len(await bmc_admin.server_audit(name, writes=True))
+    cursor = await k8s.audit_cursor()
+    handle = await start(client, burnin_worker, FirmwareUpdateInput.model_validate(data))
+    with pytest.raises(WorkflowFailureError) as failed:
+        await handle.result()
+    await record_history(handle, "firmware_update_identity_mismatch")
+    cause = failed.value.cause
+    bmc_uuid = normalize_spec(name)["uuid"]  # the lab BMC's ComputerSystem.UUID
+    node_uuid = (await core.read_node("spare")).status.node_info.system_uuid
+    assert cause.type == "ServerIdentityMismatch" and cause.non_retryable, cause
+    assert all(w in cause.message for w in (f"server {name}", "node spare", bmc_uuid, node_uuid)), cause.message
+    assert [e for e in await k8s.audit(since=cursor, writes=True) if e.get("resource") == "nodes"] == []
+    assert len(await bmc_admin.server_audit(name, writes=True)) == writes_before  # no BMC write
+    assert "signal" not in " ".join(await requested(handle))  # no lease asked
 
 
 def test_the_example_input_is_valid():
