@@ -155,6 +155,28 @@ async def test_a_request_without_the_token_is_refused(client, rem_worker, k8s, n
     assert not events.counts
 
 
+async def test_a_payload_with_fields_a_newer_alertmanager_adds_is_taken(client, rem_worker, k8s, names,
+                                                                          kubeconfig_path, monkeypatch):  # fmt: skip
+    """Alertmanager does not retry a 4xx: a 400 for a field this receiver does not know would drop the alerts."""
+    node = names[2]
+    await k8s.seed(fleet(names[:4]))
+    body = payload(node, status="resolved") | {"newTopLevelField": {"since": "v0.29"}}
+    body["alerts"][0] |= {"silencedBy": [], "inhibitedBy": []}
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (_events, url):
+        status, answer = await post(url, body)
+    assert status == 200 and answer == {"outcomes": [], "resolved_ignored": 1}, answer
+
+
+def test_alertmanagers_models_ignore_unknown_fields_at_every_depth():
+    from worker.alert_receiver import AlertmanagerPayload
+
+    body = payload("gpu-1") | {"newTopLevelField": 1}
+    body["alerts"][0] |= {"silencedBy": ["a-silence"]}
+    parsed = AlertmanagerPayload.model_validate(body)
+    assert parsed.alerts[0].labels["Hostname"] == "gpu-1"
+    assert "newTopLevelField" not in parsed.model_dump() and "silencedBy" not in parsed.alerts[0].model_dump()
+
+
 async def test_a_node_the_watch_sees_go_not_ready_is_remediated(client, rem_worker, k8s, core, hosts, names,
                                                                  kubeconfig_path, monkeypatch):  # fmt: skip
     node = names[3]
