@@ -1,12 +1,15 @@
-"""The base of every Millwright model: unknown fields are refused at every depth; and the shared field types
-for where other systems are (a base URL, a host).
+"""The base of every Millwright model: unknown fields are refused at every depth; the base of a model of another
+system's answer or payload, which ignores them; and the shared field types for where other systems are (a base
+URL, a host).
 
 A typo in JSON typed into the Temporal UI, a CLI file or another service's request (``"delete_empty_dir_data"``
 inside ``drain``) must fail at the edge naming the field's full path, not be silently dropped and turn into a
 default. Every model that crosses a process boundary (workflow, update and signal arguments, activity requests
 and results, state carried across continue-as-new) derives from ``StrictModel``, so a new one cannot forget it.
-No model parses another system's answer wholesale (Kubernetes objects, Redfish, UFM and NetBox JSON are read
-field by field), so strictness never breaks on a field a newer server adds.
+Another system's answers are read field by field (Kubernetes objects, Redfish, UFM, NetBox, Ironic and Prometheus
+JSON), so a field a newer server adds breaks nothing; a model that parses one whole (Alertmanager's webhook
+payload) derives from ``ForeignModel`` instead, which ignores fields it does not know, and is listed in
+tests/test_input_strictness.py ``FOREIGN``. An operator's input never does.
 
 Pure (stdlib and pydantic): these validators also run inside the workflow sandbox, when a run decodes its input.
 """
@@ -24,6 +27,13 @@ from pydantic_core import PydanticCustomError
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ForeignModel(BaseModel):
+    """Another system's answer or payload, parsed whole: a field it adds in a newer release is ignored, not refused
+    (refused, the answer would be lost: Alertmanager does not retry a 4xx). Never for an operator's input."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 _DNS_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")

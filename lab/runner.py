@@ -565,6 +565,7 @@ class Lab:
             env.update(Bmcs.environment(bmc_credentials=bmc["credentials"]))
             if bmc.get("ca_bundle"):
                 env.update(Bmcs.environment(bmc_ca_bundle=bmc["ca_bundle"]))
+            env["MILLWRIGHT_FAULT_EVENTS_SETTINGS"] = str(self.write_fault_event_settings(bmc))
         if self.info.get("ufm"):
             ufm = self.info["ufm"]
             env.update(Ufm.environment(ufm_url=ufm["url"], ufm_credentials=ufm["credentials"],
@@ -574,6 +575,18 @@ class Lab:
         # TenantUsage's reports
         env.update(UsageReports.environment(usage_sink=str((self.state_dir / "usage").resolve())))
         return env
+
+    def write_fault_event_settings(self, bmc: dict[str, Any]) -> Path:
+        """`<state-dir>/fault-events.json`: the event path's settings with the lab's BMC map, so that its
+        remediations can power-cycle as the sweep's do (the credentials and CA as references)."""
+        from activities.redfish import BmcRef
+        from worker.fault_events import FaultEventSettings
+
+        bmcs = {node: BmcRef(url=url, credentials=bmc["credentials"], ca_bundle=bmc.get("ca_bundle"))
+                for node, url in bmc["servers"].items()}  # fmt: skip
+        path = (self.state_dir / "fault-events.json").resolve()
+        path.write_text(FaultEventSettings(bmcs=bmcs).model_dump_json(include={"bmcs"}, indent=2) + "\n")
+        return path
 
     async def wait_worker_polling(self, address: str) -> None:
         from temporalio.client import Client

@@ -8,6 +8,8 @@
   shows Millwright made no request at all.
 - A misspelt field in any update's argument is rejected naming it, and the run goes on.
 - URL fields take only real http(s) URLs; the shipped burn-in example's placeholder is refused, naming the field.
+- Every model refuses unknown fields but those that parse another system's answer or payload whole (`FOREIGN`,
+  activities/models.py ForeignModel), which ignore them: a newer release of that system adds fields.
 """
 
 from __future__ import annotations
@@ -190,6 +192,51 @@ def test_every_update_and_signal_argument_schema_refuses_unknown_fields():
             assert objects and loose == [], (
                 f"{name}: {arg.__name__} admits unknown fields at {loose or '(not an object)'}"
             )
+
+
+# ================================================================= operator inputs refuse, other systems' answers don't
+
+# The models that parse another system's answer or payload whole (activities/models.py ForeignModel): they ignore
+# fields they do not know, as a newer release of that system adds them. Every other model refuses them.
+FOREIGN = {
+    "worker.alert_receiver.AlertmanagerPayload": "Alertmanager's webhook payload (Alertmanager never retries a 4xx)",
+    "worker.alert_receiver.Alert": "one alert of it",
+}
+
+
+def millwright_models() -> dict[str, type[BaseModel]]:
+    """Every pydantic model the worker's packages define, by dotted name."""
+    import importlib
+    import pkgutil
+
+    for package in ("activities", "worker", "workflows"):
+        for info in pkgutil.walk_packages([str(REPO / package)], f"{package}."):
+            if not info.name.endswith(".__main__"):  # `python -m worker` would start a worker
+                importlib.import_module(info.name)
+    found: dict[str, type[BaseModel]] = {}
+    todo = list(BaseModel.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if cls.__module__.split(".")[0] in ("activities", "worker", "workflows"):
+            found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return found
+
+
+def test_every_model_refuses_unknown_fields_but_the_listed_answers_of_other_systems():
+    from activities.models import ForeignModel, StrictModel
+    from activities.support.integration import SystemSettings
+
+    models = millwright_models()
+    assert len(models) > 300 and set(FOREIGN) <= set(models), sorted(set(FOREIGN) - set(models))
+    foreign = {name for name, cls in models.items() if issubclass(cls, ForeignModel) and cls is not ForeignModel}
+    assert foreign == set(FOREIGN), f"a ForeignModel not in FOREIGN, or listed and not one: {foreign ^ set(FOREIGN)}"
+    # The worker's settings (worker/config.py and the integrations' SystemSettings it is made of) are read from an
+    # environment that holds every other program's variables too; worker/config.py checks its own.
+    lax = [name for name, cls in models.items() if name not in FOREIGN and cls is not ForeignModel
+           and not issubclass(cls, SystemSettings) and cls.model_config.get("extra") != "forbid"]  # fmt: skip
+    assert lax == [], f"models that are neither strict nor listed answers of another system: {lax}"
+    assert StrictModel.model_config["extra"] == "forbid" and ForeignModel.model_config["extra"] == "ignore"
 
 
 def test_url_fields_are_validated_as_urls():

@@ -373,3 +373,20 @@ def test_netbox_migration_progress_counts_applied_migrations_out_of_the_plan(tmp
     counts = [s.split(": ")[1].split(" ")[0] for s in stages]
     assert counts[0] in ("0/?", "0/3") and counts[-3:] == ["1/3", "2/3", "3/3"], stages
     assert "the first start only, then cached" in stages[-1]
+
+
+def test_the_labs_worker_settings_carry_its_bmcs_for_the_event_path(tmp_path):
+    """The lab's event path resolves a node's BMC as the sweep does: the map in the worker's settings, credentials
+    as a reference (worker/fault_events.py)."""
+    from lab.runner import Lab
+    from worker.config import WorkerSettings
+
+    lab = Lab(tmp_path, tmp_path / "fleet.json", 0, 0, "lab-queue", 1.0)
+    lab.info["bmc"] = {"credentials": f"file:{tmp_path / 'credentials'}", "ca_bundle": f"file:{tmp_path / 'ca.pem'}",
+                       "servers": {"gpu-node-01": "https://127.0.0.1:8443"}}  # fmt: skip
+    env = lab.worker_env("127.0.0.1:7233", tmp_path / "kubeconfig", 9090)
+    settings, _ = WorkerSettings(fault_events_clusters=["lab"],
+                                 fault_events_settings=env["MILLWRIGHT_FAULT_EVENTS_SETTINGS"]).fault_event_config()  # fmt: skip
+    ((node, bmc),) = settings.bmcs.items()
+    assert node == "gpu-node-01" and bmc.url == "https://127.0.0.1:8443"
+    assert (bmc.credentials, bmc.ca_bundle) == (f"file:{tmp_path / 'credentials'}", f"file:{tmp_path / 'ca.pem'}")

@@ -6,7 +6,7 @@ alert names its node by the first of `NODE_LABELS` it carries (`instance` withou
 the `cluster` label (default: the worker's only watched cluster); resolved alerts are ignored. The answer lists
 each alert's outcome (started, already-running, ignored with why, refused with why); it is 503 when a
 remediation could not be started (Alertmanager retries a 5xx), 400 for a payload that is not Alertmanager's
-(not retried), 401 without the token. `GET /healthz` (no token) shows when each watch last heard its API server;
+(not retried; a field it does not know is ignored, not refused), 401 without the token. `GET /healthz` (no token) shows when each watch last heard its API server;
 `GET /events` (token) the counts and the recent outcomes.
 """
 
@@ -23,7 +23,7 @@ from typing import Literal
 from aiohttp import web
 from pydantic import Field, ValidationError
 
-from activities.models import StrictModel
+from activities.models import ForeignModel
 from activities.support.secrets import SecretRef
 from worker.fault_events import FaultEvents, FaultOutcome
 from worker.node_watch import watch_nodes
@@ -37,8 +37,8 @@ CLUSTER_LABEL = "cluster"
 MAX_BODY = 4 * 1024 * 1024
 
 
-class Alert(StrictModel):
-    """One alert of Alertmanager's webhook payload (field names as Alertmanager writes them)."""
+class Alert(ForeignModel):
+    """One alert of Alertmanager's webhook payload (field names as Alertmanager writes them; others ignored)."""
 
     status: Literal["firing", "resolved"]
     labels: dict[str, str] = Field(default_factory=dict)
@@ -49,8 +49,9 @@ class Alert(StrictModel):
     fingerprint: str = ""
 
 
-class AlertmanagerPayload(StrictModel):
-    """Alertmanager's webhook payload, version 4 (notify/webhook/webhook.go)."""
+class AlertmanagerPayload(ForeignModel):
+    """Alertmanager's webhook payload, version 4 (notify/webhook/webhook.go); fields a newer release adds are
+    ignored."""
 
     version: Literal["4"]
     groupKey: str = ""

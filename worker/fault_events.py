@@ -6,8 +6,10 @@ flapping, starts nothing and is counted `flapped`), then reads the node afresh a
 policy (`decide`: quarantined, opted out, cooling down or cordoned by someone else is `ignored`, with why), checks
 the cluster's `min_healthy` over the watch's view of the cluster and its circuit breaker (`refused`, with why), and
 starts `NodeRemediation` with the node-derived ID the sweep uses (`remediation/<cluster>/<node>`): a node whose
-remediation runs is `already-running`, never started twice. The remediation takes its lease from the cluster's
-disruption budget and re-checks the node at its start, as a sweep's child does.
+remediation runs is `already-running`, never started twice. The node's BMC is resolved as the sweep resolves it
+(the settings' `bmcs`, else NetBox with remediation.netbox), and the outcome says when none is known. The
+remediation takes its lease from the cluster's disruption budget and re-checks the node at its start, as a sweep's
+child does.
 
 Everything here is a side effect of the worker process (the Temporal client, the Kubernetes API); the decisions are
 the pure functions of workflows/remediation/policy.py.
@@ -32,10 +34,11 @@ from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.stages import read_json
 from activities.models import StrictModel
 from activities.node_health import NodeHealth, node_health
+from activities.redfish import BmcRef
 from workflows.budget import leases
 from workflows.budget.breaker import BREAKER_QUERY, BreakerView
 from workflows.common import priorities
-from workflows.remediation.models import NodeRemediationInput, RemediationSettings
+from workflows.remediation.models import NodeRemediationInput, RemediationSettings, server_facts
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.policy import (
     DEFAULT_COOLDOWN,
@@ -68,6 +71,9 @@ class FaultEventSettings(StrictModel):
                                     "of the cluster's nodes.")  # fmt: skip
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="The NodeRemediation each start runs with.")  # fmt: skip
+    bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="BMC per node name, as the sweep's `bmcs` "
+                                    "(before NetBox's, which the remediation looks up with remediation.netbox); "
+                                    "credentials as secret references.")  # fmt: skip
 
 
 class FaultOutcome(StrictModel):
@@ -77,6 +83,8 @@ class FaultOutcome(StrictModel):
     status: Status
     detail: str = ""
     workflow_id: str = ""
+    bmc: str = Field("", description="Where a started remediation's BMC comes from, or that none is known (it "
+                     "cannot power-cycle).")  # fmt: skip
     at: datetime
 
 
@@ -172,9 +180,10 @@ class FaultEvents:
         self._held[key] = task
 
     async def _act(self, cluster: str, name: str, source: str, reported: list[str]) -> FaultOutcome:
-        def outcome(status: Status, detail: str = "", workflow_id: str = "") -> FaultOutcome:
+        def outcome(status: Status, detail: str = "", workflow_id: str = "", bmc: str = "") -> FaultOutcome:
             return self._record(FaultOutcome(cluster=cluster, node=name, source=source, status=status,
-                                             detail=detail[:1000], workflow_id=workflow_id, at=_now()))  # fmt: skip
+                                             detail=detail[:1000], workflow_id=workflow_id, bmc=bmc,
+                                             at=_now()))  # fmt: skip
 
         try:
             node = await self._read(cluster, name)
@@ -196,9 +205,10 @@ class FaultEvents:
         if refused:
             return outcome("refused", refused)
         settings = self.settings
+        bmc = server_facts(name, settings.bmcs).bmc
         inp = NodeRemediationInput(cluster=cluster, node=name, reason=_reason(source, decision.reasons),
                                    checks=settings.checks, cooldown=settings.cooldown,
-                                   decided_from=decision.decided_from,
+                                   decided_from=decision.decided_from, bmc=bmc,
                                    **settings.remediation.model_dump())  # fmt: skip
         try:
             await self._client.start_workflow(
@@ -210,7 +220,14 @@ class FaultEvents:
             return outcome("already-running", "a remediation of this node is already running", inp.workflow_id())
         except RPCError as err:
             return outcome("error", f"starting the remediation: {err}", inp.workflow_id())
-        return outcome("started", inp.reason, inp.workflow_id())
+        return outcome("started", inp.reason, inp.workflow_id(), self._bmc_source(bmc))
+
+    def _bmc_source(self, bmc: BmcRef | None) -> str:
+        if bmc is not None:
+            return f"{bmc} (the settings' bmcs)"
+        if self.settings.remediation.netbox:
+            return "from NetBox, looked up at the remediation's start"
+        return "none known (not in the settings' bmcs; remediation.netbox is off): no power-cycle"
 
     async def _read(self, cluster: str, name: str) -> NodeHealth | None:
         """The node as it is now (the decision is made from fresh facts, as NodeRemediation's start re-check)."""
@@ -234,8 +251,8 @@ class FaultEvents:
         self.counts[outcome.status] += 1
         self.recent.append(outcome)
         level = logging.INFO if outcome.status in ("started", "flapped", "already-running") else logging.WARNING
-        log.log(level, "fault on %s/%s (%s): %s%s", outcome.cluster, outcome.node, outcome.source, outcome.status,
-                f": {outcome.detail}" if outcome.detail else "")  # fmt: skip
+        log.log(level, "fault on %s/%s (%s): %s%s%s", outcome.cluster, outcome.node, outcome.source, outcome.status,
+                f": {outcome.detail}" if outcome.detail else "", f"; BMC: {outcome.bmc}" if outcome.bmc else "")  # fmt: skip
         return outcome
 
     async def close(self) -> None:

@@ -181,6 +181,13 @@ def device_facts(device: DeviceInfo) -> DeviceFacts:
     return DeviceFacts(bmc=bmc, gpus=gpus if isinstance(gpus, int) else None, gpu_model=cf.get(CF_GPU_MODEL) or None)
 
 
+def server_facts(node: str, bmcs: dict[str, BmcRef], netbox: DeviceFacts | None = None) -> DeviceFacts:
+    """What is known of `node`'s server: its NetBox device's facts, with the BMC of `bmcs` (an operator's map by
+    node name) before NetBox's. The sweep and the event path (worker/fault_events.py) resolve a BMC by it."""
+    facts = netbox or DeviceFacts()
+    return facts.model_copy(update={"bmc": bmcs[node]}) if node in bmcs else facts
+
+
 def finding_text(f: Any) -> str:
     where = f" GPU{f.gpu}" if getattr(f, "gpu", None) is not None else ""
     return f"{f.check}{where}: {f.evidence}"

@@ -16,6 +16,8 @@ twice at once):
   remediated less than `cooldown` ago, or written by Millwright since the sweep decided from it (`decided_from`):
   the policy's `start_refusal`, the rule the sweep decides by. An operator's explicit request (`requested_by`)
   goes ahead.
+  A run that waited in the budget's queue for a fault its node object showed re-checks the node once the lease is
+  granted (the success check without burn-in), and ends `healthy`, returning the lease, when it recovered meanwhile.
 
   A remediation's lease counts towards the cluster's circuit breaker (workflows/budget/breaker.py): while it
   is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing.
@@ -96,6 +98,7 @@ NOTIFY_AFTER_OUTCOME_PATCH = "remediation-notify-after-outcome"
 FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start refuses a stale or unwanted run
 VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
 VALIDATION_DEFAULT_PATCH = "remediation-validation-default"  # the cluster's default when the input has none
+RECHECK_AFTER_LEASE_PATCH = "remediation-recheck-after-lease"  # a node that recovered in the queue is left alone
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -182,21 +185,36 @@ class NodeRemediation:
                 self._status.note = f"requested by {inp.requested_by}"
         # A node quarantined earlier and remediated again (an operator's request): fixed, its quarantine is lifted.
         quarantined = health.quarantined
+        faulty = bool(self._faults(health))  # a fault the node object shows, which a wait for the lease may outlast
         # The lease is asked for right after the default's local activity, the outcome marked right after the
         # validation gate's or a returned lease's: their patches are decided here.
-        decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH)
+        decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH, RECHECK_AFTER_LEASE_PATCH)
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
+        check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
 
         if inp.disruption_budget:
+            queued = False
+
+            def waiting(lease: Any) -> None:
+                nonlocal queued
+                queued = True
+                self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}")
+
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
             lease = await leases.acquire_lease(
                 inp.cluster, inp.node, holder=owner, reason=f"remediation: {inp.reason}", budget=inp.budget,
-                waiting=lambda lease: self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}"),
-                remediation=inp.breaker)  # fmt: skip
+                waiting=waiting, remediation=inp.breaker)  # fmt: skip
             if lease is not None and lease.state == "refused":  # the node was never touched
                 return self._finish(result, "refused", lease.note)
             self._lease = lease
             self._status.lease = True
+            # The start's read is as old as the wait: a fault the node object showed may have cleared meanwhile.
+            if queued and faulty and workflow.patched(RECHECK_AFTER_LEASE_PATCH):
+                self._enter("re-checking", "after the wait for a lease")
+                problems, _ = await self._problems(bmc, check)
+                if not problems:
+                    await self._return_lease("recovered while waiting for the lease")
+                    return self._finish(result, "healthy", "recovered while waiting for its lease: left alone")
 
         self._enter("cordoning")
         try:
@@ -214,7 +232,7 @@ class NodeRemediation:
             await self._return_lease("cordoned by someone else")
             return self._finish(result, "skipped", f"cordoned by {held.holder}; left to them")
         try:
-            return await self._remediate(inp, result, cordon, owner, bmc, gpus, model, quarantined)
+            return await self._remediate(inp, result, cordon, owner, bmc, check, quarantined)
         except ApplicationError as err:
             return await self._gave_up(result, err, "the node stays cordoned")
 
@@ -229,7 +247,7 @@ class NodeRemediation:
                                     mark=False)  # fmt: skip
 
     async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
-                         owner: str, bmc: BmcRef | None, gpus: int | None, model: str | None,
+                         owner: str, bmc: BmcRef | None, check: GpuCheckRequest,
                          quarantined: str | None) -> NodeRemediationResult:  # fmt: skip
         """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
         self._enter("draining")
@@ -246,7 +264,6 @@ class NodeRemediation:
                                             lease_first=False)  # fmt: skip
             self._status.note = f"drain incomplete on a NotReady node: {error_text(err)}"
 
-        check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
         if inp.checks.host_agent:
             # A finding no step can fix (a row-remap failure: RMA) sends the node to quarantine at once.
             self._enter("diagnosing", "GPU check")
@@ -432,10 +449,7 @@ class NodeRemediation:
 
     async def _problems(self, bmc: BmcRef | None, check: GpuCheckRequest) -> tuple[list[str], GpuCheckResult | None]:
         inp = self._inp
-        health = await self._health()
-        problems, _ = node_problems(health, inp.checks, health.decided_at(workflow.now()))
-        if not health.ready and "NotReady" not in " ".join(problems):
-            problems.append("NotReady")  # no grace after a fix
+        problems = self._faults(await self._health())
         gpu: GpuCheckResult | None = None
         if inp.checks.host_agent:
             try:
@@ -449,6 +463,13 @@ class NodeRemediation:
             )
             problems += bmc_problems(BmcObservation(**seen.model_dump()), inp.checks)[0]
         return problems, gpu
+
+    def _faults(self, health: NodeHealth) -> list[str]:
+        """What the node object shows wrong, NotReady with no grace (after a fix, or a wait, it has had its time)."""
+        problems, _ = node_problems(health, self._inp.checks, health.decided_at(workflow.now()))
+        if not health.ready and "NotReady" not in " ".join(problems):
+            problems.append("NotReady")
+        return problems
 
     def _blame(self, seen: Any) -> list[Any]:
         """The failing findings of a GPU check or verdict; remembers those only an RMA fixes."""

@@ -20,7 +20,7 @@ from activities.redfish import BmcRef, RedfishActivities, RedfishHealth
 from workflows.common import priorities
 from workflows.common.call_options import BMC_RETRY
 from workflows.common.errors import error_text
-from workflows.remediation.models import DeviceFacts, finding_text
+from workflows.remediation.models import DeviceFacts, finding_text, server_facts
 from workflows.remediation.policy import AgentObservation, BmcObservation, NodeDecision, decide
 from workflows.remediation.sweep_models import ClusterSweep, FleetHealthSweepInput, SweepSlice
 
@@ -78,9 +78,7 @@ class NodeProbes:
         now = workflow.now()  # for results recorded before NodeHealth.read_at; the read's time decides since
 
         async def look(node: NodeHealth) -> tuple[str, NodeDecision, DeviceFacts]:
-            node_facts = facts.get(node.name) or DeviceFacts()
-            if node.name in inp.bmcs:
-                node_facts = node_facts.model_copy(update={"bmc": inp.bmcs[node.name]})
+            node_facts = server_facts(node.name, inp.bmcs, facts.get(node.name))
             faults = dcgm.get(node.name, []) if dcgm is not None else None
             first = decide(cluster, node, inp.checks, node.decided_at(now), cooldown=inp.cooldown, dcgm=faults)
             if first.action == "skip":  # quarantined or someone else's: no probe changes that

@@ -14,9 +14,11 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.connector import ClusterConnector
+from activities.redfish import BmcRef
 from activities.support.secrets import SecretRef
 from tests.kube_helpers import read_node, wait_for
 from tests.workflows.remediation.helpers import fast_settings, fleet
+from tests.workflows.remediation.test_node_remediation import power_resets
 from worker.alert_receiver import event_path
 from worker.fault_events import FaultEvents, FaultEventSettings
 from workflows.remediation.models import RemediationSettings
@@ -28,13 +30,15 @@ TOKEN = "s3cret-alertmanager-token"
 
 
 @contextlib.asynccontextmanager
-async def running_event_path(client, worker, kubeconfig_path, monkeypatch, hold: float = 2.0):
-    """The event path as the worker runs it, on an ephemeral port; yields (events, receiver URL)."""
+async def running_event_path(client, worker, kubeconfig_path, monkeypatch, hold: float = 2.0,
+                             bmcs: dict[str, BmcRef] | None = None, **remediation):  # fmt: skip
+    """The event path as the worker runs it, on an ephemeral port; yields (events, receiver URL). `bmcs`: its
+    settings' BMC map; `remediation`: the remediation settings that differ from `fast_settings`."""
     monkeypatch.setenv("TEST_AM_TOKEN", TOKEN)
     connector = ClusterConnector([str(kubeconfig_path)])
     settings = FaultEventSettings(
-        hold=timedelta(seconds=hold), checks=HealthChecks(bmc=False),
-        remediation=RemediationSettings(**{k: v for k, v in fast_settings().items()}),
+        hold=timedelta(seconds=hold), checks=HealthChecks(bmc=False), bmcs=bmcs or {},
+        remediation=RemediationSettings(**fast_settings(**remediation)),
     )  # fmt: skip
     events = FaultEvents(client, connector, worker.task_queue, settings, ["lab"])
     try:
@@ -112,6 +116,7 @@ async def test_an_alert_starts_the_nodes_remediation_within_seconds(client, rem_
         (outcome,) = answer["outcomes"]
         assert outcome["status"] == "started" and outcome["workflow_id"] == f"remediation/lab/{node}", outcome
         assert outcome["detail"] == "alert GpuXid79: XID 79: GPU fell off the bus", outcome
+        assert outcome["bmc"].startswith("none known (not in the settings' bmcs"), outcome
         cordoned = await wait_for(lambda: cordoned_at(k8s, node), what=f"{node} cordoned", timeout=15)
         assert cordoned - sent < 10, f"cordoned {cordoned - sent:.1f}s after the alert"
         # The same alert again (Alertmanager's repeat) while it runs: never a second remediation.
@@ -150,6 +155,28 @@ async def test_a_request_without_the_token_is_refused(client, rem_worker, k8s, n
     assert not events.counts
 
 
+async def test_a_payload_with_fields_a_newer_alertmanager_adds_is_taken(client, rem_worker, k8s, names,
+                                                                          kubeconfig_path, monkeypatch):  # fmt: skip
+    """Alertmanager does not retry a 4xx: a 400 for a field this receiver does not know would drop the alerts."""
+    node = names[2]
+    await k8s.seed(fleet(names[:4]))
+    body = payload(node, status="resolved") | {"newTopLevelField": {"since": "v0.29"}}
+    body["alerts"][0] |= {"silencedBy": [], "inhibitedBy": []}
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch) as (_events, url):
+        status, answer = await post(url, body)
+    assert status == 200 and answer == {"outcomes": [], "resolved_ignored": 1}, answer
+
+
+def test_alertmanagers_models_ignore_unknown_fields_at_every_depth():
+    from worker.alert_receiver import AlertmanagerPayload
+
+    body = payload("gpu-1") | {"newTopLevelField": 1}
+    body["alerts"][0] |= {"silencedBy": ["a-silence"]}
+    parsed = AlertmanagerPayload.model_validate(body)
+    assert parsed.alerts[0].labels["Hostname"] == "gpu-1"
+    assert "newTopLevelField" not in parsed.model_dump() and "silencedBy" not in parsed.alerts[0].model_dump()
+
+
 async def test_a_node_the_watch_sees_go_not_ready_is_remediated(client, rem_worker, k8s, core, hosts, names,
                                                                  kubeconfig_path, monkeypatch):  # fmt: skip
     node = names[3]
@@ -166,6 +193,26 @@ async def test_a_node_the_watch_sees_go_not_ready_is_remediated(client, rem_work
             NodeRemediation.run, remediation_workflow_id("lab", node)
         ).result()
     assert result.outcome == "healthy", result
+
+
+async def test_the_event_paths_remediation_power_cycles_with_the_bmc_its_settings_name(
+        client, rem_worker, k8s, core, hosts, bmc_admin, names, burnin_bmcs, kubeconfig_path, monkeypatch):  # fmt: skip
+    node = names[5]
+    await k8s.seed(fleet(names[:6]))
+    await hosts.add(node)
+    bmc = BmcRef(url=burnin_bmcs.bmc_urls[node])  # credentials: the worker's default reference
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=1.0, bmcs={node: bmc},
+                                  steps=["power-cycle"]) as (events, _url):  # fmt: skip
+        await set_condition(core, node, "Ready", "False")  # only the power cycle brings it back (lab.node_power)
+
+        async def started():
+            return next((o for o in events.recent if o.node == node and o.status == "started"), None)
+
+        outcome = await wait_for(started, what=f"{node}'s remediation started", timeout=15)
+        assert outcome.bmc == f"{bmc} (the settings' bmcs)", outcome
+        result = await client.get_workflow_handle_for(NodeRemediation.run, outcome.workflow_id).result()
+    assert result.outcome == "healthy" and result.fixed_by == "power-cycle", result
+    assert await power_resets(bmc_admin, node) == ["ForceOff", "On"]
 
 
 async def test_a_condition_flapping_within_the_hold_starts_nothing(client, rem_worker, k8s, core, names,

@@ -22,11 +22,14 @@ from activities.node_health import (
     NodesHealthRequest,
 )
 from activities.redfish import BmcRef
-from tests.kube_helpers import current_details, read_node
+from tests.kube_helpers import current_details, declare_lab_budget, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.conftest import remediation_worker
 from tests.workflows.remediation.helpers import fast_settings, fleet
+from tests.workflows.remediation.test_fault_events import cordoned_at, set_condition
 from tests.workflows.remediation.test_node_remediation import awaiting_approval, power_resets
+from workflows.budget.disruption_budget import DisruptionBudget
+from workflows.budget.leases import LeaseRelease, LeaseRequest, budget_workflow_id
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.models import Approval, NodeRemediationInput
 from workflows.remediation.node_remediation import NodeRemediation
@@ -160,3 +163,31 @@ async def test_a_decision_older_than_the_nodes_last_remediation_is_skipped_witho
     assert "from older facts: since, the node was marked remediated (healthy)" in result.note
     assert await power_resets(bmc_admin, node) == ["ForceOff", "On"]
     assert len(marks(await k8s.audit(), node)) == 1
+
+
+async def test_a_node_that_recovers_while_its_run_waits_for_a_lease_is_left_alone(client, rem_worker, k8s, core, names):
+    node, other = names[:2]
+    await k8s.seed(fleet(names[:4], conditions={node: SICK}))
+    await declare_lab_budget(client, rem_worker.task_queue, {"count": 1})
+    entity = client.get_workflow_handle(budget_workflow_id("lab"))
+    full = LeaseRequest(node=other, holder=entity.id, reason="the budget's one node, taken")  # a running holder
+    assert (await entity.execute_update(DisruptionBudget.acquire, full)).state == "granted"
+    inp = NodeRemediationInput(cluster="lab", node=node, reason="KernelDeadlock (DockerHung)", checks=NO_PROBES,
+                               **fast_settings())  # fmt: skip
+    handle = await client.start_workflow(NodeRemediation.run, inp, id=inp.workflow_id(),
+                                         task_queue=rem_worker.task_queue)  # fmt: skip
+
+    async def queued():
+        return node in [q.node for q in (await entity.query(DisruptionBudget.state)).queue]
+
+    await wait_for(queued, what=f"{node}'s remediation queued for a lease")
+    await set_condition(core, node, "KernelDeadlock", "False")  # Node Problem Detector: recovered
+    await entity.execute_update(DisruptionBudget.release, LeaseRelease(node=other, holder=entity.id))
+    result = await handle.result()
+
+    assert result.outcome == "healthy" and result.steps == [] and result.fixed_by is None, result
+    assert "recovered while waiting for its lease" in result.note
+    assert await cordoned_at(k8s, node) is None  # never cordoned, drained or marked
+    assert LAST_REMEDIATION_ANNOTATION not in ((await read_node(core, node)).metadata.annotations or {})
+    assert not [lease for lease in (await entity.query(DisruptionBudget.state)).leases if lease.node == node]
+    await record_history(handle, "node_remediation_recovered_in_queue")
