@@ -148,7 +148,7 @@ class Fabric:
                         "lid": len(self.ports) + 1,
                     }
                 )
-        for sw in body.get("switches") or []:
+        for i, sw in enumerate(body.get("switches") or []):
             g = parse_guid(sw["guid"])
             self.systems[sw["name"]] = {
                 "system_name": sw["name"],
@@ -156,6 +156,7 @@ class Fabric:
                 "type": "switch",
                 "state": "active",
                 "description": "MQM9790",
+                "ip": f"10.0.{i // 250}.{i % 250 + 10}",  # its management address, as UFM lists every system's
                 "model": "MQM9790",
                 "vendor": "Mellanox",
             }
