@@ -35,6 +35,9 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
   ``session_timeout``. At most ``max_sessions`` requests are served at once per BMC (a request on HTTP Basic holds
   a session while it is served); past either limit the answer is 503 with ``Retry-After: 2``. Every answer takes
   ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic or a session token (401 otherwise).
+* query parameters (DSP0266): ``$expand=.`` (one level) everywhere, ``$skip``/``$top`` on the SEL's Entries; any
+  other ``$`` parameter answers 501 ``QueryParameterUnsupported``, a bad ``$skip``/``$top`` 400; parameters without
+  ``$`` are ignored.
 * errors are Redfish error bodies: ``{"error": {"code": "Base.1.15.GeneralError", "message": ...,
   "@Message.ExtendedInfo": [{"MessageId": "Base.1.15.<Id>", "Message", "Severity", "Resolution"}]}}``.
 
@@ -93,6 +96,7 @@ from lab.bmc import (
     PUBLIC_GETS,
     ROOT,
     Bmc,
+    check_query,
     normalize_spec,
     not_found,
 )
@@ -242,6 +246,8 @@ class BmcLab:
                     "Establish a session before retrying the operation.",
                     headers={"WWW-Authenticate": 'Basic realm="Redfish"'},
                 )
+        if method == "GET":
+            check_query(parts, request.query)
         if method == "GET" and len(parts) == 4 and parts[:2] == ["TaskService", "Tasks"] and parts[3] == "Monitor":
             return bmc.updates.monitor(parts[2]) or not_found(request.path).response()
         if method == "GET":

@@ -269,6 +269,20 @@ async def test_collections_expand_one_level_as_the_root_advertises(lab_bmcs, bmc
         rf_error(c.get(inventory, params={"$expand": "*"}), 501, "QueryNotSupported")
 
 
+async def test_unsupported_dollar_query_parameters_answer_501(lab_bmcs, bmc_admin):
+    """DSP0266: a ``$`` query parameter the service does not support answers 501; others are ignored."""
+    url = lab_bmcs.bmc_urls[lab_bmcs.names[0]]
+    entries = f"{SYSTEM}/LogServices/SEL/Entries"
+    with httpx.Client(base_url=url, auth=AUTH) as c:
+        rf_error(c.get("/redfish/v1/?$unknown"), 501, "QueryParameterUnsupported")
+        rf_error(c.get(SYSTEM, params={"$select": "PowerState"}), 501, "QueryParameterUnsupported")
+        rf_error(c.get(f"{SYSTEM}/Processors", params={"$top": "1"}), 501, "QueryParameterUnsupported")
+        rf_error(c.get(entries, params={"$top": "x"}), 400, "QueryParameterValueFormatError")
+        assert c.get("/redfish/v1/", params={"unknown": "1"}).status_code == 200
+        assert c.get(entries, params={"$skip": "0", "$top": "1"}).status_code == 200
+        assert c.get(f"{SYSTEM}/Processors", params={"$expand": "."}).status_code == 200
+
+
 async def test_audit_counts_requests_and_resets_per_server(lab_bmcs, bmc_admin, redfish):
     a, b = lab_bmcs.names[0], lab_bmcs.names[1]
     cursor = await bmc_admin.audit_cursor()
