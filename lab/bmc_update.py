@@ -22,7 +22,8 @@ A task ends ``Exception`` (``TaskStatus`` Critical, the version unchanged) when 
 (``Update.1.0.TransferFailed``), the image is bad (``"bad": "<why>"``: ``Update.1.0.VerificationFailed``), or a
 fault is armed for the component on this server (``PUT /_lab/servers/{name}/update-faults`` ``{component: why}``,
 used once: ``Update.1.0.ApplyFailed``). ``GET`` on the monitor answers 202 (with ``Retry-After``) while the task
-runs, then 200 with the Task.
+runs, then 200 with the Task; with the lab's ``monitor_expires`` 1, as OpenBMC's bmcweb does, 204 once the task
+ended and 404 after that (the Task itself still answers 200).
 
 ``POST UpdateService/update-multipart`` (``MultipartHttpPushUri``, offered unless the lab's ``multipart_push`` is 0;
 DSP0266 §12.6.2.2): parts ``UpdateParameters`` (JSON: ``Targets``, ``@Redfish.OperationApplyTime``) and
@@ -152,7 +153,12 @@ class Updates:
         if task is None:
             return None
         if task["state"] in TERMINAL:
-            return web.json_response(self._task(task))
+            if not self.bmc.lab.config["monitor_expires"]:
+                return web.json_response(self._task(task))
+            if task.get("monitor_spent"):  # OpenBMC bmcweb: the monitor expires once it has answered 204
+                return None
+            task["monitor_spent"] = True
+            return web.Response(status=204)
         headers = {"Location": f"{TASKS}/{task_id}/Monitor", "Retry-After": "1"}
         return web.json_response(self._task(task), status=202, headers=headers)
 

@@ -56,7 +56,7 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
-"multipart_push"}``;
+"multipart_push", "monitor_expires"}``;
 ``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
 ``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",

@@ -3,6 +3,7 @@ restarts while its task is followed, and version ordering."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -12,7 +13,8 @@ from activities.firmware.models import Activation, TaskFollow, UpdateStart
 from activities.firmware.versions import is_downgrade
 from activities.support.secrets import SecretRef
 from lab.bmc import DEFAULT_FIRMWARE
-from tests.activities.redfish.conftest import BMC_PASSWORD
+from tests.activities.redfish.conftest import BMC_PASSWORD, BMC_USER
+from tests.activities.redfish.test_lab_bmc import until
 from tests.activities.redfish.test_redfish_activities import bmc, resets
 
 BIOS = "http://images.lab/bios-1.9.0.bin"
@@ -71,6 +73,26 @@ async def test_following_a_task_waits_out_the_bmc_restart_and_failures_carry_the
         await env.run(acts.start_firmware_update, UpdateStart(
             bmc=ref, targets=["NIC9"], image_uri="http://images.lab/bad.bin", version="1"))  # fmt: skip
     assert unknown.value.type == "FirmwareComponentUnknown" and unknown.value.non_retryable
+
+
+async def test_a_finished_update_whose_monitor_answered_204_then_404_is_followed_from_its_task(
+    acts, lab_bmcs, bmc_admin
+):
+    """OpenBMC's bmcweb: a task's monitor answers 202 while it runs, 204 once it ended, then 404; the Task stays."""
+    env, ref = ActivityEnvironment(), bmc(lab_bmcs, 2)
+    await bmc_admin.config(monitor_expires=1)
+    await bmc_admin.set_images({BIOS: {"version": "1.9.0", "seconds": 0.5}})
+    started = await env.run(acts.start_firmware_update, UpdateStart(bmc=ref, targets=["BIOS"], image_uri=BIOS,
+                                                                    version="1.9.0"))  # fmt: skip
+    monitor = f"{started.task}/Monitor"
+    with httpx.Client(base_url=ref.url, auth=(BMC_USER, BMC_PASSWORD)) as c:
+        assert c.get(monitor).status_code == 202
+        await until(lambda: c.get(monitor).status_code == 204, what="the monitor's 204")
+        assert c.get(monitor).status_code == 404
+        assert c.get(started.task).json()["TaskState"] == "Completed"
+    outcome = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=started.task, targets=["BIOS"],
+                                                                  version="1.9.0"))  # fmt: skip
+    assert (outcome.state, outcome.active) == ("Completed", False)  # BIOS activates at the next boot
 
 
 @pytest.mark.parametrize(("installed", "wanted", "downgrade"), [
