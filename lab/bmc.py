@@ -35,6 +35,7 @@ DEFAULT_CONFIG = {
     "update_seconds": 0.5,
     "bmc_restart_seconds": 1.0,
     "multipart_push": 1.0,  # 0: the UpdateService offers no MultipartHttpPushUri (SimpleUpdate only)
+    "basic_auth": 1.0,  # 0: HTTP Basic refused (401), only X-Auth-Token sessions (a BMC with Basic turned off)
     "monitor_expires": 0.0,  # 1: an ended task's monitor answers 204, then 404 (OpenBMC bmcweb; lab/bmc_update.py)
 }
 DEFAULT_FIRMWARE = {

@@ -34,7 +34,8 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
   DELETE logs out; at most ``max_sessions`` per BMC (then 503 SessionLimitExceeded); idle sessions expire after
   ``session_timeout``. At most ``max_sessions`` requests are served at once per BMC (a request on HTTP Basic holds
   a session while it is served); past either limit the answer is 503 with ``Retry-After: 2``. Every answer takes
-  ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic or a session token (401 otherwise).
+  ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic (unless the config's
+  ``basic_auth`` is 0) or a session token (401 otherwise).
 * query parameters (DSP0266): ``$expand=.`` (one level) everywhere, ``$skip``/``$top`` on the SEL's Entries; any
   other ``$`` parameter answers 501 ``QueryParameterUnsupported``, a bad ``$skip``/``$top`` 400; parameters without
   ``$`` are ignored.
@@ -56,7 +57,7 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
-"multipart_push", "monitor_expires"}``;
+"multipart_push", "monitor_expires", "basic_auth"}`` (``basic_auth`` 0: Basic answers 401, only sessions work);
 ``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
 ``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
@@ -145,6 +146,8 @@ class BmcLab:
         if token:
             return "session" if bmc.session_for(token) else None
         header = request.headers.get("Authorization", "")
+        if not self.config["basic_auth"]:
+            return None
         if header == self._basic:
             return "basic"
         if header[:6].lower() != "basic ":
@@ -244,7 +247,7 @@ class BmcLab:
                     "NoValidSession",
                     "There is no valid session established with the implementation.",
                     "Establish a session before retrying the operation.",
-                    headers={"WWW-Authenticate": 'Basic realm="Redfish"'},
+                    headers={"WWW-Authenticate": 'Basic realm="Redfish"'} if self.config["basic_auth"] else None,
                 )
         if method == "GET":
             check_query(parts, request.query)
