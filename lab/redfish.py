@@ -53,7 +53,8 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 "gpu_faults", "sel": [LogEntry...], "down_until": float|null, "sessions", "requests", "resets", "firmware", "bios",
 "spec", "firmware_pending", "update_faults", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
 "delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on;
-``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"}``; ``PUT /_lab/servers/{name}/gpu-faults``
+``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"|"closed"}`` (``closed``: the
+port refuses connections, its listener closed and reopened after ``seconds`` or at a reset); ``PUT /_lab/servers/{name}/gpu-faults``
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
@@ -132,6 +133,9 @@ class BmcLab:
                 raise ValueError(f"duplicate server name {spec['name']!r}")
             self.servers[spec["name"]] = Bmc(spec, self)
         self.by_port: dict[int, Bmc] = {}
+        self.sites: dict[str, web.TCPSite] = {}  # each BMC's listener
+        self.listen: tuple[web.AppRunner, str, ssl.SSLContext | None] | None = None  # how `serve` opened them
+        self.closed: dict[str, asyncio.Task] = {}  # BMCs whose port is closed, with the task reopening it
         self.faults = FaultTable(("server", "method", "path"))  # lab/faults.py
         self.audit = AuditLog(200_000, filters=("server",))
         self.front = FaultFront(self.audit.add, code_key="status")
@@ -178,7 +182,7 @@ class BmcLab:
         if bmc.down_until is not None:
             left = bmc.down_until - time.time()
             if left > 0:
-                if bmc.down_mode == "drop":
+                if bmc.down_mode in ("drop", "closed"):  # closed: a connection opened before goes too
                     entry["status"] = 0
                     self.audit.add(entry)
                     return drop(request)
@@ -296,6 +300,8 @@ class BmcLab:
         if p == ["reset"] and m == "POST":
             for bmc in self.servers.values():
                 bmc.restore()
+            for name in list(self.closed):
+                await self.open_port(self.servers[name])
             self.faults.clear()
             self.audit.clear()
             self.images.clear()
@@ -319,10 +325,10 @@ class BmcLab:
                 self.config[k] = v
             return web.json_response(self.config)
         if p and p[0] == "servers":
-            return self._admin_server(m, p[1:], body, request.query)
+            return await self._admin_server(m, p[1:], body, request.query)
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
 
-    def _admin_server(self, m: str, p: list[str], body: Any, query: Any) -> web.Response:  # noqa: C901 (one branch per lab admin endpoint)
+    async def _admin_server(self, m: str, p: list[str], body: Any, query: Any) -> web.Response:  # noqa: C901 (one branch per lab admin endpoint)
         if not p and m == "GET":
             fields = [f for f in query.get("fields", "").split(",") if f]
             views = {n: b.view() for n, b in self.servers.items()}
@@ -346,10 +352,13 @@ class BmcLab:
             return web.json_response(bmc.add_sel(body))
         if op == "outage" and m == "POST":
             mode = str(body.get("mode", "503"))
-            if mode not in ("503", "drop"):
-                raise ValueError("mode must be '503' or 'drop'")
+            if mode not in ("503", "drop", "closed"):
+                raise ValueError("mode must be '503', 'drop' or 'closed'")
+            seconds = float(body.get("seconds", 5))
+            if mode == "closed":
+                await self.close_port(bmc, seconds)
             bmc.down_mode = mode
-            bmc.down_until = time.time() + float(body.get("seconds", 5))
+            bmc.down_until = time.time() + seconds
             return web.json_response({"down_until": bmc.down_until})
         if op == "gpu-faults" and m in ("PUT", "GET"):
             if m == "PUT":
@@ -378,6 +387,32 @@ class BmcLab:
             return web.json_response(bmc.updates.faults)
         return web.json_response({"error": f"no admin route {m} /_lab/servers/{'/'.join(p)}"}, status=404)
 
+    async def close_port(self, bmc: Bmc, seconds: float) -> None:
+        """Close the BMC's listener (its web server is gone: connecting is refused) and reopen it `seconds` later."""
+        reopening = self.closed.pop(bmc.name, None)
+        if reopening is None:
+            await self.sites.pop(bmc.name).stop()
+        else:
+            reopening.cancel()
+        self.closed[bmc.name] = asyncio.create_task(self._reopen(bmc, seconds))
+
+    async def _reopen(self, bmc: Bmc, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await self.open_port(bmc)
+
+    async def open_port(self, bmc: Bmc) -> None:
+        """Listen on the BMC's closed port again, as `serve` did."""
+        reopening = self.closed.pop(bmc.name, None)
+        if reopening is None or self.listen is None:
+            return
+        if reopening is not asyncio.current_task():
+            reopening.cancel()
+        runner, host, ssl_context = self.listen
+        site = web.TCPSite(runner, host, bmc.port, ssl_context=ssl_context)
+        await site.start()
+        self.sites[bmc.name] = site
+        bmc.down_until = None
+
 
 async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab,
                 ssl_context: ssl.SSLContext | None = None) -> None:  # fmt: skip
@@ -389,12 +424,14 @@ async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab,
     await admin.start()
     admin_port = admin._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     scheme = "https" if ssl_context else "http"
+    lab.listen = (runner, host, ssl_context)
     for bmc in lab.servers.values():
         site = web.TCPSite(runner, host, int(bmc.spec.get("port") or 0), ssl_context=ssl_context)
         await site.start()
         bmc.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         bmc.url = f"{scheme}://{host}:{bmc.port}"
         lab.by_port[bmc.port] = bmc
+        lab.sites[bmc.name] = site
     await announce_and_wait("lab.redfish", f"http://{host}:{admin_port}", ready_file)
     await runner.cleanup()
 

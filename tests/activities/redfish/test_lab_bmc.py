@@ -242,6 +242,16 @@ async def test_outage_answers_503_then_recovers(lab_bmcs, bmc_admin, redfish):
     await asyncio.sleep(0.6)
     assert httpx.get(f"{url}{SYSTEM}", auth=AUTH).status_code == 200
 
+    with httpx.Client(auth=AUTH) as kept:  # a connection opened before the port closes goes with it
+        assert kept.get(f"{url}{SYSTEM}").status_code == 200
+        await bmc_admin.outage(name, 60, mode="closed")
+        with pytest.raises(httpx.TransportError):
+            kept.get(f"{url}{SYSTEM}")
+    with pytest.raises(httpx.ConnectError):  # refused: nothing listens
+        httpx.get(f"{url}{SYSTEM}", auth=AUTH)
+    await bmc_admin.reset()  # reopens it
+    assert httpx.get(f"{url}{SYSTEM}", auth=AUTH).status_code == 200
+
 
 async def test_requests_past_the_limit_are_refused_with_retry_after(lab_bmcs, bmc_admin):
     name = lab_bmcs.names[2]

@@ -175,6 +175,30 @@ async def test_a_bmc_that_refuses_basic_auth_is_asked_in_one_session_per_attempt
     redfish_activities._SESSION_BMCS.discard(ref.url)  # the worker's memory: later tests count Basic requests
 
 
+async def test_a_bmc_whose_port_is_closed_is_retryable_and_recovers_when_it_reopens(acts, lab_bmcs, bmc_admin):
+    """A BMC's web server gone (connection refused), not a 5xx nor a hang: retryable, and fine once it listens."""
+    import httpx
+
+    from tests.activities.redfish.test_lab_bmc import until
+
+    def reachable(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/redfish/v1/").status_code == 200
+        except httpx.ConnectError:
+            return False
+
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 2), lab_bmcs.names[2]
+    await bmc_admin.outage(name, seconds=1.5, mode="closed")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{ref.url}/redfish/v1/")
+    with pytest.raises(ApplicationError) as down:
+        await env.run(acts.redfish_health, ref)
+    assert down.value.type == "BmcUnavailable" and not down.value.non_retryable
+    assert "does not answer" in down.value.message
+    await until(lambda: reachable(ref.url), timeout=10, what="the port reopened")
+    assert (await env.run(acts.redfish_health, ref)).power_state == "Off"
+
+
 async def test_power_and_boot_against_sushy_tools(sushy_tools, tmp_path, monkeypatch):
     """The power and boot subset against a third-party Redfish server (its power lands 0-11 s late)."""
     monkeypatch.setenv("MILLWRIGHT_TEST_ST_CREDENTIALS", f"{ST_USER}:{ST_PASSWORD}")
