@@ -366,7 +366,8 @@ async def test_admin_api(lab_bmcs, bmc_admin):
 
     config = await bmc_admin.config(power_delay=0.05)
     assert config == {"power_delay": 0.05, "request_delay": 0.0, "max_sessions": 4, "session_timeout": 1800.0,
-                      "update_seconds": 0.5, "bmc_restart_seconds": 1.0, "multipart_push": 1.0}  # fmt: skip
+                      "update_seconds": 0.5, "bmc_restart_seconds": 1.0, "multipart_push": 1.0, "basic_auth": 1.0,
+                      "monitor_expires": 0.0}  # fmt: skip
     with pytest.raises(httpx.HTTPStatusError):
         await bmc_admin.config(nonsense=1)
     with pytest.raises(httpx.HTTPStatusError) as exc:
