@@ -51,7 +51,7 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 ``GET /_lab/servers/{name}`` -> view, where a view is ``{"name", "url", "power": "On"|"Off", "power_state",
 "booted_from": "Pxe"|"Hdd"|null, "boot_count", "last_boot", "boot_override": {"target", "enabled", "mode"},
 "gpu_faults", "sel": [LogEntry...], "down_until": float|null, "sessions", "requests", "resets", "firmware", "bios",
-"spec", "firmware_pending", "update_faults", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
+"spec", "firmware_pending", "update_faults", "bad_flash", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
 "delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on;
 ``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"|"closed"}`` (``closed``: the
 port refuses connections, its listener closed and reopened after ``seconds`` or at a reset); ``PUT /_lab/servers/{name}/gpu-faults``
@@ -60,7 +60,8 @@ immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
 "multipart_push", "monitor_expires", "basic_auth"}`` (``basic_auth`` 0: Basic answers 401, only sessions work);
 ``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
-``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
+``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails);
+``PUT /_lab/servers/{name}/bad-flash`` ``{component: message}`` (the next flash of it never activates); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
 "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"},
 "count": 1, "skip": 0, "after": <fault id>}`` (count -1: until cleared; the fault front and audit log of
@@ -385,6 +386,9 @@ class BmcLab:
         if op == "update-faults" and m == "PUT":
             bmc.updates.faults.update({str(k): str(v) for k, v in body.items()})
             return web.json_response(bmc.updates.faults)
+        if op == "bad-flash" and m == "PUT":
+            bmc.updates.bad_flash.update({str(k): str(v) for k, v in body.items()})
+            return web.json_response(bmc.updates.bad_flash)
         return web.json_response({"error": f"no admin route {m} /_lab/servers/{'/'.join(p)}"}, status=404)
 
     async def close_port(self, bmc: Bmc, seconds: float) -> None:
@@ -548,6 +552,10 @@ class BmcAdmin(AdminClient):
     async def set_update_faults(self, name: str, faults: dict[str, str]) -> dict:
         """The next update of each component on this server fails with this message (once)."""
         return await self._req("PUT", f"/_lab/servers/{name}/update-faults", json=faults)
+
+    async def set_bad_flash(self, name: str, flashes: dict[str, str]) -> dict:
+        """The next flash of each component on this server is written bad (once): it never activates."""
+        return await self._req("PUT", f"/_lab/servers/{name}/bad-flash", json=flashes)
 
     async def config(self, **changes: float) -> dict:
         """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout, update_seconds,

@@ -95,6 +95,28 @@ async def test_a_finished_update_whose_monitor_answered_204_then_404_is_followed
     assert (outcome.state, outcome.active) == ("Completed", False)  # BIOS activates at the next boot
 
 
+async def test_a_bad_flash_on_one_server_is_caught_when_its_version_does_not_activate(acts, lab_bmcs, bmc_admin):
+    """The same image on two servers; one's flash is written bad: its task completes, but after the reset it runs
+    the previous BIOS (its SEL says why), and the activation fails on that server only."""
+    env, good, bad = ActivityEnvironment(), bmc(lab_bmcs, 0), bmc(lab_bmcs, 3)
+    await bmc_admin.set_images({BIOS: {"version": "1.9.0", "seconds": 0.2}})
+    await bmc_admin.set_bad_flash(lab_bmcs.names[3], {"BIOS": "image CRC mismatch in flash bank B"})
+    for ref in (good, bad):
+        started = await env.run(acts.start_firmware_update, UpdateStart(bmc=ref, targets=["BIOS"], image_uri=BIOS,
+                                                                        version="1.9.0"))  # fmt: skip
+        followed = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=started.task, targets=["BIOS"],
+                                                                       version="1.9.0"))  # fmt: skip
+        assert followed.state == "Completed"
+    activation = Activation(bmc=good, how="reset", want={"BIOS": "1.9.0"}, timeout_seconds=3)
+    assert (await env.run(acts.activate_firmware, activation)).versions == {"BIOS": "1.9.0"}
+    with pytest.raises(ApplicationError) as failed:
+        await env.run(acts.activate_firmware, activation.model_copy(update={"bmc": bad}))
+    assert failed.value.type == "FirmwareNotActivated" and failed.value.non_retryable
+    assert f"BIOS {DEFAULT_FIRMWARE['BIOS']}" in failed.value.message
+    view = await bmc_admin.server(lab_bmcs.names[3])
+    assert view["bad_flash"] == {} and "CRC mismatch" in view["sel"][-1]["Message"]  # used once; the SEL says why
+
+
 @pytest.mark.parametrize(("installed", "wanted", "downgrade"), [
     ("24.09", "25.03", False), ("25.03", "24.09", True), ("1.8.2", "1.8.10", False), ("1.8.2", "1.8", True),
     ("96.00.A5.00.01", "96.00.B0.00.01", False), ("96.00.B0.00.01", "96.00.A5.00.01", True),
