@@ -21,10 +21,9 @@ them leaves a history that says exactly which half happened.
 
 Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is
 ``user:password``, resolved inside each attempt, sent with HTTP Basic on the attempt's one connection
-(no BMC session is created: no login and logout requests, and no session slot held if a worker dies). A BMC that
-refuses Basic (401; Basic turned off) is asked in one X-Auth-Token session per attempt, logged out at its end
-(`BmcAuth`); the worker remembers it and logs in there at once. They never enter an activity's input, output,
-heartbeat or error.
+(no BMC session is created: no login and logout requests, and no session slot held if a worker dies), or in one
+session per attempt to a BMC with Basic turned off (activities/redfish_auth.py). They never enter an activity's
+input, output, heartbeat or error.
 
 TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
 ``BmcRef.ca_bundle`` (else the worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false``
@@ -60,6 +59,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
+from activities.redfish_auth import BmcAuth
 from activities.support.secrets import SecretError, SecretRef
 from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
@@ -71,8 +71,6 @@ _THREADS = 64  # sushy blocks: BMC calls get threads of their own, not the loop'
 _MAX_SEL_ENTRIES = 200  # per answer: a noisy log must not bloat a workflow's history
 _MAX_RETRY_AFTER = 300.0  # seconds: the most a BMC's Retry-After delays one attempt
 ROOT = "/redfish/v1/"
-SESSIONS = "/redfish/v1/SessionService/Sessions"  # a URI DSP0266 fixes
-_SESSION_BMCS: set[str] = set()  # BMCs (by URL) that refused Basic and took a session: this worker logs in there
 
 PowerState = Literal["On", "Off"]
 BootTarget = Literal["Pxe", "Hdd", "Cd", "UefiHttp", "BiosSetup", "None"]
@@ -305,53 +303,9 @@ class ReadSystem(System):
         ResourceBase.__init__(self, connector, path, reader=_OneRead())  # System's own __init__ only forwards
 
 
-class BmcAuth:
-    """HTTP Basic on a connector, or, on a BMC that refuses it (401) and takes a session, one X-Auth-Token
-    session that `close` logs out. A wrong password is still refused: by the login, or, where the BMC has no
-    session service, by Basic's own 401."""
-
-    def __init__(self, url: str, conn: Connector, user: str, password: str) -> None:
-        self.url, self.conn, self._user, self._password = url, conn, user, password
-        self._session: str | None = None
-
-    def run(self, fn: Callable[[], T]) -> T:
-        """`fn`, again in a session if Basic was refused: every request of a BMC without Basic is refused, so the
-        first try changed nothing."""
-        if self._session is None and self.url in _SESSION_BMCS:
-            self._log_in()
-        try:
-            return fn()
-        except sushy_errors.AccessError as refused:
-            if self._session is not None or refused.status_code != 401:
-                raise
-            try:
-                self._log_in()
-            except sushy_errors.AccessError:
-                raise
-            except sushy_errors.HTTPError:  # no session service to log in to: the credentials were refused
-                raise refused from None
-            _SESSION_BMCS.add(self.url)
-        return fn()
-
-    def _log_in(self) -> None:
-        self.conn._session.auth = None  # sushy keeps the Basic credentials there: a session replaces them
-        rsp = self.conn.post(SESSIONS, data={"UserName": self._user, "Password": self._password})
-        token = rsp.headers.get("X-Auth-Token")
-        if not token:
-            raise sushy_errors.MissingXAuthToken(method="POST", url=SESSIONS, response=rsp)
-        self.conn.set_http_session_auth(token)
-        self._session = rsp.headers.get("Location") or rsp.json()["@odata.id"]
-
-    def close(self) -> None:
-        if self._session is not None:
-            with contextlib.suppress(sushy_errors.SushyError):  # one not logged out expires on the BMC
-                self.conn.delete(self._session)
-            self._session = None
-
-
 class Conversation:
-    """One attempt's talk with one BMC: one connection (kept alive), HTTP Basic on each request (or one session:
-    `BmcAuth`), and what it has read so far, so that nothing is asked twice."""
+    """One attempt's talk with one BMC: one connection (kept alive), authenticated by `BmcAuth`, and what it has
+    read so far, so that nothing is asked twice."""
 
     def __init__(self, bmc: BmcRef, user: str, password: str, trust: Trust) -> None:
         self.bmc = bmc
@@ -360,7 +314,6 @@ class Conversation:
             server_side_retries=1, server_side_retries_delay=1,
             default_request_timeout=_READ_TIMEOUT, connect_timeout=_CONNECT_TIMEOUT,
         )  # fmt: skip
-        self.conn.set_http_basic_auth(user, password)
         self.auth = BmcAuth(bmc.url, self.conn, user, password)
         self._root: dict | None = None
 

@@ -7,7 +7,8 @@ as real BMCs do; plain HTTP is the default. The admin port always answers plain 
 (``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no processors, firmware
 inventory, BIOS, logs or sessions, which is what this emulator adds. This module is the HTTP front (routing,
 authentication, outages, the admin API, the child process and its client); one BMC's state and documents are
-lab/bmc.py.
+lab/bmc.py. Longer than 600 lines because the front is one piece: routing, authentication, the outages (a closed
+port included) and the admin routes all act on the same per-port listeners and servers.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 

@@ -47,7 +47,8 @@ from activities.firmware.models import (
     UpdateStarted,
 )
 from activities.firmware.versions import is_downgrade
-from activities.redfish import BmcAuth, BmcRef, RedfishActivities, redfish_error
+from activities.redfish import BmcRef, RedfishActivities, redfish_error
+from activities.redfish_auth import BmcAuth
 
 T = TypeVar("T")
 _CONNECT_TIMEOUT, _READ_TIMEOUT = 5.0, 20.0

@@ -6,7 +6,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import redfish as redfish_activities
+from activities import redfish_auth
 from activities.redfish import BmcRef, BootRequest, PowerRequest, RedfishActivities, SelQuery
 from activities.support.secrets import SecretRef
 from tests.activities.redfish.conftest import BMC_PASSWORD, ST_PASSWORD, ST_USER
@@ -172,7 +172,7 @@ async def test_a_bmc_that_refuses_basic_auth_is_asked_in_one_session_per_attempt
     with pytest.raises(ApplicationError) as auth:
         await env.run(acts.redfish_health, ref.model_copy(update={"credentials": f"file:{wrong}"}))
     assert auth.value.type == "RedfishAuth" and auth.value.non_retryable
-    redfish_activities._SESSION_BMCS.discard(ref.url)  # the worker's memory: later tests count Basic requests
+    redfish_auth._SESSION_BMCS.discard(ref.url)  # the worker's memory: later tests count Basic requests
 
 
 async def test_a_bmc_whose_port_is_closed_is_retryable_and_recovers_when_it_reopens(acts, lab_bmcs, bmc_admin):
