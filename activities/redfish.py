@@ -21,8 +21,9 @@ them leaves a history that says exactly which half happened.
 
 Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is
 ``user:password``, resolved inside each attempt, sent with HTTP Basic on the attempt's one connection
-(no BMC session is created: no login and logout requests, and no session slot held if a worker dies). They never
-enter an activity's input, output, heartbeat or error.
+(no BMC session is created: no login and logout requests, and no session slot held if a worker dies), or in one
+session per attempt to a BMC with Basic turned off (activities/redfish_auth.py). They never enter an activity's
+input, output, heartbeat or error.
 
 TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
 ``BmcRef.ca_bundle`` (else the worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false``
@@ -58,6 +59,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
+from activities.redfish_auth import BmcAuth
 from activities.support.secrets import SecretError, SecretRef
 from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
@@ -302,8 +304,8 @@ class ReadSystem(System):
 
 
 class Conversation:
-    """One attempt's talk with one BMC: one connection (kept alive), HTTP Basic on each request, and what it
-    has read so far, so that nothing is asked twice."""
+    """One attempt's talk with one BMC: one connection (kept alive), authenticated by `BmcAuth`, and what it has
+    read so far, so that nothing is asked twice."""
 
     def __init__(self, bmc: BmcRef, user: str, password: str, trust: Trust) -> None:
         self.bmc = bmc
@@ -312,10 +314,11 @@ class Conversation:
             server_side_retries=1, server_side_retries_delay=1,
             default_request_timeout=_READ_TIMEOUT, connect_timeout=_CONNECT_TIMEOUT,
         )  # fmt: skip
-        self.conn.set_http_basic_auth(user, password)
+        self.auth = BmcAuth(bmc.url, self.conn, user, password)
         self._root: dict | None = None
 
     def close(self) -> None:
+        self.auth.close()
         self.conn.close()
 
     def json(self, path: str) -> dict:
@@ -416,7 +419,7 @@ class RedfishActivities:
 
         async def ask(doing: str, fn: Callable[[Conversation], T]) -> T:
             try:
-                return await asyncio.get_running_loop().run_in_executor(self._threads, fn, talk)
+                return await asyncio.get_running_loop().run_in_executor(self._threads, talk.auth.run, lambda: fn(talk))
             except ApplicationError:
                 raise
             except Exception as err:
@@ -425,7 +428,7 @@ class RedfishActivities:
         try:
             yield ask
         finally:
-            talk.close()
+            await asyncio.get_running_loop().run_in_executor(self._threads, talk.close)  # a logout is a request
 
     @activity.defn
     async def redfish_power(self, req: PowerRequest) -> PowerResult:

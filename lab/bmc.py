@@ -25,6 +25,7 @@ DEFAULT_USER = "admin"
 DEFAULT_PASSWORD = "0penBmc"
 DEFAULT_GPU_MODEL = "NVIDIA H200"
 EXPANDS = (".", ".($levels=1)")
+SEL_ENTRIES = ["Systems", "1", "LogServices", "SEL", "Entries"]  # the one collection paged with $skip/$top
 BUSY_RETRY_AFTER = 2  # seconds, in the Retry-After of a 503 for the session or request limit
 DEFAULT_CONFIG = {
     "power_delay": 0.2,
@@ -34,6 +35,8 @@ DEFAULT_CONFIG = {
     "update_seconds": 0.5,
     "bmc_restart_seconds": 1.0,
     "multipart_push": 1.0,  # 0: the UpdateService offers no MultipartHttpPushUri (SimpleUpdate only)
+    "basic_auth": 1.0,  # 0: HTTP Basic refused (401), only X-Auth-Token sessions (a BMC with Basic turned off)
+    "monitor_expires": 0.0,  # 1: an ended task's monitor answers 204, then 404 (OpenBMC bmcweb; lab/bmc_update.py)
 }
 DEFAULT_FIRMWARE = {
     "BMC": "24.09",
@@ -124,6 +127,28 @@ def not_found(path: str) -> RedfishError:
         f"The resource at the URI '{path}' was not found.",
         "Place a valid resource at the URI or correct the URI and resubmit the request.",
     )
+
+
+def check_query(parts: list[str], query: Any) -> None:
+    """DSP0266's query parameter rules: a ``$`` parameter this resource does not support answers 501, a supported
+    one with a bad value 400; any other parameter is ignored."""
+    supported = {"$expand", "$skip", "$top"} if parts == SEL_ENTRIES else {"$expand"}
+    unsupported = sorted(k for k in query if k.startswith("$") and k not in supported)
+    if unsupported:
+        raise RedfishError(
+            501,
+            "QueryParameterUnsupported",
+            f"The query parameter '{unsupported[0]}' is not supported on this resource.",
+            "Correct or remove the query parameter and resubmit the request.",
+        )
+    for k in sorted({"$skip", "$top"} & set(query)):
+        if not query[k].isdigit():
+            raise RedfishError(
+                400,
+                "QueryParameterValueFormatError",
+                f"The value '{query[k]}' for the query parameter {k} is of a different format than it can accept.",
+                "Correct the value for the query parameter in the request and resubmit the request.",
+            )
 
 
 def _bad_value(prop: str, value: Any) -> RedfishError:

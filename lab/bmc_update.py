@@ -21,8 +21,11 @@ image applies (``apply``, default by component):
 A task ends ``Exception`` (``TaskStatus`` Critical, the version unchanged) when the image is not in the catalogue
 (``Update.1.0.TransferFailed``), the image is bad (``"bad": "<why>"``: ``Update.1.0.VerificationFailed``), or a
 fault is armed for the component on this server (``PUT /_lab/servers/{name}/update-faults`` ``{component: why}``,
-used once: ``Update.1.0.ApplyFailed``). ``GET`` on the monitor answers 202 (with ``Retry-After``) while the task
-runs, then 200 with the Task.
+used once: ``Update.1.0.ApplyFailed``). A bad flash armed on one server (``PUT /_lab/servers/{name}/bad-flash``
+``{component: why}``, used once) ends its task as usual, but the image never activates: the component runs its
+previous version and the SEL gets a Critical ``Update.1.0.ActivateFailed`` entry. ``GET`` on the monitor answers 202 (with ``Retry-After``) while the task
+runs, then 200 with the Task; with the lab's ``monitor_expires`` 1, as OpenBMC's bmcweb does, 204 once the task
+ended and 404 after that (the Task itself still answers 200).
 
 ``POST UpdateService/update-multipart`` (``MultipartHttpPushUri``, offered unless the lab's ``multipart_push`` is 0;
 DSP0266 §12.6.2.2): parts ``UpdateParameters`` (JSON: ``Targets``, ``@Redfish.OperationApplyTime``) and
@@ -57,6 +60,8 @@ class UpdatedBmc(Protocol):
     def restart_bmc(self, seconds: float) -> None: ...
 
     def reset(self, reset_type: str) -> None: ...
+
+    def add_sel(self, body: dict) -> dict: ...
 
 
 ROOT = "/redfish/v1"
@@ -105,6 +110,7 @@ class Updates:
         self.seq = 0
         self.pending: dict[str, dict] = {}  # component -> {"version", "apply"}
         self.faults: dict[str, str] = {}
+        self.bad_flash: dict[str, str] = {}  # component -> why its next flash on this server is written bad
         self.timers: list[asyncio.TimerHandle] = []
         self.ac_cycles = 0
 
@@ -152,7 +158,12 @@ class Updates:
         if task is None:
             return None
         if task["state"] in TERMINAL:
-            return web.json_response(self._task(task))
+            if not self.bmc.lab.config["monitor_expires"]:
+                return web.json_response(self._task(task))
+            if task.get("monitor_spent"):  # OpenBMC bmcweb: the monitor expires once it has answered 204
+                return None
+            task["monitor_spent"] = True
+            return web.Response(status=204)
         headers = {"Location": f"{TASKS}/{task_id}/Monitor", "Retry-After": "1"}
         return web.json_response(self._task(task), status=202, headers=headers)
 
@@ -335,15 +346,16 @@ class Updates:
                       "vendor."))  # fmt: skip
             return
         version, apply = str(image["version"]), image.get("apply") or default_apply(components[0])
+        bad = {k: self.bad_flash.pop(k) for k in components if k in self.bad_flash}
         if apply in ("reset", "ac_power_cycle"):
             for k in components:
-                self.pending[k] = {"version": version, "apply": apply}
+                self.pending[k] = {"version": version, "apply": apply, **({"bad": bad[k]} if k in bad else {})}
             how = "a system reset" if apply == "reset" else "an AC power cycle (Chassis.Reset PowerCycle)"
             self._end(task, "Completed", _message("AwaitToActivate", f"Awaiting {how} to activate image '{uri}' on "
                       f"'{where}'.", [uri, where], "OK", f"Perform {how}."))  # fmt: skip
             return
         for k in components:
-            self.bmc.set_firmware(k, version)
+            self._activate(k, version, bad.get(k))
         self._end(task, "Completed", _message("UpdateSuccessful", f"Update of '{where}' to version {version} was "
                   "successful.", [where, version]))  # fmt: skip
         if apply == "bmc_restart":
@@ -354,8 +366,18 @@ class Updates:
         """A system power-on (`at` "reset") activates what waits for a reset; an AC cycle activates everything."""
         for k, p in list(self.pending.items()):
             if at == "ac_power_cycle" or p["apply"] == "reset":
-                self.bmc.set_firmware(k, p["version"])
+                self._activate(k, p["version"], p.get("bad"))
                 del self.pending[k]
+
+    def _activate(self, component: str, version: str, bad: str | None) -> None:
+        """The new version runs, unless its flash was written bad: then the component boots its other (previous)
+        image, as dual-image firmware does, and the SEL says why."""
+        if bad is None:
+            self.bmc.set_firmware(component, version)
+            return
+        self.bmc.add_sel({"severity": "Critical", "message_id": "Update.1.0.ActivateFailed",
+                          "message": f"Activation of {component} {version} failed: {bad}; "
+                                     f"running the previous image {self.bmc.firmware.get(component)}."})  # fmt: skip
 
     def ac_power_cycle(self) -> None:
         """Chassis.Reset PowerCycle: AC power goes and comes back; a running system restarts."""
@@ -368,6 +390,7 @@ class Updates:
         return {
             "firmware_pending": {k: dict(p) for k, p in self.pending.items()},
             "update_faults": dict(self.faults),
+            "bad_flash": dict(self.bad_flash),
             "ac_cycles": self.ac_cycles,
             "tasks": [
                 {"id": t["id"], "state": t["state"], "components": t["components"], "uri": t["uri"]}

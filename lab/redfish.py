@@ -7,7 +7,8 @@ as real BMCs do; plain HTTP is the default. The admin port always answers plain 
 (``lab/sushy.py``) is the real third-party Redfish server for power and boot; it has no processors, firmware
 inventory, BIOS, logs or sessions, which is what this emulator adds. This module is the HTTP front (routing,
 authentication, outages, the admin API, the child process and its client); one BMC's state and documents are
-lab/bmc.py.
+lab/bmc.py. Longer than 600 lines because the front is one piece: routing, authentication, the outages (a closed
+port included) and the admin routes all act on the same per-port listeners and servers.
 
 Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(url, ...)`` takes):
 
@@ -34,7 +35,11 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
   DELETE logs out; at most ``max_sessions`` per BMC (then 503 SessionLimitExceeded); idle sessions expire after
   ``session_timeout``. At most ``max_sessions`` requests are served at once per BMC (a request on HTTP Basic holds
   a session while it is served); past either limit the answer is 503 with ``Retry-After: 2``. Every answer takes
-  ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic or a session token (401 otherwise).
+  ``request_delay`` seconds (a real BMC's 0.2-2 s). Everything else needs HTTP Basic (unless the config's
+  ``basic_auth`` is 0) or a session token (401 otherwise).
+* query parameters (DSP0266): ``$expand=.`` (one level) everywhere, ``$skip``/``$top`` on the SEL's Entries; any
+  other ``$`` parameter answers 501 ``QueryParameterUnsupported``, a bad ``$skip``/``$top`` 400; parameters without
+  ``$`` are ignored.
 * errors are Redfish error bodies: ``{"error": {"code": "Base.1.15.GeneralError", "message": ...,
   "@Message.ExtendedInfo": [{"MessageId": "Base.1.15.<Id>", "Message", "Severity", "Resolution"}]}}``.
 
@@ -47,15 +52,17 @@ Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -
 ``GET /_lab/servers/{name}`` -> view, where a view is ``{"name", "url", "power": "On"|"Off", "power_state",
 "booted_from": "Pxe"|"Hdd"|null, "boot_count", "last_boot", "boot_override": {"target", "enabled", "mode"},
 "gpu_faults", "sel": [LogEntry...], "down_until": float|null, "sessions", "requests", "resets", "firmware", "bios",
-"spec", "firmware_pending", "update_faults", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
+"spec", "firmware_pending", "update_faults", "bad_flash", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
 "delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on;
-``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"}``; ``PUT /_lab/servers/{name}/gpu-faults``
+``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"|"closed"}`` (``closed``: the
+port refuses connections, its listener closed and reopened after ``seconds`` or at a reset); ``PUT /_lab/servers/{name}/gpu-faults``
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
 immediate); ``PUT /_lab/servers/{name}/firmware`` ``{key: version}``; ``GET``/``PUT /_lab/config``
 ``{"power_delay", "request_delay", "max_sessions", "session_timeout", "update_seconds", "bmc_restart_seconds",
-"multipart_push"}``;
+"multipart_push", "monitor_expires", "basic_auth"}`` (``basic_auth`` 0: Basic answers 401, only sessions work);
 ``PUT /_lab/images`` ``{uri: {"version", "seconds", "apply", "bad"}}`` (the firmware image server's catalogue);
-``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails); ``POST /_lab/reset`` (every server back to
+``PUT /_lab/servers/{name}/update-faults`` ``{component: message}`` (the next update of it fails);
+``PUT /_lab/servers/{name}/bad-flash`` ``{component: message}`` (the next flash of it never activates); ``POST /_lab/reset`` (every server back to
 its spec, sessions, faults, audit and config cleared); ``POST /_lab/faults`` ``{"match": {"server", "method",
 "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop": "before"|"after"},
 "count": 1, "skip": 0, "after": <fault id>}`` (count -1: until cleared; the fault front and audit log of
@@ -93,6 +100,7 @@ from lab.bmc import (
     PUBLIC_GETS,
     ROOT,
     Bmc,
+    check_query,
     normalize_spec,
     not_found,
 )
@@ -127,6 +135,9 @@ class BmcLab:
                 raise ValueError(f"duplicate server name {spec['name']!r}")
             self.servers[spec["name"]] = Bmc(spec, self)
         self.by_port: dict[int, Bmc] = {}
+        self.sites: dict[str, web.TCPSite] = {}  # each BMC's listener
+        self.listen: tuple[web.AppRunner, str, ssl.SSLContext | None] | None = None  # how `serve` opened them
+        self.closed: dict[str, asyncio.Task] = {}  # BMCs whose port is closed, with the task reopening it
         self.faults = FaultTable(("server", "method", "path"))  # lab/faults.py
         self.audit = AuditLog(200_000, filters=("server",))
         self.front = FaultFront(self.audit.add, code_key="status")
@@ -141,6 +152,8 @@ class BmcLab:
         if token:
             return "session" if bmc.session_for(token) else None
         header = request.headers.get("Authorization", "")
+        if not self.config["basic_auth"]:
+            return None
         if header == self._basic:
             return "basic"
         if header[:6].lower() != "basic ":
@@ -171,7 +184,7 @@ class BmcLab:
         if bmc.down_until is not None:
             left = bmc.down_until - time.time()
             if left > 0:
-                if bmc.down_mode == "drop":
+                if bmc.down_mode in ("drop", "closed"):  # closed: a connection opened before goes too
                     entry["status"] = 0
                     self.audit.add(entry)
                     return drop(request)
@@ -240,8 +253,10 @@ class BmcLab:
                     "NoValidSession",
                     "There is no valid session established with the implementation.",
                     "Establish a session before retrying the operation.",
-                    headers={"WWW-Authenticate": 'Basic realm="Redfish"'},
+                    headers={"WWW-Authenticate": 'Basic realm="Redfish"'} if self.config["basic_auth"] else None,
                 )
+        if method == "GET":
+            check_query(parts, request.query)
         if method == "GET" and len(parts) == 4 and parts[:2] == ["TaskService", "Tasks"] and parts[3] == "Monitor":
             return bmc.updates.monitor(parts[2]) or not_found(request.path).response()
         if method == "GET":
@@ -287,6 +302,8 @@ class BmcLab:
         if p == ["reset"] and m == "POST":
             for bmc in self.servers.values():
                 bmc.restore()
+            for name in list(self.closed):
+                await self.open_port(self.servers[name])
             self.faults.clear()
             self.audit.clear()
             self.images.clear()
@@ -310,10 +327,10 @@ class BmcLab:
                 self.config[k] = v
             return web.json_response(self.config)
         if p and p[0] == "servers":
-            return self._admin_server(m, p[1:], body, request.query)
+            return await self._admin_server(m, p[1:], body, request.query)
         return web.json_response({"error": f"no admin route {m} {path}"}, status=404)
 
-    def _admin_server(self, m: str, p: list[str], body: Any, query: Any) -> web.Response:  # noqa: C901 (one branch per lab admin endpoint)
+    async def _admin_server(self, m: str, p: list[str], body: Any, query: Any) -> web.Response:  # noqa: C901 (one branch per lab admin endpoint)
         if not p and m == "GET":
             fields = [f for f in query.get("fields", "").split(",") if f]
             views = {n: b.view() for n, b in self.servers.items()}
@@ -337,10 +354,13 @@ class BmcLab:
             return web.json_response(bmc.add_sel(body))
         if op == "outage" and m == "POST":
             mode = str(body.get("mode", "503"))
-            if mode not in ("503", "drop"):
-                raise ValueError("mode must be '503' or 'drop'")
+            if mode not in ("503", "drop", "closed"):
+                raise ValueError("mode must be '503', 'drop' or 'closed'")
+            seconds = float(body.get("seconds", 5))
+            if mode == "closed":
+                await self.close_port(bmc, seconds)
             bmc.down_mode = mode
-            bmc.down_until = time.time() + float(body.get("seconds", 5))
+            bmc.down_until = time.time() + seconds
             return web.json_response({"down_until": bmc.down_until})
         if op == "gpu-faults" and m in ("PUT", "GET"):
             if m == "PUT":
@@ -367,7 +387,36 @@ class BmcLab:
         if op == "update-faults" and m == "PUT":
             bmc.updates.faults.update({str(k): str(v) for k, v in body.items()})
             return web.json_response(bmc.updates.faults)
+        if op == "bad-flash" and m == "PUT":
+            bmc.updates.bad_flash.update({str(k): str(v) for k, v in body.items()})
+            return web.json_response(bmc.updates.bad_flash)
         return web.json_response({"error": f"no admin route {m} /_lab/servers/{'/'.join(p)}"}, status=404)
+
+    async def close_port(self, bmc: Bmc, seconds: float) -> None:
+        """Close the BMC's listener (its web server is gone: connecting is refused) and reopen it `seconds` later."""
+        reopening = self.closed.pop(bmc.name, None)
+        if reopening is None:
+            await self.sites.pop(bmc.name).stop()
+        else:
+            reopening.cancel()
+        self.closed[bmc.name] = asyncio.create_task(self._reopen(bmc, seconds))
+
+    async def _reopen(self, bmc: Bmc, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await self.open_port(bmc)
+
+    async def open_port(self, bmc: Bmc) -> None:
+        """Listen on the BMC's closed port again, as `serve` did."""
+        reopening = self.closed.pop(bmc.name, None)
+        if reopening is None or self.listen is None:
+            return
+        if reopening is not asyncio.current_task():
+            reopening.cancel()
+        runner, host, ssl_context = self.listen
+        site = web.TCPSite(runner, host, bmc.port, ssl_context=ssl_context)
+        await site.start()
+        self.sites[bmc.name] = site
+        bmc.down_until = None
 
 
 async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab,
@@ -380,12 +429,14 @@ async def serve(host: str, port: int, ready_file: str | None, lab: BmcLab,
     await admin.start()
     admin_port = admin._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     scheme = "https" if ssl_context else "http"
+    lab.listen = (runner, host, ssl_context)
     for bmc in lab.servers.values():
         site = web.TCPSite(runner, host, int(bmc.spec.get("port") or 0), ssl_context=ssl_context)
         await site.start()
         bmc.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         bmc.url = f"{scheme}://{host}:{bmc.port}"
         lab.by_port[bmc.port] = bmc
+        lab.sites[bmc.name] = site
     await announce_and_wait("lab.redfish", f"http://{host}:{admin_port}", ready_file)
     await runner.cleanup()
 
@@ -502,6 +553,10 @@ class BmcAdmin(AdminClient):
     async def set_update_faults(self, name: str, faults: dict[str, str]) -> dict:
         """The next update of each component on this server fails with this message (once)."""
         return await self._req("PUT", f"/_lab/servers/{name}/update-faults", json=faults)
+
+    async def set_bad_flash(self, name: str, flashes: dict[str, str]) -> dict:
+        """The next flash of each component on this server is written bad (once): it never activates."""
+        return await self._req("PUT", f"/_lab/servers/{name}/bad-flash", json=flashes)
 
     async def config(self, **changes: float) -> dict:
         """Read (no arguments) or change power_delay, request_delay, max_sessions, session_timeout, update_seconds,

@@ -30,15 +30,14 @@ delimiters), membership ``full`` or ``limited``.
 Version profiles (``--version``, ``UfmStub(version=...)``, ``POST /_lab/config``), for behaviour that differs
 between UFM releases; every knob of a profile can be overridden on its own:
 
-================  ==========  ================================  ==============  ==========  ============
-profile           release     missing PKey (GET /pkeys/<p>)     0x7fff reports  partition_  plural
-                                                                membership      name        memberships
-================  ==========  ================================  ==============  ==========  ============
-``6.17``          6.17.0-5    200 ``{}``                        no              rejected    honoured
-``6.19``          6.19.1-3    200 ``{}``                        yes             rejected    ignored (all
-                                                                                            full)
-``6.22`` default  6.22.1-2    404                               yes             accepted    honoured
-================  ==========  ================================  ==============  ==========  ============
+================  ==========  ================================  ==============  ==========
+profile           release     missing PKey (GET /pkeys/<p>)     0x7fff reports  partition_
+                                                                membership      name
+================  ==========  ================================  ==============  ==========
+``6.17``          6.17.0-5    200 ``{}``                        no              rejected
+``6.19``          6.19.1-3    200 ``{}``                        yes             rejected
+``6.22`` default  6.22.1-2    404                               yes             accepted
+================  ==========  ================================  ==============  ==========
 
 ``6.17`` also answers successful writes with a plain-text body (``write_answer: "text"``), the others with ``{}``.
 The guide documents ``partition_name`` from 6.22; older profiles answer 400 to it, the strict reading, so a client
@@ -51,7 +50,7 @@ the startup configuration, no faults, an empty audit log); ``POST /_lab/seed`` `
 "port_guid", "guid"}], "default_membership": "full"|"limited", "smconf": {"m_key": "0x...", ...}}`` (replaces the
 fabric; what it leaves out is as UFM ships: default membership ``full``, ``m_key`` 0x0, ``sm_key`` and ``sa_key``
 0x1, ``m_key_per_port`` false); ``GET /_lab/state``; ``GET``/``POST /_lab/config`` ``{"version", "missing_pkey":
-"404"|"empty", "reports_default_membership", "partition_name", "plural_memberships", "write_answer": "json"|"text",
+"404"|"empty", "reports_default_membership", "partition_name", "write_answer": "json"|"text",
 "max_request_line", "client_cert_sans": [{"san", "user"}]}`` (the effective configuration; a POST changes the
 given keys, a new ``version`` first resets the knobs to that profile); ``POST /_lab/faults`` ``{"match":
 {"method", "path" (regex)}, "action": {"status": 503} | {"delay": s} | {"delayAfter": s} | {"drop":
@@ -408,12 +407,10 @@ class UfmServer:
             raise UfmError(400, "guids must be a non-empty list of GUIDs")
         parsed = [parse_guid(g) for g in guids]
         name = self._partition_name(b, n)
-        if "memberships" in b and self.profile.plural_memberships:
+        if "memberships" in b:
             ms = b["memberships"]
             if not isinstance(ms, list) or len(ms) != len(parsed):
                 raise UfmError(400, "memberships must be a list of the same length as guids")
-        elif "memberships" in b:  # this release ignores the list: everyone becomes a full member
-            ms = ["full"] * len(parsed)
         else:
             ms = [b.get("membership", "full")] * len(parsed)
         ms = [membership(m) for m in ms]

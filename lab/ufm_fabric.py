@@ -29,18 +29,17 @@ class Profile:
     missing_pkey: str  # "404", or "empty": 200 {}
     reports_default_membership: bool
     partition_name: bool
-    plural_memberships: bool
     write_answer: str  # "json" ({}) or "text"
     max_request_line: int = MAX_REQUEST_LINE
 
 
 PROFILES = {
     "6.17": Profile("6.17.0-5", missing_pkey="empty", reports_default_membership=False, partition_name=False,
-                    plural_memberships=True, write_answer="text"),
+                    write_answer="text"),
     "6.19": Profile("6.19.1-3", missing_pkey="empty", reports_default_membership=True, partition_name=False,
-                    plural_memberships=False, write_answer="json"),
+                    write_answer="json"),
     "6.22": Profile("6.22.1-2", missing_pkey="404", reports_default_membership=True, partition_name=True,
-                    plural_memberships=True, write_answer="json"),
+                    write_answer="json"),
 }  # fmt: skip
 DEFAULT_VERSION = "6.22"
 CHOICES = {"missing_pkey": ("404", "empty"), "write_answer": ("json", "text")}
@@ -148,7 +147,7 @@ class Fabric:
                         "lid": len(self.ports) + 1,
                     }
                 )
-        for sw in body.get("switches") or []:
+        for i, sw in enumerate(body.get("switches") or []):
             g = parse_guid(sw["guid"])
             self.systems[sw["name"]] = {
                 "system_name": sw["name"],
@@ -156,6 +155,7 @@ class Fabric:
                 "type": "switch",
                 "state": "active",
                 "description": "MQM9790",
+                "ip": f"10.0.{i // 250}.{i % 250 + 10}",  # its management address, as UFM lists every system's
                 "model": "MQM9790",
                 "vendor": "Mellanox",
             }

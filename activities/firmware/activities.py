@@ -50,6 +50,7 @@ from activities.firmware.models import (
 from activities.firmware.versions import refused
 from activities.models import SystemIdentity
 from activities.redfish import BmcRef, RedfishActivities, redfish_error
+from activities.redfish_auth import BmcAuth
 
 T = TypeVar("T")
 _CONNECT_TIMEOUT, _READ_TIMEOUT = 5.0, 20.0
@@ -89,7 +90,11 @@ class FirmwareActivities(RedfishActivities):
             root = sushy.Sushy(bmc.url, auth=sushy.auth.BasicAuth(user, password), verify=trust.for_requests(),
                                server_side_retries=1, server_side_retries_delay=1,
                                connect_timeout=_CONNECT_TIMEOUT, read_timeout=_READ_TIMEOUT)  # fmt: skip
-            return fn(root)
+            auth = BmcAuth(bmc.url, root._conn, user, password)
+            try:
+                return auth.run(lambda: fn(root))
+            finally:
+                auth.close()
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._threads, run)

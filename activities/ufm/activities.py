@@ -9,7 +9,7 @@ changes nothing twice. Writes, as NVIDIA's own UFM clients make them (NVIDIA/bar
   0x7fff limited, tenant traffic there would fail otherwise), ``ip_over_ib: true``;
 - changing the membership of GUIDs already members: read, merge, ``PUT .../pkeys`` with the whole membership
   (re-adding a member with another membership is undocumented), read back; per-GUID ``memberships`` are sent only
-  when the merged set is mixed, and never to UFM 6.19 (which ignores them and makes everyone full);
+  when the merged set is mixed;
 - removing GUIDs: ``POST /actions/remove_guids_from_pkey`` ``{"pkey", "guids"}``, in requests of at most
   `_REMOVE_CHUNK` GUIDs: GUIDs joined into a ``DELETE`` URL pass UFM's Apache front only up to about 480 (its
   8 KB request line limit answers 414). Removing the last member makes UFM delete the PKey: reported as deleted;
@@ -33,7 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.support.tls import TrustingClient
-from activities.ufm.client import PARTITION_NAME_SINCE, PLURAL_MEMBERSHIPS_IGNORED, release_numbers
+from activities.ufm.client import PARTITION_NAME_SINCE, release_numbers
 from activities.ufm.models import (
     MANAGEMENT_PKEY,
     AddGuids,
@@ -212,38 +212,14 @@ class UfmActivities(PKeyClient):
         order = sorted(merged)
         body: dict[str, Any] = {"pkey": req.pkey, "guids": order, "index0": req.index0, "ip_over_ib": req.ip_over_ib}
         kinds = set(merged.values())
-        release = await self._ufm_release(client)
         if len(kinds) == 1:
             body["membership"] = kinds.pop()
-        elif release_numbers(release)[:2] == PLURAL_MEMBERSHIPS_IGNORED:
-            raise ApplicationError(
-                f"changing {len(guids)} members of PKey {req.pkey} to {req.membership} needs a PUT with per-GUID "
-                f"memberships, which UFM {release} ignores (it makes every member full): nothing was changed. "
-                f"Upgrade UFM, or give the PKey's {len(merged) - len(guids)} other members one membership",
-                type="UfmMembershipsUnsupported", non_retryable=True,
-            )  # fmt: skip
         else:
             body["memberships"] = [merged[g] for g in order]
-        seen: list[PKeyMembers] = []
-
-        def landed(after: PKeyMembers) -> bool:
-            seen.append(after)
-            return after.members == merged
-
         doing = f"changing the membership of {len(guids)} GUIDs of PKey {req.pkey} to {req.membership}"
-        try:
-            await self._write(client, "PUT", "/resources/pkeys", doing, req.pkey, landed, json=body)
-        except ApplicationError:
-            after = seen[-1].members if seen else {}
-            collateral = sorted((g, merged[g], after.get(g, "absent")) for g in order
-                                if g not in guids and seen and after.get(g) != merged[g])  # fmt: skip
-            if collateral:
-                raise ApplicationError(
-                    f"{doing}: UFM changed other members too (" + ", ".join(f"{g} {was} -> {now}" for g, was, now in
-                                                                            collateral[:20])
-                    + "): restore them in UFM", type="UfmMembershipsUnsupported", non_retryable=True,
-                ) from None  # fmt: skip
-            raise
+        await self._write(
+            client, "PUT", "/resources/pkeys", doing, req.pkey, lambda after: after.members == merged, json=body
+        )
 
     @activity.defn
     async def remove_guids(self, req: RemoveGuids) -> MembershipChange:

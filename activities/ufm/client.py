@@ -39,7 +39,6 @@ _LISTING_SECONDS_PER_PORT = 0.005  # 10,000 ports: 50 s on top of the request ti
 _HEARTBEAT_SECONDS = 5.0
 # UFM releases where the REST API differs (UFM Enterprise REST API Guide; NVIDIA's bare-metal-manager client).
 PARTITION_NAME_SINCE = (6, 22)  # partition_name on /pkeys/add
-PLURAL_MEMBERSHIPS_IGNORED = (6, 19)  # this line ignores "memberships" (seen on 6.19.1) and makes everyone full
 
 CLIENT_CERT_SETTING = "MILLWRIGHT_UFM_CLIENT_CERT / MILLWRIGHT_UFM_CLIENT_KEY"
 

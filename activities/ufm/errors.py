@@ -6,8 +6,7 @@ where they arise: timeouts, connection errors and reads that are not JSON → ``
 worker does not trust or one issued for another name → ``TlsVerificationFailed`` (non-retryable, naming the setting
 that fixes it, from `UFM_TLS_FIX`), no settings → ``UfmNotConfigured``, an unreadable CA bundle or client
 certificate → ``TlsNotConfigured`` (activities/ufm/client.py); a write that does not read back →
-``UfmWriteNotApplied`` (retryable, activities/ufm/pkeys.py); a membership change this UFM release cannot make
-safely → ``UfmMembershipsUnsupported`` (non-retryable, activities/ufm/activities.py).
+``UfmWriteNotApplied`` (retryable, activities/ufm/pkeys.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ restarts while its task is followed, and version ordering."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -12,7 +13,8 @@ from activities.firmware.models import Activation, TaskFollow, UpdateStart
 from activities.firmware.versions import is_downgrade
 from activities.support.secrets import SecretRef
 from lab.bmc import DEFAULT_FIRMWARE
-from tests.activities.redfish.conftest import BMC_PASSWORD
+from tests.activities.redfish.conftest import BMC_PASSWORD, BMC_USER
+from tests.activities.redfish.test_lab_bmc import until
 from tests.activities.redfish.test_redfish_activities import bmc, resets
 
 BIOS = "http://images.lab/bios-1.9.0.bin"
@@ -95,6 +97,48 @@ async def test_following_a_task_waits_out_the_bmc_restart_and_failures_carry_the
         await env.run(acts.start_firmware_update, UpdateStart(
             bmc=ref, targets=["NIC9"], image_uri="http://images.lab/bad.bin", version="1"))  # fmt: skip
     assert unknown.value.type == "FirmwareComponentUnknown" and unknown.value.non_retryable
+
+
+async def test_a_finished_update_whose_monitor_answered_204_then_404_is_followed_from_its_task(
+    acts, lab_bmcs, bmc_admin
+):
+    """OpenBMC's bmcweb: a task's monitor answers 202 while it runs, 204 once it ended, then 404; the Task stays."""
+    env, ref = ActivityEnvironment(), bmc(lab_bmcs, 2)
+    await bmc_admin.config(monitor_expires=1)
+    await bmc_admin.set_images({BIOS: {"version": "1.9.0", "seconds": 0.5}})
+    started = await env.run(acts.start_firmware_update, UpdateStart(bmc=ref, targets=["BIOS"], image_uri=BIOS,
+                                                                    version="1.9.0"))  # fmt: skip
+    monitor = f"{started.task}/Monitor"
+    with httpx.Client(base_url=ref.url, auth=(BMC_USER, BMC_PASSWORD)) as c:
+        assert c.get(monitor).status_code == 202
+        await until(lambda: c.get(monitor).status_code == 204, what="the monitor's 204")
+        assert c.get(monitor).status_code == 404
+        assert c.get(started.task).json()["TaskState"] == "Completed"
+    outcome = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=started.task, targets=["BIOS"],
+                                                                  version="1.9.0"))  # fmt: skip
+    assert (outcome.state, outcome.active) == ("Completed", False)  # BIOS activates at the next boot
+
+
+async def test_a_bad_flash_on_one_server_is_caught_when_its_version_does_not_activate(acts, lab_bmcs, bmc_admin):
+    """The same image on two servers; one's flash is written bad: its task completes, but after the reset it runs
+    the previous BIOS (its SEL says why), and the activation fails on that server only."""
+    env, good, bad = ActivityEnvironment(), bmc(lab_bmcs, 0), bmc(lab_bmcs, 3)
+    await bmc_admin.set_images({BIOS: {"version": "1.9.0", "seconds": 0.2}})
+    await bmc_admin.set_bad_flash(lab_bmcs.names[3], {"BIOS": "image CRC mismatch in flash bank B"})
+    for ref in (good, bad):
+        started = await env.run(acts.start_firmware_update, UpdateStart(bmc=ref, targets=["BIOS"], image_uri=BIOS,
+                                                                        version="1.9.0"))  # fmt: skip
+        followed = await env.run(acts.follow_firmware_task, TaskFollow(bmc=ref, task=started.task, targets=["BIOS"],
+                                                                       version="1.9.0"))  # fmt: skip
+        assert followed.state == "Completed"
+    activation = Activation(bmc=good, how="reset", want={"BIOS": "1.9.0"}, timeout_seconds=3)
+    assert (await env.run(acts.activate_firmware, activation)).versions == {"BIOS": "1.9.0"}
+    with pytest.raises(ApplicationError) as failed:
+        await env.run(acts.activate_firmware, activation.model_copy(update={"bmc": bad}))
+    assert failed.value.type == "FirmwareNotActivated" and failed.value.non_retryable
+    assert f"BIOS {DEFAULT_FIRMWARE['BIOS']}" in failed.value.message
+    view = await bmc_admin.server(lab_bmcs.names[3])
+    assert view["bad_flash"] == {} and "CRC mismatch" in view["sel"][-1]["Message"]  # used once; the SEL says why
 
 
 @pytest.mark.parametrize(("installed", "wanted", "downgrade"), [

@@ -242,6 +242,16 @@ async def test_outage_answers_503_then_recovers(lab_bmcs, bmc_admin, redfish):
     await asyncio.sleep(0.6)
     assert httpx.get(f"{url}{SYSTEM}", auth=AUTH).status_code == 200
 
+    with httpx.Client(auth=AUTH) as kept:  # a connection opened before the port closes goes with it
+        assert kept.get(f"{url}{SYSTEM}").status_code == 200
+        await bmc_admin.outage(name, 60, mode="closed")
+        with pytest.raises(httpx.TransportError):
+            kept.get(f"{url}{SYSTEM}")
+    with pytest.raises(httpx.ConnectError):  # refused: nothing listens
+        httpx.get(f"{url}{SYSTEM}", auth=AUTH)
+    await bmc_admin.reset()  # reopens it
+    assert httpx.get(f"{url}{SYSTEM}", auth=AUTH).status_code == 200
+
 
 async def test_requests_past_the_limit_are_refused_with_retry_after(lab_bmcs, bmc_admin):
     name = lab_bmcs.names[2]
@@ -267,6 +277,20 @@ async def test_collections_expand_one_level_as_the_root_advertises(lab_bmcs, bmc
         gpus = c.get(f"{SYSTEM}/Processors", params={"$expand": "."}).json()["Members"]
         assert sum(p["ProcessorType"] == "GPU" for p in gpus) == 8
         rf_error(c.get(inventory, params={"$expand": "*"}), 501, "QueryNotSupported")
+
+
+async def test_unsupported_dollar_query_parameters_answer_501(lab_bmcs, bmc_admin):
+    """DSP0266: a ``$`` query parameter the service does not support answers 501; others are ignored."""
+    url = lab_bmcs.bmc_urls[lab_bmcs.names[0]]
+    entries = f"{SYSTEM}/LogServices/SEL/Entries"
+    with httpx.Client(base_url=url, auth=AUTH) as c:
+        rf_error(c.get("/redfish/v1/?$unknown"), 501, "QueryParameterUnsupported")
+        rf_error(c.get(SYSTEM, params={"$select": "PowerState"}), 501, "QueryParameterUnsupported")
+        rf_error(c.get(f"{SYSTEM}/Processors", params={"$top": "1"}), 501, "QueryParameterUnsupported")
+        rf_error(c.get(entries, params={"$top": "x"}), 400, "QueryParameterValueFormatError")
+        assert c.get("/redfish/v1/", params={"unknown": "1"}).status_code == 200
+        assert c.get(entries, params={"$skip": "0", "$top": "1"}).status_code == 200
+        assert c.get(f"{SYSTEM}/Processors", params={"$expand": "."}).status_code == 200
 
 
 async def test_audit_counts_requests_and_resets_per_server(lab_bmcs, bmc_admin, redfish):
@@ -342,7 +366,8 @@ async def test_admin_api(lab_bmcs, bmc_admin):
 
     config = await bmc_admin.config(power_delay=0.05)
     assert config == {"power_delay": 0.05, "request_delay": 0.0, "max_sessions": 4, "session_timeout": 1800.0,
-                      "update_seconds": 0.5, "bmc_restart_seconds": 1.0, "multipart_push": 1.0}  # fmt: skip
+                      "update_seconds": 0.5, "bmc_restart_seconds": 1.0, "multipart_push": 1.0, "basic_auth": 1.0,
+                      "monitor_expires": 0.0}  # fmt: skip
     with pytest.raises(httpx.HTTPStatusError):
         await bmc_admin.config(nonsense=1)
     with pytest.raises(httpx.HTTPStatusError) as exc:

@@ -6,6 +6,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities import redfish_auth
 from activities.redfish import BmcRef, BootRequest, PowerRequest, RedfishActivities, SelQuery
 from activities.support.secrets import SecretRef
 from tests.activities.redfish.conftest import BMC_PASSWORD, ST_PASSWORD, ST_USER
@@ -143,6 +144,59 @@ async def test_errors_are_classified_and_never_carry_the_password(acts, lab_bmcs
         assert BMC_PASSWORD not in str(err) and "not-the-password" not in str(err)
     with pytest.raises(ValueError, match="secret reference"):
         BmcRef(url="http://127.0.0.1:1", credentials="admin:hunter2")
+
+
+async def test_a_bmc_that_refuses_basic_auth_is_asked_in_one_session_per_attempt(
+    acts, lab_bmcs, bmc_admin, bmc_secret_file, tmp_path
+):
+    """A BMC with HTTP Basic turned off (401) takes only X-Auth-Token sessions: each attempt logs in once, logs
+    out at its end; wrong credentials are still RedfishAuth."""
+    from activities.firmware.activities import FirmwareActivities
+
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 3), lab_bmcs.names[3]
+    await bmc_admin.config(basic_auth=0)
+    cursor = await bmc_admin.audit_cursor()
+    assert (await env.run(acts.redfish_power, PowerRequest(bmc=ref, state="On"))).state == "On"
+    assert len((await env.run(acts.redfish_inventory, ref)).gpus) == 8
+    firmware = FirmwareActivities(SecretRef.parse(f"file:{bmc_secret_file}"))
+    assert (await env.run(firmware.firmware_inventory, ref)).versions
+    log = await bmc_admin.server_audit(name, since=cursor)
+    logins = [e for e in log if e["method"] == "POST" and e["path"].endswith("/SessionService/Sessions")]
+    logouts = [e for e in log if e["method"] == "DELETE" and "/SessionService/Sessions/" in e["path"]]
+    assert len(logins) == len(logouts) == 3 and all(e["status"] == 201 for e in logins), log
+    assert all(e["status"] == 401 for e in log if e.get("auth") is None and e["path"] != "/redfish/v1/" and e not in
+               logins)  # fmt: skip
+    assert (await bmc_admin.server(name))["sessions"] == 0
+    wrong = tmp_path / "wrong"
+    wrong.write_text("admin:not-the-password")
+    with pytest.raises(ApplicationError) as auth:
+        await env.run(acts.redfish_health, ref.model_copy(update={"credentials": f"file:{wrong}"}))
+    assert auth.value.type == "RedfishAuth" and auth.value.non_retryable
+    redfish_auth._SESSION_BMCS.discard(ref.url)  # the worker's memory: later tests count Basic requests
+
+
+async def test_a_bmc_whose_port_is_closed_is_retryable_and_recovers_when_it_reopens(acts, lab_bmcs, bmc_admin):
+    """A BMC's web server gone (connection refused), not a 5xx nor a hang: retryable, and fine once it listens."""
+    import httpx
+
+    from tests.activities.redfish.test_lab_bmc import until
+
+    def reachable(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/redfish/v1/").status_code == 200
+        except httpx.ConnectError:
+            return False
+
+    env, ref, name = ActivityEnvironment(), bmc(lab_bmcs, 2), lab_bmcs.names[2]
+    await bmc_admin.outage(name, seconds=1.5, mode="closed")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{ref.url}/redfish/v1/")
+    with pytest.raises(ApplicationError) as down:
+        await env.run(acts.redfish_health, ref)
+    assert down.value.type == "BmcUnavailable" and not down.value.non_retryable
+    assert "does not answer" in down.value.message
+    await until(lambda: reachable(ref.url), timeout=10, what="the port reopened")
+    assert (await env.run(acts.redfish_health, ref)).power_state == "Off"
 
 
 async def test_power_and_boot_against_sushy_tools(sushy_tools, tmp_path, monkeypatch):

@@ -90,6 +90,16 @@ async def test_emulator_validates_like_ufm(ufm, ufm_stub, fleet):
         assert (await c.get("/ufmRestV3/resources/systems", headers={"Authorization": "Basic x"})).status_code == 401
 
 
+async def test_emulator_lists_every_system_with_its_ip(ufm, ufm_stub):
+    """UFM's Systems API gives every system, switches included, an ``ip`` (its management address)."""
+    async with ufm_http(ufm_stub) as c:
+        systems = (await c.get("/resources/systems")).json()
+        switches = (await c.get("/resources/systems", params={"type": "switch"})).json()
+    assert switches and all(s["type"] == "switch" for s in switches)
+    ips = [s["ip"] for s in systems]
+    assert all(ips) and len(set(ips)) == len(ips)
+
+
 async def test_emulator_places_a_fault_by_the_audit_order(ufm, ufm_stub):
     """A fault `after` another is armed only once that one was served; `skip` lets matching requests through first."""
     write = await ufm.add_fault({"method": "POST", "path": r"/resources/pkeys/add$"}, {"status": 503})

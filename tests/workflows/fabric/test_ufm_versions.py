@@ -171,7 +171,6 @@ async def test_a_membership_repair_is_a_put_read_back(version, client, ufm, ufm_
     await ufm.seed({**fleet_seed(fleet), "vports": [{"port_guid": port, "guid": vf}]})
     await ufm.configure(version=version)
     fabric = f"ib-{uuid.uuid4().hex[:6]}"
-    mixed = version != "6.19"  # 6.19 ignores per-GUID memberships: there, only a uniform PKey is repaired
     async with await _worker(client, ufm_config, None, FABRIC_WORKFLOWS) as worker:
         iso = await run(
             client,
@@ -183,11 +182,8 @@ async def test_a_membership_repair_is_a_put_read_back(version, client, ufm, ufm_
         async with ufm_http(ufm_stub) as c:  # out of band: one port made limited
             removal = {"pkey": iso.pkey, "guids": [wrong]}
             (await c.post("/actions/remove_guids_from_pkey", json=removal)).raise_for_status()
-            extra = [vf] if mixed else []
             (
-                await c.post(
-                    "/resources/pkeys", json={"pkey": iso.pkey, "guids": [wrong, *extra], "membership": "limited"}
-                )
+                await c.post("/resources/pkeys", json={"pkey": iso.pkey, "guids": [wrong, vf], "membership": "limited"})
             ).raise_for_status()
         cursor = await ufm.audit_cursor()
         fixed = await run(client, worker, FabricAudit, FabricAuditInput(fabric=fabric, repair=True))
@@ -195,23 +191,19 @@ async def test_a_membership_repair_is_a_put_read_back(version, client, ufm, ufm_
     assert [(d.kind, d.guid) for d in fixed.drift] == [("wrong-membership", wrong)]
     assert fixed.repaired == [f"changed {wrong} ({h[1]}) to full in {iso.pkey}"]
     members = await ufm.members(iso.pkey)
-    assert members == {**{g: "full" for gs in iso.members.values() for g in gs}, **({vf: "limited"} if mixed else {})}
+    assert members == {**{g: "full" for gs in iso.members.values() for g in gs}, vf: "limited"}
     log = await ufm.audit(since=cursor)
     puts = [i for i, e in enumerate(log) if e["method"] == "PUT" and e["path"].endswith("/resources/pkeys")]
     assert len(puts) == 1, log
-    assert ("memberships" in log[puts[0]]["body"]) == mixed
+    assert "memberships" in log[puts[0]]["body"]  # the merged set is mixed: per-GUID memberships, on every release
     assert any(
         e["method"] == "GET" and e["path"].startswith(f"/ufmRest/resources/pkeys/{iso.pkey}?")
         for e in log[puts[0] + 1 :]
     )  # read back
     assert not [e for e in log if e["method"] == "POST" and wrong in (e["body"] or {}).get("guids", [])]
-    assert again.clean and again.virtual_members == ([f"{iso.pkey} (t): virtual port {vf} of {h[0]} (on port {port})"]
-                                                     if mixed else [])  # fmt: skip
-    if not mixed:  # a change that needs per-GUID memberships is refused there, before any write
-        before = await ufm.state()
-        with pytest.raises(ApplicationError) as refused:
-            await ActivityEnvironment().run(
-                UfmActivities(ufm_config).add_guids, AddGuids(pkey=iso.pkey, guids=[wrong], membership="limited")
-            )
-        assert refused.value.type == "UfmMembershipsUnsupported" and refused.value.non_retryable
-        assert await ufm.state() == before
+    assert again.clean and again.virtual_members == [f"{iso.pkey} (t): virtual port {vf} of {h[0]} (on port {port})"]
+    # A change to one member's membership in a mixed PKey is a PUT with per-GUID memberships, on every release.
+    await ActivityEnvironment().run(
+        UfmActivities(ufm_config).add_guids, AddGuids(pkey=iso.pkey, guids=[wrong], membership="limited")
+    )
+    assert await ufm.members(iso.pkey) == {**members, wrong: "limited"}
