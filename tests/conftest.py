@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -28,9 +29,38 @@ from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 # Order: the tests that need NetBox run last, while its first migration is made early
 # ==================================================================================
 
+# ==================================================================================
+# Parallel processes (pytest-xdist, ./dev test): what a test file shares goes to one process
+# ==================================================================================
+
+# A pytest-xdist worker starts with COLUMNS set (80 when the output is a pipe), and a rich Console made at import
+# (starter/cli/common.py) would keep that width for good, truncating tables that a command's own COLUMNS
+# (tests/cli_in_process.py) widens: without it, the console reads COLUMNS as each command prints.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+# Packages whose test files share a package-scoped fixture and drive it in order (tests/starter/cli: one rollout,
+# driven by test_controls.py then test_questions.py): each runs whole in one process.
+RUN_WHOLE = ("tests/starter/cli/",)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, which `-p no:xdist` leaves out
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFileOrPackage(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return next((package for package in RUN_WHOLE if scope.startswith(package)), scope)
+
+    return ByFileOrPackage(config, log)
+
+
 # Tests that need a NetBox: the NetBox tier's fixture, or a marked test (the examples' lab starts one).
 NEEDS_NETBOX = "needs_netbox"
 _warming: list = []
+_SHARED_EVIDENCE = pytest.StashKey[str]()
 
 
 def _needs_netbox(item) -> bool:
@@ -41,6 +71,21 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"{NEEDS_NETBOX}: the test starts a NetBox (it runs last; see tests/conftest.py)"
     )
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        # pytest-xdist's controller collects nothing, so tests/deploy/conftest.py is never loaded here: the
+        # least-privilege evidence directory its processes share is made here, and they inherit the variable
+        from lab.k8s.evidence import EVIDENCE_DIR_ENV
+
+        if EVIDENCE_DIR_ENV not in os.environ:
+            os.environ[EVIDENCE_DIR_ENV] = config.stash[_SHARED_EVIDENCE] = tempfile.mkdtemp(
+                prefix="millwright-k8s-evidence-"
+            )
+
+
+def pytest_unconfigure(config):
+    shared = config.stash.get(_SHARED_EVIDENCE, None)
+    if shared:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -72,7 +117,6 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     import importlib
-    import tempfile
 
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     for fixture, module in _CACHED_VENVS.items():
