@@ -141,6 +141,9 @@ class NodeWhy(BaseModel):
     cordoned_by: str | None = Field(None, description="The run that placed the cordon (Millwright's annotation).")
     cordon_reason: str | None = None
     foreign_cordon: bool = Field(False, description="Cordoned, but not by Millwright: someone else's.")
+    cordon_holder: RunStatus | None = Field(
+        None, description="The run named by the cordon, running (its progress says what it waits for) or closed."
+    )
     rollout_state: str | None = None
     rollout: dict[str, Any] | None = Field(None, description="The rollout annotation: rollout, stage, reason...")
     quarantine: dict[str, Any] | None = Field(None, description="Remediation's quarantine: reason, by, at.")
@@ -211,6 +214,10 @@ async def node_why(client: Client, core: Any, cluster: str, node: str, *, events
     ]
     with contextlib.suppress(RunNotFound):
         why.remediation = await run_status(client, remediation_workflow_id(cluster, node))
+    if why.cordoned_by and unschedulable:
+        with contextlib.suppress(RunNotFound):
+            held = why.remediation if why.remediation and why.remediation.id == why.cordoned_by else None
+            why.cordon_holder = held or await run_status(client, why.cordoned_by)
     listed = await core.list_namespaced_event(EVENT_NAMESPACE, field_selector=f"involvedObject.name={node}")
     mine = [
         e for e in listed.items if e.involved_object.name == node and e.source and e.source.component == EVENT_COMPONENT

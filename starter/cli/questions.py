@@ -135,6 +135,7 @@ def why_lines(w: Any, wide: bool) -> list[str]:
     lines = [f"node {w.node} on {w.cluster}: {state}, {'Ready' if w.ready else 'NotReady'}"]
     if w.cordoned_by:
         lines.append(f"cordoned by Millwright run {w.cordoned_by}: {w.cordon_reason or '(no reason recorded)'}")
+        lines.append(cordon_holder_line(w))
     if w.foreign_cordon:
         lines.append("cordoned by someone else (no Millwright cordon annotation): Millwright never removes it")
     if w.rollout:
@@ -166,6 +167,19 @@ def why_lines(w: Any, wide: bool) -> list[str]:
                        ["EVENT AT", "TYPE", "REASON", "MESSAGE"])  # fmt: skip
     lines += [f"(could not read: {p})" for p in w.problems]
     return lines
+
+
+def cordon_holder_line(w: Any) -> str:
+    """Whether a run still holds Millwright's cordon, and what it waits for; else who must act."""
+    h = w.cordon_holder
+    if h is not None and h.status == "running":
+        p = h.progress
+        doing = f", phase {p.phase}: {p.details}" if p is not None else ""
+        return f"  held by this running run ({h.family}){doing}"
+    if h is not None:
+        return (f"  no run holds it: {h.id} is {h.status} (closed {age(h.closed)} ago); the node stays cordoned until "
+                "an operator uncordons it or a new run takes it on")  # fmt: skip
+    return f"  no run holds it: no run {w.cordoned_by} was found; an operator must uncordon it or start a run for it"
 
 
 @node_app.command("logs")

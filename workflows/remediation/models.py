@@ -32,7 +32,10 @@ from workflows.validation.models import ValidationSettings
 
 Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
-Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused"]
+# left-cordoned: a run holding a node handed over to it cordoned, refused by the circuit breaker past its
+# breaker_wait_limit (workflows/remediation/breaker_wait.py): the node is still cordoned in its name.
+Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned"]
+MAX_BREAKER_ASKS = 500  # a wait for the circuit breaker asks at most this often: its history stays bounded
 StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 
 
@@ -76,9 +79,23 @@ class RemediationSettings(RetryTimeout):
         timedelta(minutes=10), description="How long the webhook may keep failing (no answer, 5xx, 429) before the "
         "notification is given up; the outcome is recorded first, and the result's `notification` says what became "
         "of it.")  # fmt: skip
+    breaker_retry_interval: timedelta = Field(
+        timedelta(minutes=5), description="A run holding a node handed over to it cordoned (a FirmwareUpdate's "
+        "failed validation) asks the disruption budget again this often while the circuit breaker refuses it, "
+        "instead of ending `refused` (1 s to 1 h).")  # fmt: skip
+    breaker_wait_limit: timedelta = Field(
+        timedelta(hours=24), description="... for at most this long, and at most 500 asks: then it ends "
+        "`left-cordoned`, the node still cordoned in its name.")  # fmt: skip
 
     _durations = field_validator("approval_timeout", "settle_timeout", "settle_poll_interval", "agent_timeout",
-                                 "reboot_timeout", "notify_timeout")(validate_positive_duration)  # fmt: skip
+                                 "reboot_timeout", "notify_timeout", "breaker_wait_limit")(validate_positive_duration)  # fmt: skip
+
+    @field_validator("breaker_retry_interval")
+    @classmethod
+    def _retry_interval(cls, value: timedelta) -> timedelta:
+        if not timedelta(seconds=1) <= value <= timedelta(hours=1):
+            raise ValueError("between 1 second and 1 hour")
+        return value
 
     @field_validator("steps")
     @classmethod

@@ -20,7 +20,8 @@ twice at once):
   granted (the success check without burn-in), and ends `healthy`, returning the lease, when it recovered meanwhile.
 
   A remediation's lease counts towards the cluster's circuit breaker (workflows/budget/breaker.py): while it
-  is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing.
+  is tripped (or when this node would trip it) the lease is refused and the run ends `refused`, touching nothing;
+  a run handed its node cordoned waits for a reset instead (workflows/remediation/breaker_wait.py).
   When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
   whom, how), which the sweep's per-node cooldown reads.
 
@@ -35,6 +36,7 @@ the node's mark, the webhook) in workflows/remediation/records.py.
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -73,6 +75,7 @@ from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, ku
 from workflows.common.errors import error_text
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
+from workflows.remediation import breaker_wait
 from workflows.remediation.models import (
     Approval,
     AwaitingApproval,
@@ -115,7 +118,7 @@ class NodeRemediation:
     def __init__(self, inp: NodeRemediationInput) -> None:
         self._inp = inp
         self._status = NodeRemediationStatus()
-        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused"))
+        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned"))
         self._calls = Endpoints(inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.cluster))
         self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
@@ -188,7 +191,9 @@ class NodeRemediation:
         faulty = bool(self._faults(health))  # a fault the node object shows, which a wait for the lease may outlast
         # The lease is asked for right after the default's local activity, the outcome marked right after the
         # validation gate's or a returned lease's: their patches are decided here.
-        decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH, RECHECK_AFTER_LEASE_PATCH)
+        handed = breaker_wait.handed_over(health, owner)  # its cordon was passed to it: no other run holds the node
+        decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH, RECHECK_AFTER_LEASE_PATCH,
+                     *[breaker_wait.PATCH] * handed)  # fmt: skip
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
         check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
 
@@ -201,9 +206,13 @@ class NodeRemediation:
                 self._enter("waiting-for-budget", f"place {lease.position}: {lease.note}")
 
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
-            lease = await leases.acquire_lease(
-                inp.cluster, inp.node, holder=owner, reason=f"remediation: {inp.reason}", budget=inp.budget,
-                waiting=waiting, remediation=inp.breaker)  # fmt: skip
+            ask = functools.partial(leases.acquire_lease, inp.cluster, inp.node, holder=owner, waiting=waiting,
+                                    reason=f"remediation: {inp.reason}", budget=inp.budget, remediation=inp.breaker)  # fmt: skip
+            lease = await ask()
+            if lease is not None and lease.state == "refused" and handed and workflow.patched(breaker_wait.PATCH):
+                wait = breaker_wait.BreakerWait(inp, owner, self._status, self._enter)
+                if (lease := await wait.wait(lease, ask)) is not None and lease.state == "refused":
+                    return self._finish(result, "left-cordoned", wait.gave_up(lease))
             if lease is not None and lease.state == "refused":  # the node was never touched
                 return self._finish(result, "refused", lease.note)
             self._lease = lease
@@ -574,7 +583,8 @@ class NodeRemediation:
             lines.append("problems: " + "; ".join(s.problems[:5]))
         if s.note:
             lines.append(s.note)
-        self._phases.progress.details = lines[0] + (f" — {s.note}" if s.note and self._phases.progress.finished else "")
+        shown = self._phases.progress.finished or s.phase == breaker_wait.PHASE  # why it ended, or why it waits
+        self._phases.progress.details = lines[0] + (f" — {s.note}" if s.note and shown else "")
         workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
 
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
