@@ -135,7 +135,8 @@ def why_lines(w: Any, wide: bool) -> list[str]:
     lines = [f"node {w.node} on {w.cluster}: {state}, {'Ready' if w.ready else 'NotReady'}"]
     if w.cordoned_by:
         lines.append(f"cordoned by Millwright run {w.cordoned_by}: {w.cordon_reason or '(no reason recorded)'}")
-        lines.append(cordon_holder_line(w))
+        if not w.quarantine or (w.cordon_holder and w.cordon_holder.status == "running"):  # a quarantine says why
+            lines.append(cordon_holder_line(w))
     if w.foreign_cordon:
         lines.append("cordoned by someone else (no Millwright cordon annotation): Millwright never removes it")
     if w.rollout:
