@@ -37,19 +37,13 @@ def millwright(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
-class LabProcess:
-    """`millwright lab up` in the background, its output collected line by line."""
+class BackgroundProcess:
+    """A command in the background, its output collected line by line."""
 
-    def __init__(self, state_dir: Path, *args: str) -> None:
+    def __init__(self, argv: list[str], *, cwd: Path = REPO, env: dict[str, str] | None = None, **popen) -> None:
         self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "starter", "lab", "up", "--state-dir", str(state_dir), "--ui-port", "0", *args],
-            env=cli_env(),
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        self.proc = subprocess.Popen(argv, env=cli_env() if env is None else env, cwd=cwd, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, **popen)  # fmt: skip
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -87,6 +81,14 @@ class LabProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+class LabProcess(BackgroundProcess):
+    """`millwright lab up` in the background."""
+
+    def __init__(self, state_dir: Path, *args: str) -> None:
+        super().__init__([sys.executable, "-m", "starter", "lab", "up", "--state-dir", str(state_dir), "--ui-port",
+                          "0", *args])  # fmt: skip
 
 
 def alive(pid: int) -> bool:

@@ -17,7 +17,6 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import uuid
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import httpx
 import pytest
 
 from lab.netbox import NetBoxUnavailable, check_available
-from tests.test_lab_runner import REPO, cli_env, wait_until
+from tests.test_lab_runner import REPO, BackgroundProcess, cli_env, wait_until
 from tests.tiers import require
 
 pytestmark = [pytest.mark.needs_netbox, pytest.mark.timeout(1500)]
@@ -87,28 +86,14 @@ def processes_of(root: Path, marker: str) -> dict[int, str]:
     return found
 
 
-class Terminal:
-    """A command run as from a terminal: its own process group (Ctrl-C reaches the whole group), output kept."""
+def run_in_terminal(command: str, cwd: Path, env: dict[str, str]) -> BackgroundProcess:
+    """A command run as from a terminal: in its own process group, which Ctrl-C (`ctrl_c`) reaches whole."""
+    return BackgroundProcess(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
 
-    def __init__(self, command: str, cwd: Path, env: dict[str, str]) -> None:
-        self.lines: list[str] = []
-        self.proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)  # fmt: skip
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def output(self) -> str:
-        return "\n".join(line for line in self.lines if not line.startswith("WARNING: Location"))
-
-    def ctrl_c(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGINT)
+def ctrl_c(terminal: BackgroundProcess) -> None:
+    os.killpg(terminal.proc.pid, signal.SIGINT)
 
 
 def every_service_up(status: str) -> bool:
@@ -127,7 +112,7 @@ def test_readme_quick_start_runs_the_whole_lab_from_a_fresh_clone(tmp_path):
     env.pop("VIRTUAL_ENV", None)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(REPO)))
 
-    lab = Terminal(run_lab, clone, env)
+    lab = run_in_terminal(run_lab, clone, env)
     left: dict[int, str] = {}
     try:
         assert wait_until(lambda: "Temporal UI:" in lab.output or lab.proc.poll() is not None, SET_UP_TIMEOUT), (
@@ -157,13 +142,12 @@ def test_readme_quick_start_runs_the_whole_lab_from_a_fresh_clone(tmp_path):
         assert '"outcome": "completed"' in ran.stdout, ran.stdout
     finally:
         if lab.proc.poll() is None:
-            lab.ctrl_c()
+            ctrl_c(lab)
         try:
-            code = lab.proc.wait(90)
+            code: int | None = lab.wait(90)
         except subprocess.TimeoutExpired:
             os.killpg(lab.proc.pid, signal.SIGKILL)
             code = None
-        lab._reader.join(5)
         if not wait_until(lambda: not processes_of(clone, marker), 30):
             left = processes_of(clone, marker)
             for pid in left:  # so that a failure here leaves nothing behind either
