@@ -10,7 +10,7 @@ import pytest
 
 from activities.kube.models import JOB_NAMESPACE, Stage, StageJobRequest
 from activities.kube.rollout_activities import RolloutNodeActivities
-from bench.common import node_update_path
+from bench.common import ideal_error, node_update_path
 from lab.k8s.store import default_config
 from tests.kube_helpers import checked_emulator
 from tests.lab.labtest_helpers import node, wait_for
@@ -40,6 +40,12 @@ def test_a_job_rule_sets_its_stage_and_keeps_its_times():
 def test_a_service_interrupt_is_a_job_of_its_own_seconds():
     path = dict(node_update_path(configured(0.1, 0.2, 0.5), "kernel-tuning", "service"))
     assert "reboot" not in path and path["interrupt"] == pytest.approx(0.3)
+
+
+def test_a_ratio_under_one_is_a_bench_error(capsys):
+    assert ideal_error(1.0, "rollout makespan") == 0 and capsys.readouterr().out == ""
+    assert ideal_error(0.99, "rollout makespan") == 1
+    assert "bench error: rollout makespan ratio 0.990 < 1.00: the ideal is not a lower bound" in capsys.readouterr().out
 
 
 def test_one_node_update_takes_at_least_its_path(tmp_path):
