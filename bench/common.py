@@ -1,5 +1,6 @@
 """What the benchmarks share: the dev server they run against, workers as processes, the CPU time each process
-spent (from /proc), the throttling errors in their logs, and the history sizes they report."""
+spent (from /proc), the throttling errors in their logs, the history sizes they report, a node update's least time
+on the emulator (the rollout's ideal) and the check that an ideal was a lower bound."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_PACKAGE_LABEL, JOB_STAGE_LABEL, Stage
+from lab.k8s.controllers.kubelet import job_seconds
 from lab.loopback import LOOPBACK, free_port
 from lab.temporal import search_attribute_args, task_queue_poller_identities
 
@@ -30,6 +33,29 @@ REPO = Path(__file__).resolve().parents[1]
 # limits, ...), and updates aborted when their workflow continues as new; as the worker and the server log them.
 THROTTLED = re.compile(r"resource.?exhausted|limit on number of concurrent in-flight updates|"
                        r"workflow update was aborted", re.IGNORECASE)  # fmt: skip
+
+
+def node_update_path(config: dict, package: str, interrupt: str) -> list[tuple[str, float]]:
+    """One node's critical path through a rollout of `package` on an emulator with this `config` (as `GET
+    /_lab/config` reads it back), part by part: its stage Jobs one after another, in the order a node runs them
+    (workflows/rollout/node_update.py `_stages_of`: apply, config, the interrupt, post-interrupt), each as long as
+    the kubelet makes it at the least (`job_seconds`)."""
+    path = []
+    for stage in (Stage.APPLY, Stage.CONFIG, Stage.INTERRUPT, Stage.POST_INTERRUPT):
+        labels = {JOB_PACKAGE_LABEL: package, JOB_STAGE_LABEL: stage.value}
+        if stage.is_interrupt:
+            labels[JOB_INTERRUPT_LABEL] = interrupt
+        path += job_seconds(config, labels)
+    return path
+
+
+def ideal_error(ratio: float, what: str) -> int:
+    """1, saying so, when `ratio` (measured over ideal) is under 1.00: the ideal was not a lower bound, which is a bug
+    in the bench, not a result; else 0. A bench puts it in its last line as `ideal_error` and then exits 1."""
+    if ratio >= 1.0:
+        return 0
+    print(f"bench error: {what} ratio {ratio:.3f} < 1.00: the ideal is not a lower bound (a bench bug, not a result)")
+    return 1
 
 
 def temporal_binary() -> str | None:

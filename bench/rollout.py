@@ -8,10 +8,11 @@ Seeds the Kubernetes emulator with N GPU nodes, starts the Temporal dev server a
 (`python -m worker`, configured by environment as a deployment configures it), runs one Rollout of one package with
 a reboot interrupt under a fixed batch size (the cluster's disruption budget entity in the path, as always, its
 budget declared as the batch size), and
-prints, measured in this run: the actual makespan, the ideal makespan from the policy (batches × per-node time),
-their ratio, the largest history of any run of the rollout and its history events per node (every run counted,
-children and continued runs included) and where they go (by kind: workflow tasks, activities, local activities
-markers, signals...), the workers' requests of the Kubernetes API per node (by verb and resource), the CPU time
+prints, measured in this run: the actual makespan, the ideal makespan (batches × one node's critical path, computed
+from the configuration the emulator reads back: `bench.common.node_update_path`), their ratio (under 1.00 the
+ideal was no lower bound: a bench error, `ideal_error=1` and exit status 1), the largest history of any run of
+the rollout and its history events per node (every run counted, children and continued runs included) and where
+they go (by kind: workflow tasks, activities, local activities markers, signals...), the workers' requests of the Kubernetes API per node (by verb and resource), the CPU time
 the workers and the dev server spent during the rollout, each read from its own process and divided by the nodes,
 and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import math
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -42,6 +44,8 @@ from bench.common import (
     cpu_seconds,
     event_kinds,
     history_lengths,
+    ideal_error,
+    node_update_path,
     throttled_lines,
     warnings_in,
 )
@@ -56,6 +60,7 @@ from workflows.rollout.rollout import Rollout
 from workflows.rollout.spec.spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
+PACKAGE, INTERRUPT = "kernel-tuning", "reboot"
 # (stage seconds, reboot seconds) per profile.
 PROFILES = {"compressed": (0.2, 0.5), "realistic": (5.0, 20.0)}
 ACTIVITY_SLOTS = 400  # per worker: a node's stages hold one slot while its Jobs run
@@ -68,10 +73,10 @@ def rollout_spec(name: str, batch: int) -> RolloutInput:
             "name": name,
             "nodeSelectors": {"matchLabels": {"bench": "true"}},
             "packages": {
-                "kernel-tuning": {
+                PACKAGE: {
                     "version": "1.0.0",
-                    "image": "registry.local/millwright/kernel-tuning",
-                    "interrupt": {"type": "reboot"},
+                    "image": f"registry.local/millwright/{PACKAGE}",
+                    "interrupt": {"type": INTERRUPT},
                 }
             },
             "deploymentPolicy": {
@@ -107,7 +112,8 @@ async def api_requests(admin: EmulatorAdmin) -> Counter[str]:
 
 
 async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: float, workers: int, operation: str,
-               mig_seconds: float) -> None:  # fmt: skip
+               mig_seconds: float) -> int:  # fmt: skip
+    """Runs the bench and prints its figures; 1 when an ideal was beaten (`ideal_error`), else 0."""
     with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator, \
             tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:  # fmt: skip
         admin = EmulatorAdmin(emulator.url)
@@ -118,11 +124,13 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
         await admin.seed(fleet.to_objects())
         await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds,
                               migPendingSeconds=mig_seconds)  # fmt: skip
-        path = Path(tmp) / "kubeconfig"
-        path.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
+        # What the emulator says it was given, not the bench's constants: the ideal follows what the lab takes.
+        path = node_update_path(await admin.config(), PACKAGE, INTERRUPT)
+        kube = Path(tmp) / "kubeconfig"
+        kube.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
         figures: dict[str, dict[str, float]] = {}
         async with DevServer() as server:
-            pool = Workers(workers, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(path), Path(tmp),
+            pool = Workers(workers, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(kube), Path(tmp),
                            max_concurrent_activities=str(ACTIVITY_SLOTS), log_level="WARNING")  # fmt: skip
             try:
                 await pool.polling(server.client)
@@ -176,12 +184,15 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
         f"worker warnings and errors: {sum(warnings.values())}"
         + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5))
     )
-    last = []
+    last, error = [], 0
     if "rollout" in figures:
-        # Per node, as the issue counts it: apply, config, the reboot's Job, post-interrupt (each a Job of
-        # stage_seconds after its pod starts) and the reboot itself. (The emulator's reboot Job lasts the reboot.)
-        ideal = math.ceil(nodes / batch) * (4 * (stage_seconds + POD_START) + reboot_seconds)
+        # Batches one after another (the budget lets one in at once), each as long as a node's path at the least.
+        batches, per_node = math.ceil(nodes / batch), sum(seconds for _, seconds in path)
+        ideal = batches * per_node
+        print(f"ideal: {batches} batches × {per_node:.2f} s ("
+              + " + ".join(f"{part} {seconds:.2f}" for part, seconds in path) + ")")  # fmt: skip
         rollout = figures["rollout"]
+        error = ideal_error(rollout["makespan"] / ideal, "rollout makespan")
         last.append(f"makespan_ratio={rollout['makespan'] / ideal:.2f} max_run_events={rollout['max_run_events']} "
                     f"events_per_node={rollout['events_per_node']:.1f} "
                     f"worker_cpu_ms_per_node={rollout['worker_cpu_ms_per_node']:.0f} "
@@ -190,7 +201,8 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
         mig = figures["mig"]
         last.append(f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
                     f"mig_worker_cpu_ms_per_node={mig['worker_cpu_ms_per_node']:.0f}")  # fmt: skip
-    print(" ".join(last) + f" throttled={throttled}")
+    print(" ".join(last) + f" throttled={throttled} ideal_error={error}")
+    return error
 
 
 if __name__ == "__main__":
@@ -211,14 +223,16 @@ if __name__ == "__main__":
     parser.add_argument("--mig-seconds", type=float, default=0.5, help="mig-manager's pending time per node")
     args = parser.parse_args()
     stage, reboot = PROFILES[args.profile]
-    asyncio.run(
-        main(
-            args.nodes,
-            args.batch,
-            args.stage_seconds if args.stage_seconds is not None else stage,
-            args.reboot_seconds if args.reboot_seconds is not None else reboot,
-            args.workers,
-            args.operation,
-            args.mig_seconds,
+    sys.exit(
+        asyncio.run(
+            main(
+                args.nodes,
+                args.batch,
+                args.stage_seconds if args.stage_seconds is not None else stage,
+                args.reboot_seconds if args.reboot_seconds is not None else reboot,
+                args.workers,
+                args.operation,
+                args.mig_seconds,
+            )
         )
     )
