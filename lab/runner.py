@@ -1102,11 +1102,11 @@ def status(*, state_dir: Path) -> int:
     running = "runner" in alive
     say(f"{'running' if running else 'NOT running (stale lab.json)'} from {info.get('state_dir', state_dir)}, "
         f"since {info.get('started_at')}{'' if info.get('ready') else ' (still starting)'}")  # fmt: skip
+    down = down_services(info, alive)
     print(f"  {'service':<11} {'state':<12} {'address':<30} note")
     for name, entry in (info.get("services") or {}).items():
         state = entry.get("state", "?")
-        pid = pids.get(name)
-        if state == "ready" and pid is not None and name not in alive:
+        if name in down and state != "failed":  # its process has exited
             state = "GONE"
         note = entry.get("note") or ""
         if state == "starting" and entry.get("since"):
@@ -1134,7 +1134,6 @@ def status(*, state_dir: Path) -> int:
     if info.get("webhook") and "webhook" in alive:
         print_deliveries(info["webhook"]["url"])
     print("  pids:          " + ", ".join(f"{n} {p}{'' if n in alive else ' (GONE)'}" for n, p in pids.items()))
-    down = down_services(info, alive)
     say_down(info, state_dir, down)
     return 0 if running and not down else 1
 
