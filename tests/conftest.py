@@ -26,10 +26,6 @@ import workflows.common.search_attributes
 from workflows.common.priorities import FAIRNESS_DYNAMIC_CONFIG
 
 # ==================================================================================
-# Order: the tests that need NetBox run last, while its first migration is made early
-# ==================================================================================
-
-# ==================================================================================
 # Parallel processes (pytest-xdist, ./dev test): what a test file shares goes to one process
 # ==================================================================================
 
@@ -57,10 +53,14 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFileOrPackage(config, log)
 
 
+# ==================================================================================
+# Order: the tests that need NetBox run last, while its first migration is made early
+# ==================================================================================
+
 # Tests that need a NetBox: the NetBox tier's fixture, or a marked test (the examples' lab starts one).
 NEEDS_NETBOX = "needs_netbox"
 _warming: list = []
-_SHARED_EVIDENCE = pytest.StashKey[str]()
+_EVIDENCE_DIR = pytest.StashKey[str]()  # the directory this process made (pytest_configure)
 
 
 def _needs_netbox(item) -> bool:
@@ -71,21 +71,21 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", f"{NEEDS_NETBOX}: the test starts a NetBox (it runs last; see tests/conftest.py)"
     )
-    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
-        # pytest-xdist's controller collects nothing, so tests/deploy/conftest.py is never loaded here: the
-        # least-privilege evidence directory its processes share is made here, and they inherit the variable
-        from lab.k8s.evidence import EVIDENCE_DIR_ENV
+    from lab.k8s.evidence import EVIDENCE_DIR_ENV
 
-        if EVIDENCE_DIR_ENV not in os.environ:
-            os.environ[EVIDENCE_DIR_ENV] = config.stash[_SHARED_EVIDENCE] = tempfile.mkdtemp(
-                prefix="millwright-k8s-evidence-"
-            )
+    if EVIDENCE_DIR_ENV not in os.environ and not hasattr(config, "workerinput"):
+        # The least-privilege evidence (tests/deploy/conftest.py) goes here, made before any emulator starts: they
+        # inherit the variable, and so do pytest-xdist's processes, whose controller loads no other conftest
+        os.environ[EVIDENCE_DIR_ENV] = config.stash[_EVIDENCE_DIR] = tempfile.mkdtemp(prefix="millwright-k8s-evidence-")
 
 
 def pytest_unconfigure(config):
-    shared = config.stash.get(_SHARED_EVIDENCE, None)
-    if shared:
-        shutil.rmtree(shared, ignore_errors=True)
+    made = config.stash.get(_EVIDENCE_DIR, None)
+    if made:
+        from lab.k8s.evidence import EVIDENCE_DIR_ENV
+
+        os.environ.pop(EVIDENCE_DIR_ENV, None)
+        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -1,9 +1,9 @@
 """Least-privilege evidence for tests/deploy/test_least_privilege.py.
 
-Whenever tests/deploy is collected, every Kubernetes emulator the session starts — tests/conftest.py's
-`k8s_emulator`, tier fixtures, `EmulatorProcess`es in test modules, the lab runner's — inherits
-LAB_K8S_EVIDENCE_DIR and keeps the kinds of request it served in that directory
-(lab/k8s/evidence.py; resets do not clear them). test_least_privilege.py is moved after every other
+Every Kubernetes emulator a test session starts — tests/conftest.py's `k8s_emulator`, tier fixtures,
+`EmulatorProcess`es in test modules, the lab runner's — inherits LAB_K8S_EVIDENCE_DIR (the directory
+tests/conftest.py makes) and keeps the kinds of request it served there (lab/k8s/evidence.py; resets do not
+clear them). test_least_privilege.py is moved after every other
 test and reads them. Evidence is *complete* only if every test file was collected, nothing was
 deselected and no earlier test failed; otherwise the check says it is partial and only proves
 that what was observed is granted.
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,6 @@ LAST_MODULE = "test_least_privilege.py"
 @dataclass
 class Evidence:
     directory: str
-    owned: bool
     files: set[str] = field(default_factory=set)  # test files collected (rootdir-relative)
     deselected: int = 0
     failed: list[str] = field(default_factory=list)
@@ -61,17 +58,8 @@ def evidence(config: pytest.Config) -> Evidence:
 def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
-    existing = os.environ.get(EVIDENCE_DIR_ENV)
-    directory = existing or tempfile.mkdtemp(prefix="millwright-k8s-evidence-")
-    os.environ[EVIDENCE_DIR_ENV] = directory  # before any emulator starts: children inherit it
-    config.stash[EVIDENCE] = Evidence(directory, owned=not existing)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    ev = config.stash.get(EVIDENCE, None)
-    if ev is not None and ev.owned:
-        os.environ.pop(EVIDENCE_DIR_ENV, None)
-        shutil.rmtree(ev.directory, ignore_errors=True)
+    # tests/conftest.py made it (and removes it): the one directory of the run, every process and emulator's
+    config.stash[EVIDENCE] = Evidence(os.environ[EVIDENCE_DIR_ENV])
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
