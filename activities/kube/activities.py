@@ -56,6 +56,7 @@ from activities.kube.models import (
     StageJobRequest,
     StageRecord,
 )
+from activities.kube.gang_reads import GangActivities
 from activities.kube.rollout_activities import RolloutNodeActivities
 from activities.kube.shared_watch import NODES
 from activities.kube.stages import (
@@ -118,9 +119,10 @@ def hand_back_patch(node: k8s.V1Node, state: NodeRolloutState, *, packages: dict
     return patch, shows, done
 
 
-class KubeActivities(RolloutNodeActivities):
+class KubeActivities(RolloutNodeActivities, GangActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
-    (activities/kube/rollout_activities.py) and, here, a node's update in three calls and the condition gates."""
+    (activities/kube/rollout_activities.py), the gangs' (activities/kube/gang_reads.py) and, here, a node's update
+    in three calls and the condition gates."""
 
     @activity.defn
     async def read_validation_default(self, req: ClusterDefaultRequest) -> ClusterDefault:
