@@ -28,6 +28,7 @@ from activities.kube import node_marks as marks
 from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
 from activities.kube.errors import api_read
+from activities.kube.gang_reads import GangActivities
 from activities.kube.models import (
     BEAT_SECONDS,
     CORDON_REASON,
@@ -56,7 +57,6 @@ from activities.kube.models import (
     StageJobRequest,
     StageRecord,
 )
-from activities.kube.gang_reads import GangActivities
 from activities.kube.rollout_activities import RolloutNodeActivities
 from activities.kube.shared_watch import NODES
 from activities.kube.stages import (
