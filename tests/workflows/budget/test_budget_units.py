@@ -12,6 +12,7 @@ from lab.fleet import Fleet
 from tests.cli_in_process import cli
 from tests.kube_helpers import current_details
 from tests.workflows.budget.test_disruption_budget import budget_state, start_budget, state_where
+from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.rollout.helpers import availability_timeline
 from workflows.budget.disruption_budget import DisruptionBudget, Lease, LeaseRelease, LeaseRequest
 
@@ -105,3 +106,4 @@ async def test_leases_within_the_domain_and_gang_limits_and_what_the_operator_se
     # node-04 still holds train-a: node-02 waits on; released too, train-b may go.
     await entity.execute_update(DisruptionBudget.release, LeaseRelease(node="node-04", holder=h2))
     await state_where(entity, lambda s: [lease.node for lease in s.leases] == ["node-02"], "node-02 leased")
+    await record_history(entity, "disruption_budget_unit_limits")
