@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from temporalio.testing import ActivityEnvironment
+
+from activities.kube.models import UnavailableRequest
+from activities.kube.topology import TopologyLabels
 from lab.fleet import Fleet
 from tests.cli_in_process import cli
 from tests.kube_helpers import current_details
@@ -64,8 +68,10 @@ async def test_leases_within_the_domain_and_gang_limits_and_what_the_operator_se
 
     bad = await budget_cli("set", "lab", "--count", "5", "--gangs", "0", "--by", "sre", "-r", "x")
     assert bad.returncode == 2 and "gangs" in bad.stderr, bad
-    done = await budget_cli("set", "lab", "--count", "5", "--nvlink-domains", "1", "--gangs", "1", "--by", "sre",
-                            "-r", "one rack, one job")  # fmt: skip
+    limits = ("--count", "5", "--nvlink-domains", "1", "--gangs", "1", "--by", "sre", "-r", "one rack, one job")
+    dry = await budget_cli("set", "lab", *limits, "--dry-run")
+    assert dry.returncode == 0 and "(limits none -> 1 NVLink domains, 1 gangs)" in dry.stderr, dry
+    done = await budget_cli("set", "lab", *limits)
     assert done.returncode == 0, done
     assert (await budget_state(entity)).limits.model_dump() == {"nvlink_domains": 1, "gangs": 1}
 
@@ -107,3 +113,20 @@ async def test_leases_within_the_domain_and_gang_limits_and_what_the_operator_se
     await entity.execute_update(DisruptionBudget.release, LeaseRelease(node="node-04", holder=h2))
     await state_where(entity, lambda s: [lease.node for lease in s.leases] == ["node-02"], "node-02 leased")
     await record_history(entity, "disruption_budget_unit_limits")
+
+
+async def test_the_read_places_only_the_nodes_the_decision_needs_and_finds_the_gangs_disrupted(k8s, kube, core):
+    """The entity's cluster read with topology keys: places for the nodes out of service and those asked about (not
+    the cluster's), their gangs, and the gangs disrupted; without the keys, none of it."""
+    await k8s.seed(topology_fleet(DOMAINS, {**GANGS, "train-c": ["node-05", "node-06"]}))
+    await core.patch_node("node-04", {"spec": {"unschedulable": True}})
+    plain = await ActivityEnvironment().run(kube.node_availability, UnavailableRequest(cluster="lab"))
+    assert plain.unavailable == {"node-04": "cordoned"}
+    assert plain.places == {} and plain.gangs_on == {} and plain.disrupted_gangs == {}
+    req = UnavailableRequest(cluster="lab", topology=TopologyLabels(), nodes=["node-02", "node-06"], gangs=True)
+    got = await ActivityEnvironment().run(kube.node_availability, req)
+    assert set(got.places) == {"node-02", "node-04", "node-06"}
+    assert got.places["node-04"].domain == DOMAIN_B and got.places["node-06"].own_domain
+    assert got.gangs_on == {"node-02": ["kai:ml/train-b"], "node-04": ["kai:ml/train-a"],
+                            "node-06": ["kai:ml/train-c"]}  # fmt: skip
+    assert got.disrupted_gangs == {"kai:ml/train-a": "pods on node-04, out of service"}

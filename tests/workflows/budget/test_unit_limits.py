@@ -7,8 +7,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from activities.kube.gang_reads import gang_disruptions
 from activities.kube.models import NodeAvailability
-from activities.kube.topology import place_of
+from activities.kube.topology import Gang, place_of
 from tests.workflows.budget.test_lease_book import NODES, T0, ask
 from workflows.budget.book import BudgetBook
 from workflows.budget.budget import Budget
@@ -136,3 +137,16 @@ def test_never_more_domains_or_gangs_out_than_allowed_unless_already_out(domains
     after = UnitsOut(avail, list(book.leases.values()))
     assert len(after.domains) <= max(domains, len(before.domains))
     assert len(after.gangs) <= max(gangs, len(before.gangs))
+
+
+def test_a_gang_is_disrupted_by_a_node_out_or_below_its_minimum_but_not_while_unscheduled():
+    gangs = [
+        Gang(id="kai:ml/on-out", nodes=["node-01", "node-02"], pods=2, running=2, min_member=2),
+        Gang(id="kai:ml/short", nodes=["node-03"], pods=4, running=1, min_member=4),
+        Gang(id="kai:ml/unscheduled", pods=4, running=0, min_member=4),
+        Gang(id="kai:ml/whole", nodes=["node-04"], pods=1, running=1, min_member=1),
+    ]
+    assert gang_disruptions(gangs, {"node-02", "node-09"}) == {
+        "kai:ml/on-out": "pods on node-02, out of service",
+        "kai:ml/short": "below its minimum: 1 of 4 pods running",
+    }
