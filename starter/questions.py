@@ -143,10 +143,11 @@ async def _gangs_on(core: Any, node: str) -> list[Gang]:
         namespace, _, name = where.partition("/")
         gang.min_member = 0  # unknown unless its PodGroup says
         if kind in POD_GROUPS:
+            group, version, plural = POD_GROUPS[kind]
             with contextlib.suppress(ApiException):
-                group = await custom.get_namespaced_custom_object(*POD_GROUPS[kind][:2], namespace, POD_GROUPS[kind][2],
-                                                                  name)  # fmt: skip
-                gang.min_member = int((group.get("spec") or {}).get("minMember") or 0)
+                found: dict[str, Any] = await custom.get_namespaced_custom_object(group, version, namespace, plural,
+                                                                                  name)  # fmt: skip
+                gang.min_member = int((found.get("spec") or {}).get("minMember") or 0)
     return gangs
 
 
