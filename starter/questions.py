@@ -145,9 +145,9 @@ async def _gangs_on(core: Any, node: str) -> list[Gang]:
         if kind in POD_GROUPS:
             group, version, plural = POD_GROUPS[kind]
             with contextlib.suppress(ApiException):
-                found: dict[str, Any] = await custom.get_namespaced_custom_object(group, version, namespace, plural,
-                                                                                  name)  # fmt: skip
-                gang.min_member = int((found.get("spec") or {}).get("minMember") or 0)
+                found = await custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+                spec = found.get("spec") if isinstance(found, dict) else None
+                gang.min_member = int((spec or {}).get("minMember") or 0)
     return gangs
 
 
