@@ -40,11 +40,12 @@ from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.dependency_graph import dependency_levels, topological_order
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.deployment_policy import DEFAULT_COMPARTMENT, Compartment, DeploymentPolicy, Strategy
+from workflows.rollout.spec.fleet import FleetSpec
 from workflows.rollout.spec.packages import Interrupt, Package
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.spec.spec_fields import WEEKDAYS, zone
 from workflows.rollout.state import BatchState
-from workflows.rollout.unit_batching import oversized_unit_refusal, oversized_units, own_domain_note, unit_batch
+from workflows.rollout.unit_batching import oversized_unit, own_domain_note, unit_batch
 
 __all__ = [
     "NODE_PRIORITY_LABEL",
@@ -74,6 +75,7 @@ __all__ = [
     "strategy_name",
     "strategy_rank",
     "success_percent",
+    "unit_over_ceiling",
     "window_open",
 ]
 
@@ -454,6 +456,20 @@ def places_of(nodes: Iterable[NodeSnapshot], keys: TopologyLabels) -> dict[str, 
     return {n.name: place_of(n.name, n.labels, keys) for n in nodes}
 
 
+def unit_over_ceiling(
+    nodes: Sequence[NodeSnapshot], assignment: Mapping[str, list[str]], spec: FleetSpec
+) -> str | None:
+    """With batchBy: why a compartment's unit can never be taken whole (more nodes than its ceiling); None: all fit."""
+    if spec.batch_by == "none":
+        return None
+    places = places_of(nodes, spec.topology)
+    for name, members in assignment.items():
+        cap = ceiling(compartment_budget(spec.deployment_policy, name), len(members))
+        if refusal := oversized_unit(name, members, places, spec.batch_by, cap):
+            return refusal
+    return None
+
+
 class _Topology(StrictModel):
     """What a plan with batchBy set reads besides the nodes."""
 
@@ -474,9 +490,8 @@ def _plan_compartment(
     batches: list[PlannedBatch] = []
     blocked = None
     queue = batch_order(names, by_name)
-    if topology is not None and (oversized := oversized_units(names, topology.places, topology.batch_by, cap)):
-        unit, size = next(iter(oversized.items()))
-        blocked, queue = oversized_unit_refusal(name, topology.batch_by, unit, size, cap), []
+    if topology is not None and (refusal := oversized_unit(name, names, topology.places, topology.batch_by, cap)):
+        blocked, queue = refusal, []
     gangs = topology.gangs if topology is not None else []
     while queue:
         size = next_batch_size(strategy, state, total, cap)

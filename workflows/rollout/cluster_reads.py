@@ -98,7 +98,10 @@ async def unavailable_nodes(spec: FleetSpec, compartment: str) -> list[str]:
 
 
 async def read_gangs(spec: FleetSpec) -> GangMap:
-    """The cluster's gangs of GPU work, read before each batch with batchBy: which units a batch must take together."""
+    """With batchBy, the cluster's gangs of GPU work, read before each batch decision: which units a batch must take
+    together. Without, none (and no activity: the commands of a run without batchBy are unchanged)."""
+    if spec.batch_by == "none":
+        return GangMap()
     return await workflow.execute_activity_method(
         KubeActivities.read_gangs,
         GangRequest(cluster=spec.cluster),

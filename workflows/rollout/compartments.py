@@ -35,6 +35,7 @@ from workflows.rollout.batching import (
     next_window_open,
     places_of,
     strategy_name,
+    unit_over_ceiling,
     window_open,
 )
 from workflows.rollout.cluster_reads import check_gate, read_gangs, survey, unavailable_nodes
@@ -54,13 +55,7 @@ from workflows.rollout.models import (
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.fleet import FleetSpec
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
-from workflows.rollout.unit_batching import (
-    UnitBatch,
-    oversized_unit_refusal,
-    oversized_units,
-    own_domain_note,
-    unit_batch,
-)
+from workflows.rollout.unit_batching import UnitBatch, topology_note, unit_batch
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
@@ -122,20 +117,11 @@ class Compartments:
         """A first run: the targeted nodes, assigned to compartments, every one waiting."""
         nodes = await self.survey()
         assignment = assign_compartments(nodes, self.spec.deployment_policy)
-        if self.spec.batch_by != "none":
-            self._refuse_oversized_units(nodes, assignment)
+        if refusal := unit_over_ceiling(nodes, assignment, self.spec):  # batchBy: it could only be taken in part
+            raise ApplicationError(refusal, type="UnitOverCeiling", non_retryable=True)
         self.cp.compartments = {name: CompartmentState(members=m) for name, m in assignment.items() if m}
         self.cp.nodes = {n.name: "waiting" for n in sorted(nodes, key=lambda n: n.name)}
         self._live = {n.name: n for n in nodes}
-
-    def _refuse_oversized_units(self, nodes: list[NodeSnapshot], assignment: dict[str, list[str]]) -> None:
-        """A unit larger than its compartment's ceiling could only be taken in part: refuse the run, before any node."""
-        places, policy = places_of(nodes, self.spec.topology), self.spec.deployment_policy
-        for name, members in assignment.items():
-            cap = ceiling(compartment_budget(policy, name), len(members))
-            for unit, size in oversized_units(members, places, self.spec.batch_by, cap).items():
-                refusal = oversized_unit_refusal(name, self.spec.batch_by, unit, size, cap)
-                raise ApplicationError(refusal, type="UnitOverCeiling", non_retryable=True)
 
     async def run(self) -> None:
         """Every compartment until done, aborted, or `continuing`."""
@@ -296,8 +282,7 @@ class Compartments:
             if self.spec.resets_batch_state():
                 cs.batch = BatchState()
             cs.completed = False
-        if self.spec.batch_by != "none":
-            self._gangs = await read_gangs(self.spec)
+        self._gangs = await read_gangs(self.spec)
         return pending, unavailable, change
 
     async def _look_before_planning(
@@ -326,14 +311,11 @@ class Compartments:
         self, name: str, view: CompartmentView, pending: list[str], unavailable: set[str], size: int, cap: int
     ) -> UnitBatch:
         """With batchBy: the next batch of whole units (workflows/rollout/unit_batching.py), by the last gangs read."""
-        spec = self.spec
-        places = places_of([self._live.get(n) or NodeSnapshot(name=n) for n in self.cp.compartments[name].members],
-                           spec.topology)  # fmt: skip
-        view.topology = f"batches by {spec.batch_by}"
-        if spec.batch_by == "nvlinkDomain" and (note := own_domain_note(list(places.values()), spec.topology.clique)):
-            view.topology += f"; {note}"
+        members = [self._live.get(n) or NodeSnapshot(name=n) for n in self.cp.compartments[name].members]
+        places = places_of(members, self.spec.topology)
+        view.topology = topology_note(list(places.values()), self.spec.batch_by, self.spec.topology.clique)
         order = batch_order(pending, self._live, self.cp.nodes, unavailable)
-        return unit_batch(order, places, spec.batch_by, self._gangs.gangs, unavailable, size, cap)
+        return unit_batch(order, places, self.spec.batch_by, self._gangs.gangs, unavailable, size, cap)
 
     async def _gates(self, name: str, view: CompartmentView) -> bool:
         """Pause, maintenance window, approval, batch gate; True when all pass now."""

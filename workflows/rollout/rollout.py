@@ -271,7 +271,7 @@ class Rollout(FleetControls):
         fleet = self._fleet
         if inp.dry_run:
             nodes = await fleet.survey()
-            gangs = (await read_gangs(inp)).gangs if inp.batch_by != "none" else []
+            gangs = (await read_gangs(inp)).gangs
             fleet.phase = "planned"
             fleet.refresh()
             return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp, gangs))

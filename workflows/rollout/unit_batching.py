@@ -128,20 +128,19 @@ def unit_batch(
     )
 
 
-def oversized_units(
-    members: Sequence[str], places: Mapping[str, NodePlace], batch_by: BatchBy, budget_ceiling: int
-) -> dict[str, int]:
-    """Units of `members` with more nodes than the ceiling: no batch can ever take them whole."""
-    return {u: len(nodes) for u, nodes in units_of(members, places, batch_by).items() if len(nodes) > budget_ceiling}
-
-
-def oversized_unit_refusal(compartment: str, batch_by: BatchBy, unit: str, nodes: int, budget_ceiling: int) -> str:
+def oversized_unit(
+    compartment: str, members: Sequence[str], places: Mapping[str, NodePlace], batch_by: BatchBy, budget_ceiling: int
+) -> str | None:
+    """Why a batch can never take a unit of `members` whole (it has more nodes than the ceiling); None: all fit."""
     kind = UNIT_NAMES[batch_by]
-    return (
-        f"compartment {compartment!r}: {kind} {unit} has {nodes} nodes, more than the compartment's ceiling of "
-        f"{budget_ceiling}; batchBy {batch_by} never takes part of a {kind}: raise the compartment's budget to at "
-        f"least {nodes} nodes, or set batchBy: none"
-    )
+    for unit, nodes in units_of(members, places, batch_by).items():
+        if len(nodes) > budget_ceiling:
+            return (
+                f"compartment {compartment!r}: {kind} {unit} has {len(nodes)} nodes, more than the compartment's "
+                f"ceiling of {budget_ceiling}; batchBy {batch_by} never takes part of a {kind}: raise the "
+                f"compartment's budget to at least {len(nodes)} nodes, or set batchBy: none"
+            )
+    return None
 
 
 def own_domain_note(places: Sequence[NodePlace], clique_label: str = CLIQUE_LABEL) -> str | None:
@@ -152,3 +151,9 @@ def own_domain_note(places: Sequence[NodePlace], clique_label: str = CLIQUE_LABE
     shown = ", ".join(alone[:OWN_DOMAINS_SHOWN]) + (f" and {len(alone) - OWN_DOMAINS_SHOWN} more"
                                                      if len(alone) > OWN_DOMAINS_SHOWN else "")  # fmt: skip
     return f"{len(alone)} nodes have no {clique_label} label, each its own NVLink domain: {shown}"
+
+
+def topology_note(places: Sequence[NodePlace], batch_by: BatchBy, clique_label: str) -> str:
+    """What a compartment's status says of its batches' units."""
+    note = own_domain_note(places, clique_label) if batch_by == "nvlinkDomain" else None
+    return f"batches take whole units: {UNIT_NAMES[batch_by]}s" + (f"; {note}" if note else "")

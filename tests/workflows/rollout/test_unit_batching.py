@@ -15,7 +15,7 @@ from workflows.partitioning.models import GpuPartitioningInput
 from workflows.rollout.batching import NodeSnapshot, plan
 from workflows.rollout.unit_batching import (
     groups_of,
-    oversized_unit_refusal,
+    oversized_unit,
     own_domain_note,
     unit_batch,
     units_of,
@@ -181,9 +181,11 @@ def test_racks_and_the_topology_label_keys_are_the_specs():
 
 
 def test_a_unit_over_the_ceiling_is_refused_naming_it_its_size_and_the_ceiling():
-    p = plan(fleet(2, 4), spec(budget=3, initial_batch=1))
-    refusal = oversized_unit_refusal("__default__", "nvlinkDomain", "uuid-000", 4, 3)
+    nodes = fleet(2, 4)
+    p = plan(nodes, spec(budget=3, initial_batch=1))
+    refusal = oversized_unit("__default__", [n.name for n in nodes], places(nodes), "nvlinkDomain", 3)
     assert p.compartments[0].batches == [] and p.compartments[0].blocked == refusal
+    assert oversized_unit("__default__", [n.name for n in nodes], places(nodes), "nvlinkDomain", 4) is None
     assert refusal == (
         "compartment '__default__': NVLink domain uuid-000 has 4 nodes, more than the compartment's ceiling of 3; "
         "batchBy nvlinkDomain never takes part of a NVLink domain: raise the compartment's budget to at least 4 "
