@@ -137,7 +137,7 @@ def oversized_unit(
         if len(nodes) > budget_ceiling:
             return (
                 f"compartment {compartment!r}: {kind} {unit} has {len(nodes)} nodes, more than the compartment's "
-                f"ceiling of {budget_ceiling}; batchBy {batch_by} never takes part of a {kind}: raise the "
+                f"ceiling of {budget_ceiling}; batchBy {batch_by} takes every {kind} whole: raise the "
                 f"compartment's budget to at least {len(nodes)} nodes, or set batchBy: none"
             )
     return None

@@ -188,7 +188,7 @@ def test_a_unit_over_the_ceiling_is_refused_naming_it_its_size_and_the_ceiling()
     assert oversized_unit("__default__", [n.name for n in nodes], places(nodes), "nvlinkDomain", 4) is None
     assert refusal == (
         "compartment '__default__': NVLink domain uuid-000 has 4 nodes, more than the compartment's ceiling of 3; "
-        "batchBy nvlinkDomain never takes part of a NVLink domain: raise the compartment's budget to at least 4 "
+        "batchBy nvlinkDomain takes every NVLink domain whole: raise the compartment's budget to at least 4 "
         "nodes, or set batchBy: none"
     )
 

@@ -1,0 +1,95 @@
+"""A rollout with `batchBy: nvlinkDomain` on the Kubernetes emulator: nodes labelled with NVLink domains whose names
+do not follow them, KAI gangs of GPU pods spanning domains; the cordons the API server saw show that no batch took
+part of a domain and that each gang was interrupted in one batch. The rules themselves: test_unit_batching.py."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from activities.kube.topology import CLIQUE_LABEL, KAI_POD_GROUP_ANNOTATION
+from lab.fleet import Fleet
+from tests.workflows.rollout.helpers import rollout_spec
+from tests.workflows.rollout.test_rollout import lab_ready, start
+from workflows.rollout.rollout import Rollout
+
+DOMAINS = "ABCD"
+
+
+def domain_fleet(nodes: int, gangs: dict[str, list[str]], *, unlabelled: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Nodes gpu-01.. of 8 GPUs, node i in NVLink domain DOMAINS[(i - 1) % 4] (names do not follow domains), but the
+    `unlabelled`; a gang is a ReplicaSet of whole-node GPU pods with KAI's `pod-group-name`, one pod a node."""
+    specs = []
+    for i in range(1, nodes + 1):
+        name, labels = f"gpu-{i:02d}", {"gpu": "true"}
+        if name not in unlabelled:
+            labels[CLIQUE_LABEL] = f"domain-{DOMAINS[(i - 1) % 4]}.1"
+        specs.append({"name": name, "labels": labels, "gpus": 8})
+    workloads = [
+        {"name": gang, "namespace": "training", "replicas": len(on), "gpus": 8, "nodes": on,
+         "annotations": {KAI_POD_GROUP_ANNOTATION: gang}, "terminationGracePeriodSeconds": 1}
+        for gang, on in gangs.items()
+    ]  # fmt: skip
+    return Fleet.model_validate({"cluster": "lab", "nodes": specs, "workloads": workloads}).to_objects()
+
+
+def first_cordons(audit: list[dict]) -> dict[str, int]:
+    """Node -> the audit sequence number of the first write that left it cordoned."""
+    out: dict[str, int] = {}
+    for entry in audit:
+        after = entry.get("nodeAfter")
+        if entry.get("resource") == "nodes" and after and after["unschedulable"]:
+            out.setdefault(entry["name"], entry["seq"])
+    return out
+
+
+async def test_batches_take_whole_domains_and_each_gang_in_one_batch(client, kube_worker, k8s, core):
+    # Domains: A gpu-01,05,09; B 02,06,10; C 03,07,11; D 04,08,12 (no GPU work); gpu-13 has no clique label, and a
+    # gang of its own so that no evicted pod restarts there (a gang that restarts on a node not yet updated is
+    # interrupted again there: nothing a batch can help).
+    gangs = {
+        "wide": ["gpu-01", "gpu-05", "gpu-09", "gpu-02", "gpu-06", "gpu-10"],  # A and B
+        "left": ["gpu-03"],  # two small gangs sharing C
+        "right": ["gpu-07", "gpu-11"],
+        "solo": ["gpu-13"],
+    }
+    await lab_ready(k8s, domain_fleet(13, gangs, unlabelled=("gpu-13",)))
+    policy = {"default": {"budget": {"count": 6}, "strategy": {"fixed": {"initialBatch": 6}}}}
+    handle = await start(client, kube_worker, rollout_spec("domains", policy=policy, batchBy="nvlinkDomain"))
+    result = await handle.result()
+    assert result.outcome == "completed" and result.counts == {"complete": 13}
+
+    status = await handle.query(Rollout.status)
+    batches = status.recent_batches
+    # D interrupts nothing and goes first, filled with C (3 + 3); A and B hold one gang: together; gpu-13 alone.
+    assert [sorted(b.units) for b in batches] == [["domain-C", "domain-D"], ["domain-A", "domain-B"], ["node:gpu-13"]]
+    assert [b.gangs for b in batches] == [
+        ["kai:training/left", "kai:training/right"], ["kai:training/wide"], ["kai:training/solo"]]  # fmt: skip
+    assert "gpu-13" in status.compartments["__default__"].topology
+
+    batch_of = {n: i for i, b in enumerate(batches) for n in b.order}
+    cordoned = first_cordons(await k8s.audit())
+    assert set(cordoned) == set(batch_of)
+    for earlier, later in pairwise(batches):  # the cordons came batch by batch
+        assert max(cordoned[n] for n in earlier.order) < min(cordoned[n] for n in later.order)
+    for i in range(1, 13):  # no batch took part of a domain
+        assert batch_of[f"gpu-{i:02d}"] == batch_of[f"gpu-{(i - 1) % 4 + 1:02d}"], f"gpu-{i:02d}"
+    for gang, on in gangs.items():  # each gang's nodes all went in one batch
+        assert len({batch_of[n] for n in on}) == 1, gang
+
+
+async def test_a_domain_larger_than_the_ceiling_is_refused_before_any_node(client, kube_worker, k8s, core):
+    await lab_ready(k8s, domain_fleet(8, {}))
+    policy = {"default": {"budget": {"count": 1}, "strategy": {"fixed": {"initialBatch": 1}}}}
+    handle = await start(client, kube_worker, rollout_spec("too-big", policy=policy, batchBy="nvlinkDomain"))
+    with pytest.raises(WorkflowFailureError) as err:
+        await handle.result()
+    assert err.value.cause.message == (
+        "compartment '__default__': NVLink domain domain-A has 2 nodes, more than the compartment's ceiling of 1; "
+        "batchBy nvlinkDomain takes every NVLink domain whole: raise the compartment's budget to at least 2 "
+        "nodes, or set batchBy: none"
+    )
+    assert first_cordons(await k8s.audit()) == {}
