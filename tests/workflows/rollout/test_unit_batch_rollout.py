@@ -4,6 +4,8 @@ part of a domain and that each gang was interrupted in one batch. The rules them
 
 from __future__ import annotations
 
+import json
+import uuid
 from itertools import pairwise
 from typing import Any
 
@@ -12,6 +14,7 @@ from temporalio.client import WorkflowFailureError
 
 from activities.kube.topology import CLIQUE_LABEL, KAI_POD_GROUP_ANNOTATION
 from lab.fleet import Fleet
+from tests.cli_in_process import cli
 from tests.workflows.rollout.helpers import rollout_spec
 from tests.workflows.rollout.test_rollout import lab_ready, start
 from workflows.rollout.rollout import Rollout
@@ -79,6 +82,29 @@ async def test_batches_take_whole_domains_and_each_gang_in_one_batch(client, kub
         assert batch_of[f"gpu-{i:02d}"] == batch_of[f"gpu-{(i - 1) % 4 + 1:02d}"], f"gpu-{i:02d}"
     for gang, on in gangs.items():  # each gang's nodes all went in one batch
         assert len({batch_of[n] for n in on}) == 1, gang
+
+
+async def test_the_plan_shows_each_batchs_domains_and_the_gangs_it_would_interrupt(
+    client, kube_worker, k8s, temporal_address
+):
+    gangs = {"wide": ["gpu-01", "gpu-02"], "left": ["gpu-03"], "right": ["gpu-07"]}  # A+B; two in C
+    await lab_ready(k8s, domain_fleet(9, gangs))  # A gpu-01,05,09; B 02,06; C 03,07; D 04,08
+    spec = rollout_spec(
+        f"plan-{uuid.uuid4().hex[:6]}", batchBy="nvlinkDomain",
+        policy={"default": {"budget": {"count": 5}, "strategy": {"fixed": {"initialBatch": 5}}}},
+    ).model_dump(mode="json", by_alias=True, exclude_none=True)  # fmt: skip
+    args = ("rollout", "plan", "-", "-q", kube_worker.task_queue, "--address", temporal_address)
+    shown = await cli(*args, stdin=json.dumps(spec))
+    assert shown.returncode == 0, shown.stderr
+    # The best fill of 5 comes first: A and B, held together by one gang (5), rather than D (no GPU work) and C (4).
+    assert "batch 1: 5 nodes in domain-A, domain-B; interrupts gangs: kai:training/wide" in shown.stdout, shown.stdout
+    assert "batch 2: 4 nodes in domain-C, domain-D; interrupts gangs: kai:training/left, kai:training/right" in (
+        shown.stdout
+    )
+    planned = json.loads((await cli(*args, "--json", stdin=json.dumps(spec))).stdout)
+    second = planned["compartments"][0]["batches"][1]
+    assert second["units"] == {"domain-C": ["gpu-03", "gpu-07"], "domain-D": ["gpu-04", "gpu-08"]}
+    assert second["gangs"] == ["kai:training/left", "kai:training/right"]
 
 
 async def test_a_domain_larger_than_the_ceiling_is_refused_before_any_node(client, kube_worker, k8s, core):
