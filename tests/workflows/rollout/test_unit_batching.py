@@ -77,6 +77,27 @@ def test_a_room_of_115_takes_six_whole_domains_of_18_and_as_many_batches_as_node
     }
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_gangs_over_one_to_four_domains_are_interrupted_once_in_at_most_110_percent_of_the_batches(seed):
+    rng = random.Random(seed)
+    nodes = fleet(64, 18)
+    by_domain: dict[str, list[str]] = {}
+    for n in nodes:
+        by_domain.setdefault(domain_of(n), []).append(n.name)
+    domains = list(by_domain)
+    rng.shuffle(domains)
+    gangs, i = [], 0
+    while i < len(domains):  # every domain busy: gangs over 1 to 4 random domains, on some of their nodes
+        span = rng.randint(1, 4)
+        gangs.append(gang(f"g{i}", [n for d in domains[i : i + span] for n in by_domain[d][: rng.randint(1, 18)]]))
+        i += span
+    batches = plan(nodes, spec(budget=115, initial_batch=115), gangs).compartments[0].batches
+    assert len(batches) <= 1.10 * math.ceil(len(nodes) / 115)
+    for g in gangs:
+        assert len([b for b in batches if set(g.nodes) & set(b.nodes)]) == 1, g.id
+    assert_whole_units([b.nodes for b in batches], nodes)
+
+
 def test_a_small_strategy_size_rounds_up_to_one_whole_domain():
     nodes = fleet(4, 3, interleave=True)
     p = plan(nodes, spec(budget=6, initial_batch=1))
