@@ -15,8 +15,12 @@ from temporalio.client import WorkflowFailureError
 from activities.kube.topology import CLIQUE_LABEL, KAI_POD_GROUP_ANNOTATION
 from lab.fleet import Fleet
 from tests.cli_in_process import cli
+from tests.workflows.partitioning.helpers import mig_lab
+from tests.workflows.partitioning.test_gpu_partitioning import partitioning
+from tests.workflows.partitioning.test_gpu_partitioning import start as start_partitioning
 from tests.workflows.rollout.helpers import rollout_spec
 from tests.workflows.rollout.test_rollout import lab_ready, start
+from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.rollout.rollout import Rollout
 
 DOMAINS = "ABCD"
@@ -119,3 +123,25 @@ async def test_a_domain_larger_than_the_ceiling_is_refused_before_any_node(clien
         "nodes, or set batchBy: none"
     )
     assert first_cordons(await k8s.audit()) == {}
+
+
+async def test_gpu_partitioning_takes_whole_domains_and_its_plan_names_a_domain_over_the_ceiling(
+    client, kube_worker, k8s, core
+):
+    await mig_lab(k8s)  # gpu-01..04, a trainer pod on each (its own gang), a ceiling of 2
+    for node, domain in (("gpu-01", "X"), ("gpu-02", "Y"), ("gpu-03", "X"), ("gpu-04", "Y")):
+        await core.patch_node(node, {"metadata": {"labels": {CLIQUE_LABEL: f"domain-{domain}.1"}}})
+    handle = await start_partitioning(client, kube_worker, partitioning("domains", batchBy="nvlinkDomain"))
+    result = await handle.result()
+    assert result.outcome == "completed" and result.counts == {"complete": 4}, result.problems
+    batches = (await handle.query(GpuPartitioning.status)).recent_batches
+    assert [b.units for b in batches] == [{"domain-X": ["gpu-01", "gpu-03"]}, {"domain-Y": ["gpu-02", "gpu-04"]}]
+
+    await core.patch_node("gpu-02", {"metadata": {"labels": {CLIQUE_LABEL: "domain-X.1"}}})  # X: 3 nodes
+    planned = await (await start_partitioning(
+        client, kube_worker, partitioning("domains-plan", batchBy="nvlinkDomain", dryRun=True))).result()  # fmt: skip
+    assert planned.warnings == [
+        "compartment '__default__': NVLink domain domain-X has 3 nodes, more than the compartment's ceiling of 2; "
+        "batchBy nvlinkDomain takes every NVLink domain whole: raise the compartment's budget to at least 3 nodes, "
+        "or set batchBy: none"
+    ]
