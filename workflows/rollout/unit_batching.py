@@ -48,6 +48,7 @@ def groups_of(units: Mapping[str, list[str]], gangs: Sequence[Gang]) -> tuple[li
     """Units joined by the gangs still whole that run on more than one of them (connected components), each group's
     units in the order of `units`; and the units such gangs run on (the others interrupt nothing)."""
     unit_of_node = {n: u for u, nodes in units.items() for n in nodes}
+    position = {u: i for i, u in enumerate(units)}
     parent = {u: u for u in units}
 
     def root(u: str) -> str:
@@ -60,7 +61,7 @@ def groups_of(units: Mapping[str, list[str]], gangs: Sequence[Gang]) -> tuple[li
     for gang in gangs:
         if gang.disrupted:
             continue
-        touched = sorted({unit_of_node[n] for n in gang.nodes if n in unit_of_node}, key=list(units).index)
+        touched = sorted({unit_of_node[n] for n in gang.nodes if n in unit_of_node}, key=position.__getitem__)
         busy.update(touched)
         for u in touched[1:]:
             parent[root(u)] = root(touched[0])
