@@ -509,7 +509,8 @@ def _plan_compartment(
             )
             break
         batches.append(batch)
-        queue = [n for n in queue if n not in set(batch.nodes)]
+        taken_nodes = set(batch.nodes)
+        queue = [n for n in queue if n not in taken_nodes]
         state = evaluate_batch(strategy, state, succeeded=len(batch.nodes), failed=0, total=total)
     largest = max((len(b.nodes) for b in batches), default=0)
     return CompartmentPlan(
@@ -539,10 +540,8 @@ def plan(nodes: Sequence[NodeSnapshot], spec: RolloutInput, gangs: Sequence[Gang
     by_name = {n.name: n for n in targeted}
     policy = spec.deployment_policy
     assignment = assign_compartments(targeted, policy)
-    topology = None
-    if spec.batch_by != "none":
-        places = places_of(targeted, spec.topology)
-        topology = _Topology(batch_by=spec.batch_by, places=places, gangs=list(gangs))
+    places = places_of(targeted, spec.topology) if spec.batch_by != "none" else {}
+    topology = _Topology(batch_by=spec.batch_by, places=places, gangs=list(gangs)) if places else None
     compartments = [
         _plan_compartment(
             name,
