@@ -133,6 +133,11 @@ def node_why(
 def why_lines(w: Any, wide: bool) -> list[str]:
     state = "cordoned" if w.unschedulable else "schedulable"
     lines = [f"node {w.node} on {w.cluster}: {state}, {'Ready' if w.ready else 'NotReady'}"]
+    if w.place:
+        lines.append(f"where: {w.place.describe()}")
+    for g in w.gangs:
+        minimum = f", its PodGroup's minMember {g.min_member}" if g.min_member else ""
+        lines.append(f"gang {g.id}: {g.pods} pods here ({g.running} running, {g.gpus} GPUs){minimum}")
     if w.cordoned_by:
         lines.append(f"cordoned by Millwright run {w.cordoned_by}: {w.cordon_reason or '(no reason recorded)'}")
         if not w.quarantine or (w.cordon_holder and w.cordon_holder.status == "running"):  # a quarantine says why
