@@ -24,7 +24,6 @@ from temporalio.exceptions import ActivityError
 from activities.entities import EntityActivities, RunRef, WorkflowIds, WorkflowSignal, WorkflowSignals
 from activities.kube.activities import KubeActivities
 from activities.kube.models import NodeAvailability, UnavailableRequest
-from activities.kube.topology import TopologyLabels
 from workflows.budget.book import BudgetBook, budget_text, lease_key
 from workflows.budget.breaker import (
     BREAKER_PATCH,
@@ -419,7 +418,7 @@ class DisruptionBudget:
         read = UnavailableRequest(cluster=self._inp.cluster)
         if limits.any:  # only then: the reads of runs without limits replay as they ran
             nodes = sorted({lease.node for lease in self._everyone()})
-            read = read.model_copy(update={"topology": TopologyLabels(), "nodes": nodes,
+            read = read.model_copy(update={"topology": limits.topology, "nodes": nodes,
                                            "gangs": limits.gangs is not None})  # fmt: skip
         try:
             self._avail = await self._activity(

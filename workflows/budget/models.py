@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from temporalio.common import SearchAttributePair
 
+from activities.kube.topology import TopologyLabels
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.models import StrictModel
 from workflows.budget.book import BudgetBook
@@ -45,14 +46,19 @@ class BudgetChange(StrictModel):
     gangs: LimitChange = Field(
         None, description="Gangs of GPU work allowed disrupted at once; 'none': no such limit; unset: unchanged."
     )
+    topology: TopologyLabels | None = Field(
+        None, description="The node labels that say where a node sits, for the NVLink-domain limit; unset: unchanged."
+    )
     by: str = Field(min_length=1, description="Who changes it.")
     reason: str = Field(min_length=1, description="Why; shown with the budget.")
 
     def limits(self, before: UnitLimits) -> UnitLimits:
         """The limits after this change."""
-        changed = {name: None if value == NO_LIMIT else value
+        changed: dict[str, Any] = {name: None if value == NO_LIMIT else value
                    for name, value in (("nvlink_domains", self.nvlink_domains), ("gangs", self.gangs))
                    if value is not None}  # fmt: skip
+        if self.topology is not None:
+            changed["topology"] = self.topology
         return before.model_copy(update=changed)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from activities.kube.models import NodeAvailability
-from activities.kube.topology import CLIQUE_LABEL, NodePlace, place_of
+from activities.kube.topology import NodePlace, TopologyLabels, place_of
 from activities.models import StrictModel
 from workflows.budget.leases import Lease
 
@@ -21,6 +21,9 @@ class UnitLimits(StrictModel):
 
     nvlink_domains: int | None = Field(None, ge=1, description="NVLink domains with any node out of service at once.")
     gangs: int | None = Field(None, ge=1, description="Gangs of GPU work disrupted at once.")
+    topology: TopologyLabels = Field(
+        default_factory=TopologyLabels, description="The node labels that say where a node sits (its NVLink domain)."
+    )
 
     @property
     def any(self) -> bool:
@@ -69,7 +72,7 @@ class UnitsOut:
         place = place_in(self.avail, lease.node)
         domains = limits.nvlink_domains
         if domains is not None and place.domain not in self.domains and len(self.domains) + 1 > domains:
-            where = (f"has no {CLIQUE_LABEL} label: its own NVLink domain" if place.own_domain
+            where = (f"has no {limits.topology.clique} label: its own NVLink domain" if place.own_domain
                      else f"is in domain {place.domain}")  # fmt: skip
             return (f"waiting: {len(self.domains)} of {domains} allowed NVLink domains have nodes out of service "
                     f"({lease.node} {where})")  # fmt: skip

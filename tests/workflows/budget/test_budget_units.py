@@ -19,6 +19,7 @@ from tests.workflows.budget.test_disruption_budget import budget_state, start_bu
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.rollout.helpers import availability_timeline
 from workflows.budget.disruption_budget import DisruptionBudget, Lease, LeaseRelease, LeaseRequest
+from workflows.budget.units import UnitLimits
 
 DOMAIN_A = "7b968a6d-c8aa-45e1-9e07-e1e51be99c31"
 DOMAIN_B = "0c4e2f1a-1111-4d2b-8d6e-3a9f5c2b7e10"
@@ -73,7 +74,7 @@ async def test_leases_within_the_domain_and_gang_limits_and_what_the_operator_se
     assert dry.returncode == 0 and "(limits none -> 1 NVLink domains, 1 gangs)" in dry.stderr, dry
     done = await budget_cli("set", "lab", *limits)
     assert done.returncode == 0, done
-    assert (await budget_state(entity)).limits.model_dump() == {"nvlink_domains": 1, "gangs": 1}
+    assert (await budget_state(entity)).limits == UnitLimits(nvlink_domains=1, gangs=1)
 
     async def acquire(node: str, holder: str) -> Lease:
         return await entity.execute_update(DisruptionBudget.acquire, LeaseRequest(node=node, holder=holder))
@@ -105,7 +106,7 @@ async def test_leases_within_the_domain_and_gang_limits_and_what_the_operator_se
     cleared = await budget_cli("set", "lab", "--count", "5", "--nvlink-domains", "none", "--by", "sre", "-r", "racks")
     assert cleared.returncode == 0, cleared
     state = await state_where(entity, lambda s: any(lease.node == "node-04" for lease in s.leases), "node-04 leased")
-    assert state.limits.model_dump() == {"nvlink_domains": None, "gangs": 1}
+    assert state.limits == UnitLimits(gangs=1)
     assert [q.node for q in state.queue] == ["node-02"] and "allowed gangs disrupted" in state.queue[0].note
     for node, holder in (("node-01", h1), ("node-03", h4)):
         await entity.execute_update(DisruptionBudget.release, LeaseRelease(node=node, holder=holder))

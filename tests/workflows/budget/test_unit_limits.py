@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from activities.kube.gang_reads import gang_disruptions
 from activities.kube.models import NodeAvailability
-from activities.kube.topology import Gang, place_of
+from activities.kube.topology import Gang, TopologyLabels, place_of
 from tests.workflows.budget.test_lease_book import NODES, T0, ask
 from workflows.budget.book import BudgetBook
 from workflows.budget.budget import Budget
@@ -120,6 +120,16 @@ def test_an_operator_sets_and_clears_each_limit_on_its_own():
     assert limits == UnitLimits(nvlink_domains=2, gangs=3)
     assert BudgetChange.model_validate({**change, "gangs": "none"}).limits(limits) == UnitLimits(nvlink_domains=2)
     assert BudgetChange.model_validate(change).limits(limits) == limits
+    keys = {"clique": "example.com/nvlink-domain", "rack": "example.com/rack", "block": "example.com/block"}
+    assert BudgetChange.model_validate({**change, "topology": keys}).limits(limits).topology.clique == keys["clique"]
+
+
+def test_the_label_keys_are_the_operators():
+    keys = TopologyLabels(clique="example.com/nvlink-domain")
+    book = BudgetBook(budget=Budget(count=10), limits=UnitLimits(nvlink_domains=1, topology=keys))
+    ask(book, "node-01", "node-10")
+    grant(book, placed())
+    assert book.queue[0].note.endswith("(node-10 has no example.com/nvlink-domain label: its own NVLink domain)")
 
 
 @given(
