@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from activities.kube.gang_reads import POD_GROUPS, gangs_of_pods
 from activities.kube.models import (
     CORDON_REASON,
     CORDONED_BY,
@@ -21,7 +22,6 @@ from activities.kube.models import (
     ROLLOUT_ANNOTATION,
     ROLLOUT_STATE_LABEL,
 )
-from activities.kube.gang_reads import POD_GROUPS, gangs_of_pods
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.kube.topology import Gang, NodePlace, TopologyLabels, place_of
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
