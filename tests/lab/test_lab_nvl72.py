@@ -5,6 +5,7 @@ the restart once the nodes are back, and PodGroups read across namespaces by kub
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -18,7 +19,13 @@ from kubernetes import client
 
 from activities.kube.connector import ClusterConnector
 from activities.kube.gang_reads import GangActivities
-from activities.kube.topology import CLIQUE_LABEL, TOPOGRAPH_ACCELERATOR_LABEL, TOPOGRAPH_BLOCK_LABEL, GangRequest, place_of
+from activities.kube.topology import (
+    CLIQUE_LABEL,
+    TOPOGRAPH_ACCELERATOR_LABEL,
+    TOPOGRAPH_BLOCK_LABEL,
+    GangRequest,
+    place_of,
+)
 from lab.k8s.admin import kubeconfig
 from lab.nvl72 import (
     GPU_PRODUCT,
@@ -32,11 +39,6 @@ from tests.lab.labtest_helpers import wait_for
 
 PG = ("scheduling.run.ai", "v2alpha2", "podgroups")
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\.[12]$")
-
-
-@pytest.fixture
-def custom(api_client) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api_client)
 
 
 def job_pods(core: client.CoreV1Api, job: str) -> list:
@@ -59,16 +61,20 @@ def cordon(core: client.CoreV1Api, node: str, off: bool = True) -> None:
     core.patch_node(node, {"spec": {"unschedulable": off}})
 
 
-def create(lab, api_client, objs: list[dict]) -> None:
+def create(api_client, objs: list[dict]) -> None:
     """Create through the API, as a user's `kubectl create` does (the Job gets the API server's defaults)."""
-    batch, custom = client.BatchV1Api(api_client), client.CustomObjectsApi(api_client)
+    dynamic = client.CustomObjectsApi(api_client)
     for o in objs:
-        body = {k: v for k, v in o.items()}
-        body["metadata"] = {k: v for k, v in o["metadata"].items() if k not in ("uid", "creationTimestamp", "ownerReferences")}
-        if o["kind"] == "Job":
-            batch.create_namespaced_job(TRAINING_NAMESPACE, body)
-        else:
-            custom.create_namespaced_custom_object(*PG[:2], TRAINING_NAMESPACE, PG[2], body)
+        md = {k: v for k, v in o["metadata"].items() if k not in ("uid", "creationTimestamp", "ownerReferences")}
+        group, version = o["apiVersion"].split("/")
+        plural = "jobs" if o["kind"] == "Job" else PG[2]
+        dynamic.create_namespaced_custom_object(group, version, TRAINING_NAMESPACE, plural, {**o, "metadata": md})
+
+
+def only_pod_group(api_client) -> dict:
+    found = client.CustomObjectsApi(api_client).list_namespaced_custom_object(*PG[:2], TRAINING_NAMESPACE, PG[2])
+    assert isinstance(found, dict)
+    return found["items"][0]
 
 
 def test_the_fleet_is_racks_of_18_trays_with_clique_and_topograph_labels_and_provider_names(lab, core):
@@ -92,7 +98,7 @@ def test_the_fleet_is_racks_of_18_trays_with_clique_and_topograph_labels_and_pro
     assert sorted(len(cs) for cs in cliques.values()) == [1, 1, 1, 2]  # one rack split in two cliques
     rack_of = {node: rack for rack, names in racks.items() for node in names}
     in_name_order = [rack_of[n] for n in sorted(rack_of)]
-    assert sum(a != b for a, b in zip(in_name_order, in_name_order[1:])) > 20  # names do not follow racks
+    assert sum(a != b for a, b in itertools.pairwise(in_name_order)) > 20  # names do not follow racks
     again = Nvl72Fleet(racks=4, seed=3, split_racks=1).node_labels()
     assert again == {n.metadata.name: {k: n.metadata.labels[k] for k in again[n.metadata.name]} for n in nodes}
 
@@ -113,7 +119,7 @@ def test_a_gang_is_bound_all_or_none(lab, core, api_client):
     lab.seed(Nvl72Fleet(racks=1, seed=2).to_objects())
     nodes = sorted(n.metadata.name for n in core.list_node().items)
     cordon(core, nodes[5])
-    create(lab, api_client, training_job("whole-rack", 18))
+    create(api_client, training_job("whole-rack", 18))
     wait_for(lambda: len(job_pods(core, "whole-rack")) == 18, what="18 pods created")
 
     def unschedulable() -> bool:
@@ -123,40 +129,41 @@ def test_a_gang_is_bound_all_or_none(lab, core, api_client):
 
     wait_for(unschedulable, what="every pod Unschedulable")
     assert all(p.spec.node_name is None for p in job_pods(core, "whole-rack"))  # not 17 of them
-    pg = client.CustomObjectsApi(api_client).list_namespaced_custom_object(*PG[:2], TRAINING_NAMESPACE, PG[2])["items"][0]
-    assert pg["status"]["schedulingConditions"][0]["type"] == "UnschedulableOnNodePool"
+    assert only_pod_group(api_client)["status"]["schedulingConditions"][0]["type"] == "UnschedulableOnNodePool"
     cordon(core, nodes[5], off=False)
     placed = wait_for(lambda: (r := running_on(core, "whole-rack")) and len(r) == 18 and r, what="the gang running")
     assert sorted(placed.values()) == nodes
-    pg = client.CustomObjectsApi(api_client).list_namespaced_custom_object(*PG[:2], TRAINING_NAMESPACE, PG[2])["items"][0]
-    assert "schedulingConditions" not in pg.get("status", {})
+    assert "schedulingConditions" not in only_pod_group(api_client).get("status", {})
 
 
 def test_two_half_rack_gangs_share_a_domain_and_a_third_waits(lab, core, api_client):
     lab.seed(Nvl72Fleet(racks=2, seed=4).to_objects())
-    create(lab, api_client, training_job("big", 18))
+    create(api_client, training_job("big", 18))
     wait_for(lambda: len(running_on(core, "big")) == 18, what="the 18-pod gang running")
     for name in ("half-a", "half-b"):
-        create(lab, api_client, training_job(name, 9))
+        create(api_client, training_job(name, 9))
     a = wait_for(lambda: (r := running_on(core, "half-a")) and len(r) == 9 and r, what="half-a running")
     b = wait_for(lambda: (r := running_on(core, "half-b")) and len(r) == 9 and r, what="half-b running")
     racks = {n.metadata.name: n.metadata.labels[TOPOGRAPH_ACCELERATOR_LABEL] for n in core.list_node().items}
     big = {racks[n] for n in running_on(core, "big").values()}
     assert {racks[n] for n in a.values()} == {racks[n] for n in b.values()} != big  # packed into the other rack
-    create(lab, api_client, training_job("late", 1))
+    create(api_client, training_job("late", 1))
     wait_for(lambda: job_pods(core, "late"), what="its pod")
     with pytest.raises(AssertionError):
         wait_for(lambda: running_on(core, "late"), timeout=1.0, what="no room")
 
 
-def test_a_drained_pod_takes_the_gang_down_once_and_it_comes_back_on_its_nodes(lab, core, custom):
+def test_a_drained_pod_takes_the_gang_down_once_and_it_comes_back_on_its_nodes(lab, core):
     job, pod_group = training_job("llm", 18)
     fleet = Nvl72Fleet(racks=1, seed=5)
     nodes = next(iter(fleet.layout().values()))
     lab.seed([*fleet.to_objects(), job, pod_group, *running_pods(job, nodes)])
     lab.configure(kaiStalenessGraceSeconds=1.0)
     group = f"{TRAINING_NAMESPACE}/{pod_group['metadata']['name']}"
-    interruptions = lambda: lab.http.get("/_lab/gangs").json()["interruptions"]  # noqa: E731
+
+    def interruptions() -> dict[str, int]:
+        return lab.http.get("/_lab/gangs").json()["interruptions"]
+
     wait_for(lambda: interruptions() == {group: 0}, what="the seeded gang whole")
     start = len(lab.audit())
 
