@@ -127,7 +127,10 @@ class Jobs(Controller):
         if verdict is None:
             if deadline is not None:
                 store.schedule_at(started + float(deadline), ok)
-            for index in self._to_create(spec, active, done, succeeded):
+            # podReplacementPolicy Failed: a terminating pod is replaced only once it is gone
+            replacing = [p for p in pods if p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase")
+                         not in ("Succeeded", "Failed")] if spec.get("podReplacementPolicy") == "Failed" else []  # fmt: skip
+            for index in self._to_create(spec, active + replacing, done, succeeded):
                 self._create_job_pod(job, index)
                 created += 1
         else:
