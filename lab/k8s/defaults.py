@@ -98,7 +98,7 @@ def default_job(job: dict) -> None:
     spec.setdefault("parallelism", 1)
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
-    spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed")
+    spec.setdefault("podReplacementPolicy", "TerminatingOrFailed")
     if not spec.get("manualSelector"):
         spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
         tmd = spec.setdefault("template", {}).setdefault("metadata", {})
