@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from activities.kube.topology import (
     place_of,
 )
 from lab.k8s.admin import kubeconfig
+from lab.k8s.controllers.kai import SCHEDULE_PERIOD_SECONDS
 from lab.nvl72 import (
     GPU_PRODUCT,
     TRAINING_NAMESPACE,
@@ -158,7 +160,7 @@ def test_a_drained_pod_takes_the_gang_down_once_and_it_comes_back_on_its_nodes(l
     fleet = Nvl72Fleet(racks=1, seed=5)
     nodes = next(iter(fleet.layout().values()))
     lab.seed([*fleet.to_objects(), job, pod_group, *running_pods(job, nodes)])
-    lab.configure(kaiStalenessGraceSeconds=1.0)
+    lab.configure(kaiStalenessGraceSeconds=0.3)  # shorter than KAI's scheduling cycle: both timers on one PodGroup
     group = f"{TRAINING_NAMESPACE}/{pod_group['metadata']['name']}"
 
     def interruptions() -> dict[str, int]:
@@ -181,6 +183,7 @@ def test_a_drained_pod_takes_the_gang_down_once_and_it_comes_back_on_its_nodes(l
     replacements = wait_for(lambda: (ps := job_pods(core, "llm")) and len(ps) == 18
                             and all(not p.metadata.deletion_timestamp for p in ps) and ps, what="18 new pods")  # fmt: skip
     assert all(p.spec.node_name is None for p in replacements)  # its node is cordoned: none of them bound
+    time.sleep(2 * SCHEDULE_PERIOD_SECONDS)  # the node stays out a while: nothing but KAI's own cycle retries
     cordon(core, nodes[3], off=False)
     back = wait_for(lambda: (r := running_on(core, "llm")) and len(r) == 18 and r, timeout=15, what="the gang back")
     assert back == dict(enumerate(nodes))  # each index back on its tray

@@ -11,7 +11,7 @@ from ..util import clone, now_rfc3339
 from .base import Controller
 from .jobs import completion_index
 from .pods import is_active
-from .scheduler import SCHEDULE_RETRY_SECONDS, node_takes
+from .scheduler import node_takes
 
 
 class KaiQueues(Controller):
@@ -40,6 +40,9 @@ class KaiQueues(Controller):
                     self._cond(old, "Orphan", True, "ParentQueueNotFound", f"parent queue {parent} does not exist")
                 ]
             self._status_put(rt, q, st, "kai-scheduler")
+
+
+SCHEDULE_PERIOD_SECONDS = 1.0  # KAI's scheduling cycle (--schedule-period): a gang that cannot be bound waits this
 
 
 class KaiGangs(Controller):
@@ -115,14 +118,16 @@ class KaiGangs(Controller):
         else:
             side.pop("stale_since", None)
         pending = [p for p in pods if not p["spec"].get("nodeName") and is_active(p)]
-        if pending and now >= side.get("retry_at", 0.0):
+        if not pending:
+            self._scheduling_condition(rt, pg, None)
+        elif now < side.get("retry_at", 0.0):
+            store.schedule_at(side["retry_at"], key)  # the store keeps one timer per object: the earliest
+        else:
             why = self._schedule(pg, side, allocated, pending, min_member)
             if why is not None:
-                side["retry_at"] = now + SCHEDULE_RETRY_SECONDS
+                side["retry_at"] = now + SCHEDULE_PERIOD_SECONDS
                 store.schedule_at(side["retry_at"], key)
             self._scheduling_condition(rt, pg, why)
-        elif not pending:
-            self._scheduling_condition(rt, pg, None)
 
     def _schedule(
         self, pg: dict, side: dict, allocated: list[dict], pending: list[dict], min_member: int
