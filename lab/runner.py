@@ -8,6 +8,9 @@ ones left out with ``--without NAME,...``:
 - ``kubernetes``: the Kubernetes emulator (`python -m lab.k8s`) as the management cluster: the fleet's nodes and
   workloads, and the Cluster API, Metal3, KAI, Kyverno and vCluster kinds (lab/k8s/crds.py), its objects kept in
   the state dir;
+- ``nvl72``: a second Kubernetes emulator beside it, a small GB200 NVL72 cluster (lab/nvl72.py: 4 racks of 18
+  trays with clique and Topograph labels, training gangs on every tray as KAI PodGroups), context ``nvl72`` in the
+  lab's kubeconfig, its objects kept in the state dir;
 - ``bmcs``: the BMCs of the fleet's GPU nodes (`python -m lab.redfish`: one Redfish service per node, named like
   the node, powered On), answering HTTPS with a certificate of the lab CA (lab/tls.py, in ``<state-dir>/tls``;
   ``--bmc-http`` or the fleet's ``"bmc": {"https": false}``: plain HTTP), credentials generated per `lab up` into
@@ -80,9 +83,13 @@ WORKER_GRACE_SECONDS = 10
 # The lab cluster's disruption budget, declared by the lab as its operator: two nodes at once, what the examples'
 # rollout asks for itself (docs/disruption-budget.md: the operator's 10% default would allow one).
 LAB_BUDGET_NODES = 2
+NVL72_CLUSTER = "nvl72"  # the NVL72 cluster's kubeconfig context
+NVL72_RACKS = 4
+NVL72_SEED = 4  # a mix: two racks shared by two half-rack jobs each, and a job of two domains
 SERVICES = {
     "temporal": "Temporal dev server and Web UI",
     "kubernetes": "Kubernetes emulator (management cluster)",
+    "nvl72": "Kubernetes emulator (NVL72 cluster)",
     "bmcs": "Redfish BMCs of the GPU nodes",
     "hosts": "host agents of the powered-on servers",
     "ufm": "UFM emulator (InfiniBand fabric)",
@@ -92,15 +99,15 @@ SERVICES = {
     "worker": "Millwright worker",
 }
 # `--without` names, with what goes along
-OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "prometheus": (), "bmcs": ("hosts",)}
+OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "prometheus": (), "nvl72": (), "bmcs": ("hosts",)}
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
 MARKERS = {
-    "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "worker": "worker",
+    "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "nvl72": "lab.k8s", "worker": "worker",
     "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres", "netbox-migrate": "migrate",
     "bmcs": "lab.redfish", "hosts": "lab.hosts", "ufm": "lab.ufm", "webhook": "lab.webhook",
     "prometheus": "lab.prometheus",
 }  # fmt: skip
-STOP_ORDER = ["worker", "hosts", "kubernetes", "bmcs", "ufm", "webhook", "prometheus", "temporal", "netbox-migrate",
+STOP_ORDER = ["worker", "hosts", "kubernetes", "nvl72", "bmcs", "ufm", "webhook", "prometheus", "temporal", "netbox-migrate",
               "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
 
 
@@ -302,6 +309,25 @@ class Lab:
             ["--host", LOOPBACK, "--port", "0", "--state-file", str(self.state_dir / "k8s-state.json")],
         )
 
+    async def start_nvl72(self) -> str:
+        """The NVL72 cluster's emulator, seeded when fresh with `NVL72_RACKS` racks and their training gangs."""
+        from lab.k8s.admin import EmulatorAdmin
+        from lab.nvl72 import nvl72_objects
+
+        self.service("nvl72", "starting")
+        state = self.state_dir / "nvl72-state.json"
+        fresh = not state.exists()
+        url = await self.start_server("nvl72", "lab.k8s", self.state_dir / "nvl72.ready.json",
+                                      ["--host", LOOPBACK, "--port", "0", "--state-file", str(state)])  # fmt: skip
+        made = nvl72_objects(NVL72_RACKS, NVL72_SEED, cluster=NVL72_CLUSTER, split_racks=1)
+        if fresh:
+            async with EmulatorAdmin(url) as admin:
+                await admin.seed(made.objects)
+        what = f"{NVL72_RACKS} GB200 NVL72 racks, {len(made.racks)} trays, {len(made.jobs)} training gangs under KAI"
+        self.info["nvl72"] = {"url": url, "cluster": NVL72_CLUSTER, "state": str(state.resolve()), "holds": what}
+        self.service("nvl72", "ready", f"cluster {NVL72_CLUSTER!r}: {what}", url=url)
+        return url
+
     def lab_ca(self) -> Any:
         from lab.tls import LabCa
 
@@ -439,14 +465,20 @@ class Lab:
         if kinds:
             say(f"installed {len(kinds)} kinds in the management cluster (Cluster API, Metal3, KAI, Kyverno, vCluster)")
 
-    def write_kubeconfig(self, url: str, cluster: str) -> Path:
+    def write_kubeconfig(self, url: str, cluster: str, more: dict[str, str]) -> Path:
+        """The management cluster's context (the current one) and one per cluster of `more` (name -> URL)."""
         import yaml
 
         from lab.k8s.admin import kubeconfig
 
+        doc = kubeconfig(url, cluster)
+        for name, other in more.items():
+            extra = kubeconfig(other, name)
+            for key in ("clusters", "users", "contexts"):
+                doc[key] += extra[key]
         path = self.state_dir / "kubeconfig"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(kubeconfig(url, cluster), sort_keys=False))
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
         return path
@@ -706,7 +738,8 @@ class Lab:
         self.service("kubernetes", "starting")
         k8s_url = await self.start_kubernetes()
         await self.seed_kubernetes(k8s_url, fresh_k8s, fleet)
-        kubeconfig = self.write_kubeconfig(k8s_url, fleet.cluster)
+        more = {NVL72_CLUSTER: await self.start_nvl72()} if "nvl72" not in self.without else {}
+        kubeconfig = self.write_kubeconfig(k8s_url, fleet.cluster, more)
         self.info["kubernetes"] = {"url": k8s_url, "cluster": fleet.cluster,
                                    "state": str((self.state_dir / "k8s-state.json").resolve())}  # fmt: skip
         self.info["kubeconfig"] = str(kubeconfig.resolve())
@@ -790,6 +823,12 @@ class Lab:
         line("Temporal UI", server.ui_url)
         line("Temporal", f"{server.address} (namespace default, task queue {self.task_queue})")
         line("Kubernetes", f"{self.info['kubernetes']['url']} (cluster {self.info['kubernetes']['cluster']!r})")
+        if self.info.get("nvl72"):
+            nvl72 = self.info["nvl72"]
+            line(
+                "NVL72",
+                f"{nvl72['url']} (cluster {NVL72_CLUSTER!r}: {nvl72['holds']}; kubectl --context {NVL72_CLUSTER})",
+            )
         line("kubeconfig", str(kubeconfig.resolve()))
         line("worker", f"metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/")
         if self.info.get("bmc"):

@@ -52,6 +52,10 @@ class EmulatorAdmin(AdminClient):
         node at that moment (lab/k8s/mig.py `config_changes`)."""
         return mig.config_changes(await self.audit(since, writes=True))
 
+    async def gang_interruptions(self) -> dict[str, int]:
+        """KAI PodGroup (`namespace/name`) -> how often it went from whole (minMember pods running) to below it."""
+        return (await self._req("GET", "/_lab/gangs"))["interruptions"]
+
     async def requests(self) -> list[dict]:
         """Every kind of request this emulator process served, resets included (lab/k8s/evidence.py)."""
         return (await self._req("GET", "/_lab/audit/requests"))["requests"]

@@ -3,7 +3,10 @@ webhooks make.
 
 * ``CAPI_CRDS``: Cluster API v1beta2 (core, kubeadm control plane and bootstrap) and Metal3 infrastructure,
   as a management cluster with `clusterctl init --infrastructure metal3` has them.
-* ``TENANCY_CRDS``: KAI Scheduler `Queue` (scheduling.run.ai/v2, cluster-scoped), Kyverno
+* ``KAI_CRDS``: KAI Scheduler's `Queue` (scheduling.run.ai/v2, cluster-scoped), `PodGroup` (scheduling.run.ai/v2alpha2,
+  namespaced, short name `pg`: a gang, lab/k8s/controllers/kai.py) and `Topology` (kai.scheduler/v1alpha1,
+  cluster-scoped), as KAI's chart installs them.
+* ``TENANCY_CRDS``: KAI Scheduler `Queue`, Kyverno
   `ClusterPolicy`/`Policy` (kyverno.io/v1) and the Cluster API vCluster provider's `VCluster`
   (infrastructure.cluster.x-k8s.io/v1alpha1), as a workload cluster's add-ons install them.
 
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from .store import Store
 
 QUEUES = ("scheduling.run.ai", "queues")
+POD_GROUPS = ("scheduling.run.ai", "podgroups")
 VCLUSTERS = ("infrastructure.cluster.x-k8s.io", "vclusters")
 CLUSTERS = ("cluster.x-k8s.io", "clusters")
 MACHINES = ("cluster.x-k8s.io", "machines")
@@ -201,8 +205,15 @@ CAPI_CRDS: list[dict] = [
     crd("infrastructure.cluster.x-k8s.io", "Metal3MachineTemplate", ["v1beta1"]),
 ]
 
+QUEUE_CRD = crd("scheduling.run.ai", "Queue", ["v2"], namespaced=False)
+KAI_CRDS: list[dict] = [
+    QUEUE_CRD,
+    crd("scheduling.run.ai", "PodGroup", ["v2alpha2"], short_names=["pg"]),
+    crd("kai.scheduler", "Topology", ["v1alpha1"], namespaced=False, plural="topologies"),
+]
+
 TENANCY_CRDS: list[dict] = [
-    crd("scheduling.run.ai", "Queue", ["v2"], namespaced=False),
+    QUEUE_CRD,
     crd("kyverno.io", "ClusterPolicy", ["v1"], namespaced=False, plural="clusterpolicies", short_names=["cpol"]),
     crd("kyverno.io", "Policy", ["v1"], plural="policies", short_names=["pol"]),
     crd("infrastructure.cluster.x-k8s.io", "VCluster", ["v1alpha1"]),

@@ -1,5 +1,5 @@
 """The emulator's own ``/_lab`` admin API (the client is lab/k8s/admin.py): reset, seed, dump, config, what
-mig-manager does per node (``/_lab/mig``), and the faults and audit log of lab/faults.py."""
+mig-manager does per node (``/_lab/mig``), the KAI gangs' interruptions (``/_lab/gangs``), and the faults and audit log of lab/faults.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from aiohttp import web
 from lab import faults
 
 from . import dcgm, evidence, mig
+from .crds import POD_GROUPS
 from .seed import seed_objects
 from .store import NODES, PDBS, Store, default_jobs_config
 from .util import ApiError, clone, err_resp, jresp
@@ -82,6 +83,9 @@ async def _route(store: Store, request: web.Request) -> web.Response:  # noqa: C
                 store.kick.set()
         async with store.lock:
             return jresp(mig_view(store))
+    if path == "/_lab/gangs" and m == "GET":
+        async with store.lock:
+            return jresp({"interruptions": gang_interruptions(store)})
     if path == "/_lab/audit/requests" and m == "GET":  # lab/k8s/evidence.py: every request kind, ever
         return jresp(evidence.snapshot(f"{request.scheme}://{request.host}"))
     if path == "/_lab/healthz":
@@ -161,6 +165,16 @@ def mig_view(store: Store) -> dict:
     cfg = store.config
     return {"strategy": cfg["migStrategy"], "pendingSeconds": cfg["migPendingSeconds"], "reboot": cfg["migReboot"],
             "dra": cfg["migDra"], "overrides": cfg["migNodes"], "nodes": nodes}  # fmt: skip
+
+
+def gang_interruptions(store: Store) -> dict[str, int]:
+    """`GET /_lab/gangs`: per KAI PodGroup (`namespace/name`), how often it went from whole to below its minMember
+    (lab/k8s/controllers/kai.py `KaiGangs`)."""
+    if store.registry.types.get(POD_GROUPS) is None:
+        return {}
+    return {f"{pg['metadata']['namespace']}/{pg['metadata']['name']}":
+            store.side.get(pg["metadata"].get("uid", ""), {}).get("interruptions", 0)
+            for pg in store.all(POD_GROUPS)}  # fmt: skip
 
 
 def dump_objects(store: Store) -> list[dict]:

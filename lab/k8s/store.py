@@ -76,6 +76,9 @@ def default_config() -> dict:
         "migReboot": False,
         "migNodes": {},
         "migDra": False,
+        # lab/k8s/controllers/kai.py: how long a KAI gang may stay below its minMember before the rest of it is
+        # evicted (KAI's --default-staleness-grace-period; negative: never)
+        "kaiStalenessGraceSeconds": 60.0,
     }
 
 

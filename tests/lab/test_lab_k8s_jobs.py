@@ -106,6 +106,24 @@ def test_job_runs_one_pod_on_its_node_and_completes(jobs_lab, batch, core):
     assert core.list_pod_for_all_namespaces(field_selector="spec.nodeName=n2").items == []
 
 
+def test_an_indexed_job_runs_one_pod_per_index_at_once_and_completes(jobs_lab, batch, core):
+    spec = job("ix", pin="selector")
+    spec["spec"].update(completionMode="Indexed", completions=3, parallelism=3, backoffLimit=0)
+    batch.create_namespaced_job(NS, spec)
+    running = wait_for(lambda: len(ps := pods_of(core, "ix")) == 3 and ps, timeout=10, what="three pods at once")
+    by_index = {int(p.metadata.annotations["batch.kubernetes.io/job-completion-index"]): p for p in running}
+    assert sorted(by_index) == [0, 1, 2]
+    for i, pod in by_index.items():
+        assert re.fullmatch(rf"ix-{i}-[a-z0-9]{{5}}", pod.metadata.name)
+        assert pod.metadata.labels["batch.kubernetes.io/job-completion-index"] == str(i)
+        assert pod.spec.hostname == f"ix-{i}"
+        (env,) = pod.spec.containers[0].env
+        assert env.name == "JOB_COMPLETION_INDEX"
+    j = wait_for(finished(batch, "ix"), timeout=10, what="job ix finished")
+    assert j.status.succeeded == 3 and {c.type for c in j.status.conditions} == {"SuccessCriteriaMet", "Complete"}
+    assert len(pods_of(core, "ix")) == 3  # no index ran twice
+
+
 def test_node_selector_hostname_pins_the_pod(jobs_lab, batch, core):
     batch.create_namespaced_job(NS, job("js", "n2", pin="selector"))
     wait_for(finished(batch, "js"), timeout=10, what="job finished")

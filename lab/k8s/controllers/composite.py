@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .clusterapi import ClusterApi, WorkloadEmulator
 from .garbage import GarbageCollector
 from .jobs import Jobs
-from .kai import KaiQueues
+from .kai import KaiGangs, KaiQueues
 from .kubelet import Kubelet
 from .migmanager import MigManager
 from .namespaces import NamespaceLifecycle
@@ -46,6 +46,7 @@ class Controllers:
             ReplicaSets(api),
             Scheduler(api),
             Jobs(api),
+            KaiGangs(api),
             self.reboots,
             MigManager(api),
             Kubelet(api),

@@ -1,5 +1,6 @@
-"""The Job controller (batch/v1) and TTL-after-finished: one pod at a time, outcomes counted against
-`backoffLimit` and `activeDeadlineSeconds`, the Job's status and conditions, expiry after the TTL."""
+"""The Job controller (batch/v1) and TTL-after-finished: up to `parallelism` pods (one at a time for the stage Jobs;
+an Indexed Job one per completion index still to do), outcomes counted against `backoffLimit` and
+`activeDeadlineSeconds`, the Job's status and conditions, expiry after the TTL."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ from ..store import JOBS, PODS, is_pod_ready
 from ..util import clone, now_rfc3339, random_suffix, with_status
 from .base import Controller
 from .pods import is_active, terminate
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label and annotation of an Indexed Job's pod
+
+
+def completion_index(pod: dict) -> int | None:
+    try:
+        return int((pod["metadata"].get("annotations") or {})[COMPLETION_INDEX])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def parse_ts(ts: str | None) -> float | None:
@@ -44,8 +54,8 @@ class Jobs(Controller):
         }
 
     def sync(self, ok: tuple, job: dict, now: float) -> None:  # noqa: C901 (one reconcile pass over a Job's pods, as the Job controller makes it)
-        """One Job, one pod at a time (parallelism/completions 1, as NodeWright's Jobs): create the pod,
-        count outcomes against backoffLimit and activeDeadlineSeconds, write the status, expire after the TTL."""
+        """One Job: create its missing pods (`_to_create`), count outcomes against backoffLimit and
+        activeDeadlineSeconds, write the status, expire after the TTL."""
         store, api = self.store, self.api
         jrt, prt = store.registry.types[JOBS], self.pod_rt()
         md, spec = job["metadata"], job.get("spec") or {}
@@ -87,7 +97,9 @@ class Jobs(Controller):
         tmpl_spec = (spec.get("template") or {}).get("spec") or {}
         on_failure = tmpl_spec.get("restartPolicy") == "OnFailure"
         active = [p for p in pods if is_active(p)]
-        succeeded = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded")
+        indexed = spec.get("completionMode") == "Indexed"
+        done = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
+        succeeded = len({completion_index(p) for p in done}) if indexed else len(done)
         failed = max(
             int(old_status.get("failed") or 0), sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Failed")
         )
@@ -115,9 +127,12 @@ class Jobs(Controller):
         if verdict is None:
             if deadline is not None:
                 store.schedule_at(started + float(deadline), ok)
-            if not active:
-                self._create_job_pod(job)
-                created = 1
+            # podReplacementPolicy Failed: a terminating pod is replaced only once it is gone
+            replacing = [p for p in pods if p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase")
+                         not in ("Succeeded", "Failed")] if spec.get("podReplacementPolicy") == "Failed" else []  # fmt: skip
+            for index in self._to_create(spec, active + replacing, done, succeeded):
+                self._create_job_pod(job, index)
+                created += 1
         else:
             kind, target, reason, message = verdict
             for p in active:
@@ -149,7 +164,20 @@ class Jobs(Controller):
         if status != old_status:
             store.put(jrt, with_status(job, status), actor="job-controller", verb="update", subresource="status")
 
-    def _create_job_pod(self, job: dict) -> None:
+    @staticmethod
+    def _to_create(spec: dict, active: list[dict], done: list[dict], succeeded: int) -> list[int | None]:
+        """The pods to create now: up to `parallelism` active; an Indexed Job's are the lowest completion indexes
+        neither done nor running (as the Job controller's `firstPendingIndexes`), a NonIndexed Job's unnumbered."""
+        room = min(int(spec.get("parallelism", 1)), int(spec.get("completions") or 1) - succeeded) - len(active)
+        if room <= 0:
+            return []
+        if spec.get("completionMode") != "Indexed":
+            return [None] * room
+        taken = {completion_index(p) for p in active + done}
+        pending: list[int | None] = [i for i in range(int(spec.get("completions") or 1)) if i not in taken]
+        return pending[:room]
+
+    def _create_job_pod(self, job: dict, index: int | None) -> None:
         store, rt = self.store, self.pod_rt()
         md = job["metadata"]
         tmpl = clone((job.get("spec") or {}).get("template") or {})
@@ -158,10 +186,12 @@ class Jobs(Controller):
         node = spec.get("nodeName") or (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
         if node:
             spec["nodeName"] = node
+        prefix = f"{md['name']}-" if index is None else f"{md['name']}-{index}-"
         for _ in range(10):
-            name = f"{md['name']}-{random_suffix()}"
+            name = f"{prefix}{random_suffix()}"
             if store.get(rt, md["namespace"], name) is None:
                 break
+        annotations = dict(tmd.get("annotations") or {})
         labels = {
             **(tmd.get("labels") or {}),
             "batch.kubernetes.io/controller-uid": md["uid"],
@@ -169,12 +199,18 @@ class Jobs(Controller):
             "controller-uid": md["uid"],
             "job-name": md["name"],
         }
+        if index is not None:  # what the Job controller gives each pod of an Indexed Job
+            labels[COMPLETION_INDEX] = annotations[COMPLETION_INDEX] = str(index)
+            spec.setdefault("hostname", f"{md['name']}-{index}")
+            ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+            for c in spec.get("containers") or []:
+                c["env"] = [*(c.get("env") or []), {"name": "JOB_COMPLETION_INDEX", "valueFrom": ref}]
         pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": name,
-                "generateName": f"{md['name']}-",
+                "generateName": prefix,
                 "namespace": md["namespace"],
                 "labels": labels,
                 "ownerReferences": [
@@ -190,8 +226,8 @@ class Jobs(Controller):
             },
             "spec": spec,
         }
-        if tmd.get("annotations"):
-            pod["metadata"]["annotations"] = dict(tmd["annotations"])
+        if annotations:
+            pod["metadata"]["annotations"] = annotations
         prepare_create(rt, pod)
         if node:
             pod["status"]["conditions"] = [

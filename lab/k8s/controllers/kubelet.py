@@ -13,6 +13,9 @@ from .pods import failing_container, set_ready, terminate
 from .reboots import start_reboot
 
 FINISH_ANNOTATION = "lab.millwright.dev/finish-after-seconds"
+# A Job's pod so annotated runs until it is deleted (or `FINISH_ANNOTATION` says), as a training job's worker does
+# (lab/nvl72.py), instead of to the outcome the job rules give a stage Job's pod.
+LONG_RUNNING_ANNOTATION = "lab.millwright.dev/long-running"
 
 # Job labels the rollout activities set; job outcome rules match on them.
 JOB_NODE_LABEL = "millwright.dev/node"
@@ -116,7 +119,7 @@ class Kubelet(Controller):
             return
         if phase == "Running":
             ref = controller_ref(pod)
-            if ref and ref.get("kind") == "Job":
+            if ref and ref.get("kind") == "Job" and LONG_RUNNING_ANNOTATION not in (md.get("annotations") or {}):
                 self._run_job_pod(ok, pod, side, now)
                 return
             ann = (md.get("annotations") or {}).get(FINISH_ANNOTATION)

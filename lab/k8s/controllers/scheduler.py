@@ -4,7 +4,7 @@ node selector, tolerations and GPU requests (whole GPUs or MIG devices); an unsc
 from __future__ import annotations
 
 from ..mig import gpu_resources
-from ..store import NODES, PODS, controller_ref, node_ready
+from ..store import NODES, PODS, Store, controller_ref, node_ready
 from ..util import clone, now_rfc3339
 from .base import Controller
 from .pods import is_active
@@ -40,34 +40,38 @@ def _fits(need: dict[str, float], running: list[dict], allocatable: dict) -> boo
     return True
 
 
+def active_on(store: Store, node: str) -> list[dict]:
+    """The pods bound to `node` that still hold its resources."""
+    pods = store.objects.get(PODS, {})
+    return [p for k in store.pods_by_node.get(node, ()) if (p := pods.get(k)) is not None and is_active(p)]
+
+
+def node_takes(node: dict, pod: dict, running: list[dict]) -> bool:
+    """Whether `pod` may be bound to `node`: Ready, schedulable and staying, its node selector matched, its
+    NoSchedule and NoExecute taints tolerated, and its GPU requests free beside the `running` pods."""
+    md, nspec = node["metadata"], node.get("spec") or {}
+    spec = pod.get("spec") or {}
+    if not node_ready(node) or nspec.get("unschedulable") or md.get("deletionTimestamp"):
+        return False
+    labels = md.get("labels") or {}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    if any(
+        t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
+        for t in nspec.get("taints") or []
+    ):
+        return False
+    need = gpu_resources(pod)
+    return not need or _fits(need, running, (node.get("status") or {}).get("allocatable") or {})
+
+
 class Scheduler(Controller):
     def pick_node(self, pod: dict) -> str | None:
-        store = self.store
-        spec = pod.get("spec") or {}
-        sel = spec.get("nodeSelector") or {}
-        need = gpu_resources(pod)
-        pods = store.objects.get(PODS, {})
-
-        def on_node(name: str) -> list[dict]:
-            return [p for k in store.pods_by_node.get(name, ()) if (p := pods.get(k)) is not None and is_active(p)]
-
         candidates = []
-        for node in store.all(NODES):
-            md, nspec = node["metadata"], node.get("spec") or {}
-            if not node_ready(node) or nspec.get("unschedulable") or md.get("deletionTimestamp"):
-                continue
-            labels = md.get("labels") or {}
-            if any(labels.get(k) != v for k, v in sel.items()):
-                continue
-            if any(
-                t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
-                for t in nspec.get("taints") or []
-            ):
-                continue
-            running = on_node(md["name"])
-            if need and not _fits(need, running, (node.get("status") or {}).get("allocatable") or {}):
-                continue
-            candidates.append((len(running), md["name"]))
+        for node in self.store.all(NODES):
+            running = active_on(self.store, node["metadata"]["name"])
+            if node_takes(node, pod, running):
+                candidates.append((len(running), node["metadata"]["name"]))
         return min(candidates)[1] if candidates else None
 
     def reconcile(self, work: set, now: float) -> None:
