@@ -590,6 +590,7 @@ class NodeRemediation:
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
         result.outcome = outcome
         result.steps = list(self._status.steps)
+        result.add(self._status)
         result.note = "; ".join(n for n in (note, self._status.note) if n)
         self._status.note = result.note  # why the run ended so, in its status, progress and details too
         self._enter(outcome, note)

@@ -370,6 +370,7 @@ class Compartments:
         succeeded = failed = 0
         for node, raw in result.raw().items():
             res = self._read(raw)
+            self.cp.cost.add(res.cost)
             self._set_node(node, res.outcome, res.reason)
             self._stage_details[node] = res.stages
             if res.outcome == "complete":
@@ -514,6 +515,7 @@ class Compartments:
             },
             joined=self.cp.joined,
             left=self.cp.left,
+            **self.cp.cost.cost().model_dump(),
         )
 
     def progress(self) -> Progress:

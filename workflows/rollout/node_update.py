@@ -195,6 +195,7 @@ class NodeSequence:
             return await self._erroring(result, str(cause))
         finally:
             result.stages = self.status.stages
+            result.add(self.status)
         return result
 
     async def _validate(self, settings: ValidationSettings, result: NodeUpdateResult) -> None:

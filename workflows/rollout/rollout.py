@@ -247,7 +247,7 @@ def node_update_work(template: NodeUpdateTemplate) -> NodeWork:
 
 def node_update_outcome(result: Any) -> NodeOutcome:
     res = NodeUpdateResult.model_validate(result)
-    return NodeOutcome(outcome=res.outcome, reason=res.reason, stages=res.stages)
+    return NodeOutcome(outcome=res.outcome, reason=res.reason, stages=res.stages, cost=res.cost())
 
 
 # ---------------------------------------------------------------- Rollout
@@ -295,6 +295,7 @@ class Rollout(FleetControls):
             counts=fleet.counts(),
             problems=problems,
             compartments={name: cs.batch for name, cs in fleet.cp.compartments.items()},
+            **fleet.cp.cost.cost().model_dump(),
         )
 
     def _reset_on_version_change(self) -> None:
