@@ -41,6 +41,7 @@ from activities.kube.models import (
 from activities.kube.topology import Gang, gpu_hours_at_risk
 from activities.models import StrictModel
 from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.maintenance.gang_drains import GangDrains
 
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
@@ -107,14 +108,17 @@ class Drain:
         terminating: Callable[[], None] = lambda: None,
         every_planned_pod: bool = False,
         priority: Priority = Priority.default,
+        together: GangDrains | None = None,
     ) -> None:
         """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none records its
         marker (a marker and a search attribute per run). `priority`: every call's
-        (workflows/common/priorities.py; the default: the workflow's own)."""
+        (workflows/common/priorities.py; the default: the workflow's own). `together`: the drains this one runs
+        beside (workflows/maintenance/gang_drains.py): a gang on their nodes too is evicted with them."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
         self._priority = priority
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
+        self._together = together
         self._gangs: dict[str, Gang] = {}  # the plan's gangs that were whole: an eviction interrupts them
         self._pod_gangs: dict[str, str] = {}
         self._started = workflow.now()
@@ -140,12 +144,25 @@ class Drain:
         self._pod_gangs, self._started = plan.pod_gangs, workflow.now()
         self._changed()
         slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
+        gangs = {g.id: g for g in plan.gangs}
+        spread = self._together.spread(self._node, gangs.values()) if self._together is not None else set()
+        held = None
+        if self._together is not None and spread:  # the gangs other nodes run too: taken with them, once ready
+            held = asyncio.ensure_future(self._together.together(self._node, [gangs[g] for g in sorted(spread)]))
+
+        deadlines = [deadline]
 
         async def evict(pod: PodRef) -> None:
+            until = deadline
+            if held is not None and plan.pod_gangs.get(str(pod)) in spread:
+                await held
+                until = workflow.now() + self._settings.timeout  # the wait for the mates is not the drain's
+                deadlines.append(until)
             async with slots:
-                await self._evict_until_done(pod, deadline)
+                await self._evict_until_done(pod, until)
 
         await asyncio.gather(*(evict(p) for p in plan.evict))
+        deadline = max(deadlines)
         # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
         if not self._every_planned_pod:
             workflow.deprecate_patch(WAIT_FOR_EVERY_PLANNED_POD)

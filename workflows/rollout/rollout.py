@@ -29,6 +29,7 @@ from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_
 from workflows.common import priorities
 from workflows.common.base import history_is_long
 from workflows.common.patches import decide_early
+from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.compartments import HISTORY_LIMIT, Compartments, sleep_until_window
 from workflows.rollout.fleet_controls import FleetControls
@@ -120,7 +121,13 @@ class RolloutBatch:
         if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
             decide_early(STAGES_HAND_BACK)
 
-        async def one(n: BatchNode) -> None:
+        async def one(n: BatchNode, together: GangDrains) -> None:
+            try:
+                await node(n, together)
+            finally:
+                together.settled(n.node)
+
+        async def node(n: BatchNode, together: GangDrains) -> None:
             async with slots:
                 lease = None
                 while True:
@@ -134,7 +141,7 @@ class RolloutBatch:
                     if lease is not None:
                         break
                 if inline:
-                    results[n.node] = await self._run_inline(n, lease)
+                    results[n.node] = await self._run_inline(n, lease, together)
                     return
                 handle = await workflow.start_child_workflow(
                     work.workflow,
@@ -157,7 +164,9 @@ class RolloutBatch:
         chunk_size = 2 * inp.max_in_flight
         while todo:
             chunk, todo = todo[:chunk_size], todo[chunk_size:]
-            await asyncio.gather(*(one(n) for n in chunk))
+            # A gang on several nodes of the chunk is evicted from all of them at once (gang_drains.py).
+            together = GangDrains([n.node for n in chunk], slots, lambda: self._inside_windows(inp.windows))
+            await asyncio.gather(*(one(n, together) for n in chunk))
             if todo and not self._stopped and history_is_long(HISTORY_LIMIT):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 carried = {"nodes": todo, "work": work, "template": None, "results": {}, "outputs": results}
@@ -165,9 +174,10 @@ class RolloutBatch:
         not_started += [n.node for n in todo]
         return BatchResult(outputs=results, not_started=not_started)
 
-    async def _run_inline(self, n: BatchNode, lease: Lease | None) -> dict[str, Any]:
+    async def _run_inline(self, n: BatchNode, lease: Lease | None, together: GangDrains) -> dict[str, Any]:
         """The node's update, run by this batch; its result as a child's would be (JSON)."""
-        node = self._inline[n.node] = NodeSequence(NodeUpdateInput.model_validate(_child_input(self._work, n, lease)))
+        node = self._inline[n.node] = NodeSequence(NodeUpdateInput.model_validate(_child_input(self._work, n, lease)),
+                                                   together=together)  # fmt: skip
         self._details()
         if self._paused:
             node.pause()
@@ -212,6 +222,11 @@ class RolloutBatch:
                 await sleep_until_window(windows, lambda: self._stopped or self._paused)
                 continue
             return
+
+    async def _inside_windows(self, windows: list[MaintenanceWindow]) -> None:
+        """Wait until inside a maintenance window (at once without windows): nothing is evicted outside them."""
+        while windows and not window_open(windows, workflow.now()):
+            await sleep_until_window(windows, lambda: False)
 
     async def _forward(self, signal: str | None) -> None:
         if signal is None:
