@@ -11,9 +11,9 @@ import pytest
 from kubernetes.aio.client import AppsV1Api
 
 from activities.kube.topology import KAI_POD_GROUP_ANNOTATION, Gang, gpu_hours_at_risk
-from tests.kube_helpers import wait_for
-from tests.workflows.rollout.helpers import node_result, rollout_fleet, rollout_spec
-from tests.workflows.rollout.test_rollout import lab_ready, start
+from tests.kube_helpers import read_node, wait_for
+from tests.workflows.rollout.helpers import accepted_evictions, node_result, rollout_fleet, rollout_spec
+from tests.workflows.rollout.test_rollout import lab_ready, start, status_where
 
 pytestmark = pytest.mark.timeout(180)
 NODES = ["a-01", "a-02", "a-03"]
@@ -83,3 +83,40 @@ async def test_a_batch_cordons_a_gangs_nodes_before_it_evicts_the_gang_together(
     gang = Gang(id="kai:apps/pg-trainer", gpus=24, started=started)
     low, high = gpu_hours_at_risk([gang], before), gpu_hours_at_risk([gang], after)
     assert low - 0.001 <= result.gpu_hours_at_risk <= high + 0.001
+
+
+def gang_pod(node: str, labels: dict[str, str]) -> dict:
+    """One pod of the gang pg-trainer, bound to `node`, owned by a training operator's job (the drain may evict it;
+    nothing in the emulator recreates it)."""
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "trainer", "controller": True,
+             "uid": "00000000-0000-4000-8000-00000000a11e"}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"trainer-{node}", "namespace": "apps", "labels": {"app": "trainer", **labels},
+                     "annotations": {KAI_POD_GROUP_ANNOTATION: "pg-trainer"}, "ownerReferences": [owner]},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [
+            {"name": "train", "image": "registry.local/train:1", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+    }  # fmt: skip
+
+
+async def test_a_gang_node_held_by_non_interruptible_pods_stays_in_service_and_holds_no_other(
+        client, kube_worker, k8s, core):  # fmt: skip
+    await lab_ready(k8s, rollout_fleet({"a": 3}))
+    for node in NODES:  # a-02's pod of the gang must finish first (podNonInterruptLabels)
+        await core.create_namespaced_pod("apps", gang_pod(node, {"workload": "training"} if node == "a-02" else {}))
+    policy = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
+    spec = rollout_spec("gang-held", policy=policy, podNonInterruptLabels={"matchLabels": {"workload": "training"}},
+                        nonInterruptRetryInterval="10m")  # fmt: skip
+    handle = await start(client, kube_worker, spec)
+    try:
+        status = await status_where(handle, lambda s: s.counts == {"complete": 2, "blocked": 1}, "a-02 blocked")
+        assert "non-interruptible" in status.problems["a-02"].reason
+        assert not (await read_node(core, "a-02")).spec.unschedulable, "a blocked node is left in service"
+        # The other nodes' pods of the gang went (their drains waited for no cordon a-02 never got); a-02's stayed.
+        evicted = accepted_evictions(await k8s.audit())
+        assert evicted.get("apps/trainer-a-01") == evicted.get("apps/trainer-a-03") == 1
+        assert "apps/trainer-a-02" not in evicted
+        assert (await core.read_namespaced_pod("trainer-a-02", "apps")).status.phase == "Running"
+    finally:
+        await handle.terminate("test over")
