@@ -4,7 +4,8 @@ A gang of GPU work dies whole when one pod goes (docs/topology-and-gangs.md). Dr
 spread over several nodes of one batch restarts once per node: the first eviction kills it, its scheduler may
 place it again on a batch node not cordoned yet, and that node's drain kills it again. So each node's drain holds
 the evictions of a gang that has pods on other nodes of the batch until every one of those nodes is cordoned (or
-will not be: it ended without a cordon, e.g. held by non-interruptible pods, or was never started), and inside a
+will not be soon: it ended without a cordon, e.g. held by non-interruptible pods, was never started, or waits for
+the disruption budget, which may grant it only once the others are back), and inside a
 maintenance window; then every node's drain evicts its pods of the gang at once, each through the eviction API, so
 a PodDisruptionBudget holds and a refusal shows as today. The other pods are evicted as before.
 
@@ -39,7 +40,8 @@ class GangDrains:
         self._ready.add(node)
 
     def settled(self, node: str) -> None:
-        """The node's run ended (or never started): nothing is awaited of it."""
+        """Nothing is awaited of the node: its run ended, never started, or waits for the disruption budget (which
+        may grant it only once its gang's other nodes are back: waiting for it could wait for ever)."""
         self._ready.add(node)
 
     def spread(self, node: str, gangs: Iterable[Gang]) -> set[str]:

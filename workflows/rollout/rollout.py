@@ -137,7 +137,7 @@ class RolloutBatch:
                         return
                     if not leased:
                         break
-                    lease = await self._lease(inp.windows, n.node, inline)
+                    lease = await self._lease(inp.windows, n.node, inline, together)
                     if lease is not None:
                         break
                 if inline:
@@ -186,7 +186,8 @@ class RolloutBatch:
         self._details()
         return result.model_dump(mode="json")
 
-    async def _lease(self, windows: list[MaintenanceWindow], node: str, inline: bool) -> Lease | None:
+    async def _lease(self, windows: list[MaintenanceWindow], node: str, inline: bool,
+                     together: GangDrains) -> Lease | None:  # fmt: skip
         """The node's lease, held by this batch for a node it updates itself, else by the node's child-to-be; None
         when the batch is paused or stopped meanwhile (the request is withdrawn: a paused batch holds no place) or
         the grant comes outside the windows (returned)."""
@@ -195,6 +196,7 @@ class RolloutBatch:
 
         def waiting(lease: Lease) -> None:
             self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
+            together.settled(node)  # its gang's other nodes do not wait for it: the budget may want them back first
             self._details()
 
         lease = await acquire_lease(w.cluster, node, holder=holder, reason=w.lease_reason, budget=w.budget,

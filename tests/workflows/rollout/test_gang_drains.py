@@ -4,6 +4,7 @@ together; the rollout reports the gang once, with its GPU-hours at risk. Judged 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import datetime
 
@@ -11,7 +12,7 @@ import pytest
 from kubernetes.aio.client import AppsV1Api
 
 from activities.kube.topology import KAI_POD_GROUP_ANNOTATION, Gang, gpu_hours_at_risk
-from tests.kube_helpers import read_node, wait_for
+from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.workflows.rollout.helpers import accepted_evictions, node_result, rollout_fleet, rollout_spec
 from tests.workflows.rollout.test_rollout import lab_ready, start, status_where
 
@@ -120,3 +121,19 @@ async def test_a_gang_node_held_by_non_interruptible_pods_stays_in_service_and_h
         assert (await core.read_namespaced_pod("trainer-a-02", "apps")).status.phase == "Running"
     finally:
         await handle.terminate("test over")
+
+
+async def test_a_gang_node_waiting_for_the_cluster_budget_holds_no_other(client, kube_worker, k8s, core):
+    await lab_ready(k8s, rollout_fleet({"a": 3}))
+    await declare_lab_budget(client, kube_worker.task_queue, {"count": 2})  # the third node waits for one back
+    for node in NODES:
+        await core.create_namespaced_pod("apps", gang_pod(node, {}))
+    policy = {"default": {"budget": {"count": 3}, "strategy": {"fixed": {"initialBatch": 3}}}}
+    handle = await start(client, kube_worker, rollout_spec("gang-budget", policy=policy))
+    # No drain waits for a node the budget would grant only once it is over (that wait would never end).
+    result = await asyncio.wait_for(handle.result(), timeout=90)
+    assert result.counts == {"complete": 3}
+    evicted = accepted_evictions(await k8s.audit())
+    assert [evicted.get(f"apps/trainer-{n}") for n in NODES] == [1, 1, 1]
+    # The first two nodes' drains broke the gang; the third found it restarting already: it counts once.
+    assert (result.gangs_interrupted, list(result.interrupted_gangs)) == (1, ["kai:apps/pg-trainer"])
