@@ -172,7 +172,9 @@ def _check_reset_batch(s: RolloutStatus, req: CompartmentRequest) -> tuple[str |
 def _check_budget(s: BudgetView, req: BudgetChange) -> tuple[str | None, str]:
     if req.budget.count is not None and s.total_nodes is not None and req.budget.count > s.total_nodes:
         return f"count {req.budget.count} is more than the {s.total_nodes} nodes of {s.cluster}", ""
-    return None, f"budget {budget_text(s.budget)} -> {budget_text(req.budget)}"
+    limits = req.limits(s.limits)
+    change = f" (limits {s.limits.text() or 'none'} -> {limits.text() or 'none'})" if limits != s.limits else ""
+    return None, f"budget {budget_text(s.budget)} -> {budget_text(req.budget)}{change}"
 
 
 def _check_breaker_reset(s: BreakerView, _req: Any) -> tuple[str | None, str]:
@@ -386,12 +388,15 @@ async def rollout_control(
 
 async def budget_set(
     client: Client, cluster: str, *, count: int | None = None, percent: int | None = None, by: str, reason: str,
-    dry_run: bool = False, task_queue: str = DEFAULT_TASK_QUEUE,
+    nvlink_domains: int | str | None = None, gangs: int | str | None = None, dry_run: bool = False,
+    task_queue: str = DEFAULT_TASK_QUEUE,
 ) -> Outcome:  # fmt: skip
     """Exactly one of ``count`` (nodes) or ``percent`` (of the cluster's nodes) out of service at once: the
-    cluster's budget, whoever asks for leases. With no entity running (none yet, or closed while idle) one is
-    started on ``task_queue`` to hold it; the first requester moves it onto its own queue."""
-    request = {"budget": {"count": count, "percent": percent}, "by": by, "reason": reason}
+    cluster's budget, whoever asks for leases; ``nvlink_domains`` and ``gangs`` limit those units beside it (a
+    number, or "none": no such limit; None: unchanged). With no entity running (none yet, or closed while idle)
+    one is started on ``task_queue`` to hold it; the first requester moves it onto its own queue."""
+    request: dict[str, Any] = {"budget": {"count": count, "percent": percent}, "by": by, "reason": reason}
+    request |= {k: v for k, v in (("nvlink_domains", nvlink_domains), ("gangs", gangs)) if v is not None}
     if not dry_run:
         _request(CONTROLS["budget set"], request)  # refused before anything starts
         inp = DisruptionBudgetInput(cluster=cluster, task_queue=task_queue)

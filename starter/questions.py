@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from activities.kube.gang_reads import POD_GROUPS, gangs_of_pods
 from activities.kube.models import (
     CORDON_REASON,
     CORDONED_BY,
@@ -22,6 +23,7 @@ from activities.kube.models import (
     ROLLOUT_STATE_LABEL,
 )
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
+from activities.kube.topology import Gang, NodePlace, TopologyLabels, place_of
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
 from starter.controls import FLEETS, RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
@@ -126,6 +128,29 @@ HEALTHY = {t: (t, "False") for t in ("MemoryPressure", "DiskPressure", "PIDPress
 HEALTHY["Ready"] = ("Ready", "True")
 
 
+async def _gangs_on(core: Any, node: str) -> list[Gang]:
+    """The gangs with GPU pods on the node: their pods here (nodes, running, GPUs count only this node's), and the
+    minimum their PodGroup sets, where it has one."""
+    from kubernetes.aio import client as k8s
+    from kubernetes.aio.client.exceptions import ApiException
+
+    listed = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+    pods = [core.api_client.sanitize_for_serialization(p) for p in listed.items]
+    gangs = gangs_of_pods(pods, {})
+    custom = k8s.CustomObjectsApi(core.api_client)
+    for gang in gangs:
+        kind, _, where = gang.id.partition(":")
+        namespace, _, name = where.partition("/")
+        gang.min_member = 0  # unknown unless its PodGroup says
+        if kind in POD_GROUPS:
+            group, version, plural = POD_GROUPS[kind]
+            with contextlib.suppress(ApiException):
+                found = await custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+                spec = found.get("spec") if isinstance(found, dict) else None
+                gang.min_member = int((spec or {}).get("minMember") or 0)
+    return gangs
+
+
 class NodeEvent(BaseModel):
     at: str
     type: str
@@ -151,6 +176,10 @@ class NodeWhy(BaseModel):
         None, description="When, by whom and how the last remediation ended (the sweep's cooldown counts from it)."
     )
     conditions: list[dict[str, str]] = Field(default_factory=list, description="Conditions other than a healthy Ready.")
+    place: NodePlace | None = Field(None, description="Its NVLink domain, rack and network block, by its labels.")
+    gangs: list[Gang] = Field(
+        default_factory=list, description="The gangs of GPU work with pods on it: their pods here, and their minimum."
+    )
     out_of_service: str | None = Field(None, description="Why the disruption budget counts it out of service.")
     leases: list[Lease] = Field(default_factory=list, description="Its leases and waiting requests.")
     breaker: BreakerView | None = None
@@ -160,8 +189,11 @@ class NodeWhy(BaseModel):
     problems: list[str] = Field(default_factory=list, description="What could not be read, and why.")
 
 
-async def node_why(client: Client, core: Any, cluster: str, node: str, *, events: int = 10) -> NodeWhy:
-    """``core``: a kubernetes CoreV1Api on the cluster (as the worker reads it: starter/nodes.py ``core_api``)."""
+async def node_why(
+    client: Client, core: Any, cluster: str, node: str, *, events: int = 10, topology: TopologyLabels | None = None
+) -> NodeWhy:
+    """``core``: a kubernetes CoreV1Api on the cluster (as the worker reads it: starter/nodes.py ``core_api``);
+    ``topology``: the label keys that say where a node sits (docs/topology-and-gangs.md)."""
     import json
 
     from kubernetes.aio.client.exceptions import ApiException
@@ -184,7 +216,9 @@ async def node_why(client: Client, core: Any, cluster: str, node: str, *, events
         cluster=cluster, node=node, unschedulable=unschedulable, ready=ready, cordoned_by=ann.get(CORDONED_BY),
         cordon_reason=ann.get(CORDON_REASON), foreign_cordon=unschedulable and CORDONED_BY not in ann,
         rollout_state=labels.get(ROLLOUT_STATE_LABEL), conditions=conditions,
+        place=place_of(node, labels, topology),
     )  # fmt: skip
+    why.gangs = await _gangs_on(core, node)
     for name, key in (("rollout", ROLLOUT_ANNOTATION), ("quarantine", QUARANTINE_ANNOTATION),
                       ("last_remediation", LAST_REMEDIATION_ANNOTATION)):  # fmt: skip
         if key in ann:

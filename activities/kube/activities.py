@@ -28,7 +28,6 @@ from activities.kube import node_marks as marks
 from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.drain import pod_finished
 from activities.kube.errors import api_read
-from activities.kube.gang_reads import GangActivities
 from activities.kube.models import (
     BEAT_SECONDS,
     CORDON_REASON,
@@ -119,7 +118,7 @@ def hand_back_patch(node: k8s.V1Node, state: NodeRolloutState, *, packages: dict
     return patch, shows, done
 
 
-class KubeActivities(RolloutNodeActivities, GangActivities):
+class KubeActivities(RolloutNodeActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
     (activities/kube/rollout_activities.py), the gangs' (activities/kube/gang_reads.py) and, here, a node's update
     in three calls and the condition gates."""

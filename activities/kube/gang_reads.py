@@ -83,6 +83,19 @@ def gangs_of_pods(pods: list[dict[str, Any]], min_members: dict[str, int]) -> li
     return sorted(gangs.values(), key=lambda g: g.id)
 
 
+def gang_disruptions(gangs: list[Gang], out: set[str]) -> dict[str, str]:
+    """Gang id -> why it is disrupted: its pods on a node out of service (`out`), or its running pods below its
+    minimum. A gang none of whose pods is bound to a node waits for the scheduler: it is not disrupted."""
+    why: dict[str, str] = {}
+    for gang in gangs:
+        down = [n for n in gang.nodes if n in out]
+        if down:
+            why[gang.id] = f"pods on {', '.join(down)}, out of service"
+        elif gang.nodes and gang.disrupted:
+            why[gang.id] = f"below its minimum: {gang.running} of {gang.min_member} pods running"
+    return why
+
+
 def _ref_of(pod: dict[str, Any]) -> tuple[str, str]:
     md = pod.get("metadata") or {}
     return md.get("namespace", ""), md.get("name", "")

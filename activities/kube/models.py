@@ -9,7 +9,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from activities.kube.topology import DEFAULT_CHECKPOINT_INTERVAL, Gang
+from activities.kube.topology import DEFAULT_CHECKPOINT_INTERVAL, Gang, NodePlace, TopologyLabels
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
 
@@ -272,6 +272,17 @@ class NodePage(StrictModel):
 class UnavailableRequest(StrictModel):
     cluster: str
     label_selector: str = ""
+    topology: TopologyLabels | None = Field(
+        None,
+        description="Set (a disruption budget with NVLink-domain or gang limits): answer where each node out of "
+        "service and each of `nodes` sits, by these label keys.",
+    )
+    nodes: list[str] = Field(
+        default_factory=list, description="With `topology`: the nodes besides those out of service to place."
+    )
+    gangs: bool = Field(
+        False, description="With `topology`: also the gangs on those nodes, and the cluster's gangs disrupted."
+    )
 
     _selector = field_validator("label_selector")(validate_label_selector)
 
@@ -289,6 +300,18 @@ class NodeAvailability(StrictModel):
     control_plane: list[str] = Field(
         default_factory=list,
         description="Every matched node labelled node-role.kubernetes.io/control-plane, in service or not.",
+    )
+    places: dict[str, NodePlace] = Field(
+        default_factory=dict,
+        description="Asked with `topology`: where each node out of service and each node asked about sits.",
+    )
+    gangs_on: dict[str, list[str]] = Field(
+        default_factory=dict, description="Asked with `gangs`: those nodes' gangs of GPU work (gang ids), by node."
+    )
+    disrupted_gangs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Asked with `gangs`: gang id -> why it is disrupted (below its minimum, or pods on a node "
+        "out of service), the whole cluster's.",
     )
 
 

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.errors import FIRST_POLL_SECONDS, api_call, api_read, create, next_poll
+from activities.kube.gang_reads import GangActivities, gang_disruptions
 from activities.kube.models import (
     BEAT_SECONDS,
     INTERRUPTS,
@@ -45,7 +46,6 @@ from activities.kube.models import (
     StageJobResult,
     UnavailableRequest,
 )
-from activities.kube.node_activities import NodeActivities
 from activities.kube.shared_watch import NODES, READ, STAGE_JOBS, Follow
 from activities.kube.stages import (
     call_json,
@@ -62,13 +62,14 @@ from activities.kube.stages import (
     stage_job_name,
     vanished,
 )
+from activities.kube.topology import GangMap, GangRequest, TopologyLabels, place_of
 from activities.support.selectors import parse_label_selector, selector_matches
 
 # A continue token of a page answered from what the shared watch of nodes keeps: the last node name it gave.
 KEPT_PAGE = "kept-after:"
 
 
-class RolloutNodeActivities(NodeActivities):
+class RolloutNodeActivities(GangActivities):
     # ------------------------------------------------------------ rollouts: nodes
 
     async def _node_page(self, cluster: str, label_selector: str, limit: int, token: str | None) -> dict[str, Any]:
@@ -144,9 +145,12 @@ class RolloutNodeActivities(NodeActivities):
         # The whole cluster's (the disruption budget's read): from the shared watch of nodes while it vouches for
         # what it keeps (activities/kube/shared_watch.py), as current as a list and without its pages.
         kept = None if req.label_selector else await self._watches.kept(req.cluster, NODES)
-        if kept is not None:
-            return self._availability(sorted(kept.values(), key=lambda n: n.name))
-        return self._availability(await self._listed_nodes(req.cluster, req.label_selector))
+        nodes = (sorted(kept.values(), key=lambda n: n.name) if kept is not None
+                 else await self._listed_nodes(req.cluster, req.label_selector))  # fmt: skip
+        avail = self._availability(nodes)
+        if req.topology is not None:
+            await self._place(req, req.topology, avail, nodes)
+        return avail
 
     @staticmethod
     def _availability(nodes: list[NodeSummary]) -> NodeAvailability:
@@ -158,6 +162,19 @@ class RolloutNodeActivities(NodeActivities):
             if control_plane:
                 out.control_plane.append(name)
         return out
+
+    async def _place(
+        self, req: UnavailableRequest, keys: TopologyLabels, avail: NodeAvailability, nodes: list[NodeSummary]
+    ) -> None:
+        """Where the nodes out of service and those asked about sit and, asked, their gangs and the cluster's gangs
+        disrupted: an answer as large as the budget's decision, not as the cluster (10,000 nodes)."""
+        asked = set(avail.unavailable) | set(req.nodes)
+        avail.places = {n.name: place_of(n.name, n.labels, keys) for n in nodes if n.name in asked}
+        if req.gangs:
+            gangs = (await self.read_gangs(GangRequest(cluster=req.cluster))).gangs
+            on = GangMap(gangs=gangs).by_node()
+            avail.gangs_on = {n: [g.id for g in on[n]] for n in sorted(asked) if n in on}
+            avail.disrupted_gangs = gang_disruptions(gangs, set(avail.unavailable))
 
     @activity.defn
     async def set_node_rollout_state(self, req: NodeRolloutState) -> None:

@@ -170,7 +170,16 @@ def _budget_set(client: Any, v: dict[str, Any]) -> Any:
     from starter.controls import budget_set
 
     return budget_set(client, v["cluster"], count=v["count"], percent=v["percent"], by=v["by"], reason=v["reason"],
+                      nvlink_domains=_limit(v["nvlink_domains"]), gangs=_limit(v["gangs"]),
                       dry_run=v["dry_run"], task_queue=v["task_queue"])  # fmt: skip
+
+
+def _limit(value: str | None) -> int | str | None:
+    """`--nvlink-domains` / `--gangs`: a number, or `none` (no such limit); anything else goes to the model, which
+    refuses it naming the field."""
+    if value is None or not value.strip().isdigit():
+        return value and value.strip().lower()
+    return int(value)
 
 
 def _breaker_show(client: Any, v: dict[str, Any]) -> Any:
@@ -188,13 +197,19 @@ def _breaker_reset(client: Any, v: dict[str, Any]) -> Any:
 CLUSTER = [_param("cluster", ClusterArg)]
 _command(budget_app, "show", "The budget, the nodes out of service and why, the leases and who waits.", CLUSTER,
          _budget_show, control=False)  # fmt: skip
-_command(budget_app, "set", "Declare the cluster's disruption budget (exactly one of --count or --percent); "
-         "requesters never change it.", [
+_command(budget_app, "set", "Declare the cluster's disruption budget (exactly one of --count or --percent; "
+         "--nvlink-domains and --gangs limit those units beside it); requesters never change it.", [
     *CLUSTER,
     _param("count", Annotated[int | None, typer.Option("--count", help="At most this many nodes out of service.")],
            None),
     _param("percent", Annotated[int | None, typer.Option("--percent", help="At most this share of the nodes.")],
            None),
+    _param("nvlink_domains", Annotated[str | None, typer.Option(
+        "--nvlink-domains", metavar="N|none",
+        help="At most N NVLink domains with any node out of service; none: no such limit; unset: unchanged.")], None),
+    _param("gangs", Annotated[str | None, typer.Option(
+        "--gangs", metavar="N|none",
+        help="At most N gangs of GPU work disrupted at once; none: no such limit; unset: unchanged.")], None),
     _param("task_queue", Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE",
                                                      help="Where to start the budget's entity if none runs.")],
            "millwright"),

@@ -132,7 +132,7 @@ def node_why(
 
 def why_lines(w: Any, wide: bool) -> list[str]:
     state = "cordoned" if w.unschedulable else "schedulable"
-    lines = [f"node {w.node} on {w.cluster}: {state}, {'Ready' if w.ready else 'NotReady'}"]
+    lines = [f"node {w.node} on {w.cluster}: {state}, {'Ready' if w.ready else 'NotReady'}", *place_lines(w)]
     if w.cordoned_by:
         lines.append(f"cordoned by Millwright run {w.cordoned_by}: {w.cordon_reason or '(no reason recorded)'}")
         if not w.quarantine or (w.cordon_holder and w.cordon_holder.status == "running"):  # a quarantine says why
@@ -167,6 +167,15 @@ def why_lines(w: Any, wide: bool) -> list[str]:
         lines += table([[e.at, e.type, e.reason, one_line(e.message, 1000 if wide else 80)] for e in w.events],
                        ["EVENT AT", "TYPE", "REASON", "MESSAGE"])  # fmt: skip
     lines += [f"(could not read: {p})" for p in w.problems]
+    return lines
+
+
+def place_lines(w: Any) -> list[str]:
+    """Where the node sits, and the gangs of GPU work on it (docs/topology-and-gangs.md)."""
+    lines = [f"where: {w.place.describe()}"] if w.place else []
+    for g in w.gangs:
+        minimum = f", its PodGroup's minMember {g.min_member}" if g.min_member else ""
+        lines.append(f"gang {g.id}: {g.pods} pods here ({g.running} running, {g.gpus} GPUs){minimum}")
     return lines
 
 

@@ -51,10 +51,19 @@ def budget_lines(s: Any, wide: bool) -> list[str]:
         f"{s.allowed} of {s.total_nodes} nodes (read {s.checked_at.isoformat() if s.checked_at else 'never'})"
     ]
     lines += [f"requester {who}: {line}" for who, line in s.own_budgets.items()]
+    if s.limits.nvlink_domains is not None:
+        lines.append(
+            f"NVLink domains with nodes out of service: {len(s.domains_out)} of {s.limits.nvlink_domains} "
+            "allowed" + "".join(f"; {d}: {', '.join(nodes)}" for d, nodes in sorted(s.domains_out.items()))
+        )
+    if s.limits.gangs is not None:
+        lines.append(f"gangs disrupted: {len(s.gangs_disrupted)} of {s.limits.gangs} allowed")
+        lines += [f"  {gang}: {why}" for gang, why in sorted(s.gangs_disrupted.items())]
     if s.error:
         lines.append(f"last read failed: {s.error}")
     if s.out_of_service:
-        lines += table([[n, why] for n, why in sorted(s.out_of_service.items())], ["NODE", "OUT OF SERVICE BECAUSE"])
+        rows = [[n, why, s.places.get(n, "")] for n, why in sorted(s.out_of_service.items())]
+        lines += table(rows, ["NODE", "OUT OF SERVICE BECAUSE", "PLACE" if s.places else ""])
     leases = [*s.leases, *s.queue]
     if leases:
         lines += table([lease_row(lease, wide) for lease in leases], ["NODE", "LEASE", "HOLDER", "STATE", "NOTE"])

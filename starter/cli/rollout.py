@@ -70,6 +70,10 @@ def rollout_plan(
                 f"  {c.name}: {len(c.members)} nodes, strategy {c.strategy}, ceiling {c.ceiling}, "
                 f"{len(c.unavailable)} already out of service; batches [{sizes}]; worst case {c.worst_case_out_of_service}"
             )
+            for i, b in enumerate(c.batches, 1):  # batchBy: the units each batch takes whole, the gangs it stops
+                if b.units:
+                    gangs = ", ".join(b.gangs) or "none"
+                    out.print(f"    batch {i}: {len(b.nodes)} nodes in {', '.join(b.units)}; interrupts gangs: {gangs}")
         out.print(f"worst case out of service at once: {plan.worst_case_out_of_service}")
         for w in plan.warnings:
             err.print(f"[yellow]warning:[/] {w}")

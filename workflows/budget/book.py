@@ -18,6 +18,7 @@ from workflows.budget.breaker import Breaker
 from workflows.budget.budget import Budget, ceiling
 from workflows.budget.control_plane import DEFAULT_AT_ONCE, control_plane_wait
 from workflows.budget.leases import Lease, LeaseRequest, LeaseRequests
+from workflows.budget.units import UnitLimits, UnitsOut
 
 DEFAULT_BUDGET = Budget(percent=10)
 
@@ -46,6 +47,9 @@ class BudgetBook(StrictModel):
     breaker: Breaker = Field(default_factory=Breaker, description="The cluster's remediation circuit breaker.")
     control_plane_at_once: int = Field(
         DEFAULT_AT_ONCE, ge=1, description="Control-plane nodes allowed out of service at once, whatever the budget."
+    )
+    limits: UnitLimits = Field(
+        default_factory=UnitLimits, description="NVLink domains and gangs allowed out at once, beside the budget."
     )
 
     def everyone(self) -> list[Lease]:
@@ -132,9 +136,14 @@ class BudgetBook(StrictModel):
         per node) stay within the budget; a node already out costs nothing. Nobody who costs a node overtakes a
         waiting request, except past a control-plane node that waits for another (`control_plane`), or past a
         request its requester's own budget holds (`Lease.own_budget`: its leases, whether or not they cost a node,
-        stay within it). With `breaker`, a remediation's request is counted by the circuit breaker, or refused."""
+        stay within it). With `breaker`, a remediation's request is counted by the circuit breaker, or refused.
+
+        With `limits`, a request that costs a node is also granted only while the NVLink domains with nodes out of
+        service and the gangs disrupted stay within them; one held by such a limit holds nobody up: a later
+        request that adds no domain (or gang) is within it."""
         allowed = self.allowed(avail) or 0
         out = set(avail.unavailable) | {lease.node for lease in self.leases.values()}
+        units = UnitsOut(avail, list(self.leases.values())) if self.limits.any else None
         holding = Counter(requester(lease) for lease in self.leases.values())
         granted: list[Lease] = []
         refused: list[Lease] = []
@@ -158,7 +167,9 @@ class BudgetBook(StrictModel):
                 continue
             held = (control_plane_wait(lease.node, out, set(avail.control_plane), self.control_plane_at_once)
                     if costs and control_plane else None)  # fmt: skip
-            if held is not None:  # waits for a control-plane node, not for the budget: later requests may pass
+            if held is None and costs and units is not None:
+                held = units.wait(lease, self.limits)
+            if held is not None:  # waits for a control-plane node or a unit limit: later requests may pass
                 lease.note = held
                 continue
             if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
@@ -171,6 +182,8 @@ class BudgetBook(StrictModel):
             lease.note = "" if costs else "the node was already out of service"
             lease.answer = lease.reply_to is not None
             self.leases[lease_key(lease.holder, lease.node)] = lease
+            if units is not None:
+                units.record(lease)
             out.add(lease.node)
             holding[who] += 1
             granted.append(lease)

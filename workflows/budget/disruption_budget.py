@@ -58,6 +58,7 @@ from workflows.budget.models import (
     Released,
     operator_note,
 )
+from workflows.budget.units import UnitsOut, place_in
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
@@ -89,6 +90,7 @@ class DisruptionBudget:
         if self._own_budgets:
             self._book.forget_requester_budget()
         self._avail: NodeAvailability | None = None
+        self._placed = False  # the last read placed the nodes out of service (a limit was set)
         self._checked_at: datetime | None = None
         self._liveness_at: datetime | None = None
         self._error = ""
@@ -122,7 +124,7 @@ class DisruptionBudget:
             total_nodes=self._avail.total if self._avail else None, allowed=self._allowed(),
             out_of_service=self._out_of_service(), leases=list(self._book.leases.values()), queue=self._book.queue,
             control_plane_at_once=self._book.control_plane_at_once, own_budgets=self._book.own_budgets(self._avail),
-            checked_at=self._checked_at, error=self._error,
+            checked_at=self._checked_at, error=self._error, limits=self._book.limits, **self._units_view(),
         )  # fmt: skip
 
     @workflow.query(name=BREAKER_QUERY, description="The remediation circuit breaker: tripped or not, why, and "
@@ -222,6 +224,7 @@ class DisruptionBudget:
             view.allowed = ceiling(change.budget, self._avail.total) if self._avail else None
             if change.control_plane_at_once is not None:
                 view.control_plane_at_once = change.control_plane_at_once
+            view.limits = change.limits(self._book.limits)
             return view
         self._set_budget(change)
         self._changed()
@@ -231,6 +234,7 @@ class DisruptionBudget:
         self._book.budget, self._book.budget_source = change.budget, operator_note(change)
         if change.control_plane_at_once is not None:
             self._book.control_plane_at_once = change.control_plane_at_once
+        self._book.limits = change.limits(self._book.limits)
         self._dirty = True  # a larger budget may let waiting requests in
 
     @set_budget.validator
@@ -327,6 +331,7 @@ class DisruptionBudget:
         if self._inp.budget is None and before.budget_source.startswith("operator") and not newer:
             self._book.budget, self._book.budget_source = before.budget, before.budget_source
             self._book.control_plane_at_once = before.control_plane_at_once
+            self._book.limits = before.limits
 
     async def _serve(self, limit: int) -> bool:
         """The loop of runs on EVENT_CLOCK_PATCH: serve until the history is long or a requester's queue calls;
@@ -409,11 +414,17 @@ class DisruptionBudget:
 
     async def _decide(self) -> None:
         """Read the cluster once, grant what fits in FIFO order, tell the requesters."""
+        limits = self._book.limits
+        read = UnavailableRequest(cluster=self._inp.cluster)
+        if limits.any:  # only then: the reads of runs without limits replay as they ran
+            nodes = sorted({lease.node for lease in self._everyone()})
+            read = read.model_copy(update={"topology": limits.topology, "nodes": nodes,
+                                           "gangs": limits.gangs is not None})  # fmt: skip
         try:
             self._avail = await self._activity(
-                KubeActivities.node_availability, UnavailableRequest(cluster=self._inp.cluster),
-                f"nodes out of service in {self._inp.cluster}",
-            )  # fmt: skip
+                KubeActivities.node_availability, read, f"nodes out of service in {self._inp.cluster}"
+            )
+            self._placed = read.topology is not None
             self._error = ""
         except ActivityError as err:  # fail closed: nothing is granted without a fresh read
             self._error = f"reading the cluster failed: {err.cause or err}"
@@ -519,12 +530,33 @@ class DisruptionBudget:
             out[lease.node] = f"{out[lease.node]}, {why}" if lease.node in out else why
         return out
 
+    def _units_out(self) -> UnitsOut | None:
+        """The NVLink domains and gangs out at the last read, when a limit is set and that read placed the nodes."""
+        if not (self._book.limits.any and self._placed and self._avail):
+            return None
+        return UnitsOut(self._avail, list(self._book.leases.values()))
+
+    def _units_view(self) -> dict[str, Any]:
+        units = self._units_out()
+        if units is None:
+            return {}
+        places = {node: place_in(units.avail, node).describe() for node in self._out_of_service()}
+        return {"domains_out": units.domains, "gangs_disrupted": units.gangs, "places": places}
+
     def _summary(self) -> str:
         total = self._avail.total if self._avail else None
         line = (f"budget {budget_text(self._book.budget)} ({self._book.budget_source}) = "
                 f"{self._allowed() if total is not None else '?'} of {total if total is not None else '?'} nodes: "
                 f"{len(self._out_of_service())} out of service, {len(self._book.leases)} leased, "
                 f"{len(self._book.queue)} waiting")  # fmt: skip
+        limits, units = self._book.limits, self._units_out()
+        if limits.nvlink_domains is not None:
+            line += (f"; NVLink domains out: {len(units.domains) if units else '?'} of {limits.nvlink_domains}"
+                     + (f" ({', '.join(f'{d}: {len(n)} nodes' for d, n in sorted(units.domains.items()))})"
+                        if units and units.domains else ""))  # fmt: skip
+        if limits.gangs is not None:
+            line += (f"; gangs disrupted: {len(units.gangs) if units else '?'} of {limits.gangs}"
+                     + (f" ({', '.join(sorted(units.gangs))})" if units and units.gangs else ""))  # fmt: skip
         if self._book.queue:
             nxt = self._book.queue[0]
             line += f" (next: {nxt.node} for {nxt.holder}{f', {nxt.note}' if nxt.note else ''})"

@@ -81,6 +81,12 @@ class Lease(StrictModel):
     own_budget: Budget | None = Field(
         None, description="The budget its requester stated: its leases stay within it, inside the cluster's."
     )
+    domain: str | None = Field(
+        None, description="Granted under an NVLink-domain or gang limit: its node's NVLink domain at the grant."
+    )
+    gangs: list[str] = Field(
+        default_factory=list, description="Granted under such a limit: the gangs its node ran at the grant."
+    )
 
 
 class LeaseRequest(StrictModel):

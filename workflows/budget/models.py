@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from temporalio.common import SearchAttributePair
 
+from activities.kube.topology import TopologyLabels
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from activities.models import StrictModel
 from workflows.budget.book import BudgetBook
 from workflows.budget.budget import Budget
 from workflows.budget.control_plane import DEFAULT_AT_ONCE
 from workflows.budget.leases import Lease, budget_workflow_id
+from workflows.budget.units import UnitLimits
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 
@@ -26,13 +29,37 @@ class Released(StrictModel):
     lease: Lease | None = None
 
 
+NO_LIMIT = "none"
+LimitChange = Annotated[int, Field(ge=1)] | Literal["none"] | None
+
+
 class BudgetChange(StrictModel):
     budget: Budget
     control_plane_at_once: int | None = Field(
         None, ge=1, description="Control-plane nodes allowed out of service at once (default 1); unset: unchanged."
     )
+    nvlink_domains: LimitChange = Field(
+        None,
+        description="NVLink domains allowed with any node out of service at once; 'none': no such limit; "
+        "unset: unchanged.",
+    )
+    gangs: LimitChange = Field(
+        None, description="Gangs of GPU work allowed disrupted at once; 'none': no such limit; unset: unchanged."
+    )
+    topology: TopologyLabels | None = Field(
+        None, description="The node labels that say where a node sits, for the NVLink-domain limit; unset: unchanged."
+    )
     by: str = Field(min_length=1, description="Who changes it.")
     reason: str = Field(min_length=1, description="Why; shown with the budget.")
+
+    def limits(self, before: UnitLimits) -> UnitLimits:
+        """The limits after this change."""
+        changed: dict[str, Any] = {name: None if value == NO_LIMIT else value
+                   for name, value in (("nvlink_domains", self.nvlink_domains), ("gangs", self.gangs))
+                   if value is not None}  # fmt: skip
+        if self.topology is not None:
+            changed["topology"] = self.topology
+        return before.model_copy(update=changed)
 
 
 class DisruptionBudgetInput(WorkflowInput):
@@ -81,6 +108,16 @@ class BudgetView(StrictModel):
     control_plane_at_once: int = Field(DEFAULT_AT_ONCE, description="Control-plane nodes allowed out at once.")
     own_budgets: dict[str, str] = Field(
         default_factory=dict, description="Requester -> the budget it stated for itself, and its leases within it."
+    )
+    limits: UnitLimits = Field(default_factory=UnitLimits, description="NVLink domains and gangs allowed out.")
+    domains_out: dict[str, list[str]] = Field(
+        default_factory=dict, description="With a limit, at the last read: NVLink domain -> its nodes out of service."
+    )
+    gangs_disrupted: dict[str, str] = Field(
+        default_factory=dict, description="With a limit, at the last read: gang id -> why it is disrupted."
+    )
+    places: dict[str, str] = Field(
+        default_factory=dict, description="With a limit, at the last read: node out of service -> where it sits."
     )
     checked_at: datetime | None = None
     error: str = ""

@@ -27,7 +27,13 @@ from workflows.partitioning.models import (
     NodeMigResult,
 )
 from workflows.partitioning.plan import NodePlan, QuotaCheck, check_quotas, plan_nodes
-from workflows.rollout.batching import assign_compartments, compartment_budget, compartment_strategy, strategy_name
+from workflows.rollout.batching import (
+    assign_compartments,
+    compartment_budget,
+    compartment_strategy,
+    strategy_name,
+    unit_over_ceiling,
+)
 from workflows.rollout.compartments import MATCHED_NO_NODE, Compartments
 from workflows.rollout.fleet_controls import FleetControls
 from workflows.rollout.models import NodeOutcome, NodeWork
@@ -69,7 +75,7 @@ class GpuPartitioning(FleetControls):
             plans, quota = await self._check(inp)
             result.quota_check = quota
             if inp.dry_run:
-                result.outcome, result.plan = "planned", await self._plan(plans)
+                result.outcome, result.plan = "planned", await self._plan(plans, result.warnings)
                 fleet.phase = "planned"
                 fleet.refresh()
                 return result
@@ -109,9 +115,13 @@ class GpuPartitioning(FleetControls):
             quota.overridden = True
         return plans, quota
 
-    async def _plan(self, plans: list[NodePlan]) -> GpuPartitioningPlan:
+    async def _plan(self, plans: list[NodePlan], warnings: list[str]) -> GpuPartitioningPlan:
+        """The compartments the run would take; `warnings` gets why the run would be refused at its start."""
         policy = self._inp.deployment_policy
-        members = assign_compartments(await self._fleet.survey(), policy)
+        nodes = await self._fleet.survey()
+        members = assign_compartments(nodes, policy)
+        if refusal := unit_over_ceiling(nodes, members, self._inp):  # batchBy: a unit over its ceiling
+            warnings.append(refusal)
         moves = [CompartmentMove(name=name, strategy=strategy_name(compartment_strategy(policy, name)), members=names,
                                  ceiling=ceiling(compartment_budget(policy, name), len(names)))
                  for name, names in members.items() if names]  # fmt: skip

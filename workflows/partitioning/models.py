@@ -10,6 +10,7 @@ from pydantic.alias_generators import to_camel
 from temporalio.common import SearchAttributePair
 
 from activities.kube.models import DrainSettings
+from activities.kube.topology import BatchBy, TopologyLabels
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
@@ -23,7 +24,7 @@ from workflows.partitioning.plan import NodePlan, QuotaCheck
 from workflows.rollout.spec.admission import BatchGate, MaintenanceWindow
 from workflows.rollout.spec.deployment_policy import DeploymentPolicy
 from workflows.rollout.spec.label_selector import LabelSelector
-from workflows.rollout.spec.spec import Approval
+from workflows.rollout.spec.spec import BATCH_BY_DOC, TOPOLOGY_DOC, Approval
 from workflows.rollout.spec.spec_fields import Duration
 from workflows.rollout.state import RolloutCheckpoint
 from workflows.validation.models import ValidationResult, ValidationSettings
@@ -119,6 +120,8 @@ class GpuPartitioningInput(MigChange, WorkflowInput, RetryTimeout):
     nodes: list[str] = Field(default_factory=list, description="Or the nodes to move, by name.")
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
     approval: Approval = Field("none", description="Wait for approve_batch before each batch or each compartment.")
+    batch_by: BatchBy = Field("none", description=BATCH_BY_DOC)
+    topology: TopologyLabels = Field(default_factory=TopologyLabels, description=TOPOLOGY_DOC)
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list, description="Empty: any time.")
     soak_time: Duration = Field(timedelta(0), ge=timedelta(0), description="Wait after each batch.")
     gate: BatchGate | None = Field(None, description="A check that must pass before each batch.")

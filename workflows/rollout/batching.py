@@ -33,16 +33,19 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from activities.kube.topology import BatchBy, Gang, NodePlace, TopologyLabels, place_of
 from activities.models import StrictModel
 from activities.support.selectors import Requirement, selector_matches
 from workflows.budget.budget import Budget, ceiling
 from workflows.rollout.dependency_graph import dependency_levels, topological_order
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.deployment_policy import DEFAULT_COMPARTMENT, Compartment, DeploymentPolicy, Strategy
+from workflows.rollout.spec.fleet import FleetSpec
 from workflows.rollout.spec.packages import Interrupt, Package
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.spec.spec_fields import WEEKDAYS, zone
 from workflows.rollout.state import BatchState
+from workflows.rollout.unit_batching import oversized_unit, own_domain_note, unit_batch
 
 __all__ = [
     "NODE_PRIORITY_LABEL",
@@ -65,12 +68,14 @@ __all__ = [
     "node_priority",
     "package_order",
     "package_waves",
+    "places_of",
     "plan",
     "progress_percent",
     "should_stop",
     "strategy_name",
     "strategy_rank",
     "success_percent",
+    "unit_over_ceiling",
     "window_open",
 ]
 
@@ -414,6 +419,10 @@ def next_window_open(windows: Sequence[MaintenanceWindow], at: datetime) -> date
 class PlannedBatch(_State):
     nodes: list[str]
     strategy_size: int = Field(description="What the strategy asked for, before the budget cap.")
+    units: dict[str, list[str]] = Field(
+        default_factory=dict, description="With batchBy: the units (NVLink domains, racks) it takes -> their nodes."
+    )
+    gangs: list[str] = Field(default_factory=list, description="With batchBy: the running gangs it would interrupt.")
 
 
 class CompartmentPlan(_State):
@@ -443,8 +452,34 @@ class Plan(_State):
     warnings: list[str] = Field(default_factory=list)
 
 
+def places_of(nodes: Iterable[NodeSnapshot], keys: TopologyLabels) -> dict[str, NodePlace]:
+    return {n.name: place_of(n.name, n.labels, keys) for n in nodes}
+
+
+def unit_over_ceiling(
+    nodes: Sequence[NodeSnapshot], assignment: Mapping[str, list[str]], spec: FleetSpec
+) -> str | None:
+    """With batchBy: why a compartment's unit can never be taken whole (more nodes than its ceiling); None: all fit."""
+    if spec.batch_by == "none":
+        return None
+    places = places_of(nodes, spec.topology)
+    for name, members in assignment.items():
+        cap = ceiling(compartment_budget(spec.deployment_policy, name), len(members))
+        if refusal := oversized_unit(name, members, places, spec.batch_by, cap):
+            return refusal
+    return None
+
+
+class _Topology(StrictModel):
+    """What a plan with batchBy set reads besides the nodes."""
+
+    batch_by: BatchBy
+    places: dict[str, NodePlace]
+    gangs: list[Gang]
+
+
 def _plan_compartment(
-    name: str, strategy: Strategy | None, budget: Budget, members: list[NodeSnapshot]
+    name: str, strategy: Strategy | None, budget: Budget, members: list[NodeSnapshot], topology: _Topology | None
 ) -> CompartmentPlan:
     names = [n.name for n in members]
     unavailable = [n.name for n in members if n.unavailable]
@@ -455,18 +490,28 @@ def _plan_compartment(
     batches: list[PlannedBatch] = []
     blocked = None
     queue = batch_order(names, by_name)
+    if topology is not None and (refusal := oversized_unit(name, names, topology.places, topology.batch_by, cap)):
+        blocked, queue = refusal, []
+    gangs = topology.gangs if topology is not None else []
     while queue:
         size = next_batch_size(strategy, state, total, cap)
-        admit = admissible(size, cap, len(unavailable))
-        if admit == 0:
+        if topology is not None:
+            taken = unit_batch(queue, topology.places, topology.batch_by, gangs, set(unavailable), size, cap)
+            batch = PlannedBatch(nodes=taken.nodes, strategy_size=size, units=taken.units, gangs=taken.gangs)
+            # A gang this batch interrupts restarts: it joins no later batch's units.
+            gangs = [g.model_copy(update={"running": 0}) if g.id in taken.gangs else g for g in gangs]
+        else:
+            batch = PlannedBatch(nodes=queue[: admissible(size, cap, len(unavailable))], strategy_size=size)
+        if not batch.nodes:
             blocked = (
                 f"{len(unavailable)} of {total} nodes already out of service; the ceiling is {cap}: "
                 "no node can be admitted until some return"
             )
             break
-        batches.append(PlannedBatch(nodes=queue[:admit], strategy_size=size))
-        queue = queue[admit:]
-        state = evaluate_batch(strategy, state, succeeded=admit, failed=0, total=total)
+        batches.append(batch)
+        taken_nodes = set(batch.nodes)
+        queue = [n for n in queue if n not in taken_nodes]
+        state = evaluate_batch(strategy, state, succeeded=len(batch.nodes), failed=0, total=total)
     largest = max((len(b.nodes) for b in batches), default=0)
     return CompartmentPlan(
         name=name,
@@ -481,10 +526,11 @@ def _plan_compartment(
     )
 
 
-def plan(nodes: Sequence[NodeSnapshot], spec: RolloutInput) -> Plan:
+def plan(nodes: Sequence[NodeSnapshot], spec: RolloutInput, gangs: Sequence[Gang] = ()) -> Plan:
     """Dry run: which nodes fall in which compartment, the batch sequence of each (assuming
     every batch succeeds, under the budget cap with today's unavailable nodes), and the
-    worst-case number of nodes out of service at once. Pure: reads only its arguments."""
+    worst-case number of nodes out of service at once. With `batchBy`, batches of whole units and the
+    gangs (`gangs`, the cluster's) each would interrupt. Pure: reads only its arguments."""
     if spec.all_nodes:
         targeted = list(nodes)
     else:
@@ -494,16 +540,21 @@ def plan(nodes: Sequence[NodeSnapshot], spec: RolloutInput) -> Plan:
     by_name = {n.name: n for n in targeted}
     policy = spec.deployment_policy
     assignment = assign_compartments(targeted, policy)
+    places = places_of(targeted, spec.topology) if spec.batch_by != "none" else {}
+    topology = _Topology(batch_by=spec.batch_by, places=places, gangs=list(gangs)) if places else None
     compartments = [
         _plan_compartment(
             name,
             compartment_strategy(policy, name),
             compartment_budget(policy, name),
             [by_name[m] for m in members],
+            topology,
         )
         for name, members in assignment.items()
     ]
     warnings = []
+    if spec.batch_by == "nvlinkDomain" and (note := own_domain_note(list(places.values()), spec.topology.clique)):
+        warnings.append(note)
     if not targeted:
         warnings.append("the node selectors match no node")
     for c in compartments:

@@ -6,6 +6,7 @@ from temporalio import workflow
 
 from activities.kube.activities import KubeActivities
 from activities.kube.models import ConditionGate, NodePageRequest, UnavailableRequest
+from activities.kube.topology import GangMap, GangRequest
 from activities.prometheus import PrometheusActivities, PrometheusQuery
 from workflows.common import priorities
 from workflows.common.call_options import API_CALL
@@ -17,8 +18,10 @@ SURVEY_PAGE = 1000
 
 
 async def survey(spec: FleetSpec) -> list[NodeSnapshot]:
-    """The targeted nodes, page by page, keeping only the labels compartments look at."""
+    """The targeted nodes, page by page, keeping only the labels compartments (and, with batchBy, units) look at."""
     keys = {r.key for r in spec.node_selectors.requirements()} | {NODE_PRIORITY_LABEL}
+    if spec.batch_by != "none":  # where each node sits: its batch takes whole units
+        keys |= set(spec.topology.keys())
     for compartment in spec.deployment_policy.compartments:
         keys |= {r.key for r in compartment.selector.requirements()}
     nodes, token = [], None
@@ -91,4 +94,18 @@ async def unavailable_nodes(spec: FleetSpec, compartment: str) -> list[str]:
         **API_CALL,
         priority=priorities.rollout(spec.cluster),
         summary=f"count unavailable nodes for {compartment}",
+    )
+
+
+async def read_gangs(spec: FleetSpec) -> GangMap:
+    """With batchBy, the cluster's gangs of GPU work, read before each batch decision: which units a batch must take
+    together. Without, none (and no activity: the commands of a run without batchBy are unchanged)."""
+    if spec.batch_by == "none":
+        return GangMap()
+    return await workflow.execute_activity_method(
+        KubeActivities.read_gangs,
+        GangRequest(cluster=spec.cluster),
+        **API_CALL,
+        priority=priorities.rollout(spec.cluster),
+        summary="read the gangs of GPU work",
     )

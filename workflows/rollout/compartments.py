@@ -14,8 +14,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from activities.kube.models import StageRecord
+from activities.kube.topology import GangMap
 from workflows.budget.budget import ceiling
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
@@ -31,10 +33,12 @@ from workflows.rollout.batching import (
     evaluate_batch,
     next_batch_size,
     next_window_open,
+    places_of,
     strategy_name,
+    unit_over_ceiling,
     window_open,
 )
-from workflows.rollout.cluster_reads import check_gate, survey, unavailable_nodes
+from workflows.rollout.cluster_reads import check_gate, read_gangs, survey, unavailable_nodes
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     BatchInput,
@@ -51,6 +55,7 @@ from workflows.rollout.models import (
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.fleet import FleetSpec
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
+from workflows.rollout.unit_batching import UnitBatch, topology_note, unit_batch
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
@@ -104,6 +109,7 @@ class Compartments:
         self._gate_failing_since: dict[str, datetime] = {}
         self._upserted: str | None = None
         self._live: dict[str, NodeSnapshot] = {}  # the last re-read, by name
+        self._gangs = GangMap()  # with batchBy: the last read, before the last batch decision
 
     # ------------------------------------------------------------ the run
 
@@ -111,6 +117,8 @@ class Compartments:
         """A first run: the targeted nodes, assigned to compartments, every one waiting."""
         nodes = await self.survey()
         assignment = assign_compartments(nodes, self.spec.deployment_policy)
+        if refusal := unit_over_ceiling(nodes, assignment, self.spec):  # batchBy: it could only be taken in part
+            raise ApplicationError(refusal, type="UnitOverCeiling", non_retryable=True)
         self.cp.compartments = {name: CompartmentState(members=m) for name, m in assignment.items() if m}
         self.cp.nodes = {n.name: "waiting" for n in sorted(nodes, key=lambda n: n.name)}
         self._live = {n.name: n for n in nodes}
@@ -231,7 +239,8 @@ class Compartments:
             retries_due = sum(1 for n in pending if self.cp.nodes[n] == "erroring")
             state = cs.batch.model_copy(update={"failed_nodes": max(0, cs.batch.failed_nodes - retries_due)})
             size = next_batch_size(compartment_strategy(spec.deployment_policy, name), state, active, cap)
-            chosen = self._choose(pending, unavailable, size, cap)
+            taken = self._choose_units(name, view, pending, unavailable, size, cap) if spec.batch_by != "none" else None
+            chosen = taken.nodes if taken is not None else self._choose(pending, unavailable, size, cap)
             if not chosen:
                 note = f"{len(unavailable)} of {cap} allowed nodes already out of service"
                 self._enter(view, "waiting-for-budget", note)
@@ -253,6 +262,8 @@ class Compartments:
                 retried=retried,
                 joined=sorted(change.joined),
                 left=sorted(change.left),
+                units=taken.units if taken is not None else {},
+                gangs=taken.gangs if taken is not None else [],
             )
             await self._run_batch(name, view, cs, batch_view)
             if spec.soak_time and self.aborted is None:
@@ -271,6 +282,7 @@ class Compartments:
             if self.spec.resets_batch_state():
                 cs.batch = BatchState()
             cs.completed = False
+        self._gangs = await read_gangs(self.spec)
         return pending, unavailable, change
 
     async def _look_before_planning(
@@ -294,6 +306,16 @@ class Compartments:
         else:  # runs from before: such a node filled the ceiling as a new one would, so one could stall the run
             chosen = order[: admissible(size, cap, len(unavailable))]
         return chosen if self.planning else sorted(chosen)
+
+    def _choose_units(
+        self, name: str, view: CompartmentView, pending: list[str], unavailable: set[str], size: int, cap: int
+    ) -> UnitBatch:
+        """With batchBy: the next batch of whole units (workflows/rollout/unit_batching.py), by the last gangs read."""
+        members = [self._live.get(n) or NodeSnapshot(name=n) for n in self.cp.compartments[name].members]
+        places = places_of(members, self.spec.topology)
+        view.topology = topology_note(list(places.values()), self.spec.batch_by, self.spec.topology.clique)
+        order = batch_order(pending, self._live, self.cp.nodes, unavailable)
+        return unit_batch(order, places, self.spec.batch_by, self._gangs.gangs, unavailable, size, cap)
 
     async def _gates(self, name: str, view: CompartmentView) -> bool:
         """Pause, maintenance window, approval, batch gate; True when all pass now."""
@@ -369,8 +391,7 @@ class Compartments:
         del self._batches[name]
         succeeded = failed = 0
         for node, raw in result.raw().items():
-            res = self._read(raw)
-            self.cp.cost.add(res.cost)
+            self.cp.cost.add((res := self._read(raw)).cost)  # the run's cost: its nodes', a gang counted once
             self._set_node(node, res.outcome, res.reason)
             self._stage_details[node] = res.stages
             if res.outcome == "complete":

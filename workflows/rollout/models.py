@@ -211,6 +211,10 @@ class BatchView(StrictModel):
     retried: list[str] = Field(default_factory=list, description="Erroring nodes this batch tries again.")
     joined: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch added.")
     left: list[str] = Field(default_factory=list, description="Nodes the re-read before this batch removed.")
+    units: dict[str, list[str]] = Field(
+        default_factory=dict, description="With batchBy: the units (NVLink domains, racks) it took -> their nodes."
+    )
+    gangs: list[str] = Field(default_factory=list, description="With batchBy: the running gangs it interrupted.")
 
 
 class CompartmentView(StrictModel):
@@ -220,6 +224,7 @@ class CompartmentView(StrictModel):
     ceiling: int
     phase: CompartmentPhase = "pending"
     note: str = ""
+    topology: str = Field("", description="With batchBy: what batches take whole, and nodes alone in their domain.")
     batch_state: BatchState
     current_batch: BatchView | None = None
 

@@ -31,6 +31,7 @@ from workflows.common.base import history_is_long
 from workflows.common.patches import decide_early
 from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
+from workflows.rollout.cluster_reads import read_gangs
 from workflows.rollout.compartments import HISTORY_LIMIT, Compartments, sleep_until_window
 from workflows.rollout.fleet_controls import FleetControls
 from workflows.rollout.models import (
@@ -287,9 +288,10 @@ class Rollout(FleetControls):
         fleet = self._fleet
         if inp.dry_run:
             nodes = await fleet.survey()
+            gangs = (await read_gangs(inp)).gangs
             fleet.phase = "planned"
             fleet.refresh()
-            return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp))
+            return RolloutResult(cluster=inp.cluster, name=inp.name, outcome="planned", plan=plan(nodes, inp, gangs))
         fleet.planning = workflow.patched(PLANNING_PATCH)
         if inp.checkpoint is None:
             # Once per rollout, before any node: carried in the input through continue-as-new, so never read again.

@@ -11,6 +11,7 @@ from pydantic import Field
 from temporalio import workflow
 
 from activities.kube.models import StageRecord
+from activities.kube.topology import BatchBy, TopologyLabels
 from activities.models import StrictModel
 from workflows.rollout.compartments import Compartments
 from workflows.rollout.fleet_controls import FleetControls
@@ -49,6 +50,8 @@ class ProbeFleetInput(StrictModel):
     node_selectors: LabelSelector
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
     approval: Approval = "none"
+    batch_by: BatchBy = "none"
+    topology: TopologyLabels = Field(default_factory=TopologyLabels)
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
     soak_time: timedelta = timedelta(0)
     gate: BatchGate | None = None

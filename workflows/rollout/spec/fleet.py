@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Protocol
 
+from activities.kube.topology import BatchBy, TopologyLabels
 from workflows.rollout.spec.admission import BatchGate, MaintenanceWindow
 from workflows.rollout.spec.deployment_policy import DeploymentPolicy
 from workflows.rollout.spec.label_selector import LabelSelector
@@ -22,6 +23,8 @@ class FleetSpec(Protocol):
     node_selectors: LabelSelector
     deployment_policy: DeploymentPolicy
     approval: Approval
+    batch_by: BatchBy
+    topology: TopologyLabels
     maintenance_windows: list[MaintenanceWindow]
     soak_time: timedelta
     gate: BatchGate | None

@@ -40,6 +40,7 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from pydantic.alias_generators import to_camel
 from temporalio.common import SearchAttributePair
 
+from activities.kube.topology import BatchBy, TopologyLabels
 from activities.kube.validators import validate_object_name, validate_positive_duration
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
@@ -65,6 +66,12 @@ def describe_errors(error: ValidationError) -> list[str]:
 
 
 Approval = Literal["none", "batch", "compartment"]
+# Shared by every fleet run's input (workflows/rollout/spec/fleet.py).
+BATCH_BY_DOC = (
+    "What a batch takes whole: nvlinkDomain or rack (and every unit a running gang spans, so each gang is interrupted "
+    "once), or none: nodes one by one (docs/rollout-batch-planning.md)."
+)
+TOPOLOGY_DOC = "The node label keys that say where a node sits (its NVLink domain, rack, block), read with batchBy."
 
 
 class RolloutInput(WorkflowInput):
@@ -88,6 +95,8 @@ class RolloutInput(WorkflowInput):
     deployment_policy: DeploymentPolicy = Field(default_factory=DeploymentPolicy)
     deployment_policy_options: DeploymentPolicyOptions = Field(default_factory=DeploymentPolicyOptions)
     approval: Approval = Field("none", description="Wait for approve_batch before each batch or each compartment.")
+    batch_by: BatchBy = Field("none", description=BATCH_BY_DOC)
+    topology: TopologyLabels = Field(default_factory=TopologyLabels, description=TOPOLOGY_DOC)
     maintenance_windows: list[MaintenanceWindow] = Field(
         default_factory=list, description="Empty: any time. Otherwise no node is admitted outside them."
     )
