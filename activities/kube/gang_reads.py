@@ -1,5 +1,7 @@
 """The `read_gangs` activity: the cluster's gangs of GPU work, read from its pods and its schedulers' PodGroups
-(activities/kube/topology.py says how a pod names its gang)."""
+(activities/kube/topology.py says how a pod names its gang); and `plan_drain`, a node's drain plan with the gangs of
+the pods it evicts, read narrowly (the node's pods, their gangs' namespaces and PodGroups), so that a drain can say
+what it interrupted on a cluster of 10,000 nodes without reading them all."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
 from activities.kube.drain import is_gpu_resource
 from activities.kube.errors import api_call
+from activities.kube.models import DrainPlan, DrainPlanRequest
 from activities.kube.node_activities import NodeActivities
 from activities.kube.stages import call_json
 from activities.kube.topology import Gang, GangMap, GangRequest, gang_of
@@ -93,7 +96,88 @@ def gang_disruptions(gangs: list[Gang], out: set[str]) -> dict[str, str]:
     return why
 
 
+def _ref_of(pod: dict[str, Any]) -> tuple[str, str]:
+    md = pod.get("metadata") or {}
+    return md.get("namespace", ""), md.get("name", "")
+
+
+def _parts(gang_id: str) -> tuple[str, str, str]:
+    """A gang id's kind, namespace and name (GangRef.id's form)."""
+    kind, _, key = gang_id.partition(":")
+    namespace, _, name = key.partition("/")
+    return kind, namespace, name
+
+
 class GangActivities(NodeActivities):
+    @activity.defn
+    async def plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
+        """List the node's pods and filter them exactly as `kubectl drain` does, with the gangs of those it evicts.
+
+        Any pod that blocks the drain fails the plan before a single eviction, naming
+        every such pod and the setting that would allow it.
+        """
+        return await self._plan_drain(req)
+
+    async def _plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
+        pods = await self._pods_on_node(req.cluster, req.node, req.settings.pod_selector)
+        plan = await self._plan_of(req, pods)
+        evicted = {(p.namespace, p.name) for p in plan.evict}
+        api = await self._clusters.api(req.cluster)
+        planned = [api.sanitize_for_serialization(p) for p in pods]
+        gangs, pod_gangs = await self._gangs_of(req.cluster, [p for p in planned if _ref_of(p) in evicted])
+        return plan.model_copy(update={"gangs": gangs, "pod_gangs": pod_gangs})
+
+    async def _gangs_of(self, cluster: str, pods: list[dict[str, Any]]) -> tuple[list[Gang], dict[str, str]]:
+        """The gangs of GPU work `pods` belong to, whole (their pods on every node), and pod -> gang id. Reads only
+        the namespaces of gangs of more than a pod (an annotation may name the gang, and no selector asks for one)
+        and those gangs' PodGroups by name."""
+        own = gangs_of_pods(pods, {})  # as the node's pods alone show them
+        ids = {g.id for g in own}
+        pod_gangs = {}
+        for pod in pods:
+            md = pod.get("metadata") or {}
+            gang = gang_of(md.get("namespace", ""), md.get("name", ""), md.get("labels") or {},
+                           md.get("annotations") or {}).id  # fmt: skip
+            if gang in ids:  # a GPU pod (gangs_of_pods leaves out the rest)
+                pod_gangs["/".join(_ref_of(pod))] = gang
+        spread = sorted({_parts(g)[1] for g in ids if _parts(g)[0] != "pod"})
+        whole = [p for p in pods if _ref_of(p)[0] not in spread]
+        for namespace in spread:
+            whole += await self._namespace_pods(cluster, namespace)
+        min_members: dict[str, int] = {}
+        for gang in sorted(ids):
+            kind, namespace, name = _parts(gang)
+            if kind in POD_GROUPS and (found := await self._pod_group(cluster, kind, namespace, name)) is not None:
+                min_members[gang] = found
+        read = {g.id: g for g in gangs_of_pods(whole, min_members)}
+        return [read.get(g.id, g) for g in own], pod_gangs
+
+    async def _namespace_pods(self, cluster: str, namespace: str) -> list[dict[str, Any]]:
+        core = await self._clusters.core(cluster)
+        pods: list[dict[str, Any]] = []
+        token = None
+        while True:
+            page = await call_json(f"listing pods in {namespace}", core.list_namespaced_pod_without_preload_content(
+                namespace, limit=LIST_CHUNK, _continue=token, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+            pods += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return pods
+
+    async def _pod_group(self, cluster: str, kind: str, namespace: str, name: str) -> int | None:
+        """The PodGroup's minMember; None where there is none or the cluster does not serve its API."""
+        group, version, plural = POD_GROUPS[kind]
+        api = k8s.CustomObjectsApi(await self._clusters.api(cluster))
+        try:
+            found = await api_call(f"reading {plural}.{group} {namespace}/{name}", api.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+        except ApplicationError as err:
+            if isinstance(err.__cause__, ApiException) and err.__cause__.status == 404:
+                return None  # no such PodGroup, or no such API (a 404 either way)
+            raise
+        value = ((found or {}).get("spec") or {}).get("minMember")
+        return value if isinstance(value, int) else None
+
     @activity.defn
     async def read_gangs(self, req: GangRequest) -> GangMap:
         """Every gang of GPU work in the cluster: its pods' nodes, GPUs, running count against its minimum, when it

@@ -9,7 +9,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from activities.kube.topology import NodePlace, TopologyLabels
+from activities.kube.topology import DEFAULT_CHECKPOINT_INTERVAL, Gang, NodePlace, TopologyLabels
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
 
@@ -122,9 +122,16 @@ class DrainSettings(StrictModel):
     eviction_retry_interval: timedelta = Field(
         timedelta(seconds=5), description="Wait between eviction attempts blocked by a PodDisruptionBudget."
     )
+    checkpoint_interval: timedelta = Field(
+        DEFAULT_CHECKPOINT_INTERVAL,
+        description="How often the GPU work on the node checkpoints: a gang the drain interrupts loses at most this "
+        "much of its run (gpu_hours_at_risk: its GPUs x the time since it started, capped by this).",
+    )
 
     _selector = field_validator("pod_selector")(validate_label_selector)
-    _durations = field_validator("timeout", "eviction_retry_interval")(validate_positive_duration)
+    _durations = field_validator("timeout", "eviction_retry_interval", "checkpoint_interval")(
+        validate_positive_duration
+    )
 
 
 class NodeRef(StrictModel):
@@ -196,6 +203,12 @@ class SkippedPod(StrictModel):
 class DrainPlan(StrictModel):
     evict: list[PodRef] = Field(default_factory=list)
     skipped: list[SkippedPod] = Field(default_factory=list)
+    gangs: list[Gang] = Field(
+        default_factory=list, description="The gangs of GPU work the pods to evict belong to, as read with the plan."
+    )
+    pod_gangs: dict[str, str] = Field(
+        default_factory=dict, description="Pod to evict ('namespace/name') -> the id of its gang in `gangs`."
+    )
 
 
 class EvictRequest(StrictModel):

@@ -241,18 +241,13 @@ class NodeActivities:
         )
         return found is not None
 
-    @activity.defn
-    async def plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
-        """List the node's pods and filter them exactly as `kubectl drain` does.
+    async def _plan_of(self, req: DrainPlanRequest, pods: list[k8s.V1Pod]) -> DrainPlan:
+        """Filter the node's pods exactly as `kubectl drain` does (the plan, without its gangs: `_plan_drain`).
 
         Any pod that blocks the drain fails the plan before a single eviction, naming
         every such pod and the setting that would allow it.
         """
-        return await self._plan_drain(req)
-
-    async def _plan_drain(self, req: DrainPlanRequest) -> DrainPlan:
         settings = req.settings
-        pods = await self._pods_on_node(req.cluster, req.node, settings.pod_selector)
         plan = DrainPlan()
         errors: dict[str, list[str]] = {}
         for pod in pods:

@@ -45,6 +45,7 @@ from workflows.common.base import Phases, Progress, WorkflowInput
 from workflows.common.call_options import BMC_CALL, BMC_RETRY, NETBOX_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, RetryTimeout, bmc_endpoint, gave_up_on
 from workflows.firmware.bundle import ComponentStatus, FirmwareBundle, FirmwareComponent, plan
+from workflows.maintenance.drain import DrainCost
 from workflows.remediation.models import NodeRemediationInput, RemediationSettings
 from workflows.remediation.policy import remediation_workflow_id
 from workflows.validation.defaults import validation_for
@@ -148,7 +149,7 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         return [SearchAttributePair(sa.NODE, self.server.name)]
 
 
-class FirmwareUpdateResult(StrictModel):
+class FirmwareUpdateResult(DrainCost):
     server: str
     bundle: str
     result: Literal["updated", "up-to-date", "validation-failed"]
@@ -256,6 +257,7 @@ class FirmwareUpdate:
                                    non_retryable=True) from err  # fmt: skip
         result.result = "updated"
         if node is not None:
+            result.add(node.status)  # what its drain cost the GPU work on it
             if self._validates(inp, node):
                 if reset and boot_id is not None:
                     await node.wait_rebooted(boot_id, inp.boot_timeout)

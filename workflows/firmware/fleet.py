@@ -40,6 +40,7 @@ from workflows.common.errors import error_text
 from workflows.firmware.bundle import ComponentStatus
 from workflows.firmware.firmware_update import FirmwareSettings, FirmwareTarget, FirmwareUpdate, FirmwareUpdateInput
 from workflows.firmware.waves import FirmwareWaves, WaveBook
+from workflows.maintenance.drain import DrainCost
 from workflows.rollout.batching import next_window_open, window_open
 from workflows.rollout.models import ReasonRequest
 
@@ -107,7 +108,7 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         return f"fleet-firmware-update/{self.name}"
 
 
-class FleetFirmwareStatus(StrictModel):
+class FleetFirmwareStatus(DrainCost):
     phase: str
     bundle: str
     wave: int = Field(description="The current wave (0: the canary).")
@@ -119,7 +120,7 @@ class FleetFirmwareStatus(StrictModel):
     servers: list[ServerFirmware]
 
 
-class FleetFirmwareResult(StrictModel):
+class FleetFirmwareResult(DrainCost):
     bundle: str
     aborted: str | None = None
     counts: dict[str, int]
@@ -137,6 +138,7 @@ class FleetFirmwareUpdate:
         self._paused: str | None = None
         self._aborted: str | None = None
         self._decisions: list[str] = []
+        self._cost = DrainCost()  # what the servers' drains cost their GPU work (a failed server's: not known here)
         self._phases = Phases(finished=FINISHED)
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
 
@@ -190,7 +192,7 @@ class FleetFirmwareUpdate:
         return FleetFirmwareStatus(
             phase=self._phases.progress.phase, bundle=self._inp.bundle.name, wave=self._book.state.wave,
             wave_size=self._book.size, paused=self._paused, aborted=self._aborted, counts=self._counts(),
-            decisions=self._decisions, servers=list(self._servers.values()),
+            decisions=self._decisions, servers=list(self._servers.values()), **self._cost.cost().model_dump(),
         )  # fmt: skip
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -259,7 +261,7 @@ class FleetFirmwareUpdate:
         self._show("aborted" if self._aborted else "completed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return FleetFirmwareResult(bundle=inp.bundle.name, aborted=self._aborted, counts=self._counts(),
-                                   servers=list(self._servers.values()))  # fmt: skip
+                                   servers=list(self._servers.values()), **self._cost.cost().model_dump())  # fmt: skip
 
     async def _window_open(self) -> bool:
         """True inside a maintenance window; else waits until one opens (or an operator acts) and returns False."""
@@ -286,6 +288,7 @@ class FleetFirmwareUpdate:
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             )  # fmt: skip
             record.components = result.components
+            self._cost.add(result)
             if result.result == "validation-failed":  # installed, but the node is not fit: left out of service
                 record.state, failed = "failed", True
                 record.reason = f"validation failed: {result.validation.reason if result.validation else ''}" + (

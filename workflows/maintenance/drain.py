@@ -7,6 +7,12 @@ as a fresh read shows it (missing, or a new UID), whatever its eviction reported
 drain is done only when that wait says so. Every call is bounded by the drain's deadline.
 While an eviction is refused, or a pod outlives its grace period, the node's `DrainBlocked` condition says so
 (the eviction and the wait write it: activities/kube/), and it goes False once the drain progresses.
+
+What it cost: the plan carries the gangs of GPU work its pods belong to (activities/kube/gang_reads.py); each gang
+not already below its minimum whose pod an eviction here took is interrupted, once, and its GPU-hours at risk are
+its GPUs x the time since it started, at the drain's start, capped by the drain's `checkpoint_interval`
+(activities/kube/topology.py `gpu_hours_at_risk`). Both are in the caller's progress and counted as metrics
+(docs/metrics.md), by cluster and workflow type.
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ from activities.kube.models import (
     SkippedPod,
     WaitPodsGoneRequest,
 )
+from activities.kube.topology import Gang, gpu_hours_at_risk
 from activities.models import StrictModel
 from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.maintenance.gang_drains import GangDrains
 
 EVICTION_CONCURRENCY = 25
 MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 # The final wait covers every pod of the plan, never trusting a "gone" from an eviction's answer: a retired patch
 # (docs/patch-policy.md), recorded deprecated by the callers whose runs asked it.
 WAIT_FOR_EVERY_PLANNED_POD = "drain-waits-for-every-planned-pod"
+GANGS_INTERRUPTED = "millwright_gangs_interrupted_total"
+GPU_HOURS_AT_RISK = "millwright_gpu_hours_at_risk"
 
 
 class BlockedEviction(StrictModel):
@@ -49,7 +59,34 @@ class BlockedEviction(StrictModel):
     attempts: int = 0
 
 
-class DrainProgress(StrictModel):
+class DrainCost(StrictModel):
+    """What taking nodes out of service cost the GPU work on them: a node's drain, or a fleet run's nodes summed."""
+
+    gangs_interrupted: int = Field(
+        0, description="Gangs of GPU work whose pods a drain evicted and that were whole before: each restarts."
+    )
+    gpu_hours_at_risk: float = Field(
+        0.0, description="Those gangs' GPUs x the time since each started, each capped by the checkpoint interval."
+    )
+    interrupted_gangs: dict[str, float] = Field(
+        default_factory=dict,
+        description="Each of them (`<kind>:<namespace>/<name>`) -> its GPU-hours at risk: a "
+        "gang counts once per run, however many of its nodes are drained.",
+    )
+
+    def add(self, other: DrainCost) -> None:
+        """Count `other`'s gangs in, those not counted yet (the first drain that interrupted a gang is its cost)."""
+        for gang, hours in other.interrupted_gangs.items():
+            self.interrupted_gangs.setdefault(gang, hours)
+        self.gangs_interrupted = len(self.interrupted_gangs)
+        self.gpu_hours_at_risk = round(sum(self.interrupted_gangs.values()), 3)
+
+    def cost(self) -> DrainCost:
+        return DrainCost(gangs_interrupted=self.gangs_interrupted, gpu_hours_at_risk=self.gpu_hours_at_risk,
+                         interrupted_gangs=dict(self.interrupted_gangs))  # fmt: skip
+
+
+class DrainProgress(DrainCost):
     to_evict: int = 0
     evicted: list[str] = Field(default_factory=list)
     skipped: list[SkippedPod] = Field(default_factory=list)
@@ -71,14 +108,20 @@ class Drain:
         terminating: Callable[[], None] = lambda: None,
         every_planned_pod: bool = False,
         priority: Priority = Priority.default,
+        together: GangDrains | None = None,
     ) -> None:
         """`every_planned_pod`: the caller's runs all started after WAIT_FOR_EVERY_PLANNED_POD, so none records its
         marker (a marker and a search attribute per run). `priority`: every call's
-        (workflows/common/priorities.py; the default: the workflow's own)."""
+        (workflows/common/priorities.py; the default: the workflow's own). `together`: the drains this one runs
+        beside (workflows/maintenance/gang_drains.py): a gang on their nodes too is evicted with them."""
         self._cluster, self._node, self._settings, self._progress = cluster, node, settings, progress
         self._priority = priority
         self._stopping, self._changed, self._terminating = stopping, changed, terminating
         self._every_planned_pod = every_planned_pod
+        self._together = together
+        self._gangs: dict[str, Gang] = {}  # the plan's gangs that were whole: an eviction interrupts them
+        self._pod_gangs: dict[str, str] = {}
+        self._started = workflow.now()
         # An eviction was refused (before a continue-as-new too): the node's DrainBlocked is cleared at the end.
         self._was_blocked = bool(progress.blocked)
 
@@ -97,14 +140,29 @@ class Drain:
             plan = listed  # typed: the call's options spread from a dict leave its result untyped
         self._progress.to_evict = len(plan.evict)
         self._progress.skipped = plan.skipped
+        self._gangs = {g.id: g for g in plan.gangs if not g.disrupted}
+        self._pod_gangs, self._started = plan.pod_gangs, workflow.now()
         self._changed()
         slots = asyncio.Semaphore(EVICTION_CONCURRENCY)
+        gangs = {g.id: g for g in plan.gangs}
+        spread = self._together.spread(self._node, gangs.values()) if self._together is not None else set()
+        held = None
+        if self._together is not None and spread:  # the gangs other nodes run too: taken with them, once ready
+            held = asyncio.ensure_future(self._together.together(self._node, [gangs[g] for g in sorted(spread)]))
+
+        deadlines = [deadline]
 
         async def evict(pod: PodRef) -> None:
+            until = deadline
+            if held is not None and plan.pod_gangs.get(str(pod)) in spread:
+                await held
+                until = workflow.now() + self._settings.timeout  # the wait for the mates is not the drain's
+                deadlines.append(until)
             async with slots:
-                await self._evict_until_done(pod, deadline)
+                await self._evict_until_done(pod, until)
 
         await asyncio.gather(*(evict(p) for p in plan.evict))
+        deadline = max(deadlines)
         # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
         if not self._every_planned_pod:
             workflow.deprecate_patch(WAIT_FOR_EVERY_PLANNED_POD)
@@ -130,6 +188,20 @@ class Drain:
                 type="DrainTimeout",
                 non_retryable=True,
             ) from err
+
+    def _interrupted(self, gang: Gang | None) -> None:
+        """An eviction took a pod of `gang`: the gang is interrupted (once), at what cost."""
+        progress = self._progress
+        if gang is None or gang.id in progress.interrupted_gangs:
+            return
+        hours = gpu_hours_at_risk([gang], self._started, self._settings.checkpoint_interval)
+        progress.add(DrainCost(interrupted_gangs={gang.id: hours}))
+        labels = {"cluster": self._cluster, "workflow_type": workflow.info().workflow_type}
+        meter = workflow.metric_meter()
+        meter.create_counter(GANGS_INTERRUPTED, "Gangs of GPU work a drain interrupted").add(1, labels)
+        meter.create_histogram_float(GPU_HOURS_AT_RISK, "GPU-hours at risk of each gang a drain interrupted: its "
+                                     "GPUs x its run since it started, capped by the checkpoint interval",
+                                     "h").record(hours, labels)  # fmt: skip
 
     async def _evict_until_done(self, pod: PodRef, deadline: datetime) -> None:
         """Evict one pod, waiting out PDB refusals."""
@@ -173,6 +245,8 @@ class Drain:
             if outcome.status != "blocked":
                 progress.blocked.pop(key, None)
                 progress.evicted.append(key)
+                if outcome.status == "evicted":
+                    self._interrupted(self._gangs.get(self._pod_gangs.get(key, "")))
                 self._changed()
                 return
             self._was_blocked = True

@@ -34,7 +34,7 @@ from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 from workflows.common.patches import decide_early
-from workflows.maintenance.drain import Drain, DrainProgress
+from workflows.maintenance.drain import Drain, DrainCost, DrainProgress
 from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationResult, ValidationSettings
@@ -119,7 +119,7 @@ class NodeMaintenanceStatus(DrainProgress):
     note: str = ""
 
 
-class NodeMaintenanceResult(StrictModel):
+class NodeMaintenanceResult(DrainCost):
     cluster: str
     node: str
     outcome: Literal["completed", "aborted", "validation-failed"]
@@ -284,6 +284,7 @@ class NodeMaintenance:
             uncordoned=s.uncordoned,
             validation=s.validation,
             note=note,
+            **s.cost().model_dump(),
         )
 
     async def _lease(self, inp: NodeMaintenanceInput) -> Lease | None:
@@ -362,6 +363,10 @@ class NodeMaintenance:
             lines.append(f"waiting for {len(s.protected_pods)} protected pods: {', '.join(s.protected_pods[:5])}")
         if s.to_evict:
             lines.append(f"{len(s.evicted)}/{s.to_evict} pods evicted")
+        if s.gangs_interrupted:
+            lines.append(
+                f"{s.gangs_interrupted} gangs of GPU work interrupted, {s.gpu_hours_at_risk} GPU-hours at risk"
+            )
         for b in list(s.blocked.values())[:5]:
             lines.append(f"blocked: {b.pod} by {b.budget or 'the API'} ({b.attempts} tries): {b.message}")
         if self._abort:

@@ -42,7 +42,9 @@ from workflows.tenancy.capacity import read_capacity
 
 def node_outcome(result: Any) -> NodeOutcome:
     res = NodeMigResult.model_validate(result)
-    return NodeOutcome(outcome="erroring" if res.outcome == "erroring" else "complete", reason=res.reason)
+    return NodeOutcome(
+        outcome="erroring" if res.outcome == "erroring" else "complete", reason=res.reason, cost=res.cost()
+    )
 
 
 @workflow.defn
@@ -87,6 +89,7 @@ class GpuPartitioning(FleetControls):
         await workflow.wait_condition(workflow.all_handlers_finished)
         result.outcome = "aborted" if fleet.aborted else "completed"
         result.counts, result.quota_check = fleet.counts(), quota
+        result.add(fleet.cp.cost)
         if fleet.matched_no_node():
             result.warnings.append(MATCHED_NO_NODE)
         return result

@@ -18,7 +18,7 @@ from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
-from workflows.maintenance.drain import DrainProgress
+from workflows.maintenance.drain import DrainCost, DrainProgress
 from workflows.partitioning.layouts import MODELS, known_configs
 from workflows.partitioning.plan import NodePlan, QuotaCheck
 from workflows.rollout.spec.admission import BatchGate, MaintenanceWindow
@@ -85,7 +85,7 @@ class NodeMigInput(StrictModel):
 NodeMigOutcome = Literal["reconfigured", "at-target", "erroring"]
 
 
-class NodeMigResult(StrictModel):
+class NodeMigResult(DrainCost):
     node: str
     outcome: NodeMigOutcome
     reason: str = Field("", description="Why the node is erroring: mig-manager's reason, or what was seen.")
@@ -183,7 +183,7 @@ class GpuPartitioningPlan(StrictModel):
     compartments: list[CompartmentMove] = Field(default_factory=list)
 
 
-class GpuPartitioningResult(StrictModel):
+class GpuPartitioningResult(DrainCost):
     cluster: str
     name: str
     config: str

@@ -153,11 +153,13 @@ class NodeMigReconfigure:
                                      stage=self._status.step, reason=result.reason)  # fmt: skip
             await workflow.execute_local_activity_method(KubeActivities.set_node_rollout_state, state, **API_CALL,
                                                          summary=f"mark {node} erroring")  # fmt: skip
+            result.add(self._status)
             return result
         if self._status.lease is not None:
             await release_lease(c.cluster, node, reason="MIG layout applied, uncordoned")
             self._status.lease = None
         result.outcome = "reconfigured"
+        result.add(self._status)
         self._step("reconfigured", f"{node}: {c.config}")
         return result
 

@@ -20,7 +20,7 @@ from workflows.budget.budget import Budget
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
-from workflows.maintenance.drain import DrainProgress
+from workflows.maintenance.drain import DrainCost, DrainProgress
 from workflows.remediation.policy import (
     DEFAULT_COOLDOWN,
     DecidedFrom,
@@ -163,7 +163,7 @@ class NodeRemediationStatus(DrainProgress):
     note: str = ""
 
 
-class NodeRemediationResult(StrictModel):
+class NodeRemediationResult(DrainCost):
     cluster: str
     node: str
     outcome: Outcome

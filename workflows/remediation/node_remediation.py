@@ -588,8 +588,8 @@ class NodeRemediation:
         workflow.set_current_details(with_waits("\n\n".join(lines), self._phases.progress.waiting))
 
     def _finish(self, result: NodeRemediationResult, outcome: Outcome, note: str) -> NodeRemediationResult:
-        result.outcome = outcome
-        result.steps = list(self._status.steps)
+        result.outcome, result.steps = outcome, list(self._status.steps)
+        result.add(self._status)  # what its drain cost the GPU work on the node
         result.note = "; ".join(n for n in (note, self._status.note) if n)
         self._status.note = result.note  # why the run ended so, in its status, progress and details too
         self._enter(outcome, note)

@@ -391,7 +391,7 @@ class Compartments:
         del self._batches[name]
         succeeded = failed = 0
         for node, raw in result.raw().items():
-            res = self._read(raw)
+            self.cp.cost.add((res := self._read(raw)).cost)  # the run's cost: its nodes', a gang counted once
             self._set_node(node, res.outcome, res.reason)
             self._stage_details[node] = res.stages
             if res.outcome == "complete":
@@ -536,6 +536,7 @@ class Compartments:
             },
             joined=self.cp.joined,
             left=self.cp.left,
+            **self.cp.cost.cost().model_dump(),
         )
 
     def progress(self) -> Progress:

@@ -15,7 +15,7 @@ from activities.kube.models import DrainSettings, StageRecord
 from activities.models import StrictModel
 from workflows.budget.budget import Budget
 from workflows.budget.leases import Lease
-from workflows.maintenance.drain import DrainProgress
+from workflows.maintenance.drain import DrainCost, DrainProgress
 from workflows.rollout.batching import Plan
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.packages import Interrupt
@@ -76,7 +76,7 @@ class NodeUpdateInput(StrictModel):
     )
 
 
-class NodeUpdateResult(StrictModel):
+class NodeUpdateResult(DrainCost):
     node: str
     outcome: Outcome
     reason: str = ""
@@ -137,6 +137,7 @@ class NodeOutcome(StrictModel):
     outcome: Outcome
     reason: str = ""
     stages: list[StageRecord] = Field(default_factory=list, description="Shown in the run's status for the node.")
+    cost: DrainCost = Field(default_factory=DrainCost, description="What the node's drain cost the GPU work on it.")
 
 
 class BatchInput(StrictModel):
@@ -228,7 +229,7 @@ class CompartmentView(StrictModel):
     current_batch: BatchView | None = None
 
 
-class RolloutStatus(StrictModel):
+class RolloutStatus(DrainCost):
     phase: str
     paused_reason: str | None = None
     aborted: str | None = None
@@ -244,7 +245,7 @@ class RolloutStatus(StrictModel):
     )
 
 
-class RolloutResult(StrictModel):
+class RolloutResult(DrainCost):
     cluster: str
     name: str
     outcome: Literal["completed", "aborted", "planned"]

@@ -55,6 +55,7 @@ from workflows.budget.leases import Lease, acquire_lease, release_lease
 from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
+from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
 from workflows.rollout.spec.packages import Interrupt
 from workflows.validation.gate import validate_node
@@ -112,9 +113,11 @@ class NodeSequence:
     its batch, beside the batch's other nodes, or by a NodeUpdate. `own_run`: the run is the node's own, which
     records the retired patches where runs from older builds had them."""
 
-    def __init__(self, inp: NodeUpdateInput, *, own_run: bool = False) -> None:
+    def __init__(self, inp: NodeUpdateInput, *, own_run: bool = False, together: GangDrains | None = None) -> None:
+        """`together`: the drains of the batch's nodes run at once (workflows/maintenance/gang_drains.py)."""
         self._inp = inp
         self._own_run = own_run
+        self._together = together
         self.status = NodeUpdateStatus()
         self._paused = False
         self._stages_run: workflow.ActivityHandle[NodeStagesResult] | None = None
@@ -162,6 +165,8 @@ class NodeSequence:
                 )
                 return result
             if t.out_of_service:
+                if self._together is not None:
+                    self._together.cordoned(node)
                 await self._drain(started.drain, result)
             installed = started.node.packages
             due = [p for p in t.packages if installed.get(p.name) != p.version]
@@ -195,6 +200,7 @@ class NodeSequence:
             return await self._erroring(result, str(cause))
         finally:
             result.stages = self.status.stages
+            result.add(self.status)
         return result
 
     async def _validate(self, settings: ValidationSettings, result: NodeUpdateResult) -> None:
@@ -210,8 +216,12 @@ class NodeSequence:
         t = self._inp.template
         await self._hold("drain")
         started = workflow.now()
-        await Drain(t.cluster, self._inp.node, t.drain, self.status, stopping=lambda: False, changed=lambda: None,
-                    every_planned_pod=True).run(plan)  # fmt: skip
+        try:
+            await Drain(t.cluster, self._inp.node, t.drain, self.status, stopping=lambda: False, changed=lambda: None,
+                        every_planned_pod=True, together=self._together).run(plan)  # fmt: skip
+        finally:
+            if self._together is not None:
+                await self._together.rejoin(self._inp.node)
         result.drain_seconds = (workflow.now() - started).total_seconds()
         _record_duration("millwright_drain_duration_seconds", "Time to drain a node in a rollout", result.drain_seconds)
 

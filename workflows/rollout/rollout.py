@@ -29,6 +29,7 @@ from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_
 from workflows.common import priorities
 from workflows.common.base import history_is_long
 from workflows.common.patches import decide_early
+from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.cluster_reads import read_gangs
 from workflows.rollout.compartments import HISTORY_LIMIT, Compartments, sleep_until_window
@@ -121,7 +122,13 @@ class RolloutBatch:
         if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
             decide_early(STAGES_HAND_BACK)
 
-        async def one(n: BatchNode) -> None:
+        async def one(n: BatchNode, together: GangDrains) -> None:
+            try:
+                await node(n, together)
+            finally:
+                together.settled(n.node)
+
+        async def node(n: BatchNode, together: GangDrains) -> None:
             async with slots:
                 lease = None
                 while True:
@@ -131,11 +138,11 @@ class RolloutBatch:
                         return
                     if not leased:
                         break
-                    lease = await self._lease(inp.windows, n.node, inline)
+                    lease = await self._lease(inp.windows, n.node, inline, together)
                     if lease is not None:
                         break
                 if inline:
-                    results[n.node] = await self._run_inline(n, lease)
+                    results[n.node] = await self._run_inline(n, lease, together)
                     return
                 handle = await workflow.start_child_workflow(
                     work.workflow,
@@ -158,7 +165,9 @@ class RolloutBatch:
         chunk_size = 2 * inp.max_in_flight
         while todo:
             chunk, todo = todo[:chunk_size], todo[chunk_size:]
-            await asyncio.gather(*(one(n) for n in chunk))
+            # A gang on several nodes of the chunk is evicted from all of them at once (gang_drains.py).
+            together = GangDrains([n.node for n in chunk], slots, lambda: self._inside_windows(inp.windows))
+            await asyncio.gather(*(one(n, together) for n in chunk))
             if todo and not self._stopped and history_is_long(HISTORY_LIMIT):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 carried = {"nodes": todo, "work": work, "template": None, "results": {}, "outputs": results}
@@ -166,9 +175,10 @@ class RolloutBatch:
         not_started += [n.node for n in todo]
         return BatchResult(outputs=results, not_started=not_started)
 
-    async def _run_inline(self, n: BatchNode, lease: Lease | None) -> dict[str, Any]:
+    async def _run_inline(self, n: BatchNode, lease: Lease | None, together: GangDrains) -> dict[str, Any]:
         """The node's update, run by this batch; its result as a child's would be (JSON)."""
-        node = self._inline[n.node] = NodeSequence(NodeUpdateInput.model_validate(_child_input(self._work, n, lease)))
+        node = self._inline[n.node] = NodeSequence(NodeUpdateInput.model_validate(_child_input(self._work, n, lease)),
+                                                   together=together)  # fmt: skip
         self._details()
         if self._paused:
             node.pause()
@@ -177,7 +187,8 @@ class RolloutBatch:
         self._details()
         return result.model_dump(mode="json")
 
-    async def _lease(self, windows: list[MaintenanceWindow], node: str, inline: bool) -> Lease | None:
+    async def _lease(self, windows: list[MaintenanceWindow], node: str, inline: bool,
+                     together: GangDrains) -> Lease | None:  # fmt: skip
         """The node's lease, held by this batch for a node it updates itself, else by the node's child-to-be; None
         when the batch is paused or stopped meanwhile (the request is withdrawn: a paused batch holds no place) or
         the grant comes outside the windows (returned)."""
@@ -186,6 +197,7 @@ class RolloutBatch:
 
         def waiting(lease: Lease) -> None:
             self._waiting[node] = f"{lease.id}: queued #{lease.position}; {lease.note}"
+            together.settled(node)  # its gang's other nodes do not wait for it: the budget may want them back first
             self._details()
 
         lease = await acquire_lease(w.cluster, node, holder=holder, reason=w.lease_reason, budget=w.budget,
@@ -213,6 +225,11 @@ class RolloutBatch:
                 await sleep_until_window(windows, lambda: self._stopped or self._paused)
                 continue
             return
+
+    async def _inside_windows(self, windows: list[MaintenanceWindow]) -> None:
+        """Wait until inside a maintenance window (at once without windows): nothing is evicted outside them."""
+        while windows and not window_open(windows, workflow.now()):
+            await sleep_until_window(windows, lambda: False)
 
     async def _forward(self, signal: str | None) -> None:
         if signal is None:
@@ -248,7 +265,7 @@ def node_update_work(template: NodeUpdateTemplate) -> NodeWork:
 
 def node_update_outcome(result: Any) -> NodeOutcome:
     res = NodeUpdateResult.model_validate(result)
-    return NodeOutcome(outcome=res.outcome, reason=res.reason, stages=res.stages)
+    return NodeOutcome(outcome=res.outcome, reason=res.reason, stages=res.stages, cost=res.cost())
 
 
 # ---------------------------------------------------------------- Rollout
@@ -297,6 +314,7 @@ class Rollout(FleetControls):
             counts=fleet.counts(),
             problems=problems,
             compartments={name: cs.batch for name, cs in fleet.cp.compartments.items()},
+            **fleet.cp.cost.cost().model_dump(),
         )
 
     def _reset_on_version_change(self) -> None:

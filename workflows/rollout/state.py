@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from activities.models import StrictModel
+from workflows.maintenance.drain import DrainCost
 
 # A node's place in the rollout, NodeWright's vocabulary.
 NodeStatus = Literal["waiting", "in_progress", "complete", "erroring", "blocked", "skipped"]
@@ -65,6 +66,9 @@ class RolloutCheckpoint(_State):
     )
     left: dict[str, NodeStatus] = Field(
         default_factory=dict, description="Node that stopped matching mid-rollout -> its state when it left."
+    )
+    cost: DrainCost = Field(
+        default_factory=DrainCost, description="What the run's drains cost the GPU work so far, its nodes summed."
     )
     package_versions: dict[str, str] = Field(
         default_factory=dict, description="The versions the batch states were built under (a change resets them)."
