@@ -10,7 +10,12 @@ an operator resumes or aborts. A server already at the bundle's versions is reco
 place in its wave. Children outlive the fleet's run (`ParentClosePolicy.ABANDON`): a flash is never cut short.
 
 `status` lists every server (its wave, state, child workflow, reason, and its components once finished); a running
-server's components and task states are its child's `components` query (`millwright` shows both). History: ~9
+server's components and task states are its child's `components` query (`millwright` shows both).
+
+With `batch_by` (nvlinkDomain or rack), waves take whole domains (workflows/firmware/waves.py): the run first reads
+where each server's Kubernetes node sits (its labels, a page of each cluster's node list at a time); a server that is
+no node, or whose node has no such label, is a domain of its own. `status` shows each server's domain, each wave's
+domains, and the domains a stop left on mixed firmware. History: ~9
 events a server (a child's start, close and two workflow tasks) and one per control, so one run holds
 `MAX_SERVERS` servers well under Temporal's history limits; larger fleets run as several fleets.
 """
@@ -28,23 +33,34 @@ from temporalio import workflow
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
+from activities.kube.activities import KubeActivities
+from activities.kube.models import NodePageRequest
+from activities.kube.topology import OWN_DOMAIN_PREFIX, BatchBy, TopologyLabels, place_of
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from activities.netbox.activities import NetBoxActivities
 from activities.netbox.models import DeviceQuery
 from workflows.burnin.node_guard import KubernetesNode
 from workflows.common.base import Phases, Progress, WorkflowInput
-from workflows.common.call_options import NETBOX_CALL
-from workflows.common.endpoints import Endpoints, RetryTimeout
+from workflows.common.call_options import API_CALL, NETBOX_CALL
+from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api
 from workflows.common.errors import error_text
 from workflows.firmware.bundle import ComponentStatus
 from workflows.firmware.firmware_update import FirmwareSettings, FirmwareTarget, FirmwareUpdate, FirmwareUpdateInput
-from workflows.firmware.waves import FirmwareWaves, WaveBook
+from workflows.firmware.waves import (
+    FirmwareWaves,
+    WaveBook,
+    domains_left_mixed,
+    domains_of,
+    own_domains_note,
+)
 from workflows.maintenance.drain import DrainCost
 from workflows.rollout.batching import next_window_open, window_open
 from workflows.rollout.models import ReasonRequest
+from workflows.rollout.unit_batching import UNIT_NAMES
 
 MAX_SERVERS = 2000
+NODE_PAGE = 1000  # nodes a page when reading where servers sit
 
 ServerState = Literal["pending", "running", "updated", "up-to-date", "failed", "skipped"]
 FINISHED = ("completed", "aborted")
@@ -56,6 +72,10 @@ class ServerFirmware(StrictModel):
     server: str
     state: ServerState = "pending"
     wave: int | None = Field(None, description="The wave it ran in (0: the canary).")
+    domain: str | None = Field(
+        None, description="With batch_by: the domain its wave takes whole (an NVLink domain's ClusterUUID, a rack); "
+        "`node:<server>`: a domain of its own (status's `topology` says why).",
+    )  # fmt: skip
     workflow_id: str | None = Field(None, description="Its FirmwareUpdate run (`components` query while running).")
     reason: str = Field("", description="Why it failed or was skipped.")
     components: list[ComponentStatus] = Field(default_factory=list, description="Its result's components.")
@@ -78,6 +98,15 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
     max_concurrent_bmcs: int = Field(
         2, ge=1, le=1000, description="Servers whose BMCs update at once (the image server and the management "
         "network carry this many transfers); a larger wave runs in turns.",
+    )  # fmt: skip
+    batch_by: BatchBy = Field(
+        "none", description="What a wave takes whole: nvlinkDomain (an NVLink domain's servers need one firmware set) "
+        "or rack, from each server's Kubernetes node's labels; the canary is the smallest domain. none: servers one "
+        "by one.",
+    )  # fmt: skip
+    topology: TopologyLabels = Field(
+        default_factory=TopologyLabels, description="The node label keys that say where a server's node sits (its "
+        "NVLink domain: `clique`; `rack`), read with batch_by.",
     )  # fmt: skip
 
     _name = field_validator("name")(validate_object_name)
@@ -102,10 +131,23 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         dupes = sorted(n for n, c in Counter(s.name for s in self.servers).items() if c > 1)
         if dupes:
             raise ValueError(f"servers listed twice: {', '.join(dupes)}")
+        if self.batch_by != "none":
+            if self.waves.canary != 1:
+                raise ValueError(f"waves.canary: with batch_by {self.batch_by} the canary is one whole domain (the "
+                                 "smallest): leave canary out")  # fmt: skip
+            if all(s.kubernetes is None for s in self.servers) and self.kubernetes is None:
+                raise ValueError("batch_by: a server's domain comes from its Kubernetes node's labels, and no "
+                                 "server is a node: give servers[].kubernetes or kubernetes, or batch_by none")  # fmt: skip
         return self
 
     def workflow_id(self) -> str:
         return f"fleet-firmware-update/{self.name}"
+
+
+MIXED_DOC = (
+    "With batch_by: domains on mixed firmware, none of their servers running: one updated or failed, not "
+    "all on the bundle (a stop, a failure, or a closed maintenance window left them so)."
+)
 
 
 class FleetFirmwareStatus(DrainCost):
@@ -117,6 +159,11 @@ class FleetFirmwareStatus(DrainCost):
     aborted: str | None = None
     counts: dict[str, int] = Field(description="Servers by state.")
     decisions: list[str] = Field(default_factory=list, description="Operators' pauses, resumes and aborts.")
+    topology: str | None = Field(None, description="With batch_by: what the waves take whole, and which servers "
+                                 "are domains of their own and why.")  # fmt: skip
+    wave_domains: list[list[str]] = Field(default_factory=list, description="With batch_by: each wave's domains "
+                                          "(index 0: the canary).")  # fmt: skip
+    domains_left_mixed: list[str] = Field(default_factory=list, description=MIXED_DOC)
     servers: list[ServerFirmware]
 
 
@@ -124,6 +171,7 @@ class FleetFirmwareResult(DrainCost):
     bundle: str
     aborted: str | None = None
     counts: dict[str, int]
+    domains_left_mixed: list[str] = Field(default_factory=list, description=MIXED_DOC)
     servers: list[ServerFirmware]
 
 
@@ -132,9 +180,10 @@ class FleetFirmwareUpdate:
     @workflow.init
     def __init__(self, inp: FleetFirmwareInput) -> None:
         self._inp = inp
-        self._book = WaveBook(inp.waves, inp.max_concurrent_bmcs)
+        self._book = WaveBook(inp.waves, inp.max_concurrent_bmcs, batch_by=inp.batch_by)
         self._servers: dict[str, ServerFirmware] = {}
-        self._pending: list[FirmwareTarget] = []
+        self._pending: dict[str, FirmwareTarget] = {}
+        self._topology: str | None = None
         self._paused: str | None = None
         self._aborted: str | None = None
         self._decisions: list[str] = []
@@ -192,7 +241,8 @@ class FleetFirmwareUpdate:
         return FleetFirmwareStatus(
             phase=self._phases.progress.phase, bundle=self._inp.bundle.name, wave=self._book.state.wave,
             wave_size=self._book.size, paused=self._paused, aborted=self._aborted, counts=self._counts(),
-            decisions=self._decisions, servers=list(self._servers.values()), **self._cost.cost().model_dump(),
+            decisions=self._decisions, topology=self._topology, wave_domains=self._book.wave_domains,
+            domains_left_mixed=self._mixed(), servers=list(self._servers.values()), **self._cost.cost().model_dump(),
         )  # fmt: skip
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -201,6 +251,13 @@ class FleetFirmwareUpdate:
 
     def _counts(self) -> dict[str, int]:
         return dict(Counter(s.state for s in self._servers.values()))
+
+    def _mixed(self) -> list[str]:
+        if self._inp.batch_by == "none":
+            return []
+        servers = self._servers.values()  # a domain is None until read
+        domains = {s.server: s.domain for s in servers if s.domain is not None}
+        return domains_left_mixed(domains, {s.server: s.state for s in servers})
 
     def _show(self, phase: str | None = None) -> None:
         if phase is None:
@@ -212,6 +269,8 @@ class FleetFirmwareUpdate:
             f"changed), running: {', '.join(running) or 'none'}; "
             + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if state != "running")
         )
+        if mixed := self._mixed():
+            details += f"; {UNIT_NAMES[self._inp.batch_by]}s left on mixed firmware: {', '.join(mixed)}"
         if self._paused or self._aborted:
             details = f"{self._paused or 'aborting: ' + (self._aborted or '')} — {details}"
         done = sum(n for state, n in counts.items() if state not in ("pending", "running"))
@@ -233,7 +292,9 @@ class FleetFirmwareUpdate:
             raise ApplicationError(f"{len(targets)} servers: at most {MAX_SERVERS} a fleet run",
                                    type="TooManyServers", non_retryable=True)  # fmt: skip
         self._servers = {t.name: ServerFirmware(server=t.name) for t in targets}
-        self._pending = targets
+        self._pending = {t.name: t for t in targets}
+        if inp.batch_by != "none":
+            await self._read_domains(targets)
         tasks: list[asyncio.Task[None]] = []
         self._show()
         while self._pending and self._aborted is None:
@@ -245,23 +306,58 @@ class FleetFirmwareUpdate:
             if self._book.next_wave():
                 self._show()
             if self._book.startable():
-                target = self._pending.pop(0)
+                target = self._pending.pop(self._book.next_server(self._pending))
                 tasks.append(asyncio.create_task(self._update(target, self._book.start(target.name))))
                 continue
             await workflow.wait_condition(
                 lambda: self._book.startable() or not self._book.running or self._paused is not None
                 or self._aborted is not None
             )  # fmt: skip
-        for target in self._pending:  # an abort: the rest are left as they are
+        for target in self._pending.values():  # an abort: the rest are left as they are
             self._servers[target.name].state = "skipped"
             self._servers[target.name].reason = f"fleet aborted: {self._aborted}"
-        self._pending = []
+        self._pending = {}
         self._show()
         await asyncio.gather(*tasks)
         self._show("aborted" if self._aborted else "completed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return FleetFirmwareResult(bundle=inp.bundle.name, aborted=self._aborted, counts=self._counts(),
-                                   servers=list(self._servers.values()), **self._cost.cost().model_dump())  # fmt: skip
+                                   domains_left_mixed=self._mixed(), servers=list(self._servers.values()),
+                                   **self._cost.cost().model_dump())  # fmt: skip
+
+    async def _read_domains(self, targets: list[FirmwareTarget]) -> None:
+        """Each server's domain, from its Kubernetes node's labels: each cluster's node list, a page at a time (one
+        activity a page), keeping the targets' nodes."""
+        keys, label = self._inp.topology, (self._inp.topology.clique if self._inp.batch_by == "nvlinkDomain"
+                                           else self._inp.topology.rack)  # fmt: skip
+        wanted: dict[str, dict[str, str]] = {}  # cluster -> node -> server
+        for t in targets:
+            if t.kubernetes is not None:
+                wanted.setdefault(t.kubernetes.cluster, {})[t.kubernetes.node or t.name] = t.name
+        self._phases.enter("reading-topology", f"where the servers' nodes sit ({label} labels)")
+        for cluster, servers in sorted(wanted.items()):
+            token = None
+            while True:
+                page = await self._calls.execute(
+                    KubeActivities.list_nodes_page,
+                    NodePageRequest(cluster=cluster, label_keys=[label], limit=NODE_PAGE, continue_token=token),
+                    **API_CALL, endpoint=kubernetes_api(cluster), summary=f"read {label} of cluster {cluster}'s nodes",
+                )  # fmt: skip
+                for node in page.nodes:
+                    if node.name in servers:
+                        self._book.places[servers[node.name]] = place_of(servers[node.name], node.labels, keys)
+                token = page.continue_token
+                if not token:
+                    break
+        domains = domains_of([t.name for t in targets], self._book.places, self._inp.batch_by)
+        alone: dict[str, str] = {}
+        for t in targets:
+            self._servers[t.name].domain = domains[t.name]
+            if domains[t.name].startswith(OWN_DOMAIN_PREFIX):
+                alone[t.name] = ("no Kubernetes node" if t.kubernetes is None
+                                 else f"its node is not in cluster {t.kubernetes.cluster}"
+                                 if t.name not in self._book.places else f"no {label} label")  # fmt: skip
+        self._topology = own_domains_note(alone, self._inp.batch_by)
 
     async def _window_open(self) -> bool:
         """True inside a maintenance window; else waits until one opens (or an operator acts) and returns False."""

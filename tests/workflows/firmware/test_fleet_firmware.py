@@ -10,6 +10,7 @@ import uuid
 import pytest
 from temporalio.client import WorkflowHandle
 
+from activities.kube.topology import CLIQUE_LABEL
 from activities.node_health import QUARANTINE_ANNOTATION
 from lab.fleet import Fleet
 from starter.controls import Refused, firmware_control, firmware_status
@@ -216,3 +217,50 @@ async def test_a_server_failing_validation_after_its_firmware_goes_to_remediatio
     assert quarantine["by"] == f"remediation/lab/{bad}" and "remediation exhausted" in quarantine["reason"]
     assert "requested by firmware-update/" in remedied["note"]
     assert not (await core.read_node(good)).spec.unschedulable  # validated, then back in service
+
+
+async def test_waves_by_nvlink_domain_take_whole_domains_and_a_stop_inside_one_says_it_is_left_mixed(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    servers = burnin_bmcs.names[:6]
+    bare = servers[5]  # no Kubernetes node: an NVLink domain of its own, the smallest, so the canary
+    x, y = [servers[0], servers[2], servers[4]], [servers[1], servers[3]]  # listed interleaved
+    clique = {**dict.fromkeys(x, "dom-x.1"), **dict.fromkeys(y, "dom-y.1")}
+    await k8s.seed(Fleet.model_validate({
+        "cluster": "lab", "workloads": [],
+        "nodes": [{"name": n, "gpus": 8, "labels": {CLIQUE_LABEL: clique[n]}} for n in sorted(clique)],
+    }).to_objects())  # fmt: skip
+    for name in sorted(clique):
+        await follow(power_link, bmc_admin, name)
+    await bmc_admin.set_images(IMAGES)
+    await bmc_admin.set_update_faults(x[1], {"BIOS": "flash write failed at block 7"})
+    inp = fleet_input(burnin_bmcs, servers, set(clique), BIOS_ONLY, batch_by="nvlinkDomain",
+                      waves={"batch_sizes": [2], "failure_threshold": 1}, max_concurrent_bmcs=1)  # fmt: skip
+    handle = await start(client, burnin_worker, inp)
+
+    stopped = await status_where(handle, lambda s: s.paused is not None and not any(
+        v.state == "running" for v in s.servers), "the fleet stopped inside domain x")  # fmt: skip
+    states = {s.server: s.state for s in stopped.servers}
+    assert [states[n] for n in x] == ["updated", "failed", "pending"] and states[bare] == "updated", states
+    assert stopped.domains_left_mixed == ["dom-x"] and stopped.wave_domains == [[f"node:{bare}"], ["dom-x"]]
+    assert stopped.topology == f"waves take whole NVLink domains; 1 server(s) each a NVLink domain of its own: " \
+                               f"{bare} (no Kubernetes node)"  # fmt: skip
+    progress = await handle.query(FleetFirmwareUpdate.progress)
+    assert "NVLink domains left on mixed firmware: dom-x" in progress.details, progress.details
+    # The operator swaps the flash part and returns its node to service (the cluster's budget has room again).
+    await core.patch_node(x[1], {"spec": {"unschedulable": False}})
+    await firmware_control(client, "resume", inp.name, by="sre", reason="one bad flash part")
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update_nvlink_domains")
+
+    by_name = {s.server: s for s in result.servers}
+    assert {n: (by_name[n].domain, by_name[n].wave) for n in servers} == {
+        bare: (f"node:{bare}", 0), **{n: ("dom-x", 1) for n in x}, **{n: ("dom-y", 2) for n in y},
+    }  # fmt: skip
+    assert result.counts == {"updated": 5, "failed": 1} and result.domains_left_mixed == ["dom-x"], result
+    status = await handle.query(FleetFirmwareUpdate.status)
+    assert status.wave_domains == [[f"node:{bare}"], ["dom-x"], ["dom-y"]]
+    # On the BMCs: no server of a later wave started before every server of the wave before it had finished.
+    windows = await update_windows(bmc_admin, servers)
+    for earlier, later in ([bare], x), (x, y):
+        assert max(windows[n][1] for n in earlier) < min(windows[n][0] for n in later), windows
