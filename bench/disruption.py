@@ -131,7 +131,7 @@ async def main(racks: int, seed: int, workers: int, grace: float) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--racks", type=int, default=64, help="NVL72 racks of 18 trays")
-    parser.add_argument("--seed", type=int, default=0, help="the fleet's names and the jobs' placement")
+XX
     parser.add_argument("--workers", type=int, default=1, help="worker processes (python -m worker)")
     parser.add_argument("--grace", type=float, default=2.0,
                         help="KAI's staleness grace in the emulator, seconds (KAI's default is 60)")  # fmt: skip
