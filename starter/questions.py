@@ -25,7 +25,7 @@ from activities.kube.models import (
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.kube.topology import Gang, NodePlace, TopologyLabels, place_of
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
-from starter.controls import FLEETS, RunNotFound, breaker_show, budget_show, described
+from starter.controls import FLEETS, RunClosed, RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
 from workflows.budget.leases import Lease
 from workflows.common import search_attributes as sa
@@ -231,7 +231,7 @@ async def node_why(
         why.out_of_service = budget.out_of_service.get(node)
         why.leases = [lease for lease in [*budget.leases, *budget.queue] if lease.node == node]
         why.breaker = await breaker_show(client, cluster)
-    except RunNotFound:
+    except (RunNotFound, RunClosed):
         why.problems.append(f"no disruption budget runs for {cluster}: nothing leased there")
     query = f"{sa.CLUSTER.name} = {_quote(cluster)} AND {sa.NODE.name} = {_quote(node)}"
     why.runs = [

@@ -136,7 +136,7 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]
-        assert set(pids) == {"runner", "temporal", "kubernetes", "worker", "bmcs", "hosts", "ufm", "webhook",
+        assert set(pids) == {"runner", "temporal", "kubernetes", "nvl72", "worker", "bmcs", "hosts", "ufm", "webhook",
                              "prometheus"}  # fmt: skip
         assert all(map(alive, pids.values()))
         host, port = info["temporal"]["address"].rsplit(":", 1)
@@ -160,10 +160,11 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         budget = millwright("budget", "show", "lab", "--state-dir", str(state))
         assert budget.returncode == 0 and "millwright lab" in budget.stdout, budget
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
-        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:11]}
+        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:12]}
         assert states == {
             "temporal": "ready",
             "kubernetes": "ready",
+            "nvl72": "ready",
             "bmcs": "ready",
             "hosts": "ready",
             "ufm": "ready",

@@ -106,11 +106,12 @@ class Api:
         info.kind = "resource"
         info.group, info.version = group, version
         reg = self.store.registry
-        if len(rest) >= 3 and rest[0] == "namespaces":
-            rt = reg.get(group, version, rest[2])
-            if rt is not None and rt.namespaced:
-                info.namespace = rest[1]
-                rest = rest[2:]
+        # The API server's RequestInfoFactory: `namespaces/<ns>/<resource>` addresses a namespaced resource, served
+        # or not (an unserved one is still a request for that resource, as an audit log or RBAC sees it), except the
+        # Namespace's own subresources.
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+            info.namespace = rest[1]
+            rest = rest[2:]
         info.resource = rest[0] if rest else ""
         info.name = rest[1] if len(rest) > 1 else ""
         info.subresource = "/".join(rest[2:]) if len(rest) > 2 else ""
@@ -248,6 +249,8 @@ class Api:
         if sub and not (sub == "status" and rt.status) and not (sub in ("eviction", "log") and rt.key == PODS):
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         if rt.namespaced and info.name and not info.namespace and info.verb not in ("list", "watch"):
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        if info.namespace and not rt.namespaced:  # a cluster-scoped resource under a namespace's path
             raise ApiError(404, "the server could not find the requested resource", "NotFound")
         verb = info.verb
         if sub == "eviction":
