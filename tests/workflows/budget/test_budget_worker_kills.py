@@ -44,6 +44,37 @@ async def kill_workers(client, task_queue: str, env: dict, log, worker, rng: ran
     return worker
 
 
+async def maintain_under_kills(client, temporal_address, kubeconfig_path, tmp_path, rng: random.Random,
+                               nodes: list[str], budget: int, drain: dict, change: BudgetChange | None = None,
+                               history: str | None = None) -> list:  # fmt: skip
+    """A NodeMaintenance of each node under the budget entity (`change` set on it first), while workers are killed;
+    the maintenances' results (`history`: the entity's history is recorded under that name)."""
+    task_queue = f"budget-kills-{uuid.uuid4().hex[:8]}"
+    env = worker_env(tmp_path, temporal_address, kubeconfig_path, MILLWRIGHT_TASK_QUEUE=task_queue)
+    log = tmp_path / "worker.log"
+    worker = spawn_worker(env, log)
+    try:
+        await wait_polling(client, task_queue, worker, log)
+        inp = DisruptionBudgetInput(cluster="lab", budget=Budget(count=budget), check_interval=timedelta(seconds=0.5),
+                                    liveness_interval=timedelta(seconds=1), task_queue=task_queue)  # fmt: skip
+        entity = await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue)
+        if change is not None:
+            await entity.execute_update(DisruptionBudget.set_budget, change)
+        holders = []
+        for node in nodes:
+            m = NodeMaintenanceInput(cluster="lab", node=node, reason="worker kill test", uncordon_after=True,
+                                     drain=drain)  # fmt: skip
+            holders.append(await client.start_workflow(NodeMaintenance.run, m, id=f"{m.workflow_id()}/{uuid.uuid4().hex[:6]}",
+                                                       task_queue=task_queue))  # fmt: skip
+        worker = await kill_workers(client, task_queue, env, log, worker, rng)
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 300)
+        if history is not None:
+            await record_history(entity, history)
+    finally:
+        stop_worker(worker)
+    return list(results)
+
+
 @pytest.mark.usefixtures("replay_histories")
 async def test_entity_survives_worker_kills_while_its_cluster_reads_are_slow(
     client, temporal_address, k8s, kubeconfig_path, tmp_path
@@ -52,27 +83,10 @@ async def test_entity_survives_worker_kills_while_its_cluster_reads_are_slow(
     rng = random.Random(seed)
     await k8s.seed(small_fleet())
     await k8s.add_fault({"verb": "list", "resource": "nodes"}, {"delay": SLOW_READ}, count=3, skip=1)
-
-    task_queue = f"budget-kills-{uuid.uuid4().hex[:8]}"
-    env = worker_env(tmp_path, temporal_address, kubeconfig_path, MILLWRIGHT_TASK_QUEUE=task_queue)
-    log = tmp_path / "worker.log"
-    worker = spawn_worker(env, log)
-    try:
-        await wait_polling(client, task_queue, worker, log)
-        inp = DisruptionBudgetInput(cluster="lab", budget=Budget(count=2), check_interval=timedelta(seconds=0.5),
-                                    liveness_interval=timedelta(seconds=1), task_queue=task_queue)  # fmt: skip
-        entity = await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue)
-        holders = []
-        for i in range(1, 6):
-            m = NodeMaintenanceInput(cluster="lab", node=f"node-{i:02d}", reason="worker kill test",
-                                     uncordon_after=True, drain={"eviction_retry_interval": 0.5, "timeout": 120})  # fmt: skip
-            holders.append(await client.start_workflow(NodeMaintenance.run, m, id=f"{m.workflow_id()}/{uuid.uuid4().hex[:6]}",
-                                                       task_queue=task_queue))  # fmt: skip
-        worker = await kill_workers(client, task_queue, env, log, worker, rng)
-        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 300)
-        await record_history(entity, "disruption_budget_worker_kills")
-    finally:
-        stop_worker(worker)
+    results = await maintain_under_kills(client, temporal_address, kubeconfig_path, tmp_path, rng,
+                                         [f"node-{i:02d}" for i in range(1, 6)], 2,
+                                         {"eviction_retry_interval": 0.5, "timeout": 120},
+                                         history="disruption_budget_worker_kills")  # fmt: skip
 
     assert all(r.outcome == "completed" and r.uncordoned for r in results), (seed, results)
     assert max_out_of_service(await k8s.audit()) <= 2, seed
@@ -94,28 +108,10 @@ async def test_domain_and_gang_limits_hold_through_worker_kills(
     rng = random.Random(seed)
     await k8s.seed(topology_fleet(KILL_DOMAINS, KILL_GANGS))
     await k8s.add_fault({"verb": "list", "resource": "nodes"}, {"delay": SLOW_READ}, count=3, skip=1)
-
-    task_queue = f"budget-unit-kills-{uuid.uuid4().hex[:8]}"
-    env = worker_env(tmp_path, temporal_address, kubeconfig_path, MILLWRIGHT_TASK_QUEUE=task_queue)
-    log = tmp_path / "worker.log"
-    worker = spawn_worker(env, log)
-    try:
-        await wait_polling(client, task_queue, worker, log)
-        inp = DisruptionBudgetInput(cluster="lab", budget=Budget(count=3), check_interval=timedelta(seconds=0.5),
-                                    liveness_interval=timedelta(seconds=1), task_queue=task_queue)  # fmt: skip
-        entity = await client.start_workflow(DisruptionBudget.run, inp, id=inp.workflow_id(), task_queue=task_queue)
-        await entity.execute_update(DisruptionBudget.set_budget, BudgetChange(
-            budget=Budget(count=3), nvlink_domains=1, gangs=2, by="test", reason="one domain, two gangs"))  # fmt: skip
-        holders = []
-        for node in KILL_DOMAINS:
-            m = NodeMaintenanceInput(cluster="lab", node=node, reason="worker kill test", uncordon_after=True,
-                                     drain={"eviction_retry_interval": 0.5, "timeout": 120, "force": True})  # fmt: skip
-            holders.append(await client.start_workflow(NodeMaintenance.run, m, id=f"{m.workflow_id()}/{uuid.uuid4().hex[:6]}",
-                                                       task_queue=task_queue))  # fmt: skip
-        worker = await kill_workers(client, task_queue, env, log, worker, rng)
-        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in holders)), 300)
-    finally:
-        stop_worker(worker)
+    change = BudgetChange(budget=Budget(count=3), nvlink_domains=1, gangs=2, by="test", reason="one domain, two gangs")
+    results = await maintain_under_kills(client, temporal_address, kubeconfig_path, tmp_path, rng, list(KILL_DOMAINS),
+                                         3, {"eviction_retry_interval": 0.5, "timeout": 120, "force": True},
+                                         change)  # fmt: skip
 
     assert all(r.outcome == "completed" and r.uncordoned for r in results), (seed, results)
     audit = await k8s.audit()
