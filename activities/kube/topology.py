@@ -84,6 +84,34 @@ def unit_of(place: NodePlace, batch_by: BatchBy) -> str:
     return place.node
 
 
+RACK_PREFIX = "rack:"  # the NVLink domain of a rack none of whose nodes shows a clique label any more
+
+
+def domains_by_rack(places: Iterable[NodePlace]) -> dict[str, str]:
+    """rack -> the NVLink domain its nodes with a clique label show. A fabric fault takes the clique label off a
+    node (GPU Feature Discovery writes it only while the fabric manager's state is complete), yet the node is still
+    in that domain: its rack, which Topograph labels from the topology, not from the fabric, says which."""
+    out: dict[str, str] = {}
+    for place in places:
+        if place.rack and not place.own_domain:
+            out.setdefault(place.rack, place.domain)
+    return out
+
+
+def fault_domain(place: NodePlace, by_rack: Mapping[str, str]) -> str:
+    """The NVLink domain a node belongs to even while a fault hides its clique label: its own label's, else its
+    rack's (`domains_by_rack`), else `rack:<rack>` when no node of the rack shows one, else the node alone."""
+    if not place.own_domain or not place.rack:
+        return place.domain
+    return by_rack.get(place.rack) or f"{RACK_PREFIX}{place.rack}"
+
+
+def rack_key(place: NodePlace) -> str | None:
+    """The name rack operations know a domain by, stable while a fault hides clique labels: the node's rack (on
+    NVL72 Topograph's accelerator domain, one rack), else its NVLink domain; None for a node with neither."""
+    return place.rack or (None if place.own_domain else place.domain)
+
+
 # ---------------------------------------------------------------- gangs
 
 
