@@ -1,40 +1,37 @@
 """Redfish activities against servers' BMCs, through `sushy`.
 
-Every attempt opens one connection to the BMC (a `sushy` connector, kept alive for the attempt) and reads a
-fresh system object: sushy's ``refresh()`` is unreliable (AttributeError once ``pcie_devices`` was read) and
-a new object per attempt means a retry never acts on a stale view. sushy's own retries are turned down to one
-try so that Temporal's retry policy owns retrying and every attempt is visible in the UI.
+Every attempt opens one connection to the BMC (a `sushy` connector, kept alive for the attempt) and reads a fresh
+system object: sushy's ``refresh()`` is unreliable (AttributeError once ``pcie_devices`` was read) and a new object
+per attempt means a retry never acts on a stale view. sushy's own retries are turned down to one try so that
+Temporal's retry policy owns retrying and every attempt is visible in the UI.
 
-Requests are a BMC's scarce resource (a real one takes 0.2-2 s each and serves a handful of clients), so
-each activity asks only for what it has not been told: the service root and the system collection are read
-only when ``BmcRef.system`` is not known yet (`redfish_inventory` answers it, and the SEL's path, for later
-calls to carry); collections are read in one request with ``$expand`` where the service root advertises it;
-a power change whose caller just read the state (``PowerRequest.current``) is sent on the first attempt
-without reading again, and every change is still verified by reading back. A passing burn-in asks a BMC 21
-requests (docs/burn-in.md, "What a burn-in asks a BMC").
+Requests are a BMC's scarce resource (a real one takes 0.2-2 s each and serves a handful of clients), so each activity
+asks only for what it has not been told: the service root and the system collection are read only when
+``BmcRef.system`` is not known yet (`redfish_inventory` answers it, and the SEL's path, for later calls to carry);
+collections are read in one request with ``$expand`` where the service root advertises it; a power change whose caller
+just read the state (``PowerRequest.current``) is sent on the first attempt without reading again, and every change is
+still verified by reading back. A passing burn-in asks a BMC 21 requests (docs/burn-in.md, "What a burn-in asks a
+BMC").
 
-Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets
-when the read state differs from the wanted one and then waits until the BMC reports it,
-so a retry after a crash at any line neither repeats a completed power change nor returns
-before it landed. A power cycle is two such activities (Off, then On): a crash between
-them leaves a history that says exactly which half happened.
+Idempotency: acts are read-first and verified by reading back. `redfish_power` only resets when the read state differs
+from the wanted one and then waits until the BMC reports it, so a retry after a crash at any line neither repeats a
+completed power change nor returns before it landed. A power cycle is two such activities (Off, then On): a crash
+between them leaves a history that says exactly which half happened.
 
-Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is
-``user:password``, resolved inside each attempt, sent with HTTP Basic on the attempt's one connection
-(no BMC session is created: no login and logout requests, and no session slot held if a worker dies), or in one
-session per attempt to a BMC with Basic turned off (activities/redfish_auth.py). They never enter an activity's
-input, output, heartbeat or error.
+Credentials: a secret reference (``env:NAME`` / ``file:/path``) whose value is ``user:password``, resolved inside each
+attempt, sent with HTTP Basic on the attempt's one connection (no BMC session is created: no login and logout
+requests, and no session slot held if a worker dies), or in one session per attempt to a BMC with Basic turned off
+(activities/redfish_auth.py). They never enter an activity's input, output, heartbeat or error.
 
-TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of
-``BmcRef.ca_bundle`` (else the worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false``
-(or the worker's ``MILLWRIGHT_BMC_VERIFY_TLS=false``) turns verification off (activities/support/tls.py).
+TLS: a BMC's certificate is verified against the default CAs, or the CA bundle of ``BmcRef.ca_bundle`` (else the
+worker's ``MILLWRIGHT_BMC_CA_BUNDLE``); ``BmcRef.verify_tls: false`` (or the worker's
+``MILLWRIGHT_BMC_VERIFY_TLS=false``) turns verification off (activities/support/tls.py).
 
-Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not offer →
-``RedfishRejected`` (both non-retryable); a certificate the worker does not trust or one issued
-for another name → ``TlsVerificationFailed`` (non-retryable, naming the setting that fixes it);
-a BMC that does not answer, answers 5xx, or 503/429 for its session or request limit → ``BmcUnavailable``
-(retryable; its ``Retry-After`` becomes the next attempt's delay, and the wait shows in the run's progress);
-no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
+Errors: 401/403 → ``RedfishAuth``; 400/404/405 and values the BMC does not offer → ``RedfishRejected`` (both
+non-retryable); a certificate the worker does not trust or one issued for another name → ``TlsVerificationFailed``
+(non-retryable, naming the setting that fixes it); a BMC that does not answer, answers 5xx, or 503/429 for its session
+or request limit → ``BmcUnavailable`` (retryable; its ``Retry-After`` becomes the next attempt's delay, and the wait
+shows in the run's progress); no credentials configured → ``RedfishNotConfigured``, an unreadable CA bundle →
 ``TlsNotConfigured`` (both non-retryable).
 """
 
@@ -60,6 +57,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.models import BaseUrl, StrictModel
 from activities.redfish_auth import BmcAuth
+from activities.redfish_trays import TrayPlace, tray_place
 from activities.support.secrets import SecretError, SecretRef
 from activities.support.tls import TlsFix, Trust, ca_bundle_ref
 
@@ -540,6 +538,12 @@ class RedfishActivities:
             return await ask("reading the SEL", run)
 
     @activity.defn
+    async def redfish_tray(self, bmc: BmcRef) -> TrayPlace:
+        """Where the NVL72 tray sits in its rack (activities/redfish_trays.py)."""
+        async with self._talk(bmc) as ask:
+            return await ask("reading its tray's place", tray_place)
+
+    @activity.defn
     async def redfish_health(self, bmc: BmcRef) -> RedfishHealth:
         def run(talk: Conversation) -> RedfishHealth:
             system = talk.system()
@@ -555,12 +559,10 @@ def _inventory(talk: Conversation) -> RedfishInventory:
     """Identity, health, firmware, GPUs and the SEL's path, read on one connection."""
     system = talk.system()
     status = system.status
-    inv = RedfishInventory(
-        system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
-        serial=system.serial_number or "", uuid=system.uuid or "", power_state=_text(system.power_state),
-        health=_text(status.health) if status else None,
-        health_rollup=_text(status.health_rollup) if status else None,
-    )  # fmt: skip
+    inv = RedfishInventory(system=system.path, manufacturer=system.manufacturer or "", model=system.model or "",
+                           serial=system.serial_number or "", uuid=system.uuid or "",
+                           power_state=_text(system.power_state), health=_text(status.health) if status else None,
+                           health_rollup=_text(status.health_rollup) if status else None)  # fmt: skip
     updates = talk.link(talk.root, "UpdateService")
     firmware = talk.link(talk.json(updates), "FirmwareInventory") if updates else None
     if firmware:  # else a BMC without a firmware inventory: the baseline check says so
@@ -568,10 +570,8 @@ def _inventory(talk: Conversation) -> RedfishInventory:
     processors = talk.link(system.json, "Processors")
     for p in talk.members(processors) if processors else []:
         if p.get("ProcessorType") == "GPU":
-            inv.gpus.append(RedfishGpu(
-                id=p["Id"], model=p.get("Model") or "", serial=p.get("SerialNumber") or "",
-                uuid=p.get("UUID") or "", health=(p.get("Status") or {}).get("Health"),
-            ))  # fmt: skip
+            inv.gpus.append(RedfishGpu(id=p["Id"], model=p.get("Model") or "", serial=p.get("SerialNumber") or "",
+                                       uuid=p.get("UUID") or "", health=(p.get("Status") or {}).get("Health")))  # fmt: skip
     if talk.link(system.json, "LogServices"):
         inv.sel_entries = talk.sel_entries(system.json)
     return inv

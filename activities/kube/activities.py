@@ -56,7 +56,7 @@ from activities.kube.models import (
     StageJobRequest,
     StageRecord,
 )
-from activities.kube.rollout_activities import RolloutNodeActivities
+from activities.kube.racks import RackActivities
 from activities.kube.shared_watch import NODES
 from activities.kube.stages import (
     annotation_of,
@@ -118,7 +118,7 @@ def hand_back_patch(node: k8s.V1Node, state: NodeRolloutState, *, packages: dict
     return patch, shows, done
 
 
-class KubeActivities(RolloutNodeActivities):
+class KubeActivities(RackActivities):
     """Every Kubernetes activity of the worker: the node's (activities/kube/node_activities.py), the rollout's
     (activities/kube/rollout_activities.py), the gangs' (activities/kube/gang_reads.py) and, here, a node's update
     in three calls and the condition gates."""
