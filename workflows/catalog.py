@@ -22,6 +22,7 @@ from workflows.partitioning.gpu_partitioning import GpuPartitioning
 from workflows.partitioning.node_mig import NodeMigReconfigure
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.rack_remediation import RackRemediation
 from workflows.remediation.rma import NodeRma
 from workflows.rollout.node_update import NodeUpdate
 from workflows.rollout.rollout import Rollout, RolloutBatch
@@ -38,6 +39,8 @@ STARTABLE += [CreateCluster, DeleteCluster, OnboardTenant, OffboardTenant, Updat
 STARTABLE += [ServerBurnIn, FleetBurnIn]
 # Remediation of unhealthy nodes (issue #8): the scheduled sweep, and one remediation per node.
 STARTABLE += [FleetHealthSweep, NodeRemediation]
+# A sick NVLink domain (an NVL72 rack) remediated whole (issue #40).
+STARTABLE += [RackRemediation]
 # A quarantined node's return to its vendor and back to service (issue #25).
 STARTABLE += [NodeRma]
 # GPU-hours per tenant from Prometheus (issue #29), daily by a Schedule.

@@ -100,6 +100,10 @@ class RackCheckResult(StrictModel):
     message: str = ""
 
 
+def _name(node: k8s.V1Node) -> str:
+    return str(node.metadata.name)
+
+
 def _member(node: k8s.V1Node, keys: TopologyLabels) -> RackMember:
     md, status = node.metadata, node.status
     annotations = md.annotations or {}
@@ -109,7 +113,7 @@ def _member(node: k8s.V1Node, keys: TopologyLabels) -> RackMember:
     except ValueError:
         gpus = 0
     return RackMember(
-        place=place_of(md.name, md.labels or {}, keys),
+        place=place_of(_name(node), md.labels or {}, keys),
         ready=any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else None) or []),
         unschedulable=bool(node.spec and node.spec.unschedulable), cordoned_by=annotations.get(CORDONED_BY),
         boot_id=(status.node_info.boot_id or "") if status and status.node_info else "", gpus=gpus,
@@ -137,13 +141,13 @@ class RackActivities(RolloutNodeActivities):
         """Every node of the domain `req.domain` names (a rack, or an NVLink ClusterUUID: then its racks whole):
         where each sits, its readiness, cordon and boot ID. None: a non-retryable RackNotFound."""
         keys = req.topology
-        found = {n.metadata.name: n for n in await self._rack_nodes(req.cluster, keys.rack, req.domain)}
+        found = {_name(n): n for n in await self._rack_nodes(req.cluster, keys.rack, req.domain)}
         if not found:  # a ClusterUUID: the nodes that show it, and the rest of their racks
             for node in await self._list_nodes(req.cluster, keys.clique):
-                if place_of(node.metadata.name, node.metadata.labels or {}, keys).domain == req.domain:
-                    found[node.metadata.name] = node
+                if place_of(_name(node), node.metadata.labels or {}, keys).domain == req.domain:
+                    found[_name(node)] = node
             for rack in sorted({r for n in found.values() if (r := (n.metadata.labels or {}).get(keys.rack))}):
-                found |= {n.metadata.name: n for n in await self._rack_nodes(req.cluster, keys.rack, rack)}
+                found |= {_name(n): n for n in await self._rack_nodes(req.cluster, keys.rack, rack)}
         if not found:
             raise ApplicationError(f"no node of cluster {req.cluster} is in rack or NVLink domain {req.domain!r} "
                                    f"(labels {keys.rack}, {keys.clique})", type="RackNotFound", non_retryable=True)  # fmt: skip
@@ -161,7 +165,7 @@ class RackActivities(RolloutNodeActivities):
         wanted = set(req.nodes)
         while True:
             places = {m.place.node: m.place for n in await self._list_nodes(req.cluster, req.topology.clique)
-                      if n.metadata.name in wanted for m in [_member(n, req.topology)]}  # fmt: skip
+                      if _name(n) in wanted for m in [_member(n, req.topology)]}  # fmt: skip
             missing = sorted(wanted - set(places))
             domains = sorted({p.domain for p in places.values()})
             state = FabricState(complete=not missing and len(domains) == 1, missing=missing, domains=domains)

@@ -1,5 +1,8 @@
 """The default scheduler: binds a ReplicaSet's or Job's pending pod to the least-loaded Ready node that fits its
-node selector, tolerations and GPU requests (whole GPUs or MIG devices); an unschedulable pod is tried again every `SCHEDULE_RETRY_SECONDS`."""
+node selector, required node affinity (matchExpressions: In, NotIn, Exists, DoesNotExist), required pod
+anti-affinity (a labelSelector's matchLabels per topologyKey), tolerations (a cordoned node takes a pod that
+tolerates `node.kubernetes.io/unschedulable:NoSchedule`, as kube-scheduler's NodeUnschedulable plugin allows) and GPU
+requests (whole GPUs or MIG devices); an unschedulable pod is tried again every `SCHEDULE_RETRY_SECONDS`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from .base import Controller
 from .pods import is_active
 
 SCHEDULE_RETRY_SECONDS = 0.25  # an unschedulable pod is looked at again this often (not every pass)
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
 
 def _tolerated(taint: dict, tolerations: list[dict] | None) -> bool:
@@ -46,15 +50,59 @@ def active_on(store: Store, node: str) -> list[dict]:
     return [p for k in store.pods_by_node.get(node, ()) if (p := pods.get(k)) is not None and is_active(p)]
 
 
-def node_takes(node: dict, pod: dict, running: list[dict]) -> bool:
-    """Whether `pod` may be bound to `node`: Ready, schedulable and staying, its node selector matched, its
-    NoSchedule and NoExecute taints tolerated, and its GPU requests free beside the `running` pods."""
+def _expression_holds(expr: dict, labels: dict) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return labels.get(key) in values
+    if op == "NotIn":
+        return labels.get(key) not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    return False  # Gt, Lt and the rest: not modelled, so never matched (the pod stays pending, visibly)
+
+
+def _affinity_holds(spec: dict, labels: dict) -> bool:
+    """Required node affinity: any term whose every expression holds (no terms: no constraint)."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})  # fmt: skip
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(all(_expression_holds(e, labels) for e in t.get("matchExpressions") or []) for t in terms)
+
+
+def _anti_affinity_holds(spec: dict, namespace: str, labels: dict, placed: list[tuple[dict, dict]]) -> bool:
+    """Required pod anti-affinity: no pod it names (matchLabels, the pod's namespace) in the node's topology domain.
+    `placed`: (pod, its node's labels) of the active pods."""
+    terms = ((spec.get("affinity") or {}).get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or []  # fmt: skip
+    for term in terms:
+        key, want = term.get("topologyKey"), (term.get("labelSelector") or {}).get("matchLabels") or {}
+        for other, where in placed:
+            md = other.get("metadata") or {}
+            if (md.get("namespace") == namespace and where.get(key) is not None and where.get(key) == labels.get(key)
+                    and all((md.get("labels") or {}).get(k) == v for k, v in want.items())):  # fmt: skip
+                return False
+    return True
+
+
+def node_takes(node: dict, pod: dict, running: list[dict], placed: list[tuple[dict, dict]] | None = None) -> bool:
+    """Whether `pod` may be bound to `node`: Ready and staying, schedulable (or the cordon tolerated), its node
+    selector and required node affinity matched, no pod its anti-affinity names in the node's topology domain
+    (`placed`, when it has such terms), its NoSchedule and NoExecute taints tolerated, and its GPU requests free
+    beside the `running` pods."""
     md, nspec = node["metadata"], node.get("spec") or {}
     spec = pod.get("spec") or {}
-    if not node_ready(node) or nspec.get("unschedulable") or md.get("deletionTimestamp"):
+    if not node_ready(node) or md.get("deletionTimestamp"):
+        return False
+    if nspec.get("unschedulable") and not _tolerated(UNSCHEDULABLE_TAINT, spec.get("tolerations")):
         return False
     labels = md.get("labels") or {}
     if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    if not _affinity_holds(spec, labels):
+        return False
+    if placed and not _anti_affinity_holds(spec, (pod.get("metadata") or {}).get("namespace", ""), labels, placed):
         return False
     if any(
         t.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(t, spec.get("tolerations"))
@@ -68,9 +116,15 @@ def node_takes(node: dict, pod: dict, running: list[dict]) -> bool:
 class Scheduler(Controller):
     def pick_node(self, pod: dict) -> str | None:
         candidates = []
-        for node in self.store.all(NODES):
+        nodes = self.store.all(NODES)
+        placed = None
+        if ((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity"):  # only then: every active pod
+            by_name = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
+            placed = [(p, by_name.get(n["metadata"]["name"], {})) for n in nodes
+                      for p in active_on(self.store, n["metadata"]["name"])]  # fmt: skip
+        for node in nodes:
             running = active_on(self.store, node["metadata"]["name"])
-            if node_takes(node, pod, running):
+            if node_takes(node, pod, running, placed):
                 candidates.append((len(running), node["metadata"]["name"]))
         return min(candidates)[1] if candidates else None
 
