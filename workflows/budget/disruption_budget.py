@@ -58,7 +58,7 @@ from workflows.budget.models import (
     Released,
     operator_note,
 )
-from workflows.budget.units import UnitsOut, place_in
+from workflows.budget.units import UnitsOut
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
@@ -540,7 +540,7 @@ class DisruptionBudget:
         units = self._units_out()
         if units is None:
             return {}
-        places = {node: place_in(units.avail, node).describe() for node in self._out_of_service()}
+        places = {node: units.describe(node) for node in self._out_of_service()}
         return {"domains_out": units.domains, "gangs_disrupted": units.gangs, "places": places}
 
     def _summary(self) -> str:
