@@ -8,6 +8,7 @@ the cluster, feeds the book what its signals and reads carry, and tells the requ
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pydantic import Field
@@ -34,6 +35,22 @@ def budget_text(budget: Budget) -> str:
 def requester(lease: Lease) -> str:
     """Who asked: the run told the decisions (a batch, for its children), else the holder (the update path)."""
     return lease.reply_to or lease.holder
+
+
+@dataclass
+class _Decision:
+    """One grant round's running account: the read it decides on, what is out of service, each requester's leases,
+    whether a request waits for the node count (nobody who costs a node passes it), and what it decided."""
+
+    avail: NodeAvailability
+    now: datetime
+    allowed: int
+    out: set[str]
+    units: UnitsOut | None
+    holding: Counter[str]
+    blocked: bool = False
+    granted: list[Lease] = field(default_factory=list)
+    refused: list[Lease] = field(default_factory=list)
 
 
 class BudgetBook(StrictModel):
@@ -107,12 +124,12 @@ class BudgetBook(StrictModel):
                 # returns the same lease. Its holder's run is about to start again, so it has not been seen yet.
                 lease.holder_seen = False
             lease.request_id, lease.reply_to, lease.answer = req.request_id, msg.reply_to, True
-            lease.remediation = req.remediation  # asked again: judged by the latest settings
+            lease.remediation, lease.group = req.remediation, req.group  # asked again: judged as asked now
             lease.own_budget = msg.budget if own_budgets else None
 
     def new_lease(self, req: LeaseRequest, cluster: str, now: datetime) -> Lease:
         lease = Lease(id=f"lease-{self.next_id}", cluster=cluster, node=req.node, holder=req.holder,
-                      reason=req.reason, requested_at=now, remediation=req.remediation)  # fmt: skip
+                      reason=req.reason, requested_at=now, remediation=req.remediation, group=req.group)  # fmt: skip
         self.next_id += 1
         return lease
 
@@ -140,56 +157,139 @@ class BudgetBook(StrictModel):
 
         With `limits`, a request that costs a node is also granted only while the NVLink domains with nodes out of
         service and the gangs disrupted stay within them; one held by such a limit holds nobody up: a later
-        request that adds no domain (or gang) is within it."""
-        allowed = self.allowed(avail) or 0
-        out = set(avail.unavailable) | {lease.node for lease in self.leases.values()}
-        units = UnitsOut(avail, list(self.leases.values())) if self.limits.any else None
-        holding = Counter(requester(lease) for lease in self.leases.values())
-        granted: list[Lease] = []
-        refused: list[Lease] = []
-        blocked = False
+        request that adds no domain (or gang) is within it.
+
+        A group (`Lease.group`: one requester's requests with the same group) is decided at its first member's
+        place in the queue, whole: granted in this decision, or waiting, or refused, every member alike
+        (`_grant_group`)."""
+        decision = _Decision(avail, now, self.allowed(avail) or 0,
+                             set(avail.unavailable) | {lease.node for lease in self.leases.values()},
+                             UnitsOut(avail, list(self.leases.values())) if self.limits.any else None,
+                             Counter(requester(lease) for lease in self.leases.values()))  # fmt: skip
+        groups: set[tuple[str, str]] = set()
         for lease in list(self.queue):
+            if lease.group is not None:
+                group = (requester(lease), lease.group)
+                if group not in groups:  # its later members were decided with it
+                    groups.add(group)
+                    members = [q for q in self.queue if (requester(q), q.group) == group]
+                    self._grant_group(members, decision, breaker=breaker, control_plane=control_plane)
+                continue
             remediation = lease.remediation if breaker else None
             if remediation is not None and self.breaker.tripped:  # refused at once, and holds nobody up
-                refused.append(self._refuse(lease, self.breaker.admit(lease.node, lease.holder, avail.total,
-                                                                      remediation, now) or ""))  # fmt: skip
+                decision.refused.append(self._refuse(lease, self.breaker.admit(lease.node, lease.holder, avail.total,
+                                                                               remediation, now) or ""))  # fmt: skip
                 continue
             who = requester(lease)
-            if lease.own_budget is not None and holding[who] >= ceiling(lease.own_budget, avail.total):
+            if lease.own_budget is not None and decision.holding[who] >= ceiling(lease.own_budget, avail.total):
                 # Held by its requester's own budget, not the cluster's: it holds nobody else up.
-                lease.note = f"waiting: its requester {who} holds {holding[who]} leases, all its own budget allows"
+                lease.note = (f"waiting: its requester {who} holds {decision.holding[who]} leases, all its own "
+                              "budget allows")  # fmt: skip
                 continue
+            out, allowed = decision.out, decision.allowed
             costs = lease.node not in out
-            if costs and (blocked or len(out) + 1 > allowed):
+            if costs and (decision.blocked or len(out) + 1 > allowed):
                 # First come, first served: nobody who costs a node overtakes a waiting request.
-                blocked = True
+                decision.blocked = True
                 lease.note = f"waiting: {len(out)} of {allowed} allowed nodes out of service"
                 continue
             held = (control_plane_wait(lease.node, out, set(avail.control_plane), self.control_plane_at_once)
                     if costs and control_plane else None)  # fmt: skip
-            if held is None and costs and units is not None:
-                held = units.wait(lease, self.limits)
+            if held is None and costs and decision.units is not None:
+                held = decision.units.wait(lease, self.limits)
             if held is not None:  # waits for a control-plane node or a unit limit: later requests may pass
                 lease.note = held
                 continue
             if remediation is not None:  # the breaker counts a node when remediation takes it, never while it waits
                 why = self.breaker.admit(lease.node, lease.holder, avail.total, remediation, now)
                 if why is not None:
-                    refused.append(self._refuse(lease, why))
+                    decision.refused.append(self._refuse(lease, why))
                     continue
-            self.queue.remove(lease)
-            lease.state, lease.granted_at, lease.position = "granted", now, None
-            lease.note = "" if costs else "the node was already out of service"
-            lease.answer = lease.reply_to is not None
-            self.leases[lease_key(lease.holder, lease.node)] = lease
-            if units is not None:
-                units.record(lease)
-            out.add(lease.node)
-            holding[who] += 1
-            granted.append(lease)
+            self._take(lease, decision)
         for i, lease in enumerate(self.queue, 1):
             lease.position = i
-        return granted, refused
+        return decision.granted, decision.refused
+
+    def _grant_group(self, members: list[Lease], decision: _Decision, *, breaker: bool, control_plane: bool) -> None:
+        """Decide a group as one request for all its members' nodes: the same rules as one lease (the nodes it
+        newly takes out against the node count, first come first served; its requester's own budget; the
+        control-plane rule and the unit limits, as if every member were granted; the breaker, which takes or
+        refuses every node in one decision), and every member takes the same decision."""
+        first, size = members[0], len(members)
+        name, who, total = first.group, requester(first), decision.avail.total
+        remediated = [m for m in members if m.remediation is not None] if breaker else []
+
+        def wait(why: str) -> None:
+            for member in members:
+                member.note = f"waiting: the {size} nodes of group {name}{why}"
+
+        def refuse(why: str) -> None:
+            decision.refused.extend(self._refuse(member, why) for member in members)
+
+        if remediated and self.breaker.tripped:  # refused at once, and holds nobody up
+            refuse(self._admit_group(remediated, total, decision.now) or "")
+            return
+        if first.own_budget is not None and decision.holding[who] + size > ceiling(first.own_budget, total):
+            wait(f" need {size} of its requester {who}'s own budget, which allows "
+                 f"{ceiling(first.own_budget, total)}; it holds {decision.holding[who]}")  # fmt: skip
+            return
+        out, allowed = decision.out, decision.allowed
+        new = [node for node in dict.fromkeys(m.node for m in members) if node not in out]
+        if new and (decision.blocked or len(out) + len(new) > allowed):
+            decision.blocked = True  # first come, first served, as for one request
+            wait(f" need {len(new)} more out of service; {len(out)} of {allowed} allowed"
+                 + (" (more than the budget allows at all, until an operator raises it)" if len(new) > allowed else ""))  # fmt: skip
+            return
+        held = self._group_held(members, decision, control_plane)
+        if held is not None:  # a control-plane node or a unit limit: later requests may pass
+            wait(f": {held.removeprefix('waiting: ')}")
+            return
+        if remediated:
+            why = self._admit_group(remediated, total, decision.now)
+            if why is not None:
+                refuse(why)
+                return
+        for member in members:
+            self._take(member, decision)
+
+    def _group_held(self, members: list[Lease], decision: _Decision, control_plane: bool) -> str | None:
+        """Why the control-plane rule or a unit limit holds the group, its members tried one after another on a
+        copy of what is out; None: all of them fit."""
+        out = set(decision.out)
+        units = decision.units.trial() if decision.units is not None else None
+        for member in members:
+            if member.node in out:
+                continue
+            held = (control_plane_wait(member.node, out, set(decision.avail.control_plane), self.control_plane_at_once)
+                    if control_plane else None)  # fmt: skip
+            if held is None and units is not None:
+                held = units.wait(member, self.limits)
+            if held is not None:
+                return held
+            out.add(member.node)
+            if units is not None:
+                units.take(member)
+        return None
+
+    def _admit_group(self, remediated: list[Lease], total: int, now: datetime) -> str | None:
+        """The breaker's one decision on a group's remediation: judged by its first member's settings."""
+        settings = remediated[0].remediation
+        assert settings is not None
+        return self.breaker.admit_all([m.node for m in remediated], remediated[0].holder, total, settings, now)
+
+    def _take(self, lease: Lease, decision: _Decision) -> None:
+        """Grant a waiting request: its node is out of service from now on."""
+        costs = lease.node not in decision.out
+        self.queue.remove(lease)
+        lease.state, lease.granted_at, lease.position = "granted", decision.now, None
+        lease.note = "" if costs else "the node was already out of service"
+        lease.answer = lease.reply_to is not None
+        self.leases[lease_key(lease.holder, lease.node)] = lease
+        if decision.units is not None:
+            decision.units.record(lease)
+        decision.out.add(lease.node)
+        decision.holding[requester(lease)] += 1
+        decision.granted.append(lease)
 
     def _refuse(self, lease: Lease, note: str) -> Lease:
         self.queue.remove(lease)

@@ -70,18 +70,27 @@ class Breaker(StrictModel):
     def admit(self, node: str, holder: str, total: int, settings: BreakerSettings, now: datetime) -> str | None:
         """Record a remediation taking `node` out of service; or, when tripped or when it would trip the breaker,
         refuse it: the reason. `total`: the cluster's nodes at the read the decision is made on."""
+        return self.admit_all([node], holder, total, settings, now)
+
+    def admit_all(
+        self, nodes: list[str], holder: str, total: int, settings: BreakerSettings, now: datetime
+    ) -> str | None:
+        """`admit` for a remediation that takes `nodes` out of service together (a group of leases): one decision,
+        every node recorded or none, and a refusal counted once."""
         if self.tripped:
             self.refused += 1
             return self.refusal()
         self.taken = [t for t in self.taken if now - t.at < t.window]
         recent = {t.node for t in self.taken if now - t.at < settings.window}
-        if node not in recent and total > 0 and (len(recent) + 1) * 100 > settings.max_percent * total:
+        new = [node for node in dict.fromkeys(nodes) if node not in recent]
+        if new and total > 0 and (len(recent) + len(new)) * 100 > settings.max_percent * total:
             self.tripped, self.tripped_at, self.trips, self.refused = True, now, self.trips + 1, 1
             self.reason = (f"remediation took {len(recent)} of {total} nodes out of service within "
-                           f"{human_duration(settings.window)}; {node} too would be more than "
+                           f"{human_duration(settings.window)}; {', '.join(new)} too would be more than "
                            f"{settings.max_percent}%")  # fmt: skip
             return self.refusal()
-        self.taken.append(TakenNode(node=node, holder=holder, at=now, window=settings.window))
+        self.taken += [TakenNode(node=node, holder=holder, at=now, window=settings.window)
+                       for node in dict.fromkeys(nodes)]  # fmt: skip
         return None
 
     def clear(self, reset: BreakerReset, now: datetime) -> None:

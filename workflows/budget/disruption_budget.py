@@ -4,9 +4,10 @@ Whoever takes a node out of service (a rollout batch for its ``NodeUpdate`` chil
 remediation, a burn-in, a firmware update) holds a lease from before the cordon until after the uncordon. The
 entity reads the cluster, feeds the lease book (workflows/budget/book.py) what its signals carry, and signals
 each requester its decisions; it holds the cluster's remediation circuit breaker (workflows/budget/breaker.py).
-Callers use ``acquire_lease`` / ``release_lease`` (workflows/budget/leases.py) from any workflow. The protocol,
-its cost in history events, the task queue it lives on and why its decisions follow its history alone are in
-docs/disruption-budget.md; its models are in workflows/budget/models.py.
+Callers use ``acquire_lease`` / ``release_lease``, or ``acquire_leases`` / ``release_leases`` for a group of nodes
+taken together (workflows/budget/leases.py), from any workflow. The protocol, its cost in history events, the task
+queue it lives on and why its decisions follow its history alone are in docs/disruption-budget.md; its models are
+in workflows/budget/models.py.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from workflows.budget.models import (
     Released,
     operator_note,
 )
-from workflows.budget.units import UnitsOut, place_in
+from workflows.budget.units import UnitsOut
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
 from workflows.common.call_options import API_CALL
@@ -209,6 +210,12 @@ class DisruptionBudget:
             lease.notify = True
         self._changed()
         return lease
+
+    @acquire.validator
+    def _validate_acquire(self, req: LeaseRequest) -> None:
+        if req.group is not None:  # one update per node: the group's first member would be decided alone
+            raise ValueError(f"group {req.group}: a group's requests come in one `{REQUEST_SIGNAL}` signal "
+                             "(acquire_leases), never by update")  # fmt: skip
 
     @workflow.update(description="Return a lease (or withdraw a waiting request); idempotent.")
     def release(self, req: LeaseRelease) -> Released:
@@ -540,7 +547,7 @@ class DisruptionBudget:
         units = self._units_out()
         if units is None:
             return {}
-        places = {node: place_in(units.avail, node).describe() for node in self._out_of_service()}
+        places = {node: units.describe(node) for node in self._out_of_service()}
         return {"domains_out": units.domains, "gangs_disrupted": units.gangs, "places": places}
 
     def _summary(self) -> str:

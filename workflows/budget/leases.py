@@ -1,4 +1,5 @@
-"""The requester side of the disruption budget: the lease models and ``acquire_lease`` / ``release_lease``.
+"""The requester side of the disruption budget: the lease models, ``acquire_lease`` / ``release_lease``, and
+``acquire_leases`` / ``release_leases`` for a group of nodes taken out of service together (a rack).
 
 Any workflow that takes a node out of service (a rollout batch for its ``NodeUpdate`` children,
 ``NodeMaintenance``, a remediation) asks the cluster's ``DisruptionBudget`` entity for a lease here;
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ApplicationError
 
 from activities.entities import EntityActivities, EntityStart, EntityUpdate, WorkflowSignal, WorkflowSignals
 from activities.kube.validators import validate_object_name
@@ -47,6 +49,18 @@ SIGNAL_CALL: dict[str, Any] = dict(
     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_interval=timedelta(seconds=10)),
 )  # fmt: skip
+
+
+GROUP_DESCRIPTION = (
+    "Requests of one requester with the same group are granted together in one decision, or not at all "
+    "(a rack's nodes: workflows/budget/book.py `grant`)."
+)
+
+
+def no_group(group: str | None) -> bool:
+    """Left out of a payload when unset: a request or a decision without one is what a build from before groups
+    sends and reads (its models refuse unknown fields; the entity moves to a new build before pinned requesters)."""
+    return group is None
 
 
 def budget_workflow_id(cluster: str) -> str:
@@ -87,6 +101,7 @@ class Lease(StrictModel):
     gangs: list[str] = Field(
         default_factory=list, description="Granted under such a limit: the gangs its node ran at the grant."
     )
+    group: str | None = Field(None, description=GROUP_DESCRIPTION, exclude_if=no_group)
 
 
 class LeaseRequest(StrictModel):
@@ -100,6 +115,7 @@ class LeaseRequest(StrictModel):
         description="Set by automated remediation (workflows/budget/breaker.py): the circuit breaker's "
         "settings its node is judged by; the request is refused while the breaker is tripped.",
     )
+    group: str | None = Field(None, description=GROUP_DESCRIPTION, exclude_if=no_group)
 
     _node = field_validator("node")(validate_object_name)
 
@@ -185,9 +201,11 @@ class _Requester:
     def forget(self, ask: _Ask) -> None:
         self.asks.pop((ask.cluster, ask.request.holder, ask.request.node), None)
 
-    async def release(self, cluster: str, release: LeaseRelease) -> None:
-        """Send the release (or withdrawal) and wait until the entity has it."""
-        posted = self._post(cluster, RELEASE_SIGNAL, release, None)
+    async def release(self, cluster: str, *releases: LeaseRelease) -> None:
+        """Send the releases (or withdrawals), in one signal, and wait until the entity has them."""
+        posted = 0
+        for release in releases:
+            posted = self._post(cluster, RELEASE_SIGNAL, release, None)
         await workflow.wait_condition(lambda: self.sent >= posted)
 
     def _post(self, cluster: str, signal: str, item: BaseModel, budget: Budget | None) -> int:
@@ -366,3 +384,73 @@ async def release_lease(cluster: str, node: str, holder: str | None = None, reas
         await _call(cluster, "release", release, f"return lease on {node}")
         return
     await requester.release(cluster, LeaseRelease(node=node, holder=holder, reason=reason))
+
+
+async def acquire_leases(
+    cluster: str,
+    nodes: list[str],
+    *,
+    group: str,
+    holder: str | None = None,
+    reason: str = "",
+    budget: Budget | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    waiting: Callable[[Lease], None] | None = None,
+    remediation: BreakerSettings | None = None,
+) -> list[Lease]:
+    """Wait for the cluster's disruption budget to let all of `nodes` out of service together: one request per
+    node, all in one signal, as `group`, which the entity grants in one decision or not at all
+    (docs/disruption-budget.md, "Group leases"). Returns the leases once decided: all `granted`, or all `refused`
+    (with `remediation`, by the circuit breaker, counted once for the group); [] when `cancelled()` turned true
+    while waiting (every request withdrawn, in one signal). `waiting(lease)` is called with a member's lease each
+    time the group is (still) queued: its note says why the group waits. `holder`, `reason`, `budget` and
+    `remediation` as for `acquire_lease`, alike for every node. The signal path only: a run started before
+    SIGNAL_PATCH cannot ask for a group.
+    """
+    if not nodes or len(set(nodes)) != len(nodes):
+        raise ApplicationError(f"group {group} of the disruption budget of {cluster} needs distinct nodes, "
+                               f"got {nodes}", type="LeaseGroupInvalid", non_retryable=True)  # fmt: skip
+    holder = holder or workflow.info().workflow_id
+    requester = _requester()
+    if requester.signals is None:
+        requester.signals = workflow.patched(SIGNAL_PATCH)
+    _on_signal_path(requester, f"group {group}")
+    asks = [requester.ask(cluster, LeaseRequest(node=node, holder=holder, reason=reason, remediation=remediation,
+                                                group=group, request_id=str(workflow.uuid4())), budget)
+            for node in nodes]  # fmt: skip
+    seen = 0
+    while True:
+        await workflow.wait_condition(lambda: sum(ask.decisions for ask in asks) != seen or cancelled())
+        if cancelled():
+            for ask in asks:
+                requester.forget(ask)
+            await requester.release(cluster, *(LeaseRelease(node=node, holder=holder, reason="withdrawn while waiting")
+                                               for node in nodes))  # fmt: skip
+            return []
+        seen = sum(ask.decisions for ask in asks)
+        decided = [ask.lease for ask in asks if ask.lease is not None and ask.lease.state in ("granted", "refused")]
+        if len(decided) == len(asks):
+            for ask in asks:
+                requester.forget(ask)
+            return decided
+        queued = next((ask.lease for ask in asks if ask.lease is not None and ask.lease.state == "queued"), None)
+        if waiting is not None and queued is not None:
+            waiting(queued)
+
+
+async def release_leases(cluster: str, nodes: list[str], holder: str | None = None, reason: str = "") -> None:
+    """Return the leases on `nodes` (a group's, or any), or withdraw their requests, in one signal, once the entity
+    has it. The signal path only, as `acquire_leases`."""
+    holder = holder or workflow.info().workflow_id
+    requester = _requester()
+    _on_signal_path(requester, f"the leases on {', '.join(nodes)}")
+    await requester.release(cluster, *(LeaseRelease(node=node, holder=holder, reason=reason) for node in nodes))
+
+
+def _on_signal_path(requester: _Requester, what: str) -> None:
+    if requester.signals is False:
+        raise ApplicationError(
+            f"{what}: this run asks the disruption budget by Workflow Update (it started before {SIGNAL_PATCH}); "
+            "leases for several nodes at once are asked for and returned on the signal path only",
+            type="LeaseGroupOnUpdatePath", non_retryable=True,
+        )  # fmt: skip

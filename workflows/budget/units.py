@@ -8,10 +8,21 @@ entity's cluster read (activities/kube/rollout_activities.py `node_availability`
 
 from __future__ import annotations
 
+import copy
+
 from pydantic import Field
 
 from activities.kube.models import NodeAvailability
-from activities.kube.topology import NodePlace, TopologyLabels, place_of
+from activities.kube.topology import (
+    CLIQUE_LABEL,
+    OWN_DOMAIN_PREFIX,
+    RACK_PREFIX,
+    NodePlace,
+    TopologyLabels,
+    domains_by_rack,
+    fault_domain,
+    place_of,
+)
 from activities.models import StrictModel
 from workflows.budget.leases import Lease
 
@@ -39,17 +50,41 @@ def place_in(avail: NodeAvailability, node: str) -> NodePlace:
     return avail.places.get(node) or place_of(node, {})
 
 
+def shown(domain: str) -> bool:
+    """The domain is a clique label's ClusterUUID, not a stand-in for a node or rack that showed none."""
+    return not domain.startswith((OWN_DOMAIN_PREFIX, RACK_PREFIX))
+
+
 class UnitsOut:
-    """The NVLink domains with nodes out of service and the gangs disrupted, at one read and the leases held."""
+    """The NVLink domains with nodes out of service and the gangs disrupted, at one read and the leases held.
+
+    A node whose clique label a fabric fault took off counts in its rack's NVLink domain (`fault_domain`): the
+    rack's other nodes, or a lease granted while its node showed the label, say which; so a rack whose every node
+    lost the label is one domain, not one per node."""
 
     def __init__(self, avail: NodeAvailability, leases: list[Lease]) -> None:
         self.avail = avail
+        self.by_rack = domains_by_rack(avail.places.values())
+        for lease in leases:  # a lease granted while its node showed the label knows its rack's domain
+            rack = place_in(avail, lease.node).rack
+            if rack and lease.domain and shown(lease.domain):
+                self.by_rack.setdefault(rack, lease.domain)
         self.domains: dict[str, list[str]] = {}
         self.gangs: dict[str, str] = dict(avail.disrupted_gangs)
         for node in avail.unavailable:
-            self._add_domain(place_in(avail, node).domain, node)
+            self._add_domain(self.domain_of(node), node)
         for lease in leases:
             self.take(lease)
+
+    def domain_of(self, node: str) -> str:
+        return fault_domain(place_in(self.avail, node), self.by_rack)
+
+    def trial(self) -> UnitsOut:
+        """A copy to try a group's nodes on, this one left as it is."""
+        other = copy.copy(self)
+        other.domains = {domain: list(nodes) for domain, nodes in self.domains.items()}
+        other.gangs = dict(self.gangs)
+        return other
 
     def _add_domain(self, domain: str, node: str) -> None:
         nodes = self.domains.setdefault(domain, [])
@@ -62,20 +97,19 @@ class UnitsOut:
 
     def take(self, lease: Lease) -> None:
         """Count the leased node's domain and gangs as out."""
-        self._add_domain(lease.domain or place_in(self.avail, lease.node).domain, lease.node)
+        # Granted while its node showed no label: where it sits now (its label or its rack's may be back).
+        domain = lease.domain if lease.domain and shown(lease.domain) else self.domain_of(lease.node)
+        self._add_domain(domain, lease.node)
         for gang in self.gangs_of(lease):
             self.gangs.setdefault(gang, f"runs on {lease.node}, leased to {lease.holder}")
 
     def wait(self, lease: Lease, limits: UnitLimits) -> str | None:
         """Why taking the lease's node out of service must wait for a limit, or None when every limit allows it.
         The caller asks only about a node not out of service yet."""
-        place = place_in(self.avail, lease.node)
-        domains = limits.nvlink_domains
-        if domains is not None and place.domain not in self.domains and len(self.domains) + 1 > domains:
-            where = (f"has no {limits.topology.clique} label: its own NVLink domain" if place.own_domain
-                     else f"is in domain {place.domain}")  # fmt: skip
+        domain, domains = self.domain_of(lease.node), limits.nvlink_domains
+        if domains is not None and domain not in self.domains and len(self.domains) + 1 > domains:
             return (f"waiting: {len(self.domains)} of {domains} allowed NVLink domains have nodes out of service "
-                    f"({lease.node} {where})")  # fmt: skip
+                    f"({lease.node} {self._where(lease.node, limits.topology.clique)})")  # fmt: skip
         if limits.gangs is not None:
             new = [g for g in self.gangs_of(lease) if g not in self.gangs]
             if new and len(self.gangs) + len(new) > limits.gangs:
@@ -83,9 +117,26 @@ class UnitsOut:
                         f"{', '.join(new)})")  # fmt: skip
         return None
 
+    def _where(self, node: str, clique: str) -> str:
+        place, domain = place_in(self.avail, node), self.domain_of(node)
+        if not place.own_domain:
+            return f"is in domain {domain}"
+        if domain == place.domain:
+            return f"has no {clique} label: its own NVLink domain"
+        if domain.startswith(RACK_PREFIX):
+            return f"has no {clique} label: counted with its rack {place.rack}, none of whose nodes shows one"
+        return f"has no {clique} label: its rack {place.rack} is in domain {domain}"
+
+    def describe(self, node: str) -> str:
+        """Where `node` sits, for the `state` view: its labels' place, or the domain its rack gave it."""
+        place, domain = place_in(self.avail, node), self.domain_of(node)
+        if domain == place.domain:
+            return place.describe()
+        return f"no {CLIQUE_LABEL} label: NVLink domain {domain} by its rack; rack {place.rack}; block {place.block or '-'}"
+
     def record(self, lease: Lease) -> None:
         """On a grant: the lease keeps its node's domain and gangs, so that they count while it is held even once
         a drain moved the gang's pods away; then they count as out."""
-        lease.domain = place_in(self.avail, lease.node).domain
+        lease.domain = self.domain_of(lease.node)
         lease.gangs = self.gangs_of(lease)
         self.take(lease)

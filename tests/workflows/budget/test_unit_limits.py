@@ -1,6 +1,7 @@
 """The lease book's limits in NVLink domains and gangs, without a server (workflows/budget/units.py, book.grant):
-each limit holds, a node already out costs nothing, a node without the clique label is its own domain, the notes
-name the limit, and a request held by a limit holds up nobody who adds nothing to it."""
+each limit holds, a node already out costs nothing, a node without the clique label is its own domain unless its
+rack says which domain it is in, the notes name the limit, and a request held by a limit holds up nobody who adds
+nothing to it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from activities.kube.gang_reads import gang_disruptions
 from activities.kube.models import NodeAvailability
-from activities.kube.topology import Gang, TopologyLabels, place_of
+from activities.kube.topology import CLIQUE_LABEL, TOPOGRAPH_ACCELERATOR_LABEL, Gang, TopologyLabels, place_of
 from tests.workflows.budget.test_lease_book import NODES, T0, ask
 from workflows.budget.book import BudgetBook
 from workflows.budget.budget import Budget
@@ -70,6 +71,35 @@ def test_a_node_without_the_clique_label_is_a_domain_of_its_own():
     grant(other, placed())
     assert other.queue[0].note == ("waiting: 1 of 1 allowed NVLink domains have nodes out of service (node-10 has "
                                    "no nvidia.com/gpu.clique label: its own NVLink domain)")  # fmt: skip
+
+
+def racks(labelled: dict[str, str], rack: dict[str, str]) -> NodeAvailability:
+    """Every node placed: its clique label's ClusterUUID (`labelled`), its rack (`rack`)."""
+    labels = {n: {CLIQUE_LABEL: f"{labelled[n]}.1"} if n in labelled else {} for n in NODES}
+    for node, name in rack.items():
+        labels[node][TOPOGRAPH_ACCELERATOR_LABEL] = name
+    places = {n: place_of(n, labels[n]) for n in NODES}
+    return NodeAvailability(total=len(NODES), unavailable={}, places=places)
+
+
+RACK_A = ["node-01", "node-02", "node-03"]
+
+
+def test_a_node_that_lost_its_label_counts_in_the_domain_its_rack_shows():
+    # node-01 lost its label; node-02 and node-03, same rack, still show domain A.
+    avail = racks({"node-02": UUID_A, "node-03": UUID_A, "node-04": UUID_B},
+                  {**dict.fromkeys(RACK_A, "rack-a"), "node-04": "rack-b"})  # fmt: skip
+    book = BudgetBook(budget=Budget(count=10), limits=UnitLimits(nvlink_domains=1))
+    ask(book, "node-02", "node-01", "node-04")
+    assert grant(book, avail) == ["node-02", "node-01"]
+    assert book.leases["h/node-01|node-01"].domain == UUID_A
+    # Once the whole rack lost the label, the leases keep it in domain A: one domain, and node-03 passes.
+    ask(book, "node-03")
+    assert grant(book, racks({"node-04": UUID_B}, {**dict.fromkeys(RACK_A, "rack-a"), "node-04": "rack-b"})) == [
+        "node-03"
+    ]
+    assert book.queue[0].note == ("waiting: 1 of 1 allowed NVLink domains have nodes out of service (node-04 is in "
+                                  f"domain {UUID_B})")  # fmt: skip
 
 
 def test_the_gang_limit_holds_and_a_gang_already_disrupted_costs_nothing_more():
