@@ -128,7 +128,9 @@ class RackRemediationStatus(StrictModel):
     rack: str = Field("", description="The rack the run is named by.")
     nodes: list[RackNodeState] = Field(default_factory=list)
     lease: bool = False
-    awaiting_approval: str | None = Field(None, description="The step waiting for `approve` / `reject`, and until when.")
+    awaiting_approval: str | None = Field(
+        None, description="The step waiting for `approve` / `reject`, and until when."
+    )
     power_order: list[str] = Field(default_factory=list, description="The BMCs in the order they are powered off "
                                    "(and, switch trays first, on).")  # fmt: skip
     domain_check: str = Field("", description="The domain-wide check's verdict.")

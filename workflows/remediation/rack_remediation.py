@@ -54,6 +54,7 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
 from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, kubernetes_api, with_waits
 from workflows.common.errors import error_text
+from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.maintenance.gang_drains import GangDrains
 from workflows.remediation.models import NodeRemediationInput, device_facts
@@ -141,6 +142,7 @@ class RackRemediation:
     async def run(self, inp: RackRemediationInput) -> RackRemediationResult:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster)])
         self._owner = workflow.info().workflow_id
+        decide_early(leases.SIGNAL_PATCH)  # acquire_leases asks it after local activities
         result = RackRemediationResult(cluster=inp.cluster, rack=inp.domain, outcome="healthy", reason=inp.reason)
         self._enter("reading", f"the nodes of {inp.domain}")
         view: RackView = await self._calls.execute(
@@ -429,7 +431,10 @@ class RackRemediation:
         await self._release("remediated whole")
         outcome: RackOutcome = "partly-healthy" if failed else "healthy"
         note = f"{len(ours)} nodes back in service together" + (
-            f"; {len(failed)} failed alone, handed to their NodeRemediation: {', '.join(sorted(failed))}" if failed else "")
+            f"; {len(failed)} failed alone, handed to their NodeRemediation: {', '.join(sorted(failed))}"
+            if failed
+            else ""
+        )
         return self._finish(result, outcome, note)
 
     async def _hand_to_node_remediation(self, node: str, why: str) -> bool:

@@ -9,7 +9,8 @@ from activities.kube.models import CORDONED_BY, JOB_NAMESPACE
 from activities.kube.topology import CLIQUE_LABEL, TOPOGRAPH_ACCELERATOR_LABEL
 from activities.node_health import QUARANTINE_TAINT
 from activities.redfish import BmcRef
-from tests.kube_helpers import read_node
+from starter.controls import budget_set
+from tests.kube_helpers import read_node, wait_for
 from tests.workflows.remediation.helpers import fleet
 from workflows.remediation.rack_models import RackRemediationInput
 from workflows.remediation.rack_remediation import RackRemediation
@@ -41,11 +42,16 @@ async def powered(hosts, bmc_admin, nodes: list[str]) -> None:
 
 def rack_input(burnin_bmcs, nodes: list[str], **settings) -> RackRemediationInput:
     fast = {"drain": {"eviction_retry_interval": 0.5, "timeout": 60}, "ready_timeout": 60, "fabric_timeout": 10,
-            "power_timeout": 30, "disruption_budget": False,
+            "power_timeout": 30,
             "domain_check": {"image": "registry.local/nccl-tests", "version": "1", "timeout": 30}}  # fmt: skip
     return RackRemediationInput.model_validate({
         "cluster": "lab", "domain": "rack-a", "reason": "NVLink fabric down", **fast, **settings,
         "bmcs": {n: BmcRef(url=burnin_bmcs.bmc_urls[n]).model_dump() for n in nodes}})  # fmt: skip
+
+
+async def phase(handle, wanted: str):
+    status = await handle.query(RackRemediation.status)
+    return status if status.phase == wanted else None
 
 
 async def resets(bmc_admin, server: str) -> list[str]:
@@ -57,9 +63,15 @@ async def test_a_rack_is_cycled_checked_and_returned_whole(client, rem_worker, k
     where = await seed_racks(k8s, names)
     rack_a = [n for n, r in where.items() if r == "rack-a"]
     await powered(hosts, bmc_admin, rack_a)
+    await budget_set(client, "lab", count=3, nvlink_domains=1, by="sre", reason="3 nodes, 1 domain",
+                     task_queue=rem_worker.task_queue)  # fmt: skip
     inp = rack_input(burnin_bmcs, rack_a)
     handle = await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
                                          task_queue=rem_worker.task_queue)  # fmt: skip
+
+    await wait_for(lambda: phase(handle, "waiting-for-budget"), what="the rack waiting for its budget, whole")
+    assert not [n for n in rack_a if (await read_node(core, n)).spec.unschedulable]  # not one node taken meanwhile
+    await budget_set(client, "lab", count=4, by="sre", reason="room for a rack", task_queue=rem_worker.task_queue)
     result = await handle.result()
 
     assert result.outcome == "healthy", result
@@ -88,6 +100,7 @@ async def test_a_failed_domain_check_holds_the_whole_rack_out(client, rem_worker
     await powered(hosts, bmc_admin, rack_a)
     await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": [
         {"stage": "rack-check", "outcome": "fail", "message": "all_reduce: bus bandwidth 12 GB/s below 400"}]})  # fmt: skip
+    await budget_set(client, "lab", count=4, by="sre", reason="room for a rack", task_queue=rem_worker.task_queue)
     inp = rack_input(burnin_bmcs, rack_a)
     result = await (await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
                                                 task_queue=rem_worker.task_queue)).result()  # fmt: skip
