@@ -230,8 +230,8 @@ def rack_why_lines(w: Any, wide: bool) -> list[str]:
                      n.remediation or "-"])  # fmt: skip
     lines += table(rows, ["NODE", "TRAY", "READY", "CORDONED", "CLIQUE", "PROBLEMS", "NODE REMEDIATION"])
     for n in w.nodes if wide else []:
-        lines += [f"{n.node}: {text}" for text in [*n.notes, *([f"cordon: {n.cordon_reason}"] if n.cordon_reason
-                  else []), *([f"quarantined: {n.quarantined}"] if n.quarantined else [])]]  # fmt: skip
+        reasons = [("cordon", n.cordon_reason), ("quarantined", n.quarantined)]
+        lines += [f"{n.node}: {note}" for note in n.notes] + [f"{n.node}: {k}: {v}" for k, v in reasons if v]
     lines += [gang_line(g) for g in w.gangs]
     return lines + [f"(could not read: {p})" for p in w.problems]
 

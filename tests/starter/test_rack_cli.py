@@ -158,8 +158,9 @@ async def test_one_run_per_domain_and_its_power_cycle_waits_for_an_operator(clie
             assert f"workflow id: {RUN}" in again.stdout
 
             await phase("awaiting-approval")
-            why = await cli(*rack("why", "rack-a"))
+            why = await cli(*rack("why", "rack-a", "-o", "wide"))
             assert f"held by the running {RUN}: phase awaiting-approval" in why.stdout, why
+            assert "ra-3: cordon: rack remediation: fabric fault" in why.stdout
             assert f"ra-1   -      Ready      by {RUN}" in why.stdout and "by someone else" in why.stdout
             status = await cli(*rack("status", UUID_A))
             assert status.returncode == 0 and "awaiting approval of power-cycle until" in status.stdout, status
