@@ -50,6 +50,7 @@ from workflows.firmware.fleet import FleetFirmwareStatus
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenanceStatus, SkipWaitRequest
 from workflows.remediation.models import Approval, NodeRemediationStatus
 from workflows.remediation.policy import remediation_workflow_id
+from workflows.remediation.rack_models import RackApproval, RackRemediationStatus
 from workflows.rollout.models import ApproveRequest, CompartmentRequest, NodeRequest, ReasonRequest, RolloutStatus
 
 
@@ -210,6 +211,12 @@ def _check_awaiting(s: NodeRemediationStatus, req: Approval) -> tuple[str | None
     return None, f"step {waiting.step} waits (deadline {waiting.deadline})"
 
 
+def _check_rack_awaiting(s: RackRemediationStatus, _req: RackApproval) -> tuple[str | None, str]:
+    if s.awaiting_approval is None:
+        return f"no step is waiting for approval (phase {s.phase})", ""
+    return None, f"step {s.awaiting_approval}"
+
+
 def _check_fleet_paused(s: FleetReport, _req: Any) -> tuple[str | None, str]:
     if s.paused is None:
         return "the fleet burn-in is not paused; there is nothing to decide", ""
@@ -271,6 +278,10 @@ CONTROLS = {
                 NodeRemediationStatus, _check_awaiting),
         Control("remediation reject", "NodeRemediation", "reject", Approval, NodeRemediationStatus, "status",
                 NodeRemediationStatus, _check_awaiting),
+        Control("rack approve", "RackRemediation", "approve", RackApproval, RackRemediationStatus, "status",
+                RackRemediationStatus, _check_rack_awaiting),
+        Control("rack reject", "RackRemediation", "reject", RackApproval, RackRemediationStatus, "status",
+                RackRemediationStatus, _check_rack_awaiting),
         Control("burn-in decide", "FleetBurnIn", "decide", FleetDecision, FleetReport, "report", FleetReport,
                 _check_fleet_paused),
         _firmware("pause", _check_firmware_pause),
@@ -433,6 +444,15 @@ async def remediation_decide(
     request = {"by": by, "comment": reason, "step": step}
     wf = remediation_workflow_id(cluster, node)
     return await apply_control(client, f"remediation {verb}", wf, request, dry_run=dry_run)
+
+
+async def rack_decide(
+    client: Client, verb: str, workflow_id: str, *, by: str, reason: str, dry_run: bool = False
+) -> Outcome:
+    """``verb``: approve or reject the rack's power cycle, which waits for an operator (``workflow_id``: the
+    RackRemediation's, starter/racks.py ``rack_run_id``)."""
+    request = {"by": by, "comment": reason}
+    return await apply_control(client, f"rack {verb}", workflow_id, request, dry_run=dry_run)
 
 
 async def fleet_burnin_decide(

@@ -46,7 +46,8 @@ class Operation(BaseModel):
     task_queue: str = ""
 
 
-def _quote(value: str) -> str:
+def quoted(value: str) -> str:
+    """A value as a visibility query's string literal."""
     return "'" + value.replace("'", "\\'") + "'"
 
 
@@ -63,9 +64,9 @@ async def list_operations(
 ) -> list[Operation]:  # fmt: skip
     """Runs from the search attributes, newest first: running ones unless ``all``; ``family`` is a workflow type."""
     terms = [] if all else ["ExecutionStatus = 'Running'"]
-    terms += [f"{sa.CLUSTER.name} = {_quote(cluster)}"] if cluster else []
-    terms += [f"WorkflowType = {_quote(family)}"] if family else []
-    terms += [f"{sa.PHASE.name} = {_quote(phase)}"] if phase else []
+    terms += [f"{sa.CLUSTER.name} = {quoted(cluster)}"] if cluster else []
+    terms += [f"WorkflowType = {quoted(family)}"] if family else []
+    terms += [f"{sa.PHASE.name} = {quoted(phase)}"] if phase else []
     ops = []
     async for e in client.list_workflows(" AND ".join(terms) or None, limit=limit):
         attrs = e.typed_search_attributes
@@ -116,7 +117,7 @@ async def _batch_nodes(client: Client, workflow_id: str) -> dict[str, NodeUpdate
     """The nodes the run's running batches update themselves (a rollout's; other fleets' nodes are child runs)."""
     nodes: dict[str, NodeUpdateStatus] = {}
     query = (f"WorkflowType = 'RolloutBatch' AND ExecutionStatus = 'Running' AND "
-             f"WorkflowId STARTS_WITH {_quote(workflow_id + '/')}")  # fmt: skip
+             f"WorkflowId STARTS_WITH {quoted(workflow_id + '/')}")  # fmt: skip
     async for batch in client.list_workflows(query):
         with contextlib.suppress(Exception):  # closed meanwhile, or a batch from before it had the query
             nodes |= await client.get_workflow_handle(batch.id).query("nodes", result_type=dict[str, NodeUpdateStatus])
@@ -128,14 +129,16 @@ HEALTHY = {t: (t, "False") for t in ("MemoryPressure", "DiskPressure", "PIDPress
 HEALTHY["Ready"] = ("Ready", "True")
 
 
-async def _gangs_on(core: Any, node: str) -> list[Gang]:
-    """The gangs with GPU pods on the node: their pods here (nodes, running, GPUs count only this node's), and the
-    minimum their PodGroup sets, where it has one."""
+async def gangs_on(core: Any, nodes: list[str]) -> list[Gang]:
+    """The gangs with GPU pods on these nodes: their pods here (nodes, running, GPUs count only these nodes'), and
+    the minimum their PodGroup sets, where it has one."""
     from kubernetes.aio import client as k8s
     from kubernetes.aio.client.exceptions import ApiException
 
-    listed = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
-    pods = [core.api_client.sanitize_for_serialization(p) for p in listed.items]
+    pods = []
+    for node in nodes:
+        listed = await core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        pods += [core.api_client.sanitize_for_serialization(p) for p in listed.items]
     gangs = gangs_of_pods(pods, {})
     custom = k8s.CustomObjectsApi(core.api_client)
     for gang in gangs:
@@ -218,7 +221,7 @@ async def node_why(
         rollout_state=labels.get(ROLLOUT_STATE_LABEL), conditions=conditions,
         place=place_of(node, labels, topology),
     )  # fmt: skip
-    why.gangs = await _gangs_on(core, node)
+    why.gangs = await gangs_on(core, [node])
     for name, key in (("rollout", ROLLOUT_ANNOTATION), ("quarantine", QUARANTINE_ANNOTATION),
                       ("last_remediation", LAST_REMEDIATION_ANNOTATION)):  # fmt: skip
         if key in ann:
@@ -233,7 +236,7 @@ async def node_why(
         why.breaker = await breaker_show(client, cluster)
     except (RunNotFound, RunClosed):
         why.problems.append(f"no disruption budget runs for {cluster}: nothing leased there")
-    query = f"{sa.CLUSTER.name} = {_quote(cluster)} AND {sa.NODE.name} = {_quote(node)}"
+    query = f"{sa.CLUSTER.name} = {quoted(cluster)} AND {sa.NODE.name} = {quoted(node)}"
     why.runs = [
         Operation(
             id=e.id,

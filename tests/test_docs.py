@@ -119,9 +119,9 @@ def test_operating_covers_every_control_and_question():
     assert not missing, f"docs/operating.md shows no command for {missing}"
 
 
-GROUPS = {"rollout", "budget", "breaker", "maintenance", "remediation", "burn-in", "node"}
+GROUPS = {"rollout", "budget", "breaker", "maintenance", "remediation", "burn-in", "node", "rack"}
 EXPECTED = {
     "ls", "status", "rollout pause", "rollout resume", "rollout approve", "rollout retry-node", "rollout skip-node",
     "budget show", "budget set", "breaker show", "breaker reset", "maintenance abort", "remediation approve",
-    "burn-in continue", "node why", "node logs",
+    "burn-in continue", "node why", "node logs", "rack why", "rack remediate", "rack status", "rack approve",
 }  # fmt: skip

@@ -40,6 +40,7 @@ mig_app = _group("mig", "Controls of a running GpuPartitioning (MIG layouts acro
 burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paused for too many failures).")
 firmware_app = _group("firmware", "A running FleetFirmwareUpdate: its servers' state, and pause, resume, abort.")
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
+rack_app = _group("rack", "A whole NVLink domain (an NVL72 rack): what its nodes show, its RackRemediation.")
 
 
 def _print_version(value: bool) -> None:
@@ -80,6 +81,13 @@ AddressOpt = Annotated[
 ]
 NamespaceOpt = Annotated[
     str | None, typer.Option("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or 'default').")
+]
+KubeconfigOpt = Annotated[
+    str | None,
+    typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
+]
+DomainArg = Annotated[
+    str, typer.Argument(metavar="DOMAIN", help="An NVLink domain: its rack (e.g. rack-001) or its ClusterUUID.")
 ]
 UiOpt = Annotated[
     str | None,

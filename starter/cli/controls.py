@@ -1,5 +1,5 @@
 """The operator's controls: rollout pause|resume|abort|approve|retry-node|skip-node|reset-batch, budget show|set,
-breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, burn-in continue|abort, firmware
+breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, rack approve|reject, burn-in continue|abort, firmware
 status|pause|resume|abort.
 
 Each is a thin call of starter/controls.py (the workflow's validated update), with --by and --reason, --dry-run
@@ -21,6 +21,8 @@ import typer
 
 from starter.cli.common import (
     AddressOpt,
+    DomainArg,
+    KubeconfigOpt,
     NamespaceOpt,
     OutputOpt,
     StateDir,
@@ -33,6 +35,7 @@ from starter.cli.common import (
     firmware_app,
     maintenance_app,
     mig_app,
+    rack_app,
     remediation_app,
     rollout_app,
 )
@@ -257,6 +260,22 @@ def _remediation(verb: str, doc: str) -> None:
 
 _remediation("approve", "Approve the remediation step that waits for an operator (e.g. a power cycle).")
 _remediation("reject", "Reject the step that waits for an operator: the ladder goes on without it.")
+
+
+def _rack(verb: str, doc: str) -> None:
+    from starter.controls import rack_decide
+    from starter.racks import rack_run_id
+
+    async def call(client: Any, v: dict[str, Any]) -> Any:
+        run = await rack_run_id(client, v["cluster"], v["domain"], v["kubeconfig"])
+        return await rack_decide(client, verb, run, by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
+
+    own = [_param("domain", DomainArg), _param("cluster", NeedCluster), _param("kubeconfig", KubeconfigOpt, None)]
+    _command(rack_app, verb, doc, own, call)
+
+
+_rack("approve", "Approve the rack's power cycle, which its RackRemediation holds for an operator.")
+_rack("reject", "Reject the rack's power cycle: the domain stays out of service, quarantined with the reason.")
 
 
 def _burnin(action: str, doc: str) -> None:

@@ -1,6 +1,8 @@
-"""The operator's questions: `millwright ls`, `millwright status ID`, `millwright node why NODE`.
+"""The operator's questions: `millwright ls`, `millwright status ID`, `millwright node why NODE`, `millwright rack
+why|status DOMAIN`.
 
-Each prints a table (or lines) for a person, -o json|yaml for scripts; exit 1 when the run or node is not found."""
+Each prints a table (or lines) for a person, -o json|yaml for scripts; exit 1 when the run, node or domain is not
+found."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import typer
 
 from starter.cli.common import (
     AddressOpt,
+    DomainArg,
+    KubeconfigOpt,
     NamespaceOpt,
     OutputOpt,
     StateDir,
@@ -24,9 +28,12 @@ from starter.cli.common import (
     node_app,
     one_line,
     out,
+    rack_app,
     table,
 )
-from starter.cli.render import breaker_lines, lease_row, node_lines, rollout_lines
+from starter.cli.render import breaker_lines, lease_row, node_lines, rack_lines, rollout_lines
+
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")]
 
 
 def _ask(
@@ -106,11 +113,8 @@ def status(
 @node_app.command("why")
 def node_why(
     node: Annotated[str, typer.Argument(metavar="NODE")],
-    cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
-    ] = None,
+    cluster: ClusterOpt,
+    kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = "table",
     address: AddressOpt = None,
     namespace: NamespaceOpt = None,
@@ -172,11 +176,13 @@ def why_lines(w: Any, wide: bool) -> list[str]:
 
 def place_lines(w: Any) -> list[str]:
     """Where the node sits, and the gangs of GPU work on it (docs/topology-and-gangs.md)."""
-    lines = [f"where: {w.place.describe()}"] if w.place else []
-    for g in w.gangs:
-        minimum = f", its PodGroup's minMember {g.min_member}" if g.min_member else ""
-        lines.append(f"gang {g.id}: {g.pods} pods here ({g.running} running, {g.gpus} GPUs){minimum}")
-    return lines
+    return ([f"where: {w.place.describe()}"] if w.place else []) + [gang_line(g) for g in w.gangs]
+
+
+def gang_line(g: Any) -> str:
+    nodes = f" on {len(g.nodes)} nodes" if len(g.nodes) > 1 else ""
+    minimum = f", its PodGroup's minMember {g.min_member}" if g.min_member else ""
+    return f"gang {g.id}: {g.pods} pods here{nodes} ({g.running} running, {g.gpus} GPUs){minimum}"
 
 
 def cordon_holder_line(w: Any) -> str:
@@ -192,19 +198,100 @@ def cordon_holder_line(w: Any) -> str:
     return f"  no run holds it: no run {w.cordoned_by} was found; an operator must uncordon it or start a run for it"
 
 
+@rack_app.command("why")
+def rack_why(
+    domain: DomainArg,
+    cluster: ClusterOpt,
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = "table",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """The domain's nodes (ready, cordon, clique label, problems), the gangs on it and the runs that hold it."""
+    from starter.racks import open_cluster
+    from starter.racks import rack_why as why
+
+    async def ask(client: Any) -> Any:
+        async with open_cluster(cluster, kubeconfig) as (core, connector):
+            return await why(client, core, connector, cluster, domain)
+
+    _ask(ask, rack_why_lines, output, address, namespace, state_dir)
+
+
+def rack_why_lines(w: Any, wide: bool) -> list[str]:
+    lines = [f"rack {w.rack} on {w.cluster}: NVLink domain {w.domain or '- (no node shows a clique label)'}, "
+             f"{len(w.nodes)} nodes", f"verdict: {w.verdict}", rack_holder_line(w)]  # fmt: skip
+    rows = []
+    for n in w.nodes:
+        cordon = "-" if not n.unschedulable else f"by {n.cordoned_by}" if n.cordoned_by else "by someone else"
+        rows.append([n.node, "-" if n.tray is None else str(n.tray), "Ready" if n.ready else "NotReady", cordon,
+                     n.clique or "gone", one_line("; ".join(n.problems) or "-", 1000 if wide else 60),
+                     n.remediation or "-"])  # fmt: skip
+    lines += table(rows, ["NODE", "TRAY", "READY", "CORDONED", "CLIQUE", "PROBLEMS", "NODE REMEDIATION"])
+    for n in w.nodes if wide else []:
+        reasons = [("cordon", n.cordon_reason), ("quarantined", n.quarantined)]
+        lines += [f"{n.node}: {note}" for note in n.notes] + [f"{n.node}: {k}: {v}" for k, v in reasons if v]
+    lines += [gang_line(g) for g in w.gangs]
+    return lines + [f"(could not read: {p})" for p in w.problems]
+
+
+def rack_holder_line(w: Any) -> str:
+    """Whether the domain's RackRemediation holds it, and where it stands."""
+    run, s = w.rack_run, w.rack_state
+    if run is None:
+        return f"no RackRemediation has run for it ({w.workflow_id})"
+    if run.status != "running":
+        return f"no RackRemediation holds it: the last, {run.id}, is {run.status} (closed {age(run.closed)} ago)"
+    doing = f": phase {s.phase}" + (f", {s.note}" if s.note else "") if s else " (no `status` answer)"
+    return f"held by the running {run.id}{doing}"
+
+
+@rack_app.command("status")
+def rack_status(
+    domain: DomainArg,
+    cluster: ClusterOpt,
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = "table",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Where the domain's RackRemediation stands (its `status` query), or how it ended (its result)."""
+    from starter.racks import rack_run_id
+    from starter.racks import rack_status as status_of
+
+    async def ask(client: Any) -> Any:
+        return await status_of(client, await rack_run_id(client, cluster, domain, kubeconfig))
+
+    def lines(s: Any, wide: bool) -> list[str]:
+        head = [f"RackRemediation {s.id} ({s.status}, started {age(s.started)} ago"
+                + (f", closed {age(s.closed)} ago)" if s.closed else ")")]  # fmt: skip
+        if s.state is not None:
+            return head + rack_lines(s.state, wide)
+        r = s.result
+        if r is None:
+            return head
+        head.append(f"outcome {r.outcome}: {r.note or r.reason}")
+        head += [f"{what}: {', '.join(nodes)}" for what, nodes in (("returned", r.returned), ("held out", r.held_out),
+                 ("handed to their NodeRemediation", r.handed_to_node_remediation)) if nodes]  # fmt: skip
+        head.append(f"trays power-cycled: {r.power_cycles}" + (f"; domain check {r.domain_check}" if r.domain_check
+                    else ""))  # fmt: skip
+        return head
+
+    _ask(ask, lines, output, address, namespace, state_dir)
+
+
 @node_app.command("logs")
 def node_logs(
     node: Annotated[str, typer.Argument(metavar="NODE")],
-    cluster: Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")],
+    cluster: ClusterOpt,
     stage: Annotated[str | None, typer.Option("--stage", "-s", help="Only this stage (apply, interrupt...).")] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing what new or running stage Jobs print, until Ctrl-C.")
     ] = False,
     interval: Annotated[float, typer.Option("--interval", help="With -f: seconds between looks.")] = 2.0,
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option("--kubeconfig", envvar="MILLWRIGHT_KUBECONFIG", help="As the worker's (default $KUBECONFIG)."),
-    ] = None,
+    kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = "table",
 ) -> None:
     """What the stage Jobs Millwright ran on NODE printed, oldest first (kubectl logs of each, with a header)."""

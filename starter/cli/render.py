@@ -1,4 +1,5 @@
-"""Query answers as lines for a person: a rollout's status, a budget, a breaker; anything else as YAML."""
+"""Query answers as lines for a person: a rollout's status, a budget, a breaker, a rack's remediation; anything else
+as YAML."""
 
 from __future__ import annotations
 
@@ -85,12 +86,36 @@ def breaker_lines(s: Any, wide: bool) -> list[str]:
     return lines
 
 
+def rack_lines(s: Any, wide: bool) -> list[str]:
+    """A RackRemediation's `status` answer: its phase, every node (tray, verdict, drain, power), the power order."""
+    lines = [f"phase: {s.phase}   rack {s.rack or '-'}, NVLink domain {s.domain or '-'}, "
+             f"leased {'yes' if s.lease else 'no'}"]  # fmt: skip
+    if s.awaiting_approval:
+        lines.append(f"awaiting approval of {s.awaiting_approval}: millwright rack approve|reject")
+    rows = []
+    for n in s.nodes:
+        drain = f"{len(n.evicted)}/{n.to_evict} evicted" + (f", {len(n.blocked)} blocked" if n.blocked else "")
+        rows.append([n.node, "-" if n.tray is None else str(n.tray), n.verdict, "yes" if n.cordoned_by_us else "no",
+                     drain if n.to_evict else "-", ", ".join(n.powered) or "-",
+                     one_line(n.detail or "-", 1000 if wide else 60)])  # fmt: skip
+    if rows:
+        lines += table(rows, ["NODE", "TRAY", "VERDICT", "CORDONED BY IT", "DRAIN", "POWERED", "DETAIL"])
+    if s.power_order:
+        lines.append(
+            "power order (off in this order; on: switch trays, then compute trays): " + ", ".join(s.power_order)
+        )
+    if s.domain_check:
+        lines.append(f"domain check: {s.domain_check}")
+    if s.note:
+        lines.append(f"note: {s.note}")
+    return lines
+
+
 def any_lines(value: Any, wide: bool) -> list[str]:
     return yaml.safe_dump(jsonable(value), sort_keys=False).rstrip().splitlines()
 
 
 def lines_for(value: Any) -> Any:
     """The renderer for a query answer's type."""
-    return {"RolloutStatus": rollout_lines, "BudgetView": budget_lines, "BreakerView": breaker_lines}.get(
-        type(value).__name__, any_lines
-    )
+    return {"RolloutStatus": rollout_lines, "BudgetView": budget_lines, "BreakerView": breaker_lines,
+            "RackRemediationStatus": rack_lines}.get(type(value).__name__, any_lines)  # fmt: skip

@@ -1,4 +1,5 @@
-"""`millwright start`, `watch` and `schema`: start a workflow from JSON, follow a run, describe every input."""
+"""`millwright start`, `watch` and `schema`: start a workflow from JSON, follow a run, describe every input; and
+`millwright rack remediate DOMAIN`, which starts (or plans) a whole NVLink domain's RackRemediation."""
 
 from __future__ import annotations
 
@@ -9,24 +10,31 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from pydantic import BaseModel
 
 from starter.cli.common import (
     AddressOpt,
+    DomainArg,
+    KubeconfigOpt,
     NamespaceOpt,
+    OutputOpt,
     StateDir,
     UiOpt,
     app,
     connect,
+    emit,
     err,
     failure_text,
     jsonable,
     one_line,
     out,
+    rack_app,
     read_input,
     spec_or_exit,
     ui_base,
 )
+from starter.cli.controls import ByOpt, NeedCluster, ReasonOpt
 
 # ---------------------------------------------------------------- start
 
@@ -82,6 +90,115 @@ def _shell_quote(s: str) -> str:
     import shlex
 
     return shlex.quote(s)
+
+
+# ---------------------------------------------------------------- rack remediate
+
+
+@rack_app.command("remediate")
+def rack_remediate(
+    domain: DomainArg,
+    cluster: NeedCluster,
+    reason: ReasonOpt,
+    by: ByOpt,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Start nothing: print what the run would lease, cordon and power-cycle.")
+    ] = False,
+    require_approval: Annotated[
+        bool, typer.Option("--require-approval", help="The power cycle waits for `rack approve` (or `reject`).")
+    ] = False,
+    settings: Annotated[
+        str | None,
+        typer.Option("--settings", help="JSON or YAML file (- for stdin): more of RackRemediation's input fields."),
+    ] = None,
+    task_queue: Annotated[str, typer.Option("--task-queue", "-q", envvar="MILLWRIGHT_TASK_QUEUE")] = "millwright",
+    kubeconfig: KubeconfigOpt = None,
+    output: OutputOpt = "table",
+    address: AddressOpt = None,
+    namespace: NamespaceOpt = None,
+    ui: UiOpt = None,
+    state_dir: StateDir = Path(".millwright"),
+) -> None:
+    """Remediate the domain whole: start its RackRemediation, named by its rack (one run per domain, whoever asks)."""
+    from starter.client import InputError, ui_link
+    from starter.controls import ControlError
+    from starter.racks import AlreadyRunning, open_cluster, rack_input, rack_plan
+    from starter.racks import rack_remediate as remediate
+
+    try:
+        inp = rack_input(cluster, domain, reason=reason, by=by, settings=_settings(settings),
+                         require_approval=require_approval)  # fmt: skip
+    except InputError as e:
+        err.print(f"error: invalid input for {e.workflow}; nothing was started:", style="red", markup=False)
+        for line in e.errors:
+            err.print(f"  {line}", markup=False)
+        raise typer.Exit(2) from None
+
+    async def run() -> int:
+        client = await connect(address, namespace, state_dir, identity=by)
+        try:
+            async with open_cluster(cluster, kubeconfig) as (_, connector):
+                plan = await rack_plan(client, connector, inp, task_queue=task_queue)
+            if dry_run:
+                emit(plan, output, lambda wide: plan_lines(plan))
+                err.print(f"dry run: {plan.workflow_id} was not started", markup=False)
+                return 1 if plan.held_by else 0
+            started = await remediate(client, plan)
+        except AlreadyRunning as e:
+            err.print(f"error: {e}", style="red", markup=False)
+            out.print(f"  workflow id: {e.workflow_id}", markup=False)
+            return 1
+        except ControlError as e:
+            err.print(f"error: {e}", style="red", markup=False)
+            return 1
+        link = ui_link(ui_base(ui, state_dir), client.namespace, started.workflow_id, started.run_id)
+        answer = {"workflow_id": started.workflow_id, "run_id": started.run_id, "task_queue": task_queue, "ui": link,
+                  "nodes": plan.nodes}  # fmt: skip
+        emit(answer, output, lambda wide: [
+            f"started RackRemediation on task queue {task_queue}: {len(plan.nodes)} nodes of rack {plan.rack}",
+            f"  workflow id: {started.workflow_id}", f"  run id:      {started.run_id}", f"  ui:          {link}",
+            f"  status:      millwright rack status {_shell_quote(plan.rack)} --cluster {_shell_quote(cluster)}",
+        ])  # fmt: skip
+        return 0
+
+    raise typer.Exit(asyncio.run(run()))
+
+
+def _settings(source: str | None) -> dict[str, Any]:
+    if source is None:
+        return {}
+    try:
+        data = yaml.safe_load(read_input(source))
+    except yaml.YAMLError as e:
+        err.print(f"error: --settings {source}: neither JSON nor YAML: {e}", style="red", markup=False)
+        raise typer.Exit(2) from None
+    if not isinstance(data, dict):
+        err.print(f"error: --settings {source}: expected a mapping of RackRemediation's input fields", style="red",
+                  markup=False)  # fmt: skip
+        raise typer.Exit(2)
+    return data
+
+
+def plan_lines(p: Any) -> list[str]:
+    lines = [f"would start RackRemediation {p.workflow_id} on task queue {p.task_queue}: rack {p.rack}, NVLink "
+             f"domain {p.domain or '-'}, {len(p.nodes)} nodes"]  # fmt: skip
+    if p.held_by:
+        lines.append(f"already held: {p.held_by} runs for this domain; a start would start nothing")
+    if p.no_bmc:
+        lines.append(f"refused: no BMC known for {', '.join(p.no_bmc)} (give `bmcs` in --settings, or `netbox: "
+                     "true`): the run would end touching nothing")  # fmt: skip
+    lines.append(f"told to stand down: {', '.join(p.stand_down) or 'none (no NodeRemediation runs on its nodes)'}")
+    lines += [f"lease: {p.lease}", f"cordon: {', '.join(p.cordon) or 'none'}"]
+    lines += [f"  {node}: cordoned by {who}: drained and powered with the rack, its cordon left to them"
+              for node, who in sorted(p.not_ours.items())]  # fmt: skip
+    lines.append(f"drain: all {len(p.nodes)} nodes at once (a gang across the domain is evicted together, once)")
+    lines += [f"approval: {p.approval}"] if p.approval else []
+    lines += [f"power: {step}" for step in p.power]
+    lines.append("  (in tray order, which the run reads from each tray's BMC; by name here)")
+    checks = "each node's own check" + (" and the domain-wide check" if p.input.domain_check else "")
+    lines.append(f"then: every node Ready with a new boot ID and its clique label back, {checks}, and every node "
+                 "that passed back in service together")  # fmt: skip
+    return lines
 
 
 # ---------------------------------------------------------------- watch
