@@ -258,6 +258,7 @@ class NodeSummary(StrictModel):
     name: str
     labels: dict[str, str]
     unschedulable: bool
+    cordoned_by: str | None = Field(None, description=f"Who holds its cordon ({CORDONED_BY}), when anyone marked it.")
     ready: bool
     created: str | None = Field(
         None, description="metadata.creationTimestamp (RFC 3339, UTC): a rollout's stable order."

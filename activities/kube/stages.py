@@ -92,6 +92,7 @@ def node_summary(node: dict[str, Any], label_keys: list[str]) -> NodeSummary:
         name=node["metadata"]["name"],
         labels=only_labels((node.get("metadata") or {}).get("labels") or {}, label_keys),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        cordoned_by=((node.get("metadata") or {}).get("annotations") or {}).get(CORDONED_BY),
         ready=node_ready(node),
         created=(node.get("metadata") or {}).get("creationTimestamp"),
     )

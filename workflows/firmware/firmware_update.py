@@ -7,8 +7,9 @@ disruption budget, a cordon, a drain), so no reset happens while workload pods r
 order: SimpleUpdate, its Task followed to the end (a BMC that restarts itself is waited out), then one activation
 for all of them (an AC power cycle when any component needs one, else a system reset when any needs one), then
 the inventory is read back: every component must show its version. The node returns to service once it is Ready
-with a new boot ID (at once when nothing reset it). A failure (a bad image: the BMC's message) stops the server,
-leaves its node cordoned and quarantined with the reason, and returns the lease.
+with a new boot ID (at once when nothing reset it); with `hand_node_to` (a fleet updating an NVLink domain whole,
+workflows/firmware/domain_hold.py) it stays out instead, its cordon passed to that run. A failure (a bad image: the
+BMC's message) stops the server, leaves its node cordoned and quarantined with the reason, and returns the lease.
 
 BMC credentials travel as secret references (`BmcRef.credentials`), resolved in the activities.
 """
@@ -68,7 +69,7 @@ Phase = Literal[
     "starting", "looking-up", "recording", "reading-inventory", "updating", "activating", "verifying",
     # a Kubernetes node's (workflows/burnin/node_guard.py)
     "checking-node", "waiting-for-budget", "cordoning", "draining", "waiting-for-pods-to-terminate", "waiting-for-node",
-    "uncordoning", "quarantining", "validating", "handing-to-remediation",
+    "uncordoning", "quarantining", "validating", "handing-to-remediation", "handing-over",
     "completed", "failed", "validation-failed",
 ]  # fmt: skip
 
@@ -129,10 +130,19 @@ class FirmwareSettings(StrictModel):
         return {name: getattr(self, name) for name in FirmwareSettings.model_fields}
 
 
+def firmware_update_id(server: str) -> str:
+    return f"firmware-update/{server}"
+
+
 class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
     """Install a firmware bundle on one server."""
 
     server: FirmwareTarget
+    hand_node_to: str | None = Field(
+        None, description="Set by a fleet that returns an NVLink domain's nodes together: once updated, read back "
+        "(and validated) and back from its reset, the node stays cordoned, its cordon passed to this run (a workflow "
+        "ID), and the lease is returned (the cordon keeps it counted out of service).",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _bmc_known(self) -> FirmwareUpdateInput:
@@ -143,7 +153,7 @@ class FirmwareUpdateInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         return self
 
     def workflow_id(self) -> str:
-        return f"firmware-update/{self.server.name}"
+        return firmware_update_id(self.server.name)
 
     def search_attributes(self) -> list[SearchAttributePair]:
         return [SearchAttributePair(sa.NODE, self.server.name)]
@@ -158,6 +168,8 @@ class FirmwareUpdateResult(DrainCost):
     notes: list[str] = Field(default_factory=list)
     validation: ValidationResult | None = Field(None, description="The validation gate's verdict, when asked for.")
     remediation: str | None = Field(None, description="The NodeRemediation a node failing validation went to.")
+    node_handed_to: str | None = Field(None, description="The run now holding the node's cordon (hand_node_to): "
+                                       "out of service until that run returns it.")  # fmt: skip
 
 
 @workflow.defn
@@ -264,10 +276,29 @@ class FirmwareUpdate:
                 reset = False  # back from the reset already: the uncordon waits no more
                 if not await self._validated(inp, node, bmc, result):
                     return result
-            await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
+            if inp.hand_node_to is not None and node.status.cordoned_by_us:
+                await self._hand_node(inp, node, boot_id if reset else None, result)
+            else:
+                await node.back_in(True, "", boot_id if reset else None, inp.boot_timeout, rebooted=reset)
             result.notes += [node.status.note] if node.status.note else []
         self._enter("completed", ", ".join(f"{c.name} {c.version}" for c in todo))
         return result
+
+    async def _hand_node(self, inp: FirmwareUpdateInput, node: NodeService, boot_id: str | None,
+                         result: FirmwareUpdateResult) -> None:  # fmt: skip
+        """Keep the node out of service for the run `hand_node_to`: once back from its reset (a new boot ID), pass
+        it our cordon and return the lease. A cordon no longer ours (someone took it meanwhile) stays theirs, and
+        the lease is returned as after any update."""
+        assert inp.hand_node_to is not None
+        if boot_id is not None:
+            await node.wait_rebooted(boot_id, inp.boot_timeout)
+        to = inp.hand_node_to
+        self._enter("handing-over", f"{node.status.node} to {to}")
+        reason = f"firmware {inp.bundle.name} installed; out of service until {to} returns its NVLink domain whole"
+        if await node.hand_over(to, reason):
+            result.node_handed_to = to
+        else:
+            await node.back_in(True, "", None, inp.boot_timeout, rebooted=False)
 
     async def _bmc_from_netbox(self, name: str) -> tuple[BmcRef, DeviceInfo]:
         self._enter("looking-up", f"NetBox device {name}")

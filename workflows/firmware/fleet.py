@@ -15,9 +15,12 @@ server's components and task states are its child's `components` query (`millwri
 With `batch_by` (nvlinkDomain or rack), waves take whole domains (workflows/firmware/waves.py): the run first reads
 where each server's Kubernetes node sits (its labels, a page of each cluster's node list at a time); a server that is
 no node, or whose node has no such label, is a domain of its own. `status` shows each server's domain, each wave's
-domains, and the domains a stop left on mixed firmware. History: ~9
-events a server (a child's start, close and two workflow tasks) and one per control, so one run holds
-`MAX_SERVERS` servers well under Temporal's history limits; larger fleets run as several fleets.
+domains, and the domains a stop left on mixed firmware. With nvlinkDomain no node of a domain returns to service
+before every server of it is done and on one firmware set; a domain that is not stays out, named in
+`domains_held_out` (workflows/firmware/domain_hold.py). History: ~9 events a server (a child's start, close and two
+workflow tasks), at most 6 more a node an NVLink domain holds (its uncordon or quarantine and a workflow task), and
+one per control, so one run holds `MAX_SERVERS` servers (~30,000 events at most) under Temporal's history limits;
+larger fleets run as several fleets.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 from activities.kube.activities import KubeActivities
-from activities.kube.models import NodePageRequest
+from activities.kube.models import NodePageRequest, NodeRef
 from activities.kube.topology import OWN_DOMAIN_PREFIX, BatchBy, TopologyLabels, place_of
 from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
@@ -46,7 +49,14 @@ from workflows.common.call_options import API_CALL, NETBOX_CALL
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api
 from workflows.common.errors import error_text
 from workflows.firmware.bundle import ComponentStatus
-from workflows.firmware.firmware_update import FirmwareSettings, FirmwareTarget, FirmwareUpdate, FirmwareUpdateInput
+from workflows.firmware.domain_hold import DomainHeldOut, DomainHold
+from workflows.firmware.firmware_update import (
+    FirmwareSettings,
+    FirmwareTarget,
+    FirmwareUpdate,
+    FirmwareUpdateInput,
+    firmware_update_id,
+)
 from workflows.firmware.waves import (
     FirmwareWaves,
     WaveBook,
@@ -61,6 +71,8 @@ from workflows.rollout.unit_batching import UNIT_NAMES
 
 MAX_SERVERS = 2000
 NODE_PAGE = 1000  # nodes a page when reading where servers sit
+# workflow.patched() id: with batch_by nvlinkDomain, each domain's nodes held out until it reads back one firmware set.
+DOMAIN_HOLD_PATCH = "fleet-firmware-holds-nvlink-domains"
 
 ServerState = Literal["pending", "running", "updated", "up-to-date", "failed", "skipped"]
 FINISHED = ("completed", "aborted")
@@ -77,10 +89,19 @@ class ServerFirmware(StrictModel):
         "`node:<server>`: a domain of its own (status's `topology` says why).",
     )  # fmt: skip
     workflow_id: str | None = Field(None, description="Its FirmwareUpdate run (`components` query while running).")
-    reason: str = Field("", description="Why it failed or was skipped.")
+    reason: str = Field("", description="Why it failed or was skipped, or why its NVLink domain is held out.")
+    held: bool = Field(
+        False, description="With batch_by nvlinkDomain: its node is cordoned in the fleet's name, out of service "
+        "until its NVLink domain is done and on one firmware set (or for good: its domain held out).",
+    )  # fmt: skip
     components: list[ComponentStatus] = Field(default_factory=list, description="Its result's components.")
     now: str = Field("", description="A running server's phase and details, from its run's progress (filled by "
                      "`millwright firmware status`, not by the fleet).")  # fmt: skip
+
+
+def node_of(target: FirmwareTarget) -> NodeRef | None:
+    k = target.kubernetes
+    return None if k is None else NodeRef(cluster=k.cluster, node=k.node or target.name)
 
 
 class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
@@ -148,6 +169,11 @@ MIXED_DOC = (
     "With batch_by: domains on mixed firmware, none of their servers running: one updated or failed, not "
     "all on the bundle (a stop, a failure, or a closed maintenance window left them so)."
 )
+HELD_OUT_DOC = (
+    "With batch_by nvlinkDomain: domains kept out of service once all their servers were done, not on one firmware "
+    "set (a server failed or was skipped, or the versions read back differ); their nodes stay cordoned and "
+    "quarantined in the fleet's name until it runs again and finds the domain whole."
+)
 
 
 class FleetFirmwareStatus(DrainCost):
@@ -164,6 +190,7 @@ class FleetFirmwareStatus(DrainCost):
     wave_domains: list[list[str]] = Field(default_factory=list, description="With batch_by: each wave's domains "
                                           "(index 0: the canary).")  # fmt: skip
     domains_left_mixed: list[str] = Field(default_factory=list, description=MIXED_DOC)
+    domains_held_out: list[DomainHeldOut] = Field(default_factory=list, description=HELD_OUT_DOC)
     servers: list[ServerFirmware]
 
 
@@ -172,6 +199,7 @@ class FleetFirmwareResult(DrainCost):
     aborted: str | None = None
     counts: dict[str, int]
     domains_left_mixed: list[str] = Field(default_factory=list, description=MIXED_DOC)
+    domains_held_out: list[DomainHeldOut] = Field(default_factory=list, description=HELD_OUT_DOC)
     servers: list[ServerFirmware]
 
 
@@ -190,6 +218,9 @@ class FleetFirmwareUpdate:
         self._cost = DrainCost()  # what the servers' drains cost their GPU work (a failed server's: not known here)
         self._phases = Phases(finished=FINISHED)
         self._calls = Endpoints(inp.retry_timeout, shown=self._phases.waiting)
+        self._hold = False  # nvlinkDomain: whether domains are held (runs from before the patch: no)
+        self._domains = DomainHold(inp.bundle, self._calls)
+        self._members: dict[str, list[str]] = {}  # domain -> its servers
 
     # ------------------------------------------------------------ operator controls and views
 
@@ -242,7 +273,8 @@ class FleetFirmwareUpdate:
             phase=self._phases.progress.phase, bundle=self._inp.bundle.name, wave=self._book.state.wave,
             wave_size=self._book.size, paused=self._paused, aborted=self._aborted, counts=self._counts(),
             decisions=self._decisions, topology=self._topology, wave_domains=self._book.wave_domains,
-            domains_left_mixed=self._mixed(), servers=list(self._servers.values()), **self._cost.cost().model_dump(),
+            domains_left_mixed=self._mixed(), domains_held_out=self._domains.held_out,
+            servers=list(self._servers.values()), **self._cost.cost().model_dump(),
         )  # fmt: skip
 
     @workflow.query(description="Short progress for pollers such as `millwright watch`.")
@@ -271,6 +303,10 @@ class FleetFirmwareUpdate:
         )
         if mixed := self._mixed():
             details += f"; {UNIT_NAMES[self._inp.batch_by]}s left on mixed firmware: {', '.join(mixed)}"
+        if self._domains.nodes:
+            details += f"; {len(self._domains.nodes)} node(s) held out until their NVLink domain is on one firmware set"
+        if self._domains.held_out:
+            details += f"; NVLink domains held out of service: {', '.join(d.domain for d in self._domains.held_out)}"
         if self._paused or self._aborted:
             details = f"{self._paused or 'aborting: ' + (self._aborted or '')} — {details}"
         done = sum(n for state, n in counts.items() if state not in ("pending", "running"))
@@ -280,6 +316,7 @@ class FleetFirmwareUpdate:
 
     @workflow.run
     async def run(self, inp: FleetFirmwareInput) -> FleetFirmwareResult:
+        self._hold = inp.batch_by == "nvlinkDomain" and workflow.patched(DOMAIN_HOLD_PATCH)
         targets = list(inp.servers)
         if inp.netbox_query is not None:
             self._phases.enter("listing", "NetBox query")
@@ -319,11 +356,13 @@ class FleetFirmwareUpdate:
         self._pending = {}
         self._show()
         await asyncio.gather(*tasks)
+        for domain in self._members:  # those an abort ended
+            await self._settle(domain)
         self._show("aborted" if self._aborted else "completed")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return FleetFirmwareResult(bundle=inp.bundle.name, aborted=self._aborted, counts=self._counts(),
-                                   domains_left_mixed=self._mixed(), servers=list(self._servers.values()),
-                                   **self._cost.cost().model_dump())  # fmt: skip
+                                   domains_left_mixed=self._mixed(), domains_held_out=self._domains.held_out,
+                                   servers=list(self._servers.values()), **self._cost.cost().model_dump())  # fmt: skip
 
     async def _read_domains(self, targets: list[FirmwareTarget]) -> None:
         """Each server's domain, from its Kubernetes node's labels: each cluster's node list, a page at a time (one
@@ -331,6 +370,7 @@ class FleetFirmwareUpdate:
         keys, label = self._inp.topology, (self._inp.topology.clique if self._inp.batch_by == "nvlinkDomain"
                                            else self._inp.topology.rack)  # fmt: skip
         wanted: dict[str, dict[str, str]] = {}  # cluster -> node -> server
+        cordons: dict[str, str] = {}  # server -> who holds its node's cordon
         for t in targets:
             if t.kubernetes is not None:
                 wanted.setdefault(t.kubernetes.cluster, {})[t.kubernetes.node or t.name] = t.name
@@ -346,6 +386,8 @@ class FleetFirmwareUpdate:
                 for node in page.nodes:
                     if node.name in servers:
                         self._book.places[servers[node.name]] = place_of(servers[node.name], node.labels, keys)
+                        if node.cordoned_by:
+                            cordons[servers[node.name]] = node.cordoned_by
                 token = page.continue_token
                 if not token:
                     break
@@ -358,6 +400,43 @@ class FleetFirmwareUpdate:
                                  else f"its node is not in cluster {t.kubernetes.cluster}"
                                  if t.name not in self._book.places else f"no {label} label")  # fmt: skip
         self._topology = own_domains_note(alone, self._inp.batch_by)
+        if self._hold:
+            self._hold_domains(targets, cordons)
+
+    def _holds(self, record: ServerFirmware) -> bool:
+        """Its node is held for its NVLink domain (a server that is a domain of its own returns by itself)."""
+        return self._hold and record.domain is not None and not record.domain.startswith(OWN_DOMAIN_PREFIX)
+
+    def _hold_domains(self, targets: list[FirmwareTarget], cordons: dict[str, str]) -> None:
+        """Each NVLink domain's servers; the nodes an earlier run of this fleet (this workflow ID) kept out with their
+        domain (`cordons`: server -> its cordon's holder) held again; a quarantine that run or the server's own
+        update left goes when the domain returns."""
+        me = workflow.info().workflow_id
+        for t in targets:
+            record = self._servers[t.name]
+            if not self._holds(record) or record.domain is None:
+                continue
+            self._members.setdefault(record.domain, []).append(t.name)
+            holder = cordons.get(t.name)
+            if holder == me and (node := node_of(t)) is not None:
+                self._domains.hold(t.name, node)
+                record.held = True
+            if holder in (me, firmware_update_id(t.name)):
+                self._domains.lift.add(t.name)
+
+    async def _settle(self, domain: str) -> None:
+        """Once none of `domain`'s servers waits or runs: back in service together, or held out (domain_hold.py)."""
+        members = [self._servers[server] for server in self._members[domain]]
+        if domain in self._domains.settled or any(m.state in ("pending", "running") for m in members):
+            return
+        out = await self._domains.settle(domain, {m.server: m.state for m in members},
+                                         {m.server: m.reason for m in members})  # fmt: skip
+        for m in members:
+            if out is None:
+                m.held = False
+            elif m.held:
+                m.reason = out.reason
+        self._show()
 
     async def _window_open(self) -> bool:
         """True inside a maintenance window; else waits until one opens (or an operator acts) and returns False."""
@@ -373,7 +452,9 @@ class FleetFirmwareUpdate:
 
     async def _update(self, target: FirmwareTarget, wave: int) -> None:
         inp, record = self._inp, self._servers[target.name]
-        child = FirmwareUpdateInput(server=target, retry_timeout=inp.retry_timeout, **inp.settings())
+        holds, me = self._holds(record), workflow.info().workflow_id
+        child = FirmwareUpdateInput(server=target, retry_timeout=inp.retry_timeout, hand_node_to=me if holds else None,
+                                    **inp.settings())  # fmt: skip
         record.state, record.wave, record.workflow_id = "running", wave, child.workflow_id()
         self._show()
         changed = failed = False
@@ -385,6 +466,11 @@ class FleetFirmwareUpdate:
             )  # fmt: skip
             record.components = result.components
             self._cost.add(result)
+            if holds:
+                self._domains.read_back(target.name, result.versions)
+            if holds and result.node_handed_to == me and (node := node_of(target)) is not None:
+                self._domains.hold(target.name, node)
+                record.held = True
             if result.result == "validation-failed":  # installed, but the node is not fit: left out of service
                 record.state, failed = "failed", True
                 record.reason = f"validation failed: {result.validation.reason if result.validation else ''}" + (
@@ -396,6 +482,8 @@ class FleetFirmwareUpdate:
             record.state, record.reason = "skipped", "a firmware update of this server is already running"
         except ChildWorkflowError as err:
             record.state, record.reason, failed = "failed", error_text(err), True
+        if holds and record.domain is not None:
+            await self._settle(record.domain)  # part of its wave: the next starts once the domain is back
         stop = self._book.finished(target.name, changed, failed)
         if stop is not None and self._paused is None and self._aborted is None:
             self._paused = f"stopped: {stop}: {record.reason}"

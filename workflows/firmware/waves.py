@@ -14,6 +14,8 @@ firmware set (docs/firmware.md), so a domain is never split across waves. The ca
 to the servers' order); each later wave takes the next domains in the servers' order up to its size, rounded up to
 whole domains. A server already current frees its place as above, so the wave takes the next whole domain in its
 stead. A stop (the threshold, a pause, an abort) can still leave a domain mixed: `domains_left_mixed` says which.
+With nvlinkDomain a domain's nodes return to service only together, once `domain_verdict` finds it on one firmware
+set (workflows/firmware/domain_hold.py).
 """
 
 from __future__ import annotations
@@ -162,6 +164,25 @@ def domains_left_mixed(domains: Mapping[str, str], states: Mapping[str, str]) ->
         domain for domain, seen in members.items()
         if "running" not in seen and {"updated", "failed"} & set(seen) and not set(seen) <= set(ON_THE_BUNDLE)
     ]  # fmt: skip
+
+
+def domain_verdict(
+    states: Mapping[str, str], versions: Mapping[str, Mapping[str, str]], reasons: Mapping[str, str]
+) -> str | None:
+    """Why a domain whose servers are all done (`states`: server -> state, none pending or running) must stay out
+    of service, or None when it may return: every server on the bundle, and the versions read back (`versions`:
+    server -> inventory ID -> version, the bundle's IDs) the same on every server. `reasons`: a server's reason."""
+    off = [f"{server} {state}" + (f" ({reasons[server][:400]})" if reasons.get(server) else "")
+           for server, state in states.items() if state not in ON_THE_BUNDLE]  # fmt: skip
+    if off:
+        return "not every server on the bundle: " + "; ".join(off)
+    seen: dict[str, dict[str, list[str]]] = {}  # inventory ID -> version -> servers
+    for server, read in versions.items():
+        for target, version in sorted(read.items()):
+            seen.setdefault(target, {}).setdefault(version, []).append(server)
+    differ = [f"{target} " + "; ".join(f"{v} on {', '.join(on)}" for v, on in by.items())
+              for target, by in seen.items() if len(by) > 1]  # fmt: skip
+    return "versions read back differ: " + " | ".join(differ) if differ else None
 
 
 def own_domains_note(alone: Mapping[str, str], batch_by: BatchBy) -> str:

@@ -1,5 +1,6 @@
 """FleetFirmwareUpdate over the lab's servers (workflows/firmware/fleet.py): waves, the BMC concurrency limit, the
-cluster's disruption budget, the failure threshold, pause/resume/abort, and servers already current."""
+cluster's disruption budget, the failure threshold, pause/resume/abort, servers already current, and waves by NVLink
+domain: a domain's nodes back in service only together, once it reads back one firmware set, or held out."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import uuid
 import pytest
 from temporalio.client import WorkflowHandle
 
+from activities.kube.models import CORDONED_BY
 from activities.kube.topology import CLIQUE_LABEL
-from activities.node_health import QUARANTINE_ANNOTATION
+from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from lab.fleet import Fleet
-from starter.controls import Refused, firmware_control, firmware_status
+from starter.controls import Refused, budget_set, firmware_control, firmware_status
 from tests.kube_helpers import wait_for
 from tests.workflows.burnin.test_burnin_node import follow
 from tests.workflows.firmware.test_firmware_update import BIOS_IMAGE, BUNDLE, IMAGES, updates_posted
@@ -50,6 +52,39 @@ async def update_windows(admin, servers: list[str]) -> dict[str, tuple[float, fl
         if posted:
             windows[name] = (posted[0], writes[-1]["time"])
     return windows
+
+
+def uncordons(audit: list[dict]) -> dict[str, list[float]]:
+    """Node -> when a write took it from cordoned to schedulable, as the API server saw it."""
+    cordoned: dict[str, bool] = {}
+    out: dict[str, list[float]] = {}
+    for entry in audit:
+        after = entry.get("nodeAfter")
+        if entry.get("resource") != "nodes" or not after:
+            continue
+        if cordoned.get(entry["name"]) and not after["unschedulable"]:
+            out.setdefault(entry["name"], []).append(entry["time"])
+        cordoned[entry["name"]] = after["unschedulable"]
+    return out
+
+
+async def inventory_reads(admin, servers: list[str]) -> dict[str, list[float]]:
+    """Each server's reads of its BMC's FirmwareInventory."""
+    return {n: [e["time"] for e in await admin.server_audit(n) if e["method"] == "GET" and "FirmwareInventory"
+                in e["path"]] for n in servers}  # fmt: skip
+
+
+async def nvlink_domains(k8s, admin, power_link, client, queue: str, clique: dict[str, str]) -> None:
+    """The servers of `clique` (server -> its clique label) Kubernetes nodes in service, the bundles' images served,
+    and the cluster's budget letting five nodes out at once (a whole domain, its held nodes included)."""
+    await k8s.seed(Fleet.model_validate({
+        "cluster": "lab", "workloads": [],
+        "nodes": [{"name": n, "gpus": 8, "labels": {CLIQUE_LABEL: clique[n]}} for n in sorted(clique)],
+    }).to_objects())  # fmt: skip
+    for name in sorted(clique):
+        await follow(power_link, admin, name)
+    await admin.set_images(IMAGES)
+    await budget_set(client, "lab", count=5, by="sre", reason="a whole NVLink domain at once", task_queue=queue)
 
 
 def most_at_once(windows: dict[str, tuple[float, float]]) -> int:
@@ -219,22 +254,53 @@ async def test_a_server_failing_validation_after_its_firmware_goes_to_remediatio
     assert not (await core.read_node(good)).spec.unschedulable  # validated, then back in service
 
 
-async def test_waves_by_nvlink_domain_take_whole_domains_and_a_stop_inside_one_says_it_is_left_mixed(
+async def test_an_nvlink_domain_returns_to_service_only_once_every_tray_reads_back_one_firmware_set(
+    client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
+):
+    servers = burnin_bmcs.names[:5]
+    x, y = [servers[0], servers[2], servers[4]], [servers[1], servers[3]]  # listed interleaved
+    await nvlink_domains(k8s, bmc_admin, power_link, client, burnin_worker,
+                         {**dict.fromkeys(x, "dom-x.1"), **dict.fromkeys(y, "dom-y.1")})  # fmt: skip
+    inp = fleet_input(burnin_bmcs, servers, set(servers), BIOS_ONLY, batch_by="nvlinkDomain",
+                      waves={"batch_sizes": [3]}, max_concurrent_bmcs=1)  # fmt: skip
+    handle = await start(client, burnin_worker, inp)
+    result = await handle.result()
+    await record_history(handle, "fleet_firmware_update_nvlink_domain_hold")
+    await record_history(client.get_workflow_handle(f"firmware-update/{x[0]}"), "firmware_update_node_handed_over")
+
+    by_name = {s.server: s for s in result.servers}
+    assert result.counts == {"updated": 5} and result.domains_held_out == [], result
+    assert {n: by_name[n].wave for n in servers} == {**dict.fromkeys(y, 0), **dict.fromkeys(x, 1)}
+    assert not any(s.held for s in result.servers)
+    # One BMC at a time, so each domain's first tray was done long before its last one started: its node stayed
+    # out until the last tray's versions were read back, then the domain's nodes came back together.
+    reads, back = await inventory_reads(bmc_admin, servers), uncordons(await k8s.audit())
+    windows = await update_windows(bmc_admin, servers)
+    for domain in (x, y):
+        assert max(reads[domain[0]]) < windows[domain[-1]][0], (reads, windows)
+        assert min(back[n][0] for n in domain) > max(t for n in domain for t in reads[n]), (domain, reads, back)
+        assert all(len(back[n]) == 1 for n in domain), back
+    assert max(back[n][0] for n in y) < min(windows[n][0] for n in x)  # the canary domain back before the next wave
+    first = await client.get_workflow_handle(f"firmware-update/{x[0]}").result()
+    assert first["node_handed_to"] == inp.workflow_id(), first
+    for name in servers:
+        assert not (await core.read_node(name)).spec.unschedulable
+    # History: a child (3 events) and an uncordon (3) a server, and at most a workflow task (3) for each of their
+    # three ends; the rest (start, the topology read, the patch marker, phases, close) is the same for any fleet.
+    events = [e async for e in handle.fetch_history_events()]
+    assert len(events) <= 15 * len(servers) + 20, len(events)
+
+
+async def test_waves_by_nvlink_domain_take_whole_domains_and_a_failed_tray_keeps_its_domain_out_until_a_rerun(
     client, burnin_bmcs, bmc_admin, lab_hosts, burnin_worker, k8s, core, power_link
 ):
     servers = burnin_bmcs.names[:6]
     bare = servers[5]  # no Kubernetes node: an NVLink domain of its own, the smallest, so the canary
     x, y = [servers[0], servers[2], servers[4]], [servers[1], servers[3]]  # listed interleaved
-    clique = {**dict.fromkeys(x, "dom-x.1"), **dict.fromkeys(y, "dom-y.1")}
-    await k8s.seed(Fleet.model_validate({
-        "cluster": "lab", "workloads": [],
-        "nodes": [{"name": n, "gpus": 8, "labels": {CLIQUE_LABEL: clique[n]}} for n in sorted(clique)],
-    }).to_objects())  # fmt: skip
-    for name in sorted(clique):
-        await follow(power_link, bmc_admin, name)
-    await bmc_admin.set_images(IMAGES)
+    await nvlink_domains(k8s, bmc_admin, power_link, client, burnin_worker,
+                         {**dict.fromkeys(x, "dom-x.1"), **dict.fromkeys(y, "dom-y.1")})  # fmt: skip
     await bmc_admin.set_update_faults(x[1], {"BIOS": "flash write failed at block 7"})
-    inp = fleet_input(burnin_bmcs, servers, set(clique), BIOS_ONLY, batch_by="nvlinkDomain",
+    inp = fleet_input(burnin_bmcs, servers, set(x + y), BIOS_ONLY, batch_by="nvlinkDomain",
                       waves={"batch_sizes": [2], "failure_threshold": 1}, max_concurrent_bmcs=1)  # fmt: skip
     handle = await start(client, burnin_worker, inp)
 
@@ -245,22 +311,53 @@ async def test_waves_by_nvlink_domain_take_whole_domains_and_a_stop_inside_one_s
     assert stopped.domains_left_mixed == ["dom-x"] and stopped.wave_domains == [[f"node:{bare}"], ["dom-x"]]
     assert stopped.topology == f"waves take whole NVLink domains; 1 server(s) each a NVLink domain of its own: " \
                                f"{bare} (no Kubernetes node)"  # fmt: skip
+    # x's updated tray waits, out of service in the fleet's name, for the rest of its domain.
+    assert [s.held for s in stopped.servers if s.server in x] == [True, False, False]
+    held = await core.read_node(x[0])
+    assert held.spec.unschedulable and held.metadata.annotations[CORDONED_BY] == inp.workflow_id()
     progress = await handle.query(FleetFirmwareUpdate.progress)
     assert "NVLink domains left on mixed firmware: dom-x" in progress.details, progress.details
-    # The operator swaps the flash part and returns its node to service (the cluster's budget has room again).
-    await core.patch_node(x[1], {"spec": {"unschedulable": False}})
+    assert "1 node(s) held out until their NVLink domain is on one firmware set" in progress.details
     await firmware_control(client, "resume", inp.name, by="sre", reason="one bad flash part")
     result = await handle.result()
-    await record_history(handle, "fleet_firmware_update_nvlink_domains")
+    await record_history(handle, "fleet_firmware_update_nvlink_domain_held_out")
 
     by_name = {s.server: s for s in result.servers}
     assert {n: (by_name[n].domain, by_name[n].wave) for n in servers} == {
         bare: (f"node:{bare}", 0), **{n: ("dom-x", 1) for n in x}, **{n: ("dom-y", 2) for n in y},
     }  # fmt: skip
     assert result.counts == {"updated": 5, "failed": 1} and result.domains_left_mixed == ["dom-x"], result
-    status = await handle.query(FleetFirmwareUpdate.status)
+    status = await firmware_status(client, inp.name)  # `millwright firmware status`
     assert status.wave_domains == [[f"node:{bare}"], ["dom-x"], ["dom-y"]]
+    assert status.domains_held_out == result.domains_held_out
     # On the BMCs: no server of a later wave started before every server of the wave before it had finished.
     windows = await update_windows(bmc_admin, servers)
     for earlier, later in ([bare], x), (x, y):
         assert max(windows[n][1] for n in earlier) < min(windows[n][0] for n in later), windows
+    # The failed tray keeps its whole domain out, named in the result: the trays the fleet updated stay cordoned
+    # and quarantined in its name, the failed one in its own update's; the other domain came back.
+    [out] = result.domains_held_out
+    assert (out.domain, out.nodes) == ("dom-x", [x[0], x[2]]), out
+    assert f"{x[1]} failed (" in out.reason and "flash write failed at block 7" in out.reason, out.reason
+    assert by_name[x[0]].reason == out.reason and by_name[x[0]].held and by_name[x[2]].held
+    for name in x:
+        node = await core.read_node(name)
+        holder = f"firmware-update/{x[1]}" if name == x[1] else inp.workflow_id()
+        quarantine = json.loads(node.metadata.annotations[QUARANTINE_ANNOTATION])
+        assert node.spec.unschedulable and node.metadata.annotations[CORDONED_BY] == holder, name
+        assert quarantine["by"] == holder and (quarantine["reason"] == out.reason) == (name != x[1]), quarantine
+    for name in y:
+        assert not (await core.read_node(name)).spec.unschedulable
+    progress = await handle.query(FleetFirmwareUpdate.progress)
+    assert "NVLink domains held out of service: dom-x" in progress.details, progress.details
+
+    # The operator fixes the tray (the lab's fault fails one flash only) and runs the same fleet again: it finds the
+    # domain whole and returns all of it, the quarantines gone.
+    rerun = await start(client, burnin_worker, inp)
+    again = await rerun.result()
+    await record_history(rerun, "fleet_firmware_update_nvlink_domain_returned")
+    assert again.counts == {"up-to-date": 5, "updated": 1} and again.domains_held_out == [], again
+    for name in x:
+        node = await core.read_node(name)
+        assert not node.spec.unschedulable and QUARANTINE_ANNOTATION not in (node.metadata.annotations or {}), name
+        assert not any(t.key == QUARANTINE_TAINT for t in node.spec.taints or []), name

@@ -1,6 +1,6 @@
 """A fleet firmware update's waves with `batch_by` (workflows/firmware/waves.py): whole domains, the smallest as the
-canary, sizes rounded up to whole domains, a domain never split across waves, and the domains a stop leaves mixed.
-Pure rules; the run on the lab is in test_fleet_firmware.py."""
+canary, sizes rounded up to whole domains, a domain never split across waves, the domains a stop leaves mixed, and
+when a domain's nodes may return. Pure rules; the run on the lab is in test_fleet_firmware.py."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from workflows.firmware.fleet import FleetFirmwareInput
 from workflows.firmware.waves import (
     FirmwareWaves,
     WaveBook,
+    domain_verdict,
     domains_left_mixed,
     domains_of,
     own_domains_note,
@@ -119,6 +120,18 @@ def test_a_domain_is_left_mixed_by_a_failure_or_a_stop_inside_it_not_while_it_ru
     assert domains_left_mixed(domains, states) == ["A", "C"]
     assert domains_left_mixed(domains, {**states, "a2": "skipped", "b2": "failed"}) == ["A", "B", "C"]
     assert domains_left_mixed(domains, dict.fromkeys(domains, "pending")) == []
+
+
+def test_a_domain_returns_only_with_every_server_on_the_bundle_and_one_set_of_versions_read_back():
+    on = {"BIOS": "2", "CPLD": "7"}
+    assert domain_verdict({"a1": "updated", "a2": "up-to-date"}, {"a1": on, "a2": on}, {}) is None
+    failed = domain_verdict({"a1": "updated", "a2": "failed", "a3": "skipped"}, {"a1": on},
+                            {"a2": "flash write failed at block 7", "a3": "fleet aborted: freeze"})  # fmt: skip
+    assert failed == ("not every server on the bundle: a2 failed (flash write failed at block 7); a3 skipped "
+                      "(fleet aborted: freeze)")  # fmt: skip
+    differ = domain_verdict({"a1": "updated", "a2": "updated", "a3": "updated"},
+                            {"a1": on, "a2": {**on, "CPLD": "6"}, "a3": on}, {})  # fmt: skip
+    assert differ == "versions read back differ: CPLD 7 on a1, a3; 6 on a2"
 
 
 def test_the_book_stops_at_a_failure_inside_a_domain_leaving_its_other_servers_unstarted():
