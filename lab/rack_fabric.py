@@ -132,8 +132,9 @@ class RackFabric:
         if rack not in self.nodes:
             raise KeyError(f"no rack {rack!r}; the racks are {', '.join(self.nodes)}")
         async with self._lock:
-            h = self.history(rack)
-            if h is not None and h.recovered_at is None:
+            if self.faulted(rack):
+                h = self.history(rack)
+                assert h is not None
                 h.repeats += 1
                 return h
             nodes = self.nodes[rack]
@@ -242,7 +243,10 @@ def admin_app(fabric: RackFabric) -> web.Application:
         return web.json_response(fabric.view(name))
 
     async def fault(request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else {}
+        try:
+            body = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"error": 'the body is JSON: {"origin": "<compute tray>"} or nothing'}, status=400)
         try:
             h = await fabric.fault(request.match_info["rack"], (body or {}).get("origin"))
         except KeyError as err:
