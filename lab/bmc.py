@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from lab.bmc_trays import location, normalize_tray, nvswitches, tray_chassis, tray_chassis_ids
 from lab.bmc_update import Updates
 from lab.redfish_shapes import RedfishError, collection
 
@@ -100,7 +101,15 @@ def normalize_spec(spec: dict | str, index: int = 0) -> dict:
     if s["power"] not in ("On", "Off"):
         raise ValueError(f"server {name}: power must be On or Off, not {s['power']!r}")
     s.setdefault("port", 0)
-    fw = {k: v for k, v in DEFAULT_FIRMWARE.items() if not k.startswith("GPU") or int(k[3:]) < gpus}
+    if s.get("tray") is not None:
+        s["tray"] = normalize_tray(name, s["tray"])
+    switches = nvswitches(s)
+    fw = {
+        k: v
+        for k, v in DEFAULT_FIRMWARE.items()
+        if not (k.startswith("GPU") and int(k[3:]) >= gpus)
+        and not (k.startswith("NVSwitch") and int(k[8:]) >= switches)
+    }
     s["firmware"] = {**fw, **(s.get("firmware") or {})}
     s["bios"] = {**DEFAULT_BIOS, **(s.get("bios") or {})}
     s.setdefault(
@@ -199,6 +208,7 @@ class Bmc:
         self.booted_from: str | None = "Hdd" if self.power == "On" else None
         self.boot_count = 0
         self.last_boot: float | None = None
+        self.last_off: float | None = None
         self.firmware = dict(self.spec["firmware"])
         self.bios = dict(self.spec["bios"])
         self.bios_pending: dict = {}
@@ -269,6 +279,8 @@ class Bmc:
 
     def power_off(self) -> None:
         self._cancel_power()
+        if self.power != "Off":
+            self.last_off = time.time()
         self.power, self.transition = "Off", None
 
     @property
@@ -316,10 +328,20 @@ class Bmc:
         self.timers = [t for t in self.timers if not t.cancelled() and t.when() > asyncio.get_running_loop().time()]
         self.timers.append(asyncio.get_running_loop().call_later(delay, self.add_sel, body))
 
+    def resolve_sel(self, entry_id: str) -> dict:
+        """LogEntry ``Resolved`` (v1_8): the cause was repaired; the entry stays, the health no longer counts it."""
+        for e in self.sel:
+            if e["Id"] == entry_id:
+                e["Resolved"] = True
+                return e
+        raise KeyError(f"SEL entry {entry_id} of {self.name}")
+
     def health(self) -> str:
+        """The worst severity of the SEL's entries not resolved."""
         worst = 0
         for e in self.sel:
-            worst = max(worst, SEVERITIES.index(e["Severity"]))
+            if not e.get("Resolved"):
+                worst = max(worst, SEVERITIES.index(e["Severity"]))
         return SEVERITIES[worst]
 
     # ------------------------------------------------------------------ sessions
@@ -548,7 +570,11 @@ class Bmc:
                 }
         if head == "Chassis":
             if n == 1:
-                return collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection", [f"{ROOT}/Chassis/1"])
+                ids = ["1", *tray_chassis_ids(self.spec)]
+                return collection(f"{ROOT}/Chassis", "ChassisCollection", "Chassis Collection",
+                                  [f"{ROOT}/Chassis/{i}" for i in ids])  # fmt: skip
+            if n == 2 and (tray := tray_chassis(self.spec, parts[1], ROOT)) is not None:
+                return tray
             if parts[1:] == ["1"]:
                 return {
                     "@odata.id": f"{ROOT}/Chassis/1",
@@ -561,6 +587,7 @@ class Bmc:
                     "SerialNumber": self.spec["serial"],
                     "PowerState": self.power_state,
                     "Status": {"State": "Enabled", "Health": "OK"},
+                    **({"Location": where} if (where := location(self.spec)) else {}),
                     "Links": {
                         "ComputerSystems": [{"@odata.id": SYSTEM}],
                         "ManagedBy": [{"@odata.id": f"{ROOT}/Managers/1"}],
@@ -786,6 +813,7 @@ class Bmc:
             "booted_from": self.booted_from,
             "boot_count": self.boot_count,
             "last_boot": self.last_boot,
+            "last_off": self.last_off,
             "boot_override": dict(self.override),
             "gpu_faults": self.gpu_faults,
             "sel": self.sel,

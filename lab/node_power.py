@@ -4,7 +4,9 @@
 each server that plays a Kubernetes node of the same name in the Kubernetes emulator: while the server is Off the
 node is NotReady (``lab: powered off``); each power-on (its boot count going up) is a reboot: the node gets a new
 boot ID and is Ready again, as a kubelet reports after a reboot. ``on_boot(name)`` (optional, awaited first) lets a
-test decide what the reboot repaired (e.g. clear the server's GPU faults). Together with ``lab.hosts.LabHosts``
+test decide what the reboot repaired (e.g. clear the server's GPU faults); ``on_off(name)`` (optional, awaited
+first) hears each power-off seen (one shorter than the poll interval is not seen; its boot is). ``nodeless``
+servers play no node (an NVLink switch tray): only the hooks hear their power. Together with ``lab.hosts.LabHosts``
 (the host agent follows the same power) a power cycle through Redfish looks, to Millwright, like a real one.
 """
 
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +25,15 @@ log = logging.getLogger("lab.node_power")
 
 class NodePowerLink:
     def __init__(self, bmc_admin: Any, core: Any, nodes: list[str] | None = None, *, poll_interval: float = 0.05,
-                 on_boot: Callable[[str], Awaitable[None]] | None = None) -> None:  # fmt: skip
+                 on_boot: Callable[[str], Awaitable[None]] | None = None,
+                 on_off: Callable[[str], Awaitable[None]] | None = None,
+                 nodeless: Iterable[str] = ()) -> None:  # fmt: skip
         """`bmc_admin`: a lab.redfish.BmcAdmin; `core`: a kubernetes.aio CoreV1Api; `nodes`: the servers to follow
-        (default: every server, from the first poll)."""
+        (default: every server, from the first poll); `nodeless`: servers followed for the hooks only."""
         self.bmc_admin, self.core = bmc_admin, core
-        self.nodes = set(nodes) if nodes is not None else None
-        self.poll_interval, self.on_boot = poll_interval, on_boot
+        self.nodeless = set(nodeless)
+        self.nodes = set(nodes) | self.nodeless if nodes is not None else None
+        self.poll_interval, self.on_boot, self.on_off = poll_interval, on_boot, on_off
         self.boots: dict[str, int] = {}
         self.powered: dict[str, bool] = {}
         self.reboots: dict[str, int] = {}
@@ -72,9 +77,14 @@ class NodePowerLink:
                 if self.on_boot is not None:
                     await self.on_boot(name)
                 self.reboots[name] = self.reboots.get(name, 0) + 1
-                await self._node(name, ready=True, boot_id=f"{name}-boot-{uuid.uuid4().hex[:8]}")
-            elif was_on and not on:
-                await self._node(name, ready=False)
+                if name not in self.nodeless:
+                    await self._node(name, ready=True, boot_id=f"{name}-boot-{uuid.uuid4().hex[:8]}")
+                was_on = True  # and if it is off again already, that is a power-off too
+            if was_on and not on:
+                if self.on_off is not None:
+                    await self.on_off(name)
+                if name not in self.nodeless:
+                    await self._node(name, ready=False)
 
     async def _node(self, name: str, *, ready: bool, boot_id: str | None = None) -> None:
         from kubernetes.aio.client.exceptions import ApiException

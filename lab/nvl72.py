@@ -5,6 +5,13 @@ A rack is 18 compute trays of 4 GPUs and one NVLink domain: GPU Feature Discover
 tier-1 switch of its network block (../shared/reference facts, docs/topology-and-gangs.md). Node names are a
 provider's: random, and in no order of racks. The gangs are KAI PodGroups, each owned by an Indexed Job, placed as
 KAI's topology-aware scheduler packs them (whole domains, two half-rack jobs sharing one), every tray busy.
+
+Each tray has its BMC (`Nvl72Fleet.bmc_specs`, for lab/redfish.py): one per compute tray, named as its node, and
+one per NVLink switch tray, `<rack>-nvswitch-<i>`, each knowing its rack and slot (lab/bmc_trays.py). Slots count
+from 1 at the top of the rack, in the order NVIDIA builds an NVL72: compute trays 0-9 in slots 1-10, switch trays
+0-8 in slots 11-19, compute trays 10-17 in slots 20-27 (the power shelves and the management switch, above and
+below, are not counted; this matches the GPU platform info of NVIDIA's infra controller's GB200 mock: tray 14 in
+slot 24).
 """
 
 from __future__ import annotations
@@ -30,8 +37,12 @@ from lab.k8s.dcgm import QUEUE_LABEL
 from lab.k8s.mig import PRODUCT_LABEL
 
 TRAYS_PER_RACK = 18
+SWITCH_TRAYS_PER_RACK = 9
+TOP_COMPUTE_TRAYS = 10  # compute trays above the switch trays
 GPUS_PER_TRAY = 4
-GPU_PRODUCT = "NVIDIA-GB200"
+GPU_PRODUCT = "NVIDIA-GB200"  # GPU Feature Discovery's label value
+GPU_MODEL = "NVIDIA GB200"  # the BMC's Processor Model
+NVL72_TOPOLOGY_ID = 1  # the CBC's TopologyId (NVIDIA's code; the lab gives every rack the same)
 KAI_SCHEDULER = "kai-scheduler"
 TRAINING_NAMESPACE = "training"
 TRAINING_QUEUE = "training"
@@ -50,6 +61,11 @@ class Nvl72Fleet(_M):
 
     def rack_names(self) -> list[str]:
         return [f"rack-{i + 1:03d}" for i in range(self.racks)]
+
+    @staticmethod
+    def switch_tray_names(rack: str) -> list[str]:
+        """The rack's NVLink switch trays, as their BMCs are named."""
+        return [f"{rack}-nvswitch-{i}" for i in range(SWITCH_TRAYS_PER_RACK)]
 
     def block_of(self, rack: int) -> str:
         return f"block-{rack // self.racks_per_block + 1:02d}"
@@ -85,6 +101,20 @@ class Nvl72Fleet(_M):
                 }
         return out
 
+    def bmc_specs(self, switch_trays: bool = True) -> list[dict]:
+        """A BMC spec (lab/redfish.py) per compute tray, named as its node, powered On, and per NVLink switch tray
+        (`switch_tray_names`), each with its `tray`: kind, rack, index and slot."""
+        specs: list[dict] = []
+        for rack, nodes in self.layout().items():
+            specs += [{"name": node, "gpus": GPUS_PER_TRAY, "gpu_model": GPU_MODEL, "power": "On",
+                       "manufacturer": "NVIDIA", "model": "GB200 NVL72 Compute Tray",
+                       "tray": _tray("compute", rack, i)} for i, node in enumerate(nodes)]  # fmt: skip
+            if switch_trays:
+                specs += [{"name": name, "gpus": 0, "power": "On", "manufacturer": "NVIDIA",
+                           "model": "NVLink Switch Tray", "tray": _tray("switch", rack, i)}
+                          for i, name in enumerate(self.switch_tray_names(rack))]  # fmt: skip
+        return specs
+
     def fleet(self) -> Fleet:
         labels = self.node_labels()
         return Fleet(cluster=self.cluster, namespaces=[TRAINING_NAMESPACE],
@@ -102,6 +132,18 @@ class Nvl72Fleet(_M):
         queue = {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": TRAINING_QUEUE},
                  "spec": {"resources": {"gpu": {"quota": -1, "limit": -1, "overQuotaWeight": 1}}}}  # fmt: skip
         return [*KAI_CRDS, topology, queue, *objs]
+
+
+def tray_slot(kind: str, index: int) -> int:
+    """The physical slot of a rack's compute or switch tray `index` (the module's docstring has the layout)."""
+    if kind == "switch":
+        return TOP_COMPUTE_TRAYS + index + 1
+    return index + 1 if index < TOP_COMPUTE_TRAYS else index + SWITCH_TRAYS_PER_RACK + 1
+
+
+def _tray(kind: str, rack: str, index: int) -> dict:
+    return {"kind": kind, "rack": rack, "index": index, "slot": tray_slot(kind, index),
+            "topology_id": NVL72_TOPOLOGY_ID}  # fmt: skip
 
 
 class TrainingJob(_M):

@@ -15,9 +15,10 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
 * ``/`` (anonymous) ServiceRoot with Systems, Managers, Chassis, UpdateService, Tasks (the TaskService),
   SessionService and ``Links.Sessions``; ``/redfish`` (anonymous) the version document.
 * ``Systems/1``: PowerState (``On``, ``Off``, ``PoweringOn``, ``PoweringOff``), Boot (override target/enabled/mode
-  and their AllowableValues; PATCH ``{"Boot": {...}}``), Status with HealthRollup (the worst SEL severity), BiosVersion,
-  ProcessorSummary, MemorySummary, BootProgress, ``Actions/ComputerSystem.Reset`` (On, ForceOn, ForceOff,
-  GracefulShutdown, GracefulRestart, ForceRestart, PowerCycle, PushPowerButton (toggles), Nmi (no power change)).
+  and their AllowableValues; PATCH ``{"Boot": {...}}``), Status with HealthRollup (the worst severity of the SEL's
+  entries not ``Resolved``), BiosVersion, ProcessorSummary, MemorySummary, BootProgress,
+  ``Actions/ComputerSystem.Reset`` (On, ForceOn, ForceOff, GracefulShutdown, GracefulRestart, ForceRestart,
+  PowerCycle, PushPowerButton (toggles), Nmi (no power change)).
   Power changes land ``power_delay`` seconds later (restarts and PowerCycle: Off after one delay, On after another;
   a reset that changes nothing is accepted and does nothing). Each power-on is a boot: it consumes a ``Once``
   override (which then reads ``Disabled``/``None``), records ``booted_from`` (the override target, else ``Hdd``),
@@ -45,15 +46,19 @@ Per server, under ``<bmc url>/redfish/v1`` (the bmc url is what ``sushy.Sushy(ur
 
 Server spec (JSON, ``--servers-file`` holds a list or ``{"servers": [...]}``): ``{"name", "gpus": 8,
 "gpu_model": "NVIDIA H200", "serial", "uuid", "firmware": {...}, "power": "Off", "bios": {...}, "manufacturer",
-"model", "gpu_serials": [...], "gpu_uuids": [...], "port": 0}``; missing keys get defaults (``normalize_spec``;
-identifiers derive from the name, so a server keeps them across restarts).
+"model", "gpu_serials": [...], "gpu_uuids": [...], "port": 0, "tray": {...}}``; missing keys get defaults
+(``normalize_spec``; identifiers derive from the name, so a server keeps them across restarts). ``tray`` makes the
+server a tray of a GB200 NVL72 rack that knows its place (``Chassis/CBC_0`` of a compute tray, the NVLink switches of
+a switch tray: lab/bmc_trays.py).
 
 Admin API on the admin port (``BmcAdmin``): ``GET /_lab/servers[?fields=a,b]`` -> ``{"servers": {name: view}}``,
 ``GET /_lab/servers/{name}`` -> view, where a view is ``{"name", "url", "power": "On"|"Off", "power_state",
-"booted_from": "Pxe"|"Hdd"|null, "boot_count", "last_boot", "boot_override": {"target", "enabled", "mode"},
+"booted_from": "Pxe"|"Hdd"|null, "boot_count", "last_boot", "last_off" (epoch seconds of the last power-on and
+power-off), "boot_override": {"target", "enabled", "mode"},
 "gpu_faults", "sel": [LogEntry...], "down_until": float|null, "sessions", "requests", "resets", "firmware", "bios",
 "spec", "firmware_pending", "update_faults", "bad_flash", "ac_cycles", "tasks"}``; ``POST /_lab/servers/{name}/sel`` ``{"severity", "message", "message_id", "at": "now"|"next_boot",
-"delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on;
+"delay": s}`` appends an SEL entry now (returned) or arms one for ``delay`` s after now / after the next power-on; ``PATCH /_lab/servers/{name}/sel/{id}`` ``{"resolved": true}``
+sets the entry's ``Resolved`` (the health rollup, the worst severity of the SEL, leaves it out);
 ``POST /_lab/servers/{name}/outage`` ``{"seconds": 5, "mode": "503"|"drop"|"closed"}`` (``closed``: the
 port refuses connections, its listener closed and reopened after ``seconds`` or at a reset); ``PUT /_lab/servers/{name}/gpu-faults``
 (an opaque dict for lab/hosts.py); ``POST /_lab/servers/{name}/power`` ``{"state": "On"|"Off"}`` (lab side,
@@ -341,6 +346,10 @@ class BmcLab:
         op = p[1] if len(p) == 2 else None
         if len(p) == 1 and m == "GET":
             return web.json_response(bmc.view())
+        if len(p) == 3 and p[1] == "sel" and m == "PATCH":
+            if body != {"resolved": True}:
+                raise ValueError('give {"resolved": true}')
+            return web.json_response(bmc.resolve_sel(p[2]))
         if op == "sel" and m == "POST":
             at, delay = body.get("at", "now"), float(body.get("delay") or 0)
             if at == "next_boot":
@@ -529,6 +538,10 @@ class BmcAdmin(AdminClient):
         """An SEL entry now (returned), or armed for `delay` s after now or after the next power-on (at='next_boot')."""
         body = {"severity": severity, "message": message, "message_id": message_id, "at": at, "delay": delay, **extra}
         return await self._req("POST", f"/_lab/servers/{name}/sel", json=body)
+
+    async def resolve_sel(self, name: str, entry_id: str) -> dict:
+        """Mark an SEL entry Resolved: its severity no longer counts in the server's health."""
+        return await self._req("PATCH", f"/_lab/servers/{name}/sel/{entry_id}", json={"resolved": True})
 
     async def outage(self, name: str, seconds: float, mode: str = "503") -> float:
         """The BMC answers 503 (mode '503') or drops connections (mode 'drop') for `seconds`."""

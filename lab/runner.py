@@ -10,7 +10,10 @@ ones left out with ``--without NAME,...``:
   the state dir;
 - ``nvl72``: a second Kubernetes emulator beside it, a small GB200 NVL72 cluster (lab/nvl72.py: 4 racks of 18
   trays with clique and Topograph labels, training gangs on every tray as KAI PodGroups), context ``nvl72`` in the
-  lab's kubeconfig, its objects kept in the state dir;
+  lab's kubeconfig, its objects kept in the state dir; with it ``nvl72-bmcs``, the BMC of each of its compute and
+  NVLink switch trays (`python -m lab.redfish`, one port each, knowing its rack and slot; the credentials, CA and
+  power delay of the ``bmcs``), and ``nvl72-racks`` (`python -m lab.rack_fabric`): the trays' power reaching their
+  nodes, and NVLink fabric faults of a whole rack, injected at ``POST <its url>/_lab/racks/<rack>/fabric-fault``;
 - ``bmcs``: the BMCs of the fleet's GPU nodes (`python -m lab.redfish`: one Redfish service per node, named like
   the node, powered On), answering HTTPS with a certificate of the lab CA (lab/tls.py, in ``<state-dir>/tls``;
   ``--bmc-http`` or the fleet's ``"bmc": {"https": false}``: plain HTTP), credentials generated per `lab up` into
@@ -86,10 +89,14 @@ LAB_BUDGET_NODES = 2
 NVL72_CLUSTER = "nvl72"  # the NVL72 cluster's kubeconfig context
 NVL72_RACKS = 4
 NVL72_SEED = 4  # a mix: two racks shared by two half-rack jobs each, and a job of two domains
+NVL72_SPLIT_RACKS = 1
+POWER_POLL_SECONDS = 0.5  # how often the lab reads the BMCs' power for the nodes (lab/node_power.py)
 SERVICES = {
     "temporal": "Temporal dev server and Web UI",
     "kubernetes": "Kubernetes emulator (management cluster)",
     "nvl72": "Kubernetes emulator (NVL72 cluster)",
+    "nvl72-bmcs": "Redfish BMCs of the NVL72 trays",
+    "nvl72-racks": "NVL72 trays' power and NVLink fabric faults",
     "bmcs": "Redfish BMCs of the GPU nodes",
     "hosts": "host agents of the powered-on servers",
     "ufm": "UFM emulator (InfiniBand fabric)",
@@ -99,16 +106,17 @@ SERVICES = {
     "worker": "Millwright worker",
 }
 # `--without` names, with what goes along
-OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "prometheus": (), "nvl72": (), "bmcs": ("hosts",)}
+OPTIONAL = {"netbox": (), "ufm": (), "webhook": (), "prometheus": (), "nvl72": ("nvl72-bmcs", "nvl72-racks"),
+            "bmcs": ("hosts",)}  # fmt: skip
 # What each recorded pid's command line must contain, so a recycled pid is never signalled.
 MARKERS = {
     "runner": "lab", "temporal": "start-dev", "kubernetes": "lab.k8s", "nvl72": "lab.k8s", "worker": "worker",
     "netbox": "runserver", "netbox-redis": "redis-server", "netbox-postgres": "postgres", "netbox-migrate": "migrate",
     "bmcs": "lab.redfish", "hosts": "lab.hosts", "ufm": "lab.ufm", "webhook": "lab.webhook",
-    "prometheus": "lab.prometheus",
+    "prometheus": "lab.prometheus", "nvl72-bmcs": "lab.redfish", "nvl72-racks": "lab.rack_fabric",
 }  # fmt: skip
-STOP_ORDER = ["worker", "hosts", "kubernetes", "nvl72", "bmcs", "ufm", "webhook", "prometheus", "temporal", "netbox-migrate",
-              "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
+STOP_ORDER = ["worker", "hosts", "nvl72-racks", "kubernetes", "nvl72", "bmcs", "nvl72-bmcs", "ufm", "webhook",
+              "prometheus", "temporal", "netbox-migrate", "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
 
 
 def say(msg: str) -> None:
@@ -218,6 +226,7 @@ class Lab:
     timeout: float
     without: set[str] = field(default_factory=set)
     bmc_http: bool = False
+    bmc_password: str | None = None  # this `up`'s, for every BMC it runs (`bmc_lab`)
     children: dict[str, Child] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     netbox_lab: Any = None  # lab.netbox.NetBoxLab once starting
@@ -319,7 +328,7 @@ class Lab:
         fresh = not state.exists()
         url = await self.start_server("nvl72", "lab.k8s", self.state_dir / "nvl72.ready.json",
                                       ["--host", LOOPBACK, "--port", "0", "--state-file", str(state)])  # fmt: skip
-        made = nvl72_objects(NVL72_RACKS, NVL72_SEED, cluster=NVL72_CLUSTER, split_racks=1)
+        made = nvl72_objects(NVL72_RACKS, NVL72_SEED, cluster=NVL72_CLUSTER, split_racks=NVL72_SPLIT_RACKS)
         if fresh:
             async with EmulatorAdmin(url) as admin:
                 await admin.seed(made.objects)
@@ -344,44 +353,84 @@ class Lab:
 
     async def start_bmcs(self, fleet: Any) -> dict[str, Any] | None:
         """The fleet's GPU nodes' BMCs, powered On, with fresh credentials; None when the fleet turns them off."""
-        import httpx
-
         servers = fleet.bmc_servers()
         if not servers:
             self.leave_out("bmcs", 'the fleet turns its BMCs off ("bmc": {"enabled": false})')
             self.leave_out("hosts", "no BMCs")
             return None
-        https = fleet.bmc.https and not self.bmc_http
-        self.service("bmcs", "starting", "HTTPS" if https else "plain HTTP")
-        root = self.state_dir / "bmc"
-        root.mkdir(exist_ok=True)
-        credentials = write_secret_file(root / "credentials", f"{BMC_USER}:{secrets.token_urlsafe(18)}").resolve()
-        password = credentials.read_text().strip().split(":", 1)[1]
-        (root / "servers.json").write_text(json.dumps(servers, indent=2) + "\n")
-        admin = await self.start_server(
-            "bmcs", "lab.redfish", root / "ready.json",
-            ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / "servers.json"),
-             "--power-delay", str(fleet.bmc.power_delay),
-             *(self.tls_arguments("bmc") if https else [])],
-            env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": password},  # never on a command line
-        )  # fmt: skip
         # The firmware example's images, on the lab's image server (lab/bmc_update.py): each installs its version.
         bundle = json.loads(FIRMWARE_TEMPLATE.read_text())["bundle"]["components"]
         images = {c["image_uri"]: {"version": c["version"]} for c in bundle}
+        bmc = await self.bmc_lab("bmcs", servers, fleet, images)
+        self.info["bmc"] = bmc
+        self.service("bmcs", "ready", f"{len(servers)} servers, {self.bmc_scheme(fleet)}", url=bmc["admin"])
+        return {**bmc, "specs": servers}
+
+    def bmc_scheme(self, fleet: Any) -> str:
+        return "HTTPS (lab CA)" if fleet.bmc.https and not self.bmc_http else "plain HTTP"
+
+    async def bmc_lab(self, name: str, servers: list[dict], fleet: Any, images: dict | None = None) -> dict[str, Any]:
+        """`python -m lab.redfish` as service `name`, holding `servers`, with this `up`'s BMC credentials (written
+        into `<state-dir>/bmc/credentials` at the first call) and the fleet's BMC settings; what the lab records of
+        it: its admin URL, the credentials and CA as references, the power delay, each server's URL."""
+        import httpx
+
+        https = fleet.bmc.https and not self.bmc_http
+        self.service(name, "starting", "HTTPS" if https else "plain HTTP")
+        root = self.state_dir / "bmc"
+        root.mkdir(exist_ok=True)
+        credentials = (root / "credentials").resolve()
+        if self.bmc_password is None:
+            self.bmc_password = secrets.token_urlsafe(18)
+            write_secret_file(credentials, f"{BMC_USER}:{self.bmc_password}")
+        prefix = "" if name == "bmcs" else f"{name}-"
+        (root / f"{prefix}servers.json").write_text(json.dumps(servers, indent=2) + "\n")
+        admin = await self.start_server(
+            name, "lab.redfish", root / f"{prefix}ready.json",
+            ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / f"{prefix}servers.json"),
+             "--power-delay", str(fleet.bmc.power_delay),
+             *(self.tls_arguments("bmc") if https else [])],
+            env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": self.bmc_password},  # never on a command line
+        )  # fmt: skip
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
             views = (await http.get(f"{admin}/_lab/servers", params={"fields": "url"})).raise_for_status().json()
-            (await http.put(f"{admin}/_lab/images", json=images)).raise_for_status()
-        bmc = {
+            if images:
+                (await http.put(f"{admin}/_lab/images", json=images)).raise_for_status()
+        return {
             "admin": admin,
             "credentials": f"file:{credentials}",  # a reference, never the password
             "ca_bundle": self.lab_ca().reference if https else None,
             "power_delay": fleet.bmc.power_delay,
             "servers": {s["name"]: views["servers"][s["name"]]["url"] for s in servers},
         }
-        self.info["bmc"] = bmc
-        self.service("bmcs", "ready", f"{len(servers)} servers, {'HTTPS (lab CA)' if https else 'plain HTTP'}",
-                     url=admin)  # fmt: skip
-        return {**bmc, "specs": servers}
+
+    async def start_nvl72_racks(self, url: str, fleet: Any) -> None:
+        """The NVL72 trays' BMCs (`nvl72-bmcs`), and `nvl72-racks`: their power reaching the nodes, the racks'
+        fabric faults (lab/rack_fabric.py). lab.json's `nvl72.bmc` has each node's BMC URL (`servers`) and each
+        rack's switch trays' (`switch_trays`)."""
+        from lab.nvl72 import Nvl72Fleet
+
+        racks = Nvl72Fleet(cluster=NVL72_CLUSTER, racks=NVL72_RACKS, seed=NVL72_SEED, split_racks=NVL72_SPLIT_RACKS)
+        specs = racks.bmc_specs()
+        bmc = await self.bmc_lab("nvl72-bmcs", specs, fleet)
+        switches = {rack: racks.switch_tray_names(rack) for rack in racks.rack_names()}
+        tray_urls = bmc.pop("servers")
+        bmc["servers"] = {n: tray_urls[n] for nodes in racks.layout().values() for n in nodes}
+        bmc["switch_trays"] = {rack: {t: tray_urls[t] for t in trays} for rack, trays in switches.items()}
+        self.info["nvl72"]["bmc"] = bmc
+        self.service("nvl72-bmcs", "ready", f"{len(bmc['servers'])} compute and "
+                     f"{sum(map(len, switches.values()))} NVLink switch trays, {self.bmc_scheme(fleet)}",
+                     url=bmc["admin"])  # fmt: skip
+        self.service("nvl72-racks", "starting")
+        fabric = await self.start_server(
+            "nvl72-racks", "lab.rack_fabric", self.state_dir / "nvl72-racks.ready.json",
+            ["--host", LOOPBACK, "--port", "0", "--emulator-url", url, "--bmc-admin", bmc["admin"],
+             "--cluster", NVL72_CLUSTER, "--racks", str(NVL72_RACKS), "--seed", str(NVL72_SEED),
+             "--split-racks", str(NVL72_SPLIT_RACKS), "--poll-interval", str(POWER_POLL_SECONDS)],
+        )  # fmt: skip
+        self.info["nvl72"]["racks"] = fabric
+        self.service("nvl72-racks", "ready", f"fault a rack: POST {fabric}/_lab/racks/<rack>/fabric-fault; GET "
+                     f"{fabric}/_lab/racks/<rack>", url=fabric)  # fmt: skip
 
     async def start_hosts(self, address: str, bmc_admin: str) -> None:
         """`python -m lab.hosts`: a host agent for each powered-on server; ready once they all poll."""
@@ -593,11 +642,11 @@ class Lab:
         if self.info.get("netbox"):
             netbox = self.info["netbox"]
             env.update(NetBox.environment(netbox_url=netbox["url"], netbox_token=netbox["token"]))
-        if bmc := self.info.get("bmc"):
-            env.update(Bmcs.environment(bmc_credentials=bmc["credentials"]))
-            if bmc.get("ca_bundle"):
-                env.update(Bmcs.environment(bmc_ca_bundle=bmc["ca_bundle"]))
-            env["MILLWRIGHT_FAULT_EVENTS_SETTINGS"] = str(self.write_fault_event_settings(bmc))
+        if bmcs := self.bmc_labs():  # one set of credentials and one CA for all of them
+            env.update(Bmcs.environment(bmc_credentials=bmcs[0]["credentials"]))
+            if bmcs[0].get("ca_bundle"):
+                env.update(Bmcs.environment(bmc_ca_bundle=bmcs[0]["ca_bundle"]))
+            env["MILLWRIGHT_FAULT_EVENTS_SETTINGS"] = str(self.write_fault_event_settings(bmcs))
         if self.info.get("ufm"):
             ufm = self.info["ufm"]
             env.update(Ufm.environment(ufm_url=ufm["url"], ufm_credentials=ufm["credentials"],
@@ -608,14 +657,18 @@ class Lab:
         env.update(UsageReports.environment(usage_sink=str((self.state_dir / "usage").resolve())))
         return env
 
-    def write_fault_event_settings(self, bmc: dict[str, Any]) -> Path:
-        """`<state-dir>/fault-events.json`: the event path's settings with the lab's BMC map, so that its
-        remediations can power-cycle as the sweep's do (the credentials and CA as references)."""
+    def bmc_labs(self) -> list[dict[str, Any]]:
+        """What the lab recorded of each BMC lab it runs: the GPU nodes', the NVL72 trays'."""
+        return [b for b in (self.info.get("bmc"), (self.info.get("nvl72") or {}).get("bmc")) if b]
+
+    def write_fault_event_settings(self, labs: list[dict[str, Any]]) -> Path:
+        """`<state-dir>/fault-events.json`: the event path's settings with the BMC of each node of the lab's
+        clusters, so that its remediations can power-cycle as the sweep's do (the credentials and CA as references)."""
         from activities.redfish import BmcRef
         from worker.fault_events import FaultEventSettings
 
         bmcs = {node: BmcRef(url=url, credentials=bmc["credentials"], ca_bundle=bmc.get("ca_bundle"))
-                for node, url in bmc["servers"].items()}  # fmt: skip
+                for bmc in labs for node, url in bmc["servers"].items()}  # fmt: skip
         path = (self.state_dir / "fault-events.json").resolve()
         path.write_text(FaultEventSettings(bmcs=bmcs).model_dump_json(include={"bmcs"}, indent=2) + "\n")
         return path
@@ -749,6 +802,8 @@ class Lab:
 
         netbox_gate = await self.open_netbox() if "netbox" not in self.without else None
         bmc = await self.start_bmcs(fleet) if "bmcs" not in self.without else None
+        if more:
+            await self.start_nvl72_racks(more[NVL72_CLUSTER], fleet)
         if "ufm" not in self.without:
             await self.start_ufm(fleet)
         webhook = await self.start_webhook(taken, notes) if "webhook" not in self.without else None
@@ -808,7 +863,8 @@ class Lab:
         api = await k8s_config.new_client_from_config(str(kubeconfig), context=cluster)
         try:
             async with BmcAdmin(bmc["admin"]) as admin, \
-                    NodePowerLink(admin, k8s_client.CoreV1Api(api), list(bmc["servers"]), poll_interval=0.5):  # fmt: skip
+                    NodePowerLink(admin, k8s_client.CoreV1Api(api), list(bmc["servers"]),
+                                  poll_interval=POWER_POLL_SECONDS):  # fmt: skip
                 yield
         finally:
             await api.close()
@@ -829,6 +885,11 @@ class Lab:
                 "NVL72",
                 f"{nvl72['url']} (cluster {NVL72_CLUSTER!r}: {nvl72['holds']}; kubectl --context {NVL72_CLUSTER})",
             )
+            if nvl72.get("bmc"):
+                line("NVL72 BMCs", nvl72_bmcs(nvl72["bmc"]))
+            if nvl72.get("racks"):
+                line("rack faults", f"curl -X POST {nvl72['racks']}/_lab/racks/rack-001/fabric-fault   (the rack's "
+                     f"state and history: curl {nvl72['racks']}/_lab/racks/rack-001)")  # fmt: skip
         line("kubeconfig", str(kubeconfig.resolve()))
         line("worker", f"metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/")
         if self.info.get("bmc"):
@@ -1166,6 +1227,11 @@ def status(*, state_dir: Path) -> int:
               f"{', CA ' + bmc['ca_bundle'] if bmc.get('ca_bundle') else ', plain HTTP'})")  # fmt: skip
         for node, url in (bmc.get("servers") or {}).items():
             print(f"  BMC {node}: {url}")
+    nvl72 = info.get("nvl72") or {}
+    if nvl72.get("bmc"):
+        print(f"  NVL72 BMCs:    {nvl72_bmcs(nvl72['bmc'])}")
+    if nvl72.get("racks"):
+        print(f"  rack faults:   POST {nvl72['racks']}/_lab/racks/<rack>/fabric-fault")
     if info.get("ufm"):
         print(f"  UFM:           {info['ufm'].get('url')} (credentials {info['ufm'].get('credentials')})")
     for path in (info.get("examples") or {}).values():
@@ -1175,6 +1241,12 @@ def status(*, state_dir: Path) -> int:
     print("  pids:          " + ", ".join(f"{n} {p}{'' if n in alive else ' (GONE)'}" for n, p in pids.items()))
     say_down(info, state_dir, down)
     return 0 if running and not down else 1
+
+
+def nvl72_bmcs(bmc: dict[str, Any]) -> str:
+    switches = sum(map(len, bmc["switch_trays"].values()))
+    return (f"{len(bmc['servers'])} compute trays and {switches} NVLink switch trays, admin {bmc['admin']} (each "
+            "one's URL in lab.json: nvl72.bmc.servers by node, nvl72.bmc.switch_trays by rack)")  # fmt: skip
 
 
 def say_down(info: dict[str, Any], state_dir: Path, down: dict[str, str]) -> None:

@@ -136,8 +136,8 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]
-        assert set(pids) == {"runner", "temporal", "kubernetes", "nvl72", "worker", "bmcs", "hosts", "ufm", "webhook",
-                             "prometheus"}  # fmt: skip
+        assert set(pids) == {"runner", "temporal", "kubernetes", "nvl72", "nvl72-bmcs", "nvl72-racks", "worker", "bmcs",
+                             "hosts", "ufm", "webhook", "prometheus"}  # fmt: skip
         assert all(map(alive, pids.values()))
         host, port = info["temporal"]["address"].rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) != occupied_port
@@ -149,6 +149,15 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
             assert http.get(f"{info['ui']}/api/v1/settings").status_code == 200
             assert "temporal_" in http.get(info["worker"]["metrics"]).text
             assert http.get(f"{info['kubernetes']['url']}/api/v1/nodes").status_code in (200, 401, 403)
+            # The NVL72 trays' BMCs: each node's and each rack's switch trays', as the rack faults' admin lists them
+            trays = info["nvl72"]["bmc"]
+            rack = http.get(f"{info['nvl72']['racks']}/_lab/racks/rack-001").json()
+            assert rack["bmcs"] == {
+                **{n: trays["servers"][n] for n in rack["nodes"]},
+                **trays["switch_trays"]["rack-001"],
+            }
+            assert not rack["faulted"] and len(trays["servers"]) == 72 and len(rack["switch_trays"]) == 9
+            assert all(url.startswith("https://") for url in rack["bmcs"].values())
 
         twin = millwright("lab", "up", "--state-dir", str(state), "--port", "0", "--ui-port", "0")
         assert twin.returncode == 1 and "already running" in twin.stdout, twin
@@ -160,11 +169,13 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
         budget = millwright("budget", "show", "lab", "--state-dir", str(state))
         assert budget.returncode == 0 and "millwright lab" in budget.stdout, budget
         assert info["bmc"]["admin"] in status.stdout and info["bmc"]["servers"]["gpu-node-01"] in status.stdout
-        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:12]}
+        states = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[2:14]}
         assert states == {
             "temporal": "ready",
             "kubernetes": "ready",
             "nvl72": "ready",
+            "nvl72-bmcs": "ready",
+            "nvl72-racks": "ready",
             "bmcs": "ready",
             "hosts": "ready",
             "ufm": "ready",
@@ -385,11 +396,14 @@ def test_the_labs_worker_settings_carry_its_bmcs_for_the_event_path(tmp_path):
     from worker.config import WorkerSettings
 
     lab = Lab(tmp_path, tmp_path / "fleet.json", 0, 0, "lab-queue", 1.0)
-    lab.info["bmc"] = {"credentials": f"file:{tmp_path / 'credentials'}", "ca_bundle": f"file:{tmp_path / 'ca.pem'}",
-                       "servers": {"gpu-node-01": "https://127.0.0.1:8443"}}  # fmt: skip
+    refs = {"credentials": f"file:{tmp_path / 'credentials'}", "ca_bundle": f"file:{tmp_path / 'ca.pem'}"}
+    lab.info["bmc"] = {**refs, "servers": {"gpu-node-01": "https://127.0.0.1:8443"}}
+    lab.info["nvl72"] = {"bmc": {**refs, "servers": {"k2x9q0ab": "https://127.0.0.1:8444"},
+                                 "switch_trays": {"rack-001": {"rack-001-nvswitch-0": "https://127.0.0.1:8445"}}}}  # fmt: skip
     env = lab.worker_env("127.0.0.1:7233", tmp_path / "kubeconfig", 9090)
     settings, _ = WorkerSettings(fault_events_clusters=["lab"],
                                  fault_events_settings=env["MILLWRIGHT_FAULT_EVENTS_SETTINGS"]).fault_event_config()  # fmt: skip
-    ((node, bmc),) = settings.bmcs.items()
-    assert node == "gpu-node-01" and bmc.url == "https://127.0.0.1:8443"
-    assert (bmc.credentials, bmc.ca_bundle) == (f"file:{tmp_path / 'credentials'}", f"file:{tmp_path / 'ca.pem'}")
+    assert {node: bmc.url for node, bmc in settings.bmcs.items()} == {"gpu-node-01": "https://127.0.0.1:8443",
+                                                                      "k2x9q0ab": "https://127.0.0.1:8444"}  # fmt: skip
+    for bmc in settings.bmcs.values():
+        assert (bmc.credentials, bmc.ca_bundle) == (refs["credentials"], refs["ca_bundle"])

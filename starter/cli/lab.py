@@ -37,8 +37,8 @@ def lab_up(
             "--without",
             metavar="SERVICE[,SERVICE]",
             envvar="MILLWRIGHT_LAB_WITHOUT",
-            help="Leave services out: netbox, ufm, webhook, prometheus, nvl72 (the NVL72 cluster), bmcs (with their "
-            "host agents).",
+            help="Leave services out: netbox, ufm, webhook, prometheus, nvl72 (the NVL72 cluster, its trays' BMCs "
+            "and rack faults), bmcs (with their host agents).",
         ),
     ] = None,
     bmc_http: Annotated[
