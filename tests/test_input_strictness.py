@@ -317,6 +317,9 @@ TYPOS: dict[str, Typo] = {
     "GpuPartitioning": Typo(example("gpu-partitioning.json", nodes=["node-04"]), ("drain",), "gpu_only"),
     "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
                                 ("waves",), "batch_size"),
+    "RackRemediation": Typo({"cluster": "lab", "domain": "rack-001", "reason": "NVLink fabric down",
+                             "bmcs": {"node-03": {"url": BMC}}, "domain_check": {"timeout": "PT5M"}},
+                            ("domain_check",), "imge"),
 }  # fmt: skip
 
 
@@ -423,6 +426,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "FleetFirmwareUpdate": TYPOS["FleetFirmwareUpdate"].valid,
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "NodeRma": TYPOS["NodeRma"].valid,
+    "RackRemediation": TYPOS["RackRemediation"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},
 }

@@ -17,12 +17,12 @@ from workflows.remediation.rack_remediation import RackRemediation
 
 pytestmark = pytest.mark.timeout(120)
 
-DOMAINS = {"rack-a": "0b5c6a2e-aaaa-4d6e-9d1f-000000000001", "rack-b": "0b5c6a2e-bbbb-4d6e-9d1f-000000000002"}
+DOMAINS = {"rack-east": "0b5c6a2e-aaaa-4d6e-9d1f-000000000001", "rack-west": "0b5c6a2e-bbbb-4d6e-9d1f-000000000002"}
 
 
 def racks(names: list[str]) -> dict[str, str]:
-    """node -> rack: the first four servers rack-a, the next four rack-b."""
-    return {n: "rack-a" if i < 4 else "rack-b" for i, n in enumerate(names[:8])}
+    """node -> rack: the first four servers rack-east, the next four rack-west."""
+    return {n: "rack-east" if i < 4 else "rack-west" for i, n in enumerate(names[:8])}
 
 
 async def seed_racks(k8s, names: list[str]) -> dict[str, str]:
@@ -45,7 +45,7 @@ def rack_input(burnin_bmcs, nodes: list[str], **settings) -> RackRemediationInpu
             "power_timeout": 30,
             "domain_check": {"image": "registry.local/nccl-tests", "version": "1", "timeout": 30}}  # fmt: skip
     return RackRemediationInput.model_validate({
-        "cluster": "lab", "domain": "rack-a", "reason": "NVLink fabric down", **fast, **settings,
+        "cluster": "lab", "domain": "rack-east", "reason": "NVLink fabric down", **fast, **settings,
         "bmcs": {n: BmcRef(url=burnin_bmcs.bmc_urls[n]).model_dump() for n in nodes}})  # fmt: skip
 
 
@@ -61,28 +61,28 @@ async def resets(bmc_admin, server: str) -> list[str]:
 async def test_a_rack_is_cycled_checked_and_returned_whole(client, rem_worker, k8s, core, hosts, bmc_admin, names,
                                                            burnin_bmcs):  # fmt: skip
     where = await seed_racks(k8s, names)
-    rack_a = [n for n, r in where.items() if r == "rack-a"]
-    await powered(hosts, bmc_admin, rack_a)
+    rack_east = [n for n, r in where.items() if r == "rack-east"]
+    await powered(hosts, bmc_admin, rack_east)
     await budget_set(client, "lab", count=3, nvlink_domains=1, by="sre", reason="3 nodes, 1 domain",
                      task_queue=rem_worker.task_queue)  # fmt: skip
-    inp = rack_input(burnin_bmcs, rack_a)
+    inp = rack_input(burnin_bmcs, rack_east)
     handle = await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
                                          task_queue=rem_worker.task_queue)  # fmt: skip
 
     await wait_for(lambda: phase(handle, "waiting-for-budget"), what="the rack waiting for its budget, whole")
-    assert not [n for n in rack_a if (await read_node(core, n)).spec.unschedulable]  # not one node taken meanwhile
+    assert not [n for n in rack_east if (await read_node(core, n)).spec.unschedulable]  # not one node taken meanwhile
     await budget_set(client, "lab", count=4, by="sre", reason="room for a rack", task_queue=rem_worker.task_queue)
     result = await handle.result()
 
     assert result.outcome == "healthy", result
-    assert inp.workflow_id() == "rack-remediation/lab/rack-a"
-    assert result.rack == "rack-a" and result.domain == DOMAINS["rack-a"]
-    assert sorted(result.returned) == sorted(rack_a) and result.power_cycles == 4
-    for node in rack_a:
+    assert inp.workflow_id() == "rack-remediation/lab/rack-east"
+    assert result.rack == "rack-east" and result.domain == DOMAINS["rack-east"]
+    assert sorted(result.returned) == sorted(rack_east) and result.power_cycles == 4
+    for node in rack_east:
         assert await resets(bmc_admin, node) == ["ForceOff", "On"], node
         n = await read_node(core, node)
         assert not n.spec.unschedulable and CORDONED_BY not in (n.metadata.annotations or {})
-    for node in (n for n, r in where.items() if r == "rack-b"):
+    for node in (n for n, r in where.items() if r == "rack-west"):
         assert await resets(bmc_admin, node) == []
         assert not (await read_node(core, node)).spec.unschedulable
     from kubernetes.aio import client as k8s_client
@@ -96,19 +96,19 @@ async def test_a_rack_is_cycled_checked_and_returned_whole(client, rem_worker, k
 async def test_a_failed_domain_check_holds_the_whole_rack_out(client, rem_worker, k8s, core, hosts, bmc_admin, names,
                                                               burnin_bmcs):  # fmt: skip
     where = await seed_racks(k8s, names)
-    rack_a = [n for n, r in where.items() if r == "rack-a"]
-    await powered(hosts, bmc_admin, rack_a)
+    rack_east = [n for n, r in where.items() if r == "rack-east"]
+    await powered(hosts, bmc_admin, rack_east)
     await k8s.configure(jobs={"defaultSeconds": 0.2, "rules": [
         {"stage": "rack-check", "outcome": "fail", "message": "all_reduce: bus bandwidth 12 GB/s below 400"}]})  # fmt: skip
     await budget_set(client, "lab", count=4, by="sre", reason="room for a rack", task_queue=rem_worker.task_queue)
-    inp = rack_input(burnin_bmcs, rack_a)
+    inp = rack_input(burnin_bmcs, rack_east)
     result = await (await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
                                                 task_queue=rem_worker.task_queue)).result()  # fmt: skip
 
     assert result.outcome == "held-out", result
     assert "domain-wide check failed" in result.note and "bus bandwidth" in result.note
-    assert sorted(result.held_out) == sorted(rack_a) and not result.returned
-    for node in rack_a:
+    assert sorted(result.held_out) == sorted(rack_east) and not result.returned
+    for node in rack_east:
         n = await read_node(core, node)
         assert n.spec.unschedulable, node
         assert any(t.key == QUARANTINE_TAINT for t in n.spec.taints or []), node
@@ -116,13 +116,13 @@ async def test_a_failed_domain_check_holds_the_whole_rack_out(client, rem_worker
 
 async def test_a_dry_run_touches_nothing(client, rem_worker, k8s, core, bmc_admin, names, burnin_bmcs):
     where = await seed_racks(k8s, names)
-    rack_a = [n for n, r in where.items() if r == "rack-a"]
-    inp = rack_input(burnin_bmcs, rack_a, dry_run=True, domain=DOMAINS["rack-a"])
+    rack_east = [n for n, r in where.items() if r == "rack-east"]
+    inp = rack_input(burnin_bmcs, rack_east, dry_run=True, domain=DOMAINS["rack-east"])
     result = await (await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
                                                 task_queue=rem_worker.task_queue)).result()  # fmt: skip
-    assert result.outcome == "dry-run" and result.rack == "rack-a", result
-    assert sorted(result.nodes) == sorted(rack_a)
-    assert "would lease, cordon and drain 4 nodes of rack rack-a" in result.note
-    for node in rack_a:
+    assert result.outcome == "dry-run" and result.rack == "rack-east", result
+    assert sorted(result.nodes) == sorted(rack_east)
+    assert "would lease, cordon and drain 4 nodes of rack rack-east" in result.note
+    for node in rack_east:
         assert await resets(bmc_admin, node) == []
         assert not (await read_node(core, node)).spec.unschedulable
