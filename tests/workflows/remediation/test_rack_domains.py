@@ -1,0 +1,104 @@
+"""A domain-wide NVLink fault on 1 of 4 GB200 NVL72 racks (lab/rack_fabric.py: the clique label gone from its 18
+nodes, each GpuHealthy=False until every tray of the rack has been power-cycled), remediated whole by RackRemediation
+through each tray's BMC (lab/bmc_trays.py: `Chassis/CBC_0`'s ComputeTrayIndex, and 9 NVLink switch trays), under the
+cluster's disruption budget. Judged from the emulator's audit, the BMCs' audit and the fabric's history."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+import pytest_asyncio
+
+from activities.redfish import BmcRef
+from lab.nvl72 import Nvl72Fleet
+from starter.controls import budget_set
+from tests.workflows.burnin.conftest import BMC_PASSWORD, BMC_USER
+from workflows.remediation.rack_models import RackRemediationInput
+from workflows.remediation.rack_remediation import RackRemediation
+
+pytestmark = pytest.mark.timeout(180)
+
+FLEET = Nvl72Fleet(cluster="lab", racks=4, seed=3)
+RACK = "rack-002"
+
+
+@pytest.fixture(scope="module")
+def tray_bmcs():
+    from lab.redfish import LabBmcs
+
+    with LabBmcs(servers=FLEET.bmc_specs(), prefix=f"t-{uuid.uuid4().hex[:4]}-", user=BMC_USER,
+                 password=BMC_PASSWORD, power_delay=0.05) as bmcs:  # fmt: skip
+        yield bmcs
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def fabric(tray_bmcs, k8s, core):
+    """The fleet seeded (its gangs running), the fabric following every tray's power."""
+    from lab.nvl72 import nvl72_objects
+    from lab.rack_fabric import RackFabric
+    from lab.redfish import BmcAdmin
+
+    await k8s.seed(nvl72_objects(racks=FLEET.racks, seed=FLEET.seed, cluster=FLEET.cluster).objects)
+    await k8s.configure(jobs={"defaultSeconds": 0.3, "rules": []})
+    async with BmcAdmin(tray_bmcs.url) as admin:
+        await admin.reset()
+        fabric = RackFabric(core, admin, FLEET)
+        await fabric.start()
+        async with fabric.power_link(poll_interval=0.05):
+            yield fabric
+
+
+def bmc(tray_bmcs, tray: str) -> BmcRef:
+    return BmcRef(url=tray_bmcs.bmc_urls[tray])
+
+
+def rack_settings(tray_bmcs, rack: str) -> dict:
+    """What a rack run of `rack` needs to know: its trays' BMCs; settings that keep a test short."""
+    return {"bmcs": {n: bmc(tray_bmcs, n).model_dump() for n in FLEET.layout()[rack]},
+            "switch_bmcs": [bmc(tray_bmcs, t).model_dump() for t in FLEET.switch_tray_names(rack)],
+            "drain": {"eviction_retry_interval": 0.5, "timeout": 60}, "ready_timeout": 60, "fabric_timeout": 20,
+            "power_timeout": 30, "domain_check": {"image": "registry.local/nccl-tests", "version": "2.21",
+                                                  "timeout": 60}}  # fmt: skip
+
+
+async def writes_to_nodes(k8s, since: int = 0) -> list[dict]:
+    return [e for e in await k8s.audit(since=since, writes=True) if e.get("resource") == "nodes"]
+
+
+def unschedulable_after(entry: dict) -> bool | None:
+    return (entry.get("nodeAfter") or {}).get("unschedulable")
+
+
+async def test_an_operator_remediates_a_faulted_rack_whole(client, rem_worker, k8s, fabric, tray_bmcs):
+    await budget_set(client, "lab", count=18, nvlink_domains=1, by="sre", reason="a rack at a time",
+                     task_queue=rem_worker.task_queue)  # fmt: skip
+    nodes = FLEET.layout()[RACK]
+    faulted = await fabric.fault(RACK, origin=nodes[5])
+    since = len(await k8s.audit())
+    inp = RackRemediationInput.model_validate({"cluster": "lab", "domain": RACK, "reason": "NVLink fabric down",
+                                               "requested_by": "oncall", **rack_settings(tray_bmcs, RACK)})  # fmt: skip
+    result = await (await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
+                                                task_queue=rem_worker.task_queue)).result()  # fmt: skip
+
+    assert result.outcome == "healthy", result
+    assert result.nodes == nodes  # tray order, as each tray's BMC says
+    assert sorted(result.returned) == sorted(nodes) and result.power_cycles == 18 + 9
+    history = fabric.history(RACK)
+    assert history is not None and history.recovered_at is not None and history.faulted_at == faulted.faulted_at
+    order = [(p.tray, p.power) for p in history.power]
+    switches = FLEET.switch_tray_names(RACK)
+    assert order == ([(n, "Off") for n in nodes] + [(s, "Off") for s in switches] + [(s, "On") for s in switches]
+                     + [(n, "On") for n in nodes])  # fmt: skip
+    assert "passed" in result.domain_check
+    # Out of service together, back together: every cordon before the first power-off, every uncordon after the
+    # domain check, and nothing of another rack touched.
+    writes = await writes_to_nodes(k8s, since)
+    cordons = [e for e in writes if unschedulable_after(e) is True and e["name"] in nodes]
+    uncordons = [e for e in writes if unschedulable_after(e) is False and e["name"] in nodes]
+    assert sorted({e["name"] for e in cordons}) == sorted(nodes) == sorted({e["name"] for e in uncordons})
+    others = {n for r, ns in FLEET.layout().items() if r != RACK for n in ns}
+    assert not [e for e in writes if e["name"] in others and unschedulable_after(e) is not None]
+    with contextlib.suppress(Exception):
+        await client.get_workflow_handle(inp.workflow_id()).terminate()
