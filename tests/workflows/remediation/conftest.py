@@ -99,9 +99,13 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheu
 
 
 @contextlib.asynccontextmanager
-async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None):
+async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None,
+                             stand_ins=()):  # fmt: skip
     """`rem_worker`'s worker; `node_health`: builds the node-health activities from the connector instead of
-    NodeHealthActivities (a test's held reads)."""
+    NodeHealthActivities (a test's held reads); `stand_ins`: workflows registered in place of the catalog's of the
+    same name."""
+    from temporalio.workflow import _Definition
+
     from activities.entities import EntityActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
@@ -117,7 +121,9 @@ async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, p
 
     connector = ClusterConnector([str(kubeconfig_path)])
     prometheus_activities = PrometheusActivities(url=prometheus.url)
-    workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])
+    replaced = {_Definition.must_from_class(w).name for w in stand_ins}
+    workflows = [w for w in WORKFLOWS if _Definition.must_from_class(w).name not in replaced] + list(stand_ins)
+    workflows += [DisruptionBudget] if DisruptionBudget not in workflows else []
     registration = registry.Registration(
         workflows=workflows,
         activities=activities_of(KubeActivities(connector), (node_health or NodeHealthActivities)(connector),
