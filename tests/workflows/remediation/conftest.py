@@ -98,6 +98,17 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheu
         yield worker
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def rack_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus):
+    """`rem_worker` with a stand-in RackRemediation (tests/workflows/remediation/rack_stand_in.py) in the real one's
+    place: the escalation tests see exactly what the sweep or the event path started."""
+    from tests.workflows.remediation.rack_stand_in import RackStandIn
+
+    async with remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus,
+                                  stand_ins=[RackStandIn]) as worker:  # fmt: skip
+        yield worker
+
+
 @contextlib.asynccontextmanager
 async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None,
                              stand_ins=()):  # fmt: skip
