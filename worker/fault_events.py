@@ -9,7 +9,9 @@ starts `NodeRemediation` with the node-derived ID the sweep uses (`remediation/<
 remediation runs is `already-running`, never started twice. The node's BMC is resolved as the sweep resolves it
 (the settings' `bmcs`, else NetBox with remediation.netbox), and the outcome says when none is known. The
 remediation takes its lease from the cluster's disruption budget and re-checks the node at its start, as a sweep's
-child does.
+child does. A node of an NVLink domain sick as a whole (`escalation`, workflows/remediation/escalation.py, judged on
+the watch's view of the domain) starts one RackRemediation for the domain instead (`escalated`), and a node of a
+domain whose RackRemediation runs is left to it (`escalated`, never a NodeRemediation).
 
 Everything here is a side effect of the worker process (the Temporal client, the Kubernetes API); the decisions are
 the pure functions of workflows/remediation/policy.py.

@@ -6,7 +6,8 @@ health, decides with `workflows.remediation.policy.decide` (a node opted out by 
 `cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
 children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
 says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
-tripped. A start that finds the node's remediation already
+tripped; a domain sick as a whole gets one RackRemediation instead of a NodeRemediation per node
+(workflows/remediation/sweep_racks.py). A start that finds the node's remediation already
 running (another sweep, a manual start) is reported as such, never duplicated; each child carries the sweep's cooldown
 and what its decision saw of Millwright's marks (`decided_from`), which the child re-checks at its start. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300

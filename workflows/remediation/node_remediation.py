@@ -25,6 +25,9 @@ twice at once):
   When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
   whom, how), which the sweep's per-node cooldown reads.
 
+  Told to stand down by a RackRemediation of the node's domain (the `stand_down` signal), it ends `stood-down`:
+  untouched before its cordon, else at its next step boundary with its cordon handed over (stand_down.py).
+
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
   `millwright.dev/quarantine=true:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is returned (the quarantined node, cordoned and tainted, still counts
