@@ -40,8 +40,8 @@ def marked(node) -> bool:
 
 
 async def test_a_run_waiting_for_its_lease_stands_down_untouched(client, rem_worker, k8s, core, names):
-    node, other = names[:2]
-    await k8s.seed(fleet(names[:4], conditions={node: SICK}))
+    node, other = names[6:8]  # not the servers test_fault_events expects never remediated
+    await k8s.seed(fleet(names[:8], conditions={node: SICK}))
     await declare_lab_budget(client, rem_worker.task_queue)
     entity = client.get_workflow_handle(budget_workflow_id("lab"))
     before = (await entity.query(DisruptionBudget.state)).budget
@@ -74,8 +74,8 @@ async def test_a_run_waiting_for_its_lease_stands_down_untouched(client, rem_wor
 
 
 async def test_a_run_past_its_cordon_hands_it_to_the_rack_run_at_its_next_step(client, rem_worker, k8s, core, names):
-    node = names[2]
-    await k8s.seed(fleet(names[:4], conditions={node: SICK}))
+    node = names[5]
+    await k8s.seed(fleet(names[:8], conditions={node: SICK}))
     await declare_lab_budget(client, rem_worker.task_queue)
     handle = await start(client, rem_worker, node, require_approval_for=["restart-gpu-services"], approval_timeout=3600)
     await awaiting_approval(handle)  # cordoned, drained, its first step waiting for an operator
