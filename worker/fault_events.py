@@ -9,7 +9,9 @@ starts `NodeRemediation` with the node-derived ID the sweep uses (`remediation/<
 remediation runs is `already-running`, never started twice. The node's BMC is resolved as the sweep resolves it
 (the settings' `bmcs`, else NetBox with remediation.netbox), and the outcome says when none is known. The
 remediation takes its lease from the cluster's disruption budget and re-checks the node at its start, as a sweep's
-child does.
+child does. A node of an NVLink domain sick as a whole (`escalation`, workflows/remediation/escalation.py, judged on
+the watch's view of the domain) starts one RackRemediation for the domain instead (`escalated`), and a node of a
+domain whose RackRemediation runs is left to it (`escalated`, never a NodeRemediation).
 
 Everything here is a side effect of the worker process (the Temporal client, the Kubernetes API); the decisions are
 the pure functions of workflows/remediation/policy.py.
@@ -20,24 +22,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic import Field
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.entities import WorkflowQuery, query_running
 from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.stages import read_json
+from activities.kube.topology import NodePlace, place_of, rack_key
 from activities.models import StrictModel
 from activities.node_health import NodeHealth, node_health
 from activities.redfish import BmcRef
 from workflows.budget import leases
 from workflows.budget.breaker import BREAKER_QUERY, BreakerView
 from workflows.common import priorities
+from workflows.remediation.escalation import Escalation, FaultyNode, RackEscalation, escalations, fabric_signs, tally
 from workflows.remediation.models import NodeRemediationInput, RemediationSettings, server_facts
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.policy import (
@@ -48,12 +53,15 @@ from workflows.remediation.policy import (
     node_problems,
     too_few_healthy,
 )
+from workflows.remediation.rack_models import RackRemediationInput, rack_workflow_id
 
 log = logging.getLogger("millwright.fault_events")
 
 RECENT = 200  # outcomes kept for GET /events
 BREAKER_TIMEOUT = 10.0  # seconds to read a cluster's circuit breaker before refusing, to be safe
-Status = Literal["started", "already-running", "ignored", "refused", "healthy", "flapped", "error"]
+# escalated: the node's whole NVLink domain is remediated by one RackRemediation (started now, or running).
+Status = Literal["started", "already-running", "ignored", "refused", "healthy", "flapped", "error", "escalated"]
+RACK_WORKFLOW = "RackRemediation"  # started by name: workflows/remediation/rack_remediation.py
 
 
 class FaultEventSettings(StrictModel):
@@ -74,6 +82,8 @@ class FaultEventSettings(StrictModel):
     bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="BMC per node name, as the sweep's `bmcs` "
                                     "(before NetBox's, which the remediation looks up with remediation.netbox); "
                                     "credentials as secret references.")  # fmt: skip
+    escalation: RackEscalation = Field(default_factory=RackEscalation, description="As the sweep's: when a node's "
+                                       "whole NVLink domain is remediated (one RackRemediation) instead.")  # fmt: skip
 
 
 class FaultOutcome(StrictModel):
@@ -105,6 +115,10 @@ class FaultEvents:
         # Faults the watch acted on (or holds), until it sees the node without one: the remediation's own writes on
         # a still-faulty node start nothing more.
         self._acted: set[tuple[str, str]] = set()
+        self._faulty_since: dict[tuple[str, str], datetime] = {}  # when the watch first saw each node's fault
+        # rack -> NVLink domain as the watch saw it: a fault that hides every clique label of a rack at once does
+        # not hide which domain the rack is.
+        self._domains: dict[str, dict[str, str]] = {c: {} for c in clusters}
 
     @property
     def condition_types(self) -> list[str]:
@@ -112,7 +126,7 @@ class FaultEvents:
 
     @property
     def label_keys(self) -> list[str]:
-        return self._checks.label_keys()
+        return self._checks.label_keys() + self.settings.escalation.label_keys()
 
     # ------------------------------------------------------------ from the watch
 
@@ -127,8 +141,14 @@ class FaultEvents:
         self.book[cluster][node.name] = node
         key = (cluster, node.name)
         faulty = bool(node_problems(node, self._checks, node.decided_at(_now()))[0])  # a quarantine is no new fault
+        place = self._place(node)
+        if place.rack and not place.own_domain:
+            self._domains[cluster][place.rack] = place.domain
         if not faulty:
             self._acted.discard(key)
+            self._faulty_since.pop(key, None)
+        else:
+            self._faulty_since.setdefault(key, _now())
         if faulty and key not in self._held and key not in self._acted:
             self._acted.add(key)
             self._hold(cluster, node.name)
@@ -141,6 +161,7 @@ class FaultEvents:
     def gone(self, cluster: str, name: str) -> None:
         self.book[cluster].pop(name, None)
         self._acted.discard((cluster, name))
+        self._faulty_since.pop((cluster, name), None)
         held = self._held.pop((cluster, name), None)
         if held is not None:
             held.cancel()
@@ -195,6 +216,15 @@ class FaultEvents:
                           reported=reported)  # fmt: skip
         if decision.action == "healthy":
             return outcome("healthy", "no fault left when the hold ended")
+        rack = rack_key(self._place(node)) if self.settings.escalation.enabled else None
+        if rack is not None:  # a node of a domain remediated whole is left to that run, whatever else it shows
+            rack_id = rack_workflow_id(cluster, rack)
+            try:
+                running = await self._running(rack_id)
+            except RPCError as err:
+                return outcome("error", f"asking whether {rack_id} runs: {err}", rack_id)
+            if running:
+                return outcome("escalated", f"its domain is remediated whole by {rack_id}", rack_id)
         if decision.action == "skip":
             return outcome("ignored", f"{'; '.join(decision.reasons)}: {decision.note}")
         book = self.book[cluster]
@@ -204,6 +234,8 @@ class FaultEvents:
         refused = too_few_healthy(healthy, len(book), self.settings.min_healthy) or await self._breaker(cluster)
         if refused:
             return outcome("refused", refused)
+        if rack is not None and (whole := self._escalation(cluster, node, rack)) is not None:
+            return await self._start_rack(cluster, whole, outcome)
         settings = self.settings
         bmc = server_facts(name, settings.bmcs).bmc
         inp = NodeRemediationInput(cluster=cluster, node=name, reason=_reason(source, decision.reasons),
@@ -221,6 +253,57 @@ class FaultEvents:
         except RPCError as err:
             return outcome("error", f"starting the remediation: {err}", inp.workflow_id())
         return outcome("started", inp.reason, inp.workflow_id(), self._bmc_source(bmc))
+
+    def _place(self, node: NodeHealth) -> NodePlace:
+        return place_of(node.name, node.labels, self.settings.escalation.topology)
+
+    def _escalation(self, cluster: str, fresh: NodeHealth, rack: str) -> Escalation | None:
+        """Whether `fresh`'s domain (`rack`) is remediated whole, judged on the watch's view of the cluster, with
+        `fresh` (read now, with the fault the hold or an alert found) in it."""
+        now = _now()
+        places: list[tuple[NodePlace, bool]] = []
+        faulty: list[FaultyNode] = []
+        for node in {**self.book[cluster], fresh.name: fresh}.values():
+            place = self._place(node)
+            unhealthy = node is fresh or decide(cluster, node, self._checks, node.decided_at(now)).action != "healthy"
+            places.append((place, unhealthy))
+            if unhealthy and rack_key(place) == rack:
+                signs = fabric_signs(node, self.settings.escalation, self._checks)
+                seen_at = self._faulty_since.get((cluster, node.name), now)
+                faulty.append(FaultyNode(node=node.name, place=place, fabric=signs, seen_at=seen_at))
+        found = escalations(faulty, tally(places), self.settings.escalation, known=self._domains[cluster])
+        return found[0] if found else None
+
+    async def _start_rack(self, cluster: str, whole: Escalation, outcome: Callable[..., FaultOutcome]) -> FaultOutcome:
+        """One RackRemediation for the domain; a start that finds it running is `already-running`."""
+        settings, rack = self.settings, self.settings.escalation.rack
+        known = {n: settings.bmcs[n] for n, held in self.book[cluster].items()
+                 if n in settings.bmcs and rack_key(self._place(held)) == whole.rack}  # fmt: skip
+        inp = RackRemediationInput(
+            cluster=cluster, domain=whole.rack, reason=whole.reason, topology=settings.escalation.topology,
+            breaker=settings.remediation.breaker, node_remediation=settings.remediation,
+            **{**rack.model_dump(), "bmcs": {**known, **rack.bmcs}, "netbox": rack.netbox or settings.remediation.netbox})  # fmt: skip
+        try:
+            await self._client.start_workflow(
+                RACK_WORKFLOW, inp, id=inp.workflow_id(), task_queue=self._task_queue,
+                # A finished rack run may run again; a running one is never started twice.
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, priority=priorities.remediation(cluster),
+                search_attributes=TypedSearchAttributes(inp.search_attributes()),
+                static_summary=f"remediate domain {whole.rack} whole: {whole.reason}"[:200])  # fmt: skip
+        except WorkflowAlreadyStartedError:
+            return outcome("already-running", f"{inp.workflow_id()} already remediates its domain", inp.workflow_id())
+        except RPCError as err:
+            return outcome("error", f"starting the rack remediation: {err}", inp.workflow_id())
+        return outcome("escalated", f"started {inp.workflow_id()}: {whole.reason}", inp.workflow_id())
+
+    async def _running(self, workflow_id: str) -> bool:
+        try:
+            described = await self._client.get_workflow_handle(workflow_id).describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            raise
+        return described.status == WorkflowExecutionStatus.RUNNING
 
     def _bmc_source(self, bmc: BmcRef | None) -> str:
         if bmc is not None:
@@ -250,7 +333,11 @@ class FaultEvents:
     def _record(self, outcome: FaultOutcome) -> FaultOutcome:
         self.counts[outcome.status] += 1
         self.recent.append(outcome)
-        level = logging.INFO if outcome.status in ("started", "flapped", "already-running") else logging.WARNING
+        level = (
+            logging.INFO
+            if outcome.status in ("started", "flapped", "already-running", "escalated")
+            else logging.WARNING
+        )
         log.log(level, "fault on %s/%s (%s): %s%s%s", outcome.cluster, outcome.node, outcome.source, outcome.status,
                 f": {outcome.detail}" if outcome.detail else "", f"; BMC: {outcome.bmc}" if outcome.bmc else "")  # fmt: skip
         return outcome

@@ -6,7 +6,8 @@ health, decides with `workflows.remediation.policy.decide` (a node opted out by 
 `cooldown` ago, is skipped), and once every node of a cluster is decided starts at most `max_remediations`
 children with the node-derived ID and `ParentClosePolicy.ABANDON` (they outlive the sweep) — none at all, and it
 says why, while fewer than `min_healthy` of the cluster's nodes are healthy or its remediation circuit breaker is
-tripped. A start that finds the node's remediation already
+tripped; a domain sick as a whole gets one RackRemediation instead of a NodeRemediation per node
+(workflows/remediation/sweep_racks.py). A start that finds the node's remediation already
 running (another sweep, a manual start) is reported as such, never duplicated; each child carries the sweep's cooldown
 and what its decision saw of Millwright's marks (`decided_from`), which the child re-checks at its start. It reads and probes the nodes in
 slice children of a few hundred nodes each and continues as new with a cursor, so that no run passes ~8,300
@@ -50,6 +51,7 @@ from workflows.common.call_options import API_CALL, API_RETRY, NETBOX_CALL
 from workflows.common.carried import outcome_of
 from workflows.common.endpoints import Endpoints, EndpointWait, kubernetes_api, with_waits
 from workflows.common.errors import error_text
+from workflows.remediation.escalation import RackTally
 from workflows.remediation.models import DeviceFacts, NodeRemediationInput, device_facts
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.policy import (
@@ -70,6 +72,7 @@ from workflows.remediation.sweep_models import (
     SweepCursor,
     SweepSlice,
 )
+from workflows.remediation.sweep_racks import place_slice, start_racks
 
 # ---------------------------------------------------------------- FleetHealthSweep
 
@@ -90,6 +93,9 @@ READ_CALL: dict[str, Any] = dict(start_to_close_timeout=timedelta(minutes=5), he
 # A slice reads dcgm-exporter's GPU faults in one query (sweeps started before it read none; workflows/remediation/
 # probes.py bounds the query).
 DCGM_PATCH = "fleet-health-sweep-dcgm"
+# A domain over the escalation threshold gets one RackRemediation instead of a NodeRemediation per node (sweeps from
+# before start a NodeRemediation each, and hold no more nodes than they may start).
+ESCALATION_PATCH = "fleet-health-sweep-rack-escalation"
 
 
 @workflow.defn
@@ -158,6 +164,8 @@ class FleetHealthSweep:
         if inp.carried is None and not workflow.patched(SWEEP_SLICES_PATCH):
             return await self._sweep_whole(inp)
         self._hold = workflow.patched(SWEEP_HOLD_PATCH)
+        if inp.carried is None:  # decided once: a run carried across continue-as-new keeps its first run's answer
+            self._cursor.escalation = self._hold and inp.escalation.enabled and workflow.patched(ESCALATION_PATCH)
         for ref in self._running.values():  # slices a previous run started
             self._wait(ref, self._carried_outcome(ref))
         self._enter("sweeping", self._summary_line())
@@ -281,6 +289,10 @@ class FleetHealthSweep:
         sweep.vanished += part.vanished
         sweep.gpu_faults += part.gpu_faults
         sweep.dcgm = part.dcgm if part.dcgm.startswith("not read") or not sweep.dcgm else sweep.dcgm
+        if self._cursor.escalation:
+            racks = self._cursor.racks.setdefault(ref.cluster, {})
+            for key, seen in outcome.racks.items():
+                racks.setdefault(key, RackTally()).add(seen)
         room = LISTED - sum(len(c.unhealthy) for c in self._result.clusters)
         sweep.unhealthy += part.unhealthy[: max(room, 0)]
         if part.error:
@@ -295,7 +307,9 @@ class FleetHealthSweep:
         """Keep a slice's nodes to remediate until their cluster is wholly decided; past what could be started
         (max_remediations, at most HELD held), deferred at once."""
         cursor, inp = self._cursor, self._inp
-        room = min(HELD, HELD if inp.dry_run else inp.max_remediations - cursor.started) - len(cursor.held)
+        # Escalating, a domain's nodes are held together: max_remediations defers NodeRemediations at their start.
+        room = HELD if inp.dry_run or cursor.escalation else min(HELD, inp.max_remediations - cursor.started)
+        room -= len(cursor.held)
         cursor.held += found[: max(room, 0)]
         for candidate in found[max(room, 0) :]:
             why = f"max {inp.max_remediations} remediations per sweep"
@@ -309,13 +323,21 @@ class FleetHealthSweep:
         cursor, inp = self._cursor, self._inp
         running = {r.cluster for r in self._running.values()}
         for cluster in inp.clusters[: cursor.cluster]:
+            if cluster in running:
+                continue
+            racks = cursor.racks.pop(cluster, {})
             found = [c for c in cursor.held if c.cluster == cluster]
-            if not found or cluster in running:
+            if not found:
                 continue
             cursor.held = [c for c in cursor.held if c.cluster != cluster]
             sweep = self._cluster(cluster)
             sweep.refused = too_few_healthy(sweep.healthy, sweep.healthy + sweep.not_healthy,
                                             inp.min_healthy) or await self._breaker_tripped(cluster)  # fmt: skip
+            if cursor.escalation and sweep.refused is None:
+                escalated, found = await start_racks(cluster, found, racks, inp)
+                for members, status, detail, wf_id in escalated:
+                    for candidate in members:
+                        self._record(self._entry(candidate, status, detail, workflow_id=wf_id))
             await self._start(found, refused=sweep.refused)
 
     async def _breaker_tripped(self, cluster: str) -> str | None:
@@ -354,7 +376,7 @@ class FleetHealthSweep:
             read: NodesHealth = await self._calls.execute(
                 NodeHealthActivities.read_nodes_health,
                 NodesHealthRequest(cluster=part.cluster, nodes=part.nodes, condition_types=inp.checks.condition_types(),
-                                   label_keys=inp.checks.label_keys()),
+                                   label_keys=inp.checks.label_keys() + inp.escalation.label_keys()),
                 **READ_CALL, endpoint=kubernetes_api(part.cluster),
                 summary=f"read {len(part.nodes)} nodes of {part.cluster}")  # fmt: skip
         except (ActivityError, ApplicationError) as err:
@@ -370,6 +392,8 @@ class FleetHealthSweep:
         self._enter("probing", f"{len(read.nodes)} nodes of {part.cluster}")
         found = await self._probes.look_all(part.cluster, read.nodes, facts, sweep, together=True, dcgm=dcgm)
         self._result.found = [Candidate(cluster=c, decision=d, facts=f) for c, d, f in found]
+        if inp.escalation.enabled:
+            place_slice(self._result, read.nodes, inp, dcgm, workflow.now())
         self._enter("completed", f"{sweep.healthy} healthy, {sweep.not_healthy} not, {len(found)} to remediate")
         return self._result
 
@@ -430,11 +454,11 @@ class FleetHealthSweep:
         self._details()
 
     @staticmethod
-    def _entry(candidate: Candidate, status: str, detail: str = "") -> StartedRemediation:
+    def _entry(candidate: Candidate, status: str, detail: str = "", workflow_id: str = "") -> StartedRemediation:
         node = candidate.decision.node
         return StartedRemediation(cluster=candidate.cluster, node=node, reasons=candidate.decision.reasons,
-                                  workflow_id=remediation_workflow_id(candidate.cluster, node), status=status,
-                                  detail=detail)  # fmt: skip
+                                  workflow_id=workflow_id or remediation_workflow_id(candidate.cluster, node),
+                                  status=status, detail=detail)  # fmt: skip
 
     def _record(self, entry: StartedRemediation) -> None:
         r = self._result
@@ -500,9 +524,12 @@ class FleetHealthSweep:
         r = self._result
         nodes = sum(c.nodes for c in r.clusters)
         not_healthy = sum(c.not_healthy for c in r.clusters)
-        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred", "refused")}
+        by = {s: r.remediation_counts.get(s, 0) for s in ("started", "already-running", "deferred", "refused",
+                                                          "escalated")}  # fmt: skip
         line = (f"{nodes} nodes, {not_healthy} not healthy; started {by['started']}, already running "
                 f"{by['already-running']}, deferred {by['deferred']}")  # fmt: skip
+        if by["escalated"]:
+            line += f", escalated to their domain's RackRemediation {by['escalated']}"
         if by["refused"]:
             line += f", refused {by['refused']}"
         if self._inp.part is None and self._phases.progress.phase != "completed" and self._running:

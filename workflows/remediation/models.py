@@ -34,7 +34,9 @@ Step = Literal["restart-gpu-services", "reset-gpu", "power-cycle"]
 STEPS: tuple[Step, ...] = ("restart-gpu-services", "reset-gpu", "power-cycle")
 # left-cordoned: a run holding a node handed over to it cordoned, refused by the circuit breaker past its
 # breaker_wait_limit (workflows/remediation/breaker_wait.py): the node is still cordoned in its name.
-Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned"]
+# stood-down: a RackRemediation took the node's whole domain over (the `stand_down` signal); its cordon, if any,
+# handed to that run.
+Outcome = Literal["healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned", "stood-down"]
 MAX_BREAKER_ASKS = 500  # a wait for the circuit breaker asks at most this often: its history stays bounded
 StepOutcome = Literal["fixed", "not-fixed", "unavailable", "rejected", "failed"]
 

@@ -25,6 +25,9 @@ twice at once):
   When it ends (healthy, quarantined, failed) it annotates the node `millwright.dev/last-remediation` (when, by
   whom, how), which the sweep's per-node cooldown reads.
 
+  Told to stand down by a RackRemediation of the node's domain (the `stand_down` signal), it ends `stood-down`:
+  untouched before its cordon, else at its next step boundary with its cordon handed over (stand_down.py).
+
   Ladder exhausted: quarantine — the node stays cordoned, with the reason in an annotation and a
   `millwright.dev/quarantine=true:NoSchedule` taint; NetBox `failed` with a journal entry and the
   `millwright-quarantine` tag; the lease is returned (the quarantined node, cordoned and tainted, still counts
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import functools
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
@@ -76,9 +79,9 @@ from workflows.common.errors import error_text
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.remediation import breaker_wait
+from workflows.remediation.approvals import Approvals, Rejected
 from workflows.remediation.models import (
     Approval,
-    AwaitingApproval,
     NodeRemediationInput,
     NodeRemediationResult,
     NodeRemediationStatus,
@@ -89,7 +92,9 @@ from workflows.remediation.models import (
     finding_text,
 )
 from workflows.remediation.policy import BmcObservation, bmc_problems, node_problems, start_refusal
+from workflows.remediation.rack_models import STAND_DOWN_SIGNAL, StandDown
 from workflows.remediation.records import MARK_REMEDIATED_PATCH, OutcomeRecords
+from workflows.remediation.stand_down import StandDownOrder, StoodDown
 from workflows.validation.defaults import validation_for
 from workflows.validation.gate import validate_node
 
@@ -105,10 +110,6 @@ RECHECK_AFTER_LEASE_PATCH = "remediation-recheck-after-lease"  # a node that rec
 HEARTBEAT = timedelta(seconds=30)
 
 
-class _Rejected(Exception):
-    pass
-
-
 # ---------------------------------------------------------------- NodeRemediation
 
 
@@ -118,13 +119,15 @@ class NodeRemediation:
     def __init__(self, inp: NodeRemediationInput) -> None:
         self._inp = inp
         self._status = NodeRemediationStatus()
-        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned"))
+        self._phases = Phases(finished=("healthy", "quarantined", "failed", "skipped", "refused", "left-cordoned",
+                                        "stood-down"))  # fmt: skip
         self._calls = Endpoints(inp.retry_timeout, shown=self._waiting, priority=priorities.remediation(inp.cluster))
-        self._decisions: dict[Step, tuple[Literal["approve", "reject"], Approval]] = {}
         self._lease: Any = None
         self._rma: list[str] = []  # findings whose remedy is an RMA: no step of the ladder fixes them
         self._records = OutcomeRecords(inp, self._calls, self._status, self._details)
         self._validation = inp.validation  # or the cluster's default, read before the node is touched
+        self._approvals = Approvals(inp, self._status, self._enter)
+        self._stand_down = StandDownOrder()  # workflows/remediation/stand_down.py
 
     # ------------------------------------------------------------ queries and updates
 
@@ -138,38 +141,31 @@ class NodeRemediation:
 
     @workflow.update(description="Approve the step that waits for an operator (e.g. the power cycle).")
     async def approve(self, req: Approval) -> NodeRemediationStatus:
-        return self._decide("approve", req)
+        return self._approvals.decide("approve", req)
 
     @approve.validator
     def _validate_approve(self, req: Approval) -> None:
-        self._check_awaiting(req)
+        self._approvals.check(req)
 
     @workflow.update(description="Reject the step that waits for an operator: the ladder goes on without it.")
     async def reject(self, req: Approval) -> NodeRemediationStatus:
-        return self._decide("reject", req)
+        return self._approvals.decide("reject", req)
 
     @reject.validator
     def _validate_reject(self, req: Approval) -> None:
-        self._check_awaiting(req)
+        self._approvals.check(req)
 
-    def _check_awaiting(self, req: Approval) -> None:
-        waiting = self._status.awaiting_approval
-        if waiting is None:
-            raise ValueError(f"no step is waiting for approval (phase {self._status.phase})")
-        if req.step is not None and req.step != waiting.step:
-            raise ValueError(f"step {req.step} is not waiting for approval; {waiting.step} is")
-
-    def _decide(self, decision: Literal["approve", "reject"], req: Approval) -> NodeRemediationStatus:
-        waiting = self._status.awaiting_approval
-        if waiting is not None and waiting.step not in self._decisions:
-            self._decisions[waiting.step] = (decision, req)
-        return self._status
+    @workflow.signal(name=STAND_DOWN_SIGNAL, description="A RackRemediation takes the node's whole domain over: "
+                     "end untouched, or after the current step with the cordon handed to it.")  # fmt: skip
+    def stand_down(self, order: StandDown) -> None:
+        self._stand_down.receive(order)
 
     # ------------------------------------------------------------ run
 
     @workflow.run
     async def run(self, inp: NodeRemediationInput) -> NodeRemediationResult:
         workflow.upsert_search_attributes([sa.CLUSTER.value_set(inp.cluster), sa.NODE.value_set(inp.node)])
+        self._stand_down.decide()
         self._phases.progress.total = len(inp.steps)
         result = NodeRemediationResult(cluster=inp.cluster, node=inp.node, outcome="healthy", reason=inp.reason)
         owner = workflow.info().workflow_id
@@ -207,7 +203,8 @@ class NodeRemediation:
 
             self._enter("waiting-for-budget", f"a lease on cluster {inp.cluster}")
             ask = functools.partial(leases.acquire_lease, inp.cluster, inp.node, holder=owner, waiting=waiting,
-                                    reason=f"remediation: {inp.reason}", budget=inp.budget, remediation=inp.breaker)  # fmt: skip
+                                    reason=f"remediation: {inp.reason}", budget=inp.budget, remediation=inp.breaker,
+                                    cancelled=lambda: self._stand_down.given is not None)  # fmt: skip
             lease = await ask()
             if lease is not None and lease.state == "refused" and handed and workflow.patched(breaker_wait.PATCH):
                 wait = breaker_wait.BreakerWait(inp, owner, self._status, self._enter)
@@ -216,7 +213,9 @@ class NodeRemediation:
             if lease is not None and lease.state == "refused":  # the node was never touched
                 return self._finish(result, "refused", lease.note)
             self._lease = lease
-            self._status.lease = True
+            self._status.lease = lease is not None  # None: the request withdrawn, standing down
+            if self._stand_down.given is not None:  # told while it waited, or as the lease came
+                return await self._stood_down(result, cordon, cordoned=handed)
             # The start's read is as old as the wait: a fault the node object showed may have cleared meanwhile.
             if queued and faulty and workflow.patched(RECHECK_AFTER_LEASE_PATCH):
                 self._enter("re-checking", "after the wait for a lease")
@@ -245,6 +244,12 @@ class NodeRemediation:
         except ApplicationError as err:
             return await self._gave_up(result, err, "the node stays cordoned")
 
+    async def _stood_down(self, result: NodeRemediationResult, cordon: CordonRequest, *,
+                          cordoned: bool) -> NodeRemediationResult:  # fmt: skip
+        note = await self._stand_down.hand_over(self._calls, cordon, self._status, self._enter, cordoned=cordoned)
+        await self._return_lease(note)
+        return self._finish(result, "stood-down", note)
+
     async def _gave_up(self, result: NodeRemediationResult, err: ApplicationError, left: str) -> NodeRemediationResult:
         """A call gave up on its endpoint (workflows.common.endpoints): the node is left cordoned, the failure is the
         outcome (as after a failed drain)."""
@@ -258,11 +263,20 @@ class NodeRemediation:
     async def _remediate(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
                          owner: str, bmc: BmcRef | None, check: GpuCheckRequest,
                          quarantined: str | None) -> NodeRemediationResult:  # fmt: skip
-        """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted): the node is cordoned by us."""
+        """The node is cordoned by us: `_ladder`, or, told to stand down, its cordon handed over at a step boundary."""
+        try:
+            return await self._ladder(inp, result, cordon, owner, bmc, check, quarantined)
+        except StoodDown:
+            return await self._stood_down(result, cordon, cordoned=True)
+
+    async def _ladder(self, inp: NodeRemediationInput, result: NodeRemediationResult, cordon: CordonRequest,
+                      owner: str, bmc: BmcRef | None, check: GpuCheckRequest,
+                      quarantined: str | None) -> NodeRemediationResult:  # fmt: skip
+        """Drain, climb the ladder, and uncordon (fixed) or quarantine (exhausted)."""
         self._enter("draining")
         try:
             await Drain(inp.cluster, inp.node, inp.drain, self._status, priority=priorities.remediation(inp.cluster),
-                        stopping=lambda: False,
+                        stopping=lambda: self._stand_down.given is not None,
                         changed=self._details).run()  # fmt: skip
         except (ActivityError, ApplicationError) as err:
             health = await self._health()
@@ -273,6 +287,7 @@ class NodeRemediation:
                                             lease_first=False)  # fmt: skip
             self._status.note = f"drain incomplete on a NotReady node: {error_text(err)}"
 
+        self._stand_down.boundary()
         if inp.checks.host_agent:
             # A finding no step can fix (a row-remap failure: RMA) sends the node to quarantine at once.
             self._enter("diagnosing", "GPU check")
@@ -282,6 +297,7 @@ class NodeRemediation:
             except (_Unavailable, ActivityError) as err:
                 self._status.note = f"no GPU check before the ladder: {error_text(err)}"
         for i, step in enumerate(inp.steps):
+            self._stand_down.boundary()
             if self._rma:
                 break
             record = await self._try_step(step, bmc, check)
@@ -304,6 +320,7 @@ class NodeRemediation:
                 await self._return_lease(f"fixed by {step}")
                 await self._records.mark_remediated("healthy")
                 return self._finish(result, "healthy", f"fixed by {step}")
+        self._stand_down.boundary()
         return await self._quarantine(result, owner, bmc)
 
     # ------------------------------------------------------------ the ladder
@@ -314,9 +331,10 @@ class NodeRemediation:
         approval: str | None = None
         if step in inp.require_approval_for:
             try:
-                approval = await self._approval(step)
-            except _Rejected as rejected:
+                approval = await self._approvals.wait(step, interrupted=lambda: self._stand_down.given is not None)
+            except Rejected as rejected:
                 return StepRecord(step=step, outcome="rejected", approval=str(rejected))
+            self._stand_down.boundary()
         self._enter(step)
         try:
             detail = await self._act(step, bmc, check)
@@ -342,27 +360,6 @@ class NodeRemediation:
             healthy, why = False, f"check failed: {error_text(err)}"
         return StepRecord(step=step, outcome="fixed" if healthy else "not-fixed",
                           detail="; ".join(d for d in (detail, why) if d), approval=approval)  # fmt: skip
-
-    async def _approval(self, step: Step) -> str:
-        """Wait for `approve` / `reject`; the default after approval_timeout. Returns who approved."""
-        inp = self._inp
-        deadline = workflow.now() + inp.approval_timeout
-        self._status.awaiting_approval = AwaitingApproval(step=step, deadline=deadline.isoformat(),
-                                                          default=inp.default_on_timeout)  # fmt: skip
-        self._enter("awaiting-approval", f"{step}: `approve` or `reject` (default {inp.default_on_timeout} "
-                                         f"at {deadline.isoformat()})")  # fmt: skip
-        try:
-            await workflow.wait_condition(lambda: step in self._decisions, timeout=inp.approval_timeout,
-                                          timeout_summary=f"approval of {step}")  # fmt: skip
-            decision, req = self._decisions[step]
-            who = f"{req.by}" + (f": {req.comment}" if req.comment else "")
-        except TimeoutError:
-            decision, who = inp.default_on_timeout, f"default on timeout ({inp.approval_timeout})"
-        finally:
-            self._status.awaiting_approval = None
-        if decision == "reject":
-            raise _Rejected(who)
-        return who
 
     async def _act(self, step: Step, bmc: BmcRef | None, check: GpuCheckRequest) -> str:
         inp = self._inp

@@ -50,14 +50,10 @@ def rack_workflow_id(cluster: str, rack: str) -> str:
     return f"rack-remediation/{cluster}/{rack}"
 
 
-class RackRemediationInput(WorkflowInput, RetryTimeout):
-    """Remediate one NVLink domain (an NVL72 rack) of one cluster as a whole, for a stated reason."""
+class RackSettings(RetryTimeout):
+    """How a domain is remediated whole: what every starter passes on (the sweep's and the event path's
+    `escalation.rack`), apart from what names the domain and why."""
 
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
-    domain: str = Field(min_length=1, max_length=253, description="The domain: its rack (Topograph's accelerator "
-                        "label) or its NVLink ClusterUUID; the run is named by the rack when the nodes have one.")  # fmt: skip
-    reason: str = Field(min_length=1, max_length=1024, description="Why; recorded on every node.")
-    topology: TopologyLabels = Field(default_factory=TopologyLabels, description="Which labels say where a node sits.")
     drain: DrainSettings = Field(default_factory=DrainSettings, description="How each node is drained (gangs "
                                  "across the domain are evicted together).")  # fmt: skip
     bmcs: dict[str, BmcRef] = Field(default_factory=dict, description="Each compute tray's BMC by node name; a node "
@@ -82,6 +78,24 @@ class RackRemediationInput(WorkflowInput, RetryTimeout):
                                            "multi-node Job across the domain's nodes; None: none.")  # fmt: skip
     disruption_budget: bool = Field(True, description="Lease the whole domain from the cluster's budget first.")
     budget: Budget | None = Field(None, description="This run's own budget, inside the cluster's.")
+
+    _durations = field_validator("approval_timeout", "power_timeout", "ready_timeout",
+                                 "fabric_timeout")(validate_positive_duration)  # fmt: skip
+
+    @field_validator("require_approval_for")
+    @classmethod
+    def _unique(cls, steps: list[RackStep]) -> list[RackStep]:
+        return list(dict.fromkeys(steps))
+
+
+class RackRemediationInput(WorkflowInput, RackSettings):
+    """Remediate one NVLink domain (an NVL72 rack) of one cluster as a whole, for a stated reason."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    domain: str = Field(min_length=1, max_length=253, description="The domain: its rack (Topograph's accelerator "
+                        "label) or its NVLink ClusterUUID; the run is named by the rack when the nodes have one.")  # fmt: skip
+    reason: str = Field(min_length=1, max_length=1024, description="Why; recorded on every node.")
+    topology: TopologyLabels = Field(default_factory=TopologyLabels, description="Which labels say where a node sits.")
     breaker: BreakerSettings = Field(default_factory=BreakerSettings, description="The cluster's remediation "
                                      "circuit breaker, judging the domain's nodes as one request.")  # fmt: skip
     node_remediation: RemediationSettings = Field(default_factory=RemediationSettings, description="The "
@@ -90,13 +104,6 @@ class RackRemediationInput(WorkflowInput, RetryTimeout):
     dry_run: bool = Field(False, description="Read the domain and say what would be done; touch nothing.")
 
     _cluster = field_validator("cluster")(validate_object_name)
-    _durations = field_validator("approval_timeout", "power_timeout", "ready_timeout",
-                                 "fabric_timeout")(validate_positive_duration)  # fmt: skip
-
-    @field_validator("require_approval_for")
-    @classmethod
-    def _unique(cls, steps: list[RackStep]) -> list[RackStep]:
-        return list(dict.fromkeys(steps))
 
     def workflow_id(self) -> str:
         return rack_workflow_id(self.cluster, self.domain)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from temporalio.common import SearchAttributePair
 
+from activities.kube.topology import NodePlace
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
 from activities.redfish import BmcRef
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.common.endpoints import RetryTimeout
+from workflows.remediation.escalation import RackEscalation, RackTally
 from workflows.remediation.models import DeviceFacts, RemediationSettings
 from workflows.remediation.policy import DEFAULT_COOLDOWN, HealthChecks, MinHealthy, NodeDecision, validate_cooldown
 
@@ -24,9 +26,9 @@ LISTED = 500  # unhealthy nodes and remediations a result lists (the counts stay
 class StartedRemediation(StrictModel):
     cluster: str
     node: str
-    workflow_id: str
+    workflow_id: str = Field(description="The node's NodeRemediation; escalated: its domain's RackRemediation.")
     reasons: list[str]
-    status: Literal["started", "already-running", "deferred", "dry-run", "error", "refused"]
+    status: Literal["started", "already-running", "deferred", "dry-run", "error", "refused", "escalated"]
     detail: str = ""
 
 
@@ -54,6 +56,10 @@ class Candidate(StrictModel):
     cluster: str
     decision: NodeDecision
     facts: DeviceFacts
+    # With escalation: what the sweep decides the node's domain by (workflows/remediation/escalation.py).
+    place: NodePlace | None = Field(None, description="Where the node sits.")
+    fabric: list[str] = Field(default_factory=list, description="Its fabric signs but the clique label's.")
+    seen_at: datetime | None = Field(None, description="When its slice read it.")
 
 
 class FleetHealthSweepResult(StrictModel):
@@ -64,6 +70,8 @@ class FleetHealthSweepResult(StrictModel):
     remediation_counts: dict[str, int] = Field(default_factory=dict, description="Remediations by status, all.")
     found: list[Candidate] = Field(default_factory=list, description="A slice's nodes needing remediation, for the "
                                    "sweep that started it; empty in a sweep's own result.")  # fmt: skip
+    racks: dict[str, RackTally] = Field(default_factory=dict, description="A slice's nodes counted per domain (rack "
+                                        "key), with escalation; empty in a sweep's own result.")  # fmt: skip
 
     def started(self) -> list[StartedRemediation]:
         return [r for r in self.remediations if r.status == "started"]
@@ -99,6 +107,9 @@ class SweepCursor(StrictModel):
     started: int = Field(0, description="Remediations started so far (max_remediations is per sweep).")
     held: list[Candidate] = Field(default_factory=list, description=f"Nodes to remediate in clusters not yet wholly "
                                   f"decided (at most {HELD}).")  # fmt: skip
+    escalation: bool = Field(False, description="This sweep escalates whole domains (decided by its first run).")
+    racks: dict[str, dict[str, RackTally]] = Field(default_factory=dict, description="Per cluster not yet wholly "
+                                                   "decided, its nodes counted per domain (rack key).")  # fmt: skip
     result: FleetHealthSweepResult
 
 
@@ -127,6 +138,8 @@ class FleetHealthSweepInput(WorkflowInput, RetryTimeout):
                                 "finishes its last probes.")  # fmt: skip
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="How each started NodeRemediation works.")  # fmt: skip
+    escalation: RackEscalation = Field(default_factory=RackEscalation, description="When a node's whole NVLink "
+                                       "domain is remediated (one RackRemediation) instead of the node.")  # fmt: skip
     dry_run: bool = Field(False, description="Decide and report; start nothing.")
     # Set by the sweep itself; not for callers.
     part: SweepSlice | None = Field(None, description="Internal: the nodes a slice child sweeps.")

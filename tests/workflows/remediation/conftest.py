@@ -98,10 +98,25 @@ async def rem_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheu
         yield worker
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def rack_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus):
+    """`rem_worker` with a stand-in RackRemediation (tests/workflows/remediation/rack_stand_in.py) in the real one's
+    place: the escalation tests see exactly what the sweep or the event path started."""
+    from tests.workflows.remediation.rack_stand_in import RackStandIn
+
+    async with remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus,
+                                  stand_ins=[RackStandIn]) as worker:  # fmt: skip
+        yield worker
+
+
 @contextlib.asynccontextmanager
-async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None):
+async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, prometheus, node_health=None,
+                             stand_ins=()):  # fmt: skip
     """`rem_worker`'s worker; `node_health`: builds the node-health activities from the connector instead of
-    NodeHealthActivities (a test's held reads)."""
+    NodeHealthActivities (a test's held reads); `stand_ins`: workflows registered in place of the catalog's of the
+    same name."""
+    from temporalio.workflow import _Definition
+
     from activities.entities import EntityActivities
     from activities.kube.activities import KubeActivities
     from activities.kube.connector import ClusterConnector
@@ -117,7 +132,9 @@ async def remediation_worker(client, kubeconfig_path, netbox, bmc_secret_file, p
 
     connector = ClusterConnector([str(kubeconfig_path)])
     prometheus_activities = PrometheusActivities(url=prometheus.url)
-    workflows = list(WORKFLOWS) + ([DisruptionBudget] if DisruptionBudget not in WORKFLOWS else [])
+    replaced = {_Definition.must_from_class(w).name for w in stand_ins}
+    workflows = [w for w in WORKFLOWS if _Definition.must_from_class(w).name not in replaced] + list(stand_ins)
+    workflows += [DisruptionBudget] if DisruptionBudget not in workflows else []
     registration = registry.Registration(
         workflows=workflows,
         activities=activities_of(KubeActivities(connector), (node_health or NodeHealthActivities)(connector),

@@ -56,3 +56,34 @@ def fast_settings(webhook_url: str | None = None, **overrides: Any) -> dict[str,
         settings["webhook"] = {"url": webhook_url}
     settings.update(overrides)
     return settings
+
+
+async def started_since(client, workflow_id: str, since) -> bool:
+    """A run of `workflow_id` started at or after `since` (earlier tests' runs of the same ID aside)."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return described.start_time >= since
+
+
+async def stop_remediation(client, cluster: str, node: str) -> None:
+    """End `node`'s NodeRemediation and return its lease at once (the budget would recover it later; the next test
+    needs it now)."""
+    import contextlib
+
+    from workflows.budget.disruption_budget import DisruptionBudget
+    from workflows.budget.leases import LeaseRelease, budget_workflow_id
+    from workflows.remediation.policy import remediation_workflow_id
+
+    wf_id = remediation_workflow_id(cluster, node)
+    with contextlib.suppress(Exception):  # not running
+        await client.get_workflow_handle(wf_id).terminate("test over")
+    with contextlib.suppress(Exception):
+        await client.get_workflow_handle(budget_workflow_id(cluster)).execute_update(
+            DisruptionBudget.release, LeaseRelease(node=node, holder=wf_id, reason="test over")
+        )

@@ -14,16 +14,20 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.kube.connector import ClusterConnector
+from activities.kube.topology import CLIQUE_LABEL
 from activities.redfish import BmcRef
 from activities.support.secrets import SecretRef
 from tests.kube_helpers import read_node, wait_for
-from tests.workflows.remediation.helpers import fast_settings, fleet
+from tests.workflows.remediation.helpers import fast_settings, fleet, started_since, stop_remediation
+from tests.workflows.remediation.rack_stand_in import RackStandIn
 from tests.workflows.remediation.test_node_remediation import power_resets
+from tests.workflows.remediation.test_rack_remediation import seed_racks
 from worker.alert_receiver import event_path
 from worker.fault_events import FaultEvents, FaultEventSettings
 from workflows.remediation.models import RemediationSettings
 from workflows.remediation.node_remediation import NodeRemediation
 from workflows.remediation.policy import OPT_OUT_LABEL, HealthChecks, remediation_workflow_id
+from workflows.remediation.rack_models import rack_workflow_id
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "s3cret-alertmanager-token"
@@ -31,14 +35,17 @@ TOKEN = "s3cret-alertmanager-token"
 
 @contextlib.asynccontextmanager
 async def running_event_path(client, worker, kubeconfig_path, monkeypatch, hold: float = 2.0,
-                             bmcs: dict[str, BmcRef] | None = None, **remediation):  # fmt: skip
+                             bmcs: dict[str, BmcRef] | None = None, min_healthy: dict | None = None,
+                             **remediation):  # fmt: skip
     """The event path as the worker runs it, on an ephemeral port; yields (events, receiver URL). `bmcs`: its
-    settings' BMC map; `remediation`: the remediation settings that differ from `fast_settings`."""
+    settings' BMC map; `min_healthy`: its own, where not the default; `remediation`: the remediation settings that
+    differ from `fast_settings`."""
     monkeypatch.setenv("TEST_AM_TOKEN", TOKEN)
     connector = ClusterConnector([str(kubeconfig_path)])
     settings = FaultEventSettings(
         hold=timedelta(seconds=hold), checks=HealthChecks(bmc=False), bmcs=bmcs or {},
         remediation=RemediationSettings(**fast_settings(**remediation)),
+        **({"min_healthy": min_healthy} if min_healthy is not None else {}),
     )  # fmt: skip
     events = FaultEvents(client, connector, worker.task_queue, settings, ["lab"])
     try:
@@ -307,3 +314,60 @@ def test_an_alert_names_its_node_by_the_documented_labels_in_order(labels, node)
     from worker.alert_receiver import Alert, alert_node
 
     assert alert_node(Alert(status="firing", labels=labels)) == node
+
+
+async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_fault_its_node_remediation(
+        client, rack_worker, k8s, core, names, kubeconfig_path, monkeypatch):  # fmt: skip
+    """Two racks of four: three nodes of rack-a go GpuHealthy=False with their clique label gone at once, one node of
+    rack-b alone; then the fourth node of rack-a, while the rack's run runs."""
+    where = await seed_racks(k8s, names)
+    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-a", "rack-b"))
+    since = datetime.now(UTC)
+    rack_id = rack_workflow_id("lab", "rack-a")
+    # Four of eight nodes sick: min_healthy (51 %) would refuse them all; this test is about escalation.
+    async with running_event_path(client, rack_worker, kubeconfig_path, monkeypatch, hold=2.0,
+                                  min_healthy={"percent": 0}, require_approval_for=["restart-gpu-services"],
+                                  approval_timeout=3600) as (events, _url):  # fmt: skip
+        try:
+            for node in rack_a[:3]:
+                await core.patch_node(node, {"metadata": {"labels": {CLIQUE_LABEL: None}}})
+            for node in [*rack_a[:3], rack_b[0]]:
+                await set_condition(core, node, "GpuHealthy", "False")
+
+            def outcome_of(node: str):
+                return next((o for o in events.recent if o.node == node), None)
+
+            async def decided():
+                return all(outcome_of(n) for n in [*rack_a[:3], rack_b[0]])
+
+            await wait_for(decided, what="the four faults decided", timeout=30)
+            seen = {n: outcome_of(n) for n in rack_a[:3]}
+            assert {o.workflow_id for o in seen.values()} == {rack_id}, seen
+            assert {o.status for o in seen.values()} <= {"escalated", "already-running"}, seen
+            (starter,) = [o for o in seen.values() if o.detail.startswith(f"started {rack_id}")]
+            assert starter.status == "escalated"
+            assert starter.detail == (f"started {rack_id}: 3 of 4 nodes unhealthy (share 0.5); fabric fault: clique "
+                                      f"label gone from 3 nodes")  # fmt: skip
+            lone = outcome_of(rack_b[0])
+            assert lone.status == "started" and lone.workflow_id == remediation_workflow_id("lab", rack_b[0]), lone
+
+            # Exactly what was started: one RackRemediation of rack-a, no NodeRemediation of its nodes.
+            rack_run = client.get_workflow_handle(rack_id)
+            started = await rack_run.query(RackStandIn.started_with)
+            assert started.domain == "rack-a" and started.cluster == "lab" and started.reason in starter.detail
+            assert started.node_remediation.require_approval_for == ["restart-gpu-services"]
+            assert await started_since(client, rack_id, since)
+            for node in rack_a:
+                assert not await started_since(client, remediation_workflow_id("lab", node), since), node
+
+            # A fault of the fourth node while the rack's run runs starts nothing new.
+            await set_condition(core, rack_a[3], "GpuHealthy", "False")
+            fourth = await wait_for(lambda: settled(outcome_of(rack_a[3])), what="the fourth fault decided")
+            assert fourth.status == "escalated" and fourth.workflow_id == rack_id, fourth
+            assert fourth.detail == f"its domain is remediated whole by {rack_id}"
+            assert not await started_since(client, remediation_workflow_id("lab", rack_a[3]), since)
+            assert events.counts["escalated"] >= 2
+        finally:
+            with contextlib.suppress(Exception):  # ended now: the tests' worker goes with the test
+                await client.get_workflow_handle(rack_id).terminate("test over")
+            await stop_remediation(client, "lab", rack_b[0])

@@ -1,21 +1,29 @@
 """FleetHealthSweep on a real dev server: what it finds (node conditions, host agents' GPU checks, BMC health
-rollups), and that two sweeps at once start no duplicate NodeRemediation."""
+rollups), that two sweeps at once start no duplicate NodeRemediation, and that a sick NVLink domain gets one
+RackRemediation instead."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 
+from activities.kube.topology import CLIQUE_LABEL, TOPOGRAPH_ACCELERATOR_LABEL
 from activities.redfish import BmcRef
 from tests.kube_helpers import current_details, wait_for
-from tests.workflows.remediation.helpers import fast_settings, fleet
+from tests.workflows.maintenance.test_node_maintenance import record_history
+from tests.workflows.remediation.helpers import fast_settings, fleet, started_since, stop_remediation
+from tests.workflows.remediation.rack_stand_in import RackStandIn
+from tests.workflows.remediation.test_rack_remediation import DOMAINS, racks
 from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.budget.leases import LeaseRelease, budget_workflow_id
 from workflows.remediation.health_sweep import FleetHealthSweep
 from workflows.remediation.node_remediation import NodeRemediation
+from workflows.remediation.policy import remediation_workflow_id
+from workflows.remediation.rack_models import rack_workflow_id
 from workflows.remediation.sweep_models import FleetHealthSweepInput
 
 pytestmark = pytest.mark.timeout(180)
@@ -130,3 +138,58 @@ async def test_max_remediations_and_dry_run(client, rem_worker, k8s, names):
     assert "max 0 remediations per sweep" in none.remediations[0].detail
     # The schedule's short form: one cluster.
     assert FleetHealthSweepInput.model_validate({"cluster": "lab"}).clusters == ["lab"]
+
+
+async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_node_its_own(client, rack_worker, k8s, names):
+    """Two racks of four: three nodes of rack-a unhealthy with their clique label gone, one node of rack-b; a second
+    sweep while rack-a's run runs starts nothing new."""
+    where = racks(names)
+    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-a", "rack-b"))
+    sick = [{"type": "GpuHealthy", "status": "False", "reason": "XidErrors"}]
+    labels = {n: {TOPOGRAPH_ACCELERATOR_LABEL: r} | ({} if n in rack_a[:3] else {CLIQUE_LABEL: f"{DOMAINS[r]}.1"})
+              for n, r in where.items()}  # fmt: skip
+    await k8s.seed(fleet(list(where), labels=labels, conditions={n: sick for n in [*rack_a[:3], rack_b[0]]}))
+    since = datetime.now(UTC)
+    rack_id = rack_workflow_id("lab", "rack-a")
+    # max_remediations 1 (the default) bounds NodeRemediations: a domain's nodes are held and escalated whole.
+    inp = FleetHealthSweepInput(clusters=["lab"], checks={"host_agent": False, "bmc": False},
+                                min_healthy={"percent": 0}, slice_size=3,  # a domain split over slices
+                                remediation=fast_settings(require_approval_for=["restart-gpu-services"],
+                                                          approval_timeout=3600))  # fmt: skip
+
+    async def sweep(who: str):
+        handle = await client.start_workflow(FleetHealthSweep.run, inp, id=f"{inp.workflow_id()}/{who}-"
+                                             f"{uuid.uuid4().hex[:6]}", task_queue=rack_worker.task_queue)  # fmt: skip
+        return handle, await handle.result()
+
+    try:
+        handle, first = await sweep("racks")
+        entries = {e.node: e for e in first.remediations}
+        assert sorted(entries) == sorted([*rack_a[:3], rack_b[0]])
+        for node in rack_a[:3]:
+            assert entries[node].status == "escalated" and entries[node].workflow_id == rack_id, entries[node]
+        assert entries[rack_a[0]].detail == ("its domain remediated whole: 3 of 4 nodes unhealthy (share 0.5); "
+                                             "fabric fault: clique label gone from 3 nodes")  # fmt: skip
+        assert entries[rack_b[0]].status == "started", entries[rack_b[0]]
+        assert first.remediation_counts == {"escalated": 3, "started": 1}
+        assert "escalated to their domain's RackRemediation 3" in await current_details(handle)
+
+        started = await client.get_workflow_handle(rack_id).query(RackStandIn.started_with)
+        assert started.domain == "rack-a" and started.reason == entries[rack_a[0]].detail.split(": ", 1)[1]
+        assert started.node_remediation.require_approval_for == ["restart-gpu-services"]
+        assert await started_since(client, rack_id, since)
+        for node in rack_a:
+            assert not await started_since(client, remediation_workflow_id("lab", node), since), node
+        await record_history(handle, "fleet_health_sweep_escalated")
+
+        _, second = await sweep("again")
+        again = {e.node: e for e in second.remediations}
+        for node in rack_a[:3]:
+            assert again[node].status == "already-running" and again[node].workflow_id == rack_id, again[node]
+        assert again[rack_b[0]].status == "already-running"
+        for node in rack_a:
+            assert not await started_since(client, remediation_workflow_id("lab", node), since), node
+    finally:
+        with contextlib.suppress(Exception):  # ended now: the tests' worker goes with the test
+            await client.get_workflow_handle(rack_id).terminate("test over")
+        await stop_remediation(client, "lab", rack_b[0])
