@@ -282,7 +282,8 @@ class FaultEvents:
         inp = RackRemediationInput(
             cluster=cluster, domain=whole.rack, reason=whole.reason, topology=settings.escalation.topology,
             breaker=settings.remediation.breaker, node_remediation=settings.remediation,
-            **{**rack.model_dump(), "bmcs": {**known, **rack.bmcs}, "netbox": rack.netbox or settings.remediation.netbox})  # fmt: skip
+            **{**settings.escalation.rack_for(whole.rack), "bmcs": {**known, **rack.bmcs},
+               "netbox": rack.netbox or settings.remediation.netbox})  # fmt: skip
         try:
             await self._client.start_workflow(
                 RACK_WORKFLOW, inp, id=inp.workflow_id(), task_queue=self._task_queue,

@@ -25,6 +25,7 @@ from activities.kube.topology import OWN_DOMAIN_PREFIX, NodePlace, TopologyLabel
 from activities.models import StrictModel
 from activities.node_health import NodeHealth
 from activities.prometheus import XID_ERRORS, GpuFault
+from activities.redfish import BmcRef
 from workflows.remediation.policy import HealthChecks
 from workflows.remediation.rack_models import DEFAULT_ESCALATION_SHARE, RackSettings
 
@@ -53,6 +54,15 @@ class RackEscalation(StrictModel):
                                      "sits (the clique and rack labels are read with every node's health).")  # fmt: skip
     rack: RackSettings = Field(default_factory=RackSettings, description="How the RackRemediation it starts works; "
                                "the BMCs the path knows for the domain's nodes are passed on below `rack.bmcs`.")  # fmt: skip
+
+    switch_trays: dict[str, list[BmcRef]] = Field(default_factory=dict, description="Each rack's NVLink switch "
+                                                  "trays' BMCs, by rack key: its RackRemediation's switch_bmcs (a "
+                                                  "rack missing here: rack.switch_bmcs).")  # fmt: skip
+
+    def rack_for(self, rack: str) -> dict:
+        """`rack`'s RackRemediation settings, its own switch trays in them."""
+        return {**self.rack.model_dump(), "switch_bmcs": [b.model_dump() for b in self.switch_trays[rack]]
+                if rack in self.switch_trays else self.rack.model_dump()["switch_bmcs"]}  # fmt: skip
 
     def label_keys(self) -> list[str]:
         """The node labels the health reads need for the decision: where each node sits."""

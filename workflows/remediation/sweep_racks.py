@@ -62,7 +62,8 @@ async def _start_rack(cluster: str, esc: Escalation, members: list[Candidate],
     rack = RackRemediationInput(
         cluster=cluster, domain=esc.rack, reason=esc.reason, topology=inp.escalation.topology,
         breaker=inp.remediation.breaker, node_remediation=inp.remediation,
-        **{**settings.model_dump(), "bmcs": {**known, **settings.bmcs}, "netbox": settings.netbox or inp.netbox})  # fmt: skip
+        **{**inp.escalation.rack_for(esc.rack), "bmcs": {**known, **settings.bmcs},
+           "netbox": settings.netbox or inp.netbox})  # fmt: skip
     wf_id = rack.workflow_id()
     if inp.dry_run:
         return "dry-run", f"would remediate its domain whole ({wf_id}): {esc.reason}", wf_id

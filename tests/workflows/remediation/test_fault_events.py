@@ -36,16 +36,17 @@ TOKEN = "s3cret-alertmanager-token"
 @contextlib.asynccontextmanager
 async def running_event_path(client, worker, kubeconfig_path, monkeypatch, hold: float = 2.0,
                              bmcs: dict[str, BmcRef] | None = None, min_healthy: dict | None = None,
-                             **remediation):  # fmt: skip
+                             escalation: dict | None = None, **remediation):  # fmt: skip
     """The event path as the worker runs it, on an ephemeral port; yields (events, receiver URL). `bmcs`: its
-    settings' BMC map; `min_healthy`: its own, where not the default; `remediation`: the remediation settings that
-    differ from `fast_settings`."""
+    settings' BMC map; `min_healthy`, `escalation`: its own, where not the default; `remediation`: the remediation
+    settings that differ from `fast_settings`."""
     monkeypatch.setenv("TEST_AM_TOKEN", TOKEN)
     connector = ClusterConnector([str(kubeconfig_path)])
     settings = FaultEventSettings(
         hold=timedelta(seconds=hold), checks=HealthChecks(bmc=False), bmcs=bmcs or {},
         remediation=RemediationSettings(**fast_settings(**remediation)),
         **({"min_healthy": min_healthy} if min_healthy is not None else {}),
+        **({"escalation": escalation} if escalation is not None else {}),
     )  # fmt: skip
     events = FaultEvents(client, connector, worker.task_queue, settings, ["lab"])
     try:

@@ -13,9 +13,11 @@ import pytest_asyncio
 
 from activities.redfish import BmcRef
 from lab.nvl72 import Nvl72Fleet
+from lab.redfish import BmcAdmin
 from starter.controls import budget_set
+from tests.kube_helpers import wait_for
 from tests.workflows.burnin.conftest import BMC_PASSWORD, BMC_USER
-from workflows.remediation.rack_models import RackRemediationInput
+from workflows.remediation.rack_models import RackRemediationInput, RackRemediationResult
 from workflows.remediation.rack_remediation import RackRemediation
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,6 +69,15 @@ async def writes_to_nodes(k8s, since: int = 0) -> list[dict]:
     return [e for e in await k8s.audit(since=since, writes=True) if e.get("resource") == "nodes"]
 
 
+async def running(handle):
+    from temporalio.service import RPCError
+
+    try:
+        return (await handle.describe()).status.name == "RUNNING"
+    except RPCError:
+        return False
+
+
 def unschedulable_after(entry: dict) -> bool | None:
     return (entry.get("nodeAfter") or {}).get("unschedulable")
 
@@ -76,7 +87,7 @@ async def test_an_operator_remediates_a_faulted_rack_whole(client, rem_worker, k
                      task_queue=rem_worker.task_queue)  # fmt: skip
     nodes = FLEET.layout()[RACK]
     faulted = await fabric.fault(RACK, origin=nodes[5])
-    since = len(await k8s.audit())
+    since = await k8s.audit_cursor()
     inp = RackRemediationInput.model_validate({"cluster": "lab", "domain": RACK, "reason": "NVLink fabric down",
                                                "requested_by": "oncall", **rack_settings(tray_bmcs, RACK)})  # fmt: skip
     result = await (await client.start_workflow(RackRemediation.run, inp, id=inp.workflow_id(),
@@ -102,3 +113,66 @@ async def test_an_operator_remediates_a_faulted_rack_whole(client, rem_worker, k
     assert not [e for e in writes if e["name"] in others and unschedulable_after(e) is not None]
     with contextlib.suppress(Exception):
         await client.get_workflow_handle(inp.workflow_id()).terminate()
+
+
+async def test_a_domain_wide_fault_is_remediated_once_and_whole(client, rem_worker, k8s, fabric, tray_bmcs,
+                                                                kubeconfig_path, monkeypatch):  # fmt: skip
+    """The issue's case, from the event path: one RackRemediation, no NodeRemediation power-cycling a node of the
+    domain, the domain out of service at once within the budget, every tray cycled once in order, the domain check
+    run, all 18 nodes back together; a second fault on the rack while it runs starts nothing new."""
+    from tests.workflows.remediation.test_fault_events import payload, post, running_event_path
+
+    await budget_set(client, "lab", count=18, nvlink_domains=1, by="sre", reason="a rack at a time",
+                     task_queue=rem_worker.task_queue)  # fmt: skip
+    layout = FLEET.layout()
+    nodes = layout[RACK]
+    settings = rack_settings(tray_bmcs, RACK)
+    escalation = {"rack": {k: v for k, v in settings.items() if k not in ("bmcs", "switch_bmcs")},
+                  "switch_trays": {r: [bmc(tray_bmcs, t) for t in FLEET.switch_tray_names(r)] for r in layout}}  # fmt: skip
+    every_bmc = {n: bmc(tray_bmcs, n) for ns in layout.values() for n in ns}
+    since = await k8s.audit_cursor()
+    async with running_event_path(client, rem_worker, kubeconfig_path, monkeypatch, hold=1.0, bmcs=every_bmc,
+                                  escalation=escalation) as (events, url):  # fmt: skip
+        await fabric.fault(RACK, origin=nodes[11])
+        handle = client.get_workflow_handle(f"rack-remediation/lab/{RACK}", result_type=RackRemediationResult)
+        await wait_for(lambda: running(handle), what="the rack's remediation")
+        # A second fault on the rack while it runs: an XID alert for one of its nodes.
+        status, answer = await post(url, payload(nodes[3], alertname="GpuXid149"))
+        assert status == 200 and answer["outcomes"][0]["status"] == "escalated", answer
+        result = await handle.result()
+        outcomes = list(events.recent)
+
+    assert result.outcome == "healthy", result
+    assert sorted(result.returned) == sorted(nodes)
+    assert {o.status for o in outcomes} <= {"escalated", "already-running"}, outcomes  # no NodeRemediation
+    assert {o.node for o in outcomes} >= set(nodes) and {o.workflow_id for o in outcomes} == {handle.id}
+    assert len([o for o in outcomes if o.detail.startswith("started")]) == 1, outcomes  # one rack run
+    runs = [e async for e in client.list_workflows("WorkflowType = 'RackRemediation' OR WorkflowType = "
+                                                   "'NodeRemediation'") if e.id.startswith(("rack-remediation/lab/",
+                                                                                           "remediation/lab/"))]  # fmt: skip
+    assert [r.id for r in runs if r.id.startswith("remediation/lab/") and r.id.split("/")[-1] in nodes] == []
+
+    # Every tray cycled once, in order; nothing else powered.
+    history = fabric.history(RACK)
+    assert history is not None and history.recovered_at is not None
+    switches = FLEET.switch_tray_names(RACK)
+    assert [(p.tray, p.power) for p in history.power] == (
+        [(n, "Off") for n in nodes] + [(s, "Off") for s in switches] + [(s, "On") for s in switches]
+        + [(n, "On") for n in nodes])  # fmt: skip
+    async with BmcAdmin(tray_bmcs.url) as admin:
+        resets = [e for e in await admin.audit(writes=True) if e.get("reset_type")]
+    assert sorted({e["server"] for e in resets}) == sorted([*nodes, *switches])
+    assert all(len([e for e in resets if e["server"] == t]) == 2 for t in [*nodes, *switches])
+
+    # Out of service at once, within the budget: every cordon before the first power-off; all back together.
+    writes = await writes_to_nodes(k8s, since)
+    cordoned_at: dict[str, int] = {}
+    uncordoned_at: dict[str, int] = {}
+    for e in writes:  # the first write that left each node cordoned, and the first after it that left it not
+        if unschedulable_after(e) is True:
+            cordoned_at.setdefault(e["name"], e["seq"])
+        elif unschedulable_after(e) is False and e["name"] in cordoned_at:
+            uncordoned_at.setdefault(e["name"], e["seq"])
+    assert sorted(cordoned_at) == sorted(nodes) == sorted(uncordoned_at)
+    assert max(cordoned_at.values()) < min(uncordoned_at.values())
+    assert "passed" in result.domain_check
