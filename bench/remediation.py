@@ -2,6 +2,7 @@
 
     python -m bench.remediation --nodes 100
     python -m bench.remediation --nodes 1000 --faults 30
+    python -m bench.remediation --racks 8 --domain-faults 2    (NVL72 racks: bench/rack_faults.py)
 
 Seeds the Kubernetes emulator with N GPU nodes (one labelled `millwright.dev/remediation=false`), runs a worker
 process as deploy/ runs it, with the event path on (MILLWRIGHT_FAULT_EVENTS: the node watch and the Alertmanager
@@ -243,6 +244,17 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for the last cordon")
     parser.add_argument("--seed", type=int, default=27)
     parser.add_argument("--breaker-percent", type=int, default=50, help="the remediations' breaker.max_percent")
+    racks = parser.add_argument_group("NVL72 racks (bench/rack_faults.py): domain-wide faults, node by node and whole")
+    racks.add_argument("--racks", type=int, default=0, help="NVL72 racks (18 trays each); 0: the node bench above")
+    racks.add_argument("--domain-faults", type=int, default=2, help="racks given a domain-wide NVLink fault")
+    racks.add_argument("--budget-racks", type=int, default=2, help="the budget: this many racks of nodes and domains")
+    racks.add_argument("--power-delay", type=float, default=0.2, help="seconds a tray's BMC takes to change power")
     parsed = parser.parse_args()
     parsed.faults = parsed.faults or max(6, parsed.nodes // 50)
-    asyncio.run(main(parsed))
+    if parsed.racks:
+        from bench import rack_faults
+
+        parsed.spread = min(parsed.spread, 10.0)
+        asyncio.run(rack_faults.main(parsed))
+    else:
+        asyncio.run(main(parsed))

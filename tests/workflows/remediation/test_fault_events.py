@@ -319,12 +319,12 @@ def test_an_alert_names_its_node_by_the_documented_labels_in_order(labels, node)
 
 async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_fault_its_node_remediation(
         client, rack_worker, k8s, core, names, kubeconfig_path, monkeypatch):  # fmt: skip
-    """Two racks of four: three nodes of rack-a go GpuHealthy=False with their clique label gone at once, one node of
-    rack-b alone; then the fourth node of rack-a, while the rack's run runs."""
+    """Two racks of four: three nodes of rack-east go GpuHealthy=False with their clique label gone at once, one node of
+    rack-west alone; then the fourth node of rack-east, while the rack's run runs."""
     where = await seed_racks(k8s, names)
-    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-a", "rack-b"))
+    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-east", "rack-west"))
     since = datetime.now(UTC)
-    rack_id = rack_workflow_id("lab", "rack-a")
+    rack_id = rack_workflow_id("lab", "rack-east")
     # Four of eight nodes sick: min_healthy (51 %) would refuse them all; this test is about escalation.
     async with running_event_path(client, rack_worker, kubeconfig_path, monkeypatch, hold=2.0,
                                   min_healthy={"percent": 0}, require_approval_for=["restart-gpu-services"],
@@ -352,10 +352,10 @@ async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_fault_its_node
             lone = outcome_of(rack_b[0])
             assert lone.status == "started" and lone.workflow_id == remediation_workflow_id("lab", rack_b[0]), lone
 
-            # Exactly what was started: one RackRemediation of rack-a, no NodeRemediation of its nodes.
+            # Exactly what was started: one RackRemediation of rack-east, no NodeRemediation of its nodes.
             rack_run = client.get_workflow_handle(rack_id)
             started = await rack_run.query(RackStandIn.started_with)
-            assert started.domain == "rack-a" and started.cluster == "lab" and started.reason in starter.detail
+            assert started.domain == "rack-east" and started.cluster == "lab" and started.reason in starter.detail
             assert started.node_remediation.require_approval_for == ["restart-gpu-services"]
             assert await started_since(client, rack_id, since)
             for node in rack_a:

@@ -99,7 +99,7 @@ def test_the_breaker_never_lets_remediation_take_more_than_its_share(total, perc
     b, s = Breaker(), BreakerSettings(max_percent=percent)
     admitted: set[int] = set()
     refused_from = None
-    for i, n in enumerate(nodes):
+    for i, n in enumerate(n % total for n in nodes):  # a cluster of `total` nodes has no more to remediate
         if b.admit(f"n{n}", f"r/{n}", total, s, NOW) is None:
             assert refused_from is None
             admitted.add(n)

@@ -141,16 +141,16 @@ async def test_max_remediations_and_dry_run(client, rem_worker, k8s, names):
 
 
 async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_node_its_own(client, rack_worker, k8s, names):
-    """Two racks of four: three nodes of rack-a unhealthy with their clique label gone, one node of rack-b; a second
-    sweep while rack-a's run runs starts nothing new."""
+    """Two racks of four: three nodes of rack-east unhealthy with their clique label gone, one node of rack-west; a second
+    sweep while rack-east's run runs starts nothing new."""
     where = racks(names)
-    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-a", "rack-b"))
+    rack_a, rack_b = ([n for n, r in where.items() if r == rack] for rack in ("rack-east", "rack-west"))
     sick = [{"type": "GpuHealthy", "status": "False", "reason": "XidErrors"}]
     labels = {n: {TOPOGRAPH_ACCELERATOR_LABEL: r} | ({} if n in rack_a[:3] else {CLIQUE_LABEL: f"{DOMAINS[r]}.1"})
               for n, r in where.items()}  # fmt: skip
     await k8s.seed(fleet(list(where), labels=labels, conditions={n: sick for n in [*rack_a[:3], rack_b[0]]}))
     since = datetime.now(UTC)
-    rack_id = rack_workflow_id("lab", "rack-a")
+    rack_id = rack_workflow_id("lab", "rack-east")
     # max_remediations 1 (the default) bounds NodeRemediations: a domain's nodes are held and escalated whole.
     inp = FleetHealthSweepInput(clusters=["lab"], checks={"host_agent": False, "bmc": False},
                                 min_healthy={"percent": 0}, slice_size=3,  # a domain split over slices
@@ -175,7 +175,7 @@ async def test_a_sick_domain_gets_one_rack_remediation_and_a_lone_node_its_own(c
         assert "escalated to their domain's RackRemediation 3" in await current_details(handle)
 
         started = await client.get_workflow_handle(rack_id).query(RackStandIn.started_with)
-        assert started.domain == "rack-a" and started.reason == entries[rack_a[0]].detail.split(": ", 1)[1]
+        assert started.domain == "rack-east" and started.reason == entries[rack_a[0]].detail.split(": ", 1)[1]
         assert started.node_remediation.require_approval_for == ["restart-gpu-services"]
         assert await started_since(client, rack_id, since)
         for node in rack_a:
