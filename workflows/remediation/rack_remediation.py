@@ -6,10 +6,11 @@ Power-cycling such a rack node by node waits 18 turns in the budget while the ra
 (ID `rack-remediation/<cluster>/<rack>`, so a domain is never remediated twice at once) takes it whole:
 
   read the domain's nodes (activities/kube/racks.py `read_rack`: by rack, so a node whose clique label the fault
-  took off is found) and each tray's BMC and place in the rack (`Chassis/CBC_0`'s ComputeTrayIndex) → tell the
-  nodes' own NodeRemediations to stand down and wait (bounded) for them to end → lease every node at once from the
-  cluster's budget (one group: all or none, within the NVLink-domain limit; the breaker judges the domain as one
-  request) → cordon every node → drain them together (a gang across the domain is evicted once) → with
+  took off is found) and each tray's BMC → tell the nodes' own NodeRemediations to stand down and wait (bounded)
+  for them to end → lease every node at once from the cluster's budget (one group: all or none, within the
+  NVLink-domain limit; the breaker judges the domain as one request) → cordon every node → drain them together (a
+  gang across the domain is evicted once), reading meanwhile each tray's place in the rack (`Chassis/CBC_0`'s
+  ComputeTrayIndex) → with
   `require_approval_for: [power-cycle]`, an operator's `approve` → the power sequence, one tray at a time: the
   compute trays Off in tray order, the NVLink switch trays Off, the switch trays On, the compute trays On in tray
   order (the fabric is up before the compute trays boot) → every node Ready with a new boot ID within
@@ -155,14 +156,11 @@ class RackRemediation:
         if unknown:
             return self._finish(result, "refused", f"no BMC known for {', '.join(unknown)}: the rack cannot be "
                                 "power-cycled (give them in `bmcs`, or set `netbox`)")  # fmt: skip
-        trays = await self._trays(bmcs)
-        names = sorted(view.names, key=lambda n: (trays[n].index is None, trays[n].index or 0, n))
-        self._status.nodes = [RackNodeState(node=n, tray=trays[n].index) for n in names]
-        self._status.power_order = [*names, *(f"switch tray {i}" for i in range(len(inp.switch_bmcs)))]
-        result.nodes = names
+        self._status.nodes = [RackNodeState(node=n) for n in view.names]
+        result.nodes = names = view.names
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
         if inp.dry_run:
-            return self._finish(result, "dry-run", self._plan(view, names))
+            return self._finish(result, "dry-run", self._plan(view, await self._tray_order(bmcs, result)))
         await self._stand_down(names)
         if inp.disruption_budget and not await self._lease(names, result):
             return result
@@ -194,6 +192,18 @@ class RackRemediation:
                 if bmc is not None:
                     bmcs[node] = bmc
         return bmcs
+
+    async def _tray_order(self, bmcs: dict[str, BmcRef], result: RackRemediationResult) -> list[str]:
+        """The nodes in tray order (ComputeTrayIndex; a tray without one after, by name), shown in the status."""
+        trays = await self._trays(bmcs)
+        names = sorted(bmcs, key=lambda n: (trays[n].index is None, trays[n].index or 0, n))
+        for n in names:
+            self._node(n).tray = trays[n].index
+        self._status.nodes.sort(key=lambda state: names.index(state.node))
+        self._status.power_order = [*names, *(f"switch tray {i}" for i in range(len(self._inp.switch_bmcs)))]
+        result.nodes = names
+        self._details()
+        return names
 
     async def _trays(self, bmcs: dict[str, BmcRef]) -> dict[str, TrayPlace]:
         async def tray(node: str) -> TrayPlace:
@@ -249,7 +259,9 @@ class RackRemediation:
         self._enter("cordoning", f"{len(names)} nodes")
         await self._each(names, self._cordon)
         self._enter("draining", f"{len(names)} nodes together")
-        await self._drain(names)
+        # Where each tray sits is read beside the drains: it orders the power sequence only, and the domain goes out
+        # of service without waiting for 18 BMCs.
+        names, _ = await asyncio.gather(self._tray_order(bmcs, result), self._drain(names))
         if "power-cycle" in inp.require_approval_for:
             decision, who = await self._approval()
             if decision == "reject":
