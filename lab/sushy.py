@@ -79,6 +79,7 @@ class SushyTools(ChildProcess):
 
     module = "lab.sushy"
     name = "lab-sushy-tools"
+    binds_own_port = False  # sushy-emulator listens where it is told and cannot say where it bound
 
     def __init__(
         self,

@@ -23,6 +23,10 @@ class ChildProcess:
 
     module = ""
     name = "child"
+    # Given no port, the child binds one the system picks (`--port 0`) and says which in its ready file: a port picked
+    # here and bound there could be taken meanwhile (a lab of 108 BMC ports binds many at once). False: the child
+    # needs a port named to it, picked here (lab/sushy.py).
+    binds_own_port = True
 
     def __init__(
         self,
@@ -59,7 +63,7 @@ class ChildProcess:
             "--host",
             self.host,
             "--port",
-            str(self.port if self.port is not None else free_port(self.host)),
+            str(self.port if self.port is not None else 0 if self.binds_own_port else free_port(self.host)),
             "--ready-file",
             ready_file,
         ]
