@@ -62,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,7 +78,8 @@ EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.js
 BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
 FIRMWARE_TEMPLATE = EXAMPLES / "firmware-update.json"
 FLEET_FIRMWARE_TEMPLATE = EXAMPLES / "fleet-firmware-update.json"
-BMC_EXAMPLES = ("server-burn-in", "firmware-update", "fleet-firmware-update")  # the copies with the BMCs' URLs
+# The copies with the BMCs' URLs (the last: `rack remediate`'s settings for the NVL72 cluster's first rack)
+BMC_EXAMPLES = ("server-burn-in", "firmware-update", "fleet-firmware-update", "rack-001-remediation")
 WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
 WEBHOOK_IN_EXAMPLES = f"http://{LOOPBACK}:{WEBHOOK_PORT}"
 BMC_USER = "admin"
@@ -687,9 +689,11 @@ class Lab:
             await asyncio.sleep(0.2)
         raise LabError(f"the worker did not start polling in {self.timeout:.0f}s; see {self.children['worker'].log}")
 
-    async def declare_budget(self, address: str, cluster: str) -> None:
-        """The lab's operator declares its cluster's disruption budget with the CLI, as one would in a factory
-        (docs/disruption-budget.md: no requester sets it); an already declared one (a restarted lab) is set again."""
+    async def declare_budget(self, address: str, cluster: str, count: int = LAB_BUDGET_NODES,
+                             *limits: str) -> None:  # fmt: skip
+        """The lab's operator declares a cluster's disruption budget with the CLI, as one would in a factory
+        (docs/disruption-budget.md: no requester sets it); an already declared one (a restarted lab) is set again.
+        `limits`: more `budget set` options (the NVL72 cluster's: one NVLink domain at a time)."""
         command = [
             sys.executable,
             "-m",
@@ -698,7 +702,8 @@ class Lab:
             "set",
             cluster,
             "--count",
-            str(LAB_BUDGET_NODES),
+            str(count),
+            *limits,
             "--by",
             "millwright lab",
             "--reason",
@@ -710,7 +715,11 @@ class Lab:
         done = await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise LabError(f"declaring the lab's disruption budget failed: {(done.stderr or done.stdout).strip()}")
-        self.info["budget"] = f"{LAB_BUDGET_NODES} nodes of {cluster} out of service at once"
+        self.info.setdefault("budgets", {})[cluster] = f"{count} nodes out of service at once" + (
+            f" ({' '.join(limits)})" if limits else ""
+        )
+        if cluster == self.info["kubernetes"]["cluster"]:
+            self.info["budget"] = f"{count} nodes of {cluster} out of service at once"
 
     # -------------------------------------------------------------- examples with this lab's values
 
@@ -745,6 +754,15 @@ class Lab:
             ])  # fmt: skip
             written["fleet-firmware-update"] = out_dir / "fleet-firmware-update.json"
             written["fleet-firmware-update"].write_text(json.dumps(fleet, indent=2) + "\n")
+        nvl72_bmc = (self.info.get("nvl72") or {}).get("bmc")
+        if nvl72_bmc:  # `millwright rack remediate rack-001 --settings` this: each tray's BMC, the rack's switch trays
+            ref = {"credentials": nvl72_bmc["credentials"], **({"ca_bundle": nvl72_bmc["ca_bundle"]}
+                                                              if nvl72_bmc.get("ca_bundle") else {})}  # fmt: skip
+            rack = sorted(nvl72_bmc["switch_trays"])[0]
+            settings = {"bmcs": {n: {"url": u, **ref} for n, u in nvl72_bmc["servers"].items()},
+                        "switch_bmcs": [{"url": u, **ref} for u in nvl72_bmc["switch_trays"][rack].values()]}  # fmt: skip
+            written[f"{rack}-remediation"] = out_dir / f"{rack}-remediation.json"
+            written[f"{rack}-remediation"].write_text(json.dumps(settings, indent=2) + "\n")
         if webhook:
             for path in sorted(EXAMPLES.glob("*.json")):
                 text = path.read_text()
@@ -827,6 +845,10 @@ class Lab:
         self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
         await self.wait_worker_polling(server.address)
         await self.declare_budget(server.address, fleet.cluster)
+        if self.info.get("nvl72"):  # a RackRemediation takes a whole rack: 18 trays, one NVLink domain at a time
+            from lab.nvl72 import TRAYS_PER_RACK
+
+            await self.declare_budget(server.address, NVL72_CLUSTER, TRAYS_PER_RACK, "--nvlink-domains", "1")
         self.service("worker", "ready", f"task queue {self.task_queue}, metrics {self.info['worker']['metrics']}")
         examples = self.write_examples(bmc, webhook)
 
@@ -869,6 +891,25 @@ class Lab:
         finally:
             await api.close()
 
+    def print_nvl72(self, line: Callable[[str, str], None], kubeconfig: Path, examples: dict[str, Path]) -> None:
+        """The NVL72 cluster's lines of the banner: its emulator, BMCs, rack faults, and a rack's remediation."""
+        if not self.info.get("nvl72"):
+            return
+        nvl72 = self.info["nvl72"]
+        line(
+            "NVL72",
+            f"{nvl72['url']} (cluster {NVL72_CLUSTER!r}: {nvl72['holds']}; kubectl --context {NVL72_CLUSTER})",
+        )
+        if nvl72.get("bmc"):
+            line("NVL72 BMCs", nvl72_bmcs(nvl72["bmc"]))
+        if nvl72.get("racks"):
+            line("rack faults", f"curl -X POST {nvl72['racks']}/_lab/racks/rack-001/fabric-fault   (the rack's "
+                 f"state and history: curl {nvl72['racks']}/_lab/racks/rack-001)")  # fmt: skip
+        if "rack-001-remediation" in examples:
+            line("rack", f"millwright rack remediate rack-001 --cluster {NVL72_CLUSTER} --reason 'NVLink fabric "
+                 f"down' --by you --kubeconfig {kubeconfig.resolve()} --settings "
+                 f"{examples['rack-001-remediation']}   (then `rack status`; the budget: a rack at a time)")  # fmt: skip
+
     def print_addresses(self, server: DevServer, kubeconfig: Path, examples: dict[str, Path]) -> None:
         services = self.info["services"]
         where = "" if self.state_dir == Path(".millwright").absolute() else f" --state-dir {self.state_dir}"
@@ -879,17 +920,7 @@ class Lab:
         line("Temporal UI", server.ui_url)
         line("Temporal", f"{server.address} (namespace default, task queue {self.task_queue})")
         line("Kubernetes", f"{self.info['kubernetes']['url']} (cluster {self.info['kubernetes']['cluster']!r})")
-        if self.info.get("nvl72"):
-            nvl72 = self.info["nvl72"]
-            line(
-                "NVL72",
-                f"{nvl72['url']} (cluster {NVL72_CLUSTER!r}: {nvl72['holds']}; kubectl --context {NVL72_CLUSTER})",
-            )
-            if nvl72.get("bmc"):
-                line("NVL72 BMCs", nvl72_bmcs(nvl72["bmc"]))
-            if nvl72.get("racks"):
-                line("rack faults", f"curl -X POST {nvl72['racks']}/_lab/racks/rack-001/fabric-fault   (the rack's "
-                     f"state and history: curl {nvl72['racks']}/_lab/racks/rack-001)")  # fmt: skip
+        self.print_nvl72(line, kubeconfig, examples)
         line("kubeconfig", str(kubeconfig.resolve()))
         line("worker", f"metrics {self.info['worker']['metrics']}, logs in {self.state_dir}/")
         if self.info.get("bmc"):

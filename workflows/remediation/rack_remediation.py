@@ -239,6 +239,7 @@ class RackRemediation:
         inp = self._inp
 
         def waiting(lease: Any) -> None:
+            self._status.note = f"waiting for the budget: {lease.note}"  # why it waits, in its status too
             self._enter("waiting-for-budget", f"all {len(names)} nodes at once: {lease.note}")
 
         self._enter("waiting-for-budget", f"a lease on all {len(names)} nodes of {self._status.rack} at once")
@@ -250,7 +251,7 @@ class RackRemediation:
             self._finish(result, "refused", refused[0].note)
             return False
         self._leased = list(names)
-        self._status.lease = True
+        self._status.lease, self._status.note = True, ""
         return True
 
     async def _remediate(self, view: RackView, names: list[str], bmcs: dict[str, BmcRef],
