@@ -22,7 +22,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.kube import node_marks as marks
-from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT, ClusterConnector
+from activities.kube.connector import REQUEST_TIMEOUT, ClusterConnector
 from activities.kube.drain import (
     GPU_RESOURCE,
     MIG_RESOURCE_PREFIX,
@@ -153,22 +153,10 @@ def mig_node(node: k8s.V1Node, selected: bool, dra: list[dict] | None = None) ->
 
 
 class MigActivities(NodeActivities):
-    """The MIG activities; a node's reads and pod listing are NodeActivities'."""
+    """The MIG activities; a node's reads, node and pod listing are NodeActivities'."""
 
     def __init__(self, connector: ClusterConnector) -> None:
         super().__init__(connector)
-
-    async def _list_nodes(self, cluster: str, selector: str | None) -> list[k8s.V1Node]:
-        core = await self._clusters.core(cluster)
-        nodes: list[k8s.V1Node] = []
-        token = None
-        while True:
-            page = await api_call("listing nodes", core.list_node(label_selector=selector or None, limit=LIST_CHUNK,
-                                                                  _continue=token, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
-            nodes.extend(page.items)
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return nodes
 
     async def _dra_devices(self, cluster: str, node: str | None = None) -> dict[str, list[dict]]:
         """Node → the devices of its ResourceSlices from NVIDIA's DRA driver (`node`: that node's only); empty where

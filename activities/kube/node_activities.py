@@ -207,6 +207,19 @@ class NodeActivities:
             )
         self._watches.wrote(cluster, NODES, node, stored.metadata.resource_version)
 
+    async def _list_nodes(self, cluster: str, selector: str | None) -> list[k8s.V1Node]:
+        """Every node matching the label selector (None: every node), read in pages."""
+        core = await self._clusters.core(cluster)
+        nodes: list[k8s.V1Node] = []
+        token = None
+        while True:
+            page = await api_call("listing nodes", core.list_node(label_selector=selector or None, limit=LIST_CHUNK,
+                                                                  _continue=token, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
+            nodes.extend(page.items)
+            token = page.metadata._continue if page.metadata else None
+            if not token:
+                return nodes
+
     async def _pods_on_node(self, cluster: str, node: str, label_selector: str | None) -> list[k8s.V1Pod]:
         core = await self._clusters.core(cluster)
         pods: list[k8s.V1Pod] = []

@@ -21,11 +21,10 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.kube.connector import LIST_CHUNK, REQUEST_TIMEOUT
-from activities.kube.errors import api_call
-from activities.kube.models import CORDONED_BY, JOB_NAMESPACE, JOB_STAGE_LABEL, JOB_TTL_SECONDS, JOB_WAIT_SLACK_SECONDS
+from activities.kube.connector import REQUEST_TIMEOUT
+from activities.kube.models import JOB_NAMESPACE, JOB_STAGE_LABEL, JOB_TTL_SECONDS, JOB_WAIT_SLACK_SECONDS
 from activities.kube.rollout_activities import RolloutNodeActivities
-from activities.kube.stages import label_value, read_json, short_hash
+from activities.kube.stages import label_value, node_info, read_json, short_hash
 from activities.kube.topology import NodePlace, TopologyLabels, place_of
 from activities.models import StrictModel
 
@@ -75,6 +74,8 @@ class RackView(StrictModel):
 class FabricWait(StrictModel):
     cluster: str
     nodes: list[str]
+    rack: str | None = Field(None, description="The nodes' rack label value: only the rack's nodes are read at each "
+                             "look; None: every node with a clique label.")  # fmt: skip
     topology: TopologyLabels = Field(default_factory=TopologyLabels)
     timeout_seconds: float = Field(gt=0)
 
@@ -105,34 +106,19 @@ def _name(node: k8s.V1Node) -> str:
 
 
 def _member(node: k8s.V1Node, keys: TopologyLabels) -> RackMember:
-    md, status = node.metadata, node.status
-    annotations = md.annotations or {}
+    status = node.status
     alloc = (status.allocatable if status else None) or {}
     try:
         gpus = int(str(alloc.get("nvidia.com/gpu", "0")))
     except ValueError:
         gpus = 0
-    return RackMember(
-        place=place_of(_name(node), md.labels or {}, keys),
-        ready=any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else None) or []),
-        unschedulable=bool(node.spec and node.spec.unschedulable), cordoned_by=annotations.get(CORDONED_BY),
-        boot_id=(status.node_info.boot_id or "") if status and status.node_info else "", gpus=gpus,
-    )  # fmt: skip
+    info = node_info(node)
+    return RackMember(place=place_of(info.name, node.metadata.labels or {}, keys), ready=info.ready,
+                      unschedulable=info.unschedulable, cordoned_by=info.cordoned_by, boot_id=info.boot_id or "",
+                      gpus=gpus)  # fmt: skip
 
 
 class RackActivities(RolloutNodeActivities):
-    async def _list_nodes(self, cluster: str, selector: str | None) -> list[k8s.V1Node]:
-        core = await self._clusters.core(cluster)
-        nodes: list[k8s.V1Node] = []
-        token = None
-        while True:
-            page = await api_call("listing nodes", core.list_node(label_selector=selector, limit=LIST_CHUNK,
-                                                                   _continue=token, _request_timeout=REQUEST_TIMEOUT))  # fmt: skip
-            nodes.extend(page.items)
-            token = page.metadata._continue if page.metadata else None
-            if not token:
-                return nodes
-
     async def _rack_nodes(self, cluster: str, rack_label: str, rack: str) -> list[k8s.V1Node]:
         return await self._list_nodes(cluster, f"{rack_label}={rack}") if _LABEL_VALUE.match(rack) else []
 
@@ -163,9 +149,11 @@ class RackActivities(RolloutNodeActivities):
         writes it once the fabric manager's state is complete), or `timeout_seconds`: the state either way."""
         deadline = time.monotonic() + req.timeout_seconds
         wanted = set(req.nodes)
+        keys = req.topology
+        selector = f"{keys.rack}={req.rack},{keys.clique}" if req.rack else keys.clique
         while True:
-            places = {m.place.node: m.place for n in await self._list_nodes(req.cluster, req.topology.clique)
-                      if _name(n) in wanted for m in [_member(n, req.topology)]}  # fmt: skip
+            places = {p.node: p for n in await self._list_nodes(req.cluster, selector)
+                      if (p := place_of(_name(n), n.metadata.labels or {}, keys)).node in wanted}  # fmt: skip
             missing = sorted(wanted - set(places))
             domains = sorted({p.domain for p in places.values()})
             state = FabricState(complete=not missing and len(domains) == 1, missing=missing, domains=domains)

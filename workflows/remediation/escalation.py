@@ -61,8 +61,10 @@ class RackEscalation(StrictModel):
 
     def rack_for(self, rack: str) -> dict:
         """`rack`'s RackRemediation settings, its own switch trays in them."""
-        return {**self.rack.model_dump(), "switch_bmcs": [b.model_dump() for b in self.switch_trays[rack]]
-                if rack in self.switch_trays else self.rack.model_dump()["switch_bmcs"]}  # fmt: skip
+        settings = self.rack.model_dump()
+        if rack in self.switch_trays:
+            settings["switch_bmcs"] = [b.model_dump() for b in self.switch_trays[rack]]
+        return settings
 
     def label_keys(self) -> list[str]:
         """The node labels the health reads need for the decision: where each node sits."""

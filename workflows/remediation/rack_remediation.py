@@ -276,8 +276,10 @@ class RackRemediation:
             raise _DomainFailed(f"no node came back Ready within {inp.ready_timeout}")
         up = [n for n in names if n not in late]
         self._enter("waiting-for-fabric", f"the clique label on {len(up)} nodes")
+        racks = {m.place.rack for m in view.nodes}
+        rack = racks.pop() if len(racks) == 1 else None  # one rack: only its nodes are read at each look
         fabric: FabricState = await self._calls.execute(
-            KubeActivities.wait_fabric, FabricWait(cluster=inp.cluster, nodes=up, topology=inp.topology,
+            KubeActivities.wait_fabric, FabricWait(cluster=inp.cluster, nodes=up, topology=inp.topology, rack=rack,
                                                    timeout_seconds=inp.fabric_timeout.total_seconds()),
             start_to_close_timeout=inp.fabric_timeout + timedelta(minutes=1), heartbeat_timeout=HEARTBEAT,
             retry_policy=API_RETRY, endpoint=kubernetes_api(inp.cluster), summary="wait for the NVLink fabric")  # fmt: skip
