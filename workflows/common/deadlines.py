@@ -15,6 +15,7 @@ cancelled in the same workflow task costs none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -50,11 +51,9 @@ class Deadline:
 
     async def wait(self, condition, *, at_most: timedelta | None = None, summary: str | None = None) -> bool:
         """Until `condition()`, the deadline passes or `at_most` (a poll interval); True when `condition()`."""
-        try:
+        with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(lambda: condition() or self._passed,
                                           timeout=at_most, timeout_summary=summary)  # fmt: skip
-        except TimeoutError:
-            pass
         return bool(condition())
 
     def cancel(self) -> None:
