@@ -25,7 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_PACKAGE_LABEL, JOB_STAGE_LABEL, Stage
 from lab.k8s.controllers.kubelet import job_seconds
-from lab.loopback import LOOPBACK, free_port
+from lab.loopback import LOOPBACK, AdminClient, free_port
 from lab.temporal import search_attribute_args, task_queue_poller_identities
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,6 +232,17 @@ async def history_lengths(client: Client, *prefixes: str) -> list[int]:
     return [execution.history_length async for execution in client.list_workflows(_started_with(prefixes))]
 
 
+async def batch_spans(client: Client, workflow_type: str, *prefixes: str) -> list[tuple[float, float]]:
+    """Each batch's (start, close) as epoch seconds (a `workflow_type` child), in start order."""
+    return sorted(
+        [
+            (execution.start_time.timestamp(), execution.close_time.timestamp())
+            async for execution in client.list_workflows(_started_with(prefixes))
+            if execution.workflow_type == workflow_type and execution.close_time is not None
+        ]
+    )
+
+
 async def batch_timeline(client: Client, workflow_type: str, *prefixes: str) -> tuple[list[float], list[float]]:
     """Each batch's wall time (a `workflow_type` child, start to close) and the gaps between one batch's close and
     the next one's start, in start order: where a fleet's time goes, inside its batches or between them."""
@@ -263,3 +274,77 @@ async def event_kinds(client: Client, *prefixes: str) -> Counter[str]:
                 kind = "activity"
             kinds[kind] += 1
     return kinds
+
+
+class AuditWrites:
+    """An emulator's audit log of writes, read as it grows (`follow`: every 10 s) so that its retention
+    (lab/k8s/store.py AUDIT_MAX) loses nothing of a long run."""
+
+    def __init__(self, admin: AdminClient) -> None:
+        self._admin, self._next, self.entries = admin, 0, list[dict]()
+
+    async def read(self) -> list[dict]:
+        """Every write so far."""
+        page = await self._admin.audit_page(self._next, writes=True)
+        self.entries.extend(page["entries"])
+        self._next = page["next"]
+        return self.entries
+
+    async def follow(self, every: float = 10) -> None:
+        while True:
+            await self.read()
+            await asyncio.sleep(every)
+
+
+def node_steps(writes: list[dict]) -> dict[str, list[tuple[str, float]]]:
+    """Each node's rollout steps as the emulator's audit log (writes) saw them, in time order: `cordon`, each stage
+    Job's creation by its stage (`apply`, `config`, `interrupt`, `post-interrupt`), `uncordon`."""
+    steps: dict[str, list[tuple[str, float]]] = {}
+    for entry in writes:
+        if not 200 <= (entry.get("code") or 0) < 300:
+            continue
+        if entry.get("resource") == "nodes" and "nodeAfter" in entry and entry.get("verb") == "patch":
+            changed = any(c.get("path") == ".spec.unschedulable" for c in entry.get("changes") or ())
+            if changed:
+                step = "cordon" if entry["nodeAfter"]["unschedulable"] else "uncordon"
+                steps.setdefault(entry["name"], []).append((step, entry["time"]))
+        elif "jobAfter" in entry:
+            job = entry["jobAfter"]
+            stage = job["labels"].get(JOB_STAGE_LABEL)
+            if stage:
+                steps.setdefault(job["node"], []).append((stage, entry["time"]))
+    return steps
+
+
+def where_batches_went(steps: dict[str, list[tuple[str, float]]], spans: list[tuple[float, float]],
+                       path: list[tuple[str, float]]) -> list[str]:  # fmt: skip
+    """Lines saying where each batch's time beyond the ideal went: from the batch's start to its first cordon, the
+    spread of its cordons, each step's excess over the path's least (mean over nodes, and the batch's worst node),
+    and from its last uncordon to its close; each averaged over the batches."""
+    least = dict(path)
+    # What separates two steps at the least: the Job of the step before (its pod, its run, a reboot's wait).
+    expected = {("cordon", "apply"): 0.0, ("apply", "config"): least.get("apply", 0.0),
+                ("config", "interrupt"): least.get("config", 0.0),
+                ("interrupt", "post-interrupt"): least.get("interrupt pod", 0.0) + least.get("reboot", 0.0),
+                ("post-interrupt", "uncordon"): least.get("post-interrupt", 0.0)}  # fmt: skip
+    parts: dict[str, list[float]] = {}
+    for start, close in spans:
+        nodes = [s for s in steps.values() if s and s[0][0] == "cordon" and start <= s[0][1] <= close]
+        if not nodes:
+            continue
+        cordons = [s[0][1] for s in nodes]
+        uncordons = [s[-1][1] for s in nodes if s[-1][0] == "uncordon"]
+        parts.setdefault("start to first cordon", []).append(min(cordons) - start)
+        parts.setdefault("cordons' spread", []).append(max(cordons) - min(cordons))
+        for (a, b), floor in expected.items():
+            excess = [tb - ta - floor for s in nodes for (sa, ta), (sb, tb) in itertools.pairwise(s)
+                      if (sa, sb) == (a, b)]  # fmt: skip
+            if excess:
+                parts.setdefault(f"{a} to {b} (mean)", []).append(sum(excess) / len(excess))
+                parts.setdefault(f"{a} to {b} (worst)", []).append(max(excess))
+        if uncordons:
+            parts.setdefault("last uncordon to close", []).append(close - max(uncordons))
+            parts.setdefault("first cordon to last uncordon, over the path", []).append(
+                max(uncordons) - min(cordons) - sum(least.values())
+            )
+    return [f"{name}: {sum(v) / len(v):.2f}s (max {max(v):.2f}s)" for name, v in parts.items()]

@@ -38,16 +38,20 @@ from pathlib import Path
 import yaml
 
 from bench.common import (
+    AuditWrites,
     DevServer,
     Workers,
+    batch_spans,
     batch_timeline,
     cpu_seconds,
     event_kinds,
     history_lengths,
     ideal_error,
+    node_steps,
     node_update_path,
     throttled_lines,
     warnings_in,
+    where_batches_went,
 )
 from lab.fleet import Fleet
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
@@ -144,13 +148,18 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     cpu_before = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
                     requests_before = await api_requests(admin)
                     started = time.monotonic()
-                    result = await server.client.execute_workflow(
-                        run,  # type: ignore[misc]  # one of two workflow types, each with its own input model
-                        spec,
-                        id=spec.workflow_id(),
-                        task_queue=pool.task_queue,
-                    )
-                    makespan = time.monotonic() - started
+                    writes = AuditWrites(admin)
+                    following = asyncio.ensure_future(writes.follow())
+                    try:
+                        result = await server.client.execute_workflow(
+                            run,  # type: ignore[misc]  # one of two workflow types, each with its own input model
+                            spec,
+                            id=spec.workflow_id(),
+                            task_queue=pool.task_queue,
+                        )
+                        makespan = time.monotonic() - started
+                    finally:
+                        following.cancel()
                     cpu_after = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
                     lengths = await history_lengths(server.client, spec.workflow_id())
                     worker_cpu, server_cpu, emulator_cpu = (a - b for b, a in zip(cpu_before, cpu_after))
@@ -166,6 +175,11 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                               f"(max {max(durations):.1f}s), between two batches {statistics.mean(gaps or [0]):.1f}s "
                               f"(max {max(gaps or [0]):.1f}s)")  # fmt: skip
                         print(f"{op}: each batch in order (s): " + " ".join(f"{d:.0f}" for d in durations))
+                    if op == "rollout":
+                        steps = node_steps(await writes.read())
+                        spans = await batch_spans(server.client, BATCH_WORKFLOW, spec.workflow_id())
+                        print(f"{op}: where a batch's time went beyond the ideal (mean over batches): "
+                              + "; ".join(where_batches_went(steps, spans, path)))  # fmt: skip
                     asked = await api_requests(admin) - requests_before
                     print(f"{op}: API requests per node by kind: "
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in asked.most_common(8)))  # fmt: skip

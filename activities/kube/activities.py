@@ -289,27 +289,37 @@ class KubeActivities(RackActivities):
             at: dict[str, Any] = {"index": index, "started": float(resumed.get("started") or time.time())}
             done = self._stages_done(result, boot_id)
             sent: list[Any] = [None, 0.0]  # the last beat's place, and when it went
+            what = f"{stage.package} {stage.version} {stage.stage}"
+            core = await self._clusters.core(req.cluster)
+            reason = Stage(stage.stage).event_reason
+            marking: list[asyncio.Future[str]] = []
+
+            def mark() -> None:
+                """The stage's start on the node (its mark and Event), once: as soon as its Job exists, not before
+                nor beside its creation. At a stage change a whole batch writes at once, and the Jobs are the
+                critical path: a mark and an Event queued ahead of each Job made the batch's last node wait for
+                two writes of every other node first (bench/rollout.py's timeline)."""
+                if not marking:
+                    marking.append(asyncio.ensure_future(self._stage_started(core, req, stage, what, reason)))
 
             def beat(more: dict[str, Any]) -> None:
                 at.update(more)
+                if (at.get("job") or {}).get("uid"):
+                    mark()
                 where = (at.get("try"), (at.get("job") or {}).get("uid"), at.get("reboot_deadline"))
                 if where != sent[0] or time.monotonic() - sent[1] >= BEAT_SECONDS:
                     activity.heartbeat({**at, **done})
                     sent[:] = [where, time.monotonic()]
 
-            what = f"{stage.package} {stage.version} {stage.stage}"
-            core = await self._clusters.core(req.cluster)
-            reason = Stage(stage.stage).event_reason
-            # The start's mark and Event go beside the Job's creation, not before it: at a stage change a whole
-            # batch writes at once, and two round trips ahead of each Job were two queues for the batch's last node.
-            marking = asyncio.ensure_future(self._stage_started(core, req, stage, what, reason))
             try:
                 record = await self._stage_tries(req, stage, resumed, beat)
             except BaseException:  # an error or a cancellation: the retry marks the stage again
-                marking.cancel()
-                await asyncio.gather(marking, return_exceptions=True)
+                for started in marking:
+                    started.cancel()
+                await asyncio.gather(*marking, return_exceptions=True)
                 raise
-            uid = await marking
+            mark()  # a stage that ended with no Job of its own (one vanished) is marked all the same
+            uid = await marking[0]
             if record.succeeded and is_reboot(stage):
                 record, rebooted = await self._rebooted(req, record, resumed, beat, boot_id)
                 if record.succeeded:

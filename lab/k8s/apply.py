@@ -212,6 +212,7 @@ def applied(
         raise _conflict_error(conflicts)
     for e, p in conflicts:
         e.fields.discard(p)
+        e.stored = None  # encoded again (managedfields.Entry.stored)
     merged = merge(live, config, root)
     if previous is not None:
         still_owned = set(config_set).union(*(e.fields for e in others))

@@ -151,6 +151,10 @@ class Entry:
     ):
         self.manager, self.operation, self.api_version = manager, operation, api_version
         self.fields, self.time, self.subresource = fields, time, subresource
+        # The entry as it was stored (`decode`), for `encode` while its fields are unchanged: encoding FieldsV1
+        # again (sorted) for every write to an object was a tenth of the emulator's CPU in a 1,000-node rollout,
+        # mostly for entries the write did not touch. Whoever changes `fields` sets it None.
+        self.stored: dict | None = None
 
     @property
     def key(self) -> tuple:
@@ -168,6 +172,8 @@ class Entry:
         return s
 
     def encode(self) -> dict:
+        if self.stored is not None:
+            return self.stored
         d = {
             "manager": self.manager,
             "operation": self.operation,
@@ -196,6 +202,7 @@ def decode(managed: Any) -> list[Entry]:
                 m.get("subresource") or "",
             )
         )
+        out[-1].stored = m
     return out
 
 
@@ -221,7 +228,12 @@ def record_update(
     sent = decode(md.get("managedFields"))
     before = (old or {}).get("metadata", {}).get("managedFields")
     # a client that changes managedFields itself (kubectl's client-side-apply upgrade does) is taken at its word
-    entries = sent if sent and md.get("managedFields") != before else decode(before)
+    if sent and md.get("managedFields") != before:
+        entries = sent
+        for e in entries:  # encoded again, as the server stores them
+            e.stored = None
+    else:
+        entries = decode(before)
     old_set = field_set(old, root, subresource) if old else {}
     new_set = field_set(new, root, subresource)
     added = {p for p in new_set if p not in old_set}
@@ -234,7 +246,9 @@ def record_update(
         if e.key == mine.key:
             mine.fields = set(e.fields)
             continue
-        e.fields -= changed | removed
+        if e.fields & (changed | removed):
+            e.fields -= changed | removed
+            e.stored = None  # else kept as it was stored (a stored object is never changed in place)
         kept.append(e)
     mine.fields = (mine.fields | changed) - removed
     md["managedFields"] = encode([*kept, mine])
