@@ -83,13 +83,13 @@ def server_burn_in_path(bmc: dict, boot_delay: float, stress_seconds: float) -> 
     configured time."""
     request, power = float(bmc["request_delay"]), float(bmc["power_delay"])
     looks, seen = _looks(request, power)
+    up = max(seen, power + boot_delay)  # the GPU checks wait for both the power activity and the agent
     return [
         # The root, Systems, the system, UpdateService, 3 collections (each in one `$expand`), the SEL's entries.
         ("inventory and SEL (8 requests)", 8 * request),
         ("boot override Pxe (3)", 3 * request),  # read, PATCH, read back
         ("power On (reset)", request),
-        (f"agent up (the later of {looks} look(s) {seen:.2f} and power {power:.2f} + boot {boot_delay:.2f})",
-         max(seen, power + boot_delay)),  # fmt: skip
+        (f"agent up (the later of {looks} look(s) {seen:.2f}, power {power:.2f} + boot {boot_delay:.2f})", up),
         ("stress", float(stress_seconds)),
         ("SEL after (1)", request),
         ("boot override Hdd (3)", 3 * request),
