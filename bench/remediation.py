@@ -179,9 +179,7 @@ async def main(args: argparse.Namespace) -> int:
     p50, p95, worst = percentile(values, 50), percentile(values, 95), max(values)
     watched = [latencies[n] for n in latencies if injected[n][0] in WATCHED]
     hold = held.hold.total_seconds()
-    # None cordoned, or no hold: nothing to compare with.
-    watched_p95 = percentile(watched, 95) if watched else float("nan")
-    ratio = watched_p95 / hold if hold > 0 else float("nan")
+    watched_p95, ratio, error = cordon_bound(watched, hold)
     report_ms = 1000 * idle_cpu / args.nodes  # the worker's CPU per node status report (one watch event)
     print(f"Event-path remediation: {args.nodes} nodes ({listed} listed by the watch), {args.faults} faults within "
           f"{args.spread:.0f}s, hold {HOLD:.0f}s")  # fmt: skip
@@ -196,7 +194,6 @@ async def main(args: argparse.Namespace) -> int:
     print(f"lower bound: the hold {hold:.2f}s for the watch's faults ({', '.join(WATCHED)}): p95 {watched_p95:.2f}s "
           f"/ {hold:.2f}s = {ratio:.2f}; an alert's is its alert_hold ({held.alert_hold.total_seconds():.2f}s): no "
           f"ratio")  # fmt: skip
-    error = 0 if math.isnan(ratio) else ideal_error(ratio, "fault-to-cordon p95 (the watch's faults)")
     print(f"opted-out {opted_out}: {opted['status']} ({opted['detail']})")
     print(f"worker CPU while idle: {1000 * idle_cpu:.0f} ms over {idle_s:.0f}s in which each of the {args.nodes} nodes "
           f"posted one status report = {report_ms:.3f} ms per node per report; a kubelet reports every 5 minutes "
@@ -209,6 +206,16 @@ async def main(args: argparse.Namespace) -> int:
           f"idle_cpu_ms_per_node_report={report_ms:.3f} load1={os.getloadavg()[0]:.2f} hold_s={hold:.1f} "
           f"cordon_ratio={ratio:.2f} ideal_error={error}")  # fmt: skip
     return error
+
+
+def cordon_bound(watched: list[float], hold: float) -> tuple[float, float, int]:
+    """The fault-to-cordon p95 of the faults the watch saw, its ratio to the hold (their lower bound: a fault is
+    acted on only once it has lasted the hold) and `ideal_error` for that ratio; with none cordoned, or no hold,
+    nothing to compare: nan, and no error."""
+    p95 = percentile(watched, 95) if watched else float("nan")
+    if math.isnan(p95) or hold <= 0:
+        return p95, float("nan"), 0
+    return p95, p95 / hold, ideal_error(p95 / hold, "fault-to-cordon p95 (the watch's faults)")
 
 
 async def watch_listed(http: aiohttp.ClientSession, receiver: str, nodes: int, timeout: float = 120) -> int:

@@ -204,10 +204,12 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     f"server_cpu_ms_per_node={rollout['server_cpu_ms_per_node']:.0f}")  # fmt: skip
     if "mig" in figures:
         mig = figures["mig"]
-        mig_ideal = math.ceil(nodes / batch) * sum(seconds for _, seconds in mig_path)
-        print(f"mig ideal: {math.ceil(nodes / batch)} batches × ({path_text(mig_path)})")
+        mig_batches, mig_node = math.ceil(nodes / batch), sum(seconds for _, seconds in mig_path)
+        mig_ideal = mig_batches * mig_node
+        print(f"mig ideal: {mig_batches} batches × {mig_node:.2f} s ({path_text(mig_path)})")
         error = max(error, ideal_error(mig["makespan"] / mig_ideal, "mig makespan"))
-        last.append(f"mig_makespan_ratio={mig['makespan'] / mig_ideal:.2f} mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
+        last.append(f"mig_makespan_ratio={mig['makespan'] / mig_ideal:.2f} "
+                    f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
                     f"mig_worker_cpu_ms_per_node={mig['worker_cpu_ms_per_node']:.0f}")  # fmt: skip
     print(" ".join(last) + f" throttled={throttled} ideal_error={error}")
     return error
