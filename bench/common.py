@@ -1,6 +1,6 @@
 """What the benchmarks share: the dev server they run against, workers as processes, the CPU time each process
-spent (from /proc), the throttling errors in their logs, the history sizes they report, a node update's least time
-on the emulator (the rollout's ideal) and the check that an ideal was a lower bound."""
+spent (from /proc), the throttling errors in their logs, the history sizes they report, a node update's and a node's
+MIG change's least time on the emulator (the rollout's ideals) and the check that an ideal was a lower bound."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from activities.kube.models import JOB_INTERRUPT_LABEL, JOB_PACKAGE_LABEL, JOB_STAGE_LABEL, Stage
+from lab.k8s import mig
 from lab.k8s.controllers.kubelet import job_seconds
 from lab.loopback import LOOPBACK, AdminClient, free_port
 from lab.temporal import search_attribute_args, task_queue_poller_identities
@@ -47,6 +48,31 @@ def node_update_path(config: dict, package: str, interrupt: str) -> list[tuple[s
             labels[JOB_INTERRUPT_LABEL] = interrupt
         path += job_seconds(config, labels)
     return path
+
+
+def node_mig_path(config: dict, product: str, layout: str, applied: str = mig.DISABLED,
+                  node: str = "") -> list[tuple[str, float]]:  # fmt: skip
+    """One node's critical path through a GpuPartitioning to `layout` on an emulator with this `config` (as `GET
+    /_lab/config` reads it back), for a node of GPU `product` whose GPUs have `applied`: what mig-manager makes it
+    wait at the least (lab/k8s/controllers/migmanager.py): the change `pending` (`migPendingSeconds`, or the node's
+    own `pendingSeconds` in `migNodes`), then, when rebooting is on (`migReboot`, or the node's `reboot`) and the
+    MIG mode changes, the reboot (`rebootSeconds`). The cordon, the label writes and a drain with no GPU pod to
+    evict have no configured time; a node already at its layout has no path."""
+    if layout == applied:
+        return []
+    own = (config.get("migNodes") or {}).get(node) or {}
+    pending = own.get("pendingSeconds")
+    path = [("mig-manager pending", float(config["migPendingSeconds"] if pending is None else pending))]
+    reboot = own.get("reboot")
+    mode_change = (mig.layout(layout, mig.model_of(product), product) is None) != (applied == mig.DISABLED)
+    if (config["migReboot"] if reboot is None else reboot) and mode_change:
+        path.append(("reboot", float(config["rebootSeconds"])))
+    return path
+
+
+def path_text(path: list[tuple[str, float]]) -> str:
+    """A critical path as the benches print it: its parts in order, each with its seconds."""
+    return " + ".join(f"{part} {seconds:.2f}" for part, seconds in path)
 
 
 def ideal_error(ratio: float, what: str) -> int:

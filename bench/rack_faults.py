@@ -18,7 +18,8 @@ Prints, for each mode, measured from the emulator's audit and the fabric's histo
 cycles per node of a faulted domain (goal: 1), nodes back in service and quarantined once the runs ended, the runs
 started, fault-to-domain-back-in-service. The lower bound of the cordon latency is the event path's hold (`HOLD`: a
 fault is acted on only once it has lasted that long), so its ratio is p95 / hold; that of the power cycles is one
-per tray. The last line is machine-readable. Not a test: nothing here asserts a timing.
+per tray; a cordon ratio under 1.00 is a bench error (`ideal_error=1`, exit status 1). The last line is
+machine-readable. Not a test: nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from bench.common import Workers, dev_server
+from bench.common import Workers, dev_server, ideal_error
 from bench.remediation import HOLD, percentile, watch_listed
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
@@ -176,7 +177,8 @@ def line(name: str, m: dict[str, Any], nodes: int) -> str:
             f"{m['counts']}")  # fmt: skip
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
+    """Runs both modes and prints their figures; 1 when the cordon's lower bound was beaten (`ideal_error`)."""
     os.environ["BENCH_ALERTMANAGER_TOKEN"] = uuid.uuid4().hex
     nodes = args.domain_faults * 18
     print(f"Domain-wide NVLink faults: {args.racks} NVL72 racks ({args.racks * 18} nodes, {args.racks * 27} BMCs), "
@@ -191,8 +193,11 @@ async def main(args: argparse.Namespace) -> None:
     print(f"ratios to the lower bound: whole-domain cordon p95 / hold {p95 / HOLD:.2f}; power cycles per node / 1 "
           f"{cycles:.2f} (node by node: {percentile(node_by_node['cordon'], 95) / HOLD:.2f}, "
           f"{sum(node_by_node['cycles']) / len(node_by_node['cycles']):.2f})")  # fmt: skip
+    error = ideal_error(p95 / HOLD, "whole-domain cordon p95")
     print(f"racks={args.racks} domain_faults={args.domain_faults} cordon_p95_s={p95:.2f} hold_s={HOLD:.1f} "
           f"cordon_ratio={p95 / HOLD:.2f} power_cycles_per_node={cycles:.2f} max_power_cycles={max(whole['cycles'])} "
           f"returned={whole['returned']}/{nodes} baseline_returned={node_by_node['returned']}/{nodes} "
           f"baseline_cordon_p95_s={percentile(node_by_node['cordon'], 95):.2f} "
-          f"baseline_power_cycles_per_node={sum(node_by_node['cycles']) / len(node_by_node['cycles']):.2f}")  # fmt: skip
+          f"baseline_power_cycles_per_node={sum(node_by_node['cycles']) / len(node_by_node['cycles']):.2f} "
+          f"ideal_error={error}")  # fmt: skip
+    return error

@@ -15,8 +15,12 @@ alert posted to the receiver as Alertmanager posts it; and one alert for the opt
 Prints, measured in this run: fault-to-cordon latency (p50, p95, max) from the emulator's audit log (the first
 write that left the node unschedulable, against the moment the bench wrote the fault or posted the alert), what
 became of each fault, the most nodes cordoned at once against the cluster's disruption budget, the opted-out
-alert's answer, the worker's idle CPU per node status report, each process's CPU, and the load average before and after. The
-last line is machine-readable. Not a test: nothing here asserts a timing.
+alert's answer, the worker's idle CPU per node status report, each process's CPU, and the load average before and after;
+and the cordon's lower bound, read back from the settings the worker reads (`FaultEventSettings`): a fault the watch
+sees is acted on only once it has lasted the hold, so its fault-to-cordon p95 over the hold is `cordon_ratio` (under
+1.00 the bound was beaten: a bench error, `ideal_error=1` and exit status 1); an alert's only bound is `alert_hold`
+(none by default), so alerts have no ratio. The last line is machine-readable. Not a test: nothing here asserts a
+timing.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 import uuid
@@ -36,15 +41,17 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench.common import Workers, cpu_seconds, dev_server
+from bench.common import Workers, cpu_seconds, dev_server, ideal_error
 from bench.sweep import load
 from lab.fleet import Fleet, NodeGenerator
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from lab.loopback import free_port
+from worker.fault_events import FaultEventSettings
 from workflows.remediation.policy import OPT_OUT_LABEL
 
 KINDS = ("NotReady", "KernelDeadlock", "alert XID 79")
+WATCHED = KINDS[:2]  # the faults the node watch sees (held `hold`); the last is an alert (held `alert_hold`)
 HOLD = 2.0  # seconds: the event path's hold in this run
 
 
@@ -99,7 +106,8 @@ def alert_payload(node: str) -> dict:
             "externalURL": "http://alertmanager", "alerts": [alert]}  # fmt: skip
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
+    """Runs the bench and prints its figures; 1 when the cordon's lower bound was beaten (`ideal_error`), else 0."""
     before = load()
     rng = random.Random(args.seed)
     token = uuid.uuid4().hex
@@ -116,12 +124,14 @@ async def main(args: argparse.Namespace) -> None:
         await admin.seed(objects)
         kube = Path(tmp, "kubeconfig")
         kube.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
+        settings = settings_file(Path(tmp, "events.json"), args.breaker_percent)
+        held = FaultEventSettings.model_validate_json(settings.read_text())  # as the worker reads it
         async with await dev_server() as server, aiohttp.ClientSession() as http:
             workers = Workers(1, server.address, f"bench-{uuid.uuid4().hex[:6]}", str(kube), Path(tmp),
                               fault_events="true", fault_events_clusters='["lab"]',
                               fault_events_token="env:BENCH_ALERTMANAGER_TOKEN", fault_events_port=str(port),
                               fault_events_host="127.0.0.1",
-                              fault_events_settings=str(settings_file(Path(tmp, "events.json"), args.breaker_percent)))  # fmt: skip
+                              fault_events_settings=str(settings))  # fmt: skip
             try:
                 await workers.polling(server.client)
                 receiver = f"http://127.0.0.1:{port}"
@@ -167,6 +177,9 @@ async def main(args: argparse.Namespace) -> None:
     breaker_limit = args.nodes * args.breaker_percent // 100  # nodes remediation may take before the breaker trips
     values = list(latencies.values()) or [float("nan")]
     p50, p95, worst = percentile(values, 50), percentile(values, 95), max(values)
+    watched = [latencies[n] for n in latencies if injected[n][0] in WATCHED]
+    hold = held.hold.total_seconds()
+    watched_p95, ratio, error = cordon_bound(watched, hold)
     report_ms = 1000 * idle_cpu / args.nodes  # the worker's CPU per node status report (one watch event)
     print(f"Event-path remediation: {args.nodes} nodes ({listed} listed by the watch), {args.faults} faults within "
           f"{args.spread:.0f}s, hold {HOLD:.0f}s")  # fmt: skip
@@ -178,6 +191,9 @@ async def main(args: argparse.Namespace) -> None:
         f"outcomes {report['counts']}; most nodes cordoned at once {most_out} (budget {budget}); nodes "
         f"remediation cordoned {len(cordoned)} (the breaker at {args.breaker_percent}% lets it take {breaker_limit})"
     )
+    print(f"lower bound: the hold {hold:.2f}s for the watch's faults ({', '.join(WATCHED)}): p95 {watched_p95:.2f}s "
+          f"/ {hold:.2f}s = {ratio:.2f}; an alert's is its alert_hold ({held.alert_hold.total_seconds():.2f}s): no "
+          f"ratio")  # fmt: skip
     print(f"opted-out {opted_out}: {opted['status']} ({opted['detail']})")
     print(f"worker CPU while idle: {1000 * idle_cpu:.0f} ms over {idle_s:.0f}s in which each of the {args.nodes} nodes "
           f"posted one status report = {report_ms:.3f} ms per node per report; a kubelet reports every 5 minutes "
@@ -187,7 +203,19 @@ async def main(args: argparse.Namespace) -> None:
     print(f"nodes={args.nodes} faults={args.faults} cordoned={len(cordoned)} p50_s={p50:.2f} p95_s={p95:.2f} "
           f"max_s={worst:.2f} most_cordoned={most_out} budget={budget} breaker_limit={breaker_limit} "
           f"refused={report['counts'].get('refused', 0)} opted_out={opted['status']} "
-          f"idle_cpu_ms_per_node_report={report_ms:.3f} load1={os.getloadavg()[0]:.2f}")  # fmt: skip
+          f"idle_cpu_ms_per_node_report={report_ms:.3f} load1={os.getloadavg()[0]:.2f} hold_s={hold:.1f} "
+          f"cordon_ratio={ratio:.2f} ideal_error={error}")  # fmt: skip
+    return error
+
+
+def cordon_bound(watched: list[float], hold: float) -> tuple[float, float, int]:
+    """The fault-to-cordon p95 of the faults the watch saw, its ratio to the hold (their lower bound: a fault is
+    acted on only once it has lasted the hold) and `ideal_error` for that ratio; with none cordoned, or no hold,
+    nothing to compare: nan, and no error."""
+    p95 = percentile(watched, 95) if watched else float("nan")
+    if math.isnan(p95) or hold <= 0:
+        return p95, float("nan"), 0
+    return p95, p95 / hold, ideal_error(p95 / hold, "fault-to-cordon p95 (the watch's faults)")
 
 
 async def watch_listed(http: aiohttp.ClientSession, receiver: str, nodes: int, timeout: float = 120) -> int:
@@ -255,6 +283,6 @@ if __name__ == "__main__":
         from bench import rack_faults
 
         parsed.spread = min(parsed.spread, 10.0)
-        asyncio.run(rack_faults.main(parsed))
+        sys.exit(asyncio.run(rack_faults.main(parsed)))
     else:
-        asyncio.run(main(parsed))
+        sys.exit(asyncio.run(main(parsed)))

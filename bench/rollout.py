@@ -18,7 +18,8 @@ and `throttled`: the lines of the workers' and the server's
 logs that report throttling (ResourceExhausted, aborted updates). The last line is machine-readable.
 With `--operation mig` the same fleet (H100 nodes) is moved to `all-1g.10gb` by a GpuPartitioning instead (the
 emulator's mig-manager taking `--mig-seconds` per node), on the same engine and budget; `--operation both` runs the
-rollout, then the partitioning, and the last line gives both `events_per_node` side by side.
+rollout, then the partitioning, and the last line gives both `events_per_node` side by side; its ideal: batches ×
+one node's least MIG change (`bench.common.node_mig_path`, from the same configuration), `mig_makespan_ratio`.
 Not a test: nothing here asserts a timing.
 """
 
@@ -47,8 +48,10 @@ from bench.common import (
     event_kinds,
     history_lengths,
     ideal_error,
+    node_mig_path,
     node_steps,
     node_update_path,
+    path_text,
     throttled_lines,
     warnings_in,
     where_batches_went,
@@ -65,6 +68,7 @@ from workflows.rollout.spec.spec import RolloutInput
 
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
 PACKAGE, INTERRUPT = "kernel-tuning", "reboot"
+MIG_LAYOUT = "all-1g.10gb"
 # (stage seconds, reboot seconds) per profile.
 PROFILES = {"compressed": (0.2, 0.5), "realistic": (5.0, 20.0)}
 ACTIVITY_SLOTS = 400  # per worker: a node's stages hold one slot while its Jobs run
@@ -96,7 +100,7 @@ def partitioning_spec(name: str, batch: int) -> GpuPartitioningInput:
         {
             "cluster": "lab",
             "name": name,
-            "config": "all-1g.10gb",
+            "config": MIG_LAYOUT,
             "nodeSelectors": {"matchLabels": {"bench": "true"}},
             "deploymentPolicy": {
                 "default": {"budget": {"count": batch}, "strategy": {"fixed": {"initialBatch": batch}}}
@@ -130,6 +134,7 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                               migPendingSeconds=mig_seconds)  # fmt: skip
         # What the emulator says it was given, not the bench's constants: the ideal follows what the lab takes.
         path = node_update_path(await admin.config(), PACKAGE, INTERRUPT)
+        mig_path = node_mig_path(await admin.config(), labels["nvidia.com/gpu.product"], MIG_LAYOUT)
         kube = Path(tmp) / "kubeconfig"
         kube.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
         figures: dict[str, dict[str, float]] = {}
@@ -213,7 +218,12 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     f"server_cpu_ms_per_node={rollout['server_cpu_ms_per_node']:.0f}")  # fmt: skip
     if "mig" in figures:
         mig = figures["mig"]
-        last.append(f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
+        mig_batches, mig_node = math.ceil(nodes / batch), sum(seconds for _, seconds in mig_path)
+        mig_ideal = mig_batches * mig_node
+        print(f"mig ideal: {mig_batches} batches × {mig_node:.2f} s ({path_text(mig_path)})")
+        error = max(error, ideal_error(mig["makespan"] / mig_ideal, "mig makespan"))
+        last.append(f"mig_makespan_ratio={mig['makespan'] / mig_ideal:.2f} "
+                    f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
                     f"mig_worker_cpu_ms_per_node={mig['worker_cpu_ms_per_node']:.0f}")  # fmt: skip
     print(" ".join(last) + f" throttled={throttled} ideal_error={error}")
     return error
