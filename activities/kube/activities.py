@@ -245,11 +245,7 @@ class KubeActivities(RackActivities):
         (also when asked to stop meanwhile: the write ends the node's update, it starts nothing). A retry that finds
         the node handed back already (an earlier attempt's result lost) writes nothing and reports the rest done.
         """
-        unknown = sorted({st.stage for st in req.stages if Stage.named(st.stage) is None})
-        if unknown:  # refused before any of its stages runs
-            raise ApplicationError(f"unknown stages {unknown}", type="InvalidStage", non_retryable=True)
-        if not req.boot_id and any(is_reboot(st) for st in req.stages):
-            raise reboot_unverifiable(req.node)
+        self._check_stages(req)
         stop = asyncio.Event()
         work = asyncio.ensure_future(self._node_stages(req, stop))
         while True:
@@ -264,18 +260,69 @@ class KubeActivities(RackActivities):
                 await asyncio.wait([work])
                 raise
 
-    async def _node_stages(self, req: NodeStages, stop: asyncio.Event) -> NodeStagesResult:
-        info = activity.info()
-        details = info.heartbeat_details[0] if info.heartbeat_details else None
-        details = details if isinstance(details, dict) else {}
+    @staticmethod
+    def _check_stages(req: NodeStages) -> None:
+        """Refused before any of its stages runs: an unknown stage, a reboot with no boot ID to tell it by."""
+        unknown = sorted({st.stage for st in req.stages if Stage.named(st.stage) is None})
+        if unknown:
+            raise ApplicationError(f"unknown stages {unknown}", type="InvalidStage", non_retryable=True)
+        if not req.boot_id and any(is_reboot(st) for st in req.stages):
+            raise reboot_unverifiable(req.node)
+
+    async def _start_first(self, req: NodeStages, details: dict[str, Any]) -> tuple[NodeStages | None,
+                                                                                    NodeUpdateStarted | None]:  # fmt: skip
+        """`req.start` done (or what an earlier attempt heartbeat of it), then the stages its plan makes from the
+        packages the node had, the boot ID and the finish's packages filled in; None for the stages when they must
+        not run here: the node blocked, refused or with pods to drain (the workflow drains, then runs them), or
+        handed back already by an earlier attempt whose beats were lost (nothing started: None too)."""
+        assert req.start is not None and req.plan is not None
+        started = NodeUpdateStarted.model_validate(details["started"]) if details.get("started") else None
+        if started is None:
+            if activity.info().attempt > 1:
+                # Started and maybe finished by an earlier attempt before its first beat reached the server: a
+                # node this rollout already completed is not started again (that would cordon it anew).
+                record = rollout_record(await self._read_node(req.cluster, req.node))
+                if record.get("rollout") == req.rollout and record.get("state") == "complete":
+                    return None, None
+            started = await self.start_node_update(req.start)
+            activity.heartbeat({"started": started.model_dump(mode="json")})  # a retry never starts it again
+        if started.blocked or started.refused or (started.drain is not None and started.drain.evict):
+            return None, started
+        stages, due, removing = req.plan.stages_for(started.node.packages)
+        finish = req.finish and req.finish.model_copy(update={"packages": {p.name: p.version for p in due},
+                                                              "removed": [p.name for p in removing]})  # fmt: skip
+        planned = req.model_copy(update={"stages": stages, "boot_id": started.node.boot_id or "", "finish": finish})
+        self._check_stages(planned)
+        return planned, started
+
+    async def _begin(self, req: NodeStages, details: dict[str, Any]) -> tuple[NodeStages | None, NodeStagesResult]:
+        """The stages to run (None: none here, the result says why) and the result so far, from the details an
+        earlier attempt heartbeat (`finished` already when that attempt handed the node back); with `req.start`, the
+        node started first (`_start_first`)."""
+        started = None
+        if req.start is not None:
+            planned, started = await self._start_first(req, details)
+            if planned is None:
+                return None, NodeStagesResult(stages=[], started=started, finished=started is None)
+            req = planned
         result = NodeStagesResult(stages=[StageRecord.model_validate(r) for r in details.get("done") or []],
-                                  reboot_seconds=details.get("reboot_seconds"))  # fmt: skip
-        if req.finish is not None and info.attempt > 1 and await self._handed_back(req.finish):
+                                  reboot_seconds=details.get("reboot_seconds"), started=started)  # fmt: skip
+        if req.finish is not None and activity.info().attempt > 1 and await self._handed_back(req.finish):
             # An earlier attempt ran every stage and handed the node back, its result lost (the server down): walking
             # the stages again would mark a finished, schedulable node `in_progress`. Nothing is written.
             rest = [StageRecord(package=st.package, stage=st.stage, succeeded=True, attempts=1, message=HANDED_BACK)
                     for st in req.stages[len(result.stages):]]  # fmt: skip
-            return result.model_copy(update={"stages": result.stages + rest, "finished": True})
+            result = result.model_copy(update={"stages": result.stages + rest, "finished": True})
+        return req, result
+
+    async def _node_stages(self, req: NodeStages, stop: asyncio.Event) -> NodeStagesResult:
+        info = activity.info()
+        details = info.heartbeat_details[0] if info.heartbeat_details else None
+        details = details if isinstance(details, dict) else {}
+        planned, result = await self._begin(req, details)
+        if planned is None or result.finished:
+            return result
+        req = planned
         # A second reboot (an uninstall's, then the install's) must change the boot ID the first one left.
         boot_id = details.get("boot_id") or req.boot_id
         for index in range(len(result.stages), len(req.stages)):
@@ -314,8 +361,8 @@ class KubeActivities(RackActivities):
             try:
                 record = await self._stage_tries(req, stage, resumed, beat)
             except BaseException:  # an error or a cancellation: the retry marks the stage again
-                for started in marking:
-                    started.cancel()
+                for marked in marking:
+                    marked.cancel()
                 await asyncio.gather(*marking, return_exceptions=True)
                 raise
             mark()  # a stage that ended with no Job of its own (one vanished) is marked all the same
@@ -335,7 +382,7 @@ class KubeActivities(RackActivities):
                     req.node, uid, reason, f"{what} failed after {record.attempts} tries: {record.message}",
                     warning=True, key=(stage.package, stage.stage, "failed")))  # fmt: skip
                 break
-        if req.finish is not None and len(result.stages) == len(req.stages) and result.stages[-1].succeeded:
+        if req.finish is not None and len(result.stages) == len(req.stages) and all(r.succeeded for r in result.stages):
             # Handed back here rather than by a call of its own: a batch's nodes then leave as their Jobs end, not in
             # waves of its workflow tasks. A retry from the last beat writes it again: nothing, as it is all there.
             await self.finish_node_update(req.finish)
@@ -353,11 +400,11 @@ class KubeActivities(RackActivities):
 
     @staticmethod
     def _stages_done(result: NodeStagesResult, boot_id: str) -> dict[str, Any]:
-        return {
-            "done": [r.model_dump() for r in result.stages],
-            "reboot_seconds": result.reboot_seconds,
-            "boot_id": boot_id,
-        }
+        done: dict[str, Any] = {"done": [r.model_dump() for r in result.stages],
+                                "reboot_seconds": result.reboot_seconds, "boot_id": boot_id}  # fmt: skip
+        if result.started is not None:  # every beat carries the start: a retry never starts the node again
+            done["started"] = result.started.model_dump(mode="json")
+        return done
 
     async def _mark(self, state: NodeRolloutState) -> str:
         """Record `state` on the node in one write, unread (a stage's start: the same record written again on a

@@ -9,6 +9,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
+from activities.kube.node_plan import NodePlan, NodeStage
 from activities.kube.topology import DEFAULT_CHECKPOINT_INTERVAL, Gang, NodePlace, TopologyLabels
 from activities.kube.validators import validate_label_selector, validate_positive_duration
 from activities.models import StrictModel
@@ -354,22 +355,6 @@ class ClusterDefault(StrictModel):
     settings: dict[str, Any] | None = Field(None, description="The key's document; None when not found.")
 
 
-class NodeStage(StrictModel):
-    """One stage of one package, as its Job runs it."""
-
-    package: str
-    version: str
-    image: str = Field(description="Image without tag; the Job runs f'{image}:{version}'.")
-    stage: str = Field(description="A `Stage`'s name: apply|upgrade|config|interrupt|post-interrupt|uninstall|...")
-    interrupt: str | None = Field(None, description="For stage interrupt: reboot|service|restartAllServices|noop.")
-    services: list[str] = Field(default_factory=list)
-    config: dict[str, str] = Field(default_factory=dict, description="The package's configMap, given to the Job.")
-    timeout_seconds: float = Field(3600, gt=0, description="Job activeDeadlineSeconds, and how long to wait.")
-    command: list[str] = Field(
-        default_factory=list, description="For stage validate: the container's command (else the image's own)."
-    )
-
-
 class StageJobRequest(NodeStage):
     cluster: str
     node: str
@@ -452,19 +437,32 @@ class NodeStages(StrictModel):
     node: str
     rollout: str
     ordinal: int = 0
-    stages: list[NodeStage] = Field(min_length=1)
+    stages: list[NodeStage] = Field(default_factory=list, description="The stages; with `start`, made by `plan` "
+                                    "from the packages the start finds on the node instead.")  # fmt: skip
     tries: int = Field(1, ge=1, description="Jobs a stage may take: a failed one is tried again, as a new Job.")
     boot_id: str = Field("", description="The node's boot ID before the stages: a reboot must change it.")
     reboot_timeout_seconds: float = Field(1800, gt=0, description="How long a rebooted node may take to be back.")
     reboot_poll_seconds: float = 2.0
     finish: NodeUpdateFinish | None = Field(None, description="Once every stage has succeeded, hand the node back "
-                                            "(finish_node_update's one write) before returning.")  # fmt: skip
+                                            "(finish_node_update's one write) before returning; with `start`, its "
+                                            "packages and removed ones are those `plan` makes.")  # fmt: skip
+    start: NodeUpdateStart | None = Field(None, description="Begin the node's update first, as start_node_update "
+                                          "does; when it leaves nothing to drain, go on with the stages `plan` makes "
+                                          "from the packages it found, else return after it.")  # fmt: skip
+    plan: NodePlan | None = Field(None, description="With `start`: the rollout's packages, for the node's stages.")
 
     @model_validator(mode="after")
     def _finish_is_this_nodes(self) -> NodeStages:
-        if self.finish is not None and (self.finish.cluster, self.finish.node, self.finish.rollout) != (
-            self.cluster, self.node, self.rollout):  # fmt: skip
-            raise ValueError("finish: names another cluster, node or rollout than the stages'")
+        for name, part in (("finish", self.finish), ("start", self.start)):
+            if part is not None and (part.cluster, part.node, part.rollout) != (self.cluster, self.node, self.rollout):
+                raise ValueError(f"{name}: names another cluster, node or rollout than the stages'")
+        if (self.start is None) == (self.plan is None):
+            if self.start is None and not self.stages:
+                raise ValueError("stages: at least one, or a start and its plan")
+            if self.start is not None and self.stages:
+                raise ValueError("stages: none with a start (its plan makes them)")
+        else:
+            raise ValueError("start and plan: both or neither")
         return self
 
 
@@ -473,6 +471,8 @@ class NodeStagesResult(StrictModel):
     held: bool = Field(False, description="It stopped before the next stage because its workflow asked (a pause).")
     reboot_seconds: float | None = Field(None, description="From the reboot Job's start to the node back, new boot ID.")
     finished: bool = Field(False, description="The node was handed back (the request's `finish` written).")
+    started: NodeUpdateStarted | None = Field(None, description="With `start`: what it found and did; the stages "
+                                              "ran only when it was started with nothing to drain.")  # fmt: skip
 
 
 class ConditionGate(StrictModel):

@@ -49,14 +49,22 @@ from activities.kube.models import (
     NodeStagesResult,
     NodeUpdateFinish,
     NodeUpdateStart,
+    NodeUpdateStarted,
     StageRecord,
 )
+from activities.kube.node_plan import InterruptPlan, NodePlan, PackagePlan
 from workflows.budget.leases import Lease, acquire_lease, release_lease
 from workflows.common.call_options import API_CALL, API_RETRY
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
 from workflows.maintenance.gang_drains import GangDrains
-from workflows.rollout.models import NodeUpdateInput, NodeUpdateResult, NodeUpdateStatus, PackageStep
+from workflows.rollout.models import (
+    NodeUpdateInput,
+    NodeUpdateResult,
+    NodeUpdateStatus,
+    NodeUpdateTemplate,
+    PackageStep,
+)
 from workflows.rollout.spec.packages import Interrupt
 from workflows.validation.gate import validate_node
 from workflows.validation.models import ValidationSettings
@@ -69,6 +77,8 @@ FOLDED_CALLS = "node-update-folded-calls"  # the three calls (the module docstri
 VALIDATION = "node-update-validation"  # the validation gate between the stages and the finish
 # workflow.patched() id: with no validation gate, the stages' activity hands the node back (no finish call of its own).
 STAGES_HAND_BACK = "node-update-stages-hand-back"
+# workflow.patched() id: a batch's node with its lease starts in its stages' activity (`_start_with_stages`).
+START_WITH_STAGES = "node-update-starts-with-stages"
 
 
 class ValidationFailed(Exception):
@@ -157,7 +167,13 @@ class NodeSequence:
                 allow_downgrade=t.allow_downgrade,
                 auto_taint=t.auto_taint_new_nodes,
             )
-            started = await self._call(KubeActivities.start_node_update, start, f"start updating {node}")
+            plan = node_plan(t)
+            finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout, uncordon=t.out_of_service,
+                                      untaint=t.runtime_required)  # fmt: skip
+            validation = t.validation if t.validation is not None and t.validation.enabled else None
+            first, started = await self._start(start, plan, finish if validation is None else None)
+            if started is None:  # an earlier attempt of its stages' activity handed it back, its result lost
+                return await self._handed_back(result)
             if started.blocked or started.refused:  # left in service, untouched but for its state
                 await self._release("blocked by non-interruptible pods" if started.blocked else "downgrade refused")
                 result.outcome, result.reason = (
@@ -167,28 +183,17 @@ class NodeSequence:
             if t.out_of_service:
                 if self._together is not None:
                     self._together.cordoned(node)
-                await self._drain(started.drain, result)
-            installed = started.node.packages
-            due = [p for p in t.packages if installed.get(p.name) != p.version]
-            # What it uninstalls runs the scripts of the version the node has.
-            removing = [p.model_copy(update={"version": installed[p.name]}) for p in t.uninstall if p.name in installed]
-            stages = self._uninstall_stages(removing) + self._stages_of(due, installed)
-            finish = NodeUpdateFinish(cluster=t.cluster, node=node, rollout=t.rollout,
-                                      packages={p.name: p.version for p in due}, removed=[p.name for p in removing],
-                                      uncordon=t.out_of_service, untaint=t.runtime_required)  # fmt: skip
-            validation = t.validation if t.validation is not None and t.validation.enabled else None
-            handed_back = False
-            if stages:
-                # Nothing between the stages and the finish: the stages' activity hands the node back itself.
-                carried = finish if validation is None and workflow.patched(STAGES_HAND_BACK) else None
-                handed_back = await self._run_stages(stages, started.node.boot_id or "", result, carried)
+                if first is None or (started.drain is not None and started.drain.evict):  # else none to drain
+                    await self._drain(started.drain, result)
+            finish, handed_back = await self._stages(first, started, plan, finish, validation is None, result)
             if validation is not None:
                 if self._own_run:
                     workflow.deprecate_patch(VALIDATION)
                 await self._validate(validation, result)
             if not handed_back:
-                await self._call(KubeActivities.finish_node_update, finish, f"record {len(due)} packages on {node}"
-                                 + (f", {len(removing)} uninstalled" if removing else "")
+                await self._call(KubeActivities.finish_node_update, finish,
+                                 f"record {len(finish.packages)} packages on {node}"
+                                 + (f", {len(finish.removed)} uninstalled" if finish.removed else "")
                                  + (", uncordon it" if finish.uncordon else ""))  # fmt: skip
             self.status.stage, self.status.package = "complete", None
             if t.out_of_service:
@@ -202,6 +207,34 @@ class NodeSequence:
             result.stages = self.status.stages
             result.add(self.status)
         return result
+
+    async def _start(self, start: NodeUpdateStart, plan: NodePlan,
+                     finish: NodeUpdateFinish | None) -> tuple[NodeStagesResult | None, NodeUpdateStarted | None]:  # fmt: skip
+        """The node's start: in its stages' activity where it can (`_start_with_stages`, the result returned), else
+        the local activity. `finish`: what hands the node back when nothing comes between its stages and it. The
+        start None: an earlier attempt of that activity handed the node back already."""
+        first = await self._start_with_stages(start, plan, finish)
+        if first is not None:
+            return first, first.started
+        return None, await self._call(KubeActivities.start_node_update, start, f"start updating {self._inp.node}")
+
+    async def _stages(self, first: NodeStagesResult | None, started: NodeUpdateStarted, plan: NodePlan,
+                      finish: NodeUpdateFinish, carry_finish: bool,
+                      result: NodeUpdateResult) -> tuple[NodeUpdateFinish, bool]:  # fmt: skip
+        """The node's stages from the packages it was started with, after those `first` ran already; `finish` with
+        its packages, and whether the stages' activity handed the node back (`carry_finish`: it may)."""
+        stages, due, removing = plan.stages_for(started.node.packages)
+        finish = finish.model_copy(update={"packages": {p.name: p.version for p in due},
+                                           "removed": [p.name for p in removing]})  # fmt: skip
+        handed_back = False
+        if first is not None:
+            stages, handed_back = stages[len(first.stages) :], first.finished
+            self._took(first, result)
+        if stages and not handed_back:
+            # Nothing between the stages and the finish: the stages' activity hands the node back itself.
+            carried = finish if carry_finish and workflow.patched(STAGES_HAND_BACK) else None
+            handed_back = await self._run_stages(stages, started.node.boot_id or "", result, carried)
+        return finish, handed_back
 
     async def _validate(self, settings: ValidationSettings, result: NodeUpdateResult) -> None:
         """The validation gate before the uncordon; a node that fails it stays cordoned, its lease kept."""
@@ -225,24 +258,6 @@ class NodeSequence:
         result.drain_seconds = (workflow.now() - started).total_seconds()
         _record_duration("millwright_drain_duration_seconds", "Time to drain a node in a rollout", result.drain_seconds)
 
-    def _stages_of(self, due: list[PackageStep], installed: dict[str, str]) -> list[NodeStage]:
-        """NodeWright's order: each package's apply|upgrade and config, one interrupt, the post-interrupt stages."""
-        interrupt = self._inp.template.interrupt
-        stages = [_stage(p, s) for p in due for s in ("upgrade" if p.name in installed else "apply", "config")]
-        if interrupt is not None and interrupt.type != "noop" and due:
-            stages.append(_stage(next((p for p in due if p.has_interrupt), due[0]), "interrupt", interrupt))
-        return stages + [_stage(p, "post-interrupt") for p in due if p.has_interrupt]
-
-    def _uninstall_stages(self, removing: list[PackageStep]) -> list[NodeStage]:
-        """NodeWright's uninstall lane, before the install lane: each package's uninstall (dependents first), then
-        one uninstall-interrupt for those with an interrupt, their own interrupts coalesced."""
-        interrupt = self._inp.template.uninstall_interrupt
-        stages = [_stage(p, "uninstall") for p in removing]
-        owner = next((p for p in removing if p.has_interrupt), None)
-        if interrupt is not None and interrupt.type != "noop" and owner is not None:
-            stages.append(_stage(owner, "uninstall-interrupt", interrupt))
-        return stages
-
     async def _run_stages(self, stages: list[NodeStage], boot_id: str, result: NodeUpdateResult,
                           finish: NodeUpdateFinish | None) -> bool:  # fmt: skip
         """The stages as one activity; a pause holds the node between two of them, and the rest runs on resume.
@@ -258,35 +273,85 @@ class NodeSequence:
                 NodeStages(cluster=t.cluster, node=self._inp.node, rollout=t.rollout, ordinal=self._inp.ordinal,
                            stages=stages, tries=tries, boot_id=boot_id,
                            reboot_timeout_seconds=t.reboot_timeout.total_seconds(), finish=finish),
-                # Each Job's own deadline bounds its stage; the activity waits a little longer for each verdict.
-                start_to_close_timeout=t.reboot_timeout + sum(
-                    (timedelta(seconds=s.timeout_seconds + JOB_WAIT_SLACK_SECONDS) * tries for s in stages),
-                    timedelta(minutes=1)),
+                start_to_close_timeout=self._stages_timeout(stages),
                 heartbeat_timeout=HEARTBEAT,
                 retry_policy=API_RETRY,
                 cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=", ".join(self.status.running),
             )  # fmt: skip
-            try:
-                ran = await self._stages_run
-            except ActivityError as err:
-                if not isinstance(err.cause, CancelledError):
-                    raise
-                ran = NodeStagesResult(stages=[], held=True)  # paused before it started
-            finally:
-                self._stages_run, self.status.running = None, []
-            self.status.stages += ran.stages
-            if ran.stages:
-                self.status.stage, self.status.package = ran.stages[-1].stage, ran.stages[-1].package
-            if ran.reboot_seconds is not None:
-                result.reboot_seconds = ran.reboot_seconds
-                _record_duration("millwright_reboot_duration_seconds", "Time for a node to reboot and be Ready",
-                                 ran.reboot_seconds)  # fmt: skip
-            failed = next((r for r in ran.stages if not r.succeeded), None)
-            if failed is not None:
-                raise StageFailed(failed)
+            ran = await self._stages_activity() or NodeStagesResult(stages=[], held=True)  # paused before it started
+            self._took(ran, result)
             stages, finished = stages[len(ran.stages) :], ran.finished
         return finished
+
+    async def _stages_activity(self) -> NodeStagesResult | None:
+        """The stages' activity started in `_stages_run`, awaited; None when a pause cancelled it before it started."""
+        assert self._stages_run is not None
+        try:
+            return await self._stages_run
+        except ActivityError as err:
+            if not isinstance(err.cause, CancelledError):
+                raise
+            return None
+        finally:
+            self._stages_run, self.status.running = None, []
+
+    def _took(self, ran: NodeStagesResult, result: NodeUpdateResult) -> None:
+        """What a stages' activity ran, in the status and the result; the first failed stage raised."""
+        self.status.stages += ran.stages
+        if ran.stages:
+            self.status.stage, self.status.package = ran.stages[-1].stage, ran.stages[-1].package
+        if ran.reboot_seconds is not None:
+            result.reboot_seconds = ran.reboot_seconds
+            _record_duration("millwright_reboot_duration_seconds", "Time for a node to reboot and be Ready",
+                             ran.reboot_seconds)  # fmt: skip
+        failed = next((r for r in ran.stages if not r.succeeded), None)
+        if failed is not None:
+            raise StageFailed(failed)
+
+    async def _start_with_stages(self, start: NodeUpdateStart, plan: NodePlan,
+                                 finish: NodeUpdateFinish | None) -> NodeStagesResult | None:  # fmt: skip
+        """The node's start and its stages in one activity (START_WITH_STAGES), in a batch's runs that have it and
+        with the node's lease held: a node then goes from its cordon to its first Job at once, where the start as a
+        local activity held every node of the batch until the last one's start was done (the workflow task that
+        schedules their stages waits for all its local activities). It runs the stages only when the start left
+        nothing to drain; else it returns after the start, and the node drains and goes on as before. None: not
+        asked here, or a pause cancelled it before it started."""
+        t = self._inp.template
+        if self._own_run or self._paused or (t.out_of_service and self._inp.lease is None):
+            return None
+        if not workflow.patched(START_WITH_STAGES):
+            return None
+        finish = finish if finish is not None and workflow.patched(STAGES_HAND_BACK) else None
+        # The most the plan can make: every package due, every uninstall due, two reboots.
+        worst = plan.stages_for({})[0] + plan.stages_for({p.name: "" for p in plan.uninstall})[0]
+        self._stages_run = workflow.start_activity_method(
+            KubeActivities.run_node_stages,
+            NodeStages(cluster=t.cluster, node=self._inp.node, rollout=t.rollout, ordinal=self._inp.ordinal,
+                       tries=t.stage_retries + 1, reboot_timeout_seconds=t.reboot_timeout.total_seconds(),
+                       finish=finish, start=start, plan=plan),
+            start_to_close_timeout=self._stages_timeout(worst) + t.reboot_timeout + API_CALL["start_to_close_timeout"],
+            heartbeat_timeout=HEARTBEAT,
+            retry_policy=API_RETRY,
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"start {self._inp.node}, then its stages",
+        )  # fmt: skip
+        return await self._stages_activity()
+
+    def _stages_timeout(self, stages: list[NodeStage]) -> timedelta:
+        """Each Job's own deadline bounds its stage; the activity waits a little longer for each verdict."""
+        t = self._inp.template
+        tries = t.stage_retries + 1
+        return t.reboot_timeout + sum(
+            (timedelta(seconds=s.timeout_seconds + JOB_WAIT_SLACK_SECONDS) * tries for s in stages),
+            timedelta(minutes=1))  # fmt: skip
+
+    async def _handed_back(self, result: NodeUpdateResult) -> NodeUpdateResult:
+        """The node's update was done by an earlier attempt of its stages' activity, its result lost."""
+        self.status.stage, self.status.package = "complete", None
+        if self._inp.template.out_of_service:
+            await self._release("uncordoned")
+        return result
 
     async def _hold(self, stage: str, package: str | None = None) -> None:
         """Hold here while paused, then record where the node is."""
@@ -331,10 +396,18 @@ class NodeSequence:
         return result
 
 
-def _stage(package: PackageStep, name: str, interrupt: Interrupt | None = None) -> NodeStage:
-    return NodeStage(package=package.name, version=package.version, image=package.image, stage=name,
-                     interrupt=interrupt.type if interrupt else None, services=interrupt.services if interrupt else [],
-                     config=package.config, timeout_seconds=package.stage_timeout.total_seconds())  # fmt: skip
+def node_plan(t: NodeUpdateTemplate) -> NodePlan:
+    """The template's packages as the stages' plan (activities/kube/node_plan.py)."""
+
+    def package(p: PackageStep) -> PackagePlan:
+        return PackagePlan(name=p.name, version=p.version, image=p.image, config=p.config,
+                           has_interrupt=p.has_interrupt, timeout_seconds=p.stage_timeout.total_seconds())  # fmt: skip
+
+    def interrupt(i: Interrupt | None) -> InterruptPlan | None:
+        return None if i is None else InterruptPlan(type=i.type, services=i.services)
+
+    return NodePlan(packages=[package(p) for p in t.packages], uninstall=[package(p) for p in t.uninstall],
+                    interrupt=interrupt(t.interrupt), uninstall_interrupt=interrupt(t.uninstall_interrupt))  # fmt: skip
 
 
 def _record_duration(name: str, description: str, seconds: float) -> None:

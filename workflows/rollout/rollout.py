@@ -47,7 +47,7 @@ from workflows.rollout.models import (
     PackageStep,
     RolloutResult,
 )
-from workflows.rollout.node_update import STAGES_HAND_BACK, NodeSequence
+from workflows.rollout.node_update import STAGES_HAND_BACK, START_WITH_STAGES, NodeSequence
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
@@ -120,7 +120,7 @@ class RolloutBatch:
         leased = work.lease_field is not None and workflow.patched(SIGNAL_PATCH)
         inline = work.workflow == INLINE_WORK and workflow.patched(INLINE_PATCH)
         if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
-            decide_early(STAGES_HAND_BACK)
+            decide_early(STAGES_HAND_BACK, START_WITH_STAGES)
 
         async def one(n: BatchNode, together: GangDrains) -> None:
             try:

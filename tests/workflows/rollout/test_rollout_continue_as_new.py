@@ -35,6 +35,7 @@ async def test_rollout_and_batches_continue_as_new_and_finish(small_history_env,
     batches = [lengths for wid, lengths in runs.items() if "/batch-" in wid]
     assert len(parent) > 1, "the rollout continued as new"
     assert any(len(lengths) > 1 for lengths in batches), "a batch continued as new between chunks"
-    # Every run of the parent and the batches stays near the suggestion: one more batch or chunk at most.
-    # (A NodeUpdate's history is bounded by its steps; it never needs to continue.)
-    assert max(max(parent), *(max(lengths) for lengths in batches)) < 4 * SUGGEST_AFTER
+    # Every run of the parent and the batches stays near the suggestion: one more batch or chunk at most (a chunk
+    # of these two nodes with pods to drain: about 60 events, each node's start in an activity of its own before
+    # its drain, node-update-starts-with-stages). (A NodeUpdate's history is bounded by its steps.)
+    assert max(max(parent), *(max(lengths) for lengths in batches)) < 5 * SUGGEST_AFTER
