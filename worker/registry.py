@@ -93,6 +93,8 @@ def build(settings: WorkerSettings) -> Registration:
     from worker.tracing import Tracing
     from workflows.catalog import WORKFLOWS
 
+    from temporalio.worker import PollerBehaviorAutoscaling
+
     tracing = Tracing(settings)  # first: a tracing setting that cannot work stops the start before any client opens
     parts = [integration.build(settings) for integration in INTEGRATIONS]
     return Registration(
@@ -100,7 +102,13 @@ def build(settings: WorkerSettings) -> Registration:
         # Every method marked @activity.defn of each integration's objects (activities/registration.py).
         activities=activities_of(*(obj for part in parts for obj in part.activities)),
         resources=[*(resource for part in parts for resource in part.resources), tracing],
-        worker_options={"interceptors": tracing.interceptors} if tracing.interceptors else {},
+        worker_options={
+            # Pollers that scale with the backlog: a rollout batch schedules one activity per node at once (250
+            # at 10,000 nodes), and the SDK's five fixed pollers took 3 s to pick them all up (bench/rollout.py's
+            # timeline, "cordons' spread"); the server's poller limit per namespace is far above the 100 it may reach.
+            "activity_task_poller_behavior": PollerBehaviorAutoscaling(),
+            **({"interceptors": tracing.interceptors} if tracing.interceptors else {}),
+        },
     )
 
 
