@@ -630,7 +630,8 @@ class Compartments:
 
 async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> bool:
     """Until the next window opens (the clock sizes the timer) or `wake()`; True when the timer fired: the wait
-    ended at the window's opening, an event in the history (WINDOW_BY_TIMER)."""
+    ended at the window's opening, an event in the history (WINDOW_BY_TIMER). No window within 8 days (invalid
+    windows): an hour's wait, after which the clock is asked again."""
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
     try:
@@ -638,5 +639,5 @@ async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[]
             wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed"
         )
     except TimeoutError:
-        return True
+        return opens is not None
     return False
