@@ -88,12 +88,12 @@ def new_worker(client: Any, registration: Registration, task_queue: str, *, vers
 
 
 def build(settings: WorkerSettings) -> Registration:
+    from temporalio.worker import PollerBehaviorAutoscaling
+
     from activities.integrations import INTEGRATIONS
     from activities.registration import activities_of
     from worker.tracing import Tracing
     from workflows.catalog import WORKFLOWS
-
-    from temporalio.worker import PollerBehaviorAutoscaling
 
     tracing = Tracing(settings)  # first: a tracing setting that cannot work stops the start before any client opens
     parts = [integration.build(settings) for integration in INTEGRATIONS]

@@ -63,11 +63,15 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
 from workflows.common.errors import root_cause
+from workflows.common.polls import PollDeadline
 
 # Retired patches (docs/patch-policy.md), recorded deprecated: a failed CreateCluster undoes what the run owns (read
 # from the clusters); whose the objects it would write are is read before the first write, another's refused.
 COMPENSATION = "create-cluster-compensates"
 OWNERS_FIRST = "create-cluster-checks-owners-first"
+# The ready wait gives up when its timer fires, not by the clock of the task that reads the cluster
+# (workflows/common/polls.py); runs from before keep the clock.
+READY_WAIT_BY_TIMER = "create-cluster-ready-wait-by-timer"
 
 
 @workflow.defn
@@ -303,24 +307,28 @@ class CreateCluster:
         )
 
     async def _wait_ready(self, inp: CreateClusterInput) -> CapiClusterStatus:
-        deadline = workflow.now() + inp.ready_timeout
         ref = CapiClusterRef(cluster=inp.management_cluster, namespace=inp.namespace, name=inp.name)
-        while True:
-            st = await self._calls.execute(
-                ClusterApiActivities.read_capi_cluster, ref, **API_CALL, endpoint=kubernetes_api(inp.management_cluster)
-            )
-            self._phases.enter(
-                "provisioning",
-                f"phase {st.phase or '-'}, machines ready {st.machines_ready} of {st.machines_total}",
-                st.machines_ready,
-                st.machines_total,
-            )
-            if st.exists and st.ready():
-                return st
-            if workflow.now() >= deadline:
-                raise ApplicationError(
-                    f"cluster {inp.ref()} not ready after {inp.ready_timeout}: phase {st.phase}, {st.message}",
-                    type="ClusterNotReady",
-                    non_retryable=True,
+        summary = f"cluster {inp.ref()} ready within {inp.ready_timeout}"
+        with PollDeadline(inp.ready_timeout, READY_WAIT_BY_TIMER, summary) as deadline:
+            while True:
+                st = await self._calls.execute(
+                    ClusterApiActivities.read_capi_cluster,
+                    ref,
+                    **API_CALL,
+                    endpoint=kubernetes_api(inp.management_cluster),
                 )
-            await workflow.sleep(inp.poll_interval)
+                self._phases.enter(
+                    "provisioning",
+                    f"phase {st.phase or '-'}, machines ready {st.machines_ready} of {st.machines_total}",
+                    st.machines_ready,
+                    st.machines_total,
+                )
+                if st.exists and st.ready():
+                    return st
+                if deadline.passed():
+                    raise ApplicationError(
+                        f"cluster {inp.ref()} not ready after {inp.ready_timeout}: phase {st.phase}, {st.message}",
+                        type="ClusterNotReady",
+                        non_retryable=True,
+                    )
+                await deadline.sleep(inp.poll_interval)

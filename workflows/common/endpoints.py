@@ -7,8 +7,13 @@ the run shows the endpoint, the last error, the attempt count and since when (`P
 details) and starts the next round, until the call has failed for the input's `retry_timeout`. Then the run gets
 a non-retryable `EndpointUnavailable` naming the endpoint and the setting that bounds the wait.
 
+The run gives up when a timer started at the call's first failed round fires (sized by the clock to `retry_timeout`
+from the first failing attempt), or when a round outlasts that time: the history decides it, never the clock of the
+task that sees a round fail, which a worker resuming late reads past the bound (workflows/common/deadlines.py).
+
 Event cost: nothing on the happy path (one activity, as before). While failing, 6 history events per round
-(activity scheduled, started, failed; one workflow task), one patch marker per run, and a timer (5 events) only
+(activity scheduled, started, failed; one workflow task), two patch markers per run (4 events), the deadline's
+timer (2 events: started, then cancelled when the call answers or gives up, or fired), and a timer (5 events) only
 when the endpoint asked for a delay (Retry-After). With the usual 1 s initial and 30 s maximum interval, rounds
 last ~3 s, ~16 s, then ~60 s (3 attempts 30 s apart): about 6 events per failing minute, ~75 for a call that
 gives up after 10 minutes (12 rounds and the marker).
@@ -28,6 +33,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from activities.kube.validators import validate_positive_duration
 from activities.models import StrictModel
 from activities.redfish import BmcRef
+from workflows.common.deadlines import LEAST_WAIT, Deadline
 from workflows.common.errors import error_text
 
 # The endpoints' names as runs show them (an activity's error adds the URL the worker is configured with).
@@ -46,6 +52,9 @@ ROUND_ATTEMPTS = 3
 DEFAULT_RETRY_TIMEOUT = timedelta(minutes=10)
 # Histories from before the rounds raised the activity's error where a round now ends; replays take that path.
 RETRY_ROUNDS_PATCH = "endpoint-retry-rounds"
+# A failing call gives up when its timer fires (workflows/common/deadlines.py), not by the clock of the task that
+# sees its last round fail; histories from before decide on that clock.
+GIVES_UP_BY_TIMER = "endpoint-gives-up-by-timer"
 SHOWN_WAITS = 10  # current details and `progress` stay small however many calls fail at once
 RETRYING = "**retrying**"  # how a wait's line starts in current details
 
@@ -130,6 +139,7 @@ class Endpoints:
         ceiling = base.maximum_interval or base.initial_interval * 100
         key, self._calls = self._calls, self._calls + 1
         wait: EndpointWait | None = None
+        deadline: Deadline | None = None  # started only once the call fails, cancelled when it ends
         attempts = 0
         try:
             while True:
@@ -158,17 +168,26 @@ class Endpoints:
                         raise  # a history from before the rounds
                     attempts += ROUND_ATTEMPTS if err.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED else 1
                     since = wait.since if wait else started
+                    first_failure = wait is None
                     wait = EndpointWait(endpoint=endpoint, call=call, error=error_text(err), attempts=attempts,
                                         since=since, gives_up_at=since + bound, setting=setting)  # fmt: skip
-                    if err.retry_state == RetryState.TIMEOUT or workflow.now() >= wait.gives_up_at:
+                    if first_failure and workflow.patched(GIVES_UP_BY_TIMER):  # the clock only sizes its timer
+                        deadline = Deadline(max(wait.gives_up_at - workflow.now(), LEAST_WAIT),
+                                            f"{endpoint} given up on after {human(bound)} ({setting})")  # fmt: skip
+                    passed = deadline.passed if deadline else workflow.now() >= wait.gives_up_at
+                    if err.retry_state == RetryState.TIMEOUT or passed:
                         raise self._gave_up(wait) from err
                     self._waits[key] = wait
                     self._show()
                     delay = _asked_delay(err)
-                    if delay is not None:
-                        await workflow.sleep(min(delay, wait.gives_up_at - workflow.now()),
-                                             summary=f"{endpoint} asked to retry after {human(delay)}")  # fmt: skip
+                    summary = f"{endpoint} asked to retry after {human(delay)}" if delay is not None else None
+                    if delay is not None and deadline is not None:
+                        await deadline.wait(lambda: False, at_most=min(delay, deadline.left()), summary=summary)
+                    elif delay is not None:
+                        await workflow.sleep(min(delay, wait.gives_up_at - workflow.now()), summary=summary)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             if self._waits.pop(key, None) is not None:
                 self._show()
 

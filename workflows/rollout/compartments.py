@@ -22,6 +22,7 @@ from workflows.budget.budget import ceiling
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
+from workflows.common.deadlines import Deadline
 from workflows.rollout.batching import (
     NodeSnapshot,
     admissible,
@@ -67,6 +68,14 @@ MATCHED_NO_NODE = "the node selectors matched no node"  # a finished run's, as a
 # workflow.patched() id: a batch takes a node already out of service (an erroring node due for its retry) whatever
 # the ceiling's room, as it costs nothing more (batching.admit).
 OUT_OF_SERVICE_PATCH = "fleet-out-of-service-costs-nothing"
+# workflow.patched() id: a wait for a maintenance window that ends because its timer fired (sized to the window's
+# opening) lets the next look pass the window, where runs from before asked the clock again, which a worker resuming
+# late (or a replay) may read differently. Decided when such a timer fired (the engine runs no local activity), or
+# at a batch's start when it has windows (its nodes may run local activities: docs/patch-policy.md).
+WINDOW_BY_TIMER = "rollout-window-opens-by-timer"
+# workflow.patched() id: a failing batch gate pauses the run when a timer started at its first failing look fires,
+# not by the clock of the look that follows; decided at that first failing look, after the gate's activities.
+GATE_TIMEOUT_BY_TIMER = "rollout-gate-timeout-by-timer"
 
 
 class Compartments:
@@ -106,7 +115,9 @@ class Compartments:
         self._views: dict[str, CompartmentView] = {}
         self._recent: list[BatchView] = []
         self._stage_details: dict[str, list[StageRecord]] = {}
-        self._gate_failing_since: dict[str, datetime] = {}
+        self._gate_failing_since: dict[str, datetime] = {}  # runs from before GATE_TIMEOUT_BY_TIMER
+        self._gate_deadlines: dict[str, Deadline] = {}
+        self._window_opened: set[str] = set()  # compartments whose window wait's timer just fired (WINDOW_BY_TIMER)
         self._upserted: str | None = None
         self._live: dict[str, NodeSnapshot] = {}  # the last re-read, by name
         self._gangs = GangMap()  # with batchBy: the last read, before the last batch decision
@@ -320,14 +331,18 @@ class Compartments:
     async def _gates(self, name: str, view: CompartmentView) -> bool:
         """Pause, maintenance window, approval, batch gate; True when all pass now."""
         spec = self.spec
+        opened = name in self._window_opened  # only the look right after the window's timer fired
+        self._window_opened.discard(name)
         if self.paused_reason is not None:
             self._enter(view, "paused", self.paused_reason)
             await workflow.wait_condition(lambda: self.paused_reason is None or self._woken())
             return False
-        if spec.maintenance_windows and not window_open(spec.maintenance_windows, workflow.now()):
+        if spec.maintenance_windows and not opened and not window_open(spec.maintenance_windows, workflow.now()):
             opens = next_window_open(spec.maintenance_windows, workflow.now())
             self._enter(view, "waiting-for-window", f"next window opens {opens.isoformat() if opens else 'never'}")
-            await sleep_until_window(spec.maintenance_windows, lambda: self._woken() or self.paused_reason is not None)
+            fired = await sleep_until_window(spec.maintenance_windows, self._interrupted)
+            if fired and workflow.patched(WINDOW_BY_TIMER):
+                self._window_opened.add(name)
             return False
         needs_approval = spec.approval == "batch" or (
             spec.approval == "compartment" and name not in self.cp.approved_compartments
@@ -343,17 +358,37 @@ class Compartments:
         if spec.gate is not None:
             problems = await check_gate(spec, spec.gate)
             if problems:
-                since = self._gate_failing_since.setdefault(name, workflow.now())
-                if workflow.now() - since >= spec.gate.timeout:
+                if self._gate_timed_out(name, spec.gate.timeout):
                     # An operator decides: the gate has failed for as long as the spec tolerates.
-                    del self._gate_failing_since[name]
+                    self._gate_passed(name)
                     self.paused_reason = f"gate failing for {spec.gate.timeout}: {'; '.join(problems)[:500]}"
                     return False
                 self._enter(view, "gate-failing", "; ".join(problems)[:500])
-                await self._sleep(spec.gate.interval, "batch gate failing")
+                if (deadline := self._gate_deadlines.get(name)) is not None:  # the timeout ends the wait too
+                    await deadline.wait(self._interrupted, at_most=spec.gate.interval, summary="batch gate failing")
+                else:
+                    await self._sleep(spec.gate.interval, "batch gate failing")
                 return False
-            self._gate_failing_since.pop(name, None)
+            self._gate_passed(name)
         return True
+
+    def _gate_timed_out(self, name: str, timeout: timedelta) -> bool:
+        """The compartment's gate failed this look: whether it has failed for `timeout` since its first failing
+        look, by a timer started there (GATE_TIMEOUT_BY_TIMER), in runs from before by the clock."""
+        if name not in self._gate_deadlines and name not in self._gate_failing_since:
+            if workflow.patched(GATE_TIMEOUT_BY_TIMER):
+                self._gate_deadlines[name] = Deadline(timeout, f"batch gate of {name} failing for {timeout}")
+            else:
+                self._gate_failing_since[name] = workflow.now()
+        if (deadline := self._gate_deadlines.get(name)) is not None:
+            return deadline.passed
+        return workflow.now() - self._gate_failing_since[name] >= timeout
+
+    def _gate_passed(self, name: str) -> None:
+        """The gate passed, or the run paused on it: a later failing look counts from itself."""
+        if (deadline := self._gate_deadlines.pop(name, None)) is not None:
+            deadline.cancel()
+        self._gate_failing_since.pop(name, None)
 
     async def _run_batch(self, name: str, view: CompartmentView, cs: CompartmentState, batch_view: BatchView) -> None:
         spec, number, chosen = self.spec, cs.batch.current_batch, batch_view.order
@@ -489,11 +524,13 @@ class Compartments:
         """A waiting compartment must look up: the run aborts or continues as new."""
         return self.aborted is not None or self.continuing
 
+    def _interrupted(self) -> bool:
+        """A compartment's wait ends: the run aborts, continues as new or pauses."""
+        return self._woken() or self.paused_reason is not None
+
     async def _sleep(self, duration: timedelta, summary: str) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
-            await workflow.wait_condition(
-                lambda: self._woken() or self.paused_reason is not None, timeout=duration, timeout_summary=summary
-            )
+            await workflow.wait_condition(self._interrupted, timeout=duration, timeout_summary=summary)
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -591,10 +628,16 @@ class Compartments:
         return "\n".join(lines)
 
 
-async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> None:
+async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> bool:
+    """Until the next window opens (the clock sizes the timer) or `wake()`; True when the timer fired: the wait
+    ended at the window's opening, an event in the history (WINDOW_BY_TIMER). No window within 8 days (invalid
+    windows): an hour's wait, after which the clock is asked again."""
     opens = next_window_open(windows, workflow.now())
     wait = (opens - workflow.now()) if opens else timedelta(hours=1)
-    with contextlib.suppress(asyncio.TimeoutError):
+    try:
         await workflow.wait_condition(
             wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed"
         )
+    except TimeoutError:
+        return opens is not None
+    return False

@@ -32,7 +32,7 @@ from workflows.common.patches import decide_early
 from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.cluster_reads import read_gangs
-from workflows.rollout.compartments import HISTORY_LIMIT, Compartments, sleep_until_window
+from workflows.rollout.compartments import HISTORY_LIMIT, WINDOW_BY_TIMER, Compartments, sleep_until_window
 from workflows.rollout.fleet_controls import FleetControls
 from workflows.rollout.models import (
     BatchInput,
@@ -77,6 +77,7 @@ class RolloutBatch:
         self._running: dict[str, workflow.ChildWorkflowHandle] = {}
         self._inline: dict[str, NodeSequence] = {}  # nodes this batch updates itself
         self._waiting: dict[str, str] = {}  # node -> its place at the disruption budget
+        self._window_by_timer = False  # WINDOW_BY_TIMER, decided at the start
 
     @workflow.signal(description="Start no more nodes; running nodes hold after their current stage.")
     async def pause(self) -> None:
@@ -121,6 +122,8 @@ class RolloutBatch:
         inline = work.workflow == INLINE_WORK and workflow.patched(INLINE_PATCH)
         if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
             decide_early(STAGES_HAND_BACK, START_WITH_STAGES)
+        # Here, not when a window's timer fires: that may be in the activation of a node's local activity.
+        self._window_by_timer = bool(inp.windows) and workflow.patched(WINDOW_BY_TIMER)
 
         async def one(n: BatchNode, together: GangDrains) -> None:
             try:
@@ -217,19 +220,23 @@ class RolloutBatch:
 
     async def _admit(self, windows: list[MaintenanceWindow]) -> None:
         """Wait while paused, and outside the maintenance windows: no node starts outside them."""
+        opened = False  # the last wait for a window ended because its timer fired: open (WINDOW_BY_TIMER)
         while not self._stopped:
             if self._paused:
                 await workflow.wait_condition(lambda: not self._paused or self._stopped)
+                opened = False
                 continue
-            if windows and not window_open(windows, workflow.now()):
-                await sleep_until_window(windows, lambda: self._stopped or self._paused)
+            if windows and not opened and not window_open(windows, workflow.now()):
+                opened = await sleep_until_window(windows, lambda: self._stopped or self._paused)
+                opened = opened and self._window_by_timer
                 continue
             return
 
     async def _inside_windows(self, windows: list[MaintenanceWindow]) -> None:
         """Wait until inside a maintenance window (at once without windows): nothing is evicted outside them."""
         while windows and not window_open(windows, workflow.now()):
-            await sleep_until_window(windows, lambda: False)
+            if await sleep_until_window(windows, lambda: False) and self._window_by_timer:
+                return
 
     async def _forward(self, signal: str | None) -> None:
         if signal is None:

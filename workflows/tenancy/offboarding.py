@@ -18,10 +18,15 @@ from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
+from workflows.common.polls import PollDeadline
 from workflows.fabric.calls import call_fabric
 from workflows.fabric.release import ReleaseTenantResult, release_as_child
 from workflows.tenancy.models import OffboardTenantInput
 from workflows.tenancy.objects import IB_FABRIC_ANNOTATION, TENANT_KINDS, delete_order
+
+# The workloads wait gives up when its timer fires, not by the clock of the task that reads the pods
+# (workflows/common/polls.py); runs from before keep the clock.
+WORKLOADS_WAIT_BY_TIMER = "offboard-tenant-workloads-wait-by-timer"
 
 
 class OffboardTenantResult(StrictModel):
@@ -60,26 +65,27 @@ class OffboardTenant:
         )
         namespaces = [r.name for r in live if r.kind == "Namespace"]
         evicted = 0
-        deadline = workflow.now() + inp.workloads_timeout
-        while namespaces:
-            w = await self._calls.execute(
-                acts.tenant_workloads,
-                WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
-                **API_CALL,
-                endpoint=kubernetes_api(inp.cluster),
-            )
-            evicted += w.evicted
-            if w.active == 0 or inp.force:
-                break
-            self._phases.enter("waiting-for-workloads", f"{w.active} pods still running")
-            if workflow.now() >= deadline:
-                raise ApplicationError(
-                    f"{w.active} tenant pods still running after {inp.workloads_timeout}; "
-                    "offboard with force to evict them",
-                    type="WorkloadsRunning",
-                    non_retryable=True,
+        summary = f"{inp.tenant}'s pods gone within {inp.workloads_timeout}"
+        with PollDeadline(inp.workloads_timeout, WORKLOADS_WAIT_BY_TIMER, summary) as deadline:
+            while namespaces:
+                w = await self._calls.execute(
+                    acts.tenant_workloads,
+                    WorkloadQuery(cluster=inp.cluster, namespaces=namespaces, evict=inp.force),
+                    **API_CALL,
+                    endpoint=kubernetes_api(inp.cluster),
                 )
-            await workflow.sleep(inp.poll_interval)
+                evicted += w.evicted
+                if w.active == 0 or inp.force:
+                    break
+                self._phases.enter("waiting-for-workloads", f"{w.active} pods still running")
+                if deadline.passed():
+                    raise ApplicationError(
+                        f"{w.active} tenant pods still running after {inp.workloads_timeout}; "
+                        "offboard with force to evict them",
+                        type="WorkloadsRunning",
+                        non_retryable=True,
+                    )
+                await deadline.sleep(inp.poll_interval)
         released = await self._release_ib(inp)  # onboarding's last step, undone first
         self._phases.enter("removing", f"{len(live)} objects")
         order = delete_order(live)

@@ -47,6 +47,7 @@ from workflows.common.base import Phases, Progress
 from workflows.common.call_options import API_CALL, LONG_CALL
 from workflows.common.endpoints import NETBOX, Endpoints, kubernetes_api
 from workflows.common.errors import root_cause
+from workflows.common.polls import PollDeadline
 from workflows.fabric.calls import call_fabric
 from workflows.fabric.isolation import IsolateTenant, IsolateTenantInput, IsolateTenantResult
 from workflows.fabric.release import release_as_child
@@ -93,6 +94,9 @@ def isolation_of(inp: OnboardTenantInput) -> IsolateTenantInput:
 # the plan before the first write (workflows/tenancy/plan.py).
 OWNED_COMPENSATION = "compensate-what-the-run-owns"
 PLAN_BEFORE_WRITES = "plan-before-first-write"
+# The vCluster wait gives up when its timer fires, not by the clock of the task that reads the vCluster
+# (workflows/common/polls.py); runs from before keep the clock.
+VCLUSTER_WAIT_BY_TIMER = "onboard-tenant-vcluster-wait-by-timer"
 
 
 @workflow.defn
@@ -263,23 +267,24 @@ class OnboardTenant:
 
     async def _wait_vcluster(self, inp: OnboardTenantInput) -> str:
         ref = VClusterRef(cluster=inp.cluster, namespace=inp.all_namespaces()[0], name=inp.tenant)
-        deadline = workflow.now() + inp.vcluster_ready_timeout
         delay = timedelta(milliseconds=250)
-        while True:
-            st = await self._calls.execute(
-                ClusterApiActivities.read_vcluster, ref, **API_CALL, endpoint=kubernetes_api(inp.cluster)
-            )
-            if st.ready and st.kubeconfig:
-                return st.kubeconfig.ref
-            self._phases.enter("vcluster", f"waiting for vCluster {inp.tenant}: {st.phase or 'pending'}")
-            if workflow.now() >= deadline:
-                raise ApplicationError(
-                    f"vCluster {inp.tenant} not ready after {inp.vcluster_ready_timeout}",
-                    type="VClusterNotReady",
-                    non_retryable=True,
+        summary = f"vCluster {inp.tenant} ready within {inp.vcluster_ready_timeout}"
+        with PollDeadline(inp.vcluster_ready_timeout, VCLUSTER_WAIT_BY_TIMER, summary) as deadline:
+            while True:
+                st = await self._calls.execute(
+                    ClusterApiActivities.read_vcluster, ref, **API_CALL, endpoint=kubernetes_api(inp.cluster)
                 )
-            await workflow.sleep(delay)
-            delay = min(delay * 2, timedelta(seconds=10))
+                if st.ready and st.kubeconfig:
+                    return st.kubeconfig.ref
+                self._phases.enter("vcluster", f"waiting for vCluster {inp.tenant}: {st.phase or 'pending'}")
+                if deadline.passed():
+                    raise ApplicationError(
+                        f"vCluster {inp.tenant} not ready after {inp.vcluster_ready_timeout}",
+                        type="VClusterNotReady",
+                        non_retryable=True,
+                    )
+                await deadline.sleep(delay)
+                delay = min(delay * 2, timedelta(seconds=10))
 
     async def _isolate(self, inp: OnboardTenantInput, done: int) -> IsolateTenantResult:
         """The InfiniBand step: the IsolateTenant child. Compensation releases the PKey only when the tenant held

@@ -170,3 +170,14 @@ async def test_a_bmc_past_its_limit_is_waited_out_as_it_asks_and_shown(
     await bmc_admin.config(max_sessions=4)
     result: ServerBurnInResult = await handle.result()
     assert result.result == "passed" and (await handle.query(ServerBurnIn.progress)).waiting == []
+    # While the call failed, one timer stood for its retry_timeout, cancelled once it answered (endpoints.py).
+    events = (await handle.fetch_history()).events
+    deadline = [
+        e.timer_started_event_attributes.timer_id
+        for e in events
+        if e.HasField("timer_started_event_attributes") and b"given up on" in e.user_metadata.summary.data
+    ]
+    assert len(deadline) == 1, deadline
+    assert [e for e in events if e.HasField("timer_canceled_event_attributes")
+            and e.timer_canceled_event_attributes.timer_id == deadline[0]], "the timer outlived the call"  # fmt: skip
+    await record_history(handle, "server_burn_in_bmc_waited_out_by_timer")

@@ -302,6 +302,23 @@ async def test_a_hot_gpu_holds_batches_until_it_cools(client, kube_worker, k8s, 
     assert status.counts == {"waiting": 2}, "no node is admitted while the gate fails"
     await k8s.set_gpu("a-02", {"DCGM_FI_DEV_GPU_TEMP": 60}, gpu=5)
     assert (await handle.result()).counts == {"complete": 2}
+    await record_history(handle, "rollout_gate_by_timer")  # its timeout's timer started, cancelled once it passed
+
+
+async def test_a_gate_failing_past_its_timeout_pauses_the_rollout(client, kube_worker, k8s, prometheus):
+    await lab_ready(k8s, rollout_fleet({"a": 2}))
+    await k8s.set_gpu("a-02", {"DCGM_FI_DEV_GPU_TEMP": 91}, gpu=5)
+    await prometheus.wait_for(HOT_GPU_GATE, what="a-02's hot GPU")
+    gate = {"prometheus": {"url": prometheus.url, "query": HOT_GPU_GATE}, "interval": "10s", "timeout": "2s"}
+    handle = await start(client, kube_worker, rollout_spec("gate-timeout", gate=gate))
+    status = await status_where(handle, lambda s: s.paused_reason is not None, "the pause", timeout=30)
+    # The timeout's timer ends the 10 s wait: one more look, then the pause.
+    assert status.paused_reason.startswith(f"gate failing for 0:00:02: {HOT_GPU_GATE}"), status.paused_reason
+    assert status.counts == {"waiting": 2}
+    await k8s.set_gpu("a-02", {"DCGM_FI_DEV_GPU_TEMP": 60}, gpu=5)
+    await handle.execute_update(Rollout.resume, ReasonRequest(reason="cooled"))
+    assert (await handle.result()).counts == {"complete": 2}
+    await record_history(handle, "rollout_gate_timeout_by_timer")
 
 
 async def test_a_gate_prometheus_cannot_parse_fails_the_run(client, kube_worker, k8s, core, prometheus):
@@ -333,3 +350,12 @@ async def test_no_node_is_admitted_outside_the_maintenance_windows(client, kube_
     assert status.counts == {"waiting": 2}
     await handle.execute_update(Rollout.abort, ReasonRequest(reason="not this week"))
     assert (await handle.result()).counts == {"waiting": 2}
+
+
+async def test_nodes_are_updated_inside_an_open_maintenance_window(client, kube_worker, k8s):
+    await lab_ready(k8s, rollout_fleet({"a": 2}))
+    windows = [{"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"], "startHour": 0, "endHour": 24}]
+    handle = await start(client, kube_worker, rollout_spec("window-open", maintenanceWindows=windows))
+    assert (await handle.result()).counts == {"complete": 2}
+    # A batch with windows decides WINDOW_BY_TIMER at its start (workflows/rollout/rollout.py).
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_windows_by_timer")

@@ -114,7 +114,7 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker, tenan
         worker_pools=[WorkerPool(name="gpu", replicas=2, gpus_per_node=8, gpu_node_class="h100-sxm")],
         poll_interval=timedelta(milliseconds=300),
     )
-    created = await run(CreateCluster.run, cin)
+    created = await run(CreateCluster.run, cin, record="create_cluster_ready_by_timer")
     assert created.cluster == "lab:fleet/gpu-a"
     assert created.machines == 3 and "Cluster fleet/gpu-a" in created.created
     assert created.kubeconfig == "secret:lab/fleet/gpu-a-kubeconfig#value"
@@ -163,7 +163,7 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker, tenan
             )
 
         # ---- NLP onboarded
-        nlp = await run(OnboardTenant.run, onboard("nlp"))
+        nlp = await run(OnboardTenant.run, onboard("nlp"), record="onboard_tenant_vcluster_by_timer")
         assert nlp.changed and nlp.vcluster_kubeconfig == f"secret:{cluster}/nlp/vc-nlp#config"
         assert tenant_worker  # the same worker serves everything
 
@@ -251,6 +251,22 @@ async def test_cluster_and_three_tenants(client, k8s, core, tenant_worker, tenan
         # ---- the cluster cannot go while tenants are on it
         err = await run(DeleteCluster.run, DeleteClusterInput(name="gpu-a"), fail=True)
         assert err.type == "TenantsOnboarded", err
+
+        # ---- a tenant pod still running: offboarding gives up once its workloads_timeout's timer fired
+        wl_api = await kconf.new_client_from_config_dict(kcfg)
+        try:
+            pods = kc.CoreV1Api(wl_api)
+            pod = {"metadata": {"name": "trainer"}, "spec": {"containers": [{"name": "train", "image": "train"}]}}
+            await pods.create_namespaced_pod("nlp", pod)
+            waited = OffboardTenantInput(tenant="nlp", cluster=cluster, display_name="NLP", record_in_netbox=False,
+                                         workloads_timeout=timedelta(seconds=2),
+                                         poll_interval=timedelta(milliseconds=500))  # fmt: skip
+            err = await run(OffboardTenant.run, waited, fail=True, record="offboard_tenant_workloads_by_timer")
+            assert err.type == "WorkloadsRunning" and "1 tenant pods still running after 0:00:02" in str(err), err
+            assert _tenant_objects(await wl.dump(), "nlp"), "nothing removed while the pod runs"
+            await pods.delete_namespaced_pod("trainer", "nlp", grace_period_seconds=0)
+        finally:
+            await wl_api.close()
 
         # ---- offboarding leaves nothing behind (every kind listed)
         for t, (name, _, _) in TEAMS.items():
