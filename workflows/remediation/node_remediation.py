@@ -74,6 +74,7 @@ from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
+from workflows.common.deadlines import Deadline
 from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, kubernetes_api, with_waits
 from workflows.common.errors import error_text
 from workflows.common.patches import decide_early
@@ -107,6 +108,8 @@ FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start r
 VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
 VALIDATION_DEFAULT_PATCH = "remediation-validation-default"  # the cluster's default when the input has none
 RECHECK_AFTER_LEASE_PATCH = "remediation-recheck-after-lease"  # a node that recovered in the queue is left alone
+# `settle_timeout` is a timer (workflows/common/deadlines.py), not the clock of the task that looks again.
+SETTLE_TIMER = "remediation-settle-timer"
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -189,7 +192,7 @@ class NodeRemediation:
         # validation gate's or a returned lease's: their patches are decided here.
         handed = breaker_wait.handed_over(health, owner)  # its cordon was passed to it: no other run holds the node
         decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH, RECHECK_AFTER_LEASE_PATCH,
-                     *[breaker_wait.PATCH] * handed)  # fmt: skip
+                     *[breaker_wait.PATCH, breaker_wait.DEADLINE_PATCH] * handed)  # fmt: skip
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
         check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
 
@@ -423,12 +426,24 @@ class NodeRemediation:
         """The step's success check: conditions, GPU check and BMC clear within settle_timeout, then burn-in."""
         inp = self._inp
         self._enter("re-checking")
-        deadline = workflow.now() + inp.settle_timeout
+        started = workflow.now()
+        deadline = started + inp.settle_timeout
+        settle: Deadline | None = None  # SETTLE_TIMER: started once a look finds problems (none: no event)
         while True:
             problems, before = await self._problems(bmc, check)
             self._status.problems = problems
             if not problems:
+                if settle is not None:
+                    settle.cancel()
                 break
+            if settle is None and workflow.patched(SETTLE_TIMER):  # decided after the look's activities
+                settle = Deadline(inp.settle_timeout, "the node settles", since=started)
+            if settle is not None:
+                if settle.passed:
+                    return False, "still unhealthy: " + "; ".join(problems)
+                self._details()
+                await settle.wait(lambda: False, at_most=inp.settle_poll_interval, summary="let the node settle")
+                continue
             remaining = deadline - workflow.now()
             if remaining <= timedelta(0):
                 return False, "still unhealthy: " + "; ".join(problems)
