@@ -74,12 +74,11 @@ from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Phases, Progress
 from workflows.common.call_options import AGENT_RETRY, API_CALL, API_RETRY, BMC_CALL, NETBOX_CALL
-from workflows.common.deadlines import Deadline
 from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, kubernetes_api, with_waits
 from workflows.common.errors import error_text
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
-from workflows.remediation import breaker_wait
+from workflows.remediation import breaker_wait, settle
 from workflows.remediation.approvals import Approvals, Rejected
 from workflows.remediation.models import (
     Approval,
@@ -108,8 +107,6 @@ FRESH_FACTS_PATCH = "remediation-fresh-facts"  # the node re-read at the start r
 VALIDATION_PATCH = "remediation-validation"  # the validation gate after a step's own success check
 VALIDATION_DEFAULT_PATCH = "remediation-validation-default"  # the cluster's default when the input has none
 RECHECK_AFTER_LEASE_PATCH = "remediation-recheck-after-lease"  # a node that recovered in the queue is left alone
-# `settle_timeout` is a timer (workflows/common/deadlines.py), not the clock of the task that looks again.
-SETTLE_TIMER = "remediation-settle-timer"
 HEARTBEAT = timedelta(seconds=30)
 
 
@@ -426,29 +423,15 @@ class NodeRemediation:
         """The step's success check: conditions, GPU check and BMC clear within settle_timeout, then burn-in."""
         inp = self._inp
         self._enter("re-checking")
-        started = workflow.now()
-        deadline = started + inp.settle_timeout
-        settle: Deadline | None = None  # SETTLE_TIMER: started once a look finds problems (none: no event)
-        while True:
-            problems, before = await self._problems(bmc, check)
-            self._status.problems = problems
-            if not problems:
-                if settle is not None:
-                    settle.cancel()
-                break
-            if settle is None and workflow.patched(SETTLE_TIMER):  # decided after the look's activities
-                settle = Deadline(inp.settle_timeout, "the node settles", since=started)
-            if settle is not None:
-                if settle.passed:
-                    return False, "still unhealthy: " + "; ".join(problems)
-                self._details()
-                await settle.wait(lambda: False, at_most=inp.settle_poll_interval, summary="let the node settle")
-                continue
-            remaining = deadline - workflow.now()
-            if remaining <= timedelta(0):
-                return False, "still unhealthy: " + "; ".join(problems)
-            self._details()
-            await workflow.sleep(min(inp.settle_poll_interval, remaining), summary="let the node settle")
+        before: GpuCheckResult | None = None
+
+        async def look() -> list[str]:
+            nonlocal before
+            self._status.problems, before = await self._problems(bmc, check)
+            return self._status.problems
+
+        if problems := await settle.settled(inp, look, self._details):
+            return False, "still unhealthy: " + "; ".join(problems)
         if not inp.checks.host_agent or before is None:
             return True, "checks clear (no burn-in without the host agent)"
         self._enter("burn-in", f"{inp.burn_in_seconds:.0f}s of GPU stress")
