@@ -9,7 +9,12 @@ live run and its replay decide the same. The clock only sizes the waits inside t
 that shows it (`at`).
 
 Cost: two history events per deadline (TimerStarted, then TimerFired or TimerCanceled); a timer started and
-cancelled in the same workflow task costs none.
+cancelled in the same workflow task costs none. A wait that often ends at its first look (no pod to wait for, a
+node already healthy) starts its deadline only once that look says it must wait, counted from the wait's start
+(`since`), so it costs nothing then.
+
+What came in the same workflow task as the timer's firing (a worker that was down while both happened) is in time
+for `wait`, whatever their order in that task: the condition is read once the task's events are all applied.
 """
 
 from __future__ import annotations
@@ -28,13 +33,15 @@ class Deadline:
     """``deadline = Deadline(timeout, "why")``; ``deadline.passed`` once its timer fired; ``deadline.cancel()``
     when the wait is over before it (else the timer fires later, three events more)."""
 
-    def __init__(self, after: timedelta, summary: str) -> None:
+    def __init__(self, after: timedelta, summary: str, *, since: datetime | None = None) -> None:
+        """`since`: when the wait began, if earlier than now (its timer runs for what is left, sized by the clock)."""
         self.after = after
-        self.at: datetime = workflow.now() + after  # for display; `passed` decides
-        self._passed = after <= timedelta(0)
+        self.at: datetime = (since or workflow.now()) + after  # for display; `passed` decides
+        rest = self.at - workflow.now()
+        self._passed = rest <= timedelta(0)
         self._timer: asyncio.Future[None] | None = None
         if not self._passed:
-            self._timer = asyncio.ensure_future(self._fire(after, summary))
+            self._timer = asyncio.ensure_future(self._fire(rest, summary))
 
     async def _fire(self, after: timedelta, summary: str) -> None:
         await workflow.sleep(after, summary=summary)

@@ -4,7 +4,9 @@ The plan (which pods) is fixed by one activity; each pod is then evicted on its 
 a PodDisruptionBudget refusal being a wait state with the blocking budget recorded in
 the caller's progress, until the drain deadline; finally every planned pod must be gone,
 as a fresh read shows it (missing, or a new UID), whatever its eviction reported: the
-drain is done only when that wait says so. Every call is bounded by the drain's deadline.
+drain is done only when that wait says so. Every call is bounded by the drain's deadline, which a timer decides
+once an eviction was refused (`DEADLINE_TIMER`; workflows/common/deadlines.py): two history events for a drain that
+waited on a refusal, none for one that did not.
 While an eviction is refused, or a pod outlives its grace period, the node's `DrainBlocked` condition says so
 (the eviction and the wait write it: activities/kube/), and it goes False once the drain progresses.
 
@@ -41,6 +43,7 @@ from activities.kube.models import (
 from activities.kube.topology import Gang, gpu_hours_at_risk
 from activities.models import StrictModel
 from workflows.common.call_options import API_CALL, API_RETRY
+from workflows.common.deadlines import Deadline
 from workflows.maintenance.gang_drains import GangDrains
 
 EVICTION_CONCURRENCY = 25
@@ -48,6 +51,9 @@ MAX_BLOCKED_BACKOFF = timedelta(minutes=1)
 # The final wait covers every pod of the plan, never trusting a "gone" from an eviction's answer: a retired patch
 # (docs/patch-policy.md), recorded deprecated by the callers whose runs asked it.
 WAIT_FOR_EVERY_PLANNED_POD = "drain-waits-for-every-planned-pod"
+# workflow.patched() id: the deadline is a timer (workflows/common/deadlines.py), not the clock of the task that looks.
+# Decided where the first eviction is refused (after that activity), or where the clock alone would end the drain.
+DEADLINE_TIMER = "drain-deadline-timer"
 GANGS_INTERRUPTED = "millwright_gangs_interrupted_total"
 GPU_HOURS_AT_RISK = "millwright_gpu_hours_at_risk"
 
@@ -122,6 +128,8 @@ class Drain:
         self._gangs: dict[str, Gang] = {}  # the plan's gangs that were whole: an eviction interrupts them
         self._pod_gangs: dict[str, str] = {}
         self._started = workflow.now()
+        self._timed: bool | None = None  # DEADLINE_TIMER, once decided
+        self._timers: dict[datetime, Deadline] = {}  # by deadline: the drain's, a gang's from when its nodes were ready
         # An eviction was refused (before a continue-as-new too): the node's DrainBlocked is cleared at the end.
         self._was_blocked = bool(progress.blocked)
 
@@ -162,6 +170,8 @@ class Drain:
                 await self._evict_until_done(pod, until)
 
         await asyncio.gather(*(evict(p) for p in plan.evict))
+        for timer in self._timers.values():  # a failed eviction leaves it running: the other pods' loops end by it
+            timer.cancel()
         deadline = max(deadlines)
         # Defence in depth: a pod is off the node only once the wait's own fresh reads say so.
         if not self._every_planned_pod:
@@ -208,7 +218,7 @@ class Drain:
         key, progress, interval = str(pod), self._progress, self._settings.eviction_retry_interval
         attempts = 0
         while not self._stopping():
-            if workflow.now() >= deadline:
+            if self._passed(deadline):
                 blocked = progress.blocked.get(key)
                 raise ApplicationError(
                     f"drain of {self._node} timed out after {self._settings.timeout}; {key} still blocked"
@@ -259,10 +269,35 @@ class Drain:
             wait = max(interval, min(interval * 2 ** (attempts - 1), MAX_BLOCKED_BACKOFF))
             if outcome.retry_after_seconds:
                 wait = max(wait, timedelta(seconds=outcome.retry_after_seconds))
+            summary = f"eviction of {key} blocked by {outcome.budget or 'the API'}"
+            if self._by_timer():
+                await self._timer(deadline).wait(self._stopping, at_most=wait, summary=summary)
+                continue
             with contextlib.suppress(asyncio.TimeoutError):
                 await workflow.wait_condition(
                     self._stopping,
                     timeout=min(wait, max(deadline - workflow.now(), timedelta(seconds=1))),
-                    timeout_summary=f"eviction of {key} blocked by {outcome.budget or 'the API'}",
+                    timeout_summary=summary,
                 )
         return None
+
+    def _by_timer(self) -> bool:
+        """DEADLINE_TIMER, decided the first time it matters: a drain nothing refused never asks it (no event)."""
+        if self._timed is None:
+            self._timed = workflow.patched(DEADLINE_TIMER)
+        return self._timed
+
+    def _timer(self, deadline: datetime) -> Deadline:
+        """`deadline`'s timer, started at its first refused eviction: a drain nothing refused costs no event."""
+        if deadline not in self._timers:
+            self._timers[deadline] = Deadline(self._settings.timeout, f"drain of {self._node} times out",
+                                              since=deadline - self._settings.timeout)  # fmt: skip
+        return self._timers[deadline]
+
+    def _passed(self, deadline: datetime) -> bool:
+        """Whether an eviction due now is past `deadline`: its timer fired, once one runs. Before (nothing refused
+        yet: a pod that waited for its slot), the clock: runs from before DEADLINE_TIMER time out by it, later
+        ones try the eviction, itself bounded (`API_CALL`'s start-to-close at least)."""
+        if deadline in self._timers:
+            return self._timers[deadline].passed
+        return workflow.now() >= deadline and not self._by_timer()

@@ -32,6 +32,7 @@ from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, WorkflowInput, publish_phase
 from workflows.common.call_options import API_CALL
+from workflows.common.deadlines import Deadline
 from workflows.common.endpoints import Endpoints, RetryTimeout, kubernetes_api, with_waits
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain, DrainCost, DrainProgress
@@ -43,6 +44,8 @@ from workflows.validation.models import ValidationResult, ValidationSettings
 VALIDATION = "node-maintenance-validation"
 # workflow.patched() id of the cluster's validation default, read when the input has no `validation`.
 VALIDATION_DEFAULT = "node-maintenance-validation-default"
+# workflow.patched() id: `protected_pods_timeout` is a timer (workflows/common/deadlines.py), not the clock.
+PROTECTED_PODS_TIMER = "maintenance-protected-pods-timer"
 
 Phase = Literal[
     "starting",
@@ -301,7 +304,9 @@ class NodeMaintenance:
 
     async def _wait_for_protected_pods(self, inp: NodeMaintenanceInput) -> None:
         self._enter("waiting-for-protected-pods")
-        deadline = workflow.now() + inp.protected_pods_timeout
+        started = workflow.now()
+        deadline = started + inp.protected_pods_timeout
+        timer: Deadline | None = None  # PROTECTED_PODS_TIMER: started once a look finds pods (none found: no event)
         query = PodQuery(cluster=inp.cluster, node=inp.node, label_selector=inp.protected_pod_selector or "")
         while not self._stopping() and self._skip_wait is None:
             pods = await self._calls.execute(
@@ -314,22 +319,38 @@ class NodeMaintenance:
             self._status.protected_pods = [str(p) for p in pods]
             self._set_details()
             if not pods:
+                if timer is not None:
+                    timer.cancel()
                 return
+            if timer is None and workflow.patched(PROTECTED_PODS_TIMER):  # decided after the listing's activity
+                timer = Deadline(inp.protected_pods_timeout, "protected pods time out", since=started)
+            if timer is not None:
+                if timer.passed:
+                    raise self._protected_pods_timeout(inp)
+                await timer.wait(lambda: self._stopping() or self._skip_wait is not None,
+                                 at_most=inp.protected_pods_poll_interval,
+                                 summary="protected pods still running")  # fmt: skip
+                continue
             remaining = deadline - workflow.now()
             if remaining <= timedelta(0):
-                raise ApplicationError(
-                    f"protected pods still running on {inp.node} after {inp.protected_pods_timeout}: "
-                    + ", ".join(self._status.protected_pods),
-                    type="ProtectedPodsTimeout",
-                    non_retryable=True,
-                )
+                raise self._protected_pods_timeout(inp)
             with contextlib.suppress(asyncio.TimeoutError):
                 await workflow.wait_condition(
                     lambda: self._stopping() or self._skip_wait is not None,
                     timeout=min(inp.protected_pods_poll_interval, remaining),
                     timeout_summary="protected pods still running",
                 )
+        if timer is not None:
+            timer.cancel()
         self._status.protected_pods = []
+
+    def _protected_pods_timeout(self, inp: NodeMaintenanceInput) -> ApplicationError:
+        return ApplicationError(
+            f"protected pods still running on {inp.node} after {inp.protected_pods_timeout}: "
+            + ", ".join(self._status.protected_pods),
+            type="ProtectedPodsTimeout",
+            non_retryable=True,
+        )
 
     async def _drain(self, inp: NodeMaintenanceInput) -> None:
         self._enter("draining")

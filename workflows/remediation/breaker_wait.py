@@ -19,9 +19,14 @@ from temporalio import workflow
 
 from activities.node_health import NodeHealth
 from workflows.budget.leases import Lease
+from workflows.common.deadlines import Deadline
 from workflows.remediation.models import MAX_BREAKER_ASKS, NodeRemediationInput, NodeRemediationStatus
 
 PATCH = "remediation-handed-over-waits-for-breaker"  # workflow.patched() id: such a run waits instead of ending
+# workflow.patched() id: `breaker_wait_limit` is a timer (workflows/common/deadlines.py), not the clock of the task
+# that looks: a worker resuming late asks again as the history reads.
+DEADLINE_PATCH = "remediation-breaker-wait-timer"
+RETRY = "ask the disruption budget again"
 PHASE = "waiting-for-breaker"
 
 
@@ -48,16 +53,24 @@ class BreakerWait:
         made: then the last refusal."""
         inp, note = self.inp, self.status.note
         deadline = workflow.now() + inp.breaker_wait_limit
+        # Decided early, at the run's start, where PATCH is; runs without it end the wait by the clock.
+        limit = Deadline(inp.breaker_wait_limit, "the wait for the breaker ends") \
+            if workflow.patched(DEADLINE_PATCH) else None  # fmt: skip
         while lease is not None and lease.state == "refused":
-            remaining = deadline - workflow.now()
-            if remaining <= timedelta(0) or self.asks >= MAX_BREAKER_ASKS:
-                self.waited = inp.breaker_wait_limit - remaining
+            remaining = deadline - workflow.now()  # for the waits and the text only, once `limit` runs
+            if (limit.passed if limit is not None else remaining <= timedelta(0)) or self.asks >= MAX_BREAKER_ASKS:
+                self.waited = inp.breaker_wait_limit - max(remaining, timedelta(0))
                 break
             self.status.note = self.waiting(lease)
             self.enter(PHASE)
-            await workflow.sleep(min(inp.breaker_retry_interval, remaining), summary="ask the disruption budget again")
+            if limit is not None:
+                await limit.wait(lambda: False, at_most=inp.breaker_retry_interval, summary=RETRY)
+            else:
+                await workflow.sleep(min(inp.breaker_retry_interval, remaining), summary=RETRY)
             lease = await ask()
             self.asks += 1
+        if limit is not None:
+            limit.cancel()
         self.status.note = note
         return lease
 

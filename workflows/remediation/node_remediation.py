@@ -78,7 +78,7 @@ from workflows.common.endpoints import Endpoints, EndpointWait, bmc_endpoint, ku
 from workflows.common.errors import error_text
 from workflows.common.patches import decide_early
 from workflows.maintenance.drain import Drain
-from workflows.remediation import breaker_wait
+from workflows.remediation import breaker_wait, settle
 from workflows.remediation.approvals import Approvals, Rejected
 from workflows.remediation.models import (
     Approval,
@@ -189,7 +189,7 @@ class NodeRemediation:
         # validation gate's or a returned lease's: their patches are decided here.
         handed = breaker_wait.handed_over(health, owner)  # its cordon was passed to it: no other run holds the node
         decide_early(leases.SIGNAL_PATCH, MARK_REMEDIATED_PATCH, NOTIFY_AFTER_OUTCOME_PATCH, RECHECK_AFTER_LEASE_PATCH,
-                     *[breaker_wait.PATCH] * handed)  # fmt: skip
+                     *[breaker_wait.PATCH, breaker_wait.DEADLINE_PATCH] * handed)  # fmt: skip
         self._validation = await validation_for(inp.cluster, inp.validation, VALIDATION_DEFAULT_PATCH)
         check = GpuCheckRequest(expected_count=gpus, expected_model=model, report_unavailable=True)
 
@@ -423,17 +423,15 @@ class NodeRemediation:
         """The step's success check: conditions, GPU check and BMC clear within settle_timeout, then burn-in."""
         inp = self._inp
         self._enter("re-checking")
-        deadline = workflow.now() + inp.settle_timeout
-        while True:
-            problems, before = await self._problems(bmc, check)
-            self._status.problems = problems
-            if not problems:
-                break
-            remaining = deadline - workflow.now()
-            if remaining <= timedelta(0):
-                return False, "still unhealthy: " + "; ".join(problems)
-            self._details()
-            await workflow.sleep(min(inp.settle_poll_interval, remaining), summary="let the node settle")
+        before: GpuCheckResult | None = None
+
+        async def look() -> list[str]:
+            nonlocal before
+            self._status.problems, before = await self._problems(bmc, check)
+            return self._status.problems
+
+        if problems := await settle.settled(inp, look, self._details):
+            return False, "still unhealthy: " + "; ".join(problems)
         if not inp.checks.host_agent or before is None:
             return True, "checks clear (no burn-in without the host agent)"
         self._enter("burn-in", f"{inp.burn_in_seconds:.0f}s of GPU stress")

@@ -29,6 +29,7 @@ from workflows.budget.leases import SIGNAL_PATCH, Lease, acquire_lease, release_
 from workflows.common import priorities
 from workflows.common.base import history_is_long
 from workflows.common.patches import decide_early
+from workflows.maintenance.drain import DEADLINE_TIMER
 from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.cluster_reads import read_gangs
@@ -121,7 +122,7 @@ class RolloutBatch:
         leased = work.lease_field is not None and workflow.patched(SIGNAL_PATCH)
         inline = work.workflow == INLINE_WORK and workflow.patched(INLINE_PATCH)
         if inline:  # a node's sequence decides it right after a local activity: here instead, for all of them
-            decide_early(STAGES_HAND_BACK, START_WITH_STAGES)
+            decide_early(STAGES_HAND_BACK, START_WITH_STAGES, DEADLINE_TIMER)
         # Here, not when a window's timer fires: that may be in the activation of a node's local activity.
         self._window_by_timer = bool(inp.windows) and workflow.patched(WINDOW_BY_TIMER)
 
