@@ -218,7 +218,32 @@ async def test_reboot_is_verified_by_a_new_boot_id(client, kube_worker, k8s, cor
         ("kernel-tuning", "interrupt"),
         ("kernel-tuning", "post-interrupt"),
     ]
-    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_hand_back_decided_early")
+    await record_history(await batch_handle(client, handle.id, "a-01"), "rollout_batch_starts_with_stages")
+
+
+async def test_a_node_with_nothing_to_drain_goes_from_its_start_to_its_stages_in_one_activity(client, kube_worker, k8s,
+                                                                                              core):  # fmt: skip
+    """node-update-starts-with-stages: no local activity for the start (which held a whole batch until its last
+    node was started), one activity from the cordon to the hand-back, the node complete and uncordoned."""
+    fleet = [o for o in rollout_fleet({"a": 1}) if o["metadata"].get("namespace") != "apps"]  # no web pod to evict
+    await lab_ready(k8s, fleet)
+    handle = await start(client, kube_worker, rollout_spec("nothing-to-drain"))
+    assert (await handle.result()).counts == {"complete": 1}
+    batch = await batch_handle(client, handle.id, "a-01")
+    scheduled: list[str] = []
+    markers: list[str] = []
+    async for event in batch.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            scheduled.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+        marker = event.marker_recorded_event_attributes
+        if marker.marker_name == "core_local_activity":
+            markers.append(json.loads(marker.details["data"].payloads[0].data)["activity_type"])
+    assert scheduled == ["run_node_stages"], scheduled
+    assert "start_node_update" not in markers, markers  # the lease's signals remain local activities
+    node = await read_node(core, "a-01")
+    assert not node.spec.unschedulable and node.metadata.labels[ROLLOUT_STATE_LABEL] == "complete"
+    assert json.loads(node.metadata.annotations[PACKAGES_ANNOTATION]) == {"kernel-tuning": "1.2.0"}
+    await record_history(batch, "rollout_batch_starts_with_stages_undrained")
 
 
 async def test_dry_run_plans_without_writing(client, kube_worker, k8s):
