@@ -23,7 +23,9 @@ the check again, the drain's plan) and `finish_node_update` (packages recorded, 
 local activities, short and idempotent; between them the drain's evictions, and one heartbeating activity that
 runs every stage's Job and waits for each (and for the reboot) itself: `run_node_stages`. When no validation gate
 comes between, that activity makes the finish's write itself once its last stage has succeeded (STAGES_HAND_BACK),
-so the node leaves as its last Job ends and costs no call of its own for it. A pause cancels that
+so the node leaves as its last Job ends and costs no call of its own for it; and in a batch that holds the node's
+lease, the same activity makes the start too (START_WITH_STAGES, `_start_with_stages`), so the node goes from its
+cordon to its first Job at once. A pause cancels that
 activity, which stops before its next stage, never inside one; on resume the stages left run as a new one. The
 stage under way is on the node (the millwright.dev/rollout annotation); `status` shows the stages running.
 
