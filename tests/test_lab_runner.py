@@ -133,6 +133,7 @@ def test_lab_up_refuses_twins_then_down_stops_everything(tmp_path, occupied_port
     lab = LabProcess(state, "--port", str(occupied_port), "--without", "netbox")  # NetBox: tests/test_examples.py
     try:
         lab.wait_for("lab: ready")
+        lab.wait_for("  stop:")  # the banner's last line: every address printed before it
         assert f"port {occupied_port} for Temporal is taken; using" in lab.output
         info = json.loads((state / "lab.json").read_text())
         pids = info["pids"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -22,7 +22,6 @@ from workflows.budget.budget import ceiling
 from workflows.common import priorities
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress, history_is_long, publish_phase
-from workflows.common.deadlines import Deadline
 from workflows.rollout.batching import (
     NodeSnapshot,
     admissible,
@@ -40,6 +39,7 @@ from workflows.rollout.batching import (
     window_open,
 )
 from workflows.rollout.cluster_reads import check_gate, read_gangs, survey, unavailable_nodes
+from workflows.rollout.gate_clock import GateClock
 from workflows.rollout.membership import MembershipChange, reconcile, retryable
 from workflows.rollout.models import (
     BatchInput,
@@ -53,10 +53,10 @@ from workflows.rollout.models import (
     NodeWork,
     RolloutStatus,
 )
-from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.fleet import FleetSpec
 from workflows.rollout.state import BatchState, CompartmentState, NodeStatus, RolloutCheckpoint
 from workflows.rollout.unit_batching import UnitBatch, topology_note, unit_batch
+from workflows.rollout.windows import WINDOW_BY_TIMER, sleep_until_window
 
 HISTORY_LIMIT = 8000  # continue as new past this, well under the server's 10,240 warning
 BUDGET_POLL = timedelta(seconds=30)
@@ -68,14 +68,6 @@ MATCHED_NO_NODE = "the node selectors matched no node"  # a finished run's, as a
 # workflow.patched() id: a batch takes a node already out of service (an erroring node due for its retry) whatever
 # the ceiling's room, as it costs nothing more (batching.admit).
 OUT_OF_SERVICE_PATCH = "fleet-out-of-service-costs-nothing"
-# workflow.patched() id: a wait for a maintenance window that ends because its timer fired (sized to the window's
-# opening) lets the next look pass the window, where runs from before asked the clock again, which a worker resuming
-# late (or a replay) may read differently. Decided when such a timer fired (the engine runs no local activity), or
-# at a batch's start when it has windows (its nodes may run local activities: docs/patch-policy.md).
-WINDOW_BY_TIMER = "rollout-window-opens-by-timer"
-# workflow.patched() id: a failing batch gate pauses the run when a timer started at its first failing look fires,
-# not by the clock of the look that follows; decided at that first failing look, after the gate's activities.
-GATE_TIMEOUT_BY_TIMER = "rollout-gate-timeout-by-timer"
 
 
 class Compartments:
@@ -107,16 +99,14 @@ class Compartments:
         self.paused_reason: str | None = self.cp.paused_reason
         self.aborted: str | None = None
         self.continuing = False  # between batches every compartment parks; the workflow continues as new
-        # Runs of a Rollout from before PLANNING_PATCH (workflows/rollout/rollout.py) keep their fixed members.
-        self.planning = True
+        self.planning = True  # runs of a Rollout from before PLANNING_PATCH (rollout.py) keep their fixed members
         self._awaiting_approval: set[str] = set()
         self._approved: set[str] = set()
         self._batches: dict[str, workflow.ChildWorkflowHandle] = {}
         self._views: dict[str, CompartmentView] = {}
         self._recent: list[BatchView] = []
         self._stage_details: dict[str, list[StageRecord]] = {}
-        self._gate_failing_since: dict[str, datetime] = {}  # runs from before GATE_TIMEOUT_BY_TIMER
-        self._gate_deadlines: dict[str, Deadline] = {}
+        self._gate_clock = GateClock()
         self._window_opened: set[str] = set()  # compartments whose window wait's timer just fired (WINDOW_BY_TIMER)
         self._upserted: str | None = None
         self._live: dict[str, NodeSnapshot] = {}  # the last re-read, by name
@@ -358,37 +348,19 @@ class Compartments:
         if spec.gate is not None:
             problems = await check_gate(spec, spec.gate)
             if problems:
-                if self._gate_timed_out(name, spec.gate.timeout):
+                if self._gate_clock.timed_out(name, spec.gate.timeout):
                     # An operator decides: the gate has failed for as long as the spec tolerates.
-                    self._gate_passed(name)
+                    self._gate_clock.passed(name)
                     self.paused_reason = f"gate failing for {spec.gate.timeout}: {'; '.join(problems)[:500]}"
                     return False
                 self._enter(view, "gate-failing", "; ".join(problems)[:500])
-                if (deadline := self._gate_deadlines.get(name)) is not None:  # the timeout ends the wait too
+                if (deadline := self._gate_clock.deadline(name)) is not None:  # the timeout ends the wait too
                     await deadline.wait(self._interrupted, at_most=spec.gate.interval, summary="batch gate failing")
                 else:
                     await self._sleep(spec.gate.interval, "batch gate failing")
                 return False
-            self._gate_passed(name)
+            self._gate_clock.passed(name)
         return True
-
-    def _gate_timed_out(self, name: str, timeout: timedelta) -> bool:
-        """The compartment's gate failed this look: whether it has failed for `timeout` since its first failing
-        look, by a timer started there (GATE_TIMEOUT_BY_TIMER), in runs from before by the clock."""
-        if name not in self._gate_deadlines and name not in self._gate_failing_since:
-            if workflow.patched(GATE_TIMEOUT_BY_TIMER):
-                self._gate_deadlines[name] = Deadline(timeout, f"batch gate of {name} failing for {timeout}")
-            else:
-                self._gate_failing_since[name] = workflow.now()
-        if (deadline := self._gate_deadlines.get(name)) is not None:
-            return deadline.passed
-        return workflow.now() - self._gate_failing_since[name] >= timeout
-
-    def _gate_passed(self, name: str) -> None:
-        """The gate passed, or the run paused on it: a later failing look counts from itself."""
-        if (deadline := self._gate_deadlines.pop(name, None)) is not None:
-            deadline.cancel()
-        self._gate_failing_since.pop(name, None)
 
     async def _run_batch(self, name: str, view: CompartmentView, cs: CompartmentState, batch_view: BatchView) -> None:
         spec, number, chosen = self.spec, cs.batch.current_batch, batch_view.order
@@ -626,18 +598,3 @@ class Compartments:
         erroring = [n for n, s in self.cp.nodes.items() if s == "erroring"]
         lines += [f"- node `{n}` erroring: {self.cp.reasons.get(n, '')[:300]}" for n in erroring[:PROBLEMS_SHOWN]]
         return "\n".join(lines)
-
-
-async def sleep_until_window(windows: list[MaintenanceWindow], wake: Callable[[], bool]) -> bool:
-    """Until the next window opens (the clock sizes the timer) or `wake()`; True when the timer fired: the wait
-    ended at the window's opening, an event in the history (WINDOW_BY_TIMER). No window within 8 days (invalid
-    windows): an hour's wait, after which the clock is asked again."""
-    opens = next_window_open(windows, workflow.now())
-    wait = (opens - workflow.now()) if opens else timedelta(hours=1)
-    try:
-        await workflow.wait_condition(
-            wake, timeout=max(wait, timedelta(seconds=1)), timeout_summary="maintenance window closed"
-        )
-    except TimeoutError:
-        return opens is not None
-    return False

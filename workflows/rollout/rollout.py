@@ -33,7 +33,7 @@ from workflows.maintenance.drain import DEADLINE_TIMER
 from workflows.maintenance.gang_drains import GangDrains
 from workflows.rollout.batching import coalesce_interrupts, compartment_budget, package_order, plan, window_open
 from workflows.rollout.cluster_reads import read_gangs
-from workflows.rollout.compartments import HISTORY_LIMIT, WINDOW_BY_TIMER, Compartments, sleep_until_window
+from workflows.rollout.compartments import HISTORY_LIMIT, Compartments
 from workflows.rollout.fleet_controls import FleetControls
 from workflows.rollout.models import (
     BatchInput,
@@ -52,6 +52,7 @@ from workflows.rollout.node_update import STAGES_HAND_BACK, START_WITH_STAGES, N
 from workflows.rollout.spec.admission import MaintenanceWindow
 from workflows.rollout.spec.spec import RolloutInput
 from workflows.rollout.state import BatchState
+from workflows.rollout.windows import WINDOW_BY_TIMER, sleep_until_window
 from workflows.validation.defaults import validation_for
 
 # workflow.patched() id of batch planning (docs/rollout-batch-planning.md): membership re-read before each batch,
