@@ -288,9 +288,8 @@ class KubeActivities(RackActivities):
             activity.heartbeat({"started": started.model_dump(mode="json")})  # a retry never starts it again
         if started.blocked or started.refused or (started.drain is not None and started.drain.evict):
             return None, started
-        stages, due, removing = req.plan.stages_for(started.node.packages)
-        finish = req.finish and req.finish.model_copy(update={"packages": {p.name: p.version for p in due},
-                                                              "removed": [p.name for p in removing]})  # fmt: skip
+        stages, installs, removed = req.plan.stages_for(started.node.packages)
+        finish = req.finish and req.finish.model_copy(update={"packages": installs, "removed": removed})
         planned = req.model_copy(update={"stages": stages, "boot_id": started.node.boot_id or "", "finish": finish})
         self._check_stages(planned)
         return planned, started

@@ -52,10 +52,10 @@ class NodePlan(StrictModel):
     interrupt: InterruptPlan | None = None
     uninstall_interrupt: InterruptPlan | None = None
 
-    def stages_for(self, installed: dict[str, str]) -> tuple[list[NodeStage], list[PackagePlan], list[PackagePlan]]:
-        """(the stages, in order; the packages due; those it uninstalls, at the versions installed): NodeWright's
+    def stages_for(self, installed: dict[str, str]) -> tuple[list[NodeStage], dict[str, str], list[str]]:
+        """(the stages, in order; package -> version they install; the packages they uninstall): NodeWright's
         uninstall lane (each uninstall, then one uninstall-interrupt), then each due package's apply|upgrade and
-        config, one coalesced interrupt, the post-interrupt stages."""
+        config, one coalesced interrupt, the post-interrupt stages. The last two are the finish's."""
         due = [p for p in self.packages if installed.get(p.name) != p.version]
         # What it uninstalls runs the scripts of the version the node has.
         removing = [p.model_copy(update={"version": installed[p.name]}) for p in self.uninstall if p.name in installed]
@@ -66,7 +66,8 @@ class NodePlan(StrictModel):
         stages += [_stage(p, s) for p in due for s in ("upgrade" if p.name in installed else "apply", "config")]
         if self.interrupt is not None and self.interrupt.type != "noop" and due:
             stages.append(_stage(next((p for p in due if p.has_interrupt), due[0]), "interrupt", self.interrupt))
-        return stages + [_stage(p, "post-interrupt") for p in due if p.has_interrupt], due, removing
+        stages += [_stage(p, "post-interrupt") for p in due if p.has_interrupt]
+        return stages, {p.name: p.version for p in due}, [p.name for p in removing]
 
 
 def _stage(package: PackagePlan, name: str, interrupt: InterruptPlan | None = None) -> NodeStage:

@@ -225,9 +225,8 @@ class NodeSequence:
                       result: NodeUpdateResult) -> tuple[NodeUpdateFinish, bool]:  # fmt: skip
         """The node's stages from the packages it was started with, after those `first` ran already; `finish` with
         its packages, and whether the stages' activity handed the node back (`carry_finish`: it may)."""
-        stages, due, removing = plan.stages_for(started.node.packages)
-        finish = finish.model_copy(update={"packages": {p.name: p.version for p in due},
-                                           "removed": [p.name for p in removing]})  # fmt: skip
+        stages, installs, removed = plan.stages_for(started.node.packages)
+        finish = finish.model_copy(update={"packages": installs, "removed": removed})
         handed_back = False
         if first is not None:
             stages, handed_back = stages[len(first.stages) :], first.finished
