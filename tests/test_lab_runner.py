@@ -80,7 +80,12 @@ class BackgroundProcess:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                # Not stopped in time (a loaded machine): its children go with it rather than outlive the test.
+                if os.getpgid(self.proc.pid) == self.proc.pid:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                else:
+                    self.proc.kill()
+                self.proc.wait(10)
 
 
 class LabProcess(BackgroundProcess):
@@ -88,7 +93,7 @@ class LabProcess(BackgroundProcess):
 
     def __init__(self, state_dir: Path, *args: str) -> None:
         super().__init__([sys.executable, "-m", "starter", "lab", "up", "--state-dir", str(state_dir), "--ui-port",
-                          "0", *args])  # fmt: skip
+                          "0", *args], start_new_session=True)  # fmt: skip
 
 
 def alive(pid: int) -> bool:
