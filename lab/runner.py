@@ -38,6 +38,12 @@ ones left out with ``--without NAME,...``:
 - ``worker``: one Millwright worker (`python -m worker`) configured for all of them, secrets and CA bundles as
   references (``file:<path>``), never values.
 
+``--sites N`` (N >= 2; `Lab.run_sites`) plays issue 42's sites instead: per site ``site-<i>`` its own emulator
+(cluster ``lab-<i>``, callers named by a token file), BMCs (their own credentials) and a site worker
+(``MILLWRIGHT_SITE``) given only that site's kubeconfig and credentials, each service named ``site-<i>/<service>``
+with its files in ``<state-dir>/site-<i>/``; a central worker with ``<state-dir>/site-map.json`` and neither; the
+webhook receiver; not NetBox, UFM, Prometheus, NVL72 or the host agents (docs/lab.md, "Several sites").
+
 A service whose system pieces are missing here (NetBox without PostgreSQL or redis-server, Prometheus without
 its Debian package) is left out with one line
 saying why and what to install. `<state-dir>/lab.json` records every service's state and address and every pid
@@ -78,6 +84,7 @@ EXAMPLE = "millwright start NodeMaintenance --input examples/node-maintenance.js
 BURN_IN_TEMPLATE = EXAMPLES / "server-burn-in.json"
 FIRMWARE_TEMPLATE = EXAMPLES / "firmware-update.json"
 FLEET_FIRMWARE_TEMPLATE = EXAMPLES / "fleet-firmware-update.json"
+ROLLOUT_TEMPLATE = EXAMPLES / "rollout.json"  # a multi-site lab's campaign rolls it out
 # The copies with the BMCs' URLs (the last: `rack remediate`'s settings for the NVL72 cluster's first rack)
 BMC_EXAMPLES = ("server-burn-in", "firmware-update", "fleet-firmware-update", "rack-001-remediation")
 WEBHOOK_PORT = 9000  # the examples' webhook address, http://127.0.0.1:9000/hooks/ops
@@ -117,8 +124,31 @@ MARKERS = {
     "bmcs": "lab.redfish", "hosts": "lab.hosts", "ufm": "lab.ufm", "webhook": "lab.webhook",
     "prometheus": "lab.prometheus", "nvl72-bmcs": "lab.redfish", "nvl72-racks": "lab.rack_fabric",
 }  # fmt: skip
+# `--sites N`: sites `site-1`..`site-N`, each with its own emulator (cluster `lab-<i>`), BMCs and worker; the services
+# a site has are named `<site>/<service>`. What a multi-site lab leaves out, and why:
+SITE_SERVICES = ("kubernetes", "bmcs", "worker")
+NOT_IN_SITES = {"netbox": "one inventory of one fleet", "ufm": "one fabric of one fleet",
+                "prometheus": "scrapes one cluster", "nvl72": "one cluster beside the management cluster",
+                "nvl72-bmcs": "with nvl72", "nvl72-racks": "with nvl72",
+                "hosts": "host agents follow one BMC lab"}  # fmt: skip
+LAB_ADMIN = "lab-admin"  # the lab's own identity (its power link, your kubectl) in each site's emulator
+SITE_MAP = "site-map.json"  # in the state dir: the central worker's MILLWRIGHT_SITE_MAP
 STOP_ORDER = ["worker", "hosts", "nvl72-racks", "kubernetes", "nvl72", "bmcs", "nvl72-bmcs", "ufm", "webhook",
               "prometheus", "temporal", "netbox-migrate", "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
+
+
+def kind_of(name: str) -> str:
+    """A service's kind: `site-1/worker` is a worker."""
+    return name.rsplit("/", 1)[-1]
+
+
+def stop_rank(name: str) -> int:
+    kind = kind_of(name)
+    return STOP_ORDER.index(kind) if kind in STOP_ORDER else len(STOP_ORDER)
+
+
+def site_names(count: int) -> list[str]:
+    return [f"site-{i}" for i in range(1, count + 1)]
 
 
 def say(msg: str) -> None:
@@ -186,7 +216,7 @@ def running_lab(state_dir: Path) -> dict[str, Any] | None:
 
 def live_pids(info: dict[str, Any]) -> dict[str, int]:
     pids = info.get("pids") or {}
-    return {name: pid for name, pid in pids.items() if pid_alive(pid, MARKERS.get(name))}
+    return {name: pid for name, pid in pids.items() if pid_alive(pid, MARKERS.get(kind_of(name)))}
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -198,7 +228,7 @@ def _wait_gone(pids: dict[str, int], timeout: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout
     remaining = dict(pids)
     while remaining and time.monotonic() < deadline:
-        remaining = {n: p for n, p in remaining.items() if pid_alive(p, MARKERS.get(n))}
+        remaining = {n: p for n, p in remaining.items() if pid_alive(p, MARKERS.get(kind_of(n)))}
         if remaining:
             time.sleep(0.1)
     return remaining
@@ -228,6 +258,8 @@ class Lab:
     timeout: float
     without: set[str] = field(default_factory=set)
     bmc_http: bool = False
+    sites: int = 0  # `--sites N`: N sites (0: the one-site lab)
+    admin_token: str = ""  # with sites: the lab's own identity in every site's emulator (never in lab.json)
     bmc_password: str | None = None  # this `up`'s, for every BMC it runs (`bmc_lab`)
     children: dict[str, Child] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
@@ -258,7 +290,8 @@ class Lab:
         say(f"{SERVICES[name]} left out: {why}")
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        log = self.state_dir / f"{name}.log"
+        log = self.state_dir / f"{name}.log"  # a site's service: in the site's folder
+        log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as fh:
             proc = subprocess.Popen(
                 argv,
@@ -310,7 +343,7 @@ class Lab:
         ready.unlink(missing_ok=True)
         child = self.spawn(name, [sys.executable, "-m", module, "--ready-file", str(ready), *args],
                            env={**_child_env(), **(env or {})})  # fmt: skip
-        return str((await self.wait_ready(child, ready, f"the {SERVICES[name]}"))["url"])
+        return str((await self.wait_ready(child, ready, f"the {SERVICES[kind_of(name)]} ({name})"))["url"])
 
     async def start_kubernetes(self) -> str:
         return await self.start_server(
@@ -371,28 +404,36 @@ class Lab:
     def bmc_scheme(self, fleet: Any) -> str:
         return "HTTPS (lab CA)" if fleet.bmc.https and not self.bmc_http else "plain HTTP"
 
-    async def bmc_lab(self, name: str, servers: list[dict], fleet: Any, images: dict | None = None) -> dict[str, Any]:
+    async def bmc_lab(self, name: str, servers: list[dict], fleet: Any, images: dict | None = None,
+                      site: str | None = None) -> dict[str, Any]:  # fmt: skip
         """`python -m lab.redfish` as service `name`, holding `servers`, with this `up`'s BMC credentials (written
-        into `<state-dir>/bmc/credentials` at the first call) and the fleet's BMC settings; what the lab records of
-        it: its admin URL, the credentials and CA as references, the power delay, each server's URL."""
+        into `<state-dir>/bmc/credentials` at the first call; a `site`'s own user and password in
+        `<state-dir>/<site>/bmc/credentials`) and the fleet's BMC settings; what the lab records of it: its admin URL,
+        the credentials and CA as references, the power delay, each server's URL."""
         import httpx
 
         https = fleet.bmc.https and not self.bmc_http
         self.service(name, "starting", "HTTPS" if https else "plain HTTP")
-        root = self.state_dir / "bmc"
-        root.mkdir(exist_ok=True)
+        root = self.state_dir / (f"{site}/bmc" if site else "bmc")
+        root.mkdir(parents=True, exist_ok=True)
         credentials = (root / "credentials").resolve()
-        if self.bmc_password is None:
-            self.bmc_password = secrets.token_urlsafe(18)
-            write_secret_file(credentials, f"{BMC_USER}:{self.bmc_password}")
-        prefix = "" if name == "bmcs" else f"{name}-"
+        if site:  # another user and password at every site
+            user, password = f"{BMC_USER}-{site}", secrets.token_urlsafe(18)
+            write_secret_file(credentials, f"{user}:{password}")
+        else:
+            user = BMC_USER
+            if self.bmc_password is None:
+                self.bmc_password = secrets.token_urlsafe(18)
+                write_secret_file(credentials, f"{user}:{self.bmc_password}")
+            password = self.bmc_password
+        prefix = "" if name == "bmcs" or site else f"{name}-"
         (root / f"{prefix}servers.json").write_text(json.dumps(servers, indent=2) + "\n")
         admin = await self.start_server(
             name, "lab.redfish", root / f"{prefix}ready.json",
             ["--host", LOOPBACK, "--port", "0", "--servers-file", str(root / f"{prefix}servers.json"),
              "--power-delay", str(fleet.bmc.power_delay),
              *(self.tls_arguments("bmc") if https else [])],
-            env={"LAB_BMC_USER": BMC_USER, "LAB_BMC_PASSWORD": self.bmc_password},  # never on a command line
+            env={"LAB_BMC_USER": user, "LAB_BMC_PASSWORD": password},  # never on a command line
         )  # fmt: skip
         async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
             views = (await http.get(f"{admin}/_lab/servers", params={"fields": "url"})).raise_for_status().json()
@@ -501,7 +542,8 @@ class Lab:
         from lab.k8s.admin import EmulatorAdmin
         from lab.k8s.crds import CAPI_CRDS, TENANCY_CRDS
 
-        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        auth = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}  # a site's emulator
+        async with httpx.AsyncClient(trust_env=False, timeout=10, headers=auth) as http:
             listed = (await http.get(f"{url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions")).json()
         have = {c["metadata"]["name"] for c in listed.get("items") or []}
         kinds = [c for c in CAPI_CRDS + TENANCY_CRDS if c["metadata"]["name"] not in have]
@@ -625,21 +667,8 @@ class Lab:
         from activities.prometheus import Prometheus
         from activities.ufm.integration import Ufm
         from activities.usage_report import UsageReports
-        from worker.config import WorkerSettings
 
-        toml = self.state_dir / "temporal.toml"
-        toml.write_text(f'[profile.default]\naddress = "{address}"\nnamespace = "default"\n')
-        settings = {f"MILLWRIGHT_{name.upper()}" for name in WorkerSettings.model_fields if name != "log_level"}
-        env = {k: v for k, v in _child_env().items() if not k.startswith("TEMPORAL_") and k not in settings}
-        env.update(
-            TEMPORAL_CONFIG_FILE=str(toml),
-            TEMPORAL_ADDRESS=address,
-            TEMPORAL_NAMESPACE="default",
-            MILLWRIGHT_TASK_QUEUE=self.task_queue,
-            MILLWRIGHT_METRICS_HOST=LOOPBACK,
-            MILLWRIGHT_METRICS_PORT=str(metrics_port),
-            MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
-        )
+        env = self.base_worker_env(address, metrics_port, self.task_queue)
         env.update(Kubernetes.environment(kubeconfig=str(kubeconfig)))
         if self.info.get("netbox"):
             netbox = self.info["netbox"]
@@ -659,6 +688,49 @@ class Lab:
         env.update(UsageReports.environment(usage_sink=str((self.state_dir / "usage").resolve())))
         return env
 
+    def base_worker_env(self, address: str, metrics_port: int, task_queue: str) -> dict[str, str]:
+        """Temporal, the task queue and the metrics port, and none of the caller's own worker settings."""
+        from worker.config import WorkerSettings
+
+        toml = self.state_dir / "temporal.toml"
+        toml.write_text(f'[profile.default]\naddress = "{address}"\nnamespace = "default"\n')
+        settings = {f"MILLWRIGHT_{name.upper()}" for name in WorkerSettings.model_fields if name != "log_level"}
+        settings |= {"KUBECONFIG", "MILLWRIGHT_SITE", "MILLWRIGHT_SITE_MAP"}  # a central worker reads no kubeconfig
+        env = {k: v for k, v in _child_env().items() if not k.startswith("TEMPORAL_") and k not in settings}
+        env.update(
+            TEMPORAL_CONFIG_FILE=str(toml),
+            TEMPORAL_ADDRESS=address,
+            TEMPORAL_NAMESPACE="default",
+            MILLWRIGHT_TASK_QUEUE=task_queue,
+            MILLWRIGHT_METRICS_HOST=LOOPBACK,
+            MILLWRIGHT_METRICS_PORT=str(metrics_port),
+            MILLWRIGHT_SHUTDOWN_GRACE_SECONDS=str(WORKER_GRACE_SECONDS),
+        )
+        return env
+
+    def site_worker_env(self, address: str, site: dict[str, Any], metrics_port: int) -> dict[str, str]:
+        """A site's worker (MILLWRIGHT_SITE, on `millwright-site-<site>`, docs/lab.md "Sites"): its own site's
+        kubeconfig (its own identity) and BMC credentials, nothing of another site's."""
+        from activities.firmware.integration import Bmcs
+        from activities.kube.integration import Kubernetes
+
+        env = self.base_worker_env(address, metrics_port, site["task_queue"])
+        env["MILLWRIGHT_SITE"] = site["name"]
+        env.update(Kubernetes.environment(kubeconfig=site["kubeconfig"]))
+        env.update(Bmcs.environment(bmc_credentials=site["bmc"]["credentials"]))
+        if site["bmc"].get("ca_bundle"):
+            env.update(Bmcs.environment(bmc_ca_bundle=site["bmc"]["ca_bundle"]))
+        return env
+
+    def central_worker_env(self, address: str, site_map: Path, metrics_port: int) -> dict[str, str]:
+        """The central worker of a multi-site lab: the site map, and neither a kubeconfig nor BMC credentials."""
+        from activities.usage_report import UsageReports
+
+        env = self.base_worker_env(address, metrics_port, self.task_queue)
+        env["MILLWRIGHT_SITE_MAP"] = str(site_map)
+        env.update(UsageReports.environment(usage_sink=str((self.state_dir / "usage").resolve())))
+        return env
+
     def bmc_labs(self) -> list[dict[str, Any]]:
         """What the lab recorded of each BMC lab it runs: the GPU nodes', the NVL72 trays'."""
         return [b for b in (self.info.get("bmc"), (self.info.get("nvl72") or {}).get("bmc")) if b]
@@ -675,19 +747,23 @@ class Lab:
         path.write_text(FaultEventSettings(bmcs=bmcs).model_dump_json(include={"bmcs"}, indent=2) + "\n")
         return path
 
-    async def wait_worker_polling(self, address: str) -> None:
+    async def wait_worker_polling(self, address: str, name: str = "worker", task_queue: str | None = None) -> None:
+        """Until worker `name` polls `task_queue` (default the lab's) for activities, which a site's worker does
+        as much as one with workflows."""
+        from temporalio.api.enums.v1 import TaskQueueType
         from temporalio.client import Client
 
         client = await Client.connect(address)
-        worker_pid = str(self.children["worker"].pid)
+        worker_pid = str(self.children[name].pid)
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             self.check_children()
-            identities = await task_queue_poller_identities(client, self.task_queue) or []
+            identities = await task_queue_poller_identities(client, task_queue or self.task_queue,
+                                                            TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) or []  # fmt: skip
             if any(worker_pid in identity for identity in identities):
                 return
             await asyncio.sleep(0.2)
-        raise LabError(f"the worker did not start polling in {self.timeout:.0f}s; see {self.children['worker'].log}")
+        raise LabError(f"the {name} did not start polling in {self.timeout:.0f}s; see {self.children[name].log}")
 
     async def declare_budget(self, address: str, cluster: str, count: int = LAB_BUDGET_NODES,
                              *limits: str) -> None:  # fmt: skip
@@ -718,7 +794,7 @@ class Lab:
         self.info.setdefault("budgets", {})[cluster] = f"{count} nodes out of service at once" + (
             f" ({' '.join(limits)})" if limits else ""
         )
-        if cluster == self.info["kubernetes"]["cluster"]:
+        if cluster == (self.info.get("kubernetes") or {}).get("cluster"):
             self.info["budget"] = f"{count} nodes of {cluster} out of service at once"
 
     # -------------------------------------------------------------- examples with this lab's values
@@ -798,13 +874,15 @@ class Lab:
             "ui": server.ui_url,
             "task_queue": self.task_queue,
             "logs": {},
-            "services": {name: {"state": "waiting", "note": ""} for name in SERVICES},
+            "services": {name: {"state": "waiting", "note": ""} for name in self.service_names()},
         }
         for name in sorted(self.without):
             self.leave_out(name, "--without")
         proc = server.start()
         self.children["temporal"] = Child("temporal", proc, server.log_file)
         self.service("temporal", "starting", url=server.address)
+        if self.sites:
+            return await self.run_sites(server, fleet, taken, notes)
 
         self.service("kubernetes", "starting")
         k8s_url = await self.start_kubernetes()
@@ -869,6 +947,164 @@ class Lab:
                     await netbox_task
             if netbox_gate is not None:
                 await netbox_gate[0].close()
+
+    def service_names(self) -> list[str]:
+        """The one-site lab's services; with `--sites`, each site's own and the central ones."""
+        if not self.sites:
+            return list(SERVICES)
+        per_site = [f"{site}/{kind}" for site in site_names(self.sites) for kind in SITE_SERVICES]
+        return ["temporal", *per_site, "webhook", "worker", *NOT_IN_SITES]
+
+    async def start_site(self, index: int, site: str, fleet: Any) -> dict[str, Any]:
+        """A site: its own emulator (cluster `lab-<index>`, seeded with the fleet when fresh) knowing two callers,
+        its worker's identity `millwright-<site>` and the lab's own; its worker's kubeconfig (its cluster, its
+        identity); its BMCs with their own credentials. Everything in `<state-dir>/<site>/`."""
+        import yaml
+
+        from lab.k8s.admin import kubeconfig
+
+        cluster, identity, token = f"lab-{index}", f"millwright-{site}", secrets.token_urlsafe(18)
+        folder = self.state_dir / site
+        folder.mkdir(exist_ok=True)
+        tokens = write_secret_file(folder / "tokens.csv", f"{token},{identity},{identity}\n"
+                                   f"{self.admin_token},{LAB_ADMIN},{LAB_ADMIN}\n")  # fmt: skip
+        state = folder / "k8s-state.json"
+        fresh = not state.exists()
+        self.service(f"{site}/kubernetes", "starting")
+        url = await self.start_server(f"{site}/kubernetes", "lab.k8s", folder / "k8s.ready.json",
+                                      ["--host", LOOPBACK, "--port", "0", "--state-file", str(state),
+                                       "--token-auth-file", str(tokens.resolve())])  # fmt: skip
+        site_fleet = fleet.model_copy(update={"cluster": cluster})
+        await self.seed_kubernetes(url, fresh, site_fleet)
+        config = write_secret_file(folder / "kubeconfig", yaml.safe_dump(
+            kubeconfig(url, cluster, token=token, user=identity), sort_keys=False)).resolve()  # fmt: skip
+        self.service(f"{site}/kubernetes", "ready", f"cluster {cluster!r}, its audit {url}/_lab/audit", url=url)
+        bmc = await self.bmc_lab(f"{site}/bmcs", site_fleet.bmc_servers(), fleet, site=site)
+        self.service(f"{site}/bmcs", "ready", f"{len(bmc['servers'])} servers, {self.bmc_scheme(fleet)}, "
+                     f"credentials {bmc['credentials']}", url=bmc["admin"])  # fmt: skip
+        return {"name": site, "cluster": cluster, "url": url, "audit": f"{url}/_lab/audit", "identity": identity,
+                "kubeconfig": str(config), "task_queue": f"millwright-site-{site}", "bmc": bmc,
+                "worker": {"log": str((folder / "worker.log").resolve())}}  # fmt: skip
+
+    def write_site_map(self, sites: dict[str, dict[str, Any]]) -> Path:
+        """The central worker's MILLWRIGHT_SITE_MAP (docs/lab.md "Sites"): each site's cluster and its BMCs'
+        host:port."""
+        from urllib.parse import urlsplit
+
+        doc = {"sites": {name: {"clusters": [site["cluster"]],
+                                "bmcs": sorted(urlsplit(u).netloc for u in site["bmc"]["servers"].values())}
+                         for name, site in sites.items()}}  # fmt: skip
+        path = (self.state_dir / SITE_MAP).resolve()
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        return path
+
+    def write_fleet_rollout(self, clusters: list[str]) -> Path:
+        """`<state-dir>/examples/fleet-rollout.json`: a FleetRollout of examples/rollout.json across every site's
+        cluster, the first one the canary, then one cluster at a time."""
+        template = json.loads(ROLLOUT_TEMPLATE.read_text())
+        template.pop("cluster")
+        example = {"name": "lab-sites", "clusters": clusters, "plan": {"wave_size": 1}, "rollout": template}
+        out_dir = self.state_dir / "examples"
+        out_dir.mkdir(exist_ok=True)
+        path = (out_dir / "fleet-rollout.json").resolve()
+        path.write_text(json.dumps(example, indent=2) + "\n")
+        self.info["examples"] = {"fleet-rollout": str(path)}
+        return path
+
+    async def run_sites(self, server: DevServer, fleet: Any, taken: set[int], notes: list[str]) -> int:
+        """`--sites N`: per site an emulator, BMCs and a site worker; the central worker with the site map only;
+        Temporal and the webhook receiver shared."""
+        for name, why in NOT_IN_SITES.items():
+            if name not in self.without:
+                self.leave_out(name, f"not in a multi-site lab: {why}")
+        self.admin_token = secrets.token_urlsafe(18)
+        sites = {name: await self.start_site(i, name, fleet) for i, name in enumerate(site_names(self.sites), 1)}
+        self.info["sites"] = sites
+        kubeconfig = self.write_kubeconfig_of_sites(sites)
+        self.info["kubeconfig"] = str(kubeconfig)
+        site_map = self.write_site_map(sites)
+        self.info["site_map"] = str(site_map)
+        webhook = await self.start_webhook(taken, notes) if "webhook" not in self.without else None
+        for note in notes:
+            say(note)
+        await server.wait_healthy(self.timeout)
+        self.service("temporal", "ready", f"UI {server.ui_url}", url=server.address)
+        for name, site in sites.items():
+            port = free_port(avoid=taken)
+            taken.add(port)
+            self.service(f"{name}/worker", "starting")
+            self.spawn(f"{name}/worker", [sys.executable, "-m", "worker"],
+                       env=self.site_worker_env(server.address, site, port))  # fmt: skip
+            site["worker"].update(metrics=f"http://{LOOPBACK}:{port}/metrics", task_queue=site["task_queue"])
+        port = free_port(avoid=taken)
+        self.service("worker", "starting")
+        self.spawn("worker", [sys.executable, "-m", "worker"], env=self.central_worker_env(server.address, site_map,
+                                                                                         port))  # fmt: skip
+        self.info["worker"] = {"metrics": f"http://{LOOPBACK}:{port}/metrics", "task_queue": self.task_queue,
+                               "site_map": str(site_map)}  # fmt: skip
+        self.info["logs"] = {n: str(c.log.resolve()) for n, c in self.children.items()}
+        for name, site in sites.items():
+            await self.wait_worker_polling(server.address, f"{name}/worker", site["task_queue"])
+            self.service(f"{name}/worker", "ready", f"MILLWRIGHT_SITE={name}, task queue {site['task_queue']}, "
+                         f"kubeconfig {site['kubeconfig']} (user {site['identity']})")  # fmt: skip
+        await self.wait_worker_polling(server.address)
+        for site in sites.values():
+            await self.declare_budget(server.address, site["cluster"])
+        self.service("worker", "ready", f"task queue {self.task_queue}, site map {site_map}, no kubeconfig, no BMC "
+                     "credentials")  # fmt: skip
+        example = self.write_fleet_rollout([site["cluster"] for site in sites.values()])
+        self.info["ready"] = True
+        self.save()
+        say(f"ready in {_duration(time.monotonic() - self.started)}: {self.sites} sites")
+        self.print_sites(server, kubeconfig, example, webhook)
+        async with contextlib.AsyncExitStack() as stack:
+            for site in sites.values():
+                await stack.enter_async_context(self.follow_power(site["bmc"], kubeconfig, site["cluster"]))
+            return await self.serve()
+
+    def write_kubeconfig_of_sites(self, sites: dict[str, dict[str, Any]]) -> Path:
+        """`<state-dir>/kubeconfig`: every site's cluster as the lab's own identity (yours, and the power link's);
+        the first the current context."""
+        import yaml
+
+        from lab.k8s.admin import kubeconfig
+
+        docs = [kubeconfig(s["url"], s["cluster"], token=self.admin_token, user=f"{LAB_ADMIN}-{s['cluster']}")
+                for s in sites.values()]  # fmt: skip
+        doc = docs[0]
+        for extra in docs[1:]:
+            for key in ("clusters", "users", "contexts"):
+                doc[key] += extra[key]
+        return write_secret_file(self.state_dir / "kubeconfig", yaml.safe_dump(doc, sort_keys=False)).resolve()
+
+    def print_sites(self, server: DevServer, kubeconfig: Path, example: Path, webhook: str | None) -> None:
+        """The banner of a multi-site lab: per site its cluster, the site worker's kubeconfig and queue, its
+        emulator's audit; the central worker; a campaign across every site."""
+        where = "" if self.state_dir == Path(".millwright").absolute() else f" --state-dir {self.state_dir}"
+
+        def line(label: str, text: str) -> None:
+            print(f"  {label + ':':<15}{text}", flush=True)
+
+        line("Temporal UI", server.ui_url)
+        line("Temporal", f"{server.address} (namespace default, task queue {self.task_queue})")
+        for name, site in self.info["sites"].items():
+            line(name, f"cluster {site['cluster']!r} at {site['url']}")
+            line("  kubeconfig", f"{site['kubeconfig']} (its worker's: user {site['identity']}, {site['cluster']} "
+                 "only)")  # fmt: skip
+            line("  worker", f"MILLWRIGHT_SITE={name} on {site['task_queue']}, log {site['worker']['log']}")
+            line("  BMCs", f"{len(site['bmc']['servers'])} servers (admin {site['bmc']['admin']}, credentials "
+                 f"{site['bmc']['credentials']})")  # fmt: skip
+            line("  audit", f"curl {site['audit']}   (each call with its caller: `user`)")
+        line("central", f"worker on {self.task_queue}, MILLWRIGHT_SITE_MAP={self.info['site_map']}, no kubeconfig, "
+             "no BMC credentials")  # fmt: skip
+        line("kubeconfig", f"{kubeconfig} (every site's cluster, as {LAB_ADMIN})")
+        if webhook:
+            line("webhook", f"{self.info['webhook']['hooks']}")
+        left = [f"{n} ({s['note']})" for n, s in self.info["services"].items() if s["state"] == "left out"]
+        line("left out", "; ".join(left))
+        line("campaign", f"millwright start FleetRollout --input {example}{where} --watch")
+        line("status", f"millwright lab status{where}")
+        line("stop", f"Ctrl-C, or `millwright lab down{where}`")
 
     @contextlib.asynccontextmanager
     async def follow_power(self, bmc: dict[str, Any] | None, kubeconfig: Path, cluster: str):
@@ -978,10 +1214,9 @@ class Lab:
 
     def stop_children(self) -> None:
         """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""
-        groups = (
-            (["worker", "hosts"], WORKER_GRACE_SECONDS + 5),
-            ([n for n in STOP_ORDER if n not in ("worker", "hosts") and not n.startswith("netbox")], 15),
-        )
+        first = [n for n in self.children if kind_of(n) in ("worker", "hosts")]
+        rest = sorted((n for n in self.children if n not in first and not n.startswith("netbox")), key=stop_rank)
+        groups = ((first, WORKER_GRACE_SECONDS + 5), (rest, 15))
         for group, timeout in groups:
             procs = [self.children[n] for n in group if n in self.children and self.children[n].process.poll() is None]
             for child in procs:
@@ -1058,11 +1293,15 @@ def up(
     timeout: float = 60.0,
     without: list[str] | None = None,
     bmc_http: bool = False,
+    sites: int = 0,
 ) -> int:
     try:
         left_out = parse_without(without or [])
     except LabError as err:
         say(f"error: {err}")
+        return 2
+    if sites == 1 or sites < 0:
+        say(f"error: --sites {sites}: a multi-site lab has 2 sites or more (without --sites: the one-site lab)")
         return 2
     state_dir.mkdir(parents=True, exist_ok=True)
     fleet = fleet or DEFAULT_FLEET
@@ -1084,7 +1323,8 @@ def up(
             return 1
         lab_file(state_dir).unlink(missing_ok=True)  # stale: nothing it names is alive
 
-        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, without=left_out, bmc_http=bmc_http)
+        lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, without=left_out, bmc_http=bmc_http,
+                  sites=sites)  # fmt: skip
         say(f"starting in {state_dir} (logs there)")
         signal.signal(signal.SIGTERM, _interrupt)  # `lab down` during startup still cleans up
         code = 1
@@ -1140,9 +1380,8 @@ def down(*, state_dir: Path, timeout: float = 30.0) -> int:
             say(f"the lab runner (pid {runner}) did not stop in {timeout:.0f}s; killing it")
             _signal(runner, signal.SIGKILL)
     alive = {n: p for n, p in alive.items() if pid_alive(p, MARKERS.get(n))}
-    for name in STOP_ORDER:
-        if name in alive:
-            _signal(alive[name], signal.SIGTERM)
+    for name in sorted(alive, key=stop_rank):
+        _signal(alive[name], signal.SIGTERM)
     left = _wait_gone(alive, timeout)
     for name, pid in left.items():
         say(f"the {name} (pid {pid}) did not stop in {timeout:.0f}s; killing it")
@@ -1234,7 +1473,8 @@ def status(*, state_dir: Path) -> int:
     say(f"{'running' if running else 'NOT running (stale lab.json)'} from {info.get('state_dir', state_dir)}, "
         f"since {info.get('started_at')}{'' if info.get('ready') else ' (still starting)'}")  # fmt: skip
     down = down_services(info, alive)
-    print(f"  {'service':<11} {'state':<12} {'address':<30} note")
+    width = max([11, *map(len, info.get("services") or {})])  # a site's services: site-1/kubernetes
+    print(f"  {'service':<{width}} {'state':<12} {'address':<30} note")
     for name, entry in (info.get("services") or {}).items():
         state = entry.get("state", "?")
         if name in down and state != "failed":  # its process has exited
@@ -1242,7 +1482,7 @@ def status(*, state_dir: Path) -> int:
         note = entry.get("note") or ""
         if state == "starting" and entry.get("since"):
             note = f"{note} [{_duration(time.time() - entry['since'])} so far]"
-        print(f"  {name:<11} {state:<12} {entry.get('url') or '-':<30} {note}")
+        print(f"  {name:<{width}} {state:<12} {entry.get('url') or '-':<30} {note}")
     print(f"  Temporal UI:   {info.get('ui')}")
     if info.get("kubeconfig"):
         print(f"  kubeconfig:    {info['kubeconfig']}")
@@ -1252,6 +1492,7 @@ def status(*, state_dir: Path) -> int:
         print(
             f"  worker:        metrics {info['worker'].get('metrics')}, task queue {info['worker'].get('task_queue')}"
         )
+    print_sites(info)
     if info.get("bmc"):
         bmc = info["bmc"]
         print(f"  BMC admin:     {bmc.get('admin')} (credentials {bmc.get('credentials')}"
@@ -1272,6 +1513,16 @@ def status(*, state_dir: Path) -> int:
     print("  pids:          " + ", ".join(f"{n} {p}{'' if n in alive else ' (GONE)'}" for n, p in pids.items()))
     say_down(info, state_dir, down)
     return 0 if running and not down else 1
+
+
+def print_sites(info: dict[str, Any]) -> None:
+    """A multi-site lab's sites (`--sites`): each one's cluster, worker, BMCs and audit; the site map."""
+    for name, site in (info.get("sites") or {}).items():
+        print(f"  {name + ':':<15}cluster {site['cluster']!r} {site['url']}, worker on {site['task_queue']} as "
+              f"{site['identity']} (kubeconfig {site['kubeconfig']}), BMCs {site['bmc']['admin']}, audit "
+              f"{site['audit']}")  # fmt: skip
+    if info.get("site_map"):
+        print(f"  site map:      {info['site_map']} (the central worker's)")
 
 
 def nvl72_bmcs(bmc: dict[str, Any]) -> str:

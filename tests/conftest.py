@@ -370,6 +370,16 @@ async def end_disruption_budgets(client) -> None:
             await client.get_workflow_handle(workflow_id).terminate("reset between tests")
 
 
+@pytest.fixture(scope="module")
+def two_sites(tmp_path_factory):
+    """Two sites (tests/sites.py): each its own Kubernetes emulator, BMC lab, kubeconfig and BMC credentials, and
+    the central worker's site map; the test starts the workers and reads each site's callers."""
+    from tests.sites import two_sites
+
+    with two_sites(tmp_path_factory.mktemp("sites")) as sites:
+        yield sites
+
+
 # ==================================================================================
 # (end of Kubernetes emulator fixtures)
 # ==================================================================================

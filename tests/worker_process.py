@@ -16,14 +16,16 @@ from lab.temporal import task_queue_poller_identities
 REPO = Path(__file__).resolve().parents[1]
 
 
-def worker_env(tmp: Path, address: str, kubeconfig: Path, **extra: str) -> dict[str, str]:
-    """The worker's environment: only what is set here, nothing inherited from the caller's Temporal setup."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_"))}
+def worker_env(tmp: Path, address: str, kubeconfig: Path | None, **extra: str) -> dict[str, str]:
+    """The worker's environment: only what is set here, nothing inherited from the caller's Temporal setup.
+    `kubeconfig` None: no kubeconfig at all (not even $KUBECONFIG), as a central worker with a site map runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "MILLWRIGHT_")) and k != "KUBECONFIG"}
+    if kubeconfig is not None:
+        env["MILLWRIGHT_KUBECONFIG"] = str(kubeconfig)
     env.update(
         TEMPORAL_ADDRESS=address,
         TEMPORAL_NAMESPACE="default",
         TEMPORAL_CONFIG_FILE=str(tmp / "no-such-temporal.toml"),
-        MILLWRIGHT_KUBECONFIG=str(kubeconfig),
         MILLWRIGHT_METRICS_HOST="127.0.0.1",
         MILLWRIGHT_METRICS_PORT="0",
         PYTHONUNBUFFERED="1",

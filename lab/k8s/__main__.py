@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from .server import serve
+from .server import load_token_file, serve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pod-start-seconds", type=float)
     p.add_argument("--grace-scale", type=float)
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument(
+        "--token-auth-file",
+        help="CSV token,user,uid (kube-apiserver's): audit entries name each caller; other tokens answer 401",
+    )
     a = p.parse_args(argv)
     logging.basicConfig(
         level=a.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg["podStartSeconds"] = a.pod_start_seconds
     if a.grace_scale is not None:
         cfg["graceScale"] = a.grace_scale
-    asyncio.run(serve(a.host, a.port, a.ready_file, a.seed, a.state_file, cfg))
+    users = load_token_file(a.token_auth_file) if a.token_auth_file else None
+    asyncio.run(serve(a.host, a.port, a.ready_file, a.seed, a.state_file, cfg, users))
     return 0
 
 

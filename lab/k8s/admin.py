@@ -61,9 +61,13 @@ class EmulatorAdmin(AdminClient):
         return (await self._req("GET", "/_lab/audit/requests"))["requests"]
 
 
-def kubeconfig(url: str, cluster_name: str = "lab", token: str = "lab-token", namespace: str | None = None) -> dict:
-    """A kubeconfig dict whose cluster and context are both named ``cluster_name``."""
-    ctx: dict[str, Any] = {"cluster": cluster_name, "user": f"{cluster_name}-admin"}
+def kubeconfig(
+    url: str, cluster_name: str = "lab", token: str = "lab-token", namespace: str | None = None, user: str | None = None
+) -> dict:
+    """A kubeconfig dict whose cluster and context are both named ``cluster_name``; its user ``user`` (default
+    ``<cluster_name>-admin``) holds ``token``."""
+    user = user or f"{cluster_name}-admin"
+    ctx: dict[str, Any] = {"cluster": cluster_name, "user": user}
     if namespace:
         ctx["namespace"] = namespace
     return {
@@ -71,7 +75,7 @@ def kubeconfig(url: str, cluster_name: str = "lab", token: str = "lab-token", na
         "kind": "Config",
         "preferences": {},
         "clusters": [{"name": cluster_name, "cluster": {"server": url}}],
-        "users": [{"name": f"{cluster_name}-admin", "user": {"token": token}}],
+        "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": cluster_name, "context": ctx}],
         "current-context": cluster_name,
     }

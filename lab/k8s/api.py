@@ -68,8 +68,11 @@ ManagedFields = list[dict]
 
 
 class Api:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, users: dict[str, str] | None = None):
         self.store = store
+        # bearer token -> user name, as kube-apiserver's --token-auth-file: each request's audit entry names its
+        # caller, and a token not in it is refused (401). None: every caller is served and none is named.
+        self.users = users
         self.app = web.Application(client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
         self.app.on_shutdown.append(self._on_shutdown)
@@ -145,15 +148,21 @@ class Api:
         }
         if info.kind == "discovery":
             entry["resource"] = ""
+        serve = lambda: self.serve(request, info)
+        if self.users is not None:
+            token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+            entry["user"] = self.users.get(token, "system:anonymous")
+            if token not in self.users:
+                serve = self.unauthorized
         request["audit"] = entry
         fault = self.store.faults.match(info.as_dict()) if info.kind == "resource" else None
         return await self.front.handle(
-            request,
-            entry,
-            fault,
-            lambda: self.serve(request, info),
-            lambda f: err_resp(self.injected(info, f["action"])),
+            request, entry, fault, serve, lambda f: err_resp(self.injected(info, f["action"]))
         )
+
+    @staticmethod
+    async def unauthorized() -> web.Response:
+        return err_resp(ApiError(401, "Unauthorized"))
 
     def _record(self, entry: dict) -> None:
         if entry["write"]:

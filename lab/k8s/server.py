@@ -23,11 +23,16 @@ log = logging.getLogger("lab.k8s")
 
 class Emulator:
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, config: dict | None = None, state_file: str | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: dict | None = None,
+        state_file: str | None = None,
+        users: dict[str, str] | None = None,
     ):
         self.host, self.port = host, port
         self.store = Store(config)
-        self.api = Api(self.store)
+        self.api = Api(self.store, users)
         self.controllers = Controllers(self.api, new_emulator=Emulator)  # a CAPI workload cluster's API server
         self.state_file = state_file
         self.runner: web.AppRunner | None = None
@@ -77,19 +82,33 @@ class Emulator:
 
 
 async def serve(
-    host: str, port: int, ready_file: str | None, seed_files: list[str], state_file: str | None, config: dict
+    host: str,
+    port: int,
+    ready_file: str | None,
+    seed_files: list[str],
+    state_file: str | None,
+    config: dict,
+    users: dict[str, str] | None = None,
 ) -> None:
     seeds = []
     config = dict(config)
     for path in seed_files:
         seeds.append(load_objects_file(path))
         config.update(load_config_file(path))
-    emu = Emulator(host, port, config, state_file)
+    emu = Emulator(host, port, config, state_file, users)
     url = await emu.start(seeds)
     writer = evidence.Writer(url).start()  # only with LAB_K8S_EVIDENCE_DIR set
     await announce_and_wait("lab.k8s", url, ready_file)
     await emu.stop()
     await writer.stop()
+
+
+def load_token_file(path: str) -> dict[str, str]:
+    """kube-apiserver's --token-auth-file: CSV lines `token,user,uid[,"groups"]`; token -> user."""
+    import csv
+
+    with open(path, newline="") as f:
+        return {row[0]: row[1] for row in csv.reader(f) if len(row) >= 2 and row[0].strip()}
 
 
 def load_objects_file(path: str) -> list[dict]:

@@ -44,13 +44,23 @@ def lab_up(
     bmc_http: Annotated[
         bool, typer.Option("--bmc-http", help="The BMCs answer plain HTTP instead of HTTPS with the lab CA.")
     ] = False,
+    sites: Annotated[
+        int,
+        typer.Option(
+            "--sites",
+            metavar="N",
+            help="N sites (2 or more): site-1..site-N, each its own Kubernetes emulator (cluster lab-1..lab-N), BMCs "
+            "and site worker (MILLWRIGHT_SITE); a central worker with the site map and no kubeconfig. Leaves out "
+            "NetBox, UFM, Prometheus, NVL72 and the host agents.",
+        ),
+    ] = 0,
 ) -> None:
     """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
     runner = _runner()
     raise typer.Exit(
         runner.up(
             state_dir=state_dir, fleet=fleet, port=port, ui_port=ui_port, task_queue=task_queue, timeout=timeout,
-            without=without, bmc_http=bmc_http,
+            without=without, bmc_http=bmc_http, sites=sites,
         )
     )  # fmt: skip
 

@@ -198,3 +198,18 @@ def test_process_failure_reports_stderr():
     emu = EmulatorProcess(extra_args=["--bogus-flag"], startup_timeout=10)
     with pytest.raises(RuntimeError, match="bogus"):
         emu.start()
+
+
+def test_token_auth_file_names_each_caller_in_the_audit_and_refuses_other_tokens(tmp_path):
+    tokens = tmp_path / "tokens.csv"
+    tokens.write_text('site-one-secret,millwright-site-1,1\nadmin-secret,lab-admin,2,"system:masters"\n')
+    with EmulatorProcess(extra_args=["--token-auth-file", str(tokens)]) as emu:
+        for token, code in (("site-one-secret", 200), ("admin-secret", 200), ("lab-token", 401), (None, 401)):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            answer = httpx.get(f"{emu.url}/api/v1/nodes", headers=headers)
+            assert answer.status_code == code, (token, answer.text)
+        with httpx.Client(base_url=emu.url) as http:
+            entries = http.get("/_lab/audit").json()["entries"]
+    assert [(e["user"], e["code"]) for e in entries] == [
+        ("millwright-site-1", 200), ("lab-admin", 200), ("system:anonymous", 401), ("system:anonymous", 401)
+    ]  # fmt: skip
