@@ -74,6 +74,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from activities.sites import site_task_queue
 from lab.loopback import LOOPBACK, free_port, write_secret_file
 from lab.temporal import DevServer, LabError, choose_port, task_queue_poller_identities
 
@@ -714,7 +715,9 @@ class Lab:
         from activities.firmware.integration import Bmcs
         from activities.kube.integration import Kubernetes
 
-        env = self.base_worker_env(address, metrics_port, site["task_queue"])
+        # Its task queue is its site's (MILLWRIGHT_SITE); MILLWRIGHT_TASK_QUEUE stays the central one, where the runs
+        # its fault events start go.
+        env = self.base_worker_env(address, metrics_port, self.task_queue)
         env["MILLWRIGHT_SITE"] = site["name"]
         env.update(Kubernetes.environment(kubeconfig=site["kubeconfig"]))
         env.update(Bmcs.environment(bmc_credentials=site["bmc"]["credentials"]))
@@ -983,7 +986,7 @@ class Lab:
         self.service(f"{site}/bmcs", "ready", f"{len(bmc['servers'])} servers, {self.bmc_scheme(fleet)}, "
                      f"credentials {bmc['credentials']}", url=bmc["admin"])  # fmt: skip
         return {"name": site, "cluster": cluster, "url": url, "audit": f"{url}/_lab/audit", "identity": identity,
-                "kubeconfig": str(config), "task_queue": f"millwright-site-{site}", "bmc": bmc,
+                "kubeconfig": str(config), "task_queue": site_task_queue(site), "bmc": bmc,
                 "worker": {"log": str((folder / "worker.log").resolve())}}  # fmt: skip
 
     def write_site_map(self, sites: dict[str, dict[str, Any]]) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import secrets
 import subprocess
@@ -24,6 +23,7 @@ import yaml
 from temporalio.api.enums.v1 import TaskQueueType
 
 from activities.firmware.integration import Bmcs
+from activities.sites import site_task_queue
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from lab.loopback import write_secret_file
@@ -31,21 +31,11 @@ from lab.redfish import LabBmcs
 from tests.kube_helpers import checked_emulator
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 
-# The lead's site mode (worker/, activities/sites.py; /work/helpers/contract42.md). Until it is on this branch a
-# worker ignores MILLWRIGHT_SITE and a central worker cannot start without a kubeconfig: each site's worker then
-# runs everything of its site's runs on its site's queue, and no central worker starts. FOR THE LEAD: once site mode
-# is merged this is always True; drop it and the branches on it.
-SITE_MODE = importlib.util.find_spec("activities.sites") is not None
-
+SITE_PICKUP_SECONDS = 2  # a site whose worker is gone shows in its runs' details this soon
 NODES_PER_SITE = 2  # a rollout's one batch: the test is about where calls go, not about batches
 BMCS_PER_SITE = 2
 POD_START_SECONDS = 0.3
 GRACE_SCALE = 0.02
-
-
-def site_task_queue(site: str) -> str:
-    """The contract's queue of a site's workers."""
-    return f"millwright-site-{site}"
 
 
 @dataclass
@@ -85,20 +75,17 @@ class TwoSites:
     def __getitem__(self, site: str) -> Site:
         return self.sites[site]
 
-    def queue_of(self, site: str) -> str:
-        """Where a test starts a run on `site`'s cluster: the central queue in site mode, else the site's own."""
-        return self.central_queue if SITE_MODE else self.sites[site].task_queue
-
     def site_worker_env(self, site: Site, address: str) -> dict[str, str]:
-        """Only its own kubeconfig and BMC credentials (the queue is the contract's, set here too so that it is
-        the same before site mode lands)."""
+        """Only its own kubeconfig and BMC credentials; it polls its site's queue (MILLWRIGHT_SITE), and the central
+        queue is where its fault events would start runs."""
         return worker_env(self.folder, address, site.kubeconfig, MILLWRIGHT_SITE=site.name,
-                          MILLWRIGHT_TASK_QUEUE=site.task_queue,
+                          MILLWRIGHT_TASK_QUEUE=self.central_queue,
                           **Bmcs.environment(bmc_credentials=f"file:{site.bmc_credentials}"))  # fmt: skip
 
     def central_env(self, address: str) -> dict[str, str]:
         """The site map, and neither a kubeconfig nor BMC credentials."""
         return worker_env(self.folder, address, None, MILLWRIGHT_SITE_MAP=str(self.site_map),
+                          MILLWRIGHT_SITE_PICKUP_SECONDS=str(SITE_PICKUP_SECONDS),
                           MILLWRIGHT_TASK_QUEUE=self.central_queue)  # fmt: skip
 
     async def start_worker(self, client, site: str) -> None:
@@ -118,12 +105,9 @@ class TwoSites:
             stop_worker(worker)
 
     async def start_workers(self, client) -> None:
-        """Every site's worker and, in site mode, the central worker, started together (each imports every
-        workflow: seconds on a loaded machine)."""
-        starts = [self.start_worker(client, site) for site in self.sites]
-        if SITE_MODE:
-            starts.append(self.start_central(client))
-        await asyncio.gather(*starts)
+        """Every site's worker and the central worker, started together (each imports its modules: seconds on a
+        loaded machine)."""
+        await asyncio.gather(self.start_central(client), *(self.start_worker(client, site) for site in self.sites))
 
     async def start_central(self, client) -> None:
         if self.central is not None and self.central.poll() is None:

@@ -1,7 +1,7 @@
 """Two sites, each with its own Kubernetes emulator, BMCs and worker process given only its own kubeconfig and
 credentials, and a central worker with neither (issue 42's Done-when): a rollout on each site's cluster completes,
 each site's API server saw only its own worker, and a site whose worker is gone stalls alone, visibly, until its
-worker is back. FOR THE LEAD: the two Rollouts become one FleetRollout across both clusters once it is on main."""
+worker is back."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from pathlib import Path
 from temporalio.client import WorkflowExecutionStatus
 
 from lab.k8s.admin import EmulatorAdmin
+from worker.site_routing import SITE_WAIT
 from tests.kube_helpers import current_details, declare_lab_budget, wait_for
-from tests.sites import SITE_MODE, TwoSites
+from tests.sites import TwoSites
 from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from workflows.campaign.fleet_rollout import FleetRollout
+from workflows.campaign.models import FleetRolloutInput, RolloutTemplate, WavePlan
 from workflows.rollout.rollout import Rollout
 
 
@@ -26,7 +29,7 @@ async def seed(sites: TwoSites) -> None:
 
 
 async def start_rollout(client, sites: TwoSites, site: str, name: str):
-    queue, cluster = sites.queue_of(site), sites[site].cluster
+    queue, cluster = sites.central_queue, sites[site].cluster
     await declare_lab_budget(client, queue, cluster=cluster)
     spec = rollout_spec(name, cluster=cluster)
     return await client.start_workflow(
@@ -54,10 +57,17 @@ async def test_a_rollout_on_each_site_completes_and_each_site_saw_only_its_own_w
         assert not {"MILLWRIGHT_KUBECONFIG", "KUBECONFIG", "MILLWRIGHT_BMC_CREDENTIALS", "MILLWRIGHT_SITE"} & set(env)
         assert env["MILLWRIGHT_SITE_MAP"] == str(sites.site_map)
 
-    handles = {site: await start_rollout(client, sites, site, f"both-{site}") for site in sites.sites}
-    for site, handle in handles.items():
-        result = await handle.result()
-        assert result.outcome == "completed" and result.counts == {"complete": 2}, (site, result)
+    for site in sites.sites.values():
+        await declare_lab_budget(client, sites.central_queue, cluster=site.cluster)
+    spec = rollout_spec(f"campaign-{uuid.uuid4().hex[:6]}", cluster="unused")
+    template = RolloutTemplate.model_validate(spec.model_dump(by_alias=True, exclude={"cluster", "checkpoint"}))
+    campaign = FleetRolloutInput(name=spec.name, clusters=[s.cluster for s in sites.sites.values()],
+                                 plan=WavePlan(wave_size=1), rollout=template)  # fmt: skip
+    result = await client.execute_workflow(FleetRollout.run, campaign, id=campaign.workflow_id(),
+                                           task_queue=sites.central_queue)  # fmt: skip
+    assert result.outcome == "completed", result
+    for site in sites.sites.values():
+        assert result.clusters[site.cluster].state == "completed", result.clusters
 
     for name, site in sites.sites.items():
         assert await sites.callers(name) == {site.identity}, name  # nothing anonymous, nothing of another site
@@ -76,13 +86,16 @@ async def test_a_site_without_its_worker_stalls_alone_and_goes_on_when_the_worke
     # The other site's rollout is still running and its cluster has seen no call since its worker went.
     assert (await stalled.describe()).status == WorkflowExecutionStatus.RUNNING
     assert await sites.callers("site-2", since) == set()
-    if SITE_MODE:  # the lead's interceptor says where the run waits (before it, the whole run waits on site-2's queue)
 
-        async def says_so() -> str | None:
-            details = await current_details(stalled)
-            return details if "site-2" in details and sites["site-2"].task_queue in details else None
+    async def says_so() -> str | None:  # the run's batch, where the call waits, says so (worker/site_routing.py)
+        for run in [stalled, *[client.get_workflow_handle(c.id) async for c in client.list_workflows(
+                "WorkflowType='RolloutBatch' AND ExecutionStatus='Running'")]]:  # fmt: skip
+            details = await current_details(run)
+            if SITE_WAIT in details and sites["site-2"].task_queue in details:
+                return details
+        return None
 
-        await wait_for(says_so, what="the stalled run's current details naming site-2 and its queue", timeout=30)
+    await wait_for(says_so, what="a stalled run's current details naming site-2's queue", timeout=30)
 
     await sites.start_worker(client, "site-2")
     result = await stalled.result()
