@@ -11,10 +11,10 @@ from pathlib import Path
 from temporalio.client import WorkflowExecutionStatus
 
 from lab.k8s.admin import EmulatorAdmin
-from worker.site_routing import SITE_WAIT
 from tests.kube_helpers import current_details, declare_lab_budget, wait_for
 from tests.sites import TwoSites
 from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
+from worker.site_routing import SITE_WAIT
 from workflows.campaign.fleet_rollout import FleetRollout
 from workflows.campaign.models import FleetRolloutInput, RolloutTemplate, WavePlan
 from workflows.rollout.rollout import Rollout
