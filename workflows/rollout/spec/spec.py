@@ -42,6 +42,7 @@ from temporalio.common import SearchAttributePair
 
 from activities.kube.topology import BatchBy, TopologyLabels
 from activities.kube.validators import validate_object_name, validate_positive_duration
+from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
 from workflows.rollout.dependency_graph import DependencyCycle, dependency_levels
@@ -74,12 +75,12 @@ BATCH_BY_DOC = (
 TOPOLOGY_DOC = "The node label keys that say where a node sits (its NVLink domain, rack, block), read with batchBy."
 
 
-class RolloutInput(WorkflowInput):
-    """A progressive host-OS rollout of `packages` to the nodes selected by `nodeSelectors`."""
+class RolloutSpec(StrictModel):
+    """What a rollout installs, where in a cluster and how fast: a Rollout's input but its cluster (and the state a
+    continued run carries), so a campaign (workflows/campaign/) gives every cluster the same spec."""
 
     model_config = ConfigDict(populate_by_name=True, alias_generator=to_camel, serialize_by_alias=True)
 
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
     name: str = Field(description="Change id; names the rollout (and its workflow).")
     all_nodes: bool = Field(False, description="Required to target every node (an empty nodeSelectors).")
     node_selectors: LabelSelector = Field(default_factory=LabelSelector)
@@ -133,11 +134,8 @@ class RolloutInput(WorkflowInput):
         "a node that fails stays cordoned and counts as failed. Omit (or enabled: false) for none.",
     )
     dry_run: bool = Field(False, description="Only compute and report the plan; write nothing.")
-    checkpoint: RolloutCheckpoint | None = Field(
-        None, description="Internal: the state a continued run carries. Leave it out when starting a rollout."
-    )
 
-    _names = field_validator("cluster", "name")(validate_object_name)
+    _name = field_validator("name")(validate_object_name)
 
     @field_validator("packages")
     @classmethod
@@ -169,7 +167,7 @@ class RolloutInput(WorkflowInput):
     _positive = field_validator("reboot_timeout", "non_interrupt_retry_interval")(validate_positive_duration)
 
     @model_validator(mode="after")
-    def _cross_field(self) -> RolloutInput:
+    def _cross_field(self) -> RolloutSpec:
         if self.node_selectors.is_empty() and not self.all_nodes:
             raise ValueError(
                 "nodeSelectors: an empty selector matches every node; set allNodes: true to target all nodes on purpose"
@@ -205,6 +203,17 @@ class RolloutInput(WorkflowInput):
 
     def package_versions(self) -> dict[str, str]:
         return {name: p.version for name, p in sorted(self.packages.items())}
+
+
+class RolloutInput(RolloutSpec, WorkflowInput):
+    """A progressive host-OS rollout of `packages` to the nodes selected by `nodeSelectors`."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    checkpoint: RolloutCheckpoint | None = Field(
+        None, description="Internal: the state a continued run carries. Leave it out when starting a rollout."
+    )
+
+    _cluster = field_validator("cluster")(validate_object_name)
 
     def workflow_id(self) -> str:
         # A dry run never collides with (or attaches to) the rollout it plans.
