@@ -127,8 +127,8 @@ async def main(clusters: int, nodes: int, batch: int, wave_size: int, soak: floa
         for admin in admins.values():
             await admin.aclose()
     common.print_warnings(warnings)
-    print("ideal: " + " + ".join(f"{w:.2f}" for w in wave_ideals) + f" s (the canary, then {len(waves) - 1} waves, "
-          f"each its longest cluster's) + {len(waves) - 1} soaks × {soak:g} s = {ideal:.2f} s")  # fmt: skip
+    print("ideal: " + " + ".join(f"{w:.2f} ({f'wave {i}' if i else 'canary'})" for i, w in enumerate(wave_ideals))
+          + f" + {len(waves) - 1} soak(s) × {soak:g} s = {ideal:.2f} s (a wave: its longest cluster's ideal)")  # fmt: skip
     error = common.ideal_error(makespan / ideal, "campaign makespan")
     figures |= {"makespan": makespan, **common.cpu_per_node(worker_cpu, server_cpu, clusters * nodes)}
     print(common.figures_text(makespan / ideal, figures) + f" throttled={throttled} ideal_error={error}")
