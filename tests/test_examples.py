@@ -59,6 +59,11 @@ def rollout_done(result: dict) -> list[str]:
     )
 
 
+def fleet_rollout_done(result: dict) -> list[str]:
+    lab = (result.get("clusters") or {}).get("lab") or {}
+    return expect(outcome="completed")(result) + ([] if lab.get("state") == "completed" else [f"cluster lab: {lab}"])
+
+
 def sweep_done(result: dict) -> list[str]:
     lab = (result.get("clusters") or [{}])[0]
     return [] if lab.get("nodes") == 6 and lab.get("error") is None else [f"cluster lab: {lab}, want 6 nodes read"]
@@ -116,6 +121,7 @@ EXAMPLES: dict[str, Example] = {
     ),
     "rollout.yaml": Example(NODES, planned, cli=("rollout", "plan", "{file}")),
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
+    "fleet-rollout.json": Example(NODES, fleet_rollout_done, workflow="FleetRollout"),
     # After the rollout, which waits for gpu-node-02's protected pod to finish: a drain refuses that bare pod.
     "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),

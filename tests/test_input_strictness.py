@@ -317,6 +317,7 @@ TYPOS: dict[str, Typo] = {
     "GpuPartitioning": Typo(example("gpu-partitioning.json", nodes=["node-04"]), ("drain",), "gpu_only"),
     "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
                                 ("waves",), "batch_size"),
+    "FleetRollout": Typo(example("fleet-rollout.json"), ("rollout", "drainConfig"), "deleteEmptyDirDta"),
     "RackRemediation": Typo({"cluster": "lab", "domain": "rack-001", "reason": "NVLink fabric down",
                              "bmcs": {"node-03": {"url": BMC}}, "domain_check": {"timeout": "PT5M"}},
                             ("domain_check",), "imge"),
@@ -427,6 +428,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "NodeRemediation": TYPOS["NodeRemediation"].valid,
     "NodeRma": TYPOS["NodeRma"].valid,
     "RackRemediation": TYPOS["RackRemediation"].valid,
+    "FleetRollout": TYPOS["FleetRollout"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},
 }
