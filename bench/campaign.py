@@ -121,8 +121,8 @@ async def main(clusters: int, nodes: int, batch: int, wave_size: int, soak: floa
                              spans[spec.workflow_id()], soak)  # fmt: skip
                 figures = await common.history_figures(server.client, "campaign", clusters * nodes,
                                                        spec.workflow_id(), *children.values())  # fmt: skip
-                own = await common.history_lengths(server.client, spec.workflow_id())
-                print(f"campaign: the FleetRollout's own run(s): {own} events")
+                campaign_runs = await common.history_lengths(server.client, spec.workflow_id())
+                print(f"campaign: the FleetRollout's own run(s): {campaign_runs} events")
                 print(f"campaign: cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, "
                       f"Kubernetes emulators {emulator_cpu:.1f}s (all {clusters})")  # fmt: skip
             finally:
