@@ -44,6 +44,8 @@ from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.budget.leases import budget_workflow_id
 from workflows.budget.models import BudgetChange, BudgetView, DisruptionBudgetInput
 from workflows.burnin.fleet_burnin import FleetDecision, FleetReport
+from workflows.campaign.models import ApproveRequest as CampaignApproval
+from workflows.campaign.models import CampaignStatus
 from workflows.common.base import Progress
 from workflows.firmware.bundle import ComponentStatus
 from workflows.firmware.fleet import FleetFirmwareStatus
@@ -256,6 +258,39 @@ def _firmware(verb: str, check: Check) -> Control:
                    FleetFirmwareStatus, check)  # fmt: skip
 
 
+def _campaign_inactive(s: CampaignStatus) -> str | None:
+    if s.aborted is not None:
+        return f"the campaign is aborting: {s.aborted}"
+    return f"the campaign has ended: {s.phase}" if s.phase in ("completed", "failed", "aborted") else None
+
+
+def _check_campaign_pause(s: CampaignStatus, _req: Any) -> tuple[str | None, str]:
+    return _campaign_inactive(s) or (f"already paused: {s.paused}" if s.paused else None), s.waiting_for
+
+
+def _check_campaign_resume(s: CampaignStatus, _req: Any) -> tuple[str | None, str]:
+    return _campaign_inactive(s) or (None if s.paused else "the campaign is not paused"), s.waiting_for
+
+
+def _check_campaign_abort(s: CampaignStatus, _req: Any) -> tuple[str | None, str]:
+    pending = sorted(c for c, o in s.clusters.items() if o.state == "pending")
+    return _campaign_inactive(s), f"{len(pending)} cluster(s) not started would be skipped"
+
+
+def _check_campaign_approve(s: CampaignStatus, _req: Any) -> tuple[str | None, str]:
+    waiting = None if s.awaiting_approval else "the campaign is not waiting for approval"
+    return _campaign_inactive(s) or waiting, s.waiting_for
+
+
+# The campaigns across clusters (workflows/campaign/): their controls, and `status` answering a CampaignStatus.
+CAMPAIGNS = ("FleetRollout",)
+
+
+def _campaign(verb: str, request: type[pydantic.BaseModel], check: Check) -> Control:
+    """A campaign's control (workflows/campaign/campaign.py `CampaignControls`): the update is named as the verb."""
+    return Control(f"campaign {verb}", CAMPAIGNS[0], verb, request, CampaignStatus, "status", CampaignStatus, check)
+
+
 CONTROLS = {
     c.name: c
     for c in [
@@ -287,6 +322,10 @@ CONTROLS = {
         _firmware("pause", _check_firmware_pause),
         _firmware("resume", _check_firmware_resume),
         _firmware("abort", _check_firmware_abort),
+        _campaign("pause", ReasonRequest, _check_campaign_pause),
+        _campaign("resume", ReasonRequest, _check_campaign_resume),
+        _campaign("abort", ReasonRequest, _check_campaign_abort),
+        _campaign("approve", CampaignApproval, _check_campaign_approve),
     ]
 }  # fmt: skip
 
@@ -314,6 +353,11 @@ def fleet_burnin_id(name: str) -> str:
 
 def fleet_firmware_id(name: str) -> str:
     return name if name.startswith("fleet-firmware-update/") else f"fleet-firmware-update/{name}"  # workflows/firmware
+
+
+def fleet_rollout_id(name: str) -> str:
+    """workflows/campaign/models.py FleetRolloutInput.workflow_id; a full ID passes unchanged."""
+    return name if name.startswith("fleet-rollout/") else f"fleet-rollout/{name}"
 
 
 # ---------------------------------------------------------------- sending
@@ -469,6 +513,14 @@ async def firmware_control(
     """``verb``: pause, resume (also after a stop at the failure threshold) or abort a fleet firmware update."""
     request = {"reason": _reason(reason, by)}
     return await apply_control(client, f"firmware {verb}", fleet_firmware_id(name), request, dry_run=dry_run)
+
+
+async def campaign_control(
+    client: Client, verb: str, name: str, *, by: str, reason: str, dry_run: bool = False
+) -> Outcome:
+    """``verb``: pause, resume, abort or approve a campaign across clusters (a FleetRollout); ``by`` approves."""
+    request = {"approver": by, "reason": reason} if verb == "approve" else {"reason": _reason(reason, by)}
+    return await apply_control(client, f"campaign {verb}", fleet_rollout_id(name), request, dry_run=dry_run)
 
 
 async def firmware_status(client: Client, name: str) -> FleetFirmwareStatus:

@@ -25,9 +25,10 @@ from activities.kube.models import (
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.kube.topology import Gang, NodePlace, TopologyLabels, place_of
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
-from starter.controls import FLEETS, RunClosed, RunNotFound, breaker_show, budget_show, described
+from starter.controls import CAMPAIGNS, FLEETS, RunClosed, RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
 from workflows.budget.leases import Lease
+from workflows.campaign.models import CampaignStatus
 from workflows.common import search_attributes as sa
 from workflows.common.base import Progress
 from workflows.remediation.policy import remediation_workflow_id
@@ -79,6 +80,8 @@ async def list_operations(
             p = await _progress(client, e.id)
             op.progress = f"{p.done}/{p.total}" if p and p.total else ""
             op.phase = op.phase or (p.phase if p else None)
+        if e.workflow_type in CAMPAIGNS and (campaign := await _campaign(client, e.id)):  # every cluster in one line
+            op.progress = " ".join(f"{c}={o.state}" for c, o in campaign.clusters.items())
         ops.append(op)
     return ops
 
@@ -93,6 +96,7 @@ class RunStatus(BaseModel):
     progress: Progress | None = Field(None, description="The run's own progress query; None once closed.")
     rollout: RolloutStatus | None = Field(None, description="A running fleet run's `status` query (a rollout, a GPU "
                                           "partitioning): compartments, batches, problem nodes.")  # fmt: skip
+    campaign: CampaignStatus | None = Field(None, description="A campaign's `status` query: every cluster's state.")
     nodes: dict[str, NodeUpdateStatus] = Field(
         default_factory=dict, description="A running rollout's nodes being updated now, as their batches show them "
         "(the `nodes` query): stage, stages running and done, drain, lease.",
@@ -110,7 +114,16 @@ async def run_status(client: Client, workflow_id: str) -> RunStatus:
     if running and desc.workflow_type in FLEETS.values() and status.progress is not None:
         status.rollout = await handle.query("status", result_type=RolloutStatus)
         status.nodes = await _batch_nodes(client, workflow_id)
+    if desc.workflow_type in CAMPAIGNS:  # closed too: a worker answers a closed run's query by replaying it
+        status.campaign = await _campaign(client, workflow_id)
     return status
+
+
+async def _campaign(client: Client, workflow_id: str) -> CampaignStatus | None:
+    try:
+        return await client.get_workflow_handle(workflow_id).query("status", result_type=CampaignStatus)
+    except Exception:  # no worker polling: the line or view shows no clusters
+        return None
 
 
 async def _batch_nodes(client: Client, workflow_id: str) -> dict[str, NodeUpdateStatus]:

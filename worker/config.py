@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.integrations import IntegrationSettings
 from activities.models import BaseUrl, Host
+from activities.sites import SITE_NAME
 from activities.support.integration import ConfigError
 
 __all__ = ["ConfigError", "WorkerSettings"]
@@ -30,7 +31,19 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MILLWRIGHT_", extra="ignore")
 
-    task_queue: str = "millwright"
+    task_queue: str = Field(
+        "millwright", description="The central task queue: workflows, and the activities of systems reachable from here"
+    )
+    site: str | None = Field(
+        None, pattern=SITE_NAME, max_length=40,
+        description="Run as this site's worker: only the activities of the site's own systems (Kubernetes, BMCs, UFM, "
+        "Ironic), with this worker's settings, on task queue millwright-site-<site>; no workflows "
+        "(docs/sites-and-campaigns.md)",
+    )  # fmt: skip
+    site_map: str | None = Field(
+        None, description="The central worker's site map, a JSON file (activities/sites.py SiteMap): every site "
+        "system's call runs on its site's task queue, and this worker builds none of them (docs/sites-and-campaigns.md)",
+    )  # fmt: skip
     deployment_name: str | None = Field(
         None,
         pattern=r"^[^.]+$",
@@ -40,6 +53,10 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
     build_id: str | None = Field(
         None, min_length=1, description="Worker Versioning: this image's build ID, with MILLWRIGHT_DEPLOYMENT_NAME"
     )
+    site_pickup_seconds: float = Field(
+        30.0, ge=1, description="With a site map: how long a site's call may wait for one of its site's workers "
+        "before the run says the site does not answer (and schedules it again, up to the run's retry_timeout)",
+    )  # fmt: skip
     metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus port; 0 turns metrics off")
     metrics_host: Host = Field("0.0.0.0", description="Prometheus bind address")
     shutdown_grace_seconds: float = Field(60.0, ge=0)
@@ -107,6 +124,20 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
             missing = "MILLWRIGHT_DEPLOYMENT_NAME" if not self.deployment_name else "MILLWRIGHT_BUILD_ID"
             raise ConfigError(f"Worker Versioning is half configured: {missing} is not set")
         return WorkerDeploymentVersion(deployment_name=self.deployment_name, build_id=self.build_id)
+
+    def sites(self):
+        """The site map, checked, or None without one; ConfigError naming the file and the field at fault."""
+        from activities.sites import SiteMap
+
+        if not self.site_map:
+            return None
+        if self.site:
+            raise ConfigError("MILLWRIGHT_SITE_MAP is the central worker's; a site's worker (MILLWRIGHT_SITE) takes "
+                              "only its site's calls and reads none")  # fmt: skip
+        try:
+            return SiteMap.load(self.site_map)
+        except ValueError as err:
+            raise ConfigError(f"MILLWRIGHT_SITE_MAP: {err}") from None
 
     def fault_event_config(self):
         """(FaultEventSettings, token reference or None), checked; ConfigError naming the setting at fault."""

@@ -58,7 +58,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:  # 
             registration = registry.build_host_agent(settings.host_name or socket.gethostname(), settings=settings)
         else:
             registration = registry.build(settings)
-            version = settings.deployment_version()
+            # A site's worker, like the host agent, runs activities only, on its site's own queue: unversioned.
+            version = None if settings.site else settings.deployment_version()
             if settings.fault_events:
                 settings.fault_event_config()
     except ConfigError:
@@ -98,7 +99,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:  # 
         loop.add_signal_handler(sig, on_signal, sig)
 
     log.info("connected to Temporal at %s, namespace %s", address, namespace)
-    log.info("polling task queue %r%s", task_queue, " (host agent)" if host_agent else "")
+    role = " (host agent)" if host_agent else f" (site {settings.site})" if settings.site else ""
+    log.info("polling task queue %r%s", task_queue, role)
     log.info("worker versioning: %s", f"{version.to_canonical_string()} (deployment {version.deployment_name}, "
              f"build {version.build_id})" if version else "off (unversioned)")  # fmt: skip
     log.info("metrics: %s", settings.metrics_url or "off (MILLWRIGHT_METRICS_PORT=0)")
@@ -114,7 +116,8 @@ async def run(settings: WorkerSettings, *, host_agent: bool = False) -> int:  # 
 
     async with contextlib.AsyncExitStack() as events:
         if settings.fault_events and not host_agent:
-            await events.enter_async_context(fault_event_path(client, settings, task_queue))
+            # The runs it starts go to the central queue, also from a site's worker (where the clusters are).
+            await events.enter_async_context(fault_event_path(client, settings, settings.task_queue))
         run_task = asyncio.create_task(worker.run())
         stop_task = asyncio.create_task(stop.wait())
         await asyncio.wait({run_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -167,9 +170,7 @@ async def fault_event_path(client: Client, settings: WorkerSettings, task_queue:
 
 def integrations(settings: WorkerSettings) -> list[tuple[str, str]]:
     """What each integration is configured as, one line each (references, never secrets), for the start-up log."""
-    from activities.integrations import INTEGRATIONS
-
-    lines = [(integration.name, integration.describe(settings)) for integration in INTEGRATIONS]
+    lines = [(integration.name, integration.describe(settings)) for integration in registry.integrations_of(settings)]
     return [(name, line) for name, line in lines if line is not None]
 
 

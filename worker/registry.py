@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pydantic
+from temporalio import activity
 
 from worker.config import WorkerSettings
 from worker.passthrough import workflow_free_modules
@@ -87,27 +89,48 @@ def new_worker(client: Any, registration: Registration, task_queue: str, *, vers
     )
 
 
+def integrations_of(settings: WorkerSettings) -> list[Any]:
+    """The systems this worker reaches (activities/integrations.py): a site's worker its site's alone; with a site
+    map, the central worker every other (worker/site_routing.py sends the sites' calls to them); else all."""
+    from activities.integrations import INTEGRATIONS
+
+    if settings.site:
+        return [integration for integration in INTEGRATIONS if integration.in_site]
+    if settings.site_map:
+        return [integration for integration in INTEGRATIONS if not integration.in_site]
+    return list(INTEGRATIONS)
+
+
 def build(settings: WorkerSettings) -> Registration:
     from temporalio.worker import PollerBehaviorAutoscaling
 
-    from activities.integrations import INTEGRATIONS
     from activities.registration import activities_of
+    from activities.sites import site_task_queue
+    from worker.site_routing import SiteRouting, site_call_misrouted
     from worker.tracing import Tracing
     from workflows.catalog import WORKFLOWS
 
-    tracing = Tracing(settings)  # first: a tracing setting that cannot work stops the start before any client opens
-    parts = [integration.build(settings) for integration in INTEGRATIONS]
+    sites = settings.sites()  # first, with tracing: a setting that cannot work stops the start before any client opens
+    tracing = Tracing(settings)
+    parts = [integration.build(settings) for integration in integrations_of(settings)]
+    # Every method marked @activity.defn of each integration's objects (activities/registration.py).
+    activities = activities_of(*(obj for part in parts for obj in part.activities))
+    interceptors = list(tracing.interceptors)
+    if sites is not None:
+        names = {activity._Definition.must_from_callable(method).name or "" for method in activities}
+        interceptors.append(SiteRouting(sites, names, timedelta(seconds=settings.site_pickup_seconds)))
+        activities.append(site_call_misrouted)
     return Registration(
-        workflows=list(WORKFLOWS),
-        # Every method marked @activity.defn of each integration's objects (activities/registration.py).
-        activities=activities_of(*(obj for part in parts for obj in part.activities)),
+        workflows=[] if settings.site else list(WORKFLOWS),
+        activities=activities,
         resources=[*(resource for part in parts for resource in part.resources), tracing],
+        task_queue=site_task_queue(settings.site) if settings.site else None,
         worker_options={
             # Pollers that scale with the backlog: a rollout batch schedules one activity per node at once (250
             # at 10,000 nodes), and the SDK's five fixed pollers took 3 s to pick them all up (bench/rollout.py's
             # timeline, "cordons' spread"); the server's poller limit per namespace is far above the 100 it may reach.
             "activity_task_poller_behavior": PollerBehaviorAutoscaling(),
-            **({"interceptors": tracing.interceptors} if tracing.interceptors else {}),
+            **({"interceptors": interceptors} if interceptors else {}),
         },
     )
 

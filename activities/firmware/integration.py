@@ -39,6 +39,7 @@ class Bmcs(Integration[BmcSettings]):
     name = "BMCs (Redfish)"
     settings = BmcSettings
     packages = ("activities.redfish", "activities.firmware")
+    in_site = True
 
     def build(self, settings: BmcSettings) -> Parts:
         from activities.firmware.activities import FirmwareActivities

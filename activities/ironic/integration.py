@@ -49,6 +49,7 @@ class Ironic(Service[IronicSettings]):
     name = "Ironic"
     settings = IronicSettings
     packages = ("activities.ironic",)
+    in_site = True
     system, secret, not_configured = "ironic", "token", "IronicNotConfigured"
     no_secret = "none: noauth"
 

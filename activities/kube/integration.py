@@ -55,6 +55,7 @@ class Kubernetes(Integration[KubernetesSettings]):
     name = "kubeconfig"  # its start-up line says which files name the clusters
     settings = KubernetesSettings
     packages = ("activities.kube", "activities.capi", "activities.node_health")
+    in_site = True
 
     def build(self, settings: KubernetesSettings) -> Parts:
         from activities.capi.activities import ClusterApiActivities

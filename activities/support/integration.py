@@ -47,6 +47,9 @@ class Integration(ABC, Generic[S]):
     name: ClassVar[str]  # as the start-up log names it
     settings: ClassVar[type[SystemSettings]]
     packages: ClassVar[tuple[str, ...]]
+    # Whether it is reachable only from inside a site (activities/sites.py): a site's worker builds these, and with a
+    # site map the central worker leaves them to the sites.
+    in_site: ClassVar[bool] = False
 
     @abstractmethod
     def build(self, settings: S) -> Parts:

@@ -60,6 +60,7 @@ class Ufm(Service[UfmSettings]):
     name = "UFM"
     settings = UfmSettings
     packages = ("activities.ufm",)
+    in_site = True
     system, secret, not_configured = "ufm", "credentials", "UfmNotConfigured"
 
     def build(self, settings: UfmSettings) -> Parts:

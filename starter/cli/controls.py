@@ -1,6 +1,6 @@
 """The operator's controls: rollout pause|resume|abort|approve|retry-node|skip-node|reset-batch, budget show|set,
 breaker show|reset, maintenance abort|skip-wait, remediation approve|reject, rack approve|reject, burn-in continue|abort, firmware
-status|pause|resume|abort.
+status|pause|resume|abort, campaign pause|resume|abort|approve.
 
 Each is a thin call of starter/controls.py (the workflow's validated update), with --by and --reason, --dry-run
 (see that module: it sends nothing) and -o. Exit 0 done; 1 the run is missing or closed, or it refused (the
@@ -29,6 +29,7 @@ from starter.cli.common import (
     breaker_app,
     budget_app,
     burnin_app,
+    campaign_app,
     connect,
     emit,
     err,
@@ -308,3 +309,19 @@ _firmware("status", "Every server: its wave and state; a running one's component
 _firmware("pause", "Start no new server; running ones finish.")
 _firmware("resume", "Carry on after a pause or a stop at the failure threshold (past the failures so far).")
 _firmware("abort", "Start no new server (the rest are skipped); running ones finish.")
+
+
+def _campaign(verb: str, doc: str) -> None:
+    from starter.controls import campaign_control
+
+    def call(client: Any, v: dict[str, Any]) -> Any:
+        return campaign_control(client, verb, v["name"], by=v["by"], reason=v["reason"], dry_run=v["dry_run"])
+
+    name = Annotated[str, typer.Argument(metavar="NAME", help="The campaign's name, or its full ID.")]
+    _command(campaign_app, verb, doc, [_param("name", name)], call)
+
+
+_campaign("pause", "Start no new cluster; the running clusters' rollouts pause too.")
+_campaign("resume", "Carry on after a pause; the running clusters' rollouts resume too.")
+_campaign("abort", "Start no new cluster (the rest are skipped); the running clusters' rollouts abort safely.")
+_campaign("approve", "Let the waves after the canary start (--by is the approver).")

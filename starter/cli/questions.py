@@ -31,7 +31,7 @@ from starter.cli.common import (
     rack_app,
     table,
 )
-from starter.cli.render import breaker_lines, lease_row, node_lines, rack_lines, rollout_lines
+from starter.cli.render import breaker_lines, campaign_lines, lease_row, node_lines, rack_lines, rollout_lines
 
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", envvar="MILLWRIGHT_CLUSTER", help="The cluster.")]
 
@@ -101,10 +101,13 @@ def status(
         head = [f"{s.family} {s.id} ({s.status}, started {age(s.started)} ago)"]
         p = s.progress
         if p is None:
-            return head + ([] if s.status != "running" else ["(no progress answer: is a worker polling its queue?)"])
+            head += [] if s.status != "running" else ["(no progress answer: is a worker polling its queue?)"]
+            return head + (campaign_lines(s.campaign, wide) if s.campaign else [])
         head.append(f"phase: {p.phase}" + (f"   {p.done}/{p.total}" if p.total else ""))
-        head += [line.replace("**", "").replace("`", "") for line in p.details.splitlines() if line.strip()]
+        if s.campaign is None:  # a campaign's details are its table below
+            head += [line.replace("**", "").replace("`", "") for line in p.details.splitlines() if line.strip()]
         head += [one_line(w.line(), 1000) for w in p.waiting]
+        head += campaign_lines(s.campaign, wide) if s.campaign else []
         return head + (rollout_lines(s.rollout, wide) if s.rollout else []) + node_lines(s.nodes, wide)
 
     _ask(lambda c: run_status(c, workflow_id), lines, output, address, namespace, state_dir)

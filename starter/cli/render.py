@@ -35,6 +35,16 @@ def rollout_lines(s: Any, wide: bool) -> list[str]:
     return lines
 
 
+def campaign_lines(s: Any, wide: bool) -> list[str]:
+    """A campaign's `status`: what it waits for, then every cluster: its wave, state, run, counts, why."""
+    lines = [f"campaign: {s.phase}" + (f", {s.failed} failed of {s.max_failed_clusters} allowed" if s.failed else "")]
+    lines += [f"waiting for: {s.waiting_for}"] if s.waiting_for else []
+    lines += [f"approved by: {s.approved_by}"] if s.approved_by else []
+    rows = [[c, str(o.wave), o.state, o.workflow_id or "-", " ".join(f"{k}={v}" for k, v in sorted(o.counts.items()))
+             or "-", one_line(o.error or "-", 1000 if wide else 80)] for c, o in s.clusters.items()]  # fmt: skip
+    return lines + table(rows, ["CLUSTER", "WAVE", "STATE", "RUN", "NODES", "WHY"])
+
+
 def node_lines(nodes: dict[str, Any], wide: bool) -> list[str]:
     """A rollout's nodes being updated now: where each stands (stage, what it runs, its drain, paused)."""
     rows = []
@@ -118,4 +128,4 @@ def any_lines(value: Any, wide: bool) -> list[str]:
 def lines_for(value: Any) -> Any:
     """The renderer for a query answer's type."""
     return {"RolloutStatus": rollout_lines, "BudgetView": budget_lines, "BreakerView": breaker_lines,
-            "RackRemediationStatus": rack_lines}.get(type(value).__name__, any_lines)  # fmt: skip
+            "RackRemediationStatus": rack_lines, "CampaignStatus": campaign_lines}.get(type(value).__name__, any_lines)  # fmt: skip

@@ -224,6 +224,7 @@ class Campaign:
             waves=self.waves,
             paused=self.paused,
             aborted=self.aborted,
+            awaiting_approval=self.awaiting_approval,
             approved_by=self.approved_by,
             failed=self._failed(),
             max_failed_clusters=self.plan.max_failed_clusters,

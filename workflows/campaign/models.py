@@ -127,6 +127,7 @@ class CampaignStatus(StrictModel):
     waves: list[list[str]]
     paused: str | None = Field(None, description="Why and by whom, while paused.")
     aborted: str | None = None
+    awaiting_approval: bool = Field(False, description="Waiting for `approve` after the canary (paused or not).")
     approved_by: str | None = None
     failed: int = Field(0, description="Clusters that failed (or were aborted by someone else) so far.")
     max_failed_clusters: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from starter.client import InputError, parse_input
+from tests.cli_in_process import cli
 from tests.conftest import GRACE_SCALE, POD_START_SECONDS, end_disruption_budgets
 from tests.kube_helpers import checked_emulator, declare_lab_budget, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
@@ -142,7 +144,7 @@ async def test_failure_threshold_stops_new_starts(client, campaign_worker, labs)
         assert not [e for e in await labs[cluster].audit() if e.get("resource") == "nodes" and e.get("nodeAfter")]
 
 
-async def test_approval_after_the_canary_and_a_pause_hold_the_waves(client, campaign_worker, labs):
+async def test_approval_after_the_canary_and_a_pause_hold_the_waves(client, campaign_worker, labs, temporal_address):
     inp = campaign({"canary": "north", "wave_size": 2, "approve_after_canary": True})
     handle = await start(client, campaign_worker, inp)
     assert await refused(handle, FleetRollout.approve, ApproveRequest(approver="alice")) == (
@@ -153,18 +155,29 @@ async def test_approval_after_the_canary_and_a_pause_hold_the_waves(client, camp
     assert [status.clusters[c].state for c in ("east", "west")] == ["pending", "pending"]
     assert "approval" in status.waiting_for
 
-    await handle.execute_update(FleetRollout.pause, ReasonRequest(reason="change freeze (by bob)"))
+    # Every cluster in one view, from the CLI; the controls as an operator types them.
+    shown = await cli("status", handle.id, "--address", temporal_address)
+    assert shown.returncode == 0 and re.search(r"north +0 +completed +rollout/north/\S+ +complete=3", shown.stdout)
+    assert re.search(r"east +1 +pending", shown.stdout) and "waiting for: approval" in shown.stdout, shown.stdout
+    listed = await cli("ls", "--family", "FleetRollout", "--address", temporal_address)
+    assert "north=completed east=pending west=pending" in listed.stdout, listed.stdout
+    control = ["--address", temporal_address, "--reason"]
+    paused = await cli("campaign", "pause", inp.name, "--by", "bob", *control, "change freeze")
+    assert paused.returncode == 0, paused.stderr
     assert await refused(handle, FleetRollout.pause, ReasonRequest(reason="again")) == (
         "already paused: change freeze (by bob)"
     )
-    status = await handle.execute_update(FleetRollout.approve, ApproveRequest(approver="alice"))
-    assert status.approved_by == "alice"
+    dry = await cli("campaign", "approve", inp.name, "--by", "alice", "--dry-run", *control, "canary fine")
+    assert dry.returncode == 0 and "nothing was sent" in dry.stderr, dry.stderr
+    approved = await cli("campaign", "approve", inp.name, "--by", "alice", *control, "canary fine")
+    assert approved.returncode == 0 and "approved by: alice" in approved.stdout, approved.stdout
     status = await status_where(handle, lambda s: s.phase == "paused", "the pause after the approval")
     assert "change freeze (by bob)" in status.waiting_for
     await asyncio.sleep(1)  # paused: nothing starts
     assert (await handle.query(FleetRollout.status)).clusters["east"].state == "pending"
 
-    await handle.execute_update(FleetRollout.resume, ReasonRequest(reason="freeze over"))
+    resumed = await cli("campaign", "resume", inp.name, "--by", "bob", *control, "freeze over")
+    assert resumed.returncode == 0, resumed.stderr
     result = await handle.result()
     assert result.outcome == "completed"
     assert result.clusters["east"].started >= result.clusters["north"].ended
