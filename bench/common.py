@@ -8,6 +8,7 @@ import asyncio
 import compileall
 import contextlib
 import itertools
+import math
 import os
 import re
 import shutil
@@ -75,6 +76,14 @@ def path_text(path: list[tuple[str, float]]) -> str:
     return " + ".join(f"{part} {seconds:.2f}" for part, seconds in path)
 
 
+def batches_ideal(nodes: int, batch: int, path: list[tuple[str, float]]) -> tuple[float, str]:
+    """A run's ideal over `nodes` in batches of `batch` when its budget lets one batch in at once: the batches one
+    after another, each as long as one node's `path` at the least; and how it reads (`10 batches × 35.20 s (apply
+    5.05 + ...)`)."""
+    batches, per_node = math.ceil(nodes / batch), sum(seconds for _, seconds in path)
+    return batches * per_node, f"{batches} batches × {per_node:.2f} s ({path_text(path)})"
+
+
 def ideal_error(ratio: float, what: str) -> int:
     """1, saying so, when `ratio` (measured over ideal) is under 1.00: the ideal was not a lower bound, which is a bug
     in the bench, not a result; else 0. A bench puts it in its last line as `ideal_error` and then exits 1."""
@@ -120,6 +129,13 @@ def warnings_in(*logs: Path) -> Counter[str]:
                     message = line.split(": ", 1)[-1].strip()
                     found[re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "#", message)[:100]] += 1
     return found
+
+
+def print_warnings(warnings: Counter[str]) -> None:
+    """The workers' warnings and errors (`warnings_in`) as a bench prints them: their count and the five most
+    frequent."""
+    print(f"worker warnings and errors: {sum(warnings.values())}"
+          + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5)))  # fmt: skip
 
 
 def throttled_lines(*logs: Path) -> int:
@@ -300,6 +316,30 @@ async def event_kinds(client: Client, *prefixes: str) -> Counter[str]:
                 kind = "activity"
             kinds[kind] += 1
     return kinds
+
+
+async def history_figures(client: Client, what: str, nodes: int, *prefixes: str) -> dict[str, float]:
+    """Over every run whose workflow ID starts with a prefix (children and continued runs included): prints the
+    runs, their events and the largest run, then the events per node by kind; returns `max_run_events` and
+    `events_per_node`."""
+    lengths = await history_lengths(client, *prefixes)
+    print(f"{what}: runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
+    kinds = (await event_kinds(client, *prefixes)).most_common()
+    print(f"{what}: events per node by kind: " + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in kinds))
+    return {"max_run_events": max(lengths), "events_per_node": sum(lengths) / nodes}
+
+
+def cpu_per_node(worker_cpu: float, server_cpu: float, nodes: int) -> dict[str, float]:
+    """The CPU seconds the workers and the dev server spent during a run, in ms per node."""
+    return {"worker_cpu_ms_per_node": worker_cpu * 1000 / nodes, "server_cpu_ms_per_node": server_cpu * 1000 / nodes}
+
+
+def figures_text(ratio: float, figures: dict[str, float]) -> str:
+    """A run's figures (`history_figures`, `cpu_per_node`) as a rollout's last line gives them, after its ratio."""
+    return (f"makespan_ratio={ratio:.2f} max_run_events={figures['max_run_events']:.0f} "
+            f"events_per_node={figures['events_per_node']:.1f} "
+            f"worker_cpu_ms_per_node={figures['worker_cpu_ms_per_node']:.0f} "
+            f"server_cpu_ms_per_node={figures['server_cpu_ms_per_node']:.0f}")  # fmt: skip
 
 
 class AuditWrites:

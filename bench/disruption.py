@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import DevServer, Workers, batch_timeline, throttled_lines, warnings_in
+from bench.common import DevServer, Workers, batch_timeline, print_warnings, throttled_lines, warnings_in
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from lab.nvl72 import GPU_PRODUCT, seed_nvl72
@@ -116,8 +116,7 @@ async def main(racks: int, seed: int, workers: int, grace: float) -> int:
             throttled = throttled_lines(server.log, *pool.logs)
             warnings = warnings_in(*pool.logs)
         await admin.aclose()
-    print(f"worker warnings and errors: {sum(warnings.values())}"
-          + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5)))  # fmt: skip
+    print_warnings(warnings)
     bound = topology["lower_bound"]
     print(f"lower bound for this placement: {bound} interruptions (every gang once; a gang over the room more)")
     ratio = topology["makespan"] / baseline["makespan"]

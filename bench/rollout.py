@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import statistics
 import sys
 import tempfile
@@ -44,14 +43,16 @@ from bench.common import (
     Workers,
     batch_spans,
     batch_timeline,
+    batches_ideal,
+    cpu_per_node,
     cpu_seconds,
-    event_kinds,
-    history_lengths,
+    figures_text,
+    history_figures,
     ideal_error,
     node_mig_path,
     node_steps,
     node_update_path,
-    path_text,
+    print_warnings,
     throttled_lines,
     warnings_in,
     where_batches_went,
@@ -69,30 +70,32 @@ from workflows.rollout.spec.spec import RolloutInput
 POD_START = 0.05  # the kubelet starts a Job's pod this fast
 PACKAGE, INTERRUPT = "kernel-tuning", "reboot"
 MIG_LAYOUT = "all-1g.10gb"
+NODE_LABELS = {"bench": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 # (stage seconds, reboot seconds) per profile.
 PROFILES = {"compressed": (0.2, 0.5), "realistic": (5.0, 20.0)}
 ACTIVITY_SLOTS = 400  # per worker: a node's stages hold one slot while its Jobs run
 
 
+def rollout_template(name: str, batch: int) -> dict:
+    """The bench's Rollout input but its cluster: one package with a reboot interrupt over the bench's nodes, one
+    batch of `batch` at once (bench/campaign.py hands it to a FleetRollout as its `rollout`)."""
+    return {
+        "name": name,
+        "nodeSelectors": {"matchLabels": {"bench": "true"}},
+        "packages": {
+            PACKAGE: {
+                "version": "1.0.0",
+                "image": f"registry.local/millwright/{PACKAGE}",
+                "interrupt": {"type": INTERRUPT},
+            }
+        },
+        "deploymentPolicy": {"default": {"budget": {"count": batch}, "strategy": {"fixed": {"initialBatch": batch}}}},
+        "maxInFlight": batch,
+    }
+
+
 def rollout_spec(name: str, batch: int) -> RolloutInput:
-    return RolloutInput.model_validate(
-        {
-            "cluster": "lab",
-            "name": name,
-            "nodeSelectors": {"matchLabels": {"bench": "true"}},
-            "packages": {
-                PACKAGE: {
-                    "version": "1.0.0",
-                    "image": f"registry.local/millwright/{PACKAGE}",
-                    "interrupt": {"type": INTERRUPT},
-                }
-            },
-            "deploymentPolicy": {
-                "default": {"budget": {"count": batch}, "strategy": {"fixed": {"initialBatch": batch}}}
-            },
-            "maxInFlight": batch,
-        }
-    )
+    return RolloutInput.model_validate({"cluster": "lab", **rollout_template(name, batch)})
 
 
 def partitioning_spec(name: str, batch: int) -> GpuPartitioningInput:
@@ -110,6 +113,20 @@ def partitioning_spec(name: str, batch: int) -> GpuPartitioningInput:
     )
 
 
+async def seed_cluster(admin: EmulatorAdmin, cluster: str, nodes: int, stage_seconds: float, reboot_seconds: float,
+                       **config: float) -> dict:  # fmt: skip
+    """Seeds an emulator with `nodes` GPU nodes of the bench's labels for `cluster`, makes its stage Jobs take
+    `stage_seconds` and a reboot `reboot_seconds` (and any other `config` setting), and returns its configuration as
+    it reads it back: what it says it was given, not the bench's constants, so that an ideal follows what the lab
+    takes."""
+    fleet = Fleet.model_validate(
+        {"cluster": cluster, "nodes": [{"prefix": "gpu-", "count": nodes, "digits": 5, "labels": NODE_LABELS}]}
+    )
+    await admin.seed(fleet.to_objects())
+    await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds, **config)
+    return await admin.config()
+
+
 async def api_requests(admin: EmulatorAdmin) -> Counter[str]:
     """What the workers asked of the Kubernetes emulator so far, by verb and resource ("get jobs")."""
     counts: Counter[str] = Counter()
@@ -125,16 +142,9 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
     with EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01) as emulator, \
             tempfile.TemporaryDirectory(prefix="millwright-bench-") as tmp:  # fmt: skip
         admin = EmulatorAdmin(emulator.url)
-        labels = {"bench": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-        fleet = Fleet.model_validate(
-            {"cluster": "lab", "nodes": [{"prefix": "gpu-", "count": nodes, "digits": 5, "labels": labels}]}
-        )
-        await admin.seed(fleet.to_objects())
-        await admin.configure(jobs={"defaultSeconds": stage_seconds, "rules": []}, rebootSeconds=reboot_seconds,
-                              migPendingSeconds=mig_seconds)  # fmt: skip
-        # What the emulator says it was given, not the bench's constants: the ideal follows what the lab takes.
-        path = node_update_path(await admin.config(), PACKAGE, INTERRUPT)
-        mig_path = node_mig_path(await admin.config(), labels["nvidia.com/gpu.product"], MIG_LAYOUT)
+        config = await seed_cluster(admin, "lab", nodes, stage_seconds, reboot_seconds, migPendingSeconds=mig_seconds)
+        path = node_update_path(config, PACKAGE, INTERRUPT)
+        mig_path = node_mig_path(config, NODE_LABELS["nvidia.com/gpu.product"], MIG_LAYOUT)
         kube = Path(tmp) / "kubeconfig"
         kube.write_text(yaml.safe_dump(kubeconfig(emulator.url, "lab")))
         figures: dict[str, dict[str, float]] = {}
@@ -166,14 +176,10 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                     finally:
                         following.cancel()
                     cpu_after = pool.cpu_seconds(), cpu_seconds(server.pid), cpu_seconds(emulator.pid)
-                    lengths = await history_lengths(server.client, spec.workflow_id())
                     worker_cpu, server_cpu, emulator_cpu = (a - b for b, a in zip(cpu_before, cpu_after))
                     print(f"{op}: nodes={nodes} batch={batch} workers={workers} outcome={result.outcome} "
                           f"counts={result.counts} makespan={makespan:.1f}s")  # fmt: skip
-                    print(f"{op}: runs={len(lengths)} total_events={sum(lengths)} largest_run={max(lengths)}")
-                    kinds = (await event_kinds(server.client, spec.workflow_id())).most_common()
-                    print(f"{op}: events per node by kind: "
-                          + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in kinds))  # fmt: skip
+                    run_figures = await history_figures(server.client, op, nodes, spec.workflow_id())
                     durations, gaps = await batch_timeline(server.client, BATCH_WORKFLOW, spec.workflow_id())
                     if durations:
                         print(f"{op}: {len(durations)} batches: each {statistics.mean(durations):.1f}s on average "
@@ -190,40 +196,27 @@ async def main(nodes: int, batch: int, stage_seconds: float, reboot_seconds: flo
                           + ", ".join(f"{kind} {n / nodes:.2f}" for kind, n in asked.most_common(8)))  # fmt: skip
                     print(f"{op}: cpu: workers {worker_cpu:.1f}s, dev server {server_cpu:.1f}s, "
                           f"Kubernetes emulator {emulator_cpu:.1f}s")  # fmt: skip
-                    figures[op] = {"makespan": makespan, "max_run_events": max(lengths),
-                                   "events_per_node": sum(lengths) / nodes,
-                                   "worker_cpu_ms_per_node": worker_cpu * 1000 / nodes,
-                                   "server_cpu_ms_per_node": server_cpu * 1000 / nodes}  # fmt: skip
+                    figures[op] = {"makespan": makespan, **run_figures, **cpu_per_node(worker_cpu, server_cpu, nodes)}
             finally:
                 pool.stop()
             throttled = throttled_lines(server.log, *pool.logs)
             warnings = warnings_in(*pool.logs)
         await admin.aclose()
-    print(
-        f"worker warnings and errors: {sum(warnings.values())}"
-        + "".join(f"\n  {n} x {message}" for message, n in warnings.most_common(5))
-    )
+    print_warnings(warnings)
     last, error = [], 0
     if "rollout" in figures:
-        # Batches one after another (the budget lets one in at once), each as long as a node's path at the least.
-        batches, per_node = math.ceil(nodes / batch), sum(seconds for _, seconds in path)
-        ideal = batches * per_node
-        print(f"ideal: {batches} batches × {per_node:.2f} s ("
-              + " + ".join(f"{part} {seconds:.2f}" for part, seconds in path) + ")")  # fmt: skip
+        ideal, how = batches_ideal(nodes, batch, path)
+        print(f"ideal: {how}")
         rollout = figures["rollout"]
         error = ideal_error(rollout["makespan"] / ideal, "rollout makespan")
-        last.append(f"makespan_ratio={rollout['makespan'] / ideal:.2f} max_run_events={rollout['max_run_events']} "
-                    f"events_per_node={rollout['events_per_node']:.1f} "
-                    f"worker_cpu_ms_per_node={rollout['worker_cpu_ms_per_node']:.0f} "
-                    f"server_cpu_ms_per_node={rollout['server_cpu_ms_per_node']:.0f}")  # fmt: skip
+        last.append(figures_text(rollout["makespan"] / ideal, rollout))
     if "mig" in figures:
         mig = figures["mig"]
-        mig_batches, mig_node = math.ceil(nodes / batch), sum(seconds for _, seconds in mig_path)
-        mig_ideal = mig_batches * mig_node
-        print(f"mig ideal: {mig_batches} batches × {mig_node:.2f} s ({path_text(mig_path)})")
+        mig_ideal, how = batches_ideal(nodes, batch, mig_path)
+        print(f"mig ideal: {how}")
         error = max(error, ideal_error(mig["makespan"] / mig_ideal, "mig makespan"))
         last.append(f"mig_makespan_ratio={mig['makespan'] / mig_ideal:.2f} "
-                    f"mig_max_run_events={mig['max_run_events']} mig_events_per_node={mig['events_per_node']:.1f} "
+                    f"mig_max_run_events={mig['max_run_events']:.0f} mig_events_per_node={mig['events_per_node']:.1f} "
                     f"mig_worker_cpu_ms_per_node={mig['worker_cpu_ms_per_node']:.0f}")  # fmt: skip
     print(" ".join(last) + f" throttled={throttled} ideal_error={error}")
     return error
