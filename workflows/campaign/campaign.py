@@ -1,8 +1,8 @@
 """The campaign engine: one child run per cluster, the canary first, then waves, with soak, a failure threshold across
 clusters, an approval after the canary and the operator's pause, resume and abort (issue #42).
 
-`Campaign` holds the loop and the books; a campaign workflow (workflows/campaign/fleet_rollout.py) names the child it
-runs on each cluster in a `ClusterWork` and inherits `CampaignControls` for the operator's updates and queries. A
+`Campaign` holds the loop and the books; a campaign workflow (workflows/campaign/fleet_rollout.py,
+fleet_gpu_partitioning.py) names the child it runs on each cluster in a `ClusterWork` and inherits `CampaignControls` for the operator's updates and queries. A
 child runs on the campaign's own task queue (the default of a child workflow) under its cluster's own disruption
 budget, which the child asks for itself.
 
@@ -28,6 +28,7 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 from workflows.campaign.models import (
     ApproveRequest,
     CampaignOutcome,
+    CampaignResult,
     CampaignStatus,
     ClusterOutcome,
     ClusterState,
@@ -53,6 +54,19 @@ class ClusterWork:
     abort_signal: str = "abort_from_campaign"
 
 
+def fleet_run_outcome(
+    noun: str, outcome: str, counts: dict[str, int], problems: dict[str, str]
+) -> tuple[ClusterState, dict[str, int], str]:
+    """How a child on the fleet engine (workflows/rollout/compartments.py) ended: its cluster fails when a node of it
+    ends erroring, the change not landed on every node it targets."""
+    if outcome == "aborted":
+        return "aborted", counts, f"the {noun} was aborted"
+    if counts.get("erroring"):
+        shown = "; ".join(f"{n}: {why}" for n, why in sorted(problems.items())[:3])
+        return "failed", counts, f"{counts['erroring']} nodes erroring ({shown})"
+    return "completed", counts, ""
+
+
 class Campaign:
     """The clusters of one campaign, wave by wave; what it waits for; every cluster's state."""
 
@@ -69,6 +83,12 @@ class Campaign:
         self._soak_until: str | None = None
         self._running: dict[str, workflow.ChildWorkflowHandle] = {}
         self._phases = Phases(finished=FINISHED)
+
+    async def result(self, name: str) -> CampaignResult:
+        """Every wave run, the controls under way answered: how every cluster ended."""
+        outcome = await self.run()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return CampaignResult(name=name, outcome=outcome, clusters=self.clusters, waves=self.waves)
 
     async def run(self) -> CampaignOutcome:
         for number, wave in enumerate(self.waves):
