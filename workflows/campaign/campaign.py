@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 from temporalio import workflow
 from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
@@ -54,17 +55,23 @@ class ClusterWork:
     abort_signal: str = "abort_from_campaign"
 
 
-def fleet_run_outcome(
-    noun: str, outcome: str, counts: dict[str, int], problems: dict[str, str]
-) -> tuple[ClusterState, dict[str, int], str]:
-    """How a child on the fleet engine (workflows/rollout/compartments.py) ended: its cluster fails when a node of it
-    ends erroring, the change not landed on every node it targets."""
-    if outcome == "aborted":
-        return "aborted", counts, f"the {noun} was aborted"
-    if counts.get("erroring"):
-        shown = "; ".join(f"{n}: {why}" for n, why in sorted(problems.items())[:3])
-        return "failed", counts, f"{counts['erroring']} nodes erroring ({shown})"
-    return "completed", counts, ""
+def fleet_run(
+    workflow: str, noun: str, result: type[pydantic.BaseModel], input: Callable[[str], WorkflowInput]
+) -> ClusterWork:
+    """A child on the fleet engine (workflows/rollout/compartments.py: a Rollout, a GpuPartitioning), whose `result`
+    has its `outcome`, node `counts` and `problems`: its cluster fails when a node of it ends erroring, the change not
+    landed on every node it targets."""
+
+    def read(value: Any) -> tuple[ClusterState, dict[str, int], str]:
+        res: Any = result.model_validate(value)
+        if res.outcome == "aborted":
+            return "aborted", res.counts, f"the {noun} was aborted"
+        if res.counts.get("erroring"):
+            shown = "; ".join(f"{n}: {why}" for n, why in sorted(res.problems.items())[:3])
+            return "failed", res.counts, f"{res.counts['erroring']} nodes erroring ({shown})"
+        return "completed", res.counts, ""
+
+    return ClusterWork(workflow=workflow, input=input, read=read)
 
 
 class Campaign:

@@ -8,29 +8,22 @@ GPU model, the tenants' quotas): a cluster they refuse fails, counted against `p
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
 
-from workflows.campaign.campaign import Campaign, CampaignControls, ClusterWork, fleet_run_outcome
-from workflows.campaign.models import CampaignResult, ClusterState, FleetGpuPartitioningInput
+from workflows.campaign.campaign import Campaign, CampaignControls, fleet_run
+from workflows.campaign.models import CampaignResult, FleetGpuPartitioningInput
 from workflows.partitioning.models import GpuPartitioningResult
-
-
-def partitioning_work(inp: FleetGpuPartitioningInput) -> ClusterWork:
-    return ClusterWork(workflow="GpuPartitioning", input=inp.partitioning.for_cluster, read=partitioning_outcome)
-
-
-def partitioning_outcome(result: Any) -> tuple[ClusterState, dict[str, int], str]:
-    res = GpuPartitioningResult.model_validate(result)
-    return fleet_run_outcome("GPU partitioning", res.outcome, res.counts, res.problems)
 
 
 @workflow.defn
 class FleetGpuPartitioning(CampaignControls):
     @workflow.init
     def __init__(self, inp: FleetGpuPartitioningInput) -> None:
-        self._campaign = Campaign(inp.clusters, inp.plan, partitioning_work(inp))
+        self._campaign = Campaign(
+            inp.clusters,
+            inp.plan,
+            fleet_run("GpuPartitioning", "GPU partitioning", GpuPartitioningResult, inp.partitioning.for_cluster),
+        )
 
     @workflow.run
     async def run(self, inp: FleetGpuPartitioningInput) -> CampaignResult:

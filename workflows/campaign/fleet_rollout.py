@@ -9,29 +9,20 @@ so), and `millwright status rollout/<cluster>/<name>` shows a campaign's cluster
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
 
-from workflows.campaign.campaign import Campaign, CampaignControls, ClusterWork, fleet_run_outcome
-from workflows.campaign.models import CampaignResult, ClusterState, FleetRolloutInput
+from workflows.campaign.campaign import Campaign, CampaignControls, fleet_run
+from workflows.campaign.models import CampaignResult, FleetRolloutInput
 from workflows.rollout.models import RolloutResult
-
-
-def rollout_work(inp: FleetRolloutInput) -> ClusterWork:
-    return ClusterWork(workflow="Rollout", input=inp.rollout.for_cluster, read=rollout_outcome)
-
-
-def rollout_outcome(result: Any) -> tuple[ClusterState, dict[str, int], str]:
-    res = RolloutResult.model_validate(result)
-    return fleet_run_outcome("rollout", res.outcome, res.counts, res.problems)
 
 
 @workflow.defn
 class FleetRollout(CampaignControls):
     @workflow.init
     def __init__(self, inp: FleetRolloutInput) -> None:
-        self._campaign = Campaign(inp.clusters, inp.plan, rollout_work(inp))
+        self._campaign = Campaign(
+            inp.clusters, inp.plan, fleet_run("Rollout", "rollout", RolloutResult, inp.rollout.for_cluster)
+        )
 
     @workflow.run
     async def run(self, inp: FleetRolloutInput) -> CampaignResult:
