@@ -22,6 +22,7 @@ real call may still be refused. A state that changes between the dry run and the
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +88,7 @@ Check = Callable[[Any, Any], "tuple[str | None, str]"]  # (query answer, request
 @dataclass(frozen=True)
 class Control:
     name: str  # as the CLI says it, e.g. "rollout pause"
-    workflow_type: str
+    workflow_type: str | tuple[str, ...]  # a tuple: a control any of these takes (a campaign's)
     update: str
     request: type[pydantic.BaseModel]
     result: type[pydantic.BaseModel]
@@ -282,13 +283,15 @@ def _check_campaign_approve(s: CampaignStatus, _req: Any) -> tuple[str | None, s
     return _campaign_inactive(s) or waiting, s.waiting_for
 
 
-# The campaigns across clusters (workflows/campaign/): their controls, and `status` answering a CampaignStatus.
-CAMPAIGNS = ("FleetRollout",)
+# The campaigns across clusters (workflows/campaign/), by workflow type with their ID's prefix (their input's
+# `workflow_id`): the same controls, and `status` answering a CampaignStatus.
+CAMPAIGNS = {"FleetRollout": "fleet-rollout", "FleetGpuPartitioning": "fleet-gpu-partitioning"}
 
 
 def _campaign(verb: str, request: type[pydantic.BaseModel], check: Check) -> Control:
     """A campaign's control (workflows/campaign/campaign.py `CampaignControls`): the update is named as the verb."""
-    return Control(f"campaign {verb}", CAMPAIGNS[0], verb, request, CampaignStatus, "status", CampaignStatus, check)
+    return Control(f"campaign {verb}", tuple(CAMPAIGNS), verb, request, CampaignStatus, "status", CampaignStatus,
+                   check)  # fmt: skip
 
 
 CONTROLS = {
@@ -355,9 +358,21 @@ def fleet_firmware_id(name: str) -> str:
     return name if name.startswith("fleet-firmware-update/") else f"fleet-firmware-update/{name}"  # workflows/firmware
 
 
-def fleet_rollout_id(name: str) -> str:
-    """workflows/campaign/models.py FleetRolloutInput.workflow_id; a full ID passes unchanged."""
-    return name if name.startswith("fleet-rollout/") else f"fleet-rollout/{name}"
+async def campaign_id(client: Client, name: str) -> str:
+    """The one campaign of any type named ``name`` (CAMPAIGNS); a full ID passes unchanged."""
+    if "/" in name:
+        return name
+    found = []
+    for prefix in CAMPAIGNS.values():
+        with contextlib.suppress(RunNotFound):
+            await described(client, f"{prefix}/{name}")
+            found.append(f"{prefix}/{name}")
+    if len(found) > 1:
+        raise Refused(f"campaigns {' and '.join(found)} share the name {name!r}: give the full ID")
+    if not found:
+        ids = ", ".join(f"{prefix}/{name}" for prefix in CAMPAIGNS.values())
+        raise RunNotFound(f"no campaign named {name!r} ({ids}) in namespace {client.namespace}")
+    return found[0]
 
 
 # ---------------------------------------------------------------- sending
@@ -385,14 +400,17 @@ async def described(client: Client, workflow_id: str) -> tuple[WorkflowHandle[An
         raise
 
 
-async def running_handle(client: Client, workflow_id: str, workflow_type: str) -> WorkflowHandle[Any, Any]:
-    """The latest run of ``workflow_id``, which must be a running ``workflow_type``."""
+async def running_handle(
+    client: Client, workflow_id: str, workflow_type: str | tuple[str, ...]
+) -> WorkflowHandle[Any, Any]:
+    """The latest run of ``workflow_id``, which must be a running ``workflow_type`` (or one of them)."""
     handle, desc = await described(client, workflow_id)
-    if desc.workflow_type != workflow_type:
-        raise Refused(f"{workflow_id} is a {desc.workflow_type}, not a {workflow_type}")
+    kinds = (workflow_type,) if isinstance(workflow_type, str) else workflow_type
+    if desc.workflow_type not in kinds:
+        raise Refused(f"{workflow_id} is a {desc.workflow_type}, not a {' or '.join(kinds)}")
     if desc.status != WorkflowExecutionStatus.RUNNING:
         state = desc.status.name.lower().replace("_", "-") if desc.status else "closed"
-        raise RunClosed(f"{workflow_type} {workflow_id} is {state}: a closed run takes no controls")
+        raise RunClosed(f"{desc.workflow_type} {workflow_id} is {state}: a closed run takes no controls")
     return handle
 
 
@@ -416,7 +434,7 @@ async def apply_control(
         raise Refused(getattr(cause, "message", None) or str(cause or e)) from None
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:  # it closed between the look and the update
-            raise RunClosed(f"{control.workflow_type} {workflow_id} closed: {e.message}") from None
+            raise RunClosed(f"{workflow_id} closed: {e.message}") from None
         raise
     return Outcome(workflow_id, name, False, result)
 
@@ -518,9 +536,9 @@ async def firmware_control(
 async def campaign_control(
     client: Client, verb: str, name: str, *, by: str, reason: str, dry_run: bool = False
 ) -> Outcome:
-    """``verb``: pause, resume, abort or approve a campaign across clusters (a FleetRollout); ``by`` approves."""
+    """``verb``: pause, resume, abort or approve a campaign across clusters (CAMPAIGNS); ``by`` approves."""
     request = {"approver": by, "reason": reason} if verb == "approve" else {"reason": _reason(reason, by)}
-    return await apply_control(client, f"campaign {verb}", fleet_rollout_id(name), request, dry_run=dry_run)
+    return await apply_control(client, f"campaign {verb}", await campaign_id(client, name), request, dry_run=dry_run)
 
 
 async def firmware_status(client: Client, name: str) -> FleetFirmwareStatus:

@@ -59,9 +59,12 @@ def rollout_done(result: dict) -> list[str]:
     )
 
 
-def fleet_rollout_done(result: dict) -> list[str]:
-    lab = (result.get("clusters") or {}).get("lab") or {}
-    return expect(outcome="completed")(result) + ([] if lab.get("state") == "completed" else [f"cluster lab: {lab}"])
+def campaign_done(**lab: Any) -> Callable[[Any], list[str]]:
+    """A campaign completed, its one cluster `lab` ended as `lab` says."""
+    return lambda result: (
+        expect(outcome="completed")(result)
+        + [f"cluster lab: {wrong}" for wrong in expect(**lab)((result.get("clusters") or {}).get("lab") or {})]
+    )
 
 
 def sweep_done(result: dict) -> list[str]:
@@ -121,7 +124,7 @@ EXAMPLES: dict[str, Example] = {
     ),
     "rollout.yaml": Example(NODES, planned, cli=("rollout", "plan", "{file}")),
     "rollout.json": Example(NODES, rollout_done, workflow="Rollout"),
-    "fleet-rollout.json": Example(NODES, fleet_rollout_done, workflow="FleetRollout"),
+    "fleet-rollout.json": Example(NODES, campaign_done(state="completed"), workflow="FleetRollout"),
     # After the rollout, which waits for gpu-node-02's protected pod to finish: a drain refuses that bare pod.
     "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
@@ -129,6 +132,10 @@ EXAMPLES: dict[str, Example] = {
     # Last of its lane: gpu-node-06 keeps its MIG layout, and the trainer it evicted waits for whole GPUs.
     "gpu-partitioning.json": Example(
         NODES, expect(outcome="completed", counts={"complete": 1}), workflow="GpuPartitioning"
+    ),
+    # The same layout on the same node, as a campaign: its cluster's GpuPartitioning finds the node at it.
+    "fleet-gpu-partitioning.json": Example(
+        NODES, campaign_done(state="completed", counts={"complete": 1}), workflow="FleetGpuPartitioning"
     ),
     "tenant-cluster.json": Example(TENANTS, expect(cluster="lab:fleet/gpu-a", machines=3), workflow="CreateCluster"),
     "tenant-nlp.json": Example(TENANTS, onboarded, workflow="OnboardTenant"),

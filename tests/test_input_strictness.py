@@ -318,6 +318,9 @@ TYPOS: dict[str, Typo] = {
     "FleetFirmwareUpdate": Typo({**example("fleet-firmware-update.json"), "servers": [firmware_server()]},
                                 ("waves",), "batch_size"),
     "FleetRollout": Typo(example("fleet-rollout.json"), ("rollout", "drainConfig"), "deleteEmptyDirDta"),
+    "FleetGpuPartitioning": Typo(example("fleet-gpu-partitioning.json", partitioning={
+        **example("fleet-gpu-partitioning.json")["partitioning"], "nodes": ["node-04"]}), ("partitioning", "drain"),
+                                 "gpu_only"),
     "RackRemediation": Typo({"cluster": "lab", "domain": "rack-001", "reason": "NVLink fabric down",
                              "bmcs": {"node-03": {"url": BMC}}, "domain_check": {"timeout": "PT5M"}},
                             ("domain_check",), "imge"),
@@ -429,6 +432,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "NodeRma": TYPOS["NodeRma"].valid,
     "RackRemediation": TYPOS["RackRemediation"].valid,
     "FleetRollout": TYPOS["FleetRollout"].valid,
+    "FleetGpuPartitioning": TYPOS["FleetGpuPartitioning"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},
 }

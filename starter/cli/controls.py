@@ -321,7 +321,7 @@ def _campaign(verb: str, doc: str) -> None:
     _command(campaign_app, verb, doc, [_param("name", name)], call)
 
 
-_campaign("pause", "Start no new cluster; the running clusters' rollouts pause too.")
-_campaign("resume", "Carry on after a pause; the running clusters' rollouts resume too.")
-_campaign("abort", "Start no new cluster (the rest are skipped); the running clusters' rollouts abort safely.")
+_campaign("pause", "Start no new cluster; the running clusters' runs pause too.")
+_campaign("resume", "Carry on after a pause; the running clusters' runs resume too.")
+_campaign("abort", "Start no new cluster (the rest are skipped); the running clusters' runs abort safely.")
 _campaign("approve", "Let the waves after the canary start (--by is the approver).")

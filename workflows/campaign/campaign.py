@@ -1,8 +1,8 @@
 """The campaign engine: one child run per cluster, the canary first, then waves, with soak, a failure threshold across
 clusters, an approval after the canary and the operator's pause, resume and abort (issue #42).
 
-`Campaign` holds the loop and the books; a campaign workflow (workflows/campaign/fleet_rollout.py) names the child it
-runs on each cluster in a `ClusterWork` and inherits `CampaignControls` for the operator's updates and queries. A
+`Campaign` holds the loop and the books; a campaign workflow (workflows/campaign/fleet_rollout.py,
+fleet_gpu_partitioning.py) names the child it runs on each cluster in a `ClusterWork` and inherits `CampaignControls` for the operator's updates and queries. A
 child runs on the campaign's own task queue (the default of a child workflow) under its cluster's own disruption
 budget, which the child asks for itself.
 
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 from temporalio import workflow
 from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedError
@@ -28,6 +29,7 @@ from temporalio.exceptions import ChildWorkflowError, WorkflowAlreadyStartedErro
 from workflows.campaign.models import (
     ApproveRequest,
     CampaignOutcome,
+    CampaignResult,
     CampaignStatus,
     ClusterOutcome,
     ClusterState,
@@ -53,6 +55,25 @@ class ClusterWork:
     abort_signal: str = "abort_from_campaign"
 
 
+def fleet_run(
+    workflow: str, noun: str, result: type[pydantic.BaseModel], input: Callable[[str], WorkflowInput]
+) -> ClusterWork:
+    """A child on the fleet engine (workflows/rollout/compartments.py: a Rollout, a GpuPartitioning), whose `result`
+    has its `outcome`, node `counts` and `problems`: its cluster fails when a node of it ends erroring, the change not
+    landed on every node it targets."""
+
+    def read(value: Any) -> tuple[ClusterState, dict[str, int], str]:
+        res: Any = result.model_validate(value)
+        if res.outcome == "aborted":
+            return "aborted", res.counts, f"the {noun} was aborted"
+        if res.counts.get("erroring"):
+            shown = "; ".join(f"{n}: {why}" for n, why in sorted(res.problems.items())[:3])
+            return "failed", res.counts, f"{res.counts['erroring']} nodes erroring ({shown})"
+        return "completed", res.counts, ""
+
+    return ClusterWork(workflow=workflow, input=input, read=read)
+
+
 class Campaign:
     """The clusters of one campaign, wave by wave; what it waits for; every cluster's state."""
 
@@ -69,6 +90,12 @@ class Campaign:
         self._soak_until: str | None = None
         self._running: dict[str, workflow.ChildWorkflowHandle] = {}
         self._phases = Phases(finished=FINISHED)
+
+    async def result(self, name: str) -> CampaignResult:
+        """Every wave run, the controls under way answered: how every cluster ended."""
+        outcome = await self.run()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return CampaignResult(name=name, outcome=outcome, clusters=self.clusters, waves=self.waves)
 
     async def run(self) -> CampaignOutcome:
         for number, wave in enumerate(self.waves):

@@ -9,40 +9,21 @@ so), and `millwright status rollout/<cluster>/<name>` shows a campaign's cluster
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio import workflow
 
-from workflows.campaign.campaign import Campaign, CampaignControls, ClusterWork
-from workflows.campaign.models import ClusterState, FleetRolloutInput, FleetRolloutResult
+from workflows.campaign.campaign import Campaign, CampaignControls, fleet_run
+from workflows.campaign.models import CampaignResult, FleetRolloutInput
 from workflows.rollout.models import RolloutResult
-
-
-def rollout_work(inp: FleetRolloutInput) -> ClusterWork:
-    return ClusterWork(workflow="Rollout", input=inp.rollout.for_cluster, read=rollout_outcome)
-
-
-def rollout_outcome(result: Any) -> tuple[ClusterState, dict[str, int], str]:
-    """A cluster fails when a node of it ends erroring: the change did not land on every node it targets."""
-    res = RolloutResult.model_validate(result)
-    if res.outcome == "aborted":
-        return "aborted", res.counts, "the rollout was aborted"
-    if res.counts.get("erroring"):
-        shown = "; ".join(f"{n}: {why}" for n, why in sorted(res.problems.items())[:3])
-        return "failed", res.counts, f"{res.counts['erroring']} nodes erroring ({shown})"
-    return "completed", res.counts, ""
 
 
 @workflow.defn
 class FleetRollout(CampaignControls):
     @workflow.init
     def __init__(self, inp: FleetRolloutInput) -> None:
-        self._campaign = Campaign(inp.clusters, inp.plan, rollout_work(inp))
+        self._campaign = Campaign(
+            inp.clusters, inp.plan, fleet_run("Rollout", "rollout", RolloutResult, inp.rollout.for_cluster)
+        )
 
     @workflow.run
-    async def run(self, inp: FleetRolloutInput) -> FleetRolloutResult:
-        outcome = await self._campaign.run()
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        return FleetRolloutResult(
-            name=inp.name, outcome=outcome, clusters=self._campaign.clusters, waves=self._campaign.waves
-        )
+    async def run(self, inp: FleetRolloutInput) -> CampaignResult:
+        return await self._campaign.result(inp.name)

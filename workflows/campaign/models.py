@@ -1,4 +1,5 @@
-"""The models of a campaign across clusters (issue #42): what `FleetRollout` takes, returns and shows.
+"""The models of a campaign across clusters (issue #42): what `FleetRollout` and `FleetGpuPartitioning` take,
+return and show.
 
 Pure data, as workflows/rollout/models.py: the worker passes it through the sandbox once (worker/registry.py).
 Strict at every depth like every other input: an unknown field anywhere is refused with its path.
@@ -7,7 +8,7 @@ Strict at every depth like every other input: an unknown field anywhere is refus
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 from temporalio.common import SearchAttributePair
@@ -16,10 +17,12 @@ from activities.kube.validators import validate_object_name
 from activities.models import StrictModel
 from workflows.common import search_attributes as sa
 from workflows.common.base import WorkflowInput
+from workflows.partitioning.models import GpuPartitioningInput, GpuPartitioningSpec
 from workflows.rollout.spec.spec import RolloutInput, RolloutSpec
 from workflows.rollout.spec.spec_fields import Duration
 
 MAX_CLUSTERS = 200
+I = TypeVar("I", bound=WorkflowInput)
 
 
 class WavePlan(StrictModel):
@@ -50,22 +53,31 @@ class WavePlan(StrictModel):
         return [[canary]] + [rest[i : i + self.wave_size] for i in range(0, len(rest), self.wave_size)]
 
 
+def for_cluster(spec: StrictModel, input_type: type[I], cluster: str) -> I:
+    """A child's input: the campaign's spec for every cluster, with this one's name, validated as the child's."""
+    return input_type.model_validate(spec.model_dump(by_alias=False) | {"cluster": cluster})
+
+
 class RolloutTemplate(RolloutSpec):
     """A Rollout's input without `cluster`: every cluster of the campaign gets the same, validated the same way."""
 
     def for_cluster(self, cluster: str) -> RolloutInput:
-        return RolloutInput.model_validate(self.model_dump(by_alias=False) | {"cluster": cluster})
+        return for_cluster(self, RolloutInput, cluster)
 
 
-class FleetRolloutInput(WorkflowInput):
-    """One rollout across clusters: a canary cluster, then waves, each cluster a `Rollout` under its own budget."""
+class GpuPartitioningTemplate(GpuPartitioningSpec):
+    """A GpuPartitioning's input without `cluster`: every cluster of the campaign gets the same."""
 
-    name: str = Field(
-        min_length=1, max_length=63, description="Names the campaign: workflow ID `fleet-rollout/<name>`."
-    )
+    def for_cluster(self, cluster: str) -> GpuPartitioningInput:
+        return for_cluster(self, GpuPartitioningInput, cluster)
+
+
+class CampaignInput(WorkflowInput):
+    """What every campaign takes: its name, its clusters in order and how fast it goes through them."""
+
+    name: str = Field(min_length=1, max_length=63, description="Names the campaign (and its workflow ID).")
     clusters: list[str] = Field(min_length=1, max_length=MAX_CLUSTERS, description="Kubeconfig contexts, in order.")
     plan: WavePlan = Field(default_factory=WavePlan)
-    rollout: RolloutTemplate = Field(description="Each cluster's Rollout input, but its cluster.")
 
     _name = field_validator("name")(validate_object_name)
 
@@ -81,16 +93,33 @@ class FleetRolloutInput(WorkflowInput):
         return value
 
     @model_validator(mode="after")
-    def _canary_is_a_cluster(self) -> FleetRolloutInput:
+    def _canary_is_a_cluster(self) -> CampaignInput:
         if self.plan.canary is not None and self.plan.canary not in self.clusters:
             raise ValueError(f"plan.canary: {self.plan.canary!r} is not one of clusters {self.clusters}")
         return self
 
+    def search_attributes(self) -> list[SearchAttributePair]:
+        return [SearchAttributePair(sa.PHASE, "pending")]
+
+
+class FleetRolloutInput(CampaignInput):
+    """One rollout across clusters: a canary cluster, then waves, each cluster a `Rollout` under its own budget
+    (workflow ID `fleet-rollout/<name>`)."""
+
+    rollout: RolloutTemplate = Field(description="Each cluster's Rollout input, but its cluster.")
+
     def workflow_id(self) -> str:
         return f"fleet-rollout/{self.name}"
 
-    def search_attributes(self) -> list[SearchAttributePair]:
-        return [SearchAttributePair(sa.PHASE, "pending")]
+
+class FleetGpuPartitioningInput(CampaignInput):
+    """One MIG layout across clusters: a canary cluster, then waves, each cluster a `GpuPartitioning` under its own
+    budget (workflow ID `fleet-gpu-partitioning/<name>`)."""
+
+    partitioning: GpuPartitioningTemplate = Field(description="Each cluster's GpuPartitioning input, but its cluster.")
+
+    def workflow_id(self) -> str:
+        return f"fleet-gpu-partitioning/{self.name}"
 
 
 ClusterState = Literal["pending", "running", "completed", "failed", "aborted", "skipped"]
@@ -111,7 +140,7 @@ class ClusterOutcome(StrictModel):
 CampaignOutcome = Literal["completed", "failed", "aborted"]
 
 
-class FleetRolloutResult(StrictModel):
+class CampaignResult(StrictModel):
     name: str
     outcome: CampaignOutcome
     clusters: dict[str, ClusterOutcome]

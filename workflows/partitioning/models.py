@@ -47,10 +47,9 @@ class MigDrainSettings(DrainSettings):
     gpu_pods_only: bool = Field(True, description="Only drain pods that use GPUs; false: every pod, as kubectl drain.")
 
 
-class MigChange(StrictModel):
-    """How every node of a run moves to its layout: shared by the fleet run and each node's child."""
+class MigLayout(StrictModel):
+    """How every node moves to its layout, in any cluster: a campaign (workflows/campaign/) gives each the same."""
 
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
     config: str = Field(description="The mig-parted config name, e.g. 'all-1g.10gb', 'all-balanced', 'all-disabled'.")
     drain: MigDrainSettings = Field(default_factory=MigDrainSettings, description="How each node is drained.")
     validation: ValidationSettings | None = Field(
@@ -68,8 +67,15 @@ class MigChange(StrictModel):
         None, description="The cluster's disruption budget, if it has none set yet (default 10% of its nodes)."
     )
 
-    _cluster = field_validator("cluster")(validate_object_name)
     _config = field_validator("config")(validate_config)
+
+
+class MigChange(MigLayout):
+    """How every node of a run moves to its layout: shared by the fleet run and each node's child."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+
+    _cluster = field_validator("cluster")(validate_object_name)
 
 
 class NodeMigInput(StrictModel):
@@ -107,8 +113,9 @@ class NodeMigStatus(DrainProgress):
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-class GpuPartitioningInput(MigChange, WorkflowInput, RetryTimeout):
-    """Move GPU nodes (a label selector, or a list) to one MIG layout, under the rollout's DeploymentPolicy.
+class GpuPartitioningSpec(MigLayout, RetryTimeout):
+    """What a GPU partitioning moves, where in a cluster and how fast: its input but its cluster (and the state a
+    continued run carries), so a campaign (workflows/campaign/) gives every cluster the same spec.
 
     The fields the fleet engine reads (workflows/rollout/spec/fleet.py) are the rollout spec's sections, in its
     camelCase (snake_case accepted)."""
@@ -133,14 +140,12 @@ class GpuPartitioningInput(MigChange, WorkflowInput, RetryTimeout):
         False, description="Go on although the tenants' guaranteed GPU quotas would no longer fit (recorded)."
     )
     dry_run: bool = Field(False, description="Only check and plan; write nothing.")
-    checkpoint: RolloutCheckpoint | None = Field(None, description="Internal: what a continued run carries.")
-    quota_check: QuotaCheck | None = Field(None, description="Internal: the first run's capacity check, carried.")
 
     _name = field_validator("name")(validate_object_name)
     _listed = field_validator("nodes")(lambda names: [validate_object_name(n) for n in names])
 
     @model_validator(mode="after")
-    def _one_way_to_name_nodes(self) -> GpuPartitioningInput:
+    def _one_way_to_name_nodes(self) -> GpuPartitioningSpec:
         by_name = self.listed()
         if self.nodes and not self.node_selectors.is_empty() and self.node_selectors != by_name:
             raise ValueError("nodes: give nodeSelectors or nodes, not both")
@@ -156,11 +161,18 @@ class GpuPartitioningInput(MigChange, WorkflowInput, RetryTimeout):
             if self.nodes else {}
         )  # fmt: skip
 
-    def change(self) -> MigChange:
-        return MigChange.model_validate(self.model_dump(include=set(MigChange.model_fields), by_alias=False))
-
     def resets_batch_state(self) -> bool:
         return self.deployment_policy.reset_batch_state_on_completion
+
+
+class GpuPartitioningInput(GpuPartitioningSpec, MigChange, WorkflowInput):
+    """Move GPU nodes (a label selector, or a list) to one MIG layout, under the rollout's DeploymentPolicy."""
+
+    checkpoint: RolloutCheckpoint | None = Field(None, description="Internal: what a continued run carries.")
+    quota_check: QuotaCheck | None = Field(None, description="Internal: the first run's capacity check, carried.")
+
+    def change(self) -> MigChange:
+        return MigChange.model_validate(self.model_dump(include=set(MigChange.model_fields), by_alias=False))
 
     def workflow_id(self) -> str:
         kind = "gpu-partitioning-plan" if self.dry_run else "gpu-partitioning"

@@ -104,19 +104,19 @@ class FleetControls:
     # A campaign's controls of this run (workflows/campaign/): a workflow cannot send another an update, so the
     # campaign signals; a signal cannot be refused, so one the update's validator would refuse changes nothing. A
     # pause also holds a run still surveying (the campaign may pause it right after its start).
-    @workflow.signal(description="The campaign's pause: as `pause`, sent by the FleetRollout that started this run.")
+    @workflow.signal(description="The campaign's pause: as `pause`, sent by the campaign that started it.")
     async def pause_from_campaign(self, req: ReasonRequest) -> None:
         if self._fleet.aborted is None and self._fleet.paused_reason is None and not self._finished():
             await self._fleet.pause(req.reason)
             self._fleet.refresh()
 
-    @workflow.signal(description="The campaign's resume: as `resume`, sent by the FleetRollout that started this run.")
+    @workflow.signal(description="The campaign's resume: as `resume`, sent by the campaign that started it.")
     async def resume_from_campaign(self, req: ReasonRequest) -> None:
         if self._fleet.aborted is None and self._fleet.paused_reason is not None and not self._finished():
             await self._fleet.resume()
             self._fleet.refresh()
 
-    @workflow.signal(description="The campaign's abort: as `abort`, sent by the FleetRollout that started this run.")
+    @workflow.signal(description="The campaign's abort: as `abort`, sent by the campaign that started it.")
     async def abort_from_campaign(self, req: ReasonRequest) -> None:
         if self._fleet.aborted is None and not self._finished():
             await self._fleet.abort(req.reason)

@@ -1,5 +1,6 @@
-"""FleetRollout across three small clusters (three Kubernetes emulators, one kubeconfig with a context each) on a
-real dev server: the canary, then waves in order, the failure threshold, approval, pause, resume and abort."""
+"""FleetRollout across three small clusters (three Kubernetes emulators, one kubeconfig with a context each:
+tests/workflows/campaign/conftest.py) on a real dev server: the canary, then waves in order, the failure threshold,
+approval, pause, resume and abort."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 from temporalio.client import WorkflowUpdateFailedError
 
-from lab.k8s.admin import EmulatorAdmin, kubeconfig
+from lab.k8s.admin import EmulatorAdmin
 from starter.client import InputError, parse_input
 from tests.cli_in_process import cli
-from tests.conftest import GRACE_SCALE, POD_START_SECONDS, end_disruption_budgets
-from tests.kube_helpers import checked_emulator, declare_lab_budget, wait_for
+from tests.conftest import GRACE_SCALE, POD_START_SECONDS
+from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.rollout.helpers import REBOOT_SECONDS, rollout_fleet
 from workflows.campaign.fleet_rollout import FleetRollout
@@ -27,34 +27,7 @@ from workflows.campaign.models import ApproveRequest, CampaignStatus, FleetRollo
 from workflows.rollout.models import ReasonRequest
 from workflows.rollout.rollout import Rollout
 
-CLUSTERS = ["east", "west", "north"]
-
-
-@pytest.fixture(scope="module")
-def emulators(tmp_path_factory):
-    with contextlib.ExitStack() as stack:
-        yield {
-            c: stack.enter_context(checked_emulator(tmp_path_factory.mktemp(f"k8s-{c}"),
-                                                    pod_start_seconds=POD_START_SECONDS, grace_scale=GRACE_SCALE))
-            for c in CLUSTERS
-        }  # fmt: skip
-
-
-@pytest_asyncio.fixture(loop_scope="session", scope="module")
-async def campaign_worker(client, emulators, tmp_path_factory):
-    """A worker on a random task queue whose kubeconfig names the three clusters, one context each."""
-    from worker import registry
-    from worker.config import WorkerSettings
-
-    configs = [kubeconfig(e.url, c) for c, e in emulators.items()]
-    merged = configs[0] | {key: [x for cfg in configs for x in cfg[key]] for key in ("clusters", "users", "contexts")}
-    path = tmp_path_factory.mktemp("kube") / "kubeconfig"
-    path.write_text(yaml.safe_dump(merged))
-    registration = registry.build(WorkerSettings(kubeconfig=str(path), metrics_port=0))
-    async with registry.new_worker(client, registration, f"test-{uuid.uuid4().hex[:8]}") as worker:
-        yield worker
-    await registration.close()
-    await end_disruption_budgets(client)
+CLUSTERS = ["east", "west", "north"]  # the emulators (conftest.py)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -1,0 +1,41 @@
+"""A campaign test module's clusters: one Kubernetes emulator per name in the module's `CLUSTERS`, and a worker on a
+random task queue whose kubeconfig has a context for each."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+import pytest_asyncio
+import yaml
+
+from lab.k8s.admin import kubeconfig
+from tests.conftest import GRACE_SCALE, POD_START_SECONDS, end_disruption_budgets
+from tests.kube_helpers import checked_emulator
+
+
+@pytest.fixture(scope="module")
+def emulators(request, tmp_path_factory):
+    with contextlib.ExitStack() as stack:
+        yield {
+            c: stack.enter_context(checked_emulator(tmp_path_factory.mktemp(f"k8s-{c}"),
+                                                    pod_start_seconds=POD_START_SECONDS, grace_scale=GRACE_SCALE))
+            for c in request.module.CLUSTERS
+        }  # fmt: skip
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def campaign_worker(client, emulators, tmp_path_factory):
+    from worker import registry
+    from worker.config import WorkerSettings
+
+    configs = [kubeconfig(e.url, c) for c, e in emulators.items()]
+    merged = configs[0] | {key: [x for cfg in configs for x in cfg[key]] for key in ("clusters", "users", "contexts")}
+    path = tmp_path_factory.mktemp("kube") / "kubeconfig"
+    path.write_text(yaml.safe_dump(merged))
+    registration = registry.build(WorkerSettings(kubeconfig=str(path), metrics_port=0))
+    async with registry.new_worker(client, registration, f"test-{uuid.uuid4().hex[:8]}") as worker:
+        yield worker
+    await registration.close()
+    await end_disruption_budgets(client)
