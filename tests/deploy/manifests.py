@@ -42,12 +42,12 @@ def one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
-def worker_deployment(objs):
-    return one(objs, "Deployment", "millwright-worker")
+def worker_deployment(objs, name: str = "millwright-worker"):
+    return one(objs, "Deployment", name)
 
 
-def worker_container(objs) -> dict[str, Any]:
-    return worker_deployment(objs)["spec"]["template"]["spec"]["containers"][0]
+def worker_container(objs, name: str = "millwright-worker") -> dict[str, Any]:
+    return worker_deployment(objs, name)["spec"]["template"]["spec"]["containers"][0]
 
 
 def container_env(objs, container: dict[str, Any]) -> dict[str, str]:
@@ -76,6 +76,42 @@ def mounts(objs, pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[st
         m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
         for m in container.get("volumeMounts") or []
     }
+
+
+def unmounted_files(objs, name: str = "millwright-worker") -> list[str]:
+    """The files the Deployment's settings name (`file:` references, TLS paths, the kubeconfig, the site map) that no
+    volumeMount holds, or whose ConfigMap has no such key; [] when every one is there."""
+    deployment = worker_deployment(objs, name)
+    container = worker_container(objs, name)
+    env = container_env(objs, container)
+    mounted = mounts(objs, deployment["spec"]["template"]["spec"], container)
+    paths = [p for k, p in env.items() if k.endswith("_PATH") and k.startswith("TEMPORAL_TLS_")]
+    paths += [v.removeprefix("file:") for v in env.values() if v.startswith("file:")]
+    paths += [p for k in ("MILLWRIGHT_KUBECONFIG", "MILLWRIGHT_SITE_MAP") for p in env.get(k, "").split(":") if p]
+    missing = []
+    for path in paths:
+        dirs = [m for m in mounted if path.startswith(m.rstrip("/") + "/")]
+        if not dirs:
+            missing.append(f"{path} (under no volumeMount)")
+            continue
+        volume, key = mounted[dirs[0]], path[len(dirs[0]) + 1 :]
+        if "configMap" in volume:
+            if key not in (one(objs, "ConfigMap", volume["configMap"]["name"]).get("data") or {}):
+                missing.append(f"{path} (no key {key} in ConfigMap {volume['configMap']['name']})")
+        elif "secret" not in volume or "/" in key:
+            missing.append(f"{path} (neither a ConfigMap key nor a Secret's)")
+    return missing
+
+
+def secret_names(objs) -> set[str]:
+    """Every Secret the rendered pods mount or take env from."""
+    names = set()
+    for obj in objs:
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        names |= {v["secret"]["secretName"] for v in pod.get("volumes") or [] if "secret" in v}
+        for container in pod.get("containers") or []:
+            names |= {name for name, _ in secret_env(container).values()}
+    return names
 
 
 def host_agent(objs) -> tuple[dict[str, Any], dict[str, Any]]:
