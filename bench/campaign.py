@@ -37,7 +37,7 @@ from bench.rollout import ACTIVITY_SLOTS, INTERRUPT, PACKAGE, POD_START, PROFILE
 from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from starter.controls import budget_set
-from workflows.campaign.models import FleetRolloutInput, FleetRolloutResult
+from workflows.campaign.models import CampaignResult, FleetRolloutInput
 
 # 300 nodes in flight (3 waves of 100-node batches) spend about a third of the shared 2-core machine at 10 x 1,000
 # nodes, measured per node by bench.rollout (docs/testing.md): the orchestration, not the machine, is what is measured.
@@ -106,7 +106,7 @@ async def main(clusters: int, nodes: int, batch: int, wave_size: int, soak: floa
                 started = time.monotonic()
                 result = await server.client.execute_workflow("FleetRollout", spec, id=spec.workflow_id(),
                                                               task_queue=pool.task_queue,
-                                                              result_type=FleetRolloutResult)  # fmt: skip
+                                                              result_type=CampaignResult)  # fmt: skip
                 makespan = time.monotonic() - started
                 cpu_after = _cpu(pool, server, emulators)
                 worker_cpu, server_cpu, emulator_cpu = (a - b for b, a in zip(cpu_before, cpu_after))
