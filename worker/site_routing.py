@@ -8,10 +8,16 @@ queue of their own (the host agents') are left as they are. A local activity of 
 activity on the site's queue: the central worker cannot reach the site.
 
 A site with no worker taking calls, or a place in no site, is waited out visibly: each attempt is scheduled with a
-pickup timeout (`PICKUP`); when it passes unanswered, the run's current details say which site and queue wait and
-why, and the call is scheduled again (re-reading the map: a corrected map, with the worker restarted, takes effect),
-until the run's `retry_timeout` (default 10 minutes) has passed in pickups. Then the call fails with the
-non-retryable `SiteUnavailable`. The count of pickups decides, never the clock. Nothing here runs without a site map.
+pickup timeout (`PICKUP`, MILLWRIGHT_SITE_PICKUP_SECONDS); when it passes unanswered, the run's current details say
+which site and queue wait, how many calls and since when, and the call is scheduled again with twice the pickup (up
+to `MAX_PICKUP`), re-reading the map (a corrected map, with the worker restarted, takes effect). A waiting task stays
+on its queue, so a worker that comes back takes it at once. When the pickups that passed reach the run's
+`retry_timeout` (default 10 minutes) the call fails with the non-retryable `SiteUnavailable`: the timeouts in the
+history decide, never the clock. Nothing here runs without a site map.
+
+Event cost: a site's local activity becomes a regular one (+2 events, and a workflow task where the run would have
+gone on in the same one); a call waiting out a cut-off site about 5 events per pickup: 30 s, 1, 2, 4 min and the
+rest make 5 pickups, some 25 events, in the default 10 minutes.
 
 Replay: the choice of queue is not part of Temporal's determinism check (an activity is matched by its ID and
 type), so a changed map replays; turning a site map on or off changes which calls are local activities, so it is a
@@ -23,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity, workflow
@@ -41,10 +47,12 @@ from temporalio.worker import (
 
 from activities.redfish import BmcRef
 from activities.sites import SiteMap, site_task_queue
+from workflows.common.endpoints import human
 
 # How long a site's call may wait on its queue before the run says so and schedules it again: long enough for a
 # busy site's workers to take a batch's calls, short enough that a stalled site shows within a minute.
 PICKUP = timedelta(seconds=30)
+MAX_PICKUP = timedelta(minutes=5)  # the longest one pickup grows to (see _until_taken)
 DEFAULT_RETRY_TIMEOUT = timedelta(minutes=10)  # as workflows/common/endpoints.py's, for runs whose input has none
 UNPLACED_QUEUE = "millwright-site-unplaced"  # where a call whose place is in no site waits: no worker polls it
 SITE_WAIT = "**site unreachable**"  # how a waiting site's line starts in current details
@@ -107,7 +115,7 @@ class _RunOutbound(WorkflowOutboundInterceptor):
         self.sites, self.central, self.pickup = routing.sites, routing.central, routing.pickup
         self.run_place: str | None = None
         self.bound = DEFAULT_RETRY_TIMEOUT
-        self.waiting: dict[str, int] = {}  # a waiting site's queue -> its calls waiting
+        self.waiting: dict[str, tuple[int, datetime]] = {}  # where calls wait -> how many, since when
 
     def _routed(self, activity: str, task_queue: str | None) -> bool:
         return task_queue is None and activity not in self.central
@@ -141,49 +149,51 @@ class _RunOutbound(WorkflowOutboundInterceptor):
         return UNPLACED_QUEUE, f"{what}: in no site of the site map (MILLWRIGHT_SITE_MAP)"
 
     async def _until_taken(self, input: StartActivityInput) -> Any:
-        pickups = max(1, -(-int(self.bound.total_seconds()) // max(int(self.pickup.total_seconds()), 1)))
-        unanswered = 0
+        waited = timedelta(0)  # the pickups that passed unanswered: history events, never the clock, decide
+        pickup = self.pickup
         waiting: str | None = None
         try:
             while True:
                 queue, where = self._queue(input)
-                attempt = dataclasses.replace(input, task_queue=queue, schedule_to_start_timeout=self.pickup)
+                attempt = dataclasses.replace(input, task_queue=queue, schedule_to_start_timeout=pickup)
                 try:
                     return await super().start_activity(attempt)
                 except ActivityError as err:
                     if not _not_picked_up(err):
                         raise
-                unanswered += 1
-                if unanswered >= pickups:
+                waited += pickup
+                if waited >= self.bound:
                     raise ApplicationError(
-                        f"{where}: no worker took '{input.activity}' in {unanswered} pickups of "
-                        f"{int(self.pickup.total_seconds())}s; gave up (retry_timeout)",
-                        {"site": where, "activity": input.activity, "pickups": unanswered},
+                        f"{where}: no worker took '{input.activity}' in {human(waited)}; gave up (retry_timeout "
+                        f"{human(self.bound)})", {"site": where, "activity": input.activity},
                         type="SiteUnavailable", non_retryable=True,
                     )  # fmt: skip
                 if waiting != where:
                     self._unwait(waiting)
                     waiting = where
-                    self.waiting[where] = self.waiting.get(where, 0) + 1
-                self._show(unanswered)
+                    count, since = self.waiting.get(where, (0, workflow.now() - waited))
+                    self.waiting[where] = (count + 1, since)
+                    self._show()
+                # Each pickup twice the last (a task still on the queue is taken the moment a worker polls): a batch
+                # of calls waiting out a cut-off site adds a few events each, not one round per PICKUP.
+                pickup = max(min(pickup * 2, MAX_PICKUP, self.bound - waited), timedelta(seconds=1))
         finally:
             self._unwait(waiting)
 
     def _unwait(self, where: str | None) -> None:
         if where is None:
             return
-        left = self.waiting.pop(where, 1) - 1
-        if left:
-            self.waiting[where] = left
-        self._show(0)
+        count, since = self.waiting.pop(where, (1, workflow.now()))
+        if count > 1:
+            self.waiting[where] = (count - 1, since)
+        self._show()
 
-    def _show(self, unanswered: int) -> None:
+    def _show(self) -> None:
         kept = [
             part for part in workflow.get_current_details().split("\n\n") if part and not part.startswith(SITE_WAIT)
         ]
-        lines = [f"{SITE_WAIT} {where}: {count} call(s) not taken by any worker for "
-                 f"{int(self.pickup.total_seconds()) * max(unanswered, 1)}s or more; waiting, up to retry_timeout"
-                 for where, count in sorted(self.waiting.items())]  # fmt: skip
+        lines = [f"{SITE_WAIT} {where}: {count} call(s) not taken by any worker since {since:%H:%M:%S}Z; waiting, up "
+                 f"to retry_timeout ({human(self.bound)}) each" for where, (count, since) in sorted(self.waiting.items())]  # fmt: skip
         workflow.set_current_details("\n\n".join(kept + lines))
 
 

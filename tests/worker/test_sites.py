@@ -119,7 +119,7 @@ async def test_a_call_no_site_takes_fails_as_site_unavailable_after_the_runs_ret
             await handle.result()
     cause = failed.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "SiteUnavailable", cause
-    assert "3 pickups" in str(cause), cause
+    assert "gave up (retry_timeout 3s)" in str(cause), cause
 
 
 def test_a_central_worker_with_a_site_map_builds_no_site_system_and_a_sites_worker_nothing_else(kubeconfig_path,
