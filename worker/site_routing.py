@@ -34,7 +34,7 @@ from typing import Any
 
 from temporalio import activity, workflow
 from temporalio.common import Priority, RawValue
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState, TimeoutError, TimeoutType
 from temporalio.worker import (
     ExecuteWorkflowInput,
     Interceptor,
@@ -161,13 +161,10 @@ class _RunOutbound(WorkflowOutboundInterceptor):
                 except ActivityError as err:
                     if not _not_picked_up(err):
                         raise
+                    unanswered = err
                 waited += pickup
                 if waited >= self.bound:
-                    raise ApplicationError(
-                        f"{where}: no worker took '{input.activity}' in {human(waited)}; gave up (retry_timeout "
-                        f"{human(self.bound)})", {"site": where, "activity": input.activity},
-                        type="SiteUnavailable", non_retryable=True,
-                    )  # fmt: skip
+                    raise _gave_up(unanswered, where, waited, self.bound)
                 if waiting != where:
                     self._unwait(waiting)
                     waiting = where
@@ -207,6 +204,21 @@ async def site_call_misrouted(args: Sequence[RawValue]) -> None:
         f"'{activity.info().task_queue}' (worker/site_routing.py routes every such call to its site)",
         type="SiteCallMisrouted", non_retryable=True,
     )  # fmt: skip
+
+
+def _gave_up(err: ActivityError, where: str, waited: timedelta, bound: timedelta) -> ActivityError:
+    """The call failed as any activity fails for good (its caller handles it so: a node errors, a burn-in aborts),
+    its cause the non-retryable `SiteUnavailable` naming the site."""
+    failed = ActivityError(
+        "activity not taken by its site", scheduled_event_id=err.scheduled_event_id,
+        started_event_id=err.started_event_id, identity=err.identity, activity_type=err.activity_type,
+        activity_id=err.activity_id, retry_state=RetryState.NON_RETRYABLE_FAILURE,
+    )  # fmt: skip
+    failed.__cause__ = ApplicationError(
+        f"{where}: no worker took '{err.activity_type}' in {human(waited)}; gave up (retry_timeout {human(bound)})",
+        {"site": where, "activity": err.activity_type}, type="SiteUnavailable", non_retryable=True,
+    )  # fmt: skip
+    return failed
 
 
 def _not_picked_up(err: ActivityError) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import Replayer
 
 from activities.sites import SiteMap, site_task_queue
@@ -117,7 +117,9 @@ async def test_a_call_no_site_takes_fails_as_site_unavailable_after_the_runs_ret
         await _details_naming(handle, site_task_queue(site) if declared else "cluster lab: in no site")
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
-    cause = failed.value.cause
+    failure = failed.value.cause  # as any activity that failed for good: its callers handle it so
+    assert isinstance(failure, ActivityError) and failure.retry_state == RetryState.NON_RETRYABLE_FAILURE, failure
+    cause = failure.cause
     assert isinstance(cause, ApplicationError) and cause.type == "SiteUnavailable", cause
     assert "gave up (retry_timeout 3s)" in str(cause), cause
 
