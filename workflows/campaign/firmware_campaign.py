@@ -86,7 +86,8 @@ class FirmwareCampaignInput(CampaignInput):
             try:
                 self.firmware.for_cluster(cluster)
             except pydantic.ValidationError as err:
-                raise ValueError(f"firmware for cluster {cluster!r}: {err}") from None
+                why = "; ".join(": ".join(filter(None, (".".join(map(str, e["loc"])), e["msg"]))) for e in err.errors())
+                raise ValueError(f"firmware for cluster {cluster!r}: {why}") from None
         return self
 
     def workflow_id(self) -> str:

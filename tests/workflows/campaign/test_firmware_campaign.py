@@ -9,6 +9,8 @@ import re
 import uuid
 from datetime import timedelta
 
+import pydantic
+import pytest
 import pytest_asyncio
 
 from lab.fleet import Fleet
@@ -54,6 +56,26 @@ def campaign(bmcs, servers: dict[str, list[str]]) -> FirmwareCampaignInput:
     plan = {"canary": "west", "soak": "PT1S"}
     return FirmwareCampaignInput.model_validate({"name": f"bmc-{tag}", "clusters": CLUSTERS, "firmware": firmware,
                                                  "plan": plan})  # fmt: skip
+
+
+@pytest.mark.parametrize(("firmware", "refused"), [
+    ({"servers": {"east": [{"name": "a"}]}}, "firmware.servers: no servers for west"),
+    ({"servers": {"east": [{"name": "a"}], "west": [{"name": "b"}], "north": [{"name": "c"}]}},
+     "firmware.servers: north not in clusters"),
+    ({"servers": {"east": [{"name": "a"}], "west": [{"name": "a"}]}}, "servers listed in two clusters: a"),
+    ({"servers": {"east": [{"name": "a", "kubernetes": {"cluster": "west"}}], "west": [{"name": "b"}]}},
+     "servers.east[0].kubernetes.cluster: 'west', not 'east'"),
+    # Each cluster's fleet input, checked at the start as the fleet checks its own: its name, a node's validation.
+    ({"name": "x" * 60}, "firmware for cluster 'east': name: String should have at most 63 characters"),
+    ({"validation": {"expected_gpus": 8}}, "firmware for cluster 'east': Value error, validation gates a node's "
+     "return to service: servers[0].kubernetes needs take_out_of_service"),
+])  # fmt: skip
+def test_each_cluster_has_its_own_servers_and_a_valid_fleet_input(firmware, refused):
+    good = {"name": "bmc", "bundle": BMC_ONLY, "record_in_netbox": True,
+            "servers": {"east": [{"name": "a"}], "west": [{"name": "b"}]}}  # fmt: skip
+    FirmwareCampaignInput.model_validate({"name": "bmc", "clusters": CLUSTERS, "firmware": good})
+    with pytest.raises(pydantic.ValidationError, match=re.escape(refused)):
+        FirmwareCampaignInput.model_validate({"name": "bmc", "clusters": CLUSTERS, "firmware": good | firmware})
 
 
 async def test_canary_cluster_paused_and_resumed_then_the_wave_each_cluster_its_own_fleet(
