@@ -285,7 +285,11 @@ def _check_campaign_approve(s: CampaignStatus, _req: Any) -> tuple[str | None, s
 
 # The campaigns across clusters (workflows/campaign/), by workflow type with their ID's prefix (their input's
 # `workflow_id`): the same controls, and `status` answering a CampaignStatus.
-CAMPAIGNS = {"FleetRollout": "fleet-rollout", "FleetGpuPartitioning": "fleet-gpu-partitioning"}
+CAMPAIGNS = {
+    "FleetRollout": "fleet-rollout",
+    "FleetGpuPartitioning": "fleet-gpu-partitioning",
+    "FirmwareCampaign": "firmware-campaign",
+}
 
 
 def _campaign(verb: str, request: type[pydantic.BaseModel], check: Check) -> Control:

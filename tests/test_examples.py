@@ -127,6 +127,10 @@ EXAMPLES: dict[str, Example] = {
     "fleet-rollout.json": Example(NODES, campaign_done(state="completed"), workflow="FleetRollout"),
     # After the rollout, which waits for gpu-node-02's protected pod to finish: a drain refuses that bare pod.
     "fleet-firmware-update.json": Example(NODES, fleet_updated, workflow="FleetFirmwareUpdate", lab_copy=True),
+    # After it, as a campaign: its one cluster's fleet finds the servers at the bundle (their BMCs from NetBox).
+    "firmware-campaign.json": Example(
+        NODES, campaign_done(state="completed", counts={"up-to-date": 3}), workflow="FirmwareCampaign"
+    ),
     "fleet-health-sweep.json": Example(NODES, sweep_done, workflow="FleetHealthSweep", lab_copy=True),
     "schedules.yaml": Example(NODES, applied, cli=("schedules", "apply", "{file}")),
     # Last of its lane: gpu-node-06 keeps its MIG layout, and the trainer it evicted waits for whole GPUs.

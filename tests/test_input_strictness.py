@@ -321,6 +321,8 @@ TYPOS: dict[str, Typo] = {
     "FleetGpuPartitioning": Typo(example("fleet-gpu-partitioning.json", partitioning={
         **example("fleet-gpu-partitioning.json")["partitioning"], "nodes": ["node-04"]}), ("partitioning", "drain"),
                                  "gpu_only"),
+    "FirmwareCampaign": Typo(example("firmware-campaign.json"), ("firmware", "kubernetes", "drain"),
+                             "delete_empty_dir_data"),
     "RackRemediation": Typo({"cluster": "lab", "domain": "rack-001", "reason": "NVLink fabric down",
                              "bmcs": {"node-03": {"url": BMC}}, "domain_check": {"timeout": "PT5M"}},
                             ("domain_check",), "imge"),
@@ -433,6 +435,7 @@ RUNNING: dict[str, dict[str, Any]] = {
     "RackRemediation": TYPOS["RackRemediation"].valid,
     "FleetRollout": TYPOS["FleetRollout"].valid,
     "FleetGpuPartitioning": TYPOS["FleetGpuPartitioning"].valid,
+    "FirmwareCampaign": TYPOS["FirmwareCampaign"].valid,
     "Fabric": {"fabric": "lab-ib"},
     "DisruptionBudget": {"cluster": "lab"},
 }

@@ -8,6 +8,7 @@ sandbox imports a run's own module (and what that module imports) for each new r
 from workflows.budget.disruption_budget import DisruptionBudget
 from workflows.burnin.fleet_burnin import FleetBurnIn
 from workflows.burnin.server_burnin import ServerBurnIn
+from workflows.campaign.firmware_campaign import FirmwareCampaign
 from workflows.campaign.fleet_gpu_partitioning import FleetGpuPartitioning
 from workflows.campaign.fleet_rollout import FleetRollout
 from workflows.clusters.create_cluster import CreateCluster
@@ -52,8 +53,9 @@ STARTABLE += [TenantUsage]
 STARTABLE += [FirmwareUpdate, FleetFirmwareUpdate]
 # MIG layouts across a fleet (issue #26), on the rollout's engine: one NodeMigReconfigure child per node.
 STARTABLE += [GpuPartitioning]
-# One change across clusters (issue #42): a Rollout, or a GpuPartitioning, per cluster, the canary first, then waves.
-STARTABLE += [FleetRollout, FleetGpuPartitioning]
+# One change across clusters (issue #42): a Rollout, a GpuPartitioning or a FleetFirmwareUpdate per cluster, the
+# canary first, then waves.
+STARTABLE += [FleetRollout, FleetGpuPartitioning, FirmwareCampaign]
 # Every workflow the worker registers: the startable ones and the children they run.
 WORKFLOWS: list[type] = [*STARTABLE, RolloutBatch, NodeUpdate, Fabric, NodeMigReconfigure]
 # One per cluster, started on demand by whoever takes a node out of service.

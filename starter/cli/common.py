@@ -39,7 +39,9 @@ remediation_app = _group("remediation", "Controls of a running NodeRemediation (
 mig_app = _group("mig", "Controls of a running GpuPartitioning (MIG layouts across a fleet), as a rollout's.")
 burnin_app = _group("burn-in", "Controls of a running FleetBurnIn (after it paused for too many failures).")
 firmware_app = _group("firmware", "A running FleetFirmwareUpdate: its servers' state, and pause, resume, abort.")
-campaign_app = _group("campaign", "A running campaign across clusters (a FleetRollout or FleetGpuPartitioning).")
+campaign_app = _group(
+    "campaign", "A running campaign across clusters (FleetRollout, FleetGpuPartitioning, FirmwareCampaign)."
+)
 node_app = _group("node", "One node: why it is out of service, and its stage Jobs' logs.")
 rack_app = _group("rack", "A whole NVLink domain (an NVL72 rack): what its nodes show, its RackRemediation.")
 

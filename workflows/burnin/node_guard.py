@@ -40,11 +40,10 @@ NodePhase = Literal["checking-node", "waiting-for-budget", "cordoning", "drainin
                     "quarantining", "waiting-for-node", "uncordoning"]  # fmt: skip
 
 
-class KubernetesNode(StrictModel):
-    """The Kubernetes node the server is, so the burn-in never power-cycles it while it is in service."""
+class OutOfService(StrictModel):
+    """How a server's Kubernetes node goes out of service, in whichever cluster: a firmware campaign
+    (workflows/campaign/firmware_campaign.py) gives every cluster's nodes the same."""
 
-    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
-    node: str | None = Field(None, description="Node name; default the server's name.")
     take_out_of_service: bool = Field(
         False, description="Lease the node from the cluster's disruption budget, cordon and drain it before the "
         "power cycle, uncordon it after a pass (a failure leaves it cordoned with the reason). Without it, a node "
@@ -54,6 +53,13 @@ class KubernetesNode(StrictModel):
     disruption_budget: Budget | None = Field(
         None, description="This run's own budget: its leases stay within it, inside the cluster's (an operator's)."
     )
+
+
+class KubernetesNode(OutOfService):
+    """The Kubernetes node the server is, so the burn-in never power-cycles it while it is in service."""
+
+    cluster: str = Field(description="Cluster reference: the kubeconfig context the worker knows it by.")
+    node: str | None = Field(None, description="Node name; default the server's name.")
 
     _cluster = field_validator("cluster")(validate_object_name)
 

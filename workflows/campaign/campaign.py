@@ -2,9 +2,9 @@
 clusters, an approval after the canary and the operator's pause, resume and abort (issue #42).
 
 `Campaign` holds the loop and the books; a campaign workflow (workflows/campaign/fleet_rollout.py,
-fleet_gpu_partitioning.py) names the child it runs on each cluster in a `ClusterWork` and inherits `CampaignControls` for the operator's updates and queries. A
-child runs on the campaign's own task queue (the default of a child workflow) under its cluster's own disruption
-budget, which the child asks for itself.
+fleet_gpu_partitioning.py, firmware_campaign.py) names the child it runs on each cluster in a `ClusterWork` and
+inherits `CampaignControls` for the operator's updates and queries. A child runs on the campaign's own task queue (the
+default of a child workflow) under its cluster's own disruption budget, which the child asks for itself.
 
 History: a cluster costs its child's start (initiated, started) and end (3 events), and its share of the workflow
 tasks that see them (3 events each, shared by the clusters of a wave whose starts or ends come together): 6 to 9

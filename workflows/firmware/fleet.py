@@ -76,6 +76,7 @@ DOMAIN_HOLD_PATCH = "fleet-firmware-holds-nvlink-domains"
 
 ServerState = Literal["pending", "running", "updated", "up-to-date", "failed", "skipped"]
 FINISHED = ("completed", "aborted")
+CAMPAIGN_PAUSE = "paused by the campaign: "  # how `paused` reads while a campaign holds the run
 
 
 class ServerFirmware(StrictModel):
@@ -104,17 +105,10 @@ def node_of(target: FirmwareTarget) -> NodeRef | None:
     return None if k is None else NodeRef(cluster=k.cluster, node=k.node or target.name)
 
 
-class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
-    """Install a firmware bundle on a list of servers and/or the NetBox devices a query finds."""
+class FleetFirmwareSettings(RetryTimeout, FirmwareSettings):
+    """How a fleet installs its bundle, whichever servers it takes: a firmware campaign
+    (workflows/campaign/firmware_campaign.py) gives every cluster's fleet the same."""
 
-    name: str = Field(min_length=1, max_length=63, description="Names this fleet run (its workflow ID).")
-    servers: list[FirmwareTarget] = Field(default_factory=list, max_length=MAX_SERVERS)
-    netbox_query: DeviceQuery | None = Field(
-        None, description="Add NetBox's devices matching this query (their BMCs from NetBox); needs record_in_netbox."
-    )
-    kubernetes: KubernetesNode | None = Field(
-        None, description="The cluster the NetBox query's servers are nodes of (each its own name as node name).",
-    )  # fmt: skip
     waves: FirmwareWaves = Field(default_factory=FirmwareWaves)
     max_concurrent_bmcs: int = Field(
         2, ge=1, le=1000, description="Servers whose BMCs update at once (the image server and the management "
@@ -128,6 +122,26 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
     topology: TopologyLabels = Field(
         default_factory=TopologyLabels, description="The node label keys that say where a server's node sits (its "
         "NVLink domain: `clique`; `rack`), read with batch_by.",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _whole_domain_canary(self) -> FleetFirmwareSettings:
+        if self.batch_by != "none" and self.waves.canary != 1:
+            raise ValueError(f"waves.canary: with batch_by {self.batch_by} the canary is one whole domain (the "
+                             "smallest): leave canary out")  # fmt: skip
+        return self
+
+
+class FleetFirmwareInput(FleetFirmwareSettings, WorkflowInput):
+    """Install a firmware bundle on a list of servers and/or the NetBox devices a query finds."""
+
+    name: str = Field(min_length=1, max_length=63, description="Names this fleet run (its workflow ID).")
+    servers: list[FirmwareTarget] = Field(default_factory=list, max_length=MAX_SERVERS)
+    netbox_query: DeviceQuery | None = Field(
+        None, description="Add NetBox's devices matching this query (their BMCs from NetBox); needs record_in_netbox."
+    )
+    kubernetes: KubernetesNode | None = Field(
+        None, description="The cluster the NetBox query's servers are nodes of (each its own name as node name).",
     )  # fmt: skip
 
     _name = field_validator("name")(validate_object_name)
@@ -152,13 +166,10 @@ class FleetFirmwareInput(WorkflowInput, RetryTimeout, FirmwareSettings):
         dupes = sorted(n for n, c in Counter(s.name for s in self.servers).items() if c > 1)
         if dupes:
             raise ValueError(f"servers listed twice: {', '.join(dupes)}")
-        if self.batch_by != "none":
-            if self.waves.canary != 1:
-                raise ValueError(f"waves.canary: with batch_by {self.batch_by} the canary is one whole domain (the "
-                                 "smallest): leave canary out")  # fmt: skip
-            if all(s.kubernetes is None for s in self.servers) and self.kubernetes is None:
-                raise ValueError("batch_by: a server's domain comes from its Kubernetes node's labels, and no "
-                                 "server is a node: give servers[].kubernetes or kubernetes, or batch_by none")  # fmt: skip
+        no_node = all(s.kubernetes is None for s in self.servers) and self.kubernetes is None
+        if self.batch_by != "none" and no_node:
+            raise ValueError("batch_by: a server's domain comes from its Kubernetes node's labels, and no "
+                             "server is a node: give servers[].kubernetes or kubernetes, or batch_by none")  # fmt: skip
         return self
 
     def workflow_id(self) -> str:
@@ -256,11 +267,39 @@ class FleetFirmwareUpdate:
     def _abort_ok(self, req: ReasonRequest) -> None:
         self._require_active()
 
-    def _require_active(self) -> None:
+    # A campaign's controls of this run (workflows/campaign/firmware_campaign.py), as a Rollout takes them
+    # (workflows/rollout/fleet_controls.py): signals, since a workflow cannot send another an update; one the
+    # update's validator would refuse changes nothing. The campaign's resume lifts only its own pause: a stop at the
+    # failure threshold waits for an operator who has looked at this fleet (`millwright firmware resume`).
+    @workflow.signal(description="The campaign's pause: as `pause`, sent by the campaign that started it.")
+    def pause_from_campaign(self, req: ReasonRequest) -> None:
+        if self._paused is None and self._inactive() is None:
+            self._paused = f"{CAMPAIGN_PAUSE}{req.reason}"
+            self._decided(f"pause (campaign): {req.reason}")
+
+    @workflow.signal(description="The campaign's resume of its own pause, sent by the campaign that started it.")
+    def resume_from_campaign(self, req: ReasonRequest) -> None:
+        if (self._paused or "").startswith(CAMPAIGN_PAUSE) and self._inactive() is None:
+            self._paused = None
+            self._decided(f"resume (campaign): {req.reason}")
+
+    @workflow.signal(description="The campaign's abort: as `abort`, sent by the campaign that started it.")
+    def abort_from_campaign(self, req: ReasonRequest) -> None:
+        if self._inactive() is None:
+            self._aborted = req.reason
+            self._decided(f"abort (campaign): {req.reason}")
+
+    def _inactive(self) -> str | None:
+        """Why this run takes no control, or None."""
         if self._aborted is not None:
-            raise ValueError(f"the fleet firmware update is aborting: {self._aborted}")
+            return f"the fleet firmware update is aborting: {self._aborted}"
         if self._phases.progress.phase in FINISHED:
-            raise ValueError(f"the fleet firmware update is {self._phases.progress.phase}")
+            return f"the fleet firmware update is {self._phases.progress.phase}"
+        return None
+
+    def _require_active(self) -> None:
+        if (why := self._inactive()) is not None:
+            raise ValueError(why)
 
     def _decided(self, decision: str) -> FleetFirmwareStatus:
         self._decisions.append(decision)
@@ -485,6 +524,7 @@ class FleetFirmwareUpdate:
         if holds and record.domain is not None:
             await self._settle(record.domain)  # part of its wave: the next starts once the domain is back
         stop = self._book.finished(target.name, changed, failed)
-        if stop is not None and self._paused is None and self._aborted is None:
+        stoppable = self._paused is None or self._paused.startswith(CAMPAIGN_PAUSE)  # outlasts a campaign's pause
+        if stop is not None and stoppable and self._aborted is None:
             self._paused = f"stopped: {stop}: {record.reason}"
         self._show()
