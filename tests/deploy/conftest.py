@@ -55,7 +55,8 @@ def evidence(config: pytest.Config) -> Evidence:
     return config.stash[EVIDENCE]
 
 
-@pytest.hookimpl(trylast=True)  # after tests/conftest.py's, which pluggy would otherwise call after this later conftest's
+# trylast: after tests/conftest.py's, which pluggy would otherwise call after this later conftest's
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     global _config
     _config = config
