@@ -143,6 +143,12 @@ def kind_of(name: str) -> str:
     return name.rsplit("/", 1)[-1]
 
 
+def described(name: str) -> str:
+    """What a service is, with its site: `site-1/bmcs` is the Redfish BMCs of the GPU nodes of site-1."""
+    kind = kind_of(name)
+    return SERVICES.get(kind, name) + ("" if kind == name else f" of {name.split('/')[0]}")
+
+
 def stop_rank(name: str) -> int:
     kind = kind_of(name)
     return STOP_ORDER.index(kind) if kind in STOP_ORDER else len(STOP_ORDER)
@@ -288,7 +294,7 @@ class Lab:
 
     def leave_out(self, name: str, why: str) -> None:
         self.service(name, "left out", why)
-        say(f"{SERVICES[name]} left out: {why}")
+        say(f"{described(name)} left out: {why}")
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log = self.state_dir / f"{name}.log"  # a site's service: in the site's folder
@@ -536,8 +542,9 @@ class Lab:
         self.service("prometheus", "ready", f"scraping dcgm-exporter on each GPU node, KAI queues and the worker; "
                      f"targets {url}/targets", url=url)  # fmt: skip
 
-    async def seed_kubernetes(self, url: str, fresh: bool, fleet: Any) -> None:
-        """A fresh emulator gets the fleet; every one gets the management cluster's kinds it lacks."""
+    async def seed_kubernetes(self, url: str, fresh: bool, fleet: Any, site: str | None = None) -> None:
+        """A fresh emulator gets the fleet; every one gets the management cluster's kinds it lacks. Its lines name
+        the `site` whose emulator it is (with `--sites`, one per site)."""
         import httpx
 
         from lab.k8s.admin import EmulatorAdmin
@@ -550,14 +557,14 @@ class Lab:
         kinds = [c for c in CAPI_CRDS + TENANCY_CRDS if c["metadata"]["name"] not in have]
         async with EmulatorAdmin(url) as admin:
             await admin.seed(kinds + (fleet.to_objects() if fresh else []))
+        emulator = f"{site}'s Kubernetes emulator (cluster {fleet.cluster!r})" if site else "the Kubernetes emulator"
         if fresh:
-            say(f"seeded the Kubernetes emulator from {self.fleet}")
+            say(f"seeded {emulator} from {self.fleet}")
         else:
-            say(
-                "kept the Kubernetes emulator's saved objects (use `millwright lab seed FILE --reset` to reload a fleet)"
-            )
+            say(f"kept {emulator}'s saved objects (use `millwright lab seed FILE --reset` to reload a fleet)")
         if kinds:
-            say(f"installed {len(kinds)} kinds in the management cluster (Cluster API, Metal3, KAI, Kyverno, vCluster)")
+            cluster = f"{site}'s cluster {fleet.cluster!r}" if site else "the management cluster"
+            say(f"installed {len(kinds)} kinds in {cluster} (Cluster API, Metal3, KAI, Kyverno, vCluster)")
 
     def write_kubeconfig(self, url: str, cluster: str, more: dict[str, str]) -> Path:
         """The management cluster's context (the current one) and one per cluster of `more` (name -> URL)."""
@@ -720,8 +727,9 @@ class Lab:
         env = self.base_worker_env(address, metrics_port, self.task_queue)
         env["MILLWRIGHT_SITE"] = site["name"]
         env.update(Kubernetes.environment(kubeconfig=site["kubeconfig"]))
-        env.update(Bmcs.environment(bmc_credentials=site["bmc"]["credentials"]))
-        if site["bmc"].get("ca_bundle"):
+        if site["bmc"]:
+            env.update(Bmcs.environment(bmc_credentials=site["bmc"]["credentials"]))
+        if (site["bmc"] or {}).get("ca_bundle"):
             env.update(Bmcs.environment(bmc_ca_bundle=site["bmc"]["ca_bundle"]))
         return env
 
@@ -879,7 +887,10 @@ class Lab:
             "logs": {},
             "services": {name: {"state": "waiting", "note": ""} for name in self.service_names()},
         }
-        for name in sorted(self.without):
+        left_out = sorted(self.without)
+        if self.sites and "bmcs" in self.without:  # every site's
+            left_out = [n for n in left_out if n != "bmcs"] + [f"{site}/bmcs" for site in site_names(self.sites)]
+        for name in left_out:
             self.leave_out(name, "--without")
         proc = server.start()
         self.children["temporal"] = Child("temporal", proc, server.log_file)
@@ -961,7 +972,7 @@ class Lab:
     async def start_site(self, index: int, site: str, fleet: Any) -> dict[str, Any]:
         """A site: its own emulator (cluster `lab-<index>`, seeded with the fleet when fresh) knowing two callers,
         its worker's identity `millwright-<site>` and the lab's own; its worker's kubeconfig (its cluster, its
-        identity); its BMCs with their own credentials. Everything in `<state-dir>/<site>/`."""
+        identity); its BMCs with their own credentials (`bmc` None: left out). Everything in `<state-dir>/<site>/`."""
         import yaml
 
         from lab.k8s.admin import kubeconfig
@@ -978,13 +989,17 @@ class Lab:
                                       ["--host", LOOPBACK, "--port", "0", "--state-file", str(state),
                                        "--token-auth-file", str(tokens.resolve())])  # fmt: skip
         site_fleet = fleet.model_copy(update={"cluster": cluster})
-        await self.seed_kubernetes(url, fresh, site_fleet)
+        await self.seed_kubernetes(url, fresh, site_fleet, site)
         config = write_secret_file(folder / "kubeconfig", yaml.safe_dump(
             kubeconfig(url, cluster, token=token, user=identity), sort_keys=False)).resolve()  # fmt: skip
         self.service(f"{site}/kubernetes", "ready", f"cluster {cluster!r}, its audit {url}/_lab/audit", url=url)
-        bmc = await self.bmc_lab(f"{site}/bmcs", site_fleet.bmc_servers(), fleet, site=site)
-        self.service(f"{site}/bmcs", "ready", f"{len(bmc['servers'])} servers, {self.bmc_scheme(fleet)}, "
-                     f"credentials {bmc['credentials']}", url=bmc["admin"])  # fmt: skip
+        servers, bmc = ([] if "bmcs" in self.without else site_fleet.bmc_servers()), None
+        if servers:
+            bmc = await self.bmc_lab(f"{site}/bmcs", servers, fleet, site=site)
+            self.service(f"{site}/bmcs", "ready", f"{len(bmc['servers'])} servers, {self.bmc_scheme(fleet)}, "
+                         f"credentials {bmc['credentials']}", url=bmc["admin"])  # fmt: skip
+        elif "bmcs" not in self.without:
+            self.leave_out(f"{site}/bmcs", 'the fleet turns its BMCs off ("bmc": {"enabled": false})')
         return {"name": site, "cluster": cluster, "url": url, "audit": f"{url}/_lab/audit", "identity": identity,
                 "kubeconfig": str(config), "task_queue": site_task_queue(site), "bmc": bmc,
                 "worker": {"log": str((folder / "worker.log").resolve())}}  # fmt: skip
@@ -994,9 +1009,11 @@ class Lab:
         host:port."""
         from urllib.parse import urlsplit
 
-        doc = {"sites": {name: {"clusters": [site["cluster"]],
-                                "bmcs": sorted(urlsplit(u).netloc for u in site["bmc"]["servers"].values())}
-                         for name, site in sites.items()}}  # fmt: skip
+        doc: dict[str, Any] = {"sites": {}}
+        for name, site in sites.items():
+            servers = (site["bmc"] or {}).get("servers") or {}  # none where its BMCs are left out
+            doc["sites"][name] = {"clusters": [site["cluster"]],
+                                  "bmcs": sorted(urlsplit(url).netloc for url in servers.values())}  # fmt: skip
         path = (self.state_dir / SITE_MAP).resolve()
         path.write_text(json.dumps(doc, indent=2) + "\n")
         return path
@@ -1095,8 +1112,7 @@ class Lab:
             line("  kubeconfig", f"{site['kubeconfig']} (its worker's: user {site['identity']}, {site['cluster']} "
                  "only)")  # fmt: skip
             line("  worker", f"MILLWRIGHT_SITE={name} on {site['task_queue']}, log {site['worker']['log']}")
-            line("  BMCs", f"{len(site['bmc']['servers'])} servers (admin {site['bmc']['admin']}, credentials "
-                 f"{site['bmc']['credentials']})")  # fmt: skip
+            line("  BMCs", site_bmcs(site["bmc"]))
             line("  audit", f"curl {site['audit']}   (each call with its caller: `user`)")
         line("central", f"worker on {self.task_queue}, MILLWRIGHT_SITE_MAP={self.info['site_map']}, no kubeconfig, "
              "no BMC credentials")  # fmt: skip
@@ -1296,14 +1312,14 @@ def up(
     timeout: float = 60.0,
     without: list[str] | None = None,
     bmc_http: bool = False,
-    sites: int = 0,
+    sites: int | None = None,
 ) -> int:
     try:
         left_out = parse_without(without or [])
     except LabError as err:
         say(f"error: {err}")
         return 2
-    if sites == 1 or sites < 0:
+    if sites is not None and sites < 2:
         say(f"error: --sites {sites}: a multi-site lab has 2 sites or more (without --sites: the one-site lab)")
         return 2
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -1327,7 +1343,7 @@ def up(
         lab_file(state_dir).unlink(missing_ok=True)  # stale: nothing it names is alive
 
         lab = Lab(state_dir, fleet, port, ui_port, task_queue, timeout, without=left_out, bmc_http=bmc_http,
-                  sites=sites)  # fmt: skip
+                  sites=sites or 0)  # fmt: skip
         say(f"starting in {state_dir} (logs there)")
         signal.signal(signal.SIGTERM, _interrupt)  # `lab down` during startup still cleans up
         code = 1
@@ -1382,7 +1398,7 @@ def down(*, state_dir: Path, timeout: float = 30.0) -> int:
         if left:
             say(f"the lab runner (pid {runner}) did not stop in {timeout:.0f}s; killing it")
             _signal(runner, signal.SIGKILL)
-    alive = {n: p for n, p in alive.items() if pid_alive(p, MARKERS.get(n))}
+    alive = {n: p for n, p in alive.items() if pid_alive(p, MARKERS.get(kind_of(n)))}
     for name in sorted(alive, key=stop_rank):
         _signal(alive[name], signal.SIGTERM)
     left = _wait_gone(alive, timeout)
@@ -1396,9 +1412,16 @@ def down(*, state_dir: Path, timeout: float = 30.0) -> int:
 
 
 def seed(*, state_dir: Path, fleet: Path, reset: bool = False) -> int:
-    info = read_info(state_dir)
-    url = ((info or {}).get("kubernetes") or {}).get("url")
-    if not info or not url or not live_pids(info).get("kubernetes"):
+    """The fleet into the running lab's emulator; with `--sites`, into every site's under its own cluster's name,
+    as `up` seeded them."""
+    info = read_info(state_dir) or {}
+    alive = live_pids(info)
+    sites = info.get("sites") or {}
+    k8s = info.get("kubernetes") or {}
+    emulators = {s["cluster"]: (s["url"], f"{n}/kubernetes") for n, s in sites.items()} or (
+        {k8s["cluster"]: (k8s["url"], "kubernetes")} if k8s.get("url") else {}
+    )
+    if not emulators or any(name not in alive for _, name in emulators.values()):
         say(f"error: no running lab with a Kubernetes emulator in {state_dir} (start one with `millwright lab up`)")
         return 1
     from lab.fleet import load_fleet
@@ -1406,27 +1429,28 @@ def seed(*, state_dir: Path, fleet: Path, reset: bool = False) -> int:
 
     try:
         loaded = load_fleet(str(fleet))
-        objects = loaded.to_objects()
+        objects = {cluster: (loaded.model_copy(update={"cluster": cluster}) if sites else loaded).to_objects()
+                   for cluster in emulators}  # fmt: skip
     except Exception as err:
         say(f"error: cannot load fleet {fleet}: {err}")
         return 2
 
-    async def go() -> None:
+    async def go(url: str, cluster: str) -> None:
         async with EmulatorAdmin(url) as admin:
             if reset:
                 await admin.reset()
-            await admin.seed(objects)
+            await admin.seed(objects[cluster])
 
-    try:
-        asyncio.run(go())
-    except Exception as err:
-        say(f"error: seeding {url} failed: {err}")
-        return 1
-    if loaded.cluster != info["kubernetes"].get("cluster"):
-        say(
-            f"note: this fleet's cluster is {loaded.cluster!r}; the lab's kubeconfig context is {info['kubernetes'].get('cluster')!r}"
-        )
-    say(f"seeded {len(objects)} objects from {fleet} into {url}")
+    for cluster, (url, name) in emulators.items():
+        try:
+            asyncio.run(go(url, cluster))
+        except Exception as err:
+            say(f"error: seeding {url} failed: {err}")
+            return 1
+        say(f"seeded {len(objects[cluster])} objects from {fleet} into {url}"
+            + (f" ({name.split('/')[0]}'s cluster {cluster!r})" if sites else ""))  # fmt: skip
+    if not sites and loaded.cluster != k8s.get("cluster"):
+        say(f"note: this fleet's cluster is {loaded.cluster!r}; the lab's kubeconfig context is {k8s.get('cluster')!r}")
     return 0
 
 
@@ -1522,10 +1546,16 @@ def print_sites(info: dict[str, Any]) -> None:
     """A multi-site lab's sites (`--sites`): each one's cluster, worker, BMCs and audit; the site map."""
     for name, site in (info.get("sites") or {}).items():
         print(f"  {name + ':':<15}cluster {site['cluster']!r} {site['url']}, worker on {site['task_queue']} as "
-              f"{site['identity']} (kubeconfig {site['kubeconfig']}), BMCs {site['bmc']['admin']}, audit "
+              f"{site['identity']} (kubeconfig {site['kubeconfig']}), BMCs {site_bmcs(site['bmc'])}, audit "
               f"{site['audit']}")  # fmt: skip
     if info.get("site_map"):
         print(f"  site map:      {info['site_map']} (the central worker's)")
+
+
+def site_bmcs(bmc: dict[str, Any] | None) -> str:
+    if not bmc:
+        return "left out"
+    return f"{len(bmc['servers'])} servers (admin {bmc['admin']}, credentials {bmc['credentials']})"
 
 
 def nvl72_bmcs(bmc: dict[str, Any]) -> str:
@@ -1536,7 +1566,7 @@ def nvl72_bmcs(bmc: dict[str, Any]) -> str:
 
 def say_down(info: dict[str, Any], state_dir: Path, down: dict[str, str]) -> None:
     for name, why in down.items():
-        say(f"{SERVICES.get(name, name)} ({name}) is down: {why}")
+        say(f"{described(name)} ({name}) is down: {why}")
         for log in service_logs(info, state_dir, name):
             say(f"  last lines of {log}:")
             for line in log_tail(log):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from temporalio.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -333,6 +334,132 @@ def test_lab_restart_keeps_state_and_a_dead_child_stops_the_lab(tmp_path):
         lab.kill()
 
 
+CAMPAIGN_TIMEOUT = 180
+
+
+def quick_campaign(example: Path, folder: Path) -> Path:
+    """A copy of the multi-site lab's campaign that soaks 1 s after each batch (not the example's 10 s, after each of
+    4 batches per cluster) and looks again every 2 s (not every minute) at the node of the demo fleet's protected
+    pod, which finishes 60 s after the lab starts. With the emulators' quick settings the campaign then takes about
+    80 s (the canary waiting for that pod, then the other cluster), not 2.5 minutes."""
+    campaign = json.loads(example.read_text())
+    campaign["rollout"].update(soakTime="1s", nonInterruptRetryInterval="2s")
+    path = folder / example.name
+    path.write_text(json.dumps(campaign, indent=2) + "\n")
+    return path
+
+
+def test_lab_up_with_two_sites_runs_a_campaign_each_site_reached_by_its_own_worker_only(tmp_path):
+    """`lab up --sites 2` (issue 42, docs/lab.md "Several sites"): two sites, each its own emulator, BMCs and site
+    worker holding only its own kubeconfig and BMC credentials, a central worker with the site map and neither; the
+    campaign the banner offers completes across both, each site's emulator called by its own worker only; `lab
+    down` leaves no process."""
+    from activities.firmware.integration import Bmcs
+    from activities.kube.integration import Kubernetes
+    from activities.sites import SiteMap
+    from lab.runner import LAB_ADMIN
+    from tests.sites import GRACE_SCALE, POD_START_SECONDS
+    from tests.test_two_sites import environment
+    from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS
+
+    state = tmp_path / "state"
+    lab, campaign = LabProcess(state, "--port", "0", "--sites", "2"), None
+    try:
+        lab.wait_for("  stop:", timeout=120)  # the banner's last line
+        info = json.loads((state / "lab.json").read_text())
+        sites, pids = info["sites"], info["pids"]
+        assert list(sites) == ["site-1", "site-2"]
+        assert set(pids) == {"runner", "temporal", "webhook", "worker",
+                             *(f"{s}/{kind}" for s in sites for kind in ("kubernetes", "bmcs", "worker"))}  # fmt: skip
+        assert all(map(alive, pids.values()))
+        example = info["examples"]["fleet-rollout"]
+        assert f"campaign:      millwright start FleetRollout --input {example} --state-dir {state} --watch" in (
+            lab.output
+        )
+        for name, site in sites.items():
+            assert f"seeded {name}'s Kubernetes emulator (cluster {site['cluster']!r}) from" in lab.output
+            assert f"{name + ':':<15}cluster {site['cluster']!r} at {site['url']}" in lab.output
+            assert f"kubeconfig:  {site['kubeconfig']} (its worker's: user {site['identity']}" in lab.output
+            assert f"worker:      MILLWRIGHT_SITE={name} on {site['task_queue']}" in lab.output
+            kubeconfig = yaml.safe_load(Path(site["kubeconfig"]).read_text())  # its cluster, nothing else
+            assert [c["name"] for c in kubeconfig["contexts"]] == [site["cluster"]], kubeconfig
+            assert len(site["bmc"]["servers"]) == 6
+        assert f"MILLWRIGHT_SITE_MAP={info['site_map']}, no kubeconfig, no BMC credentials" in lab.output
+        assert json.loads(Path(example).read_text())["clusters"] == ["lab-1", "lab-2"]
+
+        # The site map in the documented format: each site's cluster and its BMCs' host:port.
+        site_map = SiteMap.load(info["site_map"])
+        for name, site in sites.items():
+            assert site_map.sites[name].clusters == [site["cluster"]]
+            assert site_map.sites[name].bmcs == sorted(url.split("/")[2] for url in site["bmc"]["servers"].values())
+            assert {site_map.site_of_bmc(url) for url in site["bmc"]["servers"].values()} == {name}
+
+        # The banner's campaign, started now and run while the rest is checked: the lab's example as written, but
+        # for its timings (`quick_campaign`), in emulators told to run pods, jobs, evictions and reboots quickly
+        # (`POST /_lab/config`, as tests/sites.py's emulators).
+        quick = {"jobs": JOBS_FAST, "rebootSeconds": REBOOT_SECONDS, "podStartSeconds": POD_START_SECONDS,
+                 "graceScale": GRACE_SCALE}  # fmt: skip
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            for site in sites.values():
+                http.post(f"{site['url']}/_lab/config", json=quick).raise_for_status()
+        campaign = BackgroundProcess([sys.executable, "-m", "starter", "start", "FleetRollout", "--input",
+                                      str(quick_campaign(Path(example), tmp_path)), "--state-dir", str(state),
+                                      "--watch"])  # fmt: skip
+
+        for count in ("0", "1"):  # a multi-site lab has two sites or more: refused before anything starts
+            refused = millwright("lab", "up", "--sites", count, "--state-dir", str(tmp_path / "refused"))
+            assert refused.returncode == 2 and "2 sites or more" in refused.stdout, refused
+            assert not (tmp_path / "refused").exists()
+        twin = millwright("lab", "up", "--sites", "2", "--state-dir", str(state), "--port", "0", "--ui-port", "0")
+        assert twin.returncode == 1 and "already running" in twin.stdout, twin
+        status = millwright("lab", "status", "--state-dir", str(state))
+        assert status.returncode == 0, status
+        table = status.stdout.split("\n  Temporal UI:")[0].splitlines()[2:]
+        states = {line.split()[0]: line.split()[1] for line in table}
+        services = ["temporal", *(f"{s}/{kind}" for s in sites for kind in ("kubernetes", "bmcs", "worker")),
+                    "webhook", "worker"]  # fmt: skip
+        assert {n: states.pop(n) for n in services} == dict.fromkeys(services, "ready"), status.stdout
+        assert set(states.values()) == {"left"}, status.stdout  # NetBox, UFM, Prometheus, NVL72, host agents
+
+        # Who holds what: the central worker the site map only, each site's worker its own site's settings only.
+        reaching = {*Kubernetes.environment(kubeconfig=""), *Bmcs.environment(bmc_credentials="", bmc_ca_bundle="")}
+        folders = {name: f"{(state / name).resolve()}/" for name in sites}
+        central = environment(pids["worker"])
+        assert central["MILLWRIGHT_SITE_MAP"] == info["site_map"]
+        assert not ({"KUBECONFIG", "MILLWRIGHT_SITE"} | reaching) & set(central), central
+        assert not [v for v in central.values() if any(f in v for f in folders.values())], central
+        for name, site in sites.items():
+            env = environment(pids[f"{name}/worker"])
+            assert env["MILLWRIGHT_SITE"] == name and "MILLWRIGHT_SITE_MAP" not in env and "KUBECONFIG" not in env
+            assert {k: env[k] for k in reaching & set(env)} == {
+                **Kubernetes.environment(kubeconfig=site["kubeconfig"]),
+                **Bmcs.environment(bmc_credentials=site["bmc"]["credentials"], bmc_ca_bundle=site["bmc"]["ca_bundle"]),
+            }
+            others = [folder for other, folder in folders.items() if other != name]
+            assert not [v for v in env.values() if any(f in v for f in others)], env
+
+        assert campaign.wait(CAMPAIGN_TIMEOUT) == 0 and '"outcome": "completed"' in campaign.output, campaign.output
+        with httpx.Client(trust_env=False, timeout=10) as http:
+            for name, site in sites.items():
+                entries = http.get(site["audit"]).raise_for_status().json()["entries"]
+                callers = {entry["user"] for entry in entries if "user" in entry}  # none: the emulator's controllers
+                assert callers - {LAB_ADMIN} == {site["identity"]}, (name, callers)
+        seeded = millwright("lab", "seed", str(REPO / "lab" / "fleets" / "demo.json"), "--state-dir", str(state))
+        assert seeded.returncode == 0, seeded  # into every site's emulator, as its cluster
+        for name, site in sites.items():
+            assert f"into {site['url']} ({name}'s cluster {site['cluster']!r})" in seeded.stdout, seeded.stdout
+
+        down = millwright("lab", "down", "--state-dir", str(state))
+        assert down.returncode == 0, down
+        assert lab.wait(30) == 0, lab.output
+        assert wait_until(lambda: not any(map(alive, pids.values())), 10), pids
+        assert not (state / "lab.json").exists()
+    finally:
+        if campaign is not None:
+            campaign.kill()
+        lab.kill()
+
+
 async def test_netbox_gate_says_netbox_is_starting_then_lets_it_through(tmp_path):
     """The lab's worker has NetBox's address from the start: while NetBox migrates, a NetBox activity fails
     retryably, saying so (lab/netbox.py `NetBoxGate`); once it runs, requests reach it unchanged."""
@@ -413,3 +540,20 @@ def test_the_labs_worker_settings_carry_its_bmcs_for_the_event_path(tmp_path):
                                                                       "k2x9q0ab": "https://127.0.0.1:8444"}  # fmt: skip
     for bmc in settings.bmcs.values():
         assert (bmc.credentials, bmc.ca_bundle) == (refs["credentials"], refs["ca_bundle"])
+
+
+def test_a_site_without_bmcs_has_no_bmc_credentials_and_none_in_the_site_map(tmp_path):
+    """`lab up --sites N --without bmcs`, or a fleet that turns its BMCs off: each site's worker gets its kubeconfig
+    and no BMC credentials, and the site map lists no BMC for it."""
+    from activities.sites import SiteMap
+    from lab.runner import Lab
+
+    lab = Lab(tmp_path, tmp_path / "fleet.json", 0, 0, "lab-queue", 1.0, without={"bmcs"}, sites=2)
+    bare = {"name": "site-1", "cluster": "lab-1", "kubeconfig": str(tmp_path / "site-1" / "kubeconfig"), "bmc": None}
+    env = lab.site_worker_env("127.0.0.1:7233", bare, 9090)
+    assert (env["MILLWRIGHT_SITE"], env["MILLWRIGHT_KUBECONFIG"]) == ("site-1", bare["kubeconfig"])
+    assert not {"MILLWRIGHT_BMC_CREDENTIALS", "MILLWRIGHT_BMC_CA_BUNDLE"} & set(env), env
+    with_bmcs = {**bare, "name": "site-2", "cluster": "lab-2",
+                 "bmc": {"servers": {"gpu-node-01": "https://127.0.0.1:8443"}}}  # fmt: skip
+    site_map = SiteMap.load(lab.write_site_map({"site-1": bare, "site-2": with_bmcs}))
+    assert (site_map.sites["site-1"].bmcs, site_map.sites["site-2"].bmcs) == ([], ["127.0.0.1:8443"])

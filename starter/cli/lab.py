@@ -45,7 +45,7 @@ def lab_up(
         bool, typer.Option("--bmc-http", help="The BMCs answer plain HTTP instead of HTTPS with the lab CA.")
     ] = False,
     sites: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--sites",
             metavar="N",
@@ -53,7 +53,7 @@ def lab_up(
             "and site worker (MILLWRIGHT_SITE); a central worker with the site map and no kubeconfig. Leaves out "
             "NetBox, UFM, Prometheus, NVL72 and the host agents.",
         ),
-    ] = 0,
+    ] = None,
 ) -> None:
     """Start the lab on 127.0.0.1 and block until Ctrl-C or `millwright lab down`."""
     runner = _runner()
@@ -77,7 +77,13 @@ def lab_down(
 
 @lab_app.command("seed")
 def lab_seed(
-    fleet: Annotated[Path, typer.Argument(help="Fleet file to load into the running lab's Kubernetes emulator.")],
+    fleet: Annotated[
+        Path,
+        typer.Argument(
+            help="Fleet file to load into the running lab's Kubernetes emulator (with --sites: into every "
+            "site's, as its cluster)."
+        ),
+    ],
     reset: Annotated[bool, typer.Option("--reset", help="Remove every object first.")] = False,
     state_dir: StateDir = Path(".millwright"),
 ) -> None:
