@@ -134,6 +134,9 @@ NOT_IN_SITES = {"netbox": "one inventory of one fleet", "ufm": "one fabric of on
                 "hosts": "host agents follow one BMC lab"}  # fmt: skip
 LAB_ADMIN = "lab-admin"  # the lab's own identity (its power link, your kubectl) in each site's emulator
 SITE_MAP = "site-map.json"  # in the state dir: the central worker's MILLWRIGHT_SITE_MAP
+# A site's worker that exits is started again this much later: past the central worker's first pickup (30 s), so a
+# site's runs show it cut off before it comes back.
+SITE_WORKER_RESTART_SECONDS = 60.0
 STOP_ORDER = ["worker", "hosts", "nvl72-racks", "kubernetes", "nvl72", "bmcs", "nvl72-bmcs", "ufm", "webhook",
               "prometheus", "temporal", "netbox-migrate", "netbox", "netbox-redis", "netbox-postgres"]  # fmt: skip
 
@@ -249,6 +252,8 @@ class Child:
     name: str
     process: subprocess.Popen
     log: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
 
     @property
     def pid(self) -> int:
@@ -269,6 +274,7 @@ class Lab:
     admin_token: str = ""  # with sites: the lab's own identity in every site's emulator (never in lab.json)
     bmc_password: str | None = None  # this `up`'s, for every BMC it runs (`bmc_lab`)
     children: dict[str, Child] = field(default_factory=dict)
+    _restarts: dict[str, Child] = field(default_factory=dict)  # sites' workers that exited, until started again
     info: dict[str, Any] = field(default_factory=dict)
     netbox_lab: Any = None  # lab.netbox.NetBoxLab once starting
     started: float = field(default_factory=time.monotonic)
@@ -309,7 +315,7 @@ class Lab:
                 cwd=str(REPO_ROOT),
                 start_new_session=True,  # Ctrl-C reaches the runner only; it stops children in order
             )
-        child = Child(name, proc, log)
+        child = Child(name, proc, log, argv, env)
         self.children[name] = child
         self.save()
         return child
@@ -1220,16 +1226,48 @@ class Lab:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        cut_off: dict[str, float] = {}  # a site's worker that exited -> when the lab starts it again
         while not stop.is_set():
-            dead = self.dead_child()
-            if dead:
-                say(f"the {dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}; see {dead.log}")
-                say("stopping the rest of the lab")
+            if not self.watch_children(cut_off):
                 return 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
         say("stopping")
         return 0
+
+    def watch_children(self, cut_off: dict[str, float]) -> bool:
+        """One look at the children; False once one whose exit ends the lab has exited. A site's worker that exited
+        is started again `SITE_WORKER_RESTART_SECONDS` later (`cut_off`: when, by name)."""
+        dead = self.dead_child()
+        if dead and self.sites and kind_of(dead.name) == "worker" and "/" in dead.name:
+            self.site_cut_off(dead, cut_off)
+        elif dead:
+            say(f"the {dead.name} (pid {dead.pid}) exited with code {dead.process.returncode}; see {dead.log}")
+            say("stopping the rest of the lab")
+            return False
+        for name, at in list(cut_off.items()):
+            if time.monotonic() >= at:
+                del cut_off[name]
+                self.site_back(name)
+        return True
+
+    def site_cut_off(self, dead: Child, cut_off: dict[str, float]) -> None:
+        """A site's worker that exited (killed, say, to try a site cut off) leaves the rest of the lab running: its
+        site's runs wait, visibly (docs/sites-and-campaigns.md), until the lab starts it again."""
+        site = dead.name.split("/", 1)[0]
+        del self.children[dead.name]
+        cut_off[dead.name] = time.monotonic() + SITE_WORKER_RESTART_SECONDS
+        self.service(dead.name, "down", f"exited with code {dead.process.returncode}; started again in "
+                                        f"{SITE_WORKER_RESTART_SECONDS:g}s")  # fmt: skip
+        say(f"{site}'s worker (pid {dead.pid}) exited with code {dead.process.returncode}: {site} is cut off, its "
+            f"runs wait and say so; the lab starts it again in {SITE_WORKER_RESTART_SECONDS:g}s")  # fmt: skip
+        self._restarts[dead.name] = dead
+
+    def site_back(self, name: str) -> None:
+        dead = self._restarts.pop(name)
+        child = self.spawn(name, dead.argv, dead.env)
+        self.service(name, "ready", f"started again (pid {child.pid})")
+        say(f"{name.split('/', 1)[0]}'s worker started again (pid {child.pid})")
 
     def stop_children(self) -> None:
         """Worker first (graceful), then the emulators and the server; SIGKILL after a timeout."""

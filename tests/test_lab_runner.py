@@ -557,3 +557,36 @@ def test_a_site_without_bmcs_has_no_bmc_credentials_and_none_in_the_site_map(tmp
                  "bmc": {"servers": {"gpu-node-01": "https://127.0.0.1:8443"}}}  # fmt: skip
     site_map = SiteMap.load(lab.write_site_map({"site-1": bare, "site-2": with_bmcs}))
     assert (site_map.sites["site-1"].bmcs, site_map.sites["site-2"].bmcs) == ([], ["127.0.0.1:8443"])
+
+
+def test_a_sites_worker_that_exits_leaves_the_lab_running_and_is_started_again(tmp_path, monkeypatch):
+    """Killing a site's worker (to try a site cut off) marks it down and starts it again after
+    SITE_WORKER_RESTART_SECONDS; any other child that exits still ends the lab."""
+    from lab import runner
+
+    monkeypatch.setattr(runner, "SITE_WORKER_RESTART_SECONDS", 0.5)
+    lab = runner.Lab(tmp_path, tmp_path / "fleet.json", 0, 0, "lab-queue", 1.0, sites=2)
+    lab.service("site-2/worker", "ready")
+    first = lab.spawn("site-2/worker", [sys.executable, "-c", "import time; time.sleep(0.3)"])
+    webhook = lab.spawn("webhook", [sys.executable, "-c", "import time; time.sleep(60)"])
+    cut_off: dict[str, float] = {}
+    try:
+        assert wait_until(lambda: lab.watch_children(cut_off) and "site-2/worker" in cut_off, 10)
+        assert lab.info["services"]["site-2/worker"]["state"] == "down"
+        assert "site-2/worker" not in read_pids(tmp_path)
+        assert wait_until(lambda: lab.watch_children(cut_off) and not cut_off, 10)
+        again = lab.children["site-2/worker"]
+        assert again.pid != first.pid and again.argv == first.argv
+        assert lab.info["services"]["site-2/worker"]["state"] == "ready"
+        assert read_pids(tmp_path)["site-2/worker"] == again.pid
+        webhook.process.kill()
+        webhook.process.wait()
+        assert wait_until(lambda: not lab.watch_children(cut_off), 10)
+    finally:
+        for child in lab.children.values():
+            child.process.kill()
+            child.process.wait()
+
+
+def read_pids(state_dir: Path) -> dict[str, int]:
+    return json.loads((state_dir / "lab.json").read_text())["pids"]
