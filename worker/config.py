@@ -146,6 +146,9 @@ class WorkerSettings(IntegrationSettings, BaseSettings):
 
         if not self.fault_events_clusters:
             raise ConfigError("MILLWRIGHT_FAULT_EVENTS is on but MILLWRIGHT_FAULT_EVENTS_CLUSTERS names no cluster")
+        if self.site_map:
+            raise ConfigError("MILLWRIGHT_FAULT_EVENTS watches the clusters' nodes: run it in a site's worker "
+                              "(MILLWRIGHT_SITE), not in the central worker with MILLWRIGHT_SITE_MAP")  # fmt: skip
         try:
             token = SecretRef.parse(self.fault_events_token) if self.fault_events_token else None
         except ValueError as err:

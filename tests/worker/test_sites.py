@@ -159,6 +159,8 @@ def test_a_bad_site_map_stops_the_worker_naming_the_file_and_field(tmp_path, tex
     assert expected in str(raised.value) and str(path) in str(raised.value), raised.value
     with pytest.raises(ConfigError, match="a site's worker"):
         WorkerSettings(site="east", site_map=str(path)).sites()
+    with pytest.raises(ConfigError, match="run it in a site's worker"):
+        WorkerSettings(site_map=str(path), fault_events=True, fault_events_clusters=["lab"]).fault_event_config()
 
 
 def test_a_bmc_belongs_to_the_site_whose_network_or_host_pattern_matches():
