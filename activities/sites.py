@@ -19,6 +19,7 @@ from activities.models import StrictModel
 
 SITE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 SITE_QUEUE_PREFIX = "millwright-site-"
+SITE_WAIT = "**site unreachable**"  # how a run's current details line for a site that takes no calls starts
 
 
 def site_task_queue(site: str) -> str:

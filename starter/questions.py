@@ -25,6 +25,7 @@ from activities.kube.models import (
 from activities.kube.node_marks import EVENT_COMPONENT, EVENT_NAMESPACE
 from activities.kube.topology import Gang, NodePlace, TopologyLabels, place_of
 from activities.node_health import LAST_REMEDIATION_ANNOTATION, QUARANTINE_ANNOTATION
+from activities.sites import SITE_WAIT
 from starter.controls import CAMPAIGNS, FLEETS, RunClosed, RunNotFound, breaker_show, budget_show, described
 from workflows.budget.breaker import BreakerView
 from workflows.budget.leases import Lease
@@ -101,6 +102,10 @@ class RunStatus(BaseModel):
         default_factory=dict, description="A running rollout's nodes being updated now, as their batches show them "
         "(the `nodes` query): stage, stages running and done, drain, lease.",
     )  # fmt: skip
+    site_waits: list[str] = Field(
+        default_factory=list, description="Sites that take none of its calls, from its current details and those of "
+        "the running runs under it (docs/sites-and-campaigns.md): each line names the run.",
+    )  # fmt: skip
 
 
 async def run_status(client: Client, workflow_id: str) -> RunStatus:
@@ -116,7 +121,28 @@ async def run_status(client: Client, workflow_id: str) -> RunStatus:
         status.nodes = await _batch_nodes(client, workflow_id)
     if desc.workflow_type in CAMPAIGNS:  # closed too: a worker answers a closed run's query by replaying it
         status.campaign = await _campaign(client, workflow_id)
+    if running:
+        status.site_waits = await _site_waits(client, workflow_id)
     return status
+
+
+SHOWN_RUNS = 50  # the running runs under one whose current details `status` reads for site waits
+
+
+async def _site_waits(client: Client, workflow_id: str) -> list[str]:
+    """The site-unreachable lines of the run's current details and of the running runs under it (a campaign's
+    clusters, a rollout's batches), where the call that waits was made."""
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
+    under = (f"ExecutionStatus = 'Running' AND (WorkflowId = {quoted(workflow_id)} OR ParentWorkflowId = "
+             f"{quoted(workflow_id)} OR RootWorkflowId = {quoted(workflow_id)})")  # fmt: skip
+    lines: list[str] = []
+    async for run in client.list_workflows(under, limit=SHOWN_RUNS):
+        with contextlib.suppress(Exception):  # closed meanwhile, or no worker to answer: nothing to show
+            meta = await client.get_workflow_handle(run.id).query("__temporal_workflow_metadata",
+                                                                  result_type=WorkflowMetadata)  # fmt: skip
+            lines += [f"{run.id}: {part}" for part in meta.current_details.split("\n\n") if part.startswith(SITE_WAIT)]
+    return lines
 
 
 async def _campaign(client: Client, workflow_id: str) -> CampaignStatus | None:

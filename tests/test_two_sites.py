@@ -11,10 +11,10 @@ from pathlib import Path
 from temporalio.client import WorkflowExecutionStatus
 
 from lab.k8s.admin import EmulatorAdmin
-from tests.kube_helpers import current_details, declare_lab_budget, wait_for
+from starter.questions import run_status
+from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.sites import TwoSites
 from tests.workflows.rollout.helpers import JOBS_FAST, REBOOT_SECONDS, rollout_fleet, rollout_spec
-from worker.site_routing import SITE_WAIT
 from workflows.campaign.fleet_rollout import FleetRollout
 from workflows.campaign.models import FleetRolloutInput, RolloutTemplate, WavePlan
 from workflows.rollout.rollout import Rollout
@@ -87,13 +87,9 @@ async def test_a_site_without_its_worker_stalls_alone_and_goes_on_when_the_worke
     assert (await stalled.describe()).status == WorkflowExecutionStatus.RUNNING
     assert await sites.callers("site-2", since) == set()
 
-    async def says_so() -> str | None:  # the run's batch, where the call waits, says so (worker/site_routing.py)
-        for run in [stalled, *[client.get_workflow_handle(c.id) async for c in client.list_workflows(
-                "WorkflowType='RolloutBatch' AND ExecutionStatus='Running'")]]:  # fmt: skip
-            details = await current_details(run)
-            if SITE_WAIT in details and sites["site-2"].task_queue in details:
-                return details
-        return None
+    async def says_so() -> list[str] | None:  # `millwright status`: the run, or its batch where the call waits
+        waits = (await run_status(client, stalled.id)).site_waits
+        return waits if any(sites["site-2"].task_queue in line for line in waits) else None
 
     await wait_for(says_so, what="a stalled run's current details naming site-2's queue", timeout=30)
 

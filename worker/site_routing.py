@@ -46,7 +46,7 @@ from temporalio.worker import (
 )
 
 from activities.redfish import BmcRef
-from activities.sites import SiteMap, site_task_queue
+from activities.sites import SITE_WAIT, SiteMap, site_task_queue
 from workflows.common.endpoints import human
 
 # How long a site's call may wait on its queue before the run says so and schedules it again: long enough for a
@@ -55,7 +55,6 @@ PICKUP = timedelta(seconds=30)
 MAX_PICKUP = timedelta(minutes=5)  # the longest one pickup grows to (see _until_taken)
 DEFAULT_RETRY_TIMEOUT = timedelta(minutes=10)  # as workflows/common/endpoints.py's, for runs whose input has none
 UNPLACED_QUEUE = "millwright-site-unplaced"  # where a call whose place is in no site waits: no worker polls it
-SITE_WAIT = "**site unreachable**"  # how a waiting site's line starts in current details
 
 
 def place_of(arg: Any) -> str | None:

@@ -99,6 +99,7 @@ def status(
 
     def lines(s: Any, wide: bool) -> list[str]:
         head = [f"{s.family} {s.id} ({s.status}, started {age(s.started)} ago)"]
+        head += [one_line(line.replace("**", ""), 1000) for line in s.site_waits]
         p = s.progress
         if p is None:
             head += [] if s.status != "running" else ["(no progress answer: is a worker polling its queue?)"]

@@ -18,12 +18,12 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import Replayer
 
-from activities.sites import SiteMap, site_task_queue
+from activities.sites import SITE_WAIT, SiteMap, site_task_queue
 from tests.kube_helpers import current_details
 from tests.site_shape import ClusterRead, SiteShape
 from worker import registry
 from worker.config import ConfigError, WorkerSettings
-from worker.site_routing import SITE_WAIT, SiteRouting
+from worker.site_routing import SiteRouting
 
 
 def _site_map(tmp_path: Path, sites: dict) -> Path:
