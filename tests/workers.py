@@ -10,13 +10,17 @@ from typing import Any
 
 
 @asynccontextmanager
-async def settings_worker(client: Any, kubeconfig: Path, prefix: str, **settings: Any) -> AsyncIterator[str]:
+async def settings_worker(client: Any, kubeconfig: Path | None, prefix: str, *, more_workflows: tuple[type, ...] = (),
+                          **settings: Any) -> AsyncIterator[str]:  # fmt: skip
     """`async with settings_worker(client, kubeconfig_path, "burnin", bmc_credentials=...) as queue:` — the worker
-    process's registration (worker.registry.build) for these MILLWRIGHT_* settings; yields its task queue."""
+    process's registration (worker.registry.build) for these MILLWRIGHT_* settings (no kubeconfig: None), with
+    `more_workflows` (a test's own) besides; yields its task queue."""
     from worker import registry
     from worker.config import WorkerSettings
 
-    registration = registry.build(WorkerSettings(kubeconfig=str(kubeconfig), metrics_port=0, **settings))
+    kube: dict[str, Any] = {"kubeconfig": str(kubeconfig)} if kubeconfig is not None else {}
+    registration = registry.build(WorkerSettings(metrics_port=0, **kube, **settings))
+    registration.workflows.extend(more_workflows)
     queue = f"{prefix}-{uuid.uuid4().hex[:8]}"
     try:
         async with registry.new_worker(client, registration, queue):

@@ -21,6 +21,7 @@ from temporalio.worker import Replayer
 from activities.sites import SITE_WAIT, SiteMap, site_task_queue
 from tests.kube_helpers import current_details
 from tests.site_shape import ClusterRead, SiteShape
+from tests.workers import settings_worker
 from worker import registry
 from worker.config import ConfigError, WorkerSettings
 from worker.site_routing import SiteRouting
@@ -35,14 +36,9 @@ def _site_map(tmp_path: Path, sites: dict) -> Path:
 @asynccontextmanager
 async def _central(client: Client, site_map: Path, pickup: float = 30.0) -> AsyncIterator[str]:
     """The central worker: every workflow and SiteShape, the site map, no kubeconfig."""
-    registration = registry.build(WorkerSettings(site_map=str(site_map), metrics_port=0, site_pickup_seconds=pickup))
-    registration.workflows.append(SiteShape)
-    queue = f"central-{uuid.uuid4().hex[:8]}"
-    try:
-        async with registry.new_worker(client, registration, queue):
-            yield queue
-    finally:
-        await registration.close()
+    async with settings_worker(client, None, "central", more_workflows=(SiteShape,), site_map=str(site_map),
+                               site_pickup_seconds=pickup) as queue:  # fmt: skip
+        yield queue
 
 
 @asynccontextmanager
