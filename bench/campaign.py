@@ -34,7 +34,7 @@ from temporalio.client import Client
 
 from bench import common
 from bench.rollout import ACTIVITY_SLOTS, INTERRUPT, PACKAGE, POD_START, PROFILES, rollout_template, seed_cluster
-from lab.k8s.admin import EmulatorAdmin, kubeconfig
+from lab.k8s.admin import EmulatorAdmin, kubeconfig, merged_kubeconfig
 from lab.k8s.process import EmulatorProcess
 from starter.controls import budget_set
 from workflows.campaign.models import CampaignResult, FleetRolloutInput
@@ -76,17 +76,14 @@ async def main(clusters: int, nodes: int, batch: int, wave_size: int, soak: floa
         emulators = {name: stack.enter_context(EmulatorProcess(pod_start_seconds=POD_START, grace_scale=0.01))
                      for name in names}  # fmt: skip
         admins = {name: EmulatorAdmin(emulator.url) for name, emulator in emulators.items()}
-        cluster_ideals, doc = {}, kubeconfig(emulators[names[0]].url, names[0])
+        cluster_ideals = {}
         for name, admin in admins.items():
             config = await seed_cluster(admin, name, nodes, stage_seconds, reboot_seconds)
             path = common.node_update_path(config, PACKAGE, INTERRUPT)
             cluster_ideals[name], how = common.batches_ideal(nodes, batch, path)
             print(f"{name}: ideal {how}")
-            if name != names[0]:  # one kubeconfig, a context per cluster, as a worker that reaches them all has
-                own = kubeconfig(emulators[name].url, name)
-                doc |= {key: doc[key] + own[key] for key in ("clusters", "users", "contexts")}
-        kube = Path(tmp) / "kubeconfig"
-        kube.write_text(yaml.safe_dump(doc))
+        kube = Path(tmp) / "kubeconfig"  # one kubeconfig, a context per cluster, as a worker that reaches them all has
+        kube.write_text(yaml.safe_dump(merged_kubeconfig([kubeconfig(emulators[n].url, n) for n in names])))
         spec = FleetRolloutInput.model_validate({
             "name": f"bench-{uuid.uuid4().hex[:6]}", "clusters": names,
             "plan": {"wave_size": wave_size, "soak": timedelta(seconds=soak)},

@@ -68,7 +68,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,6 +159,17 @@ def stop_rank(name: str) -> int:
 
 def site_names(count: int) -> list[str]:
     return [f"site-{i}" for i in range(1, count + 1)]
+
+
+def write_site_map(path: Path, sites: dict[str, tuple[str, Iterable[str]]]) -> Path:
+    """A MILLWRIGHT_SITE_MAP (activities/sites.py) of sites that each hold one cluster and the BMCs at these URLs
+    (by their host:port), as the lab and the tests' two sites have them: site -> (cluster, BMC URLs)."""
+    from urllib.parse import urlsplit
+
+    doc = {"sites": {name: {"clusters": [cluster], "bmcs": sorted(urlsplit(url).netloc for url in urls)}
+                     for name, (cluster, urls) in sites.items()}}  # fmt: skip
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 def say(msg: str) -> None:
@@ -576,13 +587,9 @@ class Lab:
         """The management cluster's context (the current one) and one per cluster of `more` (name -> URL)."""
         import yaml
 
-        from lab.k8s.admin import kubeconfig
+        from lab.k8s.admin import kubeconfig, merged_kubeconfig
 
-        doc = kubeconfig(url, cluster)
-        for name, other in more.items():
-            extra = kubeconfig(other, name)
-            for key in ("clusters", "users", "contexts"):
-                doc[key] += extra[key]
+        doc = merged_kubeconfig([kubeconfig(url, cluster), *(kubeconfig(other, name) for name, other in more.items())])
         path = self.state_dir / "kubeconfig"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -1013,16 +1020,10 @@ class Lab:
     def write_site_map(self, sites: dict[str, dict[str, Any]]) -> Path:
         """The central worker's MILLWRIGHT_SITE_MAP (docs/lab.md "Sites"): each site's cluster and its BMCs'
         host:port."""
-        from urllib.parse import urlsplit
-
-        doc: dict[str, Any] = {"sites": {}}
-        for name, site in sites.items():
-            servers = (site["bmc"] or {}).get("servers") or {}  # none where its BMCs are left out
-            doc["sites"][name] = {"clusters": [site["cluster"]],
-                                  "bmcs": sorted(urlsplit(url).netloc for url in servers.values())}  # fmt: skip
-        path = (self.state_dir / SITE_MAP).resolve()
-        path.write_text(json.dumps(doc, indent=2) + "\n")
-        return path
+        # a site whose BMCs are left out lists none
+        placed = {name: (site["cluster"], ((site["bmc"] or {}).get("servers") or {}).values())
+                  for name, site in sites.items()}  # fmt: skip
+        return write_site_map((self.state_dir / SITE_MAP).resolve(), placed)
 
     def write_fleet_rollout(self, clusters: list[str]) -> Path:
         """`<state-dir>/examples/fleet-rollout.json`: a FleetRollout of examples/rollout.json across every site's
@@ -1093,14 +1094,10 @@ class Lab:
         the first the current context."""
         import yaml
 
-        from lab.k8s.admin import kubeconfig
+        from lab.k8s.admin import kubeconfig, merged_kubeconfig
 
-        docs = [kubeconfig(s["url"], s["cluster"], token=self.admin_token, user=f"{LAB_ADMIN}-{s['cluster']}")
-                for s in sites.values()]  # fmt: skip
-        doc = docs[0]
-        for extra in docs[1:]:
-            for key in ("clusters", "users", "contexts"):
-                doc[key] += extra[key]
+        doc = merged_kubeconfig([kubeconfig(s["url"], s["cluster"], token=self.admin_token,
+                                            user=f"{LAB_ADMIN}-{s['cluster']}") for s in sites.values()])  # fmt: skip
         return write_secret_file(self.state_dir / "kubeconfig", yaml.safe_dump(doc, sort_keys=False)).resolve()
 
     def print_sites(self, server: DevServer, kubeconfig: Path, example: Path, webhook: str | None) -> None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 from temporalio.api.enums.v1 import TaskQueueType
@@ -28,6 +26,7 @@ from lab.k8s.admin import EmulatorAdmin, kubeconfig
 from lab.k8s.process import EmulatorProcess
 from lab.loopback import write_secret_file
 from lab.redfish import LabBmcs
+from lab.runner import write_site_map
 from tests.kube_helpers import checked_emulator
 from tests.worker_process import spawn_worker, stop_worker, wait_polling, worker_env
 
@@ -57,11 +56,6 @@ class Site:
     @property
     def log(self) -> Path:
         return self.folder / "worker.log"
-
-    @property
-    def bmc_addresses(self) -> list[str]:
-        """host:port of each of its BMCs, as the site map lists them."""
-        return sorted(urlsplit(url).netloc for url in self.bmcs.bmc_urls.values())
 
 
 @dataclass
@@ -133,20 +127,17 @@ class TwoSites:
             return await admin.audit_cursor()
 
 
-def write_site_map(path: Path, sites: list[Site]) -> Path:
-    """The contract's MILLWRIGHT_SITE_MAP: each site's clusters and its BMCs' host:port."""
-    doc = {"sites": {s.name: {"clusters": [s.cluster], "bmcs": s.bmc_addresses} for s in sites}}
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
-
-
 @contextlib.contextmanager
 def two_sites(folder: Path, names: tuple[str, ...] = ("site-1", "site-2")) -> Iterator[TwoSites]:
     """The sites' emulators and BMC labs, each site's worker kubeconfig and BMC credentials, and the site map;
     the workers are the test's to start (`start_workers`), and are stopped at the end."""
     with contextlib.ExitStack() as stack:
         sites = [stack.enter_context(_site(folder / name, name)) for name in names]
-        both = TwoSites(folder, {s.name: s for s in sites}, write_site_map(folder / "site-map.json", sites))
+        both = TwoSites(
+            folder,
+            {s.name: s for s in sites},
+            write_site_map(folder / "site-map.json", {s.name: (s.cluster, s.bmcs.bmc_urls.values()) for s in sites}),
+        )
         stack.callback(both.stop_workers)
         yield both
 

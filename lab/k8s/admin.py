@@ -79,3 +79,8 @@ def kubeconfig(
         "contexts": [{"name": cluster_name, "context": ctx}],
         "current-context": cluster_name,
     }
+
+
+def merged_kubeconfig(docs: list[dict]) -> dict:
+    """One kubeconfig holding every one of `docs`' clusters, users and contexts; the first's current context."""
+    return docs[0] | {key: [item for doc in docs for item in doc[key]] for key in ("clusters", "users", "contexts")}

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from lab.k8s.admin import kubeconfig
+from lab.k8s.admin import kubeconfig, merged_kubeconfig
 from tests.conftest import GRACE_SCALE, POD_START_SECONDS, end_disruption_budgets
 from tests.kube_helpers import checked_emulator
 from tests.workflows.burnin import conftest as _burnin
@@ -37,10 +37,8 @@ async def campaign_worker(client, emulators, bmc_secret_file, tmp_path_factory):
     from worker import registry
     from worker.config import WorkerSettings
 
-    configs = [kubeconfig(e.url, c) for c, e in emulators.items()]
-    merged = configs[0] | {key: [x for cfg in configs for x in cfg[key]] for key in ("clusters", "users", "contexts")}
     path = tmp_path_factory.mktemp("kube") / "kubeconfig"
-    path.write_text(yaml.safe_dump(merged))
+    path.write_text(yaml.safe_dump(merged_kubeconfig([kubeconfig(e.url, c) for c, e in emulators.items()])))
     settings = WorkerSettings(kubeconfig=str(path), metrics_port=0, bmc_credentials=f"file:{bmc_secret_file}")
     registration = registry.build(settings)
     async with registry.new_worker(client, registration, f"test-{uuid.uuid4().hex[:8]}") as worker:
