@@ -47,13 +47,12 @@ from temporalio.worker import (
 
 from activities.redfish import BmcRef
 from activities.sites import SITE_WAIT, SiteMap, site_task_queue
-from workflows.common.endpoints import human
+from workflows.common.endpoints import DEFAULT_RETRY_TIMEOUT, human
 
 # How long a site's call may wait on its queue before the run says so and schedules it again: long enough for a
 # busy site's workers to take a batch's calls, short enough that a stalled site shows within a minute.
 PICKUP = timedelta(seconds=30)
 MAX_PICKUP = timedelta(minutes=5)  # the longest one pickup grows to (see _until_taken)
-DEFAULT_RETRY_TIMEOUT = timedelta(minutes=10)  # as workflows/common/endpoints.py's, for runs whose input has none
 UNPLACED_QUEUE = "millwright-site-unplaced"  # where a call whose place is in no site waits: no worker polls it
 
 
