@@ -132,17 +132,22 @@ SHOWN_RUNS = 50  # the running runs under one whose current details `status` rea
 async def _site_waits(client: Client, workflow_id: str) -> list[str]:
     """The site-unreachable lines of the run's current details and of the running runs under it (a campaign's
     clusters, a rollout's batches), where the call that waits was made."""
-    from temporalio.api.sdk.v1 import WorkflowMetadata
-
     under = (f"ExecutionStatus = 'Running' AND (WorkflowId = {quoted(workflow_id)} OR ParentWorkflowId = "
              f"{quoted(workflow_id)} OR RootWorkflowId = {quoted(workflow_id)})")  # fmt: skip
     lines: list[str] = []
     async for run in client.list_workflows(under, limit=SHOWN_RUNS):
         with contextlib.suppress(Exception):  # closed meanwhile, or no worker to answer: nothing to show
-            meta = await client.get_workflow_handle(run.id).query("__temporal_workflow_metadata",
-                                                                  result_type=WorkflowMetadata)  # fmt: skip
-            lines += [f"{run.id}: {part}" for part in meta.current_details.split("\n\n") if part.startswith(SITE_WAIT)]
+            details = await current_details(client.get_workflow_handle(run.id))
+            lines += [f"{run.id}: {part}" for part in details.split("\n\n") if part.startswith(SITE_WAIT)]
     return lines
+
+
+async def current_details(handle: Any) -> str:
+    """What the UI shows as the run's current details (`workflow.set_current_details`)."""
+    from temporalio.api.sdk.v1 import WorkflowMetadata
+
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return metadata.current_details
 
 
 async def _campaign(client: Client, workflow_id: str) -> CampaignStatus | None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes.aio.client import CoreV1Api, V1Node, V1Pod
-from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from lab.fleet import Fleet
 from lab.k8s.process import EmulatorProcess
@@ -97,12 +96,6 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
-
-
-async def current_details(handle) -> str:
-    """What the UI shows as the run's current details (`workflow.set_current_details`)."""
-    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
-    return metadata.current_details
 
 
 async def declare_lab_budget(client, task_queue: str, budget: dict | None = None, cluster: str = "lab") -> None:

@@ -19,7 +19,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import Replayer
 
 from activities.sites import SITE_WAIT, SiteMap, site_task_queue
-from tests.kube_helpers import current_details
+from starter.questions import current_details
 from tests.site_shape import ClusterRead, SiteShape
 from tests.workers import settings_worker
 from worker import registry

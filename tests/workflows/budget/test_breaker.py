@@ -13,7 +13,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
-from tests.kube_helpers import current_details, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import wait_for
 from tests.workflows.budget.test_budget_signals import worker_on
 from tests.workflows.budget.test_disruption_budget import small_fleet, start_budget
 from tests.workflows.maintenance.test_node_maintenance import record_history

@@ -13,8 +13,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.kube.models import UnavailableRequest
 from activities.kube.topology import TopologyLabels
 from lab.fleet import Fleet
+from starter.questions import current_details
 from tests.cli_in_process import cli
-from tests.kube_helpers import current_details
 from tests.workflows.budget.test_disruption_budget import budget_state, start_budget, state_where
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.rollout.helpers import availability_timeline

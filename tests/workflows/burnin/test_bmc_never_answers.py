@@ -15,8 +15,9 @@ from temporalio.client import WorkflowFailureError
 
 from activities.netbox.models import BurnInRecord, BurnInRecorded, DeviceInfo
 from activities.registration import activities_of
+from starter.questions import current_details
 from tests.cli_in_process import cli
-from tests.kube_helpers import current_details, wait_for
+from tests.kube_helpers import wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.conftest import FakeNetBox
 from workflows.burnin.server_burnin import ServerBurnIn, ServerBurnInInput

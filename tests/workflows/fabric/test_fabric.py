@@ -211,7 +211,7 @@ async def test_release_reports_ufms_deletion_read_from_ufm_after_a_lost_answer(c
     """The removal's answer is lost after UFM removed the last members (deleting the PKey) and its read back
     fails: the retry finds nothing to remove, so its answer says nothing was deleted. The release reads UFM before
     and after, and reports the PKey deleted by UFM, and the ports as removed."""
-    from tests.kube_helpers import current_details
+    from starter.questions import current_details
 
     h = hosts(fleet)
     fabric = _fabric()

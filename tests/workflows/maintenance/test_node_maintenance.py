@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 
 from activities.kube.models import CORDONED_BY
-from tests.kube_helpers import current_details, fleet_objects, pods_on, read_node, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import fleet_objects, pods_on, read_node, wait_for
 from workflows.maintenance.node_maintenance import AbortRequest, NodeMaintenance, NodeMaintenanceInput, SkipWaitRequest
 
 HISTORIES = Path(__file__).parents[2] / "histories"

@@ -8,8 +8,8 @@ import pytest
 
 from activities.kube.models import CORDONED_BY
 from starter.cli.questions import why_lines
-from starter.questions import node_why
-from tests.kube_helpers import current_details, declare_lab_budget, read_node, wait_for
+from starter.questions import current_details, node_why
+from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.helpers import fast_settings, fleet
 from tests.workflows.remediation.test_node_remediation import start

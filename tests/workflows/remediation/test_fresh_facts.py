@@ -22,7 +22,8 @@ from activities.node_health import (
     NodesHealthRequest,
 )
 from activities.redfish import BmcRef
-from tests.kube_helpers import current_details, declare_lab_budget, read_node, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import declare_lab_budget, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.conftest import remediation_worker
 from tests.workflows.remediation.helpers import fast_settings, fleet

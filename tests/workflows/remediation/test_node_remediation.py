@@ -10,7 +10,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.kube.models import CORDONED_BY
 from activities.node_health import QUARANTINE_ANNOTATION, QUARANTINE_TAINT
 from activities.redfish import BmcRef
-from tests.kube_helpers import current_details, pods_on, read_node, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import pods_on, read_node, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.helpers import fast_settings, fleet
 from workflows.budget.disruption_budget import DisruptionBudget

@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from activities.node_health import LAST_REMEDIATION_ANNOTATION
-from tests.kube_helpers import current_details, declare_lab_budget, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import declare_lab_budget, wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.helpers import fast_settings, fleet
 from tests.workflows.rollout.helpers import availability_timeline

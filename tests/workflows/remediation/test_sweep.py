@@ -13,7 +13,8 @@ import pytest
 
 from activities.kube.topology import CLIQUE_LABEL, TOPOGRAPH_ACCELERATOR_LABEL
 from activities.redfish import BmcRef
-from tests.kube_helpers import current_details, wait_for
+from starter.questions import current_details
+from tests.kube_helpers import wait_for
 from tests.workflows.maintenance.test_node_maintenance import record_history
 from tests.workflows.remediation.helpers import fast_settings, fleet, started_since, stop_remediation
 from tests.workflows.remediation.rack_stand_in import RackStandIn
